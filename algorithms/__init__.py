@@ -1,0 +1,1 @@
+"""The algorithm library (package data: rldsl._algorithms)."""

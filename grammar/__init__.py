@@ -1,0 +1,1 @@
+"""The rldsl grammar (package data: rldsl._grammar)."""

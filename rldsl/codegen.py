@@ -1,0 +1,145 @@
+"""Resolved Algorithm -> readable Python source of ``advantages()`` and ``loss()``.
+
+Only registry names (checked against the registry) and validated numeric / boolean
+literals (or a registry's own choice strings) ever reach the templates; :func:`literal`
+refuses anything else, so no text from a spec file can become code. The source is executed
+in a closed namespace that holds torch, the per-slot component namespaces and two helpers,
+and is registered with ``linecache`` so tracebacks and ``inspect.getsource`` show it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import linecache
+import math
+import re
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Callable
+
+import jinja2
+import torch
+
+from . import ops, registry
+from .spec import Algorithm, SlotValue
+
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+class CodegenError(RuntimeError):
+    """A value that must never reach generated code did (a bug, not a user error)."""
+
+
+def literal(value: Any, choices: tuple[str, ...] = ()) -> str:
+    """Python source for a validated parameter value; refuses anything that is not a plain literal."""
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, int):
+        return repr(int(value))
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise CodegenError(f"non-finite literal {value!r}")
+        return repr(float(value))
+    if isinstance(value, str) and value in choices and _IDENT.match(value):
+        return repr(value)
+    raise CodegenError(f"refusing to emit {type(value).__name__} literal {value!r}")
+
+
+def _name(slot: str, component: str) -> str:
+    if component not in registry.REGISTRY.get(slot, {}) or not _IDENT.match(component):
+        raise CodegenError(f"{slot}.{component} is not a registry name")
+    return component
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    call: str   # the component's registry name
+    args: str   # ", k=v, ..." with literals only
+    where: str  # "slot component  spec line N"
+
+
+def _where(algo: Algorithm, v: SlotValue) -> str:
+    if v.origin is None:
+        return f"{v.slot} {v.component}  (default)"
+    if v.origin.file == algo.file:
+        return f"{v.slot} {v.component}  spec line {v.origin.line}"
+    return f"{v.slot} {v.component}  inherited, parent spec line {v.origin.line}"
+
+
+def _call(algo: Algorithm, v: SlotValue) -> _Call:
+    comp = registry.get(v.slot, v.component)
+    args = "".join(f", {k}={literal(val, comp.params[k].choices)}"
+                   for k, val in comp.fn_params(v.params).items())
+    for k in comp.params:
+        if not _IDENT.match(k):
+            raise CodegenError(f"parameter name {k!r} is not an identifier")
+    return _Call(_name(v.slot, v.component), args, _where(algo, v))
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(
+            lambda name: resources.files("rldsl").joinpath("templates", name).read_text("utf-8")),
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined, autoescape=False)
+
+
+def _context(algo: Algorithm) -> dict[str, Any]:
+    one = {s: _call(algo, algo[s]) for s in
+           ("ratio", "trust_region", "objective", "kl", "entropy", "aggregation", "critic",
+            "baseline", "normalizer")}
+    kl = algo["kl"]
+    ctx: dict[str, Any] = dict(one)
+    ctx["kl_in_loss"] = algo.kl_in == "loss"
+    ctx["kl_in_reward"] = algo.kl_in == "reward"
+    ctx["kl_beta"] = literal(kl.params.get("beta")) if kl.component != "none" else "0.0"
+    ctx["entropy_bonus"] = algo.uses_entropy
+    ctx["critic"] = one["critic"] if algo.uses_critic else None
+    ctx["critic_coef"] = literal(algo["critic"].params.get("coef")) if algo.uses_critic else "0.0"
+    ctx["shaping"] = [_call(algo, v) for v in algo["shaping"] if v.component != "none"]
+    ctx["filters"] = [_call(algo, v) for v in algo["filter"] if v.component != "none"]
+    return ctx
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    advantages_source: str
+    loss_source: str
+
+    @property
+    def source(self) -> str:
+        return self.advantages_source + "\n\n" + self.loss_source
+
+
+def generate(algo: Algorithm) -> Generated:
+    """The Python source of ``advantages()`` and ``loss()`` for ``algo``."""
+    ctx = _context(algo)
+    env = _env()
+    return Generated(env.get_template("advantages.py.j2").render(**ctx),
+                     env.get_template("loss.py.j2").render(**ctx))
+
+
+def namespace() -> dict[str, Any]:
+    """The closed namespace generated code runs in: no builtins beyond what it needs."""
+    ns: dict[str, Any] = {"__builtins__": {"float": float, "None": None}, "torch": torch,
+                          "ops": ops, "AdvantageBatch": ops.AdvantageBatch,
+                          "dataclasses": dataclasses}
+    ns.update(registry.namespaces())
+    return ns
+
+
+def load_function(source: str, name: str) -> Callable[..., Any]:
+    """Execute generated ``source`` in a closed namespace and return function ``name``.
+
+    The source is registered with linecache under a unique file name so tracebacks show it.
+    """
+    digest = hashlib.sha1(source.encode()).hexdigest()[:12]
+    filename = f"rldsl-generated-{name}-{digest}.py"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    ns = namespace()
+    code = compile(source, filename, "exec")
+    exec(code, ns)  # noqa: S102 - source is generated from registry names and literals only
+    return ns[name]

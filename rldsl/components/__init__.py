@@ -1,0 +1,15 @@
+"""All components, one module per slot. Importing this package registers them."""
+from . import (  # noqa: F401
+    aggregation,
+    baseline,
+    critic,
+    data,
+    entropy,
+    filter,
+    kl,
+    normalizer,
+    objective,
+    ratio,
+    shaping,
+    trust_region,
+)

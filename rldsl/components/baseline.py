@@ -1,0 +1,118 @@
+"""baseline: b subtracted from the sequence reward, broadcast over the response tokens.
+
+Signature: ``(batch: AdvantageBatch) -> (advantages [B, T], returns [B, T])``. Outcome
+baselines return ``returns == advantages`` (verl's convention); ``gae`` returns A + V.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..ops import AdvantageBatch, group_view
+from ..registry import Float, register
+
+
+def _broadcast(a: Tensor, batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
+    adv = a.unsqueeze(-1) * batch.mask  # [B, T]
+    return adv, adv
+
+
+@register("baseline")
+def none(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
+    """No baseline: the advantage is the reward itself.
+
+    formula: A_i = r_i
+    source: REINFORCE (Williams 1992)
+    shapes: r [B] -> A [B, T]
+    """
+    return _broadcast(batch.rewards, batch)
+
+
+@register("baseline")
+def batch_mean(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
+    """Mean reward of the whole batch.
+
+    formula: A_i = r_i - (1/B) sum_j r_j
+    source: REINFORCE with a batch baseline; ROLL norm_mean_type=batch
+    shapes: r [B] -> A [B, T]
+    """
+    r = batch.rewards
+    return _broadcast(r - r.mean(), batch)
+
+
+@register("baseline", decay=Float(0.9, "weight of the previous average", ge=0, lt=1))
+def ema(batch: AdvantageBatch, decay: float) -> tuple[Tensor, Tensor]:
+    """Exponential moving average of past batch-mean rewards (state kept across steps).
+
+    formula: A_i = r_i - b_{k-1};  b_k = {decay} b_{k-1} + (1 - {decay}) mean(r)
+    source: REINFORCE with a running-average baseline (Williams 1992; Sutton & Barto 13.4)
+    shapes: r [B] -> A [B, T]
+    edge cases: the first batch uses b_0 = mean(r) of that batch (A has zero mean);
+      the state is saved in checkpoints through CompiledAlgorithm.state_dict().
+    """
+    r = batch.rewards
+    prev = batch.state.get("ema_baseline")
+    b = r.mean().detach() if prev is None else prev.to(r)
+    batch.state["ema_baseline"] = (decay * b + (1 - decay) * r.mean()).detach()
+    return _broadcast(r - b, batch)
+
+
+@register("baseline")
+def group_mean(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
+    """Mean reward of the G responses to the same prompt.
+
+    formula: A_i = r_i - mean_{j in g(i)} r_j
+    source: GRPO (Shao et al. 2024); verl adv_estimator=grpo (norm_adv_by_std_in_grpo=False
+      without a normalizer); TRL GRPOTrainer scale_rewards="none"; ROLL norm_mean_type=group
+    shapes: r [B] -> A [B, T], groups contiguous (B = P*G)
+    edge cases: a group of one has A = 0 (verl's grpo sets the mean of a singleton to 0).
+    """
+    r = group_view(batch.rewards, batch.group_size)  # [P, G]
+    a = (r - r.mean(dim=1, keepdim=True)).reshape(-1)  # [B]
+    return _broadcast(a, batch)
+
+
+@register("baseline")
+def leave_one_out(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
+    """Mean reward of the other G-1 responses to the same prompt.
+
+    formula: A_i = r_i - (1/(G-1)) sum_{j in g(i), j != i} r_j  =  G/(G-1) (r_i - mean_g r)
+    source: RLOO (Ahmadian et al. 2024; Kool et al. 2019); verl adv_estimator=rloo;
+      TRL RLOOTrainer
+    shapes: r [B] -> A [B, T]
+    edge cases: a group of one has no other sample: A = r (verl rloo; rloo_vectorized gives 0).
+    """
+    G = batch.group_size
+    r = group_view(batch.rewards, G)  # [P, G]
+    if G == 1:
+        return _broadcast(batch.rewards, batch)
+    others = (r.sum(dim=1, keepdim=True) - r) / (G - 1)  # [P, G]
+    return _broadcast((r - others).reshape(-1), batch)
+
+
+@register("baseline",
+          gamma=Float(1.0, "discount", ge=0, le=1),
+          lam=Float(0.95, "GAE lambda", ge=0, le=1))
+def gae(batch: AdvantageBatch, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation with a critic, over the response tokens.
+
+    formula: delta_t = r_t + {gamma} V_{t+1} - V_t;  A_t = delta_t + {gamma}*{lam} A_{t+1};  returns R_t = A_t + V_t
+    source: Schulman et al. 2016 (GAE), PPO for RLHF; verl compute_gae_advantage_return
+      (masked tokens carry V and A through unchanged); ROLL lambd=0.95, verl default lam=1.0
+    shapes: token_rewards [B, T], values [B, T] -> A [B, T], R [B, T]
+    """
+    if batch.values is None:
+        raise ValueError("baseline gae needs critic values: pass values= to estimate()")
+    r, v, m = batch.token_rewards, batch.values.detach().to(batch.token_rewards), batch.mask
+    B, T = r.shape
+    adv = torch.zeros_like(r)
+    next_value = torch.zeros(B, dtype=r.dtype, device=r.device)
+    last = torch.zeros(B, dtype=r.dtype, device=r.device)
+    for t in reversed(range(T)):
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        cand = delta + gamma * lam * last
+        next_value = v[:, t] * m[:, t] + (1 - m[:, t]) * next_value
+        last = cand * m[:, t] + (1 - m[:, t]) * last
+        adv[:, t] = last
+    returns = adv + v
+    return adv * m, returns * m

@@ -1,0 +1,40 @@
+"""critic: the value model's loss (used by the gae baseline).
+
+Signature: ``(values [B, T], old_values [B, T] | None, returns [B, T]) -> value_loss [B, T]``,
+aggregated like the policy loss and scaled by ``coef``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..registry import Float, register
+
+
+@register("critic")
+def none(values: Tensor, old_values: Tensor | None, returns: Tensor) -> Tensor:
+    """No critic.
+
+    formula: 0
+    source: critic-free methods (GRPO, RLOO, ...)
+    shapes: -> [B, T]
+    """
+    return torch.zeros_like(returns)
+
+
+@register("critic",
+          clip=Float(0.5, "values move at most this far from the rollout-time values", gt=0),
+          coef=Float(1.0, "scale of the value loss", gt=0, runtime=True))
+def value(values: Tensor, old_values: Tensor | None, returns: Tensor, clip: float) -> Tensor:
+    """Clipped value regression towards the GAE returns.
+
+    formula: l^V_it = 0.5 max((V - R)^2, (V_old + clamp(V - V_old, -{clip}, {clip}) - R)^2), times {coef}
+    source: PPO for RLHF; verl compute_value_loss (cliprange_value 0.5)
+    shapes: [B, T] -> [B, T]
+    edge cases: without old_values the unclipped 0.5 (V - R)^2 is used.
+    """
+    err = (values - returns) ** 2
+    if old_values is None:
+        return 0.5 * err
+    clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    return 0.5 * torch.maximum(err, (clipped - returns) ** 2)

@@ -1,0 +1,71 @@
+"""kl: per-token estimator of KL(pi_theta || pi_ref), in the loss or in the reward.
+
+Signature: ``(logp [B, T], ref_logp [B, T], rho [B, T]) -> kl [B, T]``. ``beta`` and
+``where`` shape the generated code: ``where=loss`` adds ``beta * kl`` to the per-token loss;
+``where=reward`` subtracts ``beta * kl(old, ref)`` from the rewards before the advantage.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..registry import Bool, Choice, Float, register
+
+BETA = Float(doc="penalty coefficient", ge=0, runtime=True)
+WHERE = Choice(("loss", "reward"), "loss", "in the loss, or subtracted from the reward", runtime=True)
+
+
+@register("kl")
+def none(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
+    """No KL penalty.
+
+    formula: 0
+    source: DAPO, Dr. GRPO, CISPO (no reference model)
+    shapes: -> [B, T]
+    """
+    return torch.zeros_like(logp)
+
+
+@register("kl", beta=BETA, where=WHERE)
+def k1(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
+    """The naive estimator (log ratio).
+
+    formula: k1 = log pi - log pi_ref
+    source: Schulman, "Approximating KL divergence" (2020); verl kl_penalty=kl/k1;
+      TRL RLOOTrainer (in the reward, summed over tokens)
+    shapes: [B, T] -> [B, T]
+    """
+    return logp - ref_logp
+
+
+@register("kl", beta=BETA, where=WHERE)
+def k2(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
+    """Half squared log ratio.
+
+    formula: k2 = 0.5 (log pi - log pi_ref)^2
+    source: Schulman 2020; verl kl_penalty=mse/k2
+    shapes: [B, T] -> [B, T]
+    """
+    return 0.5 * (logp - ref_logp) ** 2
+
+
+@register("kl", beta=BETA, where=WHERE,
+          clamp=Bool(False, "verl's clamps: exponent to [-20, 20], value to [-10, 10]"),
+          ratio_weighted=Bool(False, "multiply by rho (TRL use_bias_correction_kl=True)"))
+def k3(logp: Tensor, ref_logp: Tensor, rho: Tensor, clamp: bool, ratio_weighted: bool) -> Tensor:
+    """The unbiased low-variance estimator.
+
+    formula: x = log pi_ref - log pi;  k3 = exp(x) - x - 1   (clamped if clamp; times rho if ratio_weighted)
+    source: GRPO (Shao et al. 2024, beta 0.04); Schulman 2020; verl kl_loss_type=low_var_kl
+      (clamp=true); TRL beta>0 (clamp=false, ratio_weighted=true by default)
+    shapes: [B, T] -> [B, T]
+    """
+    x = ref_logp - logp
+    if clamp:
+        x = torch.clamp(x, -20.0, 20.0)
+    k = torch.exp(x) - x - 1
+    if clamp:
+        k = torch.clamp(k, -10.0, 10.0)
+    if ratio_weighted:
+        k = k * rho
+    return k

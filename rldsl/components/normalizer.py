@@ -1,0 +1,93 @@
+"""normalizer: scales the centred advantage.
+
+Signature: ``(adv [B, T], batch: AdvantageBatch) -> adv [B, T]``. Statistics are of the
+sequence rewards ``batch.rewards`` (after shaping), except ``whiten`` (token advantages).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..ops import AdvantageBatch, group_view, std
+from ..registry import Bool, Float, register
+
+
+@register("normalizer")
+def none(adv: Tensor, batch: AdvantageBatch) -> Tensor:
+    """No scaling.
+
+    formula: A_i = r_i - b_i
+    source: Dr. GRPO (Liu et al. 2025) removes GRPO's std; RLOO
+    shapes: [B, T] -> [B, T]
+    """
+    return adv
+
+
+@register("normalizer",
+          eps=Float(1e-6, "added to the std (verl, ROLL 1e-6; TRL 1e-4)", ge=0),
+          unbiased=Bool(True, "Bessel (N-1) std, as verl, TRL and ROLL"))
+def group_std(adv: Tensor, batch: AdvantageBatch, eps: float, unbiased: bool) -> Tensor:
+    """Divide by the std of the rewards of the prompt's group.
+
+    formula: A_i = (r_i - b_i) / (std_{j in g(i)} r_j + {eps})
+    source: GRPO (Shao et al. 2024); verl compute_grpo_outcome_advantage (Bessel, eps 1e-6);
+      TRL scale_rewards="group" (Bessel, eps=1e-4)
+    shapes: [B, T] -> [B, T]
+    edge cases: zero-variance groups give A = 0 (the numerator is 0); a group of one uses std 1.
+    """
+    r = group_view(batch.rewards, batch.group_size)  # [P, G]
+    s = std(r, dim=1, unbiased=unbiased, keepdim=True).expand_as(r).reshape(-1)  # [B]
+    return adv / (s + eps).unsqueeze(-1)
+
+
+@register("normalizer",
+          eps=Float(1e-6, "added to the std (ROLL 1e-6; TRL 1e-4)", ge=0),
+          unbiased=Bool(True, "Bessel (N-1) std"))
+def batch_std(adv: Tensor, batch: AdvantageBatch, eps: float, unbiased: bool) -> Tensor:
+    """Divide by the std of all rewards of the batch (the mean stays per group).
+
+    formula: A_i = (r_i - b_i) / (std_{j in batch} r_j + {eps})
+    source: Lite PPO (Liu et al. 2025, "Tricks or Traps?"): group mean, batch std; ROLL
+      norm_std_type=batch (raw rewards, Bessel, 1e-6); TRL scale_rewards="batch" (1e-4)
+    shapes: [B, T] -> [B, T]
+    """
+    return adv / (std(batch.rewards, unbiased=unbiased) + eps)
+
+
+@register("normalizer",
+          eps=Float(1e-6, "added to the success rate", gt=0))
+def success_rate(adv: Tensor, batch: AdvantageBatch, eps: float) -> Tensor:
+    """Divide by the group's success rate (mean binary reward): MaxRL's p-normalisation.
+
+    formula: A_i = (r_i - b_i) / (mean_{j in g(i)} r_j + {eps})
+    source: MaxRL (Tajwar et al. 2026), compute_maxrl_outcome_advantage (eps 1e-6);
+      with b = group_mean: successes get (1-p)/p, failures -1
+    shapes: [B, T] -> [B, T]
+    edge cases: all-fail and all-pass groups give A = 0; needs `rewards binary`.
+    """
+    r = group_view(batch.rewards, batch.group_size)  # [P, G]
+    p = r.mean(dim=1, keepdim=True).expand_as(r).reshape(-1)  # [B]
+    return adv / (p + eps).unsqueeze(-1)
+
+
+@register("normalizer",
+          eps=Float(1e-8, "added to the variance", ge=0),
+          shift_mean=Bool(True, "subtract the token mean (false: only scale)"))
+def whiten(adv: Tensor, batch: AdvantageBatch, eps: float, shift_mean: bool) -> Tensor:
+    """Whiten token advantages over every response token of the batch.
+
+    formula: A_it = (A_it - mean_m A) / sqrt(var_m A + {eps}),  mean/var over masked tokens, var with Bessel
+    source: PPO for RLHF; verl masked_whiten (after gae, reinforce_plus_plus); ROLL whiten_advantages
+    shapes: [B, T] -> [B, T]
+    edge cases: with fewer than 2 tokens the advantages are returned unchanged (verl raises).
+    """
+    m = batch.mask
+    n = m.sum()
+    if n < 2:
+        return adv
+    mean = (adv * m).sum() / n
+    var = (((adv - mean) * m) ** 2).sum() / n * (n / (n - 1))
+    out = (adv - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * m

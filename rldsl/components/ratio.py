@@ -1,0 +1,36 @@
+"""ratio: the log importance ratio log(pi_theta / pi_old).
+
+Signature: ``(logp [B, T], old_logp [B, T], mask [B, T]) -> log_ratio [B, T]``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..registry import Float, register
+
+
+@register("ratio", clamp=Float(20.0, "|log rho| is clamped to this (verl 20; large = off)", gt=0))
+def token(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tensor:
+    """Per-token ratio.
+
+    formula: log rho_it = clamp(log pi(o_it) - log pi_old(o_it), -{clamp}, {clamp})
+    source: PPO (Schulman et al. 2017); verl compute_policy_loss_vanilla (clamp 20);
+      TRL importance_sampling_level="token" (no clamp)
+    shapes: [B, T] -> [B, T]
+    """
+    return torch.clamp(logp - old_logp, -clamp, clamp)
+
+
+@register("ratio", clamp=Float(10.0, "log s is clamped above at this (verl 10)", gt=0))
+def sequence(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tensor:
+    """Sequence-level ratio: the geometric mean of the token ratios, with per-token gradients.
+
+    formula: log s_it = sg(sum_t m log rho_it / L_i) + log pi(o_it) - sg(log pi(o_it)), clamped above at {clamp}
+    source: GSPO (Zheng et al. 2025); verl loss_mode=gspo; TRL importance_sampling_level="sequence"
+    shapes: [B, T] -> [B, T] (the same value on every token of a row)
+    """
+    lr = (logp - old_logp) * mask
+    seq = lr.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp_min(1)  # [B, 1]
+    out = seq.detach() + logp - logp.detach()
+    return torch.clamp(out, max=clamp)

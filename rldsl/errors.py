@@ -1,0 +1,112 @@
+"""Errors that point at the spec source: ``file:line:col: error: ...``, the line, a caret span, a hint.
+
+Every problem with user input (a spec file, a name, a value) is a :class:`SpecError`; a
+file with several problems raises :class:`SpecErrors`, which holds all of them so that
+``rldsl check`` can report every one.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class Span:
+    """A place in a spec file: 1-based line and column, and the length of the token."""
+
+    file: str = "<string>"
+    line: int = 0
+    column: int = 0
+    length: int = 1
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+    """``"did you mean 'x'?"`` for the closest choices (as click does), or None."""
+    close = sorted(difflib.get_close_matches(word, sorted(set(choices)), n=3, cutoff=0.6))
+    if not close:
+        return None
+    if len(close) == 1:
+        return f"did you mean {close[0]!r}?"
+    return "did you mean one of " + ", ".join(repr(c) for c in close) + "?"
+
+
+class SpecError(Exception):
+    """One error in a spec, located at ``span`` within ``source`` (the whole file text)."""
+
+    def __init__(self, message: str, span: Span | None = None, *, hint: str | None = None,
+                 source: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.span = span or Span()
+        self.hint = hint
+        self.source = source
+
+    @property
+    def file(self) -> str:
+        return self.span.file
+
+    @property
+    def line(self) -> int:
+        return self.span.line
+
+    @property
+    def column(self) -> int:
+        return self.span.column
+
+    def render(self) -> str:
+        """The compiler-style report: location line, source line with a caret span, hint."""
+        s = self.span
+        head = f"{s.file}:{s.line}:{s.column}: error: {self.message}" if s.line else \
+            f"{s.file}: error: {self.message}"
+        out = [head]
+        lines = (self.source or "").splitlines()
+        if s.line and 1 <= s.line <= len(lines):
+            text = lines[s.line - 1].replace("\t", " ")
+            gutter = f"{s.line:>4} | "
+            out.append(gutter + text)
+            col = max(s.column, 1)
+            width = max(1, min(s.length, max(1, len(text) - col + 1)))
+            out.append(" " * (len(gutter) - 2) + "| " + " " * (col - 1) + "^" + "~" * (width - 1))
+        if self.hint:
+            out.append(f"     = help: {self.hint}")
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+class SpecErrors(SpecError):
+    """Several errors of one file; ``errors`` lists them in source order."""
+
+    def __init__(self, errors: Sequence[SpecError]):
+        errs = sorted(errors, key=lambda e: (e.span.file, e.span.line, e.span.column))
+        self.errors = list(errs)
+        first = self.errors[0]
+        super().__init__(first.message, first.span, hint=first.hint, source=first.source)
+
+    def render(self) -> str:
+        n = len(self.errors)
+        body = "\n\n".join(e.render() for e in self.errors)
+        return body if n == 1 else f"{body}\n\n{n} errors"
+
+
+class ErrorList:
+    """Collects SpecErrors while checking a file, so that all of them are reported."""
+
+    def __init__(self, source: str | None = None):
+        self.source = source
+        self.items: list[SpecError] = []
+
+    def add(self, message: str, span: Span, hint: str | None = None) -> None:
+        self.items.append(SpecError(message, span, hint=hint, source=self.source))
+
+    def extend(self, errors: Iterable[SpecError]) -> None:
+        for e in errors:
+            if e.source is None:
+                e.source = self.source
+            self.items.append(e)
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise SpecErrors(self.items) if len(self.items) > 1 else self.items[0]

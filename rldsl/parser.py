@@ -1,0 +1,222 @@
+"""Text -> syntax tree of a spec, with Lark's errors translated into the user's words.
+
+The grammar (``grammar/rl.lark``, shipped as package data) is loaded once, LALR with
+propagated positions. The result is a :class:`SpecFile`: plain nodes that remember where
+each name and value stands, so that every later check can point at the source.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import lark
+from lark import Lark, Token, Transformer
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from .errors import Span, SpecError
+
+# ---------------------------------------------------------------------------------------
+# Syntax nodes
+
+
+@dataclass(frozen=True)
+class Word:
+    """A name or literal in the source, with its place."""
+
+    text: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class ArgNode:
+    name: Word
+    kind: str  # "number" | "word" | "string"
+    value: Word
+
+
+@dataclass(frozen=True)
+class ComponentNode:
+    name: Word
+    args: tuple[ArgNode, ...]
+    has_parens: bool
+
+
+@dataclass(frozen=True)
+class SlotNode:
+    name: Word
+    components: tuple[ComponentNode, ...]
+
+
+@dataclass
+class SpecFile:
+    """A parsed ``.rl`` file."""
+
+    file: str
+    source: str
+    name: Word
+    extends: Word | None
+    descriptions: list[Word] = field(default_factory=list)
+    slots: list[SlotNode] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------
+# Grammar
+
+
+@functools.lru_cache(maxsize=1)
+def grammar_text() -> str:
+    return resources.files("rldsl._grammar").joinpath("rl.lark").read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=1)
+def _parser() -> Lark:
+    return Lark(grammar_text(), parser="lalr", propagate_positions=True, maybe_placeholders=False)
+
+
+# Lark's terminal names as the user reads them.
+_TERMINALS = {
+    "$END": "end of file", "_NL": "end of line", "NAME": "a name", "SIGNED_NUMBER": "a number",
+    "STRING": "a string", "LPAR": "'('", "RPAR": "')'", "COMMA": "','", "EQUAL": "'='",
+    "ALGORITHM": "'algorithm'", "EXTENDS": "'extends'",
+}
+
+
+def _describe(term: str) -> str:
+    if term in _TERMINALS:
+        return _TERMINALS[term]
+    try:
+        pattern = _parser().get_terminal(term).pattern
+        if isinstance(pattern, lark.lexer.PatternStr):
+            return repr(pattern.value)
+    except (KeyError, AttributeError):
+        pass
+    return term.lower()
+
+
+def _expected(names: set[str] | frozenset[str]) -> str:
+    words = sorted({_describe(t) for t in names if not t.startswith("__")})
+    if not words:
+        return ""
+    if len(words) > 4:
+        return ""
+    return "expected " + (words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1])
+
+
+def _token_text(tok: Token) -> str:
+    if tok.type == "$END":
+        return "end of file"
+    if tok.type == "_NL":
+        return "end of line"
+    return repr(str(tok))
+
+
+def _syntax_error(exc: UnexpectedInput, file: str, source: str) -> SpecError:
+    line = getattr(exc, "line", 0) or 0
+    col = getattr(exc, "column", 0) or 0
+    hint = None
+    if isinstance(exc, UnexpectedCharacters):
+        ch = source[exc.pos_in_stream] if exc.pos_in_stream < len(source) else ""
+        msg = f"unexpected character {ch!r}"
+        if ch in "'`":
+            hint = 'the description is written in double quotes: "..."'
+        elif ch == ".":
+            hint = "names are plain words: no attribute access or dotted paths"
+        elif ch == "\"":
+            hint = "a string must end on the same line"
+        return SpecError(msg, Span(file, line, col, 1), hint=hint, source=source)
+    if isinstance(exc, UnexpectedEOF):
+        lines = source.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+        exp = _expected(set(exc.expected))
+        return SpecError("unexpected end of file" + (f", {exp}" if exp else ""),
+                         Span(file, line, col, 1), source=source)
+    assert isinstance(exc, UnexpectedToken)
+    tok = exc.token
+    if tok.type == "$END":
+        lines = source.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+    exp = _expected(exc.accepts or exc.expected)
+    length = len(str(tok)) if tok.type not in ("$END", "_NL") else 1
+    msg = f"unexpected {_token_text(tok)}" + (f", {exp}" if exp else "")
+    if tok.type == "NAME" and line == 1 and "ALGORITHM" in (exc.accepts or exc.expected):
+        hint = "a spec starts with: algorithm <name> [extends <parent>]"
+    elif tok.type == "_NL" and "RPAR" in (exc.accepts or exc.expected):
+        hint = "close the argument list with ')' on the same line"
+    elif tok.type == "SIGNED_NUMBER" and "EQUAL" not in (exc.accepts or exc.expected) and \
+            "NAME" in (exc.accepts or exc.expected):
+        hint = "arguments are named: component(name=value)"
+    elif tok.type == "NAME" and "EQUAL" in (exc.accepts or exc.expected):
+        hint = "arguments are written name=value"
+    elif tok.type == "ALGORITHM":
+        hint = "a file holds one algorithm"
+    return SpecError(msg, Span(file, line, col, length), hint=hint, source=source)
+
+
+# ---------------------------------------------------------------------------------------
+# Tree -> nodes
+
+
+class _ToNodes(Transformer):
+    """Transformer methods named after the grammar's rules and aliases."""
+
+    def __init__(self, file: str):
+        super().__init__()
+        self.file = file
+
+    def _w(self, tok: Token) -> Word:
+        return Word(str(tok), Span(self.file, tok.line or 0, tok.column or 0, len(str(tok))))
+
+    def header(self, items: list[Token]) -> tuple[Word, Word | None]:
+        return self._w(items[0]), (self._w(items[1]) if len(items) > 1 else None)
+
+    def description(self, items: list[Token]) -> tuple[str, Word]:
+        return "description", self._w(items[0])
+
+    def number(self, items: list[Token]) -> tuple[str, Word]:
+        return "number", self._w(items[0])
+
+    def word(self, items: list[Token]) -> tuple[str, Word]:
+        return "word", self._w(items[0])
+
+    def string(self, items: list[Token]) -> tuple[str, Word]:
+        return "string", self._w(items[0])
+
+    def arg(self, items: list[Any]) -> ArgNode:
+        kind, value = items[1]
+        return ArgNode(self._w(items[0]), kind, value)
+
+    def component(self, items: list[Any]) -> ComponentNode:
+        return ComponentNode(self._w(items[0]), tuple(a for a in items[1:] if isinstance(a, ArgNode)),
+                             has_parens=len(items) > 1)
+
+    def slot(self, items: list[Any]) -> tuple[str, SlotNode]:
+        return "slot", SlotNode(self._w(items[0]), tuple(items[1:]))
+
+    def start(self, items: list[Any]) -> SpecFile:
+        name, extends = items[0]
+        spec = SpecFile(self.file, "", name, extends)
+        for kind, node in items[1:]:
+            (spec.descriptions if kind == "description" else spec.slots).append(node)
+        return spec
+
+
+def parse(source: str, file: str = "<string>") -> SpecFile:
+    """Parse spec text; raises :class:`SpecError` (never a Lark exception)."""
+    if not isinstance(source, str):
+        raise TypeError("spec source must be str")
+    if "\x00" in source:
+        i = source.index("\x00")
+        line = source.count("\n", 0, i) + 1
+        col = i - (source.rfind("\n", 0, i) + 1) + 1
+        raise SpecError("unexpected character '\\x00'", Span(file, line, col, 1), source=source)
+    try:
+        tree = _parser().parse(source)
+    except UnexpectedInput as exc:
+        raise _syntax_error(exc, file, source) from None
+    except lark.exceptions.LarkError as exc:  # pragma: no cover - defensive
+        raise SpecError(f"could not parse: {exc}", Span(file, 1, 1, 1), source=source) from None
+    spec = _ToNodes(file).transform(tree)
+    spec.source = source
+    return spec

@@ -1,0 +1,175 @@
+"""The runtime's CLI commands, ``rldsl run`` and ``rldsl plot``, added to the app by :func:`register`.
+
+``rldsl run`` builds the :class:`~rldsl.runtime.config.RunConfig` from, lowest to highest
+precedence: the field defaults (or, with ``--resume``, the run's saved config), the
+``--config`` file, the ``--set key=value`` overrides in order, then the dedicated flags
+(``--model``, ``--data``, ``--reward``, ``--steps``, ``--seed``, ``--out``, ``--device``,
+``--tensorboard``). It then calls ``rldsl.runtime.loop.train(spec, cfg, resume=...)``.
+
+Exit codes: 0 success; 2 bad input (configuration, spec, command line); 1 the run
+failed; 130 interrupted. No Python traceback unless ``--traceback``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, Optional
+
+import typer
+
+from .config import SPEC_FILE, ConfigError, RunConfig, load_config, load_run_config
+
+__all__ = ["register", "run_command", "plot_command", "build_run_config"]
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.endswith(".rl") or "/" in spec or "\\" in spec
+
+
+def build_run_config(spec: Optional[str], *, config: Optional[Path] = None,
+                     overrides: Optional[list[str]] = None, resume: Optional[Path] = None,
+                     flags: Optional[dict[str, Any]] = None) -> tuple[str, RunConfig]:
+    """Resolve the spec argument and the run config of ``rldsl run``; raise ConfigError.
+
+    With ``resume``, the run's saved config is the base (``--config`` is refused: the
+    saved file is the config), ``out`` is the resumed folder and SPEC defaults to the
+    run's saved ``spec.rl``.
+    """
+    flags = dict(flags or {})
+    base = None
+    if resume is not None:
+        if config is not None:
+            raise ConfigError("--config cannot be combined with --resume: a resumed run "
+                              "keeps its saved config (change single keys with --set)")
+        if not resume.is_dir():
+            raise ConfigError(f"--resume: run folder not found: {resume}")
+        base = load_run_config(resume)
+        out = flags.get("out")
+        if out is not None and Path(out).resolve() != resume.resolve():
+            raise ConfigError(f"--out {out} conflicts with --resume {resume}: a resumed "
+                              f"run continues in its own folder")
+        flags["out"] = str(resume)
+        if spec is None:
+            spec = str(resume / SPEC_FILE)
+    if spec is None:
+        raise ConfigError("missing SPEC: give a spec file (algorithms/grpo.rl) or a "
+                          "library name (grpo)")
+    if _looks_like_path(spec) and not Path(spec).is_file():
+        raise ConfigError(f"spec file not found: {spec}")
+    return spec, load_config(config, overrides or [], flags=flags, base=base)
+
+
+def run_command(
+    spec: Annotated[Optional[str], typer.Argument(
+        metavar="SPEC", show_default=False,
+        help="Spec file (algorithms/grpo.rl) or library name (grpo); with --resume, "
+             "defaults to the run's saved spec.rl.")] = None,
+    config: Annotated[Optional[Path], typer.Option(
+        "--config", "-c", metavar="FILE", help="TOML config file (or a saved config.json).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option(
+        "--set", "-s", metavar="KEY=VALUE",
+        help="Override one config key, e.g. --set train.lr=1e-4 (repeatable; applied "
+             "after --config, in order).")] = None,
+    model: Annotated[Optional[str], typer.Option(
+        "--model", metavar="DIR", help="Policy model folder or hub id (model.path); "
+                                       "default: the embedded toy model.")] = None,
+    data: Annotated[Optional[str], typer.Option(
+        "--data", metavar="FILE", help="Training prompts (data.path); default: the "
+                                       "built-in addition task.")] = None,
+    reward: Annotated[Optional[str], typer.Option(
+        "--reward", metavar="NAME", help="Reward: built-in name or module:function "
+                                         "(reward.name); default: the task's own.")] = None,
+    steps: Annotated[Optional[int], typer.Option(
+        "--steps", metavar="N", help="Training steps (train.steps).")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", metavar="S", help="Random seed.")] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", metavar="DIR", help="Run folder; default runs/<spec>-<timestamp>.")] = None,
+    device: Annotated[Optional[str], typer.Option(
+        "--device", metavar="cpu|cuda", help="Training device.")] = None,
+    resume: Annotated[Optional[Path], typer.Option(
+        "--resume", metavar="DIR", help="Continue the run in DIR from its newest "
+                                        "checkpoint, with its saved config.")] = None,
+    tensorboard: Annotated[Optional[bool], typer.Option(
+        "--tensorboard/--no-tensorboard", help="Also write TensorBoard events "
+                                               "(log.tensorboard).", show_default=False)] = None,
+    traceback: Annotated[bool, typer.Option(
+        "--traceback", help="Show Python tracebacks on errors.")] = False,
+) -> None:
+    """Train a policy with the algorithm in SPEC.
+
+    Config precedence, lowest to highest: defaults, --config FILE, --set KEY=VALUE, then the dedicated flags (--model, --data, --reward, --steps, --seed, --out, --device, --tensorboard).
+    """  # noqa: E501 - one line per paragraph: typer rewraps it
+    flags = {"model.path": model, "data.path": data, "reward.name": reward,
+             "train.steps": steps, "seed": seed, "out": str(out) if out is not None else None,
+             "device": device, "log.tensorboard": tensorboard}
+    try:
+        spec, cfg = build_run_config(spec, config=config, overrides=set_, resume=resume,
+                                     flags=flags)
+    except ConfigError as exc:
+        if traceback:
+            raise
+        _fail(str(exc), EXIT_BAD_INPUT)
+
+    from ..errors import SpecError
+
+    try:
+        try:
+            from .loop import train
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.loop":
+                raise
+            _fail("the training loop (rldsl.runtime.loop) is not part of this install",
+                  EXIT_FAILED)
+        train(spec, cfg, resume=resume)
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt:
+        if traceback:
+            raise
+        hint = f" (continue with: rldsl run --resume {cfg.out})" if cfg.out else ""
+        _fail("interrupted" + hint, EXIT_INTERRUPTED)
+    except (SpecError, ConfigError) as exc:
+        if traceback:
+            raise
+        # A SpecError renders as "file:line:col: error: ..." itself.
+        typer.echo(str(exc) if isinstance(exc, SpecError) else f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    except Exception as exc:  # noqa: BLE001 - reported, traceback on request
+        if traceback:
+            raise
+        _fail(f"{type(exc).__name__}: {exc}\n(run again with --traceback to see where)",
+              EXIT_FAILED)
+
+
+def plot_command(
+    runs: Annotated[list[Path], typer.Argument(
+        metavar="RUN...", help="Run folders (or their metrics.jsonl files) to overlay.")],
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", "-o", metavar="PNG", help="Output PNG; default <run>/curves.png for one "
+                                           "run, ./curves.png for several.")] = None,
+    smooth: Annotated[float, typer.Option(
+        "--smooth", metavar="W", help="Exponential moving average weight in [0, 1) "
+                                      "(0 = raw values).")] = 0.0,
+) -> None:
+    """Plot reward, held-out accuracy, response length, entropy and clip fraction of runs."""
+    from .plot import plot_runs
+
+    try:
+        path = plot_runs(runs, out, smooth=smooth)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    typer.echo(str(path))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``run`` and ``plot`` commands to the ``rldsl`` typer app."""
+    app.command("run")(run_command)
+    app.command("plot")(plot_command)

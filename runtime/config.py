@@ -1,0 +1,595 @@
+"""Run configuration: one pydantic model, a TOML file, ``--set key=value`` overrides.
+
+The defaults select the embedded tiny model and the built-in addition task
+(``model.path = None``, ``data.path = None``, ``reward.name = None``) with the settings
+measured in TOY_STUDY.md: 16 prompts x 8 samples per step, temperature 1, at most 4 new
+tokens, one AdamW update per rollout (lr 3e-4, betas 0.9/0.99, grad clip 1.0), fp32,
+one thread, ~300 steps.
+
+Precedence, lowest to highest::
+
+    field defaults  <  --config FILE (TOML)  <  --set key=value  <  dedicated CLI flags
+
+Keys are dotted: ``train.lr``, ``rollout.n``, ``seed``. Every unknown key, in a file or
+in ``--set``, is an error that lists the valid keys with a did-you-mean.
+
+The resolved config is saved in the run folder as ``config.json`` (JSON, not TOML,
+because TOML has no null and several fields use ``None`` to mean "the default
+choice"; JSON round-trips every value exactly). ``load_config`` reads a ``.json`` file
+too, so a saved config can be passed back with ``--config``.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import tomllib
+from datetime import datetime
+from pathlib import Path
+from types import UnionType
+from typing import Any, Iterable, Literal, Mapping, Sequence, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+__all__ = [
+    "ConfigError",
+    "ModelConfig",
+    "DataConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "TrainConfig",
+    "EvalConfig",
+    "CheckpointConfig",
+    "LogConfig",
+    "RunConfig",
+    "CONFIG_FILE",
+    "SPEC_FILE",
+    "TOY_MAX_NEW_TOKENS",
+    "DATA_MAX_NEW_TOKENS",
+    "config_keys",
+    "config_reference",
+    "load_config",
+    "save_config",
+    "load_run_config",
+    "default_run_dir",
+    "lr_factor",
+    "build_optimizer",
+    "build_scheduler",
+]
+
+CONFIG_FILE = "config.json"
+SPEC_FILE = "spec.rl"
+TOY_MAX_NEW_TOKENS = 4
+DATA_MAX_NEW_TOKENS = 1024
+
+
+class ConfigError(ValueError):
+    """A problem with the run configuration, worded for the user (no traceback needed)."""
+
+
+class _Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """The policy model."""
+
+    path: str | None = Field(
+        default=None,
+        description="Hugging Face model folder or hub id of the policy; null = the embedded "
+                    "tiny toy model (0.6M-parameter Llama, one token per character).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32",
+        description="Parameter dtype for training and rollout. float32 is the CPU default: "
+                    "bf16 shifts probability ratios enough to trigger clipping spuriously "
+                    "(TOY_STUDY pitfall 7).")
+
+
+class DataConfig(_Section):
+    """Training and held-out prompts."""
+
+    path: str | None = Field(
+        default=None,
+        description="Training prompts: a .jsonl or .parquet file or a Hugging Face dataset "
+                    "name; null = the built-in 2-digit addition task.")
+    prompt_key: str = Field(default="prompt",
+                            description="Record field holding the prompt text.")
+    answer_key: str = Field(default="answer",
+                            description="Record field holding the reference answer the "
+                                        "reward checks against.")
+    eval_path: str | None = Field(
+        default=None,
+        description="Held-out prompts (same formats as path); null = split eval_size "
+                    "prompts off the training data (the built-in task has its own "
+                    "held-out set, never trained on).")
+    eval_size: int = Field(default=200, ge=0,
+                           description="Number of held-out prompts used for evaluation.")
+    shuffle: bool = Field(default=True,
+                          description="Shuffle the training prompts each epoch (seeded).")
+
+
+class RewardConfig(_Section):
+    """The verifier that scores completions."""
+
+    name: str | None = Field(
+        default=None,
+        description="Reward function: a built-in name (e.g. 'math') or 'module:function'; "
+                    "null = the task's own reward (exact sum followed by EOS for the "
+                    "built-in task).")
+    on_error: Literal["raise", "skip"] = Field(
+        default="raise",
+        description="When the reward function raises: 'raise' stops the run; 'skip' "
+                    "leaves that sample out of the loss and counts it in the metrics.")
+
+
+class RolloutConfig(_Section):
+    """Sampling of the G completions per prompt."""
+
+    engine: Literal["hf", "vllm"] = Field(
+        default="hf",
+        description="Rollout engine: 'hf' (transformers generate, the CPU default) or "
+                    "'vllm' (GPU).")
+    prompts_per_step: int = Field(default=16, ge=1,
+                                  description="Prompts per training step (P).")
+    n: int = Field(default=8, ge=1,
+                   description="Samples per prompt (G, the group size); a step trains on "
+                               "B = P x G completions.")
+    temperature: float = Field(default=1.0, ge=0.0,
+                               description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0,
+                         description="Nucleus sampling mass (1.0 = off).")
+    max_new_tokens: int | None = Field(
+        default=None, ge=1,
+        description=f"Most tokens generated per completion; null = the task's default: "
+                    f"{TOY_MAX_NEW_TOKENS} for the built-in addition task (sum + EOS), "
+                    f"{DATA_MAX_NEW_TOKENS} for a data file.")
+
+
+class TrainConfig(_Section):
+    """Optimization."""
+
+    steps: int = Field(default=300, ge=0,
+                       description="Training steps (one rollout each); ~300 lifts the toy "
+                                   "task's held-out accuracy from ~0.3 to ~0.6-0.9.")
+    lr: float = Field(default=3e-4, gt=0.0,
+                      description="AdamW learning rate (1e-3 collapsed the toy run: "
+                                  "TOY_STUDY pitfall 2).")
+    betas: tuple[float, float] = Field(default=(0.9, 0.99), description="AdamW betas.")
+    eps: float = Field(default=1e-8, gt=0.0, description="AdamW epsilon.")
+    weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
+    grad_clip: float = Field(default=1.0, ge=0.0,
+                             description="Clip the global gradient norm to this value; "
+                                         "0 = no clipping.")
+    ppo_epochs: int = Field(default=1, ge=1,
+                            description="Passes over each rollout batch (1 = one update "
+                                        "per rollout: the ratio is exactly 1).")
+    minibatches: int = Field(default=1, ge=1,
+                             description="Optimizer steps per pass; the batch is split by "
+                                         "whole prompt groups.")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        default="constant",
+        description="Learning-rate schedule after the warm-up: 'constant', or 'cosine' "
+                    "decay to min_lr_ratio x lr at the last step. Advances once per "
+                    "training step.")
+    warmup_steps: int = Field(default=0, ge=0,
+                              description="Linear warm-up steps from lr/warmup_steps to lr.")
+    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0,
+                                description="Floor of the cosine schedule, as a fraction "
+                                            "of lr.")
+    critic_lr: float | None = Field(default=None, gt=0.0,
+                                    description="Critic learning rate (specs with a critic); "
+                                                "null = lr.")
+    skip_zero_advantage: bool = Field(
+        default=True,
+        description="Skip the optimizer step when every advantage is zero (else Adam keeps "
+                    "moving on stale momentum: TOY_STUDY pitfall 3).")
+
+
+class EvalConfig(_Section):
+    """Held-out evaluation."""
+
+    every: int = Field(default=25, ge=0,
+                       description="Evaluate on the held-out prompts every N steps (and "
+                                   "before the first and after the last step); 0 = only "
+                                   "before and after.")
+    samples: int = Field(default=4, ge=0,
+                         description="Samples per held-out prompt for the sampled accuracy "
+                                     "(at the rollout temperature); 0 = greedy accuracy "
+                                     "only.")
+
+
+class CheckpointConfig(_Section):
+    """Checkpoints in the run folder (safetensors, HF layout, exact resume)."""
+
+    every: int = Field(default=100, ge=0,
+                       description="Save a checkpoint every N steps; 0 = only the final one.")
+    keep_last: int = Field(default=3, ge=0,
+                           description="Keep the newest K checkpoints; 0 = keep all.")
+    save_final: bool = Field(default=True,
+                             description="Save a checkpoint after the last step.")
+
+
+class LogConfig(_Section):
+    """Metrics and progress output."""
+
+    tensorboard: bool = Field(default=False,
+                              description="Also write TensorBoard events to <run>/tb "
+                                          "(needs the tensorboard package).")
+    progress: bool = Field(default=True,
+                           description="Show a progress bar (plain lines when stdout is "
+                                       "not a terminal).")
+    print_every: int = Field(default=10, ge=1,
+                             description="Steps between plain progress lines when stdout "
+                                         "is not a terminal.")
+
+
+class RunConfig(_Section):
+    """Everything one training run needs besides the spec. Defaults = the toy run."""
+
+    seed: int = Field(default=0, description="Seed of python, numpy and torch RNGs.")
+    device: Literal["cpu", "cuda"] = Field(default="cpu",
+                                           description="Where the policy trains.")
+    threads: int = Field(default=1, ge=1,
+                         description="torch CPU threads; 1 is steadiest on a shared machine "
+                                     "(TOY_STUDY pitfall 1).")
+    out: str | None = Field(default=None,
+                            description="Run folder; null = runs/<spec-name>-<YYYYmmdd-HHMMSS>.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Prompts.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="The verifier.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Optimization.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig,
+                                         description="Checkpoints.")
+    log: LogConfig = Field(default_factory=LogConfig, description="Metrics and progress.")
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> "RunConfig":
+        if self.rollout.prompts_per_step % self.train.minibatches:
+            raise ValueError(
+                f"train.minibatches={self.train.minibatches} must divide "
+                f"rollout.prompts_per_step={self.rollout.prompts_per_step} (minibatches "
+                f"hold whole prompt groups)")
+        if self.train.warmup_steps > self.train.steps > 0:
+            raise ValueError(f"train.warmup_steps={self.train.warmup_steps} exceeds "
+                             f"train.steps={self.train.steps}")
+        return self
+
+    @property
+    def max_new_tokens(self) -> int:
+        """``rollout.max_new_tokens``, or the task's default when it is null."""
+        if self.rollout.max_new_tokens is not None:
+            return self.rollout.max_new_tokens
+        return TOY_MAX_NEW_TOKENS if self.data.path is None else DATA_MAX_NEW_TOKENS
+
+    def run_dir(self, spec_name: str, root: str | Path = "runs") -> Path:
+        """The run folder: ``out`` if set, else a fresh ``runs/<spec-name>-<timestamp>``."""
+        return Path(self.out) if self.out is not None else default_run_dir(spec_name, root)
+
+
+# ----------------------------------------------------------------------------- keys
+
+def _section_type(annotation: Any) -> type[_Section] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, _Section) \
+        else None
+
+
+def _leaf_fields(model: type[BaseModel] = RunConfig, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> FieldInfo for every leaf (non-section) field, in declaration order."""
+    out: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        section = _section_type(info.annotation)
+        if section is not None:
+            out.update(_leaf_fields(section, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = info
+    return out
+
+
+_LEAVES = _leaf_fields()
+_SECTIONS = {name for name, info in RunConfig.model_fields.items()
+             if _section_type(info.annotation) is not None}
+
+
+def config_keys() -> list[str]:
+    """Every valid dotted key, in declaration order (``seed``, ..., ``train.lr``, ...)."""
+    return list(_LEAVES)
+
+
+def _type_name(annotation: Any) -> str:
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return "|".join(repr(a) for a in get_args(annotation))
+    if origin in (Union, UnionType):
+        return " | ".join(_type_name(a) for a in get_args(annotation))
+    if origin is tuple:
+        return "[" + ", ".join(_type_name(a) for a in get_args(annotation)) + "]"
+    if annotation is type(None):
+        return "null"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def config_reference() -> list[tuple[str, str, str, str]]:
+    """``(key, type, default, description)`` for every key: the config's documentation."""
+    defaults = RunConfig().model_dump(mode="json")
+    rows = []
+    for key, info in _LEAVES.items():
+        value: Any = defaults
+        for part in key.split("."):
+            value = value[part]
+        rows.append((key, _type_name(info.annotation), json.dumps(value),
+                     info.description or ""))
+    return rows
+
+
+def _suggest(key: str, section: str | None) -> list[str]:
+    """Valid keys close to ``key``, best first.
+
+    Leaf names are compared within the (possibly misspelt) section, so that the shared
+    ``rollout.`` prefix does not make every rollout key look close; a leaf that exists
+    in another section (``lr`` -> ``train.lr``) is offered too.
+    """
+    leaf = key.rsplit(".", 1)[-1]
+    found: list[str] = []
+    if section is not None:
+        leaves = [k.split(".", 1)[1] for k in _LEAVES if k.startswith(section + ".")]
+        found += [f"{section}.{m}" for m in difflib.get_close_matches(leaf, leaves, n=3)]
+    else:
+        top = [k for k in _LEAVES if "." not in k]
+        found += difflib.get_close_matches(leaf, top, n=3)
+    found += [k for k in _LEAVES if k.rsplit(".", 1)[-1] == leaf and k not in found]
+    if not found:
+        found = difflib.get_close_matches(key, list(_LEAVES), n=3)
+    return found
+
+
+def _unknown_key(key: str, source: str) -> ConfigError:
+    head = key.split(".", 1)[0]
+    section: str | None = None
+    if "." in key:
+        # A misspelt section ('trian.lr') is read as the closest one.
+        near = [head] if head in _SECTIONS else difflib.get_close_matches(head, sorted(_SECTIONS), n=1)
+        section = near[0] if near else None
+    if section is not None:
+        listing = f"valid keys in [{section}]: " + ", ".join(
+            k for k in _LEAVES if k.startswith(section + "."))
+    else:
+        listing = "valid keys: " + ", ".join(_LEAVES)
+    close = _suggest(key, section)
+    lines = [f"unknown config key {key!r} ({source})"]
+    if len(close) == 1:
+        lines.append(f"  did you mean {close[0]!r}?")
+    elif close:
+        lines.append("  did you mean one of " + ", ".join(repr(c) for c in close) + "?")
+    lines.append(f"  {listing}")
+    return ConfigError("\n".join(lines))
+
+
+def _check_leaf(key: str, source: str) -> Any:
+    """The FieldInfo of ``key``, or a ConfigError worded for ``source``."""
+    if key in _LEAVES:
+        return _LEAVES[key]
+    if key in _SECTIONS:
+        valid = ", ".join(k for k in _LEAVES if k.startswith(key + "."))
+        raise ConfigError(f"{key!r} is a section, not a value ({source}); set one of its "
+                          f"keys: {valid}")
+    raise _unknown_key(key, source)
+
+
+def _admits_none(annotation: Any) -> bool:
+    return annotation is type(None) or type(None) in get_args(annotation)
+
+
+def _parse_override(key: str, raw: str, annotation: Any, source: str) -> Any:
+    """Turn the text of ``--set key=raw`` into a value of the field's type.
+
+    ``null``/``none`` give None; lists and tuples take ``a,b`` or ``[a, b]``; quotes
+    around a string are removed; everything else is converted by pydantic (``1e-4`` ->
+    float, ``8`` -> int, ``true``/``false`` -> bool).
+    """
+    text = raw.strip()
+    if text.lower() in ("null", "none"):
+        if _admits_none(annotation):
+            return None
+        raise ConfigError(f"{key} cannot be null ({source})")
+    value: Any = text
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        value = text[1:-1]
+    else:
+        inner = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
+        if any(get_origin(a) in (tuple, list) for a in [annotation, *inner]):
+            body = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+            value = [part.strip().strip("'\"") for part in body.split(",") if part.strip()]
+    try:
+        return TypeAdapter(annotation).validate_python(value)
+    except ValidationError as exc:
+        msg = "; ".join(e["msg"] for e in exc.errors())
+        raise ConfigError(f"invalid value for {key} ({source}): {msg}") from None
+
+
+# ----------------------------------------------------------------------------- loading
+
+def _set(tree: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[leaf] = value
+
+
+def _flatten_file(data: Mapping[str, Any], source: str, prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        if not prefix and name in _SECTIONS:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{key!r} is a section, not a value ({source}); write it "
+                                  f"as a [{key}] table")
+            yield from _flatten_file(value, source, key + ".")
+        else:
+            _check_leaf(key, source)
+            yield key, value
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the config must be a table of keys")
+    return data
+
+
+def load_config(toml_path: str | os.PathLike[str] | None = None,
+                overrides: Sequence[str] = (),
+                *,
+                flags: Mapping[str, Any] | None = None,
+                base: RunConfig | None = None) -> RunConfig:
+    """Build a :class:`RunConfig`: defaults (or ``base``) < file < ``overrides`` < ``flags``.
+
+    ``toml_path``: a TOML file (a ``.json`` file, such as a saved ``config.json``, is read
+    as JSON). ``overrides``: ``"key=value"`` strings as given to ``--set``; values are
+    parsed by the field's type. ``flags``: dotted key -> already typed value, from the
+    dedicated CLI flags (``--steps`` -> ``train.steps``); None values are ignored.
+    ``base``: start from this config instead of the defaults (a resumed run's saved
+    config). Raises :class:`ConfigError` with a user-facing message on any problem.
+    """
+    tree: dict[str, Any] = base.model_dump() if base is not None else {}
+    sources: dict[str, str] = {}
+
+    if toml_path is not None:
+        path = Path(toml_path)
+        for key, value in _flatten_file(_read_file(path), f"in {path}"):
+            _set(tree, key, value)
+            sources[key] = f"in {path}"
+
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        source = f"--set {item}"
+        if not sep or not key:
+            raise ConfigError(f"--set expects key=value, got {item!r} (e.g. --set train.lr=1e-4)")
+        info = _check_leaf(key, source)
+        _set(tree, key, _parse_override(key, raw, info.annotation, source))
+        sources[key] = source
+
+    for key, value in (flags or {}).items():
+        if value is None:
+            continue
+        _check_leaf(key, f"flag for {key}")
+        _set(tree, key, value)
+        sources[key] = f"command-line flag for {key}"
+
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise _validation_error(exc, sources) from None
+
+
+def _validation_error(exc: ValidationError, sources: Mapping[str, str]) -> ConfigError:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        where = f" ({sources[key]})" if key in sources else ""
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{key}: {msg}{where}" if key else msg)
+    head = "invalid configuration" if len(lines) > 1 else "invalid configuration: " + lines[0]
+    return ConfigError(head if len(lines) == 1 else head + "\n  " + "\n  ".join(lines))
+
+
+# ----------------------------------------------------------------------------- run folder
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_config(cfg: RunConfig, run_dir: str | os.PathLike[str], spec_text: str | None = None) -> Path:
+    """Write ``<run_dir>/config.json`` (exact round-trip) and ``<run_dir>/spec.rl``.
+
+    ``spec_text`` is the source of the spec the run trains (None writes no spec file).
+    Returns the config path. Both files are written atomically.
+    """
+    run = Path(run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    path = run / CONFIG_FILE
+    _atomic_write(path, cfg.model_dump_json(indent=2) + "\n")
+    if spec_text is not None:
+        _atomic_write(run / SPEC_FILE, spec_text)
+    return path
+
+
+def load_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
+    """The config a run was started with (``<run_dir>/config.json``), identical to the saved one."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"no {CONFIG_FILE} in {run_dir}: not a run folder")
+    return load_config(path)
+
+
+def default_run_dir(spec_name: str, root: str | os.PathLike[str] = "runs",
+                    now: datetime | None = None) -> Path:
+    """``<root>/<spec_name>-<YYYYmmdd-HHMMSS>``, with ``-2``, ``-3``... if that exists."""
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    stem = Path(spec_name).stem or "run"
+    candidate = Path(root) / f"{stem}-{stamp}"
+    k = 2
+    while candidate.exists():
+        candidate = Path(root) / f"{stem}-{stamp}-{k}"
+        k += 1
+    return candidate
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+def lr_factor(step: int, train: TrainConfig) -> float:
+    """Multiplier of ``train.lr`` at 0-based training step ``step``.
+
+    Warm-up: ``(step + 1) / warmup_steps`` for ``step < warmup_steps``. Then 1
+    (``constant``) or ``min_lr_ratio + (1 - min_lr_ratio) * (1 + cos(pi * p)) / 2`` with
+    ``p = (step - warmup) / (steps - warmup)`` clamped to [0, 1] (``cosine``).
+    """
+    if step < train.warmup_steps:
+        return (step + 1) / train.warmup_steps
+    if train.lr_schedule == "constant":
+        return 1.0
+    span = max(1, train.steps - train.warmup_steps)
+    progress = min(1.0, max(0.0, (step - train.warmup_steps) / span))
+    return train.min_lr_ratio + (1.0 - train.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(params: Iterable[Any], train: TrainConfig, lr: float | None = None):
+    """AdamW over ``params`` with the config's lr (or ``lr``), betas, eps, weight decay."""
+    import torch
+
+    return torch.optim.AdamW(params, lr=train.lr if lr is None else lr, betas=train.betas,
+                             eps=train.eps, weight_decay=train.weight_decay)
+
+
+def build_scheduler(optimizer: Any, train: TrainConfig):
+    """LambdaLR following :func:`lr_factor`; call ``.step()`` once per training step."""
+    import torch
+
+    def factor(step: int) -> float:
+        return lr_factor(step, train)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -1,0 +1,260 @@
+"""Prompt datasets: loaders (.jsonl, .parquet, local HF ``datasets`` folders) and ``PromptSource``.
+
+A dataset is a list of ``Example(id, prompt, answer)``; ``id`` is the row number in the
+loaded file, so it is stable across runs and can be saved (resume, pass-rate cap).
+
+``PromptSource`` deals batches of P prompts in a seeded order: epoch e visits every
+non-excluded example once, in the order of a permutation drawn from (seed, e). Its
+position is (epoch, index into that permutation); ``state_dict()`` /
+``load_state_dict()`` restore it exactly, excluded ids included.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt; ``id`` is unique within its dataset."""
+
+    id: int
+    prompt: str
+    answer: str
+
+
+@dataclass
+class PromptData:
+    """A training split and a held-out split (possibly empty)."""
+
+    train: list[Example]
+    heldout: list[Example]
+
+
+class DataError(ValueError):
+    """A dataset file that cannot be read as prompts (names the file and the row)."""
+
+
+# ---------------------------------------------------------------------------- loaders
+def _read_rows(path: Path, split: str) -> Iterator[tuple[int, Any]]:
+    """Yield (1-based row number, row) from a .jsonl / .parquet file or a datasets folder."""
+    if path.is_dir():
+        import datasets
+
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except FileNotFoundError as e:
+            raise DataError(f"{path}: not a folder written by datasets.save_to_disk ({e})") from e
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise DataError(f"{path}: no split {split!r} (splits: {sorted(ds)})")
+            ds = ds[split]
+        for i, row in enumerate(ds, start=1):
+            yield i, row
+    elif path.suffix == ".jsonl":
+        with path.open(encoding="utf-8") as f:
+            for i, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield i, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}: line {i}: invalid JSON ({e})") from e
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+            yield i, row
+    elif not path.exists():
+        raise DataError(f"{path}: no such file or folder")
+    else:
+        raise DataError(
+            f"{path}: unknown dataset format {path.suffix!r} "
+            "(expected .jsonl, .parquet or a datasets.save_to_disk folder)"
+        )
+
+
+def load_examples(
+    path: str | Path,
+    *,
+    prompt_field: str = "prompt",
+    answer_field: str | None = "answer",
+    split: str = "train",
+) -> list[Example]:
+    """Read prompts (and answers) from ``path``: ``.jsonl``, ``.parquet`` or a datasets folder.
+
+    ``answer_field=None`` means the task has no reference answers (answer ``""``).
+    Answers that are numbers are converted with ``str``. A row missing a field, or a
+    prompt that is not a string, raises ``DataError`` naming the file, the row (1-based;
+    the line for .jsonl) and the fields the row has. ``split`` picks the split of a
+    saved ``DatasetDict``.
+    """
+    path = Path(path)
+    unit = "line" if path.suffix == ".jsonl" else "row"
+    examples: list[Example] = []
+    for row_no, row in _read_rows(path, split):
+        where = f"{path}: {unit} {row_no}"
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected an object with fields, got {type(row).__name__}")
+        wanted = [prompt_field] + ([answer_field] if answer_field is not None else [])
+        missing = [f for f in wanted if f not in row or row[f] is None]
+        if missing:
+            raise DataError(
+                f"{where}: missing field {', '.join(map(repr, missing))} "
+                f"(the row has: {', '.join(map(repr, row)) or 'no fields'}); "
+                "choose the field names with prompt_field= / answer_field="
+            )
+        prompt = row[prompt_field]
+        if not isinstance(prompt, str):
+            raise DataError(
+                f"{where}: field {prompt_field!r} must be a string, got {type(prompt).__name__}"
+            )
+        answer = row[answer_field] if answer_field is not None else ""
+        if isinstance(answer, (list, dict)):
+            raise DataError(
+                f"{where}: field {answer_field!r} must be a string or a number, "
+                f"got {type(answer).__name__}"
+            )
+        examples.append(Example(id=len(examples), prompt=prompt, answer=str(answer)))
+    if not examples:
+        raise DataError(f"{path}: no rows")
+    return examples
+
+
+def split_heldout(
+    examples: Sequence[Example], heldout: int | float, *, seed: int
+) -> tuple[list[Example], list[Example]]:
+    """(train, heldout): a fixed, seeded choice of ``heldout`` examples (a count or a fraction in (0, 1)).
+
+    Both lists keep the original order and ids.
+    """
+    n = len(examples)
+    if isinstance(heldout, float) and not isinstance(heldout, bool):
+        if not 0.0 <= heldout < 1.0:
+            raise ValueError(f"held-out fraction must be in [0, 1), got {heldout}")
+        k = round(n * heldout)
+    else:
+        k = int(heldout)
+    if not 0 <= k < n:
+        raise ValueError(f"cannot hold out {k} of {n} examples (at least one must remain for training)")
+    chosen = set(random.Random(seed).sample(range(n), k))
+    train = [ex for i, ex in enumerate(examples) if i not in chosen]
+    held = [ex for i, ex in enumerate(examples) if i in chosen]
+    return train, held
+
+
+def load_data(
+    path: str | Path,
+    *,
+    prompt_field: str = "prompt",
+    answer_field: str | None = "answer",
+    split: str = "train",
+    heldout_path: str | Path | None = None,
+    heldout: int | float = 0,
+    seed: int = 0,
+) -> PromptData:
+    """Load a training set and its held-out split.
+
+    The held-out split is ``heldout_path`` (same field names) if given, else ``heldout``
+    examples (a count, or a fraction) taken out of ``path`` by ``seed``; else empty.
+    """
+    examples = load_examples(path, prompt_field=prompt_field, answer_field=answer_field, split=split)
+    if heldout_path is not None:
+        if heldout:
+            raise ValueError("give either heldout_path or heldout, not both")
+        held = load_examples(
+            heldout_path, prompt_field=prompt_field, answer_field=answer_field, split=split
+        )
+        return PromptData(train=examples, heldout=held)
+    train, held = split_heldout(examples, heldout, seed=seed)
+    return PromptData(train=train, heldout=held)
+
+
+# ------------------------------------------------------------------------ PromptSource
+class PromptSource:
+    """Deterministic, resumable, endless batches of prompts.
+
+    Epoch e is the permutation ``random.Random(f"{seed}:{e}")`` of the examples; a batch
+    takes the next P non-excluded examples and runs into the next epoch when one ends.
+    ``exclude(ids)`` removes examples from everything not yet dealt (the pass-rate cap:
+    a prompt already dealt this epoch is not dealt again until the next epoch anyway).
+    """
+
+    def __init__(self, examples: Sequence[Example], *, seed: int, name: str = "prompts") -> None:
+        if not examples:
+            raise ValueError(f"{name}: a PromptSource needs at least one example")
+        ids = [ex.id for ex in examples]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{name}: example ids must be unique")
+        self.examples: list[Example] = list(examples)
+        self.seed = seed
+        self.name = name
+        self.epoch = 0
+        self.index = 0
+        self.excluded: set[int] = set()
+        self._by_id = {ex.id: k for k, ex in enumerate(self.examples)}
+        self._order_epoch = -1
+        self._order: list[int] = []
+
+    def __len__(self) -> int:
+        """Number of examples still dealt (not excluded)."""
+        return len(self.examples) - len(self.excluded)
+
+    def _epoch_order(self) -> list[int]:
+        if self._order_epoch != self.epoch:
+            order = list(range(len(self.examples)))
+            random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
+            self._order, self._order_epoch = order, self.epoch
+        return self._order
+
+    def next_batch(self, num_prompts: int) -> list[Example]:
+        """The next ``num_prompts`` examples (an epoch boundary may fall inside a batch)."""
+        if num_prompts < 1:
+            raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
+        if len(self) == 0:
+            raise RuntimeError(f"{self.name}: every prompt is excluded; nothing left to train on")
+        batch: list[Example] = []
+        while len(batch) < num_prompts:
+            order = self._epoch_order()
+            if self.index >= len(order):
+                self.epoch, self.index = self.epoch + 1, 0
+                continue
+            ex = self.examples[order[self.index]]
+            self.index += 1
+            if ex.id not in self.excluded:
+                batch.append(ex)
+        return batch
+
+    def exclude(self, prompt_ids: Iterable[int]) -> None:
+        """Never deal these example ids again (unknown ids raise ``KeyError``)."""
+        ids = set(prompt_ids)
+        unknown = ids - self._by_id.keys()
+        if unknown:
+            raise KeyError(f"{self.name}: unknown example ids {sorted(unknown)[:5]}")
+        self.excluded |= ids
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position and exclusions, JSON-serialisable."""
+        return {
+            "name": self.name,
+            "seed": self.seed,
+            "num_examples": len(self.examples),
+            "epoch": self.epoch,
+            "index": self.index,
+            "excluded": sorted(self.excluded),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict()``; the examples must be the same dataset."""
+        if state["num_examples"] != len(self.examples) or state["seed"] != self.seed:
+            raise ValueError(
+                f"{self.name}: saved position is for {state['num_examples']} examples with seed "
+                f"{state['seed']}, this source has {len(self.examples)} with seed {self.seed}"
+            )
+        self.epoch = int(state["epoch"])
+        self.index = int(state["index"])
+        self.excluded = set()
+        self.exclude(state["excluded"])

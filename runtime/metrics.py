@@ -1,0 +1,400 @@
+"""Metrics of a run: ``metrics.jsonl``, optional TensorBoard, a progress display, a summary.
+
+``metrics.jsonl`` holds one JSON object per training step, ``{"step": N, ...}``, appended
+and flushed as the step ends. Values are numbers, strings, booleans or null: NaN and
+infinities are written as null (the run never crashes on a bad number), tensors and
+numpy scalars become plain numbers.
+
+Recommended metric names (the progress display, the summary and ``rldsl plot`` look
+for these first, then for the aliases in :data:`METRIC_ALIASES`):
+
+==========================  ============================================================
+``reward/mean``             mean reward of the step's rollouts
+``eval/greedy_acc``         held-out accuracy, greedy decoding (steps with an evaluation)
+``eval/sampled_acc``        held-out accuracy, sampled at the rollout temperature
+``response/length_mean``    mean completion length in tokens
+``entropy``                 mean per-token policy entropy
+``clip_fraction``           fraction of clipped tokens (the compiled loss's metric)
+``time/step``               seconds the step took
+==========================  ============================================================
+
+Resume: a run restored from the checkpoint of step N must pass ``resume_step=N``;
+lines with ``step > N`` are dropped so that the file equals the one of a run that was
+never interrupted. The step-N line is therefore written before checkpoint N is saved.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import warnings
+from collections import deque
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.table import Table
+
+__all__ = [
+    "METRICS_FILE",
+    "TENSORBOARD_DIR",
+    "METRIC_ALIASES",
+    "HIGHER_IS_BETTER",
+    "MetricsLogger",
+    "find_metric",
+    "read_metrics",
+    "sanitize",
+    "summary_table",
+    "truncate_metrics",
+]
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tb"
+
+#: concept -> (full keys tried first, then key leaves: the part after the last "/").
+METRIC_ALIASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "reward": (("reward/mean", "rewards/mean", "reward"), ("reward_mean", "mean_reward")),
+    "greedy_acc": (("eval/greedy_acc", "eval/acc_greedy", "eval/greedy_accuracy",
+                    "eval/accuracy", "eval/acc"), ("greedy_acc", "acc_greedy")),
+    "sampled_acc": (("eval/sampled_acc", "eval/acc_sampled", "eval/sampled_accuracy"),
+                    ("sampled_acc", "acc_sampled")),
+    "response_length": (("response/length_mean", "response/length", "length/mean"),
+                        ("response_length", "response_length_mean", "length_mean")),
+    "entropy": (("entropy", "policy/entropy"), ("entropy", "entropy_mean")),
+    "clip_fraction": (("clip_fraction",), ("clip_fraction", "clipfrac")),
+    "step_time": (("time/step", "time/step_s"), ("step_time", "step_s")),
+}
+
+#: Concepts whose best value is the largest one (the summary reports it).
+HIGHER_IS_BETTER = frozenset({"reward", "greedy_acc", "sampled_acc"})
+
+_LABELS = {"reward": "reward", "greedy_acc": "acc", "sampled_acc": "acc~",
+           "clip_fraction": "clip"}
+
+
+def find_metric(keys: Iterable[str], concept: str) -> str | None:
+    """The key among ``keys`` that holds ``concept`` (see :data:`METRIC_ALIASES`), or None."""
+    keys = list(keys)
+    full, leaves = METRIC_ALIASES[concept]
+    for name in full:
+        if name in keys:
+            return name
+    for key in keys:
+        if key.rsplit("/", 1)[-1] in leaves:
+            return key
+    return None
+
+
+def sanitize(value: Any) -> Any:
+    """A JSON-safe copy of ``value``: non-finite floats -> None, tensors/numpy -> Python."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    if hasattr(value, "tolist"):  # tensors, numpy arrays and scalars (0-d -> a number)
+        return sanitize(value.tolist())
+    if isinstance(value, Mapping):
+        return {str(k): sanitize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [sanitize(v) for v in value]
+    return str(value)
+
+
+def _parse_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """Records of a metrics file and the 1-based numbers of unreadable lines."""
+    records: list[dict[str, Any]] = []
+    bad: list[int] = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                bad.append(number)
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                records.append(record)
+            else:
+                bad.append(number)
+    return records, bad
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of ``<run>/metrics.jsonl`` (or of the given .jsonl file), in file order.
+
+    Unreadable lines (a line cut by a crash) are skipped with a warning.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no metrics file at {path}")
+    records, bad = _parse_lines(path)
+    if bad:
+        warnings.warn(f"{path}: skipped unreadable line(s) {bad}", stacklevel=2)
+    return records
+
+
+def truncate_metrics(path: str | os.PathLike[str], step: int) -> int:
+    """Keep only the records with ``step <= step`` in a metrics file; return how many were dropped.
+
+    Unreadable lines (a crash mid-write) are dropped too. The file is rewritten atomically.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    if not path.exists():
+        return 0
+    records, bad = _parse_lines(path)
+    keep = [r for r in records if r["step"] <= step]
+    dropped = len(records) - len(keep) + len(bad)
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for record in keep:
+                f.write(json.dumps(record, allow_nan=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return dropped
+
+
+def _last_value(records: Sequence[Mapping[str, Any]], key: str) -> tuple[Any, int | None]:
+    for record in reversed(records):
+        value = record.get(key)
+        if value is not None:
+            return value, record["step"]
+    return None, None
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
+    return str(value)
+
+
+def summary_table(records: Sequence[Mapping[str, Any]], run_dir: str | os.PathLike[str],
+                  keys: Sequence[str] | None = None) -> Table:
+    """A rich Table of the run: final value of each metric and, for rewards and
+    accuracies, the best value and its step; the run folder is the caption.
+
+    ``keys``: the metrics to show; None = the key metrics found (reward, accuracies,
+    length, entropy, clip fraction, step time) and every ``eval/`` metric.
+    """
+    present: list[str] = []
+    for record in records:
+        for key in record:
+            if key != "step" and key not in present:
+                present.append(key)
+    concept_of: dict[str, str] = {}
+    for concept in METRIC_ALIASES:
+        key = find_metric(present, concept)
+        if key is not None:
+            concept_of.setdefault(key, concept)
+    if keys is None:
+        keys = list(concept_of) + [k for k in present
+                                   if k.startswith("eval/") and k not in concept_of]
+
+    table = Table(title="run summary", caption=f"run folder: {run_dir}", caption_justify="left")
+    table.add_column("metric")
+    table.add_column("final", justify="right")
+    table.add_column("best", justify="right")
+    table.add_column("best at step", justify="right")
+    last_step = records[-1]["step"] if records else None
+    table.add_row("steps", _fmt(last_step), "", "")
+    for key in keys:
+        final, _ = _last_value(records, key)
+        best, best_step = "", ""
+        if concept_of.get(key) in HIGHER_IS_BETTER or key.startswith("eval/") and "acc" in key:
+            numbers = [(r[key], r["step"]) for r in records
+                       if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+            if numbers:
+                value, step = max(numbers, key=lambda vs: vs[0])
+                best, best_step = _fmt(value), str(step)
+        table.add_row(key, _fmt(final), best, best_step)
+    return table
+
+
+class MetricsLogger:
+    """Writes one JSON line per step and shows progress; optionally TensorBoard too.
+
+    ``total_steps`` sizes the progress bar. ``progress=False`` shows nothing;
+    otherwise a rich progress bar on a terminal, and a plain line every
+    ``print_every`` steps (and on steps with an evaluation, and the last) elsewhere.
+    ``resume_step``: continue a run restored at that step (later lines are dropped).
+    A fresh logger refuses a run folder that already has metrics (that would mix two runs).
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], tensorboard: bool = False, *,
+                 total_steps: int | None = None, progress: bool = True, print_every: int = 10,
+                 resume_step: int | None = None, console: Console | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / METRICS_FILE
+        self.total_steps = total_steps
+        self.print_every = max(1, print_every)
+        self.console = console or Console()
+        self.records: list[dict[str, Any]] = []
+        if resume_step is not None:
+            dropped = truncate_metrics(self.path, resume_step)
+            if dropped:
+                self.console.print(f"metrics: dropped {dropped} line(s) after step {resume_step} "
+                                   f"(resuming from its checkpoint)")
+            if self.path.exists():
+                self.records = read_metrics(self.path)
+        elif self.path.exists() and self.path.stat().st_size > 0:
+            raise FileExistsError(f"{self.path} already holds metrics: resume that run, or "
+                                  f"choose a new run folder")
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._writer = self._open_tensorboard(resume_step) if tensorboard else None
+        self._times: deque[tuple[float, int]] = deque(maxlen=11)
+        self._times.append((time.perf_counter(), resume_step if resume_step is not None else 0))
+        self._shown: dict[str, Any] = {}
+        if self.records:
+            for concept in ("greedy_acc", "sampled_acc"):
+                key = find_metric(self._keys(), concept)
+                if key is not None:
+                    self._shown[concept] = _last_value(self.records, key)[0]
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        self._plain = not self.console.is_terminal
+        if progress and not self._plain:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                TextColumn("{task.fields[stats]}"), console=self.console)
+            self._progress.start()
+            self._task = self._progress.add_task(
+                "train", total=total_steps, completed=resume_step or 0, stats="")
+        self._show_plain = progress and self._plain
+        self._closed = False
+
+    # -- writing -------------------------------------------------------------------
+
+    def _open_tensorboard(self, resume_step: int | None) -> Any:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise ImportError(
+                "TensorBoard logging needs the tensorboard package: pip install "
+                "'rldsl[tensorboard]' (or turn it off: log.tensorboard=false)") from exc
+        kwargs = {"purge_step": resume_step + 1} if resume_step is not None else {}
+        return SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD_DIR), **kwargs)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Append ``{"step": step, **metrics}`` to metrics.jsonl (flushed); return the record."""
+        if self._closed:
+            raise RuntimeError("MetricsLogger is closed")
+        if "step" in metrics and metrics["step"] != step:
+            raise ValueError(f"metrics carry step={metrics['step']!r} but log() got step={step}")
+        record: dict[str, Any] = {"step": int(step)}
+        for key, value in metrics.items():
+            if key != "step":
+                record[str(key)] = sanitize(value)
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+        self.records.append(record)
+        if self._writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._writer.add_scalar(key, float(value), global_step=step)
+        self._times.append((time.perf_counter(), step))
+        self._show(record)
+        return record
+
+    def _keys(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for record in self.records[-50:]:
+            seen.update(dict.fromkeys(record))
+        return list(seen)
+
+    def _seconds_per_step(self, record: Mapping[str, Any]) -> float | None:
+        key = find_metric(record.keys(), "step_time")
+        if key is not None and isinstance(record[key], (int, float)):
+            return float(record[key])
+        (t0, s0), (t1, s1) = self._times[0], self._times[-1]
+        return (t1 - t0) / (s1 - s0) if s1 > s0 else None
+
+    def _stats(self, record: Mapping[str, Any]) -> str:
+        keys = list(record.keys())
+        for concept in ("greedy_acc", "sampled_acc"):
+            key = find_metric(keys, concept)
+            if key is not None and record[key] is not None:
+                self._shown[concept] = record[key]
+        parts = []
+        for concept in ("reward", "greedy_acc", "sampled_acc", "clip_fraction"):
+            if concept in ("greedy_acc", "sampled_acc"):
+                value = self._shown.get(concept)
+            else:
+                key = find_metric(keys, concept)
+                value = record[key] if key is not None else None
+            if value is not None:
+                parts.append(f"{_LABELS[concept]} {_fmt(value)}")
+        sps = self._seconds_per_step(record)
+        if sps is not None:
+            parts.append(f"{sps:.2f} s/step")
+        return " | ".join(parts)
+
+    def _show(self, record: Mapping[str, Any]) -> None:
+        step = record["step"]
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, completed=step, stats=self._stats(record))
+        elif self._show_plain:
+            has_eval = any(k.startswith("eval/") for k in record)
+            last = self.total_steps is not None and step >= self.total_steps
+            if step % self.print_every == 0 or has_eval or last:
+                total = f"/{self.total_steps}" if self.total_steps is not None else ""
+                self.console.print(f"step {step}{total} | {self._stats(record)}",
+                                   highlight=False, soft_wrap=True)
+            else:
+                self._stats(record)  # keep the latest accuracies for the next line
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """Print above the progress bar (plain print when there is none)."""
+        self.console.print(*objects, **kwargs)
+
+    # -- end -----------------------------------------------------------------------
+
+    def summary(self, keys: Sequence[str] | None = None) -> Table:
+        """:func:`summary_table` of everything logged in this run folder."""
+        return summary_table(self.records, self.run_dir, keys)
+
+    def print_summary(self, keys: Sequence[str] | None = None) -> None:
+        """Stop the progress bar and print the summary table."""
+        self._stop_progress()
+        self.console.print(self.summary(keys))
+
+    def _stop_progress(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def close(self) -> None:
+        """Stop the progress display, flush and close the file and the TensorBoard writer."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_progress()
+        self._file.close()
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,146 @@
+"""Training curves of one or more runs in one PNG (``rldsl plot``).
+
+Panels: reward mean, held-out accuracy (greedy solid, sampled dashed), response length,
+entropy, clip fraction. Runs are overlaid, labelled by their folder names. A panel whose
+metric no run logged is left out; metric names are found with
+:func:`rldsl.runtime.metrics.find_metric` (so ``reward/mean`` and ``reward_mean`` both work).
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from .metrics import METRICS_FILE, find_metric, read_metrics
+
+__all__ = ["PANELS", "collect_panels", "plot_runs"]
+
+#: (title, y label, concepts drawn in the panel with their line styles).
+PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
+    ("reward", "mean reward", (("reward", "-"),)),
+    ("held-out accuracy", "accuracy (solid greedy, dashed sampled)",
+     (("greedy_acc", "-"), ("sampled_acc", "--"))),
+    ("response length", "tokens", (("response_length", "-"),)),
+    ("entropy", "nats / token", (("entropy", "-"),)),
+    ("clip fraction", "fraction of tokens", (("clip_fraction", "-"),)),
+)
+
+
+def _run_path(run: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """(run folder, metrics file) for a run folder or a metrics .jsonl file."""
+    path = Path(run)
+    if path.is_file():
+        return path.parent, path
+    return path, path / METRICS_FILE
+
+
+def _labels(folders: Sequence[Path]) -> list[str]:
+    """Folder names; parent/name where two runs share a name."""
+    names = [f.resolve().name for f in folders]
+    return [f"{f.resolve().parent.name}/{n}" if names.count(n) > 1 else n
+            for f, n in zip(folders, names)]
+
+
+def _series(records: Sequence[dict[str, Any]], key: str, smooth: float) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    ema: float | None = None
+    for record in records:
+        value = record.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue
+        ema = float(value) if ema is None or smooth <= 0 else smooth * ema + (1 - smooth) * value
+        xs.append(record["step"])
+        ys.append(ema)
+    return xs, ys
+
+
+Line = tuple[str, str, str, list[int], list[float]]  # label, concept, style, steps, values
+
+
+def collect_panels(labels: Sequence[str], histories: Sequence[Sequence[dict[str, Any]]],
+                   *, smooth: float = 0.0) -> list[tuple[str, str, list[Line]]]:
+    """The panels that have data: ``(title, y label, lines)``, in :data:`PANELS` order.
+
+    Each run is looked up with its own key for each concept (runs may name a metric
+    differently); null values are gaps, not zeros.
+    """
+    panels = []
+    for title, ylabel, concepts in PANELS:
+        lines: list[Line] = []
+        for concept, style in concepts:
+            for label, records in zip(labels, histories):
+                keys: dict[str, None] = {}
+                for record in records:
+                    keys.update(dict.fromkeys(record))
+                key = find_metric(keys, concept)
+                if key is None:
+                    continue
+                xs, ys = _series(records, key, smooth)
+                if xs:
+                    lines.append((label, concept, style, xs, ys))
+        if lines:
+            panels.append((title, ylabel, lines))
+    return panels
+
+
+def plot_runs(run_dirs: Sequence[str | os.PathLike[str]], out_png: str | os.PathLike[str] | None = None,
+              *, smooth: float = 0.0) -> Path:
+    """Draw the curves of ``run_dirs`` into one PNG and return its path.
+
+    ``run_dirs``: run folders (or their ``metrics.jsonl`` files). ``out_png``: where to
+    write; None = ``<run>/curves.png`` for one run, ``./curves.png`` for several.
+    ``smooth``: exponential moving average weight in [0, 1) applied to every curve
+    (0 = raw values). Raises FileNotFoundError for a run without metrics and ValueError
+    when no run has any metric to draw.
+    """
+    if not run_dirs:
+        raise ValueError("plot_runs needs at least one run folder")
+    if not 0.0 <= smooth < 1.0:
+        raise ValueError(f"smooth must be in [0, 1), got {smooth}")
+    folders, histories = [], []
+    for run in run_dirs:
+        folder, metrics = _run_path(run)
+        if not metrics.is_file():
+            raise FileNotFoundError(f"no {METRICS_FILE} in {folder}: not a run folder")
+        folders.append(folder)
+        histories.append(read_metrics(metrics))
+    labels = _labels(folders)
+    panels = collect_panels(labels, histories, smooth=smooth)
+    if not panels:
+        raise ValueError("none of the runs logged a metric to plot (reward, accuracy, "
+                         "response length, entropy, clip fraction)")
+
+    # The Agg canvas on a bare Figure: no pyplot, so no global backend switch and no
+    # window, whatever backend the caller's session uses.
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    cols = 2 if len(panels) > 1 else 1
+    rows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(6.0 * cols, 3.4 * rows))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    color_of = {label: colors[i % len(colors)] for i, label in enumerate(labels)}
+    for ax, (title, ylabel, lines) in zip(axes.flat, panels):
+        for label, concept, style, xs, ys in lines:
+            name = label if concept != "sampled_acc" else f"{label} (sampled)"
+            ax.plot(xs, ys, style, color=color_of[label], label=name, linewidth=1.4,
+                    marker="o" if len(xs) == 1 else None)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+
+    if out_png is None:
+        out_png = folders[0] / "curves.png" if len(folders) == 1 else Path("curves.png")
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, format="png")
+    return out

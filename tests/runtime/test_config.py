@@ -1,0 +1,237 @@
+"""RunConfig: toy defaults, --set parsing, TOML loading, errors, exact save/load round-trip."""
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from rldsl.runtime.config import (CONFIG_FILE, SPEC_FILE, ConfigError, RunConfig, TrainConfig,
+                                  build_optimizer, build_scheduler, config_keys, config_reference,
+                                  default_run_dir, load_config, load_run_config, lr_factor,
+                                  save_config)
+
+
+def test_defaults_are_the_toy_study_settings():
+    cfg = RunConfig()
+    assert cfg.model.path is None and cfg.data.path is None and cfg.reward.name is None
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.n) == (16, 8)
+    assert (cfg.rollout.temperature, cfg.rollout.top_p) == (1.0, 1.0)
+    assert cfg.rollout.max_new_tokens is None and cfg.max_new_tokens == 4
+    t = cfg.train
+    assert (t.lr, t.betas, t.weight_decay, t.grad_clip) == (3e-4, (0.9, 0.99), 0.0, 1.0)
+    assert (t.ppo_epochs, t.minibatches, t.lr_schedule, t.warmup_steps) == (1, 1, "constant", 0)
+    assert t.steps == 300
+    assert (cfg.threads, cfg.device, cfg.model.dtype) == (1, "cpu", "float32")
+    assert cfg.reward.on_error == "raise" and cfg.log.tensorboard is False
+    assert cfg.out is None
+
+
+def test_every_key_is_documented():
+    rows = config_reference()
+    assert [r[0] for r in rows] == config_keys()
+    assert len(rows) >= 35
+    undocumented = [key for key, _type, _default, doc in rows if len(doc) < 10]
+    assert undocumented == []
+    assert ("train.lr", "float", "0.0003") == rows[config_keys().index("train.lr")][:3]
+
+
+def test_max_new_tokens_default_follows_the_task():
+    assert load_config(overrides=["data.path=train.jsonl"]).max_new_tokens == 1024
+    assert load_config(overrides=["rollout.max_new_tokens=7"]).max_new_tokens == 7
+
+
+def test_set_values_are_parsed_by_field_type():
+    cfg = load_config(overrides=[
+        "train.lr=1e-4", "rollout.n=4", "log.tensorboard=true", "data.shuffle=False",
+        "model.path=null", "reward.name=my_rewards:score", "train.betas=0.8,0.95",
+        "out=123", "rollout.temperature=0.5", "train.critic_lr=2",
+    ])
+    assert cfg.train.lr == 1e-4 and isinstance(cfg.train.lr, float)
+    assert cfg.rollout.n == 4 and isinstance(cfg.rollout.n, int)
+    assert cfg.log.tensorboard is True and cfg.data.shuffle is False
+    assert cfg.model.path is None
+    assert cfg.reward.name == "my_rewards:score"
+    assert cfg.train.betas == (0.8, 0.95)
+    assert cfg.out == "123"  # a str field keeps digits as text
+    assert cfg.rollout.temperature == 0.5
+    assert cfg.train.critic_lr == 2.0 and isinstance(cfg.train.critic_lr, float)
+
+
+def test_set_accepts_brackets_quotes_and_spaces():
+    cfg = load_config(overrides=["train.betas=[0.5, 0.6]", "reward.name='null'", " seed = 7 "])
+    assert cfg.train.betas == (0.5, 0.6)
+    assert cfg.reward.name == "null"  # quoted: the text, not None
+    assert cfg.seed == 7
+
+
+def test_later_set_wins():
+    assert load_config(overrides=["seed=1", "seed=2"]).seed == 2
+
+
+def test_unknown_key_suggests_and_lists_valid_keys():
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["train.lrr=1e-4"])
+    msg = str(err.value)
+    assert "unknown config key 'train.lrr'" in msg and "--set train.lrr=1e-4" in msg
+    assert "'train.lr'" in msg and "did you mean" in msg
+    assert "valid keys in [train]: train.steps, train.lr," in msg
+
+
+def test_bare_leaf_name_points_to_its_section():
+    with pytest.raises(ConfigError, match=r"did you mean 'train.lr'\?"):
+        load_config(overrides=["lr=1e-4"])
+
+
+def test_misspelt_section_lists_the_near_section():
+    with pytest.raises(ConfigError, match=r"valid keys in \[train\]"):
+        load_config(overrides=["trian.steps=3"])
+
+
+@pytest.mark.parametrize("item, pattern", [
+    ("rollout.n=abc", r"invalid value for rollout.n \(--set rollout.n=abc\): .*integer"),
+    ("seed=null", r"seed cannot be null"),
+    ("train=3", r"'train' is a section, not a value"),
+    ("novalue", r"--set expects key=value"),
+    ("=3", r"--set expects key=value"),
+    ("device=gpu", r"'cpu' or 'cuda'"),
+    ("rollout.temperature=-1", r"rollout.temperature: .*greater than or equal to 0 "
+                               r"\(--set rollout.temperature=-1\)"),
+    ("train.minibatches=3", r"train.minibatches=3 must divide rollout.prompts_per_step=16"),
+])
+def test_bad_values_give_clear_errors(item, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(overrides=[item])
+
+
+def test_toml_file_then_set_then_flags(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('seed = 3\n[train]\nlr = 1e-3\nsteps = 50\nbetas = [0.8, 0.9]\n'
+                    '[rollout]\nn = 4\n')
+    cfg = load_config(path)
+    assert (cfg.seed, cfg.train.lr, cfg.train.steps, cfg.train.betas, cfg.rollout.n) == \
+        (3, 1e-3, 50, (0.8, 0.9), 4)
+    cfg = load_config(path, ["train.steps=20", "train.lr=2e-4"],
+                      flags={"train.steps": 7, "seed": None, "model.path": "m"})
+    assert cfg.train.steps == 7          # flag > --set > file
+    assert cfg.train.lr == 2e-4          # --set > file
+    assert cfg.seed == 3                 # a None flag is "not given"
+    assert cfg.model.path == "m"
+    assert cfg.rollout.n == 4            # untouched file value
+
+
+def test_toml_unknown_key_is_an_error(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[rollout]\ntemprature = 0.7\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert f"unknown config key 'rollout.temprature' (in {path})" in str(err.value)
+    assert "did you mean 'rollout.temperature'?" in str(err.value)
+
+
+def test_toml_errors(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train\nlr = 1\n")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(bad)
+    section = tmp_path / "section.toml"
+    section.write_text("train = 3\n")
+    with pytest.raises(ConfigError, match=r"'train' is a section.*\[train\] table"):
+        load_config(section)
+    typed = tmp_path / "typed.toml"
+    typed.write_text('[rollout]\nn = "many"\n')
+    with pytest.raises(ConfigError, match=rf"rollout.n: .*integer.*\(in {typed}\)"):
+        load_config(typed)
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.toml")
+
+
+def _everything_changed() -> RunConfig:
+    return load_config(overrides=[
+        "seed=12345", "device=cuda", "threads=2", "out=runs/x", "model.path=/m",
+        "model.dtype=bfloat16", "data.path=d.jsonl", "data.eval_path=e.jsonl",
+        "data.prompt_key=q", "data.eval_size=17", "reward.name=math", "reward.on_error=skip",
+        "rollout.engine=vllm", "rollout.prompts_per_step=12", "rollout.n=3",
+        "rollout.temperature=0.7000000000000001", "rollout.top_p=0.95",
+        "rollout.max_new_tokens=9", "train.steps=11", "train.lr=1.2345678901234567e-05",
+        "train.betas=0.1,0.2", "train.grad_clip=0", "train.ppo_epochs=2", "train.minibatches=4",
+        "train.lr_schedule=cosine", "train.warmup_steps=3", "train.min_lr_ratio=0.1",
+        "train.critic_lr=1e-5", "eval.every=5", "eval.samples=0", "checkpoint.every=7",
+        "checkpoint.keep_last=0", "log.tensorboard=true",
+    ])
+
+
+def test_saved_config_round_trips_exactly(tmp_path):
+    for cfg in (RunConfig(), _everything_changed()):
+        run = tmp_path / str(cfg.seed)
+        path = save_config(cfg, run, "algorithm a extends grpo\n")
+        assert path == run / CONFIG_FILE
+        assert (run / SPEC_FILE).read_text() == "algorithm a extends grpo\n"
+        json.loads(path.read_text())  # plain JSON a person can read
+        again = load_run_config(run)
+        assert again == cfg
+        assert again.model_dump() == cfg.model_dump()
+        assert load_config(path) == cfg  # a saved config is a valid --config file
+
+
+def test_resume_base_keeps_saved_values(tmp_path):
+    cfg = _everything_changed()
+    save_config(cfg, tmp_path, None)
+    resumed = load_config(overrides=["train.steps=40"], base=load_run_config(tmp_path))
+    assert resumed.train.steps == 40
+    assert resumed.model_copy(update={"train": cfg.train}) == cfg
+    with pytest.raises(ConfigError, match="not a run folder"):
+        load_run_config(tmp_path / "nothing")
+
+
+def test_assignment_is_validated():
+    cfg = RunConfig()
+    cfg.train.lr = 1e-5
+    with pytest.raises(ValidationError):
+        cfg.train.lr = "fast"
+    with pytest.raises(ValidationError):
+        RunConfig(train={"lr": 1e-4, "bogus": 1})
+
+
+def test_default_run_dir(tmp_path):
+    now = datetime(2025, 3, 4, 5, 6, 7)
+    first = default_run_dir("algorithms/grpo.rl", tmp_path, now)
+    assert first == tmp_path / "grpo-20250304-050607"
+    first.mkdir()
+    assert default_run_dir("grpo", tmp_path, now) == tmp_path / "grpo-20250304-050607-2"
+    assert RunConfig(out="x/y").run_dir("grpo") == __import__("pathlib").Path("x/y")
+
+
+def test_lr_factor_constant_with_warmup():
+    train = TrainConfig(steps=10, warmup_steps=4)
+    assert [lr_factor(s, train) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_lr_factor_cosine():
+    train = TrainConfig(steps=12, warmup_steps=2, lr_schedule="cosine", min_lr_ratio=0.2)
+    assert lr_factor(0, train) == 0.5
+    assert lr_factor(2, train) == pytest.approx(1.0)
+    assert lr_factor(7, train) == pytest.approx(0.6)     # halfway: 0.2 + 0.8 * 0.5
+    assert lr_factor(12, train) == pytest.approx(0.2)
+    assert lr_factor(50, train) == pytest.approx(0.2)    # clamped past the end
+    p = 1 / 10
+    assert lr_factor(3, train) == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def test_optimizer_and_scheduler_follow_the_config():
+    train = TrainConfig(lr=0.1, betas=(0.8, 0.9), weight_decay=0.01, warmup_steps=2,
+                        steps=4, lr_schedule="cosine")
+    param = torch.nn.Parameter(torch.zeros(2))
+    opt = build_optimizer([param], train)
+    group = opt.param_groups[0]
+    assert (group["betas"], group["weight_decay"], group["eps"]) == ((0.8, 0.9), 0.01, 1e-8)
+    sched = build_scheduler(opt, train)
+    lrs = []
+    for _ in range(4):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([0.05, 0.1, 0.1, 0.05], abs=1e-12)
