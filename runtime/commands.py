@@ -6,8 +6,9 @@ precedence: the field defaults (or, with ``--resume``, the run's saved config), 
 (``--model``, ``--data``, ``--reward``, ``--steps``, ``--seed``, ``--out``, ``--device``,
 ``--tensorboard``). It then calls ``rldsl.runtime.loop.train(spec, cfg, resume=...)``.
 
-Exit codes: 0 success; 2 bad input (configuration, spec, command line); 1 the run
-failed; 130 interrupted. No Python traceback unless ``--traceback``.
+Exit codes (as in ``rldsl check``): 0 success; 1 invalid spec (``file:line:col: error``)
+or a failed run; 2 bad configuration or command line; 130 interrupted. No Python
+traceback unless ``--traceback``.
 """
 from __future__ import annotations
 
@@ -136,12 +137,15 @@ def run_command(
             raise
         hint = f" (continue with: rldsl run --resume {cfg.out})" if cfg.out else ""
         _fail("interrupted" + hint, EXIT_INTERRUPTED)
-    except (SpecError, ConfigError) as exc:
+    except SpecError as exc:
         if traceback:
             raise
-        # A SpecError renders as "file:line:col: error: ..." itself.
-        typer.echo(str(exc) if isinstance(exc, SpecError) else f"error: {exc}", err=True)
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+        typer.echo(exc.render(), err=True)  # "file:line:col: error: ..." with the line
+        raise typer.Exit(EXIT_FAILED) from None
+    except ConfigError as exc:  # a problem found while setting the run up
+        if traceback:
+            raise
+        _fail(str(exc), EXIT_BAD_INPUT)
     except Exception as exc:  # noqa: BLE001 - reported, traceback on request
         if traceback:
             raise

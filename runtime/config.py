@@ -89,26 +89,28 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    """Training and held-out prompts."""
+    """Training and held-out prompts (read by ``runtime.data.load_data``).
+
+    Training prompts are dealt in a seeded order, a new permutation each epoch.
+    """
 
     path: str | None = Field(
         default=None,
-        description="Training prompts: a .jsonl or .parquet file or a Hugging Face dataset "
-                    "name; null = the built-in 2-digit addition task.")
+        description="Training prompts: a .jsonl or .parquet file or a saved Hugging Face "
+                    "datasets folder; null = the built-in 2-digit addition task.")
     prompt_key: str = Field(default="prompt",
                             description="Record field holding the prompt text.")
-    answer_key: str = Field(default="answer",
-                            description="Record field holding the reference answer the "
-                                        "reward checks against.")
+    answer_key: str | None = Field(
+        default="answer",
+        description="Record field holding the reference answer the reward checks; null = "
+                    "the records have no reference answers.")
     eval_path: str | None = Field(
         default=None,
-        description="Held-out prompts (same formats as path); null = split eval_size "
-                    "prompts off the training data (the built-in task has its own "
-                    "held-out set, never trained on).")
+        description="Held-out prompts (same formats and fields as path); null = split "
+                    "eval_size prompts off the training data (the built-in task has its "
+                    "own held-out set, never trained on).")
     eval_size: int = Field(default=200, ge=0,
                            description="Number of held-out prompts used for evaluation.")
-    shuffle: bool = Field(default=True,
-                          description="Shuffle the training prompts each epoch (seeded).")
 
 
 class RewardConfig(_Section):

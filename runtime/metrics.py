@@ -188,7 +188,8 @@ def _fmt(value: Any) -> str:
 def summary_table(records: Sequence[Mapping[str, Any]], run_dir: str | os.PathLike[str],
                   keys: Sequence[str] | None = None) -> Table:
     """A rich Table of the run: final value of each metric and, for rewards and
-    accuracies, the best value and its step; the run folder is the caption.
+    accuracies (higher is better), the best value and its step; the run folder is the
+    caption.
 
     ``keys``: the metrics to show; None = the key metrics found (reward, accuracies,
     length, entropy, clip fraction, step time) and every ``eval/`` metric.
@@ -207,7 +208,10 @@ def summary_table(records: Sequence[Mapping[str, Any]], run_dir: str | os.PathLi
         keys = list(concept_of) + [k for k in present
                                    if k.startswith("eval/") and k not in concept_of]
 
-    table = Table(title="run summary", caption=f"run folder: {run_dir}", caption_justify="left")
+    caption = f"run folder: {run_dir}"
+    # Wide enough that the folder path is not wrapped (when the console is).
+    table = Table(title="run summary", caption=caption, caption_justify="left",
+                  min_width=len(caption))
     table.add_column("metric")
     table.add_column("final", justify="right")
     table.add_column("best", justify="right")
@@ -217,7 +221,9 @@ def summary_table(records: Sequence[Mapping[str, Any]], run_dir: str | os.PathLi
     for key in keys:
         final, _ = _last_value(records, key)
         best, best_step = "", ""
-        if concept_of.get(key) in HIGHER_IS_BETTER or key.startswith("eval/") and "acc" in key:
+        higher = concept_of.get(key) in HIGHER_IS_BETTER or (
+            key.startswith("eval/") and ("acc" in key or "reward" in key))
+        if higher:
             numbers = [(r[key], r["step"]) for r in records
                        if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
             if numbers:

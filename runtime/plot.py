@@ -55,6 +55,8 @@ def _series(records: Sequence[dict[str, Any]], key: str, smooth: float) -> tuple
     return xs, ys
 
 
+_SPARSE = frozenset({"greedy_acc", "sampled_acc"})
+
 Line = tuple[str, str, str, list[int], list[float]]  # label, concept, style, steps, values
 
 
@@ -76,7 +78,9 @@ def collect_panels(labels: Sequence[str], histories: Sequence[Sequence[dict[str,
                 key = find_metric(keys, concept)
                 if key is None:
                     continue
-                xs, ys = _series(records, key, smooth)
+                # Evaluations are sparse: drawn raw, with markers, never smoothed.
+                sparse = concept in _SPARSE
+                xs, ys = _series(records, key, 0.0 if sparse else smooth)
                 if xs:
                     lines.append((label, concept, style, xs, ys))
         if lines:
@@ -90,8 +94,8 @@ def plot_runs(run_dirs: Sequence[str | os.PathLike[str]], out_png: str | os.Path
 
     ``run_dirs``: run folders (or their ``metrics.jsonl`` files). ``out_png``: where to
     write; None = ``<run>/curves.png`` for one run, ``./curves.png`` for several.
-    ``smooth``: exponential moving average weight in [0, 1) applied to every curve
-    (0 = raw values). Raises FileNotFoundError for a run without metrics and ValueError
+    ``smooth``: exponential moving average weight in [0, 1) applied to the per-step
+    curves (0 = raw values); held-out accuracies are drawn raw, with markers. Raises FileNotFoundError for a run without metrics and ValueError
     when no run has any metric to draw.
     """
     if not run_dirs:
@@ -128,7 +132,7 @@ def plot_runs(run_dirs: Sequence[str | os.PathLike[str]], out_png: str | os.Path
         for label, concept, style, xs, ys in lines:
             name = label if concept != "sampled_acc" else f"{label} (sampled)"
             ax.plot(xs, ys, style, color=color_of[label], label=name, linewidth=1.4,
-                    marker="o" if len(xs) == 1 else None)
+                    marker="o" if concept in _SPARSE or len(xs) == 1 else None, markersize=3)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)

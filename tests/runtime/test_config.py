@@ -46,13 +46,13 @@ def test_max_new_tokens_default_follows_the_task():
 
 def test_set_values_are_parsed_by_field_type():
     cfg = load_config(overrides=[
-        "train.lr=1e-4", "rollout.n=4", "log.tensorboard=true", "data.shuffle=False",
+        "train.lr=1e-4", "rollout.n=4", "log.tensorboard=true", "data.answer_key=null",
         "model.path=null", "reward.name=my_rewards:score", "train.betas=0.8,0.95",
         "out=123", "rollout.temperature=0.5", "train.critic_lr=2",
     ])
     assert cfg.train.lr == 1e-4 and isinstance(cfg.train.lr, float)
     assert cfg.rollout.n == 4 and isinstance(cfg.rollout.n, int)
-    assert cfg.log.tensorboard is True and cfg.data.shuffle is False
+    assert cfg.log.tensorboard is True and cfg.data.answer_key is None
     assert cfg.model.path is None
     assert cfg.reward.name == "my_rewards:score"
     assert cfg.train.betas == (0.8, 0.95)
@@ -153,7 +153,7 @@ def _everything_changed() -> RunConfig:
     return load_config(overrides=[
         "seed=12345", "device=cuda", "threads=2", "out=runs/x", "model.path=/m",
         "model.dtype=bfloat16", "data.path=d.jsonl", "data.eval_path=e.jsonl",
-        "data.prompt_key=q", "data.eval_size=17", "reward.name=math", "reward.on_error=skip",
+        "data.prompt_key=q", "data.answer_key=null", "data.eval_size=17", "reward.name=math", "reward.on_error=skip",
         "rollout.engine=vllm", "rollout.prompts_per_step=12", "rollout.n=3",
         "rollout.temperature=0.7000000000000001", "rollout.top_p=0.95",
         "rollout.max_new_tokens=9", "train.steps=11", "train.lr=1.2345678901234567e-05",

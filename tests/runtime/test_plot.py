@@ -1,0 +1,96 @@
+"""rldsl plot: one PNG with a panel per metric, runs overlaid."""
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+import rldsl.runtime.plot as plot_module
+from rldsl.runtime.plot import collect_panels, plot_runs
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(folder, records) -> None:
+    folder.mkdir(parents=True)
+    with open(folder / "metrics.jsonl", "w") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    a, b = tmp_path / "grpo-1", tmp_path / "dapo-1"
+    write_run(a, [{"step": s, "reward/mean": s / 10, "response/length_mean": 3.0 + s,
+                   "clip_fraction": 0.0, "entropy": 1.0 / s,
+                   **({"eval/greedy_acc": s / 20, "eval/sampled_acc": s / 30} if s % 2 == 0 else {})}
+                  for s in range(1, 7)])
+    # The second run names its metrics differently and has no entropy or sampled accuracy.
+    write_run(b, [{"step": s, "reward_mean": 1 - s / 10, "loss/clip_fraction": 0.1,
+                   "response_length": None if s == 3 else 4.0,
+                   **({"eval/greedy_acc": 0.2} if s in (1, 6) else {})}
+                  for s in range(1, 7)])
+    return a, b
+
+
+def test_png_of_two_runs(two_runs, tmp_path, monkeypatch):
+    read = []
+    real = plot_module.read_metrics
+    monkeypatch.setattr(plot_module, "read_metrics", lambda p: read.append(p) or real(p))
+    out = plot_runs(list(two_runs), tmp_path / "out" / "cmp.png")
+    assert out == tmp_path / "out" / "cmp.png"
+    assert [p.parent.name for p in read] == ["grpo-1", "dapo-1"]   # both runs were read
+    width, height = png_size(out)
+    # 5 panels -> 2 columns x 3 rows of 6.0 x 3.4 inches at 110 dpi
+    assert (width, height) == (1320, 1122)
+
+
+def test_panels_overlay_runs_and_skip_missing_metrics(two_runs):
+    from rldsl.runtime.metrics import read_metrics
+
+    panels = collect_panels(["grpo-1", "dapo-1"], [read_metrics(p) for p in two_runs])
+    by_title = {title: lines for title, _ylabel, lines in panels}
+    assert list(by_title) == ["reward", "held-out accuracy", "response length", "entropy",
+                              "clip fraction"]
+    assert [(l[0], l[1]) for l in by_title["held-out accuracy"]] == [
+        ("grpo-1", "greedy_acc"), ("dapo-1", "greedy_acc"), ("grpo-1", "sampled_acc")]
+    assert [l[0] for l in by_title["entropy"]] == ["grpo-1"]
+    reward_b = by_title["reward"][1]
+    assert reward_b[3] == [1, 2, 3, 4, 5, 6] and reward_b[4] == pytest.approx([0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+    length_b = by_title["response length"][1]
+    assert length_b[3] == [1, 2, 4, 5, 6]  # a null is a gap, not a zero
+    greedy_a = by_title["held-out accuracy"][0]
+    assert greedy_a[3] == [2, 4, 6]
+
+
+def test_smoothing_is_an_ema(two_runs):
+    from rldsl.runtime.metrics import read_metrics
+
+    panels = collect_panels(["a"], [read_metrics(two_runs[0])], smooth=0.5)
+    reward = panels[0][2][0][4]
+    assert reward[:3] == pytest.approx([0.1, 0.15, 0.225])
+    greedy = panels[1][2][0][4]
+    assert greedy == pytest.approx([0.1, 0.2, 0.3])  # evaluations are never smoothed
+
+
+def test_single_run_default_path_and_fewer_panels(tmp_path):
+    run = tmp_path / "only"
+    write_run(run, [{"step": 1, "reward/mean": 0.1}, {"step": 2, "reward/mean": 0.3}])
+    out = plot_runs([run])
+    assert out == run / "curves.png"
+    assert png_size(out) == (660, 374)  # one panel
+
+
+def test_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a run folder"):
+        plot_runs([tmp_path / "missing"])
+    write_run(tmp_path / "empty", [{"step": 1, "other": 1.0}])
+    with pytest.raises(ValueError, match="none of the runs logged a metric"):
+        plot_runs([tmp_path / "empty"])
