@@ -41,6 +41,8 @@ class DataError(ValueError):
 # ---------------------------------------------------------------------------- loaders
 def _read_rows(path: Path, split: str) -> Iterator[tuple[int, Any]]:
     """Yield (1-based row number, row) from a .jsonl / .parquet file or a datasets folder."""
+    if not path.exists():
+        raise DataError(f"{path}: no such file or folder")
     if path.is_dir():
         import datasets
 
@@ -68,8 +70,6 @@ def _read_rows(path: Path, split: str) -> Iterator[tuple[int, Any]]:
 
         for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
             yield i, row
-    elif not path.exists():
-        raise DataError(f"{path}: no such file or folder")
     else:
         raise DataError(
             f"{path}: unknown dataset format {path.suffix!r} "

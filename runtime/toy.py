@@ -4,10 +4,10 @@
 CPU cores, real enough that the RL loss, the masks and the weight sync all matter.
 
 Task
-    The prompt is ``"a+b="`` with a, b in [0, 99]; the answer is the decimal sum. Reward
-    1 only for exactly the sum followed by EOS (see ``rewards.addition``). A fixed set of
-    200 pairs (chosen by ``AdditionTask.heldout_seed``) is held out: training and the warm
-    start never see them.
+    The prompt is ``"a+b="`` with a, b in [10, 99] (8100 pairs); the answer is the decimal
+    sum. Reward 1 only for exactly the sum followed by EOS (``rewards.addition_reward``).
+    A fixed set of 200 pairs (chosen by ``AdditionTask.heldout_seed``) is held out:
+    training and the warm start never see them.
 
 Warm start (``warm_start``)
     Supervised training on answers from a *carry-dropping teacher*: for every training
@@ -16,18 +16,23 @@ Warm start (``warm_start``)
     "1"). The model learns the teacher's distribution: on a prompt with k carries the
     right answer has probability about 0.25**k. Greedy decoding picks the teacher's
     mode, the carry-free digit sum, so held-out greedy accuracy plateaus at the fraction
-    of carry-free pairs (0.55 * 0.55 ~ 0.30 for operands in [0, 99]) *whatever the seed
-    or the stopping step*, while sampling at temperature 1 still finds the right answer
-    on carry prompts often enough for groups of 8 to have mixed rewards. RL then has a
-    real, explainable flaw to fix (carrying), measured on held-out prompts. A clean
-    teacher was rejected: its accuracy passes through 10-40% only for a few seconds at a
-    seed-dependent step (TOY_STUDY.md).
+    of carry-free pairs (0.55 * 4/9 ~ 0.24 for operands in [10, 99]; 0.265 on the
+    held-out set) *whatever the seed or the stopping step*, while sampling at temperature
+    1 still finds the right answer on carry prompts (~17% of samples for one carry), so
+    ~60% of groups of 8 have mixed rewards. RL then has a real, explainable flaw to fix
+    (carrying), measured on held-out prompts. A clean teacher was rejected: its accuracy
+    passes through 10-40% only for a few seconds at a seed-dependent step (TOY_STUDY.md).
+    Operands in [0, 99] were rejected too: the variable digit alignment made the loss
+    plateau 2-3x longer.
 
-    Training: batch 128, AdamW (lr 2e-3, betas 0.9/0.99, weight decay 0), 50 linear
-    warm-up steps, loss on the answer and EOS tokens; every ``eval_every`` steps the
-    held-out prompts are decoded greedily and training stops once at least
-    ``mode_target`` of them get the teacher's mode (the model has learned the teacher),
-    or after ``max_steps``.
+    Training: batch 32, AdamW (lr 1e-3, betas 0.9/0.99, weight decay 0), 50 linear
+    warm-up steps, loss on the answer and EOS tokens only. Every ``eval_every`` steps the
+    held-out prompts are decoded greedily; once ``mode_target`` of them get the teacher's
+    mode (the model has learned the teacher: step ~400-550 depending on the seed), the
+    learning rate decays linearly to 0 over ``settle_steps`` more steps, which sharpens
+    the learned distribution, and training stops. Measured on 2 shared cores, 1 thread:
+    850-950 steps, 20-36 s, held-out greedy accuracy 0.265 for seeds 0, 1, 2. If the
+    target is not reached by ``max_steps`` a warning says so (and the report records it).
 
     The result (model + tokenizer, ``save_pretrained`` layout) is cached under
     ``cache_dir()/warm_start/<hash of every setting>``; later calls return at once.
@@ -36,12 +41,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import random
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -120,7 +125,7 @@ def tiny_config(
 class AdditionTask:
     """``"a+b="`` -> ``str(a + b)`` for a, b in [low, high]; ``num_heldout`` pairs held out."""
 
-    low: int = 0
+    low: int = 10
     high: int = 99
     num_heldout: int = 200
     heldout_seed: int = 1234
@@ -130,21 +135,15 @@ class AdditionTask:
         if not 0 <= self.low <= self.high or not 0 < self.num_heldout < n:
             raise ValueError(f"bad AdditionTask {self}: need 0 <= low <= high and 0 < num_heldout < {n}")
 
-    def _pairs(self) -> list[tuple[int, int]]:
+    def pairs(self, heldout: bool) -> list[tuple[int, tuple[int, int]]]:
+        """(id, (a, b)) of the training (or held-out) pairs; id = row-major index of the pair."""
         r = range(self.low, self.high + 1)
-        return [(a, b) for a in r for b in r]
-
-    def _heldout_index(self) -> set[int]:
-        pairs = self._pairs()
-        return set(random.Random(self.heldout_seed).sample(range(len(pairs)), self.num_heldout))
+        every = [(a, b) for a in r for b in r]
+        chosen = set(random.Random(self.heldout_seed).sample(range(len(every)), self.num_heldout))
+        return [(i, ab) for i, ab in enumerate(every) if (i in chosen) == heldout]
 
     def _examples(self, heldout: bool) -> list[Example]:
-        chosen = self._heldout_index()
-        return [
-            Example(id=i, prompt=f"{a}+{b}=", answer=str(a + b))
-            for i, (a, b) in enumerate(self._pairs())
-            if (i in chosen) == heldout
-        ]
+        return [Example(id=i, prompt=f"{a}+{b}=", answer=str(a + b)) for i, (a, b) in self.pairs(heldout)]
 
     def train_examples(self) -> list[Example]:
         """Every pair not held out; ``Example.id`` = index of the pair in row-major order."""
@@ -183,12 +182,13 @@ class WarmStartConfig:
 
     seed: int = 0
     drop_carry: float = 0.75
-    batch_size: int = 128
-    lr: float = 2e-3
+    batch_size: int = 32
+    lr: float = 1e-3
     warmup_steps: int = 50
-    max_steps: int = 1500
+    max_steps: int = 3000
     eval_every: int = 50
-    mode_target: float = 0.9
+    mode_target: float = 0.85
+    settle_steps: int = 400
     task: AdditionTask = field(default_factory=AdditionTask)
 
 
@@ -290,10 +290,9 @@ def _train_warm_start(
     verbose: bool,
 ) -> tuple[LlamaForCausalLM, dict]:
     task = config.task
+    train_pairs = [ab for _, ab in task.pairs(heldout=False)]
     heldout = task.heldout_examples()
-    train_pairs = [tuple(map(int, ex.prompt[:-1].split("+"))) for ex in task.train_examples()]
-    heldout_pairs = [tuple(map(int, ex.prompt[:-1].split("+"))) for ex in heldout]
-    modes = [carry_free_sum(a, b) for a, b in heldout_pairs]
+    modes = [carry_free_sum(a, b) for _, (a, b) in task.pairs(heldout=True)]
 
     rng = random.Random(config.seed)
     with torch.random.fork_rng(devices=[]):
@@ -301,15 +300,20 @@ def _train_warm_start(
         model = LlamaForCausalLM(model_config)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda step: min(1.0, (step + 1) / max(1, config.warmup_steps))
-    )
+    reached_at: int | None = None  # step at which the teacher's mode was learned
+
+    def lr_factor(step: int) -> float:  # warm-up, constant, then linear decay to 0
+        if reached_at is not None:
+            return max(0.0, 1.0 - (step - reached_at) / config.settle_steps)
+        return min(1.0, (step + 1) / max(1, config.warmup_steps))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     engine = HFEngine(model, tokenizer)
-    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=4)
     t0 = time.perf_counter()
     history: list[dict] = []
     step = 0
-    while step < config.max_steps:
+    end = config.max_steps
+    while step < end:
         pairs = [rng.choice(train_pairs) for _ in range(config.batch_size)]
         answers = [teacher_answer(a, b, drop_carry=config.drop_carry, rng=rng) for a, b in pairs]
         ids, mask, labels = _answer_batch(tokenizer, pairs, answers)
@@ -319,27 +323,34 @@ def _train_warm_start(
         opt.step()
         sched.step()
         step += 1
-        if step % config.eval_every == 0 or step == config.max_steps:
-            batch = engine.generate([ex.prompt for ex in heldout], greedy)
+        if step % config.eval_every == 0 or step == end:
+            answers = greedy_answers(engine, [ex.prompt for ex in heldout])
             model.train()
-            done = [f == "stop" for f in batch.finish_reason]
-            accuracy = sum(d and c == ex.answer for d, c, ex in zip(done, batch.completions, heldout))
-            mode = sum(d and c == m for d, c, m in zip(done, batch.completions, modes))
+            accuracy = sum(a == ex.answer for a, ex in zip(answers, heldout)) / len(heldout)
+            mode = sum(a == m for a, m in zip(answers, modes)) / len(heldout)
             history.append(
                 {
                     "step": step,
                     "loss": round(loss.item(), 4),
-                    "accuracy": accuracy / len(heldout),
-                    "teacher_mode": mode / len(heldout),
+                    "accuracy": accuracy,
+                    "teacher_mode": mode,
                     "seconds": round(time.perf_counter() - t0, 2),
                 }
             )
             if verbose:
                 print("warm start", history[-1], flush=True)
-            if mode / len(heldout) >= config.mode_target:
-                break
+            if reached_at is None and mode >= config.mode_target:
+                reached_at = step
+                end = min(config.max_steps, step + config.settle_steps)
     model.eval()
     last = history[-1]
+    if reached_at is None:
+        warnings.warn(
+            f"toy warm start (seed {config.seed}) did not learn the teacher in {step} steps: "
+            f"held-out greedy accuracy {last['accuracy']:.3f}, teacher agreement "
+            f"{last['teacher_mode']:.3f} < {config.mode_target}",
+            stacklevel=3,
+        )
     report = {
         "settings": asdict(config),
         "version": WARM_START_VERSION,
@@ -347,10 +358,24 @@ def _train_warm_start(
         "seconds": last["seconds"],
         "heldout_accuracy": last["accuracy"],
         "heldout_teacher_mode": last["teacher_mode"],
-        "reached_target": last["teacher_mode"] >= config.mode_target,
+        "reached_target_at": reached_at,
         "history": history,
     }
     return model, report
+
+
+def greedy_answers(engine: HFEngine, prompts: list[str], max_new_tokens: int = 4) -> list[str | None]:
+    """Greedy completion of each prompt; None where no EOS came within ``max_new_tokens``."""
+    batch = engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens))
+    return [c if f == "stop" else None for c, f in zip(batch.completions, batch.finish_reason)]
+
+
+def evaluate_greedy(
+    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, examples: list[Example]
+) -> float:
+    """Fraction of ``examples`` whose greedy completion is exactly the answer followed by EOS."""
+    answers = greedy_answers(HFEngine(model, tokenizer), [ex.prompt for ex in examples])
+    return sum(a == ex.answer for a, ex in zip(answers, examples)) / len(examples)
 
 
 def load_warm_start(path: str | os.PathLike) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:

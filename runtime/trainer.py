@@ -1,0 +1,261 @@
+"""The trainer: old/reference logprobs, advantages and minibatch updates with the compiled loss.
+
+Every formula comes from the :class:`rldsl.CompiledAlgorithm` (``estimate`` and ``loss``);
+this module only moves tensors: it builds the model inputs, recomputes logprobs with the
+memory-lean selective log-softmax, splits the batch into minibatches of whole prompt
+groups with exact global denominators, clips gradients and steps the optimizers.
+
+Shapes: B = P*G rows, Tp prompt tokens (left padded), Tr response tokens (right padded),
+L = Tp + Tr.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rldsl import CompiledAlgorithm
+
+from .logprobs import token_logprobs
+from .types import RolloutBatch
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def model_inputs(batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor]:
+    """input_ids [B, L], attention_mask [B, L], position_ids [B, L] of prompt + response."""
+    ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # [B, L]
+    attn = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).long()  # [B, L]
+    pos = (attn.cumsum(-1) - 1).clamp_min(0)  # [B, L] left padding: positions start at 0
+    return ids, attn, pos
+
+
+class ValueModel(nn.Module):
+    """A critic: a copy of the policy's transformer body and a scalar head.
+
+    ``forward`` returns V [B, Tr]: the value of the state before each response token
+    (the hidden state at the previous position, the same alignment as the logprobs).
+    """
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        body = getattr(policy, getattr(policy, "base_model_prefix", "model"), None)
+        if body is None:
+            raise ValueError("the policy model has no transformer body to build a critic from")
+        self.body = copy.deepcopy(body)
+        hidden = policy.config.hidden_size
+        self.head = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                num_response: int) -> Tensor:
+        h = self.body(input_ids=input_ids, attention_mask=attention_mask,
+                      position_ids=position_ids).last_hidden_state  # [B, L, H]
+        L = input_ids.shape[1]
+        h = h[:, L - num_response - 1:L - 1]  # [B, Tr, H] state before each response token
+        return self.head(h).squeeze(-1).float()  # [B, Tr]
+
+
+# ----------------------------------------------------------------------------- batches
+
+@dataclass
+class TrainBatch:
+    """A scored rollout ready for updates (all [B, Tr] unless noted)."""
+
+    rollout: RolloutBatch
+    rewards: Tensor               # [B] verifier rewards (NaN = failed reward, masked)
+    old_logprobs: Tensor
+    mask: Tensor                  # loss mask (filters applied)
+    advantages: Tensor
+    returns: Tensor
+    ref_logprobs: Tensor | None = None
+    old_values: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def group_size(self) -> int:
+        return self.rollout.group_size
+
+
+def _rows(t: Tensor | None, idx: Tensor) -> Tensor | None:
+    return None if t is None else t[idx]
+
+
+def _sub_rollout(r: RolloutBatch, idx: Tensor) -> RolloutBatch:
+    keep = idx.tolist()
+    return RolloutBatch(r.prompt_ids[idx], r.prompt_mask[idx], r.response_ids[idx],
+                        r.response_mask[idx], r.logprobs[idx], [r.finish_reason[i] for i in keep],
+                        [r.prompts[i] for i in keep], [r.completions[i] for i in keep],
+                        r.group_size, [r.answers[i] for i in keep] if r.answers else [])
+
+
+# ----------------------------------------------------------------------------- trainer
+
+class Trainer:
+    """Owns the policy (and reference, critic), their optimizers, and one update step.
+
+    The trainer is a plain object with tensor-in/metrics-out methods so that it can live in
+    its own process (a Ray actor) in the distributed runtime.
+    """
+
+    def __init__(self, fn: CompiledAlgorithm, policy: nn.Module, *, optimizer: torch.optim.Optimizer,
+                 scheduler: Any = None, reference: nn.Module | None = None,
+                 critic: nn.Module | None = None, critic_optimizer: torch.optim.Optimizer | None = None,
+                 ppo_epochs: int = 1, minibatches: int = 1, grad_clip: float = 1.0,
+                 skip_zero_advantage: bool = True, logprob_chunk: int = 1024):
+        self.fn = fn
+        self.policy = policy
+        self.reference = reference
+        self.critic = critic
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.critic_optimizer = critic_optimizer
+        self.ppo_epochs = ppo_epochs
+        self.minibatches = minibatches
+        self.grad_clip = grad_clip
+        self.skip_zero_advantage = skip_zero_advantage
+        self.logprob_chunk = logprob_chunk
+        algo = fn.algorithm
+        if algo.uses_reference and reference is None:
+            raise ValueError(f"{algo.name} has a KL term: the trainer needs a reference model")
+        if algo.uses_critic and (critic is None or critic_optimizer is None):
+            raise ValueError(f"{algo.name} uses a critic: the trainer needs one and its optimizer")
+
+    # -- logprobs
+
+    def _logprobs(self, model: nn.Module, batch: RolloutBatch, *, grad: bool,
+                  entropy: bool) -> tuple[Tensor, Tensor | None]:
+        ids, attn, pos = model_inputs(batch)
+        Tr = batch.response_ids.shape[1]
+        with torch.set_grad_enabled(grad):
+            return token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
+                                  entropy_grad=grad and self.fn.algorithm.uses_entropy,
+                                  chunk_size=self.logprob_chunk)
+
+    @torch.no_grad()
+    def score(self, rollout: RolloutBatch, rewards: Tensor) -> TrainBatch:
+        """Old (and reference) logprobs, values, and the algorithm's advantages for a rollout."""
+        algo = self.fn.algorithm
+        self.policy.eval()
+        old, _ = self._logprobs(self.policy, rollout, grad=False, entropy=False)
+        ref = None
+        if algo.uses_reference:
+            ref, _ = self._logprobs(self.reference, rollout, grad=False, entropy=False)
+        values = None
+        if algo.uses_critic:
+            ids, attn, pos = model_inputs(rollout)
+            values = self.critic(ids, attn, pos, rollout.response_ids.shape[1])
+        mask = rollout.response_mask.float()
+        est = self.fn.estimate(rewards, rollout.group_size, mask, values=values,
+                               truncated=rollout.truncated, old_logprobs=old, ref_logprobs=ref)
+        metrics = dict(est.metrics)
+        valid = mask > 0
+        if valid.any():
+            # train/inference mismatch: engine logprobs vs recomputed ones (same temperature 1 only)
+            metrics["rollout_logprob_diff"] = float((rollout.logprobs - old).abs()[valid].mean())
+        return TrainBatch(rollout, rewards, old, est.mask, est.advantages, est.returns, ref,
+                          values, metrics)
+
+    # -- update
+
+    def _minibatch_rows(self, batch: TrainBatch, generator: torch.Generator | None) -> list[Tensor]:
+        """Row indices of each minibatch: whole prompt groups, shuffled when there are several."""
+        G = batch.group_size
+        P = batch.rewards.shape[0] // G
+        order = torch.randperm(P, generator=generator) if self.minibatches > 1 else torch.arange(P)
+        groups = order.chunk(self.minibatches)
+        return [(g.unsqueeze(1) * G + torch.arange(G)).reshape(-1) for g in groups if len(g)]
+
+    def update(self, batch: TrainBatch, generator: torch.Generator | None = None) -> dict[str, float]:
+        """``ppo_epochs`` passes of minibatch updates; returns averaged metrics.
+
+        A minibatch whose loss or gradient is not finite is skipped (no optimizer step, the
+        weights untouched) and counted in ``skipped_nonfinite``. When every advantage is 0
+        and the loss has no other term, the optimizer step is skipped (``skipped_zero_adv``).
+        """
+        algo = self.fn.algorithm
+        only_pg = not (algo.kl_in == "loss" or algo.uses_entropy or algo.uses_critic)
+        if self.skip_zero_advantage and only_pg and not bool((batch.advantages * batch.mask).any()):
+            return {"skipped_zero_adv": 1.0, "skipped_nonfinite": 0.0, "optimizer_steps": 0.0}
+        self.policy.train()
+        sums: dict[str, float] = {}
+        n = 0
+        skipped = 0
+        steps = 0
+        for _ in range(self.ppo_epochs):
+            for rows in self._minibatch_rows(batch, generator):
+                m = self._step(batch, rows)
+                if m is None:
+                    skipped += 1
+                    continue
+                steps += 1
+                n += 1
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + v
+        out = {k: v / max(n, 1) for k, v in sums.items()}
+        out.update(skipped_nonfinite=float(skipped), skipped_zero_adv=0.0, optimizer_steps=float(steps))
+        return out
+
+    def _step(self, batch: TrainBatch, rows: Tensor) -> dict[str, float] | None:
+        fn = self.fn
+        algo = fn.algorithm
+        sub = _sub_rollout(batch.rollout, rows)
+        mask = batch.mask[rows]
+        G = batch.group_size
+        denom = fn.denominator(mask, G)
+        logp, ent = self._logprobs(self.policy, sub, grad=True, entropy=True)
+        values = None
+        if algo.uses_critic:
+            ids, attn, pos = model_inputs(sub)
+            values = self.critic(ids, attn, pos, sub.response_ids.shape[1])
+        out = fn.loss(logp, batch.old_logprobs[rows], batch.advantages[rows], mask,
+                      ref_logprobs=_rows(batch.ref_logprobs, rows), values=values,
+                      returns=batch.returns[rows], old_values=_rows(batch.old_values, rows),
+                      entropy=ent, group_size=G, denominator=denom)
+        total = out.loss if out.value_loss is None else out.loss + out.value_loss
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(total):
+            return None
+        total.backward()
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        gnorm = _clip(params, self.grad_clip)
+        cnorm = None
+        if self.critic is not None:
+            cnorm = _clip([p for p in self.critic.parameters() if p.grad is not None], self.grad_clip)
+        if not math.isfinite(gnorm) or (cnorm is not None and not math.isfinite(cnorm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.critic_optimizer is not None:
+                self.critic_optimizer.zero_grad(set_to_none=True)
+            return None
+        self.optimizer.step()
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.step()
+        metrics = dict(out.metrics)
+        metrics["loss"] = float(out.loss.detach())
+        metrics["grad_norm"] = gnorm
+        if cnorm is not None:
+            metrics["critic_grad_norm"] = cnorm
+        return metrics
+
+    def step_schedule(self) -> None:
+        """Advance the LR schedule once per training step (also when the update was skipped)."""
+        if self.scheduler is not None:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+                self.scheduler.step()
+
+
+def _clip(params: list[Tensor], max_norm: float) -> float:
+    if not params:
+        return 0.0
+    if max_norm and max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return float(torch.nn.utils.clip_grad_norm_(params, float("inf")))

@@ -1,0 +1,164 @@
+"""HFEngine: layout of the batch, masks, logprobs against an unpadded recompute, seeding, weight sync."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rldsl.runtime.engine import HFEngine, valid_until_first_eos
+from rldsl.runtime.types import RolloutBatch, RolloutEngine, SamplingParams
+
+
+PROMPTS = ["1+2=", "33+44=", "(5)*6-7="]  # different lengths: left padding matters
+PAD, BOS, EOS = 0, 1, 2
+
+
+def test_valid_until_first_eos_hand_cases() -> None:
+    ids = torch.tensor(
+        [
+            [5, 6, EOS, 7, EOS],  # stops at 2
+            [EOS, 5, 5, 5, 5],  # immediate EOS
+            [5, 6, 7, 8, 9],  # no EOS
+        ]
+    )
+    expected = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]])
+    assert torch.equal(valid_until_first_eos(ids, EOS), expected)
+
+
+def test_implements_protocol(tiny_model, tokenizer) -> None:
+    assert isinstance(HFEngine(tiny_model, tokenizer), RolloutEngine)
+
+
+def test_batch_layout_groups_contiguous_and_left_padded(tiny_model, tokenizer) -> None:
+    G = 3
+    batch = HFEngine(tiny_model, tokenizer).generate(
+        PROMPTS, SamplingParams(n=G, temperature=1.0, max_new_tokens=5, seed=0)
+    )
+    assert isinstance(batch, RolloutBatch)
+    B = len(PROMPTS) * G
+    assert len(batch) == B and batch.group_size == G
+    assert batch.prompts == [p for p in PROMPTS for _ in range(G)]
+    # "(5)*6-7=" has 8 characters + <bos> = 9 tokens; "1+2=" is left padded by 4
+    assert batch.prompt_ids.shape == (B, 9)
+    assert batch.prompt_ids[0].tolist() == [PAD] * 4 + [BOS, 5, 14, 6, 17]
+    assert batch.prompt_mask[0].tolist() == [0] * 4 + [1] * 5
+    for g in range(len(PROMPTS)):
+        rows = batch.prompt_ids[g * G : (g + 1) * G]
+        assert (rows == rows[0]).all()
+    assert batch.response_ids.shape == batch.response_mask.shape == batch.logprobs.shape
+    assert batch.response_ids.shape[1] <= 5
+    assert not batch.logprobs.requires_grad
+
+
+def test_masks_eos_and_completions_consistent(tiny_model, tokenizer) -> None:
+    # temperature 2 on a random model: EOS (1 of 23 tokens) ends some rows, not others
+    batch = HFEngine(tiny_model, tokenizer).generate(
+        ["12+34="], SamplingParams(n=64, temperature=2.0, max_new_tokens=8, seed=1)
+    )
+    assert {"stop", "length"} == set(batch.finish_reason)
+    for b in range(len(batch)):
+        ids, mask = batch.response_ids[b], batch.response_mask[b]
+        eos_at = (ids == EOS).nonzero().flatten().tolist()
+        if batch.finish_reason[b] == "stop":
+            assert len(eos_at) == 1  # everything after the first EOS was replaced by pad
+            n = eos_at[0] + 1  # the mask includes the EOS
+        else:
+            assert eos_at == [] and int(mask.sum()) == ids.shape[0] == 8
+            n = 8
+        assert mask.tolist() == [1] * n + [0] * (ids.shape[0] - n)
+        assert (ids[n:] == PAD).all() and (batch.logprobs[b, n:] == 0).all()
+        kept = [t for t in ids[:n].tolist() if t > 3]  # not <pad> <bos> <eos> <unk>
+        assert batch.completions[b] == "".join(tokenizer.convert_ids_to_tokens(kept))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_unpadded_recompute(tiny_model, tokenizer, unpadded_logits, temperature) -> None:
+    batch = HFEngine(tiny_model, tokenizer).generate(
+        PROMPTS, SamplingParams(n=4, temperature=temperature, max_new_tokens=6, seed=2)
+    )
+    with torch.no_grad():
+        refs = unpadded_logits(
+            tiny_model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
+        )
+    for b, logits in enumerate(refs):
+        L = logits.shape[0]
+        tokens = batch.response_ids[b, :L]
+        expected = torch.log_softmax(logits / temperature, dim=-1).gather(-1, tokens[:, None])[:, 0]
+        torch.testing.assert_close(batch.logprobs[b, :L], expected, atol=1e-5, rtol=0)
+
+
+def test_greedy_is_argmax_and_ignores_n(tiny_model, tokenizer, unpadded_logits) -> None:
+    batch = HFEngine(tiny_model, tokenizer).generate(
+        PROMPTS, SamplingParams(n=2, temperature=0.0, max_new_tokens=6)
+    )
+    assert torch.equal(batch.response_ids[0::2], batch.response_ids[1::2])
+    with torch.no_grad():
+        refs = unpadded_logits(
+            tiny_model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
+        )
+    for b, logits in enumerate(refs):
+        assert torch.equal(batch.response_ids[b, : logits.shape[0]], logits.argmax(-1))
+        # greedy logprobs are under the untempered distribution
+        expected = torch.log_softmax(logits, -1).max(-1).values
+        torch.testing.assert_close(batch.logprobs[b, : logits.shape[0]], expected, atol=1e-5, rtol=0)
+
+
+def test_tiny_top_p_is_greedy(tiny_model, tokenizer) -> None:
+    engine = HFEngine(tiny_model, tokenizer)
+    greedy = engine.generate(PROMPTS, SamplingParams(n=1, temperature=0.0, max_new_tokens=6))
+    nucleus = engine.generate(
+        PROMPTS, SamplingParams(n=1, temperature=1.0, top_p=1e-6, max_new_tokens=6, seed=3)
+    )
+    assert torch.equal(greedy.response_ids, nucleus.response_ids)
+
+
+def test_seeded_sampling_is_reproducible_and_leaves_global_rng(tiny_model, tokenizer) -> None:
+    engine = HFEngine(tiny_model, tokenizer)
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=6, seed=7)
+    torch.manual_seed(123)
+    a = engine.generate(PROMPTS, params)
+    after = torch.rand(1)
+    torch.manual_seed(123)
+    b = engine.generate(PROMPTS, params)
+    assert torch.equal(a.response_ids, b.response_ids) and a.completions == b.completions
+    assert torch.equal(torch.rand(1), after)  # the global RNG stream was not consumed
+    c = engine.generate(PROMPTS, SamplingParams(n=8, temperature=1.0, max_new_tokens=6, seed=8))
+    assert not torch.equal(a.response_ids, c.response_ids)
+
+
+def test_update_weights_copies_into_engine_model(tiny_model, tokenizer, tiny_model_factory) -> None:
+    engine = HFEngine(copy.deepcopy(tiny_model), tokenizer)
+    other = tiny_model_factory(tokenizer, seed=1)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
+    before = engine.generate(PROMPTS, params)
+    engine.update_weights(other.state_dict().items())  # includes the tied lm_head.weight name
+    for name, p in other.named_parameters():
+        assert torch.equal(engine.model.get_parameter(name), p)
+    assert engine.model.lm_head.weight is engine.model.model.embed_tokens.weight  # still tied
+    expected = HFEngine(other, tokenizer).generate(PROMPTS, params)
+    assert torch.equal(engine.generate(PROMPTS, params).response_ids, expected.response_ids)
+    assert not torch.equal(before.logprobs, expected.logprobs)
+
+
+def test_update_weights_rejects_unknown_name_and_shape(tiny_model, tokenizer) -> None:
+    engine = HFEngine(tiny_model, tokenizer)
+    with pytest.raises(KeyError, match="no parameter 'model.nope'"):
+        engine.update_weights([("model.nope", torch.zeros(1))])
+    with pytest.raises(ValueError, match="model.norm.weight.*shape"):
+        engine.update_weights([("model.norm.weight", torch.zeros(3))])
+
+
+def test_pad_equal_to_eos_is_refused(tiny_model, tokenizer) -> None:
+    bad = copy.deepcopy(tokenizer)
+    bad.pad_token = bad.eos_token
+    with pytest.raises(ValueError, match="pad != EOS"):
+        HFEngine(tiny_model, bad)
+
+
+def test_bad_params_are_refused(tiny_model, tokenizer) -> None:
+    engine = HFEngine(tiny_model, tokenizer)
+    with pytest.raises(ValueError, match="top_p"):
+        engine.generate(PROMPTS, SamplingParams(top_p=0.0))
+    with pytest.raises(ValueError, match="at least one prompt"):
+        engine.generate([], SamplingParams())

@@ -1,0 +1,170 @@
+"""token_logprobs / selective_log_softmax against full-logits references (values and gradients)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rldsl.runtime.engine import HFEngine
+from rldsl.runtime.logprobs import position_ids_from_mask, selective_log_softmax, token_logprobs
+from rldsl.runtime.types import SamplingParams
+
+
+PROMPTS = ["1+2=", "33+44=", "(5)*6-7=", "9="]
+
+
+def test_selective_log_softmax_hand_values() -> None:
+    # softmax([0, ln 3]) = [1/4, 3/4]; softmax([0, 0, 0]) = 1/3 each
+    logits = torch.tensor([[0.0, math.log(3.0), -1e4], [0.0, 0.0, 0.0]])
+    out = selective_log_softmax(logits, torch.tensor([1, 2]))
+    torch.testing.assert_close(out, torch.tensor([math.log(0.75), math.log(1 / 3)]))
+    # bf16 input is upcast before the softmax; rows split over chunks of 1
+    half = selective_log_softmax(logits.bfloat16()[None], torch.tensor([[0, 0]]), chunk_size=1)
+    assert half.dtype == torch.float32 and half.shape == (1, 2)
+    torch.testing.assert_close(half[0], torch.tensor([math.log(0.25), math.log(1 / 3)]), atol=1e-2, rtol=0)
+
+
+def test_position_ids_from_mask() -> None:
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]])
+    assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 3]]
+
+
+def _sampled(model, tokenizer, seed: int = 0):
+    """A left-padded batch with right-padded responses (some rows end early)."""
+    batch = HFEngine(model, tokenizer).generate(
+        PROMPTS, SamplingParams(n=2, temperature=1.5, max_new_tokens=7, seed=seed)
+    )
+    input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # [B, T]
+    mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1)  # [B, T]
+    return batch, input_ids, mask
+
+
+def _reference(model, input_ids, mask, Tr):
+    """Full [B, T, V] fp32 logits, positions from the mask; log_softmax + gather."""
+    logits = model(
+        input_ids=input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)
+    ).logits.float()[:, -Tr - 1 : -1]  # [B, Tr, V]
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, input_ids[:, -Tr:, None])[..., 0]  # [B, Tr]
+    entropy = -(logp_all.exp() * logp_all).sum(-1)  # [B, Tr]
+    return logp, entropy
+
+
+@pytest.mark.parametrize("chunk_size", [5, 1024])
+def test_values_and_gradients_match_full_logits(tiny_model, tokenizer, chunk_size) -> None:
+    batch, input_ids, mask = _sampled(tiny_model, tokenizer)
+    Tr = batch.response_ids.shape[1]
+    m = batch.response_mask.float()
+    weights = torch.randn(m.shape, generator=torch.Generator().manual_seed(0)) * m
+
+    tiny_model.zero_grad()
+    ref_logp, ref_ent = _reference(tiny_model, input_ids, mask, Tr)
+    (ref_logp * weights).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in tiny_model.named_parameters()}
+
+    tiny_model.zero_grad()
+    logp, ent = token_logprobs(tiny_model, input_ids, mask, Tr, chunk_size=chunk_size)
+    assert logp.shape == ent.shape == (len(batch), Tr) and logp.dtype == torch.float32
+    assert logp.requires_grad and not ent.requires_grad
+    (logp * weights).sum().backward()
+
+    torch.testing.assert_close(logp * m, ref_logp.detach() * m, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent * m, ref_ent.detach() * m, atol=1e-5, rtol=0)
+    for name, p in tiny_model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_entropy_gradient_when_asked(tiny_model, tokenizer) -> None:
+    batch, input_ids, mask = _sampled(tiny_model, tokenizer, seed=1)
+    Tr = batch.response_ids.shape[1]
+    m = batch.response_mask.float()
+    tiny_model.zero_grad()
+    _, ref_ent = _reference(tiny_model, input_ids, mask, Tr)
+    (ref_ent * m).sum().backward()
+    ref = tiny_model.lm_head.weight.grad.clone()
+    tiny_model.zero_grad()
+    _, ent = token_logprobs(tiny_model, input_ids, mask, Tr, entropy_grad=True, chunk_size=3)
+    (ent * m).sum().backward()
+    torch.testing.assert_close(tiny_model.lm_head.weight.grad, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_left_padding_does_not_change_values(tiny_model, tokenizer, unpadded_logits) -> None:
+    """Each padded row equals the same row computed alone without any padding."""
+    batch, input_ids, mask = _sampled(tiny_model, tokenizer, seed=2)
+    with torch.no_grad():
+        logp, _ = token_logprobs(tiny_model, input_ids, mask, batch.response_ids.shape[1], with_entropy=False)
+        refs = unpadded_logits(tiny_model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    assert not logp.requires_grad
+    for b, logits in enumerate(refs):
+        L = logits.shape[0]
+        expected = torch.log_softmax(logits, -1).gather(-1, batch.response_ids[b, :L, None])[:, 0]
+        torch.testing.assert_close(logp[b, :L], expected, atol=1e-5, rtol=0)
+
+
+def test_matches_engine_logprobs_at_temperature_one(tiny_model, tokenizer) -> None:
+    batch = HFEngine(tiny_model, tokenizer).generate(
+        PROMPTS, SamplingParams(n=4, temperature=1.0, max_new_tokens=6, seed=4)
+    )
+    input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)
+    mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1)
+    with torch.no_grad():
+        logp, _ = token_logprobs(tiny_model, input_ids, mask, batch.response_ids.shape[1])
+    m = batch.response_mask.float()
+    torch.testing.assert_close(logp * m, batch.logprobs, atol=1e-5, rtol=0)
+
+
+def test_never_saves_full_logits_for_backward(tiny_model) -> None:
+    """With chunks checkpointed, autograd keeps no logits for backward (the reference keeps [B, Tr, V])."""
+    model = tiny_model
+    B, Tp, Tr = 8, 4, 12
+    V, H = model.config.vocab_size, model.config.hidden_size
+    input_ids = torch.randint(4, V, (B, Tp + Tr), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(input_ids)
+
+    def saved_vocab_numel(fn) -> int:
+        """Total size of the tensors autograd saves that have a vocabulary axis (not the weight)."""
+        total = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            nonlocal total
+            if V in t.shape and t.shape not in ((V, H), (H, V)):
+                total += t.numel()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn()
+        return total
+
+    assert saved_vocab_numel(lambda: _reference(model, input_ids, mask, Tr)) >= B * Tr * V
+    assert saved_vocab_numel(lambda: token_logprobs(model, input_ids, mask, Tr, chunk_size=16)) == 0
+
+
+def test_bad_arguments(tiny_model) -> None:
+    ids = torch.ones(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="num_response_tokens"):
+        token_logprobs(tiny_model, ids, torch.ones_like(ids), 5)
+    with pytest.raises(ValueError, match="attention_mask"):
+        token_logprobs(tiny_model, ids, torch.ones(2, 4, dtype=torch.long), 2)
+
+
+def test_absolute_positions_model_left_padded(tokenizer, unpadded_logits) -> None:
+    """GPT-2 has learned absolute positions: a wrong position id would change every value."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=32,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = GPT2LMHeadModel(config).eval()
+    batch, input_ids, mask = _sampled(model, tokenizer, seed=5)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, input_ids, mask, batch.response_ids.shape[1])
+        refs = unpadded_logits(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    for b, logits in enumerate(refs):
+        L = logits.shape[0]
+        expected = torch.log_softmax(logits, -1).gather(-1, batch.response_ids[b, :L, None])[:, 0]
+        torch.testing.assert_close(logp[b, :L], expected, atol=1e-5, rtol=0)
+        # the engine sampled this batch at temperature 1.5
+        tempered = torch.log_softmax(logits / 1.5, -1).gather(-1, batch.response_ids[b, :L, None])[:, 0]
+        torch.testing.assert_close(batch.logprobs[b, :L], tempered, atol=1e-5, rtol=0)
