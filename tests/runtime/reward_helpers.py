@@ -1,0 +1,24 @@
+"""Reward functions for the runtime tests, loaded by `module:function` (this folder is put on sys.path)."""
+from __future__ import annotations
+
+
+def parity(prompt: str, completion: str, answer: str) -> float:
+    """1 for completions of odd length: a mix of rewards from any model, so advantages are not all 0."""
+    return float(len(completion) % 2)
+
+
+def answer_prefix(prompt: str, completion: str, answer: str) -> float:
+    """Partial credit: the fraction of the answer's leading characters that the completion matches."""
+    n = 0
+    for a, c in zip(answer, completion):
+        if a != c:
+            break
+        n += 1
+    return n / max(len(answer), 1)
+
+
+def explode(prompt: str, completion: str, answer: str) -> float:
+    """Fails on completions starting with '1' (tests the reward-error path)."""
+    if completion.startswith("1"):
+        raise ZeroDivisionError("boom")
+    return 0.5

@@ -1,0 +1,265 @@
+"""End-to-end runs of the one-machine runtime with a tiny random model (fast) and the demo (slow)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import rldsl
+from rldsl.cli import app
+from rldsl.runtime import checkpoint as ckpt
+from rldsl.runtime import loop
+from rldsl.runtime.config import RunConfig, load_config
+from rldsl.runtime.metrics import read_metrics
+
+HERE = Path(__file__).parent
+REPO = HERE.parent.parent
+TIMING = ("time/", "step_s", "tokens_per_s")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer) -> Path:
+    """A tiny random Llama with the toy tokenizer, saved as a user model folder."""
+    from conftest import make_tiny_model  # tests/runtime/conftest.py
+    path = tmp_path_factory.mktemp("tiny-model")
+    make_tiny_model(tokenizer, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _eager_and_helpers(monkeypatch):
+    monkeypatch.setenv("RLDSL_COMPILE", "0")  # compiled == eager is tested in tests/components
+    monkeypatch.syspath_prepend(str(HERE))
+
+
+def quick_config(model_dir: Path, out: Path, **over) -> RunConfig:
+    sets = [f"model.path={model_dir}", f"out={out}", "rollout.prompts_per_step=4", "rollout.n=4",
+            "train.steps=3", "eval.every=0", "eval.samples=2", "data.eval_size=8",
+            "checkpoint.every=0", "log.progress=false", "reward.name=reward_helpers:parity"]
+    sets += [f"{k}={v}" for k, v in over.items()]
+    return load_config(None, sets)
+
+
+def steps_of(run: Path) -> list[dict]:
+    return [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
+
+
+def without_timing(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in records]
+
+
+@pytest.mark.parametrize("name", sorted(rldsl.library()))
+def test_every_library_algorithm_trains(name, model_dir, tmp_path):
+    run = loop.train(name, quick_config(model_dir, tmp_path / "run"))
+    recs = steps_of(run)
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    updated = [r for r in recs if r.get("optimizer_steps", 0) > 0]
+    assert updated, f"{name}: no optimizer step in 3 steps"
+    for r in updated:
+        assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"])
+        assert 0.0 <= r["clip_fraction"] <= 1.0
+    algo = rldsl.load(name)
+    if algo.uses_critic:
+        assert all(math.isfinite(r["value_loss"]) for r in updated)
+    if algo.kl_in == "loss":
+        assert all(math.isfinite(r["kl"]) for r in updated)
+    if algo["sampling"].component == "dynamic":
+        assert all(r["sampling_rounds"] >= 1 for r in recs)
+    if any(v.component == "pass_rate_cap" for v in algo["filter"]):
+        assert all("retired_prompts" in r for r in recs)
+    # the run folder is complete and loadable
+    assert (run / "config.json").is_file() and (run / "spec.rl").read_text() == algo.source
+    last = ckpt.latest_checkpoint(run)
+    assert last is not None and last.name == "step-3"
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(last / "policy")
+
+
+def _params(run: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    return load_file(str(ckpt.latest_checkpoint(run) / "policy" / "model.safetensors"))
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(model_dir, tmp_path):
+    cfg = quick_config(model_dir, tmp_path / "full", **{"train.steps": 6, "checkpoint.every": 2})
+    full = loop.train("grpo", cfg)
+    cfg2 = quick_config(model_dir, tmp_path / "cut", **{"train.steps": 6, "checkpoint.every": 2})
+    cut = loop.train("grpo", cfg2, stop_after=3)
+    assert ckpt.latest_checkpoint(cut).name == "step-3"
+    assert len(steps_of(cut)) == 3
+    loop.train("grpo", resume=cut)
+    assert without_timing(steps_of(cut)) == without_timing(steps_of(full))
+    a, b = _params(full), _params(cut)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.slow
+def test_killed_process_resumes_exactly(model_dir, tmp_path):
+    """SIGKILL a real `rldsl run` mid-way; --resume continues from the last checkpoint."""
+    env = {**os.environ, "RLDSL_COMPILE": "0", "PYTHONPATH": str(HERE)}
+    common = ["--model", str(model_dir), "--steps", "10", "--reward", "reward_helpers:parity",
+              "--set", "rollout.prompts_per_step=4", "--set", "rollout.n=4", "--set", "eval.every=0",
+              "--set", "data.eval_size=8", "--set", "checkpoint.every=2", "--set", "log.progress=false"]
+    rldsl_bin = [sys.executable, "-m", "rldsl.cli"]
+    full = tmp_path / "full"
+    subprocess.run(rldsl_bin + ["run", "lite_ppo", "--out", str(full)] + common, env=env, check=True,
+                   capture_output=True)
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(rldsl_bin + ["run", "lite_ppo", "--out", str(cut)] + common, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if (cut / "metrics.jsonl").exists() and len(steps_of(cut)) >= 5:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert ckpt.latest_checkpoint(cut) is not None
+    res = subprocess.run(rldsl_bin + ["run", "--resume", str(cut)], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert without_timing(steps_of(cut)) == without_timing(steps_of(full))
+    a, b = _params(full), _params(cut)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_user_model_jsonl_and_module_reward(model_dir, tmp_path):
+    data = tmp_path / "train.jsonl"
+    rows = [{"question": f"{a}+{b}=", "solution": str(a + b)} for a in range(10, 30) for b in range(3)]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = quick_config(model_dir, tmp_path / "run", **{
+        "data.path": data, "data.prompt_key": "question", "data.answer_key": "solution",
+        "reward.name": "reward_helpers:answer_prefix=0.5,reward_helpers:parity=0.5",
+        "rollout.max_new_tokens": 4, "data.eval_size": 6})
+    run = loop.train("dr_grpo", cfg)
+    recs = steps_of(run)
+    assert len(recs) == 3
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in recs)
+    evals = [r for r in read_metrics(run / "metrics.jsonl") if "eval/greedy_acc" in r]
+    assert evals and evals[-1]["step"] == 3
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["data"]["prompt_key"] == "question"
+
+
+# ----------------------------------------------------------------------------- bad input
+
+runner = CliRunner()
+
+
+def test_missing_model_folder_is_a_clear_error(tmp_path):
+    res = runner.invoke(app, ["run", "grpo", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2
+    assert "model folder not found" in res.output and "Traceback" not in res.output
+
+
+def test_dataset_rows_without_fields(model_dir, tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n")
+    res = runner.invoke(app, ["run", "grpo", "--model", str(model_dir), "--data", str(data),
+                              "--out", str(tmp_path / "r"), "--set", "log.progress=false"])
+    assert res.exit_code != 0
+    assert "bad.jsonl" in res.output and "2" in res.output and "answer" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_reward_that_raises_stops_the_run_with_the_sample(model_dir, tmp_path):
+    cfg = quick_config(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
+                                                       "rollout.temperature": 3.0})
+    from rldsl.runtime.rewards import RewardError
+    with pytest.raises(RewardError) as e:
+        loop.train("grpo", cfg)
+    msg = str(e.value)
+    assert "explode" in msg and "sample" in msg and "ZeroDivisionError" in msg and "completion" in msg
+
+
+def test_reward_errors_skipped_when_configured(model_dir, tmp_path):
+    cfg = quick_config(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
+                                                       "reward.on_error": "skip",
+                                                       "rollout.temperature": 3.0})
+    run = loop.train("grpo", cfg)
+    recs = steps_of(run)
+    assert sum(r["reward_errors"] for r in recs) > 0
+    assert sum(r["nonfinite_rewards"] for r in recs) == sum(r["reward_errors"] for r in recs)
+    assert all(math.isfinite(r["reward_mean"]) for r in recs if r["reward_errors"] < 16)
+
+
+def test_nan_loss_skips_the_step_and_keeps_weights(model_dir, tmp_path, monkeypatch):
+    real = rldsl.CompiledAlgorithm.loss
+    calls = {"n": 0}
+
+    def poisoned(self, *a, **k):
+        out = real(self, *a, **k)
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second update
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(rldsl.CompiledAlgorithm, "loss", poisoned)
+    snapshots = []
+    real_step = loop.train_step
+
+    def spy(s, step):
+        before = {k: v.clone() for k, v in s.policy.state_dict().items()}
+        m = real_step(s, step)
+        snapshots.append((m, before, {k: v.clone() for k, v in s.policy.state_dict().items()}))
+        return m
+
+    monkeypatch.setattr(loop, "train_step", spy)
+    loop.train("lite_ppo", quick_config(model_dir, tmp_path / "run"))
+    m, before, after = snapshots[1]
+    assert m["skipped_nonfinite"] == 1.0 and m["optimizer_steps"] == 0.0
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.isfinite(v).all() for v in after.values())
+
+
+def test_ctrl_c_writes_a_checkpoint(model_dir, tmp_path, monkeypatch):
+    real_step = loop.train_step
+
+    def interrupt(s, step):
+        if step == 2:
+            raise KeyboardInterrupt
+        return real_step(s, step)
+
+    monkeypatch.setattr(loop, "train_step", interrupt)
+    cfg = quick_config(model_dir, tmp_path / "run", **{"train.steps": 5})
+    with pytest.raises(KeyboardInterrupt):
+        loop.train("lite_ppo", cfg)
+    assert ckpt.latest_checkpoint(tmp_path / "run").name == "step-2"
+
+
+def test_existing_run_folder_is_not_overwritten(model_dir, tmp_path):
+    cfg = quick_config(model_dir, tmp_path / "run")
+    loop.train("lite_ppo", cfg)
+    with pytest.raises(loop.RunError, match="already holds a run"):
+        loop.train("lite_ppo", cfg)
+
+
+# ----------------------------------------------------------------------------- the demo
+
+@pytest.mark.slow
+def test_demo_learns(tmp_path):
+    """`rldsl run algorithms/lite_ppo.rl` on the embedded default: held-out greedy accuracy +30 points."""
+    env = {k: v for k, v in os.environ.items() if k != "RLDSL_COMPILE"}
+    t0 = time.time()
+    res = subprocess.run([sys.executable, "-m", "rldsl.cli", "run", str(REPO / "algorithms" / "lite_ppo.rl"),
+                          "--out", str(tmp_path / "demo"), "--set", "log.progress=false"],
+                         env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    evals = [r for r in read_metrics(tmp_path / "demo" / "metrics.jsonl") if "eval/greedy_acc" in r]
+    first, last = evals[0], evals[-1]
+    assert first["step"] == 0 and last["step"] == 300
+    assert 0.15 <= first["eval/greedy_acc"] <= 0.45
+    assert last["eval/greedy_acc"] - first["eval/greedy_acc"] >= 0.30, (first, last)
+    assert time.time() - t0 < 300
