@@ -86,12 +86,20 @@ class HFEngine:
             use_cache=True,
         )
         self.model.eval()
-        with torch.random.fork_rng(devices=[]):
-            if params.seed is not None:
-                torch.manual_seed(params.seed)
-            out = self.model.generate(
-                input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config
-            )
+        # generate() fills every unset field from model.generation_config (a checkpoint's
+        # generation_config.json may set repetition_penalty, top_k, ...): hide it, so the
+        # sampling distribution is exactly the one described by `params`.
+        checkpoint_defaults = self.model.generation_config
+        self.model.generation_config = GenerationConfig()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                if params.seed is not None:
+                    torch.manual_seed(params.seed)
+                out = self.model.generate(
+                    input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config
+                )
+        finally:
+            self.model.generation_config = checkpoint_defaults
 
         response_ids = out.sequences[:, Tp:]  # [B, Tr]
         logits = torch.stack(out.logits, dim=1).float()  # [B, Tr, V] raw logits

@@ -40,11 +40,10 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_size:
         raise ValueError(f"logits {tuple(logits.shape)} and index {tuple(index.shape)} do not match")
     flat = logits.reshape(-1, logits.shape[-1])  # [N, V]
     idx = index.reshape(-1, 1)  # [N, 1]
-    out = [
-        (z := flat[i : i + chunk_size].float()).gather(-1, idx[i : i + chunk_size]).squeeze(-1)
-        - torch.logsumexp(z, dim=-1)
-        for i in range(0, flat.shape[0], chunk_size)
-    ]  # N/C x [C]
+    out = []
+    for i in range(0, flat.shape[0], chunk_size):
+        z = flat[i : i + chunk_size].float()  # [C, V]
+        out.append(z.gather(-1, idx[i : i + chunk_size]).squeeze(-1) - torch.logsumexp(z, dim=-1))  # [C]
     return torch.cat(out).reshape(index.shape)
 
 
@@ -130,8 +129,8 @@ def token_logprobs(
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
     logprobs, entropies = [], []
     for i in range(0, B * Tr, chunk_size):
-        args = (head.weight, head.bias, hidden[i : i + chunk_size], targets[i : i + chunk_size],
-                with_entropy, entropy_grad)
+        h, y = hidden[i : i + chunk_size], targets[i : i + chunk_size]  # [C, H], [C]
+        args = (head.weight, head.bias, h, y, with_entropy, entropy_grad)
         if needs_grad:
             lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
         else:

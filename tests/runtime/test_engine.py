@@ -113,6 +113,18 @@ def test_tiny_top_p_is_greedy(tiny_model, tokenizer) -> None:
     assert torch.equal(greedy.response_ids, nucleus.response_ids)
 
 
+def test_checkpoint_generation_defaults_do_not_leak(tiny_model, tokenizer) -> None:
+    """A generation_config.json with repetition_penalty / top_k must not change sampling."""
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=6, seed=5)
+    expected = HFEngine(copy.deepcopy(tiny_model), tokenizer).generate(PROMPTS, params)
+    tiny_model.generation_config.repetition_penalty = 10.0
+    tiny_model.generation_config.top_k = 1
+    tiny_model.generation_config.suppress_tokens = [EOS]
+    got = HFEngine(tiny_model, tokenizer).generate(PROMPTS, params)
+    assert torch.equal(got.response_ids, expected.response_ids)
+    assert tiny_model.generation_config.top_k == 1  # restored afterwards
+
+
 def test_seeded_sampling_is_reproducible_and_leaves_global_rng(tiny_model, tokenizer) -> None:
     engine = HFEngine(tiny_model, tokenizer)
     params = SamplingParams(n=8, temperature=1.0, max_new_tokens=6, seed=7)
