@@ -42,13 +42,13 @@ def literal(value: Any, choices: tuple[str, ...] = ()) -> str:
         if not math.isfinite(value):
             raise CodegenError(f"non-finite literal {value!r}")
         return repr(float(value))
-    if isinstance(value, str) and value in choices and _IDENT.match(value):
+    if isinstance(value, str) and value in choices and _IDENT.fullmatch(value):
         return repr(value)
     raise CodegenError(f"refusing to emit {type(value).__name__} literal {value!r}")
 
 
 def _name(slot: str, component: str) -> str:
-    if component not in registry.REGISTRY.get(slot, {}) or not _IDENT.match(component):
+    if component not in registry.REGISTRY.get(slot, {}) or not _IDENT.fullmatch(component):
         raise CodegenError(f"{slot}.{component} is not a registry name")
     return component
 
@@ -73,7 +73,7 @@ def _call(algo: Algorithm, v: SlotValue) -> _Call:
     args = "".join(f", {k}={literal(val, comp.params[k].choices)}"
                    for k, val in comp.fn_params(v.params).items())
     for k in comp.params:
-        if not _IDENT.match(k):
+        if not _IDENT.fullmatch(k):
             raise CodegenError(f"parameter name {k!r} is not an identifier")
     return _Call(_name(v.slot, v.component), args, _where(algo, v))
 

@@ -21,6 +21,15 @@ class Span:
     length: int = 1
 
 
+def source_lines(source: str) -> list[str]:
+    """The lines of ``source`` as the parser numbers them: split at '\\n' only (a form feed or
+    U+2028 inside a comment does not start a line), without the line ends."""
+    lines = source.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     """``"did you mean 'x'?"`` for the closest choices (as click does), or None."""
     close = sorted(difflib.get_close_matches(word, sorted(set(choices)), n=3, cutoff=0.6))
@@ -60,9 +69,12 @@ class SpecError(Exception):
         head = f"{s.file}:{s.line}:{s.column}: error: {self.message}" if s.line else \
             f"{s.file}: error: {self.message}"
         out = [head]
-        lines = (self.source or "").splitlines()
+        lines = source_lines(self.source or "")
         if s.line and 1 <= s.line <= len(lines):
-            text = lines[s.line - 1].replace("\t", " ")
+            # one character per column, as the parser counts them: tabs and control characters
+            # (a NUL byte, a form feed) are shown as one visible character each
+            text = "".join(c if c.isprintable() else " " if c == "\t" else "\ufffd"
+                           for c in lines[s.line - 1])
             gutter = f"{s.line:>4} | "
             out.append(gutter + text)
             col = max(s.column, 1)
@@ -80,7 +92,11 @@ class SpecErrors(SpecError):
     """Several errors of one file; ``errors`` lists them in source order."""
 
     def __init__(self, errors: Sequence[SpecError]):
-        errs = sorted(errors, key=lambda e: (e.span.file, e.span.line, e.span.column))
+        # files in the order they were reported (a child before the parent it blames), then by position
+        files: dict[str, int] = {}
+        for e in errors:
+            files.setdefault(e.span.file, len(files))
+        errs = sorted(errors, key=lambda e: (files[e.span.file], e.span.line, e.span.column))
         self.errors = list(errs)
         first = self.errors[0]
         super().__init__(first.message, first.span, hint=first.hint, source=first.source)

@@ -15,7 +15,7 @@ import lark
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from .errors import Span, SpecError
+from .errors import Span, SpecError, source_lines
 
 # ---------------------------------------------------------------------------------------
 # Syntax nodes
@@ -112,6 +112,12 @@ def _token_text(tok: Token) -> str:
     return repr(str(tok))
 
 
+def _end(source: str) -> tuple[int, int]:
+    """Line and column just after the last character of the last line (1, 1 for no text)."""
+    lines = source_lines(source) or [""]
+    return len(lines), len(lines[-1]) + 1
+
+
 def _syntax_error(exc: UnexpectedInput, file: str, source: str) -> SpecError:
     line = getattr(exc, "line", 0) or 0
     col = getattr(exc, "column", 0) or 0
@@ -124,34 +130,65 @@ def _syntax_error(exc: UnexpectedInput, file: str, source: str) -> SpecError:
         elif ch == ".":
             hint = "names are plain words: no attribute access or dotted paths"
         elif ch == "\"":
-            hint = "a string must end on the same line"
+            end = source.find("\n", exc.pos_in_stream)
+            rest = source[exc.pos_in_stream:end if end >= 0 else len(source)].rstrip("\r")
+            return SpecError("unterminated string", Span(file, line, col, len(rest)),
+                             hint="a string must end on the same line", source=source)
         return SpecError(msg, Span(file, line, col, 1), hint=hint, source=source)
     if isinstance(exc, UnexpectedEOF):
-        lines = source.splitlines() or [""]
-        line, col = len(lines), len(lines[-1]) + 1
+        line, col = _end(source)
         exp = _expected(set(exc.expected))
         return SpecError("unexpected end of file" + (f", {exp}" if exp else ""),
                          Span(file, line, col, 1), source=source)
     assert isinstance(exc, UnexpectedToken)
     tok = exc.token
     if tok.type == "$END":
-        lines = source.splitlines() or [""]
-        line, col = len(lines), len(lines[-1]) + 1
-    exp = _expected(exc.accepts or exc.expected)
+        line, col = _end(source)
+    elif tok.type == "_NL" and 1 <= line <= len(lines := source_lines(source)):
+        col = len(lines[line - 1]) + 1  # just after the line's text (a comment may hold a '\r')
+    accepts = exc.accepts or exc.expected
+    # before the header, blank lines are allowed too; "expected 'algorithm'" is what helps
+    exp = _expected(accepts - {"_NL"} if "ALGORITHM" in accepts else accepts)
     length = len(str(tok)) if tok.type not in ("$END", "_NL") else 1
     msg = f"unexpected {_token_text(tok)}" + (f", {exp}" if exp else "")
-    if tok.type == "NAME" and line == 1 and "ALGORITHM" in (exc.accepts or exc.expected):
+    pos = tok.start_pos if tok.type != "$END" and tok.start_pos is not None else len(source)
+    before = source[:pos].rstrip(" \t")
+    if "ALGORITHM" in accepts:  # only the first line of a spec can take 'algorithm'
         hint = "a spec starts with: algorithm <name> [extends <parent>]"
-    elif tok.type == "_NL" and "RPAR" in (exc.accepts or exc.expected):
-        hint = "close the argument list with ')' on the same line"
-    elif tok.type == "SIGNED_NUMBER" and "EQUAL" not in (exc.accepts or exc.expected) and \
-            "NAME" in (exc.accepts or exc.expected):
-        hint = "arguments are named: component(name=value)"
-    elif tok.type == "NAME" and "EQUAL" in (exc.accepts or exc.expected):
-        hint = "arguments are written name=value"
     elif tok.type == "ALGORITHM":
-        hint = "a file holds one algorithm"
+        msg = "a second 'algorithm': a file holds one algorithm"
+        hint = "put each algorithm in its own file; one may extend another"
+    elif before.endswith(",") and tok.type in ("RPAR", "_NL", "$END"):
+        hint = "remove the trailing ','" if tok.type == "RPAR" else \
+            "a list ends on the line where it starts: join the lines, or remove the trailing ','"
+    elif tok.type in ("_NL", "$END") and "RPAR" in accepts:
+        hint = "close the argument list with ')' on the same line"
+    elif tok.type == "SIGNED_NUMBER" and "EQUAL" not in accepts and "NAME" in accepts:
+        hint = "arguments are named: component(name=value)"
+    elif "EQUAL" in accepts:
+        hint = "arguments are written name=value"
+    elif tok.type in ("_NL", "$END") and "NAME" in accepts:
+        hint = _lone_name_hint(before)
+    elif tok.type == "STRING" and before.endswith('"'):
+        hint = "a string cannot contain '\"'"
     return SpecError(msg, Span(file, line, col, length), hint=hint, source=source)
+
+
+def _lone_name_hint(before: str) -> str | None:
+    """A line that holds one name: a slot without its component, or a component without its slot."""
+    words = before.rsplit("\n", 1)[-1].split("#", 1)[0].split()
+    if words[:1] == ["algorithm"]:
+        return "a spec starts with: algorithm <name> [extends <parent>]"
+    if len(words) != 1:
+        return None
+    from . import registry  # here only: the parser itself does not need the registry
+    word = words[0]
+    if word in registry.SLOTS:
+        return f"slot '{word}' needs a component, e.g. `{word} {registry.SLOTS[word].default}`"
+    owners = [s for s, comps in registry.REGISTRY.items() if word in comps]
+    if len(owners) == 1:
+        return f"a line is `<slot> <component>`: write `{owners[0]} {word}`"
+    return "a line is `<slot> <component>`, e.g. `baseline group_mean`"
 
 
 # ---------------------------------------------------------------------------------------
@@ -210,7 +247,8 @@ def parse(source: str, file: str = "<string>") -> SpecFile:
         i = source.index("\x00")
         line = source.count("\n", 0, i) + 1
         col = i - (source.rfind("\n", 0, i) + 1) + 1
-        raise SpecError("unexpected character '\\x00'", Span(file, line, col, 1), source=source)
+        raise SpecError("unexpected character '\\x00'", Span(file, line, col, 1),
+                        hint="a spec is a plain text file", source=source)
     try:
         tree = _parser().parse(source)
     except UnexpectedInput as exc:

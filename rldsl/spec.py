@@ -69,6 +69,7 @@ class Algorithm(BaseModel):
     file: str
     source: str
     extends: list[str] = []  # the chain of parents, nearest first
+    parent_sources: dict[str, str] = {}  # parent name -> its spec text (to reproduce a run)
     slots: dict[str, list[SlotValue]]
 
     def __getitem__(self, slot: str) -> Any:
@@ -107,7 +108,8 @@ def _fmt(v: Any) -> str:
 # Checking one file
 
 
-_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+_NAME = re.compile(r"[a-z][a-z0-9_]*")  # a letter first: no '_x' or dunder names
+_NAME_RULE = "must start with a lower case letter, then lower case letters, digits or '_'"
 
 
 class _Raw(BaseModel):
@@ -141,11 +143,12 @@ def _convert(arg: ArgNode, p: registry.Param, errors: ErrorList) -> tuple[bool, 
             errors.add(f"argument '{name}': {v!r} is not a number", span)
             return False, None
         if not math.isfinite(x):
-            errors.add(f"argument '{name}' must be a finite number", span)
+            errors.add(f"argument '{name}' must be a finite number", span, hint=f"{name}: {p.describe()}")
             return False, None
         if p.kind == "int":
             if not re.fullmatch(r"[+-]?\d+", v):
-                errors.add(f"argument '{name}' takes a whole number, got {v}", span)
+                errors.add(f"argument '{name}' takes a whole number, got {v}", span,
+                           hint=f"{name}: {p.describe()}")
                 return False, None
             return True, int(v)
         return True, x
@@ -163,6 +166,11 @@ def _convert(arg: ArgNode, p: registry.Param, errors: ErrorList) -> tuple[bool, 
     return False, None
 
 
+def _a(word: str) -> str:
+    """``word`` with its indefinite article: "a baseline", "an objective"."""
+    return ("an " if word[:1] in "aeiou" else "a ") + word
+
+
 def _kind_words(p: registry.Param) -> str:
     return {"float": "a number", "int": "a whole number", "bool": "true or false",
             "choice": "one of " + ", ".join(repr(c) for c in p.choices)}[p.kind]
@@ -177,13 +185,13 @@ def _check_component(slot: str, node: ComponentNode, algorithm: str,
     comps = registry.REGISTRY[slot]
     cname = node.name.text
     if cname not in comps:
-        hint = did_you_mean(cname, comps)
-        if hint is None:
-            elsewhere = [s for s, c in registry.REGISTRY.items() if cname in c and s != slot]
-            if elsewhere:
-                hint = f"'{cname}' is a {elsewhere[0]} component; {slot} takes: " + ", ".join(sorted(comps))
-            else:
-                hint = f"{slot} takes: " + ", ".join(sorted(comps))
+        # an exact name of another slot says more than a near miss in this one
+        elsewhere = [s for s, c in registry.REGISTRY.items() if cname in c and s != slot]
+        takes = f"{slot} takes: " + ", ".join(sorted(comps))
+        if len(elsewhere) == 1:
+            hint = f"'{cname}' is {_a(elsewhere[0])} component; {takes}"
+        else:
+            hint = did_you_mean(cname, comps) or takes
         errors.add(f"unknown {slot} '{cname}'", node.name.span, hint=hint)
         return None
     comp = comps[cname]
@@ -204,7 +212,7 @@ def _check_component(slot: str, node: ComponentNode, algorithm: str,
             continue
         if an in seen:
             errors.add(f"argument '{an}' is given twice", arg.name.span,
-                       hint=f"first given at line {seen[an].span.line}")
+                       hint=f"first given at line {seen[an].span.line}, column {seen[an].span.column}")
             ok = False
             continue
         seen[an] = arg.name
@@ -240,12 +248,11 @@ def _check_component(slot: str, node: ComponentNode, algorithm: str,
 def check_file(spec: SpecFile, errors: ErrorList) -> _Raw:
     """Check one parsed file against the registry; errors go to ``errors``."""
     name = spec.name.text
-    if not _NAME.match(name):
-        errors.add(f"algorithm name '{name}' must be lower case letters, digits and '_'",
-                   spec.name.span, hint=f"e.g. {name.lower()!r}" if _NAME.match(name.lower()) else None)
-    if spec.extends is not None and not _NAME.match(spec.extends.text):
-        errors.add(f"parent name '{spec.extends.text}' must be lower case letters, digits and '_'",
-                   spec.extends.span)
+    for what, word in (("algorithm name", spec.name), ("parent name", spec.extends)):
+        if word is not None and not _NAME.fullmatch(word.text):
+            low = word.text.lower()
+            errors.add(f"{what} '{word.text}' {_NAME_RULE}", word.span,
+                       hint=f"e.g. {low!r}" if _NAME.fullmatch(low) else None)
     description = None
     for i, d in enumerate(spec.descriptions):
         if i == 0:
@@ -261,8 +268,8 @@ def check_file(spec: SpecFile, errors: ErrorList) -> _Raw:
             hint = did_you_mean(sname, registry.SLOTS)
             if hint is None:
                 owners = [s for s, c in registry.REGISTRY.items() if sname in c]
-                hint = (f"'{sname}' is a {owners[0]} component: write `{owners[0]} {sname}`" if owners
-                        else "slots: " + ", ".join(registry.SLOTS))
+                hint = (f"'{sname}' is {_a(owners[0])} component: write `{owners[0]} {sname}`"
+                        if len(owners) == 1 else "slots: " + ", ".join(registry.SLOTS))
             errors.add(f"unknown slot '{sname}'", node.name.span, hint=hint)
             continue
         if sname in spans:
@@ -274,7 +281,7 @@ def check_file(spec: SpecFile, errors: ErrorList) -> _Raw:
         if len(node.components) > 1 and not slot.multi:
             extra = node.components[1]
             errors.add(f"slot '{sname}' takes one component", extra.name.span,
-                       hint="only " + ", ".join(s for s, v in registry.SLOTS.items() if v.multi) +
+                       hint="only " + " and ".join(s for s, v in registry.SLOTS.items() if v.multi) +
                        " take a comma-separated list")
             continue
         vals: list[SlotValue] = []
@@ -371,7 +378,7 @@ def _find_parent(name: str, child_file: str) -> Path | None:
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the spec
     except UnicodeDecodeError as e:
         raise SpecError(f"not a UTF-8 text file ({e.reason})", Span(str(path))) from None
 
@@ -383,7 +390,7 @@ def resolve(source: str, file: str = "<string>", _chain: tuple[tuple[str, str], 
     raw = check_file(tree, errors)
     chain = _chain + ((raw.name, file),)
     parent: Algorithm | None = None
-    if raw.parent is not None:
+    if raw.parent is not None and _NAME.fullmatch(raw.parent):  # a bad name is reported already
         names = [n for n, _ in chain]
         if raw.parent in names:
             cycle = " -> ".join(names[names.index(raw.parent):] + [raw.parent])
@@ -425,7 +432,9 @@ def resolve(source: str, file: str = "<string>", _chain: tuple[tuple[str, str], 
     errors.raise_if_any()
     description = raw.description if raw.description is not None else (parent.description if parent else "")
     return Algorithm(name=raw.name, description=description, file=file, source=source,
-                     extends=([parent.name] + parent.extends) if parent else [], slots=slots)
+                     extends=([parent.name] + parent.extends) if parent else [],
+                     parent_sources={parent.name: parent.source, **parent.parent_sources} if parent else {},
+                     slots=slots)
 
 
 def loads(text: str, filename: str = "<string>") -> Algorithm:

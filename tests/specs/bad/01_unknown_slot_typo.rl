@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  baselin       group_mean

@@ -1,0 +1,4 @@
+algorithm demo
+  "A test spec."
+  baseline      group_mean
+  "Another description."

@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  baseline      group_mean, leave_one_out

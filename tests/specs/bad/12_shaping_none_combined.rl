@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  shaping       none, overlong_penalty(max_len=1024, cache=128)

@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  normalizer    group_std(unbiased=1)

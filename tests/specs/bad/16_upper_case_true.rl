@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  normalizer    whiten(shift_mean=TRUE)

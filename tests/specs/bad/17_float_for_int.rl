@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  sampling      dynamic(max_rounds=2.5)

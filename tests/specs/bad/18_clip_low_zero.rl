@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  trust_region  clip(low=0, high=0.28)

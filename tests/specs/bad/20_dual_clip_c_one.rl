@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  trust_region  dual_clip(c=1)

@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  normalizer    group_std(eps=-1e-6)

@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  aggregation   token_sum_norm(max_tokens=0)

@@ -1,0 +1,3 @@
+algorithm my_dr_grpo extends grpo
+  normalizer    none
+  aggregation   token_sum_norm

@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  kl            k3(where=loss)

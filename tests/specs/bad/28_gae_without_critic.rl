@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  baseline      gae(lam=0.95)

@@ -1,0 +1,4 @@
+algorithm demo
+  "A test spec."
+  objective     reinforce
+  trust_region  clip

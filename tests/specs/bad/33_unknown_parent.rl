@@ -1,0 +1,2 @@
+algorithm my_dapo extends dapoo
+  kl            none

@@ -1,0 +1,2 @@
+algorithm cycle_a extends cycle_b
+  kl            none

@@ -1,0 +1,2 @@
+algorithm child extends broken_parent
+  kl            none

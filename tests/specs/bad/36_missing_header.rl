@@ -1,0 +1,2 @@
+# forgot the header
+baseline      group_mean

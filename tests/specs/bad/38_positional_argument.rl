@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  trust_region  clip(0.2)

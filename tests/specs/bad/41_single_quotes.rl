@@ -1,0 +1,2 @@
+algorithm demo
+  'A test spec.'

@@ -1,0 +1,2 @@
+# an algorithm, some day
+# nothing yet

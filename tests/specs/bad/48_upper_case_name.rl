@@ -1,0 +1,2 @@
+algorithm GRPO_v2 extends grpo
+  kl            none

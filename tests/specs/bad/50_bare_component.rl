@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  group_mean

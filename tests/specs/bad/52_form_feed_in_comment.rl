@@ -1,0 +1,3 @@
+# page onepage two
+algorithm demo
+  baseline      group_mena

@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  kl            k3(beta=0.04, coef=2)

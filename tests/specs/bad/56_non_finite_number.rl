@@ -1,0 +1,3 @@
+algorithm demo
+  "A test spec."
+  entropy       bonus(coef=1e400)

@@ -1,0 +1,2 @@
+algorithm __import__
+  baseline      group_mean

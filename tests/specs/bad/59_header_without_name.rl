@@ -1,0 +1,3 @@
+algorithm
+  "The name is missing."
+  baseline      group_mean

@@ -1,0 +1,3 @@
+﻿algorithm bom
+  "A UTF-8 byte-order mark, as some editors write."
+  baseline      group_mean
