@@ -165,6 +165,8 @@ class CompiledAlgorithm:
         """The local aggregation count (0-dim); sum it over micro-batches/ranks for ``denominator=``."""
         from .registry import REGISTRY
         agg = self.algorithm["aggregation"]
+        if agg.component == "prompt_mean" and group_size is None:
+            raise ValueError(f"{self.algorithm.name}: prompt_mean aggregation needs group_size=")
         comp = REGISTRY["aggregation"][agg.component]
         _, count = comp.fn(mask.float(), group_size or 1, **comp.fn_params(agg.params))
         return count

@@ -36,8 +36,8 @@ def batch_mean(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     source: REINFORCE with a batch baseline; ROLL norm_mean_type=batch
     shapes: r [B] -> A [B, T]
     """
-    r = batch.rewards
-    return _broadcast(r - r.mean(), batch)
+    d = batch.rewards - batch.rewards[:1]  # shifted by one sample: a constant batch gives exactly 0
+    return _broadcast(d - d.mean(), batch)
 
 
 @register("baseline", decay=Float(0.9, "weight of the previous average", ge=0, lt=1))
@@ -65,10 +65,14 @@ def group_mean(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     source: GRPO (Shao et al. 2024); verl adv_estimator=grpo (norm_adv_by_std_in_grpo=False
       without a normalizer); TRL GRPOTrainer scale_rewards="none"; ROLL norm_mean_type=group
     shapes: r [B] -> A [B, T], groups contiguous (B = P*G)
-    edge cases: a group of one has A = 0 (verl's grpo sets the mean of a singleton to 0).
+    edge cases: a group of one is its own mean: A = 0 (TRL also gives 0; verl's grpo instead
+      sets a singleton's mean to 0, i.e. A = r).
     """
     r = group_view(batch.rewards, batch.group_size)  # [P, G]
-    a = (r - r.mean(dim=1, keepdim=True)).reshape(-1)  # [B]
+    # Shift by one member first: the float mean of equal rewards (8 x 0.1) is not exactly 0.1,
+    # and the ~1e-8 left in r - mean would be blown up to ~1e-2 by group_std (eps 1e-6).
+    d = r - r[:, :1]  # [P, G]; exactly 0 for a constant group
+    a = (d - d.mean(dim=1, keepdim=True)).reshape(-1)  # [B]
     return _broadcast(a, batch)
 
 
@@ -86,8 +90,9 @@ def leave_one_out(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     r = group_view(batch.rewards, G)  # [P, G]
     if G == 1:
         return _broadcast(batch.rewards, batch)
-    others = (r.sum(dim=1, keepdim=True) - r) / (G - 1)  # [P, G]
-    return _broadcast((r - others).reshape(-1), batch)
+    d = r - r[:, :1]  # shifted by one member so a constant group gives exactly 0
+    others = (d.sum(dim=1, keepdim=True) - d) / (G - 1)  # [P, G]
+    return _broadcast((d - others).reshape(-1), batch)
 
 
 @register("baseline",

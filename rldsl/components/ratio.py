@@ -30,7 +30,9 @@ def sequence(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tens
     source: GSPO (Zheng et al. 2025); verl loss_mode=gspo; TRL importance_sampling_level="sequence"
     shapes: [B, T] -> [B, T] (the same value on every token of a row)
     """
-    lr = (logp - old_logp) * mask
+    valid = mask > 0  # padding may hold garbage (inf): select, never multiply by 0
+    lp = torch.where(valid, logp, 0.0)
+    lr = torch.where(valid, logp - old_logp, 0.0)
     seq = lr.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp_min(1)  # [B, 1]
-    out = seq.detach() + logp - logp.detach()
+    out = seq.detach() + lp - lp.detach()
     return torch.clamp(out, max=clamp)
