@@ -19,8 +19,20 @@ from .errors import SpecError, SpecErrors
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="rldsl: declarative RL-for-LLM algorithms. `rldsl list` shows the components.")
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+
+
+class _Lazy:
+    """A rich Console made when used, so that the current terminal width (or COLUMNS) applies."""
+
+    def __init__(self, **kw: object):
+        self.kw = kw
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(Console(highlight=False, **self.kw), name)
+
+
+out = _Lazy()
+err = _Lazy(stderr=True)
 
 
 def _print_error(e: SpecError) -> None:

@@ -1,0 +1,128 @@
+"""The language CLI: check, explain (text, json, --code, diff) and list; exit codes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import rldsl
+from rldsl import registry
+from rldsl.cli import app
+
+runner = CliRunner()
+REPO = Path(__file__).parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "220")  # rich wraps tables at the terminal width
+
+
+def test_check_valid_and_invalid_files(tmp_path):
+    bad = tmp_path / "bad.rl"
+    bad.write_text("algorithm x extends grpo\n  baseline group_mena\n  trust_region clip(low=0, hi=0.3)\n")
+    res = runner.invoke(app, ["check", str(REPO / "algorithms" / "grpo.rl"), str(bad)])
+    assert res.exit_code == 1
+    out = res.output
+    assert "ok: " in out and "algorithm grpo" in out
+    # every error of the file, each with file:line:col, the line, a caret and a hint
+    assert f"{bad}:2:12: error: unknown baseline 'group_mena'" in out
+    assert "did you mean 'group_mean'?" in out
+    assert f"{bad}:3:25: error: argument 'low' of trust_region clip must be > 0" in out
+    assert f"{bad}:3:28: error: unknown argument 'hi' for trust_region clip" in out
+    assert "^~~~~~~~~~" in out and "Traceback" not in out
+
+
+def test_check_all_library_specs_ok():
+    res = runner.invoke(app, ["check", *sorted(rldsl.library())])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("ok: ") == len(rldsl.library())
+
+
+def test_usage_errors_exit_2():
+    assert runner.invoke(app, ["check"]).exit_code == 2
+    assert runner.invoke(app, ["explain", "grpo", "--format", "yaml"]).exit_code == 2
+    assert runner.invoke(app, ["explain", "grpo", "dapo", "ppo"]).exit_code == 2
+    assert runner.invoke(app, ["list", "baselin"]).exit_code == 2
+
+
+def test_traceback_only_on_request(tmp_path):
+    bad = tmp_path / "bad.rl"
+    bad.write_text("algorithm x\n  baseline nope\n")
+    res = runner.invoke(app, ["check", "--traceback", str(bad)])
+    assert isinstance(res.exception, rldsl.SpecError)
+
+
+def test_explain_shows_slots_formulas_and_objective():
+    res = runner.invoke(app, ["explain", "dapo"])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "dapo extends grpo" in out
+    assert "clip(low=0.2, high=0.28)" in out
+    assert "w = min(rho, 1+0.28) if A >= 0 else max(rho, 1-0.2)" in out
+    assert "inherited from grpo" in out
+    assert "minimised:" in out and "token_mean" in out
+
+
+def test_explain_code_is_the_generated_source():
+    res = runner.invoke(app, ["explain", "--code", "cispo"])
+    assert res.exit_code == 0
+    assert res.output == rldsl.compile(rldsl.load("cispo"), compile=False).source
+    assert "trust_region.truncate(rho, adv, logp, old_logp, high=0.2, low=None)" in res.output
+
+
+def test_explain_json():
+    res = runner.invoke(app, ["explain", "maxrl", "--format", "json"])
+    d = json.loads(res.output)
+    assert d["name"] == "maxrl" and d["extends"] == ["grpo"]
+    rows = {r["slot"]: r for r in d["slots"]}
+    assert rows["normalizer"]["component"] == "success_rate"
+    assert rows["normalizer"]["params"] == {"eps": 1e-06}
+    assert rows["rewards"]["component"] == "binary"
+
+
+def test_explain_diff_slot_by_slot():
+    res = runner.invoke(app, ["explain", "grpo", "dapo", "--format", "json"])
+    d = json.loads(res.output)
+    by = {s["slot"]: s for s in d["slots"]}
+    assert by["trust_region"]["status"] == "params differ"
+    assert by["trust_region"]["params"] == [{"param": "high", "a": 0.2, "b": 0.28}]
+    assert by["kl"]["status"] == "component differs"
+    assert by["baseline"]["status"] == "same"
+    assert by["baseline"]["b_from"].startswith("inherited from grpo")
+    assert d["differences"] == 5  # shaping, sampling, trust_region, kl, aggregation
+    text = runner.invoke(app, ["explain", "grpo", "dapo"]).output
+    assert "5 slot(s) differ" in text
+
+
+def test_list_every_component():
+    res = runner.invoke(app, ["list"])
+    assert res.exit_code == 0
+    for slot, comps in registry.REGISTRY.items():
+        for name in comps:
+            assert name in res.output
+    for name in rldsl.library():
+        assert name in res.output
+
+
+def test_every_component_documents_formula_source_shapes_and_params():
+    for slot, comps in registry.REGISTRY.items():
+        for name, comp in comps.items():
+            assert comp.formula and comp.source, f"{slot}.{name}"
+            if comp.fn is not None:
+                assert comp.shapes, f"{slot}.{name} has no shapes"
+            for pname, p in comp.params.items():
+                assert p.doc, f"{slot}.{name}.{pname} has no doc"
+
+
+def test_registry_refuses_duplicates_and_undocumented():
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.register("baseline", "group_mean")(lambda batch: None)
+
+    def undocumented(batch):
+        return batch
+    with pytest.raises(ValueError, match="formula"):
+        registry.register("baseline", "tmp_undocumented")(undocumented)
+    assert "tmp_undocumented" not in registry.REGISTRY["baseline"]
