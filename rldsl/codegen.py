@@ -101,13 +101,18 @@ def _context(algo: Algorithm) -> dict[str, Any]:
     ctx["critic_coef"] = literal(algo["critic"].params.get("coef")) if algo.uses_critic else "0.0"
     ctx["shaping"] = [_call(algo, v) for v in algo["shaping"] if v.component != "none"]
     ctx["filters"] = [_call(algo, v) for v in algo["filter"] if v.component != "none"]
+    kl = algo["kl"]
+    ctx["uses_ratio"] = algo["objective"].component != "reinforce" or (
+        algo.kl_in == "loss" and bool(kl.params.get("ratio_weighted")))
+    ctx["with_metrics"] = True
     return ctx
 
 
 @dataclasses.dataclass(frozen=True)
 class Generated:
     advantages_source: str
-    loss_source: str
+    loss_source: str                # with diagnostics (the default)
+    loss_source_no_metrics: str     # the same loss without them: loss(..., metrics=False)
 
     @property
     def source(self) -> str:
@@ -118,13 +123,19 @@ def generate(algo: Algorithm) -> Generated:
     """The Python source of ``advantages()`` and ``loss()`` for ``algo``."""
     ctx = _context(algo)
     env = _env()
-    return Generated(env.get_template("advantages.py.j2").render(**ctx),
-                     env.get_template("loss.py.j2").render(**ctx))
+    loss = env.get_template("loss.py.j2")
+    return Generated(env.get_template("advantages.py.j2").render(**ctx), loss.render(**ctx),
+                     loss.render(**{**ctx, "with_metrics": False}))
 
 
 def namespace() -> dict[str, Any]:
-    """The closed namespace generated code runs in: no builtins beyond what it needs."""
-    ns: dict[str, Any] = {"__builtins__": {"float": float, "None": None}, "torch": torch,
+    """The closed namespace generated code runs in: torch, the slot namespaces, two helpers.
+
+    Safety comes from what the code is made of (registry names and checked literals only),
+    not from hiding builtins: torch's C functions import lazily through the caller's
+    ``__builtins__``, so a stripped builtins dict breaks them.
+    """
+    ns: dict[str, Any] = {"torch": torch,
                           "ops": ops, "AdvantageBatch": ops.AdvantageBatch,
                           "dataclasses": dataclasses}
     ns.update(registry.namespaces())

@@ -70,20 +70,25 @@ class CompiledAlgorithm:
         self._advantages = codegen.load_function(gen.advantages_source, "advantages")
         self.eager_loss = codegen.load_function(gen.loss_source, "loss")
         self.compiled = compile and compile_enabled()
-        if self.compiled:
-            key = gen.loss_source + repr(sorted(compile_kwargs.items()))
-            if key not in _COMPILED:
-                opts = {"dynamic": True, **compile_kwargs}
-                _COMPILED[key] = torch.compile(self.eager_loss, **opts)
-            self._loss = _COMPILED[key]
-        else:
-            self._loss = self.eager_loss
+        self._compile_kwargs = compile_kwargs
+        self._loss = self._build(gen.loss_source, self.eager_loss)
+        self._loss_no_metrics_source = gen.loss_source_no_metrics
+        self._loss_no_metrics: Callable[..., Any] | None = None  # built at first use
         self.state: dict[str, Tensor] = {}
         sampling = algo["sampling"]
         caps = [v.params["max"] for v in algo["filter"] if v.component == "pass_rate_cap"]
         self.data = DataPlan(
             dynamic_rounds=int(sampling.params["max_rounds"]) if sampling.component == "dynamic" else 1,
             pass_rate_cap=float(caps[0]) if caps else None)
+
+    def _build(self, source: str, eager: Callable[..., Any]) -> Callable[..., Any]:
+        """torch.compile ``eager`` once per process per source (or keep it eager)."""
+        if not self.compiled:
+            return eager
+        key = source + repr(sorted(self._compile_kwargs.items()))
+        if key not in _COMPILED:
+            _COMPILED[key] = torch.compile(eager, **{"dynamic": True, **self._compile_kwargs})
+        return _COMPILED[key]
 
     @property
     def source(self) -> str:
@@ -125,9 +130,10 @@ class CompiledAlgorithm:
         if B == 0:
             z = torch.zeros(mask.shape, dtype=torch.float32)
             return Estimate(z, z, z, rewards, {"rows": 0.0})
+        row_mask = mask.float() * finite.unsqueeze(-1).float()  # failed rewards: no tokens
         adv, returns, loss_mask, shaped = self._advantages(
-            clean, mask, group_size, values, truncated, old_logprobs, ref_logprobs, self.state)
-        loss_mask = loss_mask * finite.unsqueeze(-1).to(loss_mask.dtype)
+            clean, row_mask, group_size, values, truncated, old_logprobs, ref_logprobs, self.state,
+            finite)
         return Estimate(adv, returns, loss_mask, shaped, self._estimate_metrics(
             rewards, finite, shaped, adv, mask, loss_mask, group_size))
 
@@ -175,8 +181,12 @@ class CompiledAlgorithm:
              ref_logprobs: Tensor | None = None, values: Tensor | None = None,
              returns: Tensor | None = None, old_values: Tensor | None = None,
              entropy: Tensor | None = None, group_size: int | None = None,
-             denominator: Tensor | float | None = None) -> LossOutput:
-        """Per-token tensors [B, T] -> the scalar loss to minimise, value loss and metrics."""
+             denominator: Tensor | float | None = None, metrics: bool = True) -> LossOutput:
+        """Per-token tensors [B, T] -> the scalar loss to minimise, value loss and metrics.
+
+        ``metrics=False`` runs the same loss compiled without its diagnostics (faster on
+        steps whose metrics are not logged); ``out.metrics`` is then empty.
+        """
         algo = self.algorithm
         if algo.kl_in == "loss" and ref_logprobs is None:
             raise ValueError(f"{algo.name}: kl {algo['kl'].component} in the loss needs ref_logprobs=")
@@ -188,7 +198,16 @@ class CompiledAlgorithm:
             raise ValueError(f"{algo.name}: prompt_mean aggregation needs group_size=")
         if denominator is not None and not isinstance(denominator, Tensor):
             denominator = torch.tensor(float(denominator))
-        total, value_loss, mt = self._loss(
+        fn = self._loss
+        if not metrics:
+            if self._loss_no_metrics is None:
+                eager = codegen.load_function(self._loss_no_metrics_source, "loss")
+                self._loss_no_metrics = self._build(self._loss_no_metrics_source, eager)
+            fn = self._loss_no_metrics
+        if logprobs.numel() == 0:  # no rows: nothing to learn, and no reduction to take
+            zero = (logprobs * 0).sum()
+            return LossOutput(zero, None if not algo.uses_critic else zero, {})
+        total, value_loss, mt = fn(
             logprobs, old_logprobs.detach(), adv.detach(), mask, ref_logprobs, values, returns,
             old_values, entropy, group_size or 1, denominator)
         names = list(mt)

@@ -25,14 +25,23 @@ def group_view(x: Tensor, group_size: int) -> Tensor:
     return x.view(-1, group_size)
 
 
-def std(x: Tensor, dim: Any = None, unbiased: bool = True, keepdim: bool = False) -> Tensor:
-    """Standard deviation; with one element the Bessel std is taken as 1 (verl's singleton rule)."""
-    n = x.numel() if dim is None else x.shape[dim]
-    if unbiased and n < 2:
-        return torch.ones_like(x.mean(dim=dim, keepdim=keepdim) if dim is not None else x.mean())
-    if dim is None:
-        return x.std(correction=1 if unbiased else 0)
-    return x.std(dim=dim, correction=1 if unbiased else 0, keepdim=keepdim)
+def moments(x: Tensor, valid: Tensor, unbiased: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """Mean, std and count of ``x`` over its last dim, counting only ``valid`` entries.
+
+    x, valid [..., N] -> mean, std, count [..., 1]. The std is Bessel's (N-1) when
+    ``unbiased``; with fewer than 2 valid entries it is taken as 1 (verl's singleton rule).
+    Invalid entries (e.g. a sample whose reward function failed) are simply not there, like
+    TRL's nanmean / nanstd.
+    """
+    v = valid.to(x.dtype)
+    k = v.sum(-1, keepdim=True)  # [..., 1]
+    mean = (x * v).sum(-1, keepdim=True) / k.clamp_min(1)
+    ss = (((x - mean) * v) ** 2).sum(-1, keepdim=True)
+    denom = (k - 1) if unbiased else k
+    std = torch.sqrt(ss / denom.clamp_min(1))
+    if unbiased:
+        std = torch.where(k < 2, torch.ones_like(std), std)
+    return mean, std, k
 
 
 def last_token(values: Tensor, mask: Tensor) -> Tensor:
@@ -59,6 +68,8 @@ class AdvantageBatch:
     values         [B, T]  critic values (None without a critic)
     truncated      [B]     bool: the sample hit the generation limit without EOS
     state          dict    persistent state of stateful components (e.g. ema)
+    valid          [B]     bool: the reward is real (False where the reward function failed;
+                           such rows carry their group's mean reward and leave every statistic)
     """
 
     rewards: Tensor
@@ -69,6 +80,14 @@ class AdvantageBatch:
     values: Tensor | None = None
     truncated: Tensor | None = None
     state: dict[str, Tensor] = field(default_factory=dict)
+    valid: Tensor | None = None
+
+    @property
+    def valid_rows(self) -> Tensor:
+        """[B] bool: rows with a real reward (all rows unless ``valid`` says otherwise)."""
+        if self.valid is None:
+            return torch.ones(self.rewards.shape, dtype=torch.bool, device=self.rewards.device)
+        return self.valid.to(torch.bool)
 
     @property
     def lengths(self) -> Tensor:

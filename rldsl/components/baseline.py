@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..ops import AdvantageBatch, group_view
+from ..ops import AdvantageBatch, group_view, moments
 from ..registry import Float, register
 
 
@@ -37,7 +37,8 @@ def batch_mean(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     shapes: r [B] -> A [B, T]
     """
     d = batch.rewards - batch.rewards[:1]  # shifted by one sample: a constant batch gives exactly 0
-    return _broadcast(d - d.mean(), batch)
+    mean, _, _ = moments(d, batch.valid_rows)
+    return _broadcast(d - mean, batch)
 
 
 @register("baseline", decay=Float(0.9, "weight of the previous average", ge=0, lt=1))
@@ -51,9 +52,10 @@ def ema(batch: AdvantageBatch, decay: float) -> tuple[Tensor, Tensor]:
       the state is saved in checkpoints through CompiledAlgorithm.state_dict().
     """
     r = batch.rewards
+    mean = moments(r, batch.valid_rows)[0].reshape(())
     prev = batch.state.get("ema_baseline")
-    b = r.mean().detach() if prev is None else prev.to(r)
-    batch.state["ema_baseline"] = (decay * b + (1 - decay) * r.mean()).detach()
+    b = mean.detach() if prev is None else prev.to(r)
+    batch.state["ema_baseline"] = (decay * b + (1 - decay) * mean).detach()
     return _broadcast(r - b, batch)
 
 
@@ -85,14 +87,16 @@ def leave_one_out(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
       TRL RLOOTrainer
     shapes: r [B] -> A [B, T]
     edge cases: a group of one has no other sample: A = r (verl rloo; rloo_vectorized gives 0).
+      Samples whose reward failed are left out: K-1 counts the scorable others (TRL).
     """
     G = batch.group_size
-    r = group_view(batch.rewards, G)  # [P, G]
-    if G == 1:
-        return _broadcast(batch.rewards, batch)
+    r, v = group_view(batch.rewards, G), group_view(batch.valid_rows, G)  # [P, G]
     d = r - r[:, :1]  # shifted by one member so a constant group gives exactly 0
-    others = (d.sum(dim=1, keepdim=True) - d) / (G - 1)  # [P, G]
-    return _broadcast((d - others).reshape(-1), batch)
+    _, _, k = moments(d, v)  # [P, 1] valid members (K)
+    total = (d * v).sum(dim=1, keepdim=True)  # [P, 1]
+    others = (total - d) / (k - 1).clamp_min(1)  # [P, G] mean of the other K-1
+    a = torch.where(k > 1, d - others, r)  # no other sample: A = r
+    return _broadcast(a.reshape(-1), batch)
 
 
 @register("baseline",

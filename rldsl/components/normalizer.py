@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..ops import AdvantageBatch, group_view, std
+from ..ops import AdvantageBatch, group_view, moments
 from ..registry import Bool, Float, register
 
 
@@ -35,9 +35,10 @@ def group_std(adv: Tensor, batch: AdvantageBatch, eps: float, unbiased: bool) ->
     shapes: [B, T] -> [B, T]
     edge cases: zero-variance groups give A = 0 (the numerator is 0); a group of one uses std 1.
     """
-    r = group_view(batch.rewards, batch.group_size)  # [P, G]
-    s = std(r, dim=1, unbiased=unbiased, keepdim=True).expand_as(r).reshape(-1)  # [B]
-    return adv / (s + eps).unsqueeze(-1)
+    G = batch.group_size
+    r, v = group_view(batch.rewards, G), group_view(batch.valid_rows, G)  # [P, G]
+    _, s, _ = moments(r, v, unbiased)  # [P, 1]
+    return adv / (s.expand_as(r).reshape(-1) + eps).unsqueeze(-1)
 
 
 @register("normalizer",
@@ -51,7 +52,8 @@ def batch_std(adv: Tensor, batch: AdvantageBatch, eps: float, unbiased: bool) ->
       norm_std_type=batch (raw rewards, Bessel, 1e-6); TRL scale_rewards="batch" (1e-4)
     shapes: [B, T] -> [B, T]
     """
-    return adv / (std(batch.rewards, unbiased=unbiased) + eps)
+    _, s, _ = moments(batch.rewards, batch.valid_rows, unbiased)  # [1]
+    return adv / (s + eps)
 
 
 @register("normalizer",
