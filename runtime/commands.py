@@ -4,7 +4,8 @@
 precedence: the field defaults (or, with ``--resume``, the run's saved config), the
 ``--config`` file, the ``--set key=value`` overrides in order, then the dedicated flags
 (``--model``, ``--data``, ``--reward``, ``--steps``, ``--seed``, ``--out``, ``--device``,
-``--tensorboard``). It then calls ``rldsl.runtime.loop.train(spec, cfg, resume=...)``.
+``--tensorboard``, and ``--trainers``, ``--rollout-workers``, ``--gpus-per-worker``,
+``--ray-address`` for the distributed runtime). It then calls ``rldsl.runtime.loop.train(spec, cfg, resume=...)``.
 
 Exit codes (as in ``rldsl check``): 0 success; 1 invalid spec (``file:line:col: error``)
 or a failed run; 2 bad configuration or command line; 130 interrupted. No Python
@@ -98,6 +99,21 @@ def run_command(
     resume: Annotated[Optional[Path], typer.Option(
         "--resume", metavar="DIR", help="Continue the run in DIR from its newest "
                                         "checkpoint, with its saved config.")] = None,
+    trainers: Annotated[Optional[int], typer.Option(
+        "--trainers", metavar="N", min=1,
+        help="Trainer ranks (FSDP2 over Ray actors; distributed.trainers); may differ on "
+             "--resume.")] = None,
+    rollout_workers: Annotated[Optional[int], typer.Option(
+        "--rollout-workers", metavar="M", min=0,
+        help="Rollout actors, each with an engine and the reward "
+             "(distributed.rollout_workers).")] = None,
+    gpus_per_worker: Annotated[Optional[float], typer.Option(
+        "--gpus-per-worker", metavar="G", min=0.0,
+        help="GPUs per rollout actor (distributed.gpus_per_worker).")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", metavar="ADDR",
+        help="Join this Ray cluster (distributed.ray_address); default: a local one when "
+             "the run needs Ray.")] = None,
     tensorboard: Annotated[Optional[bool], typer.Option(
         "--tensorboard/--no-tensorboard", help="Also write TensorBoard events "
                                                "(log.tensorboard).", show_default=False)] = None,
@@ -106,11 +122,15 @@ def run_command(
 ) -> None:
     """Train a policy with the algorithm in SPEC.
 
-    Config precedence, lowest to highest: defaults, --config FILE, --set KEY=VALUE, then the dedicated flags (--model, --data, --reward, --steps, --seed, --out, --device, --tensorboard).
+    Config precedence, lowest to highest: defaults, --config FILE, --set KEY=VALUE, then the dedicated flags (--model, --data, --reward, --steps, --seed, --out, --device, --tensorboard, --trainers, --rollout-workers, --gpus-per-worker, --ray-address).
+
+    With --trainers N > 1, --rollout-workers M > 0 or --ray-address, the run scales out on Ray: N FSDP2 trainer ranks and M rollout actors, the same spec and step.
     """  # noqa: E501 - one line per paragraph: typer rewraps it
     flags = {"model.path": model, "data.path": data, "reward.name": reward,
              "train.steps": steps, "seed": seed, "out": str(out) if out is not None else None,
-             "device": device, "log.tensorboard": tensorboard}
+             "device": device, "log.tensorboard": tensorboard,
+             "distributed.trainers": trainers, "distributed.rollout_workers": rollout_workers,
+             "distributed.gpus_per_worker": gpus_per_worker, "distributed.ray_address": ray_address}
     try:
         spec, cfg = build_run_config(spec, config=config, overrides=set_, resume=resume,
                                      flags=flags)

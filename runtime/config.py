@@ -42,6 +42,7 @@ __all__ = [
     "EvalConfig",
     "CheckpointConfig",
     "LogConfig",
+    "DistributedConfig",
     "RunConfig",
     "CONFIG_FILE",
     "SPEC_FILE",
@@ -228,6 +229,64 @@ class LogConfig(_Section):
                                          "is not a terminal.")
 
 
+class DistributedConfig(_Section):
+    """Scaling out on Ray: FSDP2 trainer ranks, rollout actors (runtime/distributed.py).
+
+    With the defaults (one trainer, no rollout actors, no address) the run stays in one
+    process and Ray is never imported.
+    """
+
+    trainers: int = Field(
+        default=1, ge=1,
+        description="Trainer ranks: Ray actors forming one torch.distributed group (gloo on "
+                    "CPU, nccl on GPU) that trains the policy with FSDP2; 1 = train in the "
+                    "driver process unless Ray is asked for by the other keys. May differ "
+                    "when a run is resumed.")
+    rollout_workers: int = Field(
+        default=0, ge=0,
+        description="Rollout actors, each holding an engine (rollout.engine) and scoring its "
+                    "own samples with the reward; 0 = the engine lives in the driver for a "
+                    "one-process run, else one actor.")
+    gpus_per_worker: float | None = Field(
+        default=None, ge=0.0,
+        description="GPUs reserved for each rollout actor (the vLLM tensor-parallel size "
+                    "when >= 1; fractions share a GPU); null = 1 with device=cuda, else 0. "
+                    "Trainer ranks take one GPU each with device=cuda.")
+    ray_address: str | None = Field(
+        default=None,
+        description="Join this Ray cluster (e.g. 'auto' or 'ray://head:10001'); null = start "
+                    "a local one bound to 127.0.0.1 when the run needs Ray.")
+    num_cpus: int | None = Field(
+        default=None, ge=1,
+        description="Logical CPUs of the local Ray cluster; null = enough for every actor "
+                    "(one each) and at least the machine's cores.")
+    collective_timeout: float = Field(
+        default=600.0, gt=0.0,
+        description="Seconds a torch.distributed collective may wait (gloo/nccl timeout) "
+                    "before it fails the run instead of hanging.")
+    sync_timeout: float = Field(
+        default=600.0, gt=0.0,
+        description="Seconds the weight sync (gather on the trainers, load on every rollout "
+                    "actor) may take.")
+    call_timeout: float | None = Field(
+        default=None, gt=0.0,
+        description="Seconds any other actor call (rollout, score, update, checkpoint) may "
+                    "take; null = no limit (a dead actor is still reported at once).")
+    mixed_precision: Literal["auto", "bf16", "off"] = Field(
+        default="auto",
+        description="FSDP2 MixedPrecisionPolicy: 'bf16' computes in bf16 with fp32 master "
+                    "weights and fp32 gradient reduction; 'auto' = bf16 on cuda, off on cpu.")
+    activation_checkpointing: bool = Field(
+        default=False,
+        description="Recompute each transformer block's activations in the backward pass "
+                    "(trainer ranks).")
+
+    @property
+    def uses_ray(self) -> bool:
+        """True when the run needs Ray actors (else it runs in one process)."""
+        return self.trainers > 1 or self.rollout_workers > 0 or self.ray_address is not None
+
+
 class RunConfig(_Section):
     """Everything one training run needs besides the spec. Defaults = the toy run."""
 
@@ -248,6 +307,8 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig,
                                          description="Checkpoints.")
     log: LogConfig = Field(default_factory=LogConfig, description="Metrics and progress.")
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig,
+                                           description="Ray actors, FSDP2 ranks, timeouts.")
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "RunConfig":

@@ -4,20 +4,33 @@ Shapes: B rows, T = Tp + Tr tokens (prompt left padded, response right padded),
 H hidden size, V vocabulary, C = ``chunk_size`` rows of the flattened [B*Tr] tokens.
 
 ``token_logprobs`` runs the backbone once to hidden states, then the LM head one
-chunk of C tokens at a time: the [C, V] fp32 logits of a chunk live only inside a
-checkpointed function, so neither the forward nor the backward ever holds a full
-[B, Tr, V] fp32 copy (the backward recomputes each chunk's logits when it needs them).
+chunk of C tokens at a time (``_ChunkedHead``, a custom autograd function): the [C, V]
+fp32 logits of a chunk exist only while that chunk is processed, in the forward and
+again in the backward (which recomputes them from the saved hidden states and
+log-sum-exps and writes the gradient in place), so no [B, Tr, V] tensor is ever held.
 
     logprob_t = z_t[y_t] - logsumexp(z_t)
     entropy_t = logsumexp(z_t) - sum_v softmax(z_t)_v * z_t,v
 
 with z_t the fp32 logits predicting token y_t (from the hidden state at t - 1).
+
+Shared prompts (``group_size=G``): when the rows come in groups of G that share one prompt
+(G samples per prompt, groups contiguous, as every rollout is), the backbone runs the
+prompt once per group -- P = B / G rows of Tp tokens -- keeps its keys and values in a
+``DynamicCache``, repeats them G times (autograd flows back through the repeat), then runs
+only the response tokens of the B rows on top. The last response token predicts nothing,
+so it is not fed either. Tokens through the backbone: P*Tp + B*(Tr-1) instead of B*(Tp+Tr)
+(for the toy task, 16 x 6 + 128 x 4 = 608 instead of 1408: the training forward+backward
+takes half the time, bench/README.md). The values are those of the full forward (equal on
+the tested models; the gradients agree to fp32 rounding, 1e-6 relative). The path is taken
+only when it is exact: the prompts (ids and mask) are identical within every group and the
+model's cache has only full-attention ``DynamicLayer``s (no sliding window, no recurrent
+state); otherwise the full forward runs.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 
@@ -57,6 +70,65 @@ def _backbone(model: PreTrainedModel) -> torch.nn.Module:
     return base
 
 
+def _shared_prompt_hidden(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    num_response_tokens: int,
+    group_size: int,
+) -> torch.Tensor | None:
+    """Hidden states [B, Tr, H] predicting the response tokens, running each group's prompt once.
+
+    None when the shortcut would not be exact (see the module docstring): the caller then
+    runs the full forward.
+    """
+    B, T = input_ids.shape
+    G, Tr = group_size, num_response_tokens
+    Tp = T - Tr
+    if G < 2 or B % G:
+        return None
+    P = B // G
+    prompt = torch.cat([input_ids[:, :Tp], attention_mask[:, :Tp].to(input_ids.dtype)], dim=1)
+    prompt = prompt.view(P, G, 2 * Tp)  # [P, G, 2*Tp] ids and mask of each group's rows
+    if not bool((prompt == prompt[:, :1]).all()):
+        return None
+    try:
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+    except ImportError:  # pragma: no cover - transformers 4.x
+        return None
+    try:
+        cache = DynamicCache(config=model.config)
+    except TypeError:  # pragma: no cover - transformers 4.x
+        return None
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        return None
+    backbone = _backbone(model)
+    pos = position_ids_from_mask(attention_mask)  # [B, T] as in the full forward
+    first = slice(0, B, G)  # one row per group
+    out = backbone(
+        input_ids=input_ids[first, :Tp],
+        attention_mask=attention_mask[first, :Tp],
+        position_ids=pos[first, :Tp],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    h_first = out.last_hidden_state[:, -1:].repeat_interleave(G, dim=0)  # [B, 1, H] predicts response token 0
+    if Tr == 1:
+        return h_first
+    if cache.get_seq_length() != Tp:  # pragma: no cover - a model that did not fill the cache
+        return None
+    cache.batch_repeat_interleave(G)  # [P, heads, Tp, d] -> [B, heads, Tp, d], differentiable
+    out = backbone(
+        input_ids=input_ids[:, Tp : T - 1],
+        attention_mask=attention_mask[:, : T - 1],
+        position_ids=pos[:, Tp : T - 1],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return torch.cat([h_first, out.last_hidden_state], dim=1)  # [B, Tr, H]
+
+
 def _check_plain_head(model: PreTrainedModel) -> None:
     cfg = model.config
     for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
@@ -68,23 +140,90 @@ def _check_plain_head(model: PreTrainedModel) -> None:
             )
 
 
-def _head_chunk(
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    hidden: torch.Tensor,
-    targets: torch.Tensor,
-    with_entropy: bool,
-    entropy_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden [C, H], targets [C] -> (logprob [C], entropy [C] or empty) in fp32."""
-    z = F.linear(hidden, weight, bias).float()  # [C, V]
-    lse = torch.logsumexp(z, dim=-1)  # [C]
-    logprob = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # [C]
-    if not with_entropy:
-        return logprob, z.new_empty(0)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)  # [C]
-    return logprob, entropy
+class _ChunkedHead(torch.autograd.Function):
+    """Logprobs and entropies of N tokens through the LM head, C = ``chunk`` tokens at a time.
+
+    Forward, per chunk: z = h W^T + b [C, V] (fp32), lse = logsumexp(z),
+    logprob = z[y] - lse, entropy = lse - sum softmax(z) * z. Saved for backward: the
+    inputs and lse, entropy [N] -- no [*, V] tensor. Backward recomputes each chunk's z and
+    writes its gradient in place:
+
+        d logprob / dz = onehot(y) - p,     d entropy / dz = -p * (log p + entropy)
+        grad_z = p * (-g - g_ent * (log p + entropy)) + g * onehot(y),   p = exp(z - lse)
+        grad_h = grad_z W,   grad_W = sum_chunks grad_z^T h,   grad_b = sum grad_z
+
+    so a chunk needs two [C, V] fp32 buffers in either direction (bench/logprobs.py: 0.04x
+    the memory of the naive log_softmax, and faster). ``entropy_grad`` False: the
+    entropy output carries no gradient (g_ent = 0).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, chunk, with_entropy, entropy_grad):
+        N = hidden.shape[0]
+        logprob = hidden.new_empty(N, dtype=torch.float32)  # [N]
+        lse = hidden.new_empty(N, dtype=torch.float32)  # [N]
+        entropy = hidden.new_empty(N if with_entropy else 0, dtype=torch.float32)  # [N]
+        for i in range(0, N, chunk):
+            j = min(i + chunk, N)
+            z = F.linear(hidden[i:j], weight, bias).float()  # [C, V]
+            m = z.amax(dim=-1, keepdim=True)  # [C, 1]
+            z.sub_(m)  # z - max
+            e = z.exp()  # [C, V] unnormalised probabilities
+            s = e.sum(dim=-1)  # [C]
+            log_s = s.log()
+            lse[i:j] = m.squeeze(-1) + log_s
+            logprob[i:j] = z.gather(-1, targets[i:j, None]).squeeze(-1) - log_s
+            if with_entropy:
+                # H = log s - sum(e * (z - max)) / s
+                entropy[i:j] = log_s - e.mul_(z).sum(dim=-1) / s
+            del z, e
+        ctx.chunk = chunk
+        ctx.with_entropy = with_entropy
+        ctx.entropy_grad = entropy_grad and with_entropy
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(hidden, weight, bias if bias is not None else hidden.new_empty(0),
+                              targets, lse, entropy)
+        if not ctx.entropy_grad:
+            ctx.mark_non_differentiable(entropy)
+        return logprob, entropy
+
+    @staticmethod
+    def backward(ctx, g_logprob, g_entropy):
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        bias = bias if ctx.has_bias else None
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        N = hidden.shape[0]
+        g = g_logprob.float() if g_logprob is not None else torch.zeros_like(lse)  # [N]
+        g_ent = g_entropy.float() if (ctx.entropy_grad and g_entropy is not None) else None  # [N]
+        grad_h = torch.empty_like(hidden) if need_h else None  # [N, H]
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        rows = torch.arange(min(ctx.chunk, N), device=hidden.device)
+        for i in range(0, N, ctx.chunk):
+            j = min(i + ctx.chunk, N)
+            h = hidden[i:j]  # [C, H]
+            z = F.linear(h, weight, bias).float()  # [C, V]
+            z.sub_(lse[i:j, None])  # log p
+            p = z.exp()  # [C, V]
+            if g_ent is None:
+                grad_z = p.mul_(-g[i:j, None])  # -g p
+            else:
+                grad_z = z.add_(entropy[i:j, None]).mul_(-g_ent[i:j, None]).sub_(g[i:j, None]).mul_(p)
+                del p
+            r = rows[: j - i]
+            grad_z[r, targets[i:j]] += g[i:j]  # + g onehot(y)
+            gz = grad_z.to(weight.dtype)
+            if need_h:
+                grad_h[i:j] = gz @ weight
+            if need_w:
+                grad_w.addmm_(gz.t().float() if gz.dtype != torch.float32 else gz.t(), h.float())
+            if need_b:
+                grad_b += grad_z.sum(dim=0)
+            del z, grad_z, gz
+        return (grad_h,
+                grad_w.to(weight.dtype) if need_w else None,
+                grad_b.to(bias.dtype) if need_b else None,
+                None, None, None, None)
 
 
 def token_logprobs(
@@ -96,6 +235,7 @@ def token_logprobs(
     with_entropy: bool = True,
     entropy_grad: bool = False,
     chunk_size: int = 1024,
+    group_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs (and entropies) of the last ``num_response_tokens`` tokens of each row.
 
@@ -106,6 +246,9 @@ def token_logprobs(
 
     Values on padded response positions are computed but meaningless: mask them.
     Position ids come from the attention mask, as in ``generate``.
+    ``group_size``: rows come in contiguous groups of this many samples of one prompt; the
+    prompt then goes through the backbone once per group (module docstring). Without it,
+    or when the groups' prompts differ, every row runs in full.
     """
     B, T = input_ids.shape
     Tr = num_response_tokens
@@ -116,29 +259,24 @@ def token_logprobs(
     _check_plain_head(model)
     head = model.get_output_embeddings()
 
-    out = _backbone(model)(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-    )
-    hidden = out.last_hidden_state[:, T - Tr - 1 : T - 1]  # [B, Tr, H] states predicting the response
+    hidden = None
+    if group_size is not None:
+        hidden = _shared_prompt_hidden(model, input_ids, attention_mask, Tr, group_size)
+    if hidden is None:
+        out = _backbone(model)(
+            input_ids=input_ids[:, : T - 1],  # the last token predicts nothing
+            attention_mask=attention_mask[:, : T - 1],
+            position_ids=position_ids_from_mask(attention_mask)[:, : T - 1],
+            use_cache=False,
+        )
+        hidden = out.last_hidden_state[:, T - Tr - 1 :]  # [B, Tr, H] states predicting the response
     hidden = hidden.reshape(B * Tr, -1)  # [B*Tr, H]
     targets = input_ids[:, T - Tr :].reshape(B * Tr)  # [B*Tr]
 
-    needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
-    logprobs, entropies = [], []
-    for i in range(0, B * Tr, chunk_size):
-        h, y = hidden[i : i + chunk_size], targets[i : i + chunk_size]  # [C, H], [C]
-        args = (head.weight, head.bias, h, y, with_entropy, entropy_grad)
-        if needs_grad:
-            lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
-        else:
-            lp, ent = _head_chunk(*args)
-        logprobs.append(lp)
-        entropies.append(ent)
-    logprob = torch.cat(logprobs).view(B, Tr)  # [B, Tr]
-    entropy = torch.cat(entropies).view(B, Tr) if with_entropy else None  # [B, Tr]
+    logprob, entropy = _ChunkedHead.apply(hidden, head.weight, head.bias, targets, chunk_size,
+                                          with_entropy, entropy_grad)  # [B*Tr] each
+    logprob = logprob.view(B, Tr)  # [B, Tr]
+    entropy = entropy.view(B, Tr) if with_entropy else None  # [B, Tr]
     if entropy is not None and not entropy_grad:
         entropy = entropy.detach()
     return logprob, entropy

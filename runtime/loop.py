@@ -34,6 +34,7 @@ from . import checkpoint as ckpt
 from .config import ConfigError, RunConfig, build_optimizer, build_scheduler, load_run_config, save_config, SPEC_FILE
 from .data import Example, PromptSource, load_data
 from .engine import HFEngine
+from .groups import LocalRolloutGroup, LocalTrainerGroup, WorkerError
 from .metrics import MetricsLogger
 from .rewards import RewardFn
 from .trainer import Trainer, TrainBatch, ValueModel
@@ -46,7 +47,12 @@ class RunError(ConfigError):
 
 @dataclass
 class Setup:
-    """Everything a run is made of (built by :func:`build`)."""
+    """Everything a run is made of (built by :func:`build`).
+
+    The step talks to ``rollouts`` and ``trainers`` (groups.py): by default they wrap this
+    Setup's engine, reward and trainer; the distributed runtime sets Ray groups instead and
+    leaves ``policy``, ``engine`` and ``trainer`` None (they live in the actors).
+    """
 
     cfg: RunConfig
     algo: rldsl.Algorithm
@@ -60,6 +66,19 @@ class Setup:
     heldout: list[Example]
     reward: RewardFn
     warn: Any = print
+    rollouts: Any = None  # groups.LocalRolloutGroup or distributed.RayRolloutGroup
+    trainers: Any = None  # groups.LocalTrainerGroup or distributed.RayTrainerGroup
+
+    def __post_init__(self) -> None:
+        if self.rollouts is None:
+            self.rollouts = LocalRolloutGroup(self)
+        if self.trainers is None:
+            self.trainers = LocalTrainerGroup(self)
+
+    def close(self) -> None:
+        """Stop the actors of a distributed run (nothing to do for a one-process run)."""
+        self.rollouts.close()
+        self.trainers.close()
 
 
 def _seed_all(seed: int) -> None:
@@ -76,31 +95,43 @@ def step_seed(seed: int, step: int, round_: int = 0, what: str = "rollout") -> i
 
 # ----------------------------------------------------------------------------- building
 
-def _load_model(cfg: RunConfig) -> tuple[torch.nn.Module, Any, str]:
-    """The policy and tokenizer: a local HF folder, or the embedded warm-started toy model."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _model_path(cfg: RunConfig) -> tuple[Path, str]:
+    """The policy's HF folder (the embedded toy model is warm-started, or read from its cache)."""
     if cfg.model.path is None:
         from .toy import warm_start
-        path = warm_start(verbose=True)
-        label = "embedded toy model (warm-started)"
-    else:
-        path = Path(cfg.model.path)
-        if not path.exists():
-            raise RunError(f"model folder not found: {path}")
-        if not (path / "config.json").is_file():
-            raise RunError(f"{path} is not a Hugging Face model folder (no config.json)")
-        label = str(path)
+        return Path(warm_start(verbose=True)), "embedded toy model (warm-started)"
+    path = Path(cfg.model.path)
+    if not path.exists():
+        raise RunError(f"model folder not found: {path}")
+    if not (path / "config.json").is_file():
+        raise RunError(f"{path} is not a Hugging Face model folder (no config.json)")
+    return path, str(path)
+
+
+def _load_model(cfg: RunConfig) -> tuple[torch.nn.Module, Any, str]:
+    """The policy and tokenizer: a local HF folder, or the embedded warm-started toy model."""
+    from transformers import AutoModelForCausalLM
+    path, label = _model_path(cfg)
     dtype = getattr(torch, cfg.model.dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise RunError(f"could not load the model from {path}: {e}") from None
+    tok = _load_tokenizer(path)
+    model.config.use_cache = True
+    return model, tok, label
+
+
+def _load_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+    try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as e:
         raise RunError(f"could not load the model from {path}: {e}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
-    model.config.use_cache = True
-    return model, tok, label
+    return tok
 
 
 def _load_data(cfg: RunConfig) -> tuple[PromptSource, list[Example]]:
@@ -115,8 +146,40 @@ def _load_data(cfg: RunConfig) -> tuple[PromptSource, list[Example]]:
     return PromptSource(data.train, seed=cfg.seed, name=Path(cfg.data.path).name), data.heldout
 
 
+def build_trainer(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledAlgorithm,
+                  policy: torch.nn.Module, *, prepare: Any = None, trainer_cls: type = Trainer,
+                  **trainer_kwargs: Any) -> Trainer:
+    """The trainer of ``policy``: reference and critic copies, optimizers, LR schedule.
+
+    ``prepare(policy, reference, critic)``, if given, runs after the copies are made and
+    before the optimizers are built (the distributed runtime shards the modules there).
+    """
+    reference = None
+    if algo.uses_reference:
+        reference = copy.deepcopy(policy).eval()
+        for p in reference.parameters():
+            p.requires_grad_(False)
+    critic = critic_opt = None
+    if algo.uses_critic:
+        critic = ValueModel(policy).to(cfg.device)
+    if prepare is not None:
+        prepare(policy, reference, critic)
+    if critic is not None:
+        critic_opt = build_optimizer(critic.parameters(), cfg.train, lr=cfg.train.critic_lr or cfg.train.lr)
+    optimizer = build_optimizer(policy.parameters(), cfg.train)
+    scheduler = build_scheduler(optimizer, cfg.train)
+    return trainer_cls(fn, policy, optimizer=optimizer, scheduler=scheduler, reference=reference,
+                       critic=critic, critic_optimizer=critic_opt, ppo_epochs=cfg.train.ppo_epochs,
+                       minibatches=cfg.train.minibatches, grad_clip=cfg.train.grad_clip,
+                       skip_zero_advantage=cfg.train.skip_zero_advantage, **trainer_kwargs)
+
+
 def build(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = None) -> Setup:
-    """Load the spec, the model(s), data, reward, engine and trainer for a run."""
+    """Load the spec, the model(s), data, reward, engine and trainer for a run.
+
+    With ``distributed.trainers > 1``, rollout actors or a Ray address, the engine(s) and
+    trainer ranks are Ray actors instead (:func:`rldsl.runtime.distributed.build_distributed`).
+    """
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # they would break the run's own progress display
     try:
@@ -126,32 +189,25 @@ def build(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = None
     torch.set_num_threads(cfg.threads)
     _seed_all(cfg.seed)
     fn = rldsl.compile(algo)
+    if cfg.distributed.uses_ray:
+        from .distributed import build_distributed
+        return build_distributed(algo, fn, cfg, run_dir)
     policy, tok, _ = _load_model(cfg)
     policy.to(cfg.device)
-    reference = None
-    if algo.uses_reference:
-        reference = copy.deepcopy(policy).eval()
-        for p in reference.parameters():
-            p.requires_grad_(False)
-    critic = critic_opt = None
-    if algo.uses_critic:
-        critic = ValueModel(policy).to(cfg.device)
-        critic_opt = build_optimizer(critic.parameters(), cfg.train, lr=cfg.train.critic_lr or cfg.train.lr)
-    optimizer = build_optimizer(policy.parameters(), cfg.train)
-    scheduler = build_scheduler(optimizer, cfg.train)
     if cfg.rollout.engine != "hf":
         raise RunError(f"rollout.engine={cfg.rollout.engine!r} needs the distributed runtime "
-                       "(Ray actors on GPUs); on one machine use rollout.engine=hf")
+                       "(Ray actors on GPUs): add --rollout-workers 1 (or more); on one "
+                       "machine without Ray use rollout.engine=hf")
+    trainer = build_trainer(cfg, algo, fn, policy)
     engine_model = copy.deepcopy(policy).eval()
     engine = HFEngine(engine_model, tok, device=cfg.device)
-    trainer = Trainer(fn, policy, optimizer=optimizer, scheduler=scheduler, reference=reference,
-                      critic=critic, critic_optimizer=critic_opt, ppo_epochs=cfg.train.ppo_epochs,
-                      minibatches=cfg.train.minibatches, grad_clip=cfg.train.grad_clip,
-                      skip_zero_advantage=cfg.train.skip_zero_advantage)
     source, held = _load_data(cfg)
-    name = cfg.reward.name or ("addition" if cfg.data.path is None else "exact")
-    reward = RewardFn(name, on_error=cfg.reward.on_error)
+    reward = RewardFn(_reward_name(cfg), on_error=cfg.reward.on_error)
     return Setup(cfg, algo, fn, run_dir, policy, tok, engine, trainer, source, held, reward)
+
+
+def _reward_name(cfg: RunConfig) -> str:
+    return cfg.reward.name or ("addition" if cfg.data.path is None else "exact")
 
 
 # ----------------------------------------------------------------------------- one step
@@ -205,20 +261,19 @@ def rollout_step(s: Setup, step: int) -> tuple[RolloutBatch, torch.Tensor, list[
     for r in range(rounds):
         used = r + 1
         examples = s.source.next_batch(P)
-        t0 = time.perf_counter()
-        batch = s.engine.generate([e.prompt for e in examples], SamplingParams(
-            n=G, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-            max_new_tokens=cfg.max_new_tokens, seed=step_seed(cfg.seed, step, r)))
-        batch.answers = [e.answer for e in examples for _ in range(G)]
-        t1 = time.perf_counter()
-        scored = s.reward.score(batch)
+        gen = s.rollouts.generate([e.prompt for e in examples], [e.answer for e in examples],
+                                  SamplingParams(n=G, temperature=cfg.rollout.temperature,
+                                                 top_p=cfg.rollout.top_p,
+                                                 max_new_tokens=cfg.max_new_tokens,
+                                                 seed=step_seed(cfg.seed, step, r)))
+        batch, scored = gen.batch, gen.scored
         rewards = scored.rewards
         if scored.num_errors:
             reward_errors += scored.num_errors
             s.warn(f"step {step}: {scored.num_errors} sample(s) skipped (reward failed); first:\n"
                    f"{scored.first_error}")
-        t_gen += t1 - t0
-        t_rew += time.perf_counter() - t1
+        t_gen += gen.generate_s
+        t_rew += gen.reward_s
         ids = [e.id for e in examples]
         if rounds == 1:
             kept.append((batch, rewards, ids))
@@ -267,9 +322,7 @@ def evaluate(s: Setup, step: int) -> dict[str, float]:
             n=cfg.eval.samples, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
             max_new_tokens=cfg.max_new_tokens, seed=step_seed(cfg.seed, step, 0, "eval"))))
     for name, params in modes:
-        batch = s.engine.generate(prompts, params)
-        batch.answers = [e.answer for e in s.heldout for _ in range(params.n)]
-        r = s.reward(batch)
+        r = s.rollouts.generate(prompts, [e.answer for e in s.heldout], params).scored.rewards
         finite = torch.isfinite(r)
         r = torch.where(finite, r, torch.zeros_like(r))
         out[f"eval/{name}_acc"] = float((r > 0.5).float().mean())
@@ -278,8 +331,9 @@ def evaluate(s: Setup, step: int) -> dict[str, float]:
 
 
 def _sync_weights(s: Setup) -> float:
+    """Push the trainers' weights to the rollout engine(s); returns the seconds it took."""
     t0 = time.perf_counter()
-    s.engine.update_weights((k, v.detach()) for k, v in s.policy.state_dict().items())
+    s.rollouts.load_weights(s.trainers.weights())
     return time.perf_counter() - t0
 
 
@@ -289,7 +343,7 @@ def train_step(s: Setup, step: int) -> dict[str, float]:
     t_start = time.perf_counter()
     batch, rewards, ids, m = rollout_step(s, step)
     t0 = time.perf_counter()
-    tb = s.trainer.score(batch, rewards)
+    tb = s.trainers.score(batch, rewards)
     m["time/logprobs_s"] = time.perf_counter() - t0
     # pass-rate cap: retire prompts that are (nearly) solved
     cap = s.fn.data.pass_rate_cap
@@ -300,9 +354,7 @@ def train_step(s: Setup, step: int) -> dict[str, float]:
             s.source.exclude(retire)
         m["retired_prompts"] = float(len(s.source.excluded))
     t0 = time.perf_counter()
-    gen = torch.Generator().manual_seed(step_seed(cfg.seed, step, 0, "minibatch"))
-    um = s.trainer.update(tb, gen)
-    s.trainer.step_schedule()
+    um = s.trainers.update(tb, step_seed(cfg.seed, step, 0, "minibatch"))  # + the LR schedule step
     m["time/update_s"] = time.perf_counter() - t0
     m["time/sync_s"] = _sync_weights(s)
     finite = torch.isfinite(rewards)
@@ -314,7 +366,7 @@ def train_step(s: Setup, step: int) -> dict[str, float]:
         "accuracy": float((rewards[finite] > 0.5).float().mean()) if finite.any() else float("nan"),
         "response_length": float(resp_len.mean()),
         "truncated_fraction": float(batch.truncated.float().mean()),
-        "lr": float(s.trainer.optimizer.param_groups[0]["lr"]),
+        "lr": s.trainers.lr,
         "step_s": step_s,
         "tokens_per_s": tokens / max(step_s, 1e-9),
     })
@@ -325,15 +377,16 @@ def train_step(s: Setup, step: int) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- checkpoints
 
-def _extra_state(s: Setup, step: int) -> dict[str, Any]:
-    return {"step": step, "data": s.source.state_dict(), "algorithm": s.fn.state_dict()}
+def _extra_state(s: Setup, step: int, algorithm: dict[str, Any]) -> dict[str, Any]:
+    return {"step": step, "data": s.source.state_dict(), "algorithm": algorithm}
 
 
 def save(s: Setup, step: int) -> Path:
-    return ckpt.save_checkpoint(s.run_dir, step, policy=s.policy, tokenizer=s.tokenizer,
-                                optimizer=s.trainer.optimizer, scheduler=s.trainer.scheduler,
-                                critic=s.trainer.critic, critic_optimizer=s.trainer.critic_optimizer,
-                                extra_state=_extra_state(s, step),
+    t = s.trainers.checkpoint_state()  # distributed: full state dicts gathered from the ranks
+    return ckpt.save_checkpoint(s.run_dir, step, policy=t.policy, tokenizer=s.tokenizer,
+                                optimizer=t.optimizer, scheduler=t.scheduler,
+                                critic=t.critic, critic_optimizer=t.critic_optimizer,
+                                extra_state=_extra_state(s, step, t.algorithm),
                                 keep_last=s.cfg.checkpoint.keep_last or None)
 
 
@@ -343,14 +396,10 @@ def restore(s: Setup) -> int:
     if path is None:
         raise RunError(f"{s.run_dir} has no complete checkpoint to resume from")
     c = ckpt.load_checkpoint(path)
-    ckpt.load_weights(s.policy, c.policy_path)
-    if s.trainer.critic is not None and c.critic_path is not None:
-        ckpt.load_weights(s.trainer.critic, c.critic_path)
+    s.trainers.load_checkpoint(c)  # weights, critic, algorithm state, optimizers, scheduler
     s.source.load_state_dict(c.extra["data"])
-    s.fn.load_state_dict(c.extra.get("algorithm", {}))
     _sync_weights(s)
-    c.restore(optimizer=s.trainer.optimizer, scheduler=s.trainer.scheduler,
-              critic_optimizer=s.trainer.critic_optimizer)
+    ckpt.restore_rng(c.rng)  # last: no draw between the restore and the next step
     return c.step
 
 
@@ -396,8 +445,7 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
         spec_file = run_dir / SPEC_FILE
         spec_text = spec_file.read_text(encoding="utf-8")
         s = build(str(spec_file), cfg, run_dir, spec_text)
-        start = restore(s)
-        ckpt.remove_checkpoints_after(run_dir, start)
+        start = None
     else:
         cfg = cfg or RunConfig()
         algo = rldsl.load(spec)
@@ -411,35 +459,47 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
             (run_dir / f"{name}.rl").write_text(text, encoding="utf-8")
         s = build(str(spec), cfg, run_dir, algo.source)
         start = 0
-    total = cfg.train.steps
-    logger = MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard, total_steps=total,
-                           progress=cfg.log.progress, print_every=cfg.log.print_every,
-                           resume_step=start if resume is not None else None)
-    step = start
-    last_saved = start if resume is not None else -1
-    s.warn = lambda msg: logger.print(msg, markup=False)
-    with logger, _interrupt_guard():
-        try:
-            if start == 0:
-                logger.log(0, evaluate(s, 0))
-            while step < total:
-                if stop_after is not None and step >= stop_after:
-                    break
-                m = train_step(s, step)
-                step += 1
-                if cfg.eval.every and step % cfg.eval.every == 0 or step == total:
-                    m.update(evaluate(s, step))
-                logger.log(step, m)
-                if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+    try:
+        if start is None:
+            start = restore(s)
+            ckpt.remove_checkpoints_after(run_dir, start)
+        total = cfg.train.steps
+        logger = MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard, total_steps=total,
+                               progress=cfg.log.progress, print_every=cfg.log.print_every,
+                               resume_step=start if resume is not None else None)
+        step = start
+        last_saved = start if resume is not None else -1
+        s.warn = lambda msg: logger.print(msg, markup=False)
+        with logger, _interrupt_guard():
+            try:
+                if start == 0:
+                    logger.log(0, evaluate(s, 0))
+                while step < total:
+                    if stop_after is not None and step >= stop_after:
+                        break
+                    m = train_step(s, step)
+                    step += 1
+                    if cfg.eval.every and step % cfg.eval.every == 0 or step == total:
+                        m.update(evaluate(s, step))
+                    logger.log(step, m)
+                    if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+                        save(s, step)
+                        last_saved = step
+                if last_saved != step and (cfg.checkpoint.save_final or step < total):
                     save(s, step)
-                    last_saved = step
-            if last_saved != step and (cfg.checkpoint.save_final or step < total):
-                save(s, step)
-        except KeyboardInterrupt:
-            if last_saved != step:
-                save(s, step)
-            logger.print(f"interrupted at step {step}; checkpoint saved. Resume with: "
-                         f"rldsl run --resume {run_dir}")
-            raise
-        logger.print_summary()
+            except KeyboardInterrupt:
+                if last_saved != step:
+                    save(s, step)
+                logger.print(f"interrupted at step {step}; checkpoint saved. Resume with: "
+                             f"rldsl run --resume {run_dir}")
+                raise
+            logger.print_summary()
+    except WorkerError as exc:  # an actor died or timed out: the checkpoints on disk are complete
+        last = ckpt.latest_checkpoint(run_dir)
+        hint = (f"the run folder holds complete checkpoint {last.name}: continue with "
+                f"`rldsl run --resume {run_dir}` (--trainers may differ)" if last is not None
+                else "no checkpoint was written yet")
+        raise WorkerError(f"{exc}\n{hint}") from None
+    finally:
+        s.close()
     return run_dir

@@ -70,7 +70,7 @@ class TrainBatch:
 
     rollout: RolloutBatch
     rewards: Tensor               # [B] verifier rewards (NaN = failed reward, masked)
-    old_logprobs: Tensor
+    old_logprobs: Tensor | None   # None: exactly on-policy, the update uses its own (detached)
     mask: Tensor                  # loss mask (filters applied)
     advantages: Tensor
     returns: Tensor
@@ -129,21 +129,44 @@ class Trainer:
 
     # -- logprobs
 
+    # the distributed runtime's ShardedTrainer runs it under the FSDP root's hooks
+    _token_logprobs = staticmethod(token_logprobs)
+
     def _logprobs(self, model: nn.Module, batch: RolloutBatch, *, grad: bool,
                   entropy: bool) -> tuple[Tensor, Tensor | None]:
         ids, attn, pos = model_inputs(batch)
         Tr = batch.response_ids.shape[1]
         with torch.set_grad_enabled(grad):
-            return token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
+            return self._token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
                                   entropy_grad=grad and self.fn.algorithm.uses_entropy,
-                                  chunk_size=self.logprob_chunk)
+                                  chunk_size=self.logprob_chunk, group_size=batch.group_size)
 
     @torch.no_grad()
     def score(self, rollout: RolloutBatch, rewards: Tensor) -> TrainBatch:
         """Old (and reference) logprobs, values, and the algorithm's advantages for a rollout."""
-        algo = self.fn.algorithm
         self.policy.eval()
-        old, _ = self._logprobs(self.policy, rollout, grad=False, entropy=False)
+        old, ref, values = self._score_forward(rollout)
+        mask = rollout.response_mask.float()
+        est = self.fn.estimate(rewards, rollout.group_size, mask, values=values,
+                               truncated=rollout.truncated, old_logprobs=old, ref_logprobs=ref)
+        metrics = dict(est.metrics)
+        valid = mask > 0
+        if old is not None and valid.any():
+            # train/inference mismatch: engine logprobs vs recomputed ones (same temperature 1 only)
+            metrics["rollout_logprob_diff"] = float((rollout.logprobs - old).abs()[valid].mean())
+        return TrainBatch(rollout, rewards, old, est.mask, est.advantages, est.returns, ref,
+                          values, metrics)
+
+    def _score_forward(self, rollout: RolloutBatch) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Old logprobs, reference logprobs and values [B, Tr] of every row (no grad).
+
+        Old logprobs are None when the update is exactly on-policy (:meth:`_old_is_current`):
+        the update then uses its own logprobs, detached, instead of a separate forward.
+        """
+        algo = self.fn.algorithm
+        old = None
+        if not self._old_is_current():
+            old, _ = self._logprobs(self.policy, rollout, grad=False, entropy=False)
         ref = None
         if algo.uses_reference:
             ref, _ = self._logprobs(self.reference, rollout, grad=False, entropy=False)
@@ -151,16 +174,7 @@ class Trainer:
         if algo.uses_critic:
             ids, attn, pos = model_inputs(rollout)
             values = self.critic(ids, attn, pos, rollout.response_ids.shape[1])
-        mask = rollout.response_mask.float()
-        est = self.fn.estimate(rewards, rollout.group_size, mask, values=values,
-                               truncated=rollout.truncated, old_logprobs=old, ref_logprobs=ref)
-        metrics = dict(est.metrics)
-        valid = mask > 0
-        if valid.any():
-            # train/inference mismatch: engine logprobs vs recomputed ones (same temperature 1 only)
-            metrics["rollout_logprob_diff"] = float((rollout.logprobs - old).abs()[valid].mean())
-        return TrainBatch(rollout, rewards, old, est.mask, est.advantages, est.returns, ref,
-                          values, metrics)
+        return old, ref, values
 
     # -- update
 
@@ -205,16 +219,18 @@ class Trainer:
     def _step(self, batch: TrainBatch, rows: Tensor) -> dict[str, float] | None:
         fn = self.fn
         algo = fn.algorithm
+        G = batch.group_size
+        rows, share = self._local_rows(rows, G)
         sub = _sub_rollout(batch.rollout, rows)
         mask = batch.mask[rows]
-        G = batch.group_size
-        denom = fn.denominator(mask, G)
+        denom = self._global_denominator(fn.denominator(mask, G), share)
         logp, ent = self._logprobs(self.policy, sub, grad=True, entropy=True)
         values = None
         if algo.uses_critic:
             ids, attn, pos = model_inputs(sub)
             values = self.critic(ids, attn, pos, sub.response_ids.shape[1])
-        out = fn.loss(logp, batch.old_logprobs[rows], batch.advantages[rows], mask,
+        old = batch.old_logprobs[rows] if batch.old_logprobs is not None else logp.detach()
+        out = fn.loss(logp, old, batch.advantages[rows], mask,
                       ref_logprobs=_rows(batch.ref_logprobs, rows), values=values,
                       returns=batch.returns[rows], old_values=_rows(batch.old_values, rows),
                       entropy=ent, group_size=G, denominator=denom)
@@ -222,9 +238,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic_optimizer is not None:
             self.critic_optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(total):
+        if not self._all_finite(total):
             return None
-        total.backward()
+        (total if share == 1.0 else total * share).backward()
         params = [p for p in self.policy.parameters() if p.grad is not None]
         gnorm = _clip(params, self.grad_clip)
         cnorm = None
@@ -243,6 +259,42 @@ class Trainer:
         metrics["grad_norm"] = gnorm
         if cnorm is not None:
             metrics["critic_grad_norm"] = cnorm
+        valid = sub.response_mask > 0
+        if batch.old_logprobs is None and valid.any():  # score() left the mismatch metric to us
+            metrics["rollout_logprob_diff"] = float((sub.logprobs.to(old.device) - old).abs()[valid.to(old.device)].mean())
+        return self._reduce_metrics(metrics, mask, share)
+
+    def _old_is_current(self) -> bool:
+        """Whether the old logprobs are exactly the logprobs the update computes anyway.
+
+        True for one update per rollout (``ppo_epochs == 1``, one minibatch) of a policy
+        without active dropout, when the advantages do not need them (no KL in the reward):
+        the one optimizer step happens after the only forward, so pi_old == pi_theta and the
+        ratio is 1 either way. Then ``score`` skips its forward pass (TRL does the same:
+        ``old_per_token_logps = per_token_logps.detach()`` when num_iterations == 1).
+        """
+        if self.ppo_epochs != 1 or self.minibatches != 1 or self.fn.algorithm.kl_in == "reward":
+            return False
+        return not _has_dropout(self.policy)
+
+    # -- data parallelism: identities on one rank; the distributed runtime's ShardedTrainer
+    #    (runtime/distributed.py) overrides them so that N ranks compute one rank's update
+
+    def _local_rows(self, rows: Tensor, group_size: int) -> tuple[Tensor, float]:
+        """This rank's rows of a minibatch (whole groups) and its share: 1, or 0 for a rank
+        that got no group and runs a zero-weighted copy to keep the collectives in step."""
+        return rows, 1.0
+
+    def _global_denominator(self, local: Tensor, share: float) -> Tensor:
+        """The aggregation count over every rank (docs/api.md, "Denominators")."""
+        return local
+
+    def _all_finite(self, loss: Tensor) -> bool:
+        """Whether the loss is finite on every rank (all ranks skip the step together)."""
+        return bool(torch.isfinite(loss))
+
+    def _reduce_metrics(self, metrics: dict[str, float], mask: Tensor, share: float) -> dict[str, float]:
+        """Metrics of the whole minibatch from each rank's own."""
         return metrics
 
     def step_schedule(self) -> None:
@@ -253,9 +305,24 @@ class Trainer:
                 self.scheduler.step()
 
 
+def _has_dropout(model: nn.Module) -> bool:
+    """Any dropout that is active in train mode: a module with p > 0 or a config rate > 0."""
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
+    for key, value in config.to_dict().items():
+        if ("dropout" in key or key.endswith("_pdrop")) and isinstance(value, (int, float)) \
+                and not isinstance(value, bool) and value > 0:
+            return True
+    return False
+
+
 def _clip(params: list[Tensor], max_norm: float) -> float:
     if not params:
         return 0.0
-    if max_norm and max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    return float(torch.nn.utils.clip_grad_norm_(params, float("inf")))
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm and max_norm > 0 else float("inf"))
+    if hasattr(norm, "full_tensor"):  # FSDP2 (DTensor) parameters: the global norm, replicated
+        norm = norm.full_tensor()
+    return float(norm)

@@ -55,7 +55,8 @@ class RolloutBatch:
     @property
     def truncated(self) -> torch.Tensor:
         """[B] bool: the sample hit max_new_tokens without an EOS."""
-        return torch.tensor([f == "length" for f in self.finish_reason], dtype=torch.bool)
+        return torch.tensor([f == "length" for f in self.finish_reason], dtype=torch.bool,
+                            device=self.response_ids.device)
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]

@@ -1,0 +1,209 @@
+"""The distributed runtime on a local Ray cluster (CPU, gloo): FSDP2 trainer ranks compute
+exactly what one trainer computes, checkpoints move between world sizes, faults name the
+worker and leave a resumable run folder.
+
+Setup: a tiny random Llama (hidden 32, 2 layers) with the toy tokenizer, the built-in task,
+P = 4 prompts x G = 4, and ``mixed_reward`` below (a mix of 0 / 0.5 / 1, so advantages are
+not all zero). The losses run eagerly (RLDSL_COMPILE=0): with torch.compile every actor
+process would compile the loss again (tens of seconds each on 2 cores), and compiled ==
+eager is tested in tests/components; the driver's choice is passed to the actors, so both
+sides of every comparison run the same code.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rldsl.runtime import checkpoint as ckpt
+from rldsl.runtime import loop
+from rldsl.runtime.config import RunConfig, load_config, load_run_config
+from rldsl.runtime.groups import WorkerError
+from rldsl.runtime.metrics import read_metrics
+
+ray = pytest.importorskip("ray")
+
+HERE = Path(__file__).parent
+TOL = 1e-5
+
+
+def mixed_reward(prompt: str, completion: str, answer: str) -> float:
+    """0, 0.5 or 1 from the completion's characters: mixed rewards from any model."""
+    return (sum(map(ord, completion)) % 3) / 2
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray cluster for the module (runs reuse it; each run kills its own actors)."""
+    tmp = tempfile.mkdtemp(prefix="rldsl-ray-", dir="/tmp")  # short: Ray's socket paths
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1", _temp_dir=tmp, logging_level=logging.WARNING)
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer) -> Path:
+    from conftest import make_tiny_model  # tests/runtime/conftest.py
+    path = tmp_path_factory.mktemp("tiny-model")
+    make_tiny_model(tokenizer, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _eager(monkeypatch):
+    monkeypatch.setenv("RLDSL_COMPILE", "0")
+    monkeypatch.syspath_prepend(str(HERE))  # the actors get the driver's sys.path
+
+
+def config(model_dir: Path, out: Path, trainers: int = 1, workers: int = 0, **over) -> RunConfig:
+    sets = [f"model.path={model_dir}", f"out={out}", "rollout.prompts_per_step=4", "rollout.n=4",
+            "train.steps=4", "data.eval_size=0", "checkpoint.every=1", "checkpoint.keep_last=0",
+            "log.progress=false", f"reward.name={__name__}:mixed_reward",
+            f"distributed.trainers={trainers}", f"distributed.rollout_workers={workers}",
+            "distributed.sync_timeout=120", "distributed.collective_timeout=120"]
+    return load_config(None, sets + [f"{k}={v}" for k, v in over.items()])
+
+
+def steps_of(run: Path) -> list[dict]:
+    return [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
+
+
+def params(run: Path, step: int, what: str = "policy") -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    return load_file(str(run / "checkpoints" / f"step-{step}" / what / "model.safetensors"))
+
+
+def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst <= TOL, f"parameters differ by {worst:.3g}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec,over", [
+    ("grpo", {}),  # KL to a sharded reference model, seq_mean_token_mean
+    # critic (GAE), 3 minibatches of one group each: every step one rank has no group and
+    # runs a zero-weighted copy; P = 3 groups split 2 + 1 when scoring
+    ("ppo", {"rollout.prompts_per_step": 3, "train.minibatches": 3}),
+])
+def test_two_trainer_ranks_match_one_trainer(spec, over, ray_cluster, model_dir, tmp_path):
+    one = loop.train(spec, config(model_dir, tmp_path / "one", **{"train.steps": 3, **over}))
+    two = loop.train(spec, config(model_dir, tmp_path / "two", trainers=2, workers=1,
+                                  **{"train.steps": 3, **over}))
+    a, b = steps_of(one), steps_of(two)
+    assert [r["step"] for r in b] == [1, 2, 3]
+    assert any(r["optimizer_steps"] > 0 for r in a)
+    for ra, rb in zip(a, b):
+        assert ra["reward_mean"] == rb["reward_mean"]  # the same samples
+        for k in ("loss", "pg_loss", "grad_norm", "clip_fraction", "adv_std", "kl", "value_loss"):
+            if k in ra:
+                assert math.isclose(ra[k], rb[k], rel_tol=1e-4, abs_tol=TOL), (k, ra[k], rb[k])
+        assert rb["time/sync_s"] > 0
+    for step in (1, 2, 3):
+        assert_close(params(one, step), params(two, step))
+    if spec == "ppo":
+        assert_close(params(one, 3, "critic"), params(two, 3, "critic"))
+    # the same checkpoint format: optimizer state keyed by parameter index, same shapes
+    oa = torch.load(one / "checkpoints/step-3/optimizer.pt", weights_only=True)
+    ob = torch.load(two / "checkpoints/step-3/optimizer.pt", weights_only=True)
+    assert oa["policy"]["param_groups"][0]["params"] == ob["policy"]["param_groups"][0]["params"]
+    assert oa["scheduler"] == ob["scheduler"]
+    for i, st in oa["policy"]["state"].items():
+        for k, v in st.items():
+            assert torch.allclose(v, ob["policy"]["state"][i][k], atol=TOL), (i, k)
+
+
+@pytest.mark.slow
+def test_two_trainer_run_resumes_on_one_trainer(ray_cluster, model_dir, tmp_path):
+    full = loop.train("lite_ppo", config(model_dir, tmp_path / "full"))
+    cut = loop.train("lite_ppo", config(model_dir, tmp_path / "cut", trainers=2, workers=1),
+                     stop_after=2)
+    assert ckpt.latest_checkpoint(cut).name == "step-2"
+    resumed = load_config(None, flags={"distributed.trainers": 1, "distributed.rollout_workers": 0},
+                          base=load_run_config(cut))
+    loop.train(None, resumed, resume=cut)
+    assert [r["step"] for r in steps_of(cut)] == [1, 2, 3, 4]
+    assert load_run_config(cut).distributed.trainers == 1  # config.json shows what ran
+    assert_close(params(full, 4), params(cut, 4))
+    for ra, rb in zip(steps_of(full), steps_of(cut)):
+        assert math.isclose(ra.get("loss", 0.0), rb.get("loss", 0.0), abs_tol=TOL)
+
+
+@pytest.mark.slow
+def test_killed_rollout_worker_names_it_and_leaves_a_resumable_run(ray_cluster, model_dir, tmp_path,
+                                                                   monkeypatch):
+    real_step = loop.train_step
+
+    def kill_at_step_2(s, step):
+        if step == 2:  # checkpoint step-2 is on disk; rollout worker 1 dies before the rollout
+            ray.kill(s.rollouts.actors[1], no_restart=True)
+        return real_step(s, step)
+
+    monkeypatch.setattr(loop, "train_step", kill_at_step_2)
+    run = tmp_path / "run"
+    with pytest.raises(WorkerError) as e:
+        loop.train("lite_ppo", config(model_dir, run, trainers=2, workers=2))
+    msg = str(e.value)
+    assert "rollout worker 1 died" in msg and "ray.kill" in msg
+    assert "step-2" in msg and f"rldsl run --resume {run}" in msg
+    assert ckpt.latest_checkpoint(run).name == "step-2"
+    assert not list((run / "checkpoints").glob(".tmp-*"))
+    monkeypatch.setattr(loop, "train_step", real_step)
+    loop.train(None, load_config(None, flags={"distributed.trainers": 1,
+                                              "distributed.rollout_workers": 0},
+                                 base=load_run_config(run)), resume=run)
+    assert [r["step"] for r in steps_of(run)] == [1, 2, 3, 4]
+    assert ckpt.latest_checkpoint(run).name == "step-4"
+
+
+def test_a_call_past_its_timeout_names_the_worker(ray_cluster):
+    from rldsl.runtime.distributed import RayCluster
+    cluster = RayCluster(RunConfig(), cpus_needed=1)  # Ray is up already: reused, not owned
+    assert not cluster.owns
+    slow = ray.remote(lambda s: time.sleep(s)).remote(30)  # a lambda: pickled by value
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match=r"the weight sync timed out after 0.5 s \(still waiting "
+                                          r"for rollout worker 3\)"):
+        cluster.wait([("rollout worker 3", slow)], 0.5, "the weight sync")
+    assert time.monotonic() - t0 < 10
+    ray.cancel(slow, force=True)
+    cluster.close()
+    assert ray.is_initialized()  # a cluster the run did not start is left running
+
+
+def test_cli_flags_select_the_distributed_runtime(tmp_path):
+    from rldsl.runtime.commands import build_run_config
+    _, cfg = build_run_config("lite_ppo", flags={"distributed.trainers": 2,
+                                                 "distributed.rollout_workers": 1,
+                                                 "distributed.gpus_per_worker": 0.5,
+                                                 "distributed.ray_address": "auto"})
+    d = cfg.distributed
+    assert (d.trainers, d.rollout_workers, d.gpus_per_worker, d.ray_address) == (2, 1, 0.5, "auto")
+    assert d.uses_ray and not RunConfig().distributed.uses_ray
+    assert load_config(None, ["distributed.rollout_workers=1"]).distributed.uses_ray
+
+
+def test_one_trainer_run_never_imports_ray(model_dir, tmp_path):
+    code = ("import sys\n"
+            "from rldsl.runtime import loop\n"
+            "from rldsl.runtime.config import load_config\n"
+            f"cfg = load_config(None, ['model.path={model_dir}', 'out={tmp_path / 'run'}', "
+            "'rollout.prompts_per_step=2', 'rollout.n=2', 'train.steps=1', 'data.eval_size=0', "
+            "'log.progress=false'])\n"
+            "loop.train('lite_ppo', cfg)\n"
+            "assert 'ray' not in sys.modules, 'ray was imported'\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "RLDSL_COMPILE": "0"}, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
