@@ -23,7 +23,11 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: setup
-	$(BIN)/python bench/loss.py
+	$(BIN)/python bench/loss.py --threads 1
+	$(BIN)/python bench/logprobs.py
+	$(BIN)/python bench/step.py --specs lite_ppo,grpo
+	$(BIN)/pip install -c constraints/cpu.txt -e ".[bench]"
+	$(BIN)/python bench/vs_trl.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
