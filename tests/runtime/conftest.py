@@ -56,3 +56,12 @@ def _unpadded_logits(model: LlamaForCausalLM, prompt_ids, prompt_mask, response_
         logits = model(input_ids=ids).logits[0].float()  # [Lp + L, V]
         out.append(logits[len(prompt) - 1 : len(prompt) - 1 + len(response)])  # [L, V]
     return out
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory, tokenizer):
+    """A tiny random Llama with the toy tokenizer, saved as a user model folder."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    make_tiny_model(tokenizer, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -52,15 +52,6 @@ def ray_cluster():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer) -> Path:
-    from conftest import make_tiny_model  # tests/runtime/conftest.py
-    path = tmp_path_factory.mktemp("tiny-model")
-    make_tiny_model(tokenizer, seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(autouse=True)
 def _eager(monkeypatch):
     monkeypatch.setenv("RLDSL_COMPILE", "0")

@@ -26,16 +26,6 @@ REPO = HERE.parent.parent
 TIMING = ("time/", "step_s", "tokens_per_s")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer) -> Path:
-    """A tiny random Llama with the toy tokenizer, saved as a user model folder."""
-    from conftest import make_tiny_model  # tests/runtime/conftest.py
-    path = tmp_path_factory.mktemp("tiny-model")
-    make_tiny_model(tokenizer, seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(autouse=True)
 def _eager_and_helpers(monkeypatch):
     monkeypatch.setenv("RLDSL_COMPILE", "0")  # compiled == eager is tested in tests/components
