@@ -1,0 +1,245 @@
+"""The import graph: the runtime imports one way, nobody borrows another module's private names,
+and the language package never imports the runtime (except the CLI hook that adds its commands).
+
+Every import counts, wherever it stands: module level, inside a function, under
+``if TYPE_CHECKING``. Importing ``a.b.c`` also runs the ``__init__`` of ``a.b``, so an
+import reaches the target's parent packages too. Run this file as a script to print the
+graph's cycles and private imports (``python tests/test_architecture.py``).
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RUNTIME = ("rldsl.runtime", REPO / "runtime")
+LANGUAGE = ("rldsl", REPO / "rldsl")
+#: The one place the language package may import the runtime: the CLI adds `run`, `plot`, ...
+CLI_HOOK = ("rldsl.cli", "rldsl.runtime.cli")
+
+
+@dataclass(frozen=True)
+class Import:
+    """``module`` imports ``target`` (a module) at ``line``; ``names``: what ``from`` took."""
+
+    module: str
+    target: str
+    line: int
+    names: tuple[str, ...] = ()
+
+
+def modules_of(package: str, folder: Path) -> dict[str, Path]:
+    """Dotted module name -> file for every .py file of a package folder."""
+    out = {}
+    for path in sorted(folder.rglob("*.py")):
+        rel = path.relative_to(folder).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        out[".".join([package, *parts])] = path
+    return out
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> list[Import]:
+    """Every import statement of a module (any depth), resolved to absolute module names."""
+    is_pkg = path.name == "__init__.py"
+    base = module.split(".") if is_pkg else module.split(".")[:-1]
+    found: list[Import] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [Import(module, alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base[: len(base) - node.level + 1]
+                target = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = tuple(a.name for a in node.names)
+            submodules = [n for n in names if f"{target}.{n}" in known]
+            found += [Import(module, f"{target}.{n}", node.lineno) for n in submodules]
+            rest = tuple(n for n in names if n not in submodules)
+            if rest or not submodules:
+                found.append(Import(module, target, node.lineno, rest))
+    return found
+
+
+def attribute_uses(path: Path, module_aliases: dict[str, str]) -> list[tuple[str, str, int]]:
+    """``alias._name`` uses where ``alias`` is bound to a module: (module, name, line)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id in module_aliases and _private(node.attr):
+            out.append((module_aliases[node.value.id], node.attr, node.lineno))
+    return out
+
+
+def _aliases(path: Path, module: str, known: set[str]) -> dict[str, str]:
+    """Local names bound to a package module by ``import x.y as z`` / ``from . import y``."""
+    is_pkg = path.name == "__init__.py"
+    base = module.split(".") if is_pkg else module.split(".")[:-1]
+    out: dict[str, str] = {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in known and a.asname:
+                    out[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            target = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else [])) \
+                if node.level else (node.module or "")
+            for a in node.names:
+                if f"{target}.{a.name}" in known:
+                    out[a.asname or a.name] = f"{target}.{a.name}"
+    return out
+
+
+def graph(package: str, folder: Path) -> tuple[dict[str, set[str]], list[Import], list[str]]:
+    """(edges within the package, every import, private cross-module uses as messages)."""
+    mods = modules_of(package, folder)
+    known = set(mods)
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    every: list[Import] = []
+    private: list[str] = []
+    for module, path in mods.items():
+        rel = path.relative_to(REPO)
+        for imp in imports_of(module, path, known):
+            every.append(imp)
+            if imp.target not in known:
+                continue
+            # importing a.b.c runs the __init__ of every package above it not yet running
+            own = module.split(".")
+            parts = imp.target.split(".")
+            for k in range(len(package.split(".")) + 1, len(parts) + 1):
+                target = ".".join(parts[:k])
+                if target != module and target in known and parts[:k] != own[:k]:
+                    edges[module].add(target)
+            if imp.target == module:
+                continue
+            if _private(parts[-1]) and imp.target.rsplit(".", 1)[0] != module.rsplit(".", 1)[0]:
+                private.append(f"{rel}:{imp.line}: imports private module {imp.target}")
+            for name in imp.names:
+                if _private(name):
+                    private.append(f"{rel}:{imp.line}: imports {imp.target}.{name}")
+        for target, name, line in attribute_uses(path, _aliases(path, module, known)):
+            if target != module:
+                private.append(f"{rel}:{line}: uses {target}.{name}")
+    return edges, every, private
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def language_imports_of_runtime() -> list[str]:
+    """Imports of the runtime from the language package, other than the CLI hook."""
+    package, folder = LANGUAGE
+    mods = modules_of(package, folder)
+    out = []
+    for module, path in mods.items():
+        for imp in imports_of(module, path, set(mods)):
+            runtime = imp.target == RUNTIME[0] or imp.target.startswith(RUNTIME[0] + ".")
+            if runtime and (module, imp.target) != CLI_HOOK:
+                out.append(f"{path.relative_to(REPO)}:{imp.line}: imports {imp.target}")
+    return out
+
+
+def report() -> str:
+    edges, _, private = graph(*RUNTIME)
+    lines = [f"runtime modules: {len(edges)}, import edges: {sum(map(len, edges.values()))}"]
+    found = cycles(edges)
+    lines.append(f"cycles: {len(found)}")
+    lines += ["  " + " <-> ".join(c) for c in found]
+    lines.append(f"private cross-module imports: {len(private)}")
+    lines += ["  " + p for p in private]
+    lang = language_imports_of_runtime()
+    lines.append(f"language -> runtime imports besides the CLI hook: {len(lang)}")
+    lines += ["  " + p for p in lang]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the rules
+
+def test_runtime_imports_have_no_cycle():
+    edges, _, _ = graph(*RUNTIME)
+    assert cycles(edges) == []
+
+
+def test_no_module_uses_another_modules_private_names():
+    _, _, private = graph(*RUNTIME)
+    assert private == []
+
+
+def test_language_package_imports_the_runtime_only_through_the_cli_hook():
+    assert language_imports_of_runtime() == []
+    edges, every, _ = graph(*LANGUAGE)
+    hook = [i for i in every if (i.module, i.target) == CLI_HOOK]
+    assert len(hook) == 1, "rldsl/cli.py adds the runtime's commands with one import"
+
+
+def test_runtime_root_package_imports_nothing():
+    """``import rldsl.runtime`` must stay free: every submodule import runs it first."""
+    package, folder = RUNTIME
+    assert imports_of(package, folder / "__init__.py", set(modules_of(*RUNTIME))) == []
+
+
+# ----------------------------------------------------------------------------- the checker
+
+@pytest.fixture
+def toy_package(tmp_path: Path) -> Path:
+    root = tmp_path / "pkg"
+    (root / "sub").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "sub" / "__init__.py").write_text("from .c import thing\n")
+    (root / "a.py").write_text("from .b import helper\n")
+    (root / "b.py").write_text("def helper():\n    from .a import _secret  # hidden in a function\n")
+    (root / "sub" / "c.py").write_text("from .. import a\nthing = a._secret\n")
+    (root / "d.py").write_text("from .sub import c\n")
+    return root
+
+
+def test_checker_sees_function_level_cycles_and_private_names(toy_package, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "REPO", toy_package.parent)
+    edges, _, private = graph("pkg", toy_package)
+    assert cycles(edges) == [["pkg.a", "pkg.b"]]
+    assert "pkg.sub" in edges["pkg.d"] and "pkg.sub.c" in edges["pkg.d"]  # parents run too
+    assert sorted(p.split(": ", 1)[1] for p in private) == ["imports pkg.a._secret", "uses pkg.a._secret"]
+
+
+if __name__ == "__main__":
+    print(report())
