@@ -177,7 +177,7 @@ def list_components(slot: Optional[str] = typer.Argument(None, help="only this s
 
 def _register_runtime() -> None:
     try:
-        from .runtime.commands import register
+        from .runtime.cli import register
     except ImportError as e:  # pragma: no cover - a broken install
         @app.command()
         def run() -> None:

@@ -25,26 +25,24 @@ checked for that at save time.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import random
 import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 
+from .models import quiet_transformers, with_tied
+from .rng import capture_rng, restore_rng
+from .run_dir import (CHECKPOINTS_DIR, COMPLETE_MARKER, CRITIC_DIR, LATEST_FILE, OPTIMIZER_FILE,
+                      POLICY_DIR, STATE_FILE, fsync_dir, fsync_tree, write_text_atomic)
+
 __all__ = [
-    "CHECKPOINTS_DIR",
-    "LATEST_FILE",
-    "COMPLETE_MARKER",
     "Checkpoint",
-    "capture_rng",
-    "restore_rng",
     "save_checkpoint",
     "load_checkpoint",
     "latest_checkpoint",
@@ -52,94 +50,19 @@ __all__ = [
     "clean_incomplete",
     "remove_checkpoints_after",
     "load_weights",
+    "read_weights",
+    "saveable",
 ]
 
-CHECKPOINTS_DIR = "checkpoints"
-LATEST_FILE = "latest"
-COMPLETE_MARKER = "COMPLETE"
-POLICY_DIR = "policy"
-CRITIC_DIR = "critic"
-OPTIMIZER_FILE = "optimizer.pt"
-STATE_FILE = "state.pt"
 FORMAT_VERSION = 1
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-# ----------------------------------------------------------------------------- RNG
-
-def capture_rng() -> dict[str, Any]:
-    """The state of the global RNGs: python ``random``, numpy, torch CPU, CUDA.
-
-    Only plain values and tensors, so the state survives ``torch.load(weights_only=True)``.
-    Private generators (a ``torch.Generator`` of the data loader, a numpy ``Generator``)
-    are the caller's: put their states in ``extra_state``.
-    """
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
-                  "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-    }
-    return state
-
-
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Put every RNG back to a state from :func:`capture_rng`.
-
-    The CUDA state is restored when it was saved and CUDA is available; a checkpoint
-    saved on GPU resumed on CPU restores the CPU generators only.
-    """
-    py = state["python"]
-    # torch.load returns the inner tuple of random.getstate() as a list.
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    npy = state["numpy"]
-    np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"],
-                         npy["has_gauss"], npy["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda)
 
 
 # ----------------------------------------------------------------------------- helpers
 
 def _checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:
     return Path(run_dir) / CHECKPOINTS_DIR
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # e.g. platforms that cannot open a directory
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    """fsync every file and folder under ``root`` (deepest first), then ``root``."""
-    for folder, _dirs, files in os.walk(root, topdown=False):
-        for name in files:
-            with open(os.path.join(folder, name), "rb") as f:
-                os.fsync(f.fileno())
-        _fsync_dir(Path(folder))
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 _PLAIN = (type(None), bool, int, float, str, bytes, torch.Tensor, torch.Size, torch.dtype,
@@ -189,30 +112,13 @@ def _step_of(path: Path) -> int | None:
 def _save_module(module: Any, directory: Path) -> None:
     """``save_pretrained`` (HF layout, safetensors) when the module has it, else safetensors."""
     if hasattr(module, "save_pretrained"):
-        with _quiet_transformers():
+        with quiet_transformers():
             module.save_pretrained(directory)
     else:
         from safetensors.torch import save_model
 
         directory.mkdir(parents=True, exist_ok=True)
         save_model(module, str(directory / "model.safetensors"))
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Hide transformers' own progress bars (they would break the run's progress display)."""
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        yield
-        return
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def _remove(path: Path) -> None:
@@ -296,7 +202,7 @@ def save_checkpoint(run_dir: str | os.PathLike[str], step: int, *, policy: Any, 
     tmp.mkdir()
     _save_module(policy, tmp / POLICY_DIR)
     if tokenizer is not None:
-        with _quiet_transformers():
+        with quiet_transformers():
             tokenizer.save_pretrained(tmp / POLICY_DIR)
     if critic is not None:
         _save_module(critic, tmp / CRITIC_DIR)
@@ -311,7 +217,7 @@ def save_checkpoint(run_dir: str | os.PathLike[str], step: int, *, policy: Any, 
     (tmp / COMPLETE_MARKER).write_text(
         json.dumps({"format": FORMAT_VERSION, "step": step, "files": files}, indent=1) + "\n",
         encoding="utf-8")
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
 
     final = root / name
     if final.exists():  # re-saving a step (e.g. after resuming from an earlier one)
@@ -322,14 +228,14 @@ def save_checkpoint(run_dir: str | os.PathLike[str], step: int, *, policy: Any, 
         _remove(old)
     else:
         os.replace(tmp, final)
-    _fsync_dir(root)
-    _write_text_atomic(root / LATEST_FILE, name + "\n")
+    fsync_dir(root)
+    write_text_atomic(root / LATEST_FILE, name + "\n")
 
     if keep_last:
         for path in list_checkpoints(run_dir)[:-keep_last]:
             if path != final:
                 _remove(path)
-        _fsync_dir(root)
+        fsync_dir(root)
     return final
 
 
@@ -389,7 +295,7 @@ def remove_checkpoints_after(run_dir: str | os.PathLike[str], step: int) -> list
     remaining = list_checkpoints(run_dir)
     latest = _checkpoints_dir(run_dir) / LATEST_FILE
     if remaining:
-        _write_text_atomic(latest, remaining[-1].name + "\n")
+        write_text_atomic(latest, remaining[-1].name + "\n")
     elif latest.exists():
         latest.unlink()
     return removed
@@ -425,13 +331,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
                       extra=dict(state["extra"]))
 
 
-def load_weights(model: torch.nn.Module, directory: str | os.PathLike[str]) -> None:
-    """Load the safetensors weights in ``directory`` into ``model`` in place.
-
-    Accepts single-file and sharded folders. Keys missing from the files are allowed
-    only for tied parameters (e.g. ``lm_head.weight`` sharing the embedding); any other
-    missing or unexpected key raises KeyError.
-    """
+def read_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Every tensor of the ``*.safetensors`` files of a folder (single-file or sharded), on CPU."""
     from safetensors.torch import load_file
 
     files = sorted(Path(directory).glob("*.safetensors"))
@@ -440,15 +341,36 @@ def load_weights(model: torch.nn.Module, directory: str | os.PathLike[str]) -> N
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f), device="cpu"))
+    return state
+
+
+def load_weights(model: torch.nn.Module, directory: str | os.PathLike[str]) -> None:
+    """Load the safetensors weights in ``directory`` into ``model`` in place.
+
+    Accepts single-file and sharded folders. Keys missing from the files are allowed
+    only for tied parameters (e.g. ``lm_head.weight`` sharing the embedding); any other
+    missing or unexpected key raises KeyError.
+    """
+    state = read_weights(directory)
     own = model.state_dict()
     unexpected = sorted(set(state) - set(own))
     if unexpected:
         raise KeyError(f"{directory} holds weights the model does not have: {unexpected[:5]}"
                        + (" ..." if len(unexpected) > 5 else ""))
-    loaded_storage = {own[k].untyped_storage().data_ptr() for k in state}
-    missing = sorted(k for k in set(own) - set(state)
-                     if own[k].untyped_storage().data_ptr() not in loaded_storage)
+    state = with_tied(state, model)
+    missing = sorted(set(own) - set(state))
     if missing:
         raise KeyError(f"{directory} lacks weights of the model: {missing[:5]}"
                        + (" ..." if len(missing) > 5 else ""))
     model.load_state_dict(state, strict=False)
+
+
+def saveable(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with every tensor that is a view into a larger buffer (gathered shards)
+    copied out: safetensors refuses to save a tensor that does not cover its storage."""
+    out = {}
+    for k, v in state.items():
+        whole = v.is_contiguous() and v.storage_offset() == 0 and \
+            v.untyped_storage().nbytes() == v.numel() * v.element_size()
+        out[k] = v if whole else v.clone(memory_format=torch.contiguous_format)
+    return out

@@ -2,9 +2,9 @@
 
 The defaults select the embedded tiny model and the built-in addition task
 (``model.path = None``, ``data.path = None``, ``reward.name = None``) with the settings
-measured in TOY_STUDY.md: 16 prompts x 8 samples per step, temperature 1, at most 4 new
-tokens, one AdamW update per rollout (lr 3e-4, betas 0.9/0.99, grad clip 1.0), fp32,
-one thread, ~300 steps.
+that train it on two CPU cores (docs/toy.md): 16 prompts x 8 samples per step,
+temperature 1, at most 4 new tokens, one AdamW update per rollout (lr 3e-4, betas
+0.9/0.99, grad clip 1.0), fp32, one thread, ~300 steps.
 
 Precedence, lowest to highest::
 
@@ -13,27 +13,24 @@ Precedence, lowest to highest::
 Keys are dotted: ``train.lr``, ``rollout.n``, ``seed``. Every unknown key, in a file or
 in ``--set``, is an error that lists the valid keys with a did-you-mean.
 
-The resolved config is saved in the run folder as ``config.json`` (JSON, not TOML,
-because TOML has no null and several fields use ``None`` to mean "the default
-choice"; JSON round-trips every value exactly). ``load_config`` reads a ``.json`` file
-too, so a saved config can be passed back with ``--config``.
+``load_config`` reads a ``.json`` file too, so a run's saved ``config.json``
+(run_dir.py) can be passed back with ``--config``.
 """
 from __future__ import annotations
 
 import difflib
 import json
-import math
 import os
 import tomllib
-from datetime import datetime
 from pathlib import Path
 from types import UnionType
 from typing import Any, Iterable, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from .errors import ConfigError
+
 __all__ = [
-    "ConfigError",
     "ModelConfig",
     "DataConfig",
     "RewardConfig",
@@ -44,29 +41,15 @@ __all__ = [
     "LogConfig",
     "DistributedConfig",
     "RunConfig",
-    "CONFIG_FILE",
-    "SPEC_FILE",
     "TOY_MAX_NEW_TOKENS",
     "DATA_MAX_NEW_TOKENS",
     "config_keys",
     "config_reference",
     "load_config",
-    "save_config",
-    "load_run_config",
-    "default_run_dir",
-    "lr_factor",
-    "build_optimizer",
-    "build_scheduler",
 ]
 
-CONFIG_FILE = "config.json"
-SPEC_FILE = "spec.rl"
 TOY_MAX_NEW_TOKENS = 4
 DATA_MAX_NEW_TOKENS = 1024
-
-
-class ConfigError(ValueError):
-    """A problem with the run configuration, worded for the user (no traceback needed)."""
 
 
 class _Section(BaseModel):
@@ -86,7 +69,7 @@ class ModelConfig(_Section):
         default="float32",
         description="Parameter dtype for training and rollout. float32 is the CPU default: "
                     "bf16 shifts probability ratios enough to trigger clipping spuriously "
-                    "(TOY_STUDY pitfall 7).")
+                    "(docs/toy.md, pitfall 7).")
 
 
 class DataConfig(_Section):
@@ -159,7 +142,7 @@ class TrainConfig(_Section):
                                    "task's held-out accuracy from ~0.3 to ~0.6-0.9.")
     lr: float = Field(default=3e-4, gt=0.0,
                       description="AdamW learning rate (1e-3 collapsed the toy run: "
-                                  "TOY_STUDY pitfall 2).")
+                                  "docs/toy.md, pitfall 2).")
     betas: tuple[float, float] = Field(default=(0.9, 0.99), description="AdamW betas.")
     eps: float = Field(default=1e-8, gt=0.0, description="AdamW epsilon.")
     weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
@@ -188,7 +171,7 @@ class TrainConfig(_Section):
     skip_zero_advantage: bool = Field(
         default=True,
         description="Skip the optimizer step when every advantage is zero (else Adam keeps "
-                    "moving on stale momentum: TOY_STUDY pitfall 3).")
+                    "moving on stale momentum: docs/toy.md, pitfall 3).")
 
 
 class EvalConfig(_Section):
@@ -230,7 +213,7 @@ class LogConfig(_Section):
 
 
 class DistributedConfig(_Section):
-    """Scaling out on Ray: FSDP2 trainer ranks, rollout actors (runtime/distributed.py).
+    """Scaling out on Ray: FSDP2 trainer ranks, rollout actors (runtime/workers/).
 
     With the defaults (one trainer, no rollout actors, no address) the run stays in one
     process and Ray is never imported.
@@ -295,7 +278,7 @@ class RunConfig(_Section):
                                            description="Where the policy trains.")
     threads: int = Field(default=1, ge=1,
                          description="torch CPU threads; 1 is steadiest on a shared machine "
-                                     "(TOY_STUDY pitfall 1).")
+                                     "(docs/toy.md, pitfall 1).")
     out: str | None = Field(default=None,
                             description="Run folder; null = runs/<spec-name>-<YYYYmmdd-HHMMSS>.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
@@ -328,10 +311,6 @@ class RunConfig(_Section):
         if self.rollout.max_new_tokens is not None:
             return self.rollout.max_new_tokens
         return TOY_MAX_NEW_TOKENS if self.data.path is None else DATA_MAX_NEW_TOKENS
-
-    def run_dir(self, spec_name: str, root: str | Path = "runs") -> Path:
-        """The run folder: ``out`` if set, else a fresh ``runs/<spec-name>-<timestamp>``."""
-        return Path(self.out) if self.out is not None else default_run_dir(spec_name, root)
 
 
 # ----------------------------------------------------------------------------- keys
@@ -573,86 +552,3 @@ def _validation_error(exc: ValidationError, sources: Mapping[str, str]) -> Confi
         lines.append(f"{key}: {msg}{where}" if key else msg)
     head = "invalid configuration" if len(lines) > 1 else "invalid configuration: " + lines[0]
     return ConfigError(head if len(lines) == 1 else head + "\n  " + "\n  ".join(lines))
-
-
-# ----------------------------------------------------------------------------- run folder
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def save_config(cfg: RunConfig, run_dir: str | os.PathLike[str], spec_text: str | None = None) -> Path:
-    """Write ``<run_dir>/config.json`` (exact round-trip) and ``<run_dir>/spec.rl``.
-
-    ``spec_text`` is the source of the spec the run trains (None writes no spec file).
-    Returns the config path. Both files are written atomically.
-    """
-    run = Path(run_dir)
-    run.mkdir(parents=True, exist_ok=True)
-    path = run / CONFIG_FILE
-    _atomic_write(path, cfg.model_dump_json(indent=2) + "\n")
-    if spec_text is not None:
-        _atomic_write(run / SPEC_FILE, spec_text)
-    return path
-
-
-def load_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
-    """The config a run was started with (``<run_dir>/config.json``), identical to the saved one."""
-    path = Path(run_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise ConfigError(f"no {CONFIG_FILE} in {run_dir}: not a run folder")
-    return load_config(path)
-
-
-def default_run_dir(spec_name: str, root: str | os.PathLike[str] = "runs",
-                    now: datetime | None = None) -> Path:
-    """``<root>/<spec_name>-<YYYYmmdd-HHMMSS>``, with ``-2``, ``-3``... if that exists."""
-    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
-    stem = Path(spec_name).stem or "run"
-    candidate = Path(root) / f"{stem}-{stamp}"
-    k = 2
-    while candidate.exists():
-        candidate = Path(root) / f"{stem}-{stamp}-{k}"
-        k += 1
-    return candidate
-
-
-# ----------------------------------------------------------------------------- optimizer
-
-def lr_factor(step: int, train: TrainConfig) -> float:
-    """Multiplier of ``train.lr`` at 0-based training step ``step``.
-
-    Warm-up: ``(step + 1) / warmup_steps`` for ``step < warmup_steps``. Then 1
-    (``constant``) or ``min_lr_ratio + (1 - min_lr_ratio) * (1 + cos(pi * p)) / 2`` with
-    ``p = (step - warmup) / (steps - warmup)`` clamped to [0, 1] (``cosine``).
-    """
-    if step < train.warmup_steps:
-        return (step + 1) / train.warmup_steps
-    if train.lr_schedule == "constant":
-        return 1.0
-    span = max(1, train.steps - train.warmup_steps)
-    progress = min(1.0, max(0.0, (step - train.warmup_steps) / span))
-    return train.min_lr_ratio + (1.0 - train.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def build_optimizer(params: Iterable[Any], train: TrainConfig, lr: float | None = None):
-    """AdamW over ``params`` with the config's lr (or ``lr``), betas, eps, weight decay."""
-    import torch
-
-    return torch.optim.AdamW(params, lr=train.lr if lr is None else lr, betas=train.betas,
-                             eps=train.eps, weight_decay=train.weight_decay)
-
-
-def build_scheduler(optimizer: Any, train: TrainConfig):
-    """LambdaLR following :func:`lr_factor`; call ``.step()`` once per training step."""
-    import torch
-
-    def factor(step: int) -> float:
-        return lr_factor(step, train)
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from .errors import DataError
+
 
 @dataclass(frozen=True)
 class Example:
@@ -27,15 +29,11 @@ class Example:
 
 
 @dataclass
-class PromptData:
+class PromptSplits:
     """A training split and a held-out split (possibly empty)."""
 
     train: list[Example]
     heldout: list[Example]
-
-
-class DataError(ValueError):
-    """A dataset file that cannot be read as prompts (names the file and the row)."""
 
 
 # ---------------------------------------------------------------------------- loaders
@@ -146,7 +144,7 @@ def split_heldout(
     return train, held
 
 
-def load_data(
+def load_prompts(
     path: str | Path,
     *,
     prompt_field: str = "prompt",
@@ -155,7 +153,7 @@ def load_data(
     heldout_path: str | Path | None = None,
     heldout: int | float = 0,
     seed: int = 0,
-) -> PromptData:
+) -> PromptSplits:
     """Load a training set and its held-out split.
 
     The held-out split is ``heldout_path`` (same field names) if given, else ``heldout``
@@ -168,9 +166,9 @@ def load_data(
         held = load_examples(
             heldout_path, prompt_field=prompt_field, answer_field=answer_field, split=split
         )
-        return PromptData(train=examples, heldout=held)
+        return PromptSplits(train=examples, heldout=held)
     train, held = split_heldout(examples, heldout, seed=seed)
-    return PromptData(train=train, heldout=held)
+    return PromptSplits(train=train, heldout=held)
 
 
 # ------------------------------------------------------------------------ PromptSource

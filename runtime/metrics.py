@@ -3,20 +3,9 @@
 ``metrics.jsonl`` holds one JSON object per training step, ``{"step": N, ...}``, appended
 and flushed as the step ends. Values are numbers, strings, booleans or null: NaN and
 infinities are written as null (the run never crashes on a bad number), tensors and
-numpy scalars become plain numbers.
-
-Recommended metric names (the progress display, the summary and ``rldsl plot`` look
-for these first, then for the aliases in :data:`METRIC_ALIASES`):
-
-==========================  ============================================================
-``reward/mean``             mean reward of the step's rollouts
-``eval/greedy_acc``         held-out accuracy, greedy decoding (steps with an evaluation)
-``eval/sampled_acc``        held-out accuracy, sampled at the rollout temperature
-``response/length_mean``    mean completion length in tokens
-``entropy``                 mean per-token policy entropy
-``clip_fraction``           fraction of clipped tokens (the compiled loss's metric)
-``time/step``               seconds the step took
-==========================  ============================================================
+numpy scalars become plain numbers. Every name is spelled one way; the ones the progress
+display, the summary and ``rldsl plot`` read are the constants below (the full list of
+what a step writes: docs/runtime.md, "Metrics").
 
 Resume: a run restored from the checkpoint of step N must pass ``resume_step=N``;
 lines with ``step > N`` are dropped so that the file equals the one of a run that was
@@ -31,61 +20,41 @@ import time
 import warnings
 from collections import deque
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
+from .run_dir import METRICS_FILE, TENSORBOARD_DIR, write_text_atomic
+
 __all__ = [
-    "METRICS_FILE",
-    "TENSORBOARD_DIR",
-    "METRIC_ALIASES",
+    "REWARD", "GREEDY_ACC", "SAMPLED_ACC", "RESPONSE_LENGTH", "ENTROPY", "CLIP_FRACTION", "STEP_TIME",
+    "KEY_METRICS",
     "HIGHER_IS_BETTER",
     "MetricsLogger",
-    "find_metric",
     "read_metrics",
     "sanitize",
     "summary_table",
     "truncate_metrics",
 ]
 
-METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tb"
+REWARD = "reward_mean"                # mean verifier reward of the step's rollouts
+GREEDY_ACC = "eval/greedy_acc"        # held-out accuracy, greedy (steps with an evaluation)
+SAMPLED_ACC = "eval/sampled_acc"      # held-out accuracy, sampled at the rollout temperature
+RESPONSE_LENGTH = "response_length"   # mean completion length in tokens
+ENTROPY = "entropy"                   # mean per-token policy entropy (the compiled loss's)
+CLIP_FRACTION = "clip_fraction"       # fraction of clipped tokens (the compiled loss's)
+STEP_TIME = "step_s"                  # seconds the step took
 
-#: concept -> (full keys tried first, then key leaves: the part after the last "/").
-METRIC_ALIASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "reward": (("reward/mean", "rewards/mean", "reward"), ("reward_mean", "mean_reward")),
-    "greedy_acc": (("eval/greedy_acc", "eval/acc_greedy", "eval/greedy_accuracy",
-                    "eval/accuracy", "eval/acc"), ("greedy_acc", "acc_greedy")),
-    "sampled_acc": (("eval/sampled_acc", "eval/acc_sampled", "eval/sampled_accuracy"),
-                    ("sampled_acc", "acc_sampled")),
-    "response_length": (("response/length_mean", "response/length", "length/mean"),
-                        ("response_length", "response_length_mean", "length_mean")),
-    "entropy": (("entropy", "policy/entropy"), ("entropy", "entropy_mean")),
-    "clip_fraction": (("clip_fraction",), ("clip_fraction", "clipfrac")),
-    "step_time": (("time/step", "time/step_s"), ("step_time", "step_s")),
-}
+#: The summary's default rows, in this order (then every other ``eval/`` metric).
+KEY_METRICS = (REWARD, GREEDY_ACC, SAMPLED_ACC, RESPONSE_LENGTH, ENTROPY, CLIP_FRACTION, STEP_TIME)
 
-#: Concepts whose best value is the largest one (the summary reports it).
-HIGHER_IS_BETTER = frozenset({"reward", "greedy_acc", "sampled_acc"})
+#: Metrics whose best value is the largest one (the summary reports it).
+HIGHER_IS_BETTER = frozenset({REWARD, GREEDY_ACC, SAMPLED_ACC})
 
-_LABELS = {"reward": "reward", "greedy_acc": "acc", "sampled_acc": "acc~",
-           "clip_fraction": "clip"}
-
-
-def find_metric(keys: Iterable[str], concept: str) -> str | None:
-    """The key among ``keys`` that holds ``concept`` (see :data:`METRIC_ALIASES`), or None."""
-    keys = list(keys)
-    full, leaves = METRIC_ALIASES[concept]
-    for name in full:
-        if name in keys:
-            return name
-    for key in keys:
-        if key.rsplit("/", 1)[-1] in leaves:
-            return key
-    return None
+_LABELS = {REWARD: "reward", GREEDY_ACC: "acc", SAMPLED_ACC: "acc~", CLIP_FRACTION: "clip"}
 
 
 def sanitize(value: Any) -> Any:
@@ -155,13 +124,7 @@ def truncate_metrics(path: str | os.PathLike[str], step: int) -> int:
     keep = [r for r in records if r["step"] <= step]
     dropped = len(records) - len(keep) + len(bad)
     if dropped:
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for record in keep:
-                f.write(json.dumps(record, allow_nan=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_text_atomic(path, "".join(json.dumps(record, allow_nan=False) + "\n" for record in keep))
     return dropped
 
 
@@ -199,14 +162,9 @@ def summary_table(records: Sequence[Mapping[str, Any]], run_dir: str | os.PathLi
         for key in record:
             if key != "step" and key not in present:
                 present.append(key)
-    concept_of: dict[str, str] = {}
-    for concept in METRIC_ALIASES:
-        key = find_metric(present, concept)
-        if key is not None:
-            concept_of.setdefault(key, concept)
     if keys is None:
-        keys = list(concept_of) + [k for k in present
-                                   if k.startswith("eval/") and k not in concept_of]
+        keys = [k for k in KEY_METRICS if k in present] + [
+            k for k in present if k.startswith("eval/") and k not in KEY_METRICS]
 
     caption = f"run folder: {run_dir}"
     # Wide enough that the folder path is not wrapped (when the console is).
@@ -221,7 +179,7 @@ def summary_table(records: Sequence[Mapping[str, Any]], run_dir: str | os.PathLi
     for key in keys:
         final, _ = _last_value(records, key)
         best, best_step = "", ""
-        higher = concept_of.get(key) in HIGHER_IS_BETTER or (
+        higher = key in HIGHER_IS_BETTER or (
             key.startswith("eval/") and ("acc" in key or "reward" in key))
         if higher:
             numbers = [(r[key], r["step"]) for r in records
@@ -269,11 +227,10 @@ class MetricsLogger:
         self._times: deque[tuple[float, int]] = deque(maxlen=11)
         self._times.append((time.perf_counter(), resume_step if resume_step is not None else 0))
         self._shown: dict[str, Any] = {}
-        if self.records:
-            for concept in ("greedy_acc", "sampled_acc"):
-                key = find_metric(self._keys(), concept)
-                if key is not None:
-                    self._shown[concept] = _last_value(self.records, key)[0]
+        for key in (GREEDY_ACC, SAMPLED_ACC):  # a resumed run shows its last evaluation
+            value = _last_value(self.records, key)[0]
+            if value is not None:
+                self._shown[key] = value
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         self._plain = not self.console.is_terminal
@@ -321,34 +278,22 @@ class MetricsLogger:
         self._show(record)
         return record
 
-    def _keys(self) -> list[str]:
-        seen: dict[str, None] = {}
-        for record in self.records[-50:]:
-            seen.update(dict.fromkeys(record))
-        return list(seen)
-
     def _seconds_per_step(self, record: Mapping[str, Any]) -> float | None:
-        key = find_metric(record.keys(), "step_time")
-        if key is not None and isinstance(record[key], (int, float)):
-            return float(record[key])
+        value = record.get(STEP_TIME)
+        if isinstance(value, (int, float)):
+            return float(value)
         (t0, s0), (t1, s1) = self._times[0], self._times[-1]
         return (t1 - t0) / (s1 - s0) if s1 > s0 else None
 
     def _stats(self, record: Mapping[str, Any]) -> str:
-        keys = list(record.keys())
-        for concept in ("greedy_acc", "sampled_acc"):
-            key = find_metric(keys, concept)
-            if key is not None and record[key] is not None:
-                self._shown[concept] = record[key]
+        for key in (GREEDY_ACC, SAMPLED_ACC):  # evaluations are sparse: keep the last one shown
+            if record.get(key) is not None:
+                self._shown[key] = record[key]
         parts = []
-        for concept in ("reward", "greedy_acc", "sampled_acc", "clip_fraction"):
-            if concept in ("greedy_acc", "sampled_acc"):
-                value = self._shown.get(concept)
-            else:
-                key = find_metric(keys, concept)
-                value = record[key] if key is not None else None
+        for key in (REWARD, GREEDY_ACC, SAMPLED_ACC, CLIP_FRACTION):
+            value = self._shown.get(key) if key in (GREEDY_ACC, SAMPLED_ACC) else record.get(key)
             if value is not None:
-                parts.append(f"{_LABELS[concept]} {_fmt(value)}")
+                parts.append(f"{_LABELS[key]} {_fmt(value)}")
         sps = self._seconds_per_step(record)
         if sps is not None:
             parts.append(f"{sps:.2f} s/step")

@@ -1,9 +1,8 @@
 """Training curves of one or more runs in one PNG (``rldsl plot``).
 
 Panels: reward mean, held-out accuracy (greedy solid, sampled dashed), response length,
-entropy, clip fraction. Runs are overlaid, labelled by their folder names. A panel whose
-metric no run logged is left out; metric names are found with
-:func:`rldsl.runtime.metrics.find_metric` (so ``reward/mean`` and ``reward_mean`` both work).
+entropy, clip fraction (the metric names of metrics.py). Runs are overlaid, labelled by
+their folder names. A panel whose metric no run logged is left out.
 """
 from __future__ import annotations
 
@@ -12,18 +11,20 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from .metrics import METRICS_FILE, find_metric, read_metrics
+from .metrics import (CLIP_FRACTION, ENTROPY, GREEDY_ACC, RESPONSE_LENGTH, REWARD, SAMPLED_ACC,
+                      read_metrics)
+from .run_dir import CURVES_FILE, METRICS_FILE
 
 __all__ = ["PANELS", "collect_panels", "plot_runs"]
 
-#: (title, y label, concepts drawn in the panel with their line styles).
-PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
-    ("reward", "mean reward", (("reward", "-"),)),
+#: (title, y label, (concept, metric, line style) drawn in the panel).
+PANELS: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
+    ("reward", "mean reward", (("reward", REWARD, "-"),)),
     ("held-out accuracy", "accuracy (solid greedy, dashed sampled)",
-     (("greedy_acc", "-"), ("sampled_acc", "--"))),
-    ("response length", "tokens", (("response_length", "-"),)),
-    ("entropy", "nats / token", (("entropy", "-"),)),
-    ("clip fraction", "fraction of tokens", (("clip_fraction", "-"),)),
+     (("greedy_acc", GREEDY_ACC, "-"), ("sampled_acc", SAMPLED_ACC, "--"))),
+    ("response length", "tokens", (("response_length", RESPONSE_LENGTH, "-"),)),
+    ("entropy", "nats / token", (("entropy", ENTROPY, "-"),)),
+    ("clip fraction", "fraction of tokens", (("clip_fraction", CLIP_FRACTION, "-"),)),
 )
 
 
@@ -64,19 +65,14 @@ def collect_panels(labels: Sequence[str], histories: Sequence[Sequence[dict[str,
                    *, smooth: float = 0.0) -> list[tuple[str, str, list[Line]]]:
     """The panels that have data: ``(title, y label, lines)``, in :data:`PANELS` order.
 
-    Each run is looked up with its own key for each concept (runs may name a metric
-    differently); null values are gaps, not zeros.
+    Null values are gaps, not zeros.
     """
     panels = []
     for title, ylabel, concepts in PANELS:
         lines: list[Line] = []
-        for concept, style in concepts:
+        for concept, key, style in concepts:
             for label, records in zip(labels, histories):
-                keys: dict[str, None] = {}
-                for record in records:
-                    keys.update(dict.fromkeys(record))
-                key = find_metric(keys, concept)
-                if key is None:
+                if not any(key in record for record in records):
                     continue
                 # Evaluations are sparse: drawn raw, with markers, never smoothed.
                 sparse = concept in _SPARSE
@@ -143,7 +139,7 @@ def plot_runs(run_dirs: Sequence[str | os.PathLike[str]], out_png: str | os.Path
     fig.tight_layout()
 
     if out_png is None:
-        out_png = folders[0] / "curves.png" if len(folders) == 1 else Path("curves.png")
+        out_png = folders[0] / CURVES_FILE if len(folders) == 1 else Path(CURVES_FILE)
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, format="png")

@@ -39,7 +39,8 @@ from typing import Callable, Literal
 
 import torch
 
-from .types import RolloutBatch
+from .batch import RolloutBatch
+from .errors import RewardError
 
 RewardCallable = Callable[..., float]
 
@@ -136,10 +137,6 @@ BUILTIN_REWARDS: dict[str, RewardCallable] = {
 
 
 # ------------------------------------------------------------------------ the spec
-class RewardError(RuntimeError):
-    """A reward function failed on one sample (names the reward, the sample and the cause)."""
-
-
 def _short(text: str, n: int = 200) -> str:
     return repr(text if len(text) <= n else text[: n - 3] + "...")
 

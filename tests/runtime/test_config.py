@@ -2,17 +2,13 @@
 from __future__ import annotations
 
 import json
-import math
-from datetime import datetime
 
 import pytest
-import torch
 from pydantic import ValidationError
 
-from rldsl.runtime.config import (CONFIG_FILE, SPEC_FILE, ConfigError, RunConfig, TrainConfig,
-                                  build_optimizer, build_scheduler, config_keys, config_reference,
-                                  default_run_dir, load_config, load_run_config, lr_factor,
-                                  save_config)
+from rldsl.runtime.config import RunConfig, config_keys, config_reference, load_config
+from rldsl.runtime.errors import ConfigError
+from rldsl.runtime.run_dir import CONFIG_FILE, SPEC_FILE, load_run_config, save_config
 
 
 def test_defaults_are_the_toy_study_settings():
@@ -194,44 +190,3 @@ def test_assignment_is_validated():
         cfg.train.lr = "fast"
     with pytest.raises(ValidationError):
         RunConfig(train={"lr": 1e-4, "bogus": 1})
-
-
-def test_default_run_dir(tmp_path):
-    now = datetime(2025, 3, 4, 5, 6, 7)
-    first = default_run_dir("algorithms/grpo.rl", tmp_path, now)
-    assert first == tmp_path / "grpo-20250304-050607"
-    first.mkdir()
-    assert default_run_dir("grpo", tmp_path, now) == tmp_path / "grpo-20250304-050607-2"
-    assert RunConfig(out="x/y").run_dir("grpo") == __import__("pathlib").Path("x/y")
-
-
-def test_lr_factor_constant_with_warmup():
-    train = TrainConfig(steps=10, warmup_steps=4)
-    assert [lr_factor(s, train) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-
-
-def test_lr_factor_cosine():
-    train = TrainConfig(steps=12, warmup_steps=2, lr_schedule="cosine", min_lr_ratio=0.2)
-    assert lr_factor(0, train) == 0.5
-    assert lr_factor(2, train) == pytest.approx(1.0)
-    assert lr_factor(7, train) == pytest.approx(0.6)     # halfway: 0.2 + 0.8 * 0.5
-    assert lr_factor(12, train) == pytest.approx(0.2)
-    assert lr_factor(50, train) == pytest.approx(0.2)    # clamped past the end
-    p = 1 / 10
-    assert lr_factor(3, train) == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi * p)))
-
-
-def test_optimizer_and_scheduler_follow_the_config():
-    train = TrainConfig(lr=0.1, betas=(0.8, 0.9), weight_decay=0.01, warmup_steps=2,
-                        steps=4, lr_schedule="cosine")
-    param = torch.nn.Parameter(torch.zeros(2))
-    opt = build_optimizer([param], train)
-    group = opt.param_groups[0]
-    assert (group["betas"], group["weight_decay"], group["eps"]) == ((0.8, 0.9), 0.01, 1e-8)
-    sched = build_scheduler(opt, train)
-    lrs = []
-    for _ in range(4):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    assert lrs == pytest.approx([0.05, 0.1, 0.1, 0.05], abs=1e-12)

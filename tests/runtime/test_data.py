@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rldsl.runtime.data import (
-    DataError,
     Example,
     PromptSource,
-    load_data,
     load_examples,
+    load_prompts,
     split_heldout,
 )
+from rldsl.runtime.errors import DataError
 from rldsl.runtime.toy import AdditionTask
 
 ROWS = [
@@ -132,15 +132,15 @@ def test_split_heldout_count_fraction_and_seed() -> None:
         split_heldout(data, 50, seed=0)
 
 
-def test_load_data_heldout_file_or_split(tmp_path) -> None:
+def test_load_prompts_heldout_file_or_split(tmp_path) -> None:
     train_path = _jsonl(tmp_path / "t.jsonl", [{"prompt": f"p{i}", "answer": str(i)} for i in range(10)])
     held_path = _jsonl(tmp_path / "h.jsonl", [{"prompt": "h", "answer": "0"}])
-    data = load_data(train_path, heldout_path=held_path)
+    data = load_prompts(train_path, heldout_path=held_path)
     assert len(data.train) == 10 and data.heldout == [Example(0, "h", "0")]
-    data = load_data(train_path, heldout=3, seed=5)
+    data = load_prompts(train_path, heldout=3, seed=5)
     assert len(data.train) == 7 and len(data.heldout) == 3
     with pytest.raises(ValueError, match="not both"):
-        load_data(train_path, heldout_path=held_path, heldout=3)
+        load_prompts(train_path, heldout_path=held_path, heldout=3)
 
 
 def _deal(source: PromptSource, num_batches: int, P: int) -> list[list[int]]:

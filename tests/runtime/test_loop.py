@@ -19,6 +19,7 @@ from rldsl.cli import app
 from rldsl.runtime import checkpoint as ckpt
 from rldsl.runtime import loop
 from rldsl.runtime.config import RunConfig, load_config
+from rldsl.runtime.errors import RunError
 from rldsl.runtime.metrics import read_metrics
 
 HERE = Path(__file__).parent
@@ -167,7 +168,7 @@ def test_dataset_rows_without_fields(model_dir, tmp_path):
 def test_reward_that_raises_stops_the_run_with_the_sample(model_dir, tmp_path):
     cfg = quick_config(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
                                                        "rollout.temperature": 3.0})
-    from rldsl.runtime.rewards import RewardError
+    from rldsl.runtime.errors import RewardError
     with pytest.raises(RewardError) as e:
         loop.train("grpo", cfg)
     msg = str(e.value)
@@ -201,9 +202,9 @@ def test_nan_loss_skips_the_step_and_keeps_weights(model_dir, tmp_path, monkeypa
     real_step = loop.train_step
 
     def spy(s, step):
-        before = {k: v.clone() for k, v in s.policy.state_dict().items()}
+        before = {k: v.clone() for k, v in s.trainers.policy.state_dict().items()}
         m = real_step(s, step)
-        snapshots.append((m, before, {k: v.clone() for k, v in s.policy.state_dict().items()}))
+        snapshots.append((m, before, {k: v.clone() for k, v in s.trainers.policy.state_dict().items()}))
         return m
 
     monkeypatch.setattr(loop, "train_step", spy)
@@ -232,7 +233,7 @@ def test_ctrl_c_writes_a_checkpoint(model_dir, tmp_path, monkeypatch):
 def test_existing_run_folder_is_not_overwritten(model_dir, tmp_path):
     cfg = quick_config(model_dir, tmp_path / "run")
     loop.train("lite_ppo", cfg)
-    with pytest.raises(loop.RunError, match="already holds a run"):
+    with pytest.raises(RunError, match="already holds a run"):
         loop.train("lite_ppo", cfg)
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from rich.console import Console
 
-from rldsl.runtime.metrics import (MetricsLogger, find_metric, read_metrics, sanitize,
-                                   summary_table, truncate_metrics)
+from rldsl.runtime.metrics import (MetricsLogger, read_metrics, sanitize, summary_table,
+                                   truncate_metrics)
 
 
 def quiet() -> Console:
@@ -24,14 +24,14 @@ def lines(path) -> list[dict]:
 
 def test_one_flushed_line_per_step_with_safe_values(tmp_path):
     logger = MetricsLogger(tmp_path, console=quiet())
-    logger.log(1, {"reward/mean": 0.5, "loss": float("nan"), "kl": float("inf"),
+    logger.log(1, {"reward_mean": 0.5, "loss": float("nan"), "kl": float("inf"),
                    "clip_fraction": torch.tensor(0.25), "n": np.int64(3), "ok": True,
                    "lengths": torch.tensor([1.0, float("-inf")]), "note": "x"})
     # Readable while the logger is still open: every line is flushed.
     assert lines(tmp_path / "metrics.jsonl") == [
-        {"step": 1, "reward/mean": 0.5, "loss": None, "kl": None, "clip_fraction": 0.25,
+        {"step": 1, "reward_mean": 0.5, "loss": None, "kl": None, "clip_fraction": 0.25,
          "n": 3, "ok": True, "lengths": [1.0, None], "note": "x"}]
-    logger.log(2, {"reward/mean": 0.75})
+    logger.log(2, {"reward_mean": 0.75})
     logger.close()
     assert [r["step"] for r in lines(tmp_path / "metrics.jsonl")] == [1, 2]
     text = (tmp_path / "metrics.jsonl").read_text()
@@ -54,7 +54,7 @@ def test_step_conflict_and_closed_logger(tmp_path):
 
 
 def _metrics(step: int) -> dict:
-    return {"reward/mean": step / 10, "clip_fraction": 0.0}
+    return {"reward_mean": step / 10, "clip_fraction": 0.0}
 
 
 def test_resumed_file_equals_an_uninterrupted_one(tmp_path):
@@ -67,7 +67,7 @@ def test_resumed_file_equals_an_uninterrupted_one(tmp_path):
         for step in range(1, 8):  # checkpoint at 5, crash after 7 ...
             logger.log(step, _metrics(step))
     with open(crashed / "metrics.jsonl", "a") as f:
-        f.write('{"step": 8, "reward/me')  # ... in the middle of a line
+        f.write('{"step": 8, "reward_me')  # ... in the middle of a line
 
     logger = MetricsLogger(crashed, resume_step=5, console=quiet())
     assert [r["step"] for r in logger.records] == [1, 2, 3, 4, 5]
@@ -105,7 +105,7 @@ def test_plain_progress_lines_when_not_a_terminal(tmp_path):
     with MetricsLogger(tmp_path, total_steps=6, print_every=4, console=console) as logger:
         for step in range(1, 7):
             extra = {"eval/greedy_acc": 0.5} if step == 3 else {}
-            logger.log(step, {"reward/mean": step / 8, "clip_fraction": 0.02, "time/step": 0.125,
+            logger.log(step, {"reward_mean": step / 8, "clip_fraction": 0.02, "step_s": 0.125,
                               **extra})
     out = console.file.getvalue().splitlines()
     # every 4th step, the evaluation step, and the last step
@@ -126,14 +126,14 @@ def test_progress_bar_on_a_terminal(tmp_path):
 def test_progress_off_prints_nothing(tmp_path):
     console = quiet()
     with MetricsLogger(tmp_path, progress=False, console=console) as logger:
-        logger.log(10, {"reward/mean": 1.0})
+        logger.log(10, {"reward_mean": 1.0})
     assert console.file.getvalue() == ""
 
 
 def test_tensorboard_events(tmp_path):
     pytest.importorskip("tensorboard")
     with MetricsLogger(tmp_path, tensorboard=True, console=quiet()) as logger:
-        logger.log(1, {"reward/mean": 0.5, "note": "text is skipped", "bad": float("nan")})
+        logger.log(1, {"reward_mean": 0.5, "note": "text is skipped", "bad": float("nan")})
     events = list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert len(events) == 1 and events[0].stat().st_size > 0
 
@@ -144,25 +144,18 @@ def test_tensorboard_missing_gives_a_clear_error(tmp_path, monkeypatch):
         MetricsLogger(tmp_path, tensorboard=True, console=quiet())
 
 
-def test_find_metric_aliases():
-    assert find_metric(["loss/clip_fraction", "x"], "clip_fraction") == "loss/clip_fraction"
-    assert find_metric(["reward_mean"], "reward") == "reward_mean"
-    assert find_metric(["reward/std", "reward/mean"], "reward") == "reward/mean"
-    assert find_metric(["reward/std"], "reward") is None
-
-
 def test_summary_table_final_and_best(tmp_path):
     records = [
-        {"step": 1, "reward/mean": 0.2, "eval/greedy_acc": 0.30, "clip_fraction": 0.1},
-        {"step": 2, "reward/mean": 0.9, "clip_fraction": 0.0},
-        {"step": 3, "reward/mean": 0.7, "eval/greedy_acc": 0.55, "clip_fraction": None},
+        {"step": 1, "reward_mean": 0.2, "eval/greedy_acc": 0.30, "clip_fraction": 0.1},
+        {"step": 2, "reward_mean": 0.9, "clip_fraction": 0.0},
+        {"step": 3, "reward_mean": 0.7, "eval/greedy_acc": 0.55, "clip_fraction": None},
     ]
     console = Console(file=io.StringIO(), width=200)
     console.print(summary_table(records, tmp_path / "run-1"))
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
             for line in console.file.getvalue().splitlines() if line.startswith("│")}
     assert rows["steps"] == ["3", "", ""]
-    assert rows["reward/mean"] == ["0.7", "0.9", "2"]       # final, best, best at step
+    assert rows["reward_mean"] == ["0.7", "0.9", "2"]       # final, best, best at step
     assert rows["eval/greedy_acc"] == ["0.55", "0.55", "3"]
     assert rows["clip_fraction"] == ["0", "", ""]           # last non-null value, no "best"
     assert f"run folder: {tmp_path / 'run-1'}" in console.file.getvalue()
@@ -171,6 +164,6 @@ def test_summary_table_final_and_best(tmp_path):
 def test_print_summary_from_the_logger(tmp_path):
     console = quiet()
     with MetricsLogger(tmp_path, progress=False, console=console) as logger:
-        logger.log(1, {"reward/mean": 0.5})
+        logger.log(1, {"reward_mean": 0.5})
         logger.print_summary()
-    assert "run summary" in console.file.getvalue() and "reward/mean" in console.file.getvalue()
+    assert "run summary" in console.file.getvalue() and "reward_mean" in console.file.getvalue()

@@ -28,12 +28,12 @@ def png_size(path) -> tuple[int, int]:
 @pytest.fixture
 def two_runs(tmp_path):
     a, b = tmp_path / "grpo-1", tmp_path / "dapo-1"
-    write_run(a, [{"step": s, "reward/mean": s / 10, "response/length_mean": 3.0 + s,
+    write_run(a, [{"step": s, "reward_mean": s / 10, "response_length": 3.0 + s,
                    "clip_fraction": 0.0, "entropy": 1.0 / s,
                    **({"eval/greedy_acc": s / 20, "eval/sampled_acc": s / 30} if s % 2 == 0 else {})}
                   for s in range(1, 7)])
-    # The second run names its metrics differently and has no entropy or sampled accuracy.
-    write_run(b, [{"step": s, "reward_mean": 1 - s / 10, "loss/clip_fraction": 0.1,
+    # The second run has no entropy or sampled accuracy, and a gap in its response length.
+    write_run(b, [{"step": s, "reward_mean": 1 - s / 10, "clip_fraction": 0.1,
                    "response_length": None if s == 3 else 4.0,
                    **({"eval/greedy_acc": 0.2} if s in (1, 6) else {})}
                   for s in range(1, 7)])
@@ -82,7 +82,7 @@ def test_smoothing_is_an_ema(two_runs):
 
 def test_single_run_default_path_and_fewer_panels(tmp_path):
     run = tmp_path / "only"
-    write_run(run, [{"step": 1, "reward/mean": 0.1}, {"step": 2, "reward/mean": 0.3}])
+    write_run(run, [{"step": 1, "reward_mean": 0.1}, {"step": 2, "reward_mean": 0.3}])
     out = plot_runs([run])
     assert out == run / "curves.png"
     assert png_size(out) == (660, 374)  # one panel

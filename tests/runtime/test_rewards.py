@@ -8,8 +8,9 @@ import time
 import pytest
 import torch
 
+from rldsl.runtime.batch import RolloutBatch
+from rldsl.runtime.errors import RewardError
 from rldsl.runtime.rewards import (
-    RewardError,
     RewardFn,
     addition_reward,
     exact_reward,
@@ -17,7 +18,6 @@ from rldsl.runtime.rewards import (
     math_reward,
     parse_reward_spec,
 )
-from rldsl.runtime.types import RolloutBatch
 
 
 def make_batch(completions, answers, finish=None, prompts=None) -> RolloutBatch:

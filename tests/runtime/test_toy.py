@@ -10,9 +10,10 @@ import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from rldsl.runtime import toy
-from rldsl.runtime.engine import HFEngine
+from rldsl.runtime.engines.base import SamplingParams
+from rldsl.runtime.engines.hf import HFEngine
 from rldsl.runtime.rewards import RewardFn
-from rldsl.runtime.types import SamplingParams
+from rldsl.runtime.toy import warmup
 
 
 
@@ -103,7 +104,7 @@ def test_warm_start_cache_is_atomic_and_reused(monkeypatch, tmp_path, tokenizer,
         calls.append(config.seed)
         return tiny_model_factory(tok), {"heldout_accuracy": 0.3}
 
-    monkeypatch.setattr(toy, "_train_warm_start", fake_train)
+    monkeypatch.setattr(warmup, "_train_warm_start", fake_train)
     path = toy.warm_start(toy.WarmStartConfig(seed=3), cache=tmp_path)
     assert path.parent == tmp_path / "warm_start"
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temp dir left behind

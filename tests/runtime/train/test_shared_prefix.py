@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import rldsl
-from rldsl.runtime.engine import HFEngine, _top_p
-from rldsl.runtime.logprobs import _shared_prompt_hidden, token_logprobs
-from rldsl.runtime.trainer import Trainer, _has_dropout
-from rldsl.runtime.types import SamplingParams
+from rldsl.runtime.engines.base import SamplingParams
+from rldsl.runtime.engines.hf import HFEngine, _top_p
+from rldsl.runtime.train.logprobs import _shared_prompt_hidden, token_logprobs
+from rldsl.runtime.train.trainer import Trainer, _has_dropout
 
 PROMPTS = ["1+2=", "33+44=", "(5)*6-7=", "9="]  # different lengths: left padding
 
@@ -163,14 +163,14 @@ def test_on_policy_update_skips_old_forward_and_equals_recompute(tiny_model, tok
     fast, slow = _trainer(fast_model), _trainer(slow_model)
     slow._old_is_current = lambda: False  # type: ignore[method-assign]  # the recompute path
     assert fast._old_is_current()
-    tb_fast, tb_slow = fast.score(batch, rewards), slow.score(batch, rewards)
+    tb_fast, tb_slow = fast.estimate(batch, rewards), slow.estimate(batch, rewards)
     assert tb_fast.old_logprobs is None and tb_slow.old_logprobs is not None
     torch.testing.assert_close(tb_fast.advantages, tb_slow.advantages, atol=0, rtol=0)
     m_fast, m_slow = fast.update(tb_fast), slow.update(tb_slow)
     for k in ("loss", "grad_norm", "ratio_mean", "clip_fraction"):
         assert m_fast[k] == pytest.approx(m_slow[k], abs=1e-6), k
     assert m_fast["ratio_mean"] == 1.0
-    # the mismatch metric moves from score() to update()
+    # the mismatch metric moves from estimate() to update()
     assert m_fast["rollout_logprob_diff"] == pytest.approx(tb_slow.metrics["rollout_logprob_diff"], abs=1e-6)
     for (name, p), q in zip(fast_model.named_parameters(), slow_model.parameters()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0, msg=name)
@@ -191,7 +191,7 @@ def test_old_logprobs_recomputed_when_not_exactly_on_policy(tiny_model) -> None:
 @pytest.mark.parametrize("entropy_grad", [False, True])
 def test_chunked_head_matches_autograd_with_bias(dtype, entropy_grad) -> None:
     """_ChunkedHead (token_logprobs' LM head) against plain autograd: bias, bf16, ragged chunks."""
-    from rldsl.runtime.logprobs import _ChunkedHead
+    from rldsl.runtime.train.logprobs import _ChunkedHead
 
     g = torch.Generator().manual_seed(0)
     N, H, V = 37, 16, 50

@@ -6,9 +6,10 @@ import math
 import pytest
 import torch
 
-from rldsl.runtime.engine import HFEngine
-from rldsl.runtime.logprobs import position_ids_from_mask, selective_log_softmax, token_logprobs
-from rldsl.runtime.types import SamplingParams
+from rldsl.runtime.batch import position_ids_from_mask
+from rldsl.runtime.engines.base import SamplingParams
+from rldsl.runtime.engines.hf import HFEngine
+from rldsl.runtime.train.logprobs import selective_log_softmax, token_logprobs
 
 
 PROMPTS = ["1+2=", "33+44=", "(5)*6-7=", "9="]

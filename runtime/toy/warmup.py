@@ -1,41 +1,10 @@
-"""The embedded default: a character tokenizer, a 0.59M-parameter Llama and 2-digit addition.
+"""The warm start: supervised training of the embedded model on the carry-dropping teacher's
+answers, stopped once it has learned the teacher, cached by a hash of every setting.
 
-``rldsl run`` with no ``--model`` trains this: small enough to learn in minutes on two
-CPU cores, real enough that the RL loss, the masks and the weight sync all matter.
-
-Task
-    The prompt is ``"a+b="`` with a, b in [10, 99] (8100 pairs); the answer is the decimal
-    sum. Reward 1 only for exactly the sum followed by EOS (``rewards.addition_reward``).
-    A fixed set of 200 pairs (chosen by ``AdditionTask.heldout_seed``) is held out:
-    training and the warm start never see them.
-
-Warm start (``warm_start``)
-    Supervised training on answers from a *carry-dropping teacher*: for every training
-    sample the teacher writes the sum but drops each carry independently with
-    probability ``drop_carry = 0.75`` (a dropped carry into the hundreds drops the leading
-    "1"). The model learns the teacher's distribution: on a prompt with k carries the
-    right answer has probability about 0.25**k. Greedy decoding picks the teacher's
-    mode, the carry-free digit sum, so held-out greedy accuracy plateaus at the fraction
-    of carry-free pairs (0.55 * 4/9 ~ 0.24 for operands in [10, 99]; 0.265 on the
-    held-out set) *whatever the seed or the stopping step*, while sampling at temperature
-    1 still finds the right answer on carry prompts (~17% of samples for one carry), so
-    ~60% of groups of 8 have mixed rewards. RL then has a real, explainable flaw to fix
-    (carrying), measured on held-out prompts. A clean teacher was rejected: its accuracy
-    passes through 10-40% only for a few seconds at a seed-dependent step (TOY_STUDY.md).
-    Operands in [0, 99] were rejected too: the variable digit alignment made the loss
-    plateau 2-3x longer.
-
-    Training: batch 32, AdamW (lr 1e-3, betas 0.9/0.99, weight decay 0), 50 linear
-    warm-up steps, loss on the answer and EOS tokens only. Every ``eval_every`` steps the
-    held-out prompts are decoded greedily; once ``mode_target`` of them get the teacher's
-    mode (the model has learned the teacher: step ~400-550 depending on the seed), the
-    learning rate decays linearly to 0 over ``settle_steps`` more steps, which sharpens
-    the learned distribution, and training stops. Measured on 2 shared cores, 1 thread:
-    850-950 steps, 20-36 s, held-out greedy accuracy 0.265 for seeds 0, 1, 2. If the
-    target is not reached by ``max_steps`` a warning says so (and the report records it).
-
-    The result (model + tokenizer, ``save_pretrained`` layout) is cached under
-    ``cache_dir()/warm_start/<hash of every setting>``; later calls return at once.
+The teacher drops each carry with probability 0.75, so the warm model adds without carrying
+(held-out greedy accuracy ~0.27 whatever the seed) while sampling still finds the right sum
+often enough that most groups of 8 have mixed rewards: RL has a real, explainable flaw to
+fix. Why this recipe, and what it measured: docs/toy.md.
 """
 from __future__ import annotations
 
@@ -51,131 +20,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from .data import Example, PromptSource
-from .engine import HFEngine
-from .types import SamplingParams
+from ..data import Example
+from ..engines.base import SamplingParams
+from ..engines.hf import HFEngine
+from .model import CHARACTERS, build_tokenizer, tiny_config
+from .task import AdditionTask, carry_free_sum, teacher_answer
 
 #: Bumped whenever the warm-start recipe changes meaning: it is part of the cache key.
 WARM_START_VERSION = 1
 
-SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
-CHARACTERS = "0123456789+-*=,:() "
 
-
-# --------------------------------------------------------------------------- tokenizer
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per character, ``<bos>`` prepended, left padding, pad (0) != eos (2).
-
-    Vocabulary (23 ids): ``<pad> <bos> <eos> <unk>`` then ``0-9 + - * = , : ( )`` and
-    space. Any other character becomes ``<unk>``. Decoding fuses the characters back.
-    """
-    vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    core.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])]
-    )
-    core.add_special_tokens(list(SPECIAL_TOKENS))
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        bos_token="<bos>",
-        eos_token="<eos>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        padding_side="left",
-    )
-
-
-def tiny_config(
-    tokenizer: PreTrainedTokenizerFast | None = None,
-    *,
-    hidden_size: int = 96,
-    num_hidden_layers: int = 4,
-    num_attention_heads: int = 4,
-    intermediate_size: int = 384,
-    max_position_embeddings: int = 64,
-) -> LlamaConfig:
-    """The embedded model: a Llama with tied embeddings and no dropout (~0.59M params).
-
-    The vocabulary and special ids come from ``tokenizer`` (``build_tokenizer()`` if None).
-    """
-    tok = tokenizer if tokenizer is not None else build_tokenizer()
-    return LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=hidden_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_attention_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
-        attention_dropout=0.0,  # dropout must be 0: ratios must be exactly 1 on-policy
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-
-
-# -------------------------------------------------------------------------------- task
-@dataclass(frozen=True)
-class AdditionTask:
-    """``"a+b="`` -> ``str(a + b)`` for a, b in [low, high]; ``num_heldout`` pairs held out."""
-
-    low: int = 10
-    high: int = 99
-    num_heldout: int = 200
-    heldout_seed: int = 1234
-
-    def __post_init__(self) -> None:
-        n = (self.high - self.low + 1) ** 2
-        if not 0 <= self.low <= self.high or not 0 < self.num_heldout < n:
-            raise ValueError(f"bad AdditionTask {self}: need 0 <= low <= high and 0 < num_heldout < {n}")
-
-    def pairs(self, heldout: bool) -> list[tuple[int, tuple[int, int]]]:
-        """(id, (a, b)) of the training (or held-out) pairs; id = row-major index of the pair."""
-        r = range(self.low, self.high + 1)
-        every = [(a, b) for a in r for b in r]
-        chosen = set(random.Random(self.heldout_seed).sample(range(len(every)), self.num_heldout))
-        return [(i, ab) for i, ab in enumerate(every) if (i in chosen) == heldout]
-
-    def _examples(self, heldout: bool) -> list[Example]:
-        return [Example(id=i, prompt=f"{a}+{b}=", answer=str(a + b)) for i, (a, b) in self.pairs(heldout)]
-
-    def train_examples(self) -> list[Example]:
-        """Every pair not held out; ``Example.id`` = index of the pair in row-major order."""
-        return self._examples(heldout=False)
-
-    def heldout_examples(self) -> list[Example]:
-        """The fixed held-out pairs (never trained on)."""
-        return self._examples(heldout=True)
-
-    def prompt_source(self, seed: int) -> PromptSource:
-        """Training prompts as a ``PromptSource`` (shuffled per epoch from ``seed``)."""
-        return PromptSource(self.train_examples(), seed=seed, name="toy-addition")
-
-
-def carry_free_sum(a: int, b: int) -> str:
-    """The digit-wise sum with every carry dropped, e.g. 58+67 -> "15" (the teacher's mode)."""
-    return teacher_answer(a, b, drop_carry=1.0, rng=random.Random(0))
-
-
-def teacher_answer(a: int, b: int, *, drop_carry: float, rng: random.Random) -> str:
-    """Column addition of a + b where each carry is dropped with probability ``drop_carry``."""
-    digits: list[int] = []
-    carry = 0
-    while a or b or carry:
-        s = a % 10 + b % 10 + carry
-        digits.append(s % 10)
-        carry = s // 10 if rng.random() >= drop_carry else 0
-        a, b = a // 10, b // 10
-    return "".join(map(str, reversed(digits))) or "0"
-
-
-# -------------------------------------------------------------------------- warm start
 @dataclass(frozen=True)
 class WarmStartConfig:
     """Every setting of the warm start (all of it goes into the cache key)."""

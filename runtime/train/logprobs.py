@@ -3,29 +3,23 @@
 Shapes: B rows, T = Tp + Tr tokens (prompt left padded, response right padded),
 H hidden size, V vocabulary, C = ``chunk_size`` rows of the flattened [B*Tr] tokens.
 
-``token_logprobs`` runs the backbone once to hidden states, then the LM head one
-chunk of C tokens at a time (``_ChunkedHead``, a custom autograd function): the [C, V]
-fp32 logits of a chunk exist only while that chunk is processed, in the forward and
-again in the backward (which recomputes them from the saved hidden states and
-log-sum-exps and writes the gradient in place), so no [B, Tr, V] tensor is ever held.
+``token_logprobs`` runs the backbone once to hidden states, then the LM head one chunk of
+C tokens at a time (``_ChunkedHead``, a custom autograd function): the [C, V] fp32 logits
+of a chunk exist only while that chunk is processed, forward and backward, so no
+[B, Tr, V] tensor is ever held.
 
     logprob_t = z_t[y_t] - logsumexp(z_t)
     entropy_t = logsumexp(z_t) - sum_v softmax(z_t)_v * z_t,v
 
 with z_t the fp32 logits predicting token y_t (from the hidden state at t - 1).
 
-Shared prompts (``group_size=G``): when the rows come in groups of G that share one prompt
-(G samples per prompt, groups contiguous, as every rollout is), the backbone runs the
-prompt once per group -- P = B / G rows of Tp tokens -- keeps its keys and values in a
-``DynamicCache``, repeats them G times (autograd flows back through the repeat), then runs
-only the response tokens of the B rows on top. The last response token predicts nothing,
-so it is not fed either. Tokens through the backbone: P*Tp + B*(Tr-1) instead of B*(Tp+Tr)
-(for the toy task, 16 x 6 + 128 x 4 = 608 instead of 1408: the training forward+backward
-takes half the time, bench/README.md). The values are those of the full forward (equal on
-the tested models; the gradients agree to fp32 rounding, 1e-6 relative). The path is taken
-only when it is exact: the prompts (ids and mask) are identical within every group and the
-model's cache has only full-attention ``DynamicLayer``s (no sliding window, no recurrent
-state); otherwise the full forward runs.
+Shared prompts (``group_size=G``): when the G rows of each group share one prompt (as every
+rollout's do), the backbone runs the prompt once per group, keeps its keys and values in a
+``DynamicCache``, repeats them G times (autograd flows back through the repeat) and runs
+only the response tokens of the B rows on top: P*Tp + B*(Tr-1) tokens instead of B*(Tp+Tr).
+The path is taken only when it is exact -- the prompts (ids and mask) are identical within
+every group and the cache has only full-attention layers -- else the full forward runs.
+Its speed and memory: bench/README.md.
 """
 from __future__ import annotations
 
@@ -33,14 +27,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] positions counting only real tokens: ``cumsum(mask) - 1`` clamped at 0.
-
-    Matches what ``generate`` uses for left-padded prompts, so a recompute sees the
-    same positions as sampling did (TOY_STUDY pitfall 5).
-    """
-    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+from ..batch import position_ids_from_mask
+from ..models import backbone, plain_kv_cache
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
@@ -58,16 +46,6 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_size:
         z = flat[i : i + chunk_size].float()  # [C, V]
         out.append(z.gather(-1, idx[i : i + chunk_size]).squeeze(-1) - torch.logsumexp(z, dim=-1))  # [C]
     return torch.cat(out).reshape(index.shape)
-
-
-def _backbone(model: PreTrainedModel) -> torch.nn.Module:
-    base = getattr(model, model.base_model_prefix, None)
-    if base is None:
-        raise TypeError(
-            f"{type(model).__name__}: cannot find the backbone (attribute {model.base_model_prefix!r}); "
-            "token_logprobs needs a transformers *ForCausalLM model"
-        )
-    return base
 
 
 def _shared_prompt_hidden(
@@ -92,21 +70,14 @@ def _shared_prompt_hidden(
     prompt = prompt.view(P, G, 2 * Tp)  # [P, G, 2*Tp] ids and mask of each group's rows
     if not bool((prompt == prompt[:, :1]).all()):
         return None
-    try:
-        from transformers.cache_utils import DynamicCache, DynamicLayer
-    except ImportError:  # pragma: no cover - transformers 4.x
+    if not plain_kv_cache(model):
         return None
-    try:
-        cache = DynamicCache(config=model.config)
-    except TypeError:  # pragma: no cover - transformers 4.x
-        return None
-    layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
-        return None
-    backbone = _backbone(model)
+    from transformers.cache_utils import DynamicCache
+    cache = DynamicCache(config=model.config)
+    body = backbone(model)
     pos = position_ids_from_mask(attention_mask)  # [B, T] as in the full forward
     first = slice(0, B, G)  # one row per group
-    out = backbone(
+    out = body(
         input_ids=input_ids[first, :Tp],
         attention_mask=attention_mask[first, :Tp],
         position_ids=pos[first, :Tp],
@@ -119,7 +90,7 @@ def _shared_prompt_hidden(
     if cache.get_seq_length() != Tp:  # pragma: no cover - a model that did not fill the cache
         return None
     cache.batch_repeat_interleave(G)  # [P, heads, Tp, d] -> [B, heads, Tp, d], differentiable
-    out = backbone(
+    out = body(
         input_ids=input_ids[:, Tp : T - 1],
         attention_mask=attention_mask[:, : T - 1],
         position_ids=pos[:, Tp : T - 1],
@@ -152,9 +123,8 @@ class _ChunkedHead(torch.autograd.Function):
         grad_z = p * (-g - g_ent * (log p + entropy)) + g * onehot(y),   p = exp(z - lse)
         grad_h = grad_z W,   grad_W = sum_chunks grad_z^T h,   grad_b = sum grad_z
 
-    so a chunk needs two [C, V] fp32 buffers in either direction (bench/logprobs.py: 0.04x
-    the memory of the naive log_softmax, and faster). ``entropy_grad`` False: the
-    entropy output carries no gradient (g_ent = 0).
+    so a chunk needs two [C, V] fp32 buffers in either direction. ``entropy_grad`` False:
+    the entropy output carries no gradient (g_ent = 0).
     """
 
     @staticmethod
@@ -263,7 +233,7 @@ def token_logprobs(
     if group_size is not None:
         hidden = _shared_prompt_hidden(model, input_ids, attention_mask, Tr, group_size)
     if hidden is None:
-        out = _backbone(model)(
+        out = backbone(model)(
             input_ids=input_ids[:, : T - 1],  # the last token predicts nothing
             attention_mask=attention_mask[:, : T - 1],
             position_ids=position_ids_from_mask(attention_mask)[:, : T - 1],

@@ -14,59 +14,26 @@ import copy
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
 
 from rldsl import CompiledAlgorithm
 
+from ..batch import RolloutBatch, group_rows, model_inputs
+from ..config import RunConfig
 from .logprobs import token_logprobs
-from .types import RolloutBatch
-
-
-# ----------------------------------------------------------------------------- inputs
-
-def model_inputs(batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor]:
-    """input_ids [B, L], attention_mask [B, L], position_ids [B, L] of prompt + response."""
-    ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # [B, L]
-    attn = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).long()  # [B, L]
-    pos = (attn.cumsum(-1) - 1).clamp_min(0)  # [B, L] left padding: positions start at 0
-    return ids, attn, pos
-
-
-class ValueModel(nn.Module):
-    """A critic: a copy of the policy's transformer body and a scalar head.
-
-    ``forward`` returns V [B, Tr]: the value of the state before each response token
-    (the hidden state at the previous position, the same alignment as the logprobs).
-    """
-
-    def __init__(self, policy: nn.Module):
-        super().__init__()
-        body = getattr(policy, getattr(policy, "base_model_prefix", "model"), None)
-        if body is None:
-            raise ValueError("the policy model has no transformer body to build a critic from")
-        self.body = copy.deepcopy(body)
-        hidden = policy.config.hidden_size
-        self.head = nn.Linear(hidden, 1)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
-                num_response: int) -> Tensor:
-        h = self.body(input_ids=input_ids, attention_mask=attention_mask,
-                      position_ids=position_ids).last_hidden_state  # [B, L, H]
-        L = input_ids.shape[1]
-        h = h[:, L - num_response - 1:L - 1]  # [B, Tr, H] state before each response token
-        return self.head(h).squeeze(-1).float()  # [B, Tr]
+from .optim import build_optimizer, build_scheduler
+from .value_model import ValueModel
 
 
 # ----------------------------------------------------------------------------- batches
 
 @dataclass
 class TrainBatch:
-    """A scored rollout ready for updates (all [B, Tr] unless noted)."""
+    """A rollout with its old/reference logprobs and advantages, ready for updates
+    (all [B, Tr] unless noted)."""
 
     rollout: RolloutBatch
     rewards: Tensor               # [B] verifier rewards (NaN = failed reward, masked)
@@ -85,14 +52,6 @@ class TrainBatch:
 
 def _rows(t: Tensor | None, idx: Tensor) -> Tensor | None:
     return None if t is None else t[idx]
-
-
-def _sub_rollout(r: RolloutBatch, idx: Tensor) -> RolloutBatch:
-    keep = idx.tolist()
-    return RolloutBatch(r.prompt_ids[idx], r.prompt_mask[idx], r.response_ids[idx],
-                        r.response_mask[idx], r.logprobs[idx], [r.finish_reason[i] for i in keep],
-                        [r.prompts[i] for i in keep], [r.completions[i] for i in keep],
-                        r.group_size, [r.answers[i] for i in keep] if r.answers else [])
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -127,9 +86,39 @@ class Trainer:
         if algo.uses_critic and (critic is None or critic_optimizer is None):
             raise ValueError(f"{algo.name} uses a critic: the trainer needs one and its optimizer")
 
+    @classmethod
+    def from_config(cls, cfg: RunConfig, fn: CompiledAlgorithm, policy: nn.Module, *,
+                    prepare: Callable[[nn.Module, nn.Module | None, nn.Module | None], None] | None = None,
+                    **kwargs: Any) -> "Trainer":
+        """The trainer of ``policy`` for a run: reference and critic copies, optimizers, LR schedule.
+
+        ``prepare(policy, reference, critic)``, if given, runs after the copies are made and
+        before the optimizers are built (the sharded trainer shards the modules there).
+        ``kwargs`` go to the constructor (a subclass's own arguments).
+        """
+        algo = fn.algorithm
+        reference = None
+        if algo.uses_reference:
+            reference = copy.deepcopy(policy).eval()
+            for p in reference.parameters():
+                p.requires_grad_(False)
+        critic = critic_opt = None
+        if algo.uses_critic:
+            critic = ValueModel(policy).to(cfg.device)
+        if prepare is not None:
+            prepare(policy, reference, critic)
+        t = cfg.train
+        if critic is not None:
+            critic_opt = build_optimizer(critic.parameters(), t, lr=t.critic_lr or t.lr)
+        optimizer = build_optimizer(policy.parameters(), t)
+        return cls(fn, policy, optimizer=optimizer, scheduler=build_scheduler(optimizer, t),
+                   reference=reference, critic=critic, critic_optimizer=critic_opt,
+                   ppo_epochs=t.ppo_epochs, minibatches=t.minibatches, grad_clip=t.grad_clip,
+                   skip_zero_advantage=t.skip_zero_advantage, **kwargs)
+
     # -- logprobs
 
-    # the distributed runtime's ShardedTrainer runs it under the FSDP root's hooks
+    # the sharded trainer (workers/fsdp.py) runs it under the FSDP root's hooks
     _token_logprobs = staticmethod(token_logprobs)
 
     def _logprobs(self, model: nn.Module, batch: RolloutBatch, *, grad: bool,
@@ -142,10 +131,10 @@ class Trainer:
                                   chunk_size=self.logprob_chunk, group_size=batch.group_size)
 
     @torch.no_grad()
-    def score(self, rollout: RolloutBatch, rewards: Tensor) -> TrainBatch:
+    def estimate(self, rollout: RolloutBatch, rewards: Tensor) -> TrainBatch:
         """Old (and reference) logprobs, values, and the algorithm's advantages for a rollout."""
         self.policy.eval()
-        old, ref, values = self._score_forward(rollout)
+        old, ref, values = self._recompute(rollout)
         mask = rollout.response_mask.float()
         est = self.fn.estimate(rewards, rollout.group_size, mask, values=values,
                                truncated=rollout.truncated, old_logprobs=old, ref_logprobs=ref)
@@ -157,7 +146,7 @@ class Trainer:
         return TrainBatch(rollout, rewards, old, est.mask, est.advantages, est.returns, ref,
                           values, metrics)
 
-    def _score_forward(self, rollout: RolloutBatch) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    def _recompute(self, rollout: RolloutBatch) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Old logprobs, reference logprobs and values [B, Tr] of every row (no grad).
 
         Old logprobs are None when the update is exactly on-policy (:meth:`_old_is_current`):
@@ -184,7 +173,7 @@ class Trainer:
         P = batch.rewards.shape[0] // G
         order = torch.randperm(P, generator=generator) if self.minibatches > 1 else torch.arange(P)
         groups = order.chunk(self.minibatches)
-        return [(g.unsqueeze(1) * G + torch.arange(G)).reshape(-1) for g in groups if len(g)]
+        return [group_rows(g, G) for g in groups if len(g)]
 
     def update(self, batch: TrainBatch, generator: torch.Generator | None = None) -> dict[str, float]:
         """``ppo_epochs`` passes of minibatch updates; returns averaged metrics.
@@ -221,7 +210,7 @@ class Trainer:
         algo = fn.algorithm
         G = batch.group_size
         rows, share = self._local_rows(rows, G)
-        sub = _sub_rollout(batch.rollout, rows)
+        sub = batch.rollout.select(rows)
         mask = batch.mask[rows]
         denom = self._global_denominator(fn.denominator(mask, G), share)
         logp, ent = self._logprobs(self.policy, sub, grad=True, entropy=True)
@@ -260,7 +249,7 @@ class Trainer:
         if cnorm is not None:
             metrics["critic_grad_norm"] = cnorm
         valid = sub.response_mask > 0
-        if batch.old_logprobs is None and valid.any():  # score() left the mismatch metric to us
+        if batch.old_logprobs is None and valid.any():  # estimate() left the mismatch metric to us
             metrics["rollout_logprob_diff"] = float((sub.logprobs.to(old.device) - old).abs()[valid.to(old.device)].mean())
         return self._reduce_metrics(metrics, mask, share)
 
@@ -270,15 +259,15 @@ class Trainer:
         True for one update per rollout (``ppo_epochs == 1``, one minibatch) of a policy
         without active dropout, when the advantages do not need them (no KL in the reward):
         the one optimizer step happens after the only forward, so pi_old == pi_theta and the
-        ratio is 1 either way. Then ``score`` skips its forward pass (TRL does the same:
+        ratio is 1 either way. Then ``estimate`` skips its forward pass (TRL does the same:
         ``old_per_token_logps = per_token_logps.detach()`` when num_iterations == 1).
         """
         if self.ppo_epochs != 1 or self.minibatches != 1 or self.fn.algorithm.kl_in == "reward":
             return False
         return not _has_dropout(self.policy)
 
-    # -- data parallelism: identities on one rank; the distributed runtime's ShardedTrainer
-    #    (runtime/distributed.py) overrides them so that N ranks compute one rank's update
+    # -- data parallelism: identities on one rank; the sharded trainer (workers/fsdp.py)
+    #    overrides them so that N ranks compute one rank's update
 
     def _local_rows(self, rows: Tensor, group_size: int) -> tuple[Tensor, float]:
         """This rank's rows of a minibatch (whole groups) and its share: 1, or 0 for a rank

@@ -10,8 +10,9 @@ import typer
 from typer.testing import CliRunner
 
 from rldsl.errors import SpecError, Span
-from rldsl.runtime.commands import register
-from rldsl.runtime.config import RunConfig, load_run_config, save_config
+from rldsl.runtime.cli import register
+from rldsl.runtime.config import RunConfig
+from rldsl.runtime.run_dir import load_run_config, save_config
 
 runner = CliRunner()
 
@@ -92,7 +93,7 @@ def test_bad_flag_value_and_bad_file_exit_2(app, calls, tmp_path):
 
 
 def test_traceback_flag_lets_the_error_through(app, calls):
-    from rldsl.runtime.config import ConfigError
+    from rldsl.runtime.errors import ConfigError
 
     result = invoke(app, "run", "grpo", "--set", "nope=1", "--traceback")
     assert result.exit_code != 0 and isinstance(result.exception, ConfigError)
@@ -152,7 +153,7 @@ def test_missing_training_loop(app, monkeypatch):
 def _write_metrics(folder, scale):
     folder.mkdir()
     (folder / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": s, "reward/mean": scale * s, "eval/greedy_acc": s / 10}) + "\n"
+        json.dumps({"step": s, "reward_mean": scale * s, "eval/greedy_acc": s / 10}) + "\n"
         for s in range(1, 5)))
 
 

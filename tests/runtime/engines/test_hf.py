@@ -6,8 +6,9 @@ import copy
 import pytest
 import torch
 
-from rldsl.runtime.engine import HFEngine, valid_until_first_eos
-from rldsl.runtime.types import RolloutBatch, RolloutEngine, SamplingParams
+from rldsl.runtime.batch import RolloutBatch
+from rldsl.runtime.engines.base import RolloutEngine, SamplingParams, valid_until_first_eos
+from rldsl.runtime.engines.hf import HFEngine
 
 
 PROMPTS = ["1+2=", "33+44=", "(5)*6-7="]  # different lengths: left padding matters

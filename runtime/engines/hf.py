@@ -1,25 +1,15 @@
 """``HFEngine``: the CPU rollout engine, a KV-cached sampling loop over a transformers model.
 
-The loop (``HFEngine._sample``) is ``generate``'s sampling without its per-token overhead;
+The loop (``HFEngine._sample``) is ``generate``'s sampling without its per-token overhead:
 it prefills each prompt once for its G samples and drops finished rows from the batch
-(bench/README.md has the measurements: 1.3-1.6x faster than ``generate`` on the toy task).
-Models whose cache it cannot drive (no plain ``DynamicCache``: sliding windows, recurrent
-state, transformers 4.x) go through ``model.generate`` as before.
+(bench/README.md has its speed). Models whose cache it cannot drive (no plain
+``DynamicCache``: sliding windows, recurrent state, transformers 4.x) go through
+``model.generate``. Either way ``logprobs[b, t] = log_softmax(z_bt / tau)[y_bt]`` with z the
+*raw* logits (``generate``'s ``scores`` are processed: never used) and tau the temperature
+(1 for greedy); top-p is not folded in, so it is the quantity a trainer recomputes.
+Sampling is reproducible given ``SamplingParams.seed`` and leaves the global RNG untouched.
 
-Shapes: P prompts, G = ``params.n`` samples per prompt, B = P*G rows with each group
-contiguous (rows g*G .. g*G+G-1 answer prompt g); Tp = prompt length (left padded),
-Tr = response length (right padded), V = vocabulary size.
-
-What the engine guarantees (see ``RolloutBatch``):
-
-- ``response_mask`` is 1 on generated tokens up to and including the first EOS and 0
-  after it; ``response_ids`` hold the pad id wherever the mask is 0.
-- ``logprobs[b, t] = log_softmax(z_bt / tau)[y_bt]`` with ``z`` the *raw* logits
-  (with ``generate``: ``output_logits=True``, never the processed ``scores``) and tau the temperature
-  (tau = 1 for greedy). top-p truncation is not folded in: the value is the logprob
-  under the tempered full distribution, the quantity a trainer recomputes.
-- Sampling is reproducible given ``SamplingParams.seed``: the engine draws from a
-  forked RNG, so the caller's global torch RNG is left untouched.
+Shapes: P prompts, G = ``params.n``, B = P*G, Tp / Tr prompt / response length, V vocabulary.
 """
 from __future__ import annotations
 
@@ -29,7 +19,9 @@ from typing import Iterable
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from .types import RolloutBatch, SamplingParams
+from ..batch import RolloutBatch, position_ids_from_mask, repeat_each
+from ..models import plain_kv_cache, tensors_by_name
+from .base import SamplingParams, check_request, cut_at_first_stop, special_token_ids
 
 
 class HFEngine:
@@ -45,18 +37,10 @@ class HFEngine:
         tokenizer: PreTrainedTokenizerBase,
         device: str | torch.device = "cpu",
     ) -> None:
-        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
-            raise ValueError("HFEngine needs a tokenizer with both a pad and an EOS token")
-        if tokenizer.pad_token_id == tokenizer.eos_token_id:
-            raise ValueError(
-                "HFEngine needs pad != EOS: with pad == EOS a padded prompt cannot be told "
-                "apart from a finished answer"
-            )
+        self.pad_id, self.eos_id = special_token_ids(tokenizer, "HFEngine")
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
-        self.pad_id: int = tokenizer.pad_token_id
-        self.eos_id: int = tokenizer.eos_token_id
         self._sampler_ok: bool | None = None  # decided on first use (_cached_sampling_ok)
         self._keep_last = "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
@@ -64,12 +48,7 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
         """Sample ``params.n`` completions per prompt (groups contiguous)."""
-        if not prompts:
-            raise ValueError("generate() needs at least one prompt")
-        if params.n < 1 or params.max_new_tokens < 1:
-            raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got {params}")
-        if params.temperature < 0 or not 0 < params.top_p <= 1:
-            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {params}")
+        check_request(prompts, params)
         G = params.n
         enc = self.tokenizer(
             prompts, return_tensors="pt", padding=True, padding_side="left"
@@ -88,10 +67,8 @@ class HFEngine:
             else:
                 response_ids, logprobs = self._generate_hf(prompt_ids, prompt_mask, params)
 
-        response_mask = valid_until_first_eos(response_ids, self.eos_id)  # [B, Tr]
-        response_ids = response_ids.masked_fill(response_mask == 0, self.pad_id)
-        logprobs = logprobs.masked_fill(response_mask == 0, 0.0)
-        finished = ((response_ids == self.eos_id) & (response_mask == 1)).any(dim=1)  # [B]
+        response_ids, response_mask, finished = cut_at_first_stop(response_ids, self.eos_id, self.pad_id)
+        logprobs = logprobs.masked_fill(response_mask == 0, 0.0)  # [B, Tr]
 
         completions = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
         return RolloutBatch(
@@ -101,7 +78,7 @@ class HFEngine:
             response_mask=response_mask.cpu(),
             logprobs=logprobs.cpu(),
             finish_reason=["stop" if f else "length" for f in finished.tolist()],
-            prompts=[p for p in prompts for _ in range(G)],
+            prompts=repeat_each(prompts, G),
             completions=completions,
             group_size=G,
         )
@@ -110,17 +87,13 @@ class HFEngine:
     def _cached_sampling_ok(self) -> bool:
         """Whether :meth:`_sample` can drive the model: a plain full-attention KV cache."""
         if self._sampler_ok is None:
-            ok = False
+            params = inspect.signature(self.model.forward).parameters
             try:
-                from transformers.cache_utils import DynamicCache, DynamicLayer
-                if self.model._supports_default_dynamic_cache():
-                    layers = getattr(DynamicCache(config=self.model.config), "layers", None)
-                    params = inspect.signature(self.model.forward).parameters
-                    ok = bool(layers) and all(type(x) is DynamicLayer for x in layers) \
-                        and "position_ids" in params and "past_key_values" in params
-            except (ImportError, TypeError, AttributeError, ValueError):  # transformers 4.x, odd models
-                ok = False
-            self._sampler_ok = ok
+                default_cache = bool(self.model._supports_default_dynamic_cache())
+            except (AttributeError, TypeError, ValueError):  # transformers 4.x, odd models
+                default_cache = False
+            self._sampler_ok = default_cache and plain_kv_cache(self.model) \
+                and "position_ids" in params and "past_key_values" in params
         return self._sampler_ok
 
     def _logits(self, **inputs: torch.Tensor) -> torch.Tensor:
@@ -134,7 +107,7 @@ class HFEngine:
         """(response_ids [B, Tr], logprobs [B, Tr]) for P prompts ids/mask [P, Tp].
 
         The sampling loop of ``generate`` without its per-token overhead, and with two
-        savings measured in bench/README.md:
+        savings (bench/README.md):
 
         - each prompt is prefilled once, not G times: its KV cache and its last logits are
           then repeated G times (the rows of a group see exactly the same keys);
@@ -157,7 +130,7 @@ class HFEngine:
         out_ids = torch.full((B, T), self.pad_id, dtype=ids.dtype, device=self.device)  # [B, T]
         out_lp = torch.zeros((B, T), dtype=torch.float32, device=self.device)  # [B, T]
         cache = DynamicCache(config=self.model.config)
-        pos = (mask.long().cumsum(-1) - 1).clamp(min=0)  # [P, Tp] as generate
+        pos = position_ids_from_mask(mask)  # [P, Tp] as generate
         logits = self._logits(input_ids=ids, attention_mask=mask, position_ids=pos,
                               past_key_values=cache)  # [P, V]
         logits = logits.repeat_interleave(G, dim=0)  # [B, V]
@@ -232,8 +205,7 @@ class HFEngine:
         Tied weights may arrive under either name (``lm_head.weight`` or the embedding).
         An unknown name or a shape mismatch raises; nothing is skipped silently.
         """
-        targets = dict(self.model.named_parameters(remove_duplicate=False))
-        targets.update(self.model.named_buffers(remove_duplicate=False))
+        targets = tensors_by_name(self.model)
         for name, tensor in named_tensors:
             if name not in targets:
                 raise KeyError(
@@ -256,13 +228,3 @@ def _top_p(z: torch.Tensor, top_p: float) -> torch.Tensor:
     remove = cum <= (1 - top_p)
     remove[..., -1:] = False  # keep at least one token
     return z.masked_fill(remove.scatter(1, order, remove), -float("inf"))
-
-
-def valid_until_first_eos(ids: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """[B, T] long mask: 1 on tokens up to and including the first EOS, 0 after it.
-
-    A row without EOS is all ones.
-    """
-    is_eos = (ids == eos_id).long()  # [B, T]
-    eos_before = is_eos.cumsum(dim=1) - is_eos  # [B, T] number of EOS strictly before t
-    return (eos_before == 0).long()

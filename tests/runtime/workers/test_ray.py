@@ -26,9 +26,10 @@ import torch
 
 from rldsl.runtime import checkpoint as ckpt
 from rldsl.runtime import loop
-from rldsl.runtime.config import RunConfig, load_config, load_run_config
-from rldsl.runtime.groups import WorkerError
+from rldsl.runtime.config import RunConfig, load_config
+from rldsl.runtime.errors import WorkerError
 from rldsl.runtime.metrics import read_metrics
+from rldsl.runtime.run_dir import load_run_config
 
 ray = pytest.importorskip("ray")
 
@@ -160,7 +161,7 @@ def test_killed_rollout_worker_names_it_and_leaves_a_resumable_run(ray_cluster, 
 
 
 def test_a_call_past_its_timeout_names_the_worker(ray_cluster):
-    from rldsl.runtime.distributed import RayCluster
+    from rldsl.runtime.workers.ray import RayCluster
     cluster = RayCluster(RunConfig(), cpus_needed=1)  # Ray is up already: reused, not owned
     assert not cluster.owns
     slow = ray.remote(lambda s: time.sleep(s)).remote(30)  # a lambda: pickled by value
@@ -175,7 +176,7 @@ def test_a_call_past_its_timeout_names_the_worker(ray_cluster):
 
 
 def test_cli_flags_select_the_distributed_runtime(tmp_path):
-    from rldsl.runtime.commands import build_run_config
+    from rldsl.runtime.cli import build_run_config
     _, cfg = build_run_config("lite_ppo", flags={"distributed.trainers": 2,
                                                  "distributed.rollout_workers": 1,
                                                  "distributed.gpus_per_worker": 0.5,

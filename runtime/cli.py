@@ -1,4 +1,5 @@
-"""The runtime's CLI commands, ``rldsl run`` and ``rldsl plot``, added to the app by :func:`register`.
+"""The runtime's CLI commands, ``rldsl run`` and ``rldsl plot``, added to the app by :func:`register`
+(the one hook through which the language package's CLI imports the runtime).
 
 ``rldsl run`` builds the :class:`~rldsl.runtime.config.RunConfig` from, lowest to highest
 precedence: the field defaults (or, with ``--resume``, the run's saved config), the
@@ -18,7 +19,9 @@ from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 
-from .config import SPEC_FILE, ConfigError, RunConfig, load_config, load_run_config
+from .config import RunConfig, load_config
+from .errors import ConfigError
+from .run_dir import SPEC_FILE, load_run_config
 
 __all__ = ["register", "run_command", "plot_command", "build_run_config"]
 

@@ -1,4 +1,4 @@
-"""Tests of ``rldsl.runtime.vllm_engine`` that run without vLLM and without a GPU.
+"""Tests of ``rldsl.runtime.engines.vllm`` that run without vLLM and without a GPU.
 
 What runs here is our own code: the SamplingParams translation, the conversion of vLLM
 results into a ``RolloutBatch``, weight-name mapping, bucketing and serialization, the
@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 import torch
 
-from rldsl.runtime import vllm_engine as ve
-from rldsl.runtime.engine import HFEngine, valid_until_first_eos
+from rldsl.runtime import errors
+from rldsl.runtime.engines import vllm as ve
+from rldsl.runtime.engines.base import SamplingParams, valid_until_first_eos
+from rldsl.runtime.engines.hf import HFEngine
 from rldsl.runtime.toy import build_tokenizer, tiny_config
-from rldsl.runtime.types import SamplingParams
 
 PAD, BOS, EOS = 0, 1, 2  # build_tokenizer(): <pad> <bos> <eos> ...
 
@@ -391,7 +392,7 @@ def test_call_with_timeout():
     with pytest.raises(KeyError):
         ve.call_with_timeout(lambda: {}["missing"], 1.0, "x")
     start = time.monotonic()
-    with pytest.raises(ve.WeightSyncTimeout, match="within"):
+    with pytest.raises(errors.WeightSyncTimeout, match="within"):
         ve.call_with_timeout(lambda: time.sleep(5), 0.2, "loading weights")
     assert time.monotonic() - start < 2.0
 
@@ -399,7 +400,7 @@ def test_call_with_timeout():
 # ------------------------------------------------------------------ missing vLLM error
 def test_missing_vllm_gives_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail
-    with pytest.raises(ve.VLLMUnavailableError) as err:
+    with pytest.raises(errors.VLLMUnavailableError) as err:
         ve.VLLMEngine("/nonexistent/model")
     msg = str(err.value)
     assert "pip install 'rldsl[vllm]'" in msg and "GPU" in msg and "'hf'" in msg
@@ -408,7 +409,7 @@ def test_missing_vllm_gives_install_hint(monkeypatch):
 def test_module_imports_without_vllm():
     """vLLM is imported inside functions only: the module loads even where it is absent."""
     code = ("import sys; sys.modules['vllm'] = None; "
-            "import rldsl.runtime.vllm_engine as m; print(m.SUPPORTED_VLLM)")
+            "import rldsl.runtime.engines.vllm as m; print(m.SUPPORTED_VLLM)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
@@ -479,7 +480,7 @@ def make_engine(llm, tok, **opts):
                    weight_sync_timeout=5.0, strict_weight_sync=True)
     options.update(opts)
     engine._attach(llm, tok, sampling_params_cls=lambda **kw: kw, tie_word_embeddings=True,
-                   stop_ids={EOS}, options=ve._Options(**options))
+                   stop_ids={EOS}, options=ve.EngineOptions(**options))
     return engine
 
 
@@ -509,7 +510,7 @@ def test_update_weights_loads_in_place_through_the_worker_extension(tok):
 def test_update_weights_strict_reports_unwritten_parameters(tok):
     llm = RecordingLLM([WorkerStandIn(StandInModel())])
     engine = make_engine(llm, tok)
-    with pytest.raises(ve.WeightSyncError, match="unwritten.*model.norm.weight"):
+    with pytest.raises(errors.WeightSyncError, match="unwritten.*model.norm.weight"):
         engine.update_weights([("model.embed_tokens.weight", torch.zeros(6, 4))])
     make_engine(RecordingLLM([WorkerStandIn(StandInModel())]), tok, strict_weight_sync=False
                 ).update_weights([("model.embed_tokens.weight", torch.zeros(6, 4))])
@@ -524,9 +525,9 @@ def test_update_weights_unknown_name_raises_the_loader_error(tok):
 def test_update_weights_timeout_breaks_the_engine(tok):
     llm = RecordingLLM([WorkerStandIn(StandInModel())], rpc_delay=1.0)
     engine = make_engine(llm, tok, weight_sync_timeout=0.1)
-    with pytest.raises(ve.WeightSyncTimeout):
+    with pytest.raises(errors.WeightSyncTimeout):
         engine.update_weights([("model.norm.weight", torch.zeros(4))])
-    with pytest.raises(ve.WeightSyncError, match="unusable"):
+    with pytest.raises(errors.WeightSyncError, match="unusable"):
         engine.generate(["1+2="], SamplingParams())
 
 

@@ -1,0 +1,129 @@
+"""``RolloutBatch``: what the engines return and the trainer consumes, and its operations.
+
+Shapes: P prompts x G samples per prompt, B = P*G rows, groups contiguous
+(rows g*G .. g*G+G-1 answer prompt g). Tp = prompt length (left padded),
+Tr = response length (right padded), L = Tp + Tr.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class RolloutBatch:
+    """What a rollout engine returns for P prompts x G samples (B = P*G rows).
+
+    prompt_ids      [B, Tp]  left padded with the pad id
+    prompt_mask     [B, Tp]  1 on real prompt tokens
+    response_ids    [B, Tr]  right padded with the pad id
+    response_mask   [B, Tr]  1 on generated tokens up to and including the first EOS
+    logprobs        [B, Tr]  engine's logprob of each sampled token under the sampling
+                             distribution (temperature applied), 0 on padding; kept to
+                             measure the train/inference mismatch, never used as policy
+                             logprobs
+    finish_reason   B x "stop" (EOS produced) | "length" (max_new_tokens reached)
+    prompts         B x prompt text (repeated G times)
+    completions     B x decoded completion text (without special tokens)
+    group_size      G
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    logprobs: torch.Tensor
+    finish_reason: list[str]
+    prompts: list[str]
+    completions: list[str]
+    group_size: int
+    answers: list[str] = field(default_factory=list)
+
+    @property
+    def truncated(self) -> torch.Tensor:
+        """[B] bool: the sample hit max_new_tokens without an EOS."""
+        return torch.tensor([f == "length" for f in self.finish_reason], dtype=torch.bool,
+                            device=self.response_ids.device)
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+    def select(self, rows: torch.Tensor) -> "RolloutBatch":
+        """The batch of the given rows, in that order (callers keep groups whole)."""
+        keep = rows.tolist()
+        return RolloutBatch(self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows],
+                            self.response_mask[rows], self.logprobs[rows],
+                            [self.finish_reason[i] for i in keep], [self.prompts[i] for i in keep],
+                            [self.completions[i] for i in keep], self.group_size,
+                            [self.answers[i] for i in keep] if self.answers else [])
+
+    def select_groups(self, groups: Sequence[int]) -> "RolloutBatch":
+        """The batch of whole prompt groups (group g = rows g*G .. g*G+G-1)."""
+        return self.select(group_rows(groups, self.group_size))
+
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        """The batch with its tensors on ``device`` (itself when they are there already)."""
+        device = torch.device(device)
+        if self.response_ids.device == device:
+            return self
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device)
+                                            for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+
+    @staticmethod
+    def concat(batches: Sequence["RolloutBatch"], pad_id: int) -> "RolloutBatch":
+        """Stack batches of the same G (prompts padded on the left, responses on the right)."""
+        if len(batches) == 1:
+            return batches[0]
+        Tp = max(b.prompt_ids.shape[1] for b in batches)
+        Tr = max(b.response_ids.shape[1] for b in batches)
+
+        def left(t: torch.Tensor, n: int, v: int) -> torch.Tensor:
+            return F.pad(t, (n - t.shape[1], 0), value=v)
+
+        def right(t: torch.Tensor, n: int, v: float) -> torch.Tensor:
+            return F.pad(t, (0, n - t.shape[1]), value=v)
+
+        return RolloutBatch(
+            prompt_ids=torch.cat([left(b.prompt_ids, Tp, pad_id) for b in batches]),
+            prompt_mask=torch.cat([left(b.prompt_mask, Tp, 0) for b in batches]),
+            response_ids=torch.cat([right(b.response_ids, Tr, pad_id) for b in batches]),
+            response_mask=torch.cat([right(b.response_mask, Tr, 0) for b in batches]),
+            logprobs=torch.cat([right(b.logprobs, Tr, 0.0) for b in batches]),
+            finish_reason=sum((b.finish_reason for b in batches), []),
+            prompts=sum((b.prompts for b in batches), []),
+            completions=sum((b.completions for b in batches), []),
+            group_size=batches[0].group_size,
+            answers=sum((b.answers for b in batches), []),
+        )
+
+
+def group_rows(groups: Sequence[int] | torch.Tensor, group_size: int) -> torch.Tensor:
+    """Row indices [len(groups) * G] of whole prompt groups, group by group."""
+    g = torch.as_tensor(groups, dtype=torch.long).reshape(-1, 1)  # [n, 1]
+    return (g * group_size + torch.arange(group_size)).reshape(-1)
+
+
+def repeat_each(items: Sequence, times: int) -> list:
+    """``[a, a, b, b]`` for ``[a, b]`` and 2: one entry per sample, groups contiguous."""
+    return [x for x in items for _ in range(times)]
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] positions counting only real tokens: ``cumsum(mask) - 1`` clamped at 0.
+
+    What ``generate`` uses for left-padded prompts, so a recompute sees the positions
+    sampling saw (without them, padded rows were off by up to 3.6 nats: docs/toy.md).
+    """
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def model_inputs(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids [B, L], attention_mask [B, L], position_ids [B, L] of prompt + response."""
+    ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # [B, L]
+    attn = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).long()  # [B, L]
+    return ids, attn, position_ids_from_mask(attn)

@@ -1,0 +1,119 @@
+"""Building a run: the spec, the model folder, prompts, reward, and the two sides a step
+talks to -- in this process, or on Ray actors when the config asks for them."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+import rldsl
+
+from .config import RunConfig
+from .data import Example, PromptSource, load_prompts
+from .engines.hf import HFEngine
+from .errors import RunError
+from .models import disable_transformers_progress, load_policy, load_tokenizer
+from .rewards import RewardFn
+from .rng import seed_all
+from .train.trainer import Trainer
+from .workers.base import Rollouts, Trainers
+from .workers.local import LocalRollouts, LocalTrainers
+
+
+@dataclass
+class Run:
+    """Everything one training run is made of; built by :func:`build_run`.
+
+    The step talks to ``rollouts`` and ``trainers`` only (workers/base.py): in process
+    (``LocalRollouts`` / ``LocalTrainers``) or on Ray actors (``RayRollouts`` / ``RayTrainers``).
+    ``tokenizer`` (the driver's copy) is saved with every checkpoint.
+    """
+
+    cfg: RunConfig
+    algo: rldsl.Algorithm
+    fn: rldsl.CompiledAlgorithm
+    run_dir: Path
+    tokenizer: object
+    source: PromptSource
+    heldout: list[Example]
+    rollouts: Rollouts
+    trainers: Trainers
+    warn: Callable[[str], None] = print
+
+    def close(self) -> None:
+        """Stop the actors of a distributed run (nothing to do for a one-process run)."""
+        self.rollouts.close()
+        self.trainers.close()
+
+
+def model_folder(cfg: RunConfig) -> tuple[Path, str]:
+    """(the policy's HF folder, a label for messages); the embedded toy model is warm-started
+    on first use and read from its cache afterwards."""
+    if cfg.model.path is None:
+        from .toy import warm_start
+        return Path(warm_start(verbose=True)), "embedded toy model (warm-started)"
+    path = Path(cfg.model.path)
+    if not path.exists():
+        raise RunError(f"model folder not found: {path}")
+    if not (path / "config.json").is_file():
+        raise RunError(f"{path} is not a Hugging Face model folder (no config.json)")
+    return path, str(path)
+
+
+def prompts_of(cfg: RunConfig) -> tuple[PromptSource, list[Example]]:
+    """(training prompts, held-out prompts): the data file, or the built-in addition task."""
+    if cfg.data.path is None:
+        from .toy import AdditionTask
+        task = AdditionTask()
+        held = task.heldout_examples()[: cfg.data.eval_size] if cfg.data.eval_size else []
+        return task.prompt_source(cfg.seed), held
+    splits = load_prompts(cfg.data.path, prompt_field=cfg.data.prompt_key, answer_field=cfg.data.answer_key,
+                          heldout_path=cfg.data.eval_path,
+                          heldout=0 if cfg.data.eval_path else cfg.data.eval_size, seed=cfg.seed)
+    return PromptSource(splits.train, seed=cfg.seed, name=Path(cfg.data.path).name), splits.heldout
+
+
+def reward_name(cfg: RunConfig) -> str:
+    """``reward.name``, else the task's own: ``addition`` for the built-in task, ``exact`` for data."""
+    return cfg.reward.name or ("addition" if cfg.data.path is None else "exact")
+
+
+def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = None) -> Run:
+    """Load the spec, model(s), prompts, reward, engine(s) and trainer(s) of a run.
+
+    With ``distributed.trainers > 1``, rollout actors or a Ray address, the engines and the
+    trainer ranks are Ray actors (workers/ray.py); otherwise everything lives in this process
+    and Ray is never imported.
+    """
+    disable_transformers_progress()  # the bars would break the run's own progress display
+    algo = rldsl.loads(spec_text, spec) if spec_text is not None else rldsl.load(spec)
+    torch.set_num_threads(cfg.threads)
+    seed_all(cfg.seed)
+    fn = rldsl.compile(algo)
+    if cfg.distributed.uses_ray:
+        if cfg.rollout.engine == "vllm" and cfg.device != "cuda":
+            raise RunError("rollout.engine=vllm needs GPUs: use --device cuda (or rollout.engine=hf)")
+        path, _ = model_folder(cfg)  # the toy model is warm-started here, once
+        tok = load_tokenizer(path)
+        source, held = prompts_of(cfg)
+        reward = reward_name(cfg)
+        RewardFn(reward, on_error=cfg.reward.on_error)  # a bad name fails here, not in an actor
+        from .workers.ray import start_ray_workers
+        rollouts, trainers = start_ray_workers(cfg, algo, fn, path, reward, tok.pad_token_id)
+        return Run(cfg, algo, fn, run_dir, tok, source, held, rollouts, trainers)
+    path, _ = model_folder(cfg)
+    policy = load_policy(path, cfg.model.dtype)
+    tok = load_tokenizer(path)
+    policy.to(cfg.device)
+    if cfg.rollout.engine != "hf":
+        raise RunError(f"rollout.engine={cfg.rollout.engine!r} needs the distributed runtime "
+                       "(Ray actors on GPUs): add --rollout-workers 1 (or more); on one "
+                       "machine without Ray use rollout.engine=hf")
+    trainer = Trainer.from_config(cfg, fn, policy)
+    engine = HFEngine(copy.deepcopy(policy).eval(), tok, device=cfg.device)
+    source, held = prompts_of(cfg)
+    rollouts = LocalRollouts(engine, RewardFn(reward_name(cfg), on_error=cfg.reward.on_error))
+    return Run(cfg, algo, fn, run_dir, tok, source, held, rollouts, LocalTrainers(trainer))

@@ -1,0 +1,1 @@
+"""Rollout engines: one interface (base.py), transformers (hf.py) and vLLM (vllm/)."""

@@ -1,0 +1,100 @@
+"""The rollout-engine interface and the conventions every engine shares.
+
+Every engine returns the same :class:`~rldsl.runtime.batch.RolloutBatch` layout, so the
+trainer cannot tell them apart: G samples per prompt with groups contiguous, prompts left
+padded, responses right padded with the pad id, ``response_mask`` 1 up to and including the
+first stop token, ``logprobs`` those of the sampled tokens under the tempered distribution.
+The checks and steps that guarantee it are here, written once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Collection, Iterable, Protocol, runtime_checkable
+
+import torch
+
+from ..batch import RolloutBatch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How an engine samples. ``n`` samples per prompt; temperature 0 means greedy."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 16
+    seed: int | None = None
+
+    def check(self) -> None:
+        """Raise ValueError unless every field is in range (engines call it before sampling)."""
+        if self.n < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got {self}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self}")
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """One interface for every engine (transformers ``hf``, ``vllm``).
+
+    An engine may live in another process (a Ray actor): arguments and results are
+    plain tensors, strings and dataclasses.
+    """
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
+        """Sample ``params.n`` completions for each prompt; groups contiguous."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new policy weights (HF parameter names) in place."""
+        ...
+
+
+def check_request(prompts: list[str], params: SamplingParams) -> None:
+    """The checks every ``generate`` makes before sampling."""
+    if not prompts:
+        raise ValueError("generate() needs at least one prompt")
+    params.check()
+
+
+def special_token_ids(tokenizer: Any, engine: str) -> tuple[int, int]:
+    """(pad id, EOS id) of ``tokenizer``; both must exist and differ.
+
+    With pad == EOS a padded row cannot be told apart from a finished answer.
+    """
+    if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+        raise ValueError(f"{engine} needs a tokenizer with both a pad and an EOS token")
+    if tokenizer.pad_token_id == tokenizer.eos_token_id:
+        raise ValueError(f"{engine} needs pad != EOS: with pad == EOS a padded row cannot be "
+                         "told apart from a finished answer")
+    return int(tokenizer.pad_token_id), int(tokenizer.eos_token_id)
+
+
+def cut_at_first_stop(ids: torch.Tensor, stop_ids: int | Collection[int], pad_id: int,
+                      lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampled response ids [B, T] -> (ids with the pad id after the first stop token,
+    ``response_mask`` [B, T], ``stopped`` [B] bool: the row holds a stop token).
+
+    ``lengths`` [B]: how many of each row's ids were generated (the rest is filler).
+    """
+    mask = valid_until_first_eos(ids, stop_ids)  # [B, T]
+    if lengths is not None:
+        mask = mask * (torch.arange(ids.shape[1], device=ids.device) < lengths[:, None]).long()
+    ids = ids.masked_fill(mask == 0, pad_id)
+    stops = torch.as_tensor([stop_ids] if isinstance(stop_ids, int) else sorted(stop_ids),
+                            dtype=ids.dtype, device=ids.device)
+    stopped = (torch.isin(ids, stops) & (mask == 1)).any(dim=1)  # [B]
+    return ids, mask, stopped
+
+
+def valid_until_first_eos(ids: torch.Tensor, eos_id: int | Collection[int]) -> torch.Tensor:
+    """[B, T] long mask: 1 on tokens up to and including the first stop token, 0 after it.
+
+    ``eos_id``: the EOS id, or every id that ends a completion. A row without one is all ones.
+    """
+    stops = torch.as_tensor([eos_id] if isinstance(eos_id, int) else sorted(eos_id),
+                            dtype=ids.dtype, device=ids.device)
+    is_stop = torch.isin(ids, stops).long()  # [B, T]
+    stops_before = is_stop.cumsum(dim=1) - is_stop  # [B, T] number of stops strictly before t
+    return (stops_before == 0).long()

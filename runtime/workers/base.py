@@ -1,0 +1,93 @@
+"""What a training step talks to: the rollout side and the trainer side, however many
+workers stand behind each.
+
+The loop (loop.py) never touches an engine, a reward function or a trainer directly: it
+asks ``rollouts`` for scored samples and ``trainers`` for old logprobs and advantages,
+updates, weights and checkpoint state. Implementations: in the driver process
+(local.py) and on Ray actors (ray.py); the step is written once for both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from ..batch import RolloutBatch
+from ..checkpoint import Checkpoint
+from ..engines.base import SamplingParams
+from ..rewards import RewardResult
+
+
+@dataclass
+class Generation:
+    """Scored samples of P prompts x G (groups contiguous) and where the time went."""
+
+    batch: RolloutBatch
+    scored: RewardResult
+    generate_s: float
+    reward_s: float
+
+
+@dataclass
+class TrainerState:
+    """What ``checkpoint.save_checkpoint`` needs from the trainers.
+
+    ``policy`` / ``critic``: modules to save (``save_pretrained``); ``optimizer``,
+    ``scheduler``, ``critic_optimizer``: objects with ``state_dict()``; ``algorithm``: the
+    compiled algorithm's own state (e.g. an EMA baseline).
+    """
+
+    policy: Any
+    optimizer: Any
+    scheduler: Any
+    critic: Any = None
+    critic_optimizer: Any = None
+    algorithm: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Rollouts(Protocol):
+    """Samples and scores prompts; loads the trainers' weights."""
+
+    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams) -> Generation:
+        """``params.n`` samples per prompt, scored by the reward against ``answers``."""
+        ...
+
+    def load_weights(self, weights: Any) -> None:
+        """Load what ``Trainers.weights()`` returned into every engine."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class Trainers(Protocol):
+    """The policy (and reference, critic) and its optimizers, on one or N ranks."""
+
+    world_size: int
+
+    def estimate(self, rollout: RolloutBatch, rewards: torch.Tensor) -> Any:
+        """Old/reference logprobs and advantages; the result has ``.metrics`` and goes to ``update``."""
+        ...
+
+    def update(self, estimated: Any, seed: int) -> dict[str, float]:
+        """Minibatch updates on the estimated batch, then one LR-schedule step; the metrics."""
+        ...
+
+    @property
+    def lr(self) -> float:
+        ...
+
+    def weights(self) -> Any:
+        """A handle for ``Rollouts.load_weights``: the current policy weights."""
+        ...
+
+    def checkpoint_state(self) -> TrainerState:
+        ...
+
+    def load_checkpoint(self, c: Checkpoint) -> None:
+        """Weights, critic, algorithm state, optimizers, scheduler (not the RNGs)."""
+        ...
+
+    def close(self) -> None:
+        ...

@@ -1,0 +1,273 @@
+"""The trainer on one rank of an FSDP2 group: N ranks compute exactly the update of one rank.
+
+Each rank holds the policy (and reference, critic) sharded with ``fully_shard`` per
+transformer block and at the root, with its shard of the optimizer state. Rows are split
+by whole prompt groups; old/reference logprobs and values are assembled by an all-reduce
+of zero-padded tensors; rank 0's advantages are broadcast so every rank takes the same
+skip decisions; each rank's loss gets the all-reduced denominator and FSDP reduces
+gradients as a plain sum. A rank without a group runs a zero-weighted copy so the
+collectives stay in step. Why each step is exact: docs/runtime.md, "Trainer ranks".
+
+Nothing here knows Ray: :func:`start_rank` needs only a rendezvous address.
+"""
+from __future__ import annotations
+
+import datetime
+import types
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+import rldsl
+
+from ..batch import RolloutBatch
+from ..config import RunConfig
+from ..models import load_policy, with_tied
+from ..rng import seed_all
+from ..train.logprobs import token_logprobs
+from ..train.trainer import TrainBatch, Trainer
+
+LOGPROBS_METHOD = "rldsl_token_logprobs"
+_BLOCK_LISTS = ("layers", "h", "blocks", "block")
+# metrics of fn.loss already divided by the global denominator: their sum over ranks is exact
+_SUMMED = ("loss", "pg_loss", "value_loss")
+# the same on every rank (computed from the global gradient)
+_REPLICATED = ("grad_norm", "critic_grad_norm")
+
+
+# ----------------------------------------------------------------------------- FSDP2
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of an HF causal LM (or a ValueModel's body): one FSDP unit each."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) and name.rsplit(".", 1)[-1] in _BLOCK_LISTS:
+            return list(module)
+    raise ValueError(f"{type(model).__name__}: no list of transformer blocks found (looked for "
+                     f"a ModuleList named one of {_BLOCK_LISTS})")
+
+
+def shard_module(module: nn.Module, mesh: Any, *, mixed_precision: bool, gloo: bool) -> nn.Module:
+    """``fully_shard`` every transformer block, then the root; gradients are summed over ranks."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if mixed_precision else MixedPrecisionPolicy())
+    for block in transformer_blocks(module):
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(module, mesh=mesh, mp_policy=mp)
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)  # sum, not mean: each rank holds a part of one loss
+            if gloo:
+                m.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+    return module
+
+
+def attach_logprobs(model: nn.Module) -> None:
+    """Give the (FSDP root) model a method running ``token_logprobs`` under its FSDP hooks.
+
+    ``token_logprobs`` calls the backbone and reads the LM head's weight directly, outside
+    the root ``forward``; registering it as an FSDP forward method makes the root's
+    parameters (embedding, final norm, head) unsharded while it runs, and their gradients
+    reduce-scattered after the backward, as for ``forward``.
+    """
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    def rldsl_token_logprobs(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return token_logprobs(self, *args, **kwargs)
+
+    setattr(model, LOGPROBS_METHOD, types.MethodType(rldsl_token_logprobs, model))
+    register_fsdp_forward_method(model, LOGPROBS_METHOD)
+
+
+def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The name of each optimizer parameter, in ``Optimizer.state_dict()`` index order."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def _index_keyed(osd: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """A full optimizer state dict keyed by parameter name -> keyed by index (one-process format)."""
+    index = {n: i for i, n in enumerate(names)}
+    return {"state": {index[k]: v for k, v in osd["state"].items()},
+            "param_groups": [{**g, "params": [index[k] for k in g["params"]]} for g in osd["param_groups"]]}
+
+
+def _name_keyed(osd: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The inverse of :func:`_index_keyed`."""
+    return {"state": {names[int(k)]: v for k, v in osd["state"].items()},
+            "param_groups": [{**g, "params": [names[int(k)] for k in g["params"]]} for g in osd["param_groups"]]}
+
+
+# ----------------------------------------------------------------------------- trainer
+
+class ShardedTrainer(Trainer):
+    """The :class:`Trainer` on one rank of an FSDP2 group (see the module docstring).
+
+    Only the data-parallel hooks change; the loss is the compiled algorithm's, as on one rank.
+    """
+
+    def __init__(self, *args: Any, rank: int, world: int, device: torch.device, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.rank, self.world, self.device = rank, world, device
+
+    # -- forward
+
+    def _token_logprobs(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor,  # type: ignore[override]
+                        num_response_tokens: int, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+        return getattr(model, LOGPROBS_METHOD)(input_ids.to(self.device), attention_mask.to(self.device),
+                                               num_response_tokens, **kwargs)
+
+    def _groups(self, rows: Tensor, group_size: int) -> tuple[Tensor, float]:
+        groups = rows.view(-1, group_size)
+        mine = groups.tensor_split(self.world)[self.rank]
+        if len(mine) == 0:  # fewer groups than ranks: a zero-weighted copy keeps collectives in step
+            return groups[:1].reshape(-1), 0.0
+        return mine.reshape(-1), 1.0
+
+    def _recompute(self, rollout: RolloutBatch) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        B = len(rollout)
+        rows, share = self._groups(torch.arange(B), rollout.group_size)
+        local = super()._recompute(rollout.select(rows))
+        return tuple(None if t is None else self._assemble(t, rows, B, share) for t in local)  # type: ignore[return-value]
+
+    def _assemble(self, local: Tensor, rows: Tensor, B: int, share: float) -> Tensor:
+        """[b, T] rows of this rank -> [B, T] of every rank (each row written by one rank)."""
+        full = local.new_zeros((B,) + tuple(local.shape[1:]))
+        if share:
+            full[rows.to(full.device)] = local
+        dist.all_reduce(full)
+        return full
+
+    @torch.no_grad()
+    def estimate(self, rollout: RolloutBatch, rewards: Tensor) -> TrainBatch:
+        tb = super().estimate(rollout, rewards)
+        for name in ("advantages", "returns", "mask"):  # one decision for every rank
+            t = getattr(tb, name)
+            buf = t.contiguous()
+            dist.broadcast(buf, src=0)
+            if buf is not t:
+                setattr(tb, name, buf)
+        return tb
+
+    # -- update hooks (Trainer._step)
+
+    def _local_rows(self, rows: Tensor, group_size: int) -> tuple[Tensor, float]:
+        return self._groups(rows, group_size)
+
+    def _global_denominator(self, local: Tensor, share: float) -> Tensor:
+        total = (local.detach().float() * share).to(self.device)
+        dist.all_reduce(total)
+        return total
+
+    def _all_finite(self, loss: Tensor) -> bool:
+        bad = torch.tensor([0.0 if bool(torch.isfinite(loss)) else 1.0], device=self.device)
+        dist.all_reduce(bad)
+        return bool(bad.item() == 0.0)
+
+    def _reduce_metrics(self, metrics: dict[str, float], mask: Tensor, share: float) -> dict[str, float]:
+        """Sums for the terms over the global denominator, min/max for extremes, token-weighted
+        means for the per-token averages (weight: this rank's loss-mask tokens)."""
+        w = float(mask.sum()) * share
+        keys = sorted(metrics)
+        sums = [k for k in keys if k not in _REPLICATED and not k.endswith(("_max", "_min"))]
+        vec = torch.tensor([metrics[k] * (share if k in _SUMMED else w) for k in sums] + [w],
+                           dtype=torch.float64, device=self.device)
+        dist.all_reduce(vec)
+        out = dict(metrics)
+        total_w = float(vec[-1])
+        for k, v in zip(sums, vec[:-1].tolist()):
+            out[k] = v if k in _SUMMED else v / max(total_w, 1.0)
+        for suffix, op, neutral in (("_max", dist.ReduceOp.MAX, -float("inf")),
+                                    ("_min", dist.ReduceOp.MIN, float("inf"))):
+            ks = [k for k in keys if k.endswith(suffix)]
+            if ks:
+                t = torch.tensor([metrics[k] if share else neutral for k in ks], dtype=torch.float64,
+                                 device=self.device)
+                dist.all_reduce(t, op=op)
+                out.update(zip(ks, t.tolist()))
+        return out
+
+    # -- full (unsharded) states: collectives every rank joins; the result is rank 0's
+
+    def full_weights(self) -> dict[str, Tensor] | None:
+        """The policy's full state dict on CPU (rank 0; None elsewhere)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        sd = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return sd if self.rank == 0 else None
+
+    def full_state(self) -> dict[str, Any] | None:
+        """Full model and optimizer states in the one-process checkpoint format (rank 0)."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        out: dict[str, Any] = {
+            "policy": get_model_state_dict(self.policy, options=opts),
+            "optimizer": get_optimizer_state_dict(self.policy, self.optimizer, options=opts),
+            "critic": None, "critic_optimizer": None}
+        if self.critic is not None:
+            out["critic"] = get_model_state_dict(self.critic, options=opts)
+            out["critic_optimizer"] = get_optimizer_state_dict(self.critic, self.critic_optimizer, options=opts)
+        if self.rank != 0:
+            return None
+        out["optimizer"] = _index_keyed(out["optimizer"], _param_names(self.policy, self.optimizer))
+        if self.critic is not None:
+            out["critic_optimizer"] = _index_keyed(out["critic_optimizer"],
+                                                   _param_names(self.critic, self.critic_optimizer))
+        out["scheduler"] = self.scheduler.state_dict() if self.scheduler is not None else None
+        out["algorithm"] = self.fn.state_dict()
+        return out
+
+    def load_full_state(self, state: dict[str, Any]) -> None:
+        """Load full states (a checkpoint of any number of ranks) into this rank's shards."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+        opts = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.policy, with_tied(state["policy"], self.policy), options=opts)
+        set_optimizer_state_dict(self.policy, self.optimizer,
+                                 _name_keyed(state["optimizer"], _param_names(self.policy, self.optimizer)),
+                                 options=opts)
+        if self.critic is not None:
+            if state.get("critic") is None or state.get("critic_optimizer") is None:
+                raise ValueError("the checkpoint holds no critic (or no critic optimizer) state")
+            set_model_state_dict(self.critic, state["critic"], options=opts)
+            set_optimizer_state_dict(self.critic, self.critic_optimizer,
+                                     _name_keyed(state["critic_optimizer"],
+                                                 _param_names(self.critic, self.critic_optimizer)),
+                                     options=opts)
+        if self.scheduler is not None:
+            if state.get("scheduler") is None:
+                raise ValueError("the checkpoint holds no scheduler state")
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.fn.load_state_dict(state.get("algorithm") or {})
+
+
+def start_rank(cfg: RunConfig, algo: rldsl.Algorithm, compile: bool, *, rank: int, world: int,
+               device: torch.device, host: str, port: int) -> ShardedTrainer:
+    """Join the process group at ``host:port``, load the policy and shard it: this rank's trainer.
+
+    ``cfg.model.path`` must be a model folder (the driver warm-starts the toy model first).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=cfg.distributed.collective_timeout))
+    mesh = init_device_mesh(device.type, (world,))
+    seed_all(cfg.seed)
+    fn = rldsl.compile(algo, compile=compile)
+    policy = load_policy(cfg.model.path, cfg.model.dtype)
+    policy.to(device)
+    if cfg.distributed.activation_checkpointing:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp = cfg.distributed.mixed_precision
+    mixed = mp == "bf16" or (mp == "auto" and device.type == "cuda")
+
+    def prepare(policy: nn.Module, reference: nn.Module | None, critic: nn.Module | None) -> None:
+        for module, logprobs in ((policy, True), (reference, True), (critic, False)):
+            if module is not None:
+                shard_module(module, mesh, mixed_precision=mixed, gloo=backend == "gloo")
+                if logprobs:
+                    attach_logprobs(module)
+
+    return ShardedTrainer.from_config(cfg, fn, policy, prepare=prepare, rank=rank, world=world, device=device)

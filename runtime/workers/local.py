@@ -1,0 +1,82 @@
+"""The rollout and trainer sides in the calling process (no Ray): an engine and the reward,
+a :class:`~rldsl.runtime.train.trainer.Trainer`. A Ray rollout actor wraps a ``LocalRollouts``."""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import torch
+
+from ..batch import RolloutBatch, repeat_each
+from ..checkpoint import Checkpoint, load_weights
+from ..engines.base import RolloutEngine, SamplingParams
+from ..rewards import RewardFn
+from ..train.trainer import TrainBatch, Trainer
+from .base import Generation, TrainerState
+
+
+class LocalRollouts:
+    """An engine and a reward function. Both are read at each call: replacing them takes effect."""
+
+    def __init__(self, engine: RolloutEngine, reward: RewardFn):
+        self.engine = engine
+        self.reward = reward
+
+    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams) -> Generation:
+        t0 = time.perf_counter()
+        batch = self.engine.generate(prompts, params)
+        batch.answers = repeat_each(answers, params.n)
+        t1 = time.perf_counter()
+        scored = self.reward.score(batch)
+        return Generation(batch, scored, t1 - t0, time.perf_counter() - t1)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.engine.update_weights(weights)
+
+    def close(self) -> None:
+        pass
+
+
+class LocalTrainers:
+    """One :class:`Trainer` (policy, reference, critic, optimizers) in this process."""
+
+    world_size = 1
+
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        return self.trainer.policy
+
+    def estimate(self, rollout: RolloutBatch, rewards: torch.Tensor) -> TrainBatch:
+        return self.trainer.estimate(rollout, rewards)
+
+    def update(self, estimated: TrainBatch, seed: int) -> dict[str, float]:
+        m = self.trainer.update(estimated, torch.Generator().manual_seed(seed))
+        self.trainer.step_schedule()
+        return m
+
+    @property
+    def lr(self) -> float:
+        return float(self.trainer.optimizer.param_groups[0]["lr"])
+
+    def weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        return ((k, v.detach()) for k, v in self.policy.state_dict().items())
+
+    def checkpoint_state(self) -> TrainerState:
+        t = self.trainer
+        return TrainerState(t.policy, t.optimizer, t.scheduler, t.critic, t.critic_optimizer,
+                            t.fn.state_dict())
+
+    def load_checkpoint(self, c: Checkpoint) -> None:
+        t = self.trainer
+        load_weights(t.policy, c.policy_path)
+        if t.critic is not None and c.critic_path is not None:
+            load_weights(t.critic, c.critic_path)
+        t.fn.load_state_dict(c.extra.get("algorithm", {}))
+        c.restore(optimizer=t.optimizer, scheduler=t.scheduler, critic_optimizer=t.critic_optimizer,
+                  rng=False)
+
+    def close(self) -> None:
+        pass

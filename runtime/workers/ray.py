@@ -1,0 +1,397 @@
+"""The rollout and trainer sides on Ray actors: ``rldsl run SPEC --trainers N --rollout-workers M``.
+
+- ``RayTrainers``: N ``TrainerWorker`` actors, each one rank of a ``torch.distributed`` group
+  holding a :class:`~rldsl.runtime.workers.fsdp.ShardedTrainer` (gloo on CPU, nccl on GPU;
+  rendezvous on 127.0.0.1, or on rank 0's node address when the ranks span nodes).
+- ``RayRollouts``: M ``RolloutWorker`` actors, each an engine (``hf``, or ``vllm`` on GPU)
+  and the reward: the P prompts of a round are split into M contiguous chunks that every
+  actor samples *and scores*. With M > 1, chunk w samples with
+  ``step_seed(round seed, w, 0, "chunk")``: reproducible for a given M, not the samples of M = 1.
+- Weight sync: every rank joins a full-state-dict gather; rank 0's dict goes to Ray's
+  object store and from there to every rollout actor, within ``distributed.sync_timeout``.
+- Checkpoints: the driver writes them from the gathered full states, in the one-process
+  format, so a run resumes on any number of ranks.
+- Faults: every call is awaited with ``ray.wait``; a dead, failed or late actor raises
+  :class:`~rldsl.runtime.errors.WorkerError` naming it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+import rldsl
+
+from ..batch import RolloutBatch
+from ..checkpoint import Checkpoint, read_weights, saveable
+from ..config import RunConfig
+from ..engines.base import SamplingParams
+from ..errors import ConfigError, RewardError, WorkerError
+from ..models import disable_transformers_progress, load_policy, load_tokenizer, policy_on_meta
+from ..rewards import RewardFn, RewardResult
+from ..rng import step_seed
+from ..train.trainer import TrainBatch
+from ..train.value_model import ValueModel
+from .base import Generation, TrainerState
+from .fsdp import ShardedTrainer, start_rank
+from .local import LocalRollouts
+
+
+# ----------------------------------------------------------------------------- actors
+
+def _prepare_process(payload: dict[str, Any]) -> RunConfig:
+    """In an actor: the driver's import path (for ``module:function`` rewards), threads, quiet HF."""
+    for entry in payload["sys_path"]:  # appended: the actor's own entries keep precedence
+        if entry not in sys.path:
+            sys.path.append(entry)
+    cfg = RunConfig.model_validate_json(payload["config"])
+    torch.set_num_threads(cfg.threads)
+    disable_transformers_progress(errors_only=True)
+    return cfg
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class TrainerWorker:
+    """One trainer rank (a Ray actor): FSDP2-sharded policy, reference, critic and optimizers."""
+
+    def __init__(self, rank: int, world: int, payload: dict[str, Any]):
+        self.cfg = _prepare_process(payload)
+        self.rank, self.world, self.payload = rank, world, payload
+        if self.cfg.device == "cuda":
+            torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
+            self.device = torch.device("cuda", 0)
+        else:
+            self.device = torch.device("cpu")
+        self.trainer: ShardedTrainer | None = None
+        self.pending: TrainBatch | None = None
+
+    def node(self) -> str:
+        import ray
+        return ray.get_runtime_context().get_node_id()
+
+    def rendezvous(self) -> tuple[str, int]:
+        import ray
+        return ray.util.get_node_ip_address(), _free_port()
+
+    def setup(self, host: str, port: int) -> int:
+        """Join the process group, load and shard the models; returns the parameter count."""
+        self.trainer = start_rank(self.cfg, self.payload["algorithm"], self.payload["compile"],
+                                  rank=self.rank, world=self.world, device=self.device, host=host, port=port)
+        return sum(p.numel() for p in self.trainer.policy.parameters())
+
+    def estimate(self, data: tuple[RolloutBatch, Tensor]) -> dict[str, float]:
+        rollout, rewards = data
+        assert self.trainer is not None
+        self.pending = self.trainer.estimate(rollout.to(self.device), rewards.to(self.device))
+        return self.pending.metrics
+
+    def update(self, seed: int) -> dict[str, Any]:
+        t = self.trainer
+        assert t is not None and self.pending is not None, "update() before estimate()"
+        m = t.update(self.pending, torch.Generator().manual_seed(seed))
+        t.step_schedule()
+        self.pending = None
+        return {"metrics": m, "lr": float(t.optimizer.param_groups[0]["lr"])}
+
+    def full_weights(self) -> tuple[None, dict[str, Tensor] | None]:
+        """(status, full state dict on rank 0): a collective over the ranks."""
+        assert self.trainer is not None
+        return None, self.trainer.full_weights()
+
+    def checkpoint_state(self) -> dict[str, Any] | None:
+        """Full (unsharded) model and optimizer states, on rank 0: a collective over the ranks."""
+        assert self.trainer is not None
+        return self.trainer.full_state()
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Load full states (a checkpoint of any number of ranks) into this rank's shards."""
+        assert self.trainer is not None
+        self.trainer.load_full_state(state)
+
+
+class RolloutWorker:
+    """One rollout actor: an engine and the reward; samples and scores its chunk of prompts."""
+
+    def __init__(self, index: int, payload: dict[str, Any]):
+        cfg = _prepare_process(payload)
+        self.index = index
+        gpus = payload["rollout_gpus"]
+        if cfg.rollout.engine == "vllm":
+            from ..engines.vllm import VLLMEngine
+            engine: Any = VLLMEngine(cfg.model.path, tensor_parallel_size=max(1, int(gpus)),
+                                     dtype=cfg.model.dtype, seed=cfg.seed,
+                                     weight_sync_timeout=cfg.distributed.sync_timeout)
+        else:
+            from ..engines.hf import HFEngine
+            model = load_policy(Path(cfg.model.path), cfg.model.dtype)
+            engine = HFEngine(model.eval(), load_tokenizer(Path(cfg.model.path)),
+                              device="cuda" if gpus > 0 else "cpu")
+        self.local = LocalRollouts(engine, RewardFn(payload["reward"], on_error=cfg.reward.on_error))
+
+    def ready(self) -> int:
+        return self.index
+
+    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams) -> Generation:
+        return self.local.generate(prompts, answers, params)
+
+    def update_weights(self, state: dict[str, Tensor]) -> None:
+        self.local.load_weights(state.items())
+
+
+# ----------------------------------------------------------------------------- driver side
+
+def _summary(exc: BaseException) -> str:
+    """Ray's multi-line actor error, shortened to its sentences."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    keep = [ln for ln in lines if not re.match(r"^\w+: ", ln) or ln.startswith("The actor")]
+    return " ".join(keep) or type(exc).__name__
+
+
+class RayCluster:
+    """Ray for one run: joins ``ray_address``, reuses an initialized Ray, or starts a local one."""
+
+    def __init__(self, cfg: RunConfig, cpus_needed: int):
+        try:
+            import ray
+        except ImportError:  # pragma: no cover - ray is a dependency of the dev/ray extras
+            raise ConfigError("the distributed runtime needs Ray: pip install 'rldsl[ray]'") from None
+        self.ray = ray
+        self.owns = False
+        d = cfg.distributed
+        if not ray.is_initialized():
+            if d.ray_address is not None:
+                ray.init(address=d.ray_address, log_to_driver=False)
+            else:
+                if d.num_cpus is not None and d.num_cpus < cpus_needed:
+                    raise ConfigError(f"distributed.num_cpus={d.num_cpus} is less than the "
+                                      f"{cpus_needed} CPUs the actors reserve (one per torch "
+                                      f"thread of each trainer rank and rollout worker)")
+                cpus = d.num_cpus or max(os.cpu_count() or 1, cpus_needed)  # logical CPUs
+                ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+                         _node_ip_address="127.0.0.1", logging_level=logging.WARNING)
+            self.owns = True
+        self.actors: list[Any] = []
+
+    def spawn(self, cls: type, *args: Any, **options: Any) -> Any:
+        actor = self.ray.remote(cls).options(max_restarts=0, **options).remote(*args)
+        self.actors.append(actor)
+        return actor
+
+    def wait(self, calls: Sequence[tuple[str, Any]], timeout: float | None, what: str) -> list[Any]:
+        """Results of ``(worker name, ObjectRef)`` calls, in order; a failure names its worker."""
+        from ray.exceptions import RayActorError, RayTaskError
+        names = {ref: name for name, ref in calls}
+        pending = list(names)
+        results: dict[Any, Any] = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = self.ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                waiting = ", ".join(names[r] for r in pending)
+                raise WorkerError(f"{what} timed out after {timeout:g} s (still waiting for {waiting})")
+            ref = ready[0]
+            try:
+                results[ref] = self.ray.get(ref)
+            except RayActorError as e:
+                raise WorkerError(f"{names[ref]} died during {what}: {_summary(e)}") from None
+            except RayTaskError as e:
+                cause = getattr(e, "cause", None) or e
+                if isinstance(cause, (RewardError, ConfigError)):  # worded for the user already
+                    raise type(cause)(f"{names[ref]}: {cause}") from None
+                hint = ""
+                if "timed out" in str(cause).lower() and names[ref].startswith("trainer"):
+                    hint = ("\n(a collective waited longer than distributed.collective_timeout: "
+                            "another trainer rank is stuck or gone)")
+                raise WorkerError(f"{names[ref]} failed during {what}: {type(cause).__name__}: "
+                                  f"{cause}{hint}") from None
+        return [results[ref] for _, ref in calls]
+
+    def close(self) -> None:
+        for actor in self.actors:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        self.actors.clear()
+        if self.owns and self.ray.is_initialized():
+            self.ray.shutdown()
+            self.owns = False
+
+
+class _StateDict:
+    """A saved state dict that quacks like the optimizer/scheduler it came from."""
+
+    def __init__(self, state: dict[str, Any] | None):
+        self._state = state
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self._state
+
+
+@dataclasses.dataclass
+class _Estimated:
+    """What the driver keeps of an estimated batch (the batch itself stays on the ranks)."""
+
+    metrics: dict[str, float]
+
+
+class RayTrainers:
+    """N :class:`TrainerWorker` actors behind the ``Trainers`` interface (base.py)."""
+
+    def __init__(self, cluster: RayCluster, cfg: RunConfig, payload: dict[str, Any], model_path: str):
+        self.cluster, self.cfg, self.model_path = cluster, cfg, model_path
+        n = cfg.distributed.trainers
+        self.world_size = n
+        gpus = 1 if cfg.device == "cuda" else 0
+        self.actors = [cluster.spawn(TrainerWorker, r, n, payload, num_cpus=cfg.threads, num_gpus=gpus)
+                       for r in range(n)]
+        self.names = [f"trainer rank {r}" for r in range(n)]
+        self._lr = cfg.train.lr
+
+    def start(self) -> list[tuple[str, Any]]:
+        """Rendezvous and begin loading (returns the calls to wait for)."""
+        c, timeout = self.cluster, self.cfg.distributed.call_timeout
+        nodes = c.wait(self._calls("node"), timeout, "start-up")
+        host, port = c.wait([(self.names[0], self.actors[0].rendezvous.remote())], timeout, "start-up")[0]
+        if len(set(nodes)) == 1:
+            host = "127.0.0.1"
+        return [(name, a.setup.remote(host, port)) for name, a in zip(self.names, self.actors)]
+
+    def _calls(self, method: str, *args: Any) -> list[tuple[str, Any]]:
+        return [(name, getattr(a, method).remote(*args)) for name, a in zip(self.names, self.actors)]
+
+    def _all(self, method: str, *args: Any, what: str) -> list[Any]:
+        return self.cluster.wait(self._calls(method, *args), self.cfg.distributed.call_timeout, what)
+
+    def estimate(self, rollout: RolloutBatch, rewards: Tensor) -> _Estimated:
+        data = self.cluster.ray.put((rollout, rewards))
+        return _Estimated(self._all("estimate", data, what="old/reference logprobs")[0])
+
+    def update(self, estimated: _Estimated, seed: int) -> dict[str, float]:
+        out = self._all("update", seed, what="the update")[0]
+        self._lr = out["lr"]
+        return out["metrics"]
+
+    @property
+    def lr(self) -> float:
+        return self._lr
+
+    def weights(self) -> Any:
+        """An ObjectRef to the full state dict (rank 0), gathered within ``sync_timeout``."""
+        calls = [(name, a.full_weights.options(num_returns=2).remote())
+                 for name, a in zip(self.names, self.actors)]
+        self.cluster.wait([(name, refs[0]) for name, refs in calls], self.cfg.distributed.sync_timeout,
+                          "the weight sync (gather)")
+        return calls[0][1][1]
+
+    def checkpoint_state(self) -> TrainerState:
+        state = self._all("checkpoint_state", what="the checkpoint gather")[0]
+        policy = policy_on_meta(self.model_path, saveable(state["policy"]))
+        critic = None
+        if state["critic"] is not None:
+            with torch.device("meta"):
+                critic = ValueModel(policy_on_meta(self.model_path))
+            critic.load_state_dict(saveable(state["critic"]), assign=True)
+        return TrainerState(policy, _StateDict(state["optimizer"]), _StateDict(state["scheduler"]),
+                            critic, _StateDict(state["critic_optimizer"]), state["algorithm"])
+
+    def load_checkpoint(self, c: Checkpoint) -> None:
+        state = {"policy": read_weights(c.policy_path),
+                 "critic": read_weights(c.critic_path) if c.critic_path is not None else None,
+                 "optimizer": c.optimizer, "critic_optimizer": c.critic_optimizer,
+                 "scheduler": c.scheduler, "algorithm": c.extra.get("algorithm", {})}
+        self._all("load_state", self.cluster.ray.put(state), what=f"loading {c.path.name}")
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
+def _merge_rewards(results: Sequence[RewardResult]) -> RewardResult:
+    """Rewards of consecutive chunks of one batch, as if scored at once."""
+    if len(results) == 1:
+        return results[0]
+    keys = list(results[0].components)
+    first = next((r.first_error for r in results if r.first_error is not None), None)
+    return RewardResult(torch.cat([r.rewards for r in results]),
+                        {k: torch.cat([r.components[k] for r in results]) for k in keys},
+                        sum(r.num_errors for r in results), first)
+
+
+class RayRollouts:
+    """M :class:`RolloutWorker` actors behind the ``Rollouts`` interface (base.py)."""
+
+    def __init__(self, cluster: RayCluster, cfg: RunConfig, payload: dict[str, Any], pad_id: int):
+        self.cluster, self.cfg, self.pad_id = cluster, cfg, pad_id
+        m = max(1, cfg.distributed.rollout_workers)
+        gpus = payload["rollout_gpus"]
+        self.actors = [cluster.spawn(RolloutWorker, w, payload, num_cpus=cfg.threads, num_gpus=gpus)
+                       for w in range(m)]
+        self.names = [f"rollout worker {w}" for w in range(m)]
+
+    def start(self) -> list[tuple[str, Any]]:
+        return [(name, a.ready.remote()) for name, a in zip(self.names, self.actors)]
+
+    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams) -> Generation:
+        bounds = torch.arange(len(prompts)).tensor_split(len(self.actors))
+        chunks = [(w, int(b[0]), int(b[-1]) + 1) for w, b in enumerate(bounds) if len(b)]
+        calls = []
+        for w, lo, hi in chunks:
+            p = params
+            if len(chunks) > 1 and params.seed is not None:
+                p = dataclasses.replace(params, seed=step_seed(params.seed, w, 0, "chunk"))
+            calls.append((self.names[w], self.actors[w].generate.remote(prompts[lo:hi], answers[lo:hi], p)))
+        t0 = time.perf_counter()
+        gens: list[Generation] = self.cluster.wait(calls, self.cfg.distributed.call_timeout, "the rollout")
+        wall = time.perf_counter() - t0
+        reward_s = max(g.reward_s for g in gens)
+        return Generation(RolloutBatch.concat([g.batch for g in gens], self.pad_id),
+                          _merge_rewards([g.scored for g in gens]), wall - reward_s, reward_s)
+
+    def load_weights(self, weights: Any) -> None:
+        """Every actor loads the trainers' full state dict (an ObjectRef) within ``sync_timeout``."""
+        self.cluster.wait([(name, a.update_weights.remote(weights)) for name, a in zip(self.names, self.actors)],
+                          self.cfg.distributed.sync_timeout, "the weight sync")
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
+def start_ray_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledAlgorithm,
+                      model_path: Path, reward: str, pad_id: int) -> tuple[RayRollouts, RayTrainers]:
+    """Start the actors and wait until every model is loaded: (rollouts, trainers).
+
+    ``model_path``: the policy folder (the toy model already warm-started by the driver);
+    ``reward``: the reward spec, checked by the driver already.
+    """
+    d = cfg.distributed
+    actor_cfg = cfg.model_copy(deep=True)
+    actor_cfg.model.path = os.path.abspath(str(model_path))
+    gpus = d.gpus_per_worker if d.gpus_per_worker is not None else (1.0 if cfg.device == "cuda" else 0.0)
+    payload = {"config": actor_cfg.model_dump_json(), "algorithm": algo, "compile": fn.compiled,
+               "reward": reward, "rollout_gpus": gpus,
+               "sys_path": [os.getcwd() if p == "" else os.path.abspath(p) for p in sys.path]}
+    cluster = RayCluster(cfg, (d.trainers + max(1, d.rollout_workers)) * cfg.threads)
+    try:
+        trainers = RayTrainers(cluster, cfg, payload, str(model_path))
+        rollouts = RayRollouts(cluster, cfg, payload, pad_id)
+        calls = rollouts.start() + trainers.start()
+        cluster.wait(calls, d.call_timeout, "start-up")  # a stuck rendezvous fails by the collective timeout
+    except BaseException:
+        cluster.close()
+        raise
+    return rollouts, trainers
