@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU smoke test of the vLLM rollout engine (rldsl.runtime.vllm_engine.VLLMEngine).
+# GPU smoke test of the vLLM rollout engine (rldsl.runtime.engines.vllm.VLLMEngine).
 #
 # Run on a Linux machine with an NVIDIA GPU, from anywhere:
 #     bash bench/gpu_smoke.sh
@@ -64,10 +64,10 @@ import time
 
 import torch
 
-from rldsl.runtime.engine import HFEngine
+from rldsl.runtime.engines.base import SamplingParams
+from rldsl.runtime.engines.hf import HFEngine
+from rldsl.runtime.engines.vllm import SUPPORTED_VLLM, VLLMEngine
 from rldsl.runtime.toy import load_warm_start, warm_start
-from rldsl.runtime.types import SamplingParams
-from rldsl.runtime.vllm_engine import SUPPORTED_VLLM, VLLMEngine
 
 DTYPE = os.environ.get("SMOKE_DTYPE", "float32")
 # Bounds on |logprob_vllm - logprob_hf| over generated tokens. float32 on both sides should

@@ -11,8 +11,8 @@ states and the head:
 
     naive   z = lm_head(h)  [B, T, V];  logp_all = torch.log_softmax(z.float(), -1)
             logp = logp_all.gather(-1, y);  entropy = -(logp_all.exp() * logp_all).sum(-1)
-    ours    rldsl.runtime.logprobs.token_logprobs(model, ...): the LM head C = 1024 tokens
-            at a time, never holding [B, T, V] (runtime/logprobs.py)
+    ours    rldsl.runtime.train.logprobs.token_logprobs(model, ...): the LM head C = 1024 tokens
+            at a time, never holding [B, T, V] (runtime/train/logprobs.py)
 
 ``model`` is a minimal module exposing the interface ``token_logprobs`` expects from a
 transformers ``*ForCausalLM`` (``base_model_prefix``, a backbone returning
@@ -93,7 +93,7 @@ def worker(variant: str, B: int, T: int, V: int, H: int, repeats: int, threads: 
     from torch import nn
     torch.set_num_threads(threads)
     sys.path.insert(0, str(ROOT))
-    from rldsl.runtime.logprobs import token_logprobs
+    from rldsl.runtime.train.logprobs import token_logprobs
 
     class Backbone(nn.Module):
         def __init__(self):

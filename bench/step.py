@@ -3,8 +3,8 @@
     .venv/bin/python bench/step.py                        # lite_ppo, grpo: 3 blocks x 10 steps each
     .venv/bin/python bench/step.py --specs lite_ppo,grpo,bench/dapo_like.rl --ablate
 
-The runtime's own code path: ``rldsl.runtime.loop.build`` then ``loop.train_step`` (rollout
-with the HF engine, reward, scoring, the compiled loss, the update, the weight sync) on
+The runtime's own code path: ``rldsl.runtime.build.build_run`` then ``loop.train_step`` (rollout
+with the HF engine, reward, old logprobs, the compiled loss, the update, the weight sync) on
 the embedded toy model (0.59M-parameter Llama, warm start from the cache), 16 prompts x 8
 samples, at most ``--max-new-tokens`` (16) new tokens, one update per rollout, 1 thread.
 Every update is taken (``train.skip_zero_advantage=false``). After ``--warmup`` steps per
@@ -45,10 +45,10 @@ ABLATIONS = {
 def make_setup(spec: str, off: set[str], args, tmp: Path):
     import torch
 
-    from rldsl.runtime import loop
+    from rldsl.runtime.batch import model_inputs
+    from rldsl.runtime.build import build_run
     from rldsl.runtime.config import load_config
-    from rldsl.runtime.logprobs import token_logprobs
-    from rldsl.runtime.trainer import model_inputs
+    from rldsl.runtime.train.logprobs import token_logprobs
 
     cfg = load_config(None, [
         f"rollout.max_new_tokens={args.max_new_tokens}", f"rollout.prompts_per_step={args.prompts}",
@@ -56,10 +56,10 @@ def make_setup(spec: str, off: set[str], args, tmp: Path):
         "data.eval_size=0", "train.skip_zero_advantage=false",
     ])
     run_dir = Path(tempfile.mkdtemp(dir=tmp))
-    s = loop.build(spec, cfg, run_dir)
-    tr = s.trainer
+    s = build_run(spec, cfg, run_dir)
+    tr = s.trainers.trainer
     if "sampler" in off:
-        s.engine._sampler_ok = False
+        s.rollouts.engine._sampler_ok = False
     if "skip_old" in off:
         tr._old_is_current = lambda: False
     if "shared" in off:

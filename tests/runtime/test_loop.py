@@ -126,6 +126,15 @@ def test_killed_process_resumes_exactly(model_dir, tmp_path):
         assert torch.equal(a[k], b[k]), k
 
 
+def test_metrics_read_by_progress_summary_and_plot_are_the_ones_a_run_writes(model_dir, tmp_path):
+    """One spelling per metric: the names metrics.py and plot.py read are written by a step."""
+    from rldsl.runtime import metrics, plot
+    run = loop.train("lite_ppo", quick_config(model_dir, tmp_path / "run", **{"eval.every": 1}))
+    written = set().union(*read_metrics(run / "metrics.jsonl"))
+    assert set(metrics.KEY_METRICS) <= written
+    assert {key for _, _, lines in plot.PANELS for _, key, _ in lines} <= written
+
+
 def test_user_model_jsonl_and_module_reward(model_dir, tmp_path):
     data = tmp_path / "train.jsonl"
     rows = [{"question": f"{a}+{b}=", "solution": str(a + b)} for a in range(10, 30) for b in range(3)]

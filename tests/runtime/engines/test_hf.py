@@ -7,24 +7,12 @@ import pytest
 import torch
 
 from rldsl.runtime.batch import RolloutBatch
-from rldsl.runtime.engines.base import RolloutEngine, SamplingParams, valid_until_first_eos
+from rldsl.runtime.engines.base import RolloutEngine, SamplingParams
 from rldsl.runtime.engines.hf import HFEngine
 
 
 PROMPTS = ["1+2=", "33+44=", "(5)*6-7="]  # different lengths: left padding matters
 PAD, BOS, EOS = 0, 1, 2
-
-
-def test_valid_until_first_eos_hand_cases() -> None:
-    ids = torch.tensor(
-        [
-            [5, 6, EOS, 7, EOS],  # stops at 2
-            [EOS, 5, 5, 5, 5],  # immediate EOS
-            [5, 6, 7, 8, 9],  # no EOS
-        ]
-    )
-    expected = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]])
-    assert torch.equal(valid_until_first_eos(ids, EOS), expected)
 
 
 def test_implements_protocol(tiny_model, tokenizer) -> None:
