@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -36,7 +36,7 @@ class Run:
     algo: rldsl.Algorithm
     fn: rldsl.CompiledAlgorithm
     run_dir: Path
-    tokenizer: object
+    tokenizer: Any
     source: PromptSource
     heldout: list[Example]
     rollouts: Rollouts
