@@ -99,6 +99,18 @@ def _context(algo: Algorithm) -> dict[str, Any]:
     ctx["entropy_bonus"] = algo.uses_entropy
     ctx["critic"] = one["critic"] if algo.uses_critic else None
     ctx["critic_coef"] = literal(algo["critic"].params.get("coef")) if algo.uses_critic else "0.0"
+    ctx["critic_aggregation"] = None
+    ctx["critic_shares_denominator"] = False
+    if algo.uses_critic:
+        name = algo["critic"].params.get("aggregation", "token_mean")
+        comp = registry.get("aggregation", name)
+        defaults = {k: p.default for k, p in comp.params.items()}
+        ctx["critic_aggregation"] = _Call(_name("aggregation", name), "".join(
+            f", {k}={literal(v, comp.params[k].choices)}" for k, v in comp.fn_params(defaults).items()),
+            f"critic aggregation {name}")
+        policy = algo["aggregation"]
+        ctx["critic_shares_denominator"] = policy.component == name and comp.fn_params(policy.params) == \
+            comp.fn_params(defaults)
     ctx["shaping"] = [_call(algo, v) for v in algo["shaping"] if v.component != "none"]
     ctx["filters"] = [_call(algo, v) for v in algo["filter"] if v.component != "none"]
     kl = algo["kl"]

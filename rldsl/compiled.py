@@ -14,6 +14,8 @@ import torch
 from torch import Tensor
 
 from . import codegen, ops
+from .components.data import informative as _informative
+from .components.filter import pass_rates as _pass_rates, retired as _retired
 from .spec import Algorithm
 
 _COMPILED: dict[str, Callable[..., Any]] = {}
@@ -48,15 +50,28 @@ class LossOutput:
 
 @dataclass
 class DataPlan:
-    """The data-level slots, carried out by the runtime."""
+    """The data-level slots, carried out by the runtime (rules: ``sampling dynamic`` and
+    ``filter pass_rate_cap`` in the registry). Rewards are the raw [P, G] verifier rewards,
+    NaN where a reward failed: a failed reward is left out, never counted as 0."""
 
     dynamic_rounds: int
     pass_rate_cap: float | None
 
     @staticmethod
     def informative(rewards: Tensor) -> Tensor:
-        """[P, G] -> [P] bool: the group has mixed outcomes (max != min)."""
-        return rewards.amax(dim=-1) != rewards.amin(dim=-1)
+        """[P, G] -> [P] bool: the group's scorable rewards are not all equal."""
+        return _informative(rewards)
+
+    @staticmethod
+    def pass_rates(rewards: Tensor) -> Tensor:
+        """[P, G] -> [P] float64: mean scorable reward of each group (NaN: none scorable)."""
+        return _pass_rates(rewards)
+
+    def retire(self, rewards: Tensor) -> Tensor:
+        """[P, G] -> [P] bool: prompts to leave later epochs (pass rate >= cap); none without a cap."""
+        if self.pass_rate_cap is None:
+            return torch.zeros(rewards.shape[0], dtype=torch.bool, device=rewards.device)
+        return _retired(rewards, self.pass_rate_cap)
 
 
 class CompiledAlgorithm:
@@ -147,8 +162,7 @@ class CompiledAlgorithm:
                           loss_mask: Tensor, G: int) -> dict[str, float]:
         with torch.no_grad():
             r = raw[finite]
-            groups = ops.group_view(torch.where(finite, raw, torch.zeros_like(raw)), G)
-            zero_var = (groups.amax(-1) == groups.amin(-1)).float().mean()
+            zero_var = (~DataPlan.informative(ops.group_view(raw, G))).float().mean()
             kept_rows = (loss_mask.sum(-1) > 0) | (mask.sum(-1) == 0)
             lm = loss_mask
             n = lm.sum().clamp_min(1)
@@ -169,20 +183,36 @@ class CompiledAlgorithm:
 
     def denominator(self, mask: Tensor, group_size: int | None = None) -> Tensor:
         """The local aggregation count (0-dim); sum it over micro-batches/ranks for ``denominator=``."""
-        from .registry import REGISTRY
         agg = self.algorithm["aggregation"]
-        if agg.component == "prompt_mean" and group_size is None:
+        return self._count(agg.component, agg.params, mask, group_size)
+
+    def value_denominator(self, mask: Tensor, group_size: int | None = None) -> Tensor:
+        """The critic's local aggregation count (0-dim), for ``value_denominator=`` (summed the same way)."""
+        if not self.algorithm.uses_critic:
+            raise ValueError(f"{self.algorithm.name} has no critic")
+        return self._count(self.algorithm["critic"].params.get("aggregation", "token_mean"), {}, mask,
+                           group_size)
+
+    def _count(self, name: str, params: dict[str, Any], mask: Tensor, group_size: int | None) -> Tensor:
+        from .registry import REGISTRY
+        if name == "prompt_mean" and group_size is None:
             raise ValueError(f"{self.algorithm.name}: prompt_mean aggregation needs group_size=")
-        comp = REGISTRY["aggregation"][agg.component]
-        _, count = comp.fn(mask.float(), group_size or 1, **comp.fn_params(agg.params))
+        comp = REGISTRY["aggregation"][name]
+        defaults = {k: p.default for k, p in comp.params.items()}
+        _, count = comp.fn(mask.float(), group_size or 1, **comp.fn_params({**defaults, **params}))
         return count
 
     def loss(self, logprobs: Tensor, old_logprobs: Tensor, adv: Tensor, mask: Tensor,
              ref_logprobs: Tensor | None = None, values: Tensor | None = None,
              returns: Tensor | None = None, old_values: Tensor | None = None,
              entropy: Tensor | None = None, group_size: int | None = None,
-             denominator: Tensor | float | None = None, metrics: bool = True) -> LossOutput:
+             denominator: Tensor | float | None = None, metrics: bool = True,
+             value_denominator: Tensor | float | None = None) -> LossOutput:
         """Per-token tensors [B, T] -> the scalar loss to minimise, value loss and metrics.
+
+        ``value_denominator``: the critic's global count (``value_denominator()`` summed over
+        micro-batches / ranks), as ``denominator`` is the policy's; without it the value loss
+        uses its local count, or ``denominator`` when the critic aggregates like the policy.
 
         ``metrics=False`` runs the same loss compiled without its diagnostics (faster on
         steps whose metrics are not logged); ``out.metrics`` is then empty.
@@ -198,6 +228,8 @@ class CompiledAlgorithm:
             raise ValueError(f"{algo.name}: prompt_mean aggregation needs group_size=")
         if denominator is not None and not isinstance(denominator, Tensor):
             denominator = torch.tensor(float(denominator))
+        if value_denominator is not None and not isinstance(value_denominator, Tensor):
+            value_denominator = torch.tensor(float(value_denominator))
         fn = self._loss
         if not metrics:
             if self._loss_no_metrics is None:
@@ -207,9 +239,10 @@ class CompiledAlgorithm:
         if logprobs.numel() == 0:  # no rows: nothing to learn, and no reduction to take
             zero = (logprobs * 0).sum()
             return LossOutput(zero, None if not algo.uses_critic else zero, {})
+        extra = (value_denominator,) if algo.uses_critic else ()
         total, value_loss, mt = fn(
             logprobs, old_logprobs.detach(), adv.detach(), mask, ref_logprobs, values, returns,
-            old_values, entropy, group_size or 1, denominator)
+            old_values, entropy, group_size or 1, denominator, *extra)
         names = list(mt)
         vals = torch.stack([mt[k].detach().float().reshape(()) for k in names]).tolist() if names else []
         return LossOutput(total, value_loss, dict(zip(names, vals)), mt)

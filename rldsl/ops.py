@@ -44,6 +44,21 @@ def moments(x: Tensor, valid: Tensor, unbiased: bool = True) -> tuple[Tensor, Te
     return mean, std, k
 
 
+def scorable_stats(rewards: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Max, min, sum and count of the finite entries of ``rewards`` over its last dim.
+
+    rewards [..., G] (NaN where a reward failed) -> four [...] tensors; a row without a
+    finite entry has max -inf, min +inf, sum 0, count 0. A failed reward is not there
+    (not a 0), as in every group statistic of the advantage stage.
+    """
+    finite = torch.isfinite(rewards)
+    r = rewards.to(torch.float64)
+    hi = torch.where(finite, r, torch.full_like(r, -float("inf"))).amax(dim=-1)
+    lo = torch.where(finite, r, torch.full_like(r, float("inf"))).amin(dim=-1)
+    total = torch.where(finite, r, torch.zeros_like(r)).sum(dim=-1)
+    return hi, lo, total, finite.sum(dim=-1)
+
+
 def last_token(values: Tensor, mask: Tensor) -> Tensor:
     """Place a per-sequence value on the last valid token: [B], [B, T] -> [B, T] (0 elsewhere)."""
     T = mask.shape[1]

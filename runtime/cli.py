@@ -197,6 +197,8 @@ def plot_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``run`` and ``plot`` commands to the ``rldsl`` typer app."""
+    """Add the ``run``, ``plot`` and ``reward`` commands to the ``rldsl`` typer app."""
     app.command("run")(run_command)
     app.command("plot")(plot_command)
+    from .reward_cli import register as register_reward
+    register_reward(app)

@@ -2,22 +2,28 @@
 
 Spec syntax (``--reward``)::
 
-    spec  := term ("," term)*
-    term  := name ["=" weight]          weight: a float, default 1.0
-    name  := exact | math | addition | package.module:function
+    spec    := term ("," term)*
+    term    := name ["(" option ("," option)* ")"] ["=" weight]     weight: a float, default 1.0
+    name    := exact | math | gsm8k | addition | package.module:function
+    option  := key "=" value            true/false, a number, or a word; passed as a keyword
 
     "math"                              the math verifier alone
     "math=0.9,mypkg.rewards:fmt=0.1"    0.9 * math + 0.1 * mypkg.rewards.fmt
+    "math(allow_truncated=true)"        math, crediting completions cut off at the length limit
 
 The reward of a sample is ``sum_k weight_k * reward_k``. Every reward function has the
 signature ``(prompt, completion, answer) -> float``; one that also accepts a
 ``finish_reason`` keyword (or ``**kwargs``) is given it ("stop" | "length").
 
-Built-ins:
+Built-ins (docs/rewards.md has the rules and examples):
   exact     1.0 if ``completion.strip() == answer.strip()`` else 0.0
-  math      the final ``\\boxed{...}`` of the completion, else its last number, checked
-            against the answer with ``math_verify`` (plain numbers compared directly
-            first); anything unparsable scores 0.0
+  math      1.0 if the completion's final answer -- its last ``\\boxed{...}``, a GSM8K
+            ``#### 42``, an anchored "answer is ..." / "Answer: ...", or a completion that
+            is only a number or expression -- equals the answer (exact rationals first,
+            then ``math_verify``). A number inside free text is not an answer, and a
+            completion cut off at the length limit scores 0.0 (option ``allow_truncated``)
+  gsm8k     ``math`` against a GSM8K answer column: the gold answer is the text after
+            its last ``####``
   addition  the toy task's: 1.0 only for exactly the answer followed by EOS
             (``completion == answer`` and finish_reason "stop")
 
@@ -35,6 +41,7 @@ import math as _math
 import re
 import threading
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Callable, Literal
 
 import torch
@@ -56,14 +63,37 @@ def addition_reward(prompt: str, completion: str, answer: str, *, finish_reason:
     return float(finish_reason == "stop" and completion == answer)
 
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+# ------------------------------------------------------------------------ math answers
+# What counts as the answer a completion gives (docs/rewards.md), in order:
+#   1. the last \boxed{...} (or \fbox{...}), braces balanced -- verl's math scorers;
+#      an unclosed last box (cut off) gives no answer
+#   2. GSM8K's "#### 42": the rest of the line after the last "####"
+#   3. an anchored final answer, the last of "final answer is/:", "answer is", "answer:"
+#      (case-insensitive) -- TRL's accuracy reward takes only anchored answers
+#   4. a completion that is nothing but a number or a math expression ("42", "\frac{2}{3}")
+# A number elsewhere in free text is never the answer.
+_ANCHOR = re.compile(r"\b(?:final\s+answer|answer)\s*(?:is\b\s*:?|:)", re.IGNORECASE)
+_EQUALS = re.compile(r"(?<![<>!=:])=(?!=)")  # "=", not "<=", ">=", "!=", "=="
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")  # a word, not a LaTeX command's name
+_SENTENCE_END = re.compile(r"(?<=\S)[.;!?](?=\s|$)|,\s+(?=[A-Za-z]{2})")
+_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_DECIMAL = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_FRACTION = re.compile(r"([-+]?)\s*(?:\\[dt]?frac\{\s*(\d+)\s*\}\{\s*(\d+)\s*\}|(\d+)\s*/\s*(\d+))")
 
 
-def last_boxed(text: str) -> str | None:
-    r"""The content of the last ``\boxed{...}`` (or ``\fbox{...}``), braces balanced; None if absent."""
+@dataclass(frozen=True)
+class Extraction:
+    """The answer a completion gives (``text`` None: it gives none) and the rule that found it."""
+
+    text: str | None
+    rule: str
+
+
+def _last_box(text: str) -> tuple[bool, str | None]:
+    r"""(whether there is a ``\boxed{``/``\fbox{``, the content of the last one or None if unclosed)."""
     start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
     if start < 0:
-        return None
+        return False, None
     i = text.index("{", start) + 1
     depth = 1
     for j in range(i, len(text)):
@@ -72,27 +102,99 @@ def last_boxed(text: str) -> str | None:
         elif text[j] == "}":
             depth -= 1
             if depth == 0:
-                return text[i:j]
-    return None  # unbalanced: the answer was cut off
+                return True, text[i:j]
+    return True, None
+
+
+def last_boxed(text: str) -> str | None:
+    r"""The content of the last ``\boxed{...}`` (or ``\fbox{...}``), braces balanced; None if absent or unclosed."""
+    return _last_box(text)[1]
+
+
+def _unwrap(text: str) -> str:
+    r"""Strip markdown bold, ``$...$`` / ``\(...\)`` / ``\[...\]`` delimiters and a final period."""
+    t = text.strip().rstrip(".").strip().strip("*").strip()
+    for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+        if t.startswith(left) and t.endswith(right) and len(t) >= len(left) + len(right):
+            t = t[len(left): len(t) - len(right)].strip()
+            break
+    t = t.rstrip(".").strip()
+    return t
+
+
+def _is_math(text: str) -> bool:
+    """A number or expression alone: one line, no words (LaTeX commands and single letters are fine)."""
+    return bool(text) and "\n" not in text and not _WORD.search(text)
+
+
+def _value_part(text: str) -> str:
+    """The right-hand side of ``x = 5`` (the last ``=``); the text itself otherwise."""
+    parts = _EQUALS.split(text)
+    return parts[-1].strip() if len(parts) > 1 and parts[-1].strip() else text
+
+
+def _anchored(rest: str) -> str | None:
+    """The answer right after an anchor: delimited math, or the line up to the sentence's end."""
+    rest = rest.lstrip(" \t:*")
+    for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+        if rest.startswith(left):
+            end = rest.find(right, len(left))
+            if end > 0:
+                return rest[len(left):end].strip() or None
+    line = rest.split("\n", 1)[0]
+    cut = _SENTENCE_END.search(line)
+    text = _unwrap(line[: cut.start()] if cut else line)
+    words = text.split()
+    while words and not _is_math(" ".join(words)):  # "17 apples" -> "17"
+        words.pop()
+    return " ".join(words) or None
+
+
+def find_final_answer(completion: str) -> Extraction:
+    """The final answer of a completion by the rules above (``text`` None when there is none)."""
+    has_box, boxed = _last_box(completion)
+    if has_box:
+        if boxed is None:
+            return Extraction(None, "the last \\boxed{ is not closed (cut off)")
+        return Extraction(boxed.strip(), "\\boxed{}")
+    if "####" in completion:
+        line = completion.rsplit("####", 1)[1].strip().split("\n", 1)[0]
+        text = _unwrap(line)
+        return Extraction(text or None, "'####'" if text else "'####' with nothing after it")
+    anchors = list(_ANCHOR.finditer(completion))
+    if anchors:
+        last = anchors[-1]
+        text = _anchored(completion[last.end():])
+        if text is not None:
+            return Extraction(_value_part(text), f"anchored ({last.group(0).strip()!r})")
+        return Extraction(None, f"nothing math-like after the anchor {last.group(0).strip()!r}")
+    whole = _unwrap(completion)
+    if _is_math(whole):
+        return Extraction(_value_part(whole), "the whole completion")
+    return Extraction(None, "no \\boxed{}, '####', 'answer is' / 'Answer:' or bare final answer "
+                            "(a number inside free text is not taken as the answer)")
 
 
 def extract_final_answer(completion: str) -> str | None:
-    r"""The final ``\boxed{}`` content, else the last number in the text, else None."""
-    boxed = last_boxed(completion)
-    if boxed is not None:
-        return boxed.strip()
-    numbers = _NUMBER.findall(completion)
-    return numbers[-1] if numbers else None
+    """The final answer of a completion (``find_final_answer(...).text``)."""
+    return find_final_answer(completion).text
 
 
-def _as_number(text: str) -> float | None:
-    t = text.strip().replace(",", "")
-    if t.startswith("$") and t.endswith("$") and len(t) > 1:
-        t = t[1:-1].strip()
-    try:
-        return float(t)
-    except ValueError:
-        return None
+def _as_rational(text: str) -> Fraction | None:
+    r"""An exact rational from ``42``, ``-3.5``, ``1,000`` (thousands), ``2/3``, ``\frac{2}{3}``; else None."""
+    t = _unwrap(text).replace(" ", "").replace("{,}", ",")
+    if _THOUSANDS.fullmatch(t):
+        t = t.replace(",", "")
+    if _DECIMAL.fullmatch(t):
+        return Fraction(t)
+    m = _FRACTION.fullmatch(t)
+    if m:
+        num, den = (m.group(2), m.group(3)) if m.group(2) is not None else (m.group(4), m.group(5))
+        if int(den) == 0:
+            return None
+        value = Fraction(int(num), int(den))
+        return -value if m.group(1) == "-" else value
+    return None
 
 
 def _timeout() -> int | None:
@@ -108,32 +210,96 @@ def _parse_gold(answer: str) -> tuple:
     return tuple(math_verify.parse(text, parsing_timeout=_timeout()))
 
 
-def math_reward(prompt: str, completion: str, answer: str, *, finish_reason: str = "stop") -> float:
-    r"""1.0 if the final ``\boxed{}`` (or last number) of the completion equals the answer."""
-    predicted = extract_final_answer(completion)
-    if predicted is None:
-        return 0.0
-    if predicted == answer.strip():
-        return 1.0
-    a, b = _as_number(predicted), _as_number(answer)
-    if a is not None and b is not None:  # fast path: two plain numbers
-        return float(abs(a - b) <= 1e-9 * max(1.0, abs(b)))
+def equivalent(predicted: str, gold: str) -> tuple[bool, str]:
+    """Whether two answers are the same, and how that was decided.
+
+    Same text; else two plain rationals compared exactly (``0.5 == 1/2 == \\frac{1}{2}``,
+    ``1,000 == 1000``; ``1,2`` is a list, not a number); else ``math_verify`` (sympy
+    equivalence of the parsed expressions, sets, intervals); an unparsable gold answer
+    matches only its own text.
+    """
+    p, g = predicted.strip(), gold.strip()
+    if p == g:
+        return True, "the same text"
+    a, b = _as_rational(p), _as_rational(g)
+    if a is not None and b is not None:
+        return a == b, "equal numbers" if a == b else "different numbers"
     import math_verify
 
-    gold = _parse_gold(answer.strip())
-    if not gold:
-        return 0.0
-    target = math_verify.parse(f"${predicted}$", parsing_timeout=_timeout())
-    if not target:
-        return 0.0
-    return float(math_verify.verify(list(gold), target, timeout_seconds=_timeout()))
+    gold_parsed = _parse_gold(g)
+    if not gold_parsed:
+        return False, "the gold answer cannot be parsed and the texts differ"
+    pred_parsed = math_verify.parse(f"${p}$", parsing_timeout=_timeout())
+    if not pred_parsed:
+        return False, "the answer cannot be parsed as math"
+    same = bool(math_verify.verify(list(gold_parsed), pred_parsed, timeout_seconds=_timeout()))
+    return same, "math_verify: equivalent" if same else "math_verify: not equivalent"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A math verifier's reward with its reasons (what ``rldsl reward`` prints)."""
+
+    reward: float
+    extracted: str | None  # the completion's final answer
+    rule: str              # the rule that found it (or why there is none)
+    gold: str              # the reference answer compared against
+    why: str               # why the reward is what it is
+
+
+def gsm8k_gold(answer: str) -> str:
+    """GSM8K's reference answer: the text after the last ``####`` (the whole answer without one)."""
+    return answer.rsplit("####", 1)[1].strip() if "####" in answer else answer.strip()
+
+
+def judge_math(completion: str, answer: str, *, finish_reason: str = "stop",
+               allow_truncated: bool = False) -> Verdict:
+    """The ``math`` verdict: the completion's final answer checked against ``answer``.
+
+    A completion cut off at the length limit (``finish_reason == "length"``) gets no credit
+    unless ``allow_truncated``: its last number is a step of unfinished reasoning, not an answer.
+    """
+    found = find_final_answer(completion)
+    gold = answer.strip()
+    if finish_reason == "length" and not allow_truncated:
+        return Verdict(0.0, found.text, found.rule, gold,
+                       "cut off at the length limit (finish_reason=length): no credit")
+    if found.text is None:
+        return Verdict(0.0, None, found.rule, gold, "no final answer")
+    same, how = equivalent(found.text, gold)
+    return Verdict(float(same), found.text, found.rule, gold, how)
+
+
+def judge_gsm8k(completion: str, answer: str, *, finish_reason: str = "stop",
+                allow_truncated: bool = False) -> Verdict:
+    """The ``gsm8k`` verdict: ``judge_math`` against the number after the answer's ``####``."""
+    return judge_math(completion, gsm8k_gold(answer), finish_reason=finish_reason,
+                      allow_truncated=allow_truncated)
+
+
+def math_reward(prompt: str, completion: str, answer: str, *, finish_reason: str = "stop",
+                allow_truncated: bool = False) -> float:
+    r"""1.0 if the completion's final answer (``\boxed{}``, ``####``, anchored, or alone) equals ``answer``."""
+    return judge_math(completion, answer, finish_reason=finish_reason,
+                      allow_truncated=allow_truncated).reward
+
+
+def gsm8k_reward(prompt: str, completion: str, answer: str, *, finish_reason: str = "stop",
+                 allow_truncated: bool = False) -> float:
+    """``math`` against a GSM8K answer column (``... #### 42``: the gold answer is 42)."""
+    return judge_gsm8k(completion, answer, finish_reason=finish_reason,
+                       allow_truncated=allow_truncated).reward
 
 
 BUILTIN_REWARDS: dict[str, RewardCallable] = {
     "exact": exact_reward,
     "math": math_reward,
+    "gsm8k": gsm8k_reward,
     "addition": addition_reward,
 }
+
+# the built-ins that can say why (``rldsl reward`` prints their verdict)
+VERDICTS: dict[str, Callable[..., Verdict]] = {"math": judge_math, "gsm8k": judge_gsm8k}
 
 
 # ------------------------------------------------------------------------ the spec
@@ -141,24 +307,76 @@ def _short(text: str, n: int = 200) -> str:
     return repr(text if len(text) <= n else text[: n - 3] + "...")
 
 
+_TERM = re.compile(r"^(?P<base>[^()=]+?)\s*(?:\((?P<options>[^()]*)\))?$")
+
+
+def _option_value(text: str) -> bool | int | float | str:
+    """``true``/``false``, an int, a float, or the word itself."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def split_reward_name(name: str) -> tuple[str, dict[str, bool | int | float | str]]:
+    """``"math(allow_truncated=true)"`` -> ``("math", {"allow_truncated": True})``."""
+    m = _TERM.match(name.strip())
+    if not m:
+        raise ValueError(f"reward {name!r}: write options as name(key=value, ...)")
+    options: dict[str, bool | int | float | str] = {}
+    if m.group("options") is not None:
+        for raw in m.group("options").split(","):
+            key, eq, value = (x.strip() for x in raw.partition("="))
+            if not eq or not key.isidentifier() or not value:
+                raise ValueError(f"reward {name!r}: option {raw.strip()!r} is not key=value")
+            if key in options:
+                raise ValueError(f"reward {name!r}: option {key!r} given twice")
+            options[key] = _option_value(value)
+    return m.group("base").strip(), options
+
+
+def _options_of(fn: RewardCallable) -> list[str]:
+    """The keyword options a reward function takes (besides the three texts and finish_reason)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params[3:] if p.name != "finish_reason"
+            and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
 def resolve_reward(name: str) -> RewardCallable:
-    """A built-in by name, or ``package.module:function`` imported."""
-    if name in BUILTIN_REWARDS:
-        return BUILTIN_REWARDS[name]
-    if ":" not in name:
+    """A built-in by name, or ``package.module:function`` imported; ``name(key=value)`` binds options."""
+    base, options = split_reward_name(name)
+    if base in BUILTIN_REWARDS:
+        fn = BUILTIN_REWARDS[base]
+    elif ":" not in base:
         raise ValueError(
-            f"unknown reward {name!r}: use one of {sorted(BUILTIN_REWARDS)} "
+            f"unknown reward {base!r}: use one of {sorted(BUILTIN_REWARDS)} "
             "or 'package.module:function'"
         )
-    module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"reward {name!r}: cannot import module {module_name!r} ({e})") from e
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"reward {name!r}: module {module_name!r} has no function {attr!r}")
-    return fn
+    else:
+        module_name, _, attr = base.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ValueError(f"reward {base!r}: cannot import module {module_name!r} ({e})") from e
+        fn = getattr(module, attr, None)
+        if not callable(fn):
+            raise ValueError(f"reward {base!r}: module {module_name!r} has no function {attr!r}")
+    if not options:
+        return fn
+    known = _options_of(fn)
+    for key in options:
+        if key not in known:
+            raise ValueError(f"reward {base!r} has no option {key!r}; its options: "
+                             + (", ".join(known) if known else "none"))
+    return functools.partial(fn, **options)
 
 
 def _accepts_finish_reason(fn: RewardCallable) -> bool:
@@ -173,15 +391,38 @@ def _accepts_finish_reason(fn: RewardCallable) -> bool:
     )
 
 
+def _top_level_split(spec: str) -> list[str]:
+    """Split at the commas outside parentheses (``name(a=1, b=2)`` stays one term)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(spec):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"reward spec {spec!r}: unbalanced ')'")
+        elif ch == "," and depth == 0:
+            parts.append(spec[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"reward spec {spec!r}: unclosed '('")
+    return parts + [spec[start:]]
+
+
 def parse_reward_spec(spec: str) -> list[tuple[str, float]]:
-    """``"math=0.9,pkg.mod:fn=0.1"`` -> ``[("math", 0.9), ("pkg.mod:fn", 0.1)]``."""
+    """``"math=0.9,pkg.mod:fn=0.1"`` -> ``[("math", 0.9), ("pkg.mod:fn", 0.1)]``.
+
+    A name keeps its options: ``"math(allow_truncated=true)=2"`` ->
+    ``[("math(allow_truncated=true)", 2.0)]``.
+    """
     terms: list[tuple[str, float]] = []
-    for raw in spec.split(","):
+    for raw in _top_level_split(spec):
         term = raw.strip()
         if not term:
             raise ValueError(f"reward spec {spec!r}: empty term")
-        name, eq, weight_text = term.partition("=")
-        name = name.strip()
+        close = term.rfind(")")  # "=" inside name(key=value) is not the weight's
+        name, eq, weight_text = term[close + 1:].partition("=")
+        name = (term[:close + 1] + name).strip()
         if not name:
             raise ValueError(f"reward spec {spec!r}: term {term!r} has no reward name")
         try:

@@ -5,6 +5,9 @@ the runtime carries out ``sampling`` through ``CompiledAlgorithm.data``.
 """
 from __future__ import annotations
 
+from torch import Tensor
+
+from ..ops import scorable_stats
 from ..registry import Int, declare
 
 declare("rewards", "scalar", """Rewards are real numbers.
@@ -27,6 +30,19 @@ source: -
 
 declare("sampling", "dynamic", """Resample until the batch has P groups with mixed outcomes.
 
-formula: keep drawing prompts while #{g : max r_g != min r_g} < P and rounds < {max_rounds}
+formula: keep drawing prompts while #{g : informative(g)} < P and rounds < {max_rounds};
+  informative(g) = max r_g != min r_g over the group's scorable rewards (a failed reward,
+  NaN, is not there: [1, 1, 1, NaN] is constant; fewer than 2 scorable: not informative)
 source: DAPO dynamic sampling (Yu et al. 2025); verl algorithm.filter_groups (max_num_gen_batches)
+edge cases: informative() takes the raw rewards, NaN included (never NaN replaced by 0).
 """, max_rounds=Int(3, "cap on generation rounds per step", ge=1))
+
+
+def informative(rewards: Tensor) -> Tensor:
+    """[P, G] rewards (NaN = failed) -> [P] bool: the group's scorable rewards are not all equal.
+
+    The rule of ``sampling dynamic`` (formula above); also what ``zero_variance_groups`` counts
+    the complement of.
+    """
+    hi, lo, _, count = scorable_stats(rewards)
+    return (count >= 2) & (hi != lo)

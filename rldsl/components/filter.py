@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..ops import AdvantageBatch, group_view
+from ..ops import AdvantageBatch, group_view, scorable_stats
 from ..registry import Float, register
 
 
@@ -52,12 +52,26 @@ def zero_variance(batch: AdvantageBatch) -> Tensor:
     return mixed.repeat_interleave(batch.group_size).to(batch.rewards.dtype)
 
 
-@register("filter", max=Float(0.9, "pass rate above which a prompt is retired", gt=0, le=1))
+@register("filter", max=Float(0.9, "pass rate at or above which a prompt is retired", gt=0, le=1))
 def pass_rate_cap(batch: AdvantageBatch, max: float) -> Tensor:
-    """Retire prompts whose pass rate exceeds ``max`` from later epochs (carried out by the runtime).
+    """Retire prompts whose pass rate reaches ``max`` from later epochs (carried out by the runtime).
 
-    formula: prompt p leaves later epochs if mean_{g(p)} r > {max}; in this batch keep_i = 1
-    source: ScaleRL No-Positive-Resampling (Khatri et al. 2025, pass rate >= 0.9)
-    shapes: -> [B]
+    formula: prompt p leaves later epochs if pass(p) >= {max}, pass(p) = mean of its group's
+      scorable rewards (a failed reward, NaN, is not counted as 0); in this batch keep_i = 1
+    source: ScaleRL No-Positive-Resampling (Khatri et al. 2025: prompts with pass rate >= 0.9
+      are not sampled again)
+    shapes: -> [B]; the runtime's rule: retired(rewards [P, G], max) -> [P] bool
+    edge cases: a group with no scorable reward has no pass rate and is never retired.
     """
     return torch.ones_like(batch.rewards)
+
+
+def pass_rates(rewards: Tensor) -> Tensor:
+    """[P, G] rewards (NaN = failed) -> [P] float64 mean scorable reward (NaN: none scorable)."""
+    _, _, total, count = scorable_stats(rewards)
+    return torch.where(count > 0, total / count.clamp_min(1), torch.full_like(total, float("nan")))
+
+
+def retired(rewards: Tensor, max: float) -> Tensor:
+    """[P, G] -> [P] bool: pass rate >= ``max`` (``pass_rate_cap``'s rule; 1e-9 absorbs rounding)."""
+    return pass_rates(rewards) >= max - 1e-9

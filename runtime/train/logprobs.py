@@ -11,7 +11,18 @@ of a chunk exist only while that chunk is processed, forward and backward, so no
     logprob_t = z_t[y_t] - logsumexp(z_t)
     entropy_t = logsumexp(z_t) - sum_v softmax(z_t)_v * z_t,v
 
-with z_t the fp32 logits predicting token y_t (from the hidden state at t - 1).
+with z_t the fp32 logits predicting token y_t (from the hidden state at t - 1), taken as
+the model's own ``forward`` makes them and then divided by the sampling temperature tau:
+
+    x = h W^T + b                       the linear LM head
+    u = s x                             the model's logit scale s (1 for most models)
+    v = c tanh(u / c)                   the model's final soft cap c (Gemma 2/3; none = v = u)
+    z = v / tau                         the rollout temperature (``temperature=``)
+
+(``_logit_transform`` reads s and c from the config, in the order transformers' modeling
+code applies them). Dividing by tau makes the logprobs, entropies and KL terms those of the
+distribution the engine sampled from (verl ``_scale_logits_by_temperature``; TRL divides the
+logits by ``temperature`` before its selective log-softmax, the reference model's too).
 
 Shared prompts (``group_size=G``): when the G rows of each group share one prompt (as every
 rollout's do), the backbone runs the prompt once per group, keeps its keys and values in a
@@ -22,6 +33,9 @@ every group and the cache has only full-attention layers -- else the full forwar
 Its speed and memory: bench/README.md.
 """
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -100,42 +114,93 @@ def _shared_prompt_hidden(
     return torch.cat([h_first, out.last_hidden_state], dim=1)  # [B, Tr, H]
 
 
-def _check_plain_head(model: PreTrainedModel) -> None:
+# Config fields through which a transformers *ForCausalLM transforms the LM head's output,
+# as its forward applies them: a multiplier (Cohere ``logit_scale``, Falcon-H1
+# ``lm_head_multiplier``), a divisor (Granite ``logits_scaling``), then a soft cap (Gemma 2/3
+# ``final_logit_softcapping``: c tanh(u / c)).
+_MULTIPLIERS = ("logit_scale", "lm_head_multiplier")
+_DIVISORS = ("logits_scaling",)
+_SOFTCAPS = ("final_logit_softcapping",)
+
+
+@dataclass(frozen=True)
+class LogitTransform:
+    """z = c tanh(s x / c) / tau, or s x / tau without a cap (module docstring)."""
+
+    scale: float = 1.0
+    softcap: float | None = None
+    temperature: float = 1.0
+
+
+def _config_number(cfg: object, attr: str) -> float | None:
+    value = getattr(cfg, attr, None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= 0:
+        raise NotImplementedError(
+            f"{type(cfg).__name__}.{attr}={value!r}: token_logprobs applies this logit "
+            "transform only for a positive finite number")
+    return float(value)
+
+
+def _logit_transform(model: PreTrainedModel, temperature: float) -> LogitTransform:
+    """The model's own logit scale and soft cap (read from its config), and ``temperature``."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not math.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"temperature must be a positive finite number, got {temperature!r} "
+                         "(greedy rollouts are scored at temperature 1)")
     cfg = model.config
-    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
-        value = getattr(cfg, attr, None)
-        if value not in (None, 1, 1.0):
-            raise NotImplementedError(
-                f"{type(model).__name__} transforms its logits ({attr}={value}); "
-                "token_logprobs only supports a plain linear LM head"
-            )
+    scale = 1.0
+    for attr in _MULTIPLIERS:
+        value = _config_number(cfg, attr)
+        scale *= value if value is not None else 1.0
+    for attr in _DIVISORS:
+        value = _config_number(cfg, attr)
+        scale /= value if value is not None else 1.0
+    caps = [c for c in (_config_number(cfg, a) for a in _SOFTCAPS) if c is not None]
+    return LogitTransform(scale, caps[0] if caps else None, float(temperature))
+
+
+def _head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 tf: LogitTransform) -> torch.Tensor:
+    """z [C, V] fp32 of hidden [C, H]: the linear head, then the transform (in place)."""
+    z = F.linear(hidden, weight, bias).float()  # [C, V] x
+    if tf.softcap is not None:
+        z.mul_(tf.scale / tf.softcap).tanh_().mul_(tf.softcap / tf.temperature)  # c tanh(s x / c) / tau
+    elif tf.scale != tf.temperature:
+        z.mul_(tf.scale / tf.temperature)  # s x / tau
+    return z
 
 
 class _ChunkedHead(torch.autograd.Function):
     """Logprobs and entropies of N tokens through the LM head, C = ``chunk`` tokens at a time.
 
-    Forward, per chunk: z = h W^T + b [C, V] (fp32), lse = logsumexp(z),
-    logprob = z[y] - lse, entropy = lse - sum softmax(z) * z. Saved for backward: the
-    inputs and lse, entropy [N] -- no [*, V] tensor. Backward recomputes each chunk's z and
-    writes its gradient in place:
+    Forward, per chunk: z = transform(h W^T + b) [C, V] (fp32; ``_head_logits``),
+    lse = logsumexp(z), logprob = z[y] - lse, entropy = lse - sum softmax(z) * z. Saved for
+    backward: the inputs and lse, entropy [N] -- no [*, V] tensor. Backward recomputes each
+    chunk's z and writes its gradient in place:
 
         d logprob / dz = onehot(y) - p,     d entropy / dz = -p * (log p + entropy)
         grad_z = p * (-g - g_ent * (log p + entropy)) + g * onehot(y),   p = exp(z - lse)
-        grad_h = grad_z W,   grad_W = sum_chunks grad_z^T h,   grad_b = sum grad_z
+        grad_x = grad_z * dz/dx,   dz/dx = s / tau  (with a soft cap: (s / tau)(1 - t^2),
+                                                     t = tanh(s x / c) = z tau / c)
+        grad_h = grad_x W,   grad_W = sum_chunks grad_x^T h,   grad_b = sum grad_x
 
-    so a chunk needs two [C, V] fp32 buffers in either direction. ``entropy_grad`` False:
-    the entropy output carries no gradient (g_ent = 0).
+    so a chunk needs two [C, V] fp32 buffers in either direction (a third with a soft cap
+    and an entropy gradient); bench/logprobs.py measures the memory against the naive
+    log_softmax. ``entropy_grad`` False: the entropy output carries no gradient (g_ent = 0).
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, chunk, with_entropy, entropy_grad):
+    def forward(ctx, hidden, weight, bias, targets, chunk, with_entropy, entropy_grad, tf):
         N = hidden.shape[0]
         logprob = hidden.new_empty(N, dtype=torch.float32)  # [N]
         lse = hidden.new_empty(N, dtype=torch.float32)  # [N]
         entropy = hidden.new_empty(N if with_entropy else 0, dtype=torch.float32)  # [N]
         for i in range(0, N, chunk):
             j = min(i + chunk, N)
-            z = F.linear(hidden[i:j], weight, bias).float()  # [C, V]
+            z = _head_logits(hidden[i:j], weight, bias, tf)  # [C, V]
             m = z.amax(dim=-1, keepdim=True)  # [C, 1]
             z.sub_(m)  # z - max
             e = z.exp()  # [C, V] unnormalised probabilities
@@ -148,6 +213,7 @@ class _ChunkedHead(torch.autograd.Function):
                 entropy[i:j] = log_s - e.mul_(z).sum(dim=-1) / s
             del z, e
         ctx.chunk = chunk
+        ctx.tf = tf
         ctx.with_entropy = with_entropy
         ctx.entropy_grad = entropy_grad and with_entropy
         ctx.has_bias = bias is not None
@@ -161,6 +227,7 @@ class _ChunkedHead(torch.autograd.Function):
     def backward(ctx, g_logprob, g_entropy):
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         bias = bias if ctx.has_bias else None
+        tf: LogitTransform = ctx.tf
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         N = hidden.shape[0]
         g = g_logprob.float() if g_logprob is not None else torch.zeros_like(lse)  # [N]
@@ -169,19 +236,29 @@ class _ChunkedHead(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
         rows = torch.arange(min(ctx.chunk, N), device=hidden.device)
+        chain = tf.scale / tf.temperature  # dz/dx without a cap
         for i in range(0, N, ctx.chunk):
             j = min(i + ctx.chunk, N)
             h = hidden[i:j]  # [C, H]
-            z = F.linear(h, weight, bias).float()  # [C, V]
+            z = _head_logits(h, weight, bias, tf)  # [C, V]
+            t2 = None  # tanh(s x / c)^2 of a soft cap
+            if tf.softcap is not None and g_ent is not None:
+                t2 = z.mul(tf.temperature / tf.softcap).square_()  # a third buffer: z is consumed
             z.sub_(lse[i:j, None])  # log p
             p = z.exp()  # [C, V]
             if g_ent is None:
                 grad_z = p.mul_(-g[i:j, None])  # -g p
+                if tf.softcap is not None:  # z (log p) is free again: hold t^2 there
+                    t2 = z.add_(lse[i:j, None]).mul_(tf.temperature / tf.softcap).square_()
             else:
                 grad_z = z.add_(entropy[i:j, None]).mul_(-g_ent[i:j, None]).sub_(g[i:j, None]).mul_(p)
                 del p
             r = rows[: j - i]
-            grad_z[r, targets[i:j]] += g[i:j]  # + g onehot(y)
+            grad_z[r, targets[i:j]] += g[i:j]  # + g onehot(y): d / dz, z the tempered logits
+            if t2 is not None:
+                grad_z.mul_(t2.neg_().add_(1.0).mul_(chain))  # d / dx = d / dz * (s / tau)(1 - t^2)
+            elif chain != 1.0:
+                grad_z.mul_(chain)  # d / dx = d / dz * s / tau
             gz = grad_z.to(weight.dtype)
             if need_h:
                 grad_h[i:j] = gz @ weight
@@ -189,11 +266,11 @@ class _ChunkedHead(torch.autograd.Function):
                 grad_w.addmm_(gz.t().float() if gz.dtype != torch.float32 else gz.t(), h.float())
             if need_b:
                 grad_b += grad_z.sum(dim=0)
-            del z, grad_z, gz
+            del z, grad_z, gz, t2
         return (grad_h,
                 grad_w.to(weight.dtype) if need_w else None,
                 grad_b.to(bias.dtype) if need_b else None,
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def token_logprobs(
@@ -206,6 +283,7 @@ def token_logprobs(
     entropy_grad: bool = False,
     chunk_size: int = 1024,
     group_size: int | None = None,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs (and entropies) of the last ``num_response_tokens`` tokens of each row.
 
@@ -216,6 +294,9 @@ def token_logprobs(
 
     Values on padded response positions are computed but meaningless: mask them.
     Position ids come from the attention mask, as in ``generate``.
+    ``temperature``: the rollout's sampling temperature tau; logprobs and entropies are those
+    of softmax(z / tau), z the logits of the model's own forward (its logit scale and soft
+    cap included; module docstring). Score greedy rollouts at 1.
     ``group_size``: rows come in contiguous groups of this many samples of one prompt; the
     prompt then goes through the backbone once per group (module docstring). Without it,
     or when the groups' prompts differ, every row runs in full.
@@ -226,7 +307,7 @@ def token_logprobs(
         raise ValueError(f"num_response_tokens must be in [1, {T - 1}] for T={T}, got {Tr}")
     if attention_mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
-    _check_plain_head(model)
+    tf = _logit_transform(model, temperature)
     head = model.get_output_embeddings()
 
     hidden = None
@@ -244,7 +325,7 @@ def token_logprobs(
     targets = input_ids[:, T - Tr :].reshape(B * Tr)  # [B*Tr]
 
     logprob, entropy = _ChunkedHead.apply(hidden, head.weight, head.bias, targets, chunk_size,
-                                          with_entropy, entropy_grad)  # [B*Tr] each
+                                          with_entropy, entropy_grad, tf)  # [B*Tr] each
     logprob = logprob.view(B, Tr)  # [B, Tr]
     entropy = entropy.view(B, Tr) if with_entropy else None  # [B, Tr]
     if entropy is not None and not entropy_grad:

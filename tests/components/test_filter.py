@@ -46,3 +46,50 @@ def test_dynamic_sampling_plan_of_dapo(eager_algorithm):
     r = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [0.3, 0.3]])
     assert fn.data.informative(r).tolist() == [False, True, False, False]
     assert eager_algorithm("grpo").data.dynamic_rounds == 1
+
+
+# ---------------------------------------------------------------- failed rewards (NaN) and the data plan
+
+NAN = float("nan")
+
+
+def test_informative_leaves_failed_rewards_out():
+    fn = spec_fn("sampling dynamic(max_rounds=4)")
+    r = torch.tensor([[1.0, 1.0, 1.0, NAN],    # constant among the scorable: no signal
+                      [1.0, 0.0, 1.0, NAN],    # mixed
+                      [NAN, NAN, NAN, NAN],    # nothing scorable
+                      [0.0, NAN, NAN, NAN],    # one scorable sample: no baseline, no signal
+                      [0.0, 0.0, 0.0, 0.0]])
+    assert fn.data.informative(r).tolist() == [False, True, False, False, False]
+
+
+def test_zero_variance_groups_metric_leaves_failed_rewards_out():
+    fn = spec_fn("baseline group_mean\nnormalizer group_std")
+    r = torch.tensor([1.0, 1.0, 1.0, NAN, 1.0, 0.0, 1.0, NAN, NAN, NAN, NAN, NAN])
+    est = fn.estimate(r, 4, torch.ones(12, 2))
+    # [1,1,1,NaN] has zero variance (its advantages are all 0), [1,0,1,NaN] does not,
+    # [NaN x 4] has no signal either
+    assert est.metrics["zero_variance_groups"] == pytest.approx(2 / 3)
+    assert torch.count_nonzero(est.advantages[:4]) == 0 and torch.count_nonzero(est.advantages[4:7, 0]) == 3
+
+
+@pytest.mark.parametrize(("rewards", "retire"), [
+    ([1.0] * 9 + [0.0], True),              # 0.9 >= 0.9: ScaleRL retires it
+    ([1.0] * 8 + [0.0] * 2, False),         # 0.8
+    ([1.0] * 10, True),
+    ([1.0] * 9 + [NAN], True),              # 9 / 9 scorable: a failure is not a 0
+    ([1.0] * 8 + [0.0, NAN], False),        # 8 / 9 = 0.889
+    ([NAN] * 10, False),                    # no pass rate
+])
+def test_pass_rate_cap_retires_at_or_above_the_cap(rewards, retire):
+    fn = spec_fn("filter pass_rate_cap(max=0.9)")
+    r = torch.tensor([rewards])
+    assert fn.data.retire(r).tolist() == [retire]
+    finite = [x for x in rewards if x == x]
+    want = sum(finite) / len(finite) if finite else None
+    got = fn.data.pass_rates(r).item()
+    assert (got != got) if want is None else got == pytest.approx(want)
+
+
+def test_no_cap_retires_nothing():
+    assert spec_fn("baseline group_mean").data.retire(torch.ones(3, 4)).tolist() == [False] * 3

@@ -45,11 +45,11 @@ def test_group_mean_advantages_sum_to_zero_in_each_group(rg):
 @given(grouped_rewards())
 def test_leave_one_out_equals_its_definition(rg):
     r, G = rg
-    adv, _ = bl.leave_one_out(adv_batch(r, G, T=1))
+    adv, _ = bl.leave_one_out(adv_batch(r, G, T=1), singleton="zero")
     for i, x in enumerate(r):
         g = i // G
         others = [r[j] for j in range(g * G, (g + 1) * G) if j != i]
-        want = x - sum(others) / len(others) if others else x
+        want = x - sum(others) / len(others) if others else 0.0
         assert adv[i, 0].item() == pytest.approx(want, rel=1e-5, abs=1e-5 * max(1.0, abs(x)))
 
 
@@ -111,7 +111,9 @@ def test_padding_does_not_change_the_loss(seed, extra, garbage, agg, loss):
     l0, g0, gv0, m0 = run(fn, clean, G)
     l1, g1, gv1, m1 = run(fn, padded, G)
     assert torch.isfinite(l0)
-    assert l1.item() == pytest.approx(l0.item(), rel=1e-6, abs=1e-7)
+    # fp32 sums over another shape add in another order: a few ulps of the O(1) per-token
+    # terms, which cancel down to a loss of ~0.1 (1.3e-7 apart on this CPU's SIMD width)
+    assert l1.item() == pytest.approx(l0.item(), rel=1e-6, abs=1e-6)
     valid = clean["mask"] > 0
     torch.testing.assert_close(g1[:, :5][valid], g0[valid], rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(gv1[:, :5][valid], gv0[valid], rtol=1e-5, atol=1e-7)
@@ -194,13 +196,17 @@ def test_micro_batches_with_summed_denominator_equal_the_whole_batch(seed, agg, 
     parts = [{k: v[:cut] for k, v in b.items()}, {k: v[cut:] for k, v in b.items()}]
     den = fn.denominator(parts[0]["mask"], G) + fn.denominator(parts[1]["mask"], G)
     assert den.item() == pytest.approx(fn.denominator(b["mask"], G).item())
+    vden = None  # the critic aggregates on its own (token_mean): its own global count
+    if fn.algorithm.uses_critic:
+        vden = fn.value_denominator(parts[0]["mask"], G) + fn.value_denominator(parts[1]["mask"], G)
+        assert vden.item() == pytest.approx(fn.value_denominator(b["mask"], G).item())
     total, grads, grads_v = 0.0, [], []
     for part in parts:
         lp = part["logp"].clone().requires_grad_(True)
         v = part["values"].clone().requires_grad_(True)
         out = fn.loss(lp, part["old"], part["adv"], part["mask"], ref_logprobs=part["ref"], values=v,
                       returns=part["returns"], old_values=part["old_values"], entropy=part["ent"],
-                      group_size=G, denominator=den)
+                      group_size=G, denominator=den, value_denominator=vden)
         t = out.loss + (out.value_loss if out.value_loss is not None else 0.0)
         g, gv = torch.autograd.grad(t, (lp, v), allow_unused=True)
         total += t.item()

@@ -15,6 +15,10 @@ from rldsl.runtime.rewards import (
     addition_reward,
     exact_reward,
     extract_final_answer,
+    find_final_answer,
+    gsm8k_reward,
+    judge_gsm8k,
+    judge_math,
     math_reward,
     parse_reward_spec,
 )
@@ -48,37 +52,120 @@ def test_addition_needs_exact_text_and_eos() -> None:
 
 
 @pytest.mark.parametrize(
-    ("completion", "found"),
+    ("completion", "found", "rule"),
     [
-        (r"so \boxed{\frac{1}{2}} done", r"\frac{1}{2}"),
-        (r"\boxed{1} then \boxed{ {2}+1 }", "{2}+1"),  # last box, nested braces
-        ("first 3, then -4.5 and 1,000", "1,000"),
-        (r"cut off \boxed{12", "12"),  # unbalanced box: falls back to the last number
-        ("no answer", None),
+        (r"so \boxed{\frac{1}{2}} done", r"\frac{1}{2}", "boxed"),
+        (r"\boxed{1} then \boxed{ {2}+1 }", "{2}+1", "boxed"),  # the last box, nested braces
+        (r"\boxed{3} and finally \boxed{12", None, "not closed"),  # the final box was cut off
+        ("Natalia sold 48/2 = 24 clips in May.\n#### 72", "72", "####"),
+        ("#### 1,000\n", "1,000", "####"),
+        ("Answer: 2/3", "2/3", "anchored"),
+        ("The answer is 12, which is even.", "12", "anchored"),
+        ("Step 1 gives 5. The final answer is $\\frac{2}{3}$. I hope it is correct.", r"\frac{2}{3}", "anchored"),
+        ("**Answer:** 17 apples.", "17", "anchored"),
+        ("The answer is: -3.5", "-3.5", "anchored"),
+        ("answer: x = 5", "5", "anchored"),
+        ("The answer is 4. Earlier I thought the answer is 3, but answer: 7", "7", "anchored"),  # the last anchor
+        ("The answer is unclear", None, "nothing math-like"),
+        ("42", "42", "whole"),
+        ("  $-3.5$.\n", "-3.5", "whole"),
+        (r"\frac{2}{3}", r"\frac{2}{3}", "whole"),
+        ("3*4 = 12", "12", "whole"),
+        ("first 3, then -4.5 and 1,000", None, "free text"),  # no last-number fallback
+        ("Step 1: 3*4 = 12. Step 2: 12 + 5 = 17, so", None, "free text"),
+        ("The roots are x = 1,2", None, "free text"),
+        ("", None, "free text"),
     ],
 )
-def test_extract_final_answer(completion, found) -> None:
+def test_find_final_answer(completion, found, rule) -> None:
+    got = find_final_answer(completion)
+    assert got.text == found
     assert extract_final_answer(completion) == found
+    key = {"boxed": "\\boxed{}", "####": "'####'", "anchored": "anchored", "whole": "the whole completion",
+           "free text": "a number inside free text is not taken", "not closed": "not closed",
+           "nothing math-like": "nothing math-like"}[rule]
+    assert key in got.rule
 
 
-@pytest.mark.parametrize(
-    ("completion", "answer", "reward"),
-    [
-        (r"The answer is \boxed{\frac{1}{2}}.", "0.5", 1.0),
-        (r"\boxed{0.5}", r"\frac{1}{2}", 1.0),
-        (r"\boxed{x^2+1}", "1+x^2", 1.0),
-        (r"\boxed{\sqrt{2}}", r"\sqrt 2", 1.0),
-        ("so 6 * 7 = 42", "42", 1.0),
-        ("total: 1,000 apples", "1000", 1.0),
-        ("it is 41", "42", 0.0),
-        (r"\boxed{\frac{1}{3}}", "0.5", 0.0),
-        ("I do not know", "42", 0.0),
-        (r"\boxed{\frac{{{}", "42", 0.0),  # garbage: 0, not an exception
-        (r"\boxed{)(*&}", r"\frac{1}{2}", 0.0),
-    ],
-)
-def test_math(completion, answer, reward) -> None:
-    assert math_reward("", completion, answer) == reward
+# (completion, answer, finish_reason, reward): the cases first
+MATH_CASES = [
+    # reasoning cut off at the length limit: 17 is a step, not an answer
+    ("Step 1: 3*4 = 12. Step 2: 12 + 5 = 17, so", "17", "length", 0.0),
+    ("Step 1: 3*4 = 12. Step 2: 12 + 5 = 17, so", "17", "stop", 0.0),  # and not anchored either
+    # a comma list is not the thousands-separated number 12
+    ("The roots are x = 1,2", "12", "stop", 0.0),
+    ("The answer is 1,2", "12", "stop", 0.0),
+    (r"The answer is \boxed{1,2}", r"\{1, 2\}", "stop", 1.0),  # ... but equals the set {1, 2}
+    ("total: 1,000 apples. Answer: 1,000", "1000", "stop", 1.0),  # thousands separator
+    # fractions
+    ("Answer: 2/3", r"\frac{2}{3}", "stop", 1.0),
+    (r"The answer is $\dfrac{4}{6}$.", "2/3", "stop", 1.0),
+    (r"\boxed{0.5}", r"\frac{1}{2}", "stop", 1.0),
+    (r"The answer is \boxed{\frac{1}{2}}.", "0.5", "stop", 1.0),
+    (r"\boxed{\frac{1}{3}}", "0.5", "stop", 0.0),
+    ("Answer: 0.333", "1/3", "stop", 0.0),  # exact rationals: a rounding is not the fraction
+    # \boxed{} (expressions through math_verify)
+    (r"\boxed{x^2+1}", "1+x^2", "stop", 1.0),
+    (r"\boxed{\sqrt{2}}", r"\sqrt 2", "stop", 1.0),
+    (r"First \boxed{3}, corrected: \boxed{4}", "4", "stop", 1.0),
+    (r"First \boxed{4}, then \boxed{3", "4", "stop", 0.0),  # the final box is unclosed
+    (r"\boxed{\frac{{{}", "42", "stop", 0.0),  # garbage: 0, not an exception
+    (r"\boxed{)(*&}", r"\frac{1}{2}", "stop", 0.0),
+    # plain final answers
+    ("42", "42", "stop", 1.0),
+    ("42", "42", "length", 0.0),  # cut off: the next token might have been another digit
+    (" 42.0\n", "42", "stop", 1.0),
+    ("it is 41", "42", "stop", 0.0),
+    ("so 6 * 7 = 42", "42", "stop", 0.0),  # free text: no credit without an anchor
+    ("6 * 7 = 42", "42", "stop", 1.0),  # the whole completion is an equation
+    ("I do not know", "42", "stop", 0.0),
+    ("The answer is 42 because 6 * 7 = 42.", "42", "stop", 1.0),
+    ("The final answer: $x = -3$", "-3", "stop", 1.0),
+    # GSM8K style
+    ("She has 6 * 7 = 42 apples.\n#### 42", "42", "stop", 1.0),
+    ("#### 42", "41", "stop", 0.0),
+    ("The cost is 1,200 dollars.\n#### 1,200", "1200", "stop", 1.0),
+]
+
+
+@pytest.mark.parametrize(("completion", "answer", "finish", "reward"), MATH_CASES)
+def test_math(completion, answer, finish, reward) -> None:
+    assert math_reward("", completion, answer, finish_reason=finish) == reward
+
+
+def test_math_credits_cut_off_answers_when_asked() -> None:
+    cut = ("Step 1: 3*4 = 12. Answer: 17, and", "17")
+    assert math_reward("", *cut, finish_reason="length") == 0.0
+    assert math_reward("", *cut, finish_reason="length", allow_truncated=True) == 1.0
+    fn = RewardFn("math(allow_truncated=true)")
+    batch = make_batch([cut[0], cut[0]], [cut[1], cut[1]], finish=["length", "stop"])
+    assert fn(batch).tolist() == [1.0, 1.0]
+    assert RewardFn("math")(batch).tolist() == [0.0, 1.0]
+
+
+@pytest.mark.parametrize(("completion", "answer", "reward"), [
+    ("48/2 = 24 in May, 48 + 24 = 72 in all.\n#### 72", "Natalia sold 48/2 = 24 clips.\n#### 72", 1.0),
+    ("The answer is 72.", "She sold 48+24 = 72 clips altogether.\n#### 72", 1.0),
+    (r"\boxed{72}", "#### 72", 1.0),
+    ("#### 70", "48/2 = 24 clips.\n#### 72", 0.0),
+    ("#### 1,000", "#### 1000", 1.0),
+    ("The answer is 72.", "72", 1.0),  # a bare number column works too
+])
+def test_gsm8k(completion, answer, reward) -> None:
+    assert gsm8k_reward("", completion, answer) == reward
+    assert gsm8k_reward("", completion, answer, finish_reason="length") == 0.0
+
+
+def test_verdicts_say_why() -> None:
+    v = judge_math("Answer: 2/3", r"\frac{2}{3}")
+    assert (v.reward, v.extracted, v.gold, v.why) == (1.0, "2/3", r"\frac{2}{3}", "equal numbers")
+    assert "anchored" in v.rule
+    v = judge_math("Step 2: 12 + 5 = 17, so", "17", finish_reason="length")
+    assert v.reward == 0.0 and "cut off" in v.why
+    v = judge_gsm8k("#### 72", "She sold 72 clips.\n#### 72")
+    assert (v.reward, v.gold) == (1.0, "72")
+    assert judge_math(r"\boxed{x+1}", "1+x").why == "math_verify: equivalent"
+    assert judge_math("it is 41", "42").why == "no final answer"
 
 
 def test_math_is_fast() -> None:
@@ -86,7 +173,7 @@ def test_math_is_fast() -> None:
     start = time.perf_counter()
     for i in range(50):
         math_reward("", rf"\boxed{{\frac{{{i}}}{{2}}}}", str(i / 2))
-        math_reward("", f"answer {i}", str(i))
+        math_reward("", f"The answer is {i}", str(i))
     assert time.perf_counter() - start < 5.0
 
 
@@ -94,6 +181,8 @@ def test_parse_reward_spec() -> None:
     assert parse_reward_spec("math") == [("math", 1.0)]
     assert parse_reward_spec(" math = 0.9 , pkg.mod:fn=0.1") == [("math", 0.9), ("pkg.mod:fn", 0.1)]
     assert parse_reward_spec("exact=-1") == [("exact", -1.0)]
+    assert parse_reward_spec("math(allow_truncated=true, x=1)=2,exact") == [
+        ("math(allow_truncated=true, x=1)", 2.0), ("exact", 1.0)]
 
 
 @pytest.mark.parametrize(
@@ -104,6 +193,8 @@ def test_parse_reward_spec() -> None:
         ("math=abc", "weight 'abc' of 'math' is not a number"),
         ("math=inf", "must be finite"),
         ("math,math=2", "'math' appears twice"),
+        ("math(allow_truncated=true", "unclosed '\\('"),
+        ("math)=2", "unbalanced '\\)'"),
     ],
 )
 def test_bad_specs(spec, match) -> None:
@@ -112,12 +203,28 @@ def test_bad_specs(spec, match) -> None:
 
 
 def test_unknown_reward_names() -> None:
-    with pytest.raises(ValueError, match=r"unknown reward 'maht': use one of \['addition', 'exact', 'math'\]"):
+    with pytest.raises(ValueError, match=r"unknown reward 'maht': use one of \['addition', 'exact', 'gsm8k', 'math'\]"):
         RewardFn("maht")
     with pytest.raises(ValueError, match="cannot import module 'no_such_mod_xyz'"):
         RewardFn("no_such_mod_xyz:f")
     with pytest.raises(ValueError, match="has no function 'nope'"):
         RewardFn("math:nope")
+
+
+def test_reward_options() -> None:
+    with pytest.raises(ValueError, match="reward 'math' has no option 'strict'; its options: allow_truncated"):
+        RewardFn("math(strict=true)")
+    with pytest.raises(ValueError, match="reward 'exact' has no option 'x'; its options: none"):
+        RewardFn("exact(x=1)")
+    with pytest.raises(ValueError, match="option 'allow_truncated' is not key=value"):
+        RewardFn("math(allow_truncated)")
+    with pytest.raises(ValueError, match="option 'a' given twice"):
+        RewardFn("math(a=1, a=2)")
+    fn = RewardFn("math(allow_truncated=true)=0.5,exact")
+    assert [t.name for t in fn.terms] == ["math(allow_truncated=true)", "exact"]
+    assert fn.terms[0].takes_finish_reason  # the bound function still gets finish_reason
+    cut = make_batch(["Answer: 3", "Answer: 3"], ["3", "3"], finish=["length", "stop"])
+    assert fn.score(cut).components["math(allow_truncated=true)"].tolist() == [1.0, 1.0]
 
 
 @pytest.fixture()

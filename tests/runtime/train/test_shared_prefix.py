@@ -191,7 +191,7 @@ def test_old_logprobs_recomputed_when_not_exactly_on_policy(tiny_model) -> None:
 @pytest.mark.parametrize("entropy_grad", [False, True])
 def test_chunked_head_matches_autograd_with_bias(dtype, entropy_grad) -> None:
     """_ChunkedHead (token_logprobs' LM head) against plain autograd: bias, bf16, ragged chunks."""
-    from rldsl.runtime.train.logprobs import _ChunkedHead
+    from rldsl.runtime.train.logprobs import LogitTransform, _ChunkedHead
 
     g = torch.Generator().manual_seed(0)
     N, H, V = 37, 16, 50
@@ -214,7 +214,8 @@ def test_chunked_head_matches_autograd_with_bias(dtype, entropy_grad) -> None:
         return logp_all.gather(-1, y[:, None]).squeeze(-1), ent if entropy_grad else ent.detach()
 
     ref = run(reference)
-    got = run(lambda h, w, b: _ChunkedHead.apply(h, w, b, y, 8, True, entropy_grad))
+    got = run(lambda h, w, b: _ChunkedHead.apply(h, w, b, y, 8, True, entropy_grad,
+                                                      LogitTransform()))
     tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     for name, a, r in zip(("logprob", "entropy", "grad_h", "grad_w", "grad_b"), got, ref):
         torch.testing.assert_close(a, r, msg=name, **tol)
