@@ -111,7 +111,8 @@ def test_padding_does_not_change_the_loss(seed, extra, garbage, agg, loss):
     l0, g0, gv0, m0 = run(fn, clean, G)
     l1, g1, gv1, m1 = run(fn, padded, G)
     assert torch.isfinite(l0)
-    assert l1.item() == pytest.approx(l0.item(), rel=1e-6, abs=1e-7)
+    # float32 sums over [6, 5] and [6, 5 + extra] add in a different order: ~1e-6 relative
+    assert l1.item() == pytest.approx(l0.item(), rel=1e-5, abs=1e-7)
     valid = clean["mask"] > 0
     torch.testing.assert_close(g1[:, :5][valid], g0[valid], rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(gv1[:, :5][valid], gv0[valid], rtol=1e-5, atol=1e-7)
