@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import peer_refs as R
-from peer_cases import ADV_CASES, reward_batch, run_adv, token_level_rewards
+from peer_cases import ADV_CASES, fn_for, reward_batch, run_adv, token_level_rewards
 from rldsl.components import baseline as bl
 from rldsl.components import normalizer as nm
 from rldsl.ops import AdvantageBatch
@@ -133,3 +133,17 @@ def test_singleton_conventions_through_estimate():
     assert vals[0] == [0.0, 0.0, 0.0]
     assert vals[1] == pytest.approx([x / (1 + 1e-6) for x in r.tolist()], rel=1e-6)
     assert vals[2] == r.tolist() and vals[3] == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("case", [c for c in ADV_CASES if c.peer == "verl"], ids=lambda c: c.name)
+def test_a_failed_reward_leaves_no_nan(case):
+    """A reward that failed (NaN) leaves every advantage finite and its own row out of the loss."""
+    b = reward_batch(7, 4)
+    b["r"] = b["r"].clone()
+    b["r"][5] = float("nan")
+    kw = {"old_logprobs": b["old"], "ref_logprobs": b["ref"]} if "kl" in case.estimate_kw else {}
+    if "values" in case.estimate_kw:
+        kw["values"] = b["values"]
+    est = fn_for(case.spec).estimate(b["r"], 4, b["mask"], **kw)
+    assert torch.isfinite(est.advantages).all() and torch.isfinite(est.returns).all()
+    assert est.mask[5].sum() == 0 and est.advantages[5].abs().sum() == 0
