@@ -86,18 +86,21 @@ def group_mean(batch: AdvantageBatch, singleton: str = "zero") -> tuple[Tensor, 
 
 
 @register("baseline",
-          singleton=Choice(("reward", "zero"), "reward",
-                           "a group with one scorable sample: A = r (verl rloo) or A = 0 (verl rloo_vectorized)"))
-def leave_one_out(batch: AdvantageBatch, singleton: str = "reward") -> tuple[Tensor, Tensor]:
+          singleton=Choice(("zero", "reward"), "zero",
+                           "advantage of a sample with no scorable other in its group: 0 (TRL) "
+                           "or its own reward (verl rloo)"))
+def leave_one_out(batch: AdvantageBatch, singleton: str) -> tuple[Tensor, Tensor]:
     """Mean reward of the other G-1 responses to the same prompt.
 
     formula: A_i = r_i - (1/(G-1)) sum_{j in g(i), j != i} r_j  =  G/(G-1) (r_i - mean_g r)
     source: RLOO (Ahmadian et al. 2024; Kool et al. 2019); verl adv_estimator=rloo;
       TRL RLOOTrainer
     shapes: r [B] -> A [B, T]
-    edge cases: a group of one has no other sample: A = r (verl rloo), or 0 with
-      singleton=zero (verl rloo_vectorized). Samples whose reward failed are left out: K-1
-      counts the scorable others (TRL).
+    edge cases: samples whose reward failed are left out: K-1 counts the scorable others (TRL).
+      A sample with no scorable other (a group of one, or the only scorable sample of its
+      group) has no baseline: A = 0 with singleton=zero (TRL: advantages 0 when
+      num_generations is 1; no gradient from an unbaselined reward), A = r with
+      singleton=reward (verl rloo; verl's rloo_vectorized gives 0).
     """
     G = batch.group_size
     r, v = group_view(batch.rewards, G), group_view(batch.valid_rows, G)  # [P, G]
@@ -105,8 +108,8 @@ def leave_one_out(batch: AdvantageBatch, singleton: str = "reward") -> tuple[Ten
     _, _, k = moments(d, v)  # [P, 1] valid members (K)
     total = (d * v).sum(dim=1, keepdim=True)  # [P, 1]
     others = (total - d) / (k - 1).clamp_min(1)  # [P, G] mean of the other K-1
-    alone = r if singleton == "reward" else torch.zeros_like(r)
-    a = torch.where(k > 1, d - others, alone)  # no other sample: A = r (or 0)
+    alone = r if singleton == "reward" else torch.zeros_like(r)  # [P, G] no other sample
+    a = torch.where(k > 1, d - others, alone)
     return _broadcast(a.reshape(-1), batch)
 
 

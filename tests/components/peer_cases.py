@@ -235,7 +235,7 @@ ADV_CASES: list[AdvCase] = [
             lambda b: R.verl_grpo(_tlr(b), _m(b), _idx(b))),
     AdvCase(VERL, "adv_estimator=grpo, norm_adv_by_std_in_grpo=False", "baseline group_mean(singleton=reward)",
             lambda b: R.verl_grpo(_tlr(b), _m(b), _idx(b), norm_adv_by_std_in_grpo=False)),
-    AdvCase(VERL, "adv_estimator=rloo", "baseline leave_one_out",
+    AdvCase(VERL, "adv_estimator=rloo", "baseline leave_one_out(singleton=reward)",
             lambda b: R.verl_rloo(_tlr(b), _m(b), _idx(b))),
     AdvCase(VERL, "adv_estimator=rloo_vectorized", "baseline leave_one_out(singleton=zero)",
             lambda b: R.verl_rloo_vectorized(_tlr(b), _m(b), _idx(b))),

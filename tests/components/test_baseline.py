@@ -1,11 +1,16 @@
-"""baseline slot: every component against plain-loop references (REFERENCE.md §1.1, §4)."""
+"""baseline slot: every component against plain-loop references (verl core_algos estimators,
+TRL RLOOTrainer/GRPOTrainer advantages, written out as loops)."""
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from component_refs import adv_batch, assert_close, lists, ref_masked_whiten, right_padded_mask, spec_fn
 from rldsl.components import baseline as bl
+
+NAN = float("nan")
 
 
 def first_token(adv: torch.Tensor) -> list[float]:
@@ -24,14 +29,16 @@ def ref_group_mean(r: list[float], G: int) -> list[float]:
     return out
 
 
-def ref_leave_one_out(r: list[float], G: int) -> list[float]:
-    """RLOO: r_i minus the mean of the other G-1 rewards; a singleton keeps r (verl rloo)."""
+def ref_leave_one_out(r: list[float], G: int, singleton: str = "zero") -> list[float]:
+    """RLOO: r_i minus the mean of the other G-1 rewards (NaN rewards are not there); a sample
+    with no scorable other gets 0 (TRL) or keeps r (verl rloo, singleton="reward")."""
     out = []
     for g in range(len(r) // G):
         grp = r[g * G:(g + 1) * G]
         for i, x in enumerate(grp):
-            others = [y for j, y in enumerate(grp) if j != i]
-            out.append(x - sum(others) / len(others) if others else x)
+            others = [y for j, y in enumerate(grp) if j != i and math.isfinite(y)]
+            alone = x if singleton == "reward" else 0.0
+            out.append(x - sum(others) / len(others) if others else alone)
     return out
 
 
@@ -129,11 +136,11 @@ def test_group_mean_zero_on_padding():
 
 def test_leave_one_out_hand_numbers_and_reference():
     r = [1.0, 0.0, 0.0, 1.0]
-    adv, _ = bl.leave_one_out(adv_batch(r, 4))
+    adv, _ = bl.leave_one_out(adv_batch(r, 4), singleton="zero")
     # i=0: 1 - (0+0+1)/3 = 2/3 ; i=1: 0 - (1+0+1)/3 = -2/3
     assert first_token(adv) == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
     r = [0.2, 1.5, -0.7, 3.0, 0.0, 0.1]
-    adv, _ = bl.leave_one_out(adv_batch(r, 3))
+    adv, _ = bl.leave_one_out(adv_batch(r, 3), singleton="zero")
     assert first_token(adv) == pytest.approx(ref_leave_one_out(r, 3))
     # verl's closed form r*K/(K-1) - mean*K/(K-1)
     K = 3
@@ -142,17 +149,40 @@ def test_leave_one_out_hand_numbers_and_reference():
 
 
 def test_leave_one_out_pair_is_the_difference():
-    adv, _ = bl.leave_one_out(adv_batch([3.0, 1.0], 2))
+    adv, _ = bl.leave_one_out(adv_batch([3.0, 1.0], 2), singleton="zero")
     assert first_token(adv) == [2.0, -2.0]
 
 
-def test_leave_one_out_singleton_keeps_the_reward():
-    adv, _ = bl.leave_one_out(adv_batch([0.3, 1.0, -2.0], 1))
-    assert first_token(adv) == pytest.approx([0.3, 1.0, -2.0])
+def test_leave_one_out_singleton_is_zero_like_trl_or_the_reward_like_verl():
+    adv, _ = bl.leave_one_out(adv_batch([0.3, 1.0, -2.0], 1), singleton="zero")
+    assert first_token(adv) == [0.0, 0.0, 0.0]  # TRL RLOOTrainer: num_generations == 1 -> A = 0
+    adv, _ = bl.leave_one_out(adv_batch([0.3, 1.0, -2.0], 1), singleton="reward")
+    assert first_token(adv) == pytest.approx([0.3, 1.0, -2.0])  # verl compute_rloo_outcome_advantage
+
+
+@pytest.mark.parametrize("singleton", ["zero", "reward"])
+def test_leave_one_out_one_scorable_sample_in_a_group(singleton):
+    """[NaN, 0.7, NaN] has one scorable sample: no baseline for it (the default gives A = 0)."""
+    src = "baseline leave_one_out" + ("(singleton=reward)" if singleton == "reward" else "")
+    fn = spec_fn(src + "\nobjective reinforce")
+    r = [NAN, 0.7, NAN, 1.0, 0.0, 0.5]
+    est = fn.estimate(torch.tensor(r), 3, torch.ones(6, 2))
+    want = ref_leave_one_out(r, 3, singleton)
+    assert first_token(est.advantages)[1] == pytest.approx(want[1])
+    assert first_token(est.advantages)[3:] == pytest.approx(want[3:])  # [1 - .25, 0 - .75, .5 - .5]
+    assert want[1] == (0.7 if singleton == "reward" else 0.0)
+    assert lists(est.mask.sum(-1)) == [0.0, 2.0, 0.0, 2.0, 2.0, 2.0]  # failed rewards leave the loss
+
+
+def test_leave_one_out_default_is_trl_and_the_spec_names_it():
+    from rldsl import registry
+    assert registry.get("baseline", "leave_one_out").params["singleton"].default == "zero"
+    assert spec_fn("baseline leave_one_out(singleton=reward)").algorithm["baseline"].params == {
+        "singleton": "reward"}
 
 
 def test_leave_one_out_zero_variance_group_is_exactly_zero():
-    adv, _ = bl.leave_one_out(adv_batch([0.1] * 8, 8))
+    adv, _ = bl.leave_one_out(adv_batch([0.1] * 8, 8), singleton="zero")
     assert torch.count_nonzero(adv) == 0
 
 

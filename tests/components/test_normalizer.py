@@ -96,8 +96,10 @@ def test_group_std_zero_variance_group_is_exactly_zero(value):
 
 
 def test_group_std_singleton_uses_std_one():
-    # leave_one_out keeps r for a singleton; the std of one sample is taken as 1 (verl's rule)
-    a = normalize("group_std", [0.5, -2.0], 1, baseline=bl.leave_one_out, eps=1e-6, unbiased=True)
+    # leave_one_out(singleton=reward) keeps r for a singleton; the std of one sample is taken
+    # as 1 (verl's rule)
+    a = normalize("group_std", [0.5, -2.0], 1, baseline=lambda b: bl.leave_one_out(b, singleton="reward"),
+                  eps=1e-6, unbiased=True)
     assert lists(a[:, 0]) == pytest.approx([0.5 / (1 + 1e-6), -2.0 / (1 + 1e-6)])
     # with group_mean the numerator is 0: A = 0 and no NaN
     a = normalize("group_std", [0.5, -2.0], 1, eps=1e-6, unbiased=True)

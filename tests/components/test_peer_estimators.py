@@ -121,14 +121,14 @@ def test_nonzero_rate_by_hand_and_without_any_reward():
 
 
 def test_singleton_conventions_through_estimate():
-    """G = 1: TRL (and group_mean's default) give 0; verl grpo gives r / (1 + 1e-6); verl rloo r;
+    """G = 1: TRL (and the defaults) give 0; verl grpo gives r / (1 + 1e-6); verl rloo r;
     rloo_vectorized 0."""
     from component_refs import spec_fn
     r, m = torch.tensor([0.5, -1.0, 2.0]), torch.ones(3, 2)
     got = {spec: spec_fn(spec).estimate(r, 1, m).advantages[:, 0].tolist() for spec in (
         "baseline group_mean\nnormalizer group_std(eps=1e-6)",
         "baseline group_mean(singleton=reward)\nnormalizer group_std(eps=1e-6)",
-        "baseline leave_one_out", "baseline leave_one_out(singleton=zero)")}
+        "baseline leave_one_out(singleton=reward)", "baseline leave_one_out")}
     vals = list(got.values())
     assert vals[0] == [0.0, 0.0, 0.0]
     assert vals[1] == pytest.approx([x / (1 + 1e-6) for x in r.tolist()], rel=1e-6)

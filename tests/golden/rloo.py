@@ -13,7 +13,7 @@ def advantages(rewards, mask, group_size, values, truncated, old_logp, ref_logp,
     token_rewards = ops.last_token(r, mask) - 0.05 * kl_t  # kl in the reward, beta=0.05  [B, T]
     r = r - 0.05 * kl_t.sum(-1)  # [B]
     batch = dataclasses.replace(batch, rewards=r, token_rewards=token_rewards)
-    adv, returns = baseline.leave_one_out(batch, singleton='reward')  # baseline leave_one_out  spec line 6  [B, T]
+    adv, returns = baseline.leave_one_out(batch, singleton='zero')  # baseline leave_one_out  spec line 6  [B, T]
     adv = normalizer.none(adv, batch)  # normalizer none  (default)  [B, T]
     keep = torch.ones_like(r)  # [B]
     loss_mask = mask * keep.unsqueeze(-1)  # [B, T]
