@@ -44,9 +44,9 @@ def product(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tenso
     """Sequence-level ratio: the product of the token ratios (the sequence likelihood ratio).
 
     formula: log w_i = clamp(sum_t m_it clamp(log rho_it, -{clamp}, {clamp}), -{clamp}, {clamp}), on every token of row i
-    source: VESPO (arXiv 2602.10693) and TRL loss_type="vespo" (per-token clamp 20, sum clamped
-      above at 20); TRL RLOOTrainer (sum of log ratios, no clamp: a large clamp); verl
-      rollout_is=sequence
+    source: VESPO (arXiv 2602.10693) and TRL loss_type="vespo" (each log rho clamped to +-20,
+      the sum to [log 1e-8, 20]: the lower bound is gamma_weight's); TRL RLOOTrainer (sum of
+      log ratios, no clamp: a large clamp); verl rollout_is=sequence (clamp 20)
     shapes: [B, T] -> [B, T] (the same value on every token of a row)
     edge cases: the gradient is the full one of the row sum, so with seq_mean_token_mean
       aggregation the loss and gradient are those of one sequence-level term per row; padding

@@ -131,7 +131,8 @@ def soft_gate(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, tau_pos:
       seq-mean-token-mean)
     shapes: [B, T] -> [B, T]
     edge cases: the weight is never exactly rho, so the clip_fraction metric counts every token;
-      far from 1 the gate saturates at 4/tau (A > 0) and 0, and its gradient vanishes smoothly.
+      the gate lies between (4/tau) sigmoid(-tau) at rho = 0 and 4/tau as rho grows, and its
+      gradient 4 sigmoid'(tau (rho - 1)) vanishes smoothly away from rho = 1.
     """
     tau = torch.where(adv > 0, torch.full_like(rho, tau_pos), torch.full_like(rho, tau_neg))
     return torch.sigmoid(tau * (rho - 1)) * (4.0 / tau)
