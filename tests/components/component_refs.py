@@ -1,6 +1,6 @@
 """Shared helpers for the component tests: tiny spec builder, batch makers and the plain-loop
 aggregation reference. Nothing here calls an rldsl component; references are written from the
-formulas in /work/shared/REFERENCE.md with Python loops over lists.
+peers' formulas (verl core_algos, TRL trainers) with Python loops over lists.
 """
 from __future__ import annotations
 
