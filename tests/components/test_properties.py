@@ -111,8 +111,9 @@ def test_padding_does_not_change_the_loss(seed, extra, garbage, agg, loss):
     l0, g0, gv0, m0 = run(fn, clean, G)
     l1, g1, gv1, m1 = run(fn, padded, G)
     assert torch.isfinite(l0)
-    # float32 sums over [6, 5] and [6, 5 + extra] add in a different order: ~1e-6 relative
-    assert l1.item() == pytest.approx(l0.item(), rel=1e-5, abs=1e-7)
+    # fp32 sums over another shape add in another order: a few ulps of the O(1) per-token
+    # terms, which cancel down to a loss of ~0.1 (1.3e-7 apart on this CPU's SIMD width)
+    assert l1.item() == pytest.approx(l0.item(), rel=1e-6, abs=1e-6)
     valid = clean["mask"] > 0
     torch.testing.assert_close(g1[:, :5][valid], g0[valid], rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(gv1[:, :5][valid], gv0[valid], rtol=1e-5, atol=1e-7)
