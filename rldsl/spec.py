@@ -350,7 +350,7 @@ def _reinforce_has_no_ratio(slots):  # type: ignore[no-untyped-def]
 
 @rule
 def _sequence_ratio_needs_sequence_safe_region(slots):  # type: ignore[no-untyped-def]
-    if _c(slots, "ratio") == "sequence" and _c(slots, "trust_region") in ("tv", "kl_div"):
+    if _c(slots, "ratio") in ("sequence", "product") and _c(slots, "trust_region") in ("tv", "kl_div"):
         yield "trust_region", "divergence trust regions are per token; they do not apply to a sequence ratio", \
             "use `ratio token`, or trust_region clip"
 

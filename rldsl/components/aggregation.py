@@ -76,3 +76,17 @@ def prompt_mean(mask: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
     Lg = group_view(mask.sum(-1), group_size).sum(-1)  # [P]
     per_row = Lg.repeat_interleave(group_size).unsqueeze(-1)  # [B, 1]
     return mask / per_row.clamp_min(1), (Lg > 0).sum().to(mask.dtype)
+
+
+@register("aggregation")
+def token_sum(mask: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    """Sum over every response token, no denominator.
+
+    formula: L = sum_it m_it l_it
+    source: verl loss_agg_mode=token-sum
+    shapes: [B, T] -> weights [B, T], count [] (= 0: no denominator)
+    edge cases: the count is 0 and the loss divides by max(count, 1) = 1, so local counts summed
+      over micro-batches or ranks (docs/api.md, "Denominators") still give the plain sum; the
+      loss grows with the batch size and the response lengths.
+    """
+    return mask, torch.zeros_like(mask.sum())

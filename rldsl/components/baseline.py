@@ -59,17 +59,24 @@ def ema(batch: AdvantageBatch, decay: float) -> tuple[Tensor, Tensor]:
     return _broadcast(r - b, batch)
 
 
-@register("baseline")
-def group_mean(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
+SINGLETON = ("zero", "reward")
+
+
+@register("baseline",
+          singleton=Choice(SINGLETON, "zero",
+                           "a group of one: A = 0 (TRL) or A = r (verl grpo: its mean is taken as 0)"))
+def group_mean(batch: AdvantageBatch, singleton: str = "zero") -> tuple[Tensor, Tensor]:
     """Mean reward of the G responses to the same prompt.
 
     formula: A_i = r_i - mean_{j in g(i)} r_j
     source: GRPO (Shao et al. 2024); verl adv_estimator=grpo (norm_adv_by_std_in_grpo=False
       without a normalizer); TRL GRPOTrainer scale_rewards="none"; ROLL norm_mean_type=group
     shapes: r [B] -> A [B, T], groups contiguous (B = P*G)
-    edge cases: a group of one is its own mean: A = 0 (TRL also gives 0; verl's grpo instead
-      sets a singleton's mean to 0, i.e. A = r).
+    edge cases: a group of one is its own mean: A = 0 (TRL also gives 0); singleton=reward
+      gives verl's grpo / reinforce_plus_plus_baseline / gpg rule (mean taken as 0: A = r).
     """
+    if singleton == "reward" and batch.group_size == 1:
+        return _broadcast(batch.rewards, batch)
     r = group_view(batch.rewards, batch.group_size)  # [P, G]
     # Shift by one member first: the float mean of equal rewards (8 x 0.1) is not exactly 0.1,
     # and the ~1e-8 left in r - mean would be blown up to ~1e-2 by group_std (eps 1e-6).
@@ -132,3 +139,75 @@ def gae(batch: AdvantageBatch, gamma: float, lam: float) -> tuple[Tensor, Tensor
         adv[:, t] = last
     returns = adv + v
     return adv * m, returns * m
+
+
+@register("baseline", gamma=Float(1.0, "discount per response token", ge=0, le=1))
+def return_to_go(batch: AdvantageBatch, gamma: float) -> tuple[Tensor, Tensor]:
+    """Discounted return-to-go of the token rewards, no baseline (REINFORCE++).
+
+    formula: G_t = r_t + {gamma} G_t',  t' the next response token (mask 1) after t;  A_t = R_t = G_t
+    source: REINFORCE++ (Hu 2025, arXiv 2501.03262); verl adv_estimator=reinforce_plus_plus
+      (algorithm.gamma; whitened afterwards: pair with `normalizer whiten`)
+    shapes: token_rewards [B, T] -> A [B, T], R [B, T] (0 on padding)
+    edge cases: masked positions are skipped: their reward is dropped and they add no discount
+      step (verl carries the running return through observation tokens unchanged). With an
+      outcome reward and no KL in the reward, every token of a row gets r (for gamma = 1).
+    """
+    r, m = batch.token_rewards, batch.mask
+    B, T = r.shape
+    out = torch.zeros_like(r)
+    running = torch.zeros(B, dtype=r.dtype, device=r.device)
+    for t in reversed(range(T)):
+        new = r[:, t] + gamma * running
+        out[:, t] = new * m[:, t]
+        running = torch.where(m[:, t] > 0, new, running)
+    return out, out
+
+
+@register("baseline")
+def length_weighted_mean(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
+    """Length-weighted mean reward of the group: OPO's optimal baseline.
+
+    formula: A_i = r_i - sum_{j in g(i)} L_j r_j / sum_{j in g(i)} L_j,  L_j = response length
+    source: OPO (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline", arXiv 2505.23585);
+      verl adv_estimator=opo
+    shapes: r [B], mask [B, T] -> A [B, T]
+    edge cases: a group of one has baseline 0 (A = r, verl); a group whose responses are all
+      empty has baseline 0 (verl divides 0 by 0); samples whose reward failed are left out of
+      the weighted mean; a constant group gives exactly 0.
+    """
+    G = batch.group_size
+    r = group_view(batch.rewards, G)  # [P, G]
+    w = group_view(batch.lengths * batch.valid_rows.to(batch.lengths.dtype), G)  # [P, G]
+    if G == 1:
+        return _broadcast(batch.rewards, batch)
+    d = r - r[:, :1]  # shifted by one member so a constant group gives exactly 0
+    total = w.sum(dim=1, keepdim=True)  # [P, 1]
+    b = (w * d).sum(dim=1, keepdim=True) / total.clamp_min(1)
+    a = torch.where(total > 0, d - b, r)
+    return _broadcast(a.reshape(-1), batch)
+
+
+@register("baseline")
+def leave_one_out_max(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
+    """Max-reward leave-one-out: only each group's best sample gets its margin over the second best.
+
+    formula: A_i = max_{j in g(i)} r_j - max_{j in g(i), j != i} r_j  (= r_max - r_2nd for the argmax, 0 for the others)
+    source: verl adv_estimator=grpo_passk (pass@k training; its docstring cites arXiv 2503.19595):
+      the leave-one-out gradient of E[max of the group's rewards]; with `normalizer group_std`
+      it is verl's norm_adv_by_std_in_grpo=True (the default)
+    shapes: r [B] -> A [B, T]
+    edge cases: needs G >= 2 (verl raises too); ties for the best give 0 to every sample; the
+      first of equal maxima is the argmax; samples whose reward failed are never the best, and
+      a group with fewer than two scorable samples gets 0.
+    """
+    G = batch.group_size
+    if G < 2:
+        raise ValueError("baseline leave_one_out_max needs at least 2 samples per group (rollout.n >= 2)")
+    v = group_view(batch.valid_rows, G)  # [P, G]
+    r = group_view(batch.rewards, G).masked_fill(~v, -float("inf"))  # [P, G]
+    top = torch.topk(r, 2, dim=1).values  # [P, 2]
+    margin = torch.where(v.sum(dim=1) >= 2, top[:, 0] - top[:, 1], torch.zeros_like(top[:, 0]))  # [P]
+    best = torch.nn.functional.one_hot(r.argmax(dim=1), G).to(r.dtype)  # [P, G]
+    a = (best * margin.unsqueeze(-1)).reshape(-1)  # [B]
+    return _broadcast(a, batch)

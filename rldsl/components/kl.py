@@ -13,6 +13,13 @@ from ..registry import Bool, Choice, Float, register
 
 BETA = Float(doc="penalty coefficient", ge=0, runtime=True)
 WHERE = Choice(("loss", "reward"), "loss", "in the loss, or subtracted from the reward", runtime=True)
+STRAIGHT_THROUGH = Bool(False, "value of this estimator, gradient of k2 (verl's '+' suffix: k1+, k3+, abs+)")
+
+
+def _straight_through(value: Tensor, logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """``value`` forward, the gradient of k2 = 0.5 (log pi - log pi_ref)^2 backward."""
+    k2 = 0.5 * (logp - ref_logp) ** 2
+    return k2 - k2.detach() + value.detach()
 
 
 @register("kl")
@@ -26,16 +33,17 @@ def none(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     return torch.zeros_like(logp)
 
 
-@register("kl", beta=BETA, where=WHERE)
-def k1(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
+@register("kl", beta=BETA, where=WHERE, straight_through=STRAIGHT_THROUGH)
+def k1(logp: Tensor, ref_logp: Tensor, rho: Tensor, straight_through: bool = False) -> Tensor:
     """The naive estimator (log ratio).
 
-    formula: k1 = log pi - log pi_ref
-    source: Schulman, "Approximating KL divergence" (2020); verl kl_penalty=kl/k1;
-      TRL RLOOTrainer (in the reward, summed over tokens)
+    formula: k1 = log pi - log pi_ref   (straight_through: k1 forward, k2's gradient backward)
+    source: Schulman, "Approximating KL divergence" (2020); verl kl_penalty=kl/k1 (k1+ with
+      straight_through); TRL RLOOTrainer (in the reward, summed over tokens)
     shapes: [B, T] -> [B, T]
     """
-    return logp - ref_logp
+    k = logp - ref_logp
+    return _straight_through(k, logp, ref_logp) if straight_through else k
 
 
 @register("kl", beta=BETA, where=WHERE)
@@ -51,13 +59,16 @@ def k2(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
 
 @register("kl", beta=BETA, where=WHERE,
           clamp=Bool(False, "verl's clamps: exponent to [-20, 20], value to [-10, 10]"),
-          ratio_weighted=Bool(False, "multiply by rho (TRL use_bias_correction_kl=True)"))
-def k3(logp: Tensor, ref_logp: Tensor, rho: Tensor, clamp: bool, ratio_weighted: bool) -> Tensor:
+          ratio_weighted=Bool(False, "multiply by rho (TRL use_bias_correction_kl=True)"),
+          straight_through=STRAIGHT_THROUGH)
+def k3(logp: Tensor, ref_logp: Tensor, rho: Tensor, clamp: bool, ratio_weighted: bool,
+       straight_through: bool = False) -> Tensor:
     """The unbiased low-variance estimator.
 
-    formula: x = log pi_ref - log pi;  k3 = exp(x) - x - 1   (clamped if clamp; times rho if ratio_weighted)
+    formula: x = log pi_ref - log pi;  k3 = exp(x) - x - 1   (clamped if clamp; k2's gradient if straight_through; then times rho if ratio_weighted)
     source: GRPO (Shao et al. 2024, beta 0.04); Schulman 2020; verl kl_loss_type=low_var_kl
-      (clamp=true); TRL beta>0 (clamp=false, ratio_weighted=true by default)
+      (clamp=true; k3+ / low_var_kl+ add straight_through=true); TRL beta>0 (clamp=false,
+      ratio_weighted=true by default)
     shapes: [B, T] -> [B, T]
     """
     x = ref_logp - logp
@@ -66,6 +77,21 @@ def k3(logp: Tensor, ref_logp: Tensor, rho: Tensor, clamp: bool, ratio_weighted:
     k = torch.exp(x) - x - 1
     if clamp:
         k = torch.clamp(k, -10.0, 10.0)
+    if straight_through:
+        k = _straight_through(k, logp, ref_logp)
     if ratio_weighted:
         k = k * rho
     return k
+
+
+@register("kl", "abs", beta=BETA, where=WHERE, straight_through=STRAIGHT_THROUGH)
+def abs_(logp: Tensor, ref_logp: Tensor, rho: Tensor, straight_through: bool = False) -> Tensor:
+    """Absolute log ratio.
+
+    formula: |log pi - log pi_ref|   (straight_through: this value forward, k2's gradient backward)
+    source: verl kl_penalty=abs (abs+ with straight_through)
+    shapes: [B, T] -> [B, T]
+    edge cases: the gradient at log pi = log pi_ref is 0 (torch's sign(0)).
+    """
+    k = (logp - ref_logp).abs()
+    return _straight_through(k, logp, ref_logp) if straight_through else k

@@ -93,3 +93,21 @@ def whiten(adv: Tensor, batch: AdvantageBatch, eps: float, shift_mean: bool) -> 
     if not shift_mean:
         out = out + mean
     return out * m
+
+
+@register("normalizer",
+          f_norm=Float(1.0, "a further constant divisor (verl f_norm)", gt=0))
+def nonzero_rate(adv: Tensor, batch: AdvantageBatch, f_norm: float) -> Tensor:
+    """Divide by the share of samples with a nonzero reward (GPG's alpha), and by f_norm.
+
+    formula: A_i = alpha (r_i - b_i) / {f_norm},  alpha = B / max(1, #{j : r_j != 0})
+    source: GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline",
+      arXiv 2504.02546); verl adv_estimator=gpg (with `baseline group_mean(singleton=reward)`)
+    shapes: [B, T] -> [B, T]
+    edge cases: a batch without any nonzero reward uses alpha = B; B and the count cover the
+      samples whose reward is real (a failed reward is neither counted nor a sample).
+    """
+    v = batch.valid_rows
+    n = v.sum().to(adv.dtype)
+    nonzero = ((batch.rewards != 0) & v).sum().to(adv.dtype)
+    return adv * (n / nonzero.clamp_min(1)) / f_norm

@@ -4,9 +4,10 @@ Signature: ``(w [B, T], adv [B, T], logp [B, T]) -> loss [B, T]``.
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from ..registry import register
+from ..registry import Float, register
 
 
 @register("objective")
@@ -40,3 +41,18 @@ def is_weighted(w: Tensor, adv: Tensor, logp: Tensor) -> Tensor:
     shapes: [B, T] -> [B, T]
     """
     return -w.detach() * adv * logp
+
+
+@register("objective", beta=Float(doc="weight of the squared log ratio (verl policy_loss.dro_beta)", gt=0))
+def dro(w: Tensor, adv: Tensor, logp: Tensor, beta: float) -> Tensor:
+    """REINFORCE with a quadratic penalty on the log ratio to the old policy (DRO).
+
+    formula: l_it = -(A_it log pi(o_it) - {beta}/2 (log w_it)^2),  w = rho with `trust_region none`
+    source: DRO (Richemond et al. 2024, "Offline Regularised Reinforcement Learning for LLM
+      Alignment", arXiv 2405.19107); verl loss_mode=dro (-(log pi A - 0.5 dro_beta log_ratio^2))
+    shapes: [B, T] -> [B, T]
+    edge cases: the penalty acts on every response token, also where A = 0; verl does not clamp
+      the log ratio: give the ratio a clamp beyond any reachable value (80 keeps exp finite in
+      float32) to match it.
+    """
+    return -(adv * logp - 0.5 * beta * torch.log(w) ** 2)

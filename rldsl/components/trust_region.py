@@ -8,6 +8,8 @@ where it does not. With ``objective ppo`` the loss is ``-A w``, so the PPO clip
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -114,3 +116,51 @@ def kl_div(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, low: float,
         valid = torch.where(adv > 0, (d <= high) | (p <= p_old), (d <= low) | (p >= p_old))
     w = rho if cap is None else torch.clamp(rho, max=cap)
     return w * valid.to(w.dtype)
+
+
+@register("trust_region",
+          tau_pos=Float(1.0, "gate temperature where A > 0 (TRL sapo_temperature_pos, verl tau_pos)", gt=0),
+          tau_neg=Float(1.05, "gate temperature where A <= 0 (TRL sapo_temperature_neg, verl tau_neg)", gt=0))
+def soft_gate(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, tau_pos: float,
+              tau_neg: float) -> Tensor:
+    """SAPO's soft gate: a smooth, temperature-controlled stand-in for the hard clip.
+
+    formula: w = (4/tau) sigmoid(tau (rho - 1)),  tau = {tau_pos} if A > 0 else {tau_neg}   (dw/drho = 1 at rho = 1)
+    source: SAPO ("Soft Adaptive Policy Optimization", Qwen 2025, arXiv 2511.20347);
+      TRL loss_type="sapo"; verl loss_mode=sapo (which also clamps log rho to +-20 and forces
+      seq-mean-token-mean)
+    shapes: [B, T] -> [B, T]
+    edge cases: the weight is never exactly rho, so the clip_fraction metric counts every token;
+      the gate lies between (4/tau) sigmoid(-tau) at rho = 0 and 4/tau as rho grows, and its
+      gradient 4 sigmoid'(tau (rho - 1)) vanishes smoothly away from rho = 1.
+    """
+    tau = torch.where(adv > 0, torch.full_like(rho, tau_pos), torch.full_like(rho, tau_neg))
+    return torch.sigmoid(tau * (rho - 1)) * (4.0 / tau)
+
+
+_LOG_MIN_W = math.log(1e-8)
+
+
+@register("trust_region",
+          k_pos=Float(2.0, "power of w where A >= 0 (TRL vespo_k_pos)", ge=0),
+          lambda_pos=Float(3.0, "decay of w where A >= 0 (TRL vespo_lambda_pos; TRL raises < 1e-4 to 1e-4)",
+                           ge=1e-4),
+          k_neg=Float(3.0, "power of w where A < 0 (TRL vespo_k_neg)", ge=0),
+          lambda_neg=Float(2.0, "decay of w where A < 0 (TRL vespo_lambda_neg)", ge=1e-4))
+def gamma_weight(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, k_pos: float,
+                 lambda_pos: float, k_neg: float, lambda_neg: float) -> Tensor:
+    """VESPO's weight: a Gamma-density shape of the (sequence) ratio, 1 at rho = 1, instead of a clip.
+
+    formula: phi(w) = exp(lam + k log w - lam w),  log w = clamp(log rho, log 1e-8, 20);  k, lam = ({k_pos}, {lambda_pos}) if A >= 0 else ({k_neg}, {lambda_neg})
+    source: VESPO (arXiv 2602.10693); TRL loss_type="vespo" (get_gamma_weights): pair with
+      `ratio product(clamp=20.0)` and `objective is_weighted` (-sg(phi) A log pi)
+    shapes: [B, T] -> [B, T]
+    edge cases: phi peaks at w = k/lam and decays to 0 both ways; an overflow or NaN of phi
+      becomes 0 (TRL nan_to_num), so the weight is always finite.
+    """
+    log_w = torch.clamp(torch.log(rho), _LOG_MIN_W, 20.0)
+    pos = adv >= 0
+    k = torch.where(pos, torch.full_like(rho, k_pos), torch.full_like(rho, k_neg))
+    lam = torch.where(pos, torch.full_like(rho, lambda_pos), torch.full_like(rho, lambda_neg))
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+    return torch.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0)

@@ -11,7 +11,7 @@ def advantages(rewards, mask, group_size, values, truncated, old_logp, ref_logp,
     r = raw  # [B]
     token_rewards = ops.last_token(r, mask)  # the sequence reward on its last token  [B, T]
     batch = dataclasses.replace(batch, rewards=r, token_rewards=token_rewards)
-    adv, returns = baseline.group_mean(batch)  # baseline group_mean  inherited, parent spec line 7  [B, T]
+    adv, returns = baseline.group_mean(batch, singleton='zero')  # baseline group_mean  inherited, parent spec line 7  [B, T]
     adv = normalizer.group_std(adv, batch, eps=1e-06, unbiased=True)  # normalizer group_std  inherited, parent spec line 8  [B, T]
     keep = torch.ones_like(r)  # [B]
     loss_mask = mask * keep.unsqueeze(-1)  # [B, T]

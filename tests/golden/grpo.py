@@ -11,7 +11,7 @@ def advantages(rewards, mask, group_size, values, truncated, old_logp, ref_logp,
     r = raw  # [B]
     token_rewards = ops.last_token(r, mask)  # the sequence reward on its last token  [B, T]
     batch = dataclasses.replace(batch, rewards=r, token_rewards=token_rewards)
-    adv, returns = baseline.group_mean(batch)  # baseline group_mean  spec line 7  [B, T]
+    adv, returns = baseline.group_mean(batch, singleton='zero')  # baseline group_mean  spec line 7  [B, T]
     adv = normalizer.group_std(adv, batch, eps=1e-06, unbiased=True)  # normalizer group_std  spec line 8  [B, T]
     keep = torch.ones_like(r)  # [B]
     loss_mask = mask * keep.unsqueeze(-1)  # [B, T]
@@ -28,7 +28,7 @@ def loss(logp, old_logp, adv, mask, ref_logp, values, returns, old_values, ent, 
     w = trust_region.clip(rho, adv, logp, old_logp, low=0.2, high=0.2)  # trust_region clip  spec line 10  [B, T]
     pg = objective.ppo(w, adv, logp)  # objective ppo  spec line 9  [B, T]
     per_token = pg  # [B, T]
-    kl_t = kl.k3(logp, ref_logp, rho, clamp=False, ratio_weighted=False)  # kl k3  spec line 11  [B, T]
+    kl_t = kl.k3(logp, ref_logp, rho, clamp=False, ratio_weighted=False, straight_through=False)  # kl k3  spec line 11  [B, T]
     per_token = per_token + 0.04 * kl_t  # kl in the loss, beta=0.04
     weights, count = aggregation.seq_mean_token_mean(mask, group_size, count_empty=False)  # aggregation seq_mean_token_mean  spec line 12  [B, T], []
     if denominator is not None:

@@ -9,7 +9,7 @@ def advantages(rewards, mask, group_size, values, truncated, old_logp, ref_logp,
                            group_size=group_size, values=values, truncated=truncated, state=state,
                            valid=valid)
     r = raw  # [B]
-    kl_t = kl.k1(old_logp, ref_logp, torch.ones_like(old_logp)) * mask  # kl k1  spec line 8  [B, T]
+    kl_t = kl.k1(old_logp, ref_logp, torch.ones_like(old_logp), straight_through=False) * mask  # kl k1  spec line 8  [B, T]
     token_rewards = ops.last_token(r, mask) - 0.05 * kl_t  # kl in the reward, beta=0.05  [B, T]
     r = r - 0.05 * kl_t.sum(-1)  # [B]
     batch = dataclasses.replace(batch, rewards=r, token_rewards=token_rewards)

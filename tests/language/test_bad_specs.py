@@ -147,7 +147,7 @@ def test_a_missing_file_names_the_library_algorithm() -> None:
     with pytest.raises(SpecError) as info:
         rldsl.load("grpoo")
     assert info.value.message == "no such spec file or library algorithm: grpoo"
-    assert info.value.hint == "did you mean one of 'dr_grpo', 'grpo', 'rloo'?"
+    assert info.value.hint == "did you mean one of 'grpo', 'gspo', 'rloo'?"
 
 
 def test_a_comment_before_a_crlf_line_end_does_not_move_the_caret_past_the_line() -> None:

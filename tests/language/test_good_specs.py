@@ -112,7 +112,7 @@ def test_negative_number_where_allowed(in_root: Path) -> None:
 
 def test_empty_parens_mean_defaults(in_root: Path) -> None:
     algo = _good("empty_parens")
-    assert algo["baseline"].params == {}
+    assert algo["baseline"].params == {"singleton": "zero"}
     assert algo["normalizer"].params == {"eps": 1e-6, "unbiased": True}
     assert algo.components("filter") == ["zero_variance", "pass_rate_cap"]
     assert algo["filter"][1].params == {"max": 0.9}

@@ -1,3 +1,3 @@
 algorithm demo
   "A test spec."
-  baseline      group_mean(eps=1e-6)
+  baseline      batch_mean(eps=1e-6)

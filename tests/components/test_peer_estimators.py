@@ -1,0 +1,149 @@
+"""verl 0.9.1 adv_estimator and TRL 1.16 scale_rewards options written as specs
+(peer_cases.ADV_CASES) against transcriptions of the peers' code, through ``estimate()`` (float32)
+on batches with singleton groups, zero-variance and all-zero groups, ties and an empty row; and
+the new baselines called directly in float64 where exactness is the point."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import peer_refs as R
+from peer_cases import ADV_CASES, fn_for, reward_batch, run_adv, token_level_rewards
+from rldsl.components import baseline as bl
+from rldsl.components import normalizer as nm
+from rldsl.ops import AdvantageBatch
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("case", ADV_CASES, ids=lambda c: c.name)
+def test_advantages_equal_the_peer(case, seed):
+    for G in case.group_sizes:
+        b = reward_batch(seed, G)
+        ours, ref = run_adv(case, b)
+        assert torch.isfinite(ours).all()
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+
+
+def f64_batch(r, G, mask, valid=None, token_rewards=None) -> AdvantageBatch:
+    r = torch.as_tensor(r, dtype=torch.float64)
+    mask = torch.as_tensor(mask, dtype=torch.float64)
+    tr = torch.zeros_like(mask) if token_rewards is None else torch.as_tensor(token_rewards, dtype=torch.float64)
+    return AdvantageBatch(rewards=r, raw_rewards=r, token_rewards=tr, mask=mask, group_size=G,
+                          valid=None if valid is None else torch.as_tensor(valid))
+
+
+def _rand(seed, G, P=5, T=7):
+    g = torch.Generator().manual_seed(seed)
+    B = P * G
+    r = torch.randn(B, generator=g, dtype=torch.float64)
+    r[:G] = 0.3  # a zero-variance group
+    lengths = torch.randint(0, T + 1, (B,), generator=g)
+    mask = (torch.arange(T).expand(B, T) < lengths.unsqueeze(-1)).double()
+    return r, mask, [i // G for i in range(B)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("G", [1, 3, 4])
+def test_new_baselines_in_float64(seed, G):
+    """length_weighted_mean, leave_one_out(singleton=zero), group_mean(singleton=reward),
+    leave_one_out_max and nonzero_rate to 1e-12 of verl's loops."""
+    r, mask, idx = _rand(seed, G)
+    b = f64_batch(r, G, mask)
+    tlr = token_level_rewards(r, mask)
+    cases = [(bl.length_weighted_mean(b)[0], R.verl_opo(tlr, mask, idx)),
+             (bl.leave_one_out(b, singleton="zero")[0], R.verl_rloo_vectorized(tlr, mask, idx)),
+             (bl.leave_one_out(b, singleton="reward")[0], R.verl_rloo(tlr, mask, idx)),
+             (bl.group_mean(b, singleton="reward")[0], R.verl_grpo(tlr, mask, idx, norm_adv_by_std_in_grpo=False)),
+             (nm.nonzero_rate(bl.group_mean(b, singleton="reward")[0], b, f_norm=1.5),
+              R.verl_gpg(tlr, mask, idx, f_norm=1.5))]
+    if G > 1:
+        cases.append((bl.leave_one_out_max(b)[0], R.verl_grpo_passk(tlr, mask, idx, norm_adv_by_std_in_grpo=False)))
+    for ours, ref in cases:
+        torch.testing.assert_close(ours * mask, ref * mask, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.9, 0.0])
+def test_return_to_go_in_float64_with_holes(gamma):
+    """Masked positions inside a row (observation tokens) are skipped, as verl's loop skips them."""
+    g = torch.Generator().manual_seed(3)
+    mask = torch.tensor([[1, 1, 0, 1, 0, 0], [1, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0],
+                         [1, 1, 1, 1, 1, 1]], dtype=torch.float64)
+    tr = torch.randn(4, 6, generator=g, dtype=torch.float64)  # rewards on masked tokens are dropped
+    b = f64_batch(torch.zeros(4), 1, mask, token_rewards=tr)
+    adv, ret = bl.return_to_go(b, gamma=gamma)
+    want_ret = torch.zeros_like(tr)  # verl's loop, before its whitening
+    running = torch.zeros(4, dtype=torch.float64)
+    for t in reversed(range(6)):
+        new = tr[:, t] + gamma * running
+        want_ret[:, t] = new * mask[:, t]
+        running = new * mask[:, t] + running * (1 - mask[:, t])
+    torch.testing.assert_close(adv, want_ret, rtol=0, atol=1e-15)
+    torch.testing.assert_close(ret, want_ret, rtol=0, atol=1e-15)
+    # by hand, row 0 with gamma: t=3 -> r3; t=1 -> r1 + g r3; t=0 -> r0 + g (r1 + g r3)
+    r0 = tr[0]
+    assert adv[0, 0].item() == pytest.approx((r0[0] + gamma * (r0[1] + gamma * r0[3])).item(), abs=1e-14)
+
+
+def test_leave_one_out_max_edges():
+    mask = torch.ones(8, 2, dtype=torch.float64)
+    b = f64_batch([1, 0, 1, 0.5, 0.2, 0.9, 0.1, 0.9], 4, mask)
+    a = bl.leave_one_out_max(b)[0][:, 0]
+    # group 0 = (1, 0, 1, 0.5) and group 1 = (0.2, 0.9, 0.1, 0.9): ties for the best -> all 0
+    assert a.tolist() == [0.0] * 8
+    b = f64_batch([1, 0, 0.5, 0.25], 4, torch.ones(4, 2))
+    assert bl.leave_one_out_max(b)[0][:, 1].tolist() == [0.5, 0.0, 0.0, 0.0]
+    # a failed reward is never the best, and one scorable sample gives 0
+    b = f64_batch([5.0, 1.0, 0.5, 0.25], 4, torch.ones(4, 2), valid=[False, True, True, True])
+    assert bl.leave_one_out_max(b)[0][:, 0].tolist() == [0.0, 0.5, 0.0, 0.0]
+    b = f64_batch([5.0, 1.0], 2, torch.ones(2, 2), valid=[False, True])
+    assert bl.leave_one_out_max(b)[0].abs().sum().item() == 0.0
+    with pytest.raises(ValueError, match="at least 2 samples per group"):
+        bl.leave_one_out_max(f64_batch([1.0, 0.0], 1, torch.ones(2, 2)))
+
+
+def test_length_weighted_mean_edges():
+    # an all-empty group: baseline 0, no NaN (verl divides 0 by 0); a constant group: exactly 0
+    mask = torch.tensor([[0, 0], [0, 0], [1, 1], [1, 0]], dtype=torch.float64)
+    b = f64_batch([1.0, 2.0, 0.1, 0.1], 2, mask)
+    a = bl.length_weighted_mean(b)[0]
+    assert torch.isfinite(a).all() and a.abs().sum().item() == 0.0
+    # by hand: lengths 3 and 1, rewards 1 and 0 -> b = 3/4 -> A = 1/4, -3/4
+    b = f64_batch([1.0, 0.0], 2, torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.float64))
+    assert bl.length_weighted_mean(b)[0][:, 0].tolist() == [0.25, -0.75]
+
+
+def test_nonzero_rate_by_hand_and_without_any_reward():
+    b = f64_batch([1.0, 0.0, 0.0, 0.0], 2, torch.ones(4, 1))
+    adv = torch.ones(4, 1, dtype=torch.float64)
+    assert nm.nonzero_rate(adv, b, f_norm=1.0)[:, 0].tolist() == [4.0] * 4  # B / #nonzero = 4 / 1
+    b = f64_batch([0.0, 0.0], 2, torch.ones(2, 1))
+    assert nm.nonzero_rate(torch.ones(2, 1, dtype=torch.float64), b, f_norm=2.0)[:, 0].tolist() == [1.0, 1.0]
+
+
+def test_singleton_conventions_through_estimate():
+    """G = 1: TRL (and the defaults) give 0; verl grpo gives r / (1 + 1e-6); verl rloo r;
+    rloo_vectorized 0."""
+    from component_refs import spec_fn
+    r, m = torch.tensor([0.5, -1.0, 2.0]), torch.ones(3, 2)
+    got = {spec: spec_fn(spec).estimate(r, 1, m).advantages[:, 0].tolist() for spec in (
+        "baseline group_mean\nnormalizer group_std(eps=1e-6)",
+        "baseline group_mean(singleton=reward)\nnormalizer group_std(eps=1e-6)",
+        "baseline leave_one_out(singleton=reward)", "baseline leave_one_out")}
+    vals = list(got.values())
+    assert vals[0] == [0.0, 0.0, 0.0]
+    assert vals[1] == pytest.approx([x / (1 + 1e-6) for x in r.tolist()], rel=1e-6)
+    assert vals[2] == r.tolist() and vals[3] == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("case", [c for c in ADV_CASES if c.peer == "verl"], ids=lambda c: c.name)
+def test_a_failed_reward_leaves_no_nan(case):
+    """A reward that failed (NaN) leaves every advantage finite and its own row out of the loss."""
+    b = reward_batch(7, 4)
+    b["r"] = b["r"].clone()
+    b["r"][5] = float("nan")
+    kw = {"old_logprobs": b["old"], "ref_logprobs": b["ref"]} if "kl" in case.estimate_kw else {}
+    if "values" in case.estimate_kw:
+        kw["values"] = b["values"]
+    est = fn_for(case.spec).estimate(b["r"], 4, b["mask"], **kw)
+    assert torch.isfinite(est.advantages).all() and torch.isfinite(est.returns).all()
+    assert est.mask[5].sum() == 0 and est.advantages[5].abs().sum() == 0
