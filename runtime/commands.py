@@ -194,6 +194,9 @@ def plot_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``run`` and ``plot`` commands to the ``rldsl`` typer app."""
+    """Add the ``run``, ``plot`` and ``ablate`` commands to the ``rldsl`` typer app."""
+    from .ablate import ablate_command
+
     app.command("run")(run_command)
     app.command("plot")(plot_command)
+    app.command("ablate")(ablate_command)
