@@ -8,6 +8,7 @@ command again to resume).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, Optional, Sequence
 
@@ -148,13 +149,21 @@ def _save_grid(folder: Path, study: Study) -> Path:
     return folder / GRID_FILE
 
 
-def _save_study(folder: Path, study: Study, variants: Sequence[Variant]) -> None:
+def _save_study(folder: Path, study: Study, variants: Sequence[Variant],
+                session: dict[str, Any] | None = None) -> None:
+    """``study.json``: the definition, the variants with their diffs, and the wall time of
+    every invocation (``session`` is this one's, appended once it is over)."""
     grid = _save_grid(folder, study)
+    sessions = []
+    if (folder / STUDY_FILE).is_file():
+        sessions = load_study_file(folder).get("sessions", [])
+    if session is not None:
+        sessions.append(session)
     data = {"name": study.name, "base": study.base_algo.name, "base_file": study.base_algo.file,
             "definition": study.definition(), "seeds": study.seeds, "steps": study.steps,
             "threshold": study.threshold,
             "command": f"rldsl ablate --grid {grid} --out {folder}",
-            "variants": [_variant_record(v) for v in variants]}
+            "variants": [_variant_record(v) for v in variants], "sessions": sessions}
     tmp = folder / f".{STUDY_FILE}.tmp"
     tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     tmp.replace(folder / STUDY_FILE)
@@ -210,7 +219,8 @@ def ablate_command(
                                        "ray_address); flags override it, --set adds to it.")] = None,
     threshold: Annotated[Optional[float], typer.Option(
         "--threshold", metavar="ACC", help="Held-out greedy accuracy for the 'steps to "
-                                           "threshold' column (default 0.5).")] = None,
+                                           "threshold' column (default 0.5); also with "
+                                           "--report.")] = None,
     ray_address: Annotated[Optional[str], typer.Option(
         "--ray-address", metavar="ADDR", help="Run the cells as Ray tasks on this cluster "
                                               "('auto', 'ray://head:10001', or 'local').")] = None,
@@ -229,9 +239,10 @@ def ablate_command(
     console = Console(highlight=False)
     if report is not None:
         if base is not None or vary or grid is not None:
-            _fail("--report DIR only rebuilds a report: give no BASE, --vary or --grid", EXIT_BAD_INPUT)
+            _fail("--report DIR only rebuilds a report (optionally with another --threshold): "
+                  "give no BASE, --vary or --grid", EXIT_BAD_INPUT)
         try:
-            path = write_report(report)
+            path = write_report(report, threshold)
         except (FileNotFoundError, json.JSONDecodeError) as exc:
             if traceback:
                 raise
@@ -286,6 +297,7 @@ def ablate_command(
     statuses: dict[str, CellStatus] = {}
     display = Display(console, cells, statuses, study.steps)
     interrupted = False
+    t0 = time.time()
     try:
         with display:
             run_cells(cells, study, executor, save_final=save_final, notify=display.notify,
@@ -294,6 +306,9 @@ def ablate_command(
         interrupted = True
     finally:
         executor.close()
+    ran = sum(s.action not in ("skip", "") for s in statuses.values())
+    _save_study(folder, study, variants, {"seconds": round(time.time() - t0, 1),
+                                          "jobs": executor.jobs, "cells_run": ran})
     path = write_report(folder)
     bad = unfinished(statuses.values())
     console.print(f"report: {path}", markup=False)

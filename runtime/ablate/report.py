@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..metrics import METRICS_FILE, find_metric, read_metrics
-from .runner import RUNS_DIR, CellStatus, read_status
+from .runner import RUNS_DIR, CellStatus, cell_state, read_status
 
 __all__ = ["STUDY_FILE", "REPORT_FILE", "RESULTS_FILE", "FIGURES_DIR", "FIGURES",
            "RunNumbers", "run_numbers", "write_report", "load_study_file"]
@@ -203,7 +203,7 @@ def _figures(folder: Path, variants: Sequence[Mapping[str, Any]],
                 lines.append((v, len(per_seed), *_band(per_seed)))
         if not lines:
             continue
-        fig = Figure(figsize=(7.0, 4.2))
+        fig = Figure(figsize=(9.0, 4.2))
         FigureCanvasAgg(fig)
         ax = fig.subplots()
         k = 0
@@ -225,7 +225,7 @@ def _figures(folder: Path, variants: Sequence[Mapping[str, Any]],
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small", loc="best")
+        ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()
         path = folder / FIGURES_DIR / f"{stem}.png"
         fig.savefig(path, dpi=110, format="png")
@@ -241,14 +241,16 @@ _COLUMNS = ["variant", "label", "seed", "status", "steps", "change", "start_acc"
             "final_clip_fraction", "seconds", "run_dir"]
 
 
-def write_report(folder: str | Path) -> Path:
+def write_report(folder: str | Path, threshold: float | None = None) -> Path:
     """(Re)build ``report.md``, ``results.csv`` and ``figures/`` of a study folder from its
     run folders; return the path of ``report.md``. Runs that did not finish are listed
-    with their status and error, never averaged in."""
+    with their status and error, never averaged in. ``threshold``: the accuracy of the
+    "steps to" column (default: the study's)."""
     folder = Path(folder)
     study = load_study_file(folder)
     statuses = read_status(folder)
-    steps, threshold = int(study["steps"]), float(study["threshold"])
+    steps = int(study["steps"])
+    threshold = float(study["threshold"] if threshold is None else threshold)
     variants = study["variants"]
     numbers: dict[str, list[tuple[int, RunNumbers]]] = {}
     histories: dict[str, list[list[dict[str, Any]]]] = {}
@@ -264,6 +266,8 @@ def write_report(folder: str | Path) -> Path:
             row: dict[str, Any] = {"variant": v["name"], "label": v["label"], "seed": seed,
                                    "status": status, "change": "; ".join(v["changes"]),
                                    "seconds": st.seconds, "run_dir": str(run_dir.relative_to(folder))}
+            if status != "done" and cell_state(run_dir, steps)[0] == "done":
+                status = row["status"] = "done"  # finished, though status.json missed it
             if status == "done" and (run_dir / METRICS_FILE).is_file():
                 records = read_metrics(run_dir)
                 n = run_numbers(records, steps, threshold)
@@ -298,6 +302,12 @@ def write_report(folder: str | Path) -> Path:
     L.append(f"- run settings (`--set`): {sets}")
     L.append(f"- runs finished: {done} of {total}" + (f"; not finished: {total - done} (see below)"
                                                       if done < total else ""))
+    sessions = study.get("sessions", [])
+    if sessions:
+        cell_s = sum(r["seconds"] or 0 for r in rows if r["status"] == "done")
+        L.append(f"- wall time: {sum(x['seconds'] for x in sessions) / 60:.1f} min in "
+                 f"{len(sessions)} invocation(s), {', '.join(str(x['jobs']) for x in sessions)} "
+                 f"cell(s) at a time; cells' own time (last attempt): {cell_s / 60:.1f} min")
     L.append(f"- written {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; rebuild with "
              f"`rldsl ablate --report {folder}`")
     L.append("")
