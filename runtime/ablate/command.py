@@ -8,9 +8,11 @@ command again to resume).
 from __future__ import annotations
 
 import json
+import signal
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional, Sequence
+from typing import Annotated, Any, Iterator, NoReturn, Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -98,6 +100,23 @@ class Display:
     def refresh(self) -> None:
         if self.live is not None:
             self.live.update(self._table())
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM acts as Ctrl-C: the running cells are stopped with a checkpoint each."""
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _variant_record(v: Variant) -> dict[str, Any]:
@@ -299,7 +318,7 @@ def ablate_command(
     interrupted = False
     t0 = time.time()
     try:
-        with display:
+        with display, _sigterm_interrupts():
             run_cells(cells, study, executor, save_final=save_final, notify=display.notify,
                       refresh=display.refresh, statuses=statuses)
     except KeyboardInterrupt:

@@ -306,8 +306,9 @@ def write_report(folder: str | Path, threshold: float | None = None) -> Path:
     if sessions:
         cell_s = sum(r["seconds"] or 0 for r in rows if r["status"] == "done")
         L.append(f"- wall time: {sum(x['seconds'] for x in sessions) / 60:.1f} min in "
-                 f"{len(sessions)} invocation(s), {', '.join(str(x['jobs']) for x in sessions)} "
-                 f"cell(s) at a time; cells' own time (last attempt): {cell_s / 60:.1f} min")
+                 f"{len(sessions)} invocation(s) (cells at a time: "
+                 f"{', '.join(str(x['jobs']) for x in sessions)}); the finished cells' last "
+                 f"attempts took {cell_s / 60:.1f} min together")
     L.append(f"- written {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; rebuild with "
              f"`rldsl ablate --report {folder}`")
     L.append("")

@@ -382,7 +382,9 @@ def run_cells(cells: Sequence[Cell], study: Study, executor: Any, *, save_final:
             cell, offset = running.pop(fut)
             st = statuses[cell.name]
             st.status, st.returncode = "interrupted", None
+            st.seconds = round(time.time() - (st.started or time.time()), 1)
             st.step, st.acc = _last_steps(cell.run_dir / METRICS_FILE)
+            notify(cell, st, "end")
         if folder is not None:
             _write_status(folder, statuses)
         raise

@@ -384,3 +384,59 @@ def test_ray_executor_runs_a_cell_command_as_a_task(tmp_path):
     finally:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- the pool
+
+def _fake_cells(tmp_path, monkeypatch, scripts):
+    """Two cells whose `rldsl run` is replaced by the given Python one-liners."""
+    from rldsl.runtime.ablate import runner
+
+    study = build_study("lite_ppo", ["normalizer: group_std | none"], seeds=1, steps=3)
+    variants, _ = write_cells(study, tmp_path)
+    cells = [runner.Cell(v, 0, tmp_path) for v in variants]
+    by_spec = {str(c.spec): s for c, s in zip(cells, scripts)}
+    monkeypatch.setattr(runner, "cell_command",
+                        lambda cell, study, action: [sys.executable, "-c", by_spec[str(cell.spec)]])
+    return runner, study, cells
+
+
+def test_a_failing_process_is_recorded_with_its_output_and_the_other_finishes(tmp_path, monkeypatch):
+    runner_mod, study, cells = _fake_cells(tmp_path, monkeypatch, [
+        "import sys; print('loading'); print('error: boom', file=sys.stderr); sys.exit(3)",
+        "print('fine')"])
+    executor = runner_mod.LocalExecutor(2)
+    ends = []
+    statuses = runner_mod.run_cells(cells, study, executor,
+                                    notify=lambda c, s, e: ends.append((c.name, e)))
+    executor.close()
+    failed, fine = statuses[cells[0].name], statuses[cells[1].name]
+    assert (failed.status, failed.returncode, failed.action) == ("failed", 3, "run")
+    assert failed.error == "loading\nerror: boom"  # the output's tail, without the command line
+    assert (fine.status, fine.returncode) == ("done", 0)
+    assert sorted(ends) == sorted([(c.name, e) for c in cells for e in ("start", "end")])
+    assert runner_mod.read_status(tmp_path)[cells[0].name].error == "loading\nerror: boom"
+    assert runner_mod.unfinished(statuses.values()) == 1
+
+
+def test_an_interrupt_stops_the_running_cells_with_sigterm(tmp_path, monkeypatch):
+    wait_for_term = ("import signal, sys, time\n"
+                     "signal.signal(signal.SIGTERM, lambda *a: (print('saved'), sys.exit(130)))\n"
+                     "print('started', flush=True)\ntime.sleep(60)")
+    runner_mod, study, cells = _fake_cells(tmp_path, monkeypatch, [wait_for_term] * 2)
+    executor = runner_mod.LocalExecutor(2)
+
+    def refresh():  # Ctrl-C once both cells run
+        if all(c.log.is_file() and "started" in c.log.read_text() for c in cells):
+            raise KeyboardInterrupt
+
+    ends = []
+    with pytest.raises(KeyboardInterrupt):
+        runner_mod.run_cells(cells, study, executor, refresh=refresh,
+                             notify=lambda c, s, e: ends.append((c.name, s.status, e)))
+    executor.close()
+    saved = runner_mod.read_status(tmp_path)
+    assert [saved[c.name].status for c in cells] == ["interrupted", "interrupted"]
+    assert sorted(n for n, status, e in ends if e == "end" and status == "interrupted") == \
+        sorted(c.name for c in cells)
+    assert all("saved" in c.log.read_text() for c in cells)  # each got SIGTERM and exited
