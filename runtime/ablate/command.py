@@ -137,9 +137,9 @@ def _check_folder(folder: Path, study: Study) -> None:
             what = {"base": "the base spec", "base_source": "the base spec's text",
                     "base_parents": "the base spec's parents", "axes": "the --vary axes",
                     "one_at_a_time": "--one-at-a-time", "set": "the --set keys"}[key]
-            raise GridError(f"{folder} holds a study with other {what}: running it again may "
-                            f"change only --seeds, --steps, --threshold and --jobs; choose "
-                            f"another --out (saved: {json.dumps(saved.get(key))[:200]})")
+            raise GridError(f"{folder} holds another study (changed: {what}); running a study "
+                            f"again may change only --seeds, --steps, --threshold and --jobs: "
+                            f"choose another --out (saved: {json.dumps(saved.get(key))[:200]})")
 
 
 def _toml(value: Any) -> str:

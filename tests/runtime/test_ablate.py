@@ -270,7 +270,7 @@ def test_command_line_errors_exit_2_or_1_without_running(app, tmp_path):
     other.mkdir()
     (other / "study.json").write_text(json.dumps({"definition": {"base": "grpo"}}))
     r = invoke(app, "lite_ppo", "--vary", "kl: none", "--out", other)
-    assert r.exit_code == 2 and "holds a study with other the base spec" in r.output
+    assert r.exit_code == 2 and "holds another study (changed: the base spec)" in r.output
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x.txt").write_text("mine")
     r = invoke(app, "lite_ppo", "--vary", "kl: none", "--out", tmp_path / "busy")
