@@ -197,8 +197,11 @@ def plot_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``run``, ``plot`` and ``reward`` commands to the ``rldsl`` typer app."""
+    """Add the ``run``, ``plot``, ``reward`` and ``ablate`` commands to the ``rldsl`` typer app."""
+    from .ablate import ablate_command
+    from .reward_cli import register as register_reward
+
     app.command("run")(run_command)
     app.command("plot")(plot_command)
-    from .reward_cli import register as register_reward
+    app.command("ablate")(ablate_command)
     register_reward(app)

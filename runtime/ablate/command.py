@@ -1,0 +1,340 @@
+"""``rldsl ablate``: a grid of spec variants x seeds, run in parallel, and its report.
+
+Exit codes: 0 every cell finished; 1 some cell failed or its spec is invalid (the others
+ran; the report lists it), or BASE is an invalid spec; 2 a bad command line, grid file
+or ``--set`` key, or a study folder that holds another grid; 130 interrupted (run the same
+command again to resume).
+"""
+from __future__ import annotations
+
+import json
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Iterator, NoReturn, Optional, Sequence
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from .grid import CELLS_DIR, GridError, Study, Variant, build_study, read_grid_file, write_cells
+from .report import STUDY_FILE, load_study_file, write_report
+from .runner import (Cell, CellStatus, LocalExecutor, RayExecutor, default_jobs, run_cells,
+                     unfinished)
+
+__all__ = ["ablate_command", "STUDIES_DIR"]
+
+STUDIES_DIR = "studies"
+GRID_FILE = "grid.toml"
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+_STYLE = {"done": "green", "running": "cyan", "failed": "red", "invalid": "red",
+          "interrupted": "yellow", "pending": "dim"}
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+class Display:
+    """One line per cell as it ends (or is found finished); a live table on a terminal."""
+
+    def __init__(self, console: Console, cells: Sequence[Cell], statuses: dict[str, CellStatus],
+                 steps: int):
+        self.console, self.cells, self.statuses, self.steps = console, cells, statuses, steps
+        self.ended = 0
+        self.live: Live | None = None
+        if console.is_terminal:
+            self.live = Live(self._table(), console=console, refresh_per_second=2,
+                             transient=True)
+
+    def __enter__(self) -> "Display":
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def _table(self) -> Table:
+        table = Table(title="cells", title_justify="left", header_style="bold")
+        for name, justify in (("variant", "left"), ("seed", "right"), ("status", "left"),
+                              ("step", "right"), ("acc", "right"), ("seconds", "right")):
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for cell in self.cells:
+            st = self.statuses.get(cell.name)
+            if st is None:
+                continue
+            acc = f"{st.acc:.3f}" if st.acc is not None else ""
+            secs = "" if st.seconds is None else f"{st.seconds:.0f}"
+            table.add_row(cell.variant.label, str(cell.seed), st.status, f"{st.step}/{self.steps}",
+                          acc, secs, style=_STYLE.get(st.status))
+        return table
+
+    def notify(self, cell: Cell, st: CellStatus, event: str) -> None:
+        if event != "end":
+            return
+        self.ended += 1
+        width = len(str(len(self.cells)))
+        what = "done (finished earlier)" if st.action == "skip" and st.status == "done" else st.status
+        if st.status == "done" and st.action == "resume":
+            what = "done (resumed)"
+        parts = [f"[{self.ended:>{width}}/{len(self.cells)}] {cell.name}: {what}",
+                 f"step {st.step}/{self.steps}"]
+        if st.acc is not None:
+            parts.append(f"acc {st.acc:.3f}")
+        if st.seconds is not None and st.action != "skip":
+            parts.append(f"{st.seconds:.0f} s")
+        if st.status != "done" and st.error:
+            first = next((ln for ln in st.error.splitlines() if "error" in ln.lower()),
+                         st.error.splitlines()[-1])
+            parts.append(first.strip())
+        self.console.print(" | ".join(parts), markup=False, highlight=False, soft_wrap=True)
+
+    def refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self._table())
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM acts as Ctrl-C: the running cells are stopped with a checkpoint each."""
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _variant_record(v: Variant) -> dict[str, Any]:
+    return {"name": v.name, "label": v.label, "choices": [list(c) for c in v.choices],
+            "is_base": v.is_base, "error": v.error, "changes": v.changes, "diff_rows": v.diff_rows}
+
+
+def _check_folder(folder: Path, study: Study) -> None:
+    """Refuse a study folder that holds another grid (other base, axes, mode or --set)."""
+    if not (folder / STUDY_FILE).is_file():
+        if folder.exists() and any(p.name != CELLS_DIR for p in folder.iterdir()):
+            raise GridError(f"--out {folder} exists and is not a study folder; choose another")
+        return
+    saved = load_study_file(folder).get("definition", {})
+    mine = study.definition()
+    for key in mine:
+        if saved.get(key) != mine[key]:
+            what = {"base": "the base spec", "base_source": "the base spec's text",
+                    "base_parents": "the base spec's parents", "axes": "the --vary axes",
+                    "one_at_a_time": "--one-at-a-time", "set": "the --set keys"}[key]
+            raise GridError(f"{folder} holds another study (changed: {what}); running a study "
+                            f"again may change only --seeds, --steps, --threshold and --jobs: "
+                            f"choose another --out (saved: {json.dumps(saved.get(key))[:200]})")
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    return "[\n" + "".join(f"  {_toml(v)},\n" for v in value) + "]"
+
+
+def _save_grid(folder: Path, study: Study) -> Path:
+    """``grid.toml``: the study as a grid file, so that ``rldsl ablate --grid`` reruns it."""
+    base = study.base_algo
+    lib = not (folder / CELLS_DIR / f"{base.name}.rl").is_file()
+    vary = [f"{axis.key}: " + " | ".join(f"{a.label} = {a.text}" for a in axis.alternatives)
+            for axis in study.axes]
+    keys = {"name": study.name, "base": base.name if lib else f"{CELLS_DIR}/{base.name}.rl",
+            "one_at_a_time": study.one_at_a_time, "seeds": len(study.seeds), "steps": study.steps,
+            "threshold": study.threshold, "set": study.sets, "vary": vary}
+    text = ("# Written by `rldsl ablate`: this study as a grid file. Rerun (or resume) it with\n"
+            f"#   rldsl ablate --grid {folder / GRID_FILE} --out {folder}\n"
+            + "".join(f"{k} = {_toml(v)}\n" for k, v in keys.items()))
+    (folder / GRID_FILE).write_text(text, encoding="utf-8")
+    return folder / GRID_FILE
+
+
+def _save_study(folder: Path, study: Study, variants: Sequence[Variant],
+                session: dict[str, Any] | None = None) -> None:
+    """``study.json``: the definition, the variants with their diffs, and the wall time of
+    every invocation (``session`` is this one's, appended once it is over)."""
+    grid = _save_grid(folder, study)
+    sessions = []
+    if (folder / STUDY_FILE).is_file():
+        sessions = load_study_file(folder).get("sessions", [])
+    if session is not None:
+        sessions.append(session)
+    data = {"name": study.name, "base": study.base_algo.name, "base_file": study.base_algo.file,
+            "definition": study.definition(), "seeds": study.seeds, "steps": study.steps,
+            "threshold": study.threshold,
+            "command": f"rldsl ablate --grid {grid} --out {folder}",
+            "variants": [_variant_record(v) for v in variants], "sessions": sessions}
+    tmp = folder / f".{STUDY_FILE}.tmp"
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(folder / STUDY_FILE)
+
+
+def _options(base: Optional[str], grid: Optional[Path], cli: dict[str, Any]) -> dict[str, Any]:
+    """The grid file's keys, overridden by the flags given (``--set`` is appended)."""
+    opts: dict[str, Any] = read_grid_file(grid) if grid is not None else {}
+    if base is not None:
+        opts["base"] = base
+    for key, value in cli.items():
+        if key == "set":
+            opts["set"] = list(opts.get("set", [])) + list(value or [])
+        elif value not in (None, []):
+            opts[key] = value
+    if "base" not in opts:
+        raise GridError("missing BASE: give a spec (lite_ppo, algorithms/grpo.rl) or a grid "
+                        "file with `base = ...` (--grid FILE)")
+    return opts
+
+
+def ablate_command(
+    base: Annotated[Optional[str], typer.Argument(
+        metavar="BASE", show_default=False,
+        help="The base spec: a file (algorithms/grpo.rl) or a library name (lite_ppo).")] = None,
+    vary: Annotated[Optional[list[str]], typer.Option(
+        "--vary", "-v", metavar="\"SLOT: ALT | ALT\"",
+        help="An axis: a slot and its alternatives, e.g. \"normalizer: group_std | none\"; "
+             "label one with \"name = component(...)\"; slot 'algorithm' takes whole specs "
+             "(\"algorithm: grpo | dapo\"). Repeatable.")] = None,
+    one_at_a_time: Annotated[Optional[bool], typer.Option(
+        "--one-at-a-time/--full-grid",
+        help="Toggle each alternative against the base alone (plus the base itself), or "
+             "run every combination of the axes (the default).", show_default=False)] = None,
+    seeds: Annotated[Optional[int], typer.Option(
+        "--seeds", metavar="N", min=1, help="Seeds 0..N-1 per variant (default 3).")] = None,
+    steps: Annotated[Optional[int], typer.Option(
+        "--steps", metavar="S", min=1, help="Training steps of every cell (default: "
+                                            "train.steps of the run config).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option(
+        "--set", "-s", metavar="KEY=VALUE",
+        help="Run-config override for every cell, as in rldsl run (repeatable).")] = None,
+    jobs: Annotated[Optional[int], typer.Option(
+        "--jobs", "-j", metavar="J", min=1,
+        help="Cells run at once (default: the machine's cores, or the Ray cluster's CPUs); "
+             "each cell uses one thread.")] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", metavar="DIR", help="Study folder; default studies/<name>-<hash of the "
+                                     "grid>, so the same command finds it again.")] = None,
+    grid: Annotated[Optional[Path], typer.Option(
+        "--grid", metavar="FILE", help="A TOML grid file (keys base, vary, one_at_a_time, "
+                                       "seeds, steps, set, threshold, jobs, name, "
+                                       "ray_address); flags override it, --set adds to it.")] = None,
+    threshold: Annotated[Optional[float], typer.Option(
+        "--threshold", metavar="ACC", help="Held-out greedy accuracy for the 'steps to "
+                                           "threshold' column (default 0.5); also with "
+                                           "--report.")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", metavar="ADDR", help="Run the cells as Ray tasks on this cluster "
+                                              "('auto', 'ray://head:10001', or 'local').")] = None,
+    report: Annotated[Optional[Path], typer.Option(
+        "--report", metavar="DIR", help="Only rebuild the report of the study in DIR from "
+                                        "its finished runs.")] = None,
+    traceback: Annotated[bool, typer.Option(
+        "--traceback", help="Show Python tracebacks on errors.")] = False,
+) -> None:
+    """Run an ablation study: variants of BASE x seeds, in parallel, then a report.
+
+    Every variant is written to DIR/cells/<variant>.rl, a plain spec that extends BASE (rldsl run it from anywhere); each cell runs as `rldsl run` in DIR/runs/<variant>-s<seed>. Running the same command again skips finished cells and resumes interrupted ones from their checkpoints; a failing cell is reported and the others go on (exit code 1).
+
+    The report: DIR/report.md (per variant: final and best held-out accuracy and reward, mean ± std over seeds, steps to the threshold, length, entropy, the diff against BASE), DIR/figures/*.png (a band over seeds per variant) and DIR/results.csv.
+    """  # noqa: E501 - one line per paragraph: typer rewraps it
+    console = Console(highlight=False)
+    if report is not None:
+        if base is not None or vary or grid is not None:
+            _fail("--report DIR only rebuilds a report (optionally with another --threshold): "
+                  "give no BASE, --vary or --grid", EXIT_BAD_INPUT)
+        try:
+            path = write_report(report, threshold)
+        except (FileNotFoundError, json.JSONDecodeError) as exc:
+            if traceback:
+                raise
+            _fail(str(exc), EXIT_BAD_INPUT)
+        console.print(str(path), markup=False)
+        return
+
+    from rldsl.errors import SpecError
+
+    from ..config import load_config
+    from ..errors import ConfigError
+
+    try:
+        opts = _options(base, grid, {"vary": vary, "one_at_a_time": one_at_a_time, "seeds": seeds,
+                                     "steps": steps, "set": set_, "jobs": jobs,
+                                     "threshold": threshold, "ray_address": ray_address})
+        study = build_study(opts["base"], opts.get("vary", []),
+                            one_at_a_time=bool(opts.get("one_at_a_time", False)),
+                            seeds=int(opts.get("seeds", 3)), steps=opts.get("steps"),
+                            sets=opts.get("set", []), threshold=float(opts.get("threshold", 0.5)),
+                            name=opts.get("name"))
+        folder = (out if out is not None else Path(STUDIES_DIR) / f"{study.name}-{study.digest()}")
+        folder = folder.resolve()
+        _check_folder(folder, study)
+        save_final = load_config(None, study.sets).checkpoint.save_final
+    except (GridError, ConfigError) as exc:
+        if traceback:
+            raise
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except SpecError as exc:
+        if traceback:
+            raise
+        typer.echo(exc.render(), err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+
+    folder.mkdir(parents=True, exist_ok=True)
+    variants, dropped = write_cells(study, folder)
+    for v in dropped:
+        console.print(f"note: {v.label} equals the base; it is not run again", markup=False)
+    _save_study(folder, study, variants)
+    cells = [Cell(variant=v, seed=s, folder=folder) for v in variants for s in study.seeds]
+
+    try:
+        executor = (RayExecutor(opts["ray_address"], opts.get("jobs")) if opts.get("ray_address")
+                    else LocalExecutor(int(opts.get("jobs") or default_jobs())))
+    except Exception as exc:  # noqa: BLE001 - Ray missing or the cluster unreachable
+        if traceback:
+            raise
+        _fail(f"{type(exc).__name__}: {exc}", EXIT_BAD_INPUT)
+    console.print(f"study {folder}: {len(variants)} variants x {len(study.seeds)} seeds = "
+                  f"{len(cells)} cells, {study.steps} steps each, {executor.jobs} at a time",
+                  markup=False)
+    statuses: dict[str, CellStatus] = {}
+    display = Display(console, cells, statuses, study.steps)
+    interrupted = False
+    t0 = time.time()
+    try:
+        with display, _sigterm_interrupts():
+            run_cells(cells, study, executor, save_final=save_final, notify=display.notify,
+                      refresh=display.refresh, statuses=statuses)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        executor.close()
+    ran = sum(s.action not in ("skip", "") for s in statuses.values())
+    _save_study(folder, study, variants, {"seconds": round(time.time() - t0, 1),
+                                          "jobs": executor.jobs, "cells_run": ran})
+    path = write_report(folder)
+    bad = unfinished(statuses.values())
+    console.print(f"report: {path}", markup=False)
+    if interrupted:
+        _fail(f"interrupted; {bad} of {len(cells)} cells did not finish. Run the same command "
+              f"again to resume them.", EXIT_INTERRUPTED)
+    if bad:
+        _fail(f"{bad} of {len(cells)} cells did not finish (failed or invalid); see {path}",
+              EXIT_FAILED)
