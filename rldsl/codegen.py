@@ -93,17 +93,15 @@ def _context(algo: Algorithm) -> dict[str, Any]:
             "baseline", "normalizer")}
     kl = algo["kl"]
     ctx: dict[str, Any] = dict(one)
-    ctx["kl_in_loss"] = algo.kl_in == "loss"
-    ctx["kl_in_reward"] = algo.kl_in == "reward"
-    ctx["kl_beta"] = literal(kl.params.get("beta")) if kl.component != "none" else "0.0"
+    ctx["kl_in_loss"] = kl.stage == "loss" and not kl.spec.off
+    ctx["kl_in_reward"] = kl.stage == "advantage" and not kl.spec.off
+    ctx["kl_beta"] = literal(kl.params.get("beta")) if not kl.spec.off else "0.0"
     ctx["entropy_bonus"] = algo.uses_entropy
     ctx["critic"] = one["critic"] if algo.uses_critic else None
     ctx["critic_coef"] = literal(algo["critic"].params.get("coef")) if algo.uses_critic else "0.0"
-    ctx["shaping"] = [_call(algo, v) for v in algo["shaping"] if v.component != "none"]
-    ctx["filters"] = [_call(algo, v) for v in algo["filter"] if v.component != "none"]
-    kl = algo["kl"]
-    ctx["uses_ratio"] = algo["objective"].component != "reinforce" or (
-        algo.kl_in == "loss" and bool(kl.params.get("ratio_weighted")))
+    ctx["shaping"] = [_call(algo, v) for v in algo["shaping"] if not v.spec.off]
+    ctx["filters"] = [_call(algo, v) for v in algo["filter"] if not v.spec.off]
+    ctx["uses_ratio"] = algo.uses_ratio  # facts: objective uses_ratio, kl k3 ratio_weighted in the loss
     ctx["with_metrics"] = True
     return ctx
 

@@ -11,7 +11,7 @@ from torch import Tensor
 from ..registry import Float, register
 
 
-@register("critic")
+@register("critic", off=True)
 def none(values: Tensor, old_values: Tensor | None, returns: Tensor) -> Tensor:
     """No critic.
 
@@ -22,7 +22,7 @@ def none(values: Tensor, old_values: Tensor | None, returns: Tensor) -> Tensor:
     return torch.zeros_like(returns)
 
 
-@register("critic",
+@register("critic", needs=("values", "returns"), provides=("values",),
           clip=Float(0.5, "values move at most this far from the rollout-time values", gt=0),
           coef=Float(1.0, "scale of the value loss", gt=0, runtime=True))
 def value(values: Tensor, old_values: Tensor | None, returns: Tensor, clip: float) -> Tensor:

@@ -29,4 +29,4 @@ declare("sampling", "dynamic", """Resample until the batch has P groups with mix
 
 formula: keep drawing prompts while #{g : max r_g != min r_g} < P and rounds < {max_rounds}
 source: DAPO dynamic sampling (Yu et al. 2025); verl algorithm.filter_groups (max_num_gen_batches)
-""", max_rounds=Int(3, "cap on generation rounds per step", ge=1))
+""", plan={"dynamic_rounds": "max_rounds"}, max_rounds=Int(3, "cap on generation rounds per step", ge=1))

@@ -12,10 +12,12 @@ from torch import Tensor
 from ..registry import Bool, Choice, Float, register
 
 BETA = Float(doc="penalty coefficient", ge=0, runtime=True)
-WHERE = Choice(("loss", "reward"), "loss", "in the loss, or subtracted from the reward", runtime=True)
+WHERE = Choice(("loss", "reward"), "loss", "in the loss, or subtracted from the reward", runtime=True,
+               stages={"loss": "loss", "reward": "advantage"})
+NEEDS = ("old_logprobs", "ref_logprobs")  # in the reward it is computed on the old logprobs
 
 
-@register("kl")
+@register("kl", off=True)
 def none(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     """No KL penalty.
 
@@ -26,7 +28,7 @@ def none(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     return torch.zeros_like(logp)
 
 
-@register("kl", beta=BETA, where=WHERE)
+@register("kl", needs=NEEDS, uses_ratio=False, beta=BETA, where=WHERE)
 def k1(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     """The naive estimator (log ratio).
 
@@ -38,7 +40,7 @@ def k1(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     return logp - ref_logp
 
 
-@register("kl", beta=BETA, where=WHERE)
+@register("kl", needs=NEEDS, uses_ratio=False, beta=BETA, where=WHERE)
 def k2(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     """Half squared log ratio.
 
@@ -49,7 +51,7 @@ def k2(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     return 0.5 * (logp - ref_logp) ** 2
 
 
-@register("kl", beta=BETA, where=WHERE,
+@register("kl", needs=NEEDS, uses_ratio="ratio_weighted", beta=BETA, where=WHERE,
           clamp=Bool(False, "verl's clamps: exponent to [-20, 20], value to [-10, 10]"),
           ratio_weighted=Bool(False, "multiply by rho (TRL use_bias_correction_kl=True)"))
 def k3(logp: Tensor, ref_logp: Tensor, rho: Tensor, clamp: bool, ratio_weighted: bool) -> Tensor:

@@ -9,7 +9,7 @@ from torch import Tensor
 from ..registry import register
 
 
-@register("objective")
+@register("objective", uses_ratio=True)
 def ppo(w: Tensor, adv: Tensor, logp: Tensor) -> Tensor:
     """Importance-weighted surrogate: gradient flows through the (trust-region) weight.
 
@@ -20,7 +20,7 @@ def ppo(w: Tensor, adv: Tensor, logp: Tensor) -> Tensor:
     return -adv * w
 
 
-@register("objective")
+@register("objective", uses_ratio=False)
 def reinforce(w: Tensor, adv: Tensor, logp: Tensor) -> Tensor:
     """Plain policy gradient, no ratio.
 
@@ -31,7 +31,7 @@ def reinforce(w: Tensor, adv: Tensor, logp: Tensor) -> Tensor:
     return -adv * logp
 
 
-@register("objective")
+@register("objective", uses_ratio=True)
 def is_weighted(w: Tensor, adv: Tensor, logp: Tensor) -> Tensor:
     """REINFORCE with a stopped-gradient importance weight (CISPO, DPPO).
 

@@ -10,7 +10,7 @@ from torch import Tensor
 from ..registry import Float, register
 
 
-@register("ratio", clamp=Float(20.0, "|log rho| is clamped to this (verl 20; large = off)", gt=0))
+@register("ratio", sequence_level=False, clamp=Float(20.0, "|log rho| is clamped to this (verl 20; large = off)", gt=0))
 def token(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tensor:
     """Per-token ratio.
 
@@ -22,7 +22,7 @@ def token(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tensor:
     return torch.clamp(logp - old_logp, -clamp, clamp)
 
 
-@register("ratio", clamp=Float(10.0, "log s is clamped above at this (verl 10)", gt=0))
+@register("ratio", sequence_level=True, clamp=Float(10.0, "log s is clamped above at this (verl 10)", gt=0))
 def sequence(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tensor:
     """Sequence-level ratio: the geometric mean of the token ratios, with per-token gradients.
 
