@@ -58,6 +58,7 @@ class _Call:
     call: str   # the component's registry name
     args: str   # ", k=v, ..." with literals only
     where: str  # "slot component  spec line N"
+    off: bool   # the component leaves its slot unused (a template may skip its line)
 
 
 def _where(algo: Algorithm, v: SlotValue) -> str:
@@ -75,7 +76,7 @@ def _call(algo: Algorithm, v: SlotValue) -> _Call:
     for k in comp.params:
         if not _IDENT.fullmatch(k):
             raise CodegenError(f"parameter name {k!r} is not an identifier")
-    return _Call(_name(v.slot, v.component), args, _where(algo, v))
+    return _Call(_name(v.slot, v.component), args, _where(algo, v), comp.off)
 
 
 @lru_cache(maxsize=1)
@@ -88,9 +89,9 @@ def _env() -> jinja2.Environment:
 
 
 def _context(algo: Algorithm) -> dict[str, Any]:
-    one = {s: _call(algo, algo[s]) for s in
-           ("ratio", "trust_region", "objective", "kl", "entropy", "aggregation", "critic",
-            "baseline", "normalizer")}
+    # every single-component slot with a function, by slot name: templates write {{ slot.call }}
+    one = {s: _call(algo, algo[s]) for s, slot in registry.SLOTS.items()
+           if slot.args is not None and not slot.multi}
     kl = algo["kl"]
     ctx: dict[str, Any] = dict(one)
     ctx["kl_in_loss"] = kl.stage == "loss" and not kl.spec.off

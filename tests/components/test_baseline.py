@@ -1,4 +1,5 @@
-"""baseline slot: every component against plain-loop references (REFERENCE.md §1.1, §4)."""
+"""baseline slot: every component against plain-loop references of verl's and TRL's estimators
+(singleton groups, masked tokens, GAE recursion)."""
 from __future__ import annotations
 
 import pytest
