@@ -178,6 +178,7 @@ def test_explain_prints_every_formula_whole_at_any_width(name, monkeypatch):
 
 def test_explain_diff_is_a_plain_text_diff_with_identical_slots_folded(monkeypatch):
     monkeypatch.setenv("COLUMNS", "30")
+    monkeypatch.chdir(REPO)  # the header shows library paths relative to the working directory
     res = runner.invoke(app, ["explain", "grpo", "dapo"])
     assert res.exit_code == 0, res.output
     out = _lines(res.output)

@@ -312,3 +312,9 @@ def test_one_value_formatter() -> None:
     assert [f(True), f(False), f(None), f(0.2), f(1e-06), f(3), f("loss")] == \
         ["true", "false", "-", "0.2", "1e-06", "3", "loss"]
     assert registry.Param("float", 0.2, ge=0, lt=1).describe() == "float, >= 0, < 1, default 0.2"
+
+
+def test_docs_describe_every_fact_input_and_plan_field() -> None:
+    doc = (ROOT / "docs" / "components.md").read_text(encoding="utf-8")
+    for name in (*registry.FACTS, *registry.INPUTS, *registry.PLAN):
+        assert f"`{name}`" in doc, name
