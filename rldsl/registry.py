@@ -7,7 +7,10 @@ tensor shapes. The checker, ``rldsl explain``, the code generator and the docs a
 this registry; nothing else defines a formula.
 
 Every component of a slot has that slot's signature (see ``SLOTS``), so the generated code
-calls any of them the same way.
+calls any of them the same way; ``register`` checks it. What a component needs or does
+beyond its formula (inputs, the ratio, what the runtime carries out) is declared as
+:class:`Facts` in the same ``register(...)`` call, so no other module tells components
+apart by name. docs/components.md shows how to add a component or a slot.
 """
 from __future__ import annotations
 

@@ -355,11 +355,13 @@ def _provided_inputs(slots):  # type: ignore[no-untyped-def]
         for x in v.spec.facts.needs:
             if x in makers and x not in made:
                 m = makers[x]
-                yield v.slot, f"{v.slot} '{v.component}' needs {_a(m.slot)}", f"add a line: {m.slot} {m.example()}"
+                yield v.slot, f"{v.slot} '{v.component}' needs {_a(m.slot)}", \
+                    f"add a line: {m.slot} {m.example()}"
     for x, v in made.items():
         if not any(x in u.spec.facts.needs for u in active if u is not v):
             readers = [c for c in _all_components() if x in c.facts.needs and x not in c.facts.provides]
-            yield v.slot, f"{_a(v.slot)} is only used by " + " or ".join(f"{c.slot} '{c.name}'" for c in readers), \
+            yield v.slot, f"{_a(v.slot)} is only used by " + \
+                " or ".join(f"{c.slot} '{c.name}'" for c in readers), \
                 "use " + " or ".join(_use(c) for c in readers) + f", or remove the {v.slot} line"
 
 

@@ -52,7 +52,8 @@ def zero_variance(batch: AdvantageBatch) -> Tensor:
     return mixed.repeat_interleave(batch.group_size).to(batch.rewards.dtype)
 
 
-@register("filter", plan={"pass_rate_cap": "max"}, max=Float(0.9, "pass rate above which a prompt is retired", gt=0, le=1))
+@register("filter", plan={"pass_rate_cap": "max"},
+          max=Float(0.9, "pass rate above which a prompt is retired", gt=0, le=1))
 def pass_rate_cap(batch: AdvantageBatch, max: float) -> Tensor:
     """Retire prompts whose pass rate exceeds ``max`` from later epochs (carried out by the runtime).
 

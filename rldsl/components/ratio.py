@@ -10,7 +10,8 @@ from torch import Tensor
 from ..registry import Float, register
 
 
-@register("ratio", sequence_level=False, clamp=Float(20.0, "|log rho| is clamped to this (verl 20; large = off)", gt=0))
+@register("ratio", sequence_level=False,
+          clamp=Float(20.0, "|log rho| is clamped to this (verl 20; large = off)", gt=0))
 def token(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tensor:
     """Per-token ratio.
 

@@ -280,7 +280,8 @@ def _name_literals(tree: ast.AST) -> list[ast.Constant]:
 def test_no_component_is_told_apart_by_its_name_outside_the_registry() -> None:
     """An ast check of rldsl/ (registry.py and components/ excepted): what a component needs
     or does is a fact declared in register(...), never a test of its name."""
-    assert {"spec.py", "codegen.py", "compiled.py", "explain.py", "cli.py"} <= {p.name for p in _language_modules()}
+    scanned = {p.name for p in _language_modules()}
+    assert {"spec.py", "codegen.py", "compiled.py", "explain.py", "cli.py"} <= scanned
     found = [f"{path.relative_to(ROOT)}:{c.lineno}: {c.value!r}" for path in _language_modules()
              for c in _name_literals(ast.parse(path.read_text(encoding="utf-8")))]
     assert not found, "components told apart by name (declare a fact in register(...) instead):\n" + \
