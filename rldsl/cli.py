@@ -2,6 +2,10 @@
 
 Exit codes: 0 success, 1 invalid spec (every error printed as ``file:line:col: error: ...``),
 2 usage error. A Python traceback appears only with ``--traceback``.
+
+Output is literal: formulas such as ``1[max r != min r]``, spec descriptions and error
+messages are never read as rich markup or emoji codes, and lines are never cut to the
+terminal width (a terminal or pager wraps them), so piped output reads like the screen.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from . import registry
 from .errors import SpecError, SpecErrors
@@ -22,17 +26,28 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 class _Lazy:
-    """A rich Console made when used, so that the current terminal width (or COLUMNS) applies."""
+    """A rich Console made when used (so the current stream applies) that prints text
+    literally: no markup, no emoji codes, no highlighting."""
 
     def __init__(self, **kw: object):
         self.kw = kw
 
     def __getattr__(self, name: str):  # noqa: ANN204
-        return getattr(Console(highlight=False, **self.kw), name)
+        return getattr(Console(highlight=False, markup=False, emoji=False, soft_wrap=True, **self.kw), name)
 
 
 out = _Lazy()
 err = _Lazy(stderr=True)
+
+
+def _print_lines(lines: list[list[tuple[str, str]]]) -> None:
+    """Lines of literal (text, style) segments; styles show on a terminal only, nothing wraps."""
+    console = Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
+    for segments in lines:
+        t = Text()
+        for text, style in segments:
+            t.append(text, style=style or None)
+        console.print(t, soft_wrap=True)
 
 
 def _print_error(e: SpecError) -> None:
@@ -78,22 +93,25 @@ def check(files: List[str] = typer.Argument(..., help="spec files (or library na
 def explain(files: List[str] = typer.Argument(..., help="one spec to explain, or two to diff"),
             code: bool = typer.Option(False, "--code", help="print the exact generated source"),
             format: str = typer.Option("text", "--format", help="text or json"),
+            show_all: bool = typer.Option(False, "--all", help="in a diff, also show the slots that are the same"),
             traceback: bool = typer.Option(False, "--traceback")) -> None:
     """Explain an algorithm (slots, formulas, objective), or diff two algorithms slot by slot."""
     from . import explain as ex
     if format not in ("text", "json"):
-        err.print(f"error: --format must be 'text' or 'json', not {format!r}", markup=False)
+        err.print(f"error: --format must be 'text' or 'json', not {format!r}")
         raise typer.Exit(2)
     if len(files) > 2:
-        err.print("error: explain takes one spec, or two to compare", markup=False)
+        err.print("error: explain takes one spec, or two to compare")
+        raise typer.Exit(2)
+    if show_all and len(files) != 2:
+        err.print("error: --all shows the identical slots of a diff: give two specs")
         raise typer.Exit(2)
     algos = [_load_or_exit(f, traceback) for f in files]
     if len(algos) == 2:
-        d = ex.diff(*algos)
         if format == "json":
-            out.print_json(json.dumps(d))
-            return
-        _print_diff(d)
+            out.print_json(json.dumps(ex.diff(*algos)))
+        else:
+            _print_lines(ex.diff_lines(*algos, show_all=show_all))
         return
     algo = algos[0]
     if code:
@@ -107,72 +125,56 @@ def explain(files: List[str] = typer.Argument(..., help="one spec to explain, or
     if format == "json":
         out.print_json(json.dumps(ex.to_dict(algo)))
         return
-    head = f"{algo.name}" + (f" extends {' -> '.join(algo.extends)}" if algo.extends else "")
-    out.print(head, style="bold", markup=False)
-    if algo.description:
-        out.print(f"  {algo.description}", markup=False)
-    out.print(f"  {algo.file}", style="dim", markup=False)
-    t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for c in ("slot", "component", "formula", "from"):
-        t.add_column(c, overflow="fold")
-    for row in ex.slot_rows(algo):
-        params = ", ".join(f"{k}={ex._fmt(v)}" for k, v in row["params"].items() if v is not None)
-        comp = row["component"] + (f"({params})" if params else "")
-        t.add_row(row["slot"], comp, row["formula"], row["from"])
-    out.print(t)
-    out.print("\nobjective", style="bold")
-    for line in ex.objective_lines(algo):
-        out.print("  " + line, markup=False)
+    _print_lines(ex.explain_lines(algo))
 
 
-def _print_diff(d: dict) -> None:
-    from .explain import _fmt
-    out.print(f"{d['a']} ({d['a_file']})  vs  {d['b']} ({d['b_file']})", style="bold", markup=False)
-    t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for c in ("slot", "", d["a"], d["b"], "from (a | b)"):
-        t.add_column(c, overflow="fold")
-    for s in d["slots"]:
-        mark = {"same": "=", "params differ": "~", "component differs": "≠"}[s["status"]]
-        style = None if s["status"] == "same" else "yellow"
-        t.add_row(s["slot"], mark, s["a"], s["b"], f"{s['a_from']} | {s['b_from']}", style=style)
-        for p in s.get("params", []):
-            t.add_row("", "", f"  {p['param']}={_fmt(p['a'])}", f"  {p['param']}={_fmt(p['b'])}", "",
-                      style="yellow")
-    out.print(t)
-    out.print(f"{d['differences']} slot(s) differ", markup=False)
+def list_lines(slot: Optional[str] = None) -> list[list[tuple[str, str]]]:
+    """``rldsl list``: per slot its components with their whole formulas, parameters and facts,
+    one item per line; then the algorithm library."""
+    from .explain import fact_notes
+    from .spec import library, load
+    lines: list[list[tuple[str, str]]] = []
+    for s, spec in registry.SLOTS.items():
+        if slot and s != slot:
+            continue
+        lines.append([(f"{s} — {spec.doc}", "bold")])
+        what = {"declare": "declared for the checker", "data": "carried out by the runtime"}
+        lines.append([(f"  {spec.stage} stage; components are called as {spec.signature}"
+                       if spec.signature != "-" else f"  {what.get(spec.stage, spec.stage)}; no function",
+                       "dim")])
+        comps = registry.REGISTRY[s]
+        w = max(len(n) for n in comps)
+        pad = " " * (2 + w + 2)
+        for name, comp in comps.items():
+            formula = comp.formula.splitlines() or [""]
+            lines.append([(f"  {name:<{w}}  ", "bold"), (formula[0], "")])
+            lines += [[(pad + f, "")] for f in formula[1:]]
+            for k, p in comp.params.items():
+                lines.append([(pad + f"{k}: {p.describe()}" + (f" — {p.doc}" if p.doc else ""), "dim")])
+            notes = fact_notes(comp)
+            if notes:
+                lines.append([(pad + "; ".join(notes), "dim")])
+        lines.append([])
+    if slot is None:
+        lines.append([("algorithms (library)", "bold")])
+        algos = [load(name) for name in library()]
+        w = max(len(a.name) for a in algos)
+        we = max(len(f"extends {a.extends[0]}") if a.extends else 0 for a in algos)
+        for a in algos:
+            parent = f"extends {a.extends[0]}" if a.extends else ""
+            lines.append([(f"  {a.name:<{w}}  ", "bold"), (f"{parent:<{we}}  ", "dim"), (a.description, "")])
+    return lines
 
 
 @app.command("list")
 def list_components(slot: Optional[str] = typer.Argument(None, help="only this slot")) -> None:
     """The components of each slot with their parameters and formulas, and the algorithm library."""
     from .errors import did_you_mean
-    from .spec import library, load
     if slot is not None and slot not in registry.SLOTS:
         hint = did_you_mean(slot, registry.SLOTS)
-        err.print(f"error: unknown slot {slot!r}" + (f"; {hint}" if hint else ""), markup=False)
+        err.print(f"error: unknown slot {slot!r}" + (f"; {hint}" if hint else ""))
         raise typer.Exit(2)
-    for s, spec in registry.SLOTS.items():
-        if slot and s != slot:
-            continue
-        t = Table(title=f"{s} — {spec.doc}", title_justify="left", box=None, pad_edge=False,
-                  header_style="bold")
-        t.add_column("component")
-        t.add_column("parameters", overflow="fold")
-        t.add_column("formula", overflow="fold")
-        for name, comp in registry.REGISTRY[s].items():
-            params = "; ".join(f"{k}: {p.describe()}" for k, p in comp.params.items())
-            t.add_row(name, params, comp.formula.splitlines()[0] if comp.formula else "")
-        out.print(t)
-        out.print()
-    if slot is None:
-        t = Table(title="algorithms (library)", title_justify="left", box=None, header_style="bold")
-        t.add_column("name")
-        t.add_column("extends")
-        t.add_column("description", overflow="fold")
-        for name in library():
-            a = load(name)
-            t.add_row(name, a.extends[0] if a.extends else "", a.description)
-        out.print(t)
+    _print_lines(list_lines(slot))
 
 
 def _register_runtime() -> None:

@@ -58,6 +58,7 @@ class _Call:
     call: str   # the component's registry name
     args: str   # ", k=v, ..." with literals only
     where: str  # "slot component  spec line N"
+    off: bool   # the component leaves its slot unused (a template may skip its line)
 
 
 def _where(algo: Algorithm, v: SlotValue) -> str:
@@ -75,7 +76,7 @@ def _call(algo: Algorithm, v: SlotValue) -> _Call:
     for k in comp.params:
         if not _IDENT.fullmatch(k):
             raise CodegenError(f"parameter name {k!r} is not an identifier")
-    return _Call(_name(v.slot, v.component), args, _where(algo, v))
+    return _Call(_name(v.slot, v.component), args, _where(algo, v), comp.off)
 
 
 @lru_cache(maxsize=1)
@@ -88,34 +89,32 @@ def _env() -> jinja2.Environment:
 
 
 def _context(algo: Algorithm) -> dict[str, Any]:
-    one = {s: _call(algo, algo[s]) for s in
-           ("ratio", "trust_region", "objective", "kl", "entropy", "aggregation", "critic",
-            "baseline", "normalizer")}
+    # every single-component slot with a function, by slot name: templates write {{ slot.call }}
+    one = {s: _call(algo, algo[s]) for s, slot in registry.SLOTS.items()
+           if slot.args is not None and not slot.multi}
     kl = algo["kl"]
     ctx: dict[str, Any] = dict(one)
-    ctx["kl_in_loss"] = algo.kl_in == "loss"
-    ctx["kl_in_reward"] = algo.kl_in == "reward"
-    ctx["kl_beta"] = literal(kl.params.get("beta")) if kl.component != "none" else "0.0"
+    ctx["kl_in_loss"] = kl.stage == "loss" and not kl.spec.off
+    ctx["kl_in_reward"] = kl.stage == "advantage" and not kl.spec.off
+    ctx["kl_beta"] = literal(kl.params.get("beta")) if not kl.spec.off else "0.0"
     ctx["entropy_bonus"] = algo.uses_entropy
     ctx["critic"] = one["critic"] if algo.uses_critic else None
     ctx["critic_coef"] = literal(algo["critic"].params.get("coef")) if algo.uses_critic else "0.0"
     ctx["critic_aggregation"] = None
     ctx["critic_shares_denominator"] = False
     if algo.uses_critic:
-        name = algo["critic"].params.get("aggregation", "token_mean")
+        name = algo["critic"].params["aggregation"]
         comp = registry.get("aggregation", name)
         defaults = {k: p.default for k, p in comp.params.items()}
         ctx["critic_aggregation"] = _Call(_name("aggregation", name), "".join(
             f", {k}={literal(v, comp.params[k].choices)}" for k, v in comp.fn_params(defaults).items()),
-            f"critic aggregation {name}")
+            f"critic aggregation {name}", comp.off)
         policy = algo["aggregation"]
         ctx["critic_shares_denominator"] = policy.component == name and comp.fn_params(policy.params) == \
             comp.fn_params(defaults)
-    ctx["shaping"] = [_call(algo, v) for v in algo["shaping"] if v.component != "none"]
-    ctx["filters"] = [_call(algo, v) for v in algo["filter"] if v.component != "none"]
-    kl = algo["kl"]
-    ctx["uses_ratio"] = algo["objective"].component != "reinforce" or (
-        algo.kl_in == "loss" and bool(kl.params.get("ratio_weighted")))
+    ctx["shaping"] = [_call(algo, v) for v in algo["shaping"] if not v.spec.off]
+    ctx["filters"] = [_call(algo, v) for v in algo["filter"] if not v.spec.off]
+    ctx["uses_ratio"] = algo.uses_ratio  # facts: objective uses_ratio, kl k3 ratio_weighted in the loss
     ctx["with_metrics"] = True
     return ctx
 

@@ -50,12 +50,13 @@ class LossOutput:
 
 @dataclass
 class DataPlan:
-    """The data-level slots, carried out by the runtime (rules: ``sampling dynamic`` and
-    ``filter pass_rate_cap`` in the registry). Rewards are the raw [P, G] verifier rewards,
-    NaN where a reward failed: a failed reward is left out, never counted as 0."""
+    """What the runtime carries out: each field is set by a component's ``plan`` fact
+    (registry.PLAN lists them), e.g. ``sampling dynamic(max_rounds=10)`` -> dynamic_rounds = 10.
+    Rewards are the raw [P, G] verifier rewards, NaN where a reward failed: a failed reward is
+    left out, never counted as 0."""
 
-    dynamic_rounds: int
-    pass_rate_cap: float | None
+    dynamic_rounds: int = 1
+    pass_rate_cap: float | None = None
 
     @staticmethod
     def informative(rewards: Tensor) -> Tensor:
@@ -90,11 +91,7 @@ class CompiledAlgorithm:
         self._loss_no_metrics_source = gen.loss_source_no_metrics
         self._loss_no_metrics: Callable[..., Any] | None = None  # built at first use
         self.state: dict[str, Tensor] = {}
-        sampling = algo["sampling"]
-        caps = [v.params["max"] for v in algo["filter"] if v.component == "pass_rate_cap"]
-        self.data = DataPlan(
-            dynamic_rounds=int(sampling.params["max_rounds"]) if sampling.component == "dynamic" else 1,
-            pass_rate_cap=float(caps[0]) if caps else None)
+        self.data = DataPlan(**{f: v.params[p] for v in algo.active() for f, p in v.spec.facts.plan.items()})
 
     def _build(self, source: str, eager: Callable[..., Any]) -> Callable[..., Any]:
         """torch.compile ``eager`` once per process per source (or keep it eager)."""
@@ -110,6 +107,14 @@ class CompiledAlgorithm:
         """The generated Python source (what ``rldsl explain --code`` prints)."""
         return self.advantages_source + "\n\n" + self.loss_source
 
+    def _check_inputs(self, call: str, stage: str, given: dict[str, Any]) -> None:
+        """Every active component of ``stage`` gets the optional inputs it needs (its ``needs`` fact)."""
+        for v in self.algorithm.active(stage):
+            needs = [x for x in v.spec.facts.needs if x in given]
+            if any(given[x] is None for x in needs):
+                raise ValueError(f"{self.algorithm.name}: {call}() needs " + " and ".join(f"{x}=" for x in needs)
+                                 + f" for {v.slot} {v.component}")
+
     # ---------------------------------------------------------------- advantages
 
     def estimate(self, rewards: Tensor, group_size: int, mask: Tensor, values: Tensor | None = None,
@@ -121,18 +126,14 @@ class CompiledAlgorithm:
         replaced by their group's mean finite reward -- so they do not move the group's
         baseline -- and their rows are removed from the loss mask.
         """
-        algo = self.algorithm
         if rewards.dim() != 1 or mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:
             raise ValueError(f"rewards must be [B] and mask [B, T]; got {tuple(rewards.shape)} "
                              f"and {tuple(mask.shape)}")
         if group_size < 1 or rewards.shape[0] % group_size:
             raise ValueError(f"{rewards.shape[0]} rows are not a whole number of groups of {group_size}")
-        if algo.uses_critic and values is None:
-            raise ValueError(f"{algo.name}: baseline {algo['baseline'].component} needs values= (critic)")
-        if algo.kl_in == "reward" and (old_logprobs is None or ref_logprobs is None):
-            raise ValueError(f"{algo.name}: KL in the reward needs old_logprobs= and ref_logprobs=")
-        if "overlong" in algo.components("filter") and truncated is None:
-            raise ValueError(f"{algo.name}: filter overlong needs truncated=")
+        self._check_inputs("estimate", "advantage", {"values": values, "truncated": truncated,
+                                                     "old_logprobs": old_logprobs,
+                                                     "ref_logprobs": ref_logprobs})
         rewards = rewards.detach().to(torch.float32)
         finite = torch.isfinite(rewards)
         clean = rewards
@@ -184,23 +185,26 @@ class CompiledAlgorithm:
     def denominator(self, mask: Tensor, group_size: int | None = None) -> Tensor:
         """The local aggregation count (0-dim); sum it over micro-batches/ranks for ``denominator=``."""
         agg = self.algorithm["aggregation"]
-        return self._count(agg.component, agg.params, mask, group_size)
+        self._check_inputs("denominator", "loss", {"group_size": group_size})
+        comp = agg.spec
+        _, count = comp.fn(mask.float(), group_size or 1, **comp.fn_params(agg.params))
+        return count
 
     def value_denominator(self, mask: Tensor, group_size: int | None = None) -> Tensor:
         """The critic's local aggregation count (0-dim), for ``value_denominator=`` (summed the same way)."""
         if not self.algorithm.uses_critic:
             raise ValueError(f"{self.algorithm.name} has no critic")
-        return self._count(self.algorithm["critic"].params.get("aggregation", "token_mean"), {}, mask,
-                           group_size)
-
-    def _count(self, name: str, params: dict[str, Any], mask: Tensor, group_size: int | None) -> Tensor:
-        from .registry import REGISTRY
-        if name == "prompt_mean" and group_size is None:
-            raise ValueError(f"{self.algorithm.name}: prompt_mean aggregation needs group_size=")
-        comp = REGISTRY["aggregation"][name]
+        comp = self._critic_aggregation()
+        if "group_size" in comp.facts.needs and group_size is None:
+            raise ValueError(f"{self.algorithm.name}: value_denominator() needs group_size= for the "
+                             f"critic's aggregation {comp.name}")
         defaults = {k: p.default for k, p in comp.params.items()}
-        _, count = comp.fn(mask.float(), group_size or 1, **comp.fn_params({**defaults, **params}))
+        _, count = comp.fn(mask.float(), group_size or 1, **comp.fn_params(defaults))
         return count
+
+    def _critic_aggregation(self) -> Any:
+        from .registry import get
+        return get("aggregation", self.algorithm["critic"].params["aggregation"])
 
     def loss(self, logprobs: Tensor, old_logprobs: Tensor, adv: Tensor, mask: Tensor,
              ref_logprobs: Tensor | None = None, values: Tensor | None = None,
@@ -218,14 +222,9 @@ class CompiledAlgorithm:
         steps whose metrics are not logged); ``out.metrics`` is then empty.
         """
         algo = self.algorithm
-        if algo.kl_in == "loss" and ref_logprobs is None:
-            raise ValueError(f"{algo.name}: kl {algo['kl'].component} in the loss needs ref_logprobs=")
-        if algo.uses_critic and (values is None or returns is None):
-            raise ValueError(f"{algo.name}: the critic needs values= and returns=")
-        if algo.uses_entropy and entropy is None:
-            raise ValueError(f"{algo.name}: entropy bonus needs entropy=")
-        if algo["aggregation"].component == "prompt_mean" and group_size is None:
-            raise ValueError(f"{algo.name}: prompt_mean aggregation needs group_size=")
+        self._check_inputs("loss", "loss", {"ref_logprobs": ref_logprobs, "values": values,
+                                            "returns": returns, "old_values": old_values,
+                                            "entropy": entropy, "group_size": group_size})
         if denominator is not None and not isinstance(denominator, Tensor):
             denominator = torch.tensor(float(denominator))
         if value_denominator is not None and not isinstance(value_denominator, Tensor):

@@ -1,29 +1,29 @@
 """``rldsl explain``: an algorithm slot by slot with formulas, and structural diffs.
 
-Everything here reads the registry (formulas come from component docstrings) and the
-resolved Algorithm; nothing is computed twice.
+Everything here reads the registry (formulas from component docstrings, the slot order
+from ``registry.SLOTS``, what a component needs from its facts) and the resolved
+Algorithm; nothing is computed twice. The text renderers return lines of literal
+``(text, style)`` segments: no text is ever read as markup, and no line is cut or
+wrapped to a width, so the output reads the same in a terminal, a pager or a file.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from . import registry
+from .registry import format_value
 from .spec import Algorithm, SlotValue
 
-# data-flow order of the slots in the objective
-FLOW = ["rewards", "shaping", "baseline", "normalizer", "filter", "sampling", "ratio",
-        "trust_region", "objective", "kl", "entropy", "aggregation", "critic"]
+Segment = tuple[str, str]  # (literal text, rich style or "")
+Line = list[Segment]
 
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return "-" if v is None else str(v)
+SLOT_WIDTH = max(len(s) for s in registry.SLOTS)
+MARKS = {"same": "=", "params differ": "~", "component differs": "≠"}
 
 
 def _short(path: str) -> str:
     """A path relative to the working directory when it lies below it."""
-    import os
     try:
         rel = os.path.relpath(path)
     except ValueError:
@@ -41,12 +41,41 @@ def provenance(algo: Algorithm, v: SlotValue) -> str:
     return f"inherited from {v.origin.algorithm} ({loc})"
 
 
+def fact_notes(comp: registry.Component, values: dict[str, Any] | None = None) -> list[str]:
+    """A component's facts in words; with ``values`` for one use, else for the component in general."""
+    f = comp.facts
+    if f.off:
+        return []
+    notes = []
+    if f.needs:
+        notes.append("needs " + ", ".join(f"{x}=" for x in f.needs))
+    if f.provides:
+        notes.append("provides " + ", ".join(f.provides))
+    for fact, words in (("uses_ratio", "uses the ratio"), ("per_token_only", "per token only"),
+                        ("sequence_level", "one ratio per sequence")):
+        v = getattr(f, fact)
+        if isinstance(v, str) and values is None:
+            notes.append(f"{words} if {v}=true")
+        elif comp.flag(fact, values or {}):
+            notes.append(words)
+        elif fact in comp.declared and fact == "uses_ratio":
+            notes.append("no ratio")
+    for r in f.requires:
+        notes.append(f"requires {r.slot} {r.component}")
+    for field, p in f.plan.items():
+        val = format_value(values[p]) if values is not None else p
+        notes.append(f"carried out by the runtime: data.{field} = {val}")
+    if values is not None and comp.stage(values) != registry.SLOTS[comp.slot].stage:
+        notes.append(f"acts in the {comp.stage(values)} stage")
+    return notes
+
+
 def slot_rows(algo: Algorithm) -> list[dict[str, Any]]:
     """One row per slot component: slot, component, params, formula (values substituted), source."""
     rows = []
-    for slot in FLOW:
+    for slot in registry.SLOTS:
         for v in algo.slots[slot]:
-            comp = registry.get(slot, v.component)
+            comp = v.spec
             rows.append({
                 "slot": slot, "component": v.component,
                 "params": {k: x for k, x in v.params.items()},
@@ -60,15 +89,15 @@ def slot_rows(algo: Algorithm) -> list[dict[str, Any]]:
 def objective_lines(algo: Algorithm) -> list[str]:
     """The whole objective as a chain of equations in data-flow order (params substituted)."""
     def f(slot: str) -> list[str]:
-        return [registry.get(slot, v.component).formula_with(v.params)
-                for v in algo.slots[slot] if v.component != "none"]
+        return [v.spec.formula_with(v.params) for v in algo.slots[slot] if not v.spec.off]
 
     out: list[str] = []
     for s in f("shaping"):
         out.append(f"shaping:      {s}")
     kl = algo["kl"]
     if algo.kl_in == "reward":
-        out.append(f"kl in reward: r_i -= {_fmt(kl.params['beta'])} * sum_t {kl.component}(pi_old, pi_ref)_t")
+        out.append(f"kl in reward: r_i -= {format_value(kl.params['beta'])} * sum_t "
+                   f"{kl.component}(pi_old, pi_ref)_t")
     out.append(f"baseline:     {f('baseline')[0] if f('baseline') else 'A_i = r_i'}")
     for s in f("normalizer"):
         out.append(f"normalizer:   {s}")
@@ -81,15 +110,16 @@ def objective_lines(algo: Algorithm) -> list[str]:
     extra = ""
     if algo.kl_in == "loss":
         out.append(f"kl:           {f('kl')[0]}")
-        extra += f" + {_fmt(kl.params['beta'])} * {kl.component}_it"
+        extra += f" + {format_value(kl.params['beta'])} * {kl.component}_it"
     if algo.uses_entropy:
         out.append(f"entropy:      {f('entropy')[0]}")
-        extra += f" - {_fmt(algo['entropy'].params['coef'])} * H_it"
+        extra += f" - {format_value(algo['entropy'].params['coef'])} * H_it"
     out.append(f"aggregation:  {f('aggregation')[0]}")
     out.append(f"minimised:    L(theta) = {algo['aggregation'].component}_it[ l_it{extra} ]")
     if algo.uses_critic:
         out.append(f"critic:       {f('critic')[0]}")
-    return out
+    # a formula written over several lines continues under its first line
+    return [ln if i == 0 else " " * 14 + ln for entry in out for i, ln in enumerate(entry.split("\n"))]
 
 
 def to_dict(algo: Algorithm) -> dict[str, Any]:
@@ -100,7 +130,7 @@ def to_dict(algo: Algorithm) -> dict[str, Any]:
 def diff(a: Algorithm, b: Algorithm) -> dict[str, Any]:
     """Slot by slot, parameter by parameter: what is the same and what differs, with provenance."""
     slots = []
-    for slot in FLOW:
+    for slot in registry.SLOTS:
         va, vb = a.slots[slot], b.slots[slot]
         ca, cb = [v.component for v in va], [v.component for v in vb]
         entry: dict[str, Any] = {"slot": slot, "a": " + ".join(str(v) for v in va),
@@ -122,3 +152,69 @@ def diff(a: Algorithm, b: Algorithm) -> dict[str, Any]:
     return {"a": a.name, "b": b.name, "a_file": _short(a.file), "b_file": _short(b.file),
             "a_extends": a.extends, "b_extends": b.extends, "slots": slots,
             "differences": sum(s["status"] != "same" for s in slots)}
+
+
+# ---------------------------------------------------------------------------------------
+# Text (what `rldsl explain` prints)
+
+
+def _indent(n: int, text: str, style: str = "") -> Line:
+    return [(" " * n + text, style)]
+
+
+def explain_lines(algo: Algorithm) -> list[Line]:
+    """One algorithm: header, then per slot ``slot  component(params)  (from)`` with its
+    formula and facts on their own lines below, then the whole objective."""
+    head = algo.name + (f" extends {' -> '.join(algo.extends)}" if algo.extends else "")
+    lines: list[Line] = [[(head, "bold")]]
+    if algo.description:
+        lines.append(_indent(2, algo.description))
+    lines += [_indent(2, _short(algo.file), "dim"), []]
+    pad = SLOT_WIDTH + 2
+    for slot in registry.SLOTS:
+        for i, v in enumerate(algo.slots[slot]):
+            name = slot if i == 0 else ""
+            lines.append([(f"{name:<{SLOT_WIDTH}}  {v}", "bold" if not v.spec.off else ""),
+                          (f"  — {provenance(algo, v)}", "dim")])
+            for f in v.spec.formula_with(v.params).splitlines():
+                lines.append(_indent(pad + 2, f))
+            notes = fact_notes(v.spec, v.params)
+            if notes:
+                lines.append(_indent(pad + 2, "; ".join(notes), "dim"))
+    lines += [[], [("objective", "bold")]]
+    lines += [_indent(2, line) for line in objective_lines(algo)]
+    return lines
+
+
+def diff_lines(a: Algorithm, b: Algorithm, show_all: bool = False) -> list[Line]:
+    """Two algorithms, slot by slot: ``mark slot  A -> B``, then the changed parameters, each
+    side's formula and where each side was written, one per line. Identical slots are folded
+    into one closing line unless ``show_all``."""
+    d = diff(a, b)
+    la, lb = (a.name, b.name) if a.name != b.name else (f"{a.name} (a)", f"{b.name} (b)")
+    w = max(len(la), len(lb), len("from"))
+    pad = 2 + SLOT_WIDTH + 4
+    lines: list[Line] = [[(f"{a.name} ({d['a_file']})  vs  {b.name} ({d['b_file']})", "bold")], []]
+    folded = []
+    for s in d["slots"]:
+        slot, status = s["slot"], s["status"]
+        if status == "same":
+            if show_all:
+                lines.append([(f"{MARKS[status]} {slot:<{SLOT_WIDTH}}  {s['a']}", "")])
+            else:
+                folded.append(slot)
+            continue
+        lines.append([(f"{MARKS[status]} {slot:<{SLOT_WIDTH}}  {s['a']} -> {s['b']}", "yellow")])
+        for p in s.get("params", []):
+            lines.append(_indent(pad, f"{p['param']}: {format_value(p['a'])} -> {format_value(p['b'])}"))
+        for label, algo in ((la, a), (lb, b)):
+            for v in algo.slots[slot]:
+                for j, f in enumerate(v.spec.formula_with(v.params).splitlines()):
+                    lines.append(_indent(pad, f"{label if j == 0 else '':<{w}}  {f}"))
+        lines.append(_indent(pad, f"{'from':<{w}}  {s['a_from']} | {s['b_from']}", "dim"))
+    if folded:
+        lines.append([])
+        lines.append([(f"= {len(folded)} identical slot(s) not shown (--all shows them): "
+                       + ", ".join(folded), "dim")])
+    lines.append([(f"{d['differences']} slot(s) differ", "")])
+    return lines

@@ -7,7 +7,10 @@ tensor shapes. The checker, ``rldsl explain``, the code generator and the docs a
 this registry; nothing else defines a formula.
 
 Every component of a slot has that slot's signature (see ``SLOTS``), so the generated code
-calls any of them the same way.
+calls any of them the same way; ``register`` checks it. What a component needs or does
+beyond its formula (inputs, the ratio, what the runtime carries out) is declared as
+:class:`Facts` in the same ``register(...)`` call, so no other module tells components
+apart by name. docs/components.md shows how to add a component or a slot.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import inspect
 import math
 import re
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 # ---------------------------------------------------------------------------------------
@@ -37,7 +40,8 @@ class Param:
     kind: "float" | "int" | "bool" | "choice". ``default`` is REQUIRED, None (optional,
     absent unless given) or a value. Bounds are inclusive (ge/le) or exclusive (gt/lt).
     ``runtime`` params shape the generated code (e.g. where a KL term goes) instead of
-    being passed to the component function.
+    being passed to the component function. ``stages`` maps each choice to the stage the
+    component then acts in (kl ``where=reward`` moves it from the loss to the advantage).
     """
 
     kind: str
@@ -49,6 +53,7 @@ class Param:
     le: float | None = None
     choices: tuple[str, ...] = ()
     runtime: bool = False
+    stages: dict[str, str] | None = None
 
     @property
     def required(self) -> bool:
@@ -59,13 +64,13 @@ class Param:
         parts = [self.kind if self.kind != "choice" else "|".join(self.choices)]
         for sym, v in (("> ", self.gt), (">= ", self.ge), ("< ", self.lt), ("<= ", self.le)):
             if v is not None:
-                parts.append(f"{sym}{_fmt(v)}")
+                parts.append(f"{sym}{format_value(v)}")
         if self.required:
             parts.append("required")
         elif self.default is None:
             parts.append("optional")
         else:
-            parts.append(f"default {_fmt(self.default)}")
+            parts.append(f"default {format_value(self.default)}")
         return ", ".join(parts)
 
     def check(self, value: Any) -> str | None:
@@ -78,7 +83,7 @@ class Param:
                                    (self.lt, lambda v, b: v < b, "<"),
                                    (self.le, lambda v, b: v <= b, "<=")):
                 if bound is not None and not ok(value, bound):
-                    return f"must be {sym} {_fmt(bound)}, got {_fmt(value)}"
+                    return f"must be {sym} {format_value(bound)}, got {format_value(value)}"
         if self.kind == "choice" and value not in self.choices:
             return "must be one of " + ", ".join(repr(c) for c in self.choices)
         return None
@@ -100,16 +105,94 @@ def Choice(choices: tuple[str, ...], default: Any = REQUIRED, doc: str = "", **k
     return Param("choice", default, doc, choices=tuple(choices), **kw)
 
 
-def _fmt(v: Any) -> str:
+def format_value(v: Any) -> str:
+    """A parameter value as the DSL writes it: ``true``/``false``, ``0.2``, ``loss``; ``-`` for None.
+
+    The one formatter of values for messages, ``rldsl list`` and ``rldsl explain``.
+    """
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
-        return repr(v)
-    return repr(v) if not isinstance(v, str) else v
+    return "-" if v is None else str(v)
+
+
+# ---------------------------------------------------------------------------------------
+# Inputs, runtime plan and facts
+
+
+INPUTS: dict[str, str] = {
+    # the optional arguments of CompiledAlgorithm.estimate() / loss() / denominator() a
+    # component may read; a call that lacks one an active component needs fails with its name
+    "group_size": "G, samples per prompt (loss, denominator)",
+    "values": "[B, T] critic values (estimate: gae; loss: the critic)",
+    "returns": "[B, T] value targets (loss)",
+    "old_values": "[B, T] values at rollout time (loss)",
+    "truncated": "[B] bool: the sample hit max_new_tokens (estimate)",
+    "old_logprobs": "[B, T] rollout-time policy logprobs (estimate; always given to loss)",
+    "ref_logprobs": "[B, T] reference-policy logprobs",
+    "entropy": "[B, T] per-token entropy (loss)",
+}
+
+PLAN: dict[str, str] = {
+    # what the runtime carries out, as fields of CompiledAlgorithm.data (DataPlan)
+    "dynamic_rounds": "generation rounds per step (1 unless sampling resamples)",
+    "pass_rate_cap": "prompts whose pass rate is above it leave later epochs (None: none do)",
+}
+
+
+@dataclass(frozen=True)
+class Requires:
+    """A condition on another slot: ``Requires("rewards", "binary", why)``."""
+
+    slot: str
+    component: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a component declares in ``register(...)`` besides its parameters and formula.
+
+    The checker, the code generator, ``rldsl explain`` and CompiledAlgorithm read these;
+    nothing outside the registry tells components apart by name. Flags (``uses_ratio``,
+    ``per_token_only``, ``sequence_level``) are True/False or the name of a bool parameter
+    whose value decides.
+    """
+
+    off: bool = False                     # leaves its slot unused (`none`): no term, no input, no line
+    needs: tuple[str, ...] = ()           # INPUTS it reads: a call without one fails, naming it
+    provides: tuple[str, ...] = ()        # INPUTS that exist because of it (a critic: `values`)
+    uses_ratio: bool | str = False        # reads rho or the weight w; without any, the ratio is skipped
+    per_token_only: bool | str = False    # defined on per-token ratios: refuses a sequence-level one
+    sequence_level: bool | str = False    # its ratio is one value per sequence
+    requires: tuple[Requires, ...] = ()   # other slots it needs filled with a given component
+    plan: dict[str, str] = field(default_factory=dict)  # PLAN field -> parameter holding its value
+
+
+FACTS: tuple[str, ...] = tuple(f.name for f in fields(Facts))
+_FLAGS = ("uses_ratio", "per_token_only", "sequence_level")
 
 
 # ---------------------------------------------------------------------------------------
 # Slots
+
+_SIG = re.compile(r"\((?P<args>[^()]*)\)\s*->\s*\S.*")
+_SIG_ARG = re.compile(r"\s*(?P<name>[a-z_][a-z0-9_]*)\s*(\[[^\]]*\])?\s*")
+
+
+def signature_args(signature: str) -> tuple[str, ...] | None:
+    """The argument names of a slot signature ``(rho [B, T], adv [B, T]) -> w [B, T]``; None for ``-``."""
+    if signature == "-":
+        return None
+    m = _SIG.fullmatch(signature)
+    if not m:
+        raise ValueError(f"slot signature {signature!r} is not '(arg [shape], ...) -> result'")
+    names = []
+    for part in re.split(r",(?![^\[]*\])", m["args"]):  # commas outside [..]
+        a = _SIG_ARG.fullmatch(part)
+        if not a:
+            raise ValueError(f"slot signature {signature!r}: cannot read argument {part.strip()!r}")
+        names.append(a["name"])
+    return tuple(names)
 
 
 @dataclass(frozen=True)
@@ -120,6 +203,11 @@ class Slot:
     loss      — in the compiled ``loss()``
     data      — carried out by the runtime (sampling, prompt filters); declared and validated here
     declare   — a fact about the task that other slots are checked against
+
+    ``signature`` is how the generated code calls every component of the slot (its first
+    arguments, by name and in order; ``-`` for slots without a function); ``register``
+    refuses a function that differs. ``declares`` lists the facts each of its components
+    must state (a default there would silently change the loss or skip a check).
     """
 
     name: str
@@ -128,8 +216,22 @@ class Slot:
     signature: str
     doc: str
     multi: bool = False
+    declares: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        signature_args(self.signature)  # a malformed signature fails at import
+        unknown = [f for f in self.declares if f not in FACTS]
+        if unknown:
+            raise ValueError(f"slot {self.name}: unknown facts {unknown}")
+
+    @property
+    def args(self) -> tuple[str, ...] | None:
+        return signature_args(self.signature)
 
 
+STAGES = ("declare", "advantage", "data", "loss")
+
+# The order of this table is the data flow: `rldsl explain`, `list` and diffs follow it.
 SLOTS: dict[str, Slot] = {s.name: s for s in [
     Slot("rewards", "declare", "scalar", "-",
          "what the verifier returns: binary (0/1) or scalar rewards"),
@@ -148,17 +250,20 @@ SLOTS: dict[str, Slot] = {s.name: s for s in [
     Slot("sampling", "data", "once", "-",
          "how the runtime draws groups (once, or resampling until groups have mixed outcomes)"),
     Slot("ratio", "loss", "token",
-         "(logp, old_logp, mask) -> log_ratio [B, T]",
-         "the importance ratio: per token, or the sequence-level geometric mean (GSPO)"),
+         "(logp [B, T], old_logp [B, T], mask [B, T]) -> log_ratio [B, T]",
+         "the importance ratio: per token, or the sequence-level geometric mean (GSPO)",
+         declares=("sequence_level",)),
     Slot("trust_region", "loss", "none",
-         "(rho, adv, logp, old_logp) -> weight [B, T]",
-         "turns the ratio into the weight the objective uses (clipped, truncated or masked)"),
+         "(rho [B, T], adv [B, T], logp [B, T], old_logp [B, T]) -> w [B, T]",
+         "turns the ratio into the weight the objective uses (clipped, truncated or masked)",
+         declares=("per_token_only",)),
     Slot("objective", "loss", "ppo",
-         "(weight, adv, logp) -> loss [B, T]",
-         "the per-token surrogate to minimise"),
+         "(w [B, T], adv [B, T], logp [B, T]) -> loss [B, T]",
+         "the per-token surrogate to minimise", declares=("uses_ratio",)),
     Slot("kl", "loss", "none",
-         "(logp, ref_logp, rho) -> kl [B, T]",
-         "penalty against the reference policy, in the loss or in the reward"),
+         "(logp [B, T], ref_logp [B, T], rho [B, T]) -> kl [B, T]",
+         "penalty against the reference policy, in the loss or in the reward",
+         declares=("uses_ratio",)),
     Slot("entropy", "loss", "none",
          "(entropy [B, T]) -> term [B, T]",
          "entropy regularisation added to the per-token loss"),
@@ -166,7 +271,7 @@ SLOTS: dict[str, Slot] = {s.name: s for s in [
          "(mask [B, T], group_size) -> (weights [B, T], count [])",
          "how per-token losses become one scalar: sum(l * weights) / count, exact denominators"),
     Slot("critic", "loss", "none",
-         "(values, old_values, returns) -> value_loss [B, T]",
+         "(values [B, T], old_values [B, T], returns [B, T]) -> value_loss [B, T]",
          "a value model and its loss (needed by the gae baseline)"),
 ]}
 
@@ -183,6 +288,8 @@ class Component:
     params: dict[str, Param]
     doc: str
     sections: dict[str, str] = field(default_factory=dict)
+    facts: Facts = field(default_factory=Facts)
+    declared: frozenset[str] = frozenset()  # the facts given explicitly at registration
 
     @property
     def summary(self) -> str:
@@ -200,6 +307,30 @@ class Component:
     def shapes(self) -> str:
         return self.sections.get("shapes", "")
 
+    @property
+    def off(self) -> bool:
+        return self.facts.off
+
+    def flag(self, fact: str, values: dict[str, Any]) -> bool:
+        """A flag fact for these parameter values (a flag may name the bool parameter that decides)."""
+        if self.facts.off:
+            return False
+        v = getattr(self.facts, fact)
+        return bool(values.get(v, self.params[v].default)) if isinstance(v, str) else bool(v)
+
+    def stage(self, values: dict[str, Any]) -> str:
+        """Where the component acts with these values: its slot's stage unless a parameter moves it."""
+        for k, p in self.params.items():
+            if p.stages:
+                return p.stages[values.get(k, p.default)]
+        return SLOTS[self.slot].stage
+
+    def example(self) -> str:
+        """How a spec writes it with its defaults, e.g. ``value(clip=0.5)``."""
+        args = [f"{k}={'...' if p.required else format_value(p.default)}"
+                for k, p in self.params.items() if not p.runtime and p.default is not None]
+        return self.name + (f"({', '.join(args)})" if args else "")
+
     def fn_params(self, values: dict[str, Any]) -> dict[str, Any]:
         """The parameters passed to the component function (runtime ones left out)."""
         return {k: v for k, v in values.items() if not self.params[k].runtime}
@@ -208,7 +339,7 @@ class Component:
         """The formula with parameter values substituted for ``{name}`` placeholders."""
         def sub(m: re.Match[str]) -> str:
             v = values.get(m.group(1))
-            return _fmt(v) if v is not None else m.group(0)
+            return format_value(v) if v is not None else m.group(0)
         return re.sub(r"\{(\w+)\}", sub, self.formula)
 
 
@@ -234,34 +365,126 @@ def parse_docstring(doc: str) -> dict[str, str]:
 REGISTRY: dict[str, dict[str, Component]] = {name: {} for name in SLOTS}
 
 
-def register(slot: str, name: str | None = None, **params: Param) -> Callable[[Callable], Callable]:
+def _split(where: str, kw: dict[str, Any]) -> tuple[dict[str, Param], dict[str, Any]]:
+    """register()/declare() keywords -> (parameters, facts): a Param is a parameter, the rest facts."""
+    params = {k: v for k, v in kw.items() if isinstance(v, Param)}
+    facts = {k: v for k, v in kw.items() if not isinstance(v, Param)}
+    unknown = [k for k in facts if k not in FACTS]
+    if unknown:
+        raise TypeError(f"{where}: unknown fact {unknown[0]!r}; a parameter is a Param (Float(...), "
+                        f"Int, Bool, Choice) and the facts are: {', '.join(FACTS)}")
+    clash = [k for k in params if k in FACTS]
+    if clash:
+        raise ValueError(f"{where}: parameter name {clash[0]!r} is the name of a fact")
+    for k in ("needs", "provides", "requires"):
+        if k in facts and isinstance(facts[k], (str, Requires)):
+            facts[k] = (facts[k],)
+        elif k in facts:
+            facts[k] = tuple(facts[k])
+    return params, facts
+
+
+def _check_facts(slot: Slot, where: str, params: dict[str, Param], given: dict[str, Any]) -> Facts:
+    facts = Facts(**given)
+    for k in ("needs", "provides"):
+        for x in getattr(facts, k):
+            if x not in INPUTS:
+                raise ValueError(f"{where}: {k} {x!r} is not an input; inputs: {', '.join(INPUTS)}")
+    for k in _FLAGS:
+        v = getattr(facts, k)
+        if isinstance(v, str):
+            if v not in params or params[v].kind != "bool":
+                raise ValueError(f"{where}: {k}={v!r} must be True, False or the name of a bool parameter")
+        elif not isinstance(v, bool):
+            raise ValueError(f"{where}: {k} must be True, False or the name of a bool parameter")
+    if not isinstance(facts.off, bool):
+        raise ValueError(f"{where}: off must be True or False")
+    for r in facts.requires:
+        if not isinstance(r, Requires) or r.slot not in SLOTS:
+            raise ValueError(f"{where}: requires takes Requires(slot, component, why) with a known slot")
+    for f, p in facts.plan.items():
+        if f not in PLAN or p not in params:
+            raise ValueError(f"{where}: plan maps a field of CompiledAlgorithm.data ({', '.join(PLAN)}) "
+                             f"to one of its parameters; got {f!r}: {p!r}")
+    missing = [f for f in slot.declares if f not in given]
+    if missing and not facts.off:
+        raise ValueError(f"{where}: every {slot.name} component declares {', '.join(missing)} "
+                         f"(e.g. register({slot.name!r}, {missing[0]}=True|False)); see Facts")
+    for k, p in params.items():
+        if p.stages is not None and (set(p.stages) != set(p.choices) or
+                                     not set(p.stages.values()) <= set(STAGES)):
+            raise ValueError(f"{where}: parameter {k!r}: stages maps each choice to one of {STAGES}")
+    return facts
+
+
+def _check_signature(slot: Slot, where: str, fn: Callable, params: dict[str, Param]) -> None:
+    """The function takes the slot's arguments first (same names, same order), then exactly
+    its non-runtime parameters by keyword."""
+    assert slot.args is not None
+    ps = list(inspect.signature(fn).parameters.values())
+    got = [p.name for p in ps]
+    n = len(slot.args)
+    call = f"slot {slot.name} calls every component as {slot.signature}"
+    if tuple(got[:n]) != slot.args or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in ps):
+        raise ValueError(f"{where}: the function takes ({', '.join(got)}) but {call}; its first "
+                         f"arguments must be ({', '.join(slot.args)}), in this order")
+    rest = got[n:]
+    want = [k for k, p in params.items() if not p.runtime]
+    if set(rest) != set(want) or any(p.kind is p.POSITIONAL_ONLY for p in ps[n:]):
+        extra = [k for k in rest if k not in want]
+        lacking = [k for k in want if k not in rest]
+        what = []
+        if lacking:
+            what.append("it lacks the declared parameter(s) " + ", ".join(lacking))
+        if extra:
+            what.append("it takes " + ", ".join(extra) + ", which register() does not declare" +
+                        (" (runtime parameters are not passed)" if any(k in params for k in extra) else ""))
+        raise ValueError(f"{where}: after ({', '.join(slot.args)}) the function takes exactly its "
+                         f"parameters; {'; '.join(what) or 'a parameter is positional-only'}")
+
+
+def _add(slot: str, key: str, fn: Callable | None, doc: str, kw: dict[str, Any]) -> Component:
+    where = f"component {slot}.{key}"
+    if key in REGISTRY[slot]:
+        raise ValueError(f"{where} is registered twice")
+    params, given = _split(where, kw)
+    s = SLOTS[slot]
+    if fn is not None:
+        if s.args is None:
+            raise ValueError(f"{where}: slot {slot} has no function (stage {s.stage}); use declare()")
+        _check_signature(s, where, fn, params)
+    facts = _check_facts(s, where, params, given)
+    sections = parse_docstring(doc)
+    if "formula" not in sections or "source" not in sections:
+        raise ValueError(f"{where} needs 'formula:' and 'source:' in its docstring")
+    comp = Component(slot, key, fn, params, doc, sections, facts, frozenset(given))
+    REGISTRY[slot][key] = comp
+    return comp
+
+
+def register(slot: str, name: str | None = None, **kw: Any) -> Callable[[Callable], Callable]:
     """Register a component function under ``(slot, name)``; the function name is the DSL name.
 
-    Refuses to overwrite an existing name and checks the docstring has a formula and a source.
+    Keywords that are :class:`Param` s are its parameters, the others its :class:`Facts`.
+    Refuses a name registered twice, a docstring without a formula and a source, a
+    function whose arguments differ from the slot signature plus its parameters, and facts
+    that are unknown, malformed or missing where the slot requires them.
     """
     if slot not in SLOTS:
         raise KeyError(f"unknown slot {slot!r}")
 
     def deco(fn: Callable) -> Callable:
-        key = name or fn.__name__.rstrip("_")
-        if key in REGISTRY[slot]:
-            raise ValueError(f"component {slot}.{key} is registered twice")
-        doc = inspect.getdoc(fn) or ""
-        sections = parse_docstring(doc)
-        if "formula" not in sections or "source" not in sections:
-            raise ValueError(f"component {slot}.{key} needs 'formula:' and 'source:' in its docstring")
-        REGISTRY[slot][key] = Component(slot, key, fn, dict(params), doc, sections)
+        _add(slot, name or fn.__name__.rstrip("_"), fn, inspect.getdoc(fn) or "", kw)
         return fn
 
     return deco
 
 
-def declare(slot: str, name: str, doc: str, **params: Param) -> None:
+def declare(slot: str, name: str, doc: str, **kw: Any) -> None:
     """Register a component that has no tensor function (``data``/``declare`` slots)."""
-    if name in REGISTRY[slot]:
-        raise ValueError(f"component {slot}.{name} is registered twice")
-    doc = inspect.cleandoc(doc)
-    REGISTRY[slot][name] = Component(slot, name, None, dict(params), doc, parse_docstring(doc))
+    if slot not in SLOTS:
+        raise KeyError(f"unknown slot {slot!r}")
+    _add(slot, name, None, inspect.cleandoc(doc), kw)
 
 
 def get(slot: str, name: str) -> Component:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from . import registry
 from .errors import ErrorList, Span, SpecError, SpecErrors, did_you_mean
 from .parser import ArgNode, ComponentNode, SpecFile, Word, parse
+from .registry import format_value
 
 ParamValue = float | int | bool | str | None
 
@@ -53,11 +54,16 @@ class SlotValue(BaseModel):
     def spec(self) -> registry.Component:
         return registry.get(self.slot, self.component)
 
+    @property
+    def stage(self) -> str:
+        """Where it acts with its parameters (kl ``where=reward`` moves it to the advantage)."""
+        return self.spec.stage(self.params)
+
     def __str__(self) -> str:
         given = {k: v for k, v in self.params.items() if v is not None}
         if not given:
             return self.component
-        return f"{self.component}(" + ", ".join(f"{k}={_fmt(v)}" for k, v in given.items()) + ")"
+        return f"{self.component}(" + ", ".join(f"{k}={format_value(v)}" for k, v in given.items()) + ")"
 
 
 class Algorithm(BaseModel):
@@ -80,28 +86,36 @@ class Algorithm(BaseModel):
     def components(self, slot: str) -> list[str]:
         return [v.component for v in self.slots[slot]]
 
+    def active(self, stage: str | None = None) -> list[SlotValue]:
+        """The components that are not off (``none``), in slot order; only those acting in ``stage``."""
+        return [v for vals in self.slots.values() for v in vals
+                if not v.spec.off and (stage is None or v.stage == stage)]
+
+    def needs(self, stage: str | None = None) -> list[str]:
+        """The optional inputs (registry.INPUTS) its active components read, in slot order."""
+        return list(dict.fromkeys(x for v in self.active(stage) for x in v.spec.facts.needs))
+
     @property
     def uses_critic(self) -> bool:
-        return self["critic"].component != "none"
+        return not self["critic"].spec.off
 
     @property
     def uses_reference(self) -> bool:
-        return self["kl"].component != "none"
+        return "ref_logprobs" in self.needs()
 
     @property
     def kl_in(self) -> str | None:
         kl = self["kl"]
-        return None if kl.component == "none" else str(kl.params["where"])
+        return None if kl.spec.off else str(kl.params["where"])
 
     @property
     def uses_entropy(self) -> bool:
-        return self["entropy"].component != "none"
+        return not self["entropy"].spec.off
 
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
+    @property
+    def uses_ratio(self) -> bool:
+        """A component of the loss reads the importance ratio (else the loss skips computing it)."""
+        return any(v.spec.flag("uses_ratio", v.params) for v in self.active("loss"))
 
 
 # ---------------------------------------------------------------------------------------
@@ -293,8 +307,9 @@ def check_file(spec: SpecFile, errors: ErrorList) -> _Raw:
             if v.component in names_seen:
                 errors.add(f"{sname} '{v.component}' is listed twice", cnode.name.span)
                 continue
-            if v.component == "none" and len(node.components) > 1:
-                errors.add(f"'none' cannot be combined with other {sname} components", cnode.name.span)
+            if v.spec.off and len(node.components) > 1:
+                errors.add(f"'{v.component}' cannot be combined with other {sname} components",
+                           cnode.name.span)
                 continue
             names_seen.add(v.component)
             vals.append(v)
@@ -306,7 +321,7 @@ def check_file(spec: SpecFile, errors: ErrorList) -> _Raw:
 
 
 # ---------------------------------------------------------------------------------------
-# Cross-slot rules
+# Cross-slot rules: conditions on component facts (registry.Facts), never on names
 
 
 Rule = Callable[[dict[str, list[SlotValue]]], Iterator[tuple[str, str, str | None]]]
@@ -318,41 +333,77 @@ def rule(fn: Rule) -> Rule:
     return fn
 
 
-def _c(slots: dict[str, list[SlotValue]], s: str) -> str:
-    return slots[s][0].component
+def _active(slots: dict[str, list[SlotValue]]) -> list[SlotValue]:
+    return [v for vals in slots.values() for v in vals if not v.spec.off]
+
+
+def _all_components() -> list[registry.Component]:
+    return [c for comps in registry.REGISTRY.values() for c in comps.values()]
+
+
+def _use(c: registry.Component) -> str:
+    return f"`{c.slot} {c.name}{'(...)' if c.params else ''}`"
 
 
 @rule
-def _gae_needs_critic(slots):  # type: ignore[no-untyped-def]
-    if _c(slots, "baseline") == "gae" and _c(slots, "critic") == "none":
-        yield "baseline", "baseline 'gae' needs a critic", "add a line: critic value(clip=0.5)"
-    if _c(slots, "critic") != "none" and _c(slots, "baseline") != "gae":
-        yield "critic", "a critic is only used by baseline 'gae'", \
-            "use `baseline gae(...)`, or remove the critic line"
+def _provided_inputs(slots):  # type: ignore[no-untyped-def]
+    """An input the algorithm itself makes (a critic's values) must have a maker and a reader."""
+    active = _active(slots)
+    made = {x: v for v in active for x in v.spec.facts.provides}
+    makers = {x: c for c in reversed(_all_components()) for x in c.facts.provides}  # first registered
+    for v in active:
+        for x in v.spec.facts.needs:
+            if x in makers and x not in made:
+                m = makers[x]
+                yield v.slot, f"{v.slot} '{v.component}' needs {_a(m.slot)}", \
+                    f"add a line: {m.slot} {m.example()}"
+    for x, v in made.items():
+        if not any(x in u.spec.facts.needs for u in active if u is not v):
+            readers = [c for c in _all_components() if x in c.facts.needs and x not in c.facts.provides]
+            yield v.slot, f"{_a(v.slot)} is only used by " + \
+                " or ".join(f"{c.slot} '{c.name}'" for c in readers), \
+                "use " + " or ".join(_use(c) for c in readers) + f", or remove the {v.slot} line"
 
 
 @rule
-def _success_rate_needs_binary(slots):  # type: ignore[no-untyped-def]
-    if _c(slots, "normalizer") == "success_rate" and _c(slots, "rewards") != "binary":
-        yield "normalizer", "normalizer 'success_rate' needs binary rewards", \
-            "declare `rewards binary` (the success rate is the mean of 0/1 rewards)"
+def _requirements(slots):  # type: ignore[no-untyped-def]
+    """Facts ``requires=Requires(slot, component)``: e.g. success_rate needs binary rewards."""
+    for v in _active(slots):
+        for r in v.spec.facts.requires:
+            if r.component not in [u.component for u in slots[r.slot]]:
+                yield v.slot, f"{v.slot} '{v.component}' needs {r.component} {r.slot}", \
+                    f"declare `{r.slot} {r.component}`" + (f" ({r.why})" if r.why else "")
 
 
 @rule
-def _reinforce_has_no_ratio(slots):  # type: ignore[no-untyped-def]
-    if _c(slots, "objective") == "reinforce":
-        if _c(slots, "trust_region") != "none":
-            yield "trust_region", "objective 'reinforce' has no ratio to put a trust region on", \
-                "use `objective ppo` or `objective is_weighted`, or `trust_region none`"
-        if _c(slots, "ratio") != "token":
-            yield "ratio", "objective 'reinforce' does not use the ratio", "remove the ratio line"
+def _ratio_needs_a_reader(slots):  # type: ignore[no-untyped-def]
+    """An objective that does not use the ratio leaves the ratio and trust region slots nothing to do."""
+    obj = slots["objective"][0]
+    if obj.spec.flag("uses_ratio", obj.params):
+        return
+    tr, ratio = slots["trust_region"][0], slots["ratio"][0]
+    if not tr.spec.off:
+        users = [c for c in registry.REGISTRY["objective"].values() if c.flag("uses_ratio", {})]
+        off = [c.name for c in registry.REGISTRY["trust_region"].values() if c.off]
+        yield "trust_region", f"objective '{obj.component}' has no ratio to put a trust region on", \
+            "use " + " or ".join(f"`objective {c.name}`" for c in users) + f", or `trust_region {off[0]}`"
+    if ratio.component != registry.SLOTS["ratio"].default:
+        yield "ratio", f"objective '{obj.component}' does not use the ratio", "remove the ratio line"
 
 
 @rule
-def _sequence_ratio_needs_sequence_safe_region(slots):  # type: ignore[no-untyped-def]
-    if _c(slots, "ratio") in ("sequence", "product") and _c(slots, "trust_region") in ("tv", "kl_div"):
-        yield "trust_region", "divergence trust regions are per token; they do not apply to a sequence ratio", \
-            "use `ratio token`, or trust_region clip"
+def _per_token_only_needs_a_token_ratio(slots):  # type: ignore[no-untyped-def]
+    """Facts ``per_token_only`` (tv, kl_div) against a ``sequence_level`` ratio."""
+    ratio = slots["ratio"][0]
+    if not ratio.spec.flag("sequence_level", ratio.params):
+        return
+    token = [c.name for c in registry.REGISTRY["ratio"].values() if not c.flag("sequence_level", {})]
+    for v in _active(slots):
+        if v.spec.flag("per_token_only", v.params):
+            alt = [c.name for c in registry.REGISTRY[v.slot].values()
+                   if not c.off and not c.flag("per_token_only", {})]
+            yield v.slot, f"{v.slot} '{v.component}' is per token; it does not apply to a sequence ratio", \
+                f"use `ratio {token[0]}`" + (f", or {v.slot} {alt[0]}" if alt else "")
 
 
 # ---------------------------------------------------------------------------------------

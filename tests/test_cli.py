@@ -126,3 +126,108 @@ def test_registry_refuses_duplicates_and_undocumented():
     with pytest.raises(ValueError, match="formula"):
         registry.register("baseline", "tmp_undocumented")(undocumented)
     assert "tmp_undocumented" not in registry.REGISTRY["baseline"]
+
+
+# ---------------------------------------------------------------------------------------
+# Output is literal and does not depend on the width
+
+
+def _lines(output: str) -> list[str]:
+    return [ln.rstrip() for ln in output.splitlines()]
+
+
+def test_list_prints_every_formula_whole_at_any_width(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "30")  # narrower than most formulas: nothing may wrap or fold
+    res = runner.invoke(app, ["list"])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    # square brackets are text, not markup (this one printed as "keep_i = 1" before)
+    assert "keep_i = 1[max_{g(i)} r != min_{g(i)} r]" in out
+    for slot, comps in registry.REGISTRY.items():
+        assert registry.SLOTS[slot].doc in out
+        for name, comp in comps.items():
+            assert comp.formula
+            for line in comp.formula.splitlines():
+                assert line in out, f"{slot}.{name}: {line!r}"
+            for pname, p in comp.params.items():
+                assert f"{pname}: {p.describe()} — {p.doc}" in out, f"{slot}.{name}.{pname}"
+    for name in rldsl.library():
+        assert rldsl.load(name).description in out
+    assert "needs truncated=" in out and "carried out by the runtime: data.pass_rate_cap = max" in out
+    one = runner.invoke(app, ["list", "filter"]).output
+    assert "zero_variance" in one and "group_mean" not in one and "algorithms (library)" not in one
+
+
+@pytest.mark.parametrize("name", sorted(rldsl.library()))
+def test_explain_prints_every_formula_whole_at_any_width(name, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "30")
+    algo = rldsl.load(name)
+    res = runner.invoke(app, ["explain", name])
+    assert res.exit_code == 0, res.output
+    out = _lines(res.output)
+    for slot, values in algo.slots.items():
+        for v in values:
+            formula = v.spec.formula_with(v.params)
+            for line in formula.splitlines():
+                assert any(ln.strip() == line for ln in out), f"{name} {slot}: {line!r}"
+            assert any(ln.startswith(f"{slot:<12}  {v}") or ln.strip().startswith(str(v)) for ln in out)
+    for line in rldsl.explain.objective_lines(algo):
+        assert "  " + line in out
+    assert algo.description in res.output
+
+
+def test_explain_diff_is_a_plain_text_diff_with_identical_slots_folded(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "30")
+    monkeypatch.chdir(REPO)  # the header shows library paths relative to the working directory
+    res = runner.invoke(app, ["explain", "grpo", "dapo"])
+    assert res.exit_code == 0, res.output
+    out = _lines(res.output)
+    assert out[0] == "grpo (algorithms/grpo.rl)  vs  dapo (algorithms/dapo.rl)"
+    assert "~ trust_region  clip(low=0.2, high=0.2) -> clip(low=0.2, high=0.28)" in out
+    assert "≠ kl            k3(beta=0.04, where=loss, clamp=false, ratio_weighted=false, straight_through=false) -> none" in out
+    assert any(ln.strip() == "high: 0.2 -> 0.28" for ln in out)
+    grpo, dapo = rldsl.load("grpo"), rldsl.load("dapo")
+    for slot in ("shaping", "sampling", "trust_region", "kl", "aggregation"):
+        for label, algo in (("grpo", grpo), ("dapo", dapo)):
+            for v in algo.slots[slot]:
+                first, *rest = v.spec.formula_with(v.params).splitlines()
+                assert any(ln.strip() == f"{label}  {first}" for ln in out), (slot, label)
+                for line in rest:  # a formula over several lines continues under its first line
+                    assert any(ln.strip() == line for ln in out), (slot, label, line)
+    same = ["rewards", "baseline", "normalizer", "filter", "ratio", "objective", "entropy", "critic"]
+    assert not any(ln.startswith("= ") and ln.split()[1] in same for ln in out if "not shown" not in ln)
+    assert f"= 8 identical slot(s) not shown (--all shows them): {', '.join(same)}" in out
+    assert out[-1] == "5 slot(s) differ"
+    assert not any(c in res.output for c in "│┃━─")  # no table
+
+    full = _lines(runner.invoke(app, ["explain", "grpo", "dapo", "--all"]).output)
+    assert "= baseline      group_mean(singleton=zero)" in full and "= critic        none" in full
+    assert not any("not shown" in ln for ln in full)
+    assert {ln for ln in out if "not shown" not in ln} <= set(full)
+    assert runner.invoke(app, ["explain", "grpo", "--all"]).exit_code == 2
+
+
+def test_json_diff_does_not_fold():
+    d = json.loads(runner.invoke(app, ["explain", "grpo", "dapo", "--all", "--format", "json"]).output)
+    assert len(d["slots"]) == len(registry.SLOTS)
+    assert json.loads(runner.invoke(app, ["explain", "grpo", "dapo", "--format", "json"]).output) == d
+
+
+def test_user_text_is_printed_literally(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "30")
+    text = "[bold]Keep[/bold] 1[max r != min r] :thumbs_up: [link=x]y[/link]"
+    good = tmp_path / "lit.rl"
+    good.write_text(f'algorithm lit extends grpo\n  "{text}"\n  filter zero_variance\n')
+    out = runner.invoke(app, ["explain", str(good)]).output
+    assert text in out and "keep_i = 1[max_{g(i)} r != min_{g(i)} r]" in out
+    diff = runner.invoke(app, ["explain", "grpo", str(good)]).output
+    assert "≠ filter        none -> zero_variance" in diff
+    assert "lit   keep_i = 1[max_{g(i)} r != min_{g(i)} r]" in diff  # labels padded to "from"
+    bad = tmp_path / "bad[red].rl"
+    bad.write_text(f'algorithm bad\n  "{text}"\n  baseline group_mena  # [x] :smile:\n')
+    res = runner.invoke(app, ["check", str(bad)])
+    assert res.exit_code == 1
+    assert f"{bad}:3:12: error: unknown baseline 'group_mena'" in res.output
+    assert "baseline group_mena  # [x] :smile:" in res.output
+    ok = runner.invoke(app, ["check", str(good)]).output
+    assert f"ok: {good}: algorithm lit (extends grpo)" in ok

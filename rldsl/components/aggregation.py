@@ -65,7 +65,7 @@ def token_sum_norm(mask: Tensor, group_size: int, max_tokens: int) -> tuple[Tens
     return mask / max_tokens, torch.full_like(mask.sum(), mask.shape[0])
 
 
-@register("aggregation")
+@register("aggregation", needs=("group_size",))
 def prompt_mean(mask: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
     """Token mean within each prompt's group, then mean over prompts.
 

@@ -17,7 +17,7 @@ def _broadcast(a: Tensor, batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     return adv, adv
 
 
-@register("baseline")
+@register("baseline", off=True)
 def none(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     """No baseline: the advantage is the reward itself.
 
@@ -113,7 +113,7 @@ def leave_one_out(batch: AdvantageBatch, singleton: str) -> tuple[Tensor, Tensor
     return _broadcast(a.reshape(-1), batch)
 
 
-@register("baseline",
+@register("baseline", needs=("values",),
           gamma=Float(1.0, "discount", ge=0, le=1),
           lam=Float(0.95, "GAE lambda", ge=0, le=1))
 def gae(batch: AdvantageBatch, gamma: float, lam: float) -> tuple[Tensor, Tensor]:

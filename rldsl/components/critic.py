@@ -15,7 +15,7 @@ from ..registry import Choice, Float, register
 VALUE_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "prompt_mean")
 
 
-@register("critic")
+@register("critic", off=True)
 def none(values: Tensor, old_values: Tensor | None, returns: Tensor) -> Tensor:
     """No critic.
 
@@ -26,7 +26,7 @@ def none(values: Tensor, old_values: Tensor | None, returns: Tensor) -> Tensor:
     return torch.zeros_like(returns)
 
 
-@register("critic",
+@register("critic", needs=("values", "returns"), provides=("values",),
           clip=Float(0.5, "values move at most this far from the rollout-time values", gt=0),
           coef=Float(1.0, "scale of the value loss", gt=0, runtime=True),
           aggregation=Choice(VALUE_AGGREGATIONS, "token_mean",

@@ -35,7 +35,7 @@ formula: keep drawing prompts while #{g : informative(g)} < P and rounds < {max_
   NaN, is not there: [1, 1, 1, NaN] is constant; fewer than 2 scorable: not informative)
 source: DAPO dynamic sampling (Yu et al. 2025); verl algorithm.filter_groups (max_num_gen_batches)
 edge cases: informative() takes the raw rewards, NaN included (never NaN replaced by 0).
-""", max_rounds=Int(3, "cap on generation rounds per step", ge=1))
+""", plan={"dynamic_rounds": "max_rounds"}, max_rounds=Int(3, "cap on generation rounds per step", ge=1))
 
 
 def informative(rewards: Tensor) -> Tensor:

@@ -10,7 +10,7 @@ from torch import Tensor
 from ..registry import Float, register
 
 
-@register("entropy")
+@register("entropy", off=True)
 def none(entropy: Tensor) -> Tensor:
     """No entropy term (entropy is still measured when given).
 
@@ -21,7 +21,7 @@ def none(entropy: Tensor) -> Tensor:
     return torch.zeros_like(entropy)
 
 
-@register("entropy", coef=Float(doc="bonus coefficient", ge=0))
+@register("entropy", needs=("entropy",), coef=Float(doc="bonus coefficient", ge=0))
 def bonus(entropy: Tensor, coef: float) -> Tensor:
     """Entropy bonus: rewards a spread-out policy.
 

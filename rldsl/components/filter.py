@@ -11,7 +11,7 @@ from ..ops import AdvantageBatch, group_view, scorable_stats
 from ..registry import Float, register
 
 
-@register("filter")
+@register("filter", off=True)
 def none(batch: AdvantageBatch) -> Tensor:
     """Keep every sample.
 
@@ -22,7 +22,7 @@ def none(batch: AdvantageBatch) -> Tensor:
     return torch.ones_like(batch.rewards)
 
 
-@register("filter")
+@register("filter", needs=("truncated",))
 def overlong(batch: AdvantageBatch) -> Tensor:
     """Mask samples that were truncated at the generation limit (no EOS).
 
@@ -52,7 +52,8 @@ def zero_variance(batch: AdvantageBatch) -> Tensor:
     return mixed.repeat_interleave(batch.group_size).to(batch.rewards.dtype)
 
 
-@register("filter", max=Float(0.9, "pass rate at or above which a prompt is retired", gt=0, le=1))
+@register("filter", plan={"pass_rate_cap": "max"},
+          max=Float(0.9, "pass rate at or above which a prompt is retired", gt=0, le=1))
 def pass_rate_cap(batch: AdvantageBatch, max: float) -> Tensor:
     """Retire prompts whose pass rate reaches ``max`` from later epochs (carried out by the runtime).
 

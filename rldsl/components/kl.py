@@ -12,7 +12,9 @@ from torch import Tensor
 from ..registry import Bool, Choice, Float, register
 
 BETA = Float(doc="penalty coefficient", ge=0, runtime=True)
-WHERE = Choice(("loss", "reward"), "loss", "in the loss, or subtracted from the reward", runtime=True)
+WHERE = Choice(("loss", "reward"), "loss", "in the loss, or subtracted from the reward", runtime=True,
+               stages={"loss": "loss", "reward": "advantage"})
+NEEDS = ("old_logprobs", "ref_logprobs")  # in the reward it is computed on the old logprobs
 STRAIGHT_THROUGH = Bool(False, "value of this estimator, gradient of k2 (verl's '+' suffix: k1+, k3+, abs+)")
 
 
@@ -22,7 +24,7 @@ def _straight_through(value: Tensor, logp: Tensor, ref_logp: Tensor) -> Tensor:
     return k2 - k2.detach() + value.detach()
 
 
-@register("kl")
+@register("kl", off=True)
 def none(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     """No KL penalty.
 
@@ -33,7 +35,7 @@ def none(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     return torch.zeros_like(logp)
 
 
-@register("kl", beta=BETA, where=WHERE, straight_through=STRAIGHT_THROUGH)
+@register("kl", needs=NEEDS, uses_ratio=False, beta=BETA, where=WHERE, straight_through=STRAIGHT_THROUGH)
 def k1(logp: Tensor, ref_logp: Tensor, rho: Tensor, straight_through: bool = False) -> Tensor:
     """The naive estimator (log ratio).
 
@@ -46,7 +48,7 @@ def k1(logp: Tensor, ref_logp: Tensor, rho: Tensor, straight_through: bool = Fal
     return _straight_through(k, logp, ref_logp) if straight_through else k
 
 
-@register("kl", beta=BETA, where=WHERE)
+@register("kl", needs=NEEDS, uses_ratio=False, beta=BETA, where=WHERE)
 def k2(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     """Half squared log ratio.
 
@@ -57,7 +59,7 @@ def k2(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     return 0.5 * (logp - ref_logp) ** 2
 
 
-@register("kl", beta=BETA, where=WHERE,
+@register("kl", needs=NEEDS, uses_ratio="ratio_weighted", beta=BETA, where=WHERE,
           clamp=Bool(False, "verl's clamps: exponent to [-20, 20], value to [-10, 10]"),
           ratio_weighted=Bool(False, "multiply by rho (TRL use_bias_correction_kl=True)"),
           straight_through=STRAIGHT_THROUGH)
@@ -84,7 +86,7 @@ def k3(logp: Tensor, ref_logp: Tensor, rho: Tensor, clamp: bool, ratio_weighted:
     return k
 
 
-@register("kl", "abs", beta=BETA, where=WHERE, straight_through=STRAIGHT_THROUGH)
+@register("kl", "abs", needs=NEEDS, uses_ratio=False, beta=BETA, where=WHERE, straight_through=STRAIGHT_THROUGH)
 def abs_(logp: Tensor, ref_logp: Tensor, rho: Tensor, straight_through: bool = False) -> Tensor:
     """Absolute log ratio.
 

@@ -9,10 +9,10 @@ import torch
 from torch import Tensor
 
 from ..ops import AdvantageBatch, group_view, moments
-from ..registry import Bool, Float, register
+from ..registry import Bool, Float, Requires, register
 
 
-@register("normalizer")
+@register("normalizer", off=True)
 def none(adv: Tensor, batch: AdvantageBatch) -> Tensor:
     """No scaling.
 
@@ -57,6 +57,7 @@ def batch_std(adv: Tensor, batch: AdvantageBatch, eps: float, unbiased: bool) ->
 
 
 @register("normalizer",
+          requires=Requires("rewards", "binary", "the success rate is the mean of 0/1 rewards"),
           eps=Float(1e-6, "added to the success rate", gt=0))
 def success_rate(adv: Tensor, batch: AdvantageBatch, eps: float) -> Tensor:
     """Divide by the group's success rate (mean binary reward): MaxRL's p-normalisation.

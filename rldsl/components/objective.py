@@ -10,7 +10,7 @@ from torch import Tensor
 from ..registry import Float, register
 
 
-@register("objective")
+@register("objective", uses_ratio=True)
 def ppo(w: Tensor, adv: Tensor, logp: Tensor) -> Tensor:
     """Importance-weighted surrogate: gradient flows through the (trust-region) weight.
 
@@ -21,7 +21,7 @@ def ppo(w: Tensor, adv: Tensor, logp: Tensor) -> Tensor:
     return -adv * w
 
 
-@register("objective")
+@register("objective", uses_ratio=False)
 def reinforce(w: Tensor, adv: Tensor, logp: Tensor) -> Tensor:
     """Plain policy gradient, no ratio.
 
@@ -32,7 +32,7 @@ def reinforce(w: Tensor, adv: Tensor, logp: Tensor) -> Tensor:
     return -adv * logp
 
 
-@register("objective")
+@register("objective", uses_ratio=True)
 def is_weighted(w: Tensor, adv: Tensor, logp: Tensor) -> Tensor:
     """REINFORCE with a stopped-gradient importance weight (CISPO, DPPO).
 
@@ -43,7 +43,7 @@ def is_weighted(w: Tensor, adv: Tensor, logp: Tensor) -> Tensor:
     return -w.detach() * adv * logp
 
 
-@register("objective", beta=Float(doc="weight of the squared log ratio (verl policy_loss.dro_beta)", gt=0))
+@register("objective", uses_ratio=True, beta=Float(doc="weight of the squared log ratio (verl policy_loss.dro_beta)", gt=0))
 def dro(w: Tensor, adv: Tensor, logp: Tensor, beta: float) -> Tensor:
     """REINFORCE with a quadratic penalty on the log ratio to the old policy (DRO).
 

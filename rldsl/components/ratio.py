@@ -10,7 +10,8 @@ from torch import Tensor
 from ..registry import Float, register
 
 
-@register("ratio", clamp=Float(20.0, "|log rho| is clamped to this (verl 20; large = off)", gt=0))
+@register("ratio", sequence_level=False,
+          clamp=Float(20.0, "|log rho| is clamped to this (verl 20; large = off)", gt=0))
 def token(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tensor:
     """Per-token ratio.
 
@@ -22,7 +23,7 @@ def token(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tensor:
     return torch.clamp(logp - old_logp, -clamp, clamp)
 
 
-@register("ratio", clamp=Float(10.0, "log s is clamped above at this (verl 10)", gt=0))
+@register("ratio", sequence_level=True, clamp=Float(10.0, "log s is clamped above at this (verl 10)", gt=0))
 def sequence(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tensor:
     """Sequence-level ratio: the geometric mean of the token ratios, with per-token gradients.
 
@@ -38,7 +39,7 @@ def sequence(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tens
     return torch.clamp(out, max=clamp)
 
 
-@register("ratio", clamp=Float(20.0, "each token's |log rho| and the sum's are clamped to this (VESPO 20)",
+@register("ratio", sequence_level=True, clamp=Float(20.0, "each token's |log rho| and the sum's are clamped to this (VESPO 20)",
                                gt=0))
 def product(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tensor:
     """Sequence-level ratio: the product of the token ratios (the sequence likelihood ratio).

@@ -11,7 +11,7 @@ from ..ops import AdvantageBatch
 from ..registry import Float, Int, register
 
 
-@register("shaping")
+@register("shaping", off=True)
 def none(rewards: Tensor, batch: AdvantageBatch) -> Tensor:
     """Rewards unchanged.
 

@@ -16,7 +16,7 @@ from torch import Tensor
 from ..registry import Float, register
 
 
-@register("trust_region")
+@register("trust_region", off=True)
 def none(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor) -> Tensor:
     """No trust region.
 
@@ -27,7 +27,7 @@ def none(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor) -> Tensor:
     return rho
 
 
-@register("trust_region",
+@register("trust_region", per_token_only=False,
           low=Float(0.2, "epsilon_low: the ratio may fall to 1 - low", gt=0, lt=1),
           high=Float(0.2, "epsilon_high: the ratio may rise to 1 + high", gt=0))
 def clip(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, low: float, high: float) -> Tensor:
@@ -41,7 +41,7 @@ def clip(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, low: float, h
     return torch.where(adv >= 0, torch.clamp(rho, max=1 + high), torch.clamp(rho, min=1 - low))
 
 
-@register("trust_region",
+@register("trust_region", per_token_only=False,
           low=Float(0.2, "epsilon_low", gt=0, lt=1),
           high=Float(0.2, "epsilon_high", gt=0),
           c=Float(3.0, "bound on the loss of negative advantages, in units of |A|", gt=1))
@@ -59,7 +59,7 @@ def dual_clip(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, low: flo
     return torch.where(adv >= 0, pos, neg)
 
 
-@register("trust_region",
+@register("trust_region", per_token_only=False,
           high=Float(doc="the weight is capped at 1 + high", gt=-1),
           low=Float(None, "if given, the weight is floored at 1 - low", gt=0, lt=1))
 def truncate(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, high: float,
@@ -78,7 +78,7 @@ def truncate(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, high: flo
     return w
 
 
-@register("trust_region",
+@register("trust_region", per_token_only=True,
           low=Float(0.15, "delta for A <= 0: pi may fall by at most this probability", gt=0, le=1),
           high=Float(0.15, "delta for A > 0: pi may rise by at most this probability", gt=0, le=1),
           cap=Float(None, "if given, the weight is also truncated at this value", gt=0))
@@ -98,7 +98,7 @@ def tv(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, low: float, hig
     return w * valid.to(w.dtype)
 
 
-@register("trust_region",
+@register("trust_region", per_token_only=True,
           low=Float(0.05, "delta for A <= 0 (binary KL bound)", gt=0),
           high=Float(0.05, "delta for A > 0 (binary KL bound)", gt=0),
           cap=Float(None, "if given, the weight is also truncated at this value", gt=0))
@@ -118,7 +118,7 @@ def kl_div(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, low: float,
     return w * valid.to(w.dtype)
 
 
-@register("trust_region",
+@register("trust_region", per_token_only=False,
           tau_pos=Float(1.0, "gate temperature where A > 0 (TRL sapo_temperature_pos, verl tau_pos)", gt=0),
           tau_neg=Float(1.05, "gate temperature where A <= 0 (TRL sapo_temperature_neg, verl tau_neg)", gt=0))
 def soft_gate(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, tau_pos: float,
@@ -141,7 +141,7 @@ def soft_gate(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, tau_pos:
 _LOG_MIN_W = math.log(1e-8)
 
 
-@register("trust_region",
+@register("trust_region", per_token_only=False,
           k_pos=Float(2.0, "power of w where A >= 0 (TRL vespo_k_pos)", ge=0),
           lambda_pos=Float(3.0, "decay of w where A >= 0 (TRL vespo_lambda_pos; TRL raises < 1e-4 to 1e-4)",
                            ge=1e-4),

@@ -1,6 +1,7 @@
 """Shared helpers for the component tests: tiny spec builder, batch makers and the plain-loop
 aggregation reference. Nothing here calls an rldsl component; references are written from the
-peers' formulas (verl core_algos, TRL trainers) with Python loops over lists.
+formulas of the papers and peers named in each component's ``source:`` (verl, TRL, ROLL) with
+Python loops over lists.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""baseline slot: every component against plain-loop references (verl core_algos estimators,
-TRL RLOOTrainer/GRPOTrainer advantages, written out as loops)."""
+"""baseline slot: every component against plain-loop references of verl's and TRL's estimators
+(singleton groups, masked tokens, GAE recursion)."""
 from __future__ import annotations
 
 import math

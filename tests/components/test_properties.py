@@ -1,18 +1,25 @@
 """Property tests (hypothesis): baselines, padding invariance, trust-region gradient masks and
-micro-batch exactness of every aggregation."""
+micro-batch exactness of every aggregation.
+
+Each property holds for every draw, under any ``--hypothesis-seed``: where exactness is the
+point (padding, micro-batches, gradient masks) the tensors are float64 and the tolerances
+are those of float64 summation order; float32 properties use tolerances from float32's
+epsilon and the magnitudes involved.
+"""
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from component_refs import adv_batch, random_batch, spec_fn
 from rldsl.components import baseline as bl
 
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
+SETTINGS = settings(max_examples=40, deadline=None)
+EPS32 = torch.finfo(torch.float32).eps
 
 reward = st.floats(-10, 10, allow_nan=False, width=32)
 
@@ -35,7 +42,7 @@ def test_group_mean_advantages_sum_to_zero_in_each_group(rg):
     adv, _ = bl.group_mean(adv_batch(r, G, T=1))
     a = adv[:, 0].double().view(-1, G)
     scale = max(1.0, max(abs(x) for x in r))
-    assert torch.all(a.sum(-1).abs() <= 1e-5 * G * scale)
+    assert torch.all(a.sum(-1).abs() <= 8 * G * EPS32 * scale)  # float32 rounding of G terms
     for g in range(len(r) // G):  # a constant group gives exactly 0
         if len(set(r[g * G:(g + 1) * G])) == 1:
             assert torch.count_nonzero(a[g]) == 0
@@ -48,9 +55,12 @@ def test_leave_one_out_equals_its_definition(rg):
     adv, _ = bl.leave_one_out(adv_batch(r, G, T=1), singleton="zero")
     for i, x in enumerate(r):
         g = i // G
+        group = r[g * G:(g + 1) * G]
         others = [r[j] for j in range(g * G, (g + 1) * G) if j != i]
         want = x - sum(others) / len(others) if others else 0.0
-        assert adv[i, 0].item() == pytest.approx(want, rel=1e-5, abs=1e-5 * max(1.0, abs(x)))
+        # float32: the shifted rewards, their group sum and the division each round once
+        tol = 8 * G * EPS32 * max(1.0, max(abs(y) for y in group))
+        assert adv[i, 0].item() == pytest.approx(want, rel=0, abs=tol)
 
 
 # ---------------------------------------------------------------- padding invariance
@@ -93,32 +103,32 @@ def run(fn, b, G):
 GARBAGE = st.sampled_from([float("inf"), -float("inf"), float("nan"), 1e30, -7.0])
 
 
-@settings(max_examples=25, deadline=None, derandomize=True)
+@settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), extra=st.integers(1, 5), garbage=GARBAGE,
        agg=st.sampled_from(AGG_LINES), loss=st.sampled_from(sorted(LOSS_LINES)))
+@example(seed=0, extra=1, garbage=float("inf"), agg="token_mean", loss="cispo_k3_trl")  # failed in float32
 def test_padding_does_not_change_the_loss(seed, extra, garbage, agg, loss):
     """Appended padding columns (mask 0) and padding entries hold garbage (inf / NaN / huge):
     the loss, the metrics and the gradients of the real tokens do not change; with finite
-    garbage the padding's gradients are exactly 0."""
+    garbage the padding's gradients are exactly 0. In float64: padding changes the order of
+    the sums, which moves a float32 loss by ~1e-6 relative (seed=0, extra=1, cispo_k3_trl)."""
     G = 2
-    clean = random_batch(6, 5, seed, empty_rows=(seed % 6,))
+    clean = random_batch(6, 5, seed, empty_rows=(seed % 6,), dtype=torch.float64)
     fn = loss_fn(agg, loss)
-    padded = {"mask": torch.cat([clean["mask"], torch.zeros(6, extra)], 1)}
+    padded = {"mask": torch.cat([clean["mask"], torch.zeros(6, extra, dtype=torch.float64)], 1)}
     for k in FIELDS:
-        x = torch.cat([clean[k], torch.full((6, extra), garbage)], 1)
+        x = torch.cat([clean[k], torch.full((6, extra), garbage, dtype=torch.float64)], 1)
         x[:, :5] = torch.where(clean["mask"] > 0, clean[k], torch.full_like(clean[k], garbage))
         padded[k] = x
     l0, g0, gv0, m0 = run(fn, clean, G)
     l1, g1, gv1, m1 = run(fn, padded, G)
     assert torch.isfinite(l0)
-    # fp32 sums over another shape add in another order: a few ulps of the O(1) per-token
-    # terms, which cancel down to a loss of ~0.1 (1.3e-7 apart on this CPU's SIMD width)
-    assert l1.item() == pytest.approx(l0.item(), rel=1e-6, abs=1e-6)
+    assert l1.item() == pytest.approx(l0.item(), rel=1e-10, abs=1e-12)
     valid = clean["mask"] > 0
-    torch.testing.assert_close(g1[:, :5][valid], g0[valid], rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(gv1[:, :5][valid], gv0[valid], rtol=1e-5, atol=1e-7)
-    for k in ("pg_loss", "clip_fraction", "ratio_mean", "approx_kl"):
-        assert m1[k] == pytest.approx(m0[k], rel=1e-5, abs=1e-7), k
+    torch.testing.assert_close(g1[:, :5][valid], g0[valid], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(gv1[:, :5][valid], gv0[valid], rtol=1e-10, atol=1e-12)
+    for k in ("pg_loss", "clip_fraction", "ratio_mean", "approx_kl"):  # metrics are reported as float32
+        assert m1[k] == pytest.approx(m0[k], rel=4 * EPS32, abs=1e-12), k
     if math.isfinite(garbage) and abs(garbage) < 1e3:
         assert torch.count_nonzero(g1[padded["mask"] == 0]) == 0
         assert torch.count_nonzero(gv1[padded["mask"] == 0]) == 0
@@ -162,7 +172,7 @@ prob = st.floats(0.02, 0.98)
 adv_value = st.one_of(st.floats(0.05, 3.0), st.floats(-3.0, -0.05))
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+@settings(max_examples=60, deadline=None)
 @given(region=st.sampled_from(sorted(REGION_LINES)),
        tokens=st.lists(st.tuples(prob, prob, adv_value), min_size=1, max_size=12))
 def test_gradient_is_zero_exactly_where_the_trust_region_blocks(region, tokens):
@@ -184,13 +194,14 @@ def test_gradient_is_zero_exactly_where_the_trust_region_blocks(region, tokens):
 # ---------------------------------------------------------------- micro-batch exactness
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
+@settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10_000), agg=st.sampled_from(AGG_LINES), loss=st.sampled_from(sorted(LOSS_LINES)),
        split_group=st.integers(1, 3), empty=st.sampled_from([(), (0,), (0, 1), (4, 5, 6, 7)]))
 def test_micro_batches_with_summed_denominator_equal_the_whole_batch(seed, agg, loss, split_group, empty):
+    """Exact up to float64 summation order (float32 would differ by its rounding of the sums)."""
     G, B = 2, 8
     fn = loss_fn(agg, loss)
-    b = random_batch(B, 6, seed, empty_rows=empty)
+    b = random_batch(B, 6, seed, empty_rows=empty, dtype=torch.float64)
     whole_l, whole_g, whole_gv, _ = run(fn, b, G)
     cut = split_group * G
     parts = [{k: v[:cut] for k, v in b.items()}, {k: v[cut:] for k, v in b.items()}]
@@ -212,6 +223,6 @@ def test_micro_batches_with_summed_denominator_equal_the_whole_batch(seed, agg, 
         total += t.item()
         grads.append(g)
         grads_v.append(torch.zeros_like(v) if gv is None else gv)
-    assert total == pytest.approx(whole_l.item(), rel=1e-5, abs=1e-7)
-    torch.testing.assert_close(torch.cat(grads), whole_g, rtol=1e-5, atol=1e-8)
-    torch.testing.assert_close(torch.cat(grads_v), whole_gv, rtol=1e-5, atol=1e-8)
+    assert total == pytest.approx(whole_l.item(), rel=1e-10, abs=1e-12)
+    torch.testing.assert_close(torch.cat(grads), whole_g, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(torch.cat(grads_v), whole_gv, rtol=1e-10, atol=1e-12)
