@@ -210,7 +210,7 @@ class MetricsLogger:
         self.path = self.run_dir / METRICS_FILE
         self.total_steps = total_steps
         self.print_every = max(1, print_every)
-        self.console = console or Console()
+        self.console = console or Console(markup=False, emoji=False)  # user text stays literal
         self.records: list[dict[str, Any]] = []
         if resume_step is not None:
             dropped = truncate_metrics(self.path, resume_step)
@@ -236,7 +236,7 @@ class MetricsLogger:
         self._plain = not self.console.is_terminal
         if progress and not self._plain:
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
                 TextColumn("{task.fields[stats]}"), console=self.console)
             self._progress.start()
