@@ -67,7 +67,8 @@ class Trainer:
                  scheduler: Any = None, reference: nn.Module | None = None,
                  critic: nn.Module | None = None, critic_optimizer: torch.optim.Optimizer | None = None,
                  ppo_epochs: int = 1, minibatches: int = 1, grad_clip: float = 1.0,
-                 skip_zero_advantage: bool = True, logprob_chunk: int = 1024):
+                 skip_zero_advantage: bool = True, logprob_chunk: int = 1024,
+                 temperature: float = 1.0):
         self.fn = fn
         self.policy = policy
         self.reference = reference
@@ -80,6 +81,9 @@ class Trainer:
         self.grad_clip = grad_clip
         self.skip_zero_advantage = skip_zero_advantage
         self.logprob_chunk = logprob_chunk
+        # the rollout's sampling temperature: old, new and reference logprobs and the entropy
+        # are those of softmax(z / T), the distribution the engine sampled from
+        self.temperature = float(temperature)
         algo = fn.algorithm
         if algo.uses_reference and reference is None:
             raise ValueError(f"{algo.name} has a KL term: the trainer needs a reference model")
@@ -114,7 +118,8 @@ class Trainer:
         return cls(fn, policy, optimizer=optimizer, scheduler=build_scheduler(optimizer, t),
                    reference=reference, critic=critic, critic_optimizer=critic_opt,
                    ppo_epochs=t.ppo_epochs, minibatches=t.minibatches, grad_clip=t.grad_clip,
-                   skip_zero_advantage=t.skip_zero_advantage, **kwargs)
+                   skip_zero_advantage=t.skip_zero_advantage,
+                   temperature=scoring_temperature(cfg.rollout.temperature), **kwargs)
 
     # -- logprobs
 
@@ -128,7 +133,8 @@ class Trainer:
         with torch.set_grad_enabled(grad):
             return self._token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
                                   entropy_grad=grad and self.fn.algorithm.uses_entropy,
-                                  chunk_size=self.logprob_chunk, group_size=batch.group_size)
+                                  chunk_size=self.logprob_chunk, group_size=batch.group_size,
+                                  temperature=self.temperature)
 
     @torch.no_grad()
     def estimate(self, rollout: RolloutBatch, rewards: Tensor) -> TrainBatch:
@@ -141,7 +147,7 @@ class Trainer:
         metrics = dict(est.metrics)
         valid = mask > 0
         if old is not None and valid.any():
-            # train/inference mismatch: engine logprobs vs recomputed ones (same temperature 1 only)
+            # train/inference mismatch: engine logprobs vs recomputed ones (both at the rollout T)
             metrics["rollout_logprob_diff"] = float((rollout.logprobs - old).abs()[valid].mean())
         return TrainBatch(rollout, rewards, old, est.mask, est.advantages, est.returns, ref,
                           values, metrics)
@@ -292,6 +298,11 @@ class Trainer:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
                 self.scheduler.step()
+
+
+def scoring_temperature(rollout_temperature: float) -> float:
+    """The temperature the trainer scores a rollout at: the sampling one, 1 for greedy (T = 0)."""
+    return float(rollout_temperature) if rollout_temperature > 0 else 1.0
 
 
 def _has_dropout(model: nn.Module) -> bool:

@@ -29,8 +29,6 @@ from tiny_archs import ARCHS, save
 
 HERE = Path(__file__).parent
 TEMPERATURES = (0.5, 0.7, 1.0, 1.3)
-TEMPERATURE_PLUMBING = ("the trainer scores at temperature 1: rollout.temperature is not passed to "
-                        "token_logprobs(temperature=) in the trainer (old, new and reference logprobs)")
 
 
 @pytest.fixture(autouse=True)
@@ -55,13 +53,8 @@ def _diffs(run: Path) -> list[float]:
     return [r["rollout_logprob_diff"] for r in recs]
 
 
-def _xfail_unless_one(T: float):
-    return pytest.param(T, marks=() if T == 1.0 else pytest.mark.xfail(reason=TEMPERATURE_PLUMBING,
-                                                                        strict=True))
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("T", [_xfail_unless_one(T) for T in TEMPERATURES])
+@pytest.mark.parametrize("T", TEMPERATURES)
 def test_trainer_logprobs_equal_the_engines_at_the_rollout_temperature(T, model_dir, tmp_path):
     from rldsl.runtime import loop
     run = loop.train("lite_ppo", _config(model_dir, tmp_path / "run", **{"rollout.temperature": T}))
@@ -81,7 +74,7 @@ def ray_cluster():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("T", [_xfail_unless_one(T) for T in (0.7, 1.0)])
+@pytest.mark.parametrize("T", (0.7, 1.0))
 def test_two_trainer_ranks_logprobs_equal_the_engines(T, ray_cluster, model_dir, tmp_path):
     from rldsl.runtime import loop
     run = loop.train("lite_ppo", _config(model_dir, tmp_path / "run", **{
@@ -91,7 +84,7 @@ def test_two_trainer_ranks_logprobs_equal_the_engines(T, ray_cluster, model_dir,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("T", [_xfail_unless_one(T) for T in (1.0, 0.7)])
+@pytest.mark.parametrize("T", (1.0, 0.7))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_architecture_trains_from_a_model_folder(arch, T, tokenizer, tmp_path):
     from rldsl.runtime import loop
