@@ -95,8 +95,6 @@ def test_every_architecture_trains_from_a_model_folder(arch, T, tokenizer, tmp_p
     assert max(diffs) <= 1e-5, (arch, diffs)
 
 
-@pytest.mark.xfail(reason="the HF engine stops and masks only on tokenizer.eos_token_id, not on every "
-                          "EOS id of the model's generation_config", strict=True)
 def test_generation_stops_on_every_eos_id_of_the_generation_config(tiny_model, tokenizer):
     from rldsl.runtime.engines.hf import HFEngine
     from rldsl.runtime.engines.base import SamplingParams
