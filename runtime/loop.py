@@ -27,10 +27,10 @@ import rldsl
 from . import checkpoint as ckpt
 from .batch import RolloutBatch, group_rows
 from .build import Run, build_run
-from .config import RunConfig
+from .config import MODEL_RUN_DEFAULTS, RunConfig
 from .engines.base import SamplingParams
 from .errors import RunError, WorkerError
-from .metrics import GREEDY_ACC, RESPONSE_LENGTH, REWARD, SAMPLED_ACC, STEP_TIME, MetricsLogger
+from .metrics import EVAL_FAILED, GREEDY_ACC, RESPONSE_LENGTH, REWARD, SAMPLED_ACC, STEP_TIME, MetricsLogger
 from .rng import restore_rng, step_seed
 from .run_dir import (METRICS_FILE, SPEC_FILE, load_run_config, run_dir_of, save_config,
                       save_parent_specs)
@@ -126,13 +126,31 @@ def evaluate(s: Run, step: int) -> dict[str, float]:
         modes.append((SAMPLED_ACC, "eval/sampled_reward", SamplingParams(
             n=cfg.eval.samples, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
             max_new_tokens=cfg.max_new_tokens, seed=step_seed(cfg.seed, step, 0, "eval"))))
+    failed = 0
     for acc_key, reward_key, params in modes:
         r = s.rollouts.generate(prompts, [e.answer for e in s.heldout], params).scored.rewards
         finite = torch.isfinite(r)
-        r = torch.where(finite, r, torch.zeros_like(r))
-        out[acc_key] = float((r > 0.5).float().mean())
-        out[reward_key] = float(r.mean())
+        failed += int((~finite).sum())
+        # accuracy: reward > 0.5 over every sample, a failed reward counting as not correct;
+        # the mean reward is over the scorable samples only (NaN when none is)
+        out[acc_key] = float(((r > 0.5) & finite).float().mean())
+        out[reward_key] = float(r[finite].mean()) if finite.any() else float("nan")
+    out[EVAL_FAILED] = float(failed)
+    if failed:
+        s.warn(f"step {step}: evaluation: {failed} held-out sample(s) whose reward failed "
+               f"(counted as not correct in the accuracy, left out of the mean reward)")
     return out
+
+
+def optimizer_note(cfg: RunConfig) -> str:
+    """The run-start line naming the optimizer settings and where their defaults come from."""
+    t = cfg.train
+    note = f"optimizer: AdamW lr {t.lr:g}, betas ({t.betas[0]:g}, {t.betas[1]:g})"
+    if cfg.model.path is None:
+        return note + " (the toy's tuned defaults)"
+    if t.lr == MODEL_RUN_DEFAULTS["train.lr"] and tuple(t.betas) == MODEL_RUN_DEFAULTS["train.betas"]:
+        return note + " (defaults for a user's model, as TRL and verl; set train.lr / train.betas to change)"
+    return note
 
 
 def _sync_weights(s: Run) -> float:
@@ -277,6 +295,7 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
         with logger, _interrupt_guard():
             try:
                 if start == 0:
+                    logger.print(optimizer_note(cfg), markup=False)
                     logger.log(0, evaluate(s, 0))
                 while step < total:
                     if stop_after is not None and step >= stop_after:

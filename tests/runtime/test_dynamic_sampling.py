@@ -100,3 +100,16 @@ def test_pass_rate_cap_retires_at_the_cap_and_ignores_failed_rewards():
     r = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, NAN], [NAN] * 4])
     assert plan.retire(r).tolist() == [True, False, True, False]
     assert plan.informative(r).tolist() == [True, True, False, False]
+
+
+def test_evaluation_counts_failed_rewards_instead_of_scoring_them_0(tiny_model, tokenizer):
+    """Accuracy: reward > 0.5 over every sample, a failure counting as not correct; the mean
+    reward leaves failures out; ``eval/failed`` counts them."""
+    s, warnings = _run(tiny_model, tokenizer, "grpo", [[[1, NAN, 0.25, 1]], [[NAN] * 4]])
+    s.heldout = [Example(id=i, prompt=f"{i}+1=", answer=str(i + 1)) for i in range(4)]
+    s.cfg = load_config(None, ["rollout.max_new_tokens=4", "eval.samples=1"])
+    from rldsl.runtime import loop as loop_module
+    out = loop_module.evaluate(s, step=0)
+    assert out["eval/greedy_acc"] == 0.5 and out["eval/greedy_reward"] == 0.75
+    assert out["eval/sampled_acc"] == 0.0 and math.isnan(out["eval/sampled_reward"])
+    assert out["eval/failed"] == 5 and any("5 held-out sample(s)" in w for w in warnings)

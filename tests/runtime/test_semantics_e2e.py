@@ -9,9 +9,8 @@
   warning, or refused before the first step, never an ``IndexError`` mid-step;
 - a ``--model`` run gets the peers' optimizer defaults, not the toy's.
 
-The cases marked xfail need runtime plumbing that is not in place yet (the training-side
-temperature, the engines' stop ids, the context clip, model-run defaults); each names what
-is missing. ``strict=True``: the day it works, the marker must go.
+Each case failed before the runtime plumbing landed (the training-side temperature, the
+engines' stop ids, the context clip, model-run defaults).
 """
 from __future__ import annotations
 
@@ -143,8 +142,6 @@ def test_short_context_model_with_long_max_new_tokens(tokenizer, tmp_path, recwa
     assert any("max_new_tokens" in str(w.message) for w in recwarn.list)  # clipped, with a warning
 
 
-@pytest.mark.xfail(reason="a --model run still gets the toy's optimizer defaults (lr 3e-4, betas "
-                          "0.9/0.99)", strict=True)
 def test_model_run_gets_the_peers_optimizer_defaults(model_dir):
     from rldsl.runtime.cli import build_run_config
     _, cfg = build_run_config("grpo", flags={"model.path": str(model_dir)})
@@ -152,3 +149,6 @@ def test_model_run_gets_the_peers_optimizer_defaults(model_dir):
     assert tuple(cfg.train.betas) == (0.9, 0.999)  # torch AdamW / TRL / verl
     _, toy = build_run_config("grpo")
     assert toy.train.lr == 3e-4 and tuple(toy.train.betas) == (0.9, 0.99)  # the toy keeps its tuning
+    _, mine = build_run_config("grpo", flags={"model.path": str(model_dir)},
+                               overrides=["train.lr=5e-5", "train.betas=[0.9, 0.95]"])
+    assert mine.train.lr == 5e-5 and tuple(mine.train.betas) == (0.9, 0.95)  # set: kept
