@@ -24,7 +24,7 @@ from rldsl import CompiledAlgorithm
 from ..batch import RolloutBatch, group_rows, model_inputs
 from ..config import RunConfig
 from .logprobs import token_logprobs
-from .optim import build_optimizer, build_scheduler
+from .optim import build_optimizer, build_scheduler, lr_factor
 from .value_model import ValueModel
 
 
@@ -68,7 +68,7 @@ class Trainer:
                  critic: nn.Module | None = None, critic_optimizer: torch.optim.Optimizer | None = None,
                  ppo_epochs: int = 1, minibatches: int = 1, grad_clip: float = 1.0,
                  skip_zero_advantage: bool = True, logprob_chunk: int = 1024,
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, critic_lr_factor: Callable[[int], float] | None = None):
         self.fn = fn
         self.policy = policy
         self.reference = reference
@@ -84,6 +84,10 @@ class Trainer:
         # the rollout's sampling temperature: old, new and reference logprobs and the entropy
         # are those of softmax(z / T), the distribution the engine sampled from
         self.temperature = float(temperature)
+        # the critic follows the policy's LR schedule: lr_c(step) = critic base lr x factor(step)
+        self.critic_lr_factor = critic_lr_factor
+        self.critic_base_lrs = [g["lr"] for g in critic_optimizer.param_groups] if critic_optimizer else []
+        self._set_critic_lr(0)
         algo = fn.algorithm
         if algo.uses_reference and reference is None:
             raise ValueError(f"{algo.name} has a KL term: the trainer needs a reference model")
@@ -119,7 +123,9 @@ class Trainer:
                    reference=reference, critic=critic, critic_optimizer=critic_opt,
                    ppo_epochs=t.ppo_epochs, minibatches=t.minibatches, grad_clip=t.grad_clip,
                    skip_zero_advantage=t.skip_zero_advantage,
-                   temperature=scoring_temperature(cfg.rollout.temperature), **kwargs)
+                   temperature=scoring_temperature(cfg.rollout.temperature),
+                   critic_lr_factor=(lambda step: lr_factor(step, t)) if critic_opt is not None else None,
+                   **kwargs)
 
     # -- logprobs
 
@@ -219,6 +225,7 @@ class Trainer:
         sub = batch.rollout.select(rows)
         mask = batch.mask[rows]
         denom = self._global_denominator(fn.denominator(mask, G), share)
+        vdenom = self._global_denominator(fn.value_denominator(mask, G), share) if algo.uses_critic else None
         logp, ent = self._logprobs(self.policy, sub, grad=True, entropy=True)
         values = None
         if algo.uses_critic:
@@ -228,7 +235,7 @@ class Trainer:
         out = fn.loss(logp, old, batch.advantages[rows], mask,
                       ref_logprobs=_rows(batch.ref_logprobs, rows), values=values,
                       returns=batch.returns[rows], old_values=_rows(batch.old_values, rows),
-                      entropy=ent, group_size=G, denominator=denom)
+                      entropy=ent, group_size=G, denominator=denom, value_denominator=vdenom)
         total = out.loss if out.value_loss is None else out.loss + out.value_loss
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic_optimizer is not None:
@@ -298,6 +305,16 @@ class Trainer:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
                 self.scheduler.step()
+            self._set_critic_lr(self.scheduler.last_epoch)
+
+    def _set_critic_lr(self, step: int) -> None:
+        """The critic's LR at ``step`` of the policy's schedule (stateless: a resumed run's
+        restored policy scheduler gives it back)."""
+        if self.critic_optimizer is None or self.critic_lr_factor is None:
+            return
+        f = self.critic_lr_factor(step)
+        for g, base in zip(self.critic_optimizer.param_groups, self.critic_base_lrs):
+            g["lr"] = base * f
 
 
 def scoring_temperature(rollout_temperature: float) -> float:
