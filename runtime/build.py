@@ -3,6 +3,7 @@ talks to -- in this process, or on Ray actors when the config asks for them."""
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -11,7 +12,7 @@ import torch
 
 import rldsl
 
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 from .data import Example, PromptSource, load_prompts
 from .engines.hf import HFEngine
 from .errors import RunError
@@ -76,6 +77,41 @@ def prompts_of(cfg: RunConfig) -> tuple[PromptSource, list[Example]]:
     return PromptSource(splits.train, seed=cfg.seed, name=Path(cfg.data.path).name), splits.heldout
 
 
+def model_context(path: Path) -> int | None:
+    """The number of positions the model at ``path`` can attend over (``max_position_embeddings``,
+    GPT-2's ``n_positions``), or None when its config names none."""
+    from transformers import AutoConfig
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def fit_context(cfg: RunConfig, path: Path, tokenizer: Any, prompts: list[str]) -> None:
+    """Clip ``rollout.max_new_tokens`` so that the longest prompt plus the completion fits the
+    model's context (one warning), or refuse a prompt that does not fit at all, before the
+    first step: past the last position a model's forward fails mid-step (an ``IndexError``
+    in its position embedding) or silently extrapolates."""
+    context = model_context(path)
+    if context is None or not prompts:
+        return
+    longest = max(len(ids) for ids in tokenizer(prompts)["input_ids"])
+    if longest >= context:
+        raise ConfigError(f"the longest prompt has {longest} tokens but the model ({path}) has a "
+                          f"context of {context} positions (max_position_embeddings): no room for "
+                          f"even one new token (max_new_tokens). Shorten or drop the long prompts.")
+    room = context - longest
+    if cfg.max_new_tokens > room:
+        warnings.warn(f"max_new_tokens {cfg.max_new_tokens} + the longest prompt ({longest} tokens) "
+                      f"exceeds the model's context of {context} positions: generating at most "
+                      f"{room} new tokens (set rollout.max_new_tokens to silence this)", stacklevel=2)
+        cfg.rollout.max_new_tokens = room
+
+
 def reward_name(cfg: RunConfig) -> str:
     """``reward.name``, else the task's own: ``addition`` for the built-in task, ``exact`` for data."""
     return cfg.reward.name or ("addition" if cfg.data.path is None else "exact")
@@ -99,14 +135,17 @@ def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = 
         path, _ = model_folder(cfg)  # the toy model is warm-started here, once
         tok = load_tokenizer(path)
         source, held = prompts_of(cfg)
+        fit_context(cfg, path, tok, [e.prompt for e in source.examples + held])
         reward = reward_name(cfg)
         RewardFn(reward, on_error=cfg.reward.on_error)  # a bad name fails here, not in an actor
         from .workers.ray import start_ray_workers
         rollouts, trainers = start_ray_workers(cfg, algo, fn, path, reward, tok.pad_token_id)
         return Run(cfg, algo, fn, run_dir, tok, source, held, rollouts, trainers)
     path, _ = model_folder(cfg)
-    policy = load_policy(path, cfg.model.dtype)
     tok = load_tokenizer(path)
+    source, held = prompts_of(cfg)
+    fit_context(cfg, path, tok, [e.prompt for e in source.examples + held])
+    policy = load_policy(path, cfg.model.dtype)
     policy.to(cfg.device)
     if cfg.rollout.engine != "hf":
         raise RunError(f"rollout.engine={cfg.rollout.engine!r} needs the distributed runtime "
@@ -114,6 +153,5 @@ def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = 
                        "machine without Ray use rollout.engine=hf")
     trainer = Trainer.from_config(cfg, fn, policy)
     engine = HFEngine(copy.deepcopy(policy).eval(), tok, device=cfg.device)
-    source, held = prompts_of(cfg)
     rollouts = LocalRollouts(engine, RewardFn(reward_name(cfg), on_error=cfg.reward.on_error))
     return Run(cfg, algo, fn, run_dir, tok, source, held, rollouts, LocalTrainers(trainer))

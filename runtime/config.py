@@ -4,7 +4,9 @@ The defaults select the embedded tiny model and the built-in addition task
 (``model.path = None``, ``data.path = None``, ``reward.name = None``) with the settings
 that train it on two CPU cores (docs/toy.md): 16 prompts x 8 samples per step,
 temperature 1, at most 4 new tokens, one AdamW update per rollout (lr 3e-4, betas
-0.9/0.99, grad clip 1.0), fp32, one thread, ~300 steps.
+0.9/0.99, grad clip 1.0), fp32, one thread, ~300 steps. A run on a user's model
+(``model.path`` set) gets lr 1e-6 and betas 0.9/0.999 instead, unless it sets them
+(``MODEL_RUN_DEFAULTS``: TRL's and verl's defaults).
 
 Precedence, lowest to highest::
 
@@ -50,6 +52,10 @@ __all__ = [
 
 TOY_MAX_NEW_TOKENS = 4
 DATA_MAX_NEW_TOKENS = 1024
+#: Optimizer defaults of a run on a user's model (``model.path`` set) where the run does not
+#: set them: TRL's ``learning_rate`` and verl's actor ``optim.lr`` (1e-6), torch/TRL/verl
+#: AdamW betas. The field defaults (lr 3e-4, betas 0.9/0.99) are tuned for the toy only.
+MODEL_RUN_DEFAULTS: dict[str, Any] = {"train.lr": 1e-6, "train.betas": (0.9, 0.999)}
 
 
 class _Section(BaseModel):
@@ -141,9 +147,12 @@ class TrainConfig(_Section):
                        description="Training steps (one rollout each); ~300 lifts the toy "
                                    "task's held-out accuracy from ~0.3 to ~0.6-0.9.")
     lr: float = Field(default=3e-4, gt=0.0,
-                      description="AdamW learning rate (1e-3 collapsed the toy run: "
-                                  "docs/toy.md, pitfall 2).")
-    betas: tuple[float, float] = Field(default=(0.9, 0.99), description="AdamW betas.")
+                      description="AdamW learning rate: 3e-4 for the toy (1e-3 collapsed it: "
+                                  "docs/toy.md, pitfall 2); 1e-6 when model.path is set "
+                                  "(TRL, verl).")
+    betas: tuple[float, float] = Field(default=(0.9, 0.99),
+                                       description="AdamW betas: 0.9/0.99 for the toy; 0.9/0.999 "
+                                                   "when model.path is set (torch, TRL, verl).")
     eps: float = Field(default=1e-8, gt=0.0, description="AdamW epsilon.")
     weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
     grad_clip: float = Field(default=1.0, ge=0.0,
@@ -537,6 +546,11 @@ def load_config(toml_path: str | os.PathLike[str] | None = None,
         _set(tree, key, value)
         sources[key] = f"command-line flag for {key}"
 
+    if tree.get("model", {}).get("path") is not None:  # a user's model: the peers' optimizer defaults
+        for key, value in MODEL_RUN_DEFAULTS.items():
+            section, leaf = key.split(".")
+            if leaf not in tree.get(section, {}):
+                _set(tree, key, value)
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as exc:

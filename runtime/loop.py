@@ -27,10 +27,10 @@ import rldsl
 from . import checkpoint as ckpt
 from .batch import RolloutBatch, group_rows
 from .build import Run, build_run
-from .config import RunConfig
+from .config import MODEL_RUN_DEFAULTS, RunConfig
 from .engines.base import SamplingParams
 from .errors import RunError, WorkerError
-from .metrics import GREEDY_ACC, RESPONSE_LENGTH, REWARD, SAMPLED_ACC, STEP_TIME, MetricsLogger
+from .metrics import EVAL_FAILED, GREEDY_ACC, RESPONSE_LENGTH, REWARD, SAMPLED_ACC, STEP_TIME, MetricsLogger
 from .rng import restore_rng, step_seed
 from .run_dir import (METRICS_FILE, SPEC_FILE, load_run_config, run_dir_of, save_config,
                       save_parent_specs)
@@ -46,12 +46,22 @@ def _select_groups(batch: RolloutBatch, rewards: torch.Tensor, ids: list[int],
 
 
 def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[int], dict[str, float]]:
-    """Generate and score P groups; with ``sampling dynamic`` resample until P are informative."""
+    """Generate and score P groups; with ``sampling dynamic`` keep drawing until P are informative.
+
+    Dynamic sampling (verl's rule, ``sampling dynamic`` in the registry): rounds of P fresh
+    prompts, keeping only the informative groups (scorable rewards not all equal; a failed,
+    NaN reward is left out, never read as 0), until P are kept or ``max_rounds`` are spent.
+    Still short, the step trains on the informative groups only (a smaller batch, logged as
+    ``informative_groups`` < P, with a warning): a zero-variance group has A = 0 everywhere,
+    and its tokens in the loss denominator would only shrink the gradient. With no
+    informative group at all, the last round is kept as it is (every A = 0: no policy
+    gradient; a pure policy-gradient loss then skips its optimizer step).
+    """
     cfg = s.cfg
     P, G = cfg.rollout.prompts_per_step, cfg.rollout.n
     rounds = s.fn.data.dynamic_rounds
     kept: list[tuple[RolloutBatch, torch.Tensor, list[int]]] = []
-    spare: list[tuple[RolloutBatch, torch.Tensor, list[int]]] = []
+    last: tuple[RolloutBatch, torch.Tensor, list[int]] | None = None
     n_kept = 0
     t_gen = t_rew = 0.0
     reward_errors = 0
@@ -77,33 +87,29 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
             kept.append((batch, rewards, ids))
             n_kept = P
             break
-        grouped = rewards.view(-1, G)
-        informative = s.fn.data.informative(torch.nan_to_num(grouped, nan=0.0)).tolist()
-        good = [g for g, ok in enumerate(informative) if ok]
-        bad = [g for g, ok in enumerate(informative) if not ok]
-        take = good[: P - n_kept]
+        last = (batch, rewards, ids)
+        informative = s.fn.data.informative(rewards.view(-1, G)).tolist()
+        take = [g for g, ok in enumerate(informative) if ok][: P - n_kept]
         if take:
             kept.append(_select_groups(batch, rewards, ids, take))
             n_kept += len(take)
-        if bad:
-            spare.append(_select_groups(batch, rewards, ids, bad))
         if n_kept >= P:
             break
-    informative_groups = n_kept if rounds > 1 else None
-    # not enough informative groups after max_rounds: fill up with the others (A = 0 there)
-    for b, rw, ids in spare:
-        if n_kept >= P:
-            break
-        take = list(range(min(P - n_kept, len(ids))))
-        kept.append(_select_groups(b, rw, ids, take))
-        n_kept += len(take)
+    m = {"time/rollout_s": t_gen, "time/reward_s": t_rew, "sampling_rounds": float(used),
+         "reward_errors": float(reward_errors)}
+    if rounds > 1:
+        m["informative_groups"] = float(n_kept)
+        if n_kept < P:
+            s.warn(f"step {step}: dynamic sampling found {n_kept} informative group(s) of {P} in "
+                   f"{rounds} rounds; "
+                   + (f"training on those {n_kept} only (a smaller batch)" if n_kept else
+                      "training on the last round's groups, all with zero advantage"))
+        if not kept:
+            assert last is not None
+            kept.append(last)
     batch = RolloutBatch.concat([k[0] for k in kept], s.tokenizer.pad_token_id)
     rewards = torch.cat([k[1] for k in kept])
     ids = sum((k[2] for k in kept), [])
-    m = {"time/rollout_s": t_gen, "time/reward_s": t_rew, "sampling_rounds": float(used),
-         "reward_errors": float(reward_errors)}
-    if informative_groups is not None:
-        m["informative_groups"] = float(informative_groups)
     return batch, rewards, ids, m
 
 
@@ -120,13 +126,31 @@ def evaluate(s: Run, step: int) -> dict[str, float]:
         modes.append((SAMPLED_ACC, "eval/sampled_reward", SamplingParams(
             n=cfg.eval.samples, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
             max_new_tokens=cfg.max_new_tokens, seed=step_seed(cfg.seed, step, 0, "eval"))))
+    failed = 0
     for acc_key, reward_key, params in modes:
         r = s.rollouts.generate(prompts, [e.answer for e in s.heldout], params).scored.rewards
         finite = torch.isfinite(r)
-        r = torch.where(finite, r, torch.zeros_like(r))
-        out[acc_key] = float((r > 0.5).float().mean())
-        out[reward_key] = float(r.mean())
+        failed += int((~finite).sum())
+        # accuracy: reward > 0.5 over every sample, a failed reward counting as not correct;
+        # the mean reward is over the scorable samples only (NaN when none is)
+        out[acc_key] = float(((r > 0.5) & finite).float().mean())
+        out[reward_key] = float(r[finite].mean()) if finite.any() else float("nan")
+    out[EVAL_FAILED] = float(failed)
+    if failed:
+        s.warn(f"step {step}: evaluation: {failed} held-out sample(s) whose reward failed "
+               f"(counted as not correct in the accuracy, left out of the mean reward)")
     return out
+
+
+def optimizer_note(cfg: RunConfig) -> str:
+    """The run-start line naming the optimizer settings and where their defaults come from."""
+    t = cfg.train
+    note = f"optimizer: AdamW lr {t.lr:g}, betas ({t.betas[0]:g}, {t.betas[1]:g})"
+    if cfg.model.path is None:
+        return note + " (the toy's tuned defaults)"
+    if t.lr == MODEL_RUN_DEFAULTS["train.lr"] and tuple(t.betas) == MODEL_RUN_DEFAULTS["train.betas"]:
+        return note + " (defaults for a user's model, as TRL and verl; set train.lr / train.betas to change)"
+    return note
 
 
 def _sync_weights(s: Run) -> float:
@@ -147,8 +171,8 @@ def train_step(s: Run, step: int) -> dict[str, float]:
     # pass-rate cap: retire prompts that are (nearly) solved
     cap = s.fn.data.pass_rate_cap
     if cap is not None:
-        rates = torch.nan_to_num(rewards, nan=0.0).view(-1, batch.group_size).mean(-1)
-        retire = [pid for pid, p in zip(ids, rates.tolist()) if p > cap]
+        retired = s.fn.data.retire(rewards.view(-1, batch.group_size)).tolist()  # p >= cap, NaN left out
+        retire = [pid for pid, r in zip(ids, retired) if r]
         if retire and len(s.source) - len(set(retire) - s.source.excluded) > 0:
             s.source.exclude(retire)
         m["retired_prompts"] = float(len(s.source.excluded))
@@ -271,6 +295,7 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
         with logger, _interrupt_guard():
             try:
                 if start == 0:
+                    logger.print(optimizer_note(cfg), markup=False)
                     logger.log(0, evaluate(s, 0))
                 while step < total:
                     if stop_after is not None and step >= stop_after:

@@ -30,7 +30,7 @@ from rich.table import Table
 from .run_dir import METRICS_FILE, TENSORBOARD_DIR, write_text_atomic
 
 __all__ = [
-    "REWARD", "GREEDY_ACC", "SAMPLED_ACC", "RESPONSE_LENGTH", "ENTROPY", "CLIP_FRACTION", "STEP_TIME",
+    "REWARD", "GREEDY_ACC", "SAMPLED_ACC", "EVAL_FAILED", "RESPONSE_LENGTH", "ENTROPY", "CLIP_FRACTION", "STEP_TIME",
     "KEY_METRICS",
     "HIGHER_IS_BETTER",
     "MetricsLogger",
@@ -41,8 +41,11 @@ __all__ = [
 ]
 
 REWARD = "reward_mean"                # mean verifier reward of the step's rollouts
+# held-out accuracy: the fraction of samples with reward > 0.5 (a binary reward's 1; a sample
+# whose reward failed counts as not correct and is reported in eval/failed)
 GREEDY_ACC = "eval/greedy_acc"        # held-out accuracy, greedy (steps with an evaluation)
 SAMPLED_ACC = "eval/sampled_acc"      # held-out accuracy, sampled at the rollout temperature
+EVAL_FAILED = "eval/failed"           # held-out samples whose reward failed (NaN), greedy + sampled
 RESPONSE_LENGTH = "response_length"   # mean completion length in tokens
 ENTROPY = "entropy"                   # mean per-token policy entropy (the compiled loss's)
 CLIP_FRACTION = "clip_fraction"       # fraction of clipped tokens (the compiled loss's)

@@ -71,6 +71,38 @@ def special_token_ids(tokenizer: Any, engine: str) -> tuple[int, int]:
     return int(tokenizer.pad_token_id), int(tokenizer.eos_token_id)
 
 
+def generation_config_eos_ids(source: Any) -> set[int]:
+    """Every EOS id of a model's generation config: ``source`` is a model (its
+    ``generation_config``), a ``GenerationConfig``, or a model folder / hub id (its
+    ``generation_config.json``). Empty when there is none.
+
+    The stop rule every engine follows (TRL and vLLM do the same): a completion ends at
+    the first token that is the tokenizer's EOS *or* any of these ids (Qwen and Llama 3
+    checkpoints list several, e.g. ``<|im_end|>`` and ``<|endoftext|>``).
+    """
+    if isinstance(source, (str, bytes)) or hasattr(source, "__fspath__"):
+        try:
+            from transformers import GenerationConfig
+
+            config = GenerationConfig.from_pretrained(source)
+        except Exception:  # no generation_config.json: nothing to add
+            return set()
+    else:
+        config = getattr(source, "generation_config", source)
+    eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
+
+
+def stop_token_ids(tokenizer: Any, model: Any) -> frozenset[int]:
+    """The ids that end a completion: the tokenizer's EOS and every EOS id of the model's
+    generation config (:func:`generation_config_eos_ids`), the pad id excluded."""
+    stops = {int(tokenizer.eos_token_id), *generation_config_eos_ids(model)}
+    stops.discard(tokenizer.pad_token_id)
+    return frozenset(stops)
+
+
 def cut_at_first_stop(ids: torch.Tensor, stop_ids: int | Collection[int], pad_id: int,
                       lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sampled response ids [B, T] -> (ids with the pad id after the first stop token,

@@ -21,7 +21,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from ..batch import RolloutBatch, position_ids_from_mask, repeat_each
 from ..models import plain_kv_cache, tensors_by_name
-from .base import SamplingParams, check_request, cut_at_first_stop, special_token_ids
+from .base import SamplingParams, check_request, cut_at_first_stop, special_token_ids, stop_token_ids
 
 
 class HFEngine:
@@ -40,6 +40,9 @@ class HFEngine:
         self.pad_id, self.eos_id = special_token_ids(tokenizer, "HFEngine")
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
+        # the tokenizer's EOS and every EOS id of the model's generation_config (as TRL, vLLM)
+        self.stop_ids = stop_token_ids(tokenizer, model)
+        self._stops = torch.tensor(sorted(self.stop_ids), device=self.device)
         self.tokenizer = tokenizer
         self._sampler_ok: bool | None = None  # decided on first use (_cached_sampling_ok)
         self._keep_last = "logits_to_keep" in inspect.signature(self.model.forward).parameters
@@ -67,7 +70,7 @@ class HFEngine:
             else:
                 response_ids, logprobs = self._generate_hf(prompt_ids, prompt_mask, params)
 
-        response_ids, response_mask, finished = cut_at_first_stop(response_ids, self.eos_id, self.pad_id)
+        response_ids, response_mask, finished = cut_at_first_stop(response_ids, self.stop_ids, self.pad_id)
         logprobs = logprobs.masked_fill(response_mask == 0, 0.0)  # [B, Tr]
 
         completions = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
@@ -111,7 +114,7 @@ class HFEngine:
 
         - each prompt is prefilled once, not G times: its KV cache and its last logits are
           then repeated G times (the rows of a group see exactly the same keys);
-        - a row that has produced EOS leaves the batch (its cache rows are dropped), so
+        - a row that has produced a stop token leaves the batch (its cache rows are dropped), so
           the last tokens of the longest answers do not drag every finished row along.
 
         Per token, as ``generate`` with ``do_sample`` (temperature, then top-p with at least
@@ -149,7 +152,7 @@ class HFEngine:
             out_ids[alive, t] = token
             out_lp[alive, t] = torch.log_softmax(z, dim=-1).gather(-1, token[:, None]).squeeze(1)
             steps = t + 1
-            running = token != self.eos_id  # [b]
+            running = ~torch.isin(token, self._stops)  # [b]
             if t == T - 1 or not bool(running.any()):
                 break
             if not bool(running.all()):
@@ -175,7 +178,7 @@ class HFEngine:
             top_k=0 if not greedy else None,  # transformers 5 would apply top_k=50 when unset
             max_new_tokens=params.max_new_tokens,
             pad_token_id=self.pad_id,
-            eos_token_id=self.eos_id,
+            eos_token_id=sorted(self.stop_ids),
             bos_token_id=self.tokenizer.bos_token_id,
             output_logits=True,
             return_dict_in_generate=True,

@@ -29,7 +29,7 @@ from .model import CHARACTERS, build_tokenizer, tiny_config
 from .task import AdditionTask, carry_free_sum, teacher_answer
 
 #: Bumped whenever the warm-start recipe changes meaning: it is part of the cache key.
-WARM_START_VERSION = 1
+WARM_START_VERSION = 2  # 2: split by unordered pair, stops on a validation slice of train pairs
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def warm_start(
     """Return the folder of the warm-started toy model, training it on a cache miss.
 
     The folder holds ``save_pretrained`` output of the model and the tokenizer plus
-    ``warm_start.json`` (settings, steps, seconds, held-out accuracy). Loading:
+    ``warm_start.json`` (settings, steps, seconds, validation accuracy). Loading:
     ``LlamaForCausalLM.from_pretrained(path)``, ``PreTrainedTokenizerFast.from_pretrained(path)``.
     """
     config = config if config is not None else WarmStartConfig()
@@ -146,9 +146,14 @@ def _train_warm_start(
     verbose: bool,
 ) -> tuple[LlamaForCausalLM, dict]:
     task = config.task
-    train_pairs = [ab for _, ab in task.pairs(heldout=False)]
-    heldout = task.heldout_examples()
-    modes = [carry_free_sum(a, b) for _, (a, b) in task.pairs(heldout=True)]
+    # The stopping rule reads only the validation slice of the training pairs, which the
+    # supervised steps never see; the held-out prompts are never read here.
+    validation = task.validation_examples()
+    valid_ids = {ex.id for ex in validation}
+    train_pairs = [ab for i, ab in task.pairs(heldout=False) if i not in valid_ids]
+    modes = [carry_free_sum(a, b) for _, (a, b) in task.validation_pairs()]
+    if not validation:
+        raise ValueError("the warm start needs a validation slice: AdditionTask.num_validation > 0")
 
     rng = random.Random(config.seed)
     with torch.random.fork_rng(devices=[]):
@@ -180,10 +185,10 @@ def _train_warm_start(
         sched.step()
         step += 1
         if step % config.eval_every == 0 or step == end:
-            answers = greedy_answers(engine, [ex.prompt for ex in heldout])
+            answers = greedy_answers(engine, [ex.prompt for ex in validation])
             model.train()
-            accuracy = sum(a == ex.answer for a, ex in zip(answers, heldout)) / len(heldout)
-            mode = sum(a == m for a, m in zip(answers, modes)) / len(heldout)
+            accuracy = sum(a == ex.answer for a, ex in zip(answers, validation)) / len(validation)
+            mode = sum(a == m for a, m in zip(answers, modes)) / len(validation)
             history.append(
                 {
                     "step": step,
@@ -203,7 +208,7 @@ def _train_warm_start(
     if reached_at is None:
         warnings.warn(
             f"toy warm start (seed {config.seed}) did not learn the teacher in {step} steps: "
-            f"held-out greedy accuracy {last['accuracy']:.3f}, teacher agreement "
+            f"validation greedy accuracy {last['accuracy']:.3f}, teacher agreement "
             f"{last['teacher_mode']:.3f} < {config.mode_target}",
             stacklevel=3,
         )
@@ -212,8 +217,8 @@ def _train_warm_start(
         "version": WARM_START_VERSION,
         "steps": step,
         "seconds": last["seconds"],
-        "heldout_accuracy": last["accuracy"],
-        "heldout_teacher_mode": last["teacher_mode"],
+        "validation_accuracy": last["accuracy"],
+        "validation_teacher_mode": last["teacher_mode"],
         "reached_target_at": reached_at,
         "history": history,
     }

@@ -24,7 +24,7 @@ from rldsl import CompiledAlgorithm
 from ..batch import RolloutBatch, group_rows, model_inputs
 from ..config import RunConfig
 from .logprobs import token_logprobs
-from .optim import build_optimizer, build_scheduler
+from .optim import build_optimizer, build_scheduler, lr_factor
 from .value_model import ValueModel
 
 
@@ -67,7 +67,8 @@ class Trainer:
                  scheduler: Any = None, reference: nn.Module | None = None,
                  critic: nn.Module | None = None, critic_optimizer: torch.optim.Optimizer | None = None,
                  ppo_epochs: int = 1, minibatches: int = 1, grad_clip: float = 1.0,
-                 skip_zero_advantage: bool = True, logprob_chunk: int = 1024):
+                 skip_zero_advantage: bool = True, logprob_chunk: int = 1024,
+                 temperature: float = 1.0, critic_lr_factor: Callable[[int], float] | None = None):
         self.fn = fn
         self.policy = policy
         self.reference = reference
@@ -80,6 +81,13 @@ class Trainer:
         self.grad_clip = grad_clip
         self.skip_zero_advantage = skip_zero_advantage
         self.logprob_chunk = logprob_chunk
+        # the rollout's sampling temperature: old, new and reference logprobs and the entropy
+        # are those of softmax(z / T), the distribution the engine sampled from
+        self.temperature = float(temperature)
+        # the critic follows the policy's LR schedule: lr_c(step) = critic base lr x factor(step)
+        self.critic_lr_factor = critic_lr_factor
+        self.critic_base_lrs = [g["lr"] for g in critic_optimizer.param_groups] if critic_optimizer else []
+        self._set_critic_lr(0)
         algo = fn.algorithm
         if algo.uses_reference and reference is None:
             raise ValueError(f"{algo.name} has a KL term: the trainer needs a reference model")
@@ -114,7 +122,10 @@ class Trainer:
         return cls(fn, policy, optimizer=optimizer, scheduler=build_scheduler(optimizer, t),
                    reference=reference, critic=critic, critic_optimizer=critic_opt,
                    ppo_epochs=t.ppo_epochs, minibatches=t.minibatches, grad_clip=t.grad_clip,
-                   skip_zero_advantage=t.skip_zero_advantage, **kwargs)
+                   skip_zero_advantage=t.skip_zero_advantage,
+                   temperature=scoring_temperature(cfg.rollout.temperature),
+                   critic_lr_factor=(lambda step: lr_factor(step, t)) if critic_opt is not None else None,
+                   **kwargs)
 
     # -- logprobs
 
@@ -128,7 +139,8 @@ class Trainer:
         with torch.set_grad_enabled(grad):
             return self._token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
                                   entropy_grad=grad and self.fn.algorithm.uses_entropy,
-                                  chunk_size=self.logprob_chunk, group_size=batch.group_size)
+                                  chunk_size=self.logprob_chunk, group_size=batch.group_size,
+                                  temperature=self.temperature)
 
     @torch.no_grad()
     def estimate(self, rollout: RolloutBatch, rewards: Tensor) -> TrainBatch:
@@ -141,7 +153,7 @@ class Trainer:
         metrics = dict(est.metrics)
         valid = mask > 0
         if old is not None and valid.any():
-            # train/inference mismatch: engine logprobs vs recomputed ones (same temperature 1 only)
+            # train/inference mismatch: engine logprobs vs recomputed ones (both at the rollout T)
             metrics["rollout_logprob_diff"] = float((rollout.logprobs - old).abs()[valid].mean())
         return TrainBatch(rollout, rewards, old, est.mask, est.advantages, est.returns, ref,
                           values, metrics)
@@ -213,6 +225,7 @@ class Trainer:
         sub = batch.rollout.select(rows)
         mask = batch.mask[rows]
         denom = self._global_denominator(fn.denominator(mask, G), share)
+        vdenom = self._global_denominator(fn.value_denominator(mask, G), share) if algo.uses_critic else None
         logp, ent = self._logprobs(self.policy, sub, grad=True, entropy=True)
         values = None
         if algo.uses_critic:
@@ -222,7 +235,7 @@ class Trainer:
         out = fn.loss(logp, old, batch.advantages[rows], mask,
                       ref_logprobs=_rows(batch.ref_logprobs, rows), values=values,
                       returns=batch.returns[rows], old_values=_rows(batch.old_values, rows),
-                      entropy=ent, group_size=G, denominator=denom)
+                      entropy=ent, group_size=G, denominator=denom, value_denominator=vdenom)
         total = out.loss if out.value_loss is None else out.loss + out.value_loss
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic_optimizer is not None:
@@ -292,6 +305,21 @@ class Trainer:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
                 self.scheduler.step()
+            self._set_critic_lr(self.scheduler.last_epoch)
+
+    def _set_critic_lr(self, step: int) -> None:
+        """The critic's LR at ``step`` of the policy's schedule (stateless: a resumed run's
+        restored policy scheduler gives it back)."""
+        if self.critic_optimizer is None or self.critic_lr_factor is None:
+            return
+        f = self.critic_lr_factor(step)
+        for g, base in zip(self.critic_optimizer.param_groups, self.critic_base_lrs):
+            g["lr"] = base * f
+
+
+def scoring_temperature(rollout_temperature: float) -> float:
+    """The temperature the trainer scores a rollout at: the sampling one, 1 for greedy (T = 0)."""
+    return float(rollout_temperature) if rollout_temperature > 0 else 1.0
 
 
 def _has_dropout(model: nn.Module) -> bool:

@@ -9,9 +9,8 @@
   warning, or refused before the first step, never an ``IndexError`` mid-step;
 - a ``--model`` run gets the peers' optimizer defaults, not the toy's.
 
-The cases marked xfail need runtime plumbing that is not in place yet (the training-side
-temperature, the engines' stop ids, the context clip, model-run defaults); each names what
-is missing. ``strict=True``: the day it works, the marker must go.
+Each case failed before the runtime plumbing landed (the training-side temperature, the
+engines' stop ids, the context clip, model-run defaults).
 """
 from __future__ import annotations
 
@@ -29,8 +28,6 @@ from tiny_archs import ARCHS, save
 
 HERE = Path(__file__).parent
 TEMPERATURES = (0.5, 0.7, 1.0, 1.3)
-TEMPERATURE_PLUMBING = ("the trainer scores at temperature 1: rollout.temperature is not passed to "
-                        "token_logprobs(temperature=) in the trainer (old, new and reference logprobs)")
 
 
 @pytest.fixture(autouse=True)
@@ -55,13 +52,8 @@ def _diffs(run: Path) -> list[float]:
     return [r["rollout_logprob_diff"] for r in recs]
 
 
-def _xfail_unless_one(T: float):
-    return pytest.param(T, marks=() if T == 1.0 else pytest.mark.xfail(reason=TEMPERATURE_PLUMBING,
-                                                                        strict=True))
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("T", [_xfail_unless_one(T) for T in TEMPERATURES])
+@pytest.mark.parametrize("T", TEMPERATURES)
 def test_trainer_logprobs_equal_the_engines_at_the_rollout_temperature(T, model_dir, tmp_path):
     from rldsl.runtime import loop
     run = loop.train("lite_ppo", _config(model_dir, tmp_path / "run", **{"rollout.temperature": T}))
@@ -81,7 +73,7 @@ def ray_cluster():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("T", [_xfail_unless_one(T) for T in (0.7, 1.0)])
+@pytest.mark.parametrize("T", (0.7, 1.0))
 def test_two_trainer_ranks_logprobs_equal_the_engines(T, ray_cluster, model_dir, tmp_path):
     from rldsl.runtime import loop
     run = loop.train("lite_ppo", _config(model_dir, tmp_path / "run", **{
@@ -91,7 +83,7 @@ def test_two_trainer_ranks_logprobs_equal_the_engines(T, ray_cluster, model_dir,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("T", [_xfail_unless_one(T) for T in (1.0, 0.7)])
+@pytest.mark.parametrize("T", (1.0, 0.7))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_architecture_trains_from_a_model_folder(arch, T, tokenizer, tmp_path):
     from rldsl.runtime import loop
@@ -102,8 +94,6 @@ def test_every_architecture_trains_from_a_model_folder(arch, T, tokenizer, tmp_p
     assert max(diffs) <= 1e-5, (arch, diffs)
 
 
-@pytest.mark.xfail(reason="the HF engine stops and masks only on tokenizer.eos_token_id, not on every "
-                          "EOS id of the model's generation_config", strict=True)
 def test_generation_stops_on_every_eos_id_of_the_generation_config(tiny_model, tokenizer):
     from rldsl.runtime.engines.hf import HFEngine
     from rldsl.runtime.engines.base import SamplingParams
@@ -127,8 +117,6 @@ def test_generation_stops_on_every_eos_id_of_the_generation_config(tiny_model, t
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="prompt + max_new_tokens beyond the model's context is neither clipped "
-                          "nor refused up front (IndexError mid-step)", strict=True)
 def test_short_context_model_with_long_max_new_tokens(tokenizer, tmp_path, recwarn):
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -154,8 +142,6 @@ def test_short_context_model_with_long_max_new_tokens(tokenizer, tmp_path, recwa
     assert any("max_new_tokens" in str(w.message) for w in recwarn.list)  # clipped, with a warning
 
 
-@pytest.mark.xfail(reason="a --model run still gets the toy's optimizer defaults (lr 3e-4, betas "
-                          "0.9/0.99)", strict=True)
 def test_model_run_gets_the_peers_optimizer_defaults(model_dir):
     from rldsl.runtime.cli import build_run_config
     _, cfg = build_run_config("grpo", flags={"model.path": str(model_dir)})
@@ -163,3 +149,6 @@ def test_model_run_gets_the_peers_optimizer_defaults(model_dir):
     assert tuple(cfg.train.betas) == (0.9, 0.999)  # torch AdamW / TRL / verl
     _, toy = build_run_config("grpo")
     assert toy.train.lr == 3e-4 and tuple(toy.train.betas) == (0.9, 0.99)  # the toy keeps its tuning
+    _, mine = build_run_config("grpo", flags={"model.path": str(model_dir)},
+                               overrides=["train.lr=5e-5", "train.betas=[0.9, 0.95]"])
+    assert mine.train.lr == 5e-5 and tuple(mine.train.betas) == (0.9, 0.95)  # set: kept

@@ -58,6 +58,48 @@ def test_task_split_is_fixed_and_disjoint() -> None:
     assert ex.answer == "125"
 
 
+def test_no_heldout_prompt_has_its_commuted_twin_in_train() -> None:
+    task = toy.AdditionTask()
+    train = {e.prompt for e in task.train_examples()}
+    held = task.heldout_examples()
+    twins = [f"{b}+{a}=" for a, b in (e.prompt[:-1].split("+") for e in held)]
+    assert not train.intersection(twins)
+    assert sum(t in {e.prompt for e in held} for t in twins) == len(held)  # every twin is held out too
+    valid = task.validation_examples()
+    assert len(valid) == 200 and {e.prompt for e in valid} <= train  # a slice of the training pairs
+    assert {e.prompt for e in valid}.isdisjoint(e.prompt for e in held)
+
+
+@pytest.mark.filterwarnings("ignore:toy warm start")
+def test_warm_start_never_reads_heldout_prompts(monkeypatch, tokenizer) -> None:
+    """The stopping rule looks at the validation slice; the supervised steps skip it too."""
+    def forbidden(self):
+        raise AssertionError("the warm start read the held-out prompts")
+
+    task = toy.AdditionTask()
+    held = {e.prompt for e in task.heldout_examples()}
+    valid = {e.prompt for e in task.validation_examples()}
+    seen_train, seen_eval = set(), []
+    real_batch, real_greedy = warmup._answer_batch, warmup.greedy_answers
+
+    def spy_batch(tok, pairs, answers):
+        seen_train.update(f"{a}+{b}=" for a, b in pairs)
+        return real_batch(tok, pairs, answers)
+
+    def spy_greedy(engine, prompts, max_new_tokens=4):
+        seen_eval.append(set(prompts))
+        return real_greedy(engine, prompts, max_new_tokens)
+
+    monkeypatch.setattr(toy.AdditionTask, "heldout_examples", forbidden)
+    monkeypatch.setattr(warmup, "_answer_batch", spy_batch)
+    monkeypatch.setattr(warmup, "greedy_answers", spy_greedy)
+    config = toy.WarmStartConfig(max_steps=4, eval_every=2, batch_size=64)
+    _, report = warmup._train_warm_start(config, toy.tiny_config(tokenizer), tokenizer, verbose=False)
+    assert seen_eval == [valid, valid] and report["steps"] == 4
+    assert len(seen_train) > 100 and seen_train.isdisjoint(held) and seen_train.isdisjoint(valid)
+    assert "validation_accuracy" in report and "heldout_accuracy" not in report
+
+
 @pytest.mark.parametrize(("a", "b", "carry_free"), [(58, 67, "15"), (45, 54, "99"), (19, 11, "20"), (99, 99, "88")])
 def test_teacher_hand_cases(a, b, carry_free) -> None:
     assert toy.carry_free_sum(a, b) == carry_free
@@ -92,9 +134,10 @@ def test_cache_key_covers_every_setting(tokenizer) -> None:
         toy.warm_start_key(replace(base, seed=1), model_config),
         toy.warm_start_key(replace(base, drop_carry=0.5), model_config),
         toy.warm_start_key(replace(base, task=toy.AdditionTask(heldout_seed=2)), model_config),
+        toy.warm_start_key(replace(base, task=toy.AdditionTask(num_validation=100)), model_config),
         toy.warm_start_key(base, toy.tiny_config(tokenizer, hidden_size=64)),
     ]
-    assert len({key, *variants}) == 5
+    assert len({key, *variants}) == 6
 
 
 def test_warm_start_cache_is_atomic_and_reused(monkeypatch, tmp_path, tokenizer, tiny_model_factory) -> None:

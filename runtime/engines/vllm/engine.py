@@ -18,7 +18,7 @@ import torch
 
 from ...batch import RolloutBatch, repeat_each
 from ...errors import VLLMUnavailableError, WeightSyncError, WeightSyncTimeout
-from ..base import SamplingParams, check_request, special_token_ids
+from ..base import SamplingParams, check_request, generation_config_eos_ids, special_token_ids
 from .convert import outputs_to_rollout_batch, to_vllm_sampling_kwargs
 from .weights import bucket_by_bytes, call_with_timeout, materialize, pack_bucket, to_vllm_weight_names
 
@@ -127,7 +127,7 @@ class VLLMEngine:
             hf_tokenizer,
             sampling_params_cls=vllm.SamplingParams,
             tie_word_embeddings=bool(getattr(text_config, "tie_word_embeddings", False)),
-            stop_ids=_generation_config_eos_ids(model),
+            stop_ids=generation_config_eos_ids(model),
             options=EngineOptions(
                 enable_sleep_mode=enable_sleep_mode,
                 sleep_level=sleep_level,
@@ -283,14 +283,3 @@ def _engine_dtype(llm: Any) -> torch.dtype | None:
     return dtype if isinstance(dtype, torch.dtype) else None
 
 
-def _generation_config_eos_ids(model: str) -> set[int]:
-    """EOS ids of ``generation_config.json`` (vLLM stops on them as well), if any."""
-    try:
-        from transformers import GenerationConfig
-
-        eos = GenerationConfig.from_pretrained(model).eos_token_id
-    except Exception:  # no generation_config.json: vLLM adds nothing either
-        return set()
-    if eos is None:
-        return set()
-    return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}

@@ -59,3 +59,16 @@ def test_special_token_ids_need_distinct_pad_and_eos() -> None:
         special_token_ids(SimpleNamespace(pad_token_id=None, eos_token_id=2), "E")
     with pytest.raises(ValueError, match="E needs pad != EOS"):
         special_token_ids(SimpleNamespace(pad_token_id=2, eos_token_id=2), "E")
+
+
+def test_stop_ids_are_the_eos_and_every_generation_config_eos(tmp_path, tokenizer) -> None:
+    from transformers import GenerationConfig
+
+    from rldsl.runtime.engines.base import generation_config_eos_ids, stop_token_ids
+    GenerationConfig(eos_token_id=[2, 9, 11]).save_pretrained(tmp_path)
+    assert generation_config_eos_ids(str(tmp_path)) == {2, 9, 11}  # a folder's generation_config.json
+    assert generation_config_eos_ids(str(tmp_path / "missing")) == set()
+    assert generation_config_eos_ids(GenerationConfig(eos_token_id=7)) == {7}
+    assert generation_config_eos_ids(GenerationConfig()) == set()
+    pad_listed = GenerationConfig(eos_token_id=[tokenizer.pad_token_id, 9])
+    assert stop_token_ids(tokenizer, pad_listed) == {tokenizer.eos_token_id, 9}  # the pad id never stops
