@@ -168,6 +168,17 @@ class TrainConfig(_Section):
     critic_lr: float | None = Field(default=None, gt=0.0,
                                     description="Critic learning rate (specs with a critic); "
                                                 "null = lr.")
+    max_tokens_per_microbatch: int | None = Field(
+        default=None, ge=1,
+        description="Token budget of every forward/backward (update, old and reference "
+                    "logprobs, critic): rows are packed into balanced micro-batches of at "
+                    "most this many prompt + response tokens (a row is never split), with "
+                    "gradient accumulation under the minibatch's exact denominator; null = "
+                    "one forward per minibatch.")
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description="Recompute the transformer blocks' activations in the backward pass "
+                    "instead of keeping them (less memory, ~1/3 more compute).")
     skip_zero_advantage: bool = Field(
         default=True,
         description="Skip the optimizer step when every advantage is zero (else Adam keeps "

@@ -156,6 +156,11 @@ class ShardedTrainer(Trainer):
     def _local_rows(self, rows: Tensor, group_size: int) -> tuple[Tensor, float]:
         return self._groups(rows, group_size)
 
+    def _microbatch_count(self, local: int) -> int:
+        n = torch.tensor([local], device=self.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        return int(n.item())
+
     def _global_denominator(self, local: Tensor, share: float) -> Tensor:
         total = (local.detach().float() * share).to(self.device)
         dist.all_reduce(total)
