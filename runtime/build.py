@@ -3,6 +3,7 @@ talks to -- in this process, or on Ray actors when the config asks for them."""
 from __future__ import annotations
 
 import copy
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -12,7 +13,7 @@ import torch
 import rldsl
 
 from .config import RunConfig
-from .data import Example, PromptSource, load_prompts
+from .data import Example, PromptSource, load_examples, render_prompt, split_heldout
 from .engines.hf import HFEngine
 from .errors import RunError
 from .models import disable_transformers_progress, load_policy, load_tokenizer
@@ -63,17 +64,52 @@ def model_folder(cfg: RunConfig) -> tuple[Path, str]:
     return path, str(path)
 
 
-def prompts_of(cfg: RunConfig) -> tuple[PromptSource, list[Example]]:
-    """(training prompts, held-out prompts): the data file, or the built-in addition task."""
+def heldout_size(cfg: RunConfig, rows: int) -> tuple[int, str | None]:
+    """(held-out rows to split off a data file of ``rows`` rows, a line for the log or None).
+
+    ``data.eval_size`` when set (an error if it leaves nothing to train on), else one tenth
+    of the rows, at most 200, none below 10 rows: a small dataset starts without flags.
+    """
+    if cfg.data.eval_size is not None:
+        if cfg.data.eval_size >= rows:
+            raise RunError(f"data.eval_size={cfg.data.eval_size} holds out every one of the {rows} "
+                           "rows: lower it (or set data.eval_path, or 0 for no evaluation)")
+        return cfg.data.eval_size, None
+    k = min(200, rows // 10)
+    if k == 0:
+        return 0, f"{rows} rows: no held-out split (set data.eval_path or data.eval_size to evaluate)"
+    return k, f"held out {k} of {rows} rows for evaluation (data.eval_size to change)"
+
+
+def prompts_of(cfg: RunConfig, tokenizer: Any = None,
+               warn: Callable[[str], None] | None = None) -> tuple[PromptSource, list[Example]]:
+    """(training prompts, held-out prompts): the data file, or the built-in addition task.
+
+    Data-file prompts are rendered for the model (``data.render_prompt``: chat template,
+    system prompt) when a tokenizer is given.
+    """
     if cfg.data.path is None:
         from .toy import AdditionTask
         task = AdditionTask()
-        held = task.heldout_examples()[: cfg.data.eval_size] if cfg.data.eval_size else []
+        size = 200 if cfg.data.eval_size is None else cfg.data.eval_size
+        held = task.heldout_examples()[:size] if size else []
         return task.prompt_source(cfg.seed), held
-    splits = load_prompts(cfg.data.path, prompt_field=cfg.data.prompt_key, answer_field=cfg.data.answer_key,
-                          heldout_path=cfg.data.eval_path,
-                          heldout=0 if cfg.data.eval_path else cfg.data.eval_size, seed=cfg.seed)
-    return PromptSource(splits.train, seed=cfg.seed, name=Path(cfg.data.path).name), splits.heldout
+    examples = load_examples(cfg.data.path, prompt_field=cfg.data.prompt_key,
+                             answer_field=cfg.data.answer_key)
+    if cfg.data.eval_path:
+        train, held = examples, load_examples(cfg.data.eval_path, prompt_field=cfg.data.prompt_key,
+                                              answer_field=cfg.data.answer_key)
+    else:
+        k, note = heldout_size(cfg, len(examples))
+        if note and warn is not None:
+            warn(note)
+        train, held = split_heldout(examples, k, seed=cfg.seed)
+    if tokenizer is not None:
+        d = cfg.data
+        render = partial(render_prompt, tokenizer=tokenizer, mode=d.chat_template,
+                         kwargs=d.chat_template_kwargs, system_prompt=d.system_prompt)
+        train, held = [render(e) for e in train], [render(e) for e in held]
+    return PromptSource(train, seed=cfg.seed, name=Path(cfg.data.path).name), held
 
 
 def reward_name(cfg: RunConfig) -> str:
@@ -98,7 +134,7 @@ def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = 
             raise RunError("rollout.engine=vllm needs GPUs: use --device cuda (or rollout.engine=hf)")
         path, _ = model_folder(cfg)  # the toy model is warm-started here, once
         tok = load_tokenizer(path)
-        source, held = prompts_of(cfg)
+        source, held = prompts_of(cfg, tok, print)
         reward = reward_name(cfg)
         RewardFn(reward, on_error=cfg.reward.on_error)  # a bad name fails here, not in an actor
         from .workers.ray import start_ray_workers
@@ -114,6 +150,6 @@ def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = 
                        "machine without Ray use rollout.engine=hf")
     trainer = Trainer.from_config(cfg, fn, policy)
     engine = HFEngine(copy.deepcopy(policy).eval(), tok, device=cfg.device)
-    source, held = prompts_of(cfg)
+    source, held = prompts_of(cfg, tok, print)
     rollouts = LocalRollouts(engine, RewardFn(reward_name(cfg), on_error=cfg.reward.on_error))
     return Run(cfg, algo, fn, run_dir, tok, source, held, rollouts, LocalTrainers(trainer))

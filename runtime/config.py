@@ -83,7 +83,8 @@ class DataConfig(_Section):
         description="Training prompts: a .jsonl or .parquet file or a saved Hugging Face "
                     "datasets folder; null = the built-in 2-digit addition task.")
     prompt_key: str = Field(default="prompt",
-                            description="Record field holding the prompt text.")
+                            description="Record field holding the prompt: a string or a list "
+                                        "of {role, content} messages.")
     answer_key: str | None = Field(
         default="answer",
         description="Record field holding the reference answer the reward checks; null = "
@@ -93,8 +94,24 @@ class DataConfig(_Section):
         description="Held-out prompts (same formats and fields as path); null = split "
                     "eval_size prompts off the training data (the built-in task has its "
                     "own held-out set, never trained on).")
-    eval_size: int = Field(default=200, ge=0,
-                           description="Number of held-out prompts used for evaluation.")
+    eval_size: int | None = Field(
+        default=None, ge=0,
+        description="Number of held-out prompts used for evaluation; null = automatic: "
+                    "200 for the built-in task, one tenth of a data file's rows (at most "
+                    "200; none below 10 rows).")
+    chat_template: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Feed prompts through the tokenizer's chat template "
+                    "(apply_chat_template with add_generation_prompt=True): 'auto' = when "
+                    "the tokenizer has one, 'on' = always (an error without one), 'off' = "
+                    "never (messages are joined by blank lines). Never for the built-in task.")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra arguments of the chat template, e.g. {enable_thinking = false}.")
+    system_prompt: str | None = Field(
+        default=None,
+        description="A system message put before every prompt (rows with their own system "
+                    "message keep theirs).")
 
 
 class RewardConfig(_Section):
@@ -440,7 +457,8 @@ def _admits_none(annotation: Any) -> bool:
 def _parse_override(key: str, raw: str, annotation: Any, source: str) -> Any:
     """Turn the text of ``--set key=raw`` into a value of the field's type.
 
-    ``null``/``none`` give None; lists and tuples take ``a,b`` or ``[a, b]``; quotes
+    ``null``/``none`` give None; lists and tuples take ``a,b`` or ``[a, b]``; tables a JSON
+    object; quotes
     around a string are removed; everything else is converted by pydantic (``1e-4`` ->
     float, ``8`` -> int, ``true``/``false`` -> bool).
     """
@@ -454,7 +472,13 @@ def _parse_override(key: str, raw: str, annotation: Any, source: str) -> Any:
         value = text[1:-1]
     else:
         inner = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
-        if any(get_origin(a) in (tuple, list) for a in [annotation, *inner]):
+        if get_origin(annotation) is dict:  # a JSON object: {"enable_thinking": false}
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"invalid value for {key} ({source}): expected a JSON object "
+                                  f'such as {{"enable_thinking": false}} ({e})') from None
+        elif any(get_origin(a) in (tuple, list) for a in [annotation, *inner]):
             body = text[1:-1] if text.startswith("[") and text.endswith("]") else text
             value = [part.strip().strip("'\"") for part in body.split(",") if part.strip()]
     try:

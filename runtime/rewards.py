@@ -4,7 +4,7 @@ Spec syntax (``--reward``)::
 
     spec  := term ("," term)*
     term  := name ["=" weight]          weight: a float, default 1.0
-    name  := exact | math | addition | package.module:function
+    name  := exact | math | gsm8k | addition | package.module:function
 
     "math"                              the math verifier alone
     "math=0.9,mypkg.rewards:fmt=0.1"    0.9 * math + 0.1 * mypkg.rewards.fmt
@@ -18,6 +18,9 @@ Built-ins:
   math      the final ``\\boxed{...}`` of the completion, else its last number, checked
             against the answer with ``math_verify`` (plain numbers compared directly
             first); anything unparsable scores 0.0
+  gsm8k     GSM8K rows: the reference answer is the text after the last ``####`` of the
+            ``answer`` field (the whole field when it has none); the completion's answer is
+            its last ``#### x``, else what ``math`` extracts; compared as ``math`` does
   addition  the toy task's: 1.0 only for exactly the answer followed by EOS
             (``completion == answer`` and finish_reason "stop")
 
@@ -129,7 +132,28 @@ def math_reward(prompt: str, completion: str, answer: str, *, finish_reason: str
     return float(math_verify.verify(list(gold), target, timeout_seconds=_timeout()))
 
 
+def final_after_hashes(text: str) -> str | None:
+    """The text after the last ``####`` (GSM8K's final-answer marker), stripped; None without one."""
+    if "####" not in text:
+        return None
+    tail = text.rsplit("####", 1)[1].strip()
+    return tail.splitlines()[0].strip() if tail else ""
+
+
+def gsm8k_reward(prompt: str, completion: str, answer: str, *, finish_reason: str = "stop") -> float:
+    """1.0 if the completion's final answer equals the number after the answer's ``####``."""
+    gold = final_after_hashes(answer)
+    gold = answer.strip() if gold is None else gold.replace(",", "")
+    if not gold:
+        return 0.0
+    predicted = final_after_hashes(completion)
+    if predicted:
+        completion = f"\\boxed{{{predicted}}}"
+    return math_reward(prompt, completion, gold, finish_reason=finish_reason)
+
+
 BUILTIN_REWARDS: dict[str, RewardCallable] = {
+    "gsm8k": gsm8k_reward,
     "exact": exact_reward,
     "math": math_reward,
     "addition": addition_reward,
