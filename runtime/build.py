@@ -16,7 +16,8 @@ from .config import RunConfig
 from .data import Example, PromptSource, load_examples, render_prompt, split_heldout
 from .engines.hf import HFEngine
 from .errors import RunError
-from .models import disable_transformers_progress, load_policy, load_tokenizer
+from .models import (disable_transformers_progress, enable_gradient_checkpointing, load_policy,
+                     load_tokenizer, master_dtype)
 from .rewards import RewardFn
 from .rng import seed_all
 from .train.trainer import Trainer
@@ -141,15 +142,18 @@ def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = 
         rollouts, trainers = start_ray_workers(cfg, algo, fn, path, reward, tok.pad_token_id)
         return Run(cfg, algo, fn, run_dir, tok, source, held, rollouts, trainers)
     path, _ = model_folder(cfg)
-    policy = load_policy(path, cfg.model.dtype)
+    policy = load_policy(path, master_dtype(cfg.model.dtype))
     tok = load_tokenizer(path)
     policy.to(cfg.device)
     if cfg.rollout.engine != "hf":
         raise RunError(f"rollout.engine={cfg.rollout.engine!r} needs the distributed runtime "
                        "(Ray actors on GPUs): add --rollout-workers 1 (or more); on one "
                        "machine without Ray use rollout.engine=hf")
+    engine_model = copy.deepcopy(policy).to(getattr(torch, cfg.model.dtype)).eval()
+    if cfg.train.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
     trainer = Trainer.from_config(cfg, fn, policy)
-    engine = HFEngine(copy.deepcopy(policy).eval(), tok, device=cfg.device)
+    engine = HFEngine(engine_model, tok, device=cfg.device)
     source, held = prompts_of(cfg, tok, print)
     rollouts = LocalRollouts(engine, RewardFn(reward_name(cfg), on_error=cfg.reward.on_error))
     return Run(cfg, algo, fn, run_dir, tok, source, held, rollouts, LocalTrainers(trainer))

@@ -10,6 +10,7 @@ L = Tp + Tr.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import warnings
@@ -23,6 +24,7 @@ from rldsl import CompiledAlgorithm
 
 from ..batch import RolloutBatch, group_rows, model_inputs
 from ..config import RunConfig
+from ..models import autocast_dtype
 from .logprobs import token_logprobs
 from .microbatch import combine_metrics, plan, trim, widen
 from .optim import build_optimizer, build_scheduler
@@ -69,7 +71,8 @@ class Trainer:
                  critic: nn.Module | None = None, critic_optimizer: torch.optim.Optimizer | None = None,
                  ppo_epochs: int = 1, minibatches: int = 1, grad_clip: float = 1.0,
                  skip_zero_advantage: bool = True, logprob_chunk: int = 1024,
-                 max_tokens_per_microbatch: int | None = None):
+                 max_tokens_per_microbatch: int | None = None,
+                 autocast_dtype: torch.dtype | None = None):
         self.fn = fn
         self.policy = policy
         self.reference = reference
@@ -83,6 +86,7 @@ class Trainer:
         self.skip_zero_advantage = skip_zero_advantage
         self.logprob_chunk = logprob_chunk
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
+        self.autocast_dtype = autocast_dtype
         algo = fn.algorithm
         if algo.uses_reference and reference is None:
             raise ValueError(f"{algo.name} has a KL term: the trainer needs a reference model")
@@ -118,7 +122,8 @@ class Trainer:
                    reference=reference, critic=critic, critic_optimizer=critic_opt,
                    ppo_epochs=t.ppo_epochs, minibatches=t.minibatches, grad_clip=t.grad_clip,
                    skip_zero_advantage=t.skip_zero_advantage,
-                   max_tokens_per_microbatch=t.max_tokens_per_microbatch, **kwargs)
+                   max_tokens_per_microbatch=t.max_tokens_per_microbatch,
+                   autocast_dtype=autocast_dtype(cfg.model.dtype), **kwargs)
 
     # -- logprobs
 
@@ -129,11 +134,25 @@ class Trainer:
                   entropy: bool, groups: bool = True) -> tuple[Tensor, Tensor | None]:
         ids, attn, pos = model_inputs(batch)
         Tr = batch.response_ids.shape[1]
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), self._autocast(model):
             return self._token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
                                   entropy_grad=grad and self.fn.algorithm.uses_entropy,
                                   chunk_size=self.logprob_chunk,
                                   group_size=batch.group_size if groups else None)
+
+    def _autocast(self, model: nn.Module) -> Any:
+        """Mixed precision: the forwards compute in ``autocast_dtype`` (parameters, gradients
+        and optimizer state stay float32); a no-op without it."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        device = next(model.parameters()).device
+        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
+
+    def _values(self, batch: RolloutBatch, tr: int) -> Tensor:
+        """The critic's values [b, tr] (float32)."""
+        ids, attn, pos = model_inputs(batch)
+        with self._autocast(self.critic):
+            return self.critic(ids, attn, pos, tr).float()
 
     # -- micro-batches (train/microbatch.py)
 
@@ -168,8 +187,7 @@ class Trainer:
             else:
                 sub, tr = trim(batch.select(rows))
             if what == "values":
-                ids, attn, pos = model_inputs(sub)
-                t = model(ids, attn, pos, tr)
+                t = self._values(sub, tr)
             else:
                 t, _ = self._logprobs(model, sub, grad=False, entropy=False, groups=by_group)
             if weight == 0.0:
@@ -318,8 +336,7 @@ class Trainer:
         logp, ent = self._logprobs(self.policy, sub, grad=True, entropy=True, groups=groups)
         values = None
         if algo.uses_critic:
-            ids, attn, pos = model_inputs(sub)
-            values = self.critic(ids, attn, pos, tr)
+            values = self._values(sub, tr)
         old = cols(batch.old_logprobs) if batch.old_logprobs is not None else logp.detach()
         mask = cols(batch.mask)
         out = fn.loss(logp, old, cols(batch.advantages), mask, ref_logprobs=cols(batch.ref_logprobs),
