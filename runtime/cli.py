@@ -196,7 +196,40 @@ def plot_command(
     typer.echo(str(path))
 
 
+def samples_command(
+    run: Annotated[Path, typer.Argument(metavar="RUN", help="A run folder (or its samples.jsonl).")],
+    step: Annotated[Optional[int], typer.Option(
+        "--step", metavar="N", help="The step to show; default the last one.")] = None,
+    width: Annotated[int, typer.Option(
+        "--width", metavar="CHARS", help="Characters of prompt and completion shown "
+                                         "(their ends; 0 = all).")] = 200,
+) -> None:
+    """Show the samples of a step: prompt as fed to the model, completion, reward, advantage."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .samples import read_samples
+
+    try:
+        n, rows = read_samples(run, step)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+
+    def cut(text: str) -> str:
+        return text if not width or len(text) <= width else "..." + text[-width:]
+
+    table = Table(title=f"step {n}", show_lines=True)
+    for col in ("group", "prompt", "completion", "reward", "advantage", "finish", "tokens"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        reward = "failed" if r["reward"] is None else f"{r['reward']:.3g}"
+        table.add_row(str(r["group"]), cut(r["prompt"]), cut(r["completion"]), reward,
+                      f"{r['advantage']:+.3f}", r["finish_reason"], str(r["response_length"]))
+    Console(width=max(120, Console().width)).print(table)
+
+
 def register(app: typer.Typer) -> None:
-    """Add the ``run`` and ``plot`` commands to the ``rldsl`` typer app."""
+    """Add the ``run``, ``plot`` and ``samples`` commands to the ``rldsl`` typer app."""
     app.command("run")(run_command)
     app.command("plot")(plot_command)
+    app.command("samples")(samples_command)

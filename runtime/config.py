@@ -238,6 +238,11 @@ class LogConfig(_Section):
     print_every: int = Field(default=10, ge=1,
                              description="Steps between plain progress lines when stdout "
                                          "is not a terminal.")
+    samples_per_step: int = Field(
+        default=2, ge=0,
+        description="Prompt groups per step written to <run>/samples.jsonl (prompt as fed "
+                    "to the model, completion, reward, advantage, finish reason); 0 = none. "
+                    "Read them with `rldsl samples RUN`.")
 
 
 class DistributedConfig(_Section):
