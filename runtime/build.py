@@ -16,6 +16,7 @@ from .config import RunConfig
 from .data import Example, PromptSource, load_examples, render_prompt, split_heldout
 from .engines.hf import HFEngine
 from .errors import RunError
+from .lora import adapters_disabled, apply_lora
 from .models import (disable_transformers_progress, enable_gradient_checkpointing, load_policy,
                      load_tokenizer, master_dtype)
 from .rewards import RewardFn
@@ -131,6 +132,9 @@ def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = 
     seed_all(cfg.seed)
     fn = rldsl.compile(algo)
     if cfg.distributed.uses_ray:
+        if cfg.model.lora.rank:
+            raise RunError("model.lora is supported by the one-process trainer only (not yet with "
+                           "--trainers / --rollout-workers): drop the distributed flags or model.lora")
         if cfg.rollout.engine == "vllm" and cfg.device != "cuda":
             raise RunError("rollout.engine=vllm needs GPUs: use --device cuda (or rollout.engine=hf)")
         path, _ = model_folder(cfg)  # the toy model is warm-started here, once
@@ -150,9 +154,15 @@ def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = 
                        "(Ray actors on GPUs): add --rollout-workers 1 (or more); on one "
                        "machine without Ray use rollout.engine=hf")
     engine_model = copy.deepcopy(policy).to(getattr(torch, cfg.model.dtype)).eval()
+    reference_off = None
+    if cfg.model.lora.rank:
+        lo = cfg.model.lora
+        policy, wrapped = apply_lora(policy, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
+                                     target_modules=lo.target_modules)
+        reference_off = partial(adapters_disabled, wrapped)  # no second copy for the KL
     if cfg.train.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
-    trainer = Trainer.from_config(cfg, fn, policy)
+    trainer = Trainer.from_config(cfg, fn, policy, reference_off=reference_off)
     engine = HFEngine(engine_model, tok, device=cfg.device)
     source, held = prompts_of(cfg, tok, print)
     rollouts = LocalRollouts(engine, RewardFn(reward_name(cfg), on_error=cfg.reward.on_error))

@@ -228,8 +228,26 @@ def samples_command(
     Console(width=max(120, Console().width)).print(table)
 
 
+def export_command(
+    run: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run folder.")],
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="DIR", help="The folder to write.")],
+    step: Annotated[Optional[int], typer.Option(
+        "--step", metavar="N", help="The checkpoint's step; default the newest.")] = None,
+) -> None:
+    """Write a checkpoint's policy as a plain Hugging Face folder (LoRA merged, tokenizer included)."""
+    from .errors import RunError
+    from .export import export_run
+
+    try:
+        path = export_run(run, out, step)
+    except RunError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    typer.echo(str(path))
+
+
 def register(app: typer.Typer) -> None:
-    """Add the ``run``, ``plot`` and ``samples`` commands to the ``rldsl`` typer app."""
+    """Add the ``run``, ``plot``, ``samples`` and ``export`` commands to the ``rldsl`` typer app."""
     app.command("run")(run_command)
     app.command("plot")(plot_command)
     app.command("samples")(samples_command)
+    app.command("export")(export_command)

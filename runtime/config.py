@@ -32,6 +32,7 @@ from .errors import ConfigError
 
 __all__ = [
     "ModelConfig",
+    "LoraConfig",
     "DataConfig",
     "RewardConfig",
     "RolloutConfig",
@@ -58,6 +59,20 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoraConfig(_Section):
+    """LoRA adapters through peft (extra ``rldsl[peft]``); rank 0 = full fine-tuning."""
+
+    rank: int = Field(default=0, ge=0,
+                      description="LoRA rank r; 0 = no LoRA (every parameter trains).")
+    alpha: float = Field(default=16.0, gt=0.0,
+                         description="LoRA alpha: the update is (alpha / r) * B @ A.")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["all-linear"],
+        description="Module names that get adapters; 'all-linear' = every linear layer but "
+                    "the output head.")
+
+
 class ModelConfig(_Section):
     """The policy model."""
 
@@ -67,9 +82,13 @@ class ModelConfig(_Section):
                     "tiny toy model (0.6M-parameter Llama, one token per character).")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="float32",
-        description="Parameter dtype for training and rollout. float32 is the CPU default: "
-                    "bf16 shifts probability ratios enough to trigger clipping spuriously "
-                    "(docs/toy.md, pitfall 7).")
+        description="Compute dtype. bfloat16/float16: the trainer runs its forwards under "
+                    "autocast with float32 parameters and optimizer state, the rollout engine "
+                    "holds a copy in that dtype. float32 is the CPU default: bf16 shifts "
+                    "probability ratios enough to trigger clipping spuriously (docs/toy.md, "
+                    "pitfall 7).")
+    lora: LoraConfig = Field(default_factory=LoraConfig,
+                             description="LoRA adapters (model.lora.rank > 0).")
 
 
 class DataConfig(_Section):
@@ -366,8 +385,18 @@ def _leaf_fields(model: type[BaseModel] = RunConfig, prefix: str = "") -> dict[s
 
 
 _LEAVES = _leaf_fields()
-_SECTIONS = {name for name, info in RunConfig.model_fields.items()
-             if _section_type(info.annotation) is not None}
+def _section_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> set[str]:
+    """Dotted names of every section, nested ones included (``model``, ``model.lora``)."""
+    out: set[str] = set()
+    for name, info in model.model_fields.items():
+        section = _section_type(info.annotation)
+        if section is not None:
+            out.add(f"{prefix}{name}")
+            out |= _section_paths(section, f"{prefix}{name}.")
+    return out
+
+
+_SECTIONS = _section_paths()
 
 
 def config_keys() -> list[str]:
@@ -505,7 +534,7 @@ def _set(tree: dict[str, Any], key: str, value: Any) -> None:
 def _flatten_file(data: Mapping[str, Any], source: str, prefix: str = "") -> Iterable[tuple[str, Any]]:
     for name, value in data.items():
         key = f"{prefix}{name}"
-        if not prefix and name in _SECTIONS:
+        if key in _SECTIONS:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{key!r} is a section, not a value ({source}); write it "
                                   f"as a [{key}] table")

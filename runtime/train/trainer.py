@@ -72,7 +72,8 @@ class Trainer:
                  ppo_epochs: int = 1, minibatches: int = 1, grad_clip: float = 1.0,
                  skip_zero_advantage: bool = True, logprob_chunk: int = 1024,
                  max_tokens_per_microbatch: int | None = None,
-                 autocast_dtype: torch.dtype | None = None):
+                 autocast_dtype: torch.dtype | None = None,
+                 reference_off: Callable[[], Any] | None = None):
         self.fn = fn
         self.policy = policy
         self.reference = reference
@@ -87,8 +88,9 @@ class Trainer:
         self.logprob_chunk = logprob_chunk
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
         self.autocast_dtype = autocast_dtype
+        self.reference_off = reference_off  # LoRA: the reference is the policy with adapters off
         algo = fn.algorithm
-        if algo.uses_reference and reference is None:
+        if algo.uses_reference and reference is None and reference_off is None:
             raise ValueError(f"{algo.name} has a KL term: the trainer needs a reference model")
         if algo.uses_critic and (critic is None or critic_optimizer is None):
             raise ValueError(f"{algo.name} uses a critic: the trainer needs one and its optimizer")
@@ -96,16 +98,18 @@ class Trainer:
     @classmethod
     def from_config(cls, cfg: RunConfig, fn: CompiledAlgorithm, policy: nn.Module, *,
                     prepare: Callable[[nn.Module, nn.Module | None, nn.Module | None], None] | None = None,
-                    **kwargs: Any) -> "Trainer":
+                    reference_off: Callable[[], Any] | None = None, **kwargs: Any) -> "Trainer":
         """The trainer of ``policy`` for a run: reference and critic copies, optimizers, LR schedule.
 
         ``prepare(policy, reference, critic)``, if given, runs after the copies are made and
         before the optimizers are built (the sharded trainer shards the modules there).
-        ``kwargs`` go to the constructor (a subclass's own arguments).
+        ``reference_off()``, if given, is a context in which the policy computes the reference
+        logprobs (LoRA: adapters disabled), so no reference copy is made. ``kwargs`` go to the
+        constructor (a subclass's own arguments).
         """
         algo = fn.algorithm
         reference = None
-        if algo.uses_reference:
+        if algo.uses_reference and reference_off is None:
             reference = copy.deepcopy(policy).eval()
             for p in reference.parameters():
                 p.requires_grad_(False)
@@ -117,13 +121,14 @@ class Trainer:
         t = cfg.train
         if critic is not None:
             critic_opt = build_optimizer(critic.parameters(), t, lr=t.critic_lr or t.lr)
-        optimizer = build_optimizer(policy.parameters(), t)
+        optimizer = build_optimizer([p for p in policy.parameters() if p.requires_grad], t)
         return cls(fn, policy, optimizer=optimizer, scheduler=build_scheduler(optimizer, t),
                    reference=reference, critic=critic, critic_optimizer=critic_opt,
                    ppo_epochs=t.ppo_epochs, minibatches=t.minibatches, grad_clip=t.grad_clip,
                    skip_zero_advantage=t.skip_zero_advantage,
                    max_tokens_per_microbatch=t.max_tokens_per_microbatch,
-                   autocast_dtype=autocast_dtype(cfg.model.dtype), **kwargs)
+                   autocast_dtype=autocast_dtype(cfg.model.dtype), reference_off=reference_off,
+                   **kwargs)
 
     # -- logprobs
 
@@ -225,7 +230,10 @@ class Trainer:
         if not self._old_is_current():
             old = self._per_microbatch(self.policy, rollout, "logprobs")
         ref = None
-        if algo.uses_reference:
+        if algo.uses_reference and self.reference is None:
+            with self.reference_off():  # type: ignore[misc]
+                ref = self._per_microbatch(self.policy, rollout, "logprobs")
+        elif algo.uses_reference:
             ref = self._per_microbatch(self.reference, rollout, "logprobs")
         values = None
         if algo.uses_critic:
