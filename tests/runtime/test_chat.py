@@ -17,7 +17,7 @@ from rldsl.runtime.data import Example, load_examples, render_prompt
 from rldsl.runtime.engines.base import SamplingParams
 from rldsl.runtime.engines.hf import HFEngine
 from rldsl.runtime.errors import DataError, RunError
-from rldsl.runtime.rewards import RewardFn, gsm8k_reward
+from rldsl.runtime.rewards import gsm8k_reward, resolve_reward
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -119,13 +119,12 @@ def test_gsm8k_rows_and_reward(tmp_path) -> None:
     cfg = load_config(None, [f"data.path={path}", "data.prompt_key=question", "reward.name=gsm8k"])
     source, held = prompts_of(cfg, chat_tokenizer())
     assert held == [] and len(source) == 2
-    fn = RewardFn("gsm8k")
+    assert resolve_reward("gsm8k") is gsm8k_reward
     assert gsm8k_reward("", "48/2 = 24, 24+48 = 72\n#### 72", rows[0]["answer"]) == 1.0
     assert gsm8k_reward("", "the total is \\boxed{72}", rows[0]["answer"]) == 1.0
     assert gsm8k_reward("", "it is 1200", rows[1]["answer"]) == 1.0
     assert gsm8k_reward("", "#### 71", rows[0]["answer"]) == 0.0
     assert gsm8k_reward("", "no number", rows[0]["answer"]) == 0.0
-    assert fn is not None
 
 
 def test_small_dataset_defaults(tmp_path) -> None:
@@ -139,3 +138,16 @@ def test_small_dataset_defaults(tmp_path) -> None:
     assert heldout_size(cfg, 5000)[0] == 200
     with pytest.raises(RunError, match="data.eval_size=64 holds out every one of the 64 rows"):
         prompts_of(load_config(None, [f"data.path={path}", "data.eval_size=64"]))
+
+
+def test_64_row_dataset_runs_with_default_split(model_dir, tmp_path, monkeypatch, capsys) -> None:
+    from rldsl.runtime import loop
+    from rldsl.runtime.metrics import read_metrics
+    monkeypatch.setenv("RLDSL_COMPILE", "0")
+    path = write_jsonl(tmp_path / "small.jsonl", [{"prompt": f"{i}+1=", "answer": i + 1} for i in range(64)])
+    cfg = load_config(None, [f"model.path={model_dir}", f"data.path={path}", f"out={tmp_path / 'run'}",
+                             "train.steps=1", "rollout.max_new_tokens=4", "log.progress=false"])
+    run = loop.train("grpo", cfg)
+    assert "held out 6 of 64 rows for evaluation" in capsys.readouterr().out
+    recs = read_metrics(run / "metrics.jsonl")
+    assert any("reward_mean" in r for r in recs) and any("eval/greedy_acc" in r for r in recs)
