@@ -15,7 +15,10 @@
 #      (float32) and reports the train/inference mismatch at two temperatures;
 #   5. perturbs the weights, pushes them with update_weights (after sleep(), as a colocated
 #      trainer would), and checks that vLLM now matches the perturbed model, not the old one;
-#   6. prints a PASS/FAIL line per check and exits non-zero if any check failed or any step
+#   6. trains 3 grpo steps on a random-init ~0.5B Qwen2 with the transformers engine on
+#      the GPU: bf16 (autocast, fp32 master weights), token-budget micro-batches, LoRA,
+#      gradient checkpointing, a ChatML template; exports it and reloads the export;
+#   7. prints a PASS/FAIL line per check and exits non-zero if any check failed or any step
 #      crashed. "SMOKE TEST PASSED" is printed only when every check passed.
 #
 # Knobs (environment): SMOKE_DTYPE=float32|bfloat16 (default float32: the tightest
@@ -193,6 +196,82 @@ print(f"\n{len(results) - len(failed)}/{len(results)} checks passed" +
 sys.exit(1 if failed else 0)
 PYEOF
 status=$?
+
+echo "== real-model path: random-init Qwen2 ~0.5B, bf16, token-budget micro-batches, LoRA, export"
+"$PY" - <<'PYEOF'
+# Trains 3 steps of grpo with the transformers engine on the GPU and exports the result.
+# Checks: the run finishes its 3 steps with finite losses; the export loads with
+# from_pretrained and has no LoRA tensor. Prints peak CUDA memory and s/step (measured).
+import json, os, sys, tempfile, time
+from pathlib import Path
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from safetensors.torch import load_file
+
+results = []
+def check(name, ok, detail):
+    results.append((name, bool(ok)))
+    print(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}", flush=True)
+
+work = Path(tempfile.mkdtemp(prefix="rldsl-realmodel-"))
+specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
+chars = list("abcdefghijklmnopqrstuvwxyz0123456789 .,?!:+-*=#\n")
+vocab = {t: i for i, t in enumerate(specials + chars)}
+core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+core.pre_tokenizer = pre_tokenizers.Split(Regex("<\\|im_(start|end)\\|>|<\\|endoftext\\|>|."), behavior="isolated")
+core.decoder = decoders.Fuse()
+core.add_special_tokens(specials)
+tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                              unk_token="<unk>", padding_side="left")
+tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+cfg = Qwen2Config(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True,
+                  bos_token_id=None, eos_token_id=vocab["<|im_end|>"], pad_token_id=vocab["<|endoftext|>"])
+torch.manual_seed(0)
+model = Qwen2ForCausalLM(cfg)
+n = sum(p.numel() for p in model.parameters())
+model.save_pretrained(work / "model"); tok.save_pretrained(work / "model")
+print(f"   model: {n / 1e6:.0f}M parameters at {work / 'model'}")
+rows = [{"prompt": [{"role": "user", "content": f"what is {a}+{b}?"}], "answer": str(a + b)}
+        for a in range(10) for b in range(10)]
+(work / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+from rldsl.runtime import loop
+from rldsl.runtime.config import load_config
+from rldsl.runtime.export import export_run
+sets = [f"model.path={work / 'model'}", f"data.path={work / 'data.jsonl'}", "reward.name=math",
+        f"out={work / 'run'}", "device=cuda", "model.dtype=bfloat16", "model.lora.rank=16",
+        "train.max_tokens_per_microbatch=4096", "train.gradient_checkpointing=true",
+        "rollout.prompts_per_step=8", "rollout.n=8", "rollout.max_new_tokens=256", "train.steps=3",
+        "train.lr=1e-5", "eval.every=0", "data.eval_size=0", "log.progress=false", "checkpoint.every=0"]
+try:
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    run = loop.train("grpo", load_config(None, sets))
+    wall = time.perf_counter() - t0
+    recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if "reward_mean" in r]
+    ok = len(steps) == 3 and all(r.get("loss") is None or abs(r["loss"]) < 1e9 for r in steps)
+    check("bf16 + micro-batches + LoRA + grad ckpt run", ok,
+          f"{len(steps)} steps, s/step {[round(r['step_s'], 2) for r in steps]}, "
+          f"peak CUDA memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB, wall {wall:.0f} s, "
+          f"response_length {[round(r['response_length'], 1) for r in steps]}")
+    out = export_run(run, work / "export")
+    keys = load_file(str(out / "model.safetensors")) if (out / "model.safetensors").exists() else {}
+    reloaded = AutoModelForCausalLM.from_pretrained(str(out))
+    check("export", not any("lora" in k for k in keys) and reloaded is not None,
+          f"{out}: {len(keys)} tensors, none with 'lora'")
+except Exception as e:  # report, do not hide
+    import traceback; traceback.print_exc()
+    check("real-model path", False, f"{type(e).__name__}: {e}")
+failed = [n for n, ok in results if not ok]
+print(f"\n{len(results) - len(failed)}/{len(results)} real-model checks passed")
+sys.exit(1 if failed else 0)
+PYEOF
+status2=$?
+if [[ $status -eq 0 && $status2 -ne 0 ]]; then status=$status2; fi
 set -e
 if [[ $status -eq 0 ]]; then
     echo "SMOKE TEST PASSED"

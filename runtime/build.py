@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -13,10 +14,12 @@ import torch
 import rldsl
 
 from .config import ConfigError, RunConfig
-from .data import Example, PromptSource, load_prompts
+from .data import Example, PromptSource, load_examples, render_prompt, split_heldout
 from .engines.hf import HFEngine
 from .errors import RunError
-from .models import disable_transformers_progress, load_policy, load_tokenizer
+from .lora import adapters_disabled, apply_lora
+from .models import (disable_transformers_progress, enable_gradient_checkpointing, load_policy,
+                     load_tokenizer, master_dtype)
 from .rewards import RewardFn
 from .rng import seed_all
 from .train.trainer import Trainer
@@ -64,17 +67,52 @@ def model_folder(cfg: RunConfig) -> tuple[Path, str]:
     return path, str(path)
 
 
-def prompts_of(cfg: RunConfig) -> tuple[PromptSource, list[Example]]:
-    """(training prompts, held-out prompts): the data file, or the built-in addition task."""
+def heldout_size(cfg: RunConfig, rows: int) -> tuple[int, str | None]:
+    """(held-out rows to split off a data file of ``rows`` rows, a line for the log or None).
+
+    ``data.eval_size`` when set (an error if it leaves nothing to train on), else one tenth
+    of the rows, at most 200, none below 10 rows: a small dataset starts without flags.
+    """
+    if cfg.data.eval_size is not None:
+        if cfg.data.eval_size >= rows:
+            raise RunError(f"data.eval_size={cfg.data.eval_size} holds out every one of the {rows} "
+                           "rows: lower it (or set data.eval_path, or 0 for no evaluation)")
+        return cfg.data.eval_size, None
+    k = min(200, rows // 10)
+    if k == 0:
+        return 0, f"{rows} rows: no held-out split (set data.eval_path or data.eval_size to evaluate)"
+    return k, f"held out {k} of {rows} rows for evaluation (data.eval_size to change)"
+
+
+def prompts_of(cfg: RunConfig, tokenizer: Any = None,
+               warn: Callable[[str], None] | None = None) -> tuple[PromptSource, list[Example]]:
+    """(training prompts, held-out prompts): the data file, or the built-in addition task.
+
+    Data-file prompts are rendered for the model (``data.render_prompt``: chat template,
+    system prompt) when a tokenizer is given.
+    """
     if cfg.data.path is None:
         from .toy import AdditionTask
         task = AdditionTask()
-        held = task.heldout_examples()[: cfg.data.eval_size] if cfg.data.eval_size else []
+        size = 200 if cfg.data.eval_size is None else cfg.data.eval_size
+        held = task.heldout_examples()[:size] if size else []
         return task.prompt_source(cfg.seed), held
-    splits = load_prompts(cfg.data.path, prompt_field=cfg.data.prompt_key, answer_field=cfg.data.answer_key,
-                          heldout_path=cfg.data.eval_path,
-                          heldout=0 if cfg.data.eval_path else cfg.data.eval_size, seed=cfg.seed)
-    return PromptSource(splits.train, seed=cfg.seed, name=Path(cfg.data.path).name), splits.heldout
+    examples = load_examples(cfg.data.path, prompt_field=cfg.data.prompt_key,
+                             answer_field=cfg.data.answer_key)
+    if cfg.data.eval_path:
+        train, held = examples, load_examples(cfg.data.eval_path, prompt_field=cfg.data.prompt_key,
+                                              answer_field=cfg.data.answer_key)
+    else:
+        k, note = heldout_size(cfg, len(examples))
+        if note and warn is not None:
+            warn(note)
+        train, held = split_heldout(examples, k, seed=cfg.seed)
+    if tokenizer is not None:
+        d = cfg.data
+        render = partial(render_prompt, tokenizer=tokenizer, mode=d.chat_template,
+                         kwargs=d.chat_template_kwargs, system_prompt=d.system_prompt)
+        train, held = [render(e) for e in train], [render(e) for e in held]
+    return PromptSource(train, seed=cfg.seed, name=Path(cfg.data.path).name), held
 
 
 def model_context(path: Path) -> int | None:
@@ -130,11 +168,14 @@ def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = 
     seed_all(cfg.seed)
     fn = rldsl.compile(algo)
     if cfg.distributed.uses_ray:
+        if cfg.model.lora.rank:
+            raise RunError("model.lora is supported by the one-process trainer only (not yet with "
+                           "--trainers / --rollout-workers): drop the distributed flags or model.lora")
         if cfg.rollout.engine == "vllm" and cfg.device != "cuda":
             raise RunError("rollout.engine=vllm needs GPUs: use --device cuda (or rollout.engine=hf)")
         path, _ = model_folder(cfg)  # the toy model is warm-started here, once
         tok = load_tokenizer(path)
-        source, held = prompts_of(cfg)
+        source, held = prompts_of(cfg, tok, print)
         fit_context(cfg, path, tok, [e.prompt for e in source.examples + held])
         reward = reward_name(cfg)
         RewardFn(reward, on_error=cfg.reward.on_error)  # a bad name fails here, not in an actor
@@ -142,16 +183,25 @@ def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = 
         rollouts, trainers = start_ray_workers(cfg, algo, fn, path, reward, tok.pad_token_id)
         return Run(cfg, algo, fn, run_dir, tok, source, held, rollouts, trainers)
     path, _ = model_folder(cfg)
+    policy = load_policy(path, master_dtype(cfg.model.dtype))
     tok = load_tokenizer(path)
-    source, held = prompts_of(cfg)
+    source, held = prompts_of(cfg, tok, print)
     fit_context(cfg, path, tok, [e.prompt for e in source.examples + held])
-    policy = load_policy(path, cfg.model.dtype)
     policy.to(cfg.device)
     if cfg.rollout.engine != "hf":
         raise RunError(f"rollout.engine={cfg.rollout.engine!r} needs the distributed runtime "
                        "(Ray actors on GPUs): add --rollout-workers 1 (or more); on one "
                        "machine without Ray use rollout.engine=hf")
-    trainer = Trainer.from_config(cfg, fn, policy)
-    engine = HFEngine(copy.deepcopy(policy).eval(), tok, device=cfg.device)
+    engine_model = copy.deepcopy(policy).to(getattr(torch, cfg.model.dtype)).eval()
+    reference_off = None
+    if cfg.model.lora.rank:
+        lo = cfg.model.lora
+        policy, wrapped = apply_lora(policy, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
+                                     target_modules=lo.target_modules)
+        reference_off = partial(adapters_disabled, wrapped)  # no second copy for the KL
+    if cfg.train.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+    trainer = Trainer.from_config(cfg, fn, policy, reference_off=reference_off)
+    engine = HFEngine(engine_model, tok, device=cfg.device)
     rollouts = LocalRollouts(engine, RewardFn(reward_name(cfg), on_error=cfg.reward.on_error))
     return Run(cfg, algo, fn, run_dir, tok, source, held, rollouts, LocalTrainers(trainer))

@@ -196,12 +196,63 @@ def plot_command(
     typer.echo(str(path))
 
 
+def samples_command(
+    run: Annotated[Path, typer.Argument(metavar="RUN", help="A run folder (or its samples.jsonl).")],
+    step: Annotated[Optional[int], typer.Option(
+        "--step", metavar="N", help="The step to show; default the last one.")] = None,
+    width: Annotated[int, typer.Option(
+        "--width", metavar="CHARS", help="Characters of prompt and completion shown "
+                                         "(their ends; 0 = all).")] = 200,
+) -> None:
+    """Show the samples of a step: prompt as fed to the model, completion, reward, advantage."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .samples import read_samples
+
+    try:
+        n, rows = read_samples(run, step)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+
+    def cut(text: str) -> str:
+        return text if not width or len(text) <= width else "..." + text[-width:]
+
+    table = Table(title=f"step {n}", show_lines=True)
+    for col in ("group", "prompt", "completion", "reward", "advantage", "finish", "tokens"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        reward = "failed" if r["reward"] is None else f"{r['reward']:.3g}"
+        table.add_row(str(r["group"]), cut(r["prompt"]), cut(r["completion"]), reward,
+                      f"{r['advantage']:+.3f}", r["finish_reason"], str(r["response_length"]))
+    Console(width=max(120, Console().width)).print(table)
+
+
+def export_command(
+    run: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run folder.")],
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="DIR", help="The folder to write.")],
+    step: Annotated[Optional[int], typer.Option(
+        "--step", metavar="N", help="The checkpoint's step; default the newest.")] = None,
+) -> None:
+    """Write a checkpoint's policy as a plain Hugging Face folder (LoRA merged, tokenizer included)."""
+    from .errors import RunError
+    from .export import export_run
+
+    try:
+        path = export_run(run, out, step)
+    except RunError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    typer.echo(str(path))
+
+
 def register(app: typer.Typer) -> None:
-    """Add the ``run``, ``plot``, ``reward`` and ``ablate`` commands to the ``rldsl`` typer app."""
+    """Add the ``run``, ``plot``, ``samples``, ``export``, ``reward`` and ``ablate`` commands."""
     from .ablate import ablate_command
     from .reward_cli import register as register_reward
 
     app.command("run")(run_command)
     app.command("plot")(plot_command)
+    app.command("samples")(samples_command)
+    app.command("export")(export_command)
     app.command("ablate")(ablate_command)
     register_reward(app)

@@ -34,6 +34,7 @@ from .errors import ConfigError
 
 __all__ = [
     "ModelConfig",
+    "LoraConfig",
     "DataConfig",
     "RewardConfig",
     "RolloutConfig",
@@ -64,6 +65,20 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoraConfig(_Section):
+    """LoRA adapters through peft (extra ``rldsl[peft]``); rank 0 = full fine-tuning."""
+
+    rank: int = Field(default=0, ge=0,
+                      description="LoRA rank r; 0 = no LoRA (every parameter trains).")
+    alpha: float = Field(default=16.0, gt=0.0,
+                         description="LoRA alpha: the update is (alpha / r) * B @ A.")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["all-linear"],
+        description="Module names that get adapters; 'all-linear' = every linear layer but "
+                    "the output head.")
+
+
 class ModelConfig(_Section):
     """The policy model."""
 
@@ -73,9 +88,13 @@ class ModelConfig(_Section):
                     "tiny toy model (0.6M-parameter Llama, one token per character).")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="float32",
-        description="Parameter dtype for training and rollout. float32 is the CPU default: "
-                    "bf16 shifts probability ratios enough to trigger clipping spuriously "
-                    "(docs/toy.md, pitfall 7).")
+        description="Compute dtype. bfloat16/float16: the trainer runs its forwards under "
+                    "autocast with float32 parameters and optimizer state, the rollout engine "
+                    "holds a copy in that dtype. float32 is the CPU default: bf16 shifts "
+                    "probability ratios enough to trigger clipping spuriously (docs/toy.md, "
+                    "pitfall 7).")
+    lora: LoraConfig = Field(default_factory=LoraConfig,
+                             description="LoRA adapters (model.lora.rank > 0).")
 
 
 class DataConfig(_Section):
@@ -89,7 +108,8 @@ class DataConfig(_Section):
         description="Training prompts: a .jsonl or .parquet file or a saved Hugging Face "
                     "datasets folder; null = the built-in 2-digit addition task.")
     prompt_key: str = Field(default="prompt",
-                            description="Record field holding the prompt text.")
+                            description="Record field holding the prompt: a string or a list "
+                                        "of {role, content} messages.")
     answer_key: str | None = Field(
         default="answer",
         description="Record field holding the reference answer the reward checks; null = "
@@ -99,8 +119,24 @@ class DataConfig(_Section):
         description="Held-out prompts (same formats and fields as path); null = split "
                     "eval_size prompts off the training data (the built-in task has its "
                     "own held-out set, never trained on).")
-    eval_size: int = Field(default=200, ge=0,
-                           description="Number of held-out prompts used for evaluation.")
+    eval_size: int | None = Field(
+        default=None, ge=0,
+        description="Number of held-out prompts used for evaluation; null = automatic: "
+                    "200 for the built-in task, one tenth of a data file's rows (at most "
+                    "200; none below 10 rows).")
+    chat_template: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Feed prompts through the tokenizer's chat template "
+                    "(apply_chat_template with add_generation_prompt=True): 'auto' = when "
+                    "the tokenizer has one, 'on' = always (an error without one), 'off' = "
+                    "never (messages are joined by blank lines). Never for the built-in task.")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra arguments of the chat template, e.g. {enable_thinking = false}.")
+    system_prompt: str | None = Field(
+        default=None,
+        description="A system message put before every prompt (rows with their own system "
+                    "message keep theirs).")
 
 
 class RewardConfig(_Section):
@@ -177,6 +213,17 @@ class TrainConfig(_Section):
     critic_lr: float | None = Field(default=None, gt=0.0,
                                     description="Critic learning rate (specs with a critic); "
                                                 "null = lr.")
+    max_tokens_per_microbatch: int | None = Field(
+        default=None, ge=1,
+        description="Token budget of every forward/backward (update, old and reference "
+                    "logprobs, critic): rows are packed into balanced micro-batches of at "
+                    "most this many prompt + response tokens (a row is never split), with "
+                    "gradient accumulation under the minibatch's exact denominator; null = "
+                    "one forward per minibatch.")
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description="Recompute the transformer blocks' activations in the backward pass "
+                    "instead of keeping them (less memory, ~1/3 more compute).")
     skip_zero_advantage: bool = Field(
         default=True,
         description="Skip the optimizer step when every advantage is zero (else Adam keeps "
@@ -219,6 +266,11 @@ class LogConfig(_Section):
     print_every: int = Field(default=10, ge=1,
                              description="Steps between plain progress lines when stdout "
                                          "is not a terminal.")
+    samples_per_step: int = Field(
+        default=2, ge=0,
+        description="Prompt groups per step written to <run>/samples.jsonl (prompt as fed "
+                    "to the model, completion, reward, advantage, finish reason); 0 = none. "
+                    "Read them with `rldsl samples RUN`.")
 
 
 class DistributedConfig(_Section):
@@ -342,8 +394,18 @@ def _leaf_fields(model: type[BaseModel] = RunConfig, prefix: str = "") -> dict[s
 
 
 _LEAVES = _leaf_fields()
-_SECTIONS = {name for name, info in RunConfig.model_fields.items()
-             if _section_type(info.annotation) is not None}
+def _section_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> set[str]:
+    """Dotted names of every section, nested ones included (``model``, ``model.lora``)."""
+    out: set[str] = set()
+    for name, info in model.model_fields.items():
+        section = _section_type(info.annotation)
+        if section is not None:
+            out.add(f"{prefix}{name}")
+            out |= _section_paths(section, f"{prefix}{name}.")
+    return out
+
+
+_SECTIONS = _section_paths()
 
 
 def config_keys() -> list[str]:
@@ -438,7 +500,8 @@ def _admits_none(annotation: Any) -> bool:
 def _parse_override(key: str, raw: str, annotation: Any, source: str) -> Any:
     """Turn the text of ``--set key=raw`` into a value of the field's type.
 
-    ``null``/``none`` give None; lists and tuples take ``a,b`` or ``[a, b]``; quotes
+    ``null``/``none`` give None; lists and tuples take ``a,b`` or ``[a, b]``; tables a JSON
+    object; quotes
     around a string are removed; everything else is converted by pydantic (``1e-4`` ->
     float, ``8`` -> int, ``true``/``false`` -> bool).
     """
@@ -452,7 +515,13 @@ def _parse_override(key: str, raw: str, annotation: Any, source: str) -> Any:
         value = text[1:-1]
     else:
         inner = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
-        if any(get_origin(a) in (tuple, list) for a in [annotation, *inner]):
+        if get_origin(annotation) is dict:  # a JSON object: {"enable_thinking": false}
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"invalid value for {key} ({source}): expected a JSON object "
+                                  f'such as {{"enable_thinking": false}} ({e})') from None
+        elif any(get_origin(a) in (tuple, list) for a in [annotation, *inner]):
             body = text[1:-1] if text.startswith("[") and text.endswith("]") else text
             value = [part.strip().strip("'\"") for part in body.split(",") if part.strip()]
     try:
@@ -474,7 +543,7 @@ def _set(tree: dict[str, Any], key: str, value: Any) -> None:
 def _flatten_file(data: Mapping[str, Any], source: str, prefix: str = "") -> Iterable[tuple[str, Any]]:
     for name, value in data.items():
         key = f"{prefix}{name}"
-        if not prefix and name in _SECTIONS:
+        if key in _SECTIONS:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{key!r} is a section, not a value ({source}); write it "
                                   f"as a [{key}] table")

@@ -3,6 +3,10 @@
 A dataset is a list of ``Example(id, prompt, answer)``; ``id`` is the row number in the
 loaded file, so it is stable across runs and can be saved (resume, pass-rate cap).
 
+A row's prompt is a string or a list of ``{"role", "content"}`` messages (TRL's
+conversational format). ``apply_chat_template`` turns every prompt into the text the model
+is fed (``Example.prompt``), keeping the row's own prompt in ``Example.source``.
+
 ``PromptSource`` deals batches of P prompts in a seeded order: epoch e visits every
 non-excluded example once, in the order of a permutation drawn from (seed, e). Its
 position is (epoch, index into that permutation); ``state_dict()`` /
@@ -26,6 +30,7 @@ class Example:
     id: int
     prompt: str
     answer: str
+    source: str | tuple = ""  # the row's prompt before any template ("" = same as prompt)
 
 
 @dataclass
@@ -107,19 +112,76 @@ def load_examples(
             )
         prompt = row[prompt_field]
         if not isinstance(prompt, str):
-            raise DataError(
-                f"{where}: field {prompt_field!r} must be a string, got {type(prompt).__name__}"
-            )
+            prompt = _messages(prompt, f"{where}: field {prompt_field!r}")
         answer = row[answer_field] if answer_field is not None else ""
         if isinstance(answer, (list, dict)):
             raise DataError(
                 f"{where}: field {answer_field!r} must be a string or a number, "
                 f"got {type(answer).__name__}"
             )
-        examples.append(Example(id=len(examples), prompt=prompt, answer=str(answer)))
+        if isinstance(prompt, str):
+            examples.append(Example(id=len(examples), prompt=prompt, answer=str(answer)))
+        else:  # rendered by apply_chat_template once the tokenizer is known
+            examples.append(Example(id=len(examples), prompt="", answer=str(answer), source=prompt))
     if not examples:
         raise DataError(f"{path}: no rows")
     return examples
+
+
+def _messages(value: Any, where: str) -> tuple:
+    """A conversational prompt as a tuple of {"role", "content"} dicts (hashable container)."""
+    if hasattr(value, "tolist"):  # a numpy array from parquet
+        value = value.tolist()
+    ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in value)
+    if not ok:
+        raise DataError(f"{where} must be a string or a non-empty list of "
+                        f'{{"role": ..., "content": ...}} messages, got {str(value)[:80]!r}')
+    return tuple({"role": m["role"], "content": m["content"]} for m in value)
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether the tokenizer carries a chat template."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def render_prompt(example: Example, tokenizer: Any, *, mode: str = "auto",
+                  kwargs: dict[str, Any] | None = None, system_prompt: str | None = None) -> Example:
+    """The example with ``prompt`` = the text fed to the model, ``source`` = the row's prompt.
+
+    ``mode``: "on" always applies the tokenizer's chat template (an error without one), "off"
+    never (messages are joined by blank lines), "auto" applies it when the tokenizer has one.
+    The template runs with ``add_generation_prompt=True`` and ``kwargs`` (e.g.
+    ``enable_thinking=False``); ``system_prompt`` is prepended as a system message (a row that
+    has its own system message keeps it). A BOS token the template writes is removed from the
+    text when the tokenizer adds one itself, so that tokenizing ``prompt`` as the engines do
+    gives exactly ``apply_chat_template``'s ids.
+    """
+    source = example.source if example.source else example.prompt
+    messages = [{"role": "user", "content": source}] if isinstance(source, str) else [dict(m) for m in source]
+    if system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    use = mode == "on" or (mode == "auto" and has_chat_template(tokenizer))
+    if mode == "on" and not has_chat_template(tokenizer):
+        raise DataError("data.chat_template=on but the tokenizer has no chat template "
+                        "(use data.chat_template=off, or a model folder whose tokenizer has one)")
+    if not use:
+        if isinstance(source, str) and not system_prompt:
+            return example
+        text = "\n\n".join(m["content"] for m in messages)
+    else:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             **(kwargs or {}))
+        bos = getattr(tokenizer, "bos_token", None)
+        if bos and text.startswith(bos) and _adds_bos(tokenizer):
+            text = text[len(bos):]
+    return Example(id=example.id, prompt=text, answer=example.answer, source=source)
+
+
+def _adds_bos(tokenizer: Any) -> bool:
+    ids = tokenizer("x")["input_ids"]
+    return bool(ids) and ids[0] == tokenizer.bos_token_id
 
 
 def split_heldout(

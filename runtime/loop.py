@@ -32,6 +32,7 @@ from .engines.base import SamplingParams
 from .errors import RunError, WorkerError
 from .metrics import EVAL_FAILED, GREEDY_ACC, RESPONSE_LENGTH, REWARD, SAMPLED_ACC, STEP_TIME, MetricsLogger
 from .rng import restore_rng, step_seed
+from .samples import append_samples, sample_rows, truncate_samples
 from .run_dir import (METRICS_FILE, SPEC_FILE, load_run_config, run_dir_of, save_config,
                       save_parent_specs)
 
@@ -195,6 +196,9 @@ def train_step(s: Run, step: int) -> dict[str, float]:
     })
     m.update({k: v for k, v in tb.metrics.items() if k != REWARD})  # REWARD: set above
     m.update(um)
+    if cfg.log.samples_per_step:
+        append_samples(s.run_dir, sample_rows(step + 1, batch, rewards, tb.advantages.cpu(),
+                                              tb.mask.cpu(), cfg.log.samples_per_step))
     return m
 
 
@@ -285,6 +289,7 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
         if start is None:
             start = restore(s)
             ckpt.remove_checkpoints_after(run_dir, start)
+            truncate_samples(run_dir, start)
         total = cfg.train.steps
         logger = MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard, total_steps=total,
                                progress=cfg.log.progress, print_every=cfg.log.print_every,

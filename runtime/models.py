@@ -23,6 +23,31 @@ def load_policy(path: Path, dtype: str) -> nn.Module:
     return model
 
 
+def master_dtype(dtype: str) -> str:
+    """The dtype the trainer keeps its parameters (and AdamW state) in: float32 for a
+    16-bit ``model.dtype``, which then only sets the compute dtype (autocast) and the
+    rollout engine's copy -- bf16 parameters would round away most small updates."""
+    return "float32" if dtype in ("bfloat16", "float16") else dtype
+
+
+def autocast_dtype(dtype: str) -> torch.dtype | None:
+    """The autocast dtype of the training forwards for ``model.dtype`` (None: no autocast)."""
+    return getattr(torch, dtype) if dtype in ("bfloat16", "float16") else None
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """Recompute each transformer block in the backward pass (non-reentrant: works with
+    inputs that need no grad, and with ``torch.no_grad`` forwards untouched)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise RunError(f"{type(model).__name__} does not support gradient checkpointing "
+                       "(train.gradient_checkpointing=false)")
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x spelling
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def load_tokenizer(path: Path) -> Any:
     """The tokenizer of an HF folder, left padding; pad = EOS when the tokenizer has no pad."""
     from transformers import AutoTokenizer

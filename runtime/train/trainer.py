@@ -10,6 +10,7 @@ L = Tp + Tr.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import warnings
@@ -23,7 +24,9 @@ from rldsl import CompiledAlgorithm
 
 from ..batch import RolloutBatch, group_rows, model_inputs
 from ..config import RunConfig
+from ..models import autocast_dtype
 from .logprobs import token_logprobs
+from .microbatch import combine_metrics, plan, trim, widen
 from .optim import build_optimizer, build_scheduler, lr_factor
 from .value_model import ValueModel
 
@@ -68,7 +71,10 @@ class Trainer:
                  critic: nn.Module | None = None, critic_optimizer: torch.optim.Optimizer | None = None,
                  ppo_epochs: int = 1, minibatches: int = 1, grad_clip: float = 1.0,
                  skip_zero_advantage: bool = True, logprob_chunk: int = 1024,
-                 temperature: float = 1.0, critic_lr_factor: Callable[[int], float] | None = None):
+                 temperature: float = 1.0, critic_lr_factor: Callable[[int], float] | None = None,
+                 max_tokens_per_microbatch: int | None = None,
+                 autocast_dtype: torch.dtype | None = None,
+                 reference_off: Callable[[], Any] | None = None):
         self.fn = fn
         self.policy = policy
         self.reference = reference
@@ -88,8 +94,11 @@ class Trainer:
         self.critic_lr_factor = critic_lr_factor
         self.critic_base_lrs = [g["lr"] for g in critic_optimizer.param_groups] if critic_optimizer else []
         self._set_critic_lr(0)
+        self.max_tokens_per_microbatch = max_tokens_per_microbatch
+        self.autocast_dtype = autocast_dtype
+        self.reference_off = reference_off  # LoRA: the reference is the policy with adapters off
         algo = fn.algorithm
-        if algo.uses_reference and reference is None:
+        if algo.uses_reference and reference is None and reference_off is None:
             raise ValueError(f"{algo.name} has a KL term: the trainer needs a reference model")
         if algo.uses_critic and (critic is None or critic_optimizer is None):
             raise ValueError(f"{algo.name} uses a critic: the trainer needs one and its optimizer")
@@ -97,16 +106,18 @@ class Trainer:
     @classmethod
     def from_config(cls, cfg: RunConfig, fn: CompiledAlgorithm, policy: nn.Module, *,
                     prepare: Callable[[nn.Module, nn.Module | None, nn.Module | None], None] | None = None,
-                    **kwargs: Any) -> "Trainer":
+                    reference_off: Callable[[], Any] | None = None, **kwargs: Any) -> "Trainer":
         """The trainer of ``policy`` for a run: reference and critic copies, optimizers, LR schedule.
 
         ``prepare(policy, reference, critic)``, if given, runs after the copies are made and
         before the optimizers are built (the sharded trainer shards the modules there).
-        ``kwargs`` go to the constructor (a subclass's own arguments).
+        ``reference_off()``, if given, is a context in which the policy computes the reference
+        logprobs (LoRA: adapters disabled), so no reference copy is made. ``kwargs`` go to the
+        constructor (a subclass's own arguments).
         """
         algo = fn.algorithm
         reference = None
-        if algo.uses_reference:
+        if algo.uses_reference and reference_off is None:
             reference = copy.deepcopy(policy).eval()
             for p in reference.parameters():
                 p.requires_grad_(False)
@@ -118,13 +129,15 @@ class Trainer:
         t = cfg.train
         if critic is not None:
             critic_opt = build_optimizer(critic.parameters(), t, lr=t.critic_lr or t.lr)
-        optimizer = build_optimizer(policy.parameters(), t)
+        optimizer = build_optimizer([p for p in policy.parameters() if p.requires_grad], t)
         return cls(fn, policy, optimizer=optimizer, scheduler=build_scheduler(optimizer, t),
                    reference=reference, critic=critic, critic_optimizer=critic_opt,
                    ppo_epochs=t.ppo_epochs, minibatches=t.minibatches, grad_clip=t.grad_clip,
                    skip_zero_advantage=t.skip_zero_advantage,
                    temperature=scoring_temperature(cfg.rollout.temperature),
                    critic_lr_factor=(lambda step: lr_factor(step, t)) if critic_opt is not None else None,
+                   max_tokens_per_microbatch=t.max_tokens_per_microbatch,
+                   autocast_dtype=autocast_dtype(cfg.model.dtype), reference_off=reference_off,
                    **kwargs)
 
     # -- logprobs
@@ -133,14 +146,73 @@ class Trainer:
     _token_logprobs = staticmethod(token_logprobs)
 
     def _logprobs(self, model: nn.Module, batch: RolloutBatch, *, grad: bool,
-                  entropy: bool) -> tuple[Tensor, Tensor | None]:
+                  entropy: bool, groups: bool = True) -> tuple[Tensor, Tensor | None]:
         ids, attn, pos = model_inputs(batch)
         Tr = batch.response_ids.shape[1]
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), self._autocast(model):
             return self._token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
                                   entropy_grad=grad and self.fn.algorithm.uses_entropy,
-                                  chunk_size=self.logprob_chunk, group_size=batch.group_size,
+                                  chunk_size=self.logprob_chunk,
+                                  group_size=batch.group_size if groups else None,
                                   temperature=self.temperature)
+
+    def _autocast(self, model: nn.Module) -> Any:
+        """Mixed precision: the forwards compute in ``autocast_dtype`` (parameters, gradients
+        and optimizer state stay float32); a no-op without it."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        device = next(model.parameters()).device
+        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
+
+    def _values(self, batch: RolloutBatch, tr: int) -> Tensor:
+        """The critic's values [b, tr] (float32)."""
+        ids, attn, pos = model_inputs(batch)
+        with self._autocast(self.critic):
+            return self.critic(ids, attn, pos, tr).float()
+
+    # -- micro-batches (train/microbatch.py)
+
+    def _microbatches(self, batch: RolloutBatch) -> tuple[list[tuple[Tensor, float]], bool]:
+        """([(row indices, weight)], whole groups) of the forwards over ``batch``: one with
+        every row when there is no token budget. Weight 0 marks a padding copy that only keeps
+        the ranks' collectives in step (its result is discarded)."""
+        B = len(batch)
+        if not self.max_tokens_per_microbatch or B == 0:
+            return [(torch.arange(B), 1.0)], True
+        whole = "group_size" in self.fn.algorithm["aggregation"].spec.facts.needs  # e.g. prompt_mean
+        rows, by_group = plan(batch, self.max_tokens_per_microbatch, whole_groups=whole)
+        n = self._microbatch_count(len(rows))
+        if n != len(rows):
+            rows, by_group = plan(batch, self.max_tokens_per_microbatch, whole_groups=whole, min_bins=n)
+        first = next(r for r in rows if len(r))
+        return [(r, 1.0) if len(r) else (first, 0.0) for r in rows], by_group
+
+    def _microbatch_count(self, local: int) -> int:
+        """The number of micro-batches every rank runs (the largest rank's; here its own)."""
+        return local
+
+    def _per_microbatch(self, model: nn.Module, batch: RolloutBatch, what: str) -> Tensor:
+        """Old/reference logprobs (``what="logprobs"``) or values (``"values"``) [B, Tr] of
+        every row, computed micro-batch by micro-batch (no grad)."""
+        mbs, by_group = self._microbatches(batch)
+        B, Tr = batch.response_ids.shape
+        out: Tensor | None = None
+        for rows, weight in mbs:
+            if not self.max_tokens_per_microbatch:
+                sub, tr = batch, Tr
+            else:
+                sub, tr = trim(batch.select(rows))
+            if what == "values":
+                t = self._values(sub, tr)
+            else:
+                t, _ = self._logprobs(model, sub, grad=False, entropy=False, groups=by_group)
+            if weight == 0.0:
+                continue
+            if out is None:
+                out = t.new_zeros((B, Tr))
+            out[rows.to(out.device)] = widen(t, Tr)
+        assert out is not None
+        return out
 
     @torch.no_grad()
     def estimate(self, rollout: RolloutBatch, rewards: Tensor) -> TrainBatch:
@@ -167,14 +239,16 @@ class Trainer:
         algo = self.fn.algorithm
         old = None
         if not self._old_is_current():
-            old, _ = self._logprobs(self.policy, rollout, grad=False, entropy=False)
+            old = self._per_microbatch(self.policy, rollout, "logprobs")
         ref = None
-        if algo.uses_reference:
-            ref, _ = self._logprobs(self.reference, rollout, grad=False, entropy=False)
+        if algo.uses_reference and self.reference is None:
+            with self.reference_off():  # type: ignore[misc]
+                ref = self._per_microbatch(self.policy, rollout, "logprobs")
+        elif algo.uses_reference:
+            ref = self._per_microbatch(self.reference, rollout, "logprobs")
         values = None
         if algo.uses_critic:
-            ids, attn, pos = model_inputs(rollout)
-            values = self.critic(ids, attn, pos, rollout.response_ids.shape[1])
+            values = self._per_microbatch(self.critic, rollout, "values")
         return old, ref, values
 
     # -- update
@@ -218,6 +292,8 @@ class Trainer:
         return out
 
     def _step(self, batch: TrainBatch, rows: Tensor) -> dict[str, float] | None:
+        """One optimizer step on a minibatch: forward/backward micro-batch by micro-batch,
+        each loss over the minibatch's global denominator, gradients summed."""
         fn = self.fn
         algo = fn.algorithm
         G = batch.group_size
@@ -226,23 +302,26 @@ class Trainer:
         mask = batch.mask[rows]
         denom = self._global_denominator(fn.denominator(mask, G), share)
         vdenom = self._global_denominator(fn.value_denominator(mask, G), share) if algo.uses_critic else None
-        logp, ent = self._logprobs(self.policy, sub, grad=True, entropy=True)
-        values = None
-        if algo.uses_critic:
-            ids, attn, pos = model_inputs(sub)
-            values = self.critic(ids, attn, pos, sub.response_ids.shape[1])
-        old = batch.old_logprobs[rows] if batch.old_logprobs is not None else logp.detach()
-        out = fn.loss(logp, old, batch.advantages[rows], mask,
-                      ref_logprobs=_rows(batch.ref_logprobs, rows), values=values,
-                      returns=batch.returns[rows], old_values=_rows(batch.old_values, rows),
-                      entropy=ent, group_size=G, denominator=denom, value_denominator=vdenom)
-        total = out.loss if out.value_loss is None else out.loss + out.value_loss
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic_optimizer is not None:
             self.critic_optimizer.zero_grad(set_to_none=True)
-        if not self._all_finite(total):
-            return None
-        (total if share == 1.0 else total * share).backward()
+        mbs, by_group = self._microbatches(sub)
+        Tr = sub.response_ids.shape[1]
+        parts: list[tuple[dict[str, float], float, bool]] = []
+        for mb, weight in mbs:
+            w = share * weight
+            r = rows[mb]
+            if self.max_tokens_per_microbatch:
+                part, tr = trim(sub.select(mb))
+            else:
+                part, tr = sub, Tr
+            m = self._micro_step(batch, part, r, tr, denom, vdenom, w, by_group)
+            if m is None:
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.critic_optimizer is not None:
+                    self.critic_optimizer.zero_grad(set_to_none=True)
+                return None
+            parts.append((m, float(batch.mask[r].sum()) if w else 0.0, bool(w)))
         params = [p for p in self.policy.parameters() if p.grad is not None]
         gnorm = _clip(params, self.grad_clip)
         cnorm = None
@@ -256,15 +335,45 @@ class Trainer:
         self.optimizer.step()
         if self.critic_optimizer is not None:
             self.critic_optimizer.step()
-        metrics = dict(out.metrics)
-        metrics["loss"] = float(out.loss.detach())
+        metrics = combine_metrics([(m, t) for m, t, real in parts if real]
+                                  or [(m, 0.0) for m, _, _ in parts])
         metrics["grad_norm"] = gnorm
         if cnorm is not None:
             metrics["critic_grad_norm"] = cnorm
+        return self._reduce_metrics(metrics, mask, share)
+
+    def _micro_step(self, batch: TrainBatch, sub: RolloutBatch, rows: Tensor, tr: int, denom: Tensor,
+                    vdenom: Tensor | None, weight: float, groups: bool) -> dict[str, float] | None:
+        """Forward and backward of one micro-batch (rows of ``batch``, trimmed to ``tr``
+        response columns), its loss over the minibatch's denominator, scaled by ``weight``;
+        None (and no backward) when the loss is not finite on some rank."""
+        fn = self.fn
+        algo = fn.algorithm
+
+        def cols(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[rows][:, :tr]
+
+        logp, ent = self._logprobs(self.policy, sub, grad=True, entropy=True, groups=groups)
+        values = None
+        if algo.uses_critic:
+            values = self._values(sub, tr)
+        old = cols(batch.old_logprobs) if batch.old_logprobs is not None else logp.detach()
+        mask = cols(batch.mask)
+        out = fn.loss(logp, old, cols(batch.advantages), mask, ref_logprobs=cols(batch.ref_logprobs),
+                      values=values, returns=cols(batch.returns), old_values=cols(batch.old_values),
+                      entropy=ent, group_size=batch.group_size, denominator=denom,
+                      value_denominator=vdenom)
+        total = out.loss if out.value_loss is None else out.loss + out.value_loss
+        if not self._all_finite(total):
+            return None
+        (total if weight == 1.0 else total * weight).backward()
+        metrics = dict(out.metrics)
+        metrics["loss"] = float(out.loss.detach())
         valid = sub.response_mask > 0
         if batch.old_logprobs is None and valid.any():  # estimate() left the mismatch metric to us
-            metrics["rollout_logprob_diff"] = float((sub.logprobs.to(old.device) - old).abs()[valid.to(old.device)].mean())
-        return self._reduce_metrics(metrics, mask, share)
+            metrics["rollout_logprob_diff"] = float(
+                (sub.logprobs.to(old.device) - old).abs()[valid.to(old.device)].mean())
+        return metrics
 
     def _old_is_current(self) -> bool:
         """Whether the old logprobs are exactly the logprobs the update computes anyway.

@@ -24,7 +24,7 @@ import rldsl
 
 from ..batch import RolloutBatch
 from ..config import RunConfig
-from ..models import load_policy, with_tied
+from ..models import enable_gradient_checkpointing, load_policy, master_dtype, with_tied
 from ..rng import seed_all
 from ..train.logprobs import token_logprobs
 from ..train.trainer import TrainBatch, Trainer
@@ -156,6 +156,11 @@ class ShardedTrainer(Trainer):
     def _local_rows(self, rows: Tensor, group_size: int) -> tuple[Tensor, float]:
         return self._groups(rows, group_size)
 
+    def _microbatch_count(self, local: int) -> int:
+        n = torch.tensor([local], device=self.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        return int(n.item())
+
     def _global_denominator(self, local: Tensor, share: float) -> Tensor:
         total = (local.detach().float() * share).to(self.device)
         dist.all_reduce(total)
@@ -256,12 +261,12 @@ def start_rank(cfg: RunConfig, algo: rldsl.Algorithm, compile: bool, *, rank: in
     mesh = init_device_mesh(device.type, (world,))
     seed_all(cfg.seed)
     fn = rldsl.compile(algo, compile=compile)
-    policy = load_policy(cfg.model.path, cfg.model.dtype)
+    policy = load_policy(cfg.model.path, master_dtype(cfg.model.dtype))  # fp32 master weights
     policy.to(device)
-    if cfg.distributed.activation_checkpointing:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.distributed.activation_checkpointing or cfg.train.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
     mp = cfg.distributed.mixed_precision
-    mixed = mp == "bf16" or (mp == "auto" and device.type == "cuda")
+    mixed = mp == "bf16" or (mp == "auto" and (device.type == "cuda" or cfg.model.dtype != "float32"))
 
     def prepare(policy: nn.Module, reference: nn.Module | None, critic: nn.Module | None) -> None:
         for module, logprobs in ((policy, True), (reference, True), (critic, False)):

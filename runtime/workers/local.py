@@ -10,6 +10,7 @@ import torch
 from ..batch import RolloutBatch, repeat_each
 from ..checkpoint import Checkpoint, load_weights
 from ..engines.base import RolloutEngine, SamplingParams
+from ..lora import merged_weights
 from ..rewards import RewardFn
 from ..train.trainer import TrainBatch, Trainer
 from .base import Generation, TrainerState
@@ -62,7 +63,7 @@ class LocalTrainers:
         return float(self.trainer.optimizer.param_groups[0]["lr"])
 
     def weights(self) -> Iterable[tuple[str, torch.Tensor]]:
-        return ((k, v.detach()) for k, v in self.policy.state_dict().items())
+        return ((k, v.detach()) for k, v in merged_weights(self.policy).items())  # LoRA merged
 
     def checkpoint_state(self) -> TrainerState:
         t = self.trainer

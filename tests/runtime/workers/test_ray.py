@@ -89,6 +89,9 @@ def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None
     # critic (GAE), 3 minibatches of one group each: every step one rank has no group and
     # runs a zero-weighted copy; P = 3 groups split 2 + 1 when scoring
     ("ppo", {"rollout.prompts_per_step": 3, "train.minibatches": 3}),
+    # token-budget micro-batches on both sides (the ranks get different numbers of them)
+    ("grpo", {"train.max_tokens_per_microbatch": 24}),
+    ("ppo", {"train.max_tokens_per_microbatch": 24, "train.minibatches": 2}),
 ])
 def test_two_trainer_ranks_match_one_trainer(spec, over, ray_cluster, model_dir, tmp_path):
     one = loop.train(spec, config(model_dir, tmp_path / "one", **{"train.steps": 3, **over}))
