@@ -132,11 +132,16 @@ def _print_diff(d: dict) -> None:
     for c in ("slot", "", d["a"], d["b"], "from (a | b)"):
         t.add_column(c, overflow="fold")
     for s in d["slots"]:
-        mark = {"same": "=", "params differ": "~", "component differs": "≠"}[s["status"]]
+        mark = {"same": "=", "params differ": "~", "component differs": "≠", "formula differs": "≠"}[s["status"]]
         style = None if s["status"] == "same" else "yellow"
         t.add_row(s["slot"], mark, s["a"], s["b"], f"{s['a_from']} | {s['b_from']}", style=style)
         for p in s.get("params", []):
             t.add_row("", "", f"  {p['param']}={_fmt(p['a'])}", f"  {p['param']}={_fmt(p['b'])}", "",
+                      style="yellow")
+        if "a_formula" in s:  # a formula against a registry component
+            t.add_row("", "", f"  {s['a_formula']}", f"  {s['b_formula']}", "", style="yellow")
+        for b in s.get("bindings", []):  # a formula against a formula
+            t.add_row("", "", f"  {b['binding']} = {_fmt(b['a'])}", f"  {b['binding']} = {_fmt(b['b'])}", "",
                       style="yellow")
     out.print(t)
     out.print(f"{d['differences']} slot(s) differ", markup=False)

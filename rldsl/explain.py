@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import registry
+from .formula import hooks as formula_hooks
 from .spec import Algorithm, SlotValue
 
 # data-flow order of the slots in the objective
@@ -46,22 +47,28 @@ def slot_rows(algo: Algorithm) -> list[dict[str, Any]]:
     rows = []
     for slot in FLOW:
         for v in algo.slots[slot]:
-            comp = registry.get(slot, v.component)
             rows.append({
                 "slot": slot, "component": v.component,
                 "params": {k: x for k, x in v.params.items()},
-                "formula": comp.formula_with(v.params),
-                "source": comp.source,
+                "formula": _formula(v),
+                "source": formula_hooks.source(v) if v.formula is not None else
+                registry.get(slot, v.component).source,
                 "from": provenance(algo, v),
             })
     return rows
 
 
+def _formula(v: SlotValue) -> str:
+    """The slot value's formula with its parameters substituted (registry or spec formula)."""
+    if v.formula is not None:
+        return formula_hooks.text(v)
+    return registry.get(v.slot, v.component).formula_with(v.params)
+
+
 def objective_lines(algo: Algorithm) -> list[str]:
     """The whole objective as a chain of equations in data-flow order (params substituted)."""
     def f(slot: str) -> list[str]:
-        return [registry.get(slot, v.component).formula_with(v.params)
-                for v in algo.slots[slot] if v.component != "none"]
+        return [_formula(v) for v in algo.slots[slot] if v.component != "none"]
 
     out: list[str] = []
     for s in f("shaping"):
@@ -106,7 +113,10 @@ def diff(a: Algorithm, b: Algorithm) -> dict[str, Any]:
         entry: dict[str, Any] = {"slot": slot, "a": " + ".join(str(v) for v in va),
                                  "b": " + ".join(str(v) for v in vb),
                                  "a_from": provenance(a, va[0]), "b_from": provenance(b, vb[0])}
-        if ca != cb:
+        spec_formula = formula_hooks.diff_slot(va[0], vb[0]) if len(va) == len(vb) == 1 else None
+        if spec_formula is not None:  # a formula on either side: compared binding by binding
+            entry.update(spec_formula)
+        elif ca != cb:
             entry["status"] = "component differs"
         else:
             changes = []

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from . import registry
 from .errors import ErrorList, Span, SpecError, SpecErrors, did_you_mean
+from .formula import hooks as formula_hooks
 from .parser import ArgNode, ComponentNode, SpecFile, Word, parse
 
 ParamValue = float | int | bool | str | None
@@ -48,6 +49,7 @@ class SlotValue(BaseModel):
     params: dict[str, ParamValue]
     origin: Origin | None = None
     param_origins: dict[str, Origin] = {}
+    formula: Any = None  # a component written in the spec: rldsl.formula.check.Formula
 
     @property
     def spec(self) -> registry.Component:
@@ -91,6 +93,8 @@ class Algorithm(BaseModel):
     @property
     def kl_in(self) -> str | None:
         kl = self["kl"]
+        if kl.formula is not None:
+            return formula_hooks.kl_in(kl)
         return None if kl.component == "none" else str(kl.params["where"])
 
     @property
@@ -262,6 +266,9 @@ def check_file(spec: SpecFile, errors: ErrorList) -> _Raw:
                        hint=f"the description is given at line {spec.descriptions[0].span.line}")
     slots: dict[str, list[SlotValue]] = {}
     spans: dict[str, Span] = {}
+    defines = formula_hooks.defines(spec, errors)  # components written in the spec
+    reported: set[tuple[str, Span]] = set()
+    used: set[str] = set()
     for node in spec.slots:
         sname = node.name.text
         if sname not in registry.SLOTS:
@@ -287,7 +294,16 @@ def check_file(spec: SpecFile, errors: ErrorList) -> _Raw:
         vals: list[SlotValue] = []
         names_seen: set[str] = set()
         for cnode in node.components:
-            v = _check_component(sname, cnode, name, errors)
+            cname = cnode.name.text
+            if cname in defines:
+                used.add(cname)
+                v = formula_hooks.slot_value(sname, cnode, defines[cname], name, spec.file, errors, reported)
+            elif cname not in registry.REGISTRY[sname] and formula_hooks.unknown_hint(cname, defines):
+                errors.add(f"unknown {sname} '{cname}'", cnode.name.span,
+                           hint=formula_hooks.unknown_hint(cname, defines))
+                v = None
+            else:
+                v = _check_component(sname, cnode, name, errors)
             if v is None:
                 continue
             if v.component in names_seen:
@@ -300,6 +316,7 @@ def check_file(spec: SpecFile, errors: ErrorList) -> _Raw:
             vals.append(v)
         if len(vals) == len(node.components):
             slots[sname] = vals
+    formula_hooks.unused(defines, used, errors)
     return _Raw(name=name, parent=spec.extends.text if spec.extends else None,
                 parent_span=spec.extends.span if spec.extends else None,
                 header_span=spec.name.span, description=description, slots=slots, slot_spans=spans)
@@ -353,6 +370,9 @@ def _sequence_ratio_needs_sequence_safe_region(slots):  # type: ignore[no-untype
     if _c(slots, "ratio") == "sequence" and _c(slots, "trust_region") in ("tv", "kl_div"):
         yield "trust_region", "divergence trust regions are per token; they do not apply to a sequence ratio", \
             "use `ratio token`, or trust_region clip"
+
+
+RULES.append(formula_hooks.rule)
 
 
 # ---------------------------------------------------------------------------------------

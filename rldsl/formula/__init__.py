@@ -1,0 +1,1 @@
+"""Formulas in specs: components written in mathematical notation inside a .rl file."""

@@ -1,0 +1,199 @@
+"""Where formulas meet the rest of rldsl: the spec checker, the code generator, the compiled
+algorithm and ``explain`` each call one function here, so the formula language stays in
+this package.
+
+A formula fills a slot like a registry component: its ``SlotValue`` has the define's name
+as ``component``, the resolved parameters as ``params`` and the checked :class:`Formula`
+as ``formula``; the generated code holds its lines where the component call would be.
+"""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from .. import registry
+from ..errors import ErrorList, Span, did_you_mean
+from . import emit, lang, masked
+from .check import Formula, check_use
+from .nodes import Define
+from .render import binding as render_binding
+from .render import render
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..parser import ComponentNode, SpecFile
+    from ..spec import Algorithm, SlotValue
+
+_DEFINE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+RESERVED = {"none", "formula", "define", "end"}
+
+# ---------------------------------------------------------------------------------------
+# spec.check_file
+
+
+def defines(spec: "SpecFile", errors: ErrorList) -> dict[str, Define]:
+    """The file's defines by name; bad or duplicate names are errors (and left out)."""
+    out: dict[str, Define] = {}
+    taken = {c: s for s, comps in registry.REGISTRY.items() for c in comps}
+    for d in spec.defines:
+        if not _DEFINE_NAME.fullmatch(d.name):
+            low = d.name.lower()
+            errors.add(f"define name '{d.name}' must start with a lower case letter, then lower case "
+                       "letters, digits or '_'", d.name_span,
+                       hint=f"e.g. {low!r}" if _DEFINE_NAME.fullmatch(low) else None)
+        elif d.name in out:
+            first = out[d.name].name_span
+            errors.add(f"define '{d.name}' is given twice", d.name_span, hint=f"first given at line {first.line}")
+        elif d.name in taken or d.name in RESERVED or d.name in registry.SLOTS:
+            what = (f"the {taken[d.name]} component" if d.name in taken else
+                    "a slot" if d.name in registry.SLOTS else "a reserved word")
+            errors.add(f"define '{d.name}' has the name of {what}", d.name_span,
+                       hint="give the formula its own name")
+        else:
+            out[d.name] = d
+    return out
+
+
+def unknown_hint(cname: str, defs: dict[str, Define]) -> str | None:
+    """A did-you-mean for a slot line naming a define with a typo."""
+    return did_you_mean(cname, defs) if cname not in defs else None
+
+
+def slot_value(slot: str, node: "ComponentNode", define: Define, algorithm: str, file: str,
+               errors: ErrorList, reported: set[tuple[str, Span]]) -> "SlotValue | None":
+    """Check ``define`` as the component of ``slot`` (the slot line is ``node``)."""
+    from ..spec import SlotValue, _origin
+    f = check_use(slot, define, node.args, node.name.span, file, errors, reported)
+    if f is None:
+        return None
+    origins = {a.name.text: _origin(algorithm, a.name.span) for a in node.args}
+    return SlotValue(slot=slot, component=define.name, params=dict(f.params),
+                     origin=_origin(algorithm, node.name.span), param_origins=origins, formula=f)
+
+
+def unused(defs: dict[str, Define], used: set[str], errors: ErrorList) -> None:
+    for name, d in defs.items():
+        if name not in used:
+            errors.add(f"define '{name}' is not used by any slot", d.name_span,
+                       hint=f"fill a slot with it, e.g. `trust_region {name}`, or remove it")
+
+
+def rule(slots: dict[str, list["SlotValue"]]) -> Iterator[tuple[str, str, str | None]]:
+    """Cross-slot rules for formulas (spec.RULES)."""
+    obj, tr = slots["objective"][0], slots["trust_region"][0]
+    if obj.formula is not None and not obj.formula.reads_any("w", "rho") and tr.component != "none":
+        yield "trust_region", (f"objective '{obj.component}' reads neither w nor rho: "
+                               f"trust_region '{tr.component}' would have no effect"), \
+            "use `trust_region none`, or read w in the objective"
+
+
+def kl_in(v: "SlotValue") -> str | None:
+    """Where a formula KL goes: always the loss (a formula is evaluated with the policy)."""
+    return "loss" if v.formula is not None else None
+
+
+# ---------------------------------------------------------------------------------------
+# codegen and compiled
+
+
+def code(algo: "Algorithm", v: "SlotValue", where: str) -> str:
+    """The formula's lines, indented for the template (the first line's indent is the template's)."""
+    f: Formula = v.formula
+    values = algo.slots[v.slot]
+    prefix = f.spec.prefix + (str(values.index(v) + 1) if len(values) > 1 else "")
+    return "\n    ".join(emit.lines(f, where, prefix))
+
+
+def uses_ratio(algo: "Algorithm", registry_answer: bool) -> bool:
+    """Whether loss() computes rho and w: as the registry decides, or as the formulas read them."""
+    obj = algo["objective"]
+    answer = registry_answer if obj.formula is None else obj.formula.reads_any("w", "rho")
+    for s in ("kl", "entropy"):
+        f = algo[s].formula
+        if f is not None and f.reads_any("w", "rho"):
+            answer = True
+    return answer
+
+
+def needs_group_size(algo: "Algorithm") -> str | None:
+    """The loss slot whose formula reads groups (so loss() needs group_size=), or None."""
+    for s, spec in lang.SLOTS.items():
+        if spec.stage == "loss":
+            for v in algo.slots[s]:
+                if v.formula is not None and v.formula.uses_groups:
+                    return f"{s} {v.component}"
+    return None
+
+
+_DENOMINATORS: dict[str, Callable[..., Any]] = {}
+
+
+def denominator(algo: "Algorithm", mask: Any, group_size: int) -> Any:
+    """The count of an aggregation formula for ``mask`` (what ``fn.denominator`` returns)."""
+    from ..codegen import load_function
+    v = algo["aggregation"]
+    body = "\n    ".join(emit.lines(v.formula, f"aggregation {v.component}"))
+    source = ("def denominator(mask, group_size):\n"
+              "    mask = mask.to(torch.float32)\n"
+              f"    {body}\n"
+              "    return torch.as_tensor(count, dtype=mask.dtype)\n")
+    if source not in _DENOMINATORS:
+        _DENOMINATORS[source] = load_function(source, "denominator")
+    return _DENOMINATORS[source](mask, group_size)
+
+
+NAMESPACE = {"fx": masked}
+
+
+# ---------------------------------------------------------------------------------------
+# explain
+
+
+def text(v: "SlotValue", values: bool = True) -> str:
+    """A formula slot as one line: its outputs, then the bindings they use (parameters
+    replaced by their values unless ``values`` is False)."""
+    f: Formula = v.formula
+    subs = f.params if values else {}
+    by_name = {b.name: b for b in f.define.bindings}
+    outs = [render_binding(by_name[o], subs) for o in f.outputs]
+    rest = [render_binding(by_name[n], subs) for n in f.order if n not in f.outputs]
+    return ";  ".join(outs) + (",  with " + ";  ".join(rest) if rest else "")
+
+
+def source(v: "SlotValue") -> str:
+    f: Formula = v.formula
+    return f"formula, define {f.name} ({f.file}:{f.define.name_span.line})"
+
+
+def bindings(v: "SlotValue") -> dict[str, str]:
+    """Each computed binding as text, parameters by name (what a formula-vs-formula diff compares)."""
+    f: Formula = v.formula
+    by_name = {b.name: b for b in f.define.bindings}
+    return {n: render(by_name[n].expr) for n in f.order}
+
+
+def diff_slot(va: "SlotValue", vb: "SlotValue") -> dict[str, Any] | None:
+    """The diff of a slot where either side is a formula (None: neither is)."""
+    fa, fb = va.formula, vb.formula
+    if fa is None and fb is None:
+        return None
+    entry: dict[str, Any] = {}
+    names = list(va.params) + [k for k in vb.params if k not in va.params]
+    params = [{"param": k, "a": va.params.get(k), "b": vb.params.get(k)} for k in names
+              if va.params.get(k) != vb.params.get(k)]
+    if fa is not None and fb is not None:
+        ba, bb = bindings(va), bindings(vb)
+        changed = [{"binding": k, "a": ba.get(k), "b": bb.get(k)}
+                   for k in list(ba) + [k for k in bb if k not in ba] if ba.get(k) != bb.get(k)]
+        same_params = set(fa.defaults) == set(fb.defaults)
+        if changed or not same_params:
+            entry["status"] = "formula differs"
+            entry["bindings"] = changed
+        else:
+            entry["status"] = "params differ" if params else "same"
+    else:
+        entry["status"] = "component differs"
+        entry["a_formula"] = text(va) if fa is not None else registry.get(va.slot, va.component).formula_with(va.params)
+        entry["b_formula"] = text(vb) if fb is not None else registry.get(vb.slot, vb.component).formula_with(vb.params)
+    if params:
+        entry["params"] = params
+    return entry
