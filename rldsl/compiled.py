@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from . import codegen, ops
+from .formula import hooks as formula_hooks
 from .spec import Algorithm
 
 _COMPILED: dict[str, Callable[..., Any]] = {}
@@ -173,6 +174,11 @@ class CompiledAlgorithm:
         agg = self.algorithm["aggregation"]
         if agg.component == "prompt_mean" and group_size is None:
             raise ValueError(f"{self.algorithm.name}: prompt_mean aggregation needs group_size=")
+        if agg.formula is not None:  # written in the spec: the count of its generated lines
+            if group_size is None and formula_hooks.needs_group_size(self.algorithm):
+                raise ValueError(f"{self.algorithm.name}: {formula_hooks.needs_group_size(self.algorithm)} "
+                                 "reads groups: pass group_size=")
+            return formula_hooks.denominator(self.algorithm, mask, group_size or 1)
         comp = REGISTRY["aggregation"][agg.component]
         _, count = comp.fn(mask.float(), group_size or 1, **comp.fn_params(agg.params))
         return count
@@ -196,6 +202,8 @@ class CompiledAlgorithm:
             raise ValueError(f"{algo.name}: entropy bonus needs entropy=")
         if algo["aggregation"].component == "prompt_mean" and group_size is None:
             raise ValueError(f"{algo.name}: prompt_mean aggregation needs group_size=")
+        if group_size is None and formula_hooks.needs_group_size(algo):
+            raise ValueError(f"{algo.name}: {formula_hooks.needs_group_size(algo)} reads groups: pass group_size=")
         if denominator is not None and not isinstance(denominator, Tensor):
             denominator = torch.tensor(float(denominator))
         fn = self._loss

@@ -218,3 +218,25 @@ def lines(f: Formula, where: str, prefix: str | None = None) -> list[str]:
     params = ", ".join(f"{k}={number(v)}" for k, v in f.params.items())
     header = f"# {where} (formula" + (f": {params})" if params else ")")
     return _Emitter(f, prefix or f.spec.prefix).lines(header)
+
+
+# the template variable that holds each output after the formula's lines
+_RESULT = {"w": "w", "l": "pg", "kl": "kl_t", "term": "per_token", "weights": "weights", "count": "count",
+           "log_rho": "log_ratio", "r": "r", "b": "adv", "A": "adv", "keep": "keep"}
+
+
+def function_source(f: Formula) -> str:
+    """A standalone ``def formula(...)`` holding ``f``'s lines, returning its outputs by name:
+    the formula alone, outside a loss, e.g. to test it against a hand-written reference.
+
+    Loss-stage arguments: rho, w, adv, logp, old_logp, ref_logp, ent, mask, group_size;
+    advantage-stage: r, adv, mask, group_size, batch (an ``AdvantageBatch``: its valid rows)."""
+    if f.spec.stage == "loss":
+        head = "def formula(rho, w, adv, logp, old_logp, ref_logp, ent, mask, group_size):"
+        init = ["per_token = torch.zeros_like(mask)"]
+    else:
+        head = "def formula(r, adv, mask, group_size, batch):"
+        init = ["keep = torch.ones_like(r)"]
+    body = init + lines(f, f"{f.slot} {f.name}")
+    outs = ", ".join(f"{o!r}: {_RESULT[o]}" for o in f.outputs)
+    return head + "\n    " + "\n    ".join(body) + "\n    return {" + outs + "}\n"

@@ -144,6 +144,12 @@ def denominator(algo: "Algorithm", mask: Any, group_size: int) -> Any:
 NAMESPACE = {"fx": masked}
 
 
+def function(v: "SlotValue") -> Callable[..., dict[str, Any]]:
+    """The formula of slot value ``v`` as a plain function (see :func:`emit.function_source`)."""
+    from ..codegen import load_function
+    return load_function(emit.function_source(v.formula), "formula")
+
+
 # ---------------------------------------------------------------------------------------
 # explain
 
