@@ -167,18 +167,18 @@ class _Checker:
             self.add(f"'{name}' is a function: call it, e.g. {name}(x)", node.span)
             return
         known = sorted(self.inputs | set(self.bindings) | set(self.params))
-        hint = did_you_mean(name, known)
-        if hint is None and name in lang.INPUTS:
+        if name in lang.INPUTS:  # an input of other slots
             others = [s for s, fs in lang.SLOTS.items() if name in fs.inputs]
-            hint = (f"{self.slot} formulas read: " + ", ".join(self.spec.inputs) +
-                    f" ('{name}' is read by " + ", ".join(others) + " formulas)")
-        elif hint is None:
+            self.add(f"'{name}' is not an input of {self.slot}", node.span,
+                     hint=f"{name} is read by " + ", ".join(others) + f" formulas; {self.slot} formulas read: " +
+                     ", ".join(self.spec.inputs))
+            return
+        hint = did_you_mean(name, known)
+        if hint is None:
             hint = f"{self.slot} formulas read: " + ", ".join(self.spec.inputs) + \
                 ("; parameters and bindings: " + ", ".join(sorted(set(self.bindings) | set(self.params)))
                  if self.bindings or self.params else "")
-        what = "input" if name in lang.INPUTS else "name"
-        self.add(f"unknown {what} '{name}'" + (f" for {self.slot}" if what == "input" else ""), node.span,
-                 hint=hint)
+        self.add(f"unknown name '{name}'", node.span, hint=hint)
 
     # -- expressions --------------------------------------------------------------------
 
@@ -228,6 +228,9 @@ class _Checker:
 
     def binary(self, e: Binary) -> Typed | None:
         a, b = self.expr(e.left), self.expr(e.right)
+        if e.op == "/" and b is not None and b.const is not None and b.const == 0:
+            self.zero_division(b)  # also when the numerator has an error of its own
+            return None
         if a is None or b is None:
             return None
         word = f"'{e.op}'"
@@ -237,9 +240,6 @@ class _Checker:
         if e.op not in ARITHMETIC:
             const = None if a.const is None or b.const is None else _compare(e.op, a.const, b.const)
             return Typed(e, "bool", rank, const, "binary", e.op, (a, b))
-        if e.op == "/" and b.const is not None and b.const == 0:
-            self.zero_division(b)
-            return None
         if e.op == "^" and a.const == 0 and b.const is not None and b.const < 0:
             self.zero_division(a)
             return None
@@ -547,8 +547,8 @@ def _order(c: _Checker, outputs: list[str], add: _Reporter) -> list[str] | None:
         if state.get(name) == 2:
             return True
         if state.get(name) == 1:
-            cycle = path[path.index(name):] + [name]
-            add(f"'{name}' depends on itself: " + " -> ".join(cycle), c.bindings[path[-1]].name_span)
+            cycle = path[path.index(name):]  # ends with name again
+            add(f"'{name}' depends on itself: " + " -> ".join(cycle), c.bindings[name].name_span)
             return False
         state[name] = 1
         ok = all(visit(d, path + [d]) for d in deps(name))

@@ -44,7 +44,7 @@ def defines(spec: "SpecFile", errors: ErrorList) -> dict[str, Define]:
             first = out[d.name].name_span
             errors.add(f"define '{d.name}' is given twice", d.name_span, hint=f"first given at line {first.line}")
         elif d.name in taken or d.name in RESERVED or d.name in registry.SLOTS:
-            what = (f"the {taken[d.name]} component" if d.name in taken else
+            what = (f"a {taken[d.name]} component" if d.name in taken else
                     "a slot" if d.name in registry.SLOTS else "a reserved word")
             errors.add(f"define '{d.name}' has the name of {what}", d.name_span,
                        hint="give the formula its own name")
