@@ -33,6 +33,9 @@ CODE_WORDS = frozenset({"torch", "fx", "where", "clamp", "minimum", "maximum", "
                         "w", "rho", "logp", "old_logp", "ref_logp", "ent", "log_ratio", "pg", "kl_t",
                         "weights", "count", "formula"}
                        | {f.code.split(".")[-1] for f in lang.FUNCTIONS.values() if f.code})
+# words of the comments the emitter writes itself (besides the formula, rendered from the tree)
+COMMENT_WORDS = frozenset({"rows", "with", "tokens", "a", "real", "reward", "formula", "B", "T"}
+                          | set(lang.FUNCTIONS) | set(lang.INPUTS))
 _GENERATED = re.compile(r"^(?:sh\d*|bl|no|fi\d*|ra|tr|ob|kl|en|ag)_(?:\d+|rows|L|G|B|T)$")
 
 
