@@ -129,13 +129,12 @@ class _Emitter:
             x, p = self.code(args[0])
             return (x if p == _ATOM else f"({x})") + ".detach()", _ATOM
         if f.kind == "minmax":
-            return self.minmax(f.name, args[0], args[1], t.rank), _ATOM
+            return self.minmax(f.name, self.part(args[0]), self.part(args[1]), t.rank)[0], _ATOM
         if f.kind == "clamp":
-            x, lo, hi = args
-            if lo.const is not None and hi.const is not None:
-                return f"torch.clamp({self.code(x)[0]}, min={_literal(lo.const)}, max={_literal(hi.const)})", _ATOM
-            inner = self.minmax("max", x, lo, max(x.rank, lo.rank))
-            return self.minmax_code("min", inner, max(x.rank, lo.rank), hi, t.rank), _ATOM
+            x, lo, hi = (self.part(a) for a in args)
+            if lo[2] is not None and hi[2] is not None:
+                return f"torch.clamp({x[0]}, min={_literal(lo[2])}, max={_literal(hi[2])})", _ATOM
+            return self.minmax("min", self.minmax("max", x, lo, t.rank), hi, t.rank)[0], _ATOM
         if f.kind == "where":
             c, a, b = args
             x = self.aligned(c, t.rank)[0]
@@ -155,20 +154,29 @@ class _Emitter:
         valid = "mask" if x.rank == 2 else self.rows()
         return f"{f.code}({xs}, {q}{valid})", _ATOM
 
-    def minmax(self, name: str, a: Typed, b: Typed, rank: int) -> str:
-        if a.const is not None:
-            a, b = b, a
-        return self.minmax_code(name, self.aligned(a, rank)[0], a.rank, b, rank)
+    def part(self, t: Typed) -> tuple[str, int, float | bool | None]:
+        """(code, rank, constant) of a checked expression, for min / max / clamp."""
+        return self.code(t)[0], t.rank, t.const
 
-    def minmax_code(self, name: str, x: str, x_rank: int, b: Typed, rank: int) -> str:
-        """min/max of code ``x`` and ``b``: a clamp against a constant (its gradient passes at
-        the bound, as the registry's clamps), else torch.minimum / torch.maximum."""
-        if b.const is not None:
-            return f"torch.clamp({x}, {'max' if name == 'min' else 'min'}={_literal(b.const)})"
-        if x_rank == 1 and rank == 2:
-            x = (x if re.fullmatch(r"[A-Za-z_][\w.]*", x) else f"({x})") + ".unsqueeze(-1)"
-        y = self.aligned(b, rank)[0]
-        return f"torch.{'minimum' if name == 'min' else 'maximum'}({x}, {y})"
+    def minmax(self, name: str, a: tuple[str, int, float | bool | None], b: tuple[str, int, float | bool | None],
+               rank: int) -> tuple[str, int, float | bool | None]:
+        """min/max of two parts: folded if both are constants; a clamp against a constant (its
+        gradient passes at the bound, as the registry's clamps); else torch.minimum / maximum."""
+        pick = min if name == "min" else max
+        if a[2] is not None and b[2] is not None:
+            c = pick(float(a[2]), float(b[2]))
+            return _literal(c), 0, c
+        if a[2] is not None:
+            a, b = b, a
+        out_rank = max(a[1], b[1])
+        if b[2] is not None:
+            return f"torch.clamp({a[0]}, {'max' if name == 'min' else 'min'}={_literal(b[2])})", out_rank, None
+        x, y = (self.unsqueezed(p[0]) if p[1] == 1 and out_rank == 2 else p[0] for p in (a, b))
+        return f"torch.{'minimum' if name == 'min' else 'maximum'}({x}, {y})", out_rank, None
+
+    @staticmethod
+    def unsqueezed(code: str) -> str:
+        return (code if re.fullmatch(r"[A-Za-z_][\w.]*", code) else f"({code})") + ".unsqueeze(-1)"
 
     # -- lines ------------------------------------------------------------------------
 
