@@ -125,6 +125,8 @@ def test_the_property_sees_failures() -> None:
 # Formulas: random expressions either fail with a SpecError or run, with the slot's shapes
 
 
+import functools  # noqa: E402
+
 import torch  # noqa: E402
 
 from rldsl.formula import hooks, lang  # noqa: E402
@@ -138,6 +140,7 @@ FUNCS = sorted(lang.FUNCTIONS) + ["mean", "max", "foo", "sg"]
 OPS = ["+", "-", "*", "/", "^", "<", ">=", "==", "!="]
 
 
+@functools.lru_cache(maxsize=None)
 def _expr(depth: int = 3) -> st.SearchStrategy[str]:
     leaf = st.sampled_from(NAMES + NUMBERS)
     return st.recursive(leaf, lambda c: st.one_of(
@@ -147,12 +150,13 @@ def _expr(depth: int = 3) -> st.SearchStrategy[str]:
         c.map(lambda x: f"-{x}")), max_leaves=8)
 
 
-def _typed(names: list[str], kind: str, depth: int) -> st.SearchStrategy[str]:
+@functools.lru_cache(maxsize=None)
+def _typed(names: tuple[str, ...], kind: str, depth: int) -> st.SearchStrategy[str]:
     """Mostly well-formed expressions over ``names``: many pass the checker and reach the code."""
     if kind == "bool":
         return st.tuples(_typed(names, "num", depth), st.sampled_from(["<", "<=", ">", ">=", "==", "!="]),
                          _typed(names, "num", depth)).map(lambda t: f"{t[0]} {t[1]} {t[2]}")
-    leaf = st.sampled_from(names + ["0", "1", "0.5", "2", "1e-6"])
+    leaf = st.sampled_from(names + ("0", "1", "0.5", "2", "1e-6"))
     if depth == 0:
         return leaf
     sub = _typed(names, "num", depth - 1)
@@ -181,7 +185,7 @@ def formula_spec(draw: st.DrawFn) -> tuple[str, str]:
     if slot == "kl":
         lines.append("beta = 0.1")
     for o in (spec.outputs[:1] if spec.one_of else spec.outputs):
-        value = draw(_typed(list(spec.inputs), o.kind, 3)) if typed else draw(_expr())
+        value = draw(_typed(tuple(spec.inputs), o.kind, 3)) if typed else draw(_expr())
         lines.append(f"{o.name} = {value}")
     text = ("algorithm fuzz\n  define gate\n" + "".join(f"    {ln}\n" for ln in lines) +
             f"  end\n  {slot}  gate\n")
