@@ -29,7 +29,7 @@ _OP_PREC = {"+": _ADD, "-": _ADD, "*": _MUL, "/": _MUL, "^": _POW,
 # every identifier the emitter itself writes (the injection tests check generated code against it)
 CODE_WORDS = frozenset({"torch", "fx", "where", "clamp", "minimum", "maximum", "min", "max", "detach",
                         "unsqueeze", "sum", "to", "dtype", "shape", "mask", "batch", "valid_rows",
-                        "group_size", "spread", "scalar", "keep", "per_token", "returns", "adv", "r",
+                        "group_size", "spread", "scalar", "size", "keep", "per_token", "returns", "adv", "r",
                         "w", "rho", "logp", "old_logp", "ref_logp", "ent", "log_ratio", "pg", "kl_t",
                         "weights", "count", "formula"}
                        | {f.code.split(".")[-1] for f in lang.FUNCTIONS.values() if f.code})
@@ -79,7 +79,7 @@ class _Emitter:
         if name == "L":
             return self._pre("L", code, "L  [B]")
         if inp.rank == 0:
-            return self._pre(name, f"fx.scalar({code}, mask)", f"{name}  []")
+            return self._pre(name, code if code.startswith("fx.") else f"fx.scalar({code}, mask)", f"{name}  []")
         return code
 
     # -- expressions ------------------------------------------------------------------

@@ -36,8 +36,8 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("r", 1, "sequence reward (after shaping)", advantage="r"),
     Input("L", 1, "response length: sum_t mask", loss="mask.sum(-1)", advantage="mask.sum(-1)"),
     Input("G", 0, "group size (samples per prompt)", loss="group_size", advantage="group_size"),
-    Input("B", 0, "rows in the batch", loss="mask.shape[0]", advantage="mask.shape[0]"),
-    Input("T", 0, "padded response length", loss="mask.shape[1]", advantage="mask.shape[1]"),
+    Input("B", 0, "rows in the batch", loss="fx.size(mask, 0)", advantage="fx.size(mask, 0)"),
+    Input("T", 0, "padded response length", loss="fx.size(mask, 1)", advantage="fx.size(mask, 1)"),
 ]}
 
 

@@ -34,6 +34,12 @@ def spread(x: Tensor | float | bool, like: Tensor) -> Tensor:
     return x.expand_as(like)
 
 
+def size(mask: Tensor, dim: int) -> Tensor:
+    """B (dim 0) or T (dim 1) as a 0-dim tensor of the mask's dtype, by a sum: torch.compile keeps
+    the size symbolic (a tensor made from the int would fix it in the compiled code)."""
+    return mask.new_ones(mask.shape[dim]).sum()
+
+
 def scalar(x: float | int, like: Tensor) -> Tensor:
     """A number (G, B, T, or a constant branch of ``where``) as a 0-dim tensor of ``like``'s dtype."""
     return _as(x, like)
