@@ -20,6 +20,7 @@ from typing import Callable
 from ..errors import ErrorList, Span, did_you_mean
 from . import lang
 from .nodes import ARITHMETIC, Binary, Binding, Call, Define, Expr, Name, Neg, Num, literal_number, walk
+from .render import render
 
 _BINDING_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
@@ -106,8 +107,8 @@ class _Reporter:
 # Parameters given on the slot line
 
 
-def _override(arg, slot: str, define: Define, params: dict[str, float],  # noqa: ANN001 - parser.ArgNode
-              add: _Reporter) -> float | None:
+def _override(arg, define: Define, params: dict[str, float], add: _Reporter) -> float | None:  # noqa: ANN001
+    """The number a slot line gives parameter ``arg.name`` (a parser ``ArgNode``), or None."""
     name, kind, text, span = arg.name.text, arg.kind, arg.value.text, arg.value.span
     if kind == "string":
         add(f"argument '{name}' takes a number, not a string", span,
@@ -249,13 +250,12 @@ class _Checker:
         return self.folded(Typed(e, "num", rank, const, "binary", e.op, (a, b)))
 
     def zero_division(self, t: Typed) -> None:
-        from .render import render
         params = sorted({n.name for n in walk(t.node) if isinstance(n, Name) and n.name in self.params})
         hint = None
         if params:
             hint = "with " + ", ".join(f"{p} = {_num(self.params[p])}" for p in params)
         text = render(t.node)
-        self.add("division by zero" + ("" if _is_zero_literal(t.node) else f": {text} is 0"),
+        self.add("division by zero" + ("" if literal_number(t.node) else f": {text} is 0"),
                  t.node.span, hint=hint)
 
     def call(self, e: Call) -> Typed | None:
@@ -287,7 +287,7 @@ class _Checker:
         if all(c is not None for c in consts):
             const = _fold(f, [float(c) for c in consts])  # type: ignore[arg-type]
             if const is None:
-                self.add(f"{render_call(e)} has no finite value", e.span)
+                self.add(f"{render(e)} has no finite value", e.span)
                 return None
         if f.kind == "clamp" and targs[1].const is not None and targs[2].const is not None \
                 and targs[1].const > targs[2].const:
@@ -345,15 +345,6 @@ class _Checker:
         self.add(f"unknown function '{name}'", e.func_span,
                  hint=hint or "functions: " + ", ".join(n for n in lang.FUNCTIONS if "_" not in n or n == "sg") +
                  " and the masked reductions seq_/group_/batch_ + sum, mean, std, max, min, quantile")
-
-
-def _is_zero_literal(e: Expr) -> bool:
-    return literal_number(e)
-
-
-def render_call(e: Call) -> str:
-    from .render import render
-    return render(e)
 
 
 def _compare(op: str, a: float | bool, b: float | bool) -> bool:
@@ -455,7 +446,7 @@ def check_use(slot: str, define: Define, args: tuple, use_span: Span, file: str,
                 hint=f"first given at line {first.line}, column {first.column}")
             continue
         seen_args[an] = arg.name.span
-        value = _override(arg, slot, define, defaults, add)
+        value = _override(arg, define, defaults, add)
         if value is not None:
             params[an] = value
     for p in spec.params:  # parameters the slot itself needs

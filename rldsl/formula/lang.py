@@ -150,3 +150,35 @@ for _s in SCOPES:
 ALIASES = {"stop_gradient": "sg", "detach": "sg", "stopgrad": "sg", "clip": "clamp", "minimum": "min",
            "maximum": "max", "sgn": "sign", "ln": "log", "exp2": None, "pow": None}
 UNSCOPED = set(REDUCTIONS) | {"avg", "var", "median", "count"}
+
+
+# ---------------------------------------------------------------------------------------
+# The tables of docs/formulas.md (a test checks the document holds them as printed here)
+
+
+def slot_table() -> str:
+    """Markdown: per slot, where it runs, what its formula reads and what it must bind."""
+    rows = ["| slot | runs in | reads | binds |", "|---|---|---|---|"]
+    for s, fs in SLOTS.items():
+        outs = (" or " if fs.one_of else ", ").join(
+            f"`{o.name}` {SHAPES[o.rank]}" + (" true/false" if o.kind == "bool" else "") for o in fs.outputs)
+        extra = "; parameter `beta` (its coefficient)" if fs.params else ""
+        rows.append(f"| {s} | {fs.stage}() | {', '.join(fs.inputs)} | {outs}{extra} |")
+    return "\n".join(rows)
+
+
+def input_table() -> str:
+    """Markdown: every input name, its shape and meaning."""
+    rows = ["| name | shape | meaning |", "|---|---|---|"]
+    rows += [f"| `{i.name}` | {SHAPES[i.rank]} | {i.doc} |" for i in INPUTS.values()]
+    return "\n".join(rows)
+
+
+def function_table() -> str:
+    """Markdown: the closed set of functions."""
+    rows = ["| function | meaning |", "|---|---|"]
+    rows += [f"| `{f.name}` | {f.doc} |" for f in FUNCTIONS.values() if f.kind != "reduce"]
+    for scope, doc in SCOPES.items():
+        names = ", ".join(f"`{scope}_{r}`" + ("(x, q)" if r == "quantile" else "") for r in REDUCTIONS)
+        rows.append(f"| {names} | masked, {doc} |")
+    return "\n".join(rows)

@@ -57,6 +57,7 @@ def _moments(x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 
 def _reduce(x: Tensor, v: Tensor, how: str, q: float = 0.5) -> Tensor:
     """Reduce the last dim of ``x`` over the entries where ``v`` (bool) holds (keepdim)."""
+    x = torch.where(v, x, torch.zeros_like(x))  # first: inf / NaN padding reaches no value or gradient
     if how == "sum":
         return torch.where(v, x, torch.zeros_like(x)).sum(-1, keepdim=True)
     if how in ("mean", "std"):
@@ -95,25 +96,75 @@ def _batch(x: Tensor | float, valid: Tensor, how: str, q: float = 0.5) -> Tensor
     return _reduce(x.expand_as(valid).reshape(-1), valid.reshape(-1) > 0, how, q).reshape(())
 
 
-def seq_sum(x, mask): return _seq(x, mask, "sum")  # noqa: E704, ANN001, ANN201, D103
-def seq_mean(x, mask): return _seq(x, mask, "mean")  # noqa: E704, ANN001, ANN201, D103
-def seq_std(x, mask): return _seq(x, mask, "std")  # noqa: E704, ANN001, ANN201, D103
-def seq_max(x, mask): return _seq(x, mask, "max")  # noqa: E704, ANN001, ANN201, D103
-def seq_min(x, mask): return _seq(x, mask, "min")  # noqa: E704, ANN001, ANN201, D103
-def seq_quantile(x, q, mask): return _seq(x, mask, "quantile", q)  # noqa: E704, ANN001, ANN201, D103
+# The reductions of the formula language (lang.FUNCTIONS): scope_reduction(x[, q], valid ...).
+
+def seq_sum(x: Tensor | float, mask: Tensor) -> Tensor:
+    return _seq(x, mask, "sum")
 
 
-def group_sum(x, rows, G): return _group(x, rows, G, "sum")  # noqa: E704, ANN001, ANN201, D103
-def group_mean(x, rows, G): return _group(x, rows, G, "mean")  # noqa: E704, ANN001, ANN201, D103
-def group_std(x, rows, G): return _group(x, rows, G, "std")  # noqa: E704, ANN001, ANN201, D103
-def group_max(x, rows, G): return _group(x, rows, G, "max")  # noqa: E704, ANN001, ANN201, D103
-def group_min(x, rows, G): return _group(x, rows, G, "min")  # noqa: E704, ANN001, ANN201, D103
-def group_quantile(x, q, rows, G): return _group(x, rows, G, "quantile", q)  # noqa: E704, ANN001, ANN201, D103
+def seq_mean(x: Tensor | float, mask: Tensor) -> Tensor:
+    return _seq(x, mask, "mean")
 
 
-def batch_sum(x, valid): return _batch(x, valid, "sum")  # noqa: E704, ANN001, ANN201, D103
-def batch_mean(x, valid): return _batch(x, valid, "mean")  # noqa: E704, ANN001, ANN201, D103
-def batch_std(x, valid): return _batch(x, valid, "std")  # noqa: E704, ANN001, ANN201, D103
-def batch_max(x, valid): return _batch(x, valid, "max")  # noqa: E704, ANN001, ANN201, D103
-def batch_min(x, valid): return _batch(x, valid, "min")  # noqa: E704, ANN001, ANN201, D103
-def batch_quantile(x, q, valid): return _batch(x, valid, "quantile", q)  # noqa: E704, ANN001, ANN201, D103
+def seq_std(x: Tensor | float, mask: Tensor) -> Tensor:
+    return _seq(x, mask, "std")
+
+
+def seq_max(x: Tensor | float, mask: Tensor) -> Tensor:
+    return _seq(x, mask, "max")
+
+
+def seq_min(x: Tensor | float, mask: Tensor) -> Tensor:
+    return _seq(x, mask, "min")
+
+
+def seq_quantile(x: Tensor | float, q: float, mask: Tensor) -> Tensor:
+    return _seq(x, mask, "quantile", q)
+
+
+def group_sum(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+    return _group(x, rows, G, "sum")
+
+
+def group_mean(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+    return _group(x, rows, G, "mean")
+
+
+def group_std(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+    return _group(x, rows, G, "std")
+
+
+def group_max(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+    return _group(x, rows, G, "max")
+
+
+def group_min(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+    return _group(x, rows, G, "min")
+
+
+def group_quantile(x: Tensor | float, q: float, rows: Tensor, G: int) -> Tensor:
+    return _group(x, rows, G, "quantile", q)
+
+
+def batch_sum(x: Tensor | float, valid: Tensor) -> Tensor:
+    return _batch(x, valid, "sum")
+
+
+def batch_mean(x: Tensor | float, valid: Tensor) -> Tensor:
+    return _batch(x, valid, "mean")
+
+
+def batch_std(x: Tensor | float, valid: Tensor) -> Tensor:
+    return _batch(x, valid, "std")
+
+
+def batch_max(x: Tensor | float, valid: Tensor) -> Tensor:
+    return _batch(x, valid, "max")
+
+
+def batch_min(x: Tensor | float, valid: Tensor) -> Tensor:
+    return _batch(x, valid, "min")
+
+
+def batch_quantile(x: Tensor | float, q: float, valid: Tensor) -> Tensor:
+    return _batch(x, valid, "quantile", q)

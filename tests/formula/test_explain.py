@@ -111,3 +111,11 @@ def test_check_reports_formula_errors_with_a_caret(tmp_path: Path) -> None:
     assert out.exit_code == 1
     assert f"{bad}:7:30: error: unknown name 'one'" in out.output
     assert "^~~" in out.output
+
+
+def test_the_docs_hold_the_language_tables() -> None:
+    from rldsl.formula import lang
+
+    doc = (ROOT / "docs" / "formulas.md").read_text(encoding="utf-8")
+    for table in (lang.slot_table(), lang.input_table(), lang.function_table()):
+        assert table in doc, "docs/formulas.md is out of date: paste the table from rldsl.formula.lang"
