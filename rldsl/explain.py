@@ -113,7 +113,7 @@ def diff(a: Algorithm, b: Algorithm) -> dict[str, Any]:
         entry: dict[str, Any] = {"slot": slot, "a": " + ".join(str(v) for v in va),
                                  "b": " + ".join(str(v) for v in vb),
                                  "a_from": provenance(a, va[0]), "b_from": provenance(b, vb[0])}
-        spec_formula = formula_hooks.diff_slot(va[0], vb[0]) if len(va) == len(vb) == 1 else None
+        spec_formula = formula_hooks.diff_slots(va, vb)
         if spec_formula is not None:  # a formula on either side: compared binding by binding
             entry.update(spec_formula)
         elif ca != cb:

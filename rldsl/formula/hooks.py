@@ -177,6 +177,33 @@ def bindings(v: "SlotValue") -> dict[str, str]:
     return {n: render(by_name[n].expr) for n in f.order}
 
 
+def diff_slots(va: list["SlotValue"], vb: list["SlotValue"]) -> dict[str, Any] | None:
+    """The diff of a slot's components where either side has a formula (None: neither has).
+
+    A multi-component slot (shaping, filter) is compared pair by pair when both list the
+    same components; its parameters are then named ``component.param``."""
+    if all(v.formula is None for v in va + vb):
+        return None
+    if len(va) == 1 and len(vb) == 1:
+        return diff_slot(va[0], vb[0])
+    if [v.component for v in va] != [v.component for v in vb]:
+        return {"status": "component differs"}
+    entries = [diff_slot(x, y) or {"status": "same" if x.params == y.params else "params differ",
+                                   "params": [{"param": k, "a": x.params[k], "b": y.params[k]}
+                                              for k in x.params if x.params[k] != y.params[k]]}
+               for x, y in zip(va, vb)]
+    out: dict[str, Any] = {"status": next((s for s in ("formula differs", "params differ")
+                                           if any(e["status"] == s for e in entries)), "same")}
+    params = [{**p, "param": f"{x.component}.{p['param']}"} for x, e in zip(va, entries) for p in e.get("params", [])]
+    bindings = [{**b, "binding": f"{x.component}.{b['binding']}"} for x, e in zip(va, entries)
+                for b in e.get("bindings", [])]
+    if params:
+        out["params"] = params
+    if bindings:
+        out["bindings"] = bindings
+    return out
+
+
 def diff_slot(va: "SlotValue", vb: "SlotValue") -> dict[str, Any] | None:
     """The diff of a slot where either side is a formula (None: neither is)."""
     fa, fb = va.formula, vb.formula

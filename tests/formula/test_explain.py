@@ -119,3 +119,27 @@ def test_the_docs_hold_the_language_tables() -> None:
     doc = (ROOT / "docs" / "formulas.md").read_text(encoding="utf-8")
     for table in (lang.slot_table(), lang.input_table(), lang.function_table()):
         assert table in doc, "docs/formulas.md is out of date: paste the table from rldsl.formula.lang"
+
+
+def test_diff_of_a_multi_component_slot_with_formulas() -> None:
+    base = ROOT / "tests" / "specs" / "formula" / "advantage_slots.rl"
+    a = rldsl.load(str(base))
+    b = rldsl.loads(base.read_text().replace("scale = 0.01", "scale = 0.02")
+                    .replace("r = clamp(r, -1, 1)", "r = clamp(r, -2, 2)"), filename="b.rl")
+    s = next(x for x in explain.diff(a, b)["slots"] if x["slot"] == "shaping")
+    assert s["status"] == "formula differs"
+    assert s["params"] == [{"param": "length_bonus.scale", "a": 0.01, "b": 0.02}]
+    assert s["bindings"] == [{"binding": "clip_reward.r", "a": "clamp(r, -1, 1)", "b": "clamp(r, -2, 2)"}]
+    assert next(x for x in explain.diff(a, a)["slots"] if x["slot"] == "shaping")["status"] == "same"
+    c = rldsl.loads(base.read_text().replace("overlong_penalty(max_len=64, cache=8), ", ""), filename="c.rl")
+    assert next(x for x in explain.diff(a, c)["slots"] if x["slot"] == "shaping")["status"] == "component differs"
+
+
+def test_a_formula_spec_survives_pickling() -> None:
+    """The distributed runtime ships the resolved algorithm to its actors."""
+    import pickle
+
+    algo = rldsl.load(str(ROOT / "algorithms" / "examples" / "gmpo.rl"))
+    again = pickle.loads(pickle.dumps(algo))
+    assert again == algo
+    assert rldsl.compile(again, compile=False).source == rldsl.compile(algo, compile=False).source
