@@ -29,7 +29,11 @@ REGISTRY_TOKENS = sorted(set(registry.SLOTS) | {c for comps in registry.REGISTRY
 PYTHON_TOKENS = ["import", "os", ".", "os.system", "__import__", "('os')", "exec", "eval", "lambda",
                  "'", '"""', ";", ":", "[", "]", "{", "}", "\\", "__class__", "__builtins__", "self",
                  "**", "@", "`", "$", "\x00", "\ufeff", "\u2028", "\x0c", "\x85", "\r", "é", "∑", "😀"]
-VOCAB = GRAMMAR_TOKENS + REGISTRY_TOKENS + PYTHON_TOKENS
+FORMULA_TOKENS = ["define", "end", "define g\n", "\nend\n", "+", "*", "/", "^", "**", "<=", "==", "where(",
+                  "sg(", "seq_mean(", "group_std(", "batch_quantile(", "rho", "A", "w", "L", "G", "1e-6", "= 0"]
+VOCAB = GRAMMAR_TOKENS + REGISTRY_TOKENS + PYTHON_TOKENS + FORMULA_TOKENS
+FORMULA_TEXTS = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "algorithms" / "examples").glob("*.rl"))
+                 + sorted((ROOT / "tests" / "specs" / "formula").glob("*.rl"))]
 
 FUZZ = settings(max_examples=600, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -55,8 +59,8 @@ def _check(text: str) -> None:
 
 
 @st.composite
-def mutated_spec(draw: st.DrawFn) -> str:
-    text = draw(st.sampled_from(LIBRARY_TEXTS))
+def mutated_spec(draw: st.DrawFn, texts: list[str] = LIBRARY_TEXTS) -> str:
+    text = draw(st.sampled_from(texts))
     for _ in range(draw(st.integers(1, 4))):
         op = draw(st.sampled_from(["delete", "insert_char", "swap", "dup_line", "drop_line",
                                    "insert_token", "replace_token"]))
@@ -107,6 +111,12 @@ def test_a_header_then_random_tokens(text: str) -> None:
 @settings(FUZZ, max_examples=2500)
 @given(mutated_spec())
 def test_mutated_library_specs(text: str) -> None:
+    _check(text)
+
+
+@settings(FUZZ, max_examples=500)
+@given(mutated_spec(FORMULA_TEXTS))
+def test_mutated_formula_specs(text: str) -> None:
     _check(text)
 
 
