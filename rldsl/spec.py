@@ -298,9 +298,9 @@ def check_file(spec: SpecFile, errors: ErrorList) -> _Raw:
             if cname in defines:
                 used.add(cname)
                 v = formula_hooks.slot_value(sname, cnode, defines[cname], name, spec.file, errors, reported)
-            elif cname not in registry.REGISTRY[sname] and formula_hooks.unknown_hint(cname, defines):
-                errors.add(f"unknown {sname} '{cname}'", cnode.name.span,
-                           hint=formula_hooks.unknown_hint(cname, defines))
+            elif cname not in registry.REGISTRY[sname] and formula_hooks.misspelt(cname, defines):
+                used.update(formula_hooks.misspelt(cname, defines))  # reported here, not as unused
+                errors.add(f"unknown {sname} '{cname}'", cnode.name.span, hint=did_you_mean(cname, defines))
                 v = None
             else:
                 v = _check_component(sname, cnode, name, errors)

@@ -63,8 +63,7 @@ def test_grpo_as_formulas_equals_grpo(seed: int, empty: tuple) -> None:
 
 
 @needs_compile
-@pytest.mark.parametrize("spec", [GRPO_FORMULAS, LOSS_SLOTS, str(ROOT / "algorithms" / "examples" / "gmpo.rl")],
-                         ids=lambda s: Path(s).stem)
+@pytest.mark.parametrize("spec", [GRPO_FORMULAS, LOSS_SLOTS], ids=lambda s: Path(s).stem)
 def test_compiled_equals_eager(spec: str, compiled_algorithm, eager_algorithm) -> None:
     comp, eager = compiled_algorithm(spec), eager_algorithm(spec)
     assert comp.compiled and not eager.compiled
