@@ -122,7 +122,8 @@ def test_gsm8k_rows_and_reward(tmp_path) -> None:
     assert resolve_reward("gsm8k") is gsm8k_reward
     assert gsm8k_reward("", "48/2 = 24, 24+48 = 72\n#### 72", rows[0]["answer"]) == 1.0
     assert gsm8k_reward("", "the total is \\boxed{72}", rows[0]["answer"]) == 1.0
-    assert gsm8k_reward("", "it is 1200", rows[1]["answer"]) == 1.0
+    assert gsm8k_reward("", "The answer is 1200", rows[1]["answer"]) == 1.0  # 1,200 == 1200
+    assert gsm8k_reward("", "it is 1200", rows[1]["answer"]) == 0.0  # a stray number is not an answer
     assert gsm8k_reward("", "#### 71", rows[0]["answer"]) == 0.0
     assert gsm8k_reward("", "no number", rows[0]["answer"]) == 0.0
 
