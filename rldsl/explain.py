@@ -103,6 +103,8 @@ def objective_lines(algo: Algorithm) -> list[str]:
         out.append(f"normalizer:   {s}")
     for s in f("filter"):
         out.append(f"filter:       {s}")
+    for s in f("correction"):
+        out.append(f"correction:   {s}")
     out.append(f"ratio:        {f('ratio')[0]}")
     tr = f("trust_region")
     out.append(f"trust region: {tr[0] if tr else 'w = rho'}")

@@ -130,6 +130,7 @@ INPUTS: dict[str, str] = {
     "old_logprobs": "[B, T] rollout-time policy logprobs (estimate; always given to loss)",
     "ref_logprobs": "[B, T] reference-policy logprobs",
     "entropy": "[B, T] per-token entropy (loss)",
+    "rollout_logprobs": "[B, T] the inference engine's logprobs of the sampled tokens (loss; estimate: rejections)",
 }
 
 PLAN: dict[str, str] = {
@@ -249,6 +250,10 @@ SLOTS: dict[str, Slot] = {s.name: s for s in [
          "samples removed from the loss (masked, never dropped from metrics)", multi=True),
     Slot("sampling", "data", "once", "-",
          "how the runtime draws groups (once, or resampling until groups have mixed outcomes)"),
+    Slot("correction", "loss", "none",
+         "(old_logp [B, T], rollout_logp [B, T], mask [B, T]) -> (weight [B, T], keep [B, T], metrics)",
+         "the train/inference mismatch: importance weights on the policy loss, rejected tokens",
+         multi=True),
     Slot("ratio", "loss", "token",
          "(logp [B, T], old_logp [B, T], mask [B, T]) -> log_ratio [B, T]",
          "the importance ratio: per token, or the sequence-level geometric mean (GSPO)",

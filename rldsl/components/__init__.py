@@ -2,6 +2,7 @@
 from . import (  # noqa: F401
     aggregation,
     baseline,
+    correction,
     critic,
     data,
     entropy,

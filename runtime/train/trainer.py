@@ -137,7 +137,8 @@ class Trainer:
         old, ref, values = self._recompute(rollout)
         mask = rollout.response_mask.float()
         est = self.fn.estimate(rewards, rollout.group_size, mask, values=values,
-                               truncated=rollout.truncated, old_logprobs=old, ref_logprobs=ref)
+                               truncated=rollout.truncated, old_logprobs=old, ref_logprobs=ref,
+                               rollout_logprobs=rollout.logprobs if self._corrects() else None)
         metrics = dict(est.metrics)
         valid = mask > 0
         if old is not None and valid.any():
@@ -222,7 +223,8 @@ class Trainer:
         out = fn.loss(logp, old, batch.advantages[rows], mask,
                       ref_logprobs=_rows(batch.ref_logprobs, rows), values=values,
                       returns=batch.returns[rows], old_values=_rows(batch.old_values, rows),
-                      entropy=ent, group_size=G, denominator=denom)
+                      entropy=ent, group_size=G, denominator=denom,
+                      rollout_logprobs=sub.logprobs.to(logp.device) if self._corrects() else None)
         total = out.loss if out.value_loss is None else out.loss + out.value_loss
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic_optimizer is not None:
@@ -262,9 +264,14 @@ class Trainer:
         ratio is 1 either way. Then ``estimate`` skips its forward pass (TRL does the same:
         ``old_per_token_logps = per_token_logps.detach()`` when num_iterations == 1).
         """
-        if self.ppo_epochs != 1 or self.minibatches != 1 or self.fn.algorithm.kl_in == "reward":
+        if self.ppo_epochs != 1 or self.minibatches != 1 or self.fn.algorithm.kl_in == "reward" \
+                or self._corrects():  # a correction compares pi_old with the engine before the update
             return False
         return not _has_dropout(self.policy)
+
+    def _corrects(self) -> bool:
+        """The spec has a correction: the engine's logprobs go to estimate() and loss()."""
+        return "rollout_logprobs" in self.fn.algorithm.needs()
 
     # -- data parallelism: identities on one rank; the sharded trainer (workers/fsdp.py)
     #    overrides them so that N ranks compute one rank's update
