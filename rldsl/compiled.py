@@ -181,6 +181,7 @@ class CompiledAlgorithm:
                 _, k, mt = v.spec.fn(old, roll, m, **v.spec.fn_params(v.params))
                 keep = keep * k
                 out.update(mt)
+            out.update(ops.rejection_metrics(keep, m))
         metrics.update({k: float(t) for k, t in out.items()})
         return (m * keep).to(loss_mask.dtype)
 

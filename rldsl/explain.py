@@ -117,7 +117,8 @@ def objective_lines(algo: Algorithm) -> list[str]:
         out.append(f"entropy:      {f('entropy')[0]}")
         extra += f" - {format_value(algo['entropy'].params['coef'])} * H_it"
     out.append(f"aggregation:  {f('aggregation')[0]}")
-    out.append(f"minimised:    L(theta) = {algo['aggregation'].component}_it[ l_it{extra} ]")
+    pg = "w^IS_it l_it" if any("rollout_logprobs" in v.spec.facts.needs for v in algo.active()) else "l_it"
+    out.append(f"minimised:    L(theta) = {algo['aggregation'].component}_it[ {pg}{extra} ]")
     if algo.uses_critic:
         out.append(f"critic:       {f('critic')[0]}")
     # a formula written over several lines continues under its first line

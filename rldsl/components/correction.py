@@ -64,7 +64,8 @@ def importance(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, level: str,
     formula: log r_it = log pi_old(o_it) - log pi_rollout(o_it)  (NaN -> 0)
       token: w_it = exp(clip(log r_it, +-{clamp})); sequence: w_i = exp(clip(sum_t m log r, +-{clamp}));
       geometric: w_i = exp(clip(sum_t m log r / |o_i|, +-{clamp}))
-      truncate: w = min(w, {high}) [max(w, {low})]; mask: w = w 1[{low} <= w <= {high}]
+      truncate: w = min(w, {high}), then max(w, low) if low is given;
+      mask: w = w 1[w <= {high}] 1[w >= low if low is given]
       normalize: w /= mean_m(w) (token) or the mean of the row means (sequence), if > 1e-8
     source: TIS (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy
       RL training"); IcePop (Ling team 2025, "Small leak can sink a great ship"); verl
@@ -75,7 +76,7 @@ def importance(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, level: str,
     shapes: old_logp, rollout_logp, mask [B, T] -> w [B, T] (0 on padding), keep = 1
     edge cases: an empty row gets w = 0 and leaves the normalising mean; the metrics
       correction/is_mean, is_max, is_min and ess (1 / mean_m (w / mean_m w)^2) are taken on
-      the weights the loss uses.
+      the weights the loss uses; mode=mask adds masked_fraction (valid tokens with w = 0).
     """
     m = mask
     x = log_ratio(old_logp, rollout_logp, m)
@@ -96,6 +97,7 @@ def importance(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, level: str,
             inside = inside & (w >= low)
         w = torch.where(inside, w, torch.zeros_like(w))
     n = m.sum().clamp(min=1.0)
+    masked = ((w == 0) & (m > 0)).to(m.dtype).sum() / n if mode == "mask" else None
     if normalize:
         if level == "token":
             mean = (w * m).sum() / n
@@ -112,6 +114,8 @@ def importance(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, level: str,
                _M + "is_max": torch.where(valid, w, torch.full_like(w, -float("inf"))).max(),
                _M + "is_min": torch.where(valid, w, torch.full_like(w, float("inf"))).min(),
                _M + "ess": 1.0 / (((w / (mean_w + 1e-8)) ** 2 * m).sum() / n).clamp(min=1e-12)}
+    if masked is not None:
+        metrics[_M + "masked_fraction"] = masked  # weights set to 0 (the tokens stay in the count)
     metrics.update(mismatch_metrics(x, m))
     return w, torch.ones_like(m), metrics
 
@@ -136,8 +140,8 @@ def reject(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, stat: str, high
       rollout_rs_threshold ("lo_hi" for k1); MIS/geometric rejection (Liu, Li et al. 2025,
       "When speed kills stability"); decoupled_geo_rs is seq_mean_k1 with 0.999_1.001
     shapes: old_logp, rollout_logp, mask [B, T] -> w = 1, keep [B, T] 0/1
-    edge cases: metrics correction/rejected_fraction (of valid tokens) and
-      rejected_seq_fraction (of non-empty rows with a rejected token)
+    edge cases: the slot reports correction/rejected_fraction (of valid tokens) and
+      rejected_seq_fraction (of non-empty rows with a rejected token) for all its keeps together
     """
     m = mask
     raw = log_ratio(old_logp, rollout_logp, m)
@@ -157,11 +161,4 @@ def reject(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, stat: str, high
         keep = (s >= lo) & (s <= torch.log(torch.as_tensor(high, dtype=k.dtype)))
     else:
         keep = s <= high
-    keep = keep.to(m.dtype)
-    n = m.sum().clamp(min=1.0)
-    rows = (m.sum(-1) > 0).to(m.dtype)
-    rejected_rows = (((1 - keep) * m).sum(-1) > 0).to(m.dtype)
-    metrics = {_M + "rejected_fraction": ((1 - keep) * m).sum() / n,
-               _M + "rejected_seq_fraction": rejected_rows.sum() / rows.sum().clamp(min=1.0)}
-    metrics.update(mismatch_metrics(raw, m))
-    return torch.ones_like(m), keep, metrics
+    return torch.ones_like(m), keep.to(m.dtype), mismatch_metrics(raw, m)
