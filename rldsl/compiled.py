@@ -276,8 +276,8 @@ class CompiledAlgorithm:
             zero = (logprobs * 0).sum()
             return LossOutput(zero, None if not algo.uses_critic else zero, {})
         extra: tuple[Any, ...] = (value_denominator,) if algo.uses_critic else ()
-        if any(not v.spec.off for v in algo.slots["correction"]):
-            extra += (rollout_logprobs.detach(),)  # type: ignore[union-attr]  (checked above)
+        if any(not v.spec.off for v in algo.slots["correction"] + algo.slots["selection"]):
+            extra += (None if rollout_logprobs is None else rollout_logprobs.detach(),)
         total, value_loss, mt = fn(
             logprobs, old_logprobs.detach(), adv.detach(), mask, ref_logprobs, values, returns,
             old_values, entropy, group_size or 1, denominator, *extra)

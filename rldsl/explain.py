@@ -109,6 +109,8 @@ def objective_lines(algo: Algorithm) -> list[str]:
     tr = f("trust_region")
     out.append(f"trust region: {tr[0] if tr else 'w = rho'}")
     out.append(f"objective:    {f('objective')[0]}")
+    for s in f("selection"):
+        out.append(f"selection:    {s}")
     extra = ""
     if algo.kl_in == "loss":
         out.append(f"kl:           {f('kl')[0]}")
@@ -118,6 +120,8 @@ def objective_lines(algo: Algorithm) -> list[str]:
         extra += f" - {format_value(algo['entropy'].params['coef'])} * H_it"
     out.append(f"aggregation:  {f('aggregation')[0]}")
     pg = "w^IS_it l_it" if any("rollout_logprobs" in v.spec.facts.needs for v in algo.active()) else "l_it"
+    if f("selection"):
+        pg = "keep_it " + pg
     out.append(f"minimised:    L(theta) = {algo['aggregation'].component}_it[ {pg}{extra} ]")
     if algo.uses_critic:
         out.append(f"critic:       {f('critic')[0]}")

@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     normalizer,
     objective,
     ratio,
+    selection,
     shaping,
     trust_region,
 )

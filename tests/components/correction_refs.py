@@ -1,9 +1,9 @@
-"""Independent references for the correction slot, transcribed from the peers' source
+"""Independent references for the correction and selection slots, transcribed from the peers' source
 semantics: verl ``verl/trainer/ppo/rollout_corr_helper.py`` (``compute_rollout_correction_weights``,
 ``compute_rollout_rejection_mask``, SAFETY_BOUND 20; the weights multiply ``pg_losses`` in
 ``compute_policy_loss_vanilla``, the rejection edits ``response_mask`` before the loss) and TRL
 ``grpo_trainer.py`` (``vllm_importance_sampling_mode``, ``..._clip_min``/``_clip_max``; the ratio
-multiplies ``per_token_loss``). Plain torch; nothing here calls an rldsl component.
+multiplies ``per_token_loss``; ``get_high_entropy_mask``, ``get_off_policy_mask``). Plain torch; nothing here calls an rldsl component.
 """
 from __future__ import annotations
 
@@ -112,4 +112,44 @@ def trl_corrected(b: dict, **kw) -> Tensor:
     coef_2 = torch.clamp(coef_1, 0.8, 1.2)
     a = b["a"].unsqueeze(1)
     ptl = -torch.min(coef_1 * a, coef_2 * a) * trl_is_ratio(b["old"], b["roll"], b["mask"], **kw)
+    return (ptl * b["mask"]).sum() / b["mask"].sum().clamp(min=1.0)
+
+
+# =========================================================================== TRL token selection
+# grpo_trainer.py: get_high_entropy_mask (top_entropy_quantile) and get_off_policy_mask
+# (off_policy_mask_threshold); both multiply per_token_loss, completion_mask stays the denominator
+
+
+def trl_high_entropy_mask(entropies: Tensor, mask: Tensor, threshold: float) -> Tensor:
+    """threshold = 1 - top_entropy_quantile; one process (the gather is the identity)."""
+    non_pad = entropies[mask.bool()].float()
+    if non_pad.numel() == 0:
+        return torch.zeros_like(entropies, dtype=torch.bool)
+    entropy_threshold = torch.quantile(non_pad, threshold)
+    masked_entropies = entropies * mask.float()
+    return (masked_entropies >= entropy_threshold) & mask.bool()
+
+
+def trl_off_policy_mask(advantages: Tensor, per_token_logps: Tensor, sampling_per_token_logps: Tensor,
+                        mask: Tensor, off_policy_threshold: float) -> Tensor:
+    kl_div = sampling_per_token_logps - per_token_logps.detach()
+    kl_div = torch.nan_to_num(kl_div, nan=0.0)
+    avg_seq_kl = (kl_div * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+    is_pos_adv = advantages >= 0
+    is_low_kl = avg_seq_kl <= off_policy_threshold
+    return (is_pos_adv | is_low_kl).to(dtype=mask.dtype)
+
+
+def trl_selected(b: dict, top_entropy_quantile: float = 1.0, off_policy_mask_threshold=None,
+                 sampling=None) -> Tensor:
+    """loss_type="dapo", epsilon 0.2, one process, the selections on per_token_loss, token mean."""
+    coef_1 = torch.exp(b["logp"] - b["old"])
+    coef_2 = torch.clamp(coef_1, 0.8, 1.2)
+    a = b["a"].unsqueeze(1)
+    ptl = -torch.min(coef_1 * a, coef_2 * a)
+    if top_entropy_quantile < 1.0:
+        ptl = ptl * trl_high_entropy_mask(b["ent"], b["mask"], 1 - top_entropy_quantile)
+    if off_policy_mask_threshold is not None:
+        s = b["old"] if sampling is None else sampling
+        ptl = ptl * trl_off_policy_mask(a, b["logp"], s, b["mask"], off_policy_mask_threshold)
     return (ptl * b["mask"]).sum() / b["mask"].sum().clamp(min=1.0)
