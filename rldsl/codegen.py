@@ -114,6 +114,8 @@ def _context(algo: Algorithm) -> dict[str, Any]:
             comp.fn_params(defaults)
     ctx["shaping"] = [_call(algo, v) for v in algo["shaping"] if not v.spec.off]
     ctx["filters"] = [_call(algo, v) for v in algo["filter"] if not v.spec.off]
+    ctx["corrections"] = [_call(algo, v) for v in algo["correction"] if not v.spec.off]
+    ctx["selections"] = [_call(algo, v) for v in algo["selection"] if not v.spec.off]
     ctx["uses_ratio"] = algo.uses_ratio  # facts: objective uses_ratio, kl k3 ratio_weighted in the loss
     ctx["with_metrics"] = True
     return ctx

@@ -119,8 +119,13 @@ class CompiledAlgorithm:
 
     def estimate(self, rewards: Tensor, group_size: int, mask: Tensor, values: Tensor | None = None,
                  truncated: Tensor | None = None, old_logprobs: Tensor | None = None,
-                 ref_logprobs: Tensor | None = None) -> Estimate:
+                 ref_logprobs: Tensor | None = None,
+                 rollout_logprobs: Tensor | None = None) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
+
+        With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
+        its rejections leave ``est.mask`` (denominator included) and its metrics join
+        ``est.metrics``; the correction then compares them with ``old_logprobs``.
 
         Non-finite rewards (e.g. a reward function that failed with on_error=skip) are
         replaced by their group's mean finite reward -- so they do not move the group's
@@ -150,8 +155,35 @@ class CompiledAlgorithm:
         adv, returns, loss_mask, shaped = self._advantages(
             clean, row_mask, group_size, values, truncated, old_logprobs, ref_logprobs, self.state,
             finite)
-        return Estimate(adv, returns, loss_mask, shaped, self._estimate_metrics(
-            rewards, finite, shaped, adv, mask, loss_mask, group_size))
+        metrics = self._estimate_metrics(rewards, finite, shaped, adv, mask, loss_mask, group_size)
+        if rollout_logprobs is not None:
+            loss_mask = self._correct_mask(loss_mask, old_logprobs, rollout_logprobs, metrics)
+        return Estimate(adv, returns, loss_mask, shaped, metrics)
+
+    def _correct_mask(self, loss_mask: Tensor, old_logprobs: Tensor | None, rollout_logprobs: Tensor,
+                      metrics: dict[str, float]) -> Tensor:
+        """The correction slot's rejections applied to the loss mask (its metrics into ``metrics``)."""
+        active = [v for v in self.algorithm.slots["correction"] if not v.spec.off]
+        if not active:
+            return loss_mask
+        if old_logprobs is None:
+            raise ValueError(f"{self.algorithm.name}: estimate() with rollout_logprobs= needs "
+                             f"old_logprobs= for correction {active[0].component}")
+        if rollout_logprobs.shape != loss_mask.shape or old_logprobs.shape != loss_mask.shape:
+            raise ValueError(f"rollout_logprobs {tuple(rollout_logprobs.shape)} and old_logprobs "
+                             f"{tuple(old_logprobs.shape)} must have the mask's shape {tuple(loss_mask.shape)}")
+        m = loss_mask.float()
+        old, roll = old_logprobs.detach().float(), rollout_logprobs.detach().float()
+        keep = torch.ones_like(m)
+        out: dict[str, Tensor] = {}
+        with torch.no_grad():
+            for v in active:
+                _, k, mt = v.spec.fn(old, roll, m, **v.spec.fn_params(v.params))
+                keep = keep * k
+                out.update(mt)
+            out.update(ops.rejection_metrics(keep, m))
+        metrics.update({k: float(t) for k, t in out.items()})
+        return (m * keep).to(loss_mask.dtype)
 
     def advantages(self, rewards: Tensor, group_size: int, mask: Tensor,
                    values: Tensor | None = None, **kw: Any) -> Tensor:
@@ -211,7 +243,8 @@ class CompiledAlgorithm:
              returns: Tensor | None = None, old_values: Tensor | None = None,
              entropy: Tensor | None = None, group_size: int | None = None,
              denominator: Tensor | float | None = None, metrics: bool = True,
-             value_denominator: Tensor | float | None = None) -> LossOutput:
+             value_denominator: Tensor | float | None = None,
+             rollout_logprobs: Tensor | None = None) -> LossOutput:
         """Per-token tensors [B, T] -> the scalar loss to minimise, value loss and metrics.
 
         ``value_denominator``: the critic's global count (``value_denominator()`` summed over
@@ -220,11 +253,15 @@ class CompiledAlgorithm:
 
         ``metrics=False`` runs the same loss compiled without its diagnostics (faster on
         steps whose metrics are not logged); ``out.metrics`` is then empty.
+
+        ``rollout_logprobs``: the engine's logprobs [B, T], needed by a ``correction`` slot
+        (importance weights on the policy loss, rejections off the mask; docs/api.md).
         """
         algo = self.algorithm
         self._check_inputs("loss", "loss", {"ref_logprobs": ref_logprobs, "values": values,
                                             "returns": returns, "old_values": old_values,
-                                            "entropy": entropy, "group_size": group_size})
+                                            "entropy": entropy, "group_size": group_size,
+                                            "rollout_logprobs": rollout_logprobs})
         if denominator is not None and not isinstance(denominator, Tensor):
             denominator = torch.tensor(float(denominator))
         if value_denominator is not None and not isinstance(value_denominator, Tensor):
@@ -238,7 +275,9 @@ class CompiledAlgorithm:
         if logprobs.numel() == 0:  # no rows: nothing to learn, and no reduction to take
             zero = (logprobs * 0).sum()
             return LossOutput(zero, None if not algo.uses_critic else zero, {})
-        extra = (value_denominator,) if algo.uses_critic else ()
+        extra: tuple[Any, ...] = (value_denominator,) if algo.uses_critic else ()
+        if any(not v.spec.off for v in algo.slots["correction"] + algo.slots["selection"]):
+            extra += (None if rollout_logprobs is None else rollout_logprobs.detach(),)
         total, value_loss, mt = fn(
             logprobs, old_logprobs.detach(), adv.detach(), mask, ref_logprobs, values, returns,
             old_values, entropy, group_size or 1, denominator, *extra)

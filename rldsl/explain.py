@@ -103,10 +103,14 @@ def objective_lines(algo: Algorithm) -> list[str]:
         out.append(f"normalizer:   {s}")
     for s in f("filter"):
         out.append(f"filter:       {s}")
+    for s in f("correction"):
+        out.append(f"correction:   {s}")
     out.append(f"ratio:        {f('ratio')[0]}")
     tr = f("trust_region")
     out.append(f"trust region: {tr[0] if tr else 'w = rho'}")
     out.append(f"objective:    {f('objective')[0]}")
+    for s in f("selection"):
+        out.append(f"selection:    {s}")
     extra = ""
     if algo.kl_in == "loss":
         out.append(f"kl:           {f('kl')[0]}")
@@ -115,7 +119,10 @@ def objective_lines(algo: Algorithm) -> list[str]:
         out.append(f"entropy:      {f('entropy')[0]}")
         extra += f" - {format_value(algo['entropy'].params['coef'])} * H_it"
     out.append(f"aggregation:  {f('aggregation')[0]}")
-    out.append(f"minimised:    L(theta) = {algo['aggregation'].component}_it[ l_it{extra} ]")
+    pg = "w^IS_it l_it" if any("rollout_logprobs" in v.spec.facts.needs for v in algo.active()) else "l_it"
+    if f("selection"):
+        pg = "keep_it " + pg
+    out.append(f"minimised:    L(theta) = {algo['aggregation'].component}_it[ {pg}{extra} ]")
     if algo.uses_critic:
         out.append(f"critic:       {f('critic')[0]}")
     # a formula written over several lines continues under its first line

@@ -108,3 +108,11 @@ class AdvantageBatch:
     def lengths(self) -> Tensor:
         """[B] number of response tokens."""
         return self.mask.sum(-1)
+
+
+def rejection_metrics(keep: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """The correction slot's rejected fractions: valid tokens, and non-empty rows with a rejected token."""
+    gone = (1 - keep) * mask
+    rows = (mask.sum(-1) > 0).to(mask.dtype)
+    return {"correction/rejected_fraction": gone.sum() / mask.sum().clamp(min=1.0),
+            "correction/rejected_seq_fraction": ((gone.sum(-1) > 0).to(mask.dtype)).sum() / rows.sum().clamp(min=1.0)}

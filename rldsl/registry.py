@@ -130,6 +130,7 @@ INPUTS: dict[str, str] = {
     "old_logprobs": "[B, T] rollout-time policy logprobs (estimate; always given to loss)",
     "ref_logprobs": "[B, T] reference-policy logprobs",
     "entropy": "[B, T] per-token entropy (loss)",
+    "rollout_logprobs": "[B, T] the inference engine's logprobs of the sampled tokens (loss; estimate: rejections)",
 }
 
 PLAN: dict[str, str] = {
@@ -249,6 +250,10 @@ SLOTS: dict[str, Slot] = {s.name: s for s in [
          "samples removed from the loss (masked, never dropped from metrics)", multi=True),
     Slot("sampling", "data", "once", "-",
          "how the runtime draws groups (once, or resampling until groups have mixed outcomes)"),
+    Slot("correction", "loss", "none",
+         "(old_logp [B, T], rollout_logp [B, T], mask [B, T]) -> (weight [B, T], keep [B, T], metrics)",
+         "the train/inference mismatch: importance weights on the policy loss, rejected tokens",
+         multi=True),
     Slot("ratio", "loss", "token",
          "(logp [B, T], old_logp [B, T], mask [B, T]) -> log_ratio [B, T]",
          "the importance ratio: per token, or the sequence-level geometric mean (GSPO)",
@@ -264,6 +269,9 @@ SLOTS: dict[str, Slot] = {s.name: s for s in [
          "(logp [B, T], ref_logp [B, T], rho [B, T]) -> kl [B, T]",
          "penalty against the reference policy, in the loss or in the reward",
          declares=("uses_ratio",)),
+    Slot("selection", "loss", "all",
+         "(adv [B, T], logp [B, T], old_logp [B, T], rollout_logp [B, T], entropy [B, T], mask [B, T]) -> keep [B, T]",
+         "which tokens keep their policy loss (the denominator is unchanged)", multi=True),
     Slot("entropy", "loss", "none",
          "(entropy [B, T]) -> term [B, T]",
          "entropy regularisation added to the per-token loss"),

@@ -294,8 +294,9 @@ def check_file(spec: SpecFile, errors: ErrorList) -> _Raw:
         slot = registry.SLOTS[sname]
         if len(node.components) > 1 and not slot.multi:
             extra = node.components[1]
+            multi = [s for s, v in registry.SLOTS.items() if v.multi]
             errors.add(f"slot '{sname}' takes one component", extra.name.span,
-                       hint="only " + " and ".join(s for s, v in registry.SLOTS.items() if v.multi) +
+                       hint="only " + ", ".join(multi[:-1]) + " and " + multi[-1] +
                        " take a comma-separated list")
             continue
         vals: list[SlotValue] = []

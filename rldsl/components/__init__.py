@@ -2,6 +2,7 @@
 from . import (  # noqa: F401
     aggregation,
     baseline,
+    correction,
     critic,
     data,
     entropy,
@@ -10,6 +11,7 @@ from . import (  # noqa: F401
     normalizer,
     objective,
     ratio,
+    selection,
     shaping,
     trust_region,
 )

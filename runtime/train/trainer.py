@@ -221,7 +221,8 @@ class Trainer:
         old, ref, values = self._recompute(rollout)
         mask = rollout.response_mask.float()
         est = self.fn.estimate(rewards, rollout.group_size, mask, values=values,
-                               truncated=rollout.truncated, old_logprobs=old, ref_logprobs=ref)
+                               truncated=rollout.truncated, old_logprobs=old, ref_logprobs=ref,
+                               rollout_logprobs=rollout.logprobs if self._corrects() else None)
         metrics = dict(est.metrics)
         valid = mask > 0
         if old is not None and valid.any():
@@ -362,7 +363,8 @@ class Trainer:
         out = fn.loss(logp, old, cols(batch.advantages), mask, ref_logprobs=cols(batch.ref_logprobs),
                       values=values, returns=cols(batch.returns), old_values=cols(batch.old_values),
                       entropy=ent, group_size=batch.group_size, denominator=denom,
-                      value_denominator=vdenom)
+                      value_denominator=vdenom,
+                      rollout_logprobs=sub.logprobs[:, :tr].to(logp.device) if self._corrects() else None)
         total = out.loss if out.value_loss is None else out.loss + out.value_loss
         if not self._all_finite(total):
             return None
@@ -384,9 +386,14 @@ class Trainer:
         ratio is 1 either way. Then ``estimate`` skips its forward pass (TRL does the same:
         ``old_per_token_logps = per_token_logps.detach()`` when num_iterations == 1).
         """
-        if self.ppo_epochs != 1 or self.minibatches != 1 or self.fn.algorithm.kl_in == "reward":
+        if self.ppo_epochs != 1 or self.minibatches != 1 or self.fn.algorithm.kl_in == "reward" \
+                or self._corrects():  # a correction compares pi_old with the engine before the update
             return False
         return not _has_dropout(self.policy)
+
+    def _corrects(self) -> bool:
+        """The spec has a correction: the engine's logprobs go to estimate() and loss()."""
+        return "rollout_logprobs" in self.fn.algorithm.needs()
 
     # -- data parallelism: identities on one rank; the sharded trainer (workers/fsdp.py)
     #    overrides them so that N ranks compute one rank's update

@@ -68,6 +68,10 @@ def test_every_library_algorithm_trains(name, model_dir, tmp_path):
         assert all(r["sampling_rounds"] >= 1 for r in recs)
     if any(v.component == "pass_rate_cap" for v in algo["filter"]):
         assert all("retired_prompts" in r for r in recs)
+    if "rollout_logprobs" in algo.needs():  # the engine's logprobs reach estimate() and loss()
+        for r in recs:  # the HF engine's logprobs equal the trainer's: weights 1, nothing rejected
+            assert r["correction/is_mean"] == pytest.approx(1.0, abs=1e-4)
+            assert r["correction/rejected_fraction"] == 0.0 and abs(r["correction/mismatch_kl"]) < 1e-4
     # the run folder is complete and loadable
     assert (run / "config.json").is_file() and (run / "spec.rl").read_text() == algo.source
     last = ckpt.latest_checkpoint(run)
