@@ -35,6 +35,8 @@ def run(fn, b):
         kw.update(values=v, returns=b["returns"], old_values=b["old_values"])
     if algo.uses_entropy:
         kw["entropy"] = b["ent"]
+    if "rollout_logprobs" in algo.needs():  # the engine's logprobs: another policy's (weights bind)
+        kw["rollout_logprobs"] = b["ref"]
     out = fn.loss(lp, b["old"], b["adv"], b["mask"], **kw)
     total = out.loss + (out.value_loss if out.value_loss is not None else 0.0)
     g_lp, g_v = torch.autograd.grad(total, (lp, v), allow_unused=True)
