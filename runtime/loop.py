@@ -197,8 +197,10 @@ def train_step(s: Run, step: int) -> dict[str, float]:
     m.update({k: v for k, v in tb.metrics.items() if k != REWARD})  # REWARD: set above
     m.update(um)
     if cfg.log.samples_per_step:
-        append_samples(s.run_dir, sample_rows(step + 1, batch, rewards, tb.advantages.cpu(),
-                                              tb.mask.cpu(), cfg.log.samples_per_step))
+        adv, mask = getattr(tb, "advantages", None), getattr(tb, "mask", None)  # None on Ray ranks
+        append_samples(s.run_dir, sample_rows(step + 1, batch, rewards,
+                                              None if adv is None else adv.cpu(),
+                                              None if mask is None else mask.cpu(), cfg.log.samples_per_step))
     return m
 
 

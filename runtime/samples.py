@@ -23,14 +23,18 @@ from .run_dir import write_text_atomic
 SAMPLES_FILE = "samples.jsonl"
 
 
-def sample_rows(step: int, batch: RolloutBatch, rewards: torch.Tensor, advantages: torch.Tensor,
-                mask: torch.Tensor, groups: int) -> list[dict[str, Any]]:
-    """The records of the first ``groups`` prompt groups of a step's batch."""
+def sample_rows(step: int, batch: RolloutBatch, rewards: torch.Tensor, advantages: torch.Tensor | None,
+                mask: torch.Tensor | None, groups: int) -> list[dict[str, Any]]:
+    """The records of the first ``groups`` prompt groups of a step's batch. ``advantages``
+    None (the Ray trainers keep them on the ranks): the records' advantage is null."""
     G = batch.group_size
     n = min(groups, len(batch) // G) * G
     lengths = batch.response_mask[:n].long().sum(-1).tolist()
-    m = mask[:n].float()
-    adv = ((advantages[:n].float() * m).sum(-1) / m.sum(-1).clamp_min(1)).tolist()
+    if advantages is None or mask is None:
+        adv: list[float | None] = [None] * n
+    else:
+        m = mask[:n].float()
+        adv = ((advantages[:n].float() * m).sum(-1) / m.sum(-1).clamp_min(1)).tolist()
     out = []
     for i in range(n):
         r = float(rewards[i])
