@@ -218,8 +218,8 @@ def diff_lines(a: Algorithm, b: Algorithm, show_all: bool = False) -> list[Line]
         lines.append([(f"{MARKS[status]} {slot:<{SLOT_WIDTH}}  {s['a']} -> {s['b']}", "yellow")])
         for p in s.get("params", []):
             lines.append(_indent(pad, f"{p['param']}: {format_value(p['a'])} -> {format_value(p['b'])}"))
-        for b in s.get("bindings", []):  # a formula against a formula: binding by binding
-            lines.append(_indent(pad, f"{b['binding']}: {format_value(b['a'])} -> {format_value(b['b'])}"))
+        for x in s.get("bindings", []):  # a formula against a formula: binding by binding
+            lines.append(_indent(pad, f"{x['binding']}: {format_value(x['a'])} -> {format_value(x['b'])}"))
         for label, algo in ((la, a), (lb, b)):
             for v in algo.slots[slot]:
                 for j, f in enumerate(v.spec.formula_with(v.params).splitlines()):

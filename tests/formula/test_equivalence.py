@@ -13,6 +13,7 @@ gradient is 0 * inf = NaN (docs/formulas.md).
 """
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -67,6 +68,9 @@ DEFINES = {
         weights = mask
         count = batch_sum(mask)"""),
     "leave_one_out": ("baseline", """
+        K = group_sum(1)
+        A = where(K > 1, (r - group_mean(r)) * K / max(K - 1, 1), 0)"""),
+    "leave_one_out_reward": ("baseline", """
         K = group_sum(1)
         A = where(K > 1, (r - group_mean(r)) * K / max(K - 1, 1), r)"""),
     "group_std": ("normalizer", """
@@ -259,12 +263,15 @@ def _valid_rows(x: torch.Tensor, d: dict) -> torch.Tensor:
     return x[d["valid"]]
 
 
+@pytest.mark.parametrize("singleton", ["zero", "reward"])
 @SETTINGS
-@given(reward_batch())
-def test_leave_one_out(d):
+@given(d=reward_batch())
+def test_leave_one_out(singleton, d):
+    """Both registry behaviours of a sample without a scorable other (singleton=zero | reward)."""
     ra, rb = d["r"].clone().requires_grad_(True), d["r"].clone().requires_grad_(True)
-    got = formula("leave_one_out")(ra, None, d["mask"], d["G"], _batch(d, ra))["A"]
-    want, returns = bl.leave_one_out(_batch(d, rb))
+    name = "leave_one_out" if singleton == "zero" else "leave_one_out_reward"
+    got = formula(name)(ra, None, d["mask"], d["G"], _batch(d, ra))["A"]
+    want, returns = bl.leave_one_out(_batch(d, rb), singleton=singleton)
     # rows whose reward failed are masked out of the loss; the registry leaves garbage there
     same(_valid_rows(got, d), _valid_rows(want, d))
     keep = d["weights"] * d["valid"].unsqueeze(-1)

@@ -89,9 +89,11 @@ def test_cli_diff_prints_formula_rows(tmp_path: Path) -> None:
     b = write(tmp_path, "b", SAPO.replace("sigmoid(tau * (rho - 1))", "sigmoid(2 * tau * (rho - 1))"))
     out = runner.invoke(app, ["explain", write(tmp_path, "a", SAPO), b], env={"COLUMNS": "240"})
     assert out.exit_code == 0, out.output
-    row = next(ln for ln in out.output.splitlines() if ln.startswith("trust_region"))
-    assert "≠" in row
+    row = next(ln for ln in out.output.splitlines() if ln.startswith("≠ trust_region"))
+    assert "sapo_gate(tau_pos=1.0, tau_neg=1.1) -> sapo_gate(tau_pos=1.0, tau_neg=1.1)" in row
+    assert "w: sigmoid(tau * (rho - 1)) * 4 / tau -> sigmoid(2 * tau * (rho - 1)) * 4 / tau" in out.output
     assert "w = sigmoid(2 * tau * (rho - 1)) * 4 / tau" in out.output
+    assert "1 slot(s) differ" in out.output
     out = runner.invoke(app, ["explain", "grpo", b, "--format", "json"])
     d = json.loads(out.output)
     assert next(x for x in d["slots"] if x["slot"] == "trust_region")["status"] == "component differs"
