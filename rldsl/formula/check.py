@@ -31,7 +31,7 @@ class Typed:
     value when it has one, and its checked parts.
 
     op: "const" (a number or a parameter, folded), "input", "ref" (another binding), "call",
-    "neg", "binary"; ``name``: the input, parameter, binding, function or operator.
+    "neg", "operator"; ``name``: the input, parameter, binding, function or operator.
     """
 
     node: Expr
@@ -240,14 +240,14 @@ class _Checker:
         rank = max(a.rank, b.rank)
         if e.op not in ARITHMETIC:
             const = None if a.const is None or b.const is None else _compare(e.op, a.const, b.const)
-            return Typed(e, "bool", rank, const, "binary", e.op, (a, b))
+            return Typed(e, "bool", rank, const, "operator", e.op, (a, b))
         if e.op == "^" and a.const == 0 and b.const is not None and b.const < 0:
             self.zero_division(a)
             return None
         const = None
         if a.const is not None and b.const is not None:
             const = _arith(e.op, float(a.const), float(b.const))
-        return self.folded(Typed(e, "num", rank, const, "binary", e.op, (a, b)))
+        return self.folded(Typed(e, "num", rank, const, "operator", e.op, (a, b)))
 
     def zero_division(self, t: Typed) -> None:
         params = sorted({n.name for n in walk(t.node) if isinstance(n, Name) and n.name in self.params})

@@ -95,7 +95,7 @@ class _Emitter:
         if t.op == "neg":
             x, p = self.code(t.args[0])
             return "-" + (x if p >= _NEG else f"({x})"), _NEG
-        if t.op == "binary":
+        if t.op == "operator":
             return self.binary(t)
         return self.call(t)
 
