@@ -1,11 +1,12 @@
 """Formulas that re-express registry components give the registry's values and gradients.
 
-Eight components written as ``define`` blocks (clip, dual_clip, truncate, leave_one_out,
-group_std, token_mean, k3 in three variants) are compared with the registry functions, and
-the SAPO gate with a hand-written reference (TRL / verl: -(4/tau) sigmoid(tau (rho - 1)) A,
-tau = tau_pos if A > 0 else tau_neg), on random float64 batches (hypothesis, any seed) with
-padding (garbage values on padded tokens), empty rows, groups of one, constant groups,
-failed rewards, A = 0 and ratios exactly on the clip bounds. Tolerance 1e-6.
+Nine registry components written as ``define`` blocks (clip, dual_clip, truncate, the SAPO
+soft_gate, leave_one_out with both singleton rules, group_std, token_mean, k3 in three
+variants) are compared with the registry functions (the SAPO gate also with a hand-written
+TRL / verl reference: -(4/tau) sigmoid(tau (rho - 1)) A, tau = tau_pos if A > 0 else
+tau_neg), on random float64 batches (hypothesis, any seed) with padding (garbage values on
+padded tokens), empty rows, groups of one, constant groups, failed rewards, A = 0 and
+ratios exactly on the clip bounds. Tolerance 1e-6.
 
 Where both branches of a ``where`` are computed, a division in the branch not taken must be
 guarded (``max(K - 1, 1)``), as the registry's code does with ``clamp_min``: otherwise its
@@ -216,6 +217,13 @@ def test_sapo_gate_against_a_hand_written_reference(b, tau_pos, tau_neg):
         tau = torch.where(b["adv"] > 0, torch.full_like(rho, tau_pos), torch.full_like(rho, tau_neg))
         return (4.0 / tau) * torch.sigmoid(tau * (rho - 1.0))
     compare_trust_region("sapo", b, sapo, tau_pos=tau_pos, tau_neg=tau_neg)
+
+
+@SETTINGS
+@given(token_batch(), st.floats(0.05, 5.0), st.floats(0.05, 5.0))
+def test_sapo_gate_against_the_registry_soft_gate(b, tau_pos, tau_neg):
+    compare_trust_region("sapo", b, lambda rho: tr.soft_gate(rho, b["adv"], b["logp"], b["old"], tau_pos, tau_neg),
+                         tau_pos=tau_pos, tau_neg=tau_neg)
 
 
 # ---------------------------------------------------------------------------------------
