@@ -93,8 +93,9 @@ def facts(f: Formula) -> registry.Facts:
     needs: the optional inputs behind the names it reads (ref_logp, rollout_logp, ent) and
     group_size when it reads G or a group reduction; uses_ratio: it reads rho or w (a
     ratio or trust-region formula makes them instead); sequence_level: a ratio formula
-    whose log_rho is one value per sequence; per_token_only: a trust region that reads the
-    per-token logp or old_logp (a per-token divergence); never off, provides nothing."""
+    whose log_rho is one value per sequence; per_token_only: a trust region that reads rho
+    together with the per-token logp or old_logp (a per-token divergence on the ratio; one
+    that reads logp without rho builds its own ratio, as GMPO); never off, provides nothing."""
     needs = [_NEEDS[x] for x in _NEEDS if x in f.reads]
     if f.uses_groups:
         needs.append("group_size")
@@ -102,7 +103,8 @@ def facts(f: Formula) -> registry.Facts:
     return registry.Facts(needs=tuple(needs),
                           uses_ratio=not f.spec.makes_ratio and f.reads_any("w", "rho"),
                           sequence_level=seq,
-                          per_token_only=f.slot == "trust_region" and f.reads_any("logp", "old_logp"))
+                          per_token_only=f.slot == "trust_region" and "rho" in f.reads
+                          and f.reads_any("logp", "old_logp"))
 
 
 def component(v: "SlotValue") -> registry.Component:

@@ -88,6 +88,8 @@ def test_sequence_level_ratio_meets_per_token_trust_regions() -> None:
         spec("  define div\n    w = where(abs(logp - old_logp) < 0.1, rho, sg(rho))\n  end\n"
              "  ratio sequence\n  trust_region div\n")
     spec("  define gate\n    w = min(rho, 1.2)\n  end\n  ratio sequence\n  trust_region gate\n")  # fine
+    gmpo = rldsl.load("algorithms/examples/gmpo.rl")  # reads logp, not rho: its own ratio
+    assert not gmpo["trust_region"].spec.flag("per_token_only", gmpo["trust_region"].params)
 
 
 def test_a_group_reading_aggregation_makes_the_trainer_keep_groups_whole() -> None:
