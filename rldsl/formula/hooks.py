@@ -84,8 +84,6 @@ def unused(defs: dict[str, Define], used: set[str], errors: ErrorList) -> None:
 # formula inputs -> the optional inputs (registry.INPUTS) of estimate()/loss() they come from
 _NEEDS = {"ref_logp": "ref_logprobs", "rollout_logp": "rollout_logprobs", "ent": "entropy"}
 
-_COMPONENTS: dict[int, tuple[Formula, registry.Component]] = {}
-
 
 def facts(f: Formula) -> registry.Facts:
     """The :class:`registry.Facts` of a checked formula, from what it reads and binds.
@@ -112,16 +110,16 @@ def component(v: "SlotValue") -> registry.Component:
     parameters as floats with the define's defaults, its formula and source for explain, and
     the facts derived by :func:`facts`. No function: the generated code holds its lines."""
     f: Formula = v.formula
-    hit = _COMPONENTS.get(id(f))
-    if hit is not None and hit[0] is f:
-        return hit[1]
+    hit = f.__dict__.get("_component")  # built once per checked formula, kept with it
+    if hit is not None:
+        return hit
     params = {k: registry.Float(d, f"a parameter of define {f.name}") for k, d in f.defaults.items()}
     outs = ", ".join(f"{o.name} {lang.SHAPES[o.rank]}" for o in f.spec.outputs if o.name in f.outputs)
     sections = {"formula": text(v), "source": source(v),
                 "shapes": f"reads {', '.join(sorted(f.reads)) or 'no input'}; binds {outs}"}
     comp = registry.Component(v.slot, f.name, None, params, f"formula {f.name}, written in the spec",
                               sections, facts(f), frozenset(registry.SLOTS[v.slot].declares))
-    _COMPONENTS[id(f)] = (f, comp)
+    object.__setattr__(f, "_component", comp)  # a cache on a frozen dataclass
     return comp
 
 
