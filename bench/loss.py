@@ -6,6 +6,13 @@ reports (clip fraction, ratio mean/min/max, approx KL, KL), converted to Python 
 
     .venv/bin/python bench/loss.py                       # every library algorithm
     .venv/bin/python bench/loss.py --algos grpo,dapo --B 64 --T 1024 --repeats 5 --threads 2
+    .venv/bin/python bench/loss.py --algos none --threads 1    # only the formula row
+
+The formula row: a spec whose loss is written entirely as formulas
+(``tests/specs/formula/grpo_formulas.rl``: ratio, trust region, objective, KL and
+aggregation as ``define`` blocks) against the registry spec it re-expresses (``grpo``), both
+compiled, timed interleaved on the same batch after checking they agree (loss, gradient and
+metrics, rtol 1e-4). ``--formula SPEC=REGISTRY`` picks another pair, ``--formula none`` skips it.
 
 The eager side is written the way a person writes it without rldsl, in verl's style
 (``verl/trainer/ppo/core_algos.py``): ``torch.maximum`` of the two PPO surrogates, verl's
@@ -39,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -301,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall: elapsed time (default); cpu: CPU time of the process, summed over its "
                          "threads -- steadier than wall time on a machine shared with other jobs")
+    ap.add_argument("--formula", default="tests/specs/formula/grpo_formulas.rl=grpo",
+                    help="SPEC=REGISTRY: time a formula spec against the registry spec it re-expresses "
+                         "(both compiled); 'none' skips it")
     ap.add_argument("--metrics", choices=("on", "off"), default="on",
                     help="on: both sides compute the diagnostics (clip fraction, ratio stats, KL); "
                          "off: the loss alone (rldsl: fn.loss(..., metrics=False))")
@@ -311,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.B % args.G:
         ap.error(f"--B {args.B} is not a multiple of --G {args.G}")
-    names = [n.strip() for n in args.algos.split(",") if n.strip()]
+    names = [n.strip() for n in args.algos.split(",") if n.strip() and n.strip() != "none"]
     print(f"B={args.B} T={args.T} G={args.G} threads={torch.get_num_threads()} "
           f"repeats={args.repeats} warmup={args.warmup} clock={args.clock} metrics={args.metrics} "
           f"torch={torch.__version__}",
@@ -335,7 +346,33 @@ def main(argv: list[str] | None = None) -> int:
         comp_mem = peak_extra_bytes(rldsl_step(fn, args.G), cc) / in_bytes
         print(f"{name:<10} {eager_ms:>9.1f} {comp_ms:>12.1f} {eager_ms / comp_ms:>7.2f}x "
               f"{eager_mem:>9.2f}x {comp_mem:>12.2f}x {in_bytes / 2**20:>10.1f} {compile_s:>10.1f}", flush=True)
+    if args.formula != "none":
+        spec, _, registry_name = args.formula.partition("=")
+        formula_row(spec, registry_name, args)
     return 0
+
+
+def formula_row(spec: str, registry_name: str, args: argparse.Namespace) -> None:
+    """The formula spec against the registry spec it re-expresses: same results, then times."""
+    formula_algo, registry_algo = rldsl.load(spec), rldsl.load(registry_name)
+    f_fn, r_fn = rldsl.compile(formula_algo), rldsl.compile(registry_algo)
+    d = make_inputs(registry_algo, args.B, args.T, args.G)
+    t0 = time.perf_counter()
+    a, b = leaves(d), leaves(d)
+    la, ma = rldsl_step(f_fn, args.G)(a)  # also the first compiled calls
+    lb, mb = rldsl_step(r_fn, args.G)(b)
+    compile_s = time.perf_counter() - t0
+    assert abs(la - lb) <= 1e-4 * max(1.0, abs(lb)), (la, lb)
+    torch.testing.assert_close(a["logp"].grad, b["logp"].grad, rtol=1e-4, atol=1e-9)
+    assert ma.keys() == mb.keys() and all(abs(ma[k] - mb[k]) <= 1e-4 * max(1.0, abs(mb[k])) for k in ma)
+    reg_ms, f_ms = time_steps([rldsl_step(r_fn, args.G), rldsl_step(f_fn, args.G)], [leaves(d), leaves(d)],
+                              args.warmup, args.repeats, CLOCKS[args.clock])
+    print(f"\nformula spec vs the registry spec it re-expresses (both compiled, same batch)")
+    header = f"{'spec':<28} {'registry':<10} {'registry ms':>12} {'formula ms':>11} {'ratio':>7} {'compile s':>10}"
+    print(header)
+    print("-" * len(header))
+    print(f"{Path(spec).stem:<28} {registry_name:<10} {reg_ms:>12.1f} {f_ms:>11.1f} {f_ms / reg_ms:>6.2f}x {compile_s:>10.1f}",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import jinja2
 import torch
 
 from . import ops, registry
+from .formula import hooks as formula_hooks
 from .spec import Algorithm, SlotValue
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -59,6 +60,7 @@ class _Call:
     args: str   # ", k=v, ..." with literals only
     where: str  # "slot component  spec line N"
     off: bool   # the component leaves its slot unused (a template may skip its line)
+    code: str = ""  # a formula component: its generated lines (built from the checked tree only)
 
 
 def _where(algo: Algorithm, v: SlotValue) -> str:
@@ -70,6 +72,10 @@ def _where(algo: Algorithm, v: SlotValue) -> str:
 
 
 def _call(algo: Algorithm, v: SlotValue) -> _Call:
+    if v.formula is not None:  # a component written in the spec
+        if not _IDENT.fullmatch(v.component):
+            raise CodegenError(f"{v.slot}.{v.component} is not an identifier")
+        return _Call(v.component, "", _where(algo, v), False, formula_hooks.code(algo, v, _where(algo, v)))
     comp = registry.get(v.slot, v.component)
     args = "".join(f", {k}={literal(val, comp.params[k].choices)}"
                    for k, val in comp.fn_params(v.params).items())
@@ -152,6 +158,7 @@ def namespace() -> dict[str, Any]:
                           "ops": ops, "AdvantageBatch": ops.AdvantageBatch,
                           "dataclasses": dataclasses}
     ns.update(registry.namespaces())
+    ns.update(formula_hooks.NAMESPACE)  # fx: the masked reductions formulas compile to
     return ns
 
 

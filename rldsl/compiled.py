@@ -16,6 +16,7 @@ from torch import Tensor
 from . import codegen, ops
 from .components.data import informative as _informative
 from .components.filter import pass_rates as _pass_rates, retired as _retired
+from .formula import hooks as formula_hooks
 from .spec import Algorithm
 
 _COMPILED: dict[str, Callable[..., Any]] = {}
@@ -218,6 +219,8 @@ class CompiledAlgorithm:
         """The local aggregation count (0-dim); sum it over micro-batches/ranks for ``denominator=``."""
         agg = self.algorithm["aggregation"]
         self._check_inputs("denominator", "loss", {"group_size": group_size})
+        if agg.formula is not None:  # written in the spec: the count of its generated lines
+            return formula_hooks.denominator(self.algorithm, mask, group_size or 1)
         comp = agg.spec
         _, count = comp.fn(mask.float(), group_size or 1, **comp.fn_params(agg.params))
         return count

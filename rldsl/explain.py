@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from . import registry
+from .formula import hooks as formula_hooks
 from .registry import format_value
 from .spec import Algorithm, SlotValue
 
@@ -19,7 +20,7 @@ Segment = tuple[str, str]  # (literal text, rich style or "")
 Line = list[Segment]
 
 SLOT_WIDTH = max(len(s) for s in registry.SLOTS)
-MARKS = {"same": "=", "params differ": "~", "component differs": "≠"}
+MARKS = {"same": "=", "params differ": "~", "component differs": "≠", "formula differs": "≠"}
 
 
 def _short(path: str) -> str:
@@ -143,7 +144,10 @@ def diff(a: Algorithm, b: Algorithm) -> dict[str, Any]:
         entry: dict[str, Any] = {"slot": slot, "a": " + ".join(str(v) for v in va),
                                  "b": " + ".join(str(v) for v in vb),
                                  "a_from": provenance(a, va[0]), "b_from": provenance(b, vb[0])}
-        if ca != cb:
+        spec_formula = formula_hooks.diff_slots(va, vb)
+        if spec_formula is not None:  # a formula on either side: compared binding by binding
+            entry.update(spec_formula)
+        elif ca != cb:
             entry["status"] = "component differs"
         else:
             changes = []
@@ -214,6 +218,8 @@ def diff_lines(a: Algorithm, b: Algorithm, show_all: bool = False) -> list[Line]
         lines.append([(f"{MARKS[status]} {slot:<{SLOT_WIDTH}}  {s['a']} -> {s['b']}", "yellow")])
         for p in s.get("params", []):
             lines.append(_indent(pad, f"{p['param']}: {format_value(p['a'])} -> {format_value(p['b'])}"))
+        for x in s.get("bindings", []):  # a formula against a formula: binding by binding
+            lines.append(_indent(pad, f"{x['binding']}: {format_value(x['a'])} -> {format_value(x['b'])}"))
         for label, algo in ((la, a), (lb, b)):
             for v in algo.slots[slot]:
                 for j, f in enumerate(v.spec.formula_with(v.params).splitlines()):

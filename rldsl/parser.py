@@ -16,6 +16,8 @@ from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from .errors import Span, SpecError, source_lines
+from .formula import syntax as formula_syntax
+from .formula.nodes import Define
 
 # ---------------------------------------------------------------------------------------
 # Syntax nodes
@@ -59,6 +61,7 @@ class SpecFile:
     extends: Word | None
     descriptions: list[Word] = field(default_factory=list)
     slots: list[SlotNode] = field(default_factory=list)
+    defines: list[Define] = field(default_factory=list)  # formula components (rldsl.formula)
 
 
 # ---------------------------------------------------------------------------------------
@@ -79,7 +82,7 @@ def _parser() -> Lark:
 _TERMINALS = {
     "$END": "end of file", "_NL": "end of line", "NAME": "a name", "SIGNED_NUMBER": "a number",
     "STRING": "a string", "LPAR": "'('", "RPAR": "')'", "COMMA": "','", "EQUAL": "'='",
-    "ALGORITHM": "'algorithm'", "EXTENDS": "'extends'",
+    "ALGORITHM": "'algorithm'", "EXTENDS": "'extends'", **formula_syntax.TERMINAL_WORDS,
 }
 
 
@@ -125,7 +128,9 @@ def _syntax_error(exc: UnexpectedInput, file: str, source: str) -> SpecError:
     if isinstance(exc, UnexpectedCharacters):
         ch = source[exc.pos_in_stream] if exc.pos_in_stream < len(source) else ""
         msg = f"unexpected character {ch!r}"
-        if ch in "'`":
+        if formula_syntax.in_define(source, line) and ch in "'`\"":
+            hint = "a formula holds numbers, names, operators and calls; no strings"
+        elif ch in "'`":
             hint = 'the description is written in double quotes: "..."'
         elif ch == ".":
             hint = "names are plain words: no attribute access or dotted paths"
@@ -142,6 +147,9 @@ def _syntax_error(exc: UnexpectedInput, file: str, source: str) -> SpecError:
                          Span(file, line, col, 1), source=source)
     assert isinstance(exc, UnexpectedToken)
     tok = exc.token
+    ch = formula_syntax.outside_operator(tok, set(exc.accepts or exc.expected))
+    if ch is not None:  # '-', '*', '<', ... where no formula can stand
+        return SpecError(f"unexpected character {ch!r}", Span(file, line, col, 1), source=source)
     if tok.type == "$END":
         line, col = _end(source)
     elif tok.type == "_NL" and 1 <= line <= len(lines := source_lines(source)):
@@ -153,7 +161,9 @@ def _syntax_error(exc: UnexpectedInput, file: str, source: str) -> SpecError:
     msg = f"unexpected {_token_text(tok)}" + (f", {exp}" if exp else "")
     pos = tok.start_pos if tok.type != "$END" and tok.start_pos is not None else len(source)
     before = source[:pos].rstrip(" \t")
-    if "ALGORITHM" in accepts:  # only the first line of a spec can take 'algorithm'
+    if formula_syntax.in_define(source, line) and tok.type != "ALGORITHM":
+        hint = formula_syntax.hint(tok, set(accepts), before)
+    elif "ALGORITHM" in accepts:  # only the first line of a spec can take 'algorithm'
         hint = "a spec starts with: algorithm <name> [extends <parent>]"
     elif tok.type == "ALGORITHM":
         msg = "a second 'algorithm': a file holds one algorithm"
@@ -195,8 +205,8 @@ def _lone_name_hint(before: str) -> str | None:
 # Tree -> nodes
 
 
-class _ToNodes(Transformer):
-    """Transformer methods named after the grammar's rules and aliases."""
+class _ToNodes(formula_syntax.FormulaNodes, Transformer):
+    """Transformer methods named after the grammar's rules and aliases (formula rules: mixin)."""
 
     def __init__(self, file: str):
         super().__init__()
@@ -235,7 +245,7 @@ class _ToNodes(Transformer):
         name, extends = items[0]
         spec = SpecFile(self.file, "", name, extends)
         for kind, node in items[1:]:
-            (spec.descriptions if kind == "description" else spec.slots).append(node)
+            {"description": spec.descriptions, "slot": spec.slots, "define": spec.defines}[kind].append(node)
         return spec
 
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from . import registry
 from .errors import ErrorList, Span, SpecError, SpecErrors, did_you_mean
+from .formula import hooks as formula_hooks
 from .parser import ArgNode, ComponentNode, SpecFile, Word, parse
 from .registry import format_value
 
@@ -49,9 +50,14 @@ class SlotValue(BaseModel):
     params: dict[str, ParamValue]
     origin: Origin | None = None
     param_origins: dict[str, Origin] = {}
+    formula: Any = None  # a component written in the spec: rldsl.formula.check.Formula
 
     @property
     def spec(self) -> registry.Component:
+        """Its registry entry (parameters, formula, facts). A formula written in the spec has
+        none: it answers with an entry derived from its checked tree (formula_hooks.component)."""
+        if self.formula is not None:
+            return formula_hooks.component(self)
         return registry.get(self.slot, self.component)
 
     @property
@@ -106,7 +112,7 @@ class Algorithm(BaseModel):
     @property
     def kl_in(self) -> str | None:
         kl = self["kl"]
-        return None if kl.spec.off else str(kl.params["where"])
+        return None if kl.spec.off else ("loss" if kl.stage == "loss" else "reward")
 
     @property
     def uses_entropy(self) -> bool:
@@ -276,6 +282,9 @@ def check_file(spec: SpecFile, errors: ErrorList) -> _Raw:
                        hint=f"the description is given at line {spec.descriptions[0].span.line}")
     slots: dict[str, list[SlotValue]] = {}
     spans: dict[str, Span] = {}
+    defines = formula_hooks.defines(spec, errors)  # components written in the spec
+    reported: set[tuple[str, Span]] = set()
+    used: set[str] = set()
     for node in spec.slots:
         sname = node.name.text
         if sname not in registry.SLOTS:
@@ -302,7 +311,16 @@ def check_file(spec: SpecFile, errors: ErrorList) -> _Raw:
         vals: list[SlotValue] = []
         names_seen: set[str] = set()
         for cnode in node.components:
-            v = _check_component(sname, cnode, name, errors)
+            cname = cnode.name.text
+            if cname in defines:
+                used.add(cname)
+                v = formula_hooks.slot_value(sname, cnode, defines[cname], name, spec.file, errors, reported)
+            elif cname not in registry.REGISTRY[sname] and formula_hooks.misspelt(cname, defines):
+                used.update(formula_hooks.misspelt(cname, defines))  # reported here, not as unused
+                errors.add(f"unknown {sname} '{cname}'", cnode.name.span, hint=did_you_mean(cname, defines))
+                v = None
+            else:
+                v = _check_component(sname, cnode, name, errors)
             if v is None:
                 continue
             if v.component in names_seen:
@@ -316,6 +334,7 @@ def check_file(spec: SpecFile, errors: ErrorList) -> _Raw:
             vals.append(v)
         if len(vals) == len(node.components):
             slots[sname] = vals
+    formula_hooks.unused(defines, used, errors)
     return _Raw(name=name, parent=spec.extends.text if spec.extends else None,
                 parent_span=spec.extends.span if spec.extends else None,
                 header_span=spec.name.span, description=description, slots=slots, slot_spans=spans)
@@ -405,6 +424,7 @@ def _per_token_only_needs_a_token_ratio(slots):  # type: ignore[no-untyped-def]
                    if not c.off and not c.flag("per_token_only", {})]
             yield v.slot, f"{v.slot} '{v.component}' is per token; it does not apply to a sequence ratio", \
                 f"use `ratio {token[0]}`" + (f", or {v.slot} {alt[0]}" if alt else "")
+
 
 
 # ---------------------------------------------------------------------------------------

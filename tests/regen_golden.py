@@ -1,7 +1,7 @@
 """Regenerate the golden files the language tests compare against.
 
     python tests/regen_golden.py              # tests/golden/<algo>.py: generated code per library algorithm
-    python tests/regen_golden.py --messages   # also tests/specs/bad/*.expected: the rendered errors
+    python tests/regen_golden.py --messages   # also tests/specs/bad*/*.expected: the rendered errors
 
 Run it after an intended change to the templates, a component's parameters or an error
 message, then read the diff (`git diff tests/golden tests/specs`) before committing: the
@@ -17,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
 BAD = ROOT / "tests" / "specs" / "bad"
+BAD_FORMULA = ROOT / "tests" / "specs" / "bad_formula"  # malformed formulas (define blocks)
 
 
 def golden_source(name: str) -> str:
@@ -28,7 +29,7 @@ def golden_source(name: str) -> str:
 
 def bad_spec_files() -> list[Path]:
     """The numbered bad specs (helpers such as ``cycle_b.rl`` have no number and no .expected)."""
-    return sorted(p for p in BAD.glob("*.rl") if p.name[:2].isdigit())
+    return sorted(p for folder in (BAD, BAD_FORMULA) for p in folder.glob("*.rl") if p.name[:2].isdigit())
 
 
 def rendered_error(path: Path) -> str:
@@ -48,7 +49,7 @@ def rendered_error(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--messages", action="store_true", help="also rewrite tests/specs/bad/*.expected")
+    ap.add_argument("--messages", action="store_true", help="also rewrite tests/specs/bad*/*.expected")
     args = ap.parse_args(argv)
     os.chdir(ROOT)
     import rldsl

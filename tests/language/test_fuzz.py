@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +29,11 @@ REGISTRY_TOKENS = sorted(set(registry.SLOTS) | {c for comps in registry.REGISTRY
 PYTHON_TOKENS = ["import", "os", ".", "os.system", "__import__", "('os')", "exec", "eval", "lambda",
                  "'", '"""', ";", ":", "[", "]", "{", "}", "\\", "__class__", "__builtins__", "self",
                  "**", "@", "`", "$", "\x00", "\ufeff", "\u2028", "\x0c", "\x85", "\r", "é", "∑", "😀"]
-VOCAB = GRAMMAR_TOKENS + REGISTRY_TOKENS + PYTHON_TOKENS
+FORMULA_TOKENS = ["define", "end", "define g\n", "\nend\n", "+", "*", "/", "^", "**", "<=", "==", "where(",
+                  "sg(", "seq_mean(", "group_std(", "batch_quantile(", "rho", "A", "w", "L", "G", "1e-6", "= 0"]
+VOCAB = GRAMMAR_TOKENS + REGISTRY_TOKENS + PYTHON_TOKENS + FORMULA_TOKENS
+FORMULA_TEXTS = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "algorithms" / "examples").glob("*.rl"))
+                 + sorted((ROOT / "tests" / "specs" / "formula").glob("*.rl"))]
 
 FUZZ = settings(max_examples=600, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -54,8 +59,8 @@ def _check(text: str) -> None:
 
 
 @st.composite
-def mutated_spec(draw: st.DrawFn) -> str:
-    text = draw(st.sampled_from(LIBRARY_TEXTS))
+def mutated_spec(draw: st.DrawFn, texts: list[str] = LIBRARY_TEXTS) -> str:
+    text = draw(st.sampled_from(texts))
     for _ in range(draw(st.integers(1, 4))):
         op = draw(st.sampled_from(["delete", "insert_char", "swap", "dup_line", "drop_line",
                                    "insert_token", "replace_token"]))
@@ -109,6 +114,12 @@ def test_mutated_library_specs(text: str) -> None:
     _check(text)
 
 
+@settings(FUZZ, max_examples=500)
+@given(mutated_spec(FORMULA_TEXTS))
+def test_mutated_formula_specs(text: str) -> None:
+    _check(text)
+
+
 def test_the_property_sees_failures() -> None:
     """The check above must not pass vacuously: bad text fails it only through SpecError."""
     for text in ["", "algorithm", "algorithm x\n  kl k3", "algorithm x\n  baseline os.system"]:
@@ -118,3 +129,124 @@ def test_the_property_sees_failures() -> None:
             continue
         raise AssertionError(f"{text!r} should not load")
     _check(LIBRARY_TEXTS[0])  # a good spec passes through codegen
+
+
+# ---------------------------------------------------------------------------------------
+# Formulas: random expressions either fail with a SpecError or run, with the slot's shapes
+
+
+import functools  # noqa: E402
+
+import torch  # noqa: E402
+
+from rldsl.formula import hooks, lang  # noqa: E402
+from rldsl.ops import AdvantageBatch  # noqa: E402
+
+FORMULA_SLOTS = ["trust_region", "objective", "kl", "aggregation", "ratio", "entropy",
+                 "baseline", "normalizer", "filter", "shaping"]
+NUMBERS = ["0", "1", "2", "0.5", "1e-6", "3.0", "0.0", "1e400", "100"]
+NAMES = sorted(lang.INPUTS) + ["p", "x", "q", "rh0", "nan", "os"]
+FUNCS = sorted(lang.FUNCTIONS) + ["mean", "max", "foo", "sg"]
+OPS = ["+", "-", "*", "/", "^", "<", ">=", "==", "!="]
+
+
+@functools.lru_cache(maxsize=None)
+def _expr(depth: int = 3) -> st.SearchStrategy[str]:
+    leaf = st.sampled_from(NAMES + NUMBERS)
+    return st.recursive(leaf, lambda c: st.one_of(
+        st.tuples(c, st.sampled_from(OPS), c).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+        st.tuples(st.sampled_from(FUNCS), st.lists(c, min_size=0, max_size=3)).map(
+            lambda t: f"{t[0]}({', '.join(t[1])})"),
+        c.map(lambda x: f"-{x}")), max_leaves=8)
+
+
+@functools.lru_cache(maxsize=None)
+def _typed(names: tuple[str, ...], kind: str, depth: int) -> st.SearchStrategy[str]:
+    """Mostly well-formed expressions over ``names``: many pass the checker and reach the code."""
+    if kind == "bool":
+        return st.tuples(_typed(names, "num", depth), st.sampled_from(["<", "<=", ">", ">=", "==", "!="]),
+                         _typed(names, "num", depth)).map(lambda t: f"{t[0]} {t[1]} {t[2]}")
+    leaf = st.sampled_from(names + ("0", "1", "0.5", "2", "1e-6"))
+    if depth == 0:
+        return leaf
+    sub = _typed(names, "num", depth - 1)
+    reductions = sorted(n for n, f in lang.FUNCTIONS.items() if f.kind == "reduce" and f.arity == (1,))
+    quantiles = sorted(n for n, f in lang.FUNCTIONS.items() if f.kind == "reduce" and f.arity == (2,))
+    return st.one_of(
+        leaf,
+        st.tuples(sub, st.sampled_from(["+", "-", "*", "/", "^"]), sub).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+        st.tuples(st.sampled_from(["exp", "log", "sigmoid", "tanh", "abs", "sqrt", "sign", "sg"]), sub).map(
+            lambda t: f"{t[0]}({t[1]})"),
+        st.tuples(st.sampled_from(["min", "max"]), sub, sub).map(lambda t: f"{t[0]}({t[1]}, {t[2]})"),
+        st.tuples(sub, sub, sub).map(lambda t: f"clamp({t[0]}, {t[1]}, {t[2]})"),
+        st.tuples(_typed(names, "bool", depth - 1), sub, sub).map(lambda t: f"where({t[0]}, {t[1]}, {t[2]})"),
+        st.tuples(st.sampled_from(reductions), sub).map(lambda t: f"{t[0]}({t[1]})"),
+        st.tuples(st.sampled_from(quantiles), sub, st.sampled_from(["0", "0.25", "1"])).map(
+            lambda t: f"{t[0]}({t[1]}, {t[2]})"),
+        sub.map(lambda x: f"-{x}"))
+
+
+@st.composite
+def formula_spec(draw: st.DrawFn) -> tuple[str, str]:
+    slot = draw(st.sampled_from(FORMULA_SLOTS))
+    spec = lang.SLOTS[slot]
+    typed = draw(st.booleans())
+    lines = [] if typed else ["p = 0.5", f"x = {draw(_expr())}"]
+    if slot == "kl":
+        lines.append("beta = 0.1")
+    for o in (spec.outputs[:1] if spec.one_of else spec.outputs):
+        value = draw(_typed(tuple(spec.inputs), o.kind, 3)) if typed else draw(_expr())
+        lines.append(f"{o.name} = {value}")
+    text = ("algorithm fuzz\n  define gate\n" + "".join(f"    {ln}\n" for ln in lines) +
+            f"  end\n  {slot}  gate\n")
+    return slot, text
+
+
+def _run(v) -> dict:  # noqa: ANN001 - a SlotValue with a formula
+    fn = hooks.function(v)
+    g = torch.Generator().manual_seed(0)
+    B, T, G = 4, 3, 2
+    mask = torch.tensor([[1.0, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]])
+    rand = lambda: torch.randn(B, T, generator=g)  # noqa: E731
+    if v.formula.spec.stage == "loss":
+        logp = -torch.rand(B, T, generator=g)
+        return fn(torch.exp(rand()), torch.exp(rand()), rand(), logp, logp - 0.1, logp + 0.1,
+                  torch.rand(B, T, generator=g), mask, G)
+    r = torch.randn(B, generator=g)
+    batch = AdvantageBatch(rewards=r, raw_rewards=r, token_rewards=torch.zeros(B, T), mask=mask,
+                           group_size=G, valid=torch.tensor([True, True, False, True]))
+    return fn(r, rand(), mask, G, batch)
+
+
+@settings(FUZZ, max_examples=400)
+@given(formula_spec())
+def test_random_formulas_fail_cleanly_or_run_with_the_slot_shapes(case: tuple[str, str]) -> None:
+    slot, text = case
+    try:
+        algo = rldsl.loads(text, filename="fuzz.rl")
+    except SpecError as e:
+        for err in e.errors if isinstance(e, SpecErrors) else [e]:
+            assert err.message and "\n" not in err.message
+            assert 1 <= err.line <= len(source_lines(text))
+        return
+    gen = codegen.generate(algo)  # the generated code compiles ...
+    compile(gen.source, "fuzz-generated.py", "exec")
+    out = _run(algo.slots[slot][0])  # ... and runs: every shape the checker accepted is a real shape
+    spec = lang.SLOTS[slot]
+    for o in spec.outputs:
+        if o.name not in out:
+            continue
+        value = torch.as_tensor(out[o.name])
+        want = {0: (), 1: (4,), 2: (4, 3)}[o.rank]
+        if slot == "baseline":
+            want = (4, 3)  # the advantage, on the tokens
+        assert tuple(value.shape) == want, (o.name, tuple(value.shape), text)
+        assert value.dtype.is_floating_point, (o.name, value.dtype)
+
+
+def test_the_formula_property_sees_both_outcomes() -> None:
+    ok = "algorithm fuzz\n  define gate\n    w = min(rho, 1.2)\n  end\n  trust_region  gate\n"
+    bad = ok.replace("min(rho, 1.2)", "min(rho, mask > 0)")
+    _run(rldsl.loads(ok)["trust_region"])
+    with pytest.raises(SpecError):
+        rldsl.loads(bad)

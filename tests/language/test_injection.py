@@ -247,3 +247,130 @@ def test_generated_code_holds_only_registry_and_template_names(spec: str, in_roo
     assert not {n for n in names if n.startswith("__")}
     assert {n for n in names if keyword.iskeyword(n)} <= {"def", "return", "if", "else", "is", "not",
                                                           "None", "True", "False", "with", "and", "or"}
+
+
+# ---------------------------------------------------------------------------------------
+# Formulas: define blocks never reach Python as text
+
+
+def _define(*lines: str, slot: str = "trust_region", name: str = "gate") -> str:
+    return (H + f"  define {name}\n" + "".join(f"    {ln}\n" for ln in lines) + "  end\n" +
+            f"  {slot}  {name}\n")
+
+
+FORMULA_REJECTED = [
+    ("import_call", _define('w = __import__("os")'),
+     "unexpected '\"os\"'"),
+    ("method_call", _define("w = rho.exp()"), "unexpected character '.'"),
+    ("torch_attribute", _define("w = torch.exp(rho)"), "unexpected character '.'"),
+    ("exec_function", _define("w = exec(rho)"), "unknown function 'exec'"),
+    ("eval_function", _define("w = eval(rho)"), "unknown function 'eval'"),
+    ("globals_function", _define("w = globals()"), "unknown function 'globals'"),
+    ("os_name", _define("w = rho * os"), "unknown name 'os'"),
+    ("builtins_name", _define("w = __builtins__"), "unknown name '__builtins__'"),
+    ("lambda_name", _define("w = lambda"), "unknown name 'lambda'"),
+    ("semicolon", _define("w = rho; import os"), "unexpected character ';'"),
+    ("subscript", _define("w = rho[0]"), "unexpected character '['"),
+    ("matmul", _define("w = rho @ rho"), "unexpected character '@'"),
+    ("python_conditional", _define("w = rho if A > 0 else 1"), "unexpected 'if'"),
+    ("f_string", _define('w = f"{rho}"'), "unexpected '\"{rho}\"'"),
+    ("backslash", _define("w = rho \\"), "unexpected character '\\\\'"),
+    ("dunder_binding", _define("__class__ = rho", "w = rho"), "binding name '__class__' must start with a letter"),
+    ("dunder_define", _define("w = rho", name="__init__"),
+     "define name '__init__' must start with a lower case letter, then lower case letters, digits or '_'"),
+    ("nan_name", _define("w = rho * nan"), "unknown name 'nan'"),
+    ("huge_number", _define("w = min(rho, 1e400)"), "the number 1e400 is not finite"),
+    ("overflowing_constant", _define("w = rho * exp(1000)"), "exp(1000) has no finite value"),
+    ("keyword_argument", _define("w = clamp(rho, min=0.8, max=1.2)"), "unexpected '='"),
+    ("star_args", _define("w = max(*rho)"), "unexpected '*'"),
+]
+
+
+@pytest.mark.parametrize("text,message", [c[1:] for c in FORMULA_REJECTED], ids=[c[0] for c in FORMULA_REJECTED])
+def test_python_lookalikes_in_formulas_are_rejected_before_codegen(text: str, message: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_codegen(*a: object, **k: object) -> None:
+        raise AssertionError("code was generated for a rejected spec")
+
+    monkeypatch.setattr(codegen, "generate", no_codegen)
+    with pytest.raises(SpecError) as info:
+        rldsl.compile(rldsl.loads(text, filename="evil.rl"), compile=False)
+    assert info.value.message == message
+    assert info.value.line >= 2 and info.value.column >= 1
+
+
+def formula_foreign_tokens(algo: rldsl.Algorithm, source: str) -> list[str]:
+    """Tokens that are neither registry/template names nor the formula emitter's closed table;
+    in comments the spec's own names (bindings, defines: rendered from the tree) are allowed."""
+    from rldsl.formula import emit
+
+    spec_names = set()
+    for values in algo.slots.values():
+        for v in values:
+            if v.formula is not None:
+                spec_names.add(v.formula.name)
+                spec_names.update(b.name for b in v.formula.define.bindings)
+                spec_names.update(v.formula.reads)
+    code_ok = allowed_names() | emit.CODE_WORDS
+    bad = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.NAME and tok.string not in code_ok and not emit.is_generated_name(tok.string):
+            bad.append(tok.string)
+        elif tok.type == tokenize.COMMENT:
+            words = _WORD.findall(re.sub(r"\b\d+(\.\d*)?(e[-+]?\d+)?", " ", tok.string))  # numbers aside
+            bad += [w for w in words if w not in code_ok | spec_names
+                    and not emit.is_generated_name(w) and w not in emit.COMMENT_WORDS]
+        elif tok.type == tokenize.STRING and tok.string not in allowed_strings():
+            bad.append(tok.string)
+        elif tok.type == tokenize.NUMBER and not math.isfinite(float(tok.string)):
+            bad.append(tok.string)
+        elif tok.type == tokenize.ERRORTOKEN and not tok.string.isspace():
+            bad.append(tok.string)
+    return bad
+
+
+FORMULA_SPECS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "algorithms" / "examples").glob("*.rl")) + \
+    sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests" / "specs" / "formula").glob("*.rl"))
+
+
+def test_there_are_formula_specs_to_check() -> None:
+    assert len(FORMULA_SPECS) >= 4
+
+
+@pytest.mark.parametrize("spec", FORMULA_SPECS)
+def test_formula_code_holds_only_closed_table_names(spec: str, in_root: Path) -> None:
+    algo = rldsl.load(spec)
+    source = codegen.generate(algo).source
+    assert "formula" in source
+    assert formula_foreign_tokens(algo, source) == []
+
+
+def test_spec_names_that_look_like_python_stay_in_comments() -> None:
+    text = _define("exec = rho - 1", "os = exec * 2", "system = 0.5", "w = rho + os * system")
+    algo = rldsl.loads(text, filename="names.rl")
+    source = codegen.generate(algo).source
+    code_lines = [ln.split("#", 1)[0] for ln in source.splitlines()]
+    for word in ("exec", "os", "system"):
+        assert not any(re.search(rf"\b{word}\b", ln) for ln in code_lines), word
+        assert re.search(rf"#.*\b{word}\b", source), f"{word} is shown in the comments"
+    assert formula_foreign_tokens(algo, source) == []
+    # the check itself sees a name that slipped into the code
+    assert formula_foreign_tokens(algo, source.replace("w = ", "w = exec + ", 1)) == ["exec"]
+
+
+def test_numbers_are_reprinted_from_checked_floats() -> None:
+    text = _define("cap = 1.2000", "w = min(rho, cap + 0e0) * 10")
+    algo = rldsl.loads(text, filename="numbers.rl")
+    code = "\n".join(ln.split("#", 1)[0] for ln in codegen.generate(algo).loss_source.splitlines())
+    assert "torch.clamp(rho, max=1.2) * 10.0" in code
+    assert "1.2000" not in code and "0e0" not in code
+
+
+def test_codegen_refuses_a_formula_name_that_is_no_identifier() -> None:
+    algo = rldsl.loads(_define("w = min(rho, 1.2)"), filename="x.rl")
+    v = algo["trust_region"]
+    bad = v.model_copy(update={"component": "gate); import os; ("})
+    slots = dict(algo.slots)
+    slots["trust_region"] = [bad]
+    with pytest.raises(CodegenError, match="not an identifier"):
+        codegen.generate(algo.model_copy(update={"slots": slots}))

@@ -1,0 +1,554 @@
+"""The formula checker: a ``define`` used in a slot -> a typed, shape-checked :class:`Formula`.
+
+Everything is decided here, before any code exists: names (slot inputs, parameters, other
+bindings; did-you-mean on a typo), arity, kinds (number vs true/false), shapes ([], [B],
+[B, T], broadcast upwards only), the shape each output of the slot needs, division by a
+constant zero, constants without a finite value, cycles, unused bindings, and reductions
+that would read padding (every reduction is masked; unmasked ones do not exist). Each
+problem is a SpecError at the offending sub-expression.
+
+Constants are folded with Python floats (the same arithmetic the registry components do
+with their parameters), so parameters reach the code as checked literals.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import ErrorList, Span, did_you_mean
+from . import lang
+from .nodes import ARITHMETIC, Binary, Binding, Call, Define, Expr, Name, Neg, Num, literal_number, walk
+from .render import render
+
+_BINDING_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Typed:
+    """A checked expression: kind ("num" | "bool"), rank (0 [], 1 [B], 2 [B, T]), the constant
+    value when it has one, and its checked parts.
+
+    op: "const" (a number or a parameter, folded), "input", "ref" (another binding), "call",
+    "neg", "operator"; ``name``: the input, parameter, binding, function or operator.
+    """
+
+    node: Expr
+    kind: str
+    rank: int
+    const: float | bool | None
+    op: str
+    name: str = ""
+    args: tuple["Typed", ...] = ()
+
+
+@dataclass(frozen=True)
+class Formula:
+    """A define, checked for one slot, with its parameters resolved: what the emitter compiles."""
+
+    name: str
+    slot: str
+    define: Define
+    file: str
+    params: dict[str, float]           # the values in use (defaults, or the slot line's)
+    defaults: dict[str, float]
+    order: tuple[str, ...]             # the computed bindings, dependencies first
+    typed: dict[str, Typed] = field(repr=False)
+    outputs: tuple[str, ...] = ()      # the slot outputs it binds, in the slot's order
+    reads: frozenset[str] = frozenset()  # slot inputs it reads
+
+    @property
+    def spec(self) -> lang.FormulaSlot:
+        return lang.SLOTS[self.slot]
+
+    def reads_any(self, *names: str) -> bool:
+        return any(n in self.reads for n in names)
+
+    @property
+    def uses_groups(self) -> bool:
+        """Reads G or a group reduction: needs the true group size."""
+        return "G" in self.reads or any(
+            t.op == "call" and lang.FUNCTIONS[t.name].scope == "group"
+            for name in self.order for t in _walk_typed(self.typed[name]))
+
+
+def _walk_typed(t: Typed):  # noqa: ANN202
+    yield t
+    for a in t.args:
+        yield from _walk_typed(a)
+
+
+def _shape(rank: int) -> str:
+    return lang.SHAPES[rank]
+
+
+def _kind_words(kind: str) -> str:
+    return "a number" if kind == "num" else "true/false (a comparison)"
+
+
+class _Reporter:
+    """Adds errors once: a define used in two slots reports a problem of its body once."""
+
+    def __init__(self, errors: ErrorList, reported: set[tuple[str, Span]]):
+        self.errors = errors
+        self.reported = reported
+        self.count = 0
+
+    def __call__(self, message: str, span: Span, hint: str | None = None) -> None:
+        self.count += 1
+        key = (message, span)
+        if key not in self.reported:
+            self.reported.add(key)
+            self.errors.add(message, span, hint=hint)
+
+
+# ---------------------------------------------------------------------------------------
+# Parameters given on the slot line
+
+
+def _override(arg, define: Define, params: dict[str, float], add: _Reporter) -> float | None:  # noqa: ANN001
+    """The number a slot line gives parameter ``arg.name`` (a parser ``ArgNode``), or None."""
+    name, kind, text, span = arg.name.text, arg.kind, arg.value.text, arg.value.span
+    if kind == "string":
+        add(f"argument '{name}' takes a number, not a string", span,
+            hint="strings are only allowed in the description")
+        return None
+    if kind != "number":
+        add(f"argument '{name}' takes a number, got {text!r}", span,
+            hint=f"{name}: a parameter of {define.name}, default {_num(params[name])}")
+        return None
+    value = float(text)
+    if not math.isfinite(value):
+        add(f"argument '{name}' must be a finite number", span)
+        return None
+    return value
+
+
+def _num(x: float | bool) -> str:
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    return repr(float(x))
+
+
+# ---------------------------------------------------------------------------------------
+# The checker
+
+
+class _Checker:
+    def __init__(self, slot: str, define: Define, add: _Reporter, params: dict[str, float]):
+        self.slot = slot
+        self.spec = lang.SLOTS[slot]
+        self.define = define
+        self.add = add
+        self.params = params
+        self.inputs = set(self.spec.inputs)
+        self.outputs = {o.name: o for o in self.spec.outputs}
+        self.bindings: dict[str, Binding] = {}
+        self.typed: dict[str, Typed] = {}
+
+    # -- names --------------------------------------------------------------------------
+
+    def resolve(self, name: str) -> str:
+        """What a name means here: "param", "input", "binding" or "unknown".
+
+        A slot input always means the input, also when an output has its name (a
+        normalizer's ``A = A / s`` reads the incoming A)."""
+        if name in self.params:
+            return "param"
+        if name in self.inputs:
+            return "input"
+        if name in self.bindings:
+            return "binding"
+        return "unknown"
+
+    def unknown_name(self, node: Name) -> None:
+        name = node.name
+        if name in lang.FUNCTIONS:
+            self.add(f"'{name}' is a function: call it, e.g. {name}(x)", node.span)
+            return
+        known = sorted(self.inputs | set(self.bindings) | set(self.params))
+        if name in lang.INPUTS:  # an input of other slots
+            others = [s for s, fs in lang.SLOTS.items() if name in fs.inputs]
+            self.add(f"'{name}' is not an input of {self.slot}", node.span,
+                     hint=f"{name} is read by " + ", ".join(others) + f" formulas; {self.slot} formulas read: " +
+                     ", ".join(self.spec.inputs))
+            return
+        hint = did_you_mean(name, known)
+        if hint is None:
+            hint = f"{self.slot} formulas read: " + ", ".join(self.spec.inputs) + \
+                ("; parameters and bindings: " + ", ".join(sorted(set(self.bindings) | set(self.params)))
+                 if self.bindings or self.params else "")
+        self.add(f"unknown name '{name}'", node.span, hint=hint)
+
+    # -- expressions --------------------------------------------------------------------
+
+    def expr(self, e: Expr) -> Typed | None:
+        if isinstance(e, Num):
+            value = float(e.text)
+            if not math.isfinite(value):
+                self.add(f"the number {e.text} is not finite", e.span)
+                return None
+            return Typed(e, "num", 0, value, "const")
+        if isinstance(e, Name):
+            what = self.resolve(e.name)
+            if what == "param":
+                return Typed(e, "num", 0, self.params[e.name], "const", e.name)
+            if what == "input":
+                return Typed(e, "num", lang.INPUTS[e.name].rank, None, "input", e.name)
+            if what == "binding":
+                t = self.typed.get(e.name)
+                if t is None:  # its own definition failed: already reported
+                    return None
+                return Typed(e, t.kind, t.rank, t.const, "ref", e.name)
+            self.unknown_name(e)
+            return None
+        if isinstance(e, Neg):
+            x = self.expr(e.operand)
+            if x is None or not self.number(x, "'-'"):
+                return None
+            return self.folded(Typed(e, "num", x.rank, None if x.const is None else -x.const, "neg", "-", (x,)))
+        if isinstance(e, Binary):
+            return self.binary(e)
+        assert isinstance(e, Call)
+        return self.call(e)
+
+    def number(self, t: Typed, where: str) -> bool:
+        if t.kind != "num":
+            self.add(f"{where} takes a number, got a comparison (true/false)", t.node.span,
+                     hint="turn a condition into numbers with where(condition, 1, 0)")
+            return False
+        return True
+
+    def folded(self, t: Typed) -> Typed | None:
+        if isinstance(t.const, float) and not math.isfinite(t.const):
+            self.add("this constant has no finite value", t.node.span,
+                     hint=f"it evaluates to {t.const!r}")
+            return None
+        return t
+
+    def binary(self, e: Binary) -> Typed | None:
+        a, b = self.expr(e.left), self.expr(e.right)
+        if e.op == "/" and b is not None and b.const is not None and b.const == 0:
+            self.zero_division(b)  # also when the numerator has an error of its own
+            return None
+        if a is None or b is None:
+            return None
+        word = f"'{e.op}'"
+        if not (self.number(a, word) and self.number(b, word)):
+            return None
+        rank = max(a.rank, b.rank)
+        if e.op not in ARITHMETIC:
+            const = None if a.const is None or b.const is None else _compare(e.op, a.const, b.const)
+            return Typed(e, "bool", rank, const, "operator", e.op, (a, b))
+        if e.op == "^" and a.const == 0 and b.const is not None and b.const < 0:
+            self.zero_division(a)
+            return None
+        const = None
+        if a.const is not None and b.const is not None:
+            const = _arith(e.op, float(a.const), float(b.const))
+        return self.folded(Typed(e, "num", rank, const, "operator", e.op, (a, b)))
+
+    def zero_division(self, t: Typed) -> None:
+        params = sorted({n.name for n in walk(t.node) if isinstance(n, Name) and n.name in self.params})
+        hint = None
+        if params:
+            hint = "with " + ", ".join(f"{p} = {_num(self.params[p])}" for p in params)
+        text = render(t.node)
+        self.add("division by zero" + ("" if literal_number(t.node) else f": {text} is 0"),
+                 t.node.span, hint=hint)
+
+    def call(self, e: Call) -> Typed | None:
+        f = lang.FUNCTIONS.get(e.func)
+        n = len(e.args)
+        if f is None or (f.kind == "minmax" and n == 1):
+            self.unknown_function(e)
+            return None
+        if n not in f.arity:
+            want = f.arity[0]
+            self.add(f"{f.name} takes {want} argument{'s' if want != 1 else ''}, got {n}", e.span,
+                     hint=f.doc)
+            return None
+        args = [self.expr(a) for a in e.args]
+        if any(a is None for a in args):
+            return None
+        targs = tuple(a for a in args if a is not None)
+        if f.kind == "where":
+            return self.where(e, targs)
+        for i, a in enumerate(targs):
+            if not self.number(a, f"{f.name}" + ("'s first argument" if len(targs) > 1 and i == 0 else
+                                                  f"'s argument {i + 1}" if len(targs) > 1 else "")):
+                return None
+        if f.kind == "reduce":
+            return self.reduce(e, f, targs)
+        rank = max(a.rank for a in targs)
+        consts = [a.const for a in targs]
+        const = None
+        if all(c is not None for c in consts):
+            const = _fold(f, [float(c) for c in consts])  # type: ignore[arg-type]
+            if const is None:
+                self.add(f"{render(e)} has no finite value", e.span)
+                return None
+        if f.kind == "clamp" and targs[1].const is not None and targs[2].const is not None \
+                and targs[1].const > targs[2].const:
+            self.add(f"clamp's low bound {_num(targs[1].const)} is above its high bound "
+                     f"{_num(targs[2].const)}", e.span, hint="clamp(x, low, high)")
+            return None
+        return self.folded(Typed(e, "num", rank, const, "call", f.name, targs))
+
+    def where(self, e: Call, args: tuple[Typed, ...]) -> Typed | None:
+        c, a, b = args
+        if c.kind != "bool":
+            self.add("where's first argument must be a condition (a comparison)", c.node.span,
+                     hint="e.g. where(A > 0, a, b)")
+            return None
+        if a.kind != b.kind:
+            self.add(f"where's branches differ: {_kind_words(a.kind)} and {_kind_words(b.kind)}", e.span)
+            return None
+        if c.const is not None:  # a constant condition picks its branch
+            return a if c.const else b
+        rank = max(c.rank, a.rank, b.rank)
+        return Typed(e, a.kind, rank, None, "call", "where", args)
+
+    def reduce(self, e: Call, f: lang.Function, args: tuple[Typed, ...]) -> Typed | None:
+        x = args[0]
+        if f.scope == "group" and x.rank > 1:
+            self.add(f"{f.name} takes one value per sequence [B], got {_shape(x.rank)}", x.node.span,
+                     hint=f"reduce each sequence's tokens first, e.g. {f.name}(seq_mean(...))")
+            return None
+        if len(args) == 2:
+            q = args[1]
+            if q.const is None or not (0.0 <= float(q.const) <= 1.0):
+                self.add(f"{f.name}'s level q must be a constant between 0 and 1", q.node.span,
+                         hint=f"e.g. {f.name}(x, 0.9)")
+                return None
+        rank = 0 if f.scope == "batch" else 1
+        return Typed(e, "num", rank, None, "call", f.name, args)
+
+    def unknown_function(self, e: Call) -> None:
+        name = e.func
+        base = name[:-1] if name.endswith("s") and name[:-1] in lang.UNSCOPED else name
+        if base in lang.UNSCOPED or (name in ("max", "min") and len(e.args) == 1):
+            r = {"avg": "mean", "var": "std", "median": "quantile", "count": "sum"}.get(base, base)
+            self.add(f"{name}(...) over every entry would read padding", e.span,
+                     hint=f"reductions are masked and say what they reduce: seq_{r} (each sequence's "
+                          f"tokens), group_{r} (each group's sequences), batch_{r} (the batch)")
+            return
+        if name in lang.ALIASES and lang.ALIASES[name]:
+            hint: str | None = f"did you mean {lang.ALIASES[name]!r}?"
+        elif name in lang.ALIASES:
+            hint = "write it with the operators: x^y, exp(x * log(2)), ..."
+        else:
+            hint = did_you_mean(name, lang.FUNCTIONS)
+        if hint is None and self.resolve(name) != "unknown":
+            hint = f"'{name}' is a value, not a function"
+        self.add(f"unknown function '{name}'", e.func_span,
+                 hint=hint or "functions: " + ", ".join(n for n in lang.FUNCTIONS if "_" not in n or n == "sg") +
+                 " and the masked reductions seq_/group_/batch_ + sum, mean, std, max, min, quantile")
+
+
+def _compare(op: str, a: float | bool, b: float | bool) -> bool:
+    return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "==": a == b, "!=": a != b}[op]
+
+
+def _arith(op: str, a: float, b: float) -> float:
+    try:
+        if op == "+":
+            return a + b
+        if op == "-":
+            return a - b
+        if op == "*":
+            return a * b
+        if op == "/":
+            return a / b
+        return float(a ** b) if not (a < 0 and not b.is_integer()) else math.nan
+    except (OverflowError, ZeroDivisionError, ValueError):
+        return math.inf
+
+
+_MATH: dict[str, Callable[[float], float]] = {
+    "exp": math.exp, "log": math.log, "tanh": math.tanh, "abs": abs, "sqrt": math.sqrt,
+    "sign": lambda x: float((x > 0) - (x < 0)),
+    "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x)),
+}
+
+
+def _fold(f: lang.Function, xs: list[float]) -> float | None:
+    """The value of a function of constants (None: no finite value)."""
+    try:
+        if f.kind == "elementwise":
+            v = _MATH[f.name](xs[0])
+        elif f.kind == "minmax":
+            v = min(xs) if f.name == "min" else max(xs)
+        elif f.kind == "clamp":
+            v = min(max(xs[0], xs[1]), xs[2])
+        else:  # sg
+            v = xs[0]
+    except (ValueError, OverflowError):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+# ---------------------------------------------------------------------------------------
+# A define used in a slot
+
+
+def check_use(slot: str, define: Define, args: tuple, use_span: Span, file: str,
+              errors: ErrorList, reported: set[tuple[str, Span]]) -> Formula | None:
+    """Check ``define`` as the component of ``slot`` with the slot line's ``args``."""
+    add = _Reporter(errors, reported)
+    spec = lang.SLOTS.get(slot)
+    if spec is None:
+        why = lang.NOT_FORMULAS.get(slot)
+        add(f"slot '{slot}' cannot take a formula" + (f": {why}" if why else ""), use_span,
+            hint="formulas fill: " + ", ".join(lang.SLOTS))
+        return None
+    outputs = {o.name for o in spec.outputs}
+    bindings: dict[str, Binding] = {}
+    defaults: dict[str, float] = {}
+    for b in define.bindings:
+        if b.name in bindings:
+            first = bindings[b.name].name_span
+            add(f"'{b.name}' is bound twice in define {define.name}", b.name_span,
+                hint=f"first bound at line {first.line}, column {first.column}")
+            continue
+        if not _BINDING_NAME.fullmatch(b.name):
+            add(f"binding name '{b.name}' must start with a letter", b.name_span)
+            continue
+        if b.name in lang.FUNCTIONS:
+            add(f"'{b.name}' is a function; a binding cannot take its name", b.name_span)
+            continue
+        if b.name in spec.inputs and b.name not in outputs:
+            add(f"'{b.name}' is an input of {slot}; a binding cannot take its name", b.name_span,
+                hint="choose another name")
+            continue
+        bindings[b.name] = b
+        if literal_number(b.expr) and b.name not in outputs:
+            num = b.expr if isinstance(b.expr, Num) else b.expr.operand  # type: ignore[union-attr]
+            value = float(num.text)
+            if not math.isfinite(value):
+                add(f"the number {num.text} is not finite", num.span)
+                continue
+            defaults[b.name] = -value if isinstance(b.expr, Neg) else value
+    params = dict(defaults)
+    seen_args: dict[str, Span] = {}
+    for arg in args:
+        an = arg.name.text
+        if an not in defaults:
+            if defaults:
+                hint = did_you_mean(an, defaults) or f"{slot} {define.name} takes: " + ", ".join(defaults)
+            else:
+                hint = f"{slot} {define.name} takes no arguments (a binding to a number is a parameter)"
+            add(f"unknown argument '{an}' for {slot} {define.name}", arg.name.span, hint=hint)
+            continue
+        if an in seen_args:
+            first = seen_args[an]
+            add(f"argument '{an}' is given twice", arg.name.span,
+                hint=f"first given at line {first.line}, column {first.column}")
+            continue
+        seen_args[an] = arg.name.span
+        value = _override(arg, define, defaults, add)
+        if value is not None:
+            params[an] = value
+    for p in spec.params:  # parameters the slot itself needs
+        if p not in bindings:
+            add(f"a {slot} formula needs a parameter '{p}'", use_span,
+                hint=f"add a line `{p} = ...` to define {define.name} (the coefficient of the KL term)")
+        elif p not in defaults:
+            add(f"'{p}' must be a number (a parameter)", bindings[p].expr.span)  # type: ignore[union-attr]
+        elif params[p] < 0:
+            span = seen_args.get(p, bindings[p].name_span)
+            add(f"parameter '{p}' of {slot} {define.name} must be >= 0, got {_num(params[p])}", span)
+    # outputs
+    bound = [o.name for o in spec.outputs if o.name in bindings]
+    if spec.one_of and len(bound) != 1:
+        if not bound:
+            add(f"a {slot} formula binds one of " + " or ".join(f"'{o.name}' ({o.doc})" for o in spec.outputs),
+                use_span, hint=f"add a line to define {define.name}, e.g. `{spec.outputs[0].name} = ...`")
+        else:
+            b2 = bindings[bound[1]]
+            add(f"a {slot} formula binds '{bound[0]}' or '{bound[1]}', not both", b2.name_span)
+        return None
+    missing = [] if spec.one_of else [o for o in spec.outputs if o.name not in bindings]
+    for o in missing:
+        add(f"a {slot} formula must bind '{o.name}' ({o.doc} {_shape(o.rank)})", use_span,
+            hint=f"add a line to define {define.name}: `{o.name} = ...`")
+    if missing:
+        return None
+    checker = _Checker(slot, define, add, params)
+    checker.bindings = {n: b for n, b in bindings.items() if n not in defaults}
+    order = _order(checker, bound, add)
+    if order is None:
+        return None
+    before = add.count
+    for name in order:
+        t = checker.expr(checker.bindings[name].expr)
+        if t is not None:
+            checker.typed[name] = t
+    if add.count != before:
+        return None
+    # unused parameters and bindings
+    used_params = {n.name for name in order for n in walk(checker.bindings[name].expr)
+                   if isinstance(n, Name) and n.name in defaults and checker.resolve(n.name) == "param"}
+    for name, b in bindings.items():
+        if name in defaults and name not in used_params and name not in spec.params:
+            add(f"parameter '{name}' is never used", b.name_span,
+                hint="remove it, or use it in the formula")
+        elif name not in defaults and name not in order:
+            add(f"'{name}' is never used", b.name_span,
+                hint=f"the {slot} formula's result is " + " and ".join(o.name for o in spec.outputs))
+    for o in spec.outputs:
+        if o.name not in checker.typed:
+            continue
+        t = checker.typed[o.name]
+        if t.kind != o.kind:
+            add(f"'{o.name}' must be {_kind_words(o.kind)}, got {_kind_words(t.kind)}", t.node.span,
+                hint="e.g. keep = L < 4096" if o.kind == "bool" else "turn a condition into numbers with "
+                "where(condition, 1, 0)")
+        elif t.rank > o.rank:
+            hint = ("reduce each sequence's tokens, e.g. seq_mean(...) or seq_sum(...)" if o.rank == 1
+                    else "reduce it, e.g. batch_sum(...)")
+            add(f"'{o.name}' must be {_shape_words(o.rank)}, got {_shape(t.rank)}", t.node.span, hint=hint)
+    if add.count != before:
+        return None
+    reads = frozenset(t.name for name in order for t in _walk_typed(checker.typed[name]) if t.op == "input")
+    return Formula(define.name, slot, define, file, params, defaults, tuple(order), dict(checker.typed),
+                   tuple(bound), reads)
+
+
+def _shape_words(rank: int) -> str:
+    return {0: "one number []", 1: "one value per sequence [B]", 2: "a value per token [B, T]"}[rank]
+
+
+def _order(c: _Checker, outputs: list[str], add: _Reporter) -> list[str] | None:
+    """The bindings the outputs need, dependencies first; a cycle is an error."""
+    order: list[str] = []
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+
+    def deps(name: str) -> list[str]:
+        out = []
+        for n in walk(c.bindings[name].expr):
+            if isinstance(n, Name) and n.name in c.bindings and c.resolve(n.name) == "binding":
+                if n.name == name:
+                    add(f"'{name}' is defined in terms of itself", n.span)
+                    continue
+                out.append(n.name)
+        return out
+
+    def visit(name: str, path: list[str]) -> bool:
+        if state.get(name) == 2:
+            return True
+        if state.get(name) == 1:
+            cycle = path[path.index(name):]  # ends with name again
+            add(f"'{name}' depends on itself: " + " -> ".join(cycle), c.bindings[name].name_span)
+            return False
+        state[name] = 1
+        ok = all(visit(d, path + [d]) for d in deps(name))
+        state[name] = 2
+        order.append(name)
+        return ok
+
+    before = add.count
+    for o in outputs:
+        visit(o, [o])
+    return order if add.count == before else None

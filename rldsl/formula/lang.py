@@ -1,0 +1,201 @@
+"""The closed tables of the formula language: what each slot's formula reads and binds, and
+the functions it may call. The checker, the code emitter and docs/formulas.md follow them.
+
+Shapes are ranks: 0 = [] (one number), 1 = [B] (one value per sequence), 2 = [B, T] (one
+value per token). A lower rank is broadcast up where a higher one is needed ([B] -> [B, T]
+repeats a sequence's value on its tokens); a higher rank where a lower one is needed is an
+error: reduce first (seq_mean, group_mean, batch_mean, ...).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SHAPES = {0: "[]", 1: "[B]", 2: "[B, T]"}
+
+
+@dataclass(frozen=True)
+class Input:
+    """A value a formula reads. ``code`` is what it is called in the generated function."""
+
+    name: str
+    rank: int
+    doc: str
+    loss: str | None = None       # its code in loss(); None: not there
+    advantage: str | None = None  # its code in advantages(); None: not there
+
+
+INPUTS: dict[str, Input] = {i.name: i for i in [
+    Input("rho", 2, "importance ratio pi / pi_old (after the ratio slot)", loss="rho"),
+    Input("w", 2, "the trust region's weight", loss="w"),
+    Input("A", 2, "advantage (0 on padding)", loss="adv", advantage="adv"),
+    Input("logp", 2, "log pi(o_t) of the current policy (carries the gradient)", loss="logp"),
+    Input("old_logp", 2, "log pi_old(o_t) at rollout time", loss="old_logp"),
+    Input("ref_logp", 2, "log pi_ref(o_t) of the reference policy", loss="ref_logp"),
+    Input("rollout_logp", 2, "log pi_engine(o_t): the inference engine's logprobs of the sampled tokens",
+          loss="rollout_logp"),
+    Input("ent", 2, "per-token entropy of the policy", loss="ent"),
+    Input("mask", 2, "response mask: 1 on generated tokens, 0 on padding", loss="mask", advantage="mask"),
+    Input("r", 1, "sequence reward (after shaping)", advantage="r"),
+    Input("L", 1, "response length: sum_t mask", loss="mask.sum(-1)", advantage="mask.sum(-1)"),
+    Input("G", 0, "group size (samples per prompt)", loss="group_size", advantage="group_size"),
+    Input("B", 0, "rows in the batch", loss="fx.size(mask, 0)", advantage="fx.size(mask, 0)"),
+    Input("T", 0, "padded response length", loss="fx.size(mask, 1)", advantage="fx.size(mask, 1)"),
+]}
+
+
+@dataclass(frozen=True)
+class Output:
+    """A name a slot's formula must bind, its kind and highest rank, and the statement of the
+    generated code that receives it (``{x}``: its value, broadcast to ``rank`` unless the
+    statement broadcasts it itself)."""
+
+    name: str
+    kind: str   # "num" | "bool"
+    rank: int
+    statement: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class FormulaSlot:
+    """How a formula fills a slot."""
+
+    slot: str
+    stage: str                       # "loss" (compiled) | "advantage" (eager)
+    prefix: str                      # of the generated variables: tr_1, tr_2, ...
+    inputs: tuple[str, ...]
+    outputs: tuple[Output, ...]      # all of them must be bound ...
+    one_of: bool = False             # ... or exactly one of them (baseline: b or A)
+    extra: str = ""                  # a statement after the outputs
+    params: tuple[str, ...] = ()     # parameters the slot itself needs (kl: beta)
+    makes_ratio: bool = False        # it computes rho or w (reading them does not make the loss need them)
+
+
+_LOSS_COMMON = ("mask", "L", "G", "B", "T")
+_ADV_COMMON = ("r", "mask", "L", "G", "B", "T")
+
+SLOTS: dict[str, FormulaSlot] = {s.slot: s for s in [
+    FormulaSlot("shaping", "advantage", "sh", _ADV_COMMON,
+                (Output("r", "num", 1, "r = {x}", "the shaped reward [B]"),)),
+    FormulaSlot("baseline", "advantage", "bl", _ADV_COMMON,
+                (Output("b", "num", 1, "adv = fx.spread(r - {x}, mask) * mask", "baseline b [B]: A = r - b"),
+                 Output("A", "num", 2, "adv = fx.spread({x}, mask) * mask", "the advantage itself")),
+                one_of=True, extra="returns = adv"),
+    FormulaSlot("normalizer", "advantage", "no", ("A",) + _ADV_COMMON,
+                (Output("A", "num", 2, "adv = {x}", "the scaled advantage"),)),
+    FormulaSlot("filter", "advantage", "fi", _ADV_COMMON,
+                (Output("keep", "bool", 1, "keep = keep * {x}", "true: the sample stays in the loss"),)),
+    FormulaSlot("ratio", "loss", "ra", ("logp", "old_logp") + _LOSS_COMMON,
+                (Output("log_rho", "num", 2, "log_ratio = {x}", "log of the importance ratio"),),
+                makes_ratio=True),
+    FormulaSlot("trust_region", "loss", "tr", ("rho", "A", "logp", "old_logp") + _LOSS_COMMON,
+                (Output("w", "num", 2, "w = {x}", "the weight the objective uses"),), makes_ratio=True),
+    FormulaSlot("objective", "loss", "ob", ("w", "rho", "A", "logp", "old_logp") + _LOSS_COMMON,
+                (Output("l", "num", 2, "pg = {x}", "the per-token loss to minimise"),)),
+    FormulaSlot("kl", "loss", "kl", ("logp", "ref_logp", "old_logp", "rho") + _LOSS_COMMON,
+                (Output("kl", "num", 2, "kl_t = {x}", "the per-token KL estimate"),),
+                params=("beta",)),
+    FormulaSlot("selection", "loss", "se", ("A", "logp", "old_logp", "rollout_logp", "ent") + _LOSS_COMMON,
+                (Output("keep", "bool", 2, "pg = pg * {x}",
+                        "true: the token keeps its policy loss (the denominator is unchanged)"),)),
+    FormulaSlot("entropy", "loss", "en", ("ent", "A", "w", "rho", "logp") + _LOSS_COMMON,
+                (Output("term", "num", 2, "per_token = per_token + {x}",
+                        "added to the per-token loss"),)),
+    FormulaSlot("aggregation", "loss", "ag", _LOSS_COMMON,
+                (Output("weights", "num", 2, "weights = {x}", "per-token weights"),
+                 Output("count", "num", 0, "count = {x}", "the denominator: loss = sum(l * weights) / count"))),
+]}
+
+
+# Slots a formula cannot fill, and why (the checker's message says it).
+NOT_FORMULAS: dict[str, str] = {
+    "rewards": "it declares what the verifier returns; it computes nothing",
+    "sampling": "the runtime carries it out; it computes nothing",
+    "correction": "its rejections also run in estimate() through the component's own function, "
+                  "and it reports its own metrics",
+    "critic": "a critic brings a value model, which a formula cannot",
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Functions
+
+
+@dataclass(frozen=True)
+class Function:
+    """A function of the closed table. ``kind``: how the checker types it and the emitter writes it.
+
+    elementwise — number -> number, same shape (``torch`` function ``code``)
+    minmax      — min(a, b) / max(a, b), elementwise
+    clamp       — clamp(x, low, high)
+    where       — where(condition, a, b)
+    sg          — stop-gradient (the value, no gradient)
+    reduce      — a masked reduction over tokens (seq), a group's sequences (group) or the batch
+    """
+
+    name: str
+    kind: str
+    arity: tuple[int, ...]
+    doc: str
+    code: str = ""
+    scope: str = ""   # reductions: "seq" | "group" | "batch"
+
+
+_ELEMENTWISE = {"exp": "torch.exp", "log": "torch.log", "sigmoid": "torch.sigmoid", "tanh": "torch.tanh",
+                "abs": "torch.abs", "sqrt": "torch.sqrt", "sign": "torch.sign"}
+REDUCTIONS = ("sum", "mean", "std", "max", "min", "quantile")
+SCOPES = {"seq": "over each sequence's tokens: [B, T] -> [B]",
+          "group": "over the sequences of each prompt's group: [B] -> [B] (every member gets it)",
+          "batch": "over the batch: [B] -> [] (rows), [B, T] -> [] (tokens)"}
+
+FUNCTIONS: dict[str, Function] = {}
+for _n, _c in _ELEMENTWISE.items():
+    FUNCTIONS[_n] = Function(_n, "elementwise", (1,), f"{_n}(x), elementwise", _c)
+FUNCTIONS["min"] = Function("min", "minmax", (2,), "min(a, b), elementwise", "min")
+FUNCTIONS["max"] = Function("max", "minmax", (2,), "max(a, b), elementwise", "max")
+FUNCTIONS["clamp"] = Function("clamp", "clamp", (3,), "clamp(x, low, high) = min(max(x, low), high)")
+FUNCTIONS["where"] = Function("where", "where", (3,), "where(condition, a, b): a where the condition holds, else b")
+FUNCTIONS["sg"] = Function("sg", "sg", (1,), "stop-gradient: the value of x, no gradient through it")
+for _s in SCOPES:
+    for _r in REDUCTIONS:
+        _n = f"{_s}_{_r}"
+        FUNCTIONS[_n] = Function(_n, "reduce", (2,) if _r == "quantile" else (1,),
+                                 f"{_n}(x{', q' if _r == 'quantile' else ''}): masked {_r} {SCOPES[_s]}",
+                                 f"fx.{_n}", _s)
+
+# names that are not functions but look like one: the advice to give instead of "unknown"
+ALIASES = {"stop_gradient": "sg", "detach": "sg", "stopgrad": "sg", "clip": "clamp", "minimum": "min",
+           "maximum": "max", "sgn": "sign", "ln": "log", "exp2": None, "pow": None}
+UNSCOPED = set(REDUCTIONS) | {"avg", "var", "median", "count"}
+
+
+# ---------------------------------------------------------------------------------------
+# The tables of docs/formulas.md (a test checks the document holds them as printed here)
+
+
+def slot_table() -> str:
+    """Markdown: per slot, where it runs, what its formula reads and what it must bind."""
+    rows = ["| slot | runs in | reads | binds |", "|---|---|---|---|"]
+    for s, fs in SLOTS.items():
+        outs = (" or " if fs.one_of else ", ").join(
+            f"`{o.name}` {SHAPES[o.rank]}" + (" true/false" if o.kind == "bool" else "") for o in fs.outputs)
+        extra = "; parameter `beta` (its coefficient)" if fs.params else ""
+        rows.append(f"| {s} | {fs.stage}() | {', '.join(fs.inputs)} | {outs}{extra} |")
+    return "\n".join(rows)
+
+
+def input_table() -> str:
+    """Markdown: every input name, its shape and meaning."""
+    rows = ["| name | shape | meaning |", "|---|---|---|"]
+    rows += [f"| `{i.name}` | {SHAPES[i.rank]} | {i.doc} |" for i in INPUTS.values()]
+    return "\n".join(rows)
+
+
+def function_table() -> str:
+    """Markdown: the closed set of functions."""
+    rows = ["| function | meaning |", "|---|---|"]
+    rows += [f"| `{f.name}` | {f.doc} |" for f in FUNCTIONS.values() if f.kind != "reduce"]
+    for scope, doc in SCOPES.items():
+        names = ", ".join(f"`{scope}_{r}`" + ("(x, q)" if r == "quantile" else "") for r in REDUCTIONS)
+        rows.append(f"| {names} | masked, {doc} |")
+    return "\n".join(rows)

@@ -1,0 +1,170 @@
+"""The masked reductions formulas compile to (``fx.*`` in generated code), and ``spread``.
+
+Every reduction reads only valid entries: tokens where ``mask > 0``, rows where ``rows`` is
+true (in ``advantages()`` the rows whose reward is real; in ``loss()`` the rows with at
+least one token). Padding may hold anything (even inf): it is selected away with
+``torch.where`` before any arithmetic. Conventions, the same in every scope:
+
+- an empty reduction gives 0 (sum, mean, max, min, quantile) and std 1;
+- std is Bessel's (N - 1), and 1 with fewer than two entries (verl's singleton rule);
+- a constant argument is spread over the entries first, so ``seq_sum(1)`` is L and
+  ``group_sum(1)`` the number of valid members of the group.
+
+``rows`` and ``valid`` are float 0/1 tensors of the stage's dtype: they also give constants
+their dtype and device.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..ops import group_view
+
+
+def _as(x: Tensor | float | bool, like: Tensor) -> Tensor:
+    """``x`` as a tensor of ``like``'s dtype and device (no copy when it already is one)."""
+    return torch.as_tensor(x, dtype=like.dtype, device=like.device)
+
+
+def spread(x: Tensor | float | bool, like: Tensor) -> Tensor:
+    """Broadcast [] or [B] (or [B, T]) to ``like``'s shape ([B] or [B, T]), as ``like``'s dtype."""
+    x = _as(x, like)
+    if x.dim() == 1 and like.dim() == 2:
+        x = x.unsqueeze(-1)
+    return x.expand_as(like)
+
+
+def size(mask: Tensor, dim: int) -> Tensor:
+    """B (dim 0) or T (dim 1) as a 0-dim tensor of the mask's dtype, by a sum: torch.compile keeps
+    the size symbolic (a tensor made from the int would fix it in the compiled code)."""
+    return mask.new_ones(mask.shape[dim]).sum()
+
+
+def scalar(x: float | int, like: Tensor) -> Tensor:
+    """A number (G, B, T, or a constant branch of ``where``) as a 0-dim tensor of ``like``'s dtype."""
+    return _as(x, like)
+
+
+def _moments(x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean and Bessel std over the last dim of ``x`` at ``v`` (keepdim); std 1 below 2 entries."""
+    k = v.to(x.dtype).sum(-1, keepdim=True)
+    zero = torch.zeros_like(x)
+    mean = torch.where(v, x, zero).sum(-1, keepdim=True) / k.clamp_min(1)
+    ss = torch.where(v, (x - mean) ** 2, zero).sum(-1, keepdim=True)
+    var = torch.where(k > 1, ss / (k - 1).clamp_min(1), torch.ones_like(ss))  # no sqrt(0) when k < 2
+    return mean, torch.sqrt(var)
+
+
+def _reduce(x: Tensor, v: Tensor, how: str, q: float = 0.5) -> Tensor:
+    """Reduce the last dim of ``x`` over the entries where ``v`` (bool) holds (keepdim)."""
+    x = torch.where(v, x, torch.zeros_like(x))  # first: inf / NaN padding reaches no value or gradient
+    if how == "sum":
+        return torch.where(v, x, torch.zeros_like(x)).sum(-1, keepdim=True)
+    if how in ("mean", "std"):
+        mean, std = _moments(x, v)
+        return mean if how == "mean" else std
+    has = v.any(-1, keepdim=True)
+    if how == "max":
+        m = torch.where(v, x, torch.full_like(x, -torch.inf)).amax(-1, keepdim=True)
+    elif how == "min":
+        m = torch.where(v, x, torch.full_like(x, torch.inf)).amin(-1, keepdim=True)
+    else:  # quantile, linear interpolation (torch.quantile's default)
+        m = torch.where(v, x, torch.full_like(x, torch.nan)).nanquantile(q, dim=-1, keepdim=True)
+    return torch.where(has, m, torch.zeros_like(m))
+
+
+def _seq(x: Tensor | float, mask: Tensor, how: str, q: float = 0.5) -> Tensor:
+    """Over each row's tokens: -> [B]."""
+    x = _as(x, mask)
+    if x.dim() == 1:
+        x = x.unsqueeze(-1)
+    return _reduce(x.expand_as(mask), mask > 0, how, q).squeeze(-1)
+
+
+def _group(x: Tensor | float, rows: Tensor, G: int, how: str, q: float = 0.5) -> Tensor:
+    """Over each group's valid rows: [B] -> [B] (every member gets its group's value)."""
+    g = group_view(_as(x, rows).expand_as(rows), G)  # [P, G]
+    out = _reduce(g, group_view(rows > 0, G), how, q)  # [P, 1]
+    return out.expand_as(g).reshape(-1)
+
+
+def _batch(x: Tensor | float, valid: Tensor, how: str, q: float = 0.5) -> Tensor:
+    """Over the batch's valid entries (``valid``: rows [B] or the token mask [B, T]): -> []."""
+    x = _as(x, valid)
+    if x.dim() == 1 and valid.dim() == 2:
+        x = x.unsqueeze(-1)
+    return _reduce(x.expand_as(valid).reshape(-1), valid.reshape(-1) > 0, how, q).reshape(())
+
+
+# The reductions of the formula language (lang.FUNCTIONS): scope_reduction(x[, q], valid ...).
+
+def seq_sum(x: Tensor | float, mask: Tensor) -> Tensor:
+    return _seq(x, mask, "sum")
+
+
+def seq_mean(x: Tensor | float, mask: Tensor) -> Tensor:
+    return _seq(x, mask, "mean")
+
+
+def seq_std(x: Tensor | float, mask: Tensor) -> Tensor:
+    return _seq(x, mask, "std")
+
+
+def seq_max(x: Tensor | float, mask: Tensor) -> Tensor:
+    return _seq(x, mask, "max")
+
+
+def seq_min(x: Tensor | float, mask: Tensor) -> Tensor:
+    return _seq(x, mask, "min")
+
+
+def seq_quantile(x: Tensor | float, q: float, mask: Tensor) -> Tensor:
+    return _seq(x, mask, "quantile", q)
+
+
+def group_sum(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+    return _group(x, rows, G, "sum")
+
+
+def group_mean(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+    return _group(x, rows, G, "mean")
+
+
+def group_std(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+    return _group(x, rows, G, "std")
+
+
+def group_max(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+    return _group(x, rows, G, "max")
+
+
+def group_min(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+    return _group(x, rows, G, "min")
+
+
+def group_quantile(x: Tensor | float, q: float, rows: Tensor, G: int) -> Tensor:
+    return _group(x, rows, G, "quantile", q)
+
+
+def batch_sum(x: Tensor | float, valid: Tensor) -> Tensor:
+    return _batch(x, valid, "sum")
+
+
+def batch_mean(x: Tensor | float, valid: Tensor) -> Tensor:
+    return _batch(x, valid, "mean")
+
+
+def batch_std(x: Tensor | float, valid: Tensor) -> Tensor:
+    return _batch(x, valid, "std")
+
+
+def batch_max(x: Tensor | float, valid: Tensor) -> Tensor:
+    return _batch(x, valid, "max")
+
+
+def batch_min(x: Tensor | float, valid: Tensor) -> Tensor:
+    return _batch(x, valid, "min")
+
+
+def batch_quantile(x: Tensor | float, q: float, valid: Tensor) -> Tensor:
+    return _batch(x, valid, "quantile", q)

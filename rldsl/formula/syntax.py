@@ -1,0 +1,136 @@
+"""Lark tree -> formula nodes, and the words for syntax errors inside a ``define`` block.
+
+:class:`FormulaNodes` is mixed into the spec parser's Transformer: its methods are named
+after the formula rules of ``grammar/rl.lark`` (``define``, ``binding``, ``f_*``). Positions
+come from Lark's propagated ``meta``; a binding is one line, so every span is on one line.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from lark import Token, v_args
+
+from ..errors import Span, source_lines
+from .nodes import Binary, Binding, Call, Define, Name, Neg, Num
+
+# terminals that only occur in formulas (outside a define they are "unexpected characters")
+OPERATOR_TERMINALS = {"PLUS": "+", "MINUS": "-", "STAR": "*", "SLASH": "/", "CIRCUMFLEX": "^",
+                      "COMPARE": None}
+FORMULA_TERMINALS = set(OPERATOR_TERMINALS) | {"NUMBER", "END"}
+TERMINAL_WORDS = {"NUMBER": "a number", "COMPARE": "a comparison", "END": "'end'", "DEFINE": "'define'"}
+
+
+class FormulaNodes:
+    """Transformer methods for the formula rules (mixed into the spec's ``_ToNodes``)."""
+
+    file: str
+
+    def _span(self, meta: Any) -> Span:
+        return Span(self.file, meta.line, meta.column, max(1, meta.end_column - meta.column))
+
+    def _tspan(self, tok: Token) -> Span:
+        return Span(self.file, tok.line or 0, tok.column or 0, max(1, len(str(tok))))
+
+    def define(self, items: list[Any]) -> tuple[str, Define]:
+        name = items[0]
+        bindings = tuple(b for b in items[1:] if isinstance(b, Binding))
+        return "define", Define(str(name), self._tspan(name), bindings, self._tspan(name))
+
+    def binding(self, items: list[Any]) -> Binding:
+        return Binding(str(items[0]), self._tspan(items[0]), items[1])
+
+    @v_args(meta=True)
+    def f_number(self, meta: Any, items: list[Token]) -> Num:
+        return Num(str(items[0]), self._tspan(items[0]))
+
+    @v_args(meta=True)
+    def f_name(self, meta: Any, items: list[Token]) -> Name:
+        return Name(str(items[0]), self._tspan(items[0]))
+
+    @v_args(meta=True)
+    def f_call(self, meta: Any, items: list[Any]) -> Call:
+        return Call(str(items[0]), self._tspan(items[0]), tuple(items[1:]), self._span(meta))
+
+    @v_args(meta=True)
+    def f_neg(self, meta: Any, items: list[Any]) -> Neg:
+        return Neg(items[0], self._span(meta))
+
+    def _bin(self, op: str, meta: Any, items: list[Any]) -> Binary:
+        return Binary(op, items[0], items[-1], self._span(meta))
+
+    @v_args(meta=True)
+    def f_add(self, meta: Any, items: list[Any]) -> Binary:
+        return self._bin("+", meta, items)
+
+    @v_args(meta=True)
+    def f_sub(self, meta: Any, items: list[Any]) -> Binary:
+        return self._bin("-", meta, items)
+
+    @v_args(meta=True)
+    def f_mul(self, meta: Any, items: list[Any]) -> Binary:
+        return self._bin("*", meta, items)
+
+    @v_args(meta=True)
+    def f_div(self, meta: Any, items: list[Any]) -> Binary:
+        return self._bin("/", meta, items)
+
+    @v_args(meta=True)
+    def f_pow(self, meta: Any, items: list[Any]) -> Binary:
+        return self._bin("^", meta, items)
+
+    @v_args(meta=True)
+    def f_compare(self, meta: Any, items: list[Any]) -> Binary:
+        return self._bin(str(items[1]), meta, items)
+
+
+# ---------------------------------------------------------------------------------------
+# Syntax errors
+
+
+def in_define(source: str, line: int) -> bool:
+    """Whether ``line`` (1-based) lies inside a ``define`` block (after `define`, before `end`)."""
+    inside = False
+    for i, text in enumerate(source_lines(source)[:max(line, 0)], start=1):
+        words = text.split("#", 1)[0].split()
+        if i == line:
+            return inside or words[:1] == ["define"]
+        if words[:1] == ["define"]:
+            inside = True
+        elif words == ["end"]:
+            inside = False
+    return inside
+
+
+def outside_operator(tok: Token, accepts: set[str]) -> str | None:
+    """The character of a formula operator met where no formula can be: reported as before
+    formulas existed, as an unexpected character."""
+    if tok.type in OPERATOR_TERMINALS and not (accepts & FORMULA_TERMINALS):
+        return str(tok)[:1]
+    return None
+
+
+def hint(tok: Token, accepts: set[str], before: str) -> str | None:
+    """A hint for a syntax error inside a define block (None: no specific advice)."""
+    text = str(tok)
+    line_before = before.rsplit("\n", 1)[-1].split("#", 1)[0]
+    if tok.type == "$END" and "END" in accepts:
+        return "close the define block with a line `end`"
+    if tok.type == "STAR" and line_before.endswith("*"):
+        return "a power is written x^2"
+    if tok.type == "STRING":
+        return "a formula holds numbers, names, operators and calls; no strings"
+    if tok.type == "EQUAL":
+        return "a comparison is written == (a binding is one `name = expression` per line)"
+    if tok.type == "COMPARE":
+        return "comparisons do not chain: combine conditions with where(...)"
+    if tok.type == "NAME" and text in ("and", "or", "not", "if", "else"):
+        return f"there is no '{text}': choose between values with where(condition, a, b)"
+    if tok.type in ("_NL", "$END") and "RPAR" in accepts:
+        return "close the parenthesis on the same line: a binding is one line"
+    if tok.type in ("_NL", "$END") and ("NUMBER" in accepts or "NAME" in accepts) and "EQUAL" not in accepts:
+        return "the expression is incomplete"
+    if tok.type == "NAME" and accepts == {"EQUAL"}:
+        return "a define block holds `name = expression` lines and ends with a line `end`"
+    if "EQUAL" in accepts:
+        return "a binding is written `name = expression`"
+    return None

@@ -1,0 +1,4 @@
+algorithm demo
+  "A formula test."
+  define gate
+    w = min(rho, 1.2)

@@ -1,0 +1,6 @@
+algorithm demo
+  "A formula test."
+  define gate
+    w = rho ** 2
+  end
+  trust_region  gate

@@ -1,0 +1,6 @@
+algorithm demo
+  "A formula test."
+  define gate
+    w = min(rho, 1 + 0.2
+  end
+  trust_region  gate

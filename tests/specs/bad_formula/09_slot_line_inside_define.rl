@@ -1,0 +1,5 @@
+algorithm demo
+  "A formula test."
+  define gate
+    w = min(rho, 1.2)
+  trust_region  gate

@@ -1,0 +1,6 @@
+algorithm demo
+  "A formula test."
+  define gate
+    b = mask * r
+  end
+  baseline  gate

@@ -1,0 +1,6 @@
+algorithm demo
+  "A formula test."
+  define gate
+    b = group_mean(mask)
+  end
+  baseline  gate

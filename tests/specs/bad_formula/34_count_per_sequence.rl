@@ -1,0 +1,7 @@
+algorithm demo
+  "A formula test."
+  define gate
+    weights = mask
+    count = L
+  end
+  aggregation  gate

@@ -1,0 +1,6 @@
+algorithm demo
+  "A formula test."
+  define gate
+    keep = L
+  end
+  filter  gate

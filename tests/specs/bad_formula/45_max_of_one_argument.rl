@@ -1,0 +1,6 @@
+algorithm demo
+  "A formula test."
+  define gate
+    w = rho / max(rho)
+  end
+  trust_region  gate

@@ -1,0 +1,6 @@
+algorithm demo
+  "A formula test."
+  define gate
+    kl = ref_logp - logp
+  end
+  kl  gate
