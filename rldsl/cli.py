@@ -66,12 +66,23 @@ def _load_or_exit(path: str, traceback: bool):
         raise typer.Exit(1) from None
 
 
-@app.command()
+def _check_help() -> str:
+    from . import lint
+    rules = "\b\n" + lint.rules_text()  # \b: click keeps the lines as they are
+    return ("Validate specs; print every error with file:line:col, the line, a caret and a hint.\n\n"
+            "Legal specs that are almost surely slips get `file:line:col: warning: ...` the same "
+            "way; they fail the check only with --strict. `rldsl run` prints them at its start, "
+            "with the rules marked 'at run start' checked against the run's config. The rules:\n\n"
+            + rules)
+
+
+@app.command(help=_check_help())
 def check(files: List[str] = typer.Argument(..., help="spec files (or library names)"),
+          strict: bool = typer.Option(False, "--strict", help="exit 1 on any warning too"),
           traceback: bool = typer.Option(False, "--traceback", help="show Python tracebacks")) -> None:
-    """Validate specs; print every error with file:line:col, the line, a caret and a hint."""
+    from . import lint
     from .spec import load
-    failed = 0
+    failed = warned = 0
     for f in files:
         try:
             algo = load(f)
@@ -81,11 +92,19 @@ def check(files: List[str] = typer.Argument(..., help="spec files (or library na
             failed += 1
             _print_error(e)
             continue
+        warnings = lint.check(algo)
+        for w in warnings:
+            _print_error(w)
+        warned += bool(warnings)
         parents = f" (extends {' -> '.join(algo.extends)})" if algo.extends else ""
-        out.print(f"ok: {f}: algorithm {algo.name}{parents}", markup=False)
+        n_w = f" ({len(warnings)} warning{'s' if len(warnings) > 1 else ''})" if warnings else ""
+        out.print(f"ok: {f}: algorithm {algo.name}{parents}{n_w}", markup=False)
+    n = sum(1 for _ in files)
     if failed:
-        n = sum(1 for _ in files)
         err.print(f"{failed} of {n} file{'s' if n > 1 else ''} invalid", markup=False)
+        raise typer.Exit(1)
+    if warned and strict:
+        err.print(f"{warned} of {n} file{'s' if n > 1 else ''} with warnings (--strict)", markup=False)
         raise typer.Exit(1)
 
 
