@@ -147,6 +147,43 @@ def explain(files: List[str] = typer.Argument(..., help="one spec to explain, or
     _print_lines(ex.explain_lines(algo))
 
 
+@app.command()
+def translate(config: str = typer.Argument(..., help="a TRL GRPOConfig (JSON/YAML of its fields) or a verl trainer YAML"),
+              name: Optional[str] = typer.Option(None, "--name", help="algorithm name (default: the file's stem)"),
+              lenient: bool = typer.Option(False, "--lenient",
+                                           help="print the closest spec even if options cannot be reproduced, "
+                                                "each as a '# WARNING' line (exit 0)")) -> None:
+    """Print the spec and the run config (TOML and --set flags) equivalent to a TRL or verl config.
+
+    The format is detected: verl configs nest `algorithm:` / `actor_rollout_ref:`, TRL's are flat. Absent fields take the peer's default (TRL 1.16, verl 0.9.1). An option that no spec reproduces exactly is named with the reason, and the command exits 1; with --lenient it prints the rest, the option as a `# WARNING` comment. Exit 2: the file cannot be read or is neither format.
+    """  # noqa: E501 - one line per paragraph: typer rewraps it
+    import re
+
+    from . import translate as tr
+    from .spec import loads
+    try:
+        t = tr.translate(tr.read_config(config))
+    except tr.TranslateError as e:
+        err.print(f"error: {e}", markup=False)
+        raise typer.Exit(2) from None
+    stem = re.sub(r"[^a-z0-9_]+", "_", (name or Path(config).stem).lower()).strip("_")
+    algo_name = stem if re.fullmatch(r"[a-z][a-z0-9_]*", stem) else f"translated_{stem}".rstrip("_")
+    if t.problems and not lenient:
+        for p in t.problems:
+            err.print(f"error: {config}: {t.peer} option {p.option} cannot be translated: {p.why}", markup=False)
+        err.print(f"{len(t.problems)} option{'s' if len(t.problems) > 1 else ''} not translated; "
+                  "--lenient prints the rest with a warning comment for each", markup=False)
+        raise typer.Exit(1)
+    text = tr.render(t, config, algo_name, lenient=lenient)
+    try:
+        loads(t.spec_text(algo_name, config), f"<translated {config}>")
+    except SpecError as e:  # a value out of the spec's range (e.g. a clip epsilon >= 1)
+        _print_error(e)
+        err.print(f"error: {config}: the translated spec is invalid (above)", markup=False)
+        raise typer.Exit(1) from None
+    sys.stdout.write(text)
+
+
 def list_lines(slot: Optional[str] = None) -> list[list[tuple[str, str]]]:
     """``rldsl list``: per slot its components with their whole formulas, parameters and facts,
     one item per line; then the algorithm library."""
