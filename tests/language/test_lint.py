@@ -102,3 +102,10 @@ def test_check_help_lists_every_rule() -> None:
     text = CliRunner().invoke(app, ["check", "--help"], terminal_width=200).output
     for name in [*lint.SPEC_RULES, *lint.RUN_RULES]:
         assert name in text, name
+
+
+def test_docs_list_every_rule() -> None:
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "warnings.md").read_text(encoding="utf-8")
+    for name, rule in [*lint.SPEC_RULES.items(), *lint.RUN_RULES.items()]:
+        assert f"| `{name}` | {lint.summary(rule)} |" in doc, name
