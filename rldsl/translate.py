@@ -38,6 +38,18 @@ TRL_LOSS_TYPES: dict[str, tuple[str, ...]] = {
               "trust_region gamma_weight(k_pos={vespo_k_pos}, lambda_pos={vespo_lambda_pos}, "
               "k_neg={vespo_k_neg}, lambda_neg={vespo_lambda_neg})", "aggregation token_mean"),
 }
+TRL_IS_LEVELS: dict[str, tuple[str, ...]] = {  # importance_sampling_level (TRL never clamps log rho)
+    "token": ("ratio token(clamp=80.0)",),
+    "sequence": ("ratio sequence(clamp=80.0)",),
+}
+#: vllm_importance_sampling_mode -> the correction (with use_vllm); TRL does not clamp: 80 is out of reach
+TRL_VLLM_IS_MODES: dict[str, str] = {
+    "token_truncate": "importance(level=token{low}, high={high}, clamp=80.0)",
+    "token_mask": "importance(level=token, mode=mask{low}, high={high}, clamp=80.0)",
+    "sequence_truncate": "importance(level=sequence{low}, high={high}, clamp=80.0)",
+    "sequence_mask": "importance(level=sequence, mode=mask{low}, high={high}, clamp=80.0)",
+}
+VERL_IS_LEVELS = ("token", "sequence")  # algorithm.rollout_correction.rollout_is
 TRL_SCALE_REWARDS: dict[str, tuple[str, ...]] = {
     "group": ("baseline group_mean", "normalizer group_std(eps=0.0001)"),
     "batch": ("baseline group_mean", "normalizer batch_std(eps=0.0001)"),
@@ -171,7 +183,7 @@ class Translation:
     def put(self, rows: Iterable[str], values: dict[str, Any] | None = None) -> None:
         """Set the slots of table rows (a later row replaces a slot an earlier one set)."""
         for row in rows:
-            line = row.format(**{k: _fmt(v) for k, v in (values or {}).items()})
+            line = row.format(**{k: format_value(v) for k, v in (values or {}).items()})
             slot = line.split(" ", 1)[0]
             self.lines[slot] = [line]
 
@@ -194,12 +206,6 @@ class Translation:
             comps = [e.split(" ", 1)[1] if e.startswith(slot + " ") else e for e in entries]
             out.append(f"  {slot:<{width}}  {', '.join(comps)}")
         return "\n".join(out) + "\n"
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return format_value(v)
-    return format_value(v) if isinstance(v, (bool, int)) or v is None else str(v)
 
 
 def _float(x: Any) -> float:
@@ -278,11 +284,12 @@ def _trl(cfg: dict[str, Any]) -> Translation:
         "max_completion_length": int(c["max_completion_length"]),
         **{k: _float(c[k]) for k in ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos",
                                      "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")}}
-    t.put(["ratio token(clamp=80.0)", "objective ppo"])
-    if c["importance_sampling_level"] == "sequence":
-        t.put(["ratio sequence(clamp=80.0)"])
-    elif c["importance_sampling_level"] != "token":
-        t.problem("importance_sampling_level", f"{c['importance_sampling_level']!r} is not 'token' or 'sequence'")
+    t.put(["objective ppo"])
+    level = c["importance_sampling_level"]
+    if level in TRL_IS_LEVELS:
+        t.put(TRL_IS_LEVELS[level])
+    else:
+        t.problem("importance_sampling_level", f"{level!r} is not one of {', '.join(TRL_IS_LEVELS)}")
     scale = {True: "group", False: "none"}.get(c["scale_rewards"], c["scale_rewards"]) \
         if isinstance(c["scale_rewards"], bool) else c["scale_rewards"]
     if scale in TRL_SCALE_REWARDS:
@@ -301,47 +308,45 @@ def _trl(cfg: dict[str, Any]) -> Translation:
                 t.problem("delta", f"delta={delta}: the INTELLECT-2 cap on rho must exceed 1")
             else:
                 d = _float(delta)
-                t.put([f"trust_region dual_clip(low={_fmt(eps)}, high={_fmt(round(min(eps_high, d - 1), 12))}, "
-                       f"c={_fmt(max(d, round(1 + eps_high, 12)))})"])
+                t.put([f"trust_region dual_clip(low={format_value(eps)}, high={format_value(round(min(eps_high, d - 1), 12))}, "
+                       f"c={format_value(max(d, round(1 + eps_high, 12)))})"])
         elif c["delta"] is not None:
             t.problem("delta", f"TRL applies delta to the clipped losses only, not to loss_type={loss_type!r}")
         t.put(rows, v)
     beta = _float(c["beta"])
     if beta:
         rw = ", ratio_weighted=true" if c["use_bias_correction_kl"] else ""
-        t.put([f"kl k3(beta={_fmt(beta)}, where=loss{rw})"])
+        t.put([f"kl k3(beta={format_value(beta)}, where=loss{rw})"])
     if c["mask_truncated_completions"]:
         t.add("filter", "overlong")
     if _float(c["entropy_coef"]):
-        t.put([f"entropy bonus(coef={_fmt(_float(c['entropy_coef']))})"])
+        t.put([f"entropy bonus(coef={format_value(_float(c['entropy_coef']))})"])
         if t.lines.get("aggregation") != ["aggregation token_mean"]:
             t.problem("entropy_coef", "TRL's entropy bonus is a token mean whatever the loss_type; the spec's "
                                       "bonus is aggregated like the loss, equal only with aggregation token_mean")
     q = _float(c["top_entropy_quantile"])
     if q < 1:
-        t.add("selection", f"top_entropy(quantile={_fmt(q)})")
+        t.add("selection", f"top_entropy(quantile={format_value(q)})")
         if _float(c["entropy_coef"]):
             t.problem("top_entropy_quantile", "TRL also restricts the entropy bonus to the kept tokens")
     if c["off_policy_mask_threshold"] is not None:
-        t.add("selection", f"off_policy_sequence(threshold={_fmt(_float(c['off_policy_mask_threshold']))})")
+        t.add("selection", f"off_policy_sequence(threshold={format_value(_float(c['off_policy_mask_threshold']))})")
     if c["use_vllm"]:
         t.run["rollout.engine"] = "vllm"
         if c["vllm_importance_sampling_correction"]:
             mode = c["vllm_importance_sampling_mode"]
-            level, _, kind = str(mode).partition("_")
-            if level not in ("token", "sequence") or kind not in ("truncate", "mask"):
-                t.problem("vllm_importance_sampling_mode", f"{mode!r} is not token|sequence _ truncate|mask")
+            if mode not in TRL_VLLM_IS_MODES:
+                t.problem("vllm_importance_sampling_mode", f"{mode!r} is not one of {', '.join(TRL_VLLM_IS_MODES)}")
             else:
                 lo = c["vllm_importance_sampling_clip_min"]
-                low = f", low={_fmt(_float(lo))}" if lo is not None else ""
-                m = ", mode=mask" if kind == "mask" else ""
-                t.add("correction", f"importance(level={level}{m}{low}, "
-                                    f"high={_fmt(_float(c['vllm_importance_sampling_clip_max']))}, clamp=80.0)")
+                t.add("correction", TRL_VLLM_IS_MODES[mode].format(
+                    low=f", low={format_value(_float(lo))}" if lo is not None else "",
+                    high=format_value(_float(c["vllm_importance_sampling_clip_max"]))))
     else:
         t.notes.append("use_vllm is false: TRL's vLLM importance-sampling correction does not apply")
     for opt, bad in (("use_adaptive_entropy", True), ("multi_objective_aggregation", "normalize_then_sum")):
         if c[opt] == bad:
-            t.problem(opt, UNSUPPORTED[("TRL", f"{opt}={_fmt(bad)}")])
+            t.problem(opt, UNSUPPORTED[("TRL", f"{opt}={format_value(bad)}")])
     if cfg.get("reward_weights") not in (None, []):
         t.problem("reward_weights", "the rewards slot is one scalar per sample: weight the reward functions in "
                                     "your own reward (--reward module:function)")
@@ -400,6 +405,11 @@ def _get(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
     return default if node is None and default is not None else node
 
 
+VERL_DEFAULTS: dict[str, Any] = {  # verl 0.9.1 (AlgoConfig, ActorConfig, PolicyLossConfig)
+    "algorithm.adv_estimator": "gae", "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+    "actor_rollout_ref.actor.loss_agg_mode": "token-mean", "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+    "algorithm.kl_penalty": "kl",
+}
 _VERL_ALGO_KNOWN = {"adv_estimator", "gamma", "lam", "norm_adv_by_std_in_grpo", "use_kl_in_reward", "kl_penalty",
                     "kl_ctrl", "filter_groups", "rollout_correction", "_target_", "use_pf_ppo", "pf_ppo"}
 
@@ -419,10 +429,10 @@ def _verl(cfg: dict[str, Any]) -> Translation:
         "tau_pos": _float(get(a + "tau_pos", 1.0)), "tau_neg": _float(get(a + "tau_neg", 1.05)),
         "gamma": _float(get("algorithm.gamma", 1.0)), "lam": _float(get("algorithm.lam", 1.0)),
         "cliprange_value": _float(get("critic.cliprange_value", 0.5)),
-        "cispo_low": "" if _float(low) >= 1 else f"low={_fmt(_float(low))}, ",
+        "cispo_low": "" if _float(low) >= 1 else f"low={format_value(_float(low))}, ",
     }
     t.put(["objective ppo"])
-    adv = get("algorithm.adv_estimator", "gae")
+    adv = get("algorithm.adv_estimator", VERL_DEFAULTS["algorithm.adv_estimator"])
     if adv in VERL_ADV_ESTIMATORS:
         rows = VERL_ADV_ESTIMATORS[adv]
         if adv in VERL_STD_OPTIONAL and not get("algorithm.norm_adv_by_std_in_grpo", True):
@@ -431,7 +441,7 @@ def _verl(cfg: dict[str, Any]) -> Translation:
     else:
         why = UNSUPPORTED.get(("verl", f"adv_estimator={adv}"), "not a verl 0.9.1 adv_estimator")
         t.problem("algorithm.adv_estimator", f"{adv!r}: {why}")
-    agg = get(a + "loss_agg_mode", "token-mean")
+    agg = get(a + "loss_agg_mode", VERL_DEFAULTS[a + "loss_agg_mode"])
     if agg in VERL_AGG_MODES:
         lsf = get(a + "loss_scale_factor")
         if agg == "seq-mean-token-sum-norm" and lsf is None:
@@ -442,10 +452,10 @@ def _verl(cfg: dict[str, Any]) -> Translation:
         t.put(VERL_AGG_MODES[agg], {"loss_scale_factor": int(lsf) if lsf is not None else 0})
     else:
         t.problem(a + "loss_agg_mode", f"{agg!r} is not one of {', '.join(VERL_AGG_MODES)}")
-    mode = get(a + "policy_loss.loss_mode", "vanilla")
+    mode = get(a + "policy_loss.loss_mode", VERL_DEFAULTS[a + "policy_loss.loss_mode"])
     if mode in VERL_LOSS_MODES:
-        if mode == "dro" and get(a + "policy_loss.dro_beta") is None:
-            t.problem(a + "policy_loss.dro_beta", "loss_mode=dro needs dro_beta (verl raises without it)")
+        if any("{dro_beta}" in r for r in VERL_LOSS_MODES[mode]) and get(a + "policy_loss.dro_beta") is None:
+            t.problem(a + "policy_loss.dro_beta", f"loss_mode={mode} needs dro_beta (verl raises without it)")
         v["dro_beta"] = _float(get(a + "policy_loss.dro_beta", 0.05))
         t.put(VERL_LOSS_MODES[mode], v)
     else:
@@ -455,9 +465,10 @@ def _verl(cfg: dict[str, Any]) -> Translation:
     if in_loss and in_reward:
         t.problem("algorithm.use_kl_in_reward", "a KL both in the reward and in the loss: the kl slot holds one "
                                                 "(verl itself prints a notice for this combination)")
-    for on, where, typ, coef in ((in_loss, "loss", get(a + "kl_loss_type", "low_var_kl"),
+    for on, where, typ, coef in ((in_loss, "loss", get(a + "kl_loss_type", VERL_DEFAULTS[a + "kl_loss_type"]),
                                   get(a + "kl_loss_coef", 0.001)),
-                                 (in_reward and not in_loss, "reward", get("algorithm.kl_penalty", "kl"),
+                                 (in_reward and not in_loss, "reward",
+                                  get("algorithm.kl_penalty", VERL_DEFAULTS["algorithm.kl_penalty"]),
                                   get("algorithm.kl_ctrl.kl_coef", 0.001))):
         if not on:
             continue
@@ -470,7 +481,7 @@ def _verl(cfg: dict[str, Any]) -> Translation:
             t.problem("algorithm.kl_ctrl.type", "an adaptive KL coefficient is state across steps; beta is fixed")
     ent = _float(get(a + "entropy_coeff", 0.0))
     if ent:
-        t.put([f"entropy bonus(coef={_fmt(ent)})"])
+        t.put([f"entropy bonus(coef={format_value(ent)})"])
     rc = "algorithm.rollout_correction."
     if get(rc + "bypass_mode", False):
         t.problem(rc + "bypass_mode", UNSUPPORTED[("verl", "rollout_correction.bypass_mode=true")])
@@ -478,14 +489,14 @@ def _verl(cfg: dict[str, Any]) -> Translation:
     if level is not None:
         thr = get(rc + "rollout_is_threshold", 2.0)
         norm = ", normalize=true" if get(rc + "rollout_is_batch_normalize", False) else ""
-        if level not in ("token", "sequence"):
-            t.problem(rc + "rollout_is", f"{level!r} is not token or sequence")
+        if level not in VERL_IS_LEVELS:
+            t.problem(rc + "rollout_is", f"{level!r} is not one of {', '.join(VERL_IS_LEVELS)}")
         elif isinstance(thr, str) and "_" in thr:
             lo_, hi_ = thr.split("_", 1)
-            t.add("correction", f"importance(level={level}, mode=mask, low={_fmt(float(lo_))}, "
-                                f"high={_fmt(float(hi_))}{norm})")
+            t.add("correction", f"importance(level={level}, mode=mask, low={format_value(float(lo_))}, "
+                                f"high={format_value(float(hi_))}{norm})")
         else:
-            t.add("correction", f"importance(level={level}, high={_fmt(float(thr))}{norm})")
+            t.add("correction", f"importance(level={level}, high={format_value(float(thr))}{norm})")
     stat = get(rc + "rollout_rs")
     if stat is not None:
         thr = get(rc + "rollout_rs_threshold")
@@ -497,9 +508,9 @@ def _verl(cfg: dict[str, Any]) -> Translation:
             t.problem(rc + "rollout_rs_threshold", "rejection without a threshold")
         elif isinstance(thr, str) and "_" in thr:
             lo_, hi_ = thr.split("_", 1)
-            t.add("correction", f"reject(stat={stat}, low={_fmt(float(lo_))}, high={_fmt(float(hi_))})")
+            t.add("correction", f"reject(stat={stat}, low={format_value(float(lo_))}, high={format_value(float(hi_))})")
         else:
-            t.add("correction", f"reject(stat={stat}, high={_fmt(float(thr))})")
+            t.add("correction", f"reject(stat={stat}, high={format_value(float(thr))})")
     if get("algorithm.filter_groups.enable", False):
         rounds = int(get("algorithm.filter_groups.max_num_gen_batches", 0))
         if rounds <= 0:
@@ -513,7 +524,7 @@ def _verl(cfg: dict[str, Any]) -> Translation:
     if get("reward_model.overlong_buffer.enable", False):
         t.add("shaping", f"overlong_penalty(max_len={int(get('data.max_response_length', 512))}, "
                          f"cache={int(get('reward_model.overlong_buffer.len', 0))}, "
-                         f"factor={_fmt(_float(get('reward_model.overlong_buffer.penalty_factor', 1.0)))})")
+                         f"factor={format_value(_float(get('reward_model.overlong_buffer.penalty_factor', 1.0)))})")
     if get("algorithm.use_pf_ppo", False):
         t.problem("algorithm.use_pf_ppo", "PF-PPO's reward-weighted resampling of the batch is not supported")
     # run config
@@ -539,7 +550,7 @@ def _verl(cfg: dict[str, Any]) -> Translation:
     warm = get(a + "optim.lr_warmup_steps", -1)
     if warm is not None and int(warm) > 0:
         t.run["train.warmup_steps"] = int(warm)
-    if adv == "gae" and get("critic.optim.lr") is not None:
+    if "critic" in t.lines and get("critic.optim.lr") is not None:  # the spec has a value model
         t.run["train.critic_lr"] = get("critic.optim.lr")
     if get("actor_rollout_ref.model.enable_gradient_checkpointing") is not None:
         t.run["train.gradient_checkpointing"] = bool(get("actor_rollout_ref.model.enable_gradient_checkpointing"))
