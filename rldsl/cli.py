@@ -66,12 +66,23 @@ def _load_or_exit(path: str, traceback: bool):
         raise typer.Exit(1) from None
 
 
-@app.command()
+def _check_help() -> str:
+    from . import lint
+    rules = "\b\n" + lint.rules_text()  # \b: click keeps the lines as they are
+    return ("Validate specs; print every error with file:line:col, the line, a caret and a hint.\n\n"
+            "Legal specs that are almost surely slips get `file:line:col: warning: ...` the same "
+            "way; they fail the check only with --strict. `rldsl run` prints them at its start, "
+            "with the rules marked 'at run start' checked against the run's config. The rules:\n\n"
+            + rules)
+
+
+@app.command(help=_check_help())
 def check(files: List[str] = typer.Argument(..., help="spec files (or library names)"),
+          strict: bool = typer.Option(False, "--strict", help="exit 1 on any warning too"),
           traceback: bool = typer.Option(False, "--traceback", help="show Python tracebacks")) -> None:
-    """Validate specs; print every error with file:line:col, the line, a caret and a hint."""
+    from . import lint
     from .spec import load
-    failed = 0
+    failed = warned = 0
     for f in files:
         try:
             algo = load(f)
@@ -81,11 +92,19 @@ def check(files: List[str] = typer.Argument(..., help="spec files (or library na
             failed += 1
             _print_error(e)
             continue
+        warnings = lint.check(algo)
+        for w in warnings:
+            _print_error(w)
+        warned += bool(warnings)
         parents = f" (extends {' -> '.join(algo.extends)})" if algo.extends else ""
-        out.print(f"ok: {f}: algorithm {algo.name}{parents}", markup=False)
+        n_w = f" ({len(warnings)} warning{'s' if len(warnings) > 1 else ''})" if warnings else ""
+        out.print(f"ok: {f}: algorithm {algo.name}{parents}{n_w}", markup=False)
+    n = sum(1 for _ in files)
     if failed:
-        n = sum(1 for _ in files)
         err.print(f"{failed} of {n} file{'s' if n > 1 else ''} invalid", markup=False)
+        raise typer.Exit(1)
+    if warned and strict:
+        err.print(f"{warned} of {n} file{'s' if n > 1 else ''} with warnings (--strict)", markup=False)
         raise typer.Exit(1)
 
 
@@ -126,6 +145,43 @@ def explain(files: List[str] = typer.Argument(..., help="one spec to explain, or
         out.print_json(json.dumps(ex.to_dict(algo)))
         return
     _print_lines(ex.explain_lines(algo))
+
+
+@app.command()
+def translate(config: str = typer.Argument(..., help="a TRL GRPOConfig (JSON/YAML of its fields) or a verl trainer YAML"),
+              name: Optional[str] = typer.Option(None, "--name", help="algorithm name (default: the file's stem)"),
+              lenient: bool = typer.Option(False, "--lenient",
+                                           help="print the closest spec even if options cannot be reproduced, "
+                                                "each as a '# WARNING' line (exit 0)")) -> None:
+    """Print the spec and the run config (TOML and --set flags) equivalent to a TRL or verl config.
+
+    The format is detected: verl configs nest `algorithm:` / `actor_rollout_ref:`, TRL's are flat. Absent fields take the peer's default (TRL 1.16, verl 0.9.1). An option that no spec reproduces exactly is named with the reason, and the command exits 1; with --lenient it prints the rest, the option as a `# WARNING` comment. Exit 2: the file cannot be read or is neither format.
+    """  # noqa: E501 - one line per paragraph: typer rewraps it
+    import re
+
+    from . import translate as tr
+    from .spec import loads
+    try:
+        t = tr.translate(tr.read_config(config))
+    except tr.TranslateError as e:
+        err.print(f"error: {e}", markup=False)
+        raise typer.Exit(2) from None
+    stem = re.sub(r"[^a-z0-9_]+", "_", (name or Path(config).stem).lower()).strip("_")
+    algo_name = stem if re.fullmatch(r"[a-z][a-z0-9_]*", stem) else f"translated_{stem}".rstrip("_")
+    if t.problems and not lenient:
+        for p in t.problems:
+            err.print(f"error: {config}: {t.peer} option {p.option} cannot be translated: {p.why}", markup=False)
+        err.print(f"{len(t.problems)} option{'s' if len(t.problems) > 1 else ''} not translated; "
+                  "--lenient prints the rest with a warning comment for each", markup=False)
+        raise typer.Exit(1)
+    text = tr.render(t, config, algo_name, lenient=lenient)
+    try:
+        loads(t.spec_text(algo_name, config), f"<translated {config}>")
+    except SpecError as e:  # a value out of the spec's range (e.g. a clip epsilon >= 1)
+        _print_error(e)
+        err.print(f"error: {config}: the translated spec is invalid (above)", markup=False)
+        raise typer.Exit(1) from None
+    sys.stdout.write(text)
 
 
 def list_lines(slot: Optional[str] = None) -> list[list[tuple[str, str]]]:

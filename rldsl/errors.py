@@ -43,6 +43,8 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
 class SpecError(Exception):
     """One error in a spec, located at ``span`` within ``source`` (the whole file text)."""
 
+    severity = "error"
+
     def __init__(self, message: str, span: Span | None = None, *, hint: str | None = None,
                  source: str | None = None):
         super().__init__(message)
@@ -66,8 +68,8 @@ class SpecError(Exception):
     def render(self) -> str:
         """The compiler-style report: location line, source line with a caret span, hint."""
         s = self.span
-        head = f"{s.file}:{s.line}:{s.column}: error: {self.message}" if s.line else \
-            f"{s.file}: error: {self.message}"
+        head = f"{s.file}:{s.line}:{s.column}: {self.severity}: {self.message}" if s.line else \
+            f"{s.file}: {self.severity}: {self.message}"
         out = [head]
         lines = source_lines(self.source or "")
         if s.line and 1 <= s.line <= len(lines):
@@ -86,6 +88,18 @@ class SpecError(Exception):
 
     def __str__(self) -> str:
         return self.render()
+
+
+class SpecWarning(SpecError):
+    """A legal spec that is almost surely a slip (rldsl/lint.py): rendered like an error with
+    ``warning:``; never raised by the loader. ``rule`` names the check that found it."""
+
+    severity = "warning"
+
+    def __init__(self, rule: str, message: str, span: Span | None = None, *, hint: str | None = None,
+                 source: str | None = None):
+        super().__init__(message, span, hint=hint, source=source)
+        self.rule = rule
 
 
 class SpecErrors(SpecError):

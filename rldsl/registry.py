@@ -140,6 +140,20 @@ PLAN: dict[str, str] = {
 }
 
 
+ROLES: dict[str, str] = {
+    # what a parameter means beyond its range, for the warnings of `rldsl check` and of a run's
+    # start (rldsl/lint.py): legal values that are almost surely slips are told by role
+    "scale": "multiplies the component's whole term: 0 leaves it with nothing to do",
+    "epsilon_low": "a clip offset: the ratio may fall to 1 - value",
+    "epsilon_high": "a clip offset: the ratio may rise to 1 + value (an offset, not the bound)",
+    "cap_offset": "the weight is capped at 1 + value",
+    "weight_low": "an absolute lower bound on a weight whose on-policy value is 1",
+    "weight_high": "an absolute upper bound on a weight whose on-policy value is 1",
+    "denominator_eps": "added to a spread (std, variance) that is 0 for equal rewards: 0 gives 0/0",
+    "budget": "the generation budget in tokens: should equal the run's rollout.max_new_tokens",
+}
+
+
 @dataclass(frozen=True)
 class Requires:
     """A condition on another slot: ``Requires("rewards", "binary", why)``."""
@@ -167,10 +181,12 @@ class Facts:
     sequence_level: bool | str = False    # its ratio is one value per sequence
     requires: tuple[Requires, ...] = ()   # other slots it needs filled with a given component
     plan: dict[str, str] = field(default_factory=dict)  # PLAN field -> parameter holding its value
+    roles: dict[str, str] = field(default_factory=dict)  # ROLES entry -> parameter that plays it
+    per_group: bool | str = False         # compares the samples of one prompt's group (needs G >= 2)
 
 
 FACTS: tuple[str, ...] = tuple(f.name for f in fields(Facts))
-_FLAGS = ("uses_ratio", "per_token_only", "sequence_level")
+_FLAGS = ("uses_ratio", "per_token_only", "sequence_level", "per_group")
 
 
 # ---------------------------------------------------------------------------------------
@@ -414,6 +430,10 @@ def _check_facts(slot: Slot, where: str, params: dict[str, Param], given: dict[s
         if f not in PLAN or p not in params:
             raise ValueError(f"{where}: plan maps a field of CompiledAlgorithm.data ({', '.join(PLAN)}) "
                              f"to one of its parameters; got {f!r}: {p!r}")
+    for r, p in facts.roles.items():
+        if r not in ROLES or p not in params or params[p].kind not in ("float", "int"):
+            raise ValueError(f"{where}: roles maps a role ({', '.join(ROLES)}) to one of its numeric "
+                             f"parameters; got {r!r}: {p!r}")
     missing = [f for f in slot.declares if f not in given]
     if missing and not facts.off:
         raise ValueError(f"{where}: every {slot.name} component declares {', '.join(missing)} "

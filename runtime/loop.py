@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import torch
 
 import rldsl
+from rldsl import lint
 
 from . import checkpoint as ckpt
 from .batch import RolloutBatch, group_rows
@@ -255,6 +256,16 @@ def _interrupt_guard() -> Iterator[dict[str, bool]]:
 
 # ----------------------------------------------------------------------------- the run
 
+def run_facts(cfg: RunConfig) -> lint.RunFacts:
+    """What the run-start warnings check the spec against. The HF engine samples from a copy of
+    the policy in the trainer's dtype: with float32 its logprobs are the trainer's own (exact);
+    in bf16/fp16 (or with vLLM) they differ, which is what a correction is for."""
+    return lint.RunFacts(group_size=cfg.rollout.n, max_new_tokens=cfg.max_new_tokens,
+                         engine=cfg.rollout.engine,
+                         exact_logprobs=cfg.rollout.engine == "hf" and cfg.model.dtype == "float32")
+
+
+
 def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = None,
           stop_after: int | None = None) -> Path:
     """Run (or resume) training; returns the run folder.
@@ -299,6 +310,8 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
         step = start
         last_saved = start if resume is not None else -1
         s.warn = lambda msg: logger.print(msg, markup=False)
+        for w in lint.check_run(s.algo, run_facts(cfg)):  # legal but almost surely a slip
+            logger.print(w.render(), markup=False, soft_wrap=True)
         with logger, _interrupt_guard():
             try:
                 if start == 0:

@@ -53,7 +53,7 @@ def seq_mean_token_sum(mask: Tensor, group_size: int, count_empty: bool) -> tupl
     return mask, n
 
 
-@register("aggregation", max_tokens=Int(doc="the constant L_max (generation budget)", ge=1))
+@register("aggregation", roles={"budget": "max_tokens"}, max_tokens=Int(doc="the constant L_max (generation budget)", ge=1))
 def token_sum_norm(mask: Tensor, group_size: int, max_tokens: int) -> tuple[Tensor, Tensor]:
     """Token sum divided by a constant: no length normalisation (Dr. GRPO).
 

@@ -62,7 +62,7 @@ def ema(batch: AdvantageBatch, decay: float) -> tuple[Tensor, Tensor]:
 SINGLETON = ("zero", "reward")
 
 
-@register("baseline",
+@register("baseline", per_group=True,
           singleton=Choice(SINGLETON, "zero",
                            "a group of one: A = 0 (TRL) or A = r (verl grpo: its mean is taken as 0)"))
 def group_mean(batch: AdvantageBatch, singleton: str = "zero") -> tuple[Tensor, Tensor]:
@@ -85,7 +85,7 @@ def group_mean(batch: AdvantageBatch, singleton: str = "zero") -> tuple[Tensor, 
     return _broadcast(a, batch)
 
 
-@register("baseline",
+@register("baseline", per_group=True,
           singleton=Choice(("zero", "reward"), "zero",
                            "advantage of a sample with no scorable other in its group: 0 (TRL) "
                            "or its own reward (verl rloo)"))
@@ -164,7 +164,7 @@ def return_to_go(batch: AdvantageBatch, gamma: float) -> tuple[Tensor, Tensor]:
     return out, out
 
 
-@register("baseline")
+@register("baseline", per_group=True)
 def length_weighted_mean(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     """Length-weighted mean reward of the group: OPO's optimal baseline.
 
@@ -188,7 +188,7 @@ def length_weighted_mean(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     return _broadcast(a.reshape(-1), batch)
 
 
-@register("baseline")
+@register("baseline", per_group=True)
 def leave_one_out_max(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     """Max-reward leave-one-out: only each group's best sample gets its margin over the second best.
 

@@ -48,7 +48,7 @@ def none(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> tuple[Tensor, 
     return one, one, {}
 
 
-@register("correction", needs=("rollout_logprobs",),
+@register("correction", needs=("rollout_logprobs",), roles={"weight_low": "low", "weight_high": "high"},
           level=Choice(("token", "sequence", "geometric"), "token",
                        "one weight per token, per sequence (product) or per sequence (geometric mean)"),
           mode=Choice(("truncate", "mask"), "truncate",

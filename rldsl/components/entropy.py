@@ -21,7 +21,7 @@ def none(entropy: Tensor) -> Tensor:
     return torch.zeros_like(entropy)
 
 
-@register("entropy", needs=("entropy",), coef=Float(doc="bonus coefficient", ge=0))
+@register("entropy", needs=("entropy",), roles={"scale": "coef"}, coef=Float(doc="bonus coefficient", ge=0))
 def bonus(entropy: Tensor, coef: float) -> Tensor:
     """Entropy bonus: rewards a spread-out policy.
 

@@ -36,7 +36,7 @@ def overlong(batch: AdvantageBatch) -> Tensor:
     return (~batch.truncated.to(torch.bool)).to(batch.rewards.dtype)
 
 
-@register("filter")
+@register("filter", per_group=True)
 def zero_variance(batch: AdvantageBatch) -> Tensor:
     """Mask every sample of a group whose rewards are all equal (no learning signal).
 

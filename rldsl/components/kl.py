@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..registry import Bool, Choice, Float, register
 
+SCALE = {"scale": "beta"}  # beta 0 leaves the KL term with nothing to do
 BETA = Float(doc="penalty coefficient", ge=0, runtime=True)
 WHERE = Choice(("loss", "reward"), "loss", "in the loss, or subtracted from the reward", runtime=True,
                stages={"loss": "loss", "reward": "advantage"})
@@ -35,7 +36,7 @@ def none(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     return torch.zeros_like(logp)
 
 
-@register("kl", needs=NEEDS, uses_ratio=False, beta=BETA, where=WHERE, straight_through=STRAIGHT_THROUGH)
+@register("kl", needs=NEEDS, uses_ratio=False, roles=SCALE, beta=BETA, where=WHERE, straight_through=STRAIGHT_THROUGH)
 def k1(logp: Tensor, ref_logp: Tensor, rho: Tensor, straight_through: bool = False) -> Tensor:
     """The naive estimator (log ratio).
 
@@ -48,7 +49,7 @@ def k1(logp: Tensor, ref_logp: Tensor, rho: Tensor, straight_through: bool = Fal
     return _straight_through(k, logp, ref_logp) if straight_through else k
 
 
-@register("kl", needs=NEEDS, uses_ratio=False, beta=BETA, where=WHERE)
+@register("kl", needs=NEEDS, uses_ratio=False, roles=SCALE, beta=BETA, where=WHERE)
 def k2(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     """Half squared log ratio.
 
@@ -59,7 +60,7 @@ def k2(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     return 0.5 * (logp - ref_logp) ** 2
 
 
-@register("kl", needs=NEEDS, uses_ratio="ratio_weighted", beta=BETA, where=WHERE,
+@register("kl", needs=NEEDS, uses_ratio="ratio_weighted", roles=SCALE, beta=BETA, where=WHERE,
           clamp=Bool(False, "verl's clamps: exponent to [-20, 20], value to [-10, 10]"),
           ratio_weighted=Bool(False, "multiply by rho (TRL use_bias_correction_kl=True)"),
           straight_through=STRAIGHT_THROUGH)
@@ -86,7 +87,7 @@ def k3(logp: Tensor, ref_logp: Tensor, rho: Tensor, clamp: bool, ratio_weighted:
     return k
 
 
-@register("kl", "abs", needs=NEEDS, uses_ratio=False, beta=BETA, where=WHERE, straight_through=STRAIGHT_THROUGH)
+@register("kl", "abs", needs=NEEDS, uses_ratio=False, roles=SCALE, beta=BETA, where=WHERE, straight_through=STRAIGHT_THROUGH)
 def abs_(logp: Tensor, ref_logp: Tensor, rho: Tensor, straight_through: bool = False) -> Tensor:
     """Absolute log ratio.
 

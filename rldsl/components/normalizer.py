@@ -23,7 +23,7 @@ def none(adv: Tensor, batch: AdvantageBatch) -> Tensor:
     return adv
 
 
-@register("normalizer",
+@register("normalizer", per_group=True, roles={"denominator_eps": "eps"},
           eps=Float(1e-6, "added to the std (verl, ROLL 1e-6; TRL 1e-4)", ge=0),
           unbiased=Bool(True, "Bessel (N-1) std, as verl, TRL and ROLL"))
 def group_std(adv: Tensor, batch: AdvantageBatch, eps: float, unbiased: bool) -> Tensor:
@@ -41,7 +41,7 @@ def group_std(adv: Tensor, batch: AdvantageBatch, eps: float, unbiased: bool) ->
     return adv / (s.expand_as(r).reshape(-1) + eps).unsqueeze(-1)
 
 
-@register("normalizer",
+@register("normalizer", roles={"denominator_eps": "eps"},
           eps=Float(1e-6, "added to the std (ROLL 1e-6; TRL 1e-4)", ge=0),
           unbiased=Bool(True, "Bessel (N-1) std"))
 def batch_std(adv: Tensor, batch: AdvantageBatch, eps: float, unbiased: bool) -> Tensor:
@@ -56,7 +56,7 @@ def batch_std(adv: Tensor, batch: AdvantageBatch, eps: float, unbiased: bool) ->
     return adv / (s + eps)
 
 
-@register("normalizer",
+@register("normalizer", per_group=True,
           requires=Requires("rewards", "binary", "the success rate is the mean of 0/1 rewards"),
           eps=Float(1e-6, "added to the success rate", gt=0))
 def success_rate(adv: Tensor, batch: AdvantageBatch, eps: float) -> Tensor:
@@ -73,7 +73,7 @@ def success_rate(adv: Tensor, batch: AdvantageBatch, eps: float) -> Tensor:
     return adv / (p + eps).unsqueeze(-1)
 
 
-@register("normalizer",
+@register("normalizer", roles={"denominator_eps": "eps"},
           eps=Float(1e-8, "added to the variance", ge=0),
           shift_mean=Bool(True, "subtract the token mean (false: only scale)"))
 def whiten(adv: Tensor, batch: AdvantageBatch, eps: float, shift_mean: bool) -> Tensor:

@@ -22,7 +22,7 @@ def none(rewards: Tensor, batch: AdvantageBatch) -> Tensor:
     return rewards
 
 
-@register("shaping",
+@register("shaping", roles={"budget": "max_len"},
           max_len=Int(doc="L_max: the generation budget in tokens", ge=1),
           cache=Int(doc="L_cache: the soft-penalty buffer before L_max", ge=1),
           factor=Float(1.0, "penalty at L_max", ge=0))

@@ -27,7 +27,7 @@ def none(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor) -> Tensor:
     return rho
 
 
-@register("trust_region", per_token_only=False,
+@register("trust_region", per_token_only=False, roles={"epsilon_low": "low", "epsilon_high": "high"},
           low=Float(0.2, "epsilon_low: the ratio may fall to 1 - low", gt=0, lt=1),
           high=Float(0.2, "epsilon_high: the ratio may rise to 1 + high", gt=0))
 def clip(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, low: float, high: float) -> Tensor:
@@ -41,7 +41,7 @@ def clip(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, low: float, h
     return torch.where(adv >= 0, torch.clamp(rho, max=1 + high), torch.clamp(rho, min=1 - low))
 
 
-@register("trust_region", per_token_only=False,
+@register("trust_region", per_token_only=False, roles={"epsilon_low": "low", "epsilon_high": "high"},
           low=Float(0.2, "epsilon_low", gt=0, lt=1),
           high=Float(0.2, "epsilon_high", gt=0),
           c=Float(3.0, "bound on the loss of negative advantages, in units of |A|", gt=1))
@@ -59,7 +59,7 @@ def dual_clip(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, low: flo
     return torch.where(adv >= 0, pos, neg)
 
 
-@register("trust_region", per_token_only=False,
+@register("trust_region", per_token_only=False, roles={"cap_offset": "high"},
           high=Float(doc="the weight is capped at 1 + high", gt=-1),
           low=Float(None, "if given, the weight is floored at 1 - low", gt=0, lt=1))
 def truncate(rho: Tensor, adv: Tensor, logp: Tensor, old_logp: Tensor, high: float,

@@ -1,0 +1,619 @@
+"""``rldsl translate CONFIG``: a TRL ``GRPOConfig`` or a verl trainer YAML as a spec plus run-config keys.
+
+The format is detected from the keys: a verl config nests ``algorithm:`` / ``actor_rollout_ref:``;
+a TRL config is flat (``loss_type``, ``epsilon``, ...). A field that is absent takes the
+peer's default (TRL 1.16, verl 0.9.1). The categorical options (TRL ``loss_type``,
+``scale_rewards``; verl ``loss_mode``, ``adv_estimator``, ``loss_agg_mode``, ``kl_loss_type``)
+map through the tables below, whose rows are the ones docs/peers.md prints (a test checks
+that the two agree); ``{name}`` in a row is a value of the config, named in the doc by
+:data:`DOC_NAMES`.
+
+An option that cannot be mapped exactly is a :class:`Problem` naming the option and why; the
+command then exits 1, unless ``--lenient``, which prints the closest spec with each problem
+as a ``# WARNING`` comment.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import registry
+from .registry import format_value
+
+# ---------------------------------------------------------------------------------------
+# The tables (docs/peers.md shows the same rows; tests/test_translate.py checks it)
+
+TRL_LOSS_TYPES: dict[str, tuple[str, ...]] = {
+    "grpo": ("aggregation seq_mean_token_mean(count_empty=true)",),
+    "bnpo": ("aggregation token_mean",),
+    "dr_grpo": ("aggregation token_sum_norm(max_tokens={max_completion_length})",),
+    "dapo": ("aggregation token_mean",),
+    "cispo": ("objective is_weighted", "trust_region truncate(high={cispo_high})", "aggregation token_mean"),
+    "sapo": ("trust_region soft_gate(tau_pos={sapo_temperature_pos}, tau_neg={sapo_temperature_neg})",
+             "aggregation seq_mean_token_mean(count_empty=true)"),
+    "luspo": ("ratio sequence(clamp=80.0)", "aggregation seq_mean_token_sum(count_empty=true)"),
+    "vespo": ("ratio product(clamp=20.0)", "objective is_weighted",
+              "trust_region gamma_weight(k_pos={vespo_k_pos}, lambda_pos={vespo_lambda_pos}, "
+              "k_neg={vespo_k_neg}, lambda_neg={vespo_lambda_neg})", "aggregation token_mean"),
+}
+TRL_IS_LEVELS: dict[str, tuple[str, ...]] = {  # importance_sampling_level (TRL never clamps log rho)
+    "token": ("ratio token(clamp=80.0)",),
+    "sequence": ("ratio sequence(clamp=80.0)",),
+}
+#: vllm_importance_sampling_mode -> the correction (with use_vllm); TRL does not clamp: 80 is out of reach
+TRL_VLLM_IS_MODES: dict[str, str] = {
+    "token_truncate": "importance(level=token{low}, high={high}, clamp=80.0)",
+    "token_mask": "importance(level=token, mode=mask{low}, high={high}, clamp=80.0)",
+    "sequence_truncate": "importance(level=sequence{low}, high={high}, clamp=80.0)",
+    "sequence_mask": "importance(level=sequence, mode=mask{low}, high={high}, clamp=80.0)",
+}
+VERL_IS_LEVELS = ("token", "sequence")  # algorithm.rollout_correction.rollout_is
+TRL_SCALE_REWARDS: dict[str, tuple[str, ...]] = {
+    "group": ("baseline group_mean", "normalizer group_std(eps=0.0001)"),
+    "batch": ("baseline group_mean", "normalizer batch_std(eps=0.0001)"),
+    "none": ("baseline group_mean",),
+}
+VERL_LOSS_MODES: dict[str, tuple[str, ...]] = {
+    "vanilla": ("trust_region dual_clip(low={clip_ratio_low}, high={clip_ratio_high}, c={clip_ratio_c})",),
+    "gspo": ("ratio sequence(clamp=10.0)", "trust_region clip(low={clip_ratio_low}, high={clip_ratio_high})"),
+    "sapo": ("trust_region soft_gate(tau_pos={tau_pos}, tau_neg={tau_neg})",
+             "aggregation seq_mean_token_mean(count_empty=true)"),
+    "gpg": ("objective reinforce",),
+    "cispo": ("objective is_weighted", "trust_region truncate({cispo_low}high={clip_ratio_high})"),
+    "dro": ("ratio token(clamp=80.0)", "objective dro(beta={dro_beta})", "trust_region none"),
+    "dppo_tv": ("objective is_weighted",
+                "trust_region tv(low={clip_ratio_low}, high={clip_ratio_high}, cap={clip_ratio_c})"),
+    "dppo_kl": ("objective is_weighted",
+                "trust_region kl_div(low={clip_ratio_low}, high={clip_ratio_high}, cap={clip_ratio_c})"),
+}
+VERL_ADV_ESTIMATORS: dict[str, tuple[str, ...]] = {
+    "gae": ("baseline gae(gamma={gamma}, lam={lam})", "normalizer whiten", "critic value(clip={cliprange_value})"),
+    "grpo": ("baseline group_mean(singleton=reward)", "normalizer group_std(eps=1e-06)"),
+    "grpo_vectorized": ("baseline group_mean(singleton=reward)", "normalizer group_std(eps=1e-06)"),
+    "rloo": ("baseline leave_one_out(singleton=reward)",),
+    "rloo_vectorized": ("baseline leave_one_out(singleton=zero)",),
+    "reinforce_plus_plus": ("baseline return_to_go(gamma={gamma})", "normalizer whiten"),
+    "reinforce_plus_plus_baseline": ("baseline group_mean(singleton=reward)", "normalizer whiten"),
+    "opo": ("baseline length_weighted_mean",),
+    "grpo_passk": ("baseline leave_one_out_max", "normalizer group_std(eps=1e-06)"),
+    "gpg": ("baseline group_mean(singleton=reward)", "normalizer nonzero_rate(f_norm=1.0)"),
+}
+#: estimators whose std division ``algorithm.norm_adv_by_std_in_grpo: false`` removes
+VERL_STD_OPTIONAL = ("grpo", "grpo_vectorized", "grpo_passk")
+VERL_AGG_MODES: dict[str, tuple[str, ...]] = {
+    "token-mean": ("aggregation token_mean",),
+    "token-sum": ("aggregation token_sum",),
+    "seq-mean-token-sum": ("aggregation seq_mean_token_sum(count_empty=true)",),
+    "seq-mean-token-mean": ("aggregation seq_mean_token_mean(count_empty=true)",),
+    "seq-mean-token-sum-norm": ("aggregation token_sum_norm(max_tokens={loss_scale_factor})",),
+}
+_KL = "beta={kl_coef}, where={kl_where}"
+VERL_KL_TYPES: dict[str, tuple[str, ...]] = {
+    "kl": (f"kl k1({_KL})",), "k1": (f"kl k1({_KL})",),
+    "abs": (f"kl abs({_KL})",),
+    "mse": (f"kl k2({_KL})",), "k2": (f"kl k2({_KL})",),
+    "low_var_kl": (f"kl k3({_KL}, clamp=true)",), "k3": (f"kl k3({_KL}, clamp=true)",),
+    "k1+": (f"kl k1({_KL}, straight_through=true)",),
+    "abs+": (f"kl abs({_KL}, straight_through=true)",),
+    "k2+": (f"kl k2({_KL})",), "mse+": (f"kl k2({_KL})",),
+    "k3+": (f"kl k3({_KL}, clamp=true, straight_through=true)",),
+    "low_var_kl+": (f"kl k3({_KL}, clamp=true, straight_through=true)",),
+}
+#: options no spec expresses yet, and why (the doc's "not expressible" rows)
+UNSUPPORTED: dict[tuple[str, str], str] = {
+    ("verl", "loss_mode=geo_mean"): "GMPO's sign-aware clip needs the advantage inside the ratio's row mean: "
+                                     "no ratio component reads it yet",
+    ("verl", "loss_mode=clip_cov"): "needs the batch covariance of A and log pi and a seeded random token choice "
+                                     "(no selection component yet)",
+    ("verl", "loss_mode=kl_cov"): "needs the batch covariance of A and log pi and an additive |log rho| term "
+                                   "(no selection component yet)",
+    ("verl", "adv_estimator=remax"): "needs the reward of a greedy rollout of each prompt (a runtime feature)",
+    ("verl", "adv_estimator=gdpo"): "needs one reward per reward key; the rewards slot is one scalar per sample",
+    ("verl", "adv_estimator=optimal_token_baseline"): "needs sum_v pi_v^2 at every position, not only the sampled "
+                                                       "token's logprob",
+    ("verl", "adv_estimator=tir_optimal_token_baseline"): "needs sum_v pi_v^2 at every position, not only the "
+                                                           "sampled token's logprob",
+    ("verl", "kl_loss_type=full"): "not implemented in verl either",
+    ("verl", "rollout_correction.bypass_mode=true"): "the bypass correction (old policy = rollout policy) is not "
+                                                      "implemented yet",
+    ("TRL", "use_adaptive_entropy=true"): "the coefficient is state updated across steps from the measured entropy; "
+                                          "the entropy slot is stateless",
+    ("TRL", "multi_objective_aggregation=normalize_then_sum"): "GDPO needs one reward per reward function; the "
+                                                               "rewards slot is one scalar per sample",
+}
+#: how docs/peers.md names each ``{value}`` of a row
+DOC_NAMES: dict[str, str] = {
+    "cispo_high": "EPSILON_HIGH - 1",
+    "cispo_low": "low=CLIP_RATIO_LOW, ",
+    "kl_where": "loss",
+}
+
+# Defaults of the peers' own configs where a field is absent.
+TRL_DEFAULTS: dict[str, Any] = {
+    "loss_type": "dapo", "epsilon": 0.2, "epsilon_high": None, "delta": None, "beta": 0.0,
+    "use_bias_correction_kl": True, "importance_sampling_level": "token", "scale_rewards": "group",
+    "mask_truncated_completions": False, "entropy_coef": 0.0, "top_entropy_quantile": 1.0,
+    "off_policy_mask_threshold": None, "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05,
+    "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0,
+    "use_vllm": False, "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "sequence_mask", "vllm_importance_sampling_clip_min": None,
+    "vllm_importance_sampling_clip_max": 3.0, "use_adaptive_entropy": False,
+    "multi_objective_aggregation": "sum_then_normalize",
+    "num_generations": 8, "max_completion_length": 512, "temperature": 1.0, "top_p": 1.0,
+    "learning_rate": 1e-6, "num_iterations": 1, "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1, "steps_per_generation": None, "generation_batch_size": None,
+}
+#: TRL fields with no effect on the algorithm or the run keys (logging, hub, vLLM server, ...)
+TRL_IGNORED_PREFIXES = ("output_dir", "logging_", "log_", "save_", "report_to", "run_name", "push_to_hub",
+                        "hub_", "dataloader_", "ddp_", "eval_", "per_device_eval_batch_size", "vllm_mode",
+                        "vllm_gpu_memory_utilization", "vllm_server_", "vllm_tensor_parallel_size",
+                        "vllm_enable_sleep_mode", "vllm_model_impl", "vllm_max_model_length", "overwrite_",
+                        "remove_unused_columns", "model_init_kwargs", "num_train_epochs", "do_", "wandb_",
+                        "tf32", "torch_compile", "disable_dropout", "cast_lm_head_to_fp32", "shuffle_dataset",
+                        "ds3_gather_for_generation", "num_generations_eval", "chat_template_kwargs",
+                        "generation_kwargs", "use_liger_", "max_prompt_length", "seed")
+
+
+# ---------------------------------------------------------------------------------------
+# The result
+
+
+class TranslateError(Exception):
+    """The file cannot be read or is not a TRL / verl config."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """An option the spec does not reproduce exactly: the option and why."""
+
+    option: str
+    why: str
+
+
+@dataclass
+class Translation:
+    peer: str                                         # "TRL" or "verl"
+    lines: dict[str, list[str]] = field(default_factory=dict)  # slot -> its spec line(s)
+    run: dict[str, Any] = field(default_factory=dict)  # dotted run-config key -> value
+    notes: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    def put(self, rows: Iterable[str], values: dict[str, Any] | None = None) -> None:
+        """Set the slots of table rows (a later row replaces a slot an earlier one set)."""
+        for row in rows:
+            line = row.format(**{k: format_value(v) for k, v in (values or {}).items()})
+            slot = line.split(" ", 1)[0]
+            self.lines[slot] = [line]
+
+    def add(self, slot: str, component: str) -> None:
+        """Append to a multi-component slot (selection, correction, filter, shaping)."""
+        self.lines.setdefault(slot, []).append(component)
+
+    def problem(self, option: str, why: str) -> None:
+        self.problems.append(Problem(option, why))
+
+    def spec_text(self, name: str, source: str) -> str:
+        out = [f"# translated by `rldsl translate` from {source} ({self.peer})",
+               f"algorithm {name}",
+               f'  "{self.peer} config {Path(source).name}, translated."']
+        width = max(len(s) for s in registry.SLOTS)
+        for slot in registry.SLOTS:
+            entries = self.lines.get(slot)
+            if not entries:
+                continue
+            comps = [e.split(" ", 1)[1] if e.startswith(slot + " ") else e for e in entries]
+            out.append(f"  {slot:<{width}}  {', '.join(comps)}")
+        return "\n".join(out) + "\n"
+
+
+def _float(x: Any) -> float:
+    return float(x)
+
+
+# ---------------------------------------------------------------------------------------
+# Reading and detecting
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """A JSON or YAML file as a dict (TranslateError otherwise)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise TranslateError(f"cannot read {p}: {e.strerror or e}") from None
+    if p.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TranslateError(f"{p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    else:
+        import yaml
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise TranslateError(f"{p}: invalid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise TranslateError(f"{p}: expected a mapping of config fields, got {type(data).__name__}")
+    return data
+
+
+def detect(cfg: dict[str, Any]) -> str:
+    """"verl" when the config nests ``algorithm`` / ``actor_rollout_ref``, "TRL" when it is flat."""
+    if isinstance(cfg.get("algorithm"), dict) or isinstance(cfg.get("actor_rollout_ref"), dict):
+        return "verl"
+    if any(isinstance(v, dict) for k, v in cfg.items() if k not in ("model_init_kwargs", "generation_kwargs",
+                                                                      "chat_template_kwargs")):
+        raise TranslateError("neither a TRL GRPOConfig (flat fields) nor a verl trainer config (with "
+                             "`algorithm:` or `actor_rollout_ref:`): nested keys " +
+                             ", ".join(k for k, v in cfg.items() if isinstance(v, dict)))
+    return "TRL"
+
+
+def translate(cfg: dict[str, Any]) -> Translation:
+    """The spec lines and run keys of a TRL or verl config (problems collected, never raised)."""
+    return _trl(cfg) if detect(cfg) == "TRL" else _verl(cfg)
+
+
+# ---------------------------------------------------------------------------------------
+# TRL GRPOConfig
+
+_TRL_RUN = {"num_generations": "rollout.n", "max_completion_length": "rollout.max_new_tokens",
+            "temperature": "rollout.temperature", "top_p": "rollout.top_p", "learning_rate": "train.lr",
+            "num_iterations": "train.ppo_epochs"}
+_TRL_RUN_IF_GIVEN = {"max_grad_norm": "train.grad_clip", "weight_decay": "train.weight_decay",
+                     "adam_epsilon": "train.eps", "max_steps": "train.steps", "warmup_steps": "train.warmup_steps",
+                     "gradient_checkpointing": "train.gradient_checkpointing"}
+_TRL_LOSS_KEYS = set(TRL_DEFAULTS) | {"adam_beta1", "adam_beta2", "lr_scheduler_type", "bf16", "fp16",
+                                     "top_k", "min_p", "repetition_penalty", "sync_ref_model",
+                                     "ref_model_mixup_alpha", "ref_model_sync_steps", "reward_weights"}
+
+
+def _trl(cfg: dict[str, Any]) -> Translation:
+    t = Translation("TRL")
+    c = {**TRL_DEFAULTS, **cfg}
+    for k in cfg:
+        if k not in _TRL_LOSS_KEYS and k not in _TRL_RUN_IF_GIVEN and not k.startswith(TRL_IGNORED_PREFIXES):
+            t.problem(k, "not a GRPOConfig field this translation knows; check its spelling, or map it by hand")
+    loss_type = c["loss_type"]
+    eps = _float(c["epsilon"])
+    eps_high = _float(c["epsilon_high"]) if c["epsilon_high"] is not None else eps
+    v: dict[str, Any] = {
+        "epsilon": eps, "epsilon_high": eps_high, "cispo_high": round(eps_high - 1, 12),
+        "max_completion_length": int(c["max_completion_length"]),
+        **{k: _float(c[k]) for k in ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos",
+                                     "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")}}
+    t.put(["objective ppo"])
+    level = c["importance_sampling_level"]
+    if level in TRL_IS_LEVELS:
+        t.put(TRL_IS_LEVELS[level])
+    else:
+        t.problem("importance_sampling_level", f"{level!r} is not one of {', '.join(TRL_IS_LEVELS)}")
+    scale = {True: "group", False: "none"}.get(c["scale_rewards"], c["scale_rewards"]) \
+        if isinstance(c["scale_rewards"], bool) else c["scale_rewards"]
+    if scale in TRL_SCALE_REWARDS:
+        t.put(TRL_SCALE_REWARDS[scale])
+    else:
+        t.problem("scale_rewards", f"{scale!r} is not one of {', '.join(TRL_SCALE_REWARDS)}")
+    if loss_type not in TRL_LOSS_TYPES:
+        t.problem("loss_type", f"{loss_type!r} is not a TRL 1.16 loss_type ({', '.join(TRL_LOSS_TYPES)})")
+    else:
+        rows = TRL_LOSS_TYPES[loss_type]
+        if not any(r.startswith("trust_region") for r in rows):
+            delta = c["delta"]
+            if delta is None:
+                t.put(["trust_region clip(low={epsilon}, high={epsilon_high})"], v)
+            elif _float(delta) <= 1:
+                t.problem("delta", f"delta={delta}: the INTELLECT-2 cap on rho must exceed 1")
+            else:
+                d = _float(delta)
+                t.put([f"trust_region dual_clip(low={format_value(eps)}, high={format_value(round(min(eps_high, d - 1), 12))}, "
+                       f"c={format_value(max(d, round(1 + eps_high, 12)))})"])
+        elif c["delta"] is not None:
+            t.problem("delta", f"TRL applies delta to the clipped losses only, not to loss_type={loss_type!r}")
+        t.put(rows, v)
+    beta = _float(c["beta"])
+    if beta:
+        rw = ", ratio_weighted=true" if c["use_bias_correction_kl"] else ""
+        t.put([f"kl k3(beta={format_value(beta)}, where=loss{rw})"])
+    if c["mask_truncated_completions"]:
+        t.add("filter", "overlong")
+    if _float(c["entropy_coef"]):
+        t.put([f"entropy bonus(coef={format_value(_float(c['entropy_coef']))})"])
+        if t.lines.get("aggregation") != ["aggregation token_mean"]:
+            t.problem("entropy_coef", "TRL's entropy bonus is a token mean whatever the loss_type; the spec's "
+                                      "bonus is aggregated like the loss, equal only with aggregation token_mean")
+    q = _float(c["top_entropy_quantile"])
+    if q < 1:
+        t.add("selection", f"top_entropy(quantile={format_value(q)})")
+        if _float(c["entropy_coef"]):
+            t.problem("top_entropy_quantile", "TRL also restricts the entropy bonus to the kept tokens")
+    if c["off_policy_mask_threshold"] is not None:
+        t.add("selection", f"off_policy_sequence(threshold={format_value(_float(c['off_policy_mask_threshold']))})")
+    if c["use_vllm"]:
+        t.run["rollout.engine"] = "vllm"
+        if c["vllm_importance_sampling_correction"]:
+            mode = c["vllm_importance_sampling_mode"]
+            if mode not in TRL_VLLM_IS_MODES:
+                t.problem("vllm_importance_sampling_mode", f"{mode!r} is not one of {', '.join(TRL_VLLM_IS_MODES)}")
+            else:
+                lo = c["vllm_importance_sampling_clip_min"]
+                t.add("correction", TRL_VLLM_IS_MODES[mode].format(
+                    low=f", low={format_value(_float(lo))}" if lo is not None else "",
+                    high=format_value(_float(c["vllm_importance_sampling_clip_max"]))))
+    else:
+        t.notes.append("use_vllm is false: TRL's vLLM importance-sampling correction does not apply")
+    for opt, bad in (("use_adaptive_entropy", True), ("multi_objective_aggregation", "normalize_then_sum")):
+        if c[opt] == bad:
+            t.problem(opt, UNSUPPORTED[("TRL", f"{opt}={format_value(bad)}")])
+    if cfg.get("reward_weights") not in (None, []):
+        t.problem("reward_weights", "the rewards slot is one scalar per sample: weight the reward functions in "
+                                    "your own reward (--reward module:function)")
+    if cfg.get("sync_ref_model"):
+        t.problem("sync_ref_model", "the reference model is fixed; a periodically synced reference is not supported")
+    for opt, off in (("top_k", (None, 0, -1)), ("min_p", (None, 0, 0.0)), ("repetition_penalty", (None, 1, 1.0))):
+        if cfg.get(opt) not in off:
+            t.problem(opt, "the rollout samples with temperature and top_p only")
+    # run config
+    for k, key in _TRL_RUN.items():
+        t.run[key] = c[k]
+    for k, key in _TRL_RUN_IF_GIVEN.items():
+        if k in cfg and not (k == "max_steps" and cfg[k] in (-1, None)):
+            t.run[key] = cfg[k]
+    if "adam_beta1" in cfg or "adam_beta2" in cfg:
+        t.run["train.betas"] = [cfg.get("adam_beta1", 0.9), cfg.get("adam_beta2", 0.999)]
+    if cfg.get("bf16"):
+        t.run["model.dtype"] = "bfloat16"
+    elif cfg.get("fp16"):
+        t.run["model.dtype"] = "float16"
+    if "seed" in cfg:
+        t.run["seed"] = cfg["seed"]
+    sched = cfg.get("lr_scheduler_type")
+    if sched in ("constant", "cosine"):
+        t.run["train.lr_schedule"] = sched
+    elif sched is not None:
+        t.problem("lr_scheduler_type", f"{sched!r}: train.lr_schedule is constant or cosine")
+    else:
+        t.notes.append("TRL's default lr_scheduler_type is linear decay; the run keeps train.lr_schedule=constant")
+    n = int(c["num_generations"])
+    ga = int(c["gradient_accumulation_steps"])
+    spg = int(c["steps_per_generation"] or ga)
+    gen = int(c["generation_batch_size"] or int(c["per_device_train_batch_size"]) * spg)
+    if gen % n or spg % ga:
+        t.problem("generation_batch_size", f"{gen} completions per generation is not whole groups of "
+                                           f"{n}, or steps_per_generation {spg} is not a multiple of "
+                                           f"gradient_accumulation_steps {ga}")
+    else:
+        t.run["rollout.prompts_per_step"] = gen // n
+        t.run["train.minibatches"] = spg // ga
+        t.notes.append("prompts per step and minibatches assume one process (per_device_train_batch_size x "
+                       "steps_per_generation completions per generation)")
+    return t
+
+
+# ---------------------------------------------------------------------------------------
+# verl trainer YAML
+
+
+def _get(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return default if node is None and default is not None else node
+
+
+VERL_DEFAULTS: dict[str, Any] = {  # verl 0.9.1 (AlgoConfig, ActorConfig, PolicyLossConfig)
+    "algorithm.adv_estimator": "gae", "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+    "actor_rollout_ref.actor.loss_agg_mode": "token-mean", "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+    "algorithm.kl_penalty": "kl",
+}
+_VERL_ALGO_KNOWN = {"adv_estimator", "gamma", "lam", "norm_adv_by_std_in_grpo", "use_kl_in_reward", "kl_penalty",
+                    "kl_ctrl", "filter_groups", "rollout_correction", "_target_", "use_pf_ppo", "pf_ppo"}
+
+
+def _verl(cfg: dict[str, Any]) -> Translation:
+    t = Translation("verl")
+    a = "actor_rollout_ref.actor."
+    get = lambda key, default=None: _get(cfg, key, default)  # noqa: E731
+    for k in (get("algorithm") or {}):
+        if k not in _VERL_ALGO_KNOWN:
+            t.problem(f"algorithm.{k}", "not an algorithm option this translation knows")
+    low = get(a + "clip_ratio_low", get(a + "clip_ratio", 0.2))
+    high = get(a + "clip_ratio_high", get(a + "clip_ratio", 0.2))
+    v: dict[str, Any] = {
+        "clip_ratio_low": _float(low), "clip_ratio_high": _float(high),
+        "clip_ratio_c": _float(get(a + "clip_ratio_c", 3.0)),
+        "tau_pos": _float(get(a + "tau_pos", 1.0)), "tau_neg": _float(get(a + "tau_neg", 1.05)),
+        "gamma": _float(get("algorithm.gamma", 1.0)), "lam": _float(get("algorithm.lam", 1.0)),
+        "cliprange_value": _float(get("critic.cliprange_value", 0.5)),
+        "cispo_low": "" if _float(low) >= 1 else f"low={format_value(_float(low))}, ",
+    }
+    t.put(["objective ppo"])
+    adv = get("algorithm.adv_estimator", VERL_DEFAULTS["algorithm.adv_estimator"])
+    if adv in VERL_ADV_ESTIMATORS:
+        rows = VERL_ADV_ESTIMATORS[adv]
+        if adv in VERL_STD_OPTIONAL and not get("algorithm.norm_adv_by_std_in_grpo", True):
+            rows = tuple(r for r in rows if not r.startswith("normalizer"))
+        t.put(rows, v)
+    else:
+        why = UNSUPPORTED.get(("verl", f"adv_estimator={adv}"), "not a verl 0.9.1 adv_estimator")
+        t.problem("algorithm.adv_estimator", f"{adv!r}: {why}")
+    agg = get(a + "loss_agg_mode", VERL_DEFAULTS[a + "loss_agg_mode"])
+    if agg in VERL_AGG_MODES:
+        lsf = get(a + "loss_scale_factor")
+        if agg == "seq-mean-token-sum-norm" and lsf is None:
+            lsf = get("data.max_response_length", 512)
+            t.problem(a + "loss_scale_factor", "null: verl divides by the padded length of each micro-batch, "
+                                               "which varies with the padding; set it (Dr. GRPO: "
+                                               "max_response_length, used here)")
+        t.put(VERL_AGG_MODES[agg], {"loss_scale_factor": int(lsf) if lsf is not None else 0})
+    else:
+        t.problem(a + "loss_agg_mode", f"{agg!r} is not one of {', '.join(VERL_AGG_MODES)}")
+    mode = get(a + "policy_loss.loss_mode", VERL_DEFAULTS[a + "policy_loss.loss_mode"])
+    if mode in VERL_LOSS_MODES:
+        if any("{dro_beta}" in r for r in VERL_LOSS_MODES[mode]) and get(a + "policy_loss.dro_beta") is None:
+            t.problem(a + "policy_loss.dro_beta", f"loss_mode={mode} needs dro_beta (verl raises without it)")
+        v["dro_beta"] = _float(get(a + "policy_loss.dro_beta", 0.05))
+        t.put(VERL_LOSS_MODES[mode], v)
+    else:
+        why = UNSUPPORTED.get(("verl", f"loss_mode={mode}"), "not a verl 0.9.1 loss_mode")
+        t.problem(a + "policy_loss.loss_mode", f"{mode!r}: {why}")
+    in_loss, in_reward = bool(get(a + "use_kl_loss", False)), bool(get("algorithm.use_kl_in_reward", False))
+    if in_loss and in_reward:
+        t.problem("algorithm.use_kl_in_reward", "a KL both in the reward and in the loss: the kl slot holds one "
+                                                "(verl itself prints a notice for this combination)")
+    for on, where, typ, coef in ((in_loss, "loss", get(a + "kl_loss_type", VERL_DEFAULTS[a + "kl_loss_type"]),
+                                  get(a + "kl_loss_coef", 0.001)),
+                                 (in_reward and not in_loss, "reward",
+                                  get("algorithm.kl_penalty", VERL_DEFAULTS["algorithm.kl_penalty"]),
+                                  get("algorithm.kl_ctrl.kl_coef", 0.001))):
+        if not on:
+            continue
+        if typ in VERL_KL_TYPES:
+            t.put(VERL_KL_TYPES[typ], {"kl_coef": _float(coef), "kl_where": where})
+        else:
+            why = UNSUPPORTED.get(("verl", f"kl_loss_type={typ}"), "not a verl KL estimator")
+            t.problem(a + "kl_loss_type" if where == "loss" else "algorithm.kl_penalty", f"{typ!r}: {why}")
+        if where == "reward" and get("algorithm.kl_ctrl.type", "fixed") != "fixed":
+            t.problem("algorithm.kl_ctrl.type", "an adaptive KL coefficient is state across steps; beta is fixed")
+    ent = _float(get(a + "entropy_coeff", 0.0))
+    if ent:
+        t.put([f"entropy bonus(coef={format_value(ent)})"])
+    rc = "algorithm.rollout_correction."
+    if get(rc + "bypass_mode", False):
+        t.problem(rc + "bypass_mode", UNSUPPORTED[("verl", "rollout_correction.bypass_mode=true")])
+    level = get(rc + "rollout_is")
+    if level is not None:
+        thr = get(rc + "rollout_is_threshold", 2.0)
+        norm = ", normalize=true" if get(rc + "rollout_is_batch_normalize", False) else ""
+        if level not in VERL_IS_LEVELS:
+            t.problem(rc + "rollout_is", f"{level!r} is not one of {', '.join(VERL_IS_LEVELS)}")
+        elif isinstance(thr, str) and "_" in thr:
+            lo_, hi_ = thr.split("_", 1)
+            t.add("correction", f"importance(level={level}, mode=mask, low={format_value(float(lo_))}, "
+                                f"high={format_value(float(hi_))}{norm})")
+        else:
+            t.add("correction", f"importance(level={level}, high={format_value(float(thr))}{norm})")
+    stat = get(rc + "rollout_rs")
+    if stat is not None:
+        thr = get(rc + "rollout_rs_threshold")
+        stats = registry.REGISTRY["correction"]
+        choices = next((p.choices for c_ in stats.values() for k, p in c_.params.items() if k == "stat"), ())
+        if stat not in choices:
+            t.problem(rc + "rollout_rs", f"{stat!r} is not one statistic of {', '.join(choices)}")
+        elif thr is None:
+            t.problem(rc + "rollout_rs_threshold", "rejection without a threshold")
+        elif isinstance(thr, str) and "_" in thr:
+            lo_, hi_ = thr.split("_", 1)
+            t.add("correction", f"reject(stat={stat}, low={format_value(float(lo_))}, high={format_value(float(hi_))})")
+        else:
+            t.add("correction", f"reject(stat={stat}, high={format_value(float(thr))})")
+    if get("algorithm.filter_groups.enable", False):
+        rounds = int(get("algorithm.filter_groups.max_num_gen_batches", 0))
+        if rounds <= 0:
+            t.problem("algorithm.filter_groups.max_num_gen_batches", "0 = no limit; dynamic sampling needs a cap "
+                                                                    "(the DAPO recipe: 10, used here)")
+            rounds = 10
+        t.put([f"sampling dynamic(max_rounds={rounds})"])
+        if get("algorithm.filter_groups.metric") not in (None, "seq_reward", "score", "seq_final_reward"):
+            t.notes.append(f"filter_groups.metric={get('algorithm.filter_groups.metric')}: dynamic sampling here "
+                           "reads the reward itself")
+    if get("reward_model.overlong_buffer.enable", False):
+        t.add("shaping", f"overlong_penalty(max_len={int(get('data.max_response_length', 512))}, "
+                         f"cache={int(get('reward_model.overlong_buffer.len', 0))}, "
+                         f"factor={format_value(_float(get('reward_model.overlong_buffer.penalty_factor', 1.0)))})")
+    if get("algorithm.use_pf_ppo", False):
+        t.problem("algorithm.use_pf_ppo", "PF-PPO's reward-weighted resampling of the batch is not supported")
+    # run config
+    n = int(get("actor_rollout_ref.rollout.n", 1))
+    t.run["rollout.n"] = n
+    t.run["rollout.max_new_tokens"] = int(get("data.max_response_length", 512))
+    t.run["rollout.temperature"] = get("actor_rollout_ref.rollout.temperature", 1.0)
+    t.run["rollout.top_p"] = get("actor_rollout_ref.rollout.top_p", 1.0)
+    if get("actor_rollout_ref.rollout.top_k", -1) not in (-1, 0, None):
+        t.problem("actor_rollout_ref.rollout.top_k", "the rollout samples with temperature and top_p only")
+    t.run["train.lr"] = get(a + "optim.lr", 1e-6)
+    t.run["train.weight_decay"] = get(a + "optim.weight_decay", 0.01)
+    t.run["train.ppo_epochs"] = int(get(a + "ppo_epochs", 1))
+    t.run["train.grad_clip"] = get(a + "grad_clip", 1.0)
+    tbs, mini = int(get("data.train_batch_size", 1024)), int(get(a + "ppo_mini_batch_size", 256))
+    t.run["rollout.prompts_per_step"] = tbs
+    if tbs % mini:
+        t.problem(a + "ppo_mini_batch_size", f"{mini} does not divide data.train_batch_size {tbs}")
+    else:
+        t.run["train.minibatches"] = tbs // mini
+    if get("trainer.total_training_steps") is not None:
+        t.run["train.steps"] = int(get("trainer.total_training_steps"))
+    warm = get(a + "optim.lr_warmup_steps", -1)
+    if warm is not None and int(warm) > 0:
+        t.run["train.warmup_steps"] = int(warm)
+    if "critic" in t.lines and get("critic.optim.lr") is not None:  # the spec has a value model
+        t.run["train.critic_lr"] = get("critic.optim.lr")
+    if get("actor_rollout_ref.model.enable_gradient_checkpointing") is not None:
+        t.run["train.gradient_checkpointing"] = bool(get("actor_rollout_ref.model.enable_gradient_checkpointing"))
+    if int(get("actor_rollout_ref.model.lora_rank", 0) or 0) > 0:
+        t.run["model.lora.rank"] = int(get("actor_rollout_ref.model.lora_rank"))
+        t.run["model.lora.alpha"] = get("actor_rollout_ref.model.lora_alpha", 16)
+    engine = get("actor_rollout_ref.rollout.name", "vllm")
+    if engine in ("vllm", "hf"):
+        t.run["rollout.engine"] = engine
+    else:
+        t.problem("actor_rollout_ref.rollout.name", f"{engine!r}: the engines are hf and vllm")
+    return t
+
+
+# ---------------------------------------------------------------------------------------
+# Output
+
+
+def nearest_library(text: str) -> tuple[str, list[str]]:
+    """(the library spec whose resolved slots are closest to those of ``text``, the slots that differ)."""
+    from .spec import library, load, loads
+    mine = loads(text).slots
+    best: tuple[str, list[str]] | None = None
+    for name in library():
+        theirs = load(name).slots
+        diff = [s for s in registry.SLOTS if [(v.component, v.params) for v in theirs[s]] !=
+                [(v.component, v.params) for v in mine[s]]]
+        if best is None or len(diff) < len(best[1]):
+            best = (name, diff)
+    assert best is not None
+    return best
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return repr(v)
+
+
+def render(t: Translation, source: str, name: str, lenient: bool = False) -> str:
+    """The printed output: the spec, then the run config as TOML and as --set flags."""
+    spec = t.spec_text(name, source)
+    near, diff = nearest_library(spec)
+    lines = [spec.rstrip("\n")]
+    if not diff:
+        lines.append(f"# same as algorithms/{near}.rl: `rldsl run {near}` runs it")
+    elif len(diff) <= 2:
+        lines.append(f"# closest library spec: algorithms/{near}.rl (differs in {', '.join(diff)})")
+    for p in t.problems:
+        lines.append(f"# WARNING: {p.option} not reproduced: {p.why}")
+    for note in t.notes:
+        lines.append(f"# note: {note}")
+    lines += ["", "# run config (rldsl run SPEC --config this.toml); the same as --set flags below"]
+    sections: dict[str, list[str]] = {"": []}  # top-level keys first, as TOML wants
+    for key, val in t.run.items():
+        sec, _, leaf = key.rpartition(".")
+        sections.setdefault(sec, []).append(f"{leaf} = {_toml(val)}")
+    for sec, items in sections.items():
+        lines += ([f"[{sec}]"] if sec else []) + items
+    flags = " ".join(f"--set {k}={_toml(v).replace(' ', '')}" for k, v in t.run.items())
+    lines += ["", f"# rldsl run {name}.rl {flags}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,217 @@
+"""`rldsl translate`: TRL / verl configs to specs. The code's tables agree with docs/peers.md,
+every fixture translates to a spec that checks and a run config that loads, and options that
+cannot be reproduced are named (exit 1, or warning comments with --lenient)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import rldsl
+from rldsl import translate as tr
+from rldsl.cli import app
+from rldsl.runtime.config import load_config
+
+HERE = Path(__file__).parent
+DOC = (HERE.parent.parent / "docs" / "peers.md").read_text(encoding="utf-8")
+FIXTURES = sorted(p for p in HERE.iterdir() if p.suffix in (".json", ".yaml"))
+UNMAPPABLE = {"trl_unmappable.json": ["use_adaptive_entropy", "lr_scheduler_type"],
+              "verl_unmappable.yaml": ["actor_rollout_ref.actor.policy_loss.loss_mode",
+                                       "algorithm.use_kl_in_reward"]}
+# lines each fixture's spec must hold (the peer's semantics, read from its source)
+EXPECT = {
+    "trl_dapo.json": ["trust_region  clip(low=0.2, high=0.28)", "aggregation   token_mean", "filter        overlong",
+                      "normalizer    group_std(eps=0.0001)", "ratio         token(clamp=80.0)"],
+    "trl_grpo.yaml": ["kl            k3(beta=0.04, where=loss, ratio_weighted=true)",
+                      "aggregation   seq_mean_token_mean(count_empty=true)"],
+    "trl_dr_grpo.yaml": ["aggregation   token_sum_norm(max_tokens=1024)", "baseline      group_mean"],
+    "trl_gspo.json": ["ratio         sequence(clamp=80.0)", "trust_region  clip(low=0.0003, high=0.0004)"],
+    "trl_cispo.json": ["trust_region  truncate(high=4.0)", "objective     is_weighted",
+                       "normalizer    batch_std(eps=0.0001)"],
+    "trl_vllm_tis.yaml": ["correction    importance(level=token, high=2.0, clamp=80.0)",
+                          "selection     top_entropy(quantile=0.2)"],
+    "verl_grpo.yaml": ["baseline      group_mean(singleton=reward)", "normalizer    group_std(eps=1e-06)",
+                       "trust_region  dual_clip(low=0.2, high=0.2, c=3.0)",
+                       "kl            k3(beta=0.001, where=loss, clamp=true)"],
+    "verl_dapo.yaml": ["trust_region  dual_clip(low=0.2, high=0.28, c=10.0)", "sampling      dynamic(max_rounds=10)",
+                       "shaping       overlong_penalty(max_len=20480, cache=4096, factor=1.0)"],
+    "verl_ppo_gae.yaml": ["baseline      gae(gamma=1.0, lam=0.95)", "critic        value(clip=0.5)",
+                          "kl            k1(beta=0.02, where=reward)",
+                          "aggregation   seq_mean_token_mean(count_empty=true)"],
+    "verl_rloo.yaml": ["baseline      leave_one_out(singleton=reward)", "objective     reinforce",
+                       "aggregation   seq_mean_token_sum(count_empty=true)"],
+    "verl_reinforce_pp.yaml": ["baseline      return_to_go(gamma=1.0)", "normalizer    whiten",
+                               "kl            k1(beta=0.01, where=reward)"],
+    "verl_rollout_correction.yaml": [
+        "correction    importance(level=sequence, high=2.0), reject(stat=seq_sum_k1, low=0.5, high=2.0)"],
+    "verl_cispo.yaml": ["trust_region  truncate(high=0.2)", "# closest library spec: algorithms/cispo.rl "
+                                                             "(differs in baseline)"],
+}
+RUN = {"trl_dapo.json": {"rollout.n": 8, "rollout.max_new_tokens": 1024, "rollout.prompts_per_step": 8,
+                         "train.minibatches": 2, "model.dtype": "bfloat16", "seed": 42},
+       "verl_grpo.yaml": {"rollout.n": 5, "rollout.max_new_tokens": 1024, "rollout.prompts_per_step": 1024,
+                          "train.minibatches": 4, "train.steps": 300, "rollout.engine": "vllm"},
+       "verl_ppo_gae.yaml": {"rollout.n": 1, "train.critic_lr": 1e-5, "train.minibatches": 4}}
+
+
+# ---------------------------------------------------------------------------------------
+# The tables in code and in docs/peers.md
+
+
+def _table(heading: str) -> dict[str, list[str]]:
+    """Option -> the doc's spec lines, from the table under ``## heading``."""
+    body = DOC.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, list[str]] = {}
+    for line in body.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        names = re.findall(r"`([^`]+)`", cells[0])
+        spec = [] if "not expressible" in cells[1] or "planned" in cells[1] else \
+            [m.replace("\\|", "|") for m in re.findall(r"`([^`]+)`", cells[1])]
+        for n in names:
+            rows[re.sub(r'^\w+="(\w+)"$', r"\1", n)] = spec
+    return rows
+
+
+def _doc_form(rows: tuple[str, ...]) -> list[str]:
+    return [re.sub(r"\{(\w+)\}", lambda m: tr.DOC_NAMES.get(m.group(1), m.group(1).upper()), r) for r in rows]
+
+
+@pytest.mark.parametrize("heading, table", [
+    ("TRL `GRPOConfig`", tr.TRL_LOSS_TYPES), ("TRL `GRPOConfig`", tr.TRL_SCALE_REWARDS),
+    ("verl `actor.policy_loss.loss_mode`", tr.VERL_LOSS_MODES),
+    ("verl `algorithm.adv_estimator`", tr.VERL_ADV_ESTIMATORS),
+    ("verl `actor.loss_agg_mode`", tr.VERL_AGG_MODES), ("verl `actor.kl_loss_type`", tr.VERL_KL_TYPES)])
+def test_the_code_tables_are_the_doc_tables(heading, table) -> None:
+    doc = _table(heading)
+    for option, rows in table.items():
+        assert option in doc, f"{option}: no row in docs/peers.md ## {heading}"
+        assert doc[option] == _doc_form(rows), option
+
+
+def test_every_doc_row_is_translated_or_named_unsupported() -> None:
+    tables = {"verl `actor.policy_loss.loss_mode`": ("loss_mode", tr.VERL_LOSS_MODES),
+              "verl `algorithm.adv_estimator`": ("adv_estimator", tr.VERL_ADV_ESTIMATORS),
+              "verl `actor.kl_loss_type`": ("kl_loss_type", tr.VERL_KL_TYPES)}
+    for heading, (kind, table) in tables.items():
+        for option, spec in _table(heading).items():
+            if option in ("bypass_mode",):
+                assert ("verl", "rollout_correction.bypass_mode=true") in tr.UNSUPPORTED
+            elif spec:
+                assert option in table, f"{heading}: {option} is in the doc, not in the code"
+            else:
+                assert ("verl", f"{kind}={option}") in tr.UNSUPPORTED, option
+    trl = _table("TRL `GRPOConfig`")
+    assert trl["use_adaptive_entropy"] == [] and ("TRL", "use_adaptive_entropy=true") in tr.UNSUPPORTED
+    assert set(tr.TRL_LOSS_TYPES) <= set(trl)
+
+
+# ---------------------------------------------------------------------------------------
+# Fixtures end to end
+
+
+def _spec_and_toml(out: str) -> tuple[str, str]:
+    spec = out.split("\n\n# run config", 1)[0]
+    toml = out.split("# run config", 1)[1].split("\n", 1)[1].split("\n\n", 1)[0]
+    return spec, toml
+
+
+@pytest.mark.parametrize("path", [p for p in FIXTURES if p.name not in UNMAPPABLE], ids=lambda p: p.name)
+def test_fixture_translates_to_a_spec_that_checks_and_a_config_that_loads(path: Path, tmp_path: Path) -> None:
+    r = CliRunner().invoke(app, ["translate", str(path)])
+    assert r.exit_code == 0, r.output
+    spec, toml = _spec_and_toml(r.output)
+    assert "# WARNING" not in r.output
+    for line in EXPECT[path.name]:
+        assert line in r.output.splitlines() or "  " + line in r.output.splitlines(), (line, r.output)
+    f = tmp_path / f"{path.stem}.rl"
+    f.write_text(spec + "\n")
+    check = CliRunner().invoke(app, ["check", "--strict", str(f)])
+    assert check.exit_code == 0, check.output
+    (tmp_path / "run.toml").write_text(toml + "\n")
+    cfg = load_config(tmp_path / "run.toml")
+    for key, want in RUN.get(path.name, {}).items():
+        got = cfg
+        for part in key.split("."):
+            got = getattr(got, part)
+        assert got == want, key
+    flags = r.output.strip().splitlines()[-1]
+    assert flags.startswith(f"# rldsl run {path.stem}.rl --set ")
+    sets = [s for s in flags.split(" --set ")[1:]]
+    assert load_config(None, sets) == cfg  # the --set line says the same as the TOML
+
+
+@pytest.mark.parametrize("name", sorted(UNMAPPABLE))
+def test_unmappable_options_are_named_and_fail(name: str) -> None:
+    r = CliRunner().invoke(app, ["translate", str(HERE / name)])
+    assert r.exit_code == 1 and "--lenient" in r.output
+    for option in UNMAPPABLE[name]:
+        assert f"option {option} cannot be translated: " in r.output, option
+    r = CliRunner().invoke(app, ["translate", "--lenient", str(HERE / name)])
+    assert r.exit_code == 0, r.output
+    for option in UNMAPPABLE[name]:
+        assert f"# WARNING: {option} not reproduced: " in r.output
+    rldsl.loads(_spec_and_toml(r.output)[0])  # the rest is still a valid spec
+
+
+def test_trl_defaults_and_the_cispo_cap_footgun(tmp_path: Path) -> None:
+    t = tr.translate({})  # every field at TRL 1.16's default: loss_type dapo, epsilon 0.2, beta 0
+    assert t.peer == "TRL" and not t.problems
+    assert t.lines["trust_region"] == ["trust_region clip(low=0.2, high=0.2)"] and "kl" not in t.lines
+    assert t.run["rollout.n"] == 8 and t.run["rollout.max_new_tokens"] == 512 and t.run["train.lr"] == 1e-6
+    # TRL's CISPO with epsilon_high unset caps rho at epsilon = 0.2: translated faithfully, and warned
+    t = tr.translate({"loss_type": "cispo"})
+    assert t.lines["trust_region"] == ["trust_region truncate(high=-0.8)"]
+    f = tmp_path / "c.rl"
+    f.write_text(t.spec_text("c", "c.json"))
+    r = CliRunner().invoke(app, ["check", "--strict", str(f)])
+    assert r.exit_code == 1 and "warning: trust_region truncate(high=-0.8) caps the weight" in r.output
+
+
+def test_trl_delta_is_a_dual_clip() -> None:
+    assert tr.translate({"delta": 4.0, "epsilon_high": 0.28}).lines["trust_region"] == \
+        ["trust_region dual_clip(low=0.2, high=0.28, c=4.0)"]
+    assert tr.translate({"delta": 1.1, "epsilon_high": 0.28}).lines["trust_region"] == \
+        ["trust_region dual_clip(low=0.2, high=0.1, c=1.28)"]
+    assert [p.option for p in tr.translate({"delta": 0.9}).problems] == ["delta"]
+
+
+def test_verl_defaults_and_variants() -> None:
+    t = tr.translate({"algorithm": {}})  # verl 0.9.1 defaults: gae, vanilla, token-mean, no KL, n 1
+    assert t.peer == "verl" and not t.problems
+    assert t.lines["baseline"] == ["baseline gae(gamma=1.0, lam=1.0)"] and t.run["rollout.n"] == 1
+    t = tr.translate({"algorithm": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": False}})
+    assert "normalizer" not in t.lines
+    t = tr.translate({"algorithm": {"adv_estimator": "grpo"}, "actor_rollout_ref": {"actor": {
+        "loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": 4096,
+        "use_kl_loss": True, "kl_loss_type": "k3+", "kl_loss_coef": 0.01}}})
+    assert t.lines["aggregation"] == ["aggregation token_sum_norm(max_tokens=4096)"] and not t.problems
+    assert t.lines["kl"] == ["kl k3(beta=0.01, where=loss, clamp=true, straight_through=true)"]
+    t = tr.translate({"actor_rollout_ref": {"actor": {"loss_agg_mode": "seq-mean-token-sum-norm"}}})
+    assert [p.option for p in t.problems] == ["actor_rollout_ref.actor.loss_scale_factor"]
+    t = tr.translate({"algorithm": {"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"}}})
+    assert t.lines["correction"] == ["importance(level=token, mode=mask, low=0.5, high=5.0)"]  # IcePop
+
+
+def test_not_a_config_is_exit_2(tmp_path: Path) -> None:
+    f = tmp_path / "x.yaml"
+    f.write_text("model:\n  path: x\n")
+    r = CliRunner().invoke(app, ["translate", str(f)])
+    assert r.exit_code == 2 and "neither a TRL GRPOConfig" in r.output
+    f.write_text("- a\n- b\n")
+    assert CliRunner().invoke(app, ["translate", str(f)]).exit_code == 2
+    assert CliRunner().invoke(app, ["translate", str(tmp_path / "missing.json")]).exit_code == 2
+
+
+def test_a_typo_in_a_trl_field_is_named() -> None:
+    (p,) = tr.translate({"epsilon_hihg": 0.28}).problems
+    assert p.option == "epsilon_hihg" and "not a GRPOConfig field" in p.why
+
+
+def test_nearest_library_spec() -> None:
+    assert tr.nearest_library(rldsl.load("dapo").source) == ("dapo", [])
+    t = tr.translate({"algorithm": {"adv_estimator": "grpo"}})
+    assert "# same as algorithms/" not in tr.render(t, "x.yaml", "x")
