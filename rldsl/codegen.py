@@ -116,6 +116,7 @@ def _context(algo: Algorithm) -> dict[str, Any]:
     ctx["filters"] = [_call(algo, v) for v in algo["filter"] if not v.spec.off]
     ctx["corrections"] = [_call(algo, v) for v in algo["correction"] if not v.spec.off]
     ctx["selections"] = [_call(algo, v) for v in algo["selection"] if not v.spec.off]
+    ctx["old_from_rollout"] = algo.old_from_rollout  # fact: correction bypass
     ctx["uses_ratio"] = algo.uses_ratio  # facts: objective uses_ratio, kl k3 ratio_weighted in the loss
     ctx["with_metrics"] = True
     return ctx
