@@ -185,6 +185,20 @@ LOSS_CASES: list[LossCase] = [
              _verl(R.verl_dppo, kind="tv", low=0.15, high=0.15)),
     LossCase(VERL, "loss_mode=dppo_kl", "objective is_weighted\ntrust_region kl_div(low=0.05, high=0.05, cap=3.0)",
              _verl(R.verl_dppo, kind="kl", low=0.05, high=0.05)),
+    LossCase(VERL, "loss_mode=geo_mean (GMPO, clip_ratio 0.4, no clamp)", "ratio geo_mean(low=0.4, high=0.4)\n"
+             "aggregation seq_mean_token_mean(count_empty=true)", _verl(R.verl_geo_mean)),
+    LossCase(VERL, "loss_mode=geo_mean (clip_ratio_low/high 0.2/0.28, +-20 clamp on)",
+             "ratio geo_mean(low=0.2, high=0.28, clamp=20.0)\naggregation seq_mean_token_mean(count_empty=true)",
+             _verl(R.verl_geo_mean, clip_ratio_low=0.2, clip_ratio_high=0.28, clamp_20=True)),
+    LossCase(VERL, "loss_mode=clip_cov (clip_cov_ratio=0.05, lb 1, ub 5)", A + "trust_region clip(low=0.2, high=0.2)\n"
+             "selection clip_cov(ratio=0.05, lb=1.0, ub=5.0, seed=3)",
+             _verl(R.verl_clip_cov, seed=3, clip_cov_ratio=0.05)),
+    LossCase(VERL, "loss_mode=clip_cov (defaults: clip_cov_ratio=2e-4, one token)", A + "trust_region clip(low=0.2, high=0.2)\n"
+             "selection clip_cov(seed=7)", _verl(R.verl_clip_cov, seed=7)),
+    LossCase(VERL, "loss_mode=kl_cov (kl_cov_ratio=0.05, ppo_kl_coef=1)", A + "objective kl_cov(ratio=0.05, coef=1.0)",
+             _verl(R.verl_kl_cov, kl_cov_ratio=0.05)),
+    LossCase(VERL, "loss_mode=kl_cov (defaults: kl_cov_ratio=2e-4, one token)", A + "objective kl_cov",
+             _verl(R.verl_kl_cov)),
     # ---------------------------------------------------------------- verl loss_agg_mode
     LossCase(VERL, "loss_agg_mode=token-sum", "trust_region dual_clip\naggregation token_sum",
              _verl(R.verl_vanilla, agg="token-sum")),
