@@ -63,7 +63,7 @@ def dro(w: Tensor, adv: Tensor, logp: Tensor, mask: Tensor, beta: float) -> Tens
 @register("objective", uses_ratio=True,
           ratio=Float(0.0002, "the share of valid tokens (at least one) with the largest covariance that get "
                               "the penalty (verl kl_cov_ratio)", gt=0, le=1),
-          coef=Float(1.0, "weight of |log rho| on them (verl ppo_kl_coef)", ge=0))
+          coef=Float(0.1, "weight of |log rho| on them (verl ppo_kl_coef, 0.1 in its actor config)", ge=0))
 def kl_cov(w: Tensor, adv: Tensor, logp: Tensor, mask: Tensor, ratio: float, coef: float) -> Tensor:
     """KL-Cov: the surrogate plus a |log rho| penalty on the tokens of largest covariance.
 
@@ -71,7 +71,7 @@ def kl_cov(w: Tensor, adv: Tensor, logp: Tensor, mask: Tensor, ratio: float, coe
       cov_it = (A_it - mean_m A) (log pi(o_it) - mean_m log pi) over valid tokens,
       n = max(1, floor({ratio} sum m)) (torch.topk, largest)
     source: Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
-      Language Models", arXiv 2505.22617; verl loss_mode=kl_cov (kl_cov_ratio 2e-4, ppo_kl_coef 1,
+      Language Models", arXiv 2505.22617; verl loss_mode=kl_cov (kl_cov_ratio 2e-4, ppo_kl_coef 0.1,
       no clip, no log-ratio clamp: `ratio token(clamp=80.0)`)
     shapes: w, adv, logp, mask [B, T] -> [B, T]
     edge cases: no valid token: no penalty; the covariance is over this call's valid tokens

@@ -319,10 +319,11 @@ def verl_clip_cov(old_log_prob, log_prob, advantages, response_mask, seed, clip_
     return verl_agg_loss(pg_losses, response_mask, agg, **agg_kw)
 
 
-def verl_kl_cov(old_log_prob, log_prob, advantages, response_mask, kl_cov_ratio=2e-4, ppo_kl_coef=1.0,
+def verl_kl_cov(old_log_prob, log_prob, advantages, response_mask, kl_cov_ratio=2e-4, ppo_kl_coef=0.1,
                 agg="token-mean", **agg_kw):
     """loss_mode=kl_cov: -A rho (no clip, no clamp) plus ppo_kl_coef |log rho| on the top
-    kl_cov_ratio share of valid tokens by covariance (torch.topk over the flattened valid tokens)."""
+    kl_cov_ratio share of valid tokens by covariance (torch.topk over the flattened valid tokens).
+    Defaults: actor.yaml's (the function's own fallback for a missing ppo_kl_coef is 1.0)."""
     negative_approx_kl = log_prob - old_log_prob
     abs_kl = negative_approx_kl.abs()
     ratio = torch.exp(negative_approx_kl)
