@@ -1,6 +1,7 @@
 """GMPO's geo_mean ratio, Clip-Cov (selection clip_cov) and KL-Cov (objective kl_cov): what each
 formula promises for any input (hypothesis), the seed contract of clip_cov, the edges (empty
-rows, zero-advantage rows, ratios of e^+-25, nothing to select) and compiled == eager. Exactness
+rows, zero-advantage rows, ratios of e^+-25, nothing to select) and compiled == eager (with
+`correction bypass` too). Exactness
 against verl's own code is in test_peer_losses.py (peer_cases.LOSS_CASES)."""
 from __future__ import annotations
 
@@ -202,15 +203,21 @@ _no_compile = os.environ.get("RLDSL_COMPILE", "1").strip().lower() in ("0", "fal
 
 @pytest.mark.skipif(_no_compile, reason="RLDSL_COMPILE disables torch.compile")
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-def test_clip_cov_and_kl_cov_compiled_equal_eager():
-    """gmpo is a library spec (test_compiled_vs_eager.py); the two covariance components together here."""
+def test_clip_cov_kl_cov_and_bypass_compiled_equal_eager():
+    """gmpo is a library spec (test_compiled_vs_eager.py); the covariance components and the bypass
+    (with a rejection that binds) together here, compiled once."""
     spec = ("ratio token(clamp=80.0)\ntrust_region clip(low=0.2, high=0.2)\nobjective kl_cov(ratio=0.1)\n"
-            "selection clip_cov(ratio=0.1, lb=0.05, ub=5.0, seed=4)")
+            "selection clip_cov(ratio=0.1, lb=0.05, ub=5.0, seed=4)\n"
+            "correction bypass, reject(stat=token_k2, high=0.05)")
     comp, eager = spec_fn(spec, name="cov_c", compile=True), spec_fn(spec, name="cov_e")
     assert comp.compiled
     for seed in (0, 1):
         b = {k: v.float() for k, v in loss_batch(seed).items()}
-        (oc, gc), (oe, ge) = [loss_and_grad(f, b["logp"], b["old"], b["adv"], b["mask"]) for f in (comp, eager)]
+        (oc, gc), (oe, ge) = [loss_and_grad(f, b["logp"], b["old"], b["adv"], b["mask"], rollout_logprobs=b["roll"])
+                              for f in (comp, eager)]
         torch.testing.assert_close(oc.loss, oe.loss, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(gc, ge, rtol=1e-5, atol=1e-5)
         assert torch.isfinite(gc).all() and not math.isnan(oc.metrics["pg_loss"])
+        assert oe.metrics["correction/rejected_fraction"] > 0
+        for k in oe.metrics:
+            assert oc.metrics[k] == pytest.approx(oe.metrics[k], rel=1e-5, abs=1e-6), k
