@@ -81,7 +81,8 @@ def geo_mean(logp: Tensor, old_logp: Tensor, mask: Tensor, adv: Tensor, low: flo
     shapes: logp, old_logp, mask, adv [B, T] -> [B, T] (the same value on every token of a row)
     edge cases: a clipped token gets no gradient (as verl's min); padding values (even inf)
       never reach the sum; an empty row gives log r = 0. Without a clamp a negative-advantage
-      row whose mean log ratio exceeds ~88 overflows to inf, as verl's does.
+      row whose mean log ratio exceeds ~88 overflows to inf, as verl's does. The clip acts inside
+      the ratio, so the clip_fraction metric (w != rho) reads 0.
     """
     valid = mask > 0  # padding may hold garbage (inf): select, never multiply by 0
     x = torch.where(valid, logp - old_logp, 0.0)

@@ -40,7 +40,7 @@ class TrainBatch:
 
     rollout: RolloutBatch
     rewards: Tensor               # [B] verifier rewards (NaN = failed reward, masked)
-    old_logprobs: Tensor | None   # None: exactly on-policy, the update uses its own (detached)
+    old_logprobs: Tensor | None   # None: exactly on-policy, or bypass; the update passes its own (detached)
     mask: Tensor                  # loss mask (filters applied)
     advantages: Tensor
     returns: Tensor
