@@ -122,6 +122,9 @@ def _context(algo: Algorithm) -> dict[str, Any]:
     ctx["filters"] = [_call(algo, v) for v in algo["filter"] if not v.spec.off]
     ctx["corrections"] = [_call(algo, v) for v in algo["correction"] if not v.spec.off]
     ctx["selections"] = [_call(algo, v) for v in algo["selection"] if not v.spec.off]
+    ctx["old_from_rollout"] = algo.old_from_rollout  # fact: correction bypass
+    # what the corrections compare with the engine: pi_old, or pi_theta (detached) under bypass
+    ctx["correction_old"] = "logp.detach()" if algo.old_from_rollout else "old_logp"
     ctx["uses_ratio"] = algo.uses_ratio  # facts: objective uses_ratio, kl k3 ratio_weighted in the loss
     ctx["with_metrics"] = True
     return ctx

@@ -167,6 +167,8 @@ class CompiledAlgorithm:
         active = [v for v in self.algorithm.slots["correction"] if not v.spec.off]
         if not active:
             return loss_mask
+        if self.algorithm.old_from_rollout:
+            return loss_mask  # bypass: the corrections compare pi_theta with the engine, in loss() only
         if old_logprobs is None:
             raise ValueError(f"{self.algorithm.name}: estimate() with rollout_logprobs= needs "
                              f"old_logprobs= for correction {active[0].component}")

@@ -53,7 +53,8 @@ def fact_notes(comp: registry.Component, values: dict[str, Any] | None = None) -
     if f.provides:
         notes.append("provides " + ", ".join(f.provides))
     for fact, words in (("uses_ratio", "uses the ratio"), ("per_token_only", "per token only"),
-                        ("sequence_level", "one ratio per sequence")):
+                        ("sequence_level", "one ratio per sequence"),
+                        ("old_from_rollout", "pi_old is the engine's logprobs: no old-logprob forward")):
         v = getattr(f, fact)
         if isinstance(v, str) and values is None:
             notes.append(f"{words} if {v}=true")

@@ -18,6 +18,17 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return masked_sum(x, mask) / mask.sum().clamp_min(1)
 
 
+def token_covariance(adv: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
+    """(A - mean_m A) (log pi - mean_m log pi) per token [B, T], no gradient, means over the
+    valid tokens; 0 on padding."""
+    valid = mask > 0
+    a = torch.where(valid, adv.detach(), 0.0)
+    lp = torch.where(valid, logp.detach(), 0.0)
+    n = mask.sum().clamp_min(1)
+    cov = (a - a.sum() / n) * (lp - lp.sum() / n)
+    return torch.where(valid, cov, 0.0)
+
+
 def group_view(x: Tensor, group_size: int) -> Tensor:
     """[B] -> [P, G] (groups are contiguous rows)."""
     if x.shape[0] % group_size:

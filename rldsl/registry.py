@@ -183,10 +183,11 @@ class Facts:
     plan: dict[str, str] = field(default_factory=dict)  # PLAN field -> parameter holding its value
     roles: dict[str, str] = field(default_factory=dict)  # ROLES entry -> parameter that plays it
     per_group: bool | str = False         # compares the samples of one prompt's group (needs G >= 2)
+    old_from_rollout: bool | str = False  # pi_old is the engine's logprobs: no old-logprob forward (bypass)
 
 
 FACTS: tuple[str, ...] = tuple(f.name for f in fields(Facts))
-_FLAGS = ("uses_ratio", "per_token_only", "sequence_level", "per_group")
+_FLAGS = ("uses_ratio", "per_token_only", "sequence_level", "per_group", "old_from_rollout")
 
 
 # ---------------------------------------------------------------------------------------
@@ -271,22 +272,23 @@ SLOTS: dict[str, Slot] = {s.name: s for s in [
          "the train/inference mismatch: importance weights on the policy loss, rejected tokens",
          multi=True),
     Slot("ratio", "loss", "token",
-         "(logp [B, T], old_logp [B, T], mask [B, T]) -> log_ratio [B, T]",
-         "the importance ratio: per token, or the sequence-level geometric mean (GSPO)",
+         "(logp [B, T], old_logp [B, T], mask [B, T], adv [B, T]) -> log_ratio [B, T]",
+         "the importance ratio: per token, or per sequence (GSPO's or GMPO's geometric mean, the product)",
          declares=("sequence_level",)),
     Slot("trust_region", "loss", "none",
          "(rho [B, T], adv [B, T], logp [B, T], old_logp [B, T]) -> w [B, T]",
          "turns the ratio into the weight the objective uses (clipped, truncated or masked)",
          declares=("per_token_only",)),
     Slot("objective", "loss", "ppo",
-         "(w [B, T], adv [B, T], logp [B, T]) -> loss [B, T]",
+         "(w [B, T], adv [B, T], logp [B, T], mask [B, T]) -> loss [B, T]",
          "the per-token surrogate to minimise", declares=("uses_ratio",)),
     Slot("kl", "loss", "none",
          "(logp [B, T], ref_logp [B, T], rho [B, T]) -> kl [B, T]",
          "penalty against the reference policy, in the loss or in the reward",
          declares=("uses_ratio",)),
     Slot("selection", "loss", "all",
-         "(adv [B, T], logp [B, T], old_logp [B, T], rollout_logp [B, T], entropy [B, T], mask [B, T]) -> keep [B, T]",
+         "(adv [B, T], logp [B, T], old_logp [B, T], rollout_logp [B, T], entropy [B, T], mask [B, T], "
+         "rho [B, T], w [B, T]) -> keep [B, T]",
          "which tokens keep their policy loss (the denominator is unchanged)", multi=True),
     Slot("entropy", "loss", "none",
          "(entropy [B, T]) -> term [B, T]",

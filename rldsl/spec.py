@@ -106,6 +106,11 @@ class Algorithm(BaseModel):
         return not self["critic"].spec.off
 
     @property
+    def old_from_rollout(self) -> bool:
+        """pi_old is the engine's logprobs (`correction bypass`): the trainer skips the old-logprob forward."""
+        return any(v.spec.flag("old_from_rollout", v.params) for v in self.active())
+
+    @property
     def uses_reference(self) -> bool:
         return "ref_logprobs" in self.needs()
 

@@ -162,3 +162,22 @@ def reject(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, stat: str, high
     else:
         keep = s <= high
     return torch.ones_like(m), keep.to(m.dtype), mismatch_metrics(raw, m)
+
+
+@register("correction", needs=("rollout_logprobs",), old_from_rollout=True)
+def bypass(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """Bypass: the old policy is the rollout policy; its logprobs are not recomputed.
+
+    formula: log pi_old(o_it) := log pi_rollout(o_it) (where the engine gave one); w_it = 1, keep_it = 1;
+      the other corrections then compare sg(pi_theta) with pi_rollout, in loss() only
+    source: verl algorithm.rollout_correction.bypass_mode=true (old_log_prob = rollout_log_prob;
+      rollout_is / rollout_rs on pi_current vs pi_rollout inside the loss): loss_type "ppo_clip"
+      is `objective ppo` + verl's clip and no `importance`; "reinforce" (-sg(w) A log pi,
+      w = pi_theta / pi_rollout truncated) is `objective reinforce` + `importance(high=...)`
+    shapes: old_logp, rollout_logp, mask [B, T] -> w = 1, keep = 1
+    edge cases: estimate() applies no rejection (it has no pi_theta); a NaN engine logprob keeps
+      the given old logprob (the runtime passes sg(pi_theta): ratio 1 there). The runtime skips
+      its old-logprob forward.
+    """
+    one = torch.ones_like(mask)
+    return one, one, {}

@@ -1,6 +1,8 @@
 """ratio: the log importance ratio log(pi_theta / pi_old).
 
-Signature: ``(logp [B, T], old_logp [B, T], mask [B, T]) -> log_ratio [B, T]``.
+Signature: ``(logp [B, T], old_logp [B, T], mask [B, T], adv [B, T]) -> log_ratio [B, T]``.
+The advantage is there for a clip that acts before a sequence mean (GMPO's, sign-aware); the
+other ratios ignore it.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from ..registry import Float, register
 
 @register("ratio", sequence_level=False,
           clamp=Float(20.0, "|log rho| is clamped to this (verl 20; large = off)", gt=0))
-def token(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tensor:
+def token(logp: Tensor, old_logp: Tensor, mask: Tensor, adv: Tensor, clamp: float) -> Tensor:
     """Per-token ratio.
 
     formula: log rho_it = clamp(log pi(o_it) - log pi_old(o_it), -{clamp}, {clamp})
@@ -24,7 +26,7 @@ def token(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tensor:
 
 
 @register("ratio", sequence_level=True, clamp=Float(10.0, "log s is clamped above at this (verl 10)", gt=0))
-def sequence(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tensor:
+def sequence(logp: Tensor, old_logp: Tensor, mask: Tensor, adv: Tensor, clamp: float) -> Tensor:
     """Sequence-level ratio: the geometric mean of the token ratios, with per-token gradients.
 
     formula: log s_it = sg(sum_t m log rho_it / L_i) + log pi(o_it) - sg(log pi(o_it)), clamped above at {clamp}
@@ -41,7 +43,7 @@ def sequence(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tens
 
 @register("ratio", sequence_level=True, clamp=Float(20.0, "each token's |log rho| and the sum's are clamped to this (VESPO 20)",
                                gt=0))
-def product(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tensor:
+def product(logp: Tensor, old_logp: Tensor, mask: Tensor, adv: Tensor, clamp: float) -> Tensor:
     """Sequence-level ratio: the product of the token ratios (the sequence likelihood ratio).
 
     formula: log w_i = clamp(sum_t m_it clamp(log rho_it, -{clamp}, {clamp}), -{clamp}, {clamp}), on every token of row i
@@ -56,4 +58,37 @@ def product(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: float) -> Tenso
     valid = mask > 0  # padding may hold garbage (inf): select, never multiply by 0
     lr = torch.where(valid, torch.clamp(logp - old_logp, -clamp, clamp), 0.0)
     seq = torch.clamp(lr.sum(-1, keepdim=True), -clamp, clamp)  # [B, 1]
+    return seq.expand_as(logp)
+
+
+@register("ratio", sequence_level=True,
+          low=Float(0.4, "for A < 0, log rho_t is clipped from below at -low (verl clip_ratio_low)", gt=0),
+          high=Float(0.4, "for A > 0, log rho_t is clipped from above at high (verl clip_ratio_high)", gt=0),
+          clamp=Float(None, "if given, |log rho_t| is first clamped to it (verl's optional +-20; "
+                            "absent: no clamp, as verl geo_mean)", gt=0))
+def geo_mean(logp: Tensor, old_logp: Tensor, mask: Tensor, adv: Tensor, low: float, high: float,
+             clamp: float | None) -> Tensor:
+    """GMPO's ratio: the geometric mean of sign-aware clipped token ratios.
+
+    formula: x_it = log pi(o_it) - log pi_old(o_it) (clamped to +-{clamp} if given);
+      c_it = min(x_it, {high}) if A_it > 0, max(x_it, -{low}) if A_it < 0, 0 if A_it = 0;
+      log r_i = sum_t m_it c_it / (|o_i| + 1e-8), on every token of row i
+    source: GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv 2507.20673,
+      clip range (e^-0.4, e^0.4)); verl loss_mode=geo_mean (clip_ratio_low/high in log space,
+      sgn(A) min(sgn(A) x, sgn(A) clamp(x, -low, high))); with `objective ppo`, `trust_region
+      none` and `aggregation seq_mean_token_mean(count_empty=true)` the loss is verl's
+      mean_i(-mean_t(A) r_i)
+    shapes: logp, old_logp, mask, adv [B, T] -> [B, T] (the same value on every token of a row)
+    edge cases: a clipped token gets no gradient (as verl's min); padding values (even inf)
+      never reach the sum; an empty row gives log r = 0. Without a clamp a negative-advantage
+      row whose mean log ratio exceeds ~88 overflows to inf, as verl's does. The clip acts inside
+      the ratio, so the clip_fraction metric (w != rho) reads 0.
+    """
+    valid = mask > 0  # padding may hold garbage (inf): select, never multiply by 0
+    x = torch.where(valid, logp - old_logp, 0.0)
+    if clamp is not None:
+        x = torch.clamp(x, -clamp, clamp)
+    c = torch.where(adv > 0, torch.clamp(x, max=high), torch.clamp(x, min=-low))
+    c = torch.where((adv != 0) & valid, c, 0.0)
+    seq = c.sum(-1, keepdim=True) / (mask.sum(-1, keepdim=True) + 1e-8)  # [B, 1]
     return seq.expand_as(logp)

@@ -40,7 +40,7 @@ class TrainBatch:
 
     rollout: RolloutBatch
     rewards: Tensor               # [B] verifier rewards (NaN = failed reward, masked)
-    old_logprobs: Tensor | None   # None: exactly on-policy, the update uses its own (detached)
+    old_logprobs: Tensor | None   # None: exactly on-policy, or bypass; the update passes its own (detached)
     mask: Tensor                  # loss mask (filters applied)
     advantages: Tensor
     returns: Tensor
@@ -220,8 +220,10 @@ class Trainer:
         self.policy.eval()
         old, ref, values = self._recompute(rollout)
         mask = rollout.response_mask.float()
+        # bypass: pi_old is the engine's (for a KL in the reward and the rejections too)
+        est_old = rollout.logprobs.to(mask.device) if old is None and self.fn.algorithm.old_from_rollout else old
         est = self.fn.estimate(rewards, rollout.group_size, mask, values=values,
-                               truncated=rollout.truncated, old_logprobs=old, ref_logprobs=ref,
+                               truncated=rollout.truncated, old_logprobs=est_old, ref_logprobs=ref,
                                rollout_logprobs=rollout.logprobs if self._corrects() else None)
         metrics = dict(est.metrics)
         valid = mask > 0
@@ -239,7 +241,9 @@ class Trainer:
         """
         algo = self.fn.algorithm
         old = None
-        if not self._old_is_current():
+        if algo.old_from_rollout:
+            pass  # correction bypass: pi_old is the engine's logprobs, which the loss reads itself
+        elif not self._old_is_current():
             old = self._per_microbatch(self.policy, rollout, "logprobs")
         ref = None
         if algo.uses_reference and self.reference is None:

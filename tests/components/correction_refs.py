@@ -153,3 +153,20 @@ def trl_selected(b: dict, top_entropy_quantile: float = 1.0, off_policy_mask_thr
         s = b["old"] if sampling is None else sampling
         ptl = ptl * trl_off_policy_mask(a, b["logp"], s, b["mask"], off_policy_mask_threshold)
     return (ptl * b["mask"]).sum() / b["mask"].sum().clamp(min=1.0)
+
+
+def verl_bypass(b: dict, loss_type: str = "ppo_clip", is_kw: dict | None = None, rs: list[dict] = ()) -> Tensor:
+    """compute_policy_loss_bypass_mode: old_log_prob = rollout_log_prob; IS weights and rejections
+    from the current policy (no grad) vs the rollout; "ppo_clip" runs the vanilla loss on the
+    rejected mask without IS weights, "reinforce" is -A log pi w on it (token-mean)."""
+    roll, mask = b["roll"], b["mask"]
+    with torch.no_grad():
+        cur = b["logp"].detach()
+        w = verl_is_weights(cur, roll, mask, **is_kw) if is_kw is not None else None
+        eff = mask
+        for r in rs:
+            eff = eff * verl_rs_mask(cur, roll, mask, **r)
+    if loss_type == "ppo_clip":
+        return verl_ppo_loss(roll, b["logp"], b["adv"], eff)
+    pg = -b["adv"] * b["logp"] * (w if w is not None else 1.0)
+    return verl_agg_loss(pg, eff, "token-mean")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peer_cases import ADV_CASES, LOSS_CASES, loss_batch, reward_batch, run_adv, run_loss  # noqa: E402
+from peer_cases import (ADV_CASES, LOSS_CASES, NOT_EXPRESSIBLE, loss_batch, reward_batch, run_adv,  # noqa: E402
+                        run_loss)
 
 
 def _spec(text: str) -> str:
@@ -45,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
                 err = max(err, (ours - ref).abs().max().item())
         sizes = ", ".join(map(str, c.group_sizes))
         print(f"| {c.peer} | {c.option} | {_spec(c.spec)} | {sizes} | {err:.1e} |")
+    print()
+    print("| peer | option | not expressible: why |")
+    print("|---|---|---|")
+    for peer, option, why in NOT_EXPRESSIBLE:
+        print(f"| {peer} | {option} | {why} |")
     return 0
 
 

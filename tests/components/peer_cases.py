@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+import correction_refs as CR
 import peer_refs as R
 from component_refs import spec_fn
 
@@ -42,7 +43,8 @@ def loss_batch(seed: int, B: int = 8, T: int = 12) -> dict[str, Tensor]:
     a = torch.randn(B, generator=g, dtype=dt)
     a[4] = 0.0  # a zero-advantage (zero-variance group) row
     ent = 2 * torch.rand(B, T, generator=g, dtype=dt)
-    return dict(logp=logp, old=old, ref=ref, mask=mask, a=a, adv=a.unsqueeze(-1) * mask, ent=ent)
+    roll = old + 0.3 * torch.randn(B, T, generator=g, dtype=dt)  # the engine's logprobs (drawn last)
+    return dict(logp=logp, old=old, ref=ref, mask=mask, a=a, adv=a.unsqueeze(-1) * mask, ent=ent, roll=roll)
 
 
 def reward_batch(seed: int, G: int, P: int = 4, T: int = 10) -> dict[str, Tensor]:
@@ -163,6 +165,12 @@ LOSS_CASES: list[LossCase] = [
     LossCase(TRL, "entropy_coef=0.01", A + "trust_region clip(low=0.2, high=0.2)\n"
              "entropy bonus(coef=0.01)\naggregation token_mean",
              _trl(loss_type="dapo", entropy_coef=0.01), kw={"entropy": True}),
+    LossCase(TRL, "top_entropy_quantile=0.2", A + "trust_region clip(low=0.2, high=0.2)\naggregation token_mean\n"
+             "selection top_entropy(quantile=0.2)", lambda b: CR.trl_selected(b, top_entropy_quantile=0.2),
+             kw={"entropy": True}),
+    LossCase(TRL, "off_policy_mask_threshold=0.1 (vLLM sampling logprobs)", A + "trust_region clip(low=0.2, high=0.2)\n"
+             "aggregation token_mean\nselection off_policy_sequence(threshold=0.1)",
+             lambda b: CR.trl_selected(b, off_policy_mask_threshold=0.1, sampling=b["roll"]), kw={"roll": True}),
     # ---------------------------------------------------------------- verl loss_mode
     LossCase(VERL, "loss_mode=vanilla", "trust_region dual_clip(low=0.2, high=0.28, c=3.0)",
              _verl(R.verl_vanilla, clip_ratio_high=0.28)),
@@ -185,6 +193,29 @@ LOSS_CASES: list[LossCase] = [
              _verl(R.verl_dppo, kind="tv", low=0.15, high=0.15)),
     LossCase(VERL, "loss_mode=dppo_kl", "objective is_weighted\ntrust_region kl_div(low=0.05, high=0.05, cap=3.0)",
              _verl(R.verl_dppo, kind="kl", low=0.05, high=0.05)),
+    LossCase(VERL, "loss_mode=geo_mean (GMPO, clip_ratio 0.4, no clamp)", "ratio geo_mean(low=0.4, high=0.4)\n"
+             "aggregation seq_mean_token_mean(count_empty=true)", _verl(R.verl_geo_mean)),
+    LossCase(VERL, "loss_mode=geo_mean (clip_ratio_low/high 0.2/0.28, +-20 clamp on)",
+             "ratio geo_mean(low=0.2, high=0.28, clamp=20.0)\naggregation seq_mean_token_mean(count_empty=true)",
+             _verl(R.verl_geo_mean, clip_ratio_low=0.2, clip_ratio_high=0.28, clamp_20=True)),
+    LossCase(VERL, "loss_mode=clip_cov (clip_cov_ratio=0.05, lb 1, ub 5)", A + "trust_region clip(low=0.2, high=0.2)\n"
+             "selection clip_cov(ratio=0.05, lb=1.0, ub=5.0, seed=3)",
+             _verl(R.verl_clip_cov, seed=3, clip_cov_ratio=0.05)),
+    LossCase(VERL, "loss_mode=clip_cov (defaults: clip_cov_ratio=2e-4, one token)", A + "trust_region clip(low=0.2, high=0.2)\n"
+             "selection clip_cov(seed=7)", _verl(R.verl_clip_cov, seed=7)),
+    LossCase(VERL, "loss_mode=kl_cov (kl_cov_ratio=0.05, ppo_kl_coef=1)", A + "objective kl_cov(ratio=0.05, coef=1.0)",
+             _verl(R.verl_kl_cov, kl_cov_ratio=0.05, ppo_kl_coef=1.0)),
+    LossCase(VERL, "loss_mode=kl_cov (defaults: kl_cov_ratio=2e-4, one token; ppo_kl_coef=0.1)", A + "objective kl_cov",
+             _verl(R.verl_kl_cov)),
+    LossCase(VERL, "loss_mode=bypass_mode, loss_type=ppo_clip", "trust_region dual_clip(low=0.2, high=0.28, c=3.0)\n"
+             "correction bypass", lambda b: CR.verl_bypass(b, "ppo_clip"), kw={"roll": True}),
+    LossCase(VERL, 'loss_mode=bypass_mode, ppo_clip, rollout_rs="token_k1", "0.5_2.0"',
+             "trust_region dual_clip(low=0.2, high=0.28, c=3.0)\ncorrection bypass, reject(stat=token_k1, low=0.5, high=2.0)",
+             lambda b: CR.verl_bypass(b, "ppo_clip", rs=[dict(rollout_rs="token_k1", threshold=2.0, threshold_lower=0.5)]),
+             kw={"roll": True}),
+    LossCase(VERL, 'loss_mode=bypass_mode, loss_type=reinforce, rollout_is="token", 2.0',
+             "objective reinforce\ncorrection bypass, importance(level=token, high=2.0)",
+             lambda b: CR.verl_bypass(b, "reinforce", is_kw=dict(rollout_is="token")), kw={"roll": True}),
     # ---------------------------------------------------------------- verl loss_agg_mode
     LossCase(VERL, "loss_agg_mode=token-sum", "trust_region dual_clip\naggregation token_sum",
              _verl(R.verl_vanilla, agg="token-sum")),
@@ -264,6 +295,19 @@ ADV_CASES: list[AdvCase] = [
 ]
 
 
+# Rows of the peers' option lists that no spec reproduces (printed by measure_peer_errors.py).
+NOT_EXPRESSIBLE: list[tuple[str, str, str]] = [
+    (TRL, "use_adaptive_entropy", "a coefficient updated across steps from the measured entropy; "
+                                  "the entropy slot is stateless"),
+    (TRL, 'multi_objective_aggregation="normalize_then_sum" (GDPO)', "one reward per reward function; "
+                                                                      "the rewards slot is one scalar per sample"),
+    (VERL, "adv_estimator=remax", "needs the reward of a greedy rollout per prompt (a runtime feature)"),
+    (VERL, "adv_estimator=gdpo", "one reward per reward key"),
+    (VERL, "adv_estimator=optimal_token_baseline", "needs sum_v pi_v^2 at each position (the whole distribution)"),
+    (VERL, "kl_loss_type=full", "not implemented in verl either"),
+]
+
+
 # ---------------------------------------------------------------------------- runners
 
 _FNS: dict[str, object] = {}
@@ -284,6 +328,8 @@ def run_loss(case: LossCase, b: dict) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         kw["ref_logprobs"] = b["ref"]
     if case.kw.get("entropy"):
         kw["entropy"] = b["ent"]
+    if case.kw.get("roll"):
+        kw["rollout_logprobs"] = b["roll"]
     lp = b["logp"].clone().requires_grad_(True)
     out = fn.loss(lp, b["old"], b["adv"], b["mask"], **kw)
     (g,) = torch.autograd.grad(out.loss, lp)

@@ -269,6 +269,83 @@ def verl_dppo(old_log_prob, log_prob, advantages, response_mask, kind, low, high
     return verl_agg_loss(-advantages * truncated * log_prob * valid, response_mask, agg, **agg_kw)
 
 
+def verl_geo_mean(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=0.4, clip_ratio_high=0.4,
+                  clamp_20=False):
+    """loss_mode=geo_mean (GMPO): sign-aware clip of the log ratio at -low / +high, geometric mean
+    per row, the row's mean advantage, plain mean over rows (loss_agg_mode unused). verl leaves
+    its +-20 clamp of the log ratio commented out; ``clamp_20`` turns it on."""
+    negative_approx_kl = log_prob - old_log_prob
+    if clamp_20:
+        negative_approx_kl = torch.clamp(negative_approx_kl, min=-20.0, max=20.0)
+    sgn_advantage = torch.sign(advantages)
+    negative_approx_kl_clamp = torch.clamp(negative_approx_kl, -clip_ratio_low, clip_ratio_high)
+    negative_approx_kl_min = torch.min(sgn_advantage * negative_approx_kl, sgn_advantage * negative_approx_kl_clamp)
+    negative_approx_kl_min = sgn_advantage * negative_approx_kl_min
+    response_mask_sum = response_mask.sum(dim=-1)
+    ratio = torch.exp((negative_approx_kl_min * response_mask).sum(dim=-1) / (response_mask_sum + 1e-8))
+    advantage = (advantages * response_mask).sum(dim=-1) / (response_mask_sum + 1e-8)
+    return torch.mean(-advantage * ratio)
+
+
+def verl_clip_cov(old_log_prob, log_prob, advantages, response_mask, seed, clip_cov_ratio=2e-4, clip_cov_lb=1.0,
+                  clip_cov_ub=5.0, clip_ratio_low=0.2, clip_ratio_high=0.2, agg="token-mean", **agg_kw):
+    """loss_mode=clip_cov: PPO clip (no dual clip, no log-ratio clamp) with the loss zeroed on a
+    random share of the tokens whose covariance lies in (lb, ub) and that the clip left alone.
+    verl draws torch.randperm from the global generator; here it is seeded with ``seed`` first
+    (inside fork_rng, so the caller's generator is untouched)."""
+    negative_approx_kl = log_prob - old_log_prob
+    ratio = torch.exp(negative_approx_kl)
+    pg_losses1 = -advantages * ratio
+    corr = torch.ones_like(advantages)
+    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    clip_by_origin = (pg_losses2 > pg_losses1) & (response_mask > 0)
+    cov_all = (advantages - verl_masked_mean(advantages, response_mask)) * (
+        log_prob - verl_masked_mean(log_prob.detach(), response_mask))
+    cov_all = cov_all.detach().clone()
+    cov_all[response_mask == 0] = -torch.inf
+    cov_all[clip_by_origin] = -torch.inf
+    clip_num = max(int(clip_cov_ratio * response_mask.sum().item()), 1)
+    top_k_idx = (cov_all < clip_cov_ub) & (cov_all > clip_cov_lb) & (response_mask > 0)
+    top_k_idx = torch.nonzero(top_k_idx)
+    if len(top_k_idx) > 0:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            perm = torch.randperm(len(top_k_idx))
+        top_k_idx = top_k_idx[perm[: min(clip_num, len(top_k_idx))]]
+    else:
+        top_k_idx = torch.empty((0, 2), dtype=torch.long)
+    corr[top_k_idx[:, 0], top_k_idx[:, 1]] = 0
+    pg_losses = torch.maximum(pg_losses1, pg_losses2) * corr
+    return verl_agg_loss(pg_losses, response_mask, agg, **agg_kw)
+
+
+def verl_kl_cov(old_log_prob, log_prob, advantages, response_mask, kl_cov_ratio=2e-4, ppo_kl_coef=0.1,
+                agg="token-mean", **agg_kw):
+    """loss_mode=kl_cov: -A rho (no clip, no clamp) plus ppo_kl_coef |log rho| on the top
+    kl_cov_ratio share of valid tokens by covariance (torch.topk over the flattened valid tokens).
+    Defaults: actor.yaml's (the function's own fallback for a missing ppo_kl_coef is 1.0)."""
+    negative_approx_kl = log_prob - old_log_prob
+    abs_kl = negative_approx_kl.abs()
+    ratio = torch.exp(negative_approx_kl)
+    pg_losses1 = -advantages * ratio
+    pg_losses_kl = -advantages * ratio + ppo_kl_coef * abs_kl
+    pg_losses = pg_losses1.clone()
+    all_valid = response_mask > 0
+    all_valid_idx = torch.nonzero(all_valid.reshape(-1), as_tuple=True)[0]
+    all_valid_adv = advantages[all_valid].detach().reshape(-1).cpu()
+    all_valid_logp = log_prob[all_valid].detach().reshape(-1).cpu()
+    k = min(kl_cov_ratio, len(all_valid_adv))
+    if k != 0:
+        cov_lst_all = (all_valid_adv - all_valid_adv.mean()) * (all_valid_logp - all_valid_logp.mean())
+        k_percent_nums = max(1, int(len(cov_lst_all) * kl_cov_ratio))
+        large_cov_idxs = torch.topk(cov_lst_all, k_percent_nums, largest=True).indices
+        if len(large_cov_idxs) != 0:
+            large_cov_idxs = all_valid_idx[large_cov_idxs]
+            rows, cols = large_cov_idxs // advantages.shape[1], large_cov_idxs % advantages.shape[1]
+            pg_losses[rows, cols] = pg_losses_kl[rows, cols]
+    return verl_agg_loss(pg_losses, response_mask, agg, **agg_kw)
+
+
 def verl_kl_penalty(logprob, ref_logprob, kl_penalty: str) -> Tensor:
     """kl_penalty with the '+' straight-through suffix."""
     base = kl_penalty[:-1] if kl_penalty.endswith("+") else kl_penalty

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from component_refs import spec_fn
-from correction_refs import trl_corrected, verl_corrected
+from correction_refs import trl_corrected, verl_bypass, verl_corrected
 from peer_cases import loss_batch
 
 VERL_PPO = "trust_region dual_clip(low=0.2, high=0.28, c=3.0)\n"
@@ -104,6 +104,35 @@ def test_trl_vllm_importance_sampling(line, kw, seed):
     out, g, _ = run(TRL_PPO + "correction " + line, b, estimate=False)
     want, g_ref = _ref_grad(lambda bb: trl_corrected(bb, **kw), b)
     _close(out.loss.detach(), want, g, g_ref)
+
+
+BYPASS_CASES = [  # verl rollout_correction.bypass_mode=true, policy_loss.rollout_correction.loss_type
+    (VERL_PPO + "correction bypass", dict(loss_type="ppo_clip")),
+    (VERL_PPO + "correction bypass, reject(stat=token_k1, low=0.5, high=2.0)",
+     dict(loss_type="ppo_clip", rs=[dict(rollout_rs="token_k1", threshold=2.0, threshold_lower=0.5)])),
+    (VERL_PPO + "correction bypass, reject(stat=seq_mean_k3, high=0.05)",
+     dict(loss_type="ppo_clip", rs=[dict(rollout_rs="seq_mean_k3", threshold=0.05)])),
+    ("objective reinforce\naggregation token_mean\ncorrection bypass, importance(level=token, high=2.0)",
+     dict(loss_type="reinforce", is_kw=dict(rollout_is="token"))),
+    ("objective reinforce\naggregation token_mean\n"
+     "correction bypass, importance(level=sequence, high=2.0), reject(stat=seq_max_k2, high=1.0)",
+     dict(loss_type="reinforce", is_kw=dict(rollout_is="sequence"), rs=[dict(rollout_rs="seq_max_k2",
+                                                                             threshold=1.0)])),
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("spec,kw", BYPASS_CASES, ids=[c[0].split("correction ")[-1] for c in BYPASS_CASES])
+def test_verl_bypass_mode(spec, kw, seed):
+    """pi_old := pi_rollout; weights and rejections compare sg(pi_theta) with the engine inside the
+    loss (estimate() leaves the mask alone); the old_logprobs given are ignored."""
+    b = batch(seed)
+    out, g, mask = run(spec, {**b, "old": b["old"] - 7.0})
+    assert torch.equal(mask, b["mask"])
+    want, g_ref = _ref_grad(lambda bb: verl_bypass(bb, **kw), b)
+    _close(out.loss.detach(), want, g, g_ref)
+    if "rs" in kw:
+        assert out.metrics["correction/rejected_fraction"] > 0
 
 
 def test_the_cases_bind():

@@ -12,7 +12,7 @@ def grads(fn):
     w = torch.tensor([1.5, 0.5, 2.0], requires_grad=True)
     logp = torch.tensor([-0.5, -2.0, -1.0], requires_grad=True)
     adv = torch.tensor([1.0, -2.0, 0.5])
-    out = fn(w, adv, logp)
+    out = fn(w, adv, logp, torch.ones(3))
     gw, glp = torch.autograd.grad(out.sum(), (w, logp), allow_unused=True)
     return lists(out), gw, glp
 

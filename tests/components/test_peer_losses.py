@@ -43,10 +43,34 @@ def test_an_all_empty_batch_gives_zero_not_nan(case):
     b["mask"] = torch.zeros_like(b["mask"])
     b["adv"] = b["adv"] * 0
     fn = fn_for(case.spec)
-    kw = {"ref_logprobs": b["ref"], "entropy": b["ent"], "group_size": 1}
+    kw = {"ref_logprobs": b["ref"], "entropy": b["ent"], "group_size": 1, "rollout_logprobs": b["roll"]}
     lp = b["logp"].clone().requires_grad_(True)
-    out = fn.loss(lp, b["old"], b["adv"], b["mask"], **{k: v for k, v in kw.items()
-                                                         if k != "entropy" or case.kw.get("entropy")})
+    given = {"entropy": case.kw.get("entropy"), "rollout_logprobs": case.kw.get("roll")}
+    out = fn.loss(lp, b["old"], b["adv"], b["mask"], **{k: v for k, v in kw.items() if given.get(k, True)})
     (g,) = torch.autograd.grad(out.loss, lp)
     assert out.loss.item() == 0.0 and torch.count_nonzero(g) == 0
     assert all(v == v for v in out.metrics.values()), out.metrics  # no NaN metric
+
+
+@pytest.mark.parametrize("case", [c for c in LOSS_CASES if any(w in c.spec for w in (
+    "selection", "correction", "geo_mean", "kl_cov"))], ids=lambda c: c.name)
+def test_the_selection_correction_and_covariance_cases_bind(case):
+    """Each of these rows changes the loss against the same spec without its distinctive line (the
+    selection / correction dropped, geo_mean -> the token ratio, kl_cov -> ppo) on seed 0 or 1
+    (the e^25 ratios dominate the loss: any difference counts)."""
+    lines = case.spec.splitlines()
+    base = "\n".join(
+        "ratio token(clamp=80.0)" if "geo_mean" in ln else "objective ppo" if "kl_cov" in ln
+        else "correction bypass" if ln.startswith("correction bypass,") else ln
+        for ln in lines if not ln.startswith("selection") and ln != "correction bypass")
+    kw = {"group_size": 1, "entropy": None, "rollout_logprobs": None}
+    differs = False
+    for seed in (0, 1):
+        b = loss_batch(seed)
+        kw.update(entropy=b["ent"] if case.kw.get("entropy") else None,
+                  rollout_logprobs=b["roll"] if "correction" in base else None)
+        ours = fn_for(case.spec).loss(b["logp"], b["old"], b["adv"], b["mask"], **{
+            **kw, "rollout_logprobs": b["roll"] if case.kw.get("roll") else None}).loss
+        other = fn_for(base).loss(b["logp"], b["old"], b["adv"], b["mask"], **kw).loss
+        differs |= ours.item() != other.item()  # the same ops but for the line: any change is the line's
+    assert differs, (case.spec, base)

@@ -13,12 +13,12 @@ from rldsl.components import ratio as ra
 def test_token_log_ratio_clamped_like_verl():
     logp = torch.tensor([5.0, -25.0, 0.3, -1.0], requires_grad=True)
     old = torch.tensor([-20.0, 0.0, 0.0, -1.0])
-    lr = ra.token(logp, old, torch.ones(4), clamp=20.0)
+    lr = ra.token(logp, old, torch.ones(4), torch.ones(4), clamp=20.0)
     assert lists(lr) == pytest.approx([20.0, -20.0, 0.3, 0.0])
     (g,) = torch.autograd.grad(lr.sum(), logp)
     assert lists(g) == [0.0, 0.0, 1.0, 1.0]  # no gradient through a clamped ratio
     # TRL does not clamp: a large clamp reproduces it
-    assert ra.token(logp, old, torch.ones(4), clamp=1e4)[0].item() == pytest.approx(25.0)
+    assert ra.token(logp, old, torch.ones(4), torch.ones(4), clamp=1e4)[0].item() == pytest.approx(25.0)
 
 
 def ref_gspo(L, O, M, A, lo, hi):
@@ -50,7 +50,7 @@ def test_sequence_ratio_hand_numbers():
     logp = torch.tensor([[-1.0, -2.0, 0.0], [-1.0, -1.0, -1.0]])
     old = torch.tensor([[-1.2, -1.6, 5.0], [-1.0, -1.0, -1.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
-    s = ra.sequence(logp, old, mask, clamp=10.0).exp()
+    s = ra.sequence(logp, old, mask, torch.ones_like(mask), clamp=10.0).exp()
     assert lists(s[0]) == pytest.approx([math.exp(-0.1)] * 3)
     assert lists(s[1]) == [1.0, 1.0, 1.0]  # a fully masked row has ratio 1, not NaN
 
@@ -58,7 +58,7 @@ def test_sequence_ratio_hand_numbers():
 def test_sequence_ratio_clamped_above_at_10():
     logp = torch.tensor([[0.0, 0.0]], requires_grad=True)
     old = torch.tensor([[-12.0, -12.0]])
-    lr = ra.sequence(logp, old, torch.ones(1, 2), clamp=10.0)
+    lr = ra.sequence(logp, old, torch.ones(1, 2), torch.ones(1, 2), clamp=10.0)
     assert lists(lr) == [[10.0, 10.0]]
     (g,) = torch.autograd.grad(lr.sum(), logp)
     assert torch.count_nonzero(g) == 0
@@ -69,7 +69,7 @@ def test_sequence_ratio_ignores_infinite_padding():
     logp = torch.tensor([[-1.0, -2.0, inf], [-1.0, -1.0, -inf]], requires_grad=True)
     old = torch.tensor([[-1.1, -2.0, -inf], [-1.0, -1.2, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
-    lr = ra.sequence(logp, old, mask, clamp=10.0)
+    lr = ra.sequence(logp, old, mask, torch.ones_like(mask), clamp=10.0)
     assert_close(lr[:, :2], [[0.05, 0.05], [0.1, 0.1]])
     (g,) = torch.autograd.grad((lr * mask).sum(), logp)
     assert torch.isfinite(g).all() and lists(g) == [[1, 1, 0], [1, 1, 0]]

@@ -23,10 +23,10 @@ def advantages(rewards, mask, group_size, values, truncated, old_logp, ref_logp,
 def loss(logp, old_logp, adv, mask, ref_logp, values, returns, old_values, ent, group_size, denominator):
     # logp, old_logp, adv, mask, ref_logp, values, returns, old_values, ent: [B, T]
     mask = mask.to(logp.dtype)
-    log_ratio = ratio.token(logp, old_logp, mask, clamp=20.0)  # ratio token  (default)  [B, T]
+    log_ratio = ratio.token(logp, old_logp, mask, adv, clamp=20.0)  # ratio token  (default)  [B, T]
     rho = torch.exp(log_ratio)  # [B, T]
     w = trust_region.clip(rho, adv, logp, old_logp, low=0.2, high=0.2)  # trust_region clip  inherited, parent spec line 10  [B, T]
-    pg = objective.ppo(w, adv, logp)  # objective ppo  inherited, parent spec line 9  [B, T]
+    pg = objective.ppo(w, adv, logp, mask)  # objective ppo  inherited, parent spec line 9  [B, T]
     per_token = pg  # [B, T]
     weights, count = aggregation.token_sum_norm(mask, group_size, max_tokens=4096)  # aggregation token_sum_norm  spec line 9  [B, T], []
     if denominator is not None:

@@ -23,10 +23,10 @@ def advantages(rewards, mask, group_size, values, truncated, old_logp, ref_logp,
 def loss(logp, old_logp, adv, mask, ref_logp, values, returns, old_values, ent, group_size, denominator):
     # logp, old_logp, adv, mask, ref_logp, values, returns, old_values, ent: [B, T]
     mask = mask.to(logp.dtype)
-    log_ratio = ratio.token(logp, old_logp, mask, clamp=80.0)  # ratio token  spec line 8  [B, T]
+    log_ratio = ratio.token(logp, old_logp, mask, adv, clamp=80.0)  # ratio token  spec line 8  [B, T]
     rho = torch.exp(log_ratio)  # [B, T]
     w = trust_region.none(rho, adv, logp, old_logp)  # trust_region none  spec line 10  [B, T]
-    pg = objective.dro(w, adv, logp, beta=0.05)  # objective dro  spec line 9  [B, T]
+    pg = objective.dro(w, adv, logp, mask, beta=0.05)  # objective dro  spec line 9  [B, T]
     per_token = pg  # [B, T]
     weights, count = aggregation.token_mean(mask, group_size)  # aggregation token_mean  spec line 12  [B, T], []
     if denominator is not None:

@@ -33,10 +33,10 @@ def loss(logp, old_logp, adv, mask, ref_logp, values, returns, old_values, ent, 
     correction_metrics.update(c_metrics)
     correction_metrics.update(ops.rejection_metrics(keep, mask))
     mask = mask * keep  # [B, T]
-    log_ratio = ratio.token(logp, old_logp, mask, clamp=20.0)  # ratio token  (default)  [B, T]
+    log_ratio = ratio.token(logp, old_logp, mask, adv, clamp=20.0)  # ratio token  (default)  [B, T]
     rho = torch.exp(log_ratio)  # [B, T]
     w = trust_region.clip(rho, adv, logp, old_logp, low=0.2, high=0.2)  # trust_region clip  inherited, parent spec line 10  [B, T]
-    pg = objective.ppo(w, adv, logp)  # objective ppo  inherited, parent spec line 9  [B, T]
+    pg = objective.ppo(w, adv, logp, mask)  # objective ppo  inherited, parent spec line 9  [B, T]
     pg = pg * is_w  # importance weights on the policy loss only  [B, T]
     per_token = pg  # [B, T]
     kl_t = kl.k3(logp, ref_logp, rho, clamp=False, ratio_weighted=False, straight_through=False)  # kl k3  inherited, parent spec line 11  [B, T]

@@ -24,7 +24,7 @@ def loss(logp, old_logp, adv, mask, ref_logp, values, returns, old_values, ent, 
     # logp, old_logp, adv, mask, ref_logp, values, returns, old_values, ent: [B, T]
     mask = mask.to(logp.dtype)
     rho = w = None  # objective reinforce uses no importance ratio
-    pg = objective.reinforce(w, adv, logp)  # objective reinforce  spec line 7  [B, T]
+    pg = objective.reinforce(w, adv, logp, mask)  # objective reinforce  spec line 7  [B, T]
     per_token = pg  # [B, T]
     weights, count = aggregation.seq_mean_token_sum(mask, group_size, count_empty=False)  # aggregation seq_mean_token_sum  spec line 8  [B, T], []
     if denominator is not None:

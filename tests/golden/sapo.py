@@ -23,10 +23,10 @@ def advantages(rewards, mask, group_size, values, truncated, old_logp, ref_logp,
 def loss(logp, old_logp, adv, mask, ref_logp, values, returns, old_values, ent, group_size, denominator):
     # logp, old_logp, adv, mask, ref_logp, values, returns, old_values, ent: [B, T]
     mask = mask.to(logp.dtype)
-    log_ratio = ratio.token(logp, old_logp, mask, clamp=20.0)  # ratio token  (default)  [B, T]
+    log_ratio = ratio.token(logp, old_logp, mask, adv, clamp=20.0)  # ratio token  (default)  [B, T]
     rho = torch.exp(log_ratio)  # [B, T]
     w = trust_region.soft_gate(rho, adv, logp, old_logp, tau_pos=1.0, tau_neg=1.05)  # trust_region soft_gate  spec line 8  [B, T]
-    pg = objective.ppo(w, adv, logp)  # objective ppo  inherited, parent spec line 9  [B, T]
+    pg = objective.ppo(w, adv, logp, mask)  # objective ppo  inherited, parent spec line 9  [B, T]
     per_token = pg  # [B, T]
     weights, count = aggregation.seq_mean_token_mean(mask, group_size, count_empty=False)  # aggregation seq_mean_token_mean  inherited, parent spec line 12  [B, T], []
     if denominator is not None:

@@ -25,10 +25,10 @@ def advantages(rewards, mask, group_size, values, truncated, old_logp, ref_logp,
 def loss(logp, old_logp, adv, mask, ref_logp, values, returns, old_values, ent, group_size, denominator):
     # logp, old_logp, adv, mask, ref_logp, values, returns, old_values, ent: [B, T]
     mask = mask.to(logp.dtype)
-    log_ratio = ratio.token(logp, old_logp, mask, clamp=20.0)  # ratio token  (default)  [B, T]
+    log_ratio = ratio.token(logp, old_logp, mask, adv, clamp=20.0)  # ratio token  (default)  [B, T]
     rho = torch.exp(log_ratio)  # [B, T]
     w = trust_region.truncate(rho, adv, logp, old_logp, high=4.0, low=None)  # trust_region truncate  spec line 8  [B, T]
-    pg = objective.is_weighted(w, adv, logp)  # objective is_weighted  inherited, parent spec line 7  [B, T]
+    pg = objective.is_weighted(w, adv, logp, mask)  # objective is_weighted  inherited, parent spec line 7  [B, T]
     per_token = pg  # [B, T]
     weights, count = aggregation.prompt_mean(mask, group_size)  # aggregation prompt_mean  spec line 9  [B, T], []
     if denominator is not None:

@@ -23,10 +23,10 @@ def advantages(rewards, mask, group_size, values, truncated, old_logp, ref_logp,
 def loss(logp, old_logp, adv, mask, ref_logp, values, returns, old_values, ent, group_size, denominator):
     # logp, old_logp, adv, mask, ref_logp, values, returns, old_values, ent: [B, T]
     mask = mask.to(logp.dtype)
-    log_ratio = ratio.product(logp, old_logp, mask, clamp=20.0)  # ratio product  spec line 7  [B, T]
+    log_ratio = ratio.product(logp, old_logp, mask, adv, clamp=20.0)  # ratio product  spec line 7  [B, T]
     rho = torch.exp(log_ratio)  # [B, T]
     w = trust_region.gamma_weight(rho, adv, logp, old_logp, k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0)  # trust_region gamma_weight  spec line 9  [B, T]
-    pg = objective.is_weighted(w, adv, logp)  # objective is_weighted  spec line 8  [B, T]
+    pg = objective.is_weighted(w, adv, logp, mask)  # objective is_weighted  spec line 8  [B, T]
     per_token = pg  # [B, T]
     weights, count = aggregation.token_mean(mask, group_size)  # aggregation token_mean  spec line 11  [B, T], []
     if denominator is not None:

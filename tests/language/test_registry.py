@@ -142,7 +142,7 @@ def test_every_component_declares_the_facts_its_slot_requires() -> None:
     ({"uses_ratio": True, "requires": Requires("reward", "binary")}, ValueError, r"with a known slot"),
 ])
 def test_register_refuses_missing_or_malformed_facts(scratch, kw, exc, message) -> None:
-    def bad(w, adv, logp, scale):
+    def bad(w, adv, logp, mask, scale):
         return -adv * w * scale
     with pytest.raises(exc, match=message):
         register("objective", scale=Float(1.0, "a scale"), **kw)(documented(bad))
