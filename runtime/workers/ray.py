@@ -36,7 +36,8 @@ from ..checkpoint import Checkpoint, read_weights, saveable
 from ..config import RunConfig
 from ..engines.base import SamplingParams
 from ..errors import ConfigError, RewardError, WorkerError
-from ..models import disable_transformers_progress, load_policy, load_tokenizer, policy_on_meta
+from ..lora import apply_lora
+from ..models import disable_transformers_progress, load_policy, load_tokenizer, policy_on_meta, with_tied
 from ..rewards import RewardFn, RewardResult
 from ..rng import step_seed
 from ..train.trainer import TrainBatch
@@ -150,6 +151,13 @@ class RolloutWorker:
 
     def update_weights(self, state: dict[str, Tensor]) -> None:
         self.local.load_weights(state.items())
+
+    def engine_weights(self) -> dict[str, Tensor]:
+        """The HF engine's current state dict on CPU: a probe of what the weight sync delivered."""
+        model = getattr(self.local.engine, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError("engine_weights() reads the hf engine only (vLLM: param_checksums)")
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -299,13 +307,26 @@ class RayTrainers:
                           "the weight sync (gather)")
         return calls[0][1][1]
 
+    def _on_meta(self) -> torch.nn.Module:
+        """The policy's module tree on the meta device, with the run's LoRA layers if any: the
+        names of the gathered state (``base_layer`` / ``lora_A`` / ``lora_B`` under LoRA)."""
+        policy = policy_on_meta(self.model_path)
+        lo = self.cfg.model.lora
+        if lo.rank:
+            with torch.device("meta"):
+                policy, _ = apply_lora(policy, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
+                                       target_modules=lo.target_modules)
+        return policy
+
     def checkpoint_state(self) -> TrainerState:
         state = self._all("checkpoint_state", what="the checkpoint gather")[0]
-        policy = policy_on_meta(self.model_path, saveable(state["policy"]))
+        policy = self._on_meta()
+        policy.load_state_dict(with_tied(saveable(state["policy"]), policy), assign=True)
+        policy.tie_weights()
         critic = None
         if state["critic"] is not None:
             with torch.device("meta"):
-                critic = ValueModel(policy_on_meta(self.model_path))
+                critic = ValueModel(self._on_meta())
             critic.load_state_dict(saveable(state["critic"]), assign=True)
         return TrainerState(policy, _StateDict(state["optimizer"]), _StateDict(state["scheduler"]),
                             critic, _StateDict(state["critic_optimizer"]), state["algorithm"])
