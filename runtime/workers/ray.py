@@ -146,8 +146,9 @@ class RolloutWorker:
     def ready(self) -> int:
         return self.index
 
-    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams) -> Generation:
-        return self.local.generate(prompts, answers, params)
+    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams,
+                 reward_prompts: list[str] | None = None) -> Generation:
+        return self.local.generate(prompts, answers, params, reward_prompts)
 
     def update_weights(self, state: dict[str, Tensor]) -> None:
         self.local.load_weights(state.items())
@@ -367,7 +368,8 @@ class RayRollouts:
     def start(self) -> list[tuple[str, Any]]:
         return [(name, a.ready.remote()) for name, a in zip(self.names, self.actors)]
 
-    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams) -> Generation:
+    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams,
+                 reward_prompts: list[str] | None = None) -> Generation:
         bounds = torch.arange(len(prompts)).tensor_split(len(self.actors))
         chunks = [(w, int(b[0]), int(b[-1]) + 1) for w, b in enumerate(bounds) if len(b)]
         calls = []
@@ -375,7 +377,8 @@ class RayRollouts:
             p = params
             if len(chunks) > 1 and params.seed is not None:
                 p = dataclasses.replace(params, seed=step_seed(params.seed, w, 0, "chunk"))
-            calls.append((self.names[w], self.actors[w].generate.remote(prompts[lo:hi], answers[lo:hi], p)))
+            rp = None if reward_prompts is None else reward_prompts[lo:hi]
+            calls.append((self.names[w], self.actors[w].generate.remote(prompts[lo:hi], answers[lo:hi], p, rp)))
         t0 = time.perf_counter()
         gens: list[Generation] = self.cluster.wait(calls, self.cfg.distributed.call_timeout, "the rollout")
         wall = time.perf_counter() - t0
