@@ -129,3 +129,34 @@ def test_lora_checkpoint_resumes_exactly_and_exports(model_dir, tmp_path) -> Non
         export_run(full, tmp_path / "other", step=3)
     with pytest.raises(RunError, match="not empty"):
         export_run(full, out)
+
+
+def test_distributed_checkpoint_gather_rebuilds_lora_policy_and_critic(model_dir, tmp_path) -> None:
+    """The Ray driver saves the ranks' gathered full states through modules rebuilt on the meta
+    device: under LoRA they carry the adapter layers (policy and a ppo critic), so the saved
+    tensors are exactly the gathered ones, under the one-process names."""
+    from rldsl.runtime.workers.ray import RayTrainers
+    (tmp_path / "run").mkdir()
+    cfg = lora_config(model_dir, tmp_path / "run")
+    s = build_run("ppo", cfg, tmp_path / "run")
+    t = s.trainers.trainer
+    for name, p in t.critic.named_parameters():  # make the critic's adapters non-trivial
+        if ".lora_B." in name:
+            torch.nn.init.normal_(p, std=0.1)
+    gathered = {"policy": t.policy.state_dict(), "critic": t.critic.state_dict(),
+                "optimizer": t.optimizer.state_dict(), "critic_optimizer": t.critic_optimizer.state_dict(),
+                "scheduler": None, "algorithm": {}}
+    driver = object.__new__(RayTrainers)
+    driver.cfg, driver.model_path = cfg, str(model_dir)
+    driver._all = lambda method, what: [gathered]
+    state = driver.checkpoint_state()
+    for module, want in ((state.policy, gathered["policy"]), (state.critic, gathered["critic"])):
+        got = module.state_dict()
+        assert got.keys() == want.keys() and any(".lora_A." in k for k in got)
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    path = ckpt.save_checkpoint(tmp_path / "run", 1, policy=state.policy, tokenizer=s.tokenizer,
+                                optimizer=state.optimizer,
+                                critic=state.critic, critic_optimizer=state.critic_optimizer,
+                                scheduler=state.scheduler)
+    saved = load_file(str(path / "policy" / "model.safetensors"))
+    assert any(".lora_B." in k for k in saved)
