@@ -6,8 +6,10 @@ A randomly initialised Qwen2-architecture model (default ~26M parameters, 32k vo
 and synthetic rollouts: P prompts x G samples of fixed random tokens, responses of random
 length in [--min-response, --max-response] (default 256-512) drawn from a fixed seed, so
 every configuration trains on the same rows. Nothing is sampled: what is measured is the
-part that micro-batching and checkpointing change -- ``Trainer.estimate`` (the old-logprob
-pass) and ``Trainer.update`` (forward, backward, AdamW step) of lite_ppo (token_mean).
+part that micro-batching and checkpointing change -- ``Trainer.estimate`` (the no-grad
+logprob passes: grpo's reference policy, a frozen copy; the old-logprob pass is skipped by
+the trainer when the update is exactly on-policy, as here) and ``Trainer.update`` (forward,
+backward, AdamW step). ``--spec`` picks another library spec.
 
 Each (repeat, configuration) runs in a child forked from the driver after the imports (so
 a run costs no import time), and its peak RSS (``ru_maxrss``) is its own; the configurations
@@ -69,10 +71,14 @@ def one(args: argparse.Namespace, mult: int, budget: int | None, ckpt: bool, chu
     if ckpt:
         enable_gradient_checkpointing(model)
     n_params = sum(p.numel() for p in model.parameters())
-    fn = rldsl.compile(rldsl.load("lite_ppo"), compile=False)  # token_mean, no reference copy
+    fn = rldsl.compile(rldsl.load(args.spec), compile=False)
+    reference = None
+    if fn.algorithm.uses_reference:  # a frozen copy, as the one-process trainer makes
+        import copy
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     extra = {} if chunk is None else {"logprob_chunk": chunk}
-    trainer = Trainer(fn, model, optimizer=opt, skip_zero_advantage=False,
+    trainer = Trainer(fn, model, optimizer=opt, reference=reference, skip_zero_advantage=False,
                       max_tokens_per_microbatch=budget, **extra)
 
     def batch(P: int, G: int, lo: int, hi: int, seed: int) -> RolloutBatch:
@@ -172,6 +178,7 @@ def ratios(med: dict[str, dict], budget: int, small_chunk: int) -> list[tuple[st
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", default="grpo", help="library spec (grpo: a KL to a reference copy)")
     ap.add_argument("--hidden", type=int, default=384)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--heads", type=int, default=6)
