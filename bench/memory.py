@@ -1,16 +1,26 @@
-"""Memory and time of one training update on a mid-size model: whole minibatch vs token
-budgets, gradient checkpointing, and 1x vs 4x the batch under one budget.
+"""Memory and time of the training side of one step on a mid-size model: whole minibatch vs a
+token budget, gradient checkpointing (with the default and with smaller LM-head logits
+chunks), and 1x vs 4x the batch under the budget.
 
-A randomly initialised Qwen2-architecture model (default ~26M parameters, 32k vocabulary),
-P prompts x G samples with responses of random length in [--min-response, --max-response]
-tokens (synthetic rollouts: this measures the trainer, not sampling). Every configuration
-runs in a fresh subprocess (``--one``), so its peak RSS (``ru_maxrss``) is its own:
+A randomly initialised Qwen2-architecture model (default ~26M parameters, 32k vocabulary)
+and synthetic rollouts: P prompts x G samples of fixed random tokens, responses of random
+length in [--min-response, --max-response] (default 256-512) drawn from a fixed seed, so
+every configuration trains on the same rows. Nothing is sampled: what is measured is the
+part that micro-batching and checkpointing change -- ``Trainer.estimate`` (the no-grad
+logprob passes: grpo's reference policy, a frozen copy; the old-logprob pass is skipped by
+the trainer when the update is exactly on-policy, as here) and ``Trainer.update`` (forward,
+backward, AdamW step). ``--spec`` picks another library spec.
 
-    base   = RSS after the model, the trainer and AdamW's state exist (one tiny warm-up step)
-    peak   = peak RSS over the timed steps
+Each (repeat, configuration) runs in a child forked from the driver after the imports (so
+a run costs no import time), and its peak RSS (``ru_maxrss``) is its own; the configurations
+are interleaved -- A B C ... A B C ... for ``--repeats`` rounds -- so that the load of a
+shared machine falls on all of them alike; the table gives medians over the repeats:
+
+    base   = RSS with the model, the trainer and AdamW's state built (one tiny warm-up step)
+    peak   = peak RSS of the process over the timed step(s)
     activation part = peak - base
 
-Run:  .venv/bin/python bench/memory.py [--steps 2] [--json FILE]
+Run:  .venv/bin/python bench/memory.py [--prompts 1] [--budget 1024] [--repeats 3] [--json FILE]
 """
 from __future__ import annotations
 
@@ -18,19 +28,21 @@ import argparse
 import json
 import os
 import resource
-import subprocess
+import statistics
 import sys
 import time
 
-def configs(large: int, small: int) -> list[tuple[str, int, int | None, bool]]:
-    """(label, batch multiplier, token budget, gradient checkpointing) of every run."""
+
+def configs(budget: int, small_chunk: int) -> list[tuple[str, int, int | None, bool, int | None]]:
+    """(label, batch multiplier, token budget, gradient checkpointing, logits chunk) of every run;
+    chunk None = the trainer's default (1024 tokens)."""
     return [
-        ("whole minibatch", 1, None, False),
-        ("whole minibatch + grad ckpt", 1, None, True),
-        (f"budget {large}", 1, large, False),
-        (f"budget {small}", 1, small, False),
-        (f"budget {small} + grad ckpt", 1, small, True),
-        (f"budget {small}, 4x batch", 4, small, False),
+        ("whole minibatch", 1, None, False, None),
+        ("whole minibatch + grad ckpt", 1, None, True, None),
+        (f"budget {budget}", 1, budget, False, None),
+        (f"budget {budget} + grad ckpt", 1, budget, True, None),
+        (f"budget {budget} + grad ckpt + logits chunk {small_chunk}", 1, budget, True, small_chunk),
+        (f"budget {budget}, 4x batch", 4, budget, False, None),
     ]
 
 
@@ -39,7 +51,15 @@ def rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def one(args: argparse.Namespace, mult: int, budget: int | None, ckpt: bool) -> dict:
+def cpu_s() -> float:
+    """User + system CPU seconds of this process: less sensitive to a loaded machine than the
+    wall clock (a process waiting for a core accrues none)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def one(args: argparse.Namespace, mult: int, budget: int | None, ckpt: bool, chunk: int | None) -> dict:
+    """One configuration in this (fresh) process: the model, one warm-up, ``--steps`` timed steps."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -58,76 +78,165 @@ def one(args: argparse.Namespace, mult: int, budget: int | None, ckpt: bool) -> 
     if ckpt:
         enable_gradient_checkpointing(model)
     n_params = sum(p.numel() for p in model.parameters())
-    fn = rldsl.compile(rldsl.load("lite_ppo"), compile=False)  # token_mean, no reference copy
+    fn = rldsl.compile(rldsl.load(args.spec), compile=False)
+    reference = None
+    if fn.algorithm.uses_reference:  # a frozen copy, as the one-process trainer makes
+        import copy
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    trainer = Trainer(fn, model, optimizer=opt, skip_zero_advantage=False,
-                      max_tokens_per_microbatch=budget)
+    extra = {} if chunk is None else {"logprob_chunk": chunk}
+    trainer = Trainer(fn, model, optimizer=opt, reference=reference, skip_zero_advantage=False,
+                      max_tokens_per_microbatch=budget, **extra)
 
     def batch(P: int, G: int, lo: int, hi: int, seed: int) -> RolloutBatch:
-        g = torch.Generator().manual_seed(seed)
-        B, Tp = P * G, args.prompt
-        lengths = torch.randint(lo, hi + 1, (B,), generator=g)
-        Tr = int(lengths.max())
-        prompt = torch.randint(3, 32000, (P, Tp), generator=g).repeat_interleave(G, 0)
-        resp = torch.randint(3, 32000, (B, Tr), generator=g)
-        mask = (torch.arange(Tr) < lengths[:, None]).long()
-        return RolloutBatch(prompt, torch.ones(B, Tp, dtype=torch.long), resp * mask, mask,
-                            torch.zeros(B, Tr), ["length"] * B, [""] * B, [""] * B, G)
+        """P groups of G synthetic rows; group p is the same for every multiplier (seed + p)."""
+        parts = []
+        for p in range(P):
+            g = torch.Generator().manual_seed(seed * 1000 + p)
+            lengths = torch.randint(lo, hi + 1, (G,), generator=g)
+            Tr = int(lengths.max())
+            prompt = torch.randint(3, 32000, (1, args.prompt), generator=g).repeat(G, 1)
+            resp = torch.randint(3, 32000, (G, Tr), generator=g)
+            mask = (torch.arange(Tr) < lengths[:, None]).long()
+            parts.append(RolloutBatch(prompt, torch.ones(G, args.prompt, dtype=torch.long), resp * mask, mask,
+                                      torch.zeros(G, Tr), ["length"] * G, [""] * G, [""] * G, G))
+        return RolloutBatch.concat(parts, pad_id=0)
 
     rewards_of = lambda b: torch.randn(len(b), generator=torch.Generator().manual_seed(1))
     warm = batch(1, 2, 4, 4, 0)
     trainer.update(trainer.estimate(warm, rewards_of(warm)))  # AdamW state exists from here
     base = rss_mib()
     b = batch(args.prompts * mult, args.samples, args.min_response, args.max_response, 2)
-    times = []
+    times, cpus = [], []
     for _ in range(args.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_s()
         trainer.update(trainer.estimate(b, rewards_of(b)))
         times.append(time.perf_counter() - t0)
+        cpus.append(cpu_s() - c0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     tokens = int(b.prompt_mask.sum() + b.response_mask.sum())
+    s = statistics.median(times)
     return {"params_m": n_params / 1e6, "rows": len(b), "tokens": tokens, "base_mib": base,
-            "peak_mib": peak, "activation_mib": peak - base, "s_per_step": min(times),
-            "s_per_1k_tokens": min(times) / tokens * 1000}
+            "peak_mib": peak, "activation_mib": peak - base, "s_per_step": s,
+            "cpu_s_per_step": statistics.median(cpus),
+            "s_per_1k_tokens": s / tokens * 1000}
+
+
+def forked(args: argparse.Namespace, mult: int, budget: int | None, ckpt: bool, chunk: int | None,
+           label: str) -> dict:
+    """:func:`one` in a forked child (its own address space, so its own peak RSS); the result
+    comes back through a pipe. A failing child stops the benchmark with its traceback."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read)
+        try:
+            payload = json.dumps(one(args, mult, budget, ckpt, chunk))
+            code = 0
+        except BaseException:  # noqa: BLE001 - reported by the parent
+            import traceback
+            payload, code = json.dumps({"error": traceback.format_exc()}), 1
+        with os.fdopen(write, "w") as f:
+            f.write(payload)
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    r = json.loads(data) if data else {"error": "the child died without a result (killed for memory?)"}
+    if "error" in r:
+        sys.exit(f"{label} failed:\n{r['error']}")
+    return r
+
+
+def summary(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per configuration: the medians over its repeats (and the spread of the step time)."""
+    out = {}
+    for label, rs in runs.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in
+               ("base_mib", "peak_mib", "activation_mib", "s_per_step", "cpu_s_per_step", "s_per_1k_tokens")}
+        out[label] = {**med, "rows": rs[0]["rows"], "tokens": rs[0]["tokens"], "params_m": rs[0]["params_m"],
+                      "repeats": len(rs), "s_min": min(r["s_per_step"] for r in rs),
+                      "s_max": max(r["s_per_step"] for r in rs)}
+    return out
+
+
+def ratios(med: dict[str, dict], budget: int, small_chunk: int) -> list[tuple[str, float, str]]:
+    """(what, value, target) of the issue's targets, from the medians."""
+    whole, whole_ck = med.get("whole minibatch"), med.get("whole minibatch + grad ckpt")
+    b, b_ck = med.get(f"budget {budget}"), med.get(f"budget {budget} + grad ckpt")
+    b_ck_chunk = med.get(f"budget {budget} + grad ckpt + logits chunk {small_chunk}")
+    b4 = med.get(f"budget {budget}, 4x batch")
+    out = []
+    if b and b4:
+        out.append(("peak at 4x the batch / peak at 1x, budget %d" % budget, b4["peak_mib"] / b["peak_mib"], "<= 1.1"))
+    if whole and whole_ck:
+        out.append(("activation part, whole minibatch: no ckpt / ckpt",
+                    whole["activation_mib"] / whole_ck["activation_mib"], ">= 2"))
+    if b and b_ck:
+        out.append((f"activation part, budget {budget}: no ckpt / ckpt",
+                    b["activation_mib"] / b_ck["activation_mib"], ">= 2"))
+    if b and b_ck_chunk:
+        out.append((f"activation part, budget {budget}: no ckpt / ckpt + logits chunk {small_chunk}",
+                    b["activation_mib"] / b_ck_chunk["activation_mib"], ">= 2"))
+    if whole and b:
+        out.append((f"time, budget {budget} / whole minibatch (equal work)",
+                    b["s_per_step"] / whole["s_per_step"], "<= 1.1"))
+        out.append((f"CPU time, budget {budget} / whole minibatch (equal work)",
+                    b["cpu_s_per_step"] / whole["cpu_s_per_step"], "<= 1.1"))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", default="grpo", help="library spec (grpo: a KL to a reference copy)")
     ap.add_argument("--hidden", type=int, default=384)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--heads", type=int, default=6)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=8, help="prompts P of the 1x batch")
+    ap.add_argument("--samples", type=int, default=8, help="samples G per prompt")
     ap.add_argument("--prompt", type=int, default=64, help="prompt tokens")
     ap.add_argument("--min-response", type=int, default=256)
     ap.add_argument("--max-response", type=int, default=512)
-    ap.add_argument("--steps", type=int, default=2, help="timed steps per configuration (min taken)")
+    ap.add_argument("--budget", type=int, default=4096, help="train.max_tokens_per_microbatch")
+    ap.add_argument("--small-chunk", type=int, default=256,
+                    help="LM-head logits chunk (tokens) of the checkpointed run that shrinks it")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds over the configurations")
+    ap.add_argument("--steps", type=int, default=1, help="timed steps in each process (median taken)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--budgets", default="8192,4096", help="the two token budgets (large,small)")
     ap.add_argument("--only", default="", help="comma-separated labels to run (default all)")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--json", default=None, help="write every run and the medians here")
     args = ap.parse_args()
-    if args.one is not None:
-        mult, budget, ckpt = json.loads(args.one)
-        print(json.dumps(one(args, mult, budget, ckpt)))
-        return
-    rows = []
-    passthrough = [a for a in sys.argv[1:] if not a.startswith("--json") and a != args.json]
-    large, small = (int(x) for x in args.budgets.split(","))
-    for label, mult, budget, ckpt in configs(large, small):
-        if args.only and label not in args.only.split(","):
-            continue
-        out = subprocess.run([sys.executable, __file__, *passthrough, "--one", json.dumps([mult, budget, ckpt])],
-                             capture_output=True, text=True, check=True)
-        r = {"config": label, **json.loads(out.stdout.strip().splitlines()[-1])}
-        rows.append(r)
-        print(f"{label:30s} rows {r['rows']:4d} tokens {r['tokens']:6d}  base {r['base_mib']:7.0f} MiB  "
-              f"peak {r['peak_mib']:7.0f} MiB  activations {r['activation_mib']:7.0f} MiB  "
-              f"{r['s_per_step']:7.2f} s/step  {r['s_per_1k_tokens']:.3f} s/1k tokens", flush=True)
+    import torch  # noqa: F401 - imported once here; every forked run starts with it loaded
+    import transformers  # noqa: F401
+    import rldsl.runtime.train.trainer  # noqa: F401
+    todo = [c for c in configs(args.budget, args.small_chunk) if not args.only or c[0] in args.only.split(",")]
+    runs: dict[str, list[dict]] = {c[0]: [] for c in todo}
+    t_start = time.perf_counter()
+    for rep in range(args.repeats):
+        for label, mult, budget, ckpt, chunk in todo:
+            r = forked(args, mult, budget, ckpt, chunk, label)
+            runs[label].append(r)
+            print(f"[{rep + 1}/{args.repeats}] {label:52s} rows {r['rows']:4d} tokens {r['tokens']:6d}  "
+                  f"base {r['base_mib']:6.0f}  peak {r['peak_mib']:6.0f}  act {r['activation_mib']:6.0f} MiB  "
+                  f"{r['s_per_step']:7.2f} s/step  {r['cpu_s_per_step']:7.2f} CPU s", flush=True)
+    med = summary(runs)
+    print(f"\nmedians over {args.repeats} interleaved repeats ({time.perf_counter() - t_start:.0f} s in all):")
+    print("| configuration | rows | tokens | base | peak RSS | activations | s/step (min-max) | CPU s/step | s / 1k tokens |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for label, m in med.items():
+        print(f"| {label} | {m['rows']} | {m['tokens']:,} | {m['base_mib']:,.0f} MiB | {m['peak_mib']:,.0f} MiB | "
+              f"{m['activation_mib']:,.0f} MiB | {m['s_per_step']:.1f} ({m['s_min']:.1f}-{m['s_max']:.1f}) | "
+              f"{m['cpu_s_per_step']:.1f} | "
+              f"{m['s_per_1k_tokens']:.2f} |")
+    print()
+    rat = ratios(med, args.budget, args.small_chunk)
+    for what, value, target in rat:
+        print(f"{what}: {value:.2f}x (target {target})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"args": vars(args), "runs": runs, "medians": med,
+                       "ratios": [{"what": w, "value": v, "target": t} for w, v, t in rat]}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -168,9 +168,6 @@ def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = 
     seed_all(cfg.seed)
     fn = rldsl.compile(algo)
     if cfg.distributed.uses_ray:
-        if cfg.model.lora.rank:
-            raise RunError("model.lora is supported by the one-process trainer only (not yet with "
-                           "--trainers / --rollout-workers): drop the distributed flags or model.lora")
         if cfg.rollout.engine == "vllm" and cfg.device != "cuda":
             raise RunError("rollout.engine=vllm needs GPUs: use --device cuda (or rollout.engine=hf)")
         path, _ = model_folder(cfg)  # the toy model is warm-started here, once

@@ -224,6 +224,12 @@ class TrainConfig(_Section):
         default=False,
         description="Recompute the transformer blocks' activations in the backward pass "
                     "instead of keeping them (less memory, ~1/3 more compute).")
+    logits_chunk: int | None = Field(
+        default=None, ge=1,
+        description="Tokens whose LM-head logits exist at once (two [chunk, vocab] float32 "
+                    "buffers, forward and backward); null = 1024, or 256 with "
+                    "gradient_checkpointing, where these buffers are what is left of the "
+                    "activation memory (docs/real_models.md). Results do not depend on it.")
     skip_zero_advantage: bool = Field(
         default=True,
         description="Skip the optimizer step when every advantage is zero (else Adam keeps "

@@ -5,7 +5,8 @@ loaded file, so it is stable across runs and can be saved (resume, pass-rate cap
 
 A row's prompt is a string or a list of ``{"role", "content"}`` messages (TRL's
 conversational format). ``apply_chat_template`` turns every prompt into the text the model
-is fed (``Example.prompt``), keeping the row's own prompt in ``Example.source``.
+is fed (``Example.prompt``), keeping the row's own prompt in ``Example.source``; rewards
+receive that original (``Example.reward_prompt``), never the templated text.
 
 ``PromptSource`` deals batches of P prompts in a seeded order: epoch e visits every
 non-excluded example once, in the order of a permutation drawn from (seed, e). Its
@@ -31,6 +32,14 @@ class Example:
     prompt: str
     answer: str
     source: str | tuple = ""  # the row's prompt before any template ("" = same as prompt)
+
+    @property
+    def reward_prompt(self) -> str:
+        """The prompt a reward function receives: the row's own prompt, untemplated -- a
+        string as it is, a messages list as its contents joined by blank lines (roles
+        dropped; ``data.system_prompt`` is not part of the row). docs/rewards.md."""
+        src = self.source if self.source else self.prompt
+        return src if isinstance(src, str) else "\n\n".join(m["content"] for m in src)
 
 
 @dataclass

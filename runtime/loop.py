@@ -75,7 +75,8 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
                                   SamplingParams(n=G, temperature=cfg.rollout.temperature,
                                                  top_p=cfg.rollout.top_p,
                                                  max_new_tokens=cfg.max_new_tokens,
-                                                 seed=step_seed(cfg.seed, step, r)))
+                                                 seed=step_seed(cfg.seed, step, r)),
+                                  [e.reward_prompt for e in examples])  # rewards: the untemplated prompt
         batch, scored = gen.batch, gen.scored
         rewards = scored.rewards
         if scored.num_errors:
@@ -130,7 +131,8 @@ def evaluate(s: Run, step: int) -> dict[str, float]:
             max_new_tokens=cfg.max_new_tokens, seed=step_seed(cfg.seed, step, 0, "eval"))))
     failed = 0
     for acc_key, reward_key, params in modes:
-        r = s.rollouts.generate(prompts, [e.answer for e in s.heldout], params).scored.rewards
+        r = s.rollouts.generate(prompts, [e.answer for e in s.heldout], params,
+                                [e.reward_prompt for e in s.heldout]).scored.rewards
         finite = torch.isfinite(r)
         failed += int((~finite).sum())
         # accuracy: reward > 0.5 over every sample, a failed reward counting as not correct;

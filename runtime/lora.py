@@ -11,7 +11,7 @@ frozen. Checkpoints hold that model's state (base and adapter tensors) and resum
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -67,6 +67,53 @@ def merged_weights(model: nn.Module) -> dict[str, torch.Tensor]:
         key = f"{name}.weight"
         delta = sum((layer.get_delta_weight(a) for a in layer.active_adapters), torch.zeros_like(out[key]))
         out[key] = out[key] + delta.to(out[key].dtype)
+    return out
+
+
+def lora_scalings(model: nn.Module) -> dict[str, tuple[float, bool]]:
+    """{LoRA module name: (scaling alpha / r, fan_in_fan_out)} of the active adapter: what
+    :func:`merge_state` needs besides the tensors. Module names are unchanged by FSDP2's
+    ``fully_shard`` (it swaps classes, not modules), so a sharded model answers too."""
+    out: dict[str, tuple[float, bool]] = {}
+    for name, layer in lora_layers(model).items():
+        active = list(layer.active_adapters)
+        if active != [ADAPTER] or ADAPTER not in getattr(layer, "lora_A", {}):
+            raise RunError(f"LoRA layer {name}: only the single adapter {ADAPTER!r} of a linear "
+                           f"layer is merged (found adapters {active})")
+        out[name] = (float(layer.scaling[ADAPTER]), bool(getattr(layer, "fan_in_fan_out", False)))
+    return out
+
+
+@torch.no_grad()
+def merge_state(state: Mapping[str, torch.Tensor],
+                scalings: Mapping[str, tuple[float, bool]]) -> dict[str, torch.Tensor]:
+    """A full state dict of a model with LoRA layers -> the plain model's state dict, adapters
+    merged: for each LoRA module ``m``
+
+        m.weight = m.base_layer.weight + scaling * (B @ A)     (B @ A transposed when fan_in_fan_out)
+
+    computed in float32 (float64 stays float64) and cast back to the base weight's dtype;
+    ``m.base_layer.bias`` becomes ``m.bias``. It is the formula of peft's ``get_delta_weight``
+    that :func:`merged_weights` uses, on tensors instead of modules: the distributed trainer's
+    gathered state dict has no LoRA modules behind it. A LoRA tensor left over raises.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if ".lora_" not in key:
+            out[key.replace(".base_layer.", ".")] = value
+    for name, (scaling, fan_in_fan_out) in scalings.items():
+        w = out[f"{name}.weight"]
+        a, b = state[f"{name}.lora_A.{ADAPTER}.weight"], state[f"{name}.lora_B.{ADAPTER}.weight"]
+        work = torch.float64 if w.dtype == torch.float64 else torch.float32
+        delta = b.to(work) @ a.to(work)
+        if fan_in_fan_out:
+            delta = delta.T
+        out[f"{name}.weight"] = (w.to(work) + delta * scaling).to(w.dtype)
+    known = {f"{n}.lora_{ab}.{ADAPTER}.weight" for n in scalings for ab in "AB"}
+    left = [k for k in state if ".lora_" in k and k not in known]
+    if left:
+        raise RunError(f"LoRA tensors with no merge rule: {left[:3]} (only linear-layer "
+                       f"adapters {ADAPTER!r} are merged)")
     return out
 
 

@@ -51,7 +51,9 @@ def reward_command(
     answer: Annotated[str, typer.Option(
         "--answer", metavar="TEXT", show_default=False, help="The reference answer (the data's answer column).")],
     prompt: Annotated[Optional[str], typer.Option(
-        "--prompt", metavar="TEXT", help="The prompt (default: empty).")] = None,
+        "--prompt", metavar="TEXT",
+        help="The row's prompt as a reward receives it in a run: the original, before the chat "
+             "template (default: empty).")] = None,
     finish_reason: Annotated[str, typer.Option(
         "--finish-reason", metavar="stop|length",
         help="Why generation ended: 'stop' (EOS) or 'length' (cut off at max_new_tokens).")] = "stop",

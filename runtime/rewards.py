@@ -13,7 +13,9 @@ Spec syntax (``--reward``)::
 
 The reward of a sample is ``sum_k weight_k * reward_k``. Every reward function has the
 signature ``(prompt, completion, answer) -> float``; one that also accepts a
-``finish_reason`` keyword (or ``**kwargs``) is given it ("stop" | "length").
+``finish_reason`` keyword (or ``**kwargs``) is given it ("stop" | "length"). ``prompt`` is
+the row's original prompt (``Example.reward_prompt``: before the chat template and system
+prompt; a messages list as its contents joined by blank lines), not the text the model saw.
 
 Built-ins (docs/rewards.md has the rules and examples):
   exact     1.0 if ``completion.strip() == answer.strip()`` else 0.0
@@ -484,21 +486,26 @@ class RewardFn:
             fn = resolve_reward(name)
             self.terms.append(RewardTerm(name, weight, fn, _accepts_finish_reason(fn)))
 
-    def score(self, batch: RolloutBatch) -> RewardResult:
-        """Score every sample of ``batch`` (uses prompts, completions, answers, finish_reason)."""
+    def score(self, batch: RolloutBatch, prompts: list[str] | None = None) -> RewardResult:
+        """Score every sample of ``batch`` (completions, answers, finish_reason). ``prompts``:
+        the B prompts the functions receive -- the rows' original prompts
+        (``Example.reward_prompt``); default ``batch.prompts``, the text the engine was fed."""
         B = len(batch.completions)
         if len(batch.answers) != B:
             raise ValueError(
                 f"batch has {B} completions but {len(batch.answers)} answers: set "
                 'RolloutBatch.answers to the reference answers ("" for tasks without one)'
             )
+        prompts = batch.prompts if prompts is None else prompts
+        if len(prompts) != B:
+            raise ValueError(f"batch has {B} completions but {len(prompts)} reward prompts")
         total = torch.zeros(B, dtype=torch.float32)  # [B]
         components: dict[str, torch.Tensor] = {}
         errors: list[str] = []
         for term in self.terms:
             values = torch.empty(B, dtype=torch.float32)  # [B]
             for i in range(B):
-                prompt, completion = batch.prompts[i], batch.completions[i]
+                prompt, completion = prompts[i], batch.completions[i]
                 try:
                     values[i] = term(prompt, completion, batch.answers[i], batch.finish_reason[i])
                 except Exception as e:

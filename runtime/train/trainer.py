@@ -59,6 +59,16 @@ def _rows(t: Tensor | None, idx: Tensor) -> Tensor | None:
 
 # ----------------------------------------------------------------------------- trainer
 
+def logits_chunk(cfg: RunConfig) -> int:
+    """Tokens per LM-head chunk (``train.logits_chunk``): 1024 by default, 256 under gradient
+    checkpointing -- there the blocks keep almost nothing and the chunk's two [C, V] float32
+    buffers are a large part of what is left (bench/README.md, ``bench/memory.py``)."""
+    t = cfg.train
+    if t.logits_chunk is not None:
+        return t.logits_chunk
+    return 256 if t.gradient_checkpointing or cfg.distributed.activation_checkpointing else 1024
+
+
 class Trainer:
     """Owns the policy (and reference, critic), their optimizers, and one update step.
 
@@ -137,6 +147,7 @@ class Trainer:
                    temperature=scoring_temperature(cfg.rollout.temperature),
                    critic_lr_factor=(lambda step: lr_factor(step, t)) if critic_opt is not None else None,
                    max_tokens_per_microbatch=t.max_tokens_per_microbatch,
+                   logprob_chunk=logits_chunk(cfg),
                    autocast_dtype=autocast_dtype(cfg.model.dtype), reference_off=reference_off,
                    **kwargs)
 

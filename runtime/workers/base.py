@@ -49,8 +49,11 @@ class TrainerState:
 class Rollouts(Protocol):
     """Samples and scores prompts; loads the trainers' weights."""
 
-    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams) -> Generation:
-        """``params.n`` samples per prompt, scored by the reward against ``answers``."""
+    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams,
+                 reward_prompts: list[str] | None = None) -> Generation:
+        """``params.n`` samples per prompt (the engine tokenizes ``prompts``: the templated
+        text), scored by the reward against ``answers``; the reward functions receive
+        ``reward_prompts`` (the rows' original prompts; default ``prompts``)."""
         ...
 
     def load_weights(self, weights: Any) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import types
+from functools import partial
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ import rldsl
 
 from ..batch import RolloutBatch
 from ..config import RunConfig
+from ..lora import adapters_disabled, apply_lora, lora_scalings, merge_state
 from ..models import enable_gradient_checkpointing, load_policy, master_dtype, with_tied
 from ..rng import seed_all
 from ..train.logprobs import token_logprobs
@@ -197,10 +199,15 @@ class ShardedTrainer(Trainer):
     # -- full (unsharded) states: collectives every rank joins; the result is rank 0's
 
     def full_weights(self) -> dict[str, Tensor] | None:
-        """The policy's full state dict on CPU (rank 0; None elsewhere)."""
+        """The policy's full state dict on CPU under the plain model's names (rank 0; None
+        elsewhere): what a rollout engine loads. LoRA adapters are merged into their base
+        weights (``lora.merge_state``), so no LoRA tensor reaches an engine."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         sd = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return sd if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        scalings = lora_scalings(self.policy)
+        return merge_state(sd, scalings) if scalings else sd
 
     def full_state(self) -> dict[str, Any] | None:
         """Full model and optimizer states in the one-process checkpoint format (rank 0)."""
@@ -263,6 +270,12 @@ def start_rank(cfg: RunConfig, algo: rldsl.Algorithm, compile: bool, *, rank: in
     fn = rldsl.compile(algo, compile=compile)
     policy = load_policy(cfg.model.path, master_dtype(cfg.model.dtype))  # fp32 master weights
     policy.to(device)
+    reference_off = None
+    if cfg.model.lora.rank:  # adapters train, the base is frozen; FSDP2 shards both kinds
+        lo = cfg.model.lora
+        policy, wrapped = apply_lora(policy, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
+                                     target_modules=lo.target_modules)
+        reference_off = partial(adapters_disabled, wrapped)  # the reference: adapters off
     if cfg.distributed.activation_checkpointing or cfg.train.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
     mp = cfg.distributed.mixed_precision
@@ -275,4 +288,5 @@ def start_rank(cfg: RunConfig, algo: rldsl.Algorithm, compile: bool, *, rank: in
                 if logprobs:
                     attach_logprobs(module)
 
-    return ShardedTrainer.from_config(cfg, fn, policy, prepare=prepare, rank=rank, world=world, device=device)
+    return ShardedTrainer.from_config(cfg, fn, policy, prepare=prepare, reference_off=reference_off,
+                                      rank=rank, world=world, device=device)

@@ -23,12 +23,13 @@ class LocalRollouts:
         self.engine = engine
         self.reward = reward
 
-    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams) -> Generation:
+    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams,
+                 reward_prompts: list[str] | None = None) -> Generation:
         t0 = time.perf_counter()
         batch = self.engine.generate(prompts, params)
         batch.answers = repeat_each(answers, params.n)
         t1 = time.perf_counter()
-        scored = self.reward.score(batch)
+        scored = self.reward.score(batch, None if reward_prompts is None else repeat_each(reward_prompts, params.n))
         return Generation(batch, scored, t1 - t0, time.perf_counter() - t1)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -36,7 +36,8 @@ from ..checkpoint import Checkpoint, read_weights, saveable
 from ..config import RunConfig
 from ..engines.base import SamplingParams
 from ..errors import ConfigError, RewardError, WorkerError
-from ..models import disable_transformers_progress, load_policy, load_tokenizer, policy_on_meta
+from ..lora import apply_lora
+from ..models import disable_transformers_progress, load_policy, load_tokenizer, policy_on_meta, with_tied
 from ..rewards import RewardFn, RewardResult
 from ..rng import step_seed
 from ..train.trainer import TrainBatch
@@ -145,11 +146,19 @@ class RolloutWorker:
     def ready(self) -> int:
         return self.index
 
-    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams) -> Generation:
-        return self.local.generate(prompts, answers, params)
+    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams,
+                 reward_prompts: list[str] | None = None) -> Generation:
+        return self.local.generate(prompts, answers, params, reward_prompts)
 
     def update_weights(self, state: dict[str, Tensor]) -> None:
         self.local.load_weights(state.items())
+
+    def engine_weights(self) -> dict[str, Tensor]:
+        """The HF engine's current state dict on CPU: a probe of what the weight sync delivered."""
+        model = getattr(self.local.engine, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError("engine_weights() reads the hf engine only (vLLM: param_checksums)")
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -299,13 +308,26 @@ class RayTrainers:
                           "the weight sync (gather)")
         return calls[0][1][1]
 
+    def _on_meta(self) -> torch.nn.Module:
+        """The policy's module tree on the meta device, with the run's LoRA layers if any: the
+        names of the gathered state (``base_layer`` / ``lora_A`` / ``lora_B`` under LoRA)."""
+        policy = policy_on_meta(self.model_path)
+        lo = self.cfg.model.lora
+        if lo.rank:
+            with torch.device("meta"):
+                policy, _ = apply_lora(policy, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
+                                       target_modules=lo.target_modules)
+        return policy
+
     def checkpoint_state(self) -> TrainerState:
         state = self._all("checkpoint_state", what="the checkpoint gather")[0]
-        policy = policy_on_meta(self.model_path, saveable(state["policy"]))
+        policy = self._on_meta()
+        policy.load_state_dict(with_tied(saveable(state["policy"]), policy), assign=True)
+        policy.tie_weights()
         critic = None
         if state["critic"] is not None:
             with torch.device("meta"):
-                critic = ValueModel(policy_on_meta(self.model_path))
+                critic = ValueModel(self._on_meta())
             critic.load_state_dict(saveable(state["critic"]), assign=True)
         return TrainerState(policy, _StateDict(state["optimizer"]), _StateDict(state["scheduler"]),
                             critic, _StateDict(state["critic_optimizer"]), state["algorithm"])
@@ -346,7 +368,8 @@ class RayRollouts:
     def start(self) -> list[tuple[str, Any]]:
         return [(name, a.ready.remote()) for name, a in zip(self.names, self.actors)]
 
-    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams) -> Generation:
+    def generate(self, prompts: list[str], answers: list[str], params: SamplingParams,
+                 reward_prompts: list[str] | None = None) -> Generation:
         bounds = torch.arange(len(prompts)).tensor_split(len(self.actors))
         chunks = [(w, int(b[0]), int(b[-1]) + 1) for w, b in enumerate(bounds) if len(b)]
         calls = []
@@ -354,7 +377,8 @@ class RayRollouts:
             p = params
             if len(chunks) > 1 and params.seed is not None:
                 p = dataclasses.replace(params, seed=step_seed(params.seed, w, 0, "chunk"))
-            calls.append((self.names[w], self.actors[w].generate.remote(prompts[lo:hi], answers[lo:hi], p)))
+            rp = None if reward_prompts is None else reward_prompts[lo:hi]
+            calls.append((self.names[w], self.actors[w].generate.remote(prompts[lo:hi], answers[lo:hi], p, rp)))
         t0 = time.perf_counter()
         gens: list[Generation] = self.cluster.wait(calls, self.cfg.distributed.call_timeout, "the rollout")
         wall = time.perf_counter() - t0

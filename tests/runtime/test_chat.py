@@ -152,3 +152,83 @@ def test_64_row_dataset_runs_with_default_split(model_dir, tmp_path, monkeypatch
     assert "held out 6 of 64 rows for evaluation" in capsys.readouterr().out
     recs = read_metrics(run / "metrics.jsonl")
     assert any("reward_mean" in r for r in recs) and any("eval/greedy_acc" in r for r in recs)
+
+
+SEEN: list[tuple[str, str]] = []
+
+
+def recording_reward(prompt: str, completion: str, answer: str) -> float:
+    """Records the prompt it receives (the run runs in this process)."""
+    SEEN.append((prompt, answer))
+    return float(len(completion) % 2)
+
+
+def test_rewards_receive_the_original_prompt_while_the_engine_sees_the_template(tmp_path, monkeypatch) -> None:
+    """Training and evaluation: the engine is fed ``apply_chat_template``'s ids, the reward gets
+    the row's own prompt (a messages list as its contents joined by blank lines), never the
+    template nor ``data.system_prompt``."""
+    from rldsl.runtime import loop
+    from rldsl.runtime.build import build_run
+    monkeypatch.setenv("RLDSL_COMPILE", "0")
+    tok = chat_tokenizer()
+    torch.manual_seed(0)
+    model_dir = tmp_path / "chat-model"
+    LlamaForCausalLM(toy.tiny_config(tok, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32)).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    rows = [{"prompt": p, "answer": str(i)} for i, p in enumerate(CONVERSATIONS)]
+    data = write_jsonl(tmp_path / "chat.jsonl", rows)
+    held = write_jsonl(tmp_path / "held.jsonl", rows[1:2])
+    original = {"0": "what is 2+3?", "1": "be brief.\n\nwhat is 10*4?", "2": "what is 7-1?"}
+    cfg = load_config(None, [f"model.path={model_dir}", f"data.path={data}", f"data.eval_path={held}",
+                             f"out={tmp_path / 'run'}", "rollout.prompts_per_step=3", "rollout.n=2",
+                             "rollout.max_new_tokens=3", "data.system_prompt=you add.", "log.progress=false",
+                             f"reward.name={__name__}:recording_reward", "eval.samples=0"])
+    (tmp_path / "run").mkdir()
+    s = build_run("grpo", cfg, tmp_path / "run")
+    SEEN.clear()
+    batch, _, ids, _ = loop.rollout_step(s, 0)
+    assert len(SEEN) == 6 and sorted({a for _, a in SEEN}) == ["0", "1", "2"]
+    for prompt, answer in SEEN:
+        assert prompt == original[answer]
+    by_answer = {e.answer: e for e in s.source.examples}
+    for r, answer in enumerate(batch.answers):  # the engine: the templated text, system prompt in
+        row = CONVERSATIONS[int(answer)]
+        messages = [{"role": "user", "content": row}] if isinstance(row, str) else row
+        if messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": "you add."}] + messages
+        assert batch.prompt_ids[r][batch.prompt_mask[r].bool()].tolist() == template_ids(tok, messages)
+        assert batch.prompts[r] == by_answer[answer].prompt != original[answer]
+    SEEN.clear()
+    loop.evaluate(s, 0)  # held-out rows: the same
+    assert SEEN == [(original["1"], "1")]
+
+
+def test_ray_rollouts_hand_each_worker_its_chunk_of_reward_prompts() -> None:
+    """RayRollouts splits the reward prompts with the prompts (stand-ins for the actors)."""
+    from types import SimpleNamespace
+    from rldsl.runtime.batch import RolloutBatch
+    from rldsl.runtime.rewards import RewardResult
+    from rldsl.runtime.workers.base import Generation
+    from rldsl.runtime.workers.ray import RayRollouts
+
+    calls = []
+
+    class Actor:
+        def __init__(self):
+            self.generate = SimpleNamespace(remote=self.run)
+
+        def run(self, prompts, answers, params, reward_prompts):
+            calls.append((prompts, reward_prompts))
+            n = len(prompts)
+            batch = RolloutBatch(torch.ones(n, 1, dtype=torch.long), torch.ones(n, 1, dtype=torch.long),
+                                 torch.ones(n, 1, dtype=torch.long), torch.ones(n, 1, dtype=torch.long),
+                                 torch.zeros(n, 1), ["stop"] * n, prompts, ["x"] * n, 1, list(answers))
+            return Generation(batch, RewardResult(torch.zeros(n), {}, 0), 0.0, 0.0)
+
+    r = object.__new__(RayRollouts)
+    r.cluster = SimpleNamespace(wait=lambda calls, timeout, what: [ref for _, ref in calls])
+    r.cfg, r.pad_id = load_config(None, []), 0
+    r.actors, r.names = [Actor(), Actor()], ["rollout worker 0", "rollout worker 1"]
+    r.generate(["<t>a", "<t>b", "<t>c"], ["1", "2", "3"], SamplingParams(n=1), ["a", "b", "c"])
+    assert calls == [(["<t>a", "<t>b"], ["a", "b"]), (["<t>c"], ["c"])]

@@ -38,7 +38,7 @@ class ScriptedRollouts:
     def __init__(self, model, tokenizer, rounds):
         self.engine, self.rounds, self.calls = HFEngine(model, tokenizer), list(rounds), 0
 
-    def generate(self, prompts, answers, params: SamplingParams) -> Generation:
+    def generate(self, prompts, answers, params: SamplingParams, reward_prompts=None) -> Generation:
         batch = self.engine.generate(prompts, params)
         rewards = torch.tensor(self.rounds[self.calls], dtype=torch.float32).reshape(-1)
         self.calls += 1

@@ -17,7 +17,8 @@ from rldsl.runtime import loop  # noqa: E402
 from rldsl.runtime.build import build_run  # noqa: E402
 from rldsl.runtime.config import load_config  # noqa: E402
 from rldsl.runtime.export import export_run  # noqa: E402
-from rldsl.runtime.lora import adapters_disabled, apply_lora, lora_layers, merged_weights  # noqa: E402
+from rldsl.runtime.lora import (adapters_disabled, apply_lora, lora_layers, lora_scalings,  # noqa: E402
+                                merge_state, merged_weights)
 from rldsl.runtime.errors import RunError  # noqa: E402
 from rldsl.runtime.metrics import read_metrics  # noqa: E402
 
@@ -58,6 +59,24 @@ def test_merged_weights_and_adapters_off(tiny_model) -> None:
         assert not torch.allclose(base(ids).logits, model(ids).logits, atol=1e-3)
         with adapters_disabled(wrapped):  # the reference policy: the base model
             torch.testing.assert_close(model(ids).logits, base(ids).logits, atol=1e-6, rtol=0)
+
+
+def test_merge_state_equals_peft_merge(tiny_model) -> None:
+    """The distributed trainer merges a gathered state dict (no LoRA modules behind it): the
+    same tensors as peft's ``get_delta_weight`` merge; an unknown LoRA tensor is refused."""
+    model, _ = apply_lora(tiny_model, rank=4, alpha=8, dropout=0.0, target_modules=["all-linear"])
+    for layer in lora_layers(model).values():
+        torch.nn.init.normal_(layer.lora_B["default"].weight, std=0.1)
+    scalings = lora_scalings(model)
+    assert len(scalings) == 14 and {s for s, _ in scalings.values()} == {2.0}  # alpha / r
+    merged, expected = merge_state(model.state_dict(), scalings), merged_weights(model)
+    assert merged.keys() == expected.keys()
+    for k, v in expected.items():
+        torch.testing.assert_close(merged[k], v, atol=1e-7, rtol=0)
+    state = dict(model.state_dict())
+    state["model.layers.0.mlp.up_proj.lora_magnitude_vector.default.weight"] = torch.ones(64)
+    with pytest.raises(RunError, match="LoRA tensors with no merge rule"):
+        merge_state(state, scalings)
 
 
 def test_lora_run_trains_adapters_syncs_merged_weights_and_exports(model_dir, tmp_path) -> None:
@@ -110,3 +129,34 @@ def test_lora_checkpoint_resumes_exactly_and_exports(model_dir, tmp_path) -> Non
         export_run(full, tmp_path / "other", step=3)
     with pytest.raises(RunError, match="not empty"):
         export_run(full, out)
+
+
+def test_distributed_checkpoint_gather_rebuilds_lora_policy_and_critic(model_dir, tmp_path) -> None:
+    """The Ray driver saves the ranks' gathered full states through modules rebuilt on the meta
+    device: under LoRA they carry the adapter layers (policy and a ppo critic), so the saved
+    tensors are exactly the gathered ones, under the one-process names."""
+    from rldsl.runtime.workers.ray import RayTrainers
+    (tmp_path / "run").mkdir()
+    cfg = lora_config(model_dir, tmp_path / "run")
+    s = build_run("ppo", cfg, tmp_path / "run")
+    t = s.trainers.trainer
+    for name, p in t.critic.named_parameters():  # make the critic's adapters non-trivial
+        if ".lora_B." in name:
+            torch.nn.init.normal_(p, std=0.1)
+    gathered = {"policy": t.policy.state_dict(), "critic": t.critic.state_dict(),
+                "optimizer": t.optimizer.state_dict(), "critic_optimizer": t.critic_optimizer.state_dict(),
+                "scheduler": None, "algorithm": {}}
+    driver = object.__new__(RayTrainers)
+    driver.cfg, driver.model_path = cfg, str(model_dir)
+    driver._all = lambda method, what: [gathered]
+    state = driver.checkpoint_state()
+    for module, want in ((state.policy, gathered["policy"]), (state.critic, gathered["critic"])):
+        got = module.state_dict()
+        assert got.keys() == want.keys() and any(".lora_A." in k for k in got)
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    path = ckpt.save_checkpoint(tmp_path / "run", 1, policy=state.policy, tokenizer=s.tokenizer,
+                                optimizer=state.optimizer,
+                                critic=state.critic, critic_optimizer=state.critic_optimizer,
+                                scheduler=state.scheduler)
+    saved = load_file(str(path / "policy" / "model.safetensors"))
+    assert any(".lora_B." in k for k in saved)

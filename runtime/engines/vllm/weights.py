@@ -20,6 +20,8 @@ _T = TypeVar("_T")
 #: Module names that wrappers insert into parameter paths: FSDP1, activation
 #: checkpointing (``checkpoint_wrapper``), ``torch.compile`` (OptimizedModule).
 WRAPPER_COMPONENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
+#: Path components of peft's LoRA layers (``lora_A``, ``lora_B``, ... start with ``lora_``).
+LORA_COMPONENTS = frozenset({"base_layer"})
 #: Buffers that HF checkpoints may carry and vLLM computes itself (it drops them too).
 NOT_LOADED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
@@ -62,7 +64,10 @@ def to_vllm_weight_names(
     - with tied embeddings vLLM's ``lm_head`` *is* the embedding: ``lm_head.weight`` is
       dropped when ``embed_name`` is also given, else sent under ``embed_name`` (a state
       dict may keep only one of the two aliases);
-    - a name that occurs twice after mapping raises (two tensors for one parameter).
+    - a name that occurs twice after mapping raises (two tensors for one parameter);
+    - a LoRA tensor (peft's ``lora_A`` / ``lora_B`` / ``base_layer`` names) raises: vLLM's
+      ``load_weights`` knows only the plain model's names, so the trainer sends merged
+      weights (``runtime.lora.merged_weights`` / ``merge_state``).
 
     The input is consumed lazily (a held-back tied ``lm_head`` is the only tensor kept).
     """
@@ -70,6 +75,9 @@ def to_vllm_weight_names(
     held_lm_head: torch.Tensor | None = None
     for raw_name, tensor in named_tensors:
         name = hf_weight_name(raw_name)
+        if any(p in LORA_COMPONENTS or p.startswith("lora_") for p in name.split(".")):
+            raise ValueError(f"{raw_name!r} is a LoRA tensor: merge the adapters into the base "
+                             "weights before the sync (runtime.lora.merge_state)")
         if name.endswith(NOT_LOADED_SUFFIXES):
             continue
         if name in seen or (name == lm_head_name and held_lm_head is not None):

@@ -357,6 +357,14 @@ def test_weight_names_duplicate_raises():
             _named("model.norm.weight", "_orig_mod.model.norm.weight"), tie_word_embeddings=False))
 
 
+@pytest.mark.parametrize("name", ["model.layers.0.mlp.up_proj.lora_A.default.weight",
+                                  "model.layers.0.mlp.up_proj.lora_B.default.weight",
+                                  "_orig_mod.model.layers.0.mlp.up_proj.base_layer.weight"])
+def test_weight_names_refuse_lora_tensors(name):
+    with pytest.raises(ValueError, match="LoRA tensor: merge the adapters"):
+        list(ve.to_vllm_weight_names(_named("model.norm.weight", name), tie_word_embeddings=True))
+
+
 # --------------------------------------------------------------- bucketing, transport
 def test_bucket_by_bytes():
     t = lambda n: torch.zeros(n, dtype=torch.float32)  # 4n bytes
@@ -505,6 +513,56 @@ def test_update_weights_loads_in_place_through_the_worker_extension(tok):
     assert llm.calls[-1] == ("reset_prefix_cache",)
     sums = engine.param_checksums(["model.norm.weight"])
     assert sums["model.norm.weight"] == pytest.approx(float(norm.to(torch.bfloat16).double().sum()))
+
+
+class PlainLlamaStandIn(torch.nn.Module):
+    """vLLM's model for the tiny Llama: the plain HF module tree (no LoRA), bf16, and a
+    ``load_weights`` that copies by HF name and returns the names written."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model.to(torch.bfloat16)
+
+    def named_parameters(self, *args, **kwargs):
+        return self.inner.named_parameters(*args, **kwargs)
+
+    def load_weights(self, weights):
+        params, loaded = dict(self.inner.named_parameters()), set()
+        for name, w in weights:
+            params[name].data.copy_(w)  # KeyError for a name the plain model lacks
+            loaded.add(name)
+        return loaded
+
+
+def test_update_weights_of_a_lora_policy_sends_merged_plain_weights(tok):
+    """The distributed trainer's sync for a LoRA policy: the gathered peft state dict, merged
+    (``merge_state``), reaches every vLLM worker under the plain model's names; the unmerged
+    state is refused before any bucket is loaded."""
+    pytest.importorskip("peft")
+    import copy
+    from rldsl.runtime.lora import apply_lora, lora_layers, lora_scalings, merge_state, merged_weights
+    from transformers import LlamaForCausalLM
+    torch.manual_seed(0)
+    plain = LlamaForCausalLM(tiny_config(tok, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=64))
+    policy, _ = apply_lora(copy.deepcopy(plain), rank=4, alpha=8, dropout=0.0, target_modules=["all-linear"])
+    for layer in lora_layers(policy).values():
+        torch.nn.init.normal_(layer.lora_B["default"].weight, std=0.1)
+    state = policy.state_dict()
+    models = [PlainLlamaStandIn(copy.deepcopy(plain)) for _ in range(2)]
+    llm = RecordingLLM([WorkerStandIn(m) for m in models])
+    engine = make_engine(llm, tok, weight_bucket_bytes=1 << 16)
+    with pytest.raises(ValueError, match="LoRA tensor"):
+        engine.update_weights(state.items())
+    engine.update_weights(merge_state(state, lora_scalings(policy)).items())
+    expected = merged_weights(policy)  # peft's own merge, in the one-process trainer
+    for m in models:
+        got = dict(m.inner.named_parameters())
+        assert not any("lora" in k or "base_layer" in k for k in got)
+        for k, v in got.items():
+            torch.testing.assert_close(v, expected[k].to(torch.bfloat16), atol=0, rtol=0)
+    k = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(expected[k], plain.state_dict()[k])  # the adapters are in it
 
 
 def test_update_weights_strict_reports_unwritten_parameters(tok):

@@ -46,6 +46,26 @@ def test_gradient_checkpointing_same_gradients(tiny_model, tokenizer) -> None:
         torch.testing.assert_close(y, x, atol=1e-6, rtol=0)
 
 
+def test_logits_chunk_shrinks_under_checkpointing_and_leaves_the_gradients(tiny_model, tokenizer) -> None:
+    """train.logits_chunk: 1024 by default, 256 with gradient checkpointing, a set value wins;
+    the LM head's chunk size does not change the update (here 3 tokens per chunk)."""
+    from rldsl.runtime.train.trainer import logits_chunk
+    assert logits_chunk(load_config(None, [])) == 1024
+    assert logits_chunk(load_config(None, ["train.gradient_checkpointing=true"])) == 256
+    assert logits_chunk(load_config(None, ["distributed.activation_checkpointing=true"])) == 256
+    assert logits_chunk(load_config(None, ["train.gradient_checkpointing=true", "train.logits_chunk=64"])) == 64
+    fn = rldsl.compile(rldsl.loads(SPEC, "t.rl"), compile=False)
+    cfg = load_config(None, ["train.gradient_checkpointing=true"])
+    assert Trainer.from_config(cfg, fn, copy.deepcopy(tiny_model)).logprob_chunk == 256
+    batch = HFEngine(tiny_model, tokenizer).generate(
+        ["1+2=", "33+44="], SamplingParams(n=4, temperature=1.5, max_new_tokens=6, seed=0))
+    rewards = torch.tensor([1.0, 0.0] * 4)
+    a = _update(copy.deepcopy(tiny_model), batch, rewards)
+    b = _update(copy.deepcopy(tiny_model), batch, rewards, logprob_chunk=3)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(y, x, atol=1e-6, rtol=0)
+
+
 def test_bf16_autocast_keeps_fp32_master_weights(tiny_model, tokenizer) -> None:
     batch = HFEngine(tiny_model, tokenizer).generate(
         ["1+2=", "33+44="], SamplingParams(n=4, temperature=1.5, max_new_tokens=6, seed=0))

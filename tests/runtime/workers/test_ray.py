@@ -202,3 +202,74 @@ def test_one_trainer_run_never_imports_ray(model_dir, tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "RLDSL_COMPILE": "0"}, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------- LoRA
+
+LORA = {"model.lora.rank": 4, "model.lora.alpha": 8, "train.lr": 1e-2}
+
+
+@pytest.mark.slow
+def test_lora_on_two_trainer_ranks_matches_one_process(ray_cluster, model_dir, tmp_path):
+    """FSDP2 over the peft model: only adapters train, the KL reference is the policy with
+    adapters off, the rollout actor's engine holds the merged weights (no LoRA names) equal to
+    the one-process trainer's ``merged_weights``, and checkpoints equal the one-process ones."""
+    pytest.importorskip("peft")
+    from rldsl.runtime.build import build_run
+    from rldsl.runtime.lora import merged_weights
+
+    over = {**LORA, "checkpoint.every": 0}
+    runs = {}
+    for name, (trainers, workers) in {"one": (1, 0), "two": (2, 1)}.items():
+        out = tmp_path / name
+        out.mkdir()
+        s = build_run("grpo", config(model_dir, out, trainers, workers, **over), out)
+        try:
+            metrics = [loop.train_step(s, step) for step in range(2)]
+            if name == "one":
+                weights = merged_weights(s.trainers.trainer.policy)
+                state = {k: v.detach().clone() for k, v in s.trainers.trainer.policy.state_dict().items()}
+            else:
+                weights = ray.get(s.rollouts.actors[0].engine_weights.remote())
+                state = s.trainers.checkpoint_state().policy.state_dict()
+        finally:
+            s.close()
+        runs[name] = (metrics, weights, state)
+    (m1, merged, state1), (m2, engine, state2) = runs["one"], runs["two"]
+    assert any(r["optimizer_steps"] > 0 for r in m1) and all("kl" in r for r in m2)
+    for ra, rb in zip(m1, m2):
+        assert ra["reward_mean"] == rb["reward_mean"]
+        for k in ("loss", "pg_loss", "grad_norm", "kl"):
+            assert math.isclose(ra[k], rb[k], rel_tol=1e-4, abs_tol=TOL), (k, ra[k], rb[k])
+    # the gathered state holds base and adapter tensors under peft's names; only adapters moved
+    assert state1.keys() == state2.keys() and any(".lora_A." in k for k in state2)
+    from safetensors.torch import load_file
+    base = load_file(str(model_dir / "model.safetensors"))
+    for k, v in state2.items():
+        if ".lora_" not in k and k.replace(".base_layer.", ".") in base:
+            assert torch.equal(v, base[k.replace(".base_layer.", ".")]), k
+    assert_close(state1, state2)
+    # the engine: plain names, merged weights, equal to the one-process merge
+    assert engine.keys() == merged.keys() and not any("lora" in k or "base_layer" in k for k in engine)
+    worst = max((engine[k] - merged[k]).abs().max().item() for k in merged)
+    assert worst <= 1e-6, f"engine weights differ from the one-process merge by {worst:.3g}"
+    assert any(not torch.equal(engine[k], base[k]) for k in base if k in engine)  # adapters count
+
+
+@pytest.mark.slow
+def test_lora_two_trainer_run_resumes_exactly(ray_cluster, model_dir, tmp_path):
+    """Kill (stop) a LoRA run on two trainer ranks after step 2 and resume it there: the
+    checkpoints (base + adapter tensors) and metrics equal an uninterrupted run's."""
+    pytest.importorskip("peft")
+    over = {**LORA, "checkpoint.every": 1, "train.steps": 3}
+    full = loop.train("grpo", config(model_dir, tmp_path / "full", 2, 1, **over))
+    cut = loop.train("grpo", config(model_dir, tmp_path / "cut", 2, 1, **over), stop_after=2)
+    assert ckpt.latest_checkpoint(cut).name == "step-2"
+    assert any(".lora_B." in k for k in params(cut, 2))
+    loop.train(None, resume=cut)
+    assert [r["step"] for r in steps_of(cut)] == [1, 2, 3]
+    a, b = params(full, 3), params(cut, 3)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith(("time/", "step_s", "tokens_per_s"))}
+                        for r in rs]
+    assert strip(steps_of(full)) == strip(steps_of(cut))
