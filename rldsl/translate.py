@@ -3,7 +3,8 @@
 The format is detected from the keys: a verl config nests ``algorithm:`` / ``actor_rollout_ref:``;
 a TRL config is flat (``loss_type``, ``epsilon``, ...). A field that is absent takes the
 peer's default (TRL 1.16, verl 0.9.1). The categorical options (TRL ``loss_type``,
-``scale_rewards``; verl ``loss_mode``, ``adv_estimator``, ``loss_agg_mode``, ``kl_loss_type``)
+``scale_rewards``; verl ``loss_mode``, ``adv_estimator``, ``loss_agg_mode``, ``kl_loss_type`` and, with
+``rollout_correction.bypass_mode``, its ``loss_type``)
 map through the tables below, whose rows are the ones docs/peers.md prints (a test checks
 that the two agree); ``{name}`` in a row is a value of the config, named in the doc by
 :data:`DOC_NAMES`.
