@@ -76,6 +76,11 @@ VERL_LOSS_MODES: dict[str, tuple[str, ...]] = {
                  "selection clip_cov(ratio={clip_cov_ratio}, lb={clip_cov_lb}, ub={clip_cov_ub}, seed=0)"),
     "kl_cov": ("ratio token(clamp=80.0)", "objective kl_cov(ratio={kl_cov_ratio}, coef={ppo_kl_coef})"),
 }
+#: a choice the translation makes where verl leaves one open (printed as a ``# note:``)
+VERL_LOSS_MODE_NOTES: dict[str, str] = {
+    "clip_cov": "verl draws clip_cov's dropped tokens from the global torch generator (no config field seeds it); "
+                "seed=0 gives the choice verl makes after torch.manual_seed(0)",
+}
 #: algorithm.rollout_correction.loss_type with bypass_mode: true; verl then replaces policy_loss.loss_mode
 #: by its bypass loss (ppo_clip: the vanilla loss with pi_old = pi_rollout; reinforce: -sg(w) A log pi)
 VERL_BYPASS_LOSS_TYPES: dict[str, tuple[str, ...]] = {
@@ -483,9 +488,8 @@ def _verl(cfg: dict[str, Any]) -> Translation:
             t.problem(a + "policy_loss.dro_beta", f"loss_mode={mode} needs dro_beta (verl raises without it)")
         v["dro_beta"] = _float(get(a + "policy_loss.dro_beta", 0.05))
         t.put(VERL_LOSS_MODES[mode], v)
-        if mode == "clip_cov":
-            t.notes.append("verl draws clip_cov's dropped tokens from the global torch generator (no config field "
-                           "seeds it); seed=0 gives the choice verl makes after torch.manual_seed(0)")
+        if mode in VERL_LOSS_MODE_NOTES:
+            t.notes.append(VERL_LOSS_MODE_NOTES[mode])
     else:
         why = UNSUPPORTED.get(("verl", f"loss_mode={mode}"), "not a verl 0.9.1 loss_mode")
         if mode == "bypass_mode":
