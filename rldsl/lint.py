@@ -158,6 +158,18 @@ def inert_dynamic_sampling(algo: Algorithm) -> Iterator[Finding]:
                           f"raise {p} (the DAPO recipe: 10), or remove the {v.slot} line")
 
 
+@spec_rule("empty-band")
+def empty_band(algo: Algorithm) -> Iterator[Finding]:
+    """A band whose upper end is not above its lower end: nothing ever falls in it, so the component never acts."""
+    for v, p, hi in _roles(algo, "band_high"):
+        lo_p = v.spec.facts.roles.get("band_low")
+        lo = v.params.get(lo_p) if lo_p else None
+        if lo is not None and hi <= lo:
+            yield Finding(v, p, f"{v.slot} {v.component}: the band ({lo_p}, {p}) = ({format_value(lo)}, "
+                                f"{format_value(hi)}) is empty: no token ever qualifies",
+                          f"{p} must exceed {lo_p} (verl clip_cov: lb=1.0, ub=5.0); swap them if that was meant")
+
+
 # ---------------------------------------------------------------------------------------
 # Run rules: the spec against the run's config
 
@@ -199,8 +211,12 @@ def group_of_one(algo: Algorithm, run: RunFacts) -> Iterator[Finding]:
 
 @run_rule("correction-on-exact-engine")
 def correction_on_exact_engine(algo: Algorithm, run: RunFacts) -> Iterator[Finding]:
-    """A train/inference correction on an engine whose logprobs are the trainer's own (the HF engine): a no-op."""
+    """A train/inference correction on an engine with exact logprobs (the HF engine): a no-op (bypass excepted)."""
     if not run.exact_logprobs:
+        return
+    if any(v.spec.flag("old_from_rollout", v.params) for v in algo.active()):
+        # bypass: pi_old is the engine's logprobs, so the other corrections compare pi_theta with them,
+        # which drifts apart over minibatches and epochs; bypass itself only skips the old-logprob forward
         return
     for v in algo.active():
         if "rollout_logprobs" in v.spec.facts.needs:

@@ -151,6 +151,8 @@ ROLES: dict[str, str] = {
     "weight_high": "an absolute upper bound on a weight whose on-policy value is 1",
     "denominator_eps": "added to a spread (std, variance) that is 0 for equal rewards: 0 gives 0/0",
     "budget": "the generation budget in tokens: should equal the run's rollout.max_new_tokens",
+    "band_low": "the exclusive lower end of a band a statistic must fall in (with band_high)",
+    "band_high": "the exclusive upper end of that band: at or below band_low the band is empty",
 }
 
 

@@ -3,7 +3,8 @@
 The format is detected from the keys: a verl config nests ``algorithm:`` / ``actor_rollout_ref:``;
 a TRL config is flat (``loss_type``, ``epsilon``, ...). A field that is absent takes the
 peer's default (TRL 1.16, verl 0.9.1). The categorical options (TRL ``loss_type``,
-``scale_rewards``; verl ``loss_mode``, ``adv_estimator``, ``loss_agg_mode``, ``kl_loss_type``)
+``scale_rewards``; verl ``loss_mode``, ``adv_estimator``, ``loss_agg_mode``, ``kl_loss_type`` and, with
+``rollout_correction.bypass_mode``, its ``loss_type``)
 map through the tables below, whose rows are the ones docs/peers.md prints (a test checks
 that the two agree); ``{name}`` in a row is a value of the config, named in the doc by
 :data:`DOC_NAMES`.
@@ -67,6 +68,25 @@ VERL_LOSS_MODES: dict[str, tuple[str, ...]] = {
                 "trust_region tv(low={clip_ratio_low}, high={clip_ratio_high}, cap={clip_ratio_c})"),
     "dppo_kl": ("objective is_weighted",
                 "trust_region kl_div(low={clip_ratio_low}, high={clip_ratio_high}, cap={clip_ratio_c})"),
+    # GMPO: verl reads clip_ratio_low/high as log-space bounds; its +-20 clamp is commented out
+    "geo_mean": ("ratio geo_mean(low={clip_ratio_low}, high={clip_ratio_high})", "trust_region none",
+                 "aggregation seq_mean_token_mean(count_empty=true)"),
+    # verl draws the dropped tokens from the global torch generator, which no config field seeds
+    "clip_cov": ("ratio token(clamp=80.0)", "trust_region clip(low={clip_ratio_low}, high={clip_ratio_high})",
+                 "selection clip_cov(ratio={clip_cov_ratio}, lb={clip_cov_lb}, ub={clip_cov_ub}, seed=0)"),
+    "kl_cov": ("ratio token(clamp=80.0)", "objective kl_cov(ratio={kl_cov_ratio}, coef={ppo_kl_coef})"),
+}
+#: a choice the translation makes where verl leaves one open (printed as a ``# note:``)
+VERL_LOSS_MODE_NOTES: dict[str, str] = {
+    "clip_cov": "verl draws clip_cov's dropped tokens from the global torch generator (no config field seeds it); "
+                "seed=0 gives the choice verl makes after torch.manual_seed(0)",
+}
+#: algorithm.rollout_correction.loss_type with bypass_mode: true; verl then replaces policy_loss.loss_mode
+#: by its bypass loss (ppo_clip: the vanilla loss with pi_old = pi_rollout; reinforce: -sg(w) A log pi)
+VERL_BYPASS_LOSS_TYPES: dict[str, tuple[str, ...]] = {
+    "ppo_clip": ("trust_region dual_clip(low={clip_ratio_low}, high={clip_ratio_high}, c={clip_ratio_c})",
+                 "correction bypass"),
+    "reinforce": ("objective reinforce", "correction bypass"),
 }
 VERL_ADV_ESTIMATORS: dict[str, tuple[str, ...]] = {
     "gae": ("baseline gae(gamma={gamma}, lam={lam})", "normalizer whiten", "critic value(clip={cliprange_value})"),
@@ -103,12 +123,6 @@ VERL_KL_TYPES: dict[str, tuple[str, ...]] = {
 }
 #: options no spec expresses yet, and why (the doc's "not expressible" rows)
 UNSUPPORTED: dict[tuple[str, str], str] = {
-    ("verl", "loss_mode=geo_mean"): "GMPO's sign-aware clip needs the advantage inside the ratio's row mean: "
-                                     "no ratio component reads it yet",
-    ("verl", "loss_mode=clip_cov"): "needs the batch covariance of A and log pi and a seeded random token choice "
-                                     "(no selection component yet)",
-    ("verl", "loss_mode=kl_cov"): "needs the batch covariance of A and log pi and an additive |log rho| term "
-                                   "(no selection component yet)",
     ("verl", "adv_estimator=remax"): "needs the reward of a greedy rollout of each prompt (a runtime feature)",
     ("verl", "adv_estimator=gdpo"): "needs one reward per reward key; the rewards slot is one scalar per sample",
     ("verl", "adv_estimator=optimal_token_baseline"): "needs sum_v pi_v^2 at every position, not only the sampled "
@@ -116,8 +130,6 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
     ("verl", "adv_estimator=tir_optimal_token_baseline"): "needs sum_v pi_v^2 at every position, not only the "
                                                            "sampled token's logprob",
     ("verl", "kl_loss_type=full"): "not implemented in verl either",
-    ("verl", "rollout_correction.bypass_mode=true"): "the bypass correction (old policy = rollout policy) is not "
-                                                      "implemented yet",
     ("TRL", "use_adaptive_entropy=true"): "the coefficient is state updated across steps from the measured entropy; "
                                           "the entropy slot is stateless",
     ("TRL", "multi_objective_aggregation=normalize_then_sum"): "GDPO needs one reward per reward function; the "
@@ -430,6 +442,13 @@ def _verl(cfg: dict[str, Any]) -> Translation:
         "gamma": _float(get("algorithm.gamma", 1.0)), "lam": _float(get("algorithm.lam", 1.0)),
         "cliprange_value": _float(get("critic.cliprange_value", 0.5)),
         "cispo_low": "" if _float(low) >= 1 else f"low={format_value(_float(low))}, ",
+        "clip_cov_ratio": _float(get(a + "policy_loss.clip_cov_ratio", 0.0002)),
+        "clip_cov_lb": _float(get(a + "policy_loss.clip_cov_lb", 1.0)),
+        "clip_cov_ub": _float(get(a + "policy_loss.clip_cov_ub", 5.0)),
+        "kl_cov_ratio": _float(get(a + "policy_loss.kl_cov_ratio", 0.0002)),
+        # 0.1 in verl's actor config; an explicit null takes compute_policy_loss_kl_cov's own fallback 1.0
+        "ppo_kl_coef": _float(get(a + "policy_loss.ppo_kl_coef", 1.0 if "ppo_kl_coef" in (get(a + "policy_loss")
+                                                                                       or {}) else 0.1)),
     }
     t.put(["objective ppo"])
     adv = get("algorithm.adv_estimator", VERL_DEFAULTS["algorithm.adv_estimator"])
@@ -453,13 +472,29 @@ def _verl(cfg: dict[str, Any]) -> Translation:
     else:
         t.problem(a + "loss_agg_mode", f"{agg!r} is not one of {', '.join(VERL_AGG_MODES)}")
     mode = get(a + "policy_loss.loss_mode", VERL_DEFAULTS[a + "policy_loss.loss_mode"])
-    if mode in VERL_LOSS_MODES:
+    rc = "algorithm.rollout_correction."
+    bypass = bool(get(rc + "bypass_mode", False))
+    loss_type = get(rc + "loss_type", "ppo_clip")
+    if bypass:  # verl's apply_bypass_mode sets policy_loss.loss_mode = "bypass_mode", whatever it was
+        if mode != "vanilla":
+            t.notes.append(f"loss_mode={mode} is ignored: with rollout_correction.bypass_mode verl uses its bypass "
+                           f"loss (loss_type={loss_type})")
+        if loss_type in VERL_BYPASS_LOSS_TYPES:
+            t.put(VERL_BYPASS_LOSS_TYPES[loss_type], v)
+        else:
+            t.problem(rc + "loss_type", f"{loss_type!r} is not one of {', '.join(VERL_BYPASS_LOSS_TYPES)}")
+    elif mode in VERL_LOSS_MODES:
         if any("{dro_beta}" in r for r in VERL_LOSS_MODES[mode]) and get(a + "policy_loss.dro_beta") is None:
             t.problem(a + "policy_loss.dro_beta", f"loss_mode={mode} needs dro_beta (verl raises without it)")
         v["dro_beta"] = _float(get(a + "policy_loss.dro_beta", 0.05))
         t.put(VERL_LOSS_MODES[mode], v)
+        if mode in VERL_LOSS_MODE_NOTES:
+            t.notes.append(VERL_LOSS_MODE_NOTES[mode])
     else:
         why = UNSUPPORTED.get(("verl", f"loss_mode={mode}"), "not a verl 0.9.1 loss_mode")
+        if mode == "bypass_mode":
+            why = ("verl sets it itself from algorithm.rollout_correction.bypass_mode: true (and raises without "
+                   "that section); set that instead")
         t.problem(a + "policy_loss.loss_mode", f"{mode!r}: {why}")
     in_loss, in_reward = bool(get(a + "use_kl_loss", False)), bool(get("algorithm.use_kl_in_reward", False))
     if in_loss and in_reward:
@@ -482,11 +517,11 @@ def _verl(cfg: dict[str, Any]) -> Translation:
     ent = _float(get(a + "entropy_coeff", 0.0))
     if ent:
         t.put([f"entropy bonus(coef={format_value(ent)})"])
-    rc = "algorithm.rollout_correction."
-    if get(rc + "bypass_mode", False):
-        t.problem(rc + "bypass_mode", UNSUPPORTED[("verl", "rollout_correction.bypass_mode=true")])
     level = get(rc + "rollout_is")
-    if level is not None:
+    if level is not None and bypass and loss_type == "ppo_clip":
+        t.notes.append(f"rollout_is={level}: with bypass_mode and loss_type=ppo_clip verl computes the IS weights "
+                       "for its metrics only (the PPO ratio already is pi_theta / pi_rollout): no importance line")
+    elif level is not None:
         thr = get(rc + "rollout_is_threshold", 2.0)
         norm = ", normalize=true" if get(rc + "rollout_is_batch_normalize", False) else ""
         if level not in VERL_IS_LEVELS:

@@ -83,7 +83,7 @@ def off_policy_sequence(adv: Tensor, logp: Tensor, old_logp: Tensor, rollout_log
     return keep.to(mask.dtype).expand_as(mask) * mask
 
 
-@register("selection",
+@register("selection", roles={"band_low": "lb", "band_high": "ub"},
           ratio=Float(0.0002, "the share of valid tokens (at least one) whose loss is dropped (verl clip_cov_ratio)",
                       gt=0, le=1),
           lb=Float(1.0, "covariance lower bound, exclusive (verl clip_cov_lb)"),

@@ -22,6 +22,8 @@ SPEC_SLIPS = {
                              "high=0.2 is below low=0.28", "2:36"),
     "zero-denominator-eps": ("  normalizer batch_std(eps=0.0)\n", "batch_std(eps=0.0): equal rewards", "2:24"),
     "inert-dynamic-sampling": ("  sampling dynamic(max_rounds=1)\n", "allows one round", "2:20"),
+    "empty-band": ("  ratio token(clamp=80.0)\n  trust_region clip(low=0.2, high=0.2)\n"
+                   "  selection clip_cov(lb=5.0, ub=1.0)\n", "the band (lb, ub) = (5.0, 1.0) is empty", "4:30"),
 }
 
 
@@ -81,10 +83,26 @@ def test_run_rules() -> None:
     assert rules("dapo", one) == ["budget-mismatch", "dynamic-sampling-one-sample", "group-of-one", "group-of-one"]
     assert rules("grpo_tis", one)[-1] == "correction-on-exact-engine"
     assert "correction-on-exact-engine" not in rules("grpo_tis", RUN)
+    # bypass on the HF engine only skips a forward it would repeat exactly; and then the other corrections
+    # compare pi_theta with the engine's logprobs, which drift apart over minibatches: no warning
+    exact = lint.RunFacts(group_size=8, max_new_tokens=4, engine="hf", exact_logprobs=True)
+    for line in ("correction bypass", "correction bypass, reject(stat=seq_mean_k3, high=0.01)"):
+        assert lint.check_run(_spec(f"  {line}\n"), exact) == [], line
+    assert [w.rule for w in lint.check_run(_spec("  correction reject(stat=seq_mean_k3, high=0.01)\n"), exact)] == \
+        ["correction-on-exact-engine"]
     assert rules("reinforce", one) == [] and rules("ppo", one) == []  # no group statistic
     (w,) = [w for w in lint.check_run(rldsl.load("dr_grpo"), RUN)]
     assert "token_sum_norm(max_tokens=4096) is not the run's generation budget rollout.max_new_tokens=1024" \
         in w.render() and "--set rollout.max_new_tokens=4096" in w.render()
+
+
+def test_geo_mean_log_space_bounds_and_a_full_band_are_not_slips() -> None:
+    """GMPO's bounds are log-space (0.4 is the paper's; >= 1 is legal, not an offset slip): geo_mean declares
+    no epsilon roles. clip_cov's band warns only when empty."""
+    body = "  ratio geo_mean(low=1.5, high=0.4)\n  trust_region none\n"
+    assert lint.check(_spec(body)) == []
+    assert lint.check(_spec("  ratio token(clamp=80.0)\n  trust_region clip(low=0.2, high=0.2)\n"
+                            "  selection clip_cov(lb=1.0, ub=1.5)\n")) == []
 
 
 def test_check_prints_warnings_and_fails_only_with_strict(tmp_path) -> None:

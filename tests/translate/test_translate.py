@@ -16,6 +16,7 @@ from rldsl.runtime.config import load_config
 
 HERE = Path(__file__).parent
 DOC = (HERE.parent.parent / "docs" / "peers.md").read_text(encoding="utf-8")
+BYPASS = "verl `algorithm.rollout_correction.loss_type` (with `bypass_mode: true`)"
 FIXTURES = sorted(p for p in HERE.iterdir() if p.suffix in (".json", ".yaml"))
 UNMAPPABLE = {"trl_unmappable.json": ["use_adaptive_entropy", "lr_scheduler_type"],
               "verl_unmappable.yaml": ["actor_rollout_ref.actor.policy_loss.loss_mode",
@@ -46,6 +47,22 @@ EXPECT = {
                                "kl            k1(beta=0.01, where=reward)"],
     "verl_rollout_correction.yaml": [
         "correction    importance(level=sequence, high=2.0), reject(stat=seq_sum_k1, low=0.5, high=2.0)"],
+    "verl_gmpo.yaml": ["ratio         geo_mean(low=0.4, high=0.4)", "trust_region  none",
+                       "aggregation   seq_mean_token_mean(count_empty=true)",
+                       # verl cannot turn on the +-20 clamp gmpo.rl has; its grpo baseline keeps singletons
+                       "# closest library spec: algorithms/gmpo.rl (differs in baseline, ratio)"],
+    "verl_clip_cov.yaml": ["ratio         token(clamp=80.0)", "trust_region  clip(low=0.2, high=0.28)",
+                           "selection     clip_cov(ratio=0.0002, lb=1.0, ub=5.0, seed=0)",
+                           "# note: verl draws clip_cov's dropped tokens from the global torch generator (no config "
+                           "field seeds it); seed=0 gives the choice verl makes after torch.manual_seed(0)"],
+    "verl_kl_cov.yaml": ["ratio         token(clamp=80.0)", "objective     kl_cov(ratio=0.002, coef=1.0)",
+                         "aggregation   token_mean"],
+    "verl_bypass_pg_geo_rs_seq_tis.yaml": [
+        "correction    bypass, importance(level=sequence, high=2.0), reject(stat=seq_mean_k1, low=0.999, high=1.001)",
+        "objective     reinforce"],
+    "verl_bypass_ppo_clip_k3_rs.yaml": [
+        "correction    bypass, reject(stat=seq_mean_k3, high=0.01)", "trust_region  dual_clip(low=0.2, high=0.28, c=3.0)",
+        "objective     ppo"],
     "verl_cispo.yaml": ["trust_region  truncate(high=0.2)", "# closest library spec: algorithms/cispo.rl "
                                                              "(differs in baseline)"],
 }
@@ -84,7 +101,8 @@ def _doc_form(rows: tuple[str, ...]) -> list[str]:
     ("TRL `GRPOConfig`", tr.TRL_LOSS_TYPES), ("TRL `GRPOConfig`", tr.TRL_SCALE_REWARDS),
     ("verl `actor.policy_loss.loss_mode`", tr.VERL_LOSS_MODES),
     ("verl `algorithm.adv_estimator`", tr.VERL_ADV_ESTIMATORS),
-    ("verl `actor.loss_agg_mode`", tr.VERL_AGG_MODES), ("verl `actor.kl_loss_type`", tr.VERL_KL_TYPES)])
+    ("verl `actor.loss_agg_mode`", tr.VERL_AGG_MODES), ("verl `actor.kl_loss_type`", tr.VERL_KL_TYPES),
+    (BYPASS, tr.VERL_BYPASS_LOSS_TYPES)])
 def test_the_code_tables_are_the_doc_tables(heading, table) -> None:
     doc = _table(heading)
     for option, rows in table.items():
@@ -98,8 +116,9 @@ def test_every_doc_row_is_translated_or_named_unsupported() -> None:
               "verl `actor.kl_loss_type`": ("kl_loss_type", tr.VERL_KL_TYPES)}
     for heading, (kind, table) in tables.items():
         for option, spec in _table(heading).items():
-            if option in ("bypass_mode",):
-                assert ("verl", "rollout_correction.bypass_mode=true") in tr.UNSUPPORTED
+            if option == "bypass_mode":  # a rollout_correction switch: its own table, every row translated
+                assert set(_table(BYPASS)) == set(tr.VERL_BYPASS_LOSS_TYPES)
+                assert not any("bypass" in k for _, k in tr.UNSUPPORTED)
             elif spec:
                 assert option in table, f"{heading}: {option} is in the doc, not in the code"
             else:
@@ -215,3 +234,36 @@ def test_nearest_library_spec() -> None:
     assert tr.nearest_library(rldsl.load("dapo").source) == ("dapo", [])
     t = tr.translate({"algorithm": {"adv_estimator": "grpo"}})
     assert "# same as algorithms/" not in tr.render(t, "x.yaml", "x")
+
+
+def _pl(**policy_loss) -> dict:
+    return {"algorithm": {"adv_estimator": "grpo"}, "actor_rollout_ref": {"actor": {"policy_loss": policy_loss}}}
+
+
+def test_verl_entropy_mechanism_and_gmpo_defaults() -> None:
+    """Absent fields take verl 0.9.1's actor config: clip_ratio 0.2 (log space for geo_mean), clip_cov_ratio
+    2e-4 in (1, 5), kl_cov_ratio 2e-4 with ppo_kl_coef 0.1; an explicit null ppo_kl_coef is kl_cov's own 1.0."""
+    t = tr.translate(_pl(loss_mode="geo_mean"))
+    assert t.lines["ratio"] == ["ratio geo_mean(low=0.2, high=0.2)"] and not t.problems
+    t = tr.translate(_pl(loss_mode="clip_cov"))
+    assert t.lines["selection"] == ["selection clip_cov(ratio=0.0002, lb=1.0, ub=5.0, seed=0)"]
+    assert t.lines["trust_region"] == ["trust_region clip(low=0.2, high=0.2)"]
+    assert tr.translate(_pl(loss_mode="kl_cov")).lines["objective"] == ["objective kl_cov(ratio=0.0002, coef=0.1)"]
+    assert tr.translate(_pl(loss_mode="kl_cov", ppo_kl_coef=None)).lines["objective"] == \
+        ["objective kl_cov(ratio=0.0002, coef=1.0)"]
+    assert tr.nearest_library(rldsl.load("gmpo").source) == ("gmpo", [])  # the "same as" line names it
+
+
+def test_verl_bypass_replaces_the_loss_mode() -> None:
+    cfg = _pl(loss_mode="gspo")
+    cfg["algorithm"]["rollout_correction"] = {"bypass_mode": True}  # loss_type ppo_clip, no IS, no RS
+    t = tr.translate(cfg)
+    assert t.lines["correction"] == ["correction bypass"] and "ratio" not in t.lines and not t.problems
+    assert t.lines["trust_region"] == ["trust_region dual_clip(low=0.2, high=0.2, c=3.0)"]
+    assert any("loss_mode=gspo is ignored" in n for n in t.notes)
+    cfg["algorithm"]["rollout_correction"].update(loss_type="reinforce", rollout_is="token")
+    t = tr.translate(cfg)
+    assert t.lines["correction"] == ["correction bypass", "importance(level=token, high=2.0)"]
+    assert t.lines["objective"] == ["objective reinforce"] and "trust_region" not in t.lines
+    cfg["algorithm"]["rollout_correction"]["loss_type"] = "ppo"
+    assert [p.option for p in tr.translate(cfg).problems] == ["algorithm.rollout_correction.loss_type"]
