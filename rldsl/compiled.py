@@ -121,8 +121,12 @@ class CompiledAlgorithm:
     def estimate(self, rewards: Tensor, group_size: int, mask: Tensor, values: Tensor | None = None,
                  truncated: Tensor | None = None, old_logprobs: Tensor | None = None,
                  ref_logprobs: Tensor | None = None,
-                 rollout_logprobs: Tensor | None = None) -> Estimate:
+                 rollout_logprobs: Tensor | None = None,
+                 reward_baselines: Tensor | None = None) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
+
+        ``reward_baselines`` [B]: the reward of a greedy rollout of each row's prompt
+        (repeated over its group), read by ``baseline greedy_reward`` (ReMax) only.
 
         With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
         its rejections leave ``est.mask`` (denominator included) and its metrics join
@@ -139,7 +143,15 @@ class CompiledAlgorithm:
             raise ValueError(f"{rewards.shape[0]} rows are not a whole number of groups of {group_size}")
         self._check_inputs("estimate", "advantage", {"values": values, "truncated": truncated,
                                                      "old_logprobs": old_logprobs,
-                                                     "ref_logprobs": ref_logprobs})
+                                                     "ref_logprobs": ref_logprobs,
+                                                     "reward_baselines": reward_baselines})
+        extra: tuple[Tensor, ...] = ()
+        if "reward_baselines" in self.algorithm.needs("advantage"):
+            assert reward_baselines is not None  # _check_inputs
+            if reward_baselines.shape != rewards.shape:
+                raise ValueError(f"reward_baselines must be [B] like rewards {tuple(rewards.shape)}; "
+                                 f"got {tuple(reward_baselines.shape)}")
+            extra = (reward_baselines.detach().to(torch.float32),)
         rewards = rewards.detach().to(torch.float32)
         finite = torch.isfinite(rewards)
         clean = rewards
@@ -155,7 +167,7 @@ class CompiledAlgorithm:
         row_mask = mask.float() * finite.unsqueeze(-1).float()  # failed rewards: no tokens
         adv, returns, loss_mask, shaped = self._advantages(
             clean, row_mask, group_size, values, truncated, old_logprobs, ref_logprobs, self.state,
-            finite)
+            finite, *extra)
         metrics = self._estimate_metrics(rewards, finite, shaped, adv, mask, loss_mask, group_size)
         if rollout_logprobs is not None:
             loss_mask = self._correct_mask(loss_mask, old_logprobs, rollout_logprobs, metrics)

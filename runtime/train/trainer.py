@@ -224,7 +224,8 @@ class Trainer:
         est_old = rollout.logprobs.to(mask.device) if old is None and self.fn.algorithm.old_from_rollout else old
         est = self.fn.estimate(rewards, rollout.group_size, mask, values=values,
                                truncated=rollout.truncated, old_logprobs=est_old, ref_logprobs=ref,
-                               rollout_logprobs=rollout.logprobs if self._corrects() else None)
+                               rollout_logprobs=rollout.logprobs if self._corrects() else None,
+                               reward_baselines=rollout.reward_baselines)
         metrics = dict(est.metrics)
         valid = mask > 0
         if old is not None and valid.any():
