@@ -79,6 +79,7 @@ VERL_ADV_ESTIMATORS: dict[str, tuple[str, ...]] = {
     "opo": ("baseline length_weighted_mean",),
     "grpo_passk": ("baseline leave_one_out_max", "normalizer group_std(eps=1e-06)"),
     "gpg": ("baseline group_mean(singleton=reward)", "normalizer nonzero_rate(f_norm=1.0)"),
+    "remax": ("baseline greedy_reward",),
 }
 #: estimators whose std division ``algorithm.norm_adv_by_std_in_grpo: false`` removes
 VERL_STD_OPTIONAL = ("grpo", "grpo_vectorized", "grpo_passk")
@@ -109,7 +110,6 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
                                      "(no selection component yet)",
     ("verl", "loss_mode=kl_cov"): "needs the batch covariance of A and log pi and an additive |log rho| term "
                                    "(no selection component yet)",
-    ("verl", "adv_estimator=remax"): "needs the reward of a greedy rollout of each prompt (a runtime feature)",
     ("verl", "adv_estimator=gdpo"): "needs one reward per reward key; the rewards slot is one scalar per sample",
     ("verl", "adv_estimator=optimal_token_baseline"): "needs sum_v pi_v^2 at every position, not only the sampled "
                                                        "token's logprob",
