@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from . import codegen, ops
+from .components import entropy as entropy_components
 from .components.data import informative as _informative
 from .components.filter import pass_rates as _pass_rates, retired as _retired
 from .formula import hooks as formula_hooks
@@ -261,8 +262,12 @@ class CompiledAlgorithm:
              entropy: Tensor | None = None, group_size: int | None = None,
              denominator: Tensor | float | None = None, metrics: bool = True,
              value_denominator: Tensor | float | None = None,
-             rollout_logprobs: Tensor | None = None) -> LossOutput:
+             rollout_logprobs: Tensor | None = None,
+             entropy_coef: Tensor | float | None = None) -> LossOutput:
         """Per-token tensors [B, T] -> the scalar loss to minimise, value loss and metrics.
+
+        ``entropy_coef``: the coefficient of ``entropy adaptive`` for this optimizer step
+        (``entropy_coef()``); after the step, ``update_entropy_coef(measured)`` moves it.
 
         ``value_denominator``: the critic's global count (``value_denominator()`` summed over
         micro-batches / ranks), as ``denominator`` is the policy's; without it the value loss
@@ -278,7 +283,8 @@ class CompiledAlgorithm:
         self._check_inputs("loss", "loss", {"ref_logprobs": ref_logprobs, "values": values,
                                             "returns": returns, "old_values": old_values,
                                             "entropy": entropy, "group_size": group_size,
-                                            "rollout_logprobs": rollout_logprobs})
+                                            "rollout_logprobs": rollout_logprobs,
+                                            "entropy_coef": entropy_coef})
         if denominator is not None and not isinstance(denominator, Tensor):
             denominator = torch.tensor(float(denominator))
         if value_denominator is not None and not isinstance(value_denominator, Tensor):
@@ -295,6 +301,8 @@ class CompiledAlgorithm:
         extra: tuple[Any, ...] = (value_denominator,) if algo.uses_critic else ()
         if any(not v.spec.off for v in algo.slots["correction"] + algo.slots["selection"]):
             extra += (None if rollout_logprobs is None else rollout_logprobs.detach(),)
+        if "entropy_coef" in algo.needs("loss"):  # a 0-dim tensor: a new value does not recompile
+            extra += (torch.as_tensor(entropy_coef, dtype=logprobs.dtype, device=logprobs.device).detach(),)
         total, value_loss, mt = fn(
             logprobs, old_logprobs.detach(), adv.detach(), mask, ref_logprobs, values, returns,
             old_values, entropy, group_size or 1, denominator, *extra)
@@ -303,6 +311,25 @@ class CompiledAlgorithm:
         return LossOutput(total, value_loss, dict(zip(names, vals)), mt)
 
     # ---------------------------------------------------------------- state
+
+    def _adaptive_entropy(self) -> Any:
+        v = self.algorithm["entropy"]
+        return v if "entropy_coef" in v.spec.facts.needs else None
+
+    def entropy_coef(self) -> Tensor | None:
+        """The coefficient ``entropy adaptive`` applies at the coming optimizer step (0-dim),
+        for ``loss(entropy_coef=...)``; None when the spec has no adaptive entropy."""
+        v = self._adaptive_entropy()
+        return None if v is None else entropy_components.adaptive_coef(self.state, v.params)
+
+    def update_entropy_coef(self, measured: float) -> dict[str, float]:
+        """After an optimizer step whose mean per-token entropy (loss-mask tokens, every
+        micro-batch and rank) was ``measured``: move the coefficient (TRL's rule, in the
+        component's docstring); returns ``{"entropy_coef": new}`` ({} without one)."""
+        v = self._adaptive_entropy()
+        if v is None:
+            return {}
+        return {"entropy_coef": entropy_components.adaptive_update(self.state, v.params, float(measured))}
 
     def state_dict(self) -> dict[str, Tensor]:
         """Persistent state of stateful components (e.g. the ema baseline), for checkpoints."""
