@@ -303,8 +303,6 @@ ADV_CASES: list[AdvCase] = [
 
 # Rows of the peers' option lists that no spec reproduces (printed by measure_peer_errors.py).
 NOT_EXPRESSIBLE: list[tuple[str, str, str]] = [
-    (TRL, "use_adaptive_entropy", "a coefficient updated across steps from the measured entropy; "
-                                  "the entropy slot is stateless"),
     (TRL, 'multi_objective_aggregation="normalize_then_sum" (GDPO)', "one reward per reward function; "
                                                                       "the rewards slot is one scalar per sample"),
     (VERL, "adv_estimator=gdpo", "one reward per reward key"),
