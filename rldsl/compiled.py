@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from . import codegen, ops
+from .components import entropy as entropy_components
 from .components.data import informative as _informative
 from .components.filter import pass_rates as _pass_rates, retired as _retired
 from .formula import hooks as formula_hooks
@@ -121,8 +122,12 @@ class CompiledAlgorithm:
     def estimate(self, rewards: Tensor, group_size: int, mask: Tensor, values: Tensor | None = None,
                  truncated: Tensor | None = None, old_logprobs: Tensor | None = None,
                  ref_logprobs: Tensor | None = None,
-                 rollout_logprobs: Tensor | None = None) -> Estimate:
+                 rollout_logprobs: Tensor | None = None,
+                 reward_baselines: Tensor | None = None) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
+
+        ``reward_baselines`` [B]: the reward of a greedy rollout of each row's prompt
+        (repeated over its group), read by ``baseline greedy_reward`` (ReMax) only.
 
         With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
         its rejections leave ``est.mask`` (denominator included) and its metrics join
@@ -139,7 +144,15 @@ class CompiledAlgorithm:
             raise ValueError(f"{rewards.shape[0]} rows are not a whole number of groups of {group_size}")
         self._check_inputs("estimate", "advantage", {"values": values, "truncated": truncated,
                                                      "old_logprobs": old_logprobs,
-                                                     "ref_logprobs": ref_logprobs})
+                                                     "ref_logprobs": ref_logprobs,
+                                                     "reward_baselines": reward_baselines})
+        extra: tuple[Tensor, ...] = ()
+        if "reward_baselines" in self.algorithm.needs("advantage"):
+            assert reward_baselines is not None  # _check_inputs
+            if reward_baselines.shape != rewards.shape:
+                raise ValueError(f"reward_baselines must be [B] like rewards {tuple(rewards.shape)}; "
+                                 f"got {tuple(reward_baselines.shape)}")
+            extra = (reward_baselines.detach().to(torch.float32),)
         rewards = rewards.detach().to(torch.float32)
         finite = torch.isfinite(rewards)
         clean = rewards
@@ -155,7 +168,7 @@ class CompiledAlgorithm:
         row_mask = mask.float() * finite.unsqueeze(-1).float()  # failed rewards: no tokens
         adv, returns, loss_mask, shaped = self._advantages(
             clean, row_mask, group_size, values, truncated, old_logprobs, ref_logprobs, self.state,
-            finite)
+            finite, *extra)
         metrics = self._estimate_metrics(rewards, finite, shaped, adv, mask, loss_mask, group_size)
         if rollout_logprobs is not None:
             loss_mask = self._correct_mask(loss_mask, old_logprobs, rollout_logprobs, metrics)
@@ -249,8 +262,12 @@ class CompiledAlgorithm:
              entropy: Tensor | None = None, group_size: int | None = None,
              denominator: Tensor | float | None = None, metrics: bool = True,
              value_denominator: Tensor | float | None = None,
-             rollout_logprobs: Tensor | None = None) -> LossOutput:
+             rollout_logprobs: Tensor | None = None,
+             entropy_coef: Tensor | float | None = None) -> LossOutput:
         """Per-token tensors [B, T] -> the scalar loss to minimise, value loss and metrics.
+
+        ``entropy_coef``: the coefficient of ``entropy adaptive`` for this optimizer step
+        (``entropy_coef()``); after the step, ``update_entropy_coef(measured)`` moves it.
 
         ``value_denominator``: the critic's global count (``value_denominator()`` summed over
         micro-batches / ranks), as ``denominator`` is the policy's; without it the value loss
@@ -266,7 +283,8 @@ class CompiledAlgorithm:
         self._check_inputs("loss", "loss", {"ref_logprobs": ref_logprobs, "values": values,
                                             "returns": returns, "old_values": old_values,
                                             "entropy": entropy, "group_size": group_size,
-                                            "rollout_logprobs": rollout_logprobs})
+                                            "rollout_logprobs": rollout_logprobs,
+                                            "entropy_coef": entropy_coef})
         if denominator is not None and not isinstance(denominator, Tensor):
             denominator = torch.tensor(float(denominator))
         if value_denominator is not None and not isinstance(value_denominator, Tensor):
@@ -283,6 +301,8 @@ class CompiledAlgorithm:
         extra: tuple[Any, ...] = (value_denominator,) if algo.uses_critic else ()
         if any(not v.spec.off for v in algo.slots["correction"] + algo.slots["selection"]):
             extra += (None if rollout_logprobs is None else rollout_logprobs.detach(),)
+        if "entropy_coef" in algo.needs("loss"):  # a 0-dim tensor: a new value does not recompile
+            extra += (torch.as_tensor(entropy_coef, dtype=logprobs.dtype, device=logprobs.device).detach(),)
         total, value_loss, mt = fn(
             logprobs, old_logprobs.detach(), adv.detach(), mask, ref_logprobs, values, returns,
             old_values, entropy, group_size or 1, denominator, *extra)
@@ -291,6 +311,25 @@ class CompiledAlgorithm:
         return LossOutput(total, value_loss, dict(zip(names, vals)), mt)
 
     # ---------------------------------------------------------------- state
+
+    def _adaptive_entropy(self) -> Any:
+        v = self.algorithm["entropy"]
+        return v if "entropy_coef" in v.spec.facts.needs else None
+
+    def entropy_coef(self) -> Tensor | None:
+        """The coefficient ``entropy adaptive`` applies at the coming optimizer step (0-dim),
+        for ``loss(entropy_coef=...)``; None when the spec has no adaptive entropy."""
+        v = self._adaptive_entropy()
+        return None if v is None else entropy_components.adaptive_coef(self.state, v.params)
+
+    def update_entropy_coef(self, measured: float) -> dict[str, float]:
+        """After an optimizer step whose mean per-token entropy (loss-mask tokens, every
+        micro-batch and rank) was ``measured``: move the coefficient (TRL's rule, in the
+        component's docstring); returns ``{"entropy_coef": new}`` ({} without one)."""
+        v = self._adaptive_entropy()
+        if v is None:
+            return {}
+        return {"entropy_coef": entropy_components.adaptive_update(self.state, v.params, float(measured))}
 
     def state_dict(self) -> dict[str, Tensor]:
         """Persistent state of stateful components (e.g. the ema baseline), for checkpoints."""

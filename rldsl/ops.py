@@ -96,6 +96,8 @@ class AdvantageBatch:
     state          dict    persistent state of stateful components (e.g. ema)
     valid          [B]     bool: the reward is real (False where the reward function failed;
                            such rows carry their group's mean reward and leave every statistic)
+    reward_baselines [B]   reward of a greedy rollout of each row's prompt (None unless a
+                           component needs it: `baseline greedy_reward`)
     """
 
     rewards: Tensor
@@ -107,6 +109,7 @@ class AdvantageBatch:
     truncated: Tensor | None = None
     state: dict[str, Tensor] = field(default_factory=dict)
     valid: Tensor | None = None
+    reward_baselines: Tensor | None = None
 
     @property
     def valid_rows(self) -> Tensor:

@@ -131,6 +131,8 @@ INPUTS: dict[str, str] = {
     "ref_logprobs": "[B, T] reference-policy logprobs",
     "entropy": "[B, T] per-token entropy (loss)",
     "rollout_logprobs": "[B, T] the inference engine's logprobs of the sampled tokens (loss; estimate: rejections)",
+    "entropy_coef": "[] the entropy coefficient of this optimizer step: runtime state (loss: entropy adaptive)",
+    "reward_baselines": "[B] reward of a greedy rollout of each row's prompt, same reward function (estimate)",
 }
 
 PLAN: dict[str, str] = {

@@ -99,6 +99,7 @@ VERL_ADV_ESTIMATORS: dict[str, tuple[str, ...]] = {
     "opo": ("baseline length_weighted_mean",),
     "grpo_passk": ("baseline leave_one_out_max", "normalizer group_std(eps=1e-06)"),
     "gpg": ("baseline group_mean(singleton=reward)", "normalizer nonzero_rate(f_norm=1.0)"),
+    "remax": ("baseline greedy_reward",),
 }
 #: estimators whose std division ``algorithm.norm_adv_by_std_in_grpo: false`` removes
 VERL_STD_OPTIONAL = ("grpo", "grpo_vectorized", "grpo_passk")
@@ -123,15 +124,12 @@ VERL_KL_TYPES: dict[str, tuple[str, ...]] = {
 }
 #: options no spec expresses yet, and why (the doc's "not expressible" rows)
 UNSUPPORTED: dict[tuple[str, str], str] = {
-    ("verl", "adv_estimator=remax"): "needs the reward of a greedy rollout of each prompt (a runtime feature)",
     ("verl", "adv_estimator=gdpo"): "needs one reward per reward key; the rewards slot is one scalar per sample",
     ("verl", "adv_estimator=optimal_token_baseline"): "needs sum_v pi_v^2 at every position, not only the sampled "
                                                        "token's logprob",
     ("verl", "adv_estimator=tir_optimal_token_baseline"): "needs sum_v pi_v^2 at every position, not only the "
                                                            "sampled token's logprob",
     ("verl", "kl_loss_type=full"): "not implemented in verl either",
-    ("TRL", "use_adaptive_entropy=true"): "the coefficient is state updated across steps from the measured entropy; "
-                                          "the entropy slot is stateless",
     ("TRL", "multi_objective_aggregation=normalize_then_sum"): "GDPO needs one reward per reward function; the "
                                                                "rewards slot is one scalar per sample",
 }
@@ -152,6 +150,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "use_vllm": False, "vllm_importance_sampling_correction": True,
     "vllm_importance_sampling_mode": "sequence_mask", "vllm_importance_sampling_clip_min": None,
     "vllm_importance_sampling_clip_max": 3.0, "use_adaptive_entropy": False,
+    "entropy_coef_min": 0.0, "entropy_coef_max": 1.0, "entropy_coef_delta": 0.005, "entropy_target": 0.2,
     "multi_objective_aggregation": "sum_then_normalize",
     "num_generations": 8, "max_completion_length": 512, "temperature": 1.0, "top_p": 1.0,
     "learning_rate": 1e-6, "num_iterations": 1, "per_device_train_batch_size": 8,
@@ -331,11 +330,17 @@ def _trl(cfg: dict[str, Any]) -> Translation:
         t.put([f"kl k3(beta={format_value(beta)}, where=loss{rw})"])
     if c["mask_truncated_completions"]:
         t.add("filter", "overlong")
-    if _float(c["entropy_coef"]):
+    if c["use_adaptive_entropy"] is True:
+        t.put([f"entropy adaptive(init={format_value(_float(c['entropy_coef']))}, "
+               + ", ".join(f"{k}={format_value(_float(c[f]))}" for k, f in (
+                   ("min", "entropy_coef_min"), ("max", "entropy_coef_max"), ("delta", "entropy_coef_delta"),
+                   ("target", "entropy_target"))) + ")"])
+    elif _float(c["entropy_coef"]):
         t.put([f"entropy bonus(coef={format_value(_float(c['entropy_coef']))})"])
-        if t.lines.get("aggregation") != ["aggregation token_mean"]:
-            t.problem("entropy_coef", "TRL's entropy bonus is a token mean whatever the loss_type; the spec's "
-                                      "bonus is aggregated like the loss, equal only with aggregation token_mean")
+    bonus = c["use_adaptive_entropy"] is True or _float(c["entropy_coef"])
+    if bonus and t.lines.get("aggregation") != ["aggregation token_mean"]:
+        t.problem("entropy_coef", "TRL's entropy bonus is a token mean whatever the loss_type; the spec's "
+                                  "bonus is aggregated like the loss, equal only with aggregation token_mean")
     q = _float(c["top_entropy_quantile"])
     if q < 1:
         t.add("selection", f"top_entropy(quantile={format_value(q)})")
@@ -356,7 +361,7 @@ def _trl(cfg: dict[str, Any]) -> Translation:
                     high=format_value(_float(c["vllm_importance_sampling_clip_max"]))))
     else:
         t.notes.append("use_vllm is false: TRL's vLLM importance-sampling correction does not apply")
-    for opt, bad in (("use_adaptive_entropy", True), ("multi_objective_aggregation", "normalize_then_sum")):
+    for opt, bad in (("multi_objective_aggregation", "normalize_then_sum"),):
         if c[opt] == bad:
             t.problem(opt, UNSUPPORTED[("TRL", f"{opt}={format_value(bad)}")])
     if cfg.get("reward_weights") not in (None, []):

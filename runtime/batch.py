@@ -30,6 +30,8 @@ class RolloutBatch:
     prompts         B x prompt text (repeated G times)
     completions     B x decoded completion text (without special tokens)
     group_size      G
+    reward_baselines [B]     reward of a greedy rollout of each row's prompt (repeated over
+                             its group); only when the spec needs it (`baseline greedy_reward`)
     """
 
     prompt_ids: torch.Tensor
@@ -42,6 +44,7 @@ class RolloutBatch:
     completions: list[str]
     group_size: int
     answers: list[str] = field(default_factory=list)
+    reward_baselines: torch.Tensor | None = None
 
     @property
     def truncated(self) -> torch.Tensor:
@@ -59,7 +62,8 @@ class RolloutBatch:
                             self.response_mask[rows], self.logprobs[rows],
                             [self.finish_reason[i] for i in keep], [self.prompts[i] for i in keep],
                             [self.completions[i] for i in keep], self.group_size,
-                            [self.answers[i] for i in keep] if self.answers else [])
+                            [self.answers[i] for i in keep] if self.answers else [],
+                            None if self.reward_baselines is None else self.reward_baselines[rows])
 
     def select_groups(self, groups: Sequence[int]) -> "RolloutBatch":
         """The batch of whole prompt groups (group g = rows g*G .. g*G+G-1)."""
@@ -99,6 +103,8 @@ class RolloutBatch:
             completions=sum((b.completions for b in batches), []),
             group_size=batches[0].group_size,
             answers=sum((b.answers for b in batches), []),
+            reward_baselines=(None if any(b.reward_baselines is None for b in batches)
+                              else torch.cat([b.reward_baselines for b in batches])),
         )
 
 

@@ -14,6 +14,7 @@ state are restored from the checkpoint.
 """
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from contextlib import contextmanager
@@ -47,6 +48,23 @@ def _select_groups(batch: RolloutBatch, rewards: torch.Tensor, ids: list[int],
     return sub, rewards[group_rows(groups, batch.group_size)], [ids[g] for g in groups]
 
 
+def _greedy_baselines(s: Run, step: int, examples: list[Any], batch: RolloutBatch) -> tuple[RolloutBatch, float]:
+    """``batch`` with ``reward_baselines``: one greedy response per prompt, scored by the run's reward.
+
+    What verl's ReMax trainer does (do_sample=False on a copy of the prompts, the same reward
+    function, the reward repeated over the group). Returns the batch and the seconds it took.
+    """
+    cfg = s.cfg
+    gen = s.rollouts.generate([e.prompt for e in examples], [e.answer for e in examples],
+                              SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens))
+    r = gen.scored.rewards.to(torch.float32)  # [P]
+    if gen.scored.num_errors:
+        s.warn(f"step {step}: the greedy baseline's reward failed for {gen.scored.num_errors} prompt(s): "
+               f"their samples get advantage 0; first:\n{gen.scored.first_error}")
+    base = r.repeat_interleave(batch.group_size).to(batch.response_ids.device)  # [B]
+    return dataclasses.replace(batch, reward_baselines=base), gen.generate_s + gen.reward_s
+
+
 def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[int], dict[str, float]]:
     """Generate and score P groups; with ``sampling dynamic`` keep drawing until P are informative.
 
@@ -68,6 +86,8 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
     t_gen = t_rew = 0.0
     reward_errors = 0
     used = 0
+    greedy = "reward_baselines" in s.fn.algorithm.needs("advantage")  # ReMax: one greedy pass per prompt
+    t_greedy = 0.0
     for r in range(rounds):
         used = r + 1
         examples = s.source.next_batch(P)
@@ -79,6 +99,9 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
                                   [e.reward_prompt for e in examples])  # rewards: the untemplated prompt
         batch, scored = gen.batch, gen.scored
         rewards = scored.rewards
+        if greedy:
+            batch, t = _greedy_baselines(s, step, examples, batch)
+            t_greedy += t
         if scored.num_errors:
             reward_errors += scored.num_errors
             s.warn(f"step {step}: {scored.num_errors} sample(s) skipped (reward failed); first:\n"
@@ -100,6 +123,8 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
             break
     m = {"time/rollout_s": t_gen, "time/reward_s": t_rew, "sampling_rounds": float(used),
          "reward_errors": float(reward_errors)}
+    if greedy:
+        m["time/greedy_s"] = t_greedy
     if rounds > 1:
         m["informative_groups"] = float(n_kept)
         if n_kept < P:

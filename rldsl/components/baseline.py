@@ -211,3 +211,29 @@ def leave_one_out_max(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     best = torch.nn.functional.one_hot(r.argmax(dim=1), G).to(r.dtype)  # [P, G]
     a = (best * margin.unsqueeze(-1)).reshape(-1)  # [B]
     return _broadcast(a, batch)
+
+
+@register("baseline", needs=("reward_baselines",))
+def greedy_reward(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
+    """Reward of a greedy (temperature 0) rollout of the same prompt: ReMax.
+
+    formula: R_t = sum_{t' >= t} r_t' (response tokens);  A_t = R_t - r_greedy,  r_greedy = reward of the greedy response to the prompt
+    source: ReMax (Li et al. 2023, arXiv 2310.10505); verl adv_estimator=remax
+      (compute_remax_outcome_advantage: reverse cumsum of the token rewards minus the baseline
+      on every response token, not whitened; the trainer generates one greedy response per
+      prompt with do_sample=False and scores it with the same reward function)
+    shapes: token_rewards [B, T], reward_baselines [B] -> A [B, T], R [B, T] (returns, as verl)
+    edge cases: the baseline is the same for the G samples of a prompt (verl repeats it); a
+      KL in the reward enters through the token rewards as in verl; a non-finite baseline (the
+      greedy reward failed) gives A = 0 on that row (no baseline, no gradient) -- verl has no rule.
+    """
+    if batch.reward_baselines is None:
+        raise ValueError("baseline greedy_reward needs reward_baselines= (the greedy rollout's reward "
+                         "of each row's prompt) in estimate()")
+    m = batch.mask
+    returns = (batch.token_rewards * m).flip(-1).cumsum(-1).flip(-1)  # [B, T] reward-to-go
+    b = batch.reward_baselines.to(returns)  # [B]
+    ok = torch.isfinite(b)
+    adv = returns - torch.where(ok, b, torch.zeros_like(b)).unsqueeze(-1) * m  # [B, T]
+    adv = torch.where(ok.unsqueeze(-1), adv, torch.zeros_like(adv))
+    return adv, returns

@@ -235,7 +235,8 @@ class Trainer:
         est_old = rollout.logprobs.to(mask.device) if old is None and self.fn.algorithm.old_from_rollout else old
         est = self.fn.estimate(rewards, rollout.group_size, mask, values=values,
                                truncated=rollout.truncated, old_logprobs=est_old, ref_logprobs=ref,
-                               rollout_logprobs=rollout.logprobs if self._corrects() else None)
+                               rollout_logprobs=rollout.logprobs if self._corrects() else None,
+                               reward_baselines=rollout.reward_baselines)
         metrics = dict(est.metrics)
         valid = mask > 0
         if old is not None and valid.any():
@@ -323,6 +324,7 @@ class Trainer:
             self.critic_optimizer.zero_grad(set_to_none=True)
         mbs, by_group = self._microbatches(sub)
         Tr = sub.response_ids.shape[1]
+        ent_coef = fn.entropy_coef()  # `entropy adaptive`: the same coefficient for every micro-batch
         parts: list[tuple[dict[str, float], float, bool]] = []
         for mb, weight in mbs:
             w = share * weight
@@ -331,7 +333,7 @@ class Trainer:
                 part, tr = trim(sub.select(mb))
             else:
                 part, tr = sub, Tr
-            m = self._micro_step(batch, part, r, tr, denom, vdenom, w, by_group)
+            m = self._micro_step(batch, part, r, tr, denom, vdenom, w, by_group, ent_coef)
             if m is None:
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.critic_optimizer is not None:
@@ -356,10 +358,14 @@ class Trainer:
         metrics["grad_norm"] = gnorm
         if cnorm is not None:
             metrics["critic_grad_norm"] = cnorm
-        return self._reduce_metrics(metrics, mask, share)
+        metrics = self._reduce_metrics(metrics, mask, share)
+        if ent_coef is not None:  # the step's mean entropy (every micro-batch and rank) moves it
+            metrics.update(fn.update_entropy_coef(metrics["entropy"]))
+        return metrics
 
     def _micro_step(self, batch: TrainBatch, sub: RolloutBatch, rows: Tensor, tr: int, denom: Tensor,
-                    vdenom: Tensor | None, weight: float, groups: bool) -> dict[str, float] | None:
+                    vdenom: Tensor | None, weight: float, groups: bool,
+                    entropy_coef: Tensor | None = None) -> dict[str, float] | None:
         """Forward and backward of one micro-batch (rows of ``batch``, trimmed to ``tr``
         response columns), its loss over the minibatch's denominator, scaled by ``weight``;
         None (and no backward) when the loss is not finite on some rank."""
@@ -379,7 +385,8 @@ class Trainer:
                       values=values, returns=cols(batch.returns), old_values=cols(batch.old_values),
                       entropy=ent, group_size=batch.group_size, denominator=denom,
                       value_denominator=vdenom,
-                      rollout_logprobs=sub.logprobs[:, :tr].to(logp.device) if self._corrects() else None)
+                      rollout_logprobs=sub.logprobs[:, :tr].to(logp.device) if self._corrects() else None,
+                      entropy_coef=entropy_coef)
         total = out.loss if out.value_loss is None else out.loss + out.value_loss
         if not self._all_finite(total):
             return None

@@ -62,7 +62,8 @@ def reward_batch(seed: int, G: int, P: int = 4, T: int = 10) -> dict[str, Tensor
     old = -torch.rand(B, T, generator=g) * 3
     ref = old + 0.3 * torch.randn(B, T, generator=g)
     values = torch.randn(B, T, generator=g)
-    return dict(r=r, mask=mask, G=G, old=old, ref=ref, values=values)
+    greedy = (torch.randint(0, 3, (P,), generator=g).float() / 2).repeat_interleave(G)  # one per prompt
+    return dict(r=r, mask=mask, G=G, old=old, ref=ref, values=values, greedy=greedy)
 
 
 def token_level_rewards(r: Tensor, mask: Tensor) -> Tensor:
@@ -98,7 +99,7 @@ class AdvCase:
     spec: str
     ref: Callable[[dict], Tensor]    # batch -> advantages [B, T] (float64)
     group_sizes: tuple[int, ...] = (1, 4)
-    estimate_kw: tuple[str, ...] = ()  # "kl" (old/ref logprobs) or "values"
+    estimate_kw: tuple[str, ...] = ()  # "kl" (old/ref logprobs), "values" or "greedy" (reward_baselines)
 
     @property
     def name(self) -> str:
@@ -289,6 +290,11 @@ ADV_CASES: list[AdvCase] = [
             lambda b: R.verl_reinforce_plus_plus(_tlr(b), _m(b), gamma=1.0)),
     AdvCase(VERL, "adv_estimator=reinforce_plus_plus_baseline", "baseline group_mean(singleton=reward)\n"
             "normalizer whiten", lambda b: R.verl_reinforce_plus_plus_baseline(_tlr(b), _m(b), _idx(b))),
+    AdvCase(VERL, "adv_estimator=remax", "baseline greedy_reward",
+            lambda b: R.verl_remax(_tlr(b), b["greedy"].double(), _m(b))[0], estimate_kw=("greedy",)),
+    AdvCase(VERL, "adv_estimator=remax, use_kl_in_reward (k1)", "baseline greedy_reward\nkl k1(beta=0.1, where=reward)",
+            lambda b: R.verl_remax(_verl_kl_rewards(b), b["greedy"].double(), _m(b))[0],
+            estimate_kw=("greedy", "kl")),
     AdvCase(VERL, "adv_estimator=gae (gamma 1, lam 0.95)", "baseline gae(gamma=1.0, lam=0.95)\n"
             "normalizer whiten\ncritic value", lambda b: R.verl_gae(_tlr(b), b["values"].double(), _m(b), 1.0, 0.95)
             * _m(b), estimate_kw=("values",)),
@@ -297,11 +303,8 @@ ADV_CASES: list[AdvCase] = [
 
 # Rows of the peers' option lists that no spec reproduces (printed by measure_peer_errors.py).
 NOT_EXPRESSIBLE: list[tuple[str, str, str]] = [
-    (TRL, "use_adaptive_entropy", "a coefficient updated across steps from the measured entropy; "
-                                  "the entropy slot is stateless"),
     (TRL, 'multi_objective_aggregation="normalize_then_sum" (GDPO)', "one reward per reward function; "
                                                                       "the rewards slot is one scalar per sample"),
-    (VERL, "adv_estimator=remax", "needs the reward of a greedy rollout per prompt (a runtime feature)"),
     (VERL, "adv_estimator=gdpo", "one reward per reward key"),
     (VERL, "adv_estimator=optimal_token_baseline", "needs sum_v pi_v^2 at each position (the whole distribution)"),
     (VERL, "kl_loss_type=full", "not implemented in verl either"),
@@ -347,5 +350,7 @@ def run_adv(case: AdvCase, b: dict) -> tuple[Tensor, Tensor]:
         kw.update(old_logprobs=b["old"], ref_logprobs=b["ref"])
     if "values" in case.estimate_kw:
         kw["values"] = b["values"]
+    if "greedy" in case.estimate_kw:
+        kw["reward_baselines"] = b["greedy"]
     est = fn.estimate(b["r"], b["G"], b["mask"], **kw)
     return est.advantages.double() * _m(b), case.ref(b) * _m(b)

@@ -171,6 +171,20 @@ def verl_reinforce_plus_plus(token_level_rewards, response_mask, gamma=1.0):
     return verl_masked_whiten(returns, response_mask) * response_mask
 
 
+def verl_remax(token_level_rewards, reward_baselines, response_mask):
+    """verl compute_remax_outcome_advantage: masked reward-to-go minus the greedy reward on every
+    response token (no whitening); returns the reward-to-go. Written as an explicit loop."""
+    B, T = token_level_rewards.shape
+    returns = torch.zeros_like(token_level_rewards)
+    for i in range(B):
+        acc = 0.0
+        for t in reversed(range(T)):
+            acc = acc + float(token_level_rewards[i, t] * response_mask[i, t])
+            returns[i, t] = acc
+    advantages = returns - reward_baselines.unsqueeze(-1) * response_mask
+    return advantages, returns
+
+
 def verl_reinforce_plus_plus_baseline(token_level_rewards, response_mask, index):
     T = token_level_rewards.shape[-1]
     scores = token_level_rewards.sum(dim=-1).clone()

@@ -144,6 +144,29 @@ def test_a_failed_reward_leaves_no_nan(case):
     kw = {"old_logprobs": b["old"], "ref_logprobs": b["ref"]} if "kl" in case.estimate_kw else {}
     if "values" in case.estimate_kw:
         kw["values"] = b["values"]
+    if "greedy" in case.estimate_kw:
+        kw["reward_baselines"] = b["greedy"]
     est = fn_for(case.spec).estimate(b["r"], 4, b["mask"], **kw)
     assert torch.isfinite(est.advantages).all() and torch.isfinite(est.returns).all()
     assert est.mask[5].sum() == 0 and est.advantages[5].abs().sum() == 0
+
+
+def test_remax_needs_the_greedy_reward_and_survives_a_failed_one():
+    """baseline greedy_reward: estimate() without reward_baselines= names it; a NaN greedy
+    reward (its reward function failed) gives A = 0 on that prompt's rows, others untouched."""
+    b = reward_batch(3, 4)
+    fn = fn_for("baseline greedy_reward")
+    with pytest.raises(ValueError, match="reward_baselines="):
+        fn.estimate(b["r"], 4, b["mask"])
+    with pytest.raises(ValueError, match=r"reward_baselines must be \[B\]"):
+        fn.estimate(b["r"], 4, b["mask"], reward_baselines=b["greedy"][:4])
+    greedy = b["greedy"].clone()
+    greedy[4:8] = float("nan")
+    est = fn.estimate(b["r"], 4, b["mask"], reward_baselines=greedy)
+    assert torch.isfinite(est.advantages).all()
+    assert est.advantages[4:8].abs().sum() == 0
+    m = b["mask"].double()
+    ref = R.verl_remax(token_level_rewards(b["r"].double(), m), b["greedy"].double(), m)[0]
+    keep = torch.ones(16, dtype=torch.bool)
+    keep[4:8] = False
+    torch.testing.assert_close(est.advantages.double()[keep], ref[keep], rtol=0, atol=1e-6)

@@ -18,7 +18,7 @@ HERE = Path(__file__).parent
 DOC = (HERE.parent.parent / "docs" / "peers.md").read_text(encoding="utf-8")
 BYPASS = "verl `algorithm.rollout_correction.loss_type` (with `bypass_mode: true`)"
 FIXTURES = sorted(p for p in HERE.iterdir() if p.suffix in (".json", ".yaml"))
-UNMAPPABLE = {"trl_unmappable.json": ["use_adaptive_entropy", "lr_scheduler_type"],
+UNMAPPABLE = {"trl_unmappable.json": ["lr_scheduler_type"],
               "verl_unmappable.yaml": ["actor_rollout_ref.actor.policy_loss.loss_mode",
                                        "algorithm.use_kl_in_reward"]}
 # lines each fixture's spec must hold (the peer's semantics, read from its source)
@@ -124,7 +124,9 @@ def test_every_doc_row_is_translated_or_named_unsupported() -> None:
             else:
                 assert ("verl", f"{kind}={option}") in tr.UNSUPPORTED, option
     trl = _table("TRL `GRPOConfig`")
-    assert trl["use_adaptive_entropy"] == [] and ("TRL", "use_adaptive_entropy=true") in tr.UNSUPPORTED
+    assert trl["use_adaptive_entropy"] == ["entropy adaptive(init=ENTROPY_COEF, min=ENTROPY_COEF_MIN, "
+                                           "max=ENTROPY_COEF_MAX, delta=ENTROPY_COEF_DELTA, target=ENTROPY_TARGET)"]
+    assert not any(k[1].startswith("use_adaptive_entropy") for k in tr.UNSUPPORTED)
     assert set(tr.TRL_LOSS_TYPES) <= set(trl)
 
 
