@@ -56,7 +56,8 @@ def _greedy_baselines(s: Run, step: int, examples: list[Any], batch: RolloutBatc
     """
     cfg = s.cfg
     gen = s.rollouts.generate([e.prompt for e in examples], [e.answer for e in examples],
-                              SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens))
+                              SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens),
+                              [e.reward_prompt for e in examples])
     r = gen.scored.rewards.to(torch.float32)  # [P]
     if gen.scored.num_errors:
         s.warn(f"step {step}: the greedy baseline's reward failed for {gen.scored.num_errors} prompt(s): "
