@@ -104,7 +104,10 @@ def _context(algo: Algorithm) -> dict[str, Any]:
     ctx["kl_in_reward"] = kl.stage == "advantage" and not kl.spec.off
     ctx["kl_beta"] = literal(kl.params.get("beta")) if not kl.spec.off else "0.0"
     ctx["entropy_bonus"] = algo.uses_entropy
-    ctx["greedy_baseline"] = "reward_baselines" in algo.needs("advantage")  # an extra argument
+    # the baseline's optional inputs: extra arguments of advantages() (in this order) and of its batch
+    needs = algo["baseline"].spec.facts.needs
+    ctx["greedy_baseline"] = "reward_baselines" in needs
+    ctx["sum_pi_squared"] = "sum_pi_squared" in needs  # with old_logprobs in the batch
     ctx["entropy_coef"] = "entropy_coef" in algo.needs("loss")  # an extra argument of loss()
     ctx["critic"] = one["critic"] if algo.uses_critic else None
     ctx["critic_coef"] = literal(algo["critic"].params.get("coef")) if algo.uses_critic else "0.0"

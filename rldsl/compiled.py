@@ -123,11 +123,14 @@ class CompiledAlgorithm:
                  truncated: Tensor | None = None, old_logprobs: Tensor | None = None,
                  ref_logprobs: Tensor | None = None,
                  rollout_logprobs: Tensor | None = None,
-                 reward_baselines: Tensor | None = None) -> Estimate:
+                 reward_baselines: Tensor | None = None,
+                 sum_pi_squared: Tensor | None = None) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
 
         ``reward_baselines`` [B]: the reward of a greedy rollout of each row's prompt
         (repeated over its group), read by ``baseline greedy_reward`` (ReMax) only.
+        ``sum_pi_squared`` [B, T]: sum_v pi_v^2 of the old policy at each response token,
+        read by ``baseline optimal_token`` (with ``old_logprobs``) only.
 
         With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
         its rejections leave ``est.mask`` (denominator included) and its metrics join
@@ -145,14 +148,21 @@ class CompiledAlgorithm:
         self._check_inputs("estimate", "advantage", {"values": values, "truncated": truncated,
                                                      "old_logprobs": old_logprobs,
                                                      "ref_logprobs": ref_logprobs,
-                                                     "reward_baselines": reward_baselines})
+                                                     "reward_baselines": reward_baselines,
+                                                     "sum_pi_squared": sum_pi_squared})
         extra: tuple[Tensor, ...] = ()
-        if "reward_baselines" in self.algorithm.needs("advantage"):
-            assert reward_baselines is not None  # _check_inputs
-            if reward_baselines.shape != rewards.shape:
-                raise ValueError(f"reward_baselines must be [B] like rewards {tuple(rewards.shape)}; "
-                                 f"got {tuple(reward_baselines.shape)}")
-            extra = (reward_baselines.detach().to(torch.float32),)
+        needs = self.algorithm["baseline"].spec.facts.needs  # the generated advantages() takes these
+        for name, given, shape, like in (("reward_baselines", reward_baselines, rewards.shape, "[B] like rewards"),
+                                         ("sum_pi_squared", sum_pi_squared, mask.shape, "[B, T] like the mask")):
+            if name not in needs:
+                continue
+            assert given is not None  # _check_inputs
+            if given.shape != shape:
+                raise ValueError(f"{name} must be {like} {tuple(shape)}; got {tuple(given.shape)}")
+            extra += (given.detach().to(torch.float32),)
+        if "old_logprobs" in needs and old_logprobs is not None and old_logprobs.shape != mask.shape:
+            raise ValueError(f"old_logprobs must have the mask's shape {tuple(mask.shape)}; "
+                             f"got {tuple(old_logprobs.shape)}")
         rewards = rewards.detach().to(torch.float32)
         finite = torch.isfinite(rewards)
         clean = rewards

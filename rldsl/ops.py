@@ -98,6 +98,10 @@ class AdvantageBatch:
                            such rows carry their group's mean reward and leave every statistic)
     reward_baselines [B]   reward of a greedy rollout of each row's prompt (None unless a
                            component needs it: `baseline greedy_reward`)
+    old_logprobs   [B, T]  old-policy logprobs of the sampled tokens (None unless the baseline
+                           needs them: `baseline optimal_token`)
+    sum_pi_squared [B, T]  sum_v pi_v^2 of the old policy at each response token (None unless
+                           a component needs it: `baseline optimal_token`)
     """
 
     rewards: Tensor
@@ -110,6 +114,8 @@ class AdvantageBatch:
     state: dict[str, Tensor] = field(default_factory=dict)
     valid: Tensor | None = None
     reward_baselines: Tensor | None = None
+    old_logprobs: Tensor | None = None
+    sum_pi_squared: Tensor | None = None
 
     @property
     def valid_rows(self) -> Tensor:

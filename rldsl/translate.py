@@ -100,6 +100,8 @@ VERL_ADV_ESTIMATORS: dict[str, tuple[str, ...]] = {
     "grpo_passk": ("baseline leave_one_out_max", "normalizer group_std(eps=1e-06)"),
     "gpg": ("baseline group_mean(singleton=reward)", "normalizer nonzero_rate(f_norm=1.0)"),
     "remax": ("baseline greedy_reward",),
+    "optimal_token_baseline": ("baseline optimal_token",),
+    "tir_optimal_token_baseline": ("baseline optimal_token(align=response_token)",),
 }
 #: estimators whose std division ``algorithm.norm_adv_by_std_in_grpo: false`` removes
 VERL_STD_OPTIONAL = ("grpo", "grpo_vectorized", "grpo_passk")
@@ -125,10 +127,6 @@ VERL_KL_TYPES: dict[str, tuple[str, ...]] = {
 #: options no spec expresses yet, and why (the doc's "not expressible" rows)
 UNSUPPORTED: dict[tuple[str, str], str] = {
     ("verl", "adv_estimator=gdpo"): "needs one reward per reward key; the rewards slot is one scalar per sample",
-    ("verl", "adv_estimator=optimal_token_baseline"): "needs sum_v pi_v^2 at every position, not only the sampled "
-                                                       "token's logprob",
-    ("verl", "adv_estimator=tir_optimal_token_baseline"): "needs sum_v pi_v^2 at every position, not only the "
-                                                           "sampled token's logprob",
     ("verl", "kl_loss_type=full"): "not implemented in verl either",
     ("TRL", "multi_objective_aggregation=normalize_then_sum"): "GDPO needs one reward per reward function; the "
                                                                "rewards slot is one scalar per sample",

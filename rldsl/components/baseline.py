@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..ops import AdvantageBatch, group_view, moments
-from ..registry import Choice, Float, register
+from ..registry import Bool, Choice, Float, register
 
 
 def _broadcast(a: Tensor, batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
@@ -237,3 +237,68 @@ def greedy_reward(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     adv = returns - torch.where(ok, b, torch.zeros_like(b)).unsqueeze(-1) * m  # [B, T]
     adv = torch.where(ok.unsqueeze(-1), adv, torch.zeros_like(adv))
     return adv, returns
+
+
+ALIGN = ("position", "response_token")
+
+
+@register("baseline", needs=("old_logprobs", "sum_pi_squared"), per_group=True,
+          zero_tail=Bool(True, "a group's single longest response gets no baseline past the "
+                               "second longest (verl handle_zero_tail)"),
+          align=Choice(ALIGN, "position",
+                       "match the group's samples at the same response position (verl "
+                       "optimal_token_baseline) or at their k-th unmasked token, skipping "
+                       "masked holes such as tool outputs (verl tir_optimal_token_baseline)"),
+          epsilon=Float(1e-8, "added to the weights' sum", gt=0))
+def optimal_token(batch: AdvantageBatch, zero_tail: bool, align: str,
+                  epsilon: float) -> tuple[Tensor, Tensor]:
+    """Optimal token baseline: a per-position group baseline weighted by the realized energy W_t.
+
+    formula: G_t = sum_{t' >= t} r_t';  w_j = 1 - 2 pi_j + sum_v pi_{j,v}^2 (old policy, tempered);  W_t = sum_{j <= t} w_j;  B_t = sum_{i in g} G_t^i W_t^i / (sum_{i in g} W_t^i + {epsilon});  A_t = G_t - B_t
+    source: OTB (Li et al. 2026, arXiv 2602.07078); verl adv_estimator=optimal_token_baseline
+      (compute_optimal_token_baseline_advantage; actor.calculate_sum_pi_squared=True) and,
+      with align=response_token, adv_estimator=tir_optimal_token_baseline
+      (compute_multi_turn_optimal_token_baseline_advantage); pi_j = exp(old logprob)
+    shapes: token_rewards [B, T], mask [B, T], old_logprobs [B, T], sum_pi_squared [B, T] -> A [B, T], R [B, T] (returns, as verl)
+    edge cases: a group of one has baseline 0 (A = G_t); zero_tail: when one response of a
+      group is strictly the longest, its baseline is 0 from the second longest length on (A =
+      G_t there); align=response_token leaves empty responses out of the group (its group
+      size and zero_tail count only non-empty ones); padding gets A = 0. verl also scales w by
+      the squared rollout IS weights when its rollout correction computes them: not done here.
+    """
+    if batch.old_logprobs is None or batch.sum_pi_squared is None:
+        raise ValueError("baseline optimal_token needs old_logprobs= and sum_pi_squared= (sum_v pi_v^2 "
+                         "of the old policy at each response token) in estimate()")
+    m = batch.mask  # [B, T]
+    B, T = m.shape
+    G = batch.group_size
+    returns = (batch.token_rewards * m).flip(-1).cumsum(-1).flip(-1)  # [B, T] reward-to-go
+    w = 1 - 2 * batch.old_logprobs.detach().to(m).exp() + batch.sum_pi_squared.detach().to(m)  # [B, T]
+    W = (w * m).cumsum(-1)  # [B, T] realized energy
+    lengths = m.sum(-1)  # [B]
+    if align == "response_token":  # the k-th unmasked token of every row at column k
+        k = (m.cumsum(-1) - 1).clamp_min(0).long()  # [B, T]
+        slot = torch.where(m > 0, k, torch.full_like(k, T))  # masked -> a dump column
+        R = returns.new_zeros(B, T + 1).scatter_(1, slot, returns * m)[:, :T]  # [B, T] compacted
+        Wc = W.new_zeros(B, T + 1).scatter_(1, slot, W * m)[:, :T]  # [B, T]
+        mc = (torch.arange(T, device=m.device) < lengths.unsqueeze(-1)).to(m)  # [B, T]
+        member = lengths > 0  # empty responses leave the group
+    else:
+        R, Wc, mc = returns, W, m
+        member = torch.ones_like(lengths, dtype=torch.bool)
+    Rg, Wg, mg = (x.view(-1, G, T) for x in (R, Wc, mc))  # [P, G, T]
+    b = (Rg * Wg * mg).sum(1, keepdim=True) / ((Wg * mg).sum(1, keepdim=True) + epsilon)  # [P, 1, T]
+    inside = group_view(member, G)  # [P, G]
+    n = inside.sum(1, keepdim=True)  # [P, 1] group size
+    b = torch.where(n.unsqueeze(-1) > 1, b, torch.zeros_like(b)).expand(-1, G, -1)  # [P, G, T]
+    if zero_tail:
+        L = group_view(lengths, G).masked_fill(~inside, -1.0)  # [P, G]; non-members never count
+        top = torch.topk(L, min(2, G), dim=1).values  # [P, 2] longest, second longest
+        longest, second = top[:, :1], top[:, -1:]  # [P, 1]
+        alone = (L == longest) & ((L == longest).sum(1, keepdim=True) == 1) & (longest > second) & (n > 1)
+        cols = torch.arange(T, device=m.device).view(1, 1, T)
+        b = torch.where(alone.unsqueeze(-1) & (cols >= second.unsqueeze(-1)), torch.zeros_like(b), b)
+    adv = Rg - b  # [P, G, T]
+    if align == "response_token":
+        adv = adv.reshape(B, T).gather(1, torch.where(m > 0, k, torch.zeros_like(k)))  # back to positions
+    return adv.reshape(B, T) * m, returns

@@ -10,6 +10,7 @@ of a chunk exist only while that chunk is processed, forward and backward, so no
 
     logprob_t = z_t[y_t] - logsumexp(z_t)
     entropy_t = logsumexp(z_t) - sum_v softmax(z_t)_v * z_t,v
+    sum_pi_squared_t = sum_v softmax(z_t)_v^2     (only with ``with_sum_pi_squared``; no gradient)
 
 with z_t the fp32 logits predicting token y_t (from the hidden state at t - 1), taken as
 the model's own ``forward`` makes them and then divided by the sampling temperature tau:
@@ -193,8 +194,9 @@ class _ChunkedHead(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, chunk, with_entropy, entropy_grad, tf):
+    def forward(ctx, hidden, weight, bias, targets, chunk, with_entropy, entropy_grad, tf, with_spp=False):
         N = hidden.shape[0]
+        spp = hidden.new_empty(N if with_spp else 0, dtype=torch.float32)  # [N] sum_v p_v^2
         logprob = hidden.new_empty(N, dtype=torch.float32)  # [N]
         lse = hidden.new_empty(N, dtype=torch.float32)  # [N]
         entropy = hidden.new_empty(N if with_entropy else 0, dtype=torch.float32)  # [N]
@@ -208,6 +210,8 @@ class _ChunkedHead(torch.autograd.Function):
             log_s = s.log()
             lse[i:j] = m.squeeze(-1) + log_s
             logprob[i:j] = z.gather(-1, targets[i:j, None]).squeeze(-1) - log_s
+            if with_spp:  # sum (e / s)^2, no extra [C, V] buffer
+                spp[i:j] = torch.linalg.vector_norm(e, dim=-1).div_(s).square_()
             if with_entropy:
                 # H = log s - sum(e * (z - max)) / s
                 entropy[i:j] = log_s - e.mul_(z).sum(dim=-1) / s
@@ -221,10 +225,11 @@ class _ChunkedHead(torch.autograd.Function):
                               targets, lse, entropy)
         if not ctx.entropy_grad:
             ctx.mark_non_differentiable(entropy)
-        return logprob, entropy
+        ctx.mark_non_differentiable(spp)
+        return logprob, entropy, spp
 
     @staticmethod
-    def backward(ctx, g_logprob, g_entropy):
+    def backward(ctx, g_logprob, g_entropy, g_spp):
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         bias = bias if ctx.has_bias else None
         tf: LogitTransform = ctx.tf
@@ -270,7 +275,7 @@ class _ChunkedHead(torch.autograd.Function):
         return (grad_h,
                 grad_w.to(weight.dtype) if need_w else None,
                 grad_b.to(bias.dtype) if need_b else None,
-                None, None, None, None, None)
+                None, None, None, None, None, None)
 
 
 def token_logprobs(
@@ -284,7 +289,8 @@ def token_logprobs(
     chunk_size: int = 1024,
     group_size: int | None = None,
     temperature: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    with_sum_pi_squared: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None] | tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Logprobs (and entropies) of the last ``num_response_tokens`` tokens of each row.
 
     input_ids       [B, T]   prompt (left padded) then response (right padded), T = Tp + Tr
@@ -300,6 +306,8 @@ def token_logprobs(
     ``group_size``: rows come in contiguous groups of this many samples of one prompt; the
     prompt then goes through the backbone once per group (module docstring). Without it,
     or when the groups' prompts differ, every row runs in full.
+    ``with_sum_pi_squared``: also return sum_v softmax(z)_v^2 [B, Tr] fp32 (detached; the
+    old-policy statistic of `baseline optimal_token`, verl's ``sum_pi_squared``) as a third value.
     """
     B, T = input_ids.shape
     Tr = num_response_tokens
@@ -324,10 +332,12 @@ def token_logprobs(
     hidden = hidden.reshape(B * Tr, -1)  # [B*Tr, H]
     targets = input_ids[:, T - Tr :].reshape(B * Tr)  # [B*Tr]
 
-    logprob, entropy = _ChunkedHead.apply(hidden, head.weight, head.bias, targets, chunk_size,
-                                          with_entropy, entropy_grad, tf)  # [B*Tr] each
+    logprob, entropy, spp = _ChunkedHead.apply(hidden, head.weight, head.bias, targets, chunk_size,
+                                               with_entropy, entropy_grad, tf, with_sum_pi_squared)  # [B*Tr] each
     logprob = logprob.view(B, Tr)  # [B, Tr]
     entropy = entropy.view(B, Tr) if with_entropy else None  # [B, Tr]
     if entropy is not None and not entropy_grad:
         entropy = entropy.detach()
+    if with_sum_pi_squared:
+        return logprob, entropy, spp.view(B, Tr).detach()
     return logprob, entropy

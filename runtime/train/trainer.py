@@ -157,15 +157,17 @@ class Trainer:
     _token_logprobs = staticmethod(token_logprobs)
 
     def _logprobs(self, model: nn.Module, batch: RolloutBatch, *, grad: bool,
-                  entropy: bool, groups: bool = True) -> tuple[Tensor, Tensor | None]:
+                  entropy: bool, groups: bool = True, sum_pi_squared: bool = False) -> tuple[Tensor, ...]:
+        """(logprobs, entropy or None) [b, Tr], and sum_v pi_v^2 [b, Tr] with ``sum_pi_squared``."""
         ids, attn, pos = model_inputs(batch)
         Tr = batch.response_ids.shape[1]
+        extra = {"with_sum_pi_squared": True} if sum_pi_squared else {}
         with torch.set_grad_enabled(grad), self._autocast(model):
             return self._token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
                                   entropy_grad=grad and self.fn.algorithm.uses_entropy,
                                   chunk_size=self.logprob_chunk,
                                   group_size=batch.group_size if groups else None,
-                                  temperature=self.temperature)
+                                  temperature=self.temperature, **extra)
 
     def _autocast(self, model: nn.Module) -> Any:
         """Mixed precision: the forwards compute in ``autocast_dtype`` (parameters, gradients
@@ -204,7 +206,8 @@ class Trainer:
 
     def _per_microbatch(self, model: nn.Module, batch: RolloutBatch, what: str) -> Tensor:
         """Old/reference logprobs (``what="logprobs"``) or values (``"values"``) [B, Tr] of
-        every row, computed micro-batch by micro-batch (no grad)."""
+        every row, computed micro-batch by micro-batch (no grad). ``"logprobs+sum_pi_squared"``:
+        the old logprobs and sum_v pi_v^2 stacked, [2, B, Tr], from the same forwards."""
         mbs, by_group = self._microbatches(batch)
         B, Tr = batch.response_ids.shape
         out: Tensor | None = None
@@ -214,29 +217,34 @@ class Trainer:
             else:
                 sub, tr = trim(batch.select(rows))
             if what == "values":
-                t = self._values(sub, tr)
+                parts = [self._values(sub, tr)]
+            elif what == "logprobs+sum_pi_squared":
+                lp, _, spp = self._logprobs(model, sub, grad=False, entropy=False, groups=by_group,
+                                            sum_pi_squared=True)
+                parts = [lp, spp]
             else:
-                t, _ = self._logprobs(model, sub, grad=False, entropy=False, groups=by_group)
+                parts = [self._logprobs(model, sub, grad=False, entropy=False, groups=by_group)[0]]
             if weight == 0.0:
                 continue
             if out is None:
-                out = t.new_zeros((B, Tr))
-            out[rows.to(out.device)] = widen(t, Tr)
+                out = parts[0].new_zeros((len(parts), B, Tr))
+            for k, t in enumerate(parts):
+                out[k, rows.to(out.device)] = widen(t, Tr)
         assert out is not None
-        return out
+        return out if what == "logprobs+sum_pi_squared" else out[0]
 
     @torch.no_grad()
     def estimate(self, rollout: RolloutBatch, rewards: Tensor) -> TrainBatch:
         """Old (and reference) logprobs, values, and the algorithm's advantages for a rollout."""
         self.policy.eval()
-        old, ref, values = self._recompute(rollout)
+        old, ref, values, spp = self._recompute(rollout)
         mask = rollout.response_mask.float()
         # bypass: pi_old is the engine's (for a KL in the reward and the rejections too)
         est_old = rollout.logprobs.to(mask.device) if old is None and self.fn.algorithm.old_from_rollout else old
         est = self.fn.estimate(rewards, rollout.group_size, mask, values=values,
                                truncated=rollout.truncated, old_logprobs=est_old, ref_logprobs=ref,
                                rollout_logprobs=rollout.logprobs if self._corrects() else None,
-                               reward_baselines=rollout.reward_baselines)
+                               reward_baselines=rollout.reward_baselines, sum_pi_squared=spp)
         metrics = dict(est.metrics)
         valid = mask > 0
         if old is not None and valid.any():
@@ -245,15 +253,23 @@ class Trainer:
         return TrainBatch(rollout, rewards, old, est.mask, est.advantages, est.returns, ref,
                           values, metrics)
 
-    def _recompute(self, rollout: RolloutBatch) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """Old logprobs, reference logprobs and values [B, Tr] of every row (no grad).
+    def _recompute(self, rollout: RolloutBatch) -> tuple[Tensor | None, Tensor | None, Tensor | None,
+                                                          Tensor | None]:
+        """Old logprobs, reference logprobs, values and sum_v pi_v^2 [B, Tr] of every row (no grad).
 
         Old logprobs are None when the update is exactly on-policy (:meth:`_old_is_current`):
         the update then uses its own logprobs, detached, instead of a separate forward.
+        sum_v pi_v^2 of the old policy comes from the old-logprob forward, and only when the
+        spec needs it (`baseline optimal_token`); else None.
         """
         algo = self.fn.algorithm
-        old = None
-        if algo.old_from_rollout:
+        old = spp = None
+        if "sum_pi_squared" in algo.needs("advantage"):
+            both = self._per_microbatch(self.policy, rollout, "logprobs+sum_pi_squared")  # [2, B, Tr]
+            spp = both[1]
+            if not algo.old_from_rollout:  # bypass: pi_old stays the engine's
+                old = both[0]
+        elif algo.old_from_rollout:
             pass  # correction bypass: pi_old is the engine's logprobs, which the loss reads itself
         elif not self._old_is_current():
             old = self._per_microbatch(self.policy, rollout, "logprobs")
@@ -266,7 +282,7 @@ class Trainer:
         values = None
         if algo.uses_critic:
             values = self._per_microbatch(self.critic, rollout, "values")
-        return old, ref, values
+        return old, ref, values, spp
 
     # -- update
 

@@ -63,7 +63,11 @@ def reward_batch(seed: int, G: int, P: int = 4, T: int = 10) -> dict[str, Tensor
     ref = old + 0.3 * torch.randn(B, T, generator=g)
     values = torch.randn(B, T, generator=g)
     greedy = (torch.randint(0, 3, (P,), generator=g).float() / 2).repeat_interleave(G)  # one per prompt
-    return dict(r=r, mask=mask, G=G, old=old, ref=ref, values=values, greedy=greedy)
+    # sum_v pi_v^2 of the old policy: from ~pi^2 (the rest spread thin) to pi^2 + (1 - pi)^2 (the
+    # rest on one other token); drawn last so the other fields keep their values
+    pi = old.exp()
+    spp = pi ** 2 + (1 - pi) ** 2 * torch.rand(B, T, generator=g)
+    return dict(r=r, mask=mask, G=G, old=old, ref=ref, values=values, greedy=greedy, spp=spp)
 
 
 def token_level_rewards(r: Tensor, mask: Tensor) -> Tensor:
@@ -99,7 +103,8 @@ class AdvCase:
     spec: str
     ref: Callable[[dict], Tensor]    # batch -> advantages [B, T] (float64)
     group_sizes: tuple[int, ...] = (1, 4)
-    estimate_kw: tuple[str, ...] = ()  # "kl" (old/ref logprobs), "values" or "greedy" (reward_baselines)
+    estimate_kw: tuple[str, ...] = ()  # "kl" (old/ref logprobs), "values", "greedy" (reward_baselines)
+    #                                     or "otb" (old_logprobs, sum_pi_squared)
 
     @property
     def name(self) -> str:
@@ -295,6 +300,12 @@ ADV_CASES: list[AdvCase] = [
     AdvCase(VERL, "adv_estimator=remax, use_kl_in_reward (k1)", "baseline greedy_reward\nkl k1(beta=0.1, where=reward)",
             lambda b: R.verl_remax(_verl_kl_rewards(b), b["greedy"].double(), _m(b))[0],
             estimate_kw=("greedy", "kl")),
+    AdvCase(VERL, "adv_estimator=optimal_token_baseline", "baseline optimal_token",
+            lambda b: R.verl_optimal_token_baseline(_tlr(b), _m(b), _idx(b), b["old"].double(),
+                                                    b["spp"].double())[0], estimate_kw=("otb",)),
+    AdvCase(VERL, "adv_estimator=tir_optimal_token_baseline", "baseline optimal_token(align=response_token)",
+            lambda b: R.verl_tir_optimal_token_baseline(_tlr(b), _m(b), _idx(b), b["old"].double(),
+                                                        b["spp"].double())[0], estimate_kw=("otb",)),
     AdvCase(VERL, "adv_estimator=gae (gamma 1, lam 0.95)", "baseline gae(gamma=1.0, lam=0.95)\n"
             "normalizer whiten\ncritic value", lambda b: R.verl_gae(_tlr(b), b["values"].double(), _m(b), 1.0, 0.95)
             * _m(b), estimate_kw=("values",)),
@@ -306,7 +317,6 @@ NOT_EXPRESSIBLE: list[tuple[str, str, str]] = [
     (TRL, 'multi_objective_aggregation="normalize_then_sum" (GDPO)', "one reward per reward function; "
                                                                       "the rewards slot is one scalar per sample"),
     (VERL, "adv_estimator=gdpo", "one reward per reward key"),
-    (VERL, "adv_estimator=optimal_token_baseline", "needs sum_v pi_v^2 at each position (the whole distribution)"),
     (VERL, "kl_loss_type=full", "not implemented in verl either"),
 ]
 
@@ -352,5 +362,7 @@ def run_adv(case: AdvCase, b: dict) -> tuple[Tensor, Tensor]:
         kw["values"] = b["values"]
     if "greedy" in case.estimate_kw:
         kw["reward_baselines"] = b["greedy"]
+    if "otb" in case.estimate_kw:
+        kw.update(old_logprobs=b["old"], sum_pi_squared=b["spp"])
     est = fn.estimate(b["r"], b["G"], b["mask"], **kw)
     return est.advantages.double() * _m(b), case.ref(b) * _m(b)

@@ -185,6 +185,90 @@ def verl_remax(token_level_rewards, reward_baselines, response_mask):
     return advantages, returns
 
 
+def _otb_zero_tail(baselines, rows, lengths):
+    """verl handle_zero_tail: a strictly longest row of a group gets no baseline from the second
+    longest length on (``rows`` the group's row numbers in ``baselines``, ``lengths`` theirs)."""
+    ordered = sorted(lengths)
+    longest, second = ordered[-1], ordered[-2]
+    if lengths.count(longest) == 1 and longest > second:
+        baselines[rows[lengths.index(longest)], second:] = 0.0
+
+
+def verl_optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
+                                handle_zero_tail=True, epsilon=1e-8):
+    """verl compute_optimal_token_baseline_advantage (no rollout IS weights): per group (by index)
+    and per position t, B_t = sum_i G_t W_t m_t / (sum_i W_t m_t + eps), W the masked cumsum of
+    1 - 2 exp(old_log_prob) + sum_pi_squared; a group of one keeps baseline 0. Explicit loops."""
+    B, T = token_level_rewards.shape
+    returns = torch.zeros_like(token_level_rewards)
+    W = torch.zeros_like(token_level_rewards)
+    for i in range(B):
+        acc, energy = 0.0, 0.0
+        for t in reversed(range(T)):
+            acc = acc + float(token_level_rewards[i, t] * response_mask[i, t])
+            returns[i, t] = acc
+        for t in range(T):
+            w = 1.0 - 2.0 * math.exp(float(old_log_probs[i, t])) + float(sum_pi_squared[i, t])
+            energy += w * float(response_mask[i, t])
+            W[i, t] = energy
+    groups = defaultdict(list)
+    for i in range(B):
+        groups[index[i]].append(i)
+    baselines = torch.zeros_like(returns)
+    for rows in groups.values():
+        if len(rows) == 1:
+            continue
+        for t in range(T):
+            num = sum(float(returns[i, t] * W[i, t] * response_mask[i, t]) for i in rows)
+            den = sum(float(W[i, t] * response_mask[i, t]) for i in rows) + epsilon
+            for i in rows:
+                baselines[i, t] = num / den
+        if handle_zero_tail:
+            _otb_zero_tail(baselines, rows, [int(response_mask[i].sum()) for i in rows])
+    return (returns - baselines) * response_mask, returns
+
+
+def verl_tir_optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
+                                    handle_zero_tail=True, epsilon=1e-8):
+    """verl compute_multi_turn_optimal_token_baseline_advantage: the same statistic over each row's
+    response tokens listed in order (masked holes skipped; position k = the k-th response token),
+    empty rows left out of their group, then written back to the tokens' positions."""
+    B, T = token_level_rewards.shape
+    full_returns, _ = verl_optimal_token_baseline(token_level_rewards, response_mask, [i for i in range(B)],
+                                                  old_log_probs, sum_pi_squared, False, epsilon)  # groups of one
+    tokens = [[t for t in range(T) if response_mask[i, t] > 0] for i in range(B)]
+    W_rows = []
+    for i in range(B):
+        energy, seq = 0.0, []
+        for t in range(T):
+            energy += (1.0 - 2.0 * math.exp(float(old_log_probs[i, t])) + float(sum_pi_squared[i, t])) \
+                * float(response_mask[i, t])
+            if response_mask[i, t] > 0:
+                seq.append(energy)
+        W_rows.append(seq)
+    K = max([len(x) for x in tokens] + [0])
+    groups = defaultdict(list)
+    for i in range(B):
+        if tokens[i]:
+            groups[index[i]].append(i)
+    baselines = torch.zeros(B, K, dtype=token_level_rewards.dtype)
+    for rows in groups.values():
+        if len(rows) == 1:
+            continue
+        for k in range(K):
+            num = sum(float(full_returns[i, tokens[i][k]]) * W_rows[i][k] for i in rows if k < len(tokens[i]))
+            den = sum(W_rows[i][k] for i in rows if k < len(tokens[i])) + epsilon
+            for i in rows:
+                baselines[i, k] = num / den
+        if handle_zero_tail:
+            _otb_zero_tail(baselines, rows, [len(tokens[i]) for i in rows])
+    adv = torch.zeros_like(token_level_rewards)
+    for i in range(B):
+        for k, t in enumerate(tokens[i]):
+            adv[i, t] = full_returns[i, t] - baselines[i, k]
+    return adv * response_mask, full_returns
+
+
 def verl_reinforce_plus_plus_baseline(token_level_rewards, response_mask, index):
     T = token_level_rewards.shape[-1]
     scores = token_level_rewards.sum(dim=-1).clone()

@@ -146,6 +146,8 @@ def test_a_failed_reward_leaves_no_nan(case):
         kw["values"] = b["values"]
     if "greedy" in case.estimate_kw:
         kw["reward_baselines"] = b["greedy"]
+    if "otb" in case.estimate_kw:
+        kw.update(old_logprobs=b["old"], sum_pi_squared=b["spp"])
     est = fn_for(case.spec).estimate(b["r"], 4, b["mask"], **kw)
     assert torch.isfinite(est.advantages).all() and torch.isfinite(est.returns).all()
     assert est.mask[5].sum() == 0 and est.advantages[5].abs().sum() == 0
@@ -170,3 +172,62 @@ def test_remax_needs_the_greedy_reward_and_survives_a_failed_one():
     keep = torch.ones(16, dtype=torch.bool)
     keep[4:8] = False
     torch.testing.assert_close(est.advantages.double()[keep], ref[keep], rtol=0, atol=1e-6)
+
+
+OTB = "baseline optimal_token"
+
+
+def test_optimal_token_baseline_needs_its_inputs():
+    """estimate() without old_logprobs= / sum_pi_squared= names them; a wrong shape is told."""
+    b = reward_batch(3, 4)
+    fn = fn_for(OTB)
+    with pytest.raises(ValueError, match="sum_pi_squared="):
+        fn.estimate(b["r"], 4, b["mask"], old_logprobs=b["old"])
+    with pytest.raises(ValueError, match="old_logprobs="):
+        fn.estimate(b["r"], 4, b["mask"], sum_pi_squared=b["spp"])
+    with pytest.raises(ValueError, match=r"sum_pi_squared must be \[B, T\]"):
+        fn.estimate(b["r"], 4, b["mask"], old_logprobs=b["old"], sum_pi_squared=b["spp"][:, :3])
+
+
+@pytest.mark.parametrize("align", ["position", "response_token"])
+@pytest.mark.parametrize("zero_tail", [True, False])
+def test_optimal_token_baseline_multi_turn_holes(align, zero_tail):
+    """Masks with holes (tool outputs between turns), empty rows, a group with one non-empty row,
+    a strictly longest row and tied longest rows: both verl variants to 1e-5, NaN-free."""
+    g = torch.Generator().manual_seed(11)
+    G, P, T = 4, 4, 14
+    B = G * P
+    mask = (torch.rand(B, T, generator=g) < 0.7).float()
+    mask[:, 0] = 1.0
+    mask[2] = 0.0  # an empty row
+    mask[4:7] = 0.0  # group 1: one non-empty row
+    mask[8:12, 9:] = 0.0
+    mask[8, 9:] = 1.0  # group 2: a strictly longest row
+    mask[12:16] = mask[12]  # group 3: tied lengths
+    r = torch.randint(0, 3, (B,), generator=g).float() / 2
+    old = -torch.rand(B, T, generator=g) * 3
+    spp = old.exp() ** 2 + (1 - old.exp()) ** 2 * torch.rand(B, T, generator=g)
+    fn = fn_for(f"{OTB}(align={align}, zero_tail={'true' if zero_tail else 'false'})")
+    est = fn.estimate(r, G, mask, old_logprobs=old, sum_pi_squared=spp)
+    ref_fn = R.verl_tir_optimal_token_baseline if align == "response_token" else R.verl_optimal_token_baseline
+    m = mask.double()
+    last = (m * torch.arange(1, T + 1)).argmax(-1)  # the reward sits on the last response token
+    tlr = torch.zeros(B, T, dtype=torch.float64).scatter_(1, last[:, None], r.double()[:, None]) * m
+    want = ref_fn(tlr, m, [i // G for i in range(B)], old.double(),
+                  spp.double(), handle_zero_tail=zero_tail)[0]
+    assert torch.isfinite(est.advantages).all()
+    torch.testing.assert_close(est.advantages.double() * m, want * m, atol=1e-5, rtol=1e-5)
+    if align == "response_token":  # the lone non-empty row of group 1 keeps its whole return
+        assert torch.equal(est.advantages[7], est.returns[7] * mask[7])
+
+
+def test_optimal_token_baseline_is_the_group_mean_for_equal_energies():
+    """Equal realized energies at every row (pi, sum pi^2 equal) and equal lengths: B_t is the
+    group's mean return at t, i.e. group_mean's advantage (up to the epsilon)."""
+    b = reward_batch(5, 4)
+    mask = torch.ones_like(b["mask"])
+    old = torch.full_like(b["old"], -1.0)
+    spp = torch.full_like(b["old"], 0.3)
+    otb = fn_for(OTB).estimate(b["r"], 4, mask, old_logprobs=old, sum_pi_squared=spp).advantages
+    gm = fn_for("baseline group_mean").estimate(b["r"], 4, mask).advantages
+    torch.testing.assert_close(otb, gm, atol=1e-6, rtol=0)

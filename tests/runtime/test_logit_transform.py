@@ -194,9 +194,29 @@ def test_chunked_head_gradients_through_the_transform(tf, entropy_grad):
         return logp_all.gather(-1, y[:, None])[:, 0], ent if entropy_grad else ent.detach()
 
     ref = run(reference)
-    got = run(lambda h, w, b: _ChunkedHead.apply(h, w, b, y, 8, True, entropy_grad, tf))
+    got = run(lambda h, w, b: _ChunkedHead.apply(h, w, b, y, 8, True, entropy_grad, tf)[:2])
     for name, a, r in zip(("logprob", "entropy", "grad_h", "grad_w", "grad_b"), got, ref):
         torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("arch", ARCHS + SCALED)
+@pytest.mark.parametrize("T", (0.7, 1.3))
+def test_sum_pi_squared_equals_the_models_softmax_at_temperature(arch, T, models, tokenizer):
+    """with_sum_pi_squared: sum_v softmax(logits / T)_v^2 of the model's own logits (its soft cap
+    and logit scale included), chunked, group-shared or not; logprobs and entropy unchanged."""
+    model = models(arch)
+    ids, mask, Tr, m = _batch(tokenizer)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask,
+                       position_ids=position_ids_from_mask(mask)).logits.float()[:, -Tr - 1:-1]
+        want = torch.softmax(logits / T, dim=-1).square().sum(-1)  # [B, Tr]
+        logp, ent, spp = token_logprobs(model, ids, mask, Tr, temperature=T, chunk_size=5,
+                                        with_sum_pi_squared=True)
+        logp2, ent2 = token_logprobs(model, ids, mask, Tr, temperature=T, chunk_size=5)
+    assert not spp.requires_grad and spp.shape == m.shape
+    torch.testing.assert_close(spp * m, want * m, atol=1e-6, rtol=1e-5)
+    assert bool(((spp > 0) & (spp <= 1 + 1e-6)).all())
+    assert torch.equal(logp, logp2) and torch.equal(ent, ent2)
 
 
 @pytest.mark.parametrize("T", [0.0, -1.0, float("inf"), float("nan"), True])
