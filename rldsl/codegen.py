@@ -105,6 +105,7 @@ def _context(algo: Algorithm) -> dict[str, Any]:
     ctx["kl_beta"] = literal(kl.params.get("beta")) if not kl.spec.off else "0.0"
     ctx["entropy_bonus"] = algo.uses_entropy
     ctx["greedy_baseline"] = "reward_baselines" in algo.needs("advantage")  # an extra argument
+    ctx["per_reward"] = "reward_components" in algo.needs("advantage")  # two extra arguments
     ctx["entropy_coef"] = "entropy_coef" in algo.needs("loss")  # an extra argument of loss()
     ctx["critic"] = one["critic"] if algo.uses_critic else None
     ctx["critic_coef"] = literal(algo["critic"].params.get("coef")) if algo.uses_critic else "0.0"

@@ -123,11 +123,16 @@ class CompiledAlgorithm:
                  truncated: Tensor | None = None, old_logprobs: Tensor | None = None,
                  ref_logprobs: Tensor | None = None,
                  rollout_logprobs: Tensor | None = None,
-                 reward_baselines: Tensor | None = None) -> Estimate:
+                 reward_baselines: Tensor | None = None,
+                 reward_components: Tensor | None = None,
+                 reward_weights: Tensor | None = None) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
 
         ``reward_baselines`` [B]: the reward of a greedy rollout of each row's prompt
         (repeated over its group), read by ``baseline greedy_reward`` (ReMax) only.
+        ``reward_components`` [B, K]: each reward function's unweighted reward and
+        ``reward_weights`` [K] (default all 1; ``rewards`` stays their weighted sum), read by
+        ``baseline per_reward_group`` (GDPO) only.
 
         With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
         its rejections leave ``est.mask`` (denominator included) and its metrics join
@@ -145,7 +150,8 @@ class CompiledAlgorithm:
         self._check_inputs("estimate", "advantage", {"values": values, "truncated": truncated,
                                                      "old_logprobs": old_logprobs,
                                                      "ref_logprobs": ref_logprobs,
-                                                     "reward_baselines": reward_baselines})
+                                                     "reward_baselines": reward_baselines,
+                                                     "reward_components": reward_components})
         extra: tuple[Tensor, ...] = ()
         if "reward_baselines" in self.algorithm.needs("advantage"):
             assert reward_baselines is not None  # _check_inputs
@@ -153,6 +159,8 @@ class CompiledAlgorithm:
                 raise ValueError(f"reward_baselines must be [B] like rewards {tuple(rewards.shape)}; "
                                  f"got {tuple(reward_baselines.shape)}")
             extra = (reward_baselines.detach().to(torch.float32),)
+        if "reward_components" in self.algorithm.needs("advantage"):
+            extra = extra + self._per_reward(rewards, reward_components, reward_weights)
         rewards = rewards.detach().to(torch.float32)
         finite = torch.isfinite(rewards)
         clean = rewards
@@ -173,6 +181,22 @@ class CompiledAlgorithm:
         if rollout_logprobs is not None:
             loss_mask = self._correct_mask(loss_mask, old_logprobs, rollout_logprobs, metrics)
         return Estimate(adv, returns, loss_mask, shaped, metrics)
+
+    @staticmethod
+    def _per_reward(rewards: Tensor, components: Tensor | None,
+                    weights: Tensor | None) -> tuple[Tensor, Tensor]:
+        """``reward_components`` [B, K] and ``reward_weights`` [K] (default ones), checked."""
+        assert components is not None  # _check_inputs
+        if components.dim() != 2 or components.shape[0] != rewards.shape[0] or components.shape[1] < 1:
+            raise ValueError(f"reward_components must be [B, K] with B = {rewards.shape[0]} rows and K >= 1 "
+                             f"reward functions; got {tuple(components.shape)}")
+        K = components.shape[1]
+        w = torch.ones(K) if weights is None else torch.as_tensor(weights).detach()
+        if w.shape != (K,) or not bool(torch.isfinite(w).all()):
+            raise ValueError(f"reward_weights must be {K} finite numbers (one per column of reward_components); "
+                             f"got {tuple(w.shape)}")
+        return (components.detach().to(torch.float32),
+                w.to(device=components.device, dtype=torch.float32))
 
     def _correct_mask(self, loss_mask: Tensor, old_logprobs: Tensor | None, rollout_logprobs: Tensor,
                       metrics: dict[str, float]) -> Tensor:

@@ -98,6 +98,8 @@ class AdvantageBatch:
                            such rows carry their group's mean reward and leave every statistic)
     reward_baselines [B]   reward of a greedy rollout of each row's prompt (None unless a
                            component needs it: `baseline greedy_reward`)
+    reward_components [B, K] each reward function's own reward (None unless a component needs
+                           it: `baseline per_reward_group`); reward_weights [K] their weights
     """
 
     rewards: Tensor
@@ -110,6 +112,8 @@ class AdvantageBatch:
     state: dict[str, Tensor] = field(default_factory=dict)
     valid: Tensor | None = None
     reward_baselines: Tensor | None = None
+    reward_components: Tensor | None = None
+    reward_weights: Tensor | None = None
 
     @property
     def valid_rows(self) -> Tensor:

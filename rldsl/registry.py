@@ -133,6 +133,7 @@ INPUTS: dict[str, str] = {
     "rollout_logprobs": "[B, T] the inference engine's logprobs of the sampled tokens (loss; estimate: rejections)",
     "entropy_coef": "[] the entropy coefficient of this optimizer step: runtime state (loss: entropy adaptive)",
     "reward_baselines": "[B] reward of a greedy rollout of each row's prompt, same reward function (estimate)",
+    "reward_components": "[B, K] each reward function's own reward, unweighted (estimate; reward_weights= [K], default 1)",
 }
 
 PLAN: dict[str, str] = {

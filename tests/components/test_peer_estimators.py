@@ -146,6 +146,8 @@ def test_a_failed_reward_leaves_no_nan(case):
         kw["values"] = b["values"]
     if "greedy" in case.estimate_kw:
         kw["reward_baselines"] = b["greedy"]
+    if "comps" in case.estimate_kw:
+        kw.update(reward_components=b["comps"], reward_weights=b["w"])
     est = fn_for(case.spec).estimate(b["r"], 4, b["mask"], **kw)
     assert torch.isfinite(est.advantages).all() and torch.isfinite(est.returns).all()
     assert est.mask[5].sum() == 0 and est.advantages[5].abs().sum() == 0
