@@ -21,9 +21,9 @@ def _spy(monkeypatch):
     seen: list[torch.Tensor | None] = []
     gen = LocalRollouts.generate
 
-    def generate(self, prompts, answers, params):
+    def generate(self, prompts, answers, params, *reward_prompts):
         calls.append((list(prompts), params.n, params.temperature))
-        return gen(self, prompts, answers, params)
+        return gen(self, prompts, answers, params, *reward_prompts)
 
     from rldsl.runtime.train.trainer import Trainer
     est = Trainer.estimate
