@@ -108,6 +108,7 @@ def _context(algo: Algorithm) -> dict[str, Any]:
     needs = algo["baseline"].spec.facts.needs
     ctx["greedy_baseline"] = "reward_baselines" in needs
     ctx["sum_pi_squared"] = "sum_pi_squared" in needs  # with old_logprobs in the batch
+    ctx["per_reward"] = "reward_components" in needs  # two extra arguments
     ctx["entropy_coef"] = "entropy_coef" in algo.needs("loss")  # an extra argument of loss()
     ctx["critic"] = one["critic"] if algo.uses_critic else None
     ctx["critic_coef"] = literal(algo["critic"].params.get("coef")) if algo.uses_critic else "0.0"

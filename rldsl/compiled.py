@@ -124,13 +124,18 @@ class CompiledAlgorithm:
                  ref_logprobs: Tensor | None = None,
                  rollout_logprobs: Tensor | None = None,
                  reward_baselines: Tensor | None = None,
-                 sum_pi_squared: Tensor | None = None) -> Estimate:
+                 sum_pi_squared: Tensor | None = None,
+                 reward_components: Tensor | None = None,
+                 reward_weights: Tensor | None = None) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
 
         ``reward_baselines`` [B]: the reward of a greedy rollout of each row's prompt
         (repeated over its group), read by ``baseline greedy_reward`` (ReMax) only.
         ``sum_pi_squared`` [B, T]: sum_v pi_v^2 of the old policy at each response token,
         read by ``baseline optimal_token`` (with ``old_logprobs``) only.
+        ``reward_components`` [B, K]: each reward function's unweighted reward and
+        ``reward_weights`` [K] (default all 1; ``rewards`` stays their weighted sum), read by
+        ``baseline per_reward_group`` (GDPO) only.
 
         With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
         its rejections leave ``est.mask`` (denominator included) and its metrics join
@@ -149,7 +154,8 @@ class CompiledAlgorithm:
                                                      "old_logprobs": old_logprobs,
                                                      "ref_logprobs": ref_logprobs,
                                                      "reward_baselines": reward_baselines,
-                                                     "sum_pi_squared": sum_pi_squared})
+                                                     "sum_pi_squared": sum_pi_squared,
+                                                     "reward_components": reward_components})
         extra: tuple[Tensor, ...] = ()
         needs = self.algorithm["baseline"].spec.facts.needs  # the generated advantages() takes these
         for name, given, shape, like in (("reward_baselines", reward_baselines, rewards.shape, "[B] like rewards"),
@@ -163,6 +169,8 @@ class CompiledAlgorithm:
         if "old_logprobs" in needs and old_logprobs is not None and old_logprobs.shape != mask.shape:
             raise ValueError(f"old_logprobs must have the mask's shape {tuple(mask.shape)}; "
                              f"got {tuple(old_logprobs.shape)}")
+        if "reward_components" in needs:
+            extra = extra + self._per_reward(rewards, reward_components, reward_weights)
         rewards = rewards.detach().to(torch.float32)
         finite = torch.isfinite(rewards)
         clean = rewards
@@ -183,6 +191,22 @@ class CompiledAlgorithm:
         if rollout_logprobs is not None:
             loss_mask = self._correct_mask(loss_mask, old_logprobs, rollout_logprobs, metrics)
         return Estimate(adv, returns, loss_mask, shaped, metrics)
+
+    @staticmethod
+    def _per_reward(rewards: Tensor, components: Tensor | None,
+                    weights: Tensor | None) -> tuple[Tensor, Tensor]:
+        """``reward_components`` [B, K] and ``reward_weights`` [K] (default ones), checked."""
+        assert components is not None  # _check_inputs
+        if components.dim() != 2 or components.shape[0] != rewards.shape[0] or components.shape[1] < 1:
+            raise ValueError(f"reward_components must be [B, K] with B = {rewards.shape[0]} rows and K >= 1 "
+                             f"reward functions; got {tuple(components.shape)}")
+        K = components.shape[1]
+        w = torch.ones(K) if weights is None else torch.as_tensor(weights).detach()
+        if w.shape != (K,) or not bool(torch.isfinite(w).all()):
+            raise ValueError(f"reward_weights must be {K} finite numbers (one per column of reward_components); "
+                             f"got {tuple(w.shape)}")
+        return (components.detach().to(torch.float32),
+                w.to(device=components.device, dtype=torch.float32))
 
     def _correct_mask(self, loss_mask: Tensor, old_logprobs: Tensor | None, rollout_logprobs: Tensor,
                       metrics: dict[str, float]) -> Tensor:

@@ -102,6 +102,8 @@ class AdvantageBatch:
                            needs them: `baseline optimal_token`)
     sum_pi_squared [B, T]  sum_v pi_v^2 of the old policy at each response token (None unless
                            a component needs it: `baseline optimal_token`)
+    reward_components [B, K] each reward function's own reward (None unless a component needs
+                           it: `baseline per_reward_group`); reward_weights [K] their weights
     """
 
     rewards: Tensor
@@ -116,6 +118,8 @@ class AdvantageBatch:
     reward_baselines: Tensor | None = None
     old_logprobs: Tensor | None = None
     sum_pi_squared: Tensor | None = None
+    reward_components: Tensor | None = None
+    reward_weights: Tensor | None = None
 
     @property
     def valid_rows(self) -> Tensor:

@@ -134,6 +134,7 @@ INPUTS: dict[str, str] = {
     "entropy_coef": "[] the entropy coefficient of this optimizer step: runtime state (loss: entropy adaptive)",
     "reward_baselines": "[B] reward of a greedy rollout of each row's prompt, same reward function (estimate)",
     "sum_pi_squared": "[B, T] sum over the vocabulary of the old policy's squared probabilities at each response token (estimate)",
+    "reward_components": "[B, K] each reward function's own reward, unweighted (estimate; reward_weights= [K], default 1)",
 }
 
 PLAN: dict[str, str] = {

@@ -56,6 +56,11 @@ TRL_SCALE_REWARDS: dict[str, tuple[str, ...]] = {
     "batch": ("baseline group_mean", "normalizer batch_std(eps=0.0001)"),
     "none": ("baseline group_mean",),
 }
+#: multi_objective_aggregation="normalize_then_sum" (GDPO): replaces the scale_rewards rows (TRL ignores
+#: scale_rewards there); the runtime gives the spec one reward column per reward function
+TRL_MULTI_OBJECTIVE: dict[str, tuple[str, ...]] = {
+    "normalize_then_sum": ("baseline per_reward_group(eps=0.0001, singleton=zero, whiten=samples, whiten_eps=0.0001)", "normalizer none"),
+}
 VERL_LOSS_MODES: dict[str, tuple[str, ...]] = {
     "vanilla": ("trust_region dual_clip(low={clip_ratio_low}, high={clip_ratio_high}, c={clip_ratio_c})",),
     "gspo": ("ratio sequence(clamp=10.0)", "trust_region clip(low={clip_ratio_low}, high={clip_ratio_high})"),
@@ -102,7 +107,14 @@ VERL_ADV_ESTIMATORS: dict[str, tuple[str, ...]] = {
     "remax": ("baseline greedy_reward",),
     "optimal_token_baseline": ("baseline optimal_token",),
     "tir_optimal_token_baseline": ("baseline optimal_token(align=response_token)",),
+    "gdpo": ("baseline per_reward_group", "normalizer none"),
 }
+#: the rows of estimators whose std division ``norm_adv_by_std_in_grpo: false`` turns off by a parameter
+VERL_NO_STD: dict[str, tuple[str, ...]] = {
+    "gdpo": ("baseline per_reward_group(std=false)", "normalizer none"),
+}
+GDPO_REWARDS_NOTE = ("one reward column per reward function: give the functions and their weights as the run's "
+                     "reward, `--reward fn_a=W_A,fn_b=W_B` (config reward.name)")
 #: estimators whose std division ``algorithm.norm_adv_by_std_in_grpo: false`` removes
 VERL_STD_OPTIONAL = ("grpo", "grpo_vectorized", "grpo_passk")
 VERL_AGG_MODES: dict[str, tuple[str, ...]] = {
@@ -126,10 +138,7 @@ VERL_KL_TYPES: dict[str, tuple[str, ...]] = {
 }
 #: options no spec expresses yet, and why (the doc's "not expressible" rows)
 UNSUPPORTED: dict[tuple[str, str], str] = {
-    ("verl", "adv_estimator=gdpo"): "needs one reward per reward key; the rewards slot is one scalar per sample",
     ("verl", "kl_loss_type=full"): "not implemented in verl either",
-    ("TRL", "multi_objective_aggregation=normalize_then_sum"): "GDPO needs one reward per reward function; the "
-                                                               "rewards slot is one scalar per sample",
 }
 #: how docs/peers.md names each ``{value}`` of a row
 DOC_NAMES: dict[str, str] = {
@@ -359,12 +368,17 @@ def _trl(cfg: dict[str, Any]) -> Translation:
                     high=format_value(_float(c["vllm_importance_sampling_clip_max"]))))
     else:
         t.notes.append("use_vllm is false: TRL's vLLM importance-sampling correction does not apply")
-    for opt, bad in (("multi_objective_aggregation", "normalize_then_sum"),):
-        if c[opt] == bad:
-            t.problem(opt, UNSUPPORTED[("TRL", f"{opt}={format_value(bad)}")])
+    agg = c["multi_objective_aggregation"]
+    if agg in TRL_MULTI_OBJECTIVE:
+        t.put(TRL_MULTI_OBJECTIVE[agg])
+        t.notes.append(f"multi_objective_aggregation={agg} (GDPO): TRL ignores scale_rewards here; "
+                       + GDPO_REWARDS_NOTE)
+    elif agg != "sum_then_normalize":
+        t.problem("multi_objective_aggregation", f"{agg!r} is not one of sum_then_normalize, "
+                                                 f"{', '.join(TRL_MULTI_OBJECTIVE)}")
     if cfg.get("reward_weights") not in (None, []):
-        t.problem("reward_weights", "the rewards slot is one scalar per sample: weight the reward functions in "
-                                    "your own reward (--reward module:function)")
+        t.notes.append(f"reward_weights {cfg['reward_weights']}: the weights of the run's reward functions, "
+                       "`--reward fn_a=W_A,fn_b=W_B` in their order")
     if cfg.get("sync_ref_model"):
         t.problem("sync_ref_model", "the reference model is fixed; a periodically synced reference is not supported")
     for opt, off in (("top_k", (None, 0, -1)), ("min_p", (None, 0, 0.0)), ("repetition_penalty", (None, 1, 1.0))):
@@ -426,6 +440,7 @@ VERL_DEFAULTS: dict[str, Any] = {  # verl 0.9.1 (AlgoConfig, ActorConfig, Policy
     "algorithm.kl_penalty": "kl",
 }
 _VERL_ALGO_KNOWN = {"adv_estimator", "gamma", "lam", "norm_adv_by_std_in_grpo", "use_kl_in_reward", "kl_penalty",
+                    "gdpo_reward_keys", "gdpo_reward_weights",
                     "kl_ctrl", "filter_groups", "rollout_correction", "_target_", "use_pf_ppo", "pf_ppo"}
 
 
@@ -459,7 +474,13 @@ def _verl(cfg: dict[str, Any]) -> Translation:
         rows = VERL_ADV_ESTIMATORS[adv]
         if adv in VERL_STD_OPTIONAL and not get("algorithm.norm_adv_by_std_in_grpo", True):
             rows = tuple(r for r in rows if not r.startswith("normalizer"))
+        if adv in VERL_NO_STD and not get("algorithm.norm_adv_by_std_in_grpo", True):
+            rows = VERL_NO_STD[adv]
         t.put(rows, v)
+        if adv in VERL_NO_STD:
+            keys, weights = get("algorithm.gdpo_reward_keys"), get("algorithm.gdpo_reward_weights")
+            t.notes.append(f"adv_estimator={adv}: gdpo_reward_keys {keys}, gdpo_reward_weights {weights}: "
+                           + GDPO_REWARDS_NOTE)
     else:
         why = UNSUPPORTED.get(("verl", f"adv_estimator={adv}"), "not a verl 0.9.1 adv_estimator")
         t.problem("algorithm.adv_estimator", f"{adv!r}: {why}")

@@ -32,6 +32,9 @@ class RolloutBatch:
     group_size      G
     reward_baselines [B]     reward of a greedy rollout of each row's prompt (repeated over
                              its group); only when the spec needs it (`baseline greedy_reward`)
+    reward_components [B, K] each reward function's own (unweighted) reward, K = the terms of
+                             the reward spec; reward_weights [K] their weights; only when the
+                             spec needs them (`baseline per_reward_group`, GDPO)
     """
 
     prompt_ids: torch.Tensor
@@ -45,6 +48,8 @@ class RolloutBatch:
     group_size: int
     answers: list[str] = field(default_factory=list)
     reward_baselines: torch.Tensor | None = None
+    reward_components: torch.Tensor | None = None
+    reward_weights: torch.Tensor | None = None
 
     @property
     def truncated(self) -> torch.Tensor:
@@ -63,7 +68,9 @@ class RolloutBatch:
                             [self.finish_reason[i] for i in keep], [self.prompts[i] for i in keep],
                             [self.completions[i] for i in keep], self.group_size,
                             [self.answers[i] for i in keep] if self.answers else [],
-                            None if self.reward_baselines is None else self.reward_baselines[rows])
+                            None if self.reward_baselines is None else self.reward_baselines[rows],
+                            None if self.reward_components is None else self.reward_components[rows],
+                            self.reward_weights)
 
     def select_groups(self, groups: Sequence[int]) -> "RolloutBatch":
         """The batch of whole prompt groups (group g = rows g*G .. g*G+G-1)."""
@@ -105,6 +112,9 @@ class RolloutBatch:
             answers=sum((b.answers for b in batches), []),
             reward_baselines=(None if any(b.reward_baselines is None for b in batches)
                               else torch.cat([b.reward_baselines for b in batches])),
+            reward_components=(None if any(b.reward_components is None for b in batches)
+                               else torch.cat([b.reward_components for b in batches])),
+            reward_weights=batches[0].reward_weights,
         )
 
 

@@ -28,11 +28,12 @@ from rldsl import lint
 
 from . import checkpoint as ckpt
 from .batch import RolloutBatch, group_rows
-from .build import Run, build_run
+from .build import Run, build_run, reward_name
 from .config import MODEL_RUN_DEFAULTS, RunConfig
 from .engines.base import SamplingParams
 from .errors import RunError, WorkerError
 from .metrics import EVAL_FAILED, GREEDY_ACC, RESPONSE_LENGTH, REWARD, SAMPLED_ACC, STEP_TIME, MetricsLogger
+from .rewards import RewardResult, parse_reward_spec
 from .rng import restore_rng, step_seed
 from .samples import append_samples, sample_rows, truncate_samples
 from .run_dir import (METRICS_FILE, SPEC_FILE, load_run_config, run_dir_of, save_config,
@@ -66,6 +67,18 @@ def _greedy_baselines(s: Run, step: int, examples: list[Any], batch: RolloutBatc
     return dataclasses.replace(batch, reward_baselines=base), gen.generate_s + gen.reward_s
 
 
+def _per_function(s: Run, batch: RolloutBatch, scored: RewardResult) -> RolloutBatch:
+    """``batch`` with ``reward_components`` [B, K] (one column per term of the reward spec, in its
+    order; parse_reward_spec refuses a name given twice) and ``reward_weights`` [K]: what GDPO
+    (`baseline per_reward_group`) normalises."""
+    terms = parse_reward_spec(reward_name(s.cfg))
+    names = [n for n, _ in terms]
+    dev = batch.response_ids.device
+    comps = torch.stack([scored.components[n].to(torch.float32) for n in names], dim=1).to(dev)  # [B, K]
+    w = torch.tensor([wt for _, wt in terms], dtype=torch.float32, device=dev)  # [K]
+    return dataclasses.replace(batch, reward_components=comps, reward_weights=w)
+
+
 def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[int], dict[str, float]]:
     """Generate and score P groups; with ``sampling dynamic`` keep drawing until P are informative.
 
@@ -89,6 +102,7 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
     used = 0
     greedy = "reward_baselines" in s.fn.algorithm.needs("advantage")  # ReMax: one greedy pass per prompt
     t_greedy = 0.0
+    per_function = "reward_components" in s.fn.algorithm.needs("advantage")  # GDPO: [B, K] rewards
     for r in range(rounds):
         used = r + 1
         examples = s.source.next_batch(P)
@@ -103,6 +117,8 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
         if greedy:
             batch, t = _greedy_baselines(s, step, examples, batch)
             t_greedy += t
+        if per_function:
+            batch = _per_function(s, batch, scored)
         if scored.num_errors:
             reward_errors += scored.num_errors
             s.warn(f"step {step}: {scored.num_errors} sample(s) skipped (reward failed); first:\n"

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..ops import AdvantageBatch, group_view, moments
-from ..registry import Bool, Choice, Float, register
+from ..registry import Bool, Choice, Float, Requires, register
 
 
 def _broadcast(a: Tensor, batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
@@ -302,3 +302,67 @@ def optimal_token(batch: AdvantageBatch, zero_tail: bool, align: str,
     if align == "response_token":
         adv = adv.reshape(B, T).gather(1, torch.where(m > 0, k, torch.zeros_like(k)))  # back to positions
     return adv.reshape(B, T) * m, returns
+WHITEN = ("none", "samples", "tokens")
+
+
+@register("baseline", per_group=True, needs=("reward_components",),
+          requires=Requires("normalizer", "none", "the component scales and whitens the advantage itself"),
+          eps=Float(1e-6, "added to each reward function's group std (verl 1e-6, TRL 1e-4)", ge=0),
+          std=Bool(True, "divide by the group std (verl norm_adv_by_std_in_grpo; TRL always)"),
+          singleton=Choice(SINGLETON, "reward",
+                           "a group of one: A_k = 0 (TRL: std 0) or A_k = r_k / (1 + eps) (verl: mean 0, std 1)"),
+          whiten=Choice(WHITEN, "tokens", "after the weighted sum: none, over the batch's samples "
+                        "(TRL, std + whiten_eps) or over its response tokens (verl masked_whiten)"),
+          whiten_eps=Float(1e-8, "TRL 1e-4 added to the std (samples); verl 1e-8 added to the variance (tokens)",
+                           ge=0))
+def per_reward_group(batch: AdvantageBatch, eps: float, std: bool, singleton: str, whiten: str,
+                     whiten_eps: float) -> tuple[Tensor, Tensor]:
+    """GDPO: normalise each reward function's column per group, sum with the weights, whiten.
+
+    formula: A_ik = (r_ik - mean_{j in g(i)} r_jk) / (std_{j in g(i)} r_jk + {eps});  S_i = sum_k w_k A_ik;  A_i = whiten(S) ({whiten}, {whiten_eps})
+    source: GDPO (NVIDIA 2026, "GDPO: Group reward-Decoupled Normalization Policy Optimization
+      for Multi-reward RL Optimization", arXiv 2601.05242); verl adv_estimator=gdpo
+      (compute_gdpo_outcome_advantage: grpo per gdpo_reward_keys column, gdpo_reward_weights,
+      masked_whiten over response tokens); TRL multi_objective_aggregation="normalize_then_sum"
+      with reward_weights (eps 1e-4 on the group std, then (S - mean S) / (std S + 1e-4) over samples)
+    shapes: reward_components [B, K], reward_weights [K] -> A [B, T] (returns == A)
+    edge cases: stds are Bessel's; a zero-variance column gives A_ik = 0; a non-finite r_ik is
+      left out of its column's statistics and of the sum (TRL's nanmean/nanstd/nansum); rows
+      whose reward failed (valid False) leave every statistic; `rewards` (the weighted sum and
+      its shaping) is not read, as in both peers; whiten=tokens with < 2 tokens leaves S as is.
+    """
+    comps = batch.reward_components
+    if comps is None:
+        raise ValueError("baseline per_reward_group needs reward_components= ([B, K], one column per "
+                         "reward function) in estimate()")
+    G, K = batch.group_size, comps.shape[1]
+    w = (torch.ones(K) if batch.reward_weights is None else batch.reward_weights).to(torch.float32)
+    x = comps.to(torch.float32)  # [B, K]
+    ok = torch.isfinite(x) & batch.valid_rows.unsqueeze(-1)  # [B, K]
+    xc = torch.where(ok, x, torch.zeros_like(x))
+    xg = xc.view(-1, G, K).transpose(1, 2)  # [P, K, G]
+    og = ok.view(-1, G, K).transpose(1, 2)
+    mean, s, n = moments(xg, og, True)  # [P, K, 1]
+    if singleton == "reward":
+        mean = torch.where(n < 2, torch.zeros_like(mean), mean)  # verl: mean 0, std 1
+    else:
+        s = torch.where(n < 2, torch.zeros_like(s), s)  # TRL: std 0 (the numerator is 0)
+    a = xg - mean
+    if std:
+        a = a / (s + eps)
+    a = torch.where(og, a, torch.zeros_like(a)).transpose(1, 2).reshape(-1, K)  # [B, K]
+    summed = (a * w.to(a).unsqueeze(0)).sum(-1)  # [B]
+    if whiten == "samples":
+        m, sd, _ = moments(summed, batch.valid_rows, True)
+        summed = (summed - m) / (sd + whiten_eps)
+        adv = summed.unsqueeze(-1) * batch.mask
+        return adv, adv
+    adv = summed.unsqueeze(-1) * batch.mask  # [B, T]
+    if whiten == "tokens":
+        m = batch.mask
+        n_tok = m.sum()
+        if n_tok >= 2:
+            mu = (adv * m).sum() / n_tok
+            var = (((adv - mu) * m) ** 2).sum() / n_tok * (n_tok / (n_tok - 1))
+            adv = (adv - mu) * torch.rsqrt(var + whiten_eps) * m
+    return adv, adv

@@ -244,7 +244,9 @@ class Trainer:
         est = self.fn.estimate(rewards, rollout.group_size, mask, values=values,
                                truncated=rollout.truncated, old_logprobs=est_old, ref_logprobs=ref,
                                rollout_logprobs=rollout.logprobs if self._corrects() else None,
-                               reward_baselines=rollout.reward_baselines, sum_pi_squared=spp)
+                               reward_baselines=rollout.reward_baselines, sum_pi_squared=spp,
+                               reward_components=rollout.reward_components,
+                               reward_weights=rollout.reward_weights)
         metrics = dict(est.metrics)
         valid = mask > 0
         if old is not None and valid.any():

@@ -64,10 +64,16 @@ def reward_batch(seed: int, G: int, P: int = 4, T: int = 10) -> dict[str, Tensor
     values = torch.randn(B, T, generator=g)
     greedy = (torch.randint(0, 3, (P,), generator=g).float() / 2).repeat_interleave(G)  # one per prompt
     # sum_v pi_v^2 of the old policy: from ~pi^2 (the rest spread thin) to pi^2 + (1 - pi)^2 (the
-    # rest on one other token); drawn last so the other fields keep their values
+    # rest on one other token); drawn after the fields above so they keep their values
     pi = old.exp()
     spp = pi ** 2 + (1 - pi) ** 2 * torch.rand(B, T, generator=g)
-    return dict(r=r, mask=mask, G=G, old=old, ref=ref, values=values, greedy=greedy, spp=spp)
+    # two reward functions (GDPO): column 0 is r itself, column 1 a length-like score in [-1, 0]
+    # with ties; a zero-variance group in it too; w their weights (r is not their weighted sum:
+    # the per-function estimators do not read it)
+    fmt = -torch.randint(0, 5, (B,), generator=g).float() / 4
+    fmt[2 * G:3 * G] = -0.5
+    comps, w = torch.stack([r, fmt], dim=1), torch.tensor([1.0, 0.5])
+    return dict(r=r, mask=mask, G=G, old=old, ref=ref, values=values, greedy=greedy, spp=spp, comps=comps, w=w)
 
 
 def token_level_rewards(r: Tensor, mask: Tensor) -> Tensor:
@@ -103,8 +109,8 @@ class AdvCase:
     spec: str
     ref: Callable[[dict], Tensor]    # batch -> advantages [B, T] (float64)
     group_sizes: tuple[int, ...] = (1, 4)
-    estimate_kw: tuple[str, ...] = ()  # "kl" (old/ref logprobs), "values", "greedy" (reward_baselines)
-    #                                     or "otb" (old_logprobs, sum_pi_squared)
+    estimate_kw: tuple[str, ...] = ()  # "kl" (old/ref logprobs), "values", "greedy" (reward_baselines),
+    #                                    "otb" (old_logprobs, sum_pi_squared) or "comps" (reward_components, reward_weights)
 
     @property
     def name(self) -> str:
@@ -306,6 +312,18 @@ ADV_CASES: list[AdvCase] = [
     AdvCase(VERL, "adv_estimator=tir_optimal_token_baseline", "baseline optimal_token(align=response_token)",
             lambda b: R.verl_tir_optimal_token_baseline(_tlr(b), _m(b), _idx(b), b["old"].double(),
                                                         b["spp"].double())[0], estimate_kw=("otb",)),
+    AdvCase(TRL, 'multi_objective_aggregation="normalize_then_sum" (GDPO), reward_weights',
+            "baseline per_reward_group(eps=0.0001, singleton=zero, whiten=samples, whiten_eps=0.0001)\n"
+            "normalizer none", lambda b: R.trl_normalize_then_sum(b["comps"].double(), b["G"], b["w"].double())
+            .unsqueeze(-1) * _m(b), estimate_kw=("comps",)),
+    AdvCase(VERL, "adv_estimator=gdpo, gdpo_reward_keys, gdpo_reward_weights",
+            "baseline per_reward_group\nnormalizer none",
+            lambda b: R.verl_gdpo([token_level_rewards(c, b["mask"]) for c in b["comps"].T], _m(b), _idx(b),
+                                  b["w"].tolist()), estimate_kw=("comps",)),
+    AdvCase(VERL, "adv_estimator=gdpo, norm_adv_by_std_in_grpo=False",
+            "baseline per_reward_group(std=false)\nnormalizer none",
+            lambda b: R.verl_gdpo([token_level_rewards(c, b["mask"]) for c in b["comps"].T], _m(b), _idx(b),
+                                  b["w"].tolist(), norm_adv_by_std_in_grpo=False), estimate_kw=("comps",)),
     AdvCase(VERL, "adv_estimator=gae (gamma 1, lam 0.95)", "baseline gae(gamma=1.0, lam=0.95)\n"
             "normalizer whiten\ncritic value", lambda b: R.verl_gae(_tlr(b), b["values"].double(), _m(b), 1.0, 0.95)
             * _m(b), estimate_kw=("values",)),
@@ -314,9 +332,6 @@ ADV_CASES: list[AdvCase] = [
 
 # Rows of the peers' option lists that no spec reproduces (printed by measure_peer_errors.py).
 NOT_EXPRESSIBLE: list[tuple[str, str, str]] = [
-    (TRL, 'multi_objective_aggregation="normalize_then_sum" (GDPO)', "one reward per reward function; "
-                                                                      "the rewards slot is one scalar per sample"),
-    (VERL, "adv_estimator=gdpo", "one reward per reward key"),
     (VERL, "kl_loss_type=full", "not implemented in verl either"),
 ]
 
@@ -364,5 +379,7 @@ def run_adv(case: AdvCase, b: dict) -> tuple[Tensor, Tensor]:
         kw["reward_baselines"] = b["greedy"]
     if "otb" in case.estimate_kw:
         kw.update(old_logprobs=b["old"], sum_pi_squared=b["spp"])
+    if "comps" in case.estimate_kw:
+        kw.update(reward_components=b["comps"], reward_weights=b["w"])
     est = fn.estimate(b["r"], b["G"], b["mask"], **kw)
     return est.advantages.double() * _m(b), case.ref(b) * _m(b)

@@ -267,6 +267,15 @@ def verl_tir_optimal_token_baseline(token_level_rewards, response_mask, index, o
         for k, t in enumerate(tokens[i]):
             adv[i, t] = full_returns[i, t] - baselines[i, k]
     return adv * response_mask, full_returns
+def verl_gdpo(score_list, response_mask, index, reward_weights=None, epsilon=1e-6, norm_adv_by_std_in_grpo=True):
+    """verl compute_gdpo_outcome_advantage: one token-level score tensor per gdpo_reward_keys
+    entry, each through grpo, summed with gdpo_reward_weights (default 1), masked_whiten."""
+    weights = [1.0] * len(score_list) if reward_weights is None else list(reward_weights)
+    new_advantage = None
+    for i, scores in enumerate(score_list):
+        normalized = verl_grpo(scores, response_mask, index, epsilon, norm_adv_by_std_in_grpo)
+        new_advantage = weights[i] * normalized if new_advantage is None else new_advantage + weights[i] * normalized
+    return verl_masked_whiten(new_advantage, response_mask) * response_mask
 
 
 def verl_reinforce_plus_plus_baseline(token_level_rewards, response_mask, index):
@@ -482,6 +491,23 @@ def trl_advantages(rewards: Tensor, num_generations: int, scale_rewards: str = "
     adv = rewards - mean_grouped
     if scale_rewards != "none":
         adv = adv / (std + 1e-4)
+    return torch.nan_to_num(adv, nan=0.0)
+
+
+def trl_normalize_then_sum(rewards_per_func: Tensor, num_generations: int, reward_weights: Tensor) -> Tensor:
+    """``_generate_and_score_completions`` with multi_objective_aggregation="normalize_then_sum"
+    (GDPO): each function's column normalised per group (eps 1e-4), weighted nansum, then
+    (S - nanmean S) / (nanstd S + 1e-4) over the batch; unscorable rows (all NaN) get 0."""
+    K = rewards_per_func.shape[1]
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    grouped = rewards_per_func.view(-1, num_generations, K)
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = _nanstd(grouped, dim=1).unsqueeze(1) if num_generations > 1 else torch.zeros_like(mean_k)
+    reward_k = ((grouped - mean_k) / (std_k + 1e-4)).view(-1, K)
+    rewards = (reward_k * reward_weights.unsqueeze(0)).nansum(dim=1)
+    rewards[unscorable] = torch.nan
+    std = _nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+    adv = (rewards - torch.nanmean(rewards)) / (std + 1e-4)
     return torch.nan_to_num(adv, nan=0.0)
 
 

@@ -148,6 +148,8 @@ def test_a_failed_reward_leaves_no_nan(case):
         kw["reward_baselines"] = b["greedy"]
     if "otb" in case.estimate_kw:
         kw.update(old_logprobs=b["old"], sum_pi_squared=b["spp"])
+    if "comps" in case.estimate_kw:
+        kw.update(reward_components=b["comps"], reward_weights=b["w"])
     est = fn_for(case.spec).estimate(b["r"], 4, b["mask"], **kw)
     assert torch.isfinite(est.advantages).all() and torch.isfinite(est.returns).all()
     assert est.mask[5].sum() == 0 and est.advantages[5].abs().sum() == 0
@@ -231,3 +233,46 @@ def test_optimal_token_baseline_is_the_group_mean_for_equal_energies():
     otb = fn_for(OTB).estimate(b["r"], 4, mask, old_logprobs=old, sum_pi_squared=spp).advantages
     gm = fn_for("baseline group_mean").estimate(b["r"], 4, mask).advantages
     torch.testing.assert_close(otb, gm, atol=1e-6, rtol=0)
+GDPO_TRL = "baseline per_reward_group(eps=0.0001, singleton=zero, whiten=samples, whiten_eps=0.0001)\nnormalizer none"
+
+
+def test_gdpo_needs_the_per_function_rewards_and_checks_their_shape():
+    b = reward_batch(4, 4)
+    fn = fn_for("baseline per_reward_group\nnormalizer none")
+    with pytest.raises(ValueError, match="reward_components="):
+        fn.estimate(b["r"], 4, b["mask"])
+    with pytest.raises(ValueError, match=r"reward_components must be \[B, K\]"):
+        fn.estimate(b["r"], 4, b["mask"], reward_components=b["comps"][:8])
+    with pytest.raises(ValueError, match="reward_weights must be 2 finite numbers"):
+        fn.estimate(b["r"], 4, b["mask"], reward_components=b["comps"], reward_weights=torch.ones(3))
+    # default weights are 1 (both peers' default)
+    m = b["mask"].double()
+    est = fn.estimate(b["r"], 4, b["mask"], reward_components=b["comps"])
+    ref = R.verl_gdpo([token_level_rewards(c, m) for c in b["comps"].T], m, [i // 4 for i in range(16)])
+    torch.testing.assert_close(est.advantages.double() * m, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_gdpo_differs_from_grpo_on_the_summed_reward():
+    """The point of GDPO: (1,0) and (0,1) reward pairs sum alike but are normalised per function,
+    so with unequal spreads the advantages differ from GRPO's on the weighted sum."""
+    comps = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [1.0, 0.2]])
+    mask = torch.ones(4, 3)
+    r = comps.sum(-1)
+    gdpo = fn_for(GDPO_TRL).estimate(r, 4, mask, reward_components=comps).advantages[:, 0]
+    grpo = fn_for("baseline group_mean\nnormalizer group_std(eps=0.0001)").estimate(r, 4, mask).advantages[:, 0]
+    ref = R.trl_normalize_then_sum(comps.double(), 4, torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(gdpo.double(), ref, rtol=1e-5, atol=1e-6)
+    assert (gdpo - grpo).abs().max() > 0.1
+
+
+def test_gdpo_a_missing_function_reward_is_left_out_as_trl_does():
+    """A NaN in one function's column (TRL: that function returned None) leaves its column's
+    statistics and the weighted sum; the row keeps the other functions' signal."""
+    b = reward_batch(5, 4)
+    comps = b["comps"].clone()
+    comps[1, 1] = float("nan")
+    comps[9, 0] = float("nan")
+    est = fn_for(GDPO_TRL).estimate(b["r"], 4, b["mask"], reward_components=comps, reward_weights=b["w"])
+    ref = R.trl_normalize_then_sum(comps.double(), 4, b["w"].double()).unsqueeze(-1) * b["mask"].double()
+    assert torch.isfinite(est.advantages).all()
+    torch.testing.assert_close(est.advantages.double(), ref, rtol=1e-5, atol=1e-6)

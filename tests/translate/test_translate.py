@@ -99,6 +99,7 @@ def _doc_form(rows: tuple[str, ...]) -> list[str]:
 
 @pytest.mark.parametrize("heading, table", [
     ("TRL `GRPOConfig`", tr.TRL_LOSS_TYPES), ("TRL `GRPOConfig`", tr.TRL_SCALE_REWARDS),
+    ("TRL `GRPOConfig`", tr.TRL_MULTI_OBJECTIVE),
     ("verl `actor.policy_loss.loss_mode`", tr.VERL_LOSS_MODES),
     ("verl `algorithm.adv_estimator`", tr.VERL_ADV_ESTIMATORS),
     ("verl `actor.loss_agg_mode`", tr.VERL_AGG_MODES), ("verl `actor.kl_loss_type`", tr.VERL_KL_TYPES),
@@ -198,6 +199,30 @@ def test_trl_delta_is_a_dual_clip() -> None:
     assert tr.translate({"delta": 1.1, "epsilon_high": 0.28}).lines["trust_region"] == \
         ["trust_region dual_clip(low=0.2, high=0.1, c=1.28)"]
     assert [p.option for p in tr.translate({"delta": 0.9}).problems] == ["delta"]
+
+
+def test_gdpo_from_trl_and_verl_checks(tmp_path: Path) -> None:
+    """TRL normalize_then_sum (+ reward_weights) and verl adv_estimator=gdpo translate to
+    per_reward_group specs that check; the reward functions and weights go to a note."""
+    t = tr.translate({"multi_objective_aggregation": "normalize_then_sum", "reward_weights": [1.0, 0.5],
+                      "scale_rewards": "batch"})
+    assert not t.problems
+    assert t.lines["baseline"] == ["baseline per_reward_group(eps=0.0001, singleton=zero, whiten=samples, "
+                                   "whiten_eps=0.0001)"] and t.lines["normalizer"] == ["normalizer none"]
+    assert any("reward_weights [1.0, 0.5]" in n for n in t.notes)
+    assert [p.option for p in tr.translate({"multi_objective_aggregation": "mean"}).problems] == \
+        ["multi_objective_aggregation"]
+    v = tr.translate({"algorithm": {"adv_estimator": "gdpo", "gdpo_reward_keys": ["fmt", "acc"],
+                                    "gdpo_reward_weights": [0.3, 0.7]}})
+    assert not v.problems and v.lines["baseline"] == ["baseline per_reward_group"]
+    assert any("['fmt', 'acc']" in n and "--reward" in n for n in v.notes)
+    v2 = tr.translate({"algorithm": {"adv_estimator": "gdpo", "norm_adv_by_std_in_grpo": False}})
+    assert v2.lines["baseline"] == ["baseline per_reward_group(std=false)"]
+    for i, x in enumerate((t, v, v2)):
+        f = tmp_path / f"g{i}.rl"
+        f.write_text(x.spec_text(f"g{i}", "g.json"))
+        r = CliRunner().invoke(app, ["check", str(f)])
+        assert r.exit_code == 0, r.output
 
 
 def test_verl_defaults_and_variants() -> None:
