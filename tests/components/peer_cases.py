@@ -367,9 +367,8 @@ def run_loss(case: LossCase, b: dict) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return out.loss.detach(), want.detach(), g, g_ref
 
 
-def run_adv(case: AdvCase, b: dict) -> tuple[Tensor, Tensor]:
-    """(ours via estimate(), reference) advantages [B, T], compared on response tokens."""
-    fn = fn_for(case.spec)
+def estimate_kwargs(case: AdvCase, b: dict) -> dict[str, Tensor]:
+    """The optional estimate() inputs ``case`` needs, from the batch ``b``."""
     kw = {}
     if "kl" in case.estimate_kw:
         kw.update(old_logprobs=b["old"], ref_logprobs=b["ref"])
@@ -381,5 +380,10 @@ def run_adv(case: AdvCase, b: dict) -> tuple[Tensor, Tensor]:
         kw.update(old_logprobs=b["old"], sum_pi_squared=b["spp"])
     if "comps" in case.estimate_kw:
         kw.update(reward_components=b["comps"], reward_weights=b["w"])
-    est = fn.estimate(b["r"], b["G"], b["mask"], **kw)
+    return kw
+
+
+def run_adv(case: AdvCase, b: dict) -> tuple[Tensor, Tensor]:
+    """(ours via estimate(), reference) advantages [B, T], compared on response tokens."""
+    est = fn_for(case.spec).estimate(b["r"], b["G"], b["mask"], **estimate_kwargs(case, b))
     return est.advantages.double() * _m(b), case.ref(b) * _m(b)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import peer_refs as R
-from peer_cases import ADV_CASES, fn_for, reward_batch, run_adv, token_level_rewards
+from peer_cases import ADV_CASES, estimate_kwargs, fn_for, reward_batch, run_adv, token_level_rewards
 from rldsl.components import baseline as bl
 from rldsl.components import normalizer as nm
 from rldsl.ops import AdvantageBatch
@@ -141,16 +141,7 @@ def test_a_failed_reward_leaves_no_nan(case):
     b = reward_batch(7, 4)
     b["r"] = b["r"].clone()
     b["r"][5] = float("nan")
-    kw = {"old_logprobs": b["old"], "ref_logprobs": b["ref"]} if "kl" in case.estimate_kw else {}
-    if "values" in case.estimate_kw:
-        kw["values"] = b["values"]
-    if "greedy" in case.estimate_kw:
-        kw["reward_baselines"] = b["greedy"]
-    if "otb" in case.estimate_kw:
-        kw.update(old_logprobs=b["old"], sum_pi_squared=b["spp"])
-    if "comps" in case.estimate_kw:
-        kw.update(reward_components=b["comps"], reward_weights=b["w"])
-    est = fn_for(case.spec).estimate(b["r"], 4, b["mask"], **kw)
+    est = fn_for(case.spec).estimate(b["r"], 4, b["mask"], **estimate_kwargs(case, b))
     assert torch.isfinite(est.advantages).all() and torch.isfinite(est.returns).all()
     assert est.mask[5].sum() == 0 and est.advantages[5].abs().sum() == 0
 
