@@ -55,6 +55,23 @@ def moments(x: Tensor, valid: Tensor, unbiased: bool = True) -> tuple[Tensor, Te
     return mean, std, k
 
 
+def masked_whiten(x: Tensor, mask: Tensor, eps: float, shift_mean: bool = True) -> Tensor:
+    """``x`` [B, T] whitened over the tokens where ``mask`` is 1 (verl's masked_whiten).
+
+    (x - mean) / sqrt(var + eps), var with Bessel's correction; ``shift_mean=False`` adds the
+    mean back. With fewer than 2 tokens ``x`` is returned unchanged (verl raises).
+    """
+    n = mask.sum()
+    if n < 2:
+        return x
+    mean = (x * mask).sum() / n
+    var = (((x - mean) * mask) ** 2).sum() / n * (n / (n - 1))
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * mask
+
+
 def scorable_stats(rewards: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Max, min, sum and count of the finite entries of ``rewards`` over its last dim.
 

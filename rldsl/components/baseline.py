@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..ops import AdvantageBatch, group_view, moments
+from ..ops import AdvantageBatch, group_view, masked_whiten, moments
 from ..registry import Bool, Choice, Float, Requires, register
 
 
@@ -359,10 +359,5 @@ def per_reward_group(batch: AdvantageBatch, eps: float, std: bool, singleton: st
         return adv, adv
     adv = summed.unsqueeze(-1) * batch.mask  # [B, T]
     if whiten == "tokens":
-        m = batch.mask
-        n_tok = m.sum()
-        if n_tok >= 2:
-            mu = (adv * m).sum() / n_tok
-            var = (((adv - mu) * m) ** 2).sum() / n_tok * (n_tok / (n_tok - 1))
-            adv = (adv - mu) * torch.rsqrt(var + whiten_eps) * m
+        adv = masked_whiten(adv, batch.mask, whiten_eps)
     return adv, adv

@@ -5,10 +5,9 @@ sequence rewards ``batch.rewards`` (after shaping), except ``whiten`` (token adv
 """
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from ..ops import AdvantageBatch, group_view, moments
+from ..ops import AdvantageBatch, group_view, masked_whiten, moments
 from ..registry import Bool, Float, Requires, register
 
 
@@ -84,16 +83,7 @@ def whiten(adv: Tensor, batch: AdvantageBatch, eps: float, shift_mean: bool) -> 
     shapes: [B, T] -> [B, T]
     edge cases: with fewer than 2 tokens the advantages are returned unchanged (verl raises).
     """
-    m = batch.mask
-    n = m.sum()
-    if n < 2:
-        return adv
-    mean = (adv * m).sum() / n
-    var = (((adv - mean) * m) ** 2).sum() / n * (n / (n - 1))
-    out = (adv - mean) * torch.rsqrt(var + eps)
-    if not shift_mean:
-        out = out + mean
-    return out * m
+    return masked_whiten(adv, batch.mask, eps, shift_mean)
 
 
 @register("normalizer",
