@@ -133,6 +133,19 @@ def tensors_by_name(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def cache_keyword(module: nn.Module) -> str | None:
+    """The keyword through which ``module.forward`` takes a KV cache: ``cache`` (transformers
+    >= 5.24, which deprecates the old name) or ``past_key_values`` (older releases); None if
+    it takes neither. Passing the name the model expects keeps every forward free of
+    deprecation warnings, whichever transformers a user has."""
+    import inspect
+    params = inspect.signature(module.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return None
+
+
 def plain_kv_cache(model: nn.Module) -> bool:
     """Whether the model's KV cache is a ``DynamicCache`` of full-attention layers only (no
     sliding window, no recurrent state): one a caller may fill, select rows of and repeat."""

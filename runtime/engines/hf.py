@@ -14,13 +14,14 @@ Shapes: P prompts, G = ``params.n``, B = P*G, Tp / Tr prompt / response length, 
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Iterable
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..batch import RolloutBatch, position_ids_from_mask, repeat_each
-from ..models import plain_kv_cache, tensors_by_name
+from ..models import cache_keyword, plain_kv_cache, tensors_by_name
 from .base import SamplingParams, check_request, cut_at_first_stop, special_token_ids, stop_token_ids
 
 
@@ -45,6 +46,7 @@ class HFEngine:
         self._stops = torch.tensor(sorted(self.stop_ids), device=self.device)
         self.tokenizer = tokenizer
         self._sampler_ok: bool | None = None  # decided on first use (_cached_sampling_ok)
+        self._cache_kw: str | None = None  # the forward's cache keyword, found with it
         self._keep_last = "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
     # ------------------------------------------------------------------ generate
@@ -95,8 +97,14 @@ class HFEngine:
                 default_cache = bool(self.model._supports_default_dynamic_cache())
             except (AttributeError, TypeError, ValueError):  # transformers 4.x, odd models
                 default_cache = False
+            self._cache_kw = cache_keyword(self.model)
             self._sampler_ok = default_cache and plain_kv_cache(self.model) \
-                and "position_ids" in params and "past_key_values" in params
+                and "position_ids" in params and self._cache_kw is not None
+            if not self._sampler_ok:
+                warnings.warn(
+                    f"HFEngine: {type(self.model).__name__} does not take a plain KV cache through "
+                    "`cache` / `past_key_values` with `position_ids`; sampling falls back to "
+                    "model.generate (same distribution, slower)", stacklevel=3)
         return self._sampler_ok
 
     def _logits(self, **inputs: torch.Tensor) -> torch.Tensor:
@@ -134,8 +142,9 @@ class HFEngine:
         out_lp = torch.zeros((B, T), dtype=torch.float32, device=self.device)  # [B, T]
         cache = DynamicCache(config=self.model.config)
         pos = position_ids_from_mask(mask)  # [P, Tp] as generate
+        kw = self._cache_kw  # "cache" or "past_key_values", as the model's forward names it
         logits = self._logits(input_ids=ids, attention_mask=mask, position_ids=pos,
-                              past_key_values=cache)  # [P, V]
+                              **{kw: cache})  # [P, V]
         logits = logits.repeat_interleave(G, dim=0)  # [B, V]
         cache.batch_repeat_interleave(G)
         attn = mask.repeat_interleave(G, dim=0)  # [B, Tp + t] of the rows still running
@@ -161,7 +170,7 @@ class HFEngine:
                 alive, token, attn, next_pos = alive[keep], token[keep], attn[keep], next_pos[keep]
             attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
             logits = self._logits(input_ids=token[:, None], attention_mask=attn, position_ids=next_pos,
-                                  past_key_values=cache)
+                                  **{kw: cache})
             next_pos = next_pos + 1
         return out_ids[:, :steps], out_lp[:, :steps]
 

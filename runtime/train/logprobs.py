@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from ..batch import position_ids_from_mask
-from ..models import backbone, plain_kv_cache
+from ..models import backbone, cache_keyword, plain_kv_cache
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
@@ -85,18 +85,19 @@ def _shared_prompt_hidden(
     prompt = prompt.view(P, G, 2 * Tp)  # [P, G, 2*Tp] ids and mask of each group's rows
     if not bool((prompt == prompt[:, :1]).all()):
         return None
-    if not plain_kv_cache(model):
+    body = backbone(model)
+    kw = cache_keyword(body)  # "cache" or "past_key_values", as this transformers names it
+    if kw is None or not plain_kv_cache(model):
         return None
     from transformers.cache_utils import DynamicCache
     cache = DynamicCache(config=model.config)
-    body = backbone(model)
     pos = position_ids_from_mask(attention_mask)  # [B, T] as in the full forward
     first = slice(0, B, G)  # one row per group
     out = body(
         input_ids=input_ids[first, :Tp],
         attention_mask=attention_mask[first, :Tp],
         position_ids=pos[first, :Tp],
-        past_key_values=cache,
+        **{kw: cache},
         use_cache=True,
     )
     h_first = out.last_hidden_state[:, -1:].repeat_interleave(G, dim=0)  # [B, 1, H] predicts response token 0
@@ -109,7 +110,7 @@ def _shared_prompt_hidden(
         input_ids=input_ids[:, Tp : T - 1],
         attention_mask=attention_mask[:, : T - 1],
         position_ids=pos[:, Tp : T - 1],
-        past_key_values=cache,
+        **{kw: cache},
         use_cache=True,
     )
     return torch.cat([h_first, out.last_hidden_state], dim=1)  # [B, Tr, H]
