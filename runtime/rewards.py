@@ -5,6 +5,7 @@ Spec syntax (``--reward``)::
     spec    := term ("," term)*
     term    := name ["(" option ("," option)* ")"] ["=" weight]     weight: a float, default 1.0
     name    := exact | math | gsm8k | addition | package.module:function
+             | http(s)://HOST:PORT/PATH | judge:URL | rm:PATH      batch terms (below)
     option  := key "=" value            true/false, a number, or a word; passed as a keyword
 
     "math"                              the math verifier alone
@@ -29,6 +30,11 @@ Built-ins (docs/rewards.md has the rules and examples):
   addition  the toy task's: 1.0 only for exactly the answer followed by EOS
             (``completion == answer`` and finish_reason "stop")
 
+Batch terms score all samples of a call at once, concurrently: a reward server
+(:mod:`.reward_remote`, served by ``rldsl serve-reward``), an LLM judge behind an
+OpenAI-compatible API (:mod:`.reward_remote`), a sequence-classification reward model
+(:mod:`.reward_model`). docs/rewards.md has their options and the server protocol.
+
 Errors: a reward function that raises, or returns something that is not a finite
 number, raises ``RewardError`` naming the reward, the sample index, the prompt and the
 completion. With ``on_error="skip"`` the sample gets a NaN reward instead (the trainer
@@ -50,6 +56,8 @@ import torch
 
 from .batch import RolloutBatch
 from .errors import RewardError
+from .reward_model import RewardModel
+from .reward_remote import JudgeReward, ServerReward
 
 RewardCallable = Callable[..., float]
 
@@ -355,6 +363,9 @@ def _options_of(fn: RewardCallable) -> list[str]:
 def resolve_reward(name: str) -> RewardCallable:
     """A built-in by name, or ``package.module:function`` imported; ``name(key=value)`` binds options."""
     base, options = split_reward_name(name)
+    batch_term = batch_reward(base, options)
+    if batch_term is not None:
+        return batch_term
     if base in BUILTIN_REWARDS:
         fn = BUILTIN_REWARDS[base]
     elif ":" not in base:
@@ -379,6 +390,25 @@ def resolve_reward(name: str) -> RewardCallable:
             raise ValueError(f"reward {base!r} has no option {key!r}; its options: "
                              + (", ".join(known) if known else "none"))
     return functools.partial(fn, **options)
+
+
+def batch_reward(base: str, options: dict[str, bool | int | float | str]) -> RewardCallable | None:
+    """The batch reward term ``base`` names -- a reward server (``http(s)://...``), an LLM judge
+    (``judge:URL``) or a reward model (``rm:PATH``) -- built with ``options``; None for a function."""
+    make: Callable[..., RewardCallable]
+    if base.startswith(("http://", "https://")):
+        make, target = ServerReward, base
+    elif base.startswith("judge:"):
+        make, target = JudgeReward, base[len("judge:"):]
+    elif base.startswith("rm:"):
+        make, target = RewardModel, base[len("rm:"):]
+    else:
+        return None
+    known = [p for p in inspect.signature(make).parameters if p not in ("url", "path", "check")]
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        raise ValueError(f"reward {base!r} has no option {unknown[0]!r}; its options: {', '.join(known)}")
+    return make(target, **options)
 
 
 def _accepts_finish_reason(fn: RewardCallable) -> bool:
@@ -458,19 +488,49 @@ class RewardTerm:
     fn: RewardCallable
     takes_finish_reason: bool
 
+    @property
+    def batched(self) -> bool:
+        """Scores all samples in one call (``score_batch``: reward servers, judges, reward models)."""
+        return callable(getattr(self.fn, "score_batch", None))
+
+    def score_batch(self, prompts: list[str], completions: list[str], answers: list[str],
+                    finish_reasons: list[str]) -> list[float | BaseException]:
+        """Every sample's value as a finite float, or the exception that sample raised."""
+        if self.batched:
+            values = self.fn.score_batch(prompts, completions, answers, finish_reasons)
+            return [v if isinstance(v, BaseException) else _finite(v) for v in values]
+        out: list[float | BaseException] = []
+        for args in zip(prompts, completions, answers, finish_reasons):
+            try:
+                out.append(self(*args))
+            except Exception as e:
+                out.append(e)
+        return out
+
     def __call__(self, prompt: str, completion: str, answer: str, finish_reason: str) -> float:
         """The function's value as a finite float; anything else raises ``ValueError``."""
         if self.takes_finish_reason:
             value = self.fn(prompt, completion, answer, finish_reason=finish_reason)
         else:
             value = self.fn(prompt, completion, answer)
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"returned {value!r}, not a number") from None
-        if not _math.isfinite(value):
-            raise ValueError(f"returned a non-finite value {value}")
-        return value
+        number = _finite(value)
+        if isinstance(number, BaseException):
+            raise number
+        return number
+
+
+def _finite(value: object) -> float | BaseException:
+    """``value`` as a finite float, or the ValueError saying it is not one (returned, not raised,
+    for a batch; ``RewardTerm.__call__`` raises it)."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        error: BaseException = ValueError(f"returned {value!r}, not a number")
+    else:
+        if _math.isfinite(number):
+            return number
+        error = ValueError(f"returned a non-finite value {number}")
+    return error
 
 
 class RewardFn:
@@ -504,20 +564,22 @@ class RewardFn:
         errors: list[str] = []
         for term in self.terms:
             values = torch.empty(B, dtype=torch.float32)  # [B]
-            for i in range(B):
-                prompt, completion = prompts[i], batch.completions[i]
-                try:
-                    values[i] = term(prompt, completion, batch.answers[i], batch.finish_reason[i])
-                except Exception as e:
+            # a batch term (server, judge, reward model) gets all B samples in one call
+            scores = term.score_batch(list(prompts), list(batch.completions), list(batch.answers),
+                                      list(batch.finish_reason))
+            for i, score in enumerate(scores):
+                if isinstance(score, BaseException):
                     message = (
-                        f"reward {term.name!r} failed on sample {i}: {type(e).__name__}: {e}\n"
-                        f"  prompt:     {_short(prompt)}\n"
-                        f"  completion: {_short(completion)}"
+                        f"reward {term.name!r} failed on sample {i}: {type(score).__name__}: {score}\n"
+                        f"  prompt:     {_short(prompts[i])}\n"
+                        f"  completion: {_short(batch.completions[i])}"
                     )
                     if self.on_error == "raise":
-                        raise RewardError(message) from e
+                        raise RewardError(message) from score
                     errors.append(message)
                     values[i] = float("nan")
+                else:
+                    values[i] = score
             components[term.name] = values
             total += term.weight * values
         num_errors = int(torch.isnan(total).sum())
