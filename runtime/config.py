@@ -266,6 +266,13 @@ class LogConfig(_Section):
     tensorboard: bool = Field(default=False,
                               description="Also write TensorBoard events to <run>/tb "
                                           "(needs the tensorboard package).")
+    report_to: list[Literal["tensorboard", "wandb", "trackio", "mlflow"]] = Field(
+        default_factory=list,
+        description="Experiment trackers that also get every metric, the config and the spec "
+                    "(any subset of tensorboard, wandb, trackio, mlflow; each an optional extra: "
+                    "pip install 'rldsl[wandb]'). A resume continues the same tracker runs.")
+    project: str = Field(default="rldsl",
+                         description="The W&B / Trackio project and MLflow experiment of log.report_to.")
     progress: bool = Field(default=True,
                            description="Show a progress bar (plain lines when stdout is "
                                        "not a terminal).")

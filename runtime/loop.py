@@ -36,6 +36,7 @@ from .metrics import EVAL_FAILED, GREEDY_ACC, RESPONSE_LENGTH, REWARD, SAMPLED_A
 from .rewards import RewardResult, parse_reward_spec
 from .rng import restore_rng, step_seed
 from .samples import append_samples, sample_rows, truncate_samples
+from .trackers import check_trackers, open_trackers
 from .run_dir import (METRICS_FILE, SPEC_FILE, load_run_config, run_dir_of, save_config,
                       save_parent_specs)
 
@@ -317,6 +318,8 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
     ``stop_after``: stop (with a checkpoint) once this many steps are done in total — used by
     tests to interrupt a run at a known point.
     """
+    if cfg is not None:
+        check_trackers(cfg.log.report_to)  # a tracker that is not installed fails before any model loads
     if resume is not None:
         run_dir = Path(resume)
         if not run_dir.is_dir():
@@ -348,9 +351,13 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
             ckpt.remove_checkpoints_after(run_dir, start)
             truncate_samples(run_dir, start)
         total = cfg.train.steps
+        resume_step = start if resume is not None else None
+        trackers = open_trackers(cfg.log.report_to, run_dir, config=cfg.model_dump(mode="json"),
+                                 spec_text=(run_dir / SPEC_FILE).read_text(encoding="utf-8"),
+                                 project=cfg.log.project, resume_step=resume_step)
         logger = MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard, total_steps=total,
                                progress=cfg.log.progress, print_every=cfg.log.print_every,
-                               resume_step=start if resume is not None else None)
+                               resume_step=resume_step, trackers=trackers)
         step = start
         last_saved = start if resume is not None else -1
         s.warn = lambda msg: logger.print(msg, markup=False)

@@ -27,7 +27,8 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, Text
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
-from .run_dir import METRICS_FILE, TENSORBOARD_DIR, write_text_atomic
+from .run_dir import METRICS_FILE, write_text_atomic
+from .trackers import TensorBoardTracker, Tracker, numeric
 
 __all__ = [
     "REWARD", "GREEDY_ACC", "SAMPLED_ACC", "EVAL_FAILED", "RESPONSE_LENGTH", "ENTROPY", "CLIP_FRACTION", "STEP_TIME",
@@ -207,7 +208,8 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str | os.PathLike[str], tensorboard: bool = False, *,
                  total_steps: int | None = None, progress: bool = True, print_every: int = 10,
-                 resume_step: int | None = None, console: Console | None = None):
+                 resume_step: int | None = None, console: Console | None = None,
+                 trackers: Sequence[Tracker] = ()):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
@@ -226,7 +228,10 @@ class MetricsLogger:
             raise FileExistsError(f"{self.path} already holds metrics: resume that run, or "
                                   f"choose a new run folder")
         self._file = open(self.path, "a", encoding="utf-8")
-        self._writer = self._open_tensorboard(resume_step) if tensorboard else None
+        # experiment trackers (trackers.open_trackers): each gets every numeric value of a record
+        self._trackers = list(trackers)
+        if tensorboard and not any(t.name == "tensorboard" for t in self._trackers):
+            self._trackers.append(self._open_tensorboard(resume_step))
         self._times: deque[tuple[float, int]] = deque(maxlen=11)
         self._times.append((time.perf_counter(), resume_step if resume_step is not None else 0))
         self._shown: dict[str, Any] = {}
@@ -250,15 +255,13 @@ class MetricsLogger:
 
     # -- writing -------------------------------------------------------------------
 
-    def _open_tensorboard(self, resume_step: int | None) -> Any:
+    def _open_tensorboard(self, resume_step: int | None) -> Tracker:
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            return TensorBoardTracker(self.run_dir, resume_step)
         except ImportError as exc:
             raise ImportError(
                 "TensorBoard logging needs the tensorboard package: pip install "
                 "'rldsl[tensorboard]' (or turn it off: log.tensorboard=false)") from exc
-        kwargs = {"purge_step": resume_step + 1} if resume_step is not None else {}
-        return SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD_DIR), **kwargs)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Append ``{"step": step, **metrics}`` to metrics.jsonl (flushed); return the record."""
@@ -273,10 +276,10 @@ class MetricsLogger:
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
         self.records.append(record)
-        if self._writer is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self._writer.add_scalar(key, float(value), global_step=step)
+        if self._trackers:
+            values = numeric(record)
+            for tracker in self._trackers:
+                tracker.log(step, values)
         self._times.append((time.perf_counter(), step))
         self._show(record)
         return record
@@ -337,15 +340,14 @@ class MetricsLogger:
             self._progress = None
 
     def close(self) -> None:
-        """Stop the progress display, flush and close the file and the TensorBoard writer."""
+        """Stop the progress display, flush and close the file and the trackers."""
         if self._closed:
             return
         self._closed = True
         self._stop_progress()
         self._file.close()
-        if self._writer is not None:
-            self._writer.flush()
-            self._writer.close()
+        for tracker in self._trackers:
+            tracker.close()
 
     def __enter__(self) -> "MetricsLogger":
         return self

@@ -6,7 +6,9 @@ Layout of a run folder (the names below are the only place they are spelled)::
         config.json        the resolved RunConfig (JSON round-trips None exactly; TOML cannot)
         spec.rl            the spec the run trains, and <parent>.rl for each spec it extends
         metrics.jsonl      one JSON object per step (metrics.py)
-        tb/                TensorBoard events (log.tensorboard)
+        tb/                TensorBoard events (log.tensorboard, or "tensorboard" in log.report_to)
+        trackers.json      the run ids of log.report_to's trackers, so a resume continues them
+        wandb/, mlruns/    W&B's local files and MLflow's default file store (log.report_to)
         curves.png         ``rldsl plot`` output for one run
         checkpoints/       see checkpoint.py
             step-N/  policy/  critic/  optimizer.pt  state.pt  COMPLETE
@@ -26,6 +28,7 @@ CONFIG_FILE = "config.json"
 SPEC_FILE = "spec.rl"
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tb"
+TRACKERS_FILE = "trackers.json"  # the tracker run ids a resumed run continues (log.report_to)
 CURVES_FILE = "curves.png"
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "latest"

@@ -1,0 +1,77 @@
+"""Read back what each tracker stored locally (test helpers, not the product): W&B's offline
+run log, Trackio's SQLite store, MLflow's file store."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import struct
+from pathlib import Path
+
+_BLOCK = 32768
+_HEADER = 7  # ":W&B" + 2 magic bytes + 1 version byte at the start of a .wandb file
+
+
+def wandb_records(path: Path) -> list:
+    """The protobuf Records of a W&B run log (.wandb): a LevelDB-style log of 32 KiB blocks,
+    each record chunk [crc32c 4][length 2, little endian][type 1: full/first/middle/last][data]."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    raw = path.read_bytes()
+    assert raw[:4] == b":W&B", f"{path} is not a W&B run log"
+    out, pos, pending = [], _HEADER, b""
+    while pos + 7 <= len(raw):
+        left_in_block = _BLOCK - pos % _BLOCK
+        if left_in_block < 7:  # the block's tail is padding
+            pos += left_in_block
+            continue
+        length, kind = struct.unpack_from("<HB", raw, pos + 4)
+        data = raw[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 0 and length == 0:
+            continue
+        pending = data if kind in (1, 2) else pending + data
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(pending)
+            out.append(record)
+            pending = b""
+    return out
+
+
+def wandb_history(run_dir: Path) -> tuple[dict[int, dict[str, float]], dict[str, object], set[str]]:
+    """(step -> logged values, config, run ids) over every offline run log in ``run_dir/wandb``."""
+    history: dict[int, dict[str, float]] = {}
+    config: dict[str, object] = {}
+    ids: set[str] = set()
+    for log in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"), key=lambda p: p.stat().st_mtime):
+        for record in wandb_records(log):
+            kind = record.WhichOneof("record_type")
+            if kind == "history":
+                items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item}
+                step = int(items.pop("_step"))
+                history.setdefault(step, {}).update({k: v for k, v in items.items() if not k.startswith("_")})
+            elif kind == "config":
+                for i in record.config.update:
+                    config[i.key or "/".join(i.nested_key)] = json.loads(i.value_json)
+            elif kind == "run":
+                ids.add(record.run.run_id)
+                for i in record.run.config.update:
+                    config[i.key or "/".join(i.nested_key)] = json.loads(i.value_json)
+    return history, config, ids
+
+
+def trackio_history(store: Path, project: str) -> tuple[dict[int, dict[str, float]], dict, set[str]]:
+    """(step -> values, config, run ids) of a Trackio project's local SQLite store."""
+    db = sqlite3.connect(store / f"{project}.db")
+    try:
+        history: dict[int, dict[str, float]] = {}
+        ids = set()
+        for run_id, step, metrics in db.execute("select run_id, step, metrics from metrics order by id"):
+            ids.add(run_id)
+            history.setdefault(step, {}).update(json.loads(metrics))
+        config = {}
+        for (text,) in db.execute("select config from configs"):
+            config.update(json.loads(text))
+        return history, config, ids
+    finally:
+        db.close()
