@@ -246,10 +246,11 @@ def export_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``run``, ``plot``, ``samples``, ``export``, ``reward``, ``serve-reward`` and ``ablate`` commands."""
+    """Add the ``run``, ``plot``, ``samples``, ``export``, ``reward``, ``serve-reward``, ``eval`` and ``ablate`` commands."""
     from .ablate import ablate_command
     from .reward_cli import register as register_reward
     from .reward_server import register as register_reward_server
+    from .evaluation import register as register_eval
 
     app.command("run")(run_command)
     app.command("plot")(plot_command)
@@ -258,3 +259,4 @@ def register(app: typer.Typer) -> None:
     app.command("ablate")(ablate_command)
     register_reward(app)
     register_reward_server(app)
+    register_eval(app)

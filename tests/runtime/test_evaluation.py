@@ -1,0 +1,116 @@
+"""Evaluation sets and ``rldsl eval``: pass@k against a brute-force count, metrics recomputed from
+the very samples generated, and the command on a model folder and on a run folder."""
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from rldsl.cli import app
+from rldsl.runtime import loop
+from rldsl.runtime.config import load_config
+from rldsl.runtime.engines.hf import HFEngine
+from rldsl.runtime.evaluation import EvalSet, evaluate_set, k_values, load_eval_set, pass_at_k, set_name
+from rldsl.runtime.rewards import RewardFn
+
+HERE = Path(__file__).parent
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _helpers(monkeypatch):
+    monkeypatch.syspath_prepend(str(HERE))
+    monkeypatch.setenv("RLDSL_COMPILE", "0")
+
+
+def brute_pass_at_k(outcomes: list[bool], k: int) -> float:
+    """The fraction of all k-subsets of the samples that hold a correct one."""
+    subsets = list(itertools.combinations(outcomes, k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_pass_at_k_equals_counting_subsets(n):
+    for c in range(n + 1):
+        outcomes = [True] * c + [False] * (n - c)
+        for k in range(1, n + 1):
+            assert pass_at_k(n, c, k) == pytest.approx(brute_pass_at_k(outcomes, k), abs=1e-12), (n, c, k)
+    assert k_values(8) == [1, 2, 4, 8] and k_values(5) == [1, 2, 4, 5] and k_values(1) == [1]
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 1)
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_set_metrics_recomputed_from_the_generated_samples(tiny_model, tokenizer, tmp_path):
+    data = write_rows(tmp_path / "sums_test.jsonl", [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(10, 16)])
+    reward = RewardFn("reward_helpers:parity")
+    s = load_eval_set(data, reward, tokenizer)
+    assert s.name == "sums_test" and len(s.examples) == 6
+    engine = HFEngine(tiny_model, tokenizer)
+    seen = []
+
+    def generate(prompts, params):
+        batch = engine.generate(prompts, params)
+        seen.append(batch)
+        return batch
+
+    m = evaluate_set(generate, s, n=4, temperature=1.0, top_p=1.0, max_new_tokens=5, seed=3)
+    greedy, sampled = seen
+    parity = lambda c: float(len(c) % 2)  # noqa: E731 - the reward, independently
+    assert m["eval/sums_test/greedy_acc"] == pytest.approx(sum(parity(c) for c in greedy.completions) / 6)
+    outcomes = [[parity(c) > 0.5 for c in sampled.completions[4 * i:4 * i + 4]] for i in range(6)]
+    for k in (1, 2, 4):
+        want = sum(brute_pass_at_k(o, k) for o in outcomes) / 6
+        assert m[f"eval/sums_test/pass@{k}"] == pytest.approx(want)
+    assert m["eval/sums_test/pass@1"] <= m["eval/sums_test/pass@2"] <= m["eval/sums_test/pass@4"]
+    assert m["eval/sums_test/reward"] == pytest.approx(sum(map(parity, sampled.completions)) / 24)
+    assert m["eval/sums_test/length"] == pytest.approx(float(sampled.response_mask.sum(-1).float().mean()))
+    assert m["eval/sums_test/truncated"] == pytest.approx(float(sampled.truncated.float().mean()))
+    assert m["eval/sums_test/failed"] == 0.0
+    assert set_name("a/b/gsm8k test.jsonl", ["x"]) == "gsm8k_test" and set_name("t.jsonl", ["t"]) == "t_2"
+
+
+def test_eval_command_on_a_model_folder(model_dir, tmp_path):
+    a = write_rows(tmp_path / "a.jsonl", [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(5)])
+    b = write_rows(tmp_path / "b.jsonl", [{"prompt": f"{i}+2=", "answer": str(i + 2)} for i in range(3)])
+    out = tmp_path / "m.json"
+    res = runner.invoke(app, ["eval", str(model_dir), "--data", str(a), "--data", str(b), "--n", "2",
+                              "--max-new-tokens", "4", "--reward", "reward_helpers:parity", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads(out.read_text())
+    for name in ("a", "b"):
+        assert {f"eval/{name}/{k}" for k in ("greedy_acc", "pass@1", "pass@2", "reward", "length",
+                                            "truncated", "failed")} <= metrics.keys()
+        assert f"{name} (" in res.output and "pass@2" in res.output
+
+
+def test_eval_command_on_a_run_uses_its_checkpoint_and_reward(model_dir, tmp_path):
+    cfg = load_config(None, [f"model.path={model_dir}", f"out={tmp_path / 'run'}", "rollout.prompts_per_step=2",
+                             "rollout.n=2", "train.steps=1", "eval.every=0", "checkpoint.every=1",
+                             "log.progress=false", "reward.name=reward_helpers:parity", "rollout.max_new_tokens=3"])
+    run = loop.train("grpo", cfg)
+    data = write_rows(tmp_path / "t.jsonl", [{"prompt": f"{i}+3=", "answer": str(i + 3)} for i in range(4)])
+    out = tmp_path / "m.json"
+    res = runner.invoke(app, ["eval", str(run), "--data", str(data), "--n", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads(out.read_text())
+    assert metrics["eval/t/length"] <= 3.0  # the run's max_new_tokens
+    assert 0.0 <= metrics["eval/t/pass@2"] <= 1.0
+
+
+def test_eval_command_bad_input(model_dir, tmp_path):
+    res = runner.invoke(app, ["eval", str(tmp_path / "nope"), "--data", "x.jsonl"])
+    assert res.exit_code == 2 and "does not exist" in res.output
+    bad = write_rows(tmp_path / "bad.jsonl", [{"question": "1+1="}])
+    res = runner.invoke(app, ["eval", str(model_dir), "--data", str(bad)])
+    assert res.exit_code == 2 and "bad.jsonl" in res.output and "Traceback" not in res.output
+    res = runner.invoke(app, ["eval", str(tmp_path), "--data", str(bad)])
+    assert res.exit_code == 2 and "no config.json" in res.output
