@@ -28,7 +28,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Iterable, Literal, Mapping, Sequence, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 
 from .errors import ConfigError
 
@@ -60,9 +60,39 @@ MODEL_RUN_DEFAULTS: dict[str, Any] = {"train.lr": 1e-6, "train.betas": (0.9, 0.9
 
 
 class _Section(BaseModel):
-    """Base of every config section: unknown keys are errors, assignments are validated."""
+    """Base of every config section: unknown keys are errors, assignments are validated, and
+    a frozen section (``RunConfig.frozen()``: the resolved config of a run) refuses them."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    _frozen: bool = PrivateAttr(default=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        private = getattr(self, "__pydantic_private__", None) or {}
+        if private.get("_frozen") and not name.startswith("_"):
+            raise TypeError(f"the run's resolved config is frozen: {type(self).__name__}.{name} cannot "
+                            f"change once config.json records it (build a new config with "
+                            f"load_config(base=cfg, overrides=[...]) and resolve that)")
+        super().__setattr__(name, value)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal values (frozen or not)."""
+        if not isinstance(other, _Section):
+            return NotImplemented
+        return type(self) is type(other) and self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable unless frozen, as BaseModel
+
+    def _freeze(self) -> None:
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, _Section):
+                value._freeze()
+        self._frozen = True
+
+    @property
+    def is_frozen(self) -> bool:
+        """True for a resolved run config (and each of its sections)."""
+        return self._frozen
 
 
 class LoraConfig(_Section):
@@ -234,6 +264,11 @@ class TrainConfig(_Section):
         default=True,
         description="Skip the optimizer step when every advantage is zero (else Adam keeps "
                     "moving on stale momentum: docs/toy.md, pitfall 3).")
+    allow_zero_advantages: bool = Field(
+        default=False,
+        description="Start a run whose spec compares the samples of a prompt's group (a group "
+                    "baseline or std) with rollout.n=1 anyway: every advantage is then 0 and no "
+                    "update happens, so such a run is refused unless this is true.")
 
 
 class EvalConfig(_Section):
@@ -371,6 +406,13 @@ class RunConfig(_Section):
             raise ValueError(f"train.warmup_steps={self.train.warmup_steps} exceeds "
                              f"train.steps={self.train.steps}")
         return self
+
+    def frozen(self) -> "RunConfig":
+        """A copy whose every section refuses assignments (``TypeError``): the resolved config of
+        a run (runtime/resolve.py), which config.json records."""
+        copy = self.model_copy(deep=True)
+        copy._freeze()
+        return copy
 
     @property
     def max_new_tokens(self) -> int:
