@@ -31,7 +31,8 @@ from .build import Run, build, load_spec, plan_run
 from .config import MODEL_RUN_DEFAULTS, RunConfig
 from .engines.base import SamplingParams
 from .errors import RunError, WorkerError
-from .metrics import EVAL_FAILED, GREEDY_ACC, RESPONSE_LENGTH, REWARD, SAMPLED_ACC, STEP_TIME, MetricsLogger
+from .metrics import (ACCURACY, EVAL_FAILED, GREEDY_ACC, LR, RESPONSE_LENGTH, REWARD, REWARD_ERRORS, SAMPLED_ACC,
+                      STEP_TIME, TOKENS_PER_S, TRUNCATED_FRACTION, MetricsLogger)
 from .rewards import RewardResult, parse_reward_spec
 from .rng import restore_rng, step_seed
 from .samples import append_samples, sample_rows, truncate_samples
@@ -138,7 +139,7 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
         if n_kept >= P:
             break
     m = {"time/rollout_s": t_gen, "time/reward_s": t_rew, "sampling_rounds": float(used),
-         "reward_errors": float(reward_errors)}
+         REWARD_ERRORS: float(reward_errors)}
     if greedy:
         m["time/greedy_s"] = t_greedy
     if rounds > 1:
@@ -231,12 +232,12 @@ def train_step(s: Run, step: int) -> dict[str, float]:
     tokens = float(batch.response_mask.sum() + batch.prompt_mask.sum())
     m.update({
         REWARD: float(rewards[finite].mean()) if finite.any() else float("nan"),
-        "accuracy": float((rewards[finite] > 0.5).float().mean()) if finite.any() else float("nan"),
+        ACCURACY: float((rewards[finite] > 0.5).float().mean()) if finite.any() else float("nan"),
         RESPONSE_LENGTH: float(resp_len.mean()),
-        "truncated_fraction": float(batch.truncated.float().mean()),
-        "lr": s.trainers.lr,
+        TRUNCATED_FRACTION: float(batch.truncated.float().mean()),
+        LR: s.trainers.lr,
         STEP_TIME: step_s,
-        "tokens_per_s": tokens / max(step_s, 1e-9),
+        TOKENS_PER_S: tokens / max(step_s, 1e-9),
     })
     m.update({k: v for k, v in tb.metrics.items() if k != REWARD})  # REWARD: set above
     m.update(um)
