@@ -20,7 +20,6 @@ in ``--set``, is an error that lists the valid keys with a did-you-mean.
 """
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import tomllib
@@ -29,6 +28,8 @@ from types import UnionType
 from typing import Any, Iterable, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
+
+from rldsl.suggest import close_matches, suggestion
 
 from .errors import ConfigError
 
@@ -498,13 +499,13 @@ def _suggest(key: str, section: str | None) -> list[str]:
     found: list[str] = []
     if section is not None:
         leaves = [k.split(".", 1)[1] for k in _LEAVES if k.startswith(section + ".")]
-        found += [f"{section}.{m}" for m in difflib.get_close_matches(leaf, leaves, n=3)]
+        found += [f"{section}.{m}" for m in close_matches(leaf, leaves)]
     else:
         top = [k for k in _LEAVES if "." not in k]
-        found += difflib.get_close_matches(leaf, top, n=3)
+        found += close_matches(leaf, top)
     found += [k for k in _LEAVES if k.rsplit(".", 1)[-1] == leaf and k not in found]
     if not found:
-        found = difflib.get_close_matches(key, list(_LEAVES), n=3)
+        found = close_matches(key, _LEAVES)
     return found
 
 
@@ -513,7 +514,7 @@ def _unknown_key(key: str, source: str) -> ConfigError:
     section: str | None = None
     if "." in key:
         # A misspelt section ('trian.lr') is read as the closest one.
-        near = [head] if head in _SECTIONS else difflib.get_close_matches(head, sorted(_SECTIONS), n=1)
+        near = [head] if head in _SECTIONS else close_matches(head, _SECTIONS, n=1)
         section = near[0] if near else None
     if section is not None:
         listing = f"valid keys in [{section}]: " + ", ".join(
@@ -522,10 +523,9 @@ def _unknown_key(key: str, source: str) -> ConfigError:
         listing = "valid keys: " + ", ".join(_LEAVES)
     close = _suggest(key, section)
     lines = [f"unknown config key {key!r} ({source})"]
-    if len(close) == 1:
-        lines.append(f"  did you mean {close[0]!r}?")
-    elif close:
-        lines.append("  did you mean one of " + ", ".join(repr(c) for c in close) + "?")
+    hint = suggestion(close)
+    if hint:
+        lines.append(f"  {hint}")
     lines.append(f"  {listing}")
     return ConfigError("\n".join(lines))
 
