@@ -176,8 +176,9 @@ class RewardConfig(_Section):
     name: str | None = Field(
         default=None,
         description="Reward function: a built-in name (e.g. 'math') or 'module:function'; "
-                    "null = the task's own reward (exact sum followed by EOS for the "
-                    "built-in task).")
+                    "null = the task's own reward ('addition', the exact sum followed by EOS, "
+                    "for the built-in task; 'exact' for a data file), which the run's "
+                    "config.json records.")
     on_error: Literal["raise", "skip"] = Field(
         default="raise",
         description="When the reward function raises: 'raise' stops the run; 'skip' "
@@ -204,7 +205,8 @@ class RolloutConfig(_Section):
         default=None, ge=1,
         description=f"Most tokens generated per completion; null = the task's default: "
                     f"{TOY_MAX_NEW_TOKENS} for the built-in addition task (sum + EOS), "
-                    f"{DATA_MAX_NEW_TOKENS} for a data file.")
+                    f"{DATA_MAX_NEW_TOKENS} for a data file; clipped to the model's context. "
+                    f"The run's config.json records the value used.")
 
 
 class TrainConfig(_Section):
