@@ -51,7 +51,7 @@ class Plan:
 
 @dataclass
 class Run:
-    """Everything one training run is made of; built by :func:`build_run`.
+    """Everything one training run is made of; built by :func:`build` (or :func:`build_run`).
 
     The step talks to ``rollouts`` and ``trainers`` only (workers/base.py): in process
     (``LocalRollouts`` / ``LocalTrainers``) or on Ray actors (``RayRollouts`` / ``RayTrainers``).

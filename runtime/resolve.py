@@ -89,7 +89,10 @@ def model_context(path: Path) -> int | None:
     """The number of positions the model at ``path`` can attend over (``max_position_embeddings``,
     GPT-2's ``n_positions``), or None when its config names none. Reads config.json only."""
     from transformers import AutoConfig
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise RunError(f"could not read the model's config.json in {path}: {e}") from None
     if hasattr(config, "get_text_config"):
         config = config.get_text_config()
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):

@@ -168,35 +168,3 @@ def test_print_summary_from_the_logger(tmp_path):
         logger.print_summary()
     assert "run summary" in console.file.getvalue() and "reward_mean" in console.file.getvalue()
 
-
-# ----------------------------------------------------------------------------- the one table of names
-
-def test_every_metric_of_the_table_is_written_by_a_run_and_read_by_its_consumers(model_dir, tmp_path, monkeypatch):
-    """A producer renaming a metric (or a consumer reading a name no run writes) fails here:
-    a two-step PPO-clip run with an evaluation writes every key of METRICS, and the plot,
-    the study report and the ablation runner read them through the table."""
-    from pathlib import Path
-
-    from rldsl.runtime import loop
-    from rldsl.runtime.ablate.report import FIGURES, run_numbers
-    from rldsl.runtime.ablate.runner import cell_state
-    from rldsl.runtime.config import load_config
-    from rldsl.runtime.metrics import GREEDY_ACC, METRICS
-    from rldsl.runtime.plot import collect_panels
-
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    run = loop.train("grpo", load_config(None, [
-        f"model.path={model_dir}", f"out={tmp_path / 'run'}", "rollout.prompts_per_step=2", "rollout.n=2",
-        "train.steps=2", "eval.every=1", "eval.samples=1", "data.eval_size=2", "checkpoint.every=0",
-        "log.progress=false", "reward.name=reward_helpers:parity"]))
-    records = read_metrics(run)
-    written = set().union(*records)
-    assert set(METRICS) <= written, set(METRICS) - written
-    drawn = {line[1] for _title, _unit, lines in collect_panels(["r"], [records]) for line in lines}
-    assert drawn == {METRICS[k].concept for k in METRICS if METRICS[k].concept in FIGURES}
-    n = run_numbers(records, 2, threshold=0.0)
-    assert None not in (n.final_acc, n.final_sampled_acc, n.final_reward, n.final_response_length,
-                        n.final_entropy, n.final_clip_fraction)
-    assert cell_state(run, 2) == ("done", 2)
-    assert n.final_acc == records[-1][GREEDY_ACC]

@@ -201,3 +201,13 @@ def test_a_chosen_reward_is_named_at_start(model_dir, tmp_path):
     plan = build.plan_run(build.load_spec("grpo"),
                           run_config(model_dir, tmp_path / "run", "reward.name=reward_helpers:parity"))
     assert "reward: reward_helpers:parity" in plan.notes
+
+
+def test_a_broken_model_config_is_a_sentence_before_the_weights_load(model_dir, tmp_path, no_model_load):
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(RunError, match=r"broken.*config.json' is not a valid JSON file"):
+        build.plan_run(build.load_spec("grpo"), run_config(broken, tmp_path / "run"))
+    assert no_model_load == []
