@@ -23,8 +23,6 @@ from typing import Any, Iterator
 
 import torch
 
-import rldsl
-
 from . import checkpoint as ckpt
 from .batch import RolloutBatch, group_rows
 from .build import Run, build, load_spec, plan_run
@@ -319,12 +317,13 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
             save_config(plan.cfg, run_dir)  # config.json shows what actually runs
         start = None
     else:
+        cfg = cfg or RunConfig()
         algo = load_spec(spec)  # the one parse of the run
-        run_dir = run_dir_of(cfg or RunConfig(), algo.name)
+        run_dir = run_dir_of(cfg, algo.name)
         if (run_dir / METRICS_FILE).exists() or ckpt.latest_checkpoint(run_dir) is not None:
             raise RunError(f"{run_dir} already holds a run: resume it with `rldsl run --resume {run_dir}` "
                            f"or choose another --out")
-        plan = plan_run(algo, cfg or RunConfig())  # every check before a model loads
+        plan = plan_run(algo, cfg)  # every check before a model loads
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(plan.cfg, run_dir, algo.source)  # the resolved config: what runs
         save_parent_specs(run_dir, algo.parent_sources)
