@@ -6,9 +6,10 @@ file with several problems raises :class:`SpecErrors`, which holds all of them s
 """
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Iterable, Sequence
+
+from .suggest import did_you_mean  # noqa: F401 - the spec errors' hints are made there
 
 
 @dataclass(frozen=True)
@@ -28,16 +29,6 @@ def source_lines(source: str) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
-    """``"did you mean 'x'?"`` for the closest choices (as click does), or None."""
-    close = sorted(difflib.get_close_matches(word, sorted(set(choices)), n=3, cutoff=0.6))
-    if not close:
-        return None
-    if len(close) == 1:
-        return f"did you mean {close[0]!r}?"
-    return "did you mean one of " + ", ".join(repr(c) for c in close) + "?"
 
 
 class SpecError(Exception):

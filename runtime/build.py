@@ -1,25 +1,28 @@
-"""Building a run: the spec, the model folder, prompts, reward, and the two sides a step
-talks to -- in this process, or on Ray actors when the config asks for them."""
+"""Building a run in two steps: :func:`plan_run` settles everything that needs no weights
+(the spec, parsed once; the checks; the data; the tokenizer; the resolved, frozen config that
+config.json records), then :func:`build` loads the model(s) and starts the two sides a step
+talks to -- in this process, or on Ray actors when the config asks for them. The models, the
+engine and the reward come from one recipe (recipe.py) shared with the Ray workers.
+"""
 from __future__ import annotations
 
 import copy
-import warnings
 from functools import partial
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 import rldsl
+from rldsl.errors import SpecWarning
 
-from .config import ConfigError, RunConfig
+from .config import RunConfig
 from .data import Example, PromptSource, load_examples, render_prompt, split_heldout
-from .engines.hf import HFEngine
 from .errors import RunError
-from .lora import adapters_disabled, apply_lora
-from .models import (disable_transformers_progress, enable_gradient_checkpointing, load_policy,
-                     load_tokenizer, master_dtype)
+from .models import disable_transformers_progress, load_tokenizer
+from .recipe import master_policy, reward_fn, rollout_engine, trainable
+from .resolve import check_device, check_engine, check_group_size, resolve
 from .rewards import RewardFn
 from .rng import seed_all
 from .train.trainer import Trainer
@@ -28,8 +31,27 @@ from .workers.local import LocalRollouts, LocalTrainers
 
 
 @dataclass
+class Plan:
+    """A run settled before any model loads; made by :func:`plan_run`, built by :func:`build`.
+
+    ``cfg`` is resolved and frozen: what config.json records and what runs. ``notes`` and
+    ``warnings`` (the spec's run-start warnings) are printed when the run starts.
+    """
+
+    cfg: RunConfig
+    algo: rldsl.Algorithm
+    model_path: Path
+    tokenizer: Any
+    source: PromptSource
+    heldout: list[Example]
+    reward: RewardFn
+    notes: list[str] = field(default_factory=list)
+    warnings: list[SpecWarning] = field(default_factory=list)
+
+
+@dataclass
 class Run:
-    """Everything one training run is made of; built by :func:`build_run`.
+    """Everything one training run is made of; built by :func:`build` (or :func:`build_run`).
 
     The step talks to ``rollouts`` and ``trainers`` only (workers/base.py): in process
     (``LocalRollouts`` / ``LocalTrainers``) or on Ray actors (``RayRollouts`` / ``RayTrainers``).
@@ -46,6 +68,8 @@ class Run:
     rollouts: Rollouts
     trainers: Trainers
     warn: Callable[[str], None] = print
+    notes: list[str] = field(default_factory=list)
+    warnings: list[SpecWarning] = field(default_factory=list)
 
     def close(self) -> None:
         """Stop the actors of a distributed run (nothing to do for a one-process run)."""
@@ -84,12 +108,30 @@ def heldout_size(cfg: RunConfig, rows: int) -> tuple[int, str | None]:
     return k, f"held out {k} of {rows} rows for evaluation (data.eval_size to change)"
 
 
-def prompts_of(cfg: RunConfig, tokenizer: Any = None,
-               warn: Callable[[str], None] | None = None) -> tuple[PromptSource, list[Example]]:
+def examples_of(cfg: RunConfig, warn: Callable[[str], None] | None = None
+                ) -> tuple[list[Example], list[Example]] | None:
+    """(training rows, held-out rows) of ``data.path`` as read (unrendered), or None for the
+    built-in task. A missing file or field fails here, before any model is read."""
+    if cfg.data.path is None:
+        return None
+    examples = load_examples(cfg.data.path, prompt_field=cfg.data.prompt_key,
+                             answer_field=cfg.data.answer_key)
+    if cfg.data.eval_path:
+        return examples, load_examples(cfg.data.eval_path, prompt_field=cfg.data.prompt_key,
+                                       answer_field=cfg.data.answer_key)
+    k, note = heldout_size(cfg, len(examples))
+    if note and warn is not None:
+        warn(note)
+    return split_heldout(examples, k, seed=cfg.seed)
+
+
+def prompts_of(cfg: RunConfig, tokenizer: Any = None, warn: Callable[[str], None] | None = None,
+               rows: tuple[list[Example], list[Example]] | None = None
+               ) -> tuple[PromptSource, list[Example]]:
     """(training prompts, held-out prompts): the data file, or the built-in addition task.
 
     Data-file prompts are rendered for the model (``data.render_prompt``: chat template,
-    system prompt) when a tokenizer is given.
+    system prompt) when a tokenizer is given. ``rows``: what :func:`examples_of` read already.
     """
     if cfg.data.path is None:
         from .toy import AdditionTask
@@ -97,16 +139,7 @@ def prompts_of(cfg: RunConfig, tokenizer: Any = None,
         size = 200 if cfg.data.eval_size is None else cfg.data.eval_size
         held = task.heldout_examples()[:size] if size else []
         return task.prompt_source(cfg.seed), held
-    examples = load_examples(cfg.data.path, prompt_field=cfg.data.prompt_key,
-                             answer_field=cfg.data.answer_key)
-    if cfg.data.eval_path:
-        train, held = examples, load_examples(cfg.data.eval_path, prompt_field=cfg.data.prompt_key,
-                                              answer_field=cfg.data.answer_key)
-    else:
-        k, note = heldout_size(cfg, len(examples))
-        if note and warn is not None:
-            warn(note)
-        train, held = split_heldout(examples, k, seed=cfg.seed)
+    train, held = rows if rows is not None else examples_of(cfg, warn)  # type: ignore[misc]
     if tokenizer is not None:
         d = cfg.data
         render = partial(render_prompt, tokenizer=tokenizer, mode=d.chat_template,
@@ -115,90 +148,57 @@ def prompts_of(cfg: RunConfig, tokenizer: Any = None,
     return PromptSource(train, seed=cfg.seed, name=Path(cfg.data.path).name), held
 
 
-def model_context(path: Path) -> int | None:
-    """The number of positions the model at ``path`` can attend over (``max_position_embeddings``,
-    GPT-2's ``n_positions``), or None when its config names none."""
-    from transformers import AutoConfig
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+def load_spec(spec: str, spec_text: str | None = None) -> rldsl.Algorithm:
+    """The run's spec, parsed once: ``spec_text`` (named ``spec``) when given, else the file or
+    library name ``spec``."""
+    return rldsl.loads(spec_text, spec) if spec_text is not None else rldsl.load(spec)
 
 
-def fit_context(cfg: RunConfig, path: Path, tokenizer: Any, prompts: list[str]) -> None:
-    """Clip ``rollout.max_new_tokens`` so that the longest prompt plus the completion fits the
-    model's context (one warning), or refuse a prompt that does not fit at all, before the
-    first step: past the last position a model's forward fails mid-step (an ``IndexError``
-    in its position embedding) or silently extrapolates."""
-    context = model_context(path)
-    if context is None or not prompts:
-        return
-    longest = max(len(ids) for ids in tokenizer(prompts)["input_ids"])
-    if longest >= context:
-        raise ConfigError(f"the longest prompt has {longest} tokens but the model ({path}) has a "
-                          f"context of {context} positions (max_position_embeddings): no room for "
-                          f"even one new token (max_new_tokens). Shorten or drop the long prompts.")
-    room = context - longest
-    if cfg.max_new_tokens > room:
-        warnings.warn(f"max_new_tokens {cfg.max_new_tokens} + the longest prompt ({longest} tokens) "
-                      f"exceeds the model's context of {context} positions: generating at most "
-                      f"{room} new tokens (set rollout.max_new_tokens to silence this)", stacklevel=2)
-        cfg.rollout.max_new_tokens = room
+def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
+    """Everything checked and settled before a model loads (runtime/resolve.py), cheapest first:
+    the device and engine, the reward's name, the data's fields, the model folder, the
+    tokenizer and the model's context; then the resolved config and the group-size check.
+    A mistake in any of them fails in seconds, never after a model load."""
+    check_device(cfg)
+    check_engine(cfg)
+    reward = reward_fn(cfg)  # an unknown name or a module that does not import fails here
+    notes: list[str] = []
+    rows = examples_of(cfg, notes.append)
+    path, label = model_folder(cfg)  # the toy model is warm-started here, once
+    tok = load_tokenizer(path)
+    source, held = prompts_of(cfg, tok, rows=rows)
+    resolved, more = resolve(cfg, path, tok, [e.prompt for e in source.examples + held], label)
+    warnings = check_group_size(algo, resolved)
+    return Plan(resolved, algo, path, tok, source, held, reward, notes + more, warnings)
 
 
-def reward_name(cfg: RunConfig) -> str:
-    """``reward.name``, else the task's own: ``addition`` for the built-in task, ``exact`` for data."""
-    return cfg.reward.name or ("addition" if cfg.data.path is None else "exact")
-
-
-def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = None) -> Run:
-    """Load the spec, model(s), prompts, reward, engine(s) and trainer(s) of a run.
+def build(plan: Plan, run_dir: Path) -> Run:
+    """Load the model(s) of a planned run and start its engine(s) and trainer(s).
 
     With ``distributed.trainers > 1``, rollout actors or a Ray address, the engines and the
     trainer ranks are Ray actors (workers/ray.py); otherwise everything lives in this process
     and Ray is never imported.
     """
+    cfg, algo, tok = plan.cfg, plan.algo, plan.tokenizer
     disable_transformers_progress()  # the bars would break the run's own progress display
-    algo = rldsl.loads(spec_text, spec) if spec_text is not None else rldsl.load(spec)
     torch.set_num_threads(cfg.threads)
     seed_all(cfg.seed)
     fn = rldsl.compile(algo)
     if cfg.distributed.uses_ray:
-        if cfg.rollout.engine == "vllm" and cfg.device != "cuda":
-            raise RunError("rollout.engine=vllm needs GPUs: use --device cuda (or rollout.engine=hf)")
-        path, _ = model_folder(cfg)  # the toy model is warm-started here, once
-        tok = load_tokenizer(path)
-        source, held = prompts_of(cfg, tok, print)
-        fit_context(cfg, path, tok, [e.prompt for e in source.examples + held])
-        reward = reward_name(cfg)
-        RewardFn(reward, on_error=cfg.reward.on_error)  # a bad name fails here, not in an actor
         from .workers.ray import start_ray_workers
-        rollouts, trainers = start_ray_workers(cfg, algo, fn, path, reward, tok.pad_token_id)
-        return Run(cfg, algo, fn, run_dir, tok, source, held, rollouts, trainers)
-    path, _ = model_folder(cfg)
-    policy = load_policy(path, master_dtype(cfg.model.dtype))
-    tok = load_tokenizer(path)
-    source, held = prompts_of(cfg, tok, print)
-    fit_context(cfg, path, tok, [e.prompt for e in source.examples + held])
-    policy.to(cfg.device)
-    if cfg.rollout.engine != "hf":
-        raise RunError(f"rollout.engine={cfg.rollout.engine!r} needs the distributed runtime "
-                       "(Ray actors on GPUs): add --rollout-workers 1 (or more); on one "
-                       "machine without Ray use rollout.engine=hf")
-    engine_model = copy.deepcopy(policy).to(getattr(torch, cfg.model.dtype)).eval()
-    reference_off = None
-    if cfg.model.lora.rank:
-        lo = cfg.model.lora
-        policy, wrapped = apply_lora(policy, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
-                                     target_modules=lo.target_modules)
-        reference_off = partial(adapters_disabled, wrapped)  # no second copy for the KL
-    if cfg.train.gradient_checkpointing:
-        enable_gradient_checkpointing(policy)
-    trainer = Trainer.from_config(cfg, fn, policy, reference_off=reference_off)
-    engine = HFEngine(engine_model, tok, device=cfg.device)
-    rollouts = LocalRollouts(engine, RewardFn(reward_name(cfg), on_error=cfg.reward.on_error))
-    return Run(cfg, algo, fn, run_dir, tok, source, held, rollouts, LocalTrainers(trainer))
+        rollouts, trainers = start_ray_workers(cfg, algo, fn, plan.model_path, tok.pad_token_id)
+    else:
+        policy = master_policy(cfg, plan.model_path, cfg.device)
+        engine_model = copy.deepcopy(policy)  # before LoRA: the engine samples from plain weights
+        policy, reference_off = trainable(cfg, policy, checkpointing=cfg.train.gradient_checkpointing)
+        trainer = Trainer.from_config(cfg, fn, policy, reference_off=reference_off)
+        rollouts = LocalRollouts(rollout_engine(cfg, plan.model_path, cfg.device, model=engine_model,
+                                                tokenizer=tok), plan.reward)
+        trainers = LocalTrainers(trainer)
+    return Run(cfg, algo, fn, run_dir, tok, plan.source, plan.heldout, rollouts, trainers,
+               notes=plan.notes, warnings=plan.warnings)
+
+
+def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = None) -> Run:
+    """:func:`plan_run` then :func:`build`: a run of ``spec`` (``spec_text`` when given) under ``cfg``."""
+    return build(plan_run(load_spec(spec, spec_text), cfg), run_dir)

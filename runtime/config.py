@@ -20,7 +20,6 @@ in ``--set``, is an error that lists the valid keys with a did-you-mean.
 """
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import tomllib
@@ -28,7 +27,9 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Iterable, Literal, Mapping, Sequence, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
+
+from rldsl.suggest import close_matches, suggestion
 
 from .errors import ConfigError
 
@@ -60,9 +61,39 @@ MODEL_RUN_DEFAULTS: dict[str, Any] = {"train.lr": 1e-6, "train.betas": (0.9, 0.9
 
 
 class _Section(BaseModel):
-    """Base of every config section: unknown keys are errors, assignments are validated."""
+    """Base of every config section: unknown keys are errors, assignments are validated, and
+    a frozen section (``RunConfig.frozen()``: the resolved config of a run) refuses them."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    _frozen: bool = PrivateAttr(default=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        private = getattr(self, "__pydantic_private__", None) or {}
+        if private.get("_frozen") and not name.startswith("_"):
+            raise TypeError(f"the run's resolved config is frozen: {type(self).__name__}.{name} cannot "
+                            f"change once config.json records it (build a new config with "
+                            f"load_config(base=cfg, overrides=[...]) and resolve that)")
+        super().__setattr__(name, value)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal values (frozen or not)."""
+        if not isinstance(other, _Section):
+            return NotImplemented
+        return type(self) is type(other) and self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable unless frozen, as BaseModel
+
+    def _freeze(self) -> None:
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, _Section):
+                value._freeze()
+        self._frozen = True
+
+    @property
+    def is_frozen(self) -> bool:
+        """True for a resolved run config (and each of its sections)."""
+        return self._frozen
 
 
 class LoraConfig(_Section):
@@ -145,8 +176,9 @@ class RewardConfig(_Section):
     name: str | None = Field(
         default=None,
         description="Reward function: a built-in name (e.g. 'math') or 'module:function'; "
-                    "null = the task's own reward (exact sum followed by EOS for the "
-                    "built-in task).")
+                    "null = the task's own reward ('addition', the exact sum followed by EOS, "
+                    "for the built-in task; 'exact' for a data file), which the run's "
+                    "config.json records.")
     on_error: Literal["raise", "skip"] = Field(
         default="raise",
         description="When the reward function raises: 'raise' stops the run; 'skip' "
@@ -173,7 +205,8 @@ class RolloutConfig(_Section):
         default=None, ge=1,
         description=f"Most tokens generated per completion; null = the task's default: "
                     f"{TOY_MAX_NEW_TOKENS} for the built-in addition task (sum + EOS), "
-                    f"{DATA_MAX_NEW_TOKENS} for a data file.")
+                    f"{DATA_MAX_NEW_TOKENS} for a data file; clipped to the model's context. "
+                    f"The run's config.json records the value used.")
 
 
 class TrainConfig(_Section):
@@ -234,6 +267,11 @@ class TrainConfig(_Section):
         default=True,
         description="Skip the optimizer step when every advantage is zero (else Adam keeps "
                     "moving on stale momentum: docs/toy.md, pitfall 3).")
+    allow_zero_advantages: bool = Field(
+        default=False,
+        description="Start a run whose spec compares the samples of a prompt's group (a group "
+                    "baseline or std) with rollout.n=1 anyway: every advantage is then 0 and no "
+                    "update happens, so such a run is refused unless this is true.")
 
 
 class EvalConfig(_Section):
@@ -379,6 +417,13 @@ class RunConfig(_Section):
                              f"train.steps={self.train.steps}")
         return self
 
+    def frozen(self) -> "RunConfig":
+        """A copy whose every section refuses assignments (``TypeError``): the resolved config of
+        a run (runtime/resolve.py), which config.json records."""
+        copy = self.model_copy(deep=True)
+        copy._freeze()
+        return copy
+
     @property
     def max_new_tokens(self) -> int:
         """``rollout.max_new_tokens``, or the task's default when it is null."""
@@ -463,13 +508,13 @@ def _suggest(key: str, section: str | None) -> list[str]:
     found: list[str] = []
     if section is not None:
         leaves = [k.split(".", 1)[1] for k in _LEAVES if k.startswith(section + ".")]
-        found += [f"{section}.{m}" for m in difflib.get_close_matches(leaf, leaves, n=3)]
+        found += [f"{section}.{m}" for m in close_matches(leaf, leaves)]
     else:
         top = [k for k in _LEAVES if "." not in k]
-        found += difflib.get_close_matches(leaf, top, n=3)
+        found += close_matches(leaf, top)
     found += [k for k in _LEAVES if k.rsplit(".", 1)[-1] == leaf and k not in found]
     if not found:
-        found = difflib.get_close_matches(key, list(_LEAVES), n=3)
+        found = close_matches(key, _LEAVES)
     return found
 
 
@@ -478,7 +523,7 @@ def _unknown_key(key: str, source: str) -> ConfigError:
     section: str | None = None
     if "." in key:
         # A misspelt section ('trian.lr') is read as the closest one.
-        near = [head] if head in _SECTIONS else difflib.get_close_matches(head, sorted(_SECTIONS), n=1)
+        near = [head] if head in _SECTIONS else close_matches(head, _SECTIONS, n=1)
         section = near[0] if near else None
     if section is not None:
         listing = f"valid keys in [{section}]: " + ", ".join(
@@ -487,10 +532,9 @@ def _unknown_key(key: str, source: str) -> ConfigError:
         listing = "valid keys: " + ", ".join(_LEAVES)
     close = _suggest(key, section)
     lines = [f"unknown config key {key!r} ({source})"]
-    if len(close) == 1:
-        lines.append(f"  did you mean {close[0]!r}?")
-    elif close:
-        lines.append("  did you mean one of " + ", ".join(repr(c) for c in close) + "?")
+    hint = suggestion(close)
+    if hint:
+        lines.append(f"  {hint}")
     lines.append(f"  {listing}")
     return ConfigError("\n".join(lines))
 

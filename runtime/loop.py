@@ -23,16 +23,14 @@ from typing import Any, Iterator
 
 import torch
 
-import rldsl
-from rldsl import lint
-
 from . import checkpoint as ckpt
 from .batch import RolloutBatch, group_rows
-from .build import Run, build_run, reward_name
+from .build import Run, build, load_spec, plan_run
 from .config import MODEL_RUN_DEFAULTS, RunConfig
 from .engines.base import SamplingParams
 from .errors import RunError, WorkerError
-from .metrics import EVAL_FAILED, GREEDY_ACC, RESPONSE_LENGTH, REWARD, SAMPLED_ACC, STEP_TIME, MetricsLogger
+from .metrics import (ACCURACY, EVAL_FAILED, GREEDY_ACC, LR, RESPONSE_LENGTH, REWARD, REWARD_ERRORS, SAMPLED_ACC,
+                      STEP_TIME, TOKENS_PER_S, TRUNCATED_FRACTION, MetricsLogger)
 from .rewards import RewardResult, parse_reward_spec
 from .rng import restore_rng, step_seed
 from .samples import append_samples, sample_rows, truncate_samples
@@ -72,7 +70,7 @@ def _per_function(s: Run, batch: RolloutBatch, scored: RewardResult) -> RolloutB
     """``batch`` with ``reward_components`` [B, K] (one column per term of the reward spec, in its
     order; parse_reward_spec refuses a name given twice) and ``reward_weights`` [K]: what GDPO
     (`baseline per_reward_group`) normalises."""
-    terms = parse_reward_spec(reward_name(s.cfg))
+    terms = parse_reward_spec(s.cfg.reward.name)  # resolved: never null in a run
     names = [n for n, _ in terms]
     dev = batch.response_ids.device
     comps = torch.stack([scored.components[n].to(torch.float32) for n in names], dim=1).to(dev)  # [B, K]
@@ -140,7 +138,7 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
         if n_kept >= P:
             break
     m = {"time/rollout_s": t_gen, "time/reward_s": t_rew, "sampling_rounds": float(used),
-         "reward_errors": float(reward_errors)}
+         REWARD_ERRORS: float(reward_errors)}
     if greedy:
         m["time/greedy_s"] = t_greedy
     if rounds > 1:
@@ -233,12 +231,12 @@ def train_step(s: Run, step: int) -> dict[str, float]:
     tokens = float(batch.response_mask.sum() + batch.prompt_mask.sum())
     m.update({
         REWARD: float(rewards[finite].mean()) if finite.any() else float("nan"),
-        "accuracy": float((rewards[finite] > 0.5).float().mean()) if finite.any() else float("nan"),
+        ACCURACY: float((rewards[finite] > 0.5).float().mean()) if finite.any() else float("nan"),
         RESPONSE_LENGTH: float(resp_len.mean()),
-        "truncated_fraction": float(batch.truncated.float().mean()),
-        "lr": s.trainers.lr,
+        TRUNCATED_FRACTION: float(batch.truncated.float().mean()),
+        LR: s.trainers.lr,
         STEP_TIME: step_s,
-        "tokens_per_s": tokens / max(step_s, 1e-9),
+        TOKENS_PER_S: tokens / max(step_s, 1e-9),
     })
     m.update({k: v for k, v in tb.metrics.items() if k != REWARD})  # REWARD: set above
     m.update(um)
@@ -301,16 +299,6 @@ def _interrupt_guard() -> Iterator[dict[str, bool]]:
 
 # ----------------------------------------------------------------------------- the run
 
-def run_facts(cfg: RunConfig) -> lint.RunFacts:
-    """What the run-start warnings check the spec against. The HF engine samples from a copy of
-    the policy in the trainer's dtype: with float32 its logprobs are the trainer's own (exact);
-    in bf16/fp16 (or with vLLM) they differ, which is what a correction is for."""
-    return lint.RunFacts(group_size=cfg.rollout.n, max_new_tokens=cfg.max_new_tokens,
-                         engine=cfg.rollout.engine,
-                         exact_logprobs=cfg.rollout.engine == "hf" and cfg.model.dtype == "float32")
-
-
-
 def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = None,
           stop_after: int | None = None) -> Path:
     """Run (or resume) training; returns the run folder.
@@ -325,26 +313,26 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
         if not run_dir.is_dir():
             raise RunError(f"no run folder {run_dir} to resume")
         saved = load_run_config(run_dir)
-        if cfg is None:
-            cfg = saved
-        elif cfg != saved:
-            save_config(cfg, run_dir)  # config.json shows what actually runs
         spec_file = run_dir / SPEC_FILE
-        spec_text = spec_file.read_text(encoding="utf-8")
-        s = build_run(str(spec_file), cfg, run_dir, spec_text)
+        plan = plan_run(load_spec(str(spec_file), spec_file.read_text(encoding="utf-8")),
+                        saved if cfg is None else cfg)
+        if plan.cfg != saved:
+            save_config(plan.cfg, run_dir)  # config.json shows what actually runs
         start = None
     else:
         cfg = cfg or RunConfig()
-        algo = rldsl.load(spec)
+        algo = load_spec(spec)  # the one parse of the run
         run_dir = run_dir_of(cfg, algo.name)
         if (run_dir / METRICS_FILE).exists() or ckpt.latest_checkpoint(run_dir) is not None:
             raise RunError(f"{run_dir} already holds a run: resume it with `rldsl run --resume {run_dir}` "
                            f"or choose another --out")
+        plan = plan_run(algo, cfg)  # every check before a model loads
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir, algo.source)
+        save_config(plan.cfg, run_dir, algo.source)  # the resolved config: what runs
         save_parent_specs(run_dir, algo.parent_sources)
-        s = build_run(str(spec), cfg, run_dir, algo.source)
         start = 0
+    cfg = plan.cfg
+    s = build(plan, run_dir)
     try:
         if start is None:
             start = restore(s)
@@ -361,8 +349,10 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
         step = start
         last_saved = start if resume is not None else -1
         s.warn = lambda msg: logger.print(msg, markup=False)
-        for w in lint.check_run(s.algo, run_facts(cfg)):  # legal but almost surely a slip
+        for w in s.warnings:  # legal but almost surely a slip (checked before the models loaded)
             logger.print(w.render(), markup=False, soft_wrap=True)
+        for note in s.notes:  # what the run resolved: the reward, a clipped budget, ...
+            logger.print(note, markup=False, soft_wrap=True)
         with logger, _interrupt_guard():
             try:
                 if start == 0:

@@ -19,6 +19,7 @@ import os
 import time
 import warnings
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -32,6 +33,8 @@ from .trackers import TensorBoardTracker, Tracker, numeric
 
 __all__ = [
     "REWARD", "GREEDY_ACC", "SAMPLED_ACC", "EVAL_FAILED", "RESPONSE_LENGTH", "ENTROPY", "CLIP_FRACTION", "STEP_TIME",
+    "ACCURACY", "TRUNCATED_FRACTION", "LR", "TOKENS_PER_S", "REWARD_ERRORS",
+    "Metric", "METRICS", "metric_by_concept",
     "KEY_METRICS",
     "HIGHER_IS_BETTER",
     "MetricsLogger",
@@ -51,14 +54,57 @@ RESPONSE_LENGTH = "response_length"   # mean completion length in tokens
 ENTROPY = "entropy"                   # mean per-token policy entropy (the compiled loss's)
 CLIP_FRACTION = "clip_fraction"       # fraction of clipped tokens (the compiled loss's)
 STEP_TIME = "step_s"                  # seconds the step took
+ACCURACY = "accuracy"                 # fraction of the step's rollouts with reward > 0.5
+TRUNCATED_FRACTION = "truncated_fraction"  # fraction of completions cut at max_new_tokens
+LR = "lr"                             # the learning rate the step's update used
+TOKENS_PER_S = "tokens_per_s"         # prompt + response tokens of the step per second
+REWARD_ERRORS = "reward_errors"       # samples whose reward function failed (reward.on_error=skip)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric's names: ``key`` in metrics.jsonl; ``concept``, the short name figures and
+    report columns use; ``label`` on the progress line (None: not shown there); ``title`` and
+    ``unit`` of a figure; ``sparse``: logged at evaluations only (drawn raw, with markers);
+    ``higher_is_better``: the summary reports its best value."""
+
+    key: str
+    concept: str
+    title: str
+    unit: str
+    label: str | None = None
+    sparse: bool = False
+    higher_is_better: bool = False
+
+
+#: The metrics the progress line, the summary, ``rldsl plot`` and ``rldsl ablate``'s report
+#: read, in this order: the one table of their names and labels.
+METRICS: dict[str, Metric] = {m.key: m for m in (
+    Metric(REWARD, "reward", "training reward", "mean reward", label="reward", higher_is_better=True),
+    Metric(GREEDY_ACC, "greedy_acc", "held-out accuracy (greedy)", "accuracy", label="acc", sparse=True,
+           higher_is_better=True),
+    Metric(SAMPLED_ACC, "sampled_acc", "held-out accuracy (sampled)", "accuracy", label="acc~", sparse=True,
+           higher_is_better=True),
+    Metric(RESPONSE_LENGTH, "response_length", "response length", "tokens"),
+    Metric(ENTROPY, "entropy", "policy entropy", "nats / token"),
+    Metric(CLIP_FRACTION, "clip_fraction", "clip fraction", "fraction of tokens", label="clip"),
+    Metric(STEP_TIME, "step_time", "step time", "seconds"),
+)}
+
+
+def metric_by_concept(concept: str) -> Metric:
+    """The :data:`METRICS` row of a concept name (``"greedy_acc"``)."""
+    for m in METRICS.values():
+        if m.concept == concept:
+            return m
+    raise KeyError(f"no metric with concept {concept!r}: one of {[m.concept for m in METRICS.values()]}")
+
 
 #: The summary's default rows, in this order (then every other ``eval/`` metric).
-KEY_METRICS = (REWARD, GREEDY_ACC, SAMPLED_ACC, RESPONSE_LENGTH, ENTROPY, CLIP_FRACTION, STEP_TIME)
+KEY_METRICS = tuple(METRICS)
 
 #: Metrics whose best value is the largest one (the summary reports it).
-HIGHER_IS_BETTER = frozenset({REWARD, GREEDY_ACC, SAMPLED_ACC})
-
-_LABELS = {REWARD: "reward", GREEDY_ACC: "acc", SAMPLED_ACC: "acc~", CLIP_FRACTION: "clip"}
+HIGHER_IS_BETTER = frozenset(k for k, m in METRICS.items() if m.higher_is_better)
 
 
 def sanitize(value: Any) -> Any:
@@ -98,10 +144,11 @@ def _parse_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     return records, bad
 
 
-def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_metrics(path: str | os.PathLike[str], *, warn_unreadable: bool = True) -> list[dict[str, Any]]:
     """The records of ``<run>/metrics.jsonl`` (or of the given .jsonl file), in file order.
 
-    Unreadable lines (a line cut by a crash) are skipped with a warning.
+    Unreadable lines (a line cut by a crash) are skipped, with a warning unless
+    ``warn_unreadable`` is False (a file another process is still writing).
     """
     path = Path(path)
     if path.is_dir():
@@ -109,7 +156,7 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"no metrics file at {path}")
     records, bad = _parse_lines(path)
-    if bad:
+    if bad and warn_unreadable:
         warnings.warn(f"{path}: skipped unreadable line(s) {bad}", stacklevel=2)
     return records
 
@@ -299,7 +346,7 @@ class MetricsLogger:
         for key in (REWARD, GREEDY_ACC, SAMPLED_ACC, CLIP_FRACTION):
             value = self._shown.get(key) if key in (GREEDY_ACC, SAMPLED_ACC) else record.get(key)
             if value is not None:
-                parts.append(f"{_LABELS[key]} {_fmt(value)}")
+                parts.append(f"{METRICS[key].label} {_fmt(value)}")
         sps = self._seconds_per_step(record)
         if sps is not None:
             parts.append(f"{sps:.2f} s/step")

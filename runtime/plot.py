@@ -11,20 +11,18 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from .metrics import (CLIP_FRACTION, ENTROPY, GREEDY_ACC, RESPONSE_LENGTH, REWARD, SAMPLED_ACC,
-                      read_metrics)
+from .metrics import (CLIP_FRACTION, ENTROPY, GREEDY_ACC, METRICS, RESPONSE_LENGTH, REWARD, SAMPLED_ACC,
+                      metric_by_concept, read_metrics)
 from .run_dir import CURVES_FILE, METRICS_FILE
 
 __all__ = ["PANELS", "collect_panels", "plot_runs"]
 
-#: (title, y label, (concept, metric, line style) drawn in the panel).
-PANELS: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
-    ("reward", "mean reward", (("reward", REWARD, "-"),)),
-    ("held-out accuracy", "accuracy (solid greedy, dashed sampled)",
-     (("greedy_acc", GREEDY_ACC, "-"), ("sampled_acc", SAMPLED_ACC, "--"))),
-    ("response length", "tokens", (("response_length", RESPONSE_LENGTH, "-"),)),
-    ("entropy", "nats / token", (("entropy", ENTROPY, "-"),)),
-    ("clip fraction", "fraction of tokens", (("clip_fraction", CLIP_FRACTION, "-"),)),
+#: (title, y label, (metric, line style) drawn in the panel): one panel per metric, titled
+#: and labelled by metrics.METRICS, but the two held-out accuracies share one.
+PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
+    (METRICS[REWARD].title, METRICS[REWARD].unit, ((REWARD, "-"),)),
+    ("held-out accuracy", "accuracy (solid greedy, dashed sampled)", ((GREEDY_ACC, "-"), (SAMPLED_ACC, "--"))),
+    *((METRICS[k].title, METRICS[k].unit, ((k, "-"),)) for k in (RESPONSE_LENGTH, ENTROPY, CLIP_FRACTION)),
 )
 
 
@@ -56,9 +54,7 @@ def _series(records: Sequence[dict[str, Any]], key: str, smooth: float) -> tuple
     return xs, ys
 
 
-_SPARSE = frozenset({"greedy_acc", "sampled_acc"})
-
-Line = tuple[str, str, str, list[int], list[float]]  # label, concept, style, steps, values
+Line = tuple[str, str, str, list[int], list[float]]  # label, concept (metrics.Metric), style, steps, values
 
 
 def collect_panels(labels: Sequence[str], histories: Sequence[Sequence[dict[str, Any]]],
@@ -70,12 +66,12 @@ def collect_panels(labels: Sequence[str], histories: Sequence[Sequence[dict[str,
     panels = []
     for title, ylabel, concepts in PANELS:
         lines: list[Line] = []
-        for concept, key, style in concepts:
+        for key, style in concepts:
+            concept, sparse = METRICS[key].concept, METRICS[key].sparse
             for label, records in zip(labels, histories):
                 if not any(key in record for record in records):
                     continue
                 # Evaluations are sparse: drawn raw, with markers, never smoothed.
-                sparse = concept in _SPARSE
                 xs, ys = _series(records, key, 0.0 if sparse else smooth)
                 if xs:
                     lines.append((label, concept, style, xs, ys))
@@ -126,9 +122,9 @@ def plot_runs(run_dirs: Sequence[str | os.PathLike[str]], out_png: str | os.Path
     color_of = {label: colors[i % len(colors)] for i, label in enumerate(labels)}
     for ax, (title, ylabel, lines) in zip(axes.flat, panels):
         for label, concept, style, xs, ys in lines:
-            name = label if concept != "sampled_acc" else f"{label} (sampled)"
+            name = label if concept != METRICS[SAMPLED_ACC].concept else f"{label} (sampled)"
             ax.plot(xs, ys, style, color=color_of[label], label=name, linewidth=1.4,
-                    marker="o" if concept in _SPARSE or len(xs) == 1 else None, markersize=3)
+                    marker="o" if metric_by_concept(concept).sparse or len(xs) == 1 else None, markersize=3)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)

@@ -8,12 +8,12 @@ as ``formula``; the generated code holds its lines where the component call woul
 """
 from __future__ import annotations
 
-import difflib
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
 from .. import registry
 from ..errors import ErrorList, Span
+from ..suggest import close_matches
 from . import emit, lang, masked
 from .check import Formula, check_use
 from .nodes import Define
@@ -56,7 +56,7 @@ def defines(spec: "SpecFile", errors: ErrorList) -> dict[str, Define]:
 
 def misspelt(cname: str, defs: dict[str, Define]) -> list[str]:
     """The defines a slot line's unknown component name is a typo of (did-you-mean)."""
-    return difflib.get_close_matches(cname, sorted(defs), n=3, cutoff=0.6) if cname not in defs else []
+    return close_matches(cname, defs) if cname not in defs else []
 
 
 def slot_value(slot: str, node: "ComponentNode", define: Define, algorithm: str, file: str,

@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..metrics import (CLIP_FRACTION, ENTROPY, GREEDY_ACC, RESPONSE_LENGTH, REWARD, SAMPLED_ACC,
-                       read_metrics)
+from ..metrics import (CLIP_FRACTION, ENTROPY, GREEDY_ACC, METRICS, RESPONSE_LENGTH, REWARD, SAMPLED_ACC,
+                       metric_by_concept, read_metrics)
 from ..run_dir import METRICS_FILE
 from .runner import RUNS_DIR, CellStatus, cell_state, read_status
 
@@ -38,18 +38,13 @@ REPORT_FILE = "report.md"
 RESULTS_FILE = "results.csv"
 FIGURES_DIR = "figures"
 
-#: concept -> (figure file stem, title, y label); _KEYS names the metric each concept reads.
+#: concept -> (figure file stem, title, y label): the figures, in this order; the titles and
+#: labels are metrics.METRICS's (the held-out accuracies' file stems keep their "heldout_").
 FIGURES: dict[str, tuple[str, str, str]] = {
-    "greedy_acc": ("heldout_greedy_acc", "held-out accuracy (greedy)", "accuracy"),
-    "sampled_acc": ("heldout_sampled_acc", "held-out accuracy (sampled)", "accuracy"),
-    "reward": ("reward", "training reward", "mean reward"),
-    "response_length": ("response_length", "response length", "tokens"),
-    "entropy": ("entropy", "policy entropy", "nats / token"),
-    "clip_fraction": ("clip_fraction", "clip fraction", "fraction of tokens"),
+    m.concept: (("heldout_" if m.sparse else "") + m.concept, m.title, m.unit)
+    for m in (METRICS[k] for k in (GREEDY_ACC, SAMPLED_ACC, REWARD, RESPONSE_LENGTH, ENTROPY, CLIP_FRACTION))
 }
-_PER_STEP = ("reward", "response_length", "entropy", "clip_fraction")
-_KEYS = {"greedy_acc": GREEDY_ACC, "sampled_acc": SAMPLED_ACC, "reward": REWARD,
-         "response_length": RESPONSE_LENGTH, "entropy": ENTROPY, "clip_fraction": CLIP_FRACTION}
+_PER_STEP = tuple(c for c in FIGURES if not metric_by_concept(c).sparse)
 
 
 def window(steps: int) -> int:
@@ -79,8 +74,8 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _series(records: Sequence[Mapping[str, Any]], concept: str) -> list[tuple[int, float]]:
-    key = _KEYS[concept]
+def _series(records: Sequence[Mapping[str, Any]], key: str) -> list[tuple[int, float]]:
+    """(step, value) of metric ``key`` where it is a finite number."""
     return [(r["step"], float(r[key])) for r in records if _number(r.get(key))]
 
 
@@ -100,21 +95,21 @@ def run_numbers(records: Sequence[Mapping[str, Any]], steps: int, threshold: flo
     records = [r for r in records if r["step"] <= steps]
     w = window(steps)
     n = RunNumbers(steps=max((r["step"] for r in records), default=0))
-    acc = _series(records, "greedy_acc")
+    acc = _series(records, GREEDY_ACC)
     if acc:
         n.start_acc = acc[0][1] if acc[0][0] == 0 else None
         n.final_acc, n.best_acc = acc[-1][1], max(v for _, v in acc)
         n.steps_to_threshold = next((s for s, v in acc if v >= threshold), None)
-    sampled = _series(records, "sampled_acc")
+    sampled = _series(records, SAMPLED_ACC)
     if sampled:
         n.final_sampled_acc, n.best_sampled_acc = sampled[-1][1], max(v for _, v in sampled)
-    reward = [v for _, v in _series(records, "reward")]
+    reward = [v for _, v in _series(records, REWARD)]
     if reward:
         n.final_reward = statistics.fmean(reward[-w:])
         n.best_reward = max(_moving(reward, w)[min(w, len(reward)) - 1:])
-    for concept, attr in (("response_length", "final_response_length"),
-                          ("entropy", "final_entropy"), ("clip_fraction", "final_clip_fraction")):
-        values = [v for _, v in _series(records, concept)]
+    for key, attr in ((RESPONSE_LENGTH, "final_response_length"),
+                      (ENTROPY, "final_entropy"), (CLIP_FRACTION, "final_clip_fraction")):
+        values = [v for _, v in _series(records, key)]
         if values:
             setattr(n, attr, statistics.fmean(values[-w:]))
     return n
@@ -192,7 +187,7 @@ def _figures(folder: Path, variants: Sequence[Mapping[str, Any]],
         for v in variants:
             per_seed = []
             for records in histories.get(v["name"], []):
-                series = _series([r for r in records if r["step"] <= steps], concept)
+                series = _series([r for r in records if r["step"] <= steps], metric_by_concept(concept).key)
                 if concept in _PER_STEP and series:
                     xs = [s for s, _ in series]
                     series = list(zip(xs, _moving([y for _, y in series], w)))
@@ -211,7 +206,7 @@ def _figures(folder: Path, variants: Sequence[Mapping[str, Any]],
                 color = "black"
             else:
                 color, k = colors[k % len(colors)], k + 1
-            sparse = concept in ("greedy_acc", "sampled_acc")
+            sparse = metric_by_concept(concept).sparse
             ax.plot(xs, means, color=color, linewidth=1.8 if v.get("is_base") else 1.4,
                     marker="o" if sparse or len(xs) == 1 else None, markersize=3,
                     label=f"{v['label']} (n={n_seeds})")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from ..checkpoint import latest_checkpoint
+from ..metrics import GREEDY_ACC, read_metrics
 from ..run_dir import METRICS_FILE
 from .grid import CELLS_DIR, Study, Variant
 
@@ -99,21 +100,13 @@ class CellStatus:
 # ----------------------------------------------------------------------------- one cell
 
 def _last_steps(path: Path) -> tuple[int, float | None]:
-    """(last step, last held-out greedy accuracy) of a metrics file; (0, None) without one."""
+    """(last step, last held-out greedy accuracy) of a metrics file; (0, None) without one.
+    The file may be mid-write (a running cell): a cut line is skipped silently."""
     if not path.is_file():
         return 0, None
-    step, acc = 0, None
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill
-            if isinstance(record, dict) and isinstance(record.get("step"), int):
-                step = record["step"]
-                if isinstance(record.get("eval/greedy_acc"), (int, float)):
-                    acc = float(record["eval/greedy_acc"])
-    return step, acc
+    records = read_metrics(path, warn_unreadable=False)
+    accs = [r[GREEDY_ACC] for r in records if isinstance(r.get(GREEDY_ACC), (int, float))]
+    return (records[-1]["step"] if records else 0), (float(accs[-1]) if accs else None)
 
 
 def cell_state(run_dir: Path, steps: int, save_final: bool = True) -> tuple[str, int]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime
 import types
-from functools import partial
 from typing import Any
 
 import torch
@@ -25,8 +24,9 @@ import rldsl
 
 from ..batch import RolloutBatch
 from ..config import RunConfig
-from ..lora import adapters_disabled, apply_lora, lora_scalings, merge_state
-from ..models import enable_gradient_checkpointing, load_policy, master_dtype, with_tied
+from ..lora import lora_scalings, merge_state
+from ..models import with_tied
+from ..recipe import master_policy, trainable
 from ..rng import seed_all
 from ..train.logprobs import token_logprobs
 from ..train.trainer import TrainBatch, Trainer
@@ -268,16 +268,9 @@ def start_rank(cfg: RunConfig, algo: rldsl.Algorithm, compile: bool, *, rank: in
     mesh = init_device_mesh(device.type, (world,))
     seed_all(cfg.seed)
     fn = rldsl.compile(algo, compile=compile)
-    policy = load_policy(cfg.model.path, master_dtype(cfg.model.dtype))  # fp32 master weights
-    policy.to(device)
-    reference_off = None
-    if cfg.model.lora.rank:  # adapters train, the base is frozen; FSDP2 shards both kinds
-        lo = cfg.model.lora
-        policy, wrapped = apply_lora(policy, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
-                                     target_modules=lo.target_modules)
-        reference_off = partial(adapters_disabled, wrapped)  # the reference: adapters off
-    if cfg.distributed.activation_checkpointing or cfg.train.gradient_checkpointing:
-        enable_gradient_checkpointing(policy)
+    policy, reference_off = trainable(  # adapters train, the base is frozen; FSDP2 shards both kinds
+        cfg, master_policy(cfg, cfg.model.path, device),
+        checkpointing=cfg.distributed.activation_checkpointing or cfg.train.gradient_checkpointing)
     mp = cfg.distributed.mixed_precision
     mixed = mp == "bf16" or (mp == "auto" and (device.type == "cuda" or cfg.model.dtype != "float32"))
 

@@ -36,9 +36,9 @@ from ..checkpoint import Checkpoint, read_weights, saveable
 from ..config import RunConfig
 from ..engines.base import SamplingParams
 from ..errors import ConfigError, RewardError, WorkerError
-from ..lora import apply_lora
-from ..models import disable_transformers_progress, load_policy, load_tokenizer, policy_on_meta, with_tied
-from ..rewards import RewardFn, RewardResult
+from ..models import disable_transformers_progress, policy_on_meta, with_tied
+from ..recipe import reward_fn, rollout_engine, with_lora
+from ..rewards import RewardResult
 from ..rng import step_seed
 from ..train.trainer import TrainBatch
 from ..train.value_model import ValueModel
@@ -54,7 +54,7 @@ def _prepare_process(payload: dict[str, Any]) -> RunConfig:
     for entry in payload["sys_path"]:  # appended: the actor's own entries keep precedence
         if entry not in sys.path:
             sys.path.append(entry)
-    cfg = RunConfig.model_validate_json(payload["config"])
+    cfg = RunConfig.model_validate_json(payload["config"]).frozen()  # resolved by the driver
     torch.set_num_threads(cfg.threads)
     disable_transformers_progress(errors_only=True)
     return cfg
@@ -131,17 +131,8 @@ class RolloutWorker:
         cfg = _prepare_process(payload)
         self.index = index
         gpus = payload["rollout_gpus"]
-        if cfg.rollout.engine == "vllm":
-            from ..engines.vllm import VLLMEngine
-            engine: Any = VLLMEngine(cfg.model.path, tensor_parallel_size=max(1, int(gpus)),
-                                     dtype=cfg.model.dtype, seed=cfg.seed,
-                                     weight_sync_timeout=cfg.distributed.sync_timeout)
-        else:
-            from ..engines.hf import HFEngine
-            model = load_policy(Path(cfg.model.path), cfg.model.dtype)
-            engine = HFEngine(model.eval(), load_tokenizer(Path(cfg.model.path)),
-                              device="cuda" if gpus > 0 else "cpu")
-        self.local = LocalRollouts(engine, RewardFn(payload["reward"], on_error=cfg.reward.on_error))
+        engine = rollout_engine(cfg, cfg.model.path, "cuda" if gpus > 0 else "cpu", gpus=gpus)
+        self.local = LocalRollouts(engine, reward_fn(cfg))
 
     def ready(self) -> int:
         return self.index
@@ -312,12 +303,8 @@ class RayTrainers:
         """The policy's module tree on the meta device, with the run's LoRA layers if any: the
         names of the gathered state (``base_layer`` / ``lora_A`` / ``lora_B`` under LoRA)."""
         policy = policy_on_meta(self.model_path)
-        lo = self.cfg.model.lora
-        if lo.rank:
-            with torch.device("meta"):
-                policy, _ = apply_lora(policy, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
-                                       target_modules=lo.target_modules)
-        return policy
+        with torch.device("meta"):
+            return with_lora(self.cfg, policy)[0]
 
     def checkpoint_state(self) -> TrainerState:
         state = self._all("checkpoint_state", what="the checkpoint gather")[0]
@@ -396,18 +383,18 @@ class RayRollouts:
 
 
 def start_ray_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledAlgorithm,
-                      model_path: Path, reward: str, pad_id: int) -> tuple[RayRollouts, RayTrainers]:
+                      model_path: Path, pad_id: int) -> tuple[RayRollouts, RayTrainers]:
     """Start the actors and wait until every model is loaded: (rollouts, trainers).
 
-    ``model_path``: the policy folder (the toy model already warm-started by the driver);
-    ``reward``: the reward spec, checked by the driver already.
+    ``cfg``: the resolved config (its reward checked by the driver already); ``model_path``:
+    the policy folder (the toy model already warm-started by the driver).
     """
     d = cfg.distributed
-    actor_cfg = cfg.model_copy(deep=True)
-    actor_cfg.model.path = os.path.abspath(str(model_path))
+    actor_cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
+        update={"path": os.path.abspath(str(model_path))})})
     gpus = d.gpus_per_worker if d.gpus_per_worker is not None else (1.0 if cfg.device == "cuda" else 0.0)
     payload = {"config": actor_cfg.model_dump_json(), "algorithm": algo, "compile": fn.compiled,
-               "reward": reward, "rollout_gpus": gpus,
+               "rollout_gpus": gpus,
                "sys_path": [os.getcwd() if p == "" else os.path.abspath(p) for p in sys.path]}
     cluster = RayCluster(cfg, (d.trainers + max(1, d.rollout_workers)) * cfg.threads)
     try:

@@ -1,12 +1,10 @@
 """A model's context bounds prompt + completion: clip ``max_new_tokens`` once, or refuse up front."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from rldsl.runtime.build import fit_context, model_context
+from rldsl.runtime.resolve import fit_context, model_context, resolve
 from rldsl.runtime.config import ConfigError, load_config
 
 
@@ -19,30 +17,32 @@ def gpt2_64(tmp_path, tokenizer):
     return tmp_path / "m"
 
 
-def test_default_max_new_tokens_is_clipped_to_the_context_with_one_warning(gpt2_64, tokenizer, tmp_path):
+def test_default_max_new_tokens_is_clipped_to_the_context_with_one_note(gpt2_64, tokenizer, tmp_path):
     assert model_context(gpt2_64) == 64
     data = tmp_path / "train.jsonl"
     data.write_text('{"prompt": "1+2=", "answer": "3"}\n')
     cfg = load_config(None, [f"model.path={gpt2_64}", f"data.path={data}"])
     assert cfg.max_new_tokens == 1024  # the default for a user's model and data
     prompts = ["1+2=", "12+34=", "99+99="]  # longest: <bos> + 6 characters = 7 tokens
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        fit_context(cfg, gpt2_64, tokenizer, prompts)
-        fit_context(cfg, gpt2_64, tokenizer, prompts)  # already clipped: no second warning
-    assert cfg.max_new_tokens == 64 - 7
-    assert [str(w.message) for w in caught if "max_new_tokens" in str(w.message)] and len(caught) == 1
+    resolved, notes = resolve(cfg, gpt2_64, tokenizer, prompts)
+    assert resolved.rollout.max_new_tokens == 64 - 7 and cfg.rollout.max_new_tokens is None  # a copy
+    clipped = [n for n in notes if "max_new_tokens" in n]
+    assert clipped == ["max_new_tokens 1024 + the longest prompt (7 tokens) exceeds the model's context "
+                       "of 64 positions: generating at most 57 new tokens (set rollout.max_new_tokens "
+                       "to silence this)"]
+    again, notes = resolve(resolved, gpt2_64, tokenizer, prompts)  # already clipped: no second note
+    assert again == resolved and not [n for n in notes if "max_new_tokens" in n]
 
 
 def test_a_fitting_request_is_left_alone(gpt2_64, tokenizer):
     cfg = load_config(None, [f"model.path={gpt2_64}", "rollout.max_new_tokens=8"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        fit_context(cfg, gpt2_64, tokenizer, ["1+2="])
-    assert cfg.max_new_tokens == 8
+    resolved, notes = resolve(cfg, gpt2_64, tokenizer, ["1+2="])
+    assert resolved.max_new_tokens == 8 and notes == ["reward: addition (the default for the built-in "
+                                                      "addition task; choose one with --reward)"]
 
 
 def test_a_prompt_longer_than_the_context_is_refused_before_the_first_step(gpt2_64, tokenizer):
     cfg = load_config(None, [f"model.path={gpt2_64}"])
     with pytest.raises(ConfigError, match=r"longest prompt has 71 tokens .* context of 64 positions"):
-        fit_context(cfg, gpt2_64, tokenizer, ["1+2=", "1" * 70])
+        resolve(cfg, gpt2_64, tokenizer, ["1+2=", "1" * 70])
+    assert fit_context(100, None, 5000, "m") == (100, None)  # a model that names no context: unclipped

@@ -131,12 +131,24 @@ def test_killed_process_resumes_exactly(model_dir, tmp_path):
 
 
 def test_metrics_read_by_progress_summary_and_plot_are_the_ones_a_run_writes(model_dir, tmp_path):
-    """One spelling per metric: the names metrics.py and plot.py read are written by a step."""
+    """One spelling per metric: every name of metrics.METRICS is written by a step, and the
+    progress line, the summary, the plot, the study report and the ablation runner read
+    them through that table (a producer renaming one fails here)."""
     from rldsl.runtime import metrics, plot
+    from rldsl.runtime.ablate.report import FIGURES, run_numbers
+    from rldsl.runtime.ablate.runner import cell_state
     run = loop.train("lite_ppo", quick_config(model_dir, tmp_path / "run", **{"eval.every": 1}))
-    written = set().union(*read_metrics(run / "metrics.jsonl"))
-    assert set(metrics.KEY_METRICS) <= written
-    assert {key for _, _, lines in plot.PANELS for _, key, _ in lines} <= written
+    records = read_metrics(run / "metrics.jsonl")
+    written = set().union(*records)
+    assert set(metrics.METRICS) <= written and set(metrics.KEY_METRICS) == set(metrics.METRICS)
+    assert {key for _, _, lines in plot.PANELS for key, _ in lines} <= written
+    drawn = {line[1] for _title, _unit, lines in plot.collect_panels(["r"], [records]) for line in lines}
+    assert drawn == set(FIGURES) == {metrics.metric_by_concept(c).concept for c in FIGURES}
+    n = run_numbers(records, 3, threshold=0.0)
+    assert None not in (n.final_acc, n.final_sampled_acc, n.final_reward, n.final_response_length,
+                        n.final_entropy, n.final_clip_fraction)
+    assert n.final_acc == records[-1][metrics.GREEDY_ACC]
+    assert cell_state(run, 3) == ("done", 3)  # the runner's reader sees the last step
 
 
 def test_user_model_jsonl_and_module_reward(model_dir, tmp_path):

@@ -57,12 +57,12 @@ def test_panels_overlay_runs_and_skip_missing_metrics(two_runs):
 
     panels = collect_panels(["grpo-1", "dapo-1"], [read_metrics(p) for p in two_runs])
     by_title = {title: lines for title, _ylabel, lines in panels}
-    assert list(by_title) == ["reward", "held-out accuracy", "response length", "entropy",
+    assert list(by_title) == ["training reward", "held-out accuracy", "response length", "policy entropy",
                               "clip fraction"]
     assert [(l[0], l[1]) for l in by_title["held-out accuracy"]] == [
         ("grpo-1", "greedy_acc"), ("dapo-1", "greedy_acc"), ("grpo-1", "sampled_acc")]
-    assert [l[0] for l in by_title["entropy"]] == ["grpo-1"]
-    reward_b = by_title["reward"][1]
+    assert [l[0] for l in by_title["policy entropy"]] == ["grpo-1"]
+    reward_b = by_title["training reward"][1]
     assert reward_b[3] == [1, 2, 3, 4, 5, 6] and reward_b[4] == pytest.approx([0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
     length_b = by_title["response length"][1]
     assert length_b[3] == [1, 2, 4, 5, 6]  # a null is a gap, not a zero

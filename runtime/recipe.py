@@ -1,0 +1,71 @@
+"""The run recipe: how the policy, the rollout engine and the reward are built from a resolved
+config -- one function each, used by a one-process run (build.py), a trainer rank
+(workers/fsdp.py) and a rollout actor (workers/ray.py) alike.
+
+The trainer itself is ``Trainer.from_config`` (train/trainer.py; ``ShardedTrainer`` on a rank).
+"""
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .config import RunConfig
+from .engines.base import RolloutEngine
+from .lora import adapters_disabled, apply_lora
+from .models import enable_gradient_checkpointing, load_policy, load_tokenizer, master_dtype
+from .rewards import RewardFn
+from .resolve import default_reward
+
+
+def with_lora(cfg: RunConfig, policy: nn.Module) -> tuple[nn.Module, Any]:
+    """(``policy`` with the run's LoRA adapters, the peft wrapper); unchanged (and None) when
+    ``model.lora.rank`` is 0. Works on the meta device too (the names of a gathered state)."""
+    lo = cfg.model.lora
+    if not lo.rank:
+        return policy, None
+    return apply_lora(policy, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
+                      target_modules=lo.target_modules)
+
+
+def master_policy(cfg: RunConfig, path: Path | str, device: torch.device | str) -> nn.Module:
+    """The policy of ``path`` with float32 master weights for a 16-bit ``model.dtype``
+    (``master_dtype``), on ``device``: what a trainer trains (and what the HF engine copies)."""
+    return load_policy(Path(path), master_dtype(cfg.model.dtype)).to(device)
+
+
+def trainable(cfg: RunConfig, policy: nn.Module, *,
+              checkpointing: bool) -> tuple[nn.Module, Callable[[], Any] | None]:
+    """(the policy to train, ``reference_off`` or None): LoRA adapters added when the config asks
+    (the base is frozen; the reference is the policy with its adapters off, ``reference_off()``:
+    no second copy), and the blocks' activations recomputed in the backward pass when
+    ``checkpointing``."""
+    policy, wrapped = with_lora(cfg, policy)
+    reference_off = partial(adapters_disabled, wrapped) if wrapped is not None else None
+    if checkpointing:
+        enable_gradient_checkpointing(policy)
+    return policy, reference_off
+
+
+def rollout_engine(cfg: RunConfig, path: Path | str, device: str, *, model: nn.Module | None = None,
+                   tokenizer: Any = None, gpus: float = 0.0) -> RolloutEngine:
+    """The engine of ``rollout.engine``: ``hf`` samples with ``model`` (a copy of the policy; loaded
+    from ``path`` when None) in ``model.dtype`` on ``device``; ``vllm`` loads ``path`` itself on
+    ``gpus`` GPUs (tensor parallel)."""
+    if cfg.rollout.engine == "vllm":
+        from .engines.vllm import VLLMEngine
+        return VLLMEngine(str(path), tensor_parallel_size=max(1, int(gpus)), dtype=cfg.model.dtype,
+                          seed=cfg.seed, weight_sync_timeout=cfg.distributed.sync_timeout)
+    from .engines.hf import HFEngine
+    if model is None:
+        model = load_policy(Path(path), cfg.model.dtype)
+    model = model.to(getattr(torch, cfg.model.dtype)).eval()
+    return HFEngine(model, tokenizer if tokenizer is not None else load_tokenizer(Path(path)), device=device)
+
+
+def reward_fn(cfg: RunConfig) -> RewardFn:
+    """The run's reward (``reward.name``, resolved to the task's own when null)."""
+    return RewardFn(cfg.reward.name or default_reward(cfg), on_error=cfg.reward.on_error)

@@ -1,0 +1,171 @@
+"""What a run is settled to before any model loads: the checks, and the one ``resolve`` step.
+
+Everything that can be known from the config, the spec, the data and the model folder's
+``config.json`` / tokenizer is checked here, so a typo costs seconds, not a model load:
+
+- ``check_device``: ``--device cuda`` on a machine without CUDA;
+- ``check_engine``: a ``rollout.engine`` this kind of run cannot use;
+- ``check_group_size``: ``rollout.n=1`` with a spec that compares a prompt's samples
+  (every advantage would be 0: refused unless ``train.allow_zero_advantages``);
+- ``resolve``: the task's defaults filled in (``reward.name``, ``rollout.max_new_tokens``),
+  ``max_new_tokens`` clipped to the model's context, a micro-batch budget smaller than a
+  row reported; the result is frozen (:meth:`RunConfig.frozen`), and it is what
+  ``config.json`` records: the saved config is what ran.
+
+Nothing here loads weights; ``build.plan_run`` calls these in order, ``build.build_run``
+loads the models afterwards.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rldsl import lint
+from rldsl import Algorithm
+
+from .config import RunConfig
+from .errors import ConfigError, RunError
+
+#: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).
+GROUP_OF_ONE_RULE = "group-of-one"
+
+
+# ----------------------------------------------------------------------------- checks
+
+def check_device(cfg: RunConfig) -> None:
+    """``device = "cuda"`` needs CUDA in this process (a Ray cluster elsewhere is its own judge)."""
+    if cfg.device != "cuda" or cfg.distributed.ray_address is not None or torch.cuda.is_available():
+        return
+    why = ("no CUDA device is visible (torch.cuda.is_available() is False)" if torch.backends.cuda.is_built()
+           else f"this torch build ({torch.__version__}) has no CUDA support")
+    raise ConfigError(f"--device cuda (device=\"cuda\"): {why}. Train on the CPU with --device cpu, or run "
+                      f"on a machine with a GPU and a CUDA build of torch.")
+
+
+def check_engine(cfg: RunConfig) -> None:
+    """The rollout engine fits the run: ``vllm`` needs Ray actors on GPUs, one process uses ``hf``."""
+    if cfg.distributed.uses_ray:
+        if cfg.rollout.engine == "vllm" and cfg.device != "cuda":
+            raise RunError("rollout.engine=vllm needs GPUs: use --device cuda (or rollout.engine=hf)")
+    elif cfg.rollout.engine != "hf":
+        raise RunError(f"rollout.engine={cfg.rollout.engine!r} needs the distributed runtime "
+                       "(Ray actors on GPUs): add --rollout-workers 1 (or more); on one "
+                       "machine without Ray use rollout.engine=hf")
+
+
+def run_facts(cfg: RunConfig) -> lint.RunFacts:
+    """What the run-start warnings check the spec against. The HF engine samples from a copy of
+    the policy in the trainer's dtype: with float32 its logprobs are the trainer's own (exact);
+    in bf16/fp16 (or with vLLM) they differ, which is what a correction is for."""
+    return lint.RunFacts(group_size=cfg.rollout.n, max_new_tokens=cfg.max_new_tokens,
+                         engine=cfg.rollout.engine,
+                         exact_logprobs=cfg.rollout.engine == "hf" and cfg.model.dtype == "float32")
+
+
+def check_group_size(algo: Algorithm, cfg: RunConfig) -> list[Any]:
+    """The run-start warnings of ``algo`` under ``cfg`` (``lint.check_run``); raises when a group
+    statistic meets ``rollout.n=1`` and the run does not insist (``train.allow_zero_advantages``):
+    every group then has one sample, every advantage is 0 and no update can happen."""
+    found = lint.check_run(algo, run_facts(cfg))
+    zero = [w for w in found if w.rule == GROUP_OF_ONE_RULE]
+    if zero and not cfg.train.allow_zero_advantages:
+        what = "; ".join(w.message for w in zero)
+        raise ConfigError(f"{what}. With one sample per prompt every advantage is 0 and no update "
+                          f"can happen: set rollout.n >= 2 (e.g. --set rollout.n=8), or --set "
+                          f"train.allow_zero_advantages=true to run anyway")
+    return found
+
+
+def default_reward(cfg: RunConfig) -> str:
+    """The task's own reward: ``addition`` for the built-in task, ``exact`` for a data file."""
+    return "addition" if cfg.data.path is None else "exact"
+
+
+# ----------------------------------------------------------------------------- the model's context
+
+def model_context(path: Path) -> int | None:
+    """The number of positions the model at ``path`` can attend over (``max_position_embeddings``,
+    GPT-2's ``n_positions``), or None when its config names none. Reads config.json only."""
+    from transformers import AutoConfig
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise RunError(f"could not read the model's config.json in {path}: {e}") from None
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def fit_context(max_new_tokens: int, context: int | None, longest_prompt: int,
+                model: str) -> tuple[int, str | None]:
+    """(``max_new_tokens`` clipped so that the longest prompt plus the completion fits the model's
+    context, a note when it was clipped); refuses a prompt that does not fit at all -- past the
+    last position a model's forward fails mid-step (an ``IndexError`` in its position
+    embedding) or silently extrapolates."""
+    if context is None:
+        return max_new_tokens, None
+    if longest_prompt >= context:
+        raise ConfigError(f"the longest prompt has {longest_prompt} tokens but the model ({model}) has a "
+                          f"context of {context} positions (max_position_embeddings): no room for "
+                          f"even one new token (max_new_tokens). Shorten or drop the long prompts.")
+    room = context - longest_prompt
+    if max_new_tokens <= room:
+        return max_new_tokens, None
+    return room, (f"max_new_tokens {max_new_tokens} + the longest prompt ({longest_prompt} tokens) "
+                  f"exceeds the model's context of {context} positions: generating at most "
+                  f"{room} new tokens (set rollout.max_new_tokens to silence this)")
+
+
+def microbatch_note(cfg: RunConfig, longest_prompt: int) -> str | None:
+    """A warning when ``train.max_tokens_per_microbatch`` is smaller than one row (the longest
+    prompt plus ``max_new_tokens``): a row is never split, so each such row is a forward of
+    its own -- correct, but several times slower than the budget suggests."""
+    budget = cfg.train.max_tokens_per_microbatch
+    row = longest_prompt + cfg.max_new_tokens
+    if budget is None or budget >= row:
+        return None
+    return (f"train.max_tokens_per_microbatch={budget} is smaller than one row (up to {longest_prompt} "
+            f"prompt + {cfg.max_new_tokens} new tokens = {row}): a row is never split, so every row "
+            f"longer than {budget} tokens gets a forward of its own (slow). Set it to at least {row}, "
+            f"or null for one forward per minibatch")
+
+
+# ----------------------------------------------------------------------------- resolve
+
+def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str],
+            model_label: str | None = None) -> tuple[RunConfig, list[str]]:
+    """(the config that runs, frozen; the notes to print at the start of the run).
+
+    Fills in what the config leaves to the task -- ``reward.name`` (``default_reward``) and
+    ``rollout.max_new_tokens`` (``RunConfig.max_new_tokens``) -- and clips ``max_new_tokens``
+    to the context of the model at ``model_path`` (its config.json; ``prompts`` are the
+    rendered prompts, tokenized with ``tokenizer``). Call it before ``config.json`` is written:
+    the saved config is then what ran, and resuming from it changes nothing.
+    """
+    notes: list[str] = []
+    reward = cfg.reward.name
+    if reward is None:
+        reward = default_reward(cfg)
+        task = "the built-in addition task" if cfg.data.path is None else "a data file"
+        notes.append(f"reward: {reward} (the default for {task}; choose one with --reward)")
+    else:
+        notes.append(f"reward: {reward}")
+    longest = max((len(ids) for ids in tokenizer(prompts)["input_ids"]), default=0)
+    max_new, clipped = fit_context(cfg.max_new_tokens, model_context(model_path), longest,
+                                   model_label or str(model_path))
+    if clipped:
+        notes.append(clipped)
+    resolved = cfg.model_copy(update={
+        "reward": cfg.reward.model_copy(update={"name": reward}),
+        "rollout": cfg.rollout.model_copy(update={"max_new_tokens": max_new})})
+    resolved = RunConfig.model_validate(resolved.model_dump())  # the copies above skip validation
+    micro = microbatch_note(resolved, longest)
+    if micro:
+        notes.append(micro)
+    return resolved.frozen(), notes

@@ -1,0 +1,213 @@
+"""The run recipe: every check before a model loads, one resolved (frozen) config that config.json
+records, the spec parsed once, and the defaults a run would otherwise take silently."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+from typer.testing import CliRunner
+
+import rldsl.spec
+from rldsl.cli import app
+from rldsl.runtime import build, loop, recipe
+from rldsl.runtime.config import load_config
+from rldsl.runtime.errors import ConfigError, DataError, RunError
+from rldsl.runtime.run_dir import load_run_config
+
+HERE = Path(__file__).parent
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _eager_and_helpers(monkeypatch):
+    monkeypatch.setenv("RLDSL_COMPILE", "0")
+    monkeypatch.syspath_prepend(str(HERE))
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Loading weights fails the test: a check that needs no model must come first."""
+    calls: list[str] = []
+
+    def refuse(path, dtype):
+        calls.append(str(path))
+        raise AssertionError(f"the model at {path} was loaded before the check")
+
+    monkeypatch.setattr(recipe, "load_policy", refuse)
+    return calls
+
+
+@pytest.fixture
+def gpt2_64(tmp_path, tokenizer):
+    """A model with a context of 64 positions (the toy tokenizer)."""
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=16, n_layer=1, n_head=2,
+                                       n_positions=64, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+    model.save_pretrained(tmp_path / "gpt2")
+    tokenizer.save_pretrained(tmp_path / "gpt2")
+    return tmp_path / "gpt2"
+
+
+def data_file(path: Path, rows: int = 4, **fields: str) -> Path:
+    recs = [{"prompt": f"{i}+{i}=", "answer": str(2 * i), **fields} for i in range(rows)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def run_config(model: Path, out: Path, *extra: str):
+    return load_config(None, [f"model.path={model}", f"out={out}", "rollout.prompts_per_step=2",
+                              "rollout.n=2", "train.steps=1", "eval.every=0", "eval.samples=0",
+                              "data.eval_size=0", "checkpoint.every=0", "log.progress=false", *extra])
+
+
+# ----------------------------------------------------------------------------- the saved config is what ran
+
+def test_the_saved_config_is_the_config_that_ran(gpt2_64, tmp_path, monkeypatch, capsys):
+    """Default reward and max_new_tokens, clipped to the 64-position context, are in config.json."""
+    data = data_file(tmp_path / "d.jsonl")
+    ran = []
+    real_build = loop.build
+
+    def spy(plan, run_dir):
+        run = real_build(plan, run_dir)
+        ran.append(run)
+        return run
+
+    monkeypatch.setattr(loop, "build", spy)
+    out = loop.train("grpo", run_config(gpt2_64, tmp_path / "run", f"data.path={data}"))
+    (run,) = ran
+    saved = load_run_config(out)
+    assert saved == run.cfg
+    assert saved.reward.name == "exact"  # not null: the reward that scored the run
+    longest = max(len(ids) for ids in run.tokenizer([e.prompt for e in run.source.examples])["input_ids"])
+    assert saved.rollout.max_new_tokens == 64 - longest  # clipped from the default 1024
+    text = capsys.readouterr().out
+    assert "reward: exact (the default for a data file; choose one with --reward)" in text
+    assert f"generating at most {64 - longest} new tokens" in text
+    with pytest.raises(TypeError, match="resolved config is frozen: RolloutConfig.max_new_tokens"):
+        run.cfg.rollout.max_new_tokens = 8
+    # resuming from that config resolves to the same config: nothing is rewritten
+    before = (out / "config.json").read_text()
+    loop.train("grpo", None, resume=out)
+    assert (out / "config.json").read_text() == before
+
+
+def test_the_toy_run_records_its_reward(tmp_path):
+    plan = build.plan_run(build.load_spec("grpo"), load_config(None, [f"out={tmp_path}"]))
+    assert plan.cfg.reward.name == "addition" and plan.cfg.rollout.max_new_tokens == 4
+    assert plan.cfg.is_frozen and "reward: addition (the default for the built-in addition task" in plan.notes[0]
+
+
+def test_the_spec_is_parsed_once_per_run(model_dir, tmp_path, monkeypatch):
+    parses = []
+    real = rldsl.spec.resolve
+
+    def counting(source, file="<string>", _chain=()):
+        if not _chain:  # a top-level parse (a parent spec is parsed inside it)
+            parses.append(file)
+        return real(source, file, _chain)
+
+    monkeypatch.setattr(rldsl.spec, "resolve", counting)
+    out = loop.train("grpo", run_config(model_dir, tmp_path / "run", "reward.name=reward_helpers:parity"))
+    assert len(parses) == 1
+    parses.clear()
+    loop.train("grpo", load_config(None, ["train.steps=2"], base=load_run_config(out)), resume=out)
+    assert len(parses) == 1
+
+
+# ----------------------------------------------------------------------------- checks before the model loads
+
+def test_an_unknown_reward_fails_before_the_model_loads(model_dir, tmp_path, no_model_load):
+    with pytest.raises(ValueError, match="unknown reward 'maht'"):
+        loop.train("grpo", run_config(model_dir, tmp_path / "run", "reward.name=maht"))
+    assert no_model_load == [] and not (tmp_path / "run").exists()  # no run folder either
+
+
+def test_a_data_file_without_the_field_fails_before_the_model_loads(model_dir, tmp_path, no_model_load):
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"question": "1+1=", "answer": "2"}) + "\n")
+    with pytest.raises(DataError, match="missing field 'prompt'"):
+        loop.train("grpo", run_config(model_dir, tmp_path / "run", f"data.path={data}"))
+    assert no_model_load == []
+
+
+def test_an_engine_the_run_cannot_use_fails_before_the_model_loads(model_dir, tmp_path, no_model_load):
+    with pytest.raises(RunError, match="rollout.engine='vllm' needs the distributed runtime"):
+        loop.train("grpo", run_config(model_dir, tmp_path / "run", "rollout.engine=vllm"))
+    with pytest.raises(RunError, match="rollout.engine=vllm needs GPUs: use --device cuda"):
+        loop.train("grpo", run_config(model_dir, tmp_path / "run", "rollout.engine=vllm",
+                                      "distributed.rollout_workers=1"))
+    assert no_model_load == []
+
+
+def test_device_cuda_without_cuda_is_a_sentence(model_dir, tmp_path, monkeypatch, no_model_load):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    res = runner.invoke(app, ["run", "grpo", "--model", str(model_dir), "--device", "cuda",
+                              "--out", str(tmp_path / "run"), "--set", "log.progress=false"])
+    assert res.exit_code == 2, res.output
+    assert "--device cuda" in res.output and "--device cpu" in res.output
+    assert "AssertionError" not in res.output and "Traceback" not in res.output
+    assert no_model_load == []
+
+
+def test_group_statistics_with_one_sample_are_refused_unless_allowed(model_dir, tmp_path, no_model_load):
+    with pytest.raises(ConfigError) as e:
+        loop.train("grpo", run_config(model_dir, tmp_path / "run", "rollout.n=1",
+                                      "reward.name=reward_helpers:parity"))
+    msg = str(e.value)
+    assert "rollout.n=1" in msg and "every advantage is 0" in msg and "train.allow_zero_advantages=true" in msg
+    assert no_model_load == []
+    # a spec without group statistics starts with n=1 (plan only: no model is needed to decide)
+    plan = build.plan_run(build.load_spec("reinforce"),
+                          run_config(model_dir, tmp_path / "r2", "rollout.n=1", "reward.name=reward_helpers:parity"))
+    assert plan.cfg.rollout.n == 1
+
+
+def test_allow_zero_advantages_starts_the_run_with_the_warning(model_dir, tmp_path):
+    plan = build.plan_run(build.load_spec("grpo"),
+                          run_config(model_dir, tmp_path / "run", "rollout.n=1", "train.allow_zero_advantages=true",
+                                     "reward.name=reward_helpers:parity"))
+    assert {w.rule for w in plan.warnings} == {"group-of-one"}  # baseline and normalizer
+
+
+def test_the_checks_run_in_the_cli_with_exit_code_and_no_load(model_dir, tmp_path, no_model_load):
+    res = runner.invoke(app, ["run", "grpo", "--model", str(model_dir), "--out", str(tmp_path / "run"),
+                              "--set", "rollout.n=1", "--set", "log.progress=false"])
+    assert res.exit_code == 2 and "train.allow_zero_advantages" in res.output and "Traceback" not in res.output
+    assert no_model_load == []
+
+
+# ----------------------------------------------------------------------------- silent defaults
+
+def test_a_microbatch_budget_smaller_than_a_row_is_reported_with_the_numbers(model_dir, tmp_path, tokenizer):
+    data = data_file(tmp_path / "d.jsonl")
+    plan = build.plan_run(build.load_spec("grpo"),
+                          run_config(model_dir, tmp_path / "run", f"data.path={data}", "rollout.max_new_tokens=8",
+                                     "train.max_tokens_per_microbatch=6"))
+    longest = max(len(tokenizer(e.prompt)["input_ids"]) for e in plan.source.examples)
+    row = longest + 8
+    (note,) = [n for n in plan.notes if "max_tokens_per_microbatch" in n]
+    assert note.startswith(f"train.max_tokens_per_microbatch=6 is smaller than one row (up to {longest} "
+                           f"prompt + 8 new tokens = {row})") and f"at least {row}" in note
+    fits = build.plan_run(build.load_spec("grpo"),
+                          run_config(model_dir, tmp_path / "run", f"data.path={data}", "rollout.max_new_tokens=8",
+                                     f"train.max_tokens_per_microbatch={row}"))
+    assert not [n for n in fits.notes if "max_tokens_per_microbatch" in n]
+
+
+def test_a_chosen_reward_is_named_at_start(model_dir, tmp_path):
+    plan = build.plan_run(build.load_spec("grpo"),
+                          run_config(model_dir, tmp_path / "run", "reward.name=reward_helpers:parity"))
+    assert "reward: reward_helpers:parity" in plan.notes
+
+
+def test_a_broken_model_config_is_a_sentence_before_the_weights_load(model_dir, tmp_path, no_model_load):
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(RunError, match=r"broken.*config.json' is not a valid JSON file"):
+        build.plan_run(build.load_spec("grpo"), run_config(broken, tmp_path / "run"))
+    assert no_model_load == []
