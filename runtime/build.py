@@ -23,6 +23,8 @@ from .errors import RunError
 from .models import disable_transformers_progress, load_tokenizer
 from .recipe import master_policy, reward_fn, rollout_engine, trainable
 from .resolve import check_device, check_engine, check_group_size, resolve
+from .evaluation import EvalSet, eval_sets_of
+from .trackers import check_trackers
 from .rewards import RewardFn
 from .rng import seed_all
 from .train.trainer import Trainer
@@ -47,6 +49,7 @@ class Plan:
     reward: RewardFn
     notes: list[str] = field(default_factory=list)
     warnings: list[SpecWarning] = field(default_factory=list)
+    eval_sets: list[EvalSet] = field(default_factory=list)
 
 
 @dataclass
@@ -70,6 +73,7 @@ class Run:
     warn: Callable[[str], None] = print
     notes: list[str] = field(default_factory=list)
     warnings: list[SpecWarning] = field(default_factory=list)
+    eval_sets: list[EvalSet] = field(default_factory=list)
 
     def close(self) -> None:
         """Stop the actors of a distributed run (nothing to do for a one-process run)."""
@@ -156,20 +160,23 @@ def load_spec(spec: str, spec_text: str | None = None) -> rldsl.Algorithm:
 
 def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     """Everything checked and settled before a model loads (runtime/resolve.py), cheapest first:
-    the device and engine, the reward's name, the data's fields, the model folder, the
+    the device, engine and trackers, the reward's name (a server's address, a reward model's folder), the data's fields, the model folder, the
     tokenizer and the model's context; then the resolved config and the group-size check.
     A mistake in any of them fails in seconds, never after a model load."""
     check_device(cfg)
     check_engine(cfg)
+    check_trackers(cfg.log.report_to)  # log.report_to names installed trackers
     reward = reward_fn(cfg)  # an unknown name or a module that does not import fails here
     notes: list[str] = []
     rows = examples_of(cfg, notes.append)
     path, label = model_folder(cfg)  # the toy model is warm-started here, once
     tok = load_tokenizer(path)
     source, held = prompts_of(cfg, tok, rows=rows)
-    resolved, more = resolve(cfg, path, tok, [e.prompt for e in source.examples + held], label)
+    eval_sets = eval_sets_of(cfg, tok, reward)
+    resolved, more = resolve(cfg, path, tok, [e.prompt for e in source.examples + held]
+                             + [e.prompt for s in eval_sets for e in s.examples], label)
     warnings = check_group_size(algo, resolved)
-    return Plan(resolved, algo, path, tok, source, held, reward, notes + more, warnings)
+    return Plan(resolved, algo, path, tok, source, held, reward, notes + more, warnings, eval_sets)
 
 
 def build(plan: Plan, run_dir: Path) -> Run:
@@ -196,7 +203,7 @@ def build(plan: Plan, run_dir: Path) -> Run:
                                                 tokenizer=tok), plan.reward)
         trainers = LocalTrainers(trainer)
     return Run(cfg, algo, fn, run_dir, tok, plan.source, plan.heldout, rollouts, trainers,
-               notes=plan.notes, warnings=plan.warnings)
+               notes=plan.notes, warnings=plan.warnings, eval_sets=plan.eval_sets)
 
 
 def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = None) -> Run:

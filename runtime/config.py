@@ -274,8 +274,27 @@ class TrainConfig(_Section):
                     "update happens, so such a run is refused unless this is true.")
 
 
+class EvalSetConfig(_Section):
+    """One evaluation set of ``eval.data`` (a TOML ``[[eval.data]]`` table; a plain string is its path)."""
+
+    path: str = Field(description="A .jsonl / .parquet / .json file or a datasets folder.")
+    reward: str | None = Field(default=None,
+                               description="The set's own reward (a --reward string); default: the run's.")
+    name: str | None = Field(default=None,
+                             description="The name in the metrics (eval/<name>/...); default: the file's stem.")
+
+
 class EvalConfig(_Section):
     """Held-out evaluation."""
+
+    data: list[str | EvalSetConfig] = Field(
+        default_factory=list,
+        description="Evaluation sets, each scored every eval.every steps with greedy accuracy, "
+                    "pass@1 and pass@k over eval.n samples, mean reward, length and truncation rate "
+                    "(eval/<set>/...): paths, or tables with path, reward, name. Same columns as data.path.")
+    n: int | None = Field(default=None, ge=0,
+                          description="Samples per prompt of the eval.data sets for pass@k (k = 1, 2, 4, .., n); "
+                                      "default: eval.samples.")
 
     every: int = Field(default=25, ge=0,
                        description="Evaluate on the held-out prompts every N steps (and "

@@ -27,9 +27,15 @@ import torch
 import typer
 
 from .batch import RolloutBatch, repeat_each
-from .data import Example
+from .config import EvalSetConfig, RunConfig
+from .data import Example, load_examples, render_prompt
 from .engines.base import SamplingParams
+from .engines.hf import HFEngine
+from .errors import ConfigError, DataError, RewardError, RunError
+from .export import export_run
+from .models import load_policy, load_tokenizer
 from .rewards import RewardFn
+from .run_dir import CONFIG_FILE, load_run_config
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -53,11 +59,13 @@ def k_values(n: int) -> list[int]:
 
 @dataclass
 class EvalSet:
-    """A named evaluation set: its prompts (rendered for the model) and the reward scoring it."""
+    """A named evaluation set: its prompts (rendered for the model) and the reward scoring it.
+    ``own_reward``: scored by a reward other than the run's (the rollouts then only generate)."""
 
     name: str
     examples: list[Example]
     reward: RewardFn
+    own_reward: bool = False
 
 
 def set_name(path: str | Path, taken: Sequence[str] = ()) -> str:
@@ -122,11 +130,29 @@ def load_eval_set(path: str | Path, reward: RewardFn, tokenizer: Any, *, prompt_
                   chat_template_kwargs: dict[str, Any] | None = None, system_prompt: str | None = None,
                   name: str | None = None, taken: Sequence[str] = ()) -> EvalSet:
     """An evaluation set from a data file, its prompts rendered for ``tokenizer`` as training renders them."""
-    from .data import load_examples, render_prompt
     examples = load_examples(path, prompt_field=prompt_key, answer_field=answer_key)
     rendered = [render_prompt(e, tokenizer, mode=chat_template, kwargs=chat_template_kwargs,
                               system_prompt=system_prompt) for e in examples]
     return EvalSet(name or set_name(path, taken), rendered, reward)
+
+
+def eval_sets_of(cfg: RunConfig, tokenizer: Any, run_reward: RewardFn) -> list[EvalSet]:
+    """The run's ``eval.data`` sets, read and rendered (a missing file or column fails here,
+    before any model loads), each with its reward (the run's unless it names its own)."""
+    d = cfg.data
+    sets: list[EvalSet] = []
+    for entry in cfg.eval.data:
+        entry = EvalSetConfig(path=entry) if isinstance(entry, str) else entry
+        own = entry.reward is not None and entry.reward != run_reward.spec
+        reward = RewardFn(entry.reward, on_error=cfg.reward.on_error) if own else run_reward
+        s = load_eval_set(entry.path, reward, tokenizer, prompt_key=d.prompt_key, answer_key=d.answer_key,
+                          chat_template=d.chat_template, chat_template_kwargs=d.chat_template_kwargs,
+                          system_prompt=d.system_prompt, name=entry.name, taken=[x.name for x in sets])
+        if s.name in [x.name for x in sets]:
+            raise ValueError(f"eval.data: two sets are named {s.name!r}; give them different names")
+        s.own_reward = own
+        sets.append(s)
+    return sets
 
 
 def register(app: Any) -> None:
@@ -155,13 +181,6 @@ def register(app: Any) -> None:
     ) -> None:
         """Evaluate a checkpoint or a model on data sets without training: greedy accuracy, pass@1 and
         pass@k (unbiased), mean reward, length and truncation rate per set."""
-        from .config import RunConfig
-        from .engines.hf import HFEngine
-        from .errors import ConfigError, DataError, RewardError, RunError
-        from .export import export_run
-        from .models import load_policy, load_tokenizer
-        from .run_dir import CONFIG_FILE, load_run_config
-
         def fail(message: str, code: int = 2) -> None:
             typer.echo(f"error: {message}", err=True)
             raise typer.Exit(code)

@@ -34,7 +34,8 @@ from .metrics import (ACCURACY, EVAL_FAILED, GREEDY_ACC, LR, RESPONSE_LENGTH, RE
 from .rewards import RewardResult, parse_reward_spec
 from .rng import restore_rng, step_seed
 from .samples import append_samples, sample_rows, truncate_samples
-from .trackers import check_trackers, open_trackers
+from .evaluation import evaluate_sets
+from .trackers import open_trackers
 from .run_dir import (METRICS_FILE, SPEC_FILE, load_run_config, run_dir_of, save_config,
                       save_parent_specs)
 
@@ -158,9 +159,19 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
 
 
 def evaluate(s: Run, step: int) -> dict[str, float]:
+    """Held-out accuracy (greedy, and sampled at the rollout temperature), and the ``eval.data``
+    sets' metrics (runtime/evaluation.py)."""
+    cfg = s.cfg
+    out = evaluate_sets(lambda prompts, params: s.rollouts.generate(
+                            prompts, [""] * len(prompts), params, score=False).batch,
+                        s.eval_sets, n=cfg.eval.samples if cfg.eval.n is None else cfg.eval.n,
+                        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                        max_new_tokens=cfg.max_new_tokens, seed=step_seed(cfg.seed, step, 0, "eval sets"))
+    return {**out, **evaluate_heldout(s, step)} if s.heldout else out
+
+
+def evaluate_heldout(s: Run, step: int) -> dict[str, float]:
     """Held-out accuracy: greedy, and sampled at the rollout temperature."""
-    if not s.heldout:
-        return {}
     cfg = s.cfg
     prompts = [e.prompt for e in s.heldout]
     out: dict[str, float] = {}
@@ -306,8 +317,6 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
     ``stop_after``: stop (with a checkpoint) once this many steps are done in total — used by
     tests to interrupt a run at a known point.
     """
-    if cfg is not None:
-        check_trackers(cfg.log.report_to)  # a tracker that is not installed fails before any model loads
     if resume is not None:
         run_dir = Path(resume)
         if not run_dir.is_dir():

@@ -479,6 +479,11 @@ class RewardResult:
     first_error: str | None = None
 
 
+def unscored(B: int) -> RewardResult:
+    """The result of samples nobody scored (``Rollouts.generate(score=False)``): NaN rewards."""
+    return RewardResult(torch.full((B,), float("nan")), {}, 0)
+
+
 @dataclass(frozen=True)
 class RewardTerm:
     """One weighted reward function of a spec."""

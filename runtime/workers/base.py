@@ -50,10 +50,12 @@ class Rollouts(Protocol):
     """Samples and scores prompts; loads the trainers' weights."""
 
     def generate(self, prompts: list[str], answers: list[str], params: SamplingParams,
-                 reward_prompts: list[str] | None = None) -> Generation:
+                 reward_prompts: list[str] | None = None, score: bool = True) -> Generation:
         """``params.n`` samples per prompt (the engine tokenizes ``prompts``: the templated
         text), scored by the reward against ``answers``; the reward functions receive
-        ``reward_prompts`` (the rows' original prompts; default ``prompts``)."""
+        ``reward_prompts`` (the rows' original prompts; default ``prompts``). ``score=False``:
+        samples only (an evaluation set with its own reward scores them itself); the
+        rewards are then NaN."""
         ...
 
     def load_weights(self, weights: Any) -> None:

@@ -11,7 +11,7 @@ from ..batch import RolloutBatch, repeat_each
 from ..checkpoint import Checkpoint, load_weights
 from ..engines.base import RolloutEngine, SamplingParams
 from ..lora import merged_weights
-from ..rewards import RewardFn
+from ..rewards import RewardFn, unscored
 from ..train.trainer import TrainBatch, Trainer
 from .base import Generation, TrainerState
 
@@ -24,11 +24,13 @@ class LocalRollouts:
         self.reward = reward
 
     def generate(self, prompts: list[str], answers: list[str], params: SamplingParams,
-                 reward_prompts: list[str] | None = None) -> Generation:
+                 reward_prompts: list[str] | None = None, score: bool = True) -> Generation:
         t0 = time.perf_counter()
         batch = self.engine.generate(prompts, params)
         batch.answers = repeat_each(answers, params.n)
         t1 = time.perf_counter()
+        if not score:
+            return Generation(batch, unscored(len(batch.completions)), t1 - t0, 0.0)
         scored = self.reward.score(batch, None if reward_prompts is None else repeat_each(reward_prompts, params.n))
         return Generation(batch, scored, t1 - t0, time.perf_counter() - t1)
 

@@ -138,8 +138,8 @@ class RolloutWorker:
         return self.index
 
     def generate(self, prompts: list[str], answers: list[str], params: SamplingParams,
-                 reward_prompts: list[str] | None = None) -> Generation:
-        return self.local.generate(prompts, answers, params, reward_prompts)
+                 reward_prompts: list[str] | None = None, score: bool = True) -> Generation:
+        return self.local.generate(prompts, answers, params, reward_prompts, score)
 
     def update_weights(self, state: dict[str, Tensor]) -> None:
         self.local.load_weights(state.items())
@@ -356,7 +356,7 @@ class RayRollouts:
         return [(name, a.ready.remote()) for name, a in zip(self.names, self.actors)]
 
     def generate(self, prompts: list[str], answers: list[str], params: SamplingParams,
-                 reward_prompts: list[str] | None = None) -> Generation:
+                 reward_prompts: list[str] | None = None, score: bool = True) -> Generation:
         bounds = torch.arange(len(prompts)).tensor_split(len(self.actors))
         chunks = [(w, int(b[0]), int(b[-1]) + 1) for w, b in enumerate(bounds) if len(b)]
         calls = []
@@ -365,7 +365,8 @@ class RayRollouts:
             if len(chunks) > 1 and params.seed is not None:
                 p = dataclasses.replace(params, seed=step_seed(params.seed, w, 0, "chunk"))
             rp = None if reward_prompts is None else reward_prompts[lo:hi]
-            calls.append((self.names[w], self.actors[w].generate.remote(prompts[lo:hi], answers[lo:hi], p, rp)))
+            calls.append((self.names[w], self.actors[w].generate.remote(prompts[lo:hi], answers[lo:hi], p, rp,
+                                                                        score)))
         t0 = time.perf_counter()
         gens: list[Generation] = self.cluster.wait(calls, self.cfg.distributed.call_timeout, "the rollout")
         wall = time.perf_counter() - t0

@@ -22,3 +22,8 @@ def explode(prompt: str, completion: str, answer: str) -> float:
     if completion.startswith("1"):
         raise ZeroDivisionError("boom")
     return 0.5
+
+
+def quarter(prompt: str, completion: str, answer: str) -> float:
+    """0.25 for everything: a reward whose mean is known whatever the model writes."""
+    return 0.25

@@ -114,3 +114,33 @@ def test_eval_command_bad_input(model_dir, tmp_path):
     assert res.exit_code == 2 and "bad.jsonl" in res.output and "Traceback" not in res.output
     res = runner.invoke(app, ["eval", str(tmp_path), "--data", str(bad)])
     assert res.exit_code == 2 and "no config.json" in res.output
+
+
+def test_a_run_evaluates_its_eval_sets_with_their_own_rewards(model_dir, tmp_path):
+    from rldsl.runtime.metrics import read_metrics
+    a = write_rows(tmp_path / "a.jsonl", [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(4)])
+    b = write_rows(tmp_path / "b.jsonl", [{"prompt": f"{i}+2=", "answer": str(i + 2)} for i in range(3)])
+    toml = tmp_path / "run.toml"
+    toml.write_text(f'[[eval.data]]\npath = "{a}"\n\n[[eval.data]]\npath = "{b}"\nreward = "reward_helpers:quarter"\nname = "plus2"\n')
+    cfg = load_config(toml, [f"model.path={model_dir}", f"out={tmp_path / 'run'}", "rollout.prompts_per_step=2",
+                             "rollout.n=2", "train.steps=2", "eval.every=1", "eval.n=3", "checkpoint.every=0",
+                             "log.progress=false", "reward.name=reward_helpers:parity", "rollout.max_new_tokens=3"])
+    run = loop.train("grpo", cfg)
+    evals = [r for r in read_metrics(run / "metrics.jsonl") if "eval/a/greedy_acc" in r]
+    assert [r["step"] for r in evals] == [0, 1, 2]
+    for r in evals:
+        for name in ("a", "plus2"):
+            assert {f"eval/{name}/pass@{k}" for k in (1, 2, 3)} <= r.keys()
+            assert r[f"eval/{name}/pass@1"] <= r[f"eval/{name}/pass@3"] and r[f"eval/{name}/length"] <= 3
+    # 'plus2' is scored by its own reward (0.25 for anything), 'a' by the run's (parity: 0 or 1)
+    assert all(r["eval/plus2/greedy_acc"] == 0.0 and r["eval/plus2/reward"] == 0.25 for r in evals)
+    assert all(abs(r["eval/a/reward"] * 12 - round(r["eval/a/reward"] * 12)) < 1e-5 for r in evals)  # 12 samples of 0/1
+
+
+def test_eval_set_errors_come_before_the_model_loads(model_dir, tmp_path):
+    from rldsl.runtime.errors import DataError
+    bad = write_rows(tmp_path / "bad.jsonl", [{"question": "1+1="}])
+    cfg = load_config(None, [f"model.path={model_dir}", f"out={tmp_path / 'run'}", f"eval.data=[{bad}]"])
+    with pytest.raises(DataError, match="bad.jsonl"):
+        loop.train("grpo", cfg)
+    assert not (tmp_path / "run").exists()
