@@ -31,6 +31,7 @@ class RunFacts:
     max_new_tokens: int          # the run's generation budget (rollout.max_new_tokens resolved)
     engine: str                  # rollout.engine
     exact_logprobs: bool         # the engine's logprobs are the trainer's own (the HF engine)
+    max_staleness: int = 0       # rollout.max_staleness: samples up to K policy versions old
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,22 @@ def correction_on_exact_engine(algo: Algorithm, run: RunFacts) -> Iterator[Findi
             yield Finding(v, None, f"{v.slot} {v.component}: rollout.engine={run.engine} samples with "
                                    "the trainer's own logprobs, so the weights are 1 and nothing is "
                                    "rejected", "the correction matters with rollout.engine=vllm")
+
+
+@run_rule("off-policy-without-correction")
+def off_policy_without_correction(algo: Algorithm, run: RunFacts) -> Iterator[Finding]:
+    """Asynchronous rollouts (rollout.max_staleness > 0) with no correction of the stale samples."""
+    if run.max_staleness == 0:
+        return
+    active = list(algo.active())
+    if any(v.spec.flag("old_from_rollout", v.params) or "rollout_logprobs" in v.spec.facts.needs
+           for v in active):
+        return
+    anchor = next((v for v in active if v.slot == "objective"), active[0])
+    yield Finding(anchor, None, f"rollout.max_staleness={run.max_staleness}: samples come from a policy up to "
+                                f"{run.max_staleness} update(s) old, and no correction weighs them",
+                  "add a correction (`correction importance(level=token, high=2.0)` for TIS, or "
+                  "`correction bypass`) -- or keep it, to measure what staleness costs")
 
 
 # ---------------------------------------------------------------------------------------

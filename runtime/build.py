@@ -22,8 +22,9 @@ from .data import Example, PromptSource, load_examples, render_prompt, split_hel
 from .errors import RunError
 from .models import disable_transformers_progress, load_tokenizer
 from .recipe import master_policy, reward_fn, rollout_engine, trainable
-from .resolve import check_device, check_engine, check_group_size, resolve
+from .resolve import check_async, check_device, check_engine, check_group_size, resolve
 from .evaluation import EvalSet, eval_sets_of
+from .producer import Produced
 from .trackers import check_trackers
 from .rewards import RewardFn
 from .rng import seed_all
@@ -74,6 +75,7 @@ class Run:
     notes: list[str] = field(default_factory=list)
     warnings: list[SpecWarning] = field(default_factory=list)
     eval_sets: list[EvalSet] = field(default_factory=list)
+    queued: list[Produced] = field(default_factory=list)  # restored batches of an asynchronous run
 
     def close(self) -> None:
         """Stop the actors of a distributed run (nothing to do for a one-process run)."""
@@ -165,6 +167,7 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     A mistake in any of them fails in seconds, never after a model load."""
     check_device(cfg)
     check_engine(cfg)
+    check_async(algo, cfg)
     check_trackers(cfg.log.report_to)  # log.report_to names installed trackers
     reward = reward_fn(cfg)  # an unknown name or a module that does not import fails here
     notes: list[str] = []

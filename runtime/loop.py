@@ -29,12 +29,14 @@ from .build import Run, build, load_spec, plan_run
 from .config import MODEL_RUN_DEFAULTS, RunConfig
 from .engines.base import SamplingParams
 from .errors import RunError, WorkerError
-from .metrics import (ACCURACY, EVAL_FAILED, GREEDY_ACC, LR, RESPONSE_LENGTH, REWARD, REWARD_ERRORS, SAMPLED_ACC,
-                      STEP_TIME, TOKENS_PER_S, TRUNCATED_FRACTION, MetricsLogger)
+from .metrics import (ACCURACY, EVAL_FAILED, GREEDY_ACC, LR, PRODUCER_WAIT, RESPONSE_LENGTH, REWARD, REWARD_ERRORS,
+                      SAMPLED_ACC, STALENESS_MAX, STALENESS_MEAN, STEP_TIME, TOKENS_PER_S, TRAINER_WAIT,
+                      TRUNCATED_FRACTION, MetricsLogger)
 from .rewards import RewardResult, parse_reward_spec
 from .rng import restore_rng, step_seed
 from .samples import append_samples, sample_rows, truncate_samples
 from .evaluation import evaluate_sets
+from .producer import Produced, RolloutProducer, snapshot
 from .trackers import open_trackers
 from .run_dir import (METRICS_FILE, SPEC_FILE, load_run_config, run_dir_of, save_config,
                       save_parent_specs)
@@ -209,6 +211,30 @@ def optimizer_note(cfg: RunConfig) -> str:
     return note
 
 
+def start_producer(s: Run, start: int, total: int) -> RolloutProducer | None:
+    """The rollout producer of an asynchronous run (rollout.max_staleness > 0), its engine holding
+    the weights of step ``start``; None for the synchronous loop."""
+    K = s.cfg.rollout.max_staleness
+    if K == 0:
+        return None
+    return RolloutProducer(lambda step: rollout_step(s, step), s.rollouts.load_weights, max_staleness=K,
+                           next_step=start, last_step=total, loaded_version=start,
+                           loaded_weights=snapshot(s.trainers.weights()), queued=s.queued)
+
+
+def evaluate_current(s: Run, step: int, producer: RolloutProducer | None) -> dict[str, float]:
+    """:func:`evaluate` with the trainer's current weights: an asynchronous run pauses its
+    producer, evaluates with them, and gives the engine back the version it was generating with."""
+    if producer is None:
+        return evaluate(s, step)
+    with producer.paused():
+        s.rollouts.load_weights(snapshot(s.trainers.weights()))
+        try:
+            return evaluate(s, step)
+        finally:
+            s.rollouts.load_weights(producer.loaded_weights)
+
+
 def _sync_weights(s: Run) -> float:
     """Push the trainers' weights to the rollout engine(s); returns the seconds it took."""
     t0 = time.perf_counter()
@@ -216,11 +242,19 @@ def _sync_weights(s: Run) -> float:
     return time.perf_counter() - t0
 
 
-def train_step(s: Run, step: int) -> dict[str, float]:
-    """One full step; returns its metrics."""
+def train_step(s: Run, step: int, producer: RolloutProducer | None = None) -> dict[str, float]:
+    """One full step; returns its metrics. With a ``producer`` (rollout.max_staleness > 0) the
+    batch was generated ahead by an older policy, and the new weights are published to it
+    instead of synced."""
     cfg = s.cfg
     t_start = time.perf_counter()
-    batch, rewards, ids, m = rollout_step(s, step)
+    if producer is None:
+        batch, rewards, ids, m = rollout_step(s, step)
+    else:
+        item = producer.get(step)
+        batch, rewards, ids, m = item.value
+        m = {**m, STALENESS_MEAN: float(step - item.version), STALENESS_MAX: float(step - item.version),
+             TRAINER_WAIT: time.perf_counter() - t_start, PRODUCER_WAIT: item.wait_s}
     t0 = time.perf_counter()
     tb = s.trainers.estimate(batch, rewards)
     m["time/logprobs_s"] = time.perf_counter() - t0
@@ -235,7 +269,12 @@ def train_step(s: Run, step: int) -> dict[str, float]:
     t0 = time.perf_counter()
     um = s.trainers.update(tb, step_seed(cfg.seed, step, 0, "minibatch"))  # + the LR schedule step
     m["time/update_s"] = time.perf_counter() - t0
-    m["time/sync_s"] = _sync_weights(s)
+    if producer is None:
+        m["time/sync_s"] = _sync_weights(s)
+    else:  # the producer loads them between its batches
+        t0 = time.perf_counter()
+        producer.publish(step + 1, snapshot(s.trainers.weights()))
+        m["time/sync_s"] = time.perf_counter() - t0
     finite = torch.isfinite(rewards)
     resp_len = batch.response_mask.sum(-1).float()
     step_s = time.perf_counter() - t_start
@@ -261,27 +300,51 @@ def train_step(s: Run, step: int) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- checkpoints
 
-def _extra_state(s: Run, step: int, algorithm: dict[str, Any]) -> dict[str, Any]:
-    return {"step": step, "data": s.source.state_dict(), "algorithm": algorithm}
+def _extra_state(s: Run, step: int, algorithm: dict[str, Any],
+                 queued: list[Produced] | None = None) -> dict[str, Any]:
+    extra = {"step": step, "data": s.source.state_dict(), "algorithm": algorithm}
+    if queued is not None:  # asynchronous rollouts: the batches generated ahead, as plain values
+        extra["queued"] = [{"step": p.step, "version": p.version, "batch": _plain_batch(p.value[0]),
+                            "rewards": p.value[1], "ids": p.value[2], "metrics": p.value[3]} for p in queued]
+    return extra
 
 
-def save(s: Run, step: int) -> Path:
-    t = s.trainers.checkpoint_state()  # distributed: full state dicts gathered from the ranks
-    return ckpt.save_checkpoint(s.run_dir, step, policy=t.policy, tokenizer=s.tokenizer,
-                                optimizer=t.optimizer, scheduler=t.scheduler,
-                                critic=t.critic, critic_optimizer=t.critic_optimizer,
-                                extra_state=_extra_state(s, step, t.algorithm),
-                                keep_last=s.cfg.checkpoint.keep_last or None)
+def _plain_batch(batch: RolloutBatch) -> dict[str, Any]:
+    return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+
+
+def restored_queue(extra: dict[str, Any]) -> list[Produced]:
+    """The batches a checkpoint of an asynchronous run had generated ahead."""
+    return [Produced(q["step"], q["version"], (RolloutBatch(**q["batch"]), q["rewards"], q["ids"], q["metrics"]))
+            for q in extra.get("queued", [])]
+
+
+def save(s: Run, step: int, producer: RolloutProducer | None = None) -> Path:
+    """Checkpoint ``step``; with a producer, after it has generated every batch the published
+    weights allow (those batches are saved with it), paused until the save is done."""
+    queued = producer.drain() if producer is not None else None
+    try:
+        t = s.trainers.checkpoint_state()  # distributed: full state dicts gathered from the ranks
+        return ckpt.save_checkpoint(s.run_dir, step, policy=t.policy, tokenizer=s.tokenizer,
+                                    optimizer=t.optimizer, scheduler=t.scheduler,
+                                    critic=t.critic, critic_optimizer=t.critic_optimizer,
+                                    extra_state=_extra_state(s, step, t.algorithm, queued),
+                                    keep_last=s.cfg.checkpoint.keep_last or None)
+    finally:
+        if producer is not None:
+            producer.resume()
 
 
 def restore(s: Run) -> int:
-    """Load the newest complete checkpoint of the run folder; returns its step."""
+    """Load the newest complete checkpoint of the run folder; returns its step (and keeps the
+    batches an asynchronous run had generated ahead in ``s.queued``)."""
     path = ckpt.latest_checkpoint(s.run_dir)
     if path is None:
         raise RunError(f"{s.run_dir} has no complete checkpoint to resume from")
     c = ckpt.load_checkpoint(path)
     s.trainers.load_checkpoint(c)  # weights, critic, algorithm state, optimizers, scheduler
     s.source.load_state_dict(c.extra["data"])
+    s.queued = restored_queue(c.extra)
     _sync_weights(s)
     restore_rng(c.rng)  # last: no draw between the restore and the next step
     return c.step
@@ -357,32 +420,35 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
                                resume_step=resume_step, trackers=trackers)
         step = start
         last_saved = start if resume is not None else -1
+        producer = None
         s.warn = lambda msg: logger.print(msg, markup=False)
         for w in s.warnings:  # legal but almost surely a slip (checked before the models loaded)
             logger.print(w.render(), markup=False, soft_wrap=True)
         for note in s.notes:  # what the run resolved: the reward, a clipped budget, ...
             logger.print(note, markup=False, soft_wrap=True)
+        producer: RolloutProducer | None = None
         with logger, _interrupt_guard():
             try:
                 if start == 0:
                     logger.print(optimizer_note(cfg), markup=False)
                     logger.log(0, evaluate(s, 0))
+                producer = start_producer(s, start, total)
                 while step < total:
                     if stop_after is not None and step >= stop_after:
                         break
-                    m = train_step(s, step)
+                    m = train_step(s, step, producer)
                     step += 1
                     if cfg.eval.every and step % cfg.eval.every == 0 or step == total:
-                        m.update(evaluate(s, step))
+                        m.update(evaluate_current(s, step, producer))
                     logger.log(step, m)
                     if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
-                        save(s, step)
+                        save(s, step, producer)
                         last_saved = step
                 if last_saved != step and (cfg.checkpoint.save_final or step < total):
-                    save(s, step)
+                    save(s, step, producer)
             except KeyboardInterrupt:
                 if last_saved != step:
-                    save(s, step)
+                    save(s, step, producer)
                 logger.print(f"interrupted at step {step}; checkpoint saved. Resume with: "
                              f"rldsl run --resume {run_dir}")
                 raise
@@ -394,5 +460,7 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
                 else "no checkpoint was written yet")
         raise WorkerError(f"{exc}\n{hint}") from None
     finally:
+        if producer is not None:
+            producer.close()
         s.close()
     return run_dir

@@ -59,6 +59,11 @@ TRUNCATED_FRACTION = "truncated_fraction"  # fraction of completions cut at max_
 LR = "lr"                             # the learning rate the step's update used
 TOKENS_PER_S = "tokens_per_s"         # prompt + response tokens of the step per second
 REWARD_ERRORS = "reward_errors"       # samples whose reward function failed (reward.on_error=skip)
+# asynchronous rollouts (rollout.max_staleness > 0)
+STALENESS_MEAN = "async/staleness_mean"  # policy versions between the step and its batch's tokens, mean
+STALENESS_MAX = "async/staleness_max"    # ... and max (equal without partial rollouts: one version a batch)
+TRAINER_WAIT = "time/trainer_wait_s"     # seconds the trainer waited for the step's batch
+PRODUCER_WAIT = "time/producer_wait_s"   # seconds the producer waited (for weights, or room) before it
 
 
 @dataclass(frozen=True)

@@ -55,13 +55,27 @@ def check_engine(cfg: RunConfig) -> None:
                        "machine without Ray use rollout.engine=hf")
 
 
+def check_async(algo: Algorithm, cfg: RunConfig) -> None:
+    """What asynchronous rollouts (rollout.max_staleness > 0) cannot do yet, refused by name."""
+    if cfg.rollout.max_staleness == 0:
+        return
+    for v in algo.active():
+        if "pass_rate_cap" in v.spec.facts.plan:
+            raise RunError(f"{v.slot} {v.component} retires prompts from the data as they are solved, "
+                           f"which the trainer decides while the rollout producer is already drawing "
+                           f"later prompts: it does not run with rollout.max_staleness="
+                           f"{cfg.rollout.max_staleness} (use 0, or drop the filter)")
+
+
 def run_facts(cfg: RunConfig) -> lint.RunFacts:
     """What the run-start warnings check the spec against. The HF engine samples from a copy of
     the policy in the trainer's dtype: with float32 its logprobs are the trainer's own (exact);
     in bf16/fp16 (or with vLLM) they differ, which is what a correction is for."""
     return lint.RunFacts(group_size=cfg.rollout.n, max_new_tokens=cfg.max_new_tokens,
                          engine=cfg.rollout.engine,
-                         exact_logprobs=cfg.rollout.engine == "hf" and cfg.model.dtype == "float32")
+                         exact_logprobs=cfg.rollout.engine == "hf" and cfg.model.dtype == "float32"
+                         and cfg.rollout.max_staleness == 0,  # stale samples: the engine's logprobs differ
+                         max_staleness=cfg.rollout.max_staleness)
 
 
 def check_group_size(algo: Algorithm, cfg: RunConfig) -> list[Any]:

@@ -226,9 +226,9 @@ def test_nan_loss_skips_the_step_and_keeps_weights(model_dir, tmp_path, monkeypa
     snapshots = []
     real_step = loop.train_step
 
-    def spy(s, step):
+    def spy(s, step, producer=None):
         before = {k: v.clone() for k, v in s.trainers.policy.state_dict().items()}
-        m = real_step(s, step)
+        m = real_step(s, step, producer)
         snapshots.append((m, before, {k: v.clone() for k, v in s.trainers.policy.state_dict().items()}))
         return m
 
@@ -243,10 +243,10 @@ def test_nan_loss_skips_the_step_and_keeps_weights(model_dir, tmp_path, monkeypa
 def test_ctrl_c_writes_a_checkpoint(model_dir, tmp_path, monkeypatch):
     real_step = loop.train_step
 
-    def interrupt(s, step):
+    def interrupt(s, step, producer=None):
         if step == 2:
             raise KeyboardInterrupt
-        return real_step(s, step)
+        return real_step(s, step, producer)
 
     monkeypatch.setattr(loop, "train_step", interrupt)
     cfg = quick_config(model_dir, tmp_path / "run", **{"train.steps": 5})

@@ -141,10 +141,10 @@ def test_killed_rollout_worker_names_it_and_leaves_a_resumable_run(ray_cluster, 
                                                                    monkeypatch):
     real_step = loop.train_step
 
-    def kill_at_step_2(s, step):
+    def kill_at_step_2(s, step, producer=None):
         if step == 2:  # checkpoint step-2 is on disk; rollout worker 1 dies before the rollout
             ray.kill(s.rollouts.actors[1], no_restart=True)
-        return real_step(s, step)
+        return real_step(s, step, producer)
 
     monkeypatch.setattr(loop, "train_step", kill_at_step_2)
     run = tmp_path / "run"
