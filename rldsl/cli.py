@@ -1,7 +1,9 @@
-"""The ``rldsl`` command line: check, explain, list (language) and run, plot (runtime).
+"""The ``rldsl`` command line: check, explain, list, translate (language) and run, plot, ...
+(runtime).
 
-Exit codes: 0 success, 1 invalid spec (every error printed as ``file:line:col: error: ...``),
-2 usage error. A Python traceback appears only with ``--traceback``.
+Exit codes, the same for every command (``rldsl.cli_errors``): 0 ok, 1 a run failed,
+2 usage or bad input (an invalid spec is printed as ``file:line:col: error: ...``, every error
+of the file), 130 interrupted. A Python traceback appears only with ``--traceback``.
 
 Output is literal: formulas such as ``1[max r != min r]``, spec descriptions and error
 messages are never read as rich markup or emoji codes, and lines are never cut to the
@@ -19,7 +21,8 @@ from rich.console import Console
 from rich.text import Text
 
 from . import registry
-from .errors import SpecError, SpecErrors
+from .cli_errors import reports_errors
+from .errors import EXIT_BAD_INPUT, SpecError, TranslateError, UsageError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="rldsl: declarative RL-for-LLM algorithms. `rldsl list` shows the components.")
@@ -55,17 +58,6 @@ def _print_error(e: SpecError) -> None:
     err.print(e.render(), markup=False, soft_wrap=True)
 
 
-def _load_or_exit(path: str, traceback: bool):
-    from .spec import load
-    try:
-        return load(path)
-    except SpecError as e:
-        if traceback:
-            raise
-        _print_error(e)
-        raise typer.Exit(1) from None
-
-
 def _check_help() -> str:
     from . import lint
     rules = "\b\n" + lint.rules_text()  # \b: click keeps the lines as they are
@@ -77,8 +69,9 @@ def _check_help() -> str:
 
 
 @app.command(help=_check_help())
+@reports_errors
 def check(files: List[str] = typer.Argument(..., help="spec files (or library names)"),
-          strict: bool = typer.Option(False, "--strict", help="exit 1 on any warning too"),
+          strict: bool = typer.Option(False, "--strict", help="exit 2 on any warning too"),
           traceback: bool = typer.Option(False, "--traceback", help="show Python tracebacks")) -> None:
     from . import lint
     from .spec import load
@@ -102,13 +95,14 @@ def check(files: List[str] = typer.Argument(..., help="spec files (or library na
     n = sum(1 for _ in files)
     if failed:
         err.print(f"{failed} of {n} file{'s' if n > 1 else ''} invalid", markup=False)
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_BAD_INPUT)
     if warned and strict:
         err.print(f"{warned} of {n} file{'s' if n > 1 else ''} with warnings (--strict)", markup=False)
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_BAD_INPUT)
 
 
 @app.command()
+@reports_errors
 def explain(files: List[str] = typer.Argument(..., help="one spec to explain, or two to diff"),
             code: bool = typer.Option(False, "--code", help="print the exact generated source"),
             format: str = typer.Option("text", "--format", help="text or json"),
@@ -116,16 +110,14 @@ def explain(files: List[str] = typer.Argument(..., help="one spec to explain, or
             traceback: bool = typer.Option(False, "--traceback")) -> None:
     """Explain an algorithm (slots, formulas, objective), or diff two algorithms slot by slot."""
     from . import explain as ex
+    from .spec import load
     if format not in ("text", "json"):
-        err.print(f"error: --format must be 'text' or 'json', not {format!r}")
-        raise typer.Exit(2)
+        raise UsageError(f"--format must be 'text' or 'json', not {format!r}")
     if len(files) > 2:
-        err.print("error: explain takes one spec, or two to compare")
-        raise typer.Exit(2)
+        raise UsageError("explain takes one spec, or two to compare")
     if show_all and len(files) != 2:
-        err.print("error: --all shows the identical slots of a diff: give two specs")
-        raise typer.Exit(2)
-    algos = [_load_or_exit(f, traceback) for f in files]
+        raise UsageError("--all shows the identical slots of a diff: give two specs")
+    algos = [load(f) for f in files]
     if len(algos) == 2:
         if format == "json":
             out.print_json(json.dumps(ex.diff(*algos)))
@@ -148,6 +140,7 @@ def explain(files: List[str] = typer.Argument(..., help="one spec to explain, or
 
 
 @app.command()
+@reports_errors
 def translate(config: str = typer.Argument(..., help="a TRL GRPOConfig (JSON/YAML of its fields) or a verl trainer YAML"),
               name: Optional[str] = typer.Option(None, "--name", help="algorithm name (default: the file's stem)"),
               lenient: bool = typer.Option(False, "--lenient",
@@ -223,13 +216,13 @@ def list_lines(slot: Optional[str] = None) -> list[list[tuple[str, str]]]:
 
 
 @app.command("list")
+@reports_errors
 def list_components(slot: Optional[str] = typer.Argument(None, help="only this slot")) -> None:
     """The components of each slot with their parameters and formulas, and the algorithm library."""
     from .errors import did_you_mean
     if slot is not None and slot not in registry.SLOTS:
         hint = did_you_mean(slot, registry.SLOTS)
-        err.print(f"error: unknown slot {slot!r}" + (f"; {hint}" if hint else ""))
-        raise typer.Exit(2)
+        raise UsageError(f"unknown slot {slot!r}" + (f"; {hint}" if hint else ""))
     _print_lines(list_lines(slot))
 
 
@@ -241,7 +234,7 @@ def _register_runtime() -> None:
         def run() -> None:
             """(unavailable: the runtime could not be imported)"""
             err.print(f"error: the runtime is unavailable: {e}", markup=False)
-            raise typer.Exit(2)
+            raise typer.Exit(1)
         return
     register(app)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import registry
+from .errors import TranslateError
 from .registry import format_value
 
 # ---------------------------------------------------------------------------------------
@@ -176,10 +177,6 @@ TRL_IGNORED_PREFIXES = ("output_dir", "logging_", "log_", "save_", "report_to", 
 
 # ---------------------------------------------------------------------------------------
 # The result
-
-
-class TranslateError(Exception):
-    """The file cannot be read or is not a TRL / verl config."""
 
 
 @dataclass(frozen=True)

@@ -105,11 +105,13 @@ class DataConfig(_Section):
 
     path: str | None = Field(
         default=None,
-        description="Training prompts: a .jsonl or .parquet file or a saved Hugging Face "
-                    "datasets folder; null = the built-in 2-digit addition task.")
+        description="Training prompts: a .jsonl, .json or .parquet file or a saved Hugging "
+                    "Face datasets folder; null = the built-in 2-digit addition task.")
     prompt_key: str = Field(default="prompt",
                             description="Record field holding the prompt: a string or a list "
-                                        "of {role, content} messages.")
+                                        "of {role, content} messages. At the default, rows with "
+                                        "a 'messages' chat or TRL's prompt/completion columns "
+                                        "are read too (docs/real_models.md).")
     answer_key: str | None = Field(
         default="answer",
         description="Record field holding the reference answer the reward checks; null = "

@@ -24,7 +24,7 @@ def test_check_valid_and_invalid_files(tmp_path):
     bad = tmp_path / "bad.rl"
     bad.write_text("algorithm x extends grpo\n  baseline group_mena\n  trust_region clip(low=0, hi=0.3)\n")
     res = runner.invoke(app, ["check", str(REPO / "algorithms" / "grpo.rl"), str(bad)])
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     out = res.output
     assert "ok: " in out and "algorithm grpo" in out
     # every error of the file, each with file:line:col, the line, a caret and a hint
@@ -227,7 +227,7 @@ def test_user_text_is_printed_literally(tmp_path, monkeypatch):
     bad = tmp_path / "bad[red].rl"
     bad.write_text(f'algorithm bad\n  "{text}"\n  baseline group_mena  # [x] :smile:\n')
     res = runner.invoke(app, ["check", str(bad)])
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert f"{bad}:3:12: error: unknown baseline 'group_mena'" in res.output
     assert "baseline group_mena  # [x] :smile:" in res.output
     ok = runner.invoke(app, ["check", str(good)]).output

@@ -1,9 +1,9 @@
 """``rldsl ablate``: a grid of spec variants x seeds, run in parallel, and its report.
 
-Exit codes: 0 every cell finished; 1 some cell failed or its spec is invalid (the others
-ran; the report lists it), or BASE is an invalid spec; 2 a bad command line, grid file
-or ``--set`` key, or a study folder that holds another grid; 130 interrupted (run the same
-command again to resume).
+Exit codes (docs/errors.md): 0 every cell finished; 1 some cell failed or its spec is invalid
+(the others ran; the report lists it); 2 a bad command line, BASE spec, grid file or ``--set``
+key, or a study folder that holds another grid; 130 interrupted (run the same command again
+to resume).
 """
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ from typing import Annotated, Any, Iterator, NoReturn, Optional, Sequence
 
 import typer
 from rich.console import Console
+
+from rldsl.cli_errors import reports_errors
+from rldsl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
 from rich.live import Live
 from rich.table import Table
 
@@ -28,9 +31,6 @@ __all__ = ["ablate_command", "STUDIES_DIR"]
 
 STUDIES_DIR = "studies"
 GRID_FILE = "grid.toml"
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 
 _STYLE = {"done": "green", "running": "cyan", "failed": "red", "invalid": "red",
           "interrupted": "yellow", "pending": "dim"}
@@ -204,6 +204,7 @@ def _options(base: Optional[str], grid: Optional[Path], cli: dict[str, Any]) -> 
     return opts
 
 
+@reports_errors
 def ablate_command(
     base: Annotated[Optional[str], typer.Argument(
         metavar="BASE", show_default=False,
@@ -255,7 +256,7 @@ def ablate_command(
 
     The report: DIR/report.md (per variant: final and best held-out accuracy and reward, mean ± std over seeds, steps to the threshold, length, entropy, the diff against BASE), DIR/figures/*.png (a band over seeds per variant) and DIR/results.csv.
     """  # noqa: E501 - one line per paragraph: typer rewraps it
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)  # piped output is never cut at 80 columns
     if report is not None:
         if base is not None or vary or grid is not None:
             _fail("--report DIR only rebuilds a report (optionally with another --threshold): "
@@ -269,33 +270,21 @@ def ablate_command(
         console.print(str(path), markup=False)
         return
 
-    from rldsl.errors import SpecError
-
     from ..config import load_config
-    from ..errors import ConfigError
 
-    try:
-        opts = _options(base, grid, {"vary": vary, "one_at_a_time": one_at_a_time, "seeds": seeds,
-                                     "steps": steps, "set": set_, "jobs": jobs,
-                                     "threshold": threshold, "ray_address": ray_address})
-        study = build_study(opts["base"], opts.get("vary", []),
-                            one_at_a_time=bool(opts.get("one_at_a_time", False)),
-                            seeds=int(opts.get("seeds", 3)), steps=opts.get("steps"),
-                            sets=opts.get("set", []), threshold=float(opts.get("threshold", 0.5)),
-                            name=opts.get("name"))
-        folder = (out if out is not None else Path(STUDIES_DIR) / f"{study.name}-{study.digest()}")
-        folder = folder.resolve()
-        _check_folder(folder, study)
-        save_final = load_config(None, study.sets).checkpoint.save_final
-    except (GridError, ConfigError) as exc:
-        if traceback:
-            raise
-        _fail(str(exc), EXIT_BAD_INPUT)
-    except SpecError as exc:
-        if traceback:
-            raise
-        typer.echo(exc.render(), err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+    # a bad grid, BASE or --set raises a UserError: exit 2 (rldsl.cli_errors)
+    opts = _options(base, grid, {"vary": vary, "one_at_a_time": one_at_a_time, "seeds": seeds,
+                                 "steps": steps, "set": set_, "jobs": jobs,
+                                 "threshold": threshold, "ray_address": ray_address})
+    study = build_study(opts["base"], opts.get("vary", []),
+                        one_at_a_time=bool(opts.get("one_at_a_time", False)),
+                        seeds=int(opts.get("seeds", 3)), steps=opts.get("steps"),
+                        sets=opts.get("set", []), threshold=float(opts.get("threshold", 0.5)),
+                        name=opts.get("name"))
+    folder = (out if out is not None else Path(STUDIES_DIR) / f"{study.name}-{study.digest()}")
+    folder = folder.resolve()
+    _check_folder(folder, study)
+    save_final = load_config(None, study.sets).checkpoint.save_final
 
     folder.mkdir(parents=True, exist_ok=True)
     variants, dropped = write_cells(study, folder)

@@ -31,6 +31,7 @@ from rldsl import registry
 from rldsl.errors import SpecError, did_you_mean
 from rldsl.explain import diff as explain_diff
 from rldsl.spec import Algorithm, library, load, loads
+from ..errors import GridError
 
 __all__ = ["ALGORITHM_AXIS", "BASE_VARIANT", "Alternative", "Axis", "GridError", "Study",
            "Variant", "parse_vary", "read_grid_file", "build_study", "write_cells"]
@@ -42,10 +43,6 @@ CELLS_DIR = "cells"
 _LABEL = re.compile(r"[a-z][a-z0-9_]*")
 _LABELLED = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\S.*)$")
 _COMPONENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class GridError(ValueError):
-    """A malformed grid (``--vary``, the grid file, a study folder), worded for the user."""
 
 
 @dataclass(frozen=True)

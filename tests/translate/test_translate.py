@@ -190,7 +190,7 @@ def test_trl_defaults_and_the_cispo_cap_footgun(tmp_path: Path) -> None:
     f = tmp_path / "c.rl"
     f.write_text(t.spec_text("c", "c.json"))
     r = CliRunner().invoke(app, ["check", "--strict", str(f)])
-    assert r.exit_code == 1 and "warning: trust_region truncate(high=-0.8) caps the weight" in r.output
+    assert r.exit_code == 2 and "warning: trust_region truncate(high=-0.8) caps the weight" in r.output
 
 
 def test_trl_delta_is_a_dual_clip() -> None:
