@@ -141,40 +141,56 @@ def explain(files: List[str] = typer.Argument(..., help="one spec to explain, or
 
 @app.command()
 @reports_errors
-def translate(config: str = typer.Argument(..., help="a TRL GRPOConfig (JSON/YAML of its fields) or a verl trainer YAML"),
+def translate(config: str = typer.Argument(..., help="a TRL GRPOConfig (YAML/JSON, as `trl grpo --config` reads it) "
+                                                     "or a verl trainer YAML"),
               name: Optional[str] = typer.Option(None, "--name", help="algorithm name (default: the file's stem)"),
               lenient: bool = typer.Option(False, "--lenient",
                                            help="print the closest spec even if options cannot be reproduced, "
-                                                "each as a '# WARNING' line (exit 0)")) -> None:
-    """Print the spec and the run config (TOML and --set flags) equivalent to a TRL or verl config.
+                                                "each as a '# WARNING' line (exit 0)"),
+              out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR",
+                                                     help="write DIR/spec.rl and DIR/run.toml instead of printing"),
+              verify: bool = typer.Option(False, "--verify",
+                                          help="run the peer's own loss code and the translated spec on the same "
+                                               "random batches and print the largest difference (needs the peer "
+                                               "library installed)"),
+              traceback: bool = typer.Option(False, "--traceback", help="show Python tracebacks")) -> None:
+    """Translate a TRL or verl config into a spec and a run config (TOML and --set flags).
 
-    The format is detected: verl configs nest `algorithm:` / `actor_rollout_ref:`, TRL's are flat. Absent fields take the peer's default (TRL 1.16, verl 0.9.1). An option that no spec reproduces exactly is named with the reason, and the command exits 1; with --lenient it prints the rest, the option as a `# WARNING` comment. Exit 2: the file cannot be read or is neither format.
+    The format is detected: verl configs nest `algorithm:` / `actor_rollout_ref:`, TRL's are flat. Absent fields take the peer's default (TRL 1.16, verl 0.9.1). Options that do not change the algorithm are carried into run keys (learning rate, schedule and warm-up, model path, LoRA, dtype, ...) or listed as ignored with the reason. An algorithm option that no spec reproduces exactly is named with the reason, and the command exits 2; with --lenient it prints the rest, the option as a `# WARNING` comment. Exit 2 also when the file cannot be read or is neither format; 1 when --verify finds a difference.
     """  # noqa: E501 - one line per paragraph: typer rewraps it
     import re
 
     from . import translate as tr
     from .spec import loads
-    try:
-        t = tr.translate(tr.read_config(config))
-    except tr.TranslateError as e:
-        err.print(f"error: {e}", markup=False)
-        raise typer.Exit(2) from None
+    cfg = tr.read_config(config)
+    t = tr.translate(cfg)
     stem = re.sub(r"[^a-z0-9_]+", "_", (name or Path(config).stem).lower()).strip("_")
     algo_name = stem if re.fullmatch(r"[a-z][a-z0-9_]*", stem) else f"translated_{stem}".rstrip("_")
     if t.problems and not lenient:
         for p in t.problems:
             err.print(f"error: {config}: {t.peer} option {p.option} cannot be translated: {p.why}", markup=False)
-        err.print(f"{len(t.problems)} option{'s' if len(t.problems) > 1 else ''} not translated; "
-                  "--lenient prints the rest with a warning comment for each", markup=False)
-        raise typer.Exit(1)
-    text = tr.render(t, config, algo_name, lenient=lenient)
+        raise TranslateError(f"{len(t.problems)} option{'s' if len(t.problems) > 1 else ''} not translated; "
+                             "--lenient prints the rest with a warning comment for each")
+    spec_text = t.spec_text(algo_name, config)
     try:
-        loads(t.spec_text(algo_name, config), f"<translated {config}>")
+        loads(spec_text, f"<translated {config}>")
     except SpecError as e:  # a value out of the spec's range (e.g. a clip epsilon >= 1)
         _print_error(e)
-        err.print(f"error: {config}: the translated spec is invalid (above)", markup=False)
-        raise typer.Exit(1) from None
-    sys.stdout.write(text)
+        raise TranslateError(f"{config}: the translated spec is invalid (above)") from None
+    if out_dir is not None:
+        spec_path, toml_path = tr.write_out(t, config, algo_name, out_dir)
+        out.print(f"wrote {spec_path}\nwrote {toml_path}\nrun it: rldsl run {spec_path} --config {toml_path}",
+                  markup=False)
+    else:
+        sys.stdout.write(tr.render(t, config, algo_name, lenient=lenient))
+    if verify:
+        from .verify import verify_translation
+        report = verify_translation(cfg, t, spec_text)
+        where = out if out_dir is not None else err  # printed specs keep stdout to themselves
+        for line in report.lines:
+            where.print(line, markup=False)
+        if not report.ok:
+            raise typer.Exit(1)
 
 
 def list_lines(slot: Optional[str] = None) -> list[list[tuple[str, str]]]:

@@ -41,7 +41,7 @@ def reports_errors(command: F) -> F:
         traceback = bool(kwargs.get("traceback", False))
         try:
             return command(*args, **kwargs)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
+        except (typer.Exit, click.exceptions.Exit, click.ClickException, click.Abort):
             raise  # typer's own endings: already reported
         except KeyboardInterrupt:
             if traceback:

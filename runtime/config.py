@@ -23,13 +23,13 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import tomllib
 from pathlib import Path
 from types import UnionType
 from typing import Any, Iterable, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from ..config_files import read_config_file
 from .errors import ConfigError
 
 __all__ = [
@@ -202,16 +202,16 @@ class TrainConfig(_Section):
     minibatches: int = Field(default=1, ge=1,
                              description="Optimizer steps per pass; the batch is split by "
                                          "whole prompt groups.")
-    lr_schedule: Literal["constant", "cosine"] = Field(
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         default="constant",
-        description="Learning-rate schedule after the warm-up: 'constant', or 'cosine' "
-                    "decay to min_lr_ratio x lr at the last step. Advances once per "
-                    "training step.")
+        description="Learning-rate schedule after the warm-up: 'constant'; 'linear' decay "
+                    "(TRL's default) or 'cosine' decay to min_lr_ratio x lr at the last step. "
+                    "Advances once per training step.")
     warmup_steps: int = Field(default=0, ge=0,
                               description="Linear warm-up steps from lr/warmup_steps to lr.")
     min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0,
-                                description="Floor of the cosine schedule, as a fraction "
-                                            "of lr.")
+                                description="Floor of the linear and cosine schedules, as a "
+                                            "fraction of lr.")
     critic_lr: float | None = Field(default=None, gt=0.0,
                                     description="Critic learning rate (specs with a critic); "
                                                 "null = lr.")
@@ -561,28 +561,6 @@ def _flatten_file(data: Mapping[str, Any], source: str, prefix: str = "") -> Ite
             yield key, value
 
 
-def _read_file(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the config must be a table of keys")
-    return data
-
-
 def load_config(toml_path: str | os.PathLike[str] | None = None,
                 overrides: Sequence[str] = (),
                 *,
@@ -602,7 +580,8 @@ def load_config(toml_path: str | os.PathLike[str] | None = None,
 
     if toml_path is not None:
         path = Path(toml_path)
-        for key, value in _flatten_file(_read_file(path), f"in {path}"):
+        data = read_config_file(path, error=ConfigError, default="toml")  # .json: a saved config.json
+        for key, value in _flatten_file(data, f"in {path}"):
             _set(tree, key, value)
             sources[key] = f"in {path}"
 

@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from rldsl.cli_errors import reports_errors
+from rldsl.config_files import to_toml
 from rldsl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
 from rich.live import Live
 from rich.table import Table
@@ -142,16 +143,6 @@ def _check_folder(folder: Path, study: Study) -> None:
                             f"choose another --out (saved: {json.dumps(saved.get(key))[:200]})")
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a TOML basic string
-    return "[\n" + "".join(f"  {_toml(v)},\n" for v in value) + "]"
-
-
 def _save_grid(folder: Path, study: Study) -> Path:
     """``grid.toml``: the study as a grid file, so that ``rldsl ablate --grid`` reruns it."""
     base = study.base_algo
@@ -161,9 +152,8 @@ def _save_grid(folder: Path, study: Study) -> Path:
     keys = {"name": study.name, "base": base.name if lib else f"{CELLS_DIR}/{base.name}.rl",
             "one_at_a_time": study.one_at_a_time, "seeds": len(study.seeds), "steps": study.steps,
             "threshold": study.threshold, "set": study.sets, "vary": vary}
-    text = ("# Written by `rldsl ablate`: this study as a grid file. Rerun (or resume) it with\n"
-            f"#   rldsl ablate --grid {folder / GRID_FILE} --out {folder}\n"
-            + "".join(f"{k} = {_toml(v)}\n" for k, v in keys.items()))
+    text = to_toml(keys, header="Written by `rldsl ablate`: this study as a grid file. Rerun (or resume) "
+                                "it with\n  rldsl ablate --grid " + f"{folder / GRID_FILE} --out {folder}")
     (folder / GRID_FILE).write_text(text, encoding="utf-8")
     return folder / GRID_FILE
 

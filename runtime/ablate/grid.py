@@ -22,12 +22,12 @@ import hashlib
 import itertools
 import json
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from rldsl import registry
+from rldsl.config_files import read_config_file
 from rldsl.errors import SpecError, did_you_mean
 from rldsl.explain import diff as explain_diff
 from rldsl.spec import Algorithm, library, load, loads
@@ -283,12 +283,7 @@ def read_grid_file(path: str | Path) -> dict[str, Any]:
     ``ray_address``.
     """
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise GridError(f"grid file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise GridError(f"{path}: not valid TOML: {exc}") from None
+    data = read_config_file(path, error=GridError, default="toml", what="grid file")
     unknown = sorted(set(data) - _GRID_KEYS)
     if unknown:
         hint = did_you_mean(unknown[0], _GRID_KEYS)
