@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -354,7 +355,7 @@ def _trl_field_known(name: str) -> bool:
 
 def _shown(value: Any) -> str:
     """A config value as a note shows it (dicts and long values cut)."""
-    text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+    text = value if isinstance(value, str) else json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -814,8 +815,16 @@ def run_toml(t: Translation, header: str = "") -> str:
 
 
 def set_flags(t: Translation) -> str:
-    """The run config as ``--set`` flags."""
-    return " ".join(f"--set {k}={toml_value(v).replace(' ', '')}" for k, v in t.run.items() if v is not None)
+    """The run config as ``--set`` flags, quoted for a POSIX shell: a string as it is, a list or a
+    table as compact JSON (what ``--set`` parses), a number or a bool as TOML writes it."""
+    def text(v: Any) -> str:
+        if isinstance(v, str):
+            return v
+        if isinstance(v, (dict, list, tuple)):
+            return json.dumps(v, separators=(",", ":"))
+        return toml_value(v)
+
+    return " ".join(f"--set {shlex.quote(f'{k}={text(v)}')}" for k, v in t.run.items() if v is not None)
 
 
 def render(t: Translation, source: str, name: str, lenient: bool = False) -> str:
