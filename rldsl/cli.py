@@ -6,8 +6,10 @@ Exit codes, the same for every command (``rldsl.cli_errors``): 0 ok, 1 a run fai
 of the file), 130 interrupted. A Python traceback appears only with ``--traceback``.
 
 Output is literal: formulas such as ``1[max r != min r]``, spec descriptions and error
-messages are never read as rich markup or emoji codes, and lines are never cut to the
-terminal width (a terminal or pager wraps them), so piped output reads like the screen.
+messages are never read as rich markup or emoji codes, and lines are never cut. Messages and
+spec output are never wrapped (a path stays on one line, pasteable); ``rldsl list`` wraps its
+long lines at spaces to the terminal's width, or to 100 columns when piped, each continuation
+indented under its text.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from .cli_errors import reports_errors
 from .errors import EXIT_BAD_INPUT, SpecError, TranslateError, UsageError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,  # click's plain help: wrapped to the terminal, never cut
                   help="rldsl: declarative RL-for-LLM algorithms. `rldsl list` shows the components.")
 
 
@@ -43,14 +46,47 @@ out = _Lazy()
 err = _Lazy(stderr=True)
 
 
-def _print_lines(lines: list[list[tuple[str, str]]]) -> None:
-    """Lines of literal (text, style) segments; styles show on a terminal only, nothing wraps."""
+#: the width `rldsl list` wraps to when stdout is not a terminal (a pipe, a file)
+PIPED_WIDTH = 100
+
+
+def _wrap_offsets(plain: str, width: int, hanging: int) -> list[int]:
+    """Where to break ``plain`` (at spaces) so the first line fits ``width`` and the others, indented
+    by ``hanging``, fit too; a word longer than a line stays whole."""
+    offsets: list[int] = []
+    start, limit = 0, width
+    while len(plain) - start > limit:
+        cut = plain.rfind(" ", start + 1, start + limit + 1)
+        if cut <= start:
+            cut = plain.find(" ", start + limit)
+            if cut == -1:
+                break
+        offsets.append(cut)
+        start, limit = cut + 1, max(20, width - hanging)
+    return offsets
+
+
+def _print_lines(lines: list[list[tuple[str, str]]], wrap: bool = False) -> None:
+    """Lines of literal (text, style) segments; styles show on a terminal only. Nothing wraps unless
+    ``wrap``: then a long line breaks at spaces to the terminal's width (PIPED_WIDTH when piped), its
+    continuation indented under its text (after a leading label segment that ends in two spaces)."""
     console = Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
+    width = console.width if console.is_terminal else PIPED_WIDTH
     for segments in lines:
         t = Text()
         for text, style in segments:
             t.append(text, style=style or None)
-        console.print(t, soft_wrap=True)
+        plain = t.plain
+        if not wrap or len(plain) <= width:
+            console.print(t, soft_wrap=True)
+            continue
+        first = segments[0][0] if segments else ""
+        hanging = len(first) if first.endswith("  ") and len(segments) > 1 else \
+            len(plain) - len(plain.lstrip(" ")) + 2
+        pieces = t.divide(_wrap_offsets(plain, width, hanging))
+        console.print(pieces[0], soft_wrap=True)
+        for piece in pieces[1:]:
+            console.print(Text(" " * hanging) + piece[1:], soft_wrap=True)  # piece[0] is the space broken at
 
 
 def _print_error(e: SpecError) -> None:
@@ -239,7 +275,7 @@ def list_components(slot: Optional[str] = typer.Argument(None, help="only this s
     if slot is not None and slot not in registry.SLOTS:
         hint = did_you_mean(slot, registry.SLOTS)
         raise UsageError(f"unknown slot {slot!r}" + (f"; {hint}" if hint else ""))
-    _print_lines(list_lines(slot))
+    _print_lines(list_lines(slot), wrap=True)
 
 
 def _register_runtime() -> None:

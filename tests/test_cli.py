@@ -137,22 +137,25 @@ def _lines(output: str) -> list[str]:
 
 
 def test_list_prints_every_formula_whole_at_any_width(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "30")  # narrower than most formulas: nothing may wrap or fold
+    monkeypatch.setenv("COLUMNS", "30")  # piped: wrapped at spaces to 100 columns, never cut or folded
     res = runner.invoke(app, ["list"])
     assert res.exit_code == 0, res.output
-    out = res.output
+    out = " ".join(res.output.split())  # the text with the line breaks of the wrapping undone
+
+    def whole(text: str) -> str:
+        return " ".join(text.split())
     # square brackets are text, not markup (this one printed as "keep_i = 1" before)
     assert "keep_i = 1[max_{g(i)} r != min_{g(i)} r]" in out
     for slot, comps in registry.REGISTRY.items():
-        assert registry.SLOTS[slot].doc in out
+        assert whole(registry.SLOTS[slot].doc) in out
         for name, comp in comps.items():
             assert comp.formula
             for line in comp.formula.splitlines():
-                assert line in out, f"{slot}.{name}: {line!r}"
+                assert whole(line) in out, f"{slot}.{name}: {line!r}"
             for pname, p in comp.params.items():
-                assert f"{pname}: {p.describe()} — {p.doc}" in out, f"{slot}.{name}.{pname}"
+                assert whole(f"{pname}: {p.describe()} — {p.doc}") in out, f"{slot}.{name}.{pname}"
     for name in rldsl.library():
-        assert rldsl.load(name).description in out
+        assert whole(rldsl.load(name).description) in out
     assert "needs truncated=" in out and "carried out by the runtime: data.pass_rate_cap = max" in out
     one = runner.invoke(app, ["list", "filter"]).output
     assert "zero_variance" in one and "group_mean" not in one and "algorithms (library)" not in one
@@ -232,3 +235,19 @@ def test_user_text_is_printed_literally(tmp_path, monkeypatch):
     assert "baseline group_mena  # [x] :smile:" in res.output
     ok = runner.invoke(app, ["check", str(good)]).output
     assert f"ok: {good}: algorithm lit (extends grpo)" in ok
+
+
+def test_list_wraps_to_100_columns_when_piped():
+    """`rldsl list | cat`: long lines break at spaces (a single word longer than a line stays whole),
+    each continuation indented under its text; nothing is lost."""
+    res = runner.invoke(app, ["list"])  # CliRunner's stdout is not a terminal
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    too_long = [ln for ln in lines if len(ln) > 100]
+    assert all(" " not in ln.strip() for ln in too_long), too_long  # only unbreakable words
+    assert len(too_long) <= 1
+    # the overlong penalty's formula continues under its own text, at the formula column
+    i = next(i for i, ln in enumerate(lines) if ln.startswith("  overlong_penalty  "))
+    assert lines[i + 1].startswith(" " * len("  overlong_penalty  ")) and lines[i + 1].strip()
+    words = " ".join(res.output.split())
+    assert "-{factor} beyond" in words and "max_len: int, >= 1, required" in words
