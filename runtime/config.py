@@ -271,9 +271,10 @@ class LogConfig(_Section):
     progress: bool = Field(default=True,
                            description="Show a progress bar (plain lines when stdout is "
                                        "not a terminal).")
-    print_every: int = Field(default=10, ge=1,
-                             description="Steps between plain progress lines when stdout "
-                                         "is not a terminal.")
+    every: int = Field(default=10, ge=1,
+                       description="Steps between plain progress lines when stdout is not a "
+                                   "terminal; the first step, evaluations and the last step "
+                                   "are printed too (log.print_every is an old name for it).")
     samples_per_step: int = Field(
         default=2, ge=0,
         description="Prompt groups per step written to <run>/samples.jsonl (prompt as fed "
@@ -490,8 +491,18 @@ def _unknown_key(key: str, source: str) -> ConfigError:
     return ConfigError("\n".join(lines))
 
 
+#: Old key -> the key that replaced it; both are accepted wherever keys are read.
+KEY_ALIASES = {"log.print_every": "log.every"}
+
+
+def _canonical(key: str) -> str:
+    return KEY_ALIASES.get(key, key)
+
+
 def _check_leaf(key: str, source: str) -> Any:
-    """The FieldInfo of ``key``, or a ConfigError worded for ``source``."""
+    """The FieldInfo of ``key`` (an old name in KEY_ALIASES gives its new key's), or a ConfigError
+    worded for ``source``."""
+    key = _canonical(key)
     if key in _LEAVES:
         return _LEAVES[key]
     if key in _SECTIONS:
@@ -558,7 +569,7 @@ def _flatten_file(data: Mapping[str, Any], source: str, prefix: str = "") -> Ite
             yield from _flatten_file(value, source, key + ".")
         else:
             _check_leaf(key, source)
-            yield key, value
+            yield _canonical(key), value
 
 
 def load_config(toml_path: str | os.PathLike[str] | None = None,
@@ -587,7 +598,7 @@ def load_config(toml_path: str | os.PathLike[str] | None = None,
 
     for item in overrides:
         key, sep, raw = item.partition("=")
-        key = key.strip()
+        key = _canonical(key.strip())
         source = f"--set {item}"
         if not sep or not key:
             raise ConfigError(f"--set expects key=value, got {item!r} (e.g. --set train.lr=1e-4)")

@@ -349,7 +349,7 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
             truncate_samples(run_dir, start)
         total = cfg.train.steps
         logger = MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard, total_steps=total,
-                               progress=cfg.log.progress, print_every=cfg.log.print_every,
+                               progress=cfg.log.progress, print_every=cfg.log.every,
                                resume_step=start if resume is not None else None)
         step = start
         last_saved = start if resume is not None else -1
