@@ -24,7 +24,7 @@ from rich.text import Text
 
 from . import registry
 from .cli_errors import reports_errors
-from .errors import EXIT_BAD_INPUT, SpecError, TranslateError, UsageError
+from .errors import EXIT_BAD_INPUT, RunFailed, SpecError, TranslateError, UsageError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,  # click's plain help: wrapped to the terminal, never cut
@@ -226,7 +226,7 @@ def translate(config: str = typer.Argument(..., help="a TRL GRPOConfig (YAML/JSO
         for line in report.lines:
             where.print(line, markup=False)
         if not report.ok:
-            raise typer.Exit(1)
+            raise RunFailed(f"--verify: the translated spec differs from {t.peer}'s own loss (above)")
 
 
 def list_lines(slot: Optional[str] = None) -> list[list[tuple[str, str]]]:

@@ -154,6 +154,13 @@ class UsageError(UserError):
     exit_code = EXIT_BAD_INPUT
 
 
+class RunFailed(UserError):
+    """A command's work failed on good input: ablation cells that did not finish, a translation
+    that ``--verify`` finds different from the peer's code."""
+
+    exit_code = EXIT_FAILED
+
+
 class Interrupted(UserError):
     """Ctrl-C; a run that has saved a checkpoint names the command that continues it."""
 

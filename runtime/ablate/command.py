@@ -12,14 +12,14 @@ import signal
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Iterator, NoReturn, Optional, Sequence
+from typing import Annotated, Any, Iterator, Optional, Sequence
 
 import typer
 from rich.console import Console
 
 from rldsl.cli_errors import reports_errors
 from rldsl.config_files import to_toml
-from rldsl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
+from rldsl.errors import Interrupted, RunFailed, UsageError
 from rich.live import Live
 from rich.table import Table
 
@@ -35,11 +35,6 @@ GRID_FILE = "grid.toml"
 
 _STYLE = {"done": "green", "running": "cyan", "failed": "red", "invalid": "red",
           "interrupted": "yellow", "pending": "dim"}
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 class Display:
@@ -249,18 +244,17 @@ def ablate_command(
     console = Console(highlight=False, soft_wrap=True)  # piped output is never cut at 80 columns
     if report is not None:
         if base is not None or vary or grid is not None:
-            _fail("--report DIR only rebuilds a report (optionally with another --threshold): "
-                  "give no BASE, --vary or --grid", EXIT_BAD_INPUT)
+            raise UsageError("--report DIR only rebuilds a report (optionally with another "
+                             "--threshold): give no BASE, --vary or --grid")
         try:
             path = write_report(report, threshold)
         except (FileNotFoundError, json.JSONDecodeError) as exc:
-            if traceback:
-                raise
-            _fail(str(exc), EXIT_BAD_INPUT)
+            raise UsageError(str(exc)) from exc
         console.print(str(path), markup=False)
         return
 
     from ..config import load_config
+    from ..errors import ConfigError
 
     # a bad grid, BASE or --set raises a UserError: exit 2 (rldsl.cli_errors)
     opts = _options(base, grid, {"vary": vary, "one_at_a_time": one_at_a_time, "seeds": seeds,
@@ -289,7 +283,8 @@ def ablate_command(
     except Exception as exc:  # noqa: BLE001 - Ray missing or the cluster unreachable
         if traceback:
             raise
-        _fail(f"{type(exc).__name__}: {exc}", EXIT_BAD_INPUT)
+        raise ConfigError(f"--ray-address {opts['ray_address']}: {type(exc).__name__}: {exc}"
+                          if opts.get("ray_address") else f"{type(exc).__name__}: {exc}") from exc
     console.print(f"study {folder}: {len(variants)} variants x {len(study.seeds)} seeds = "
                   f"{len(cells)} cells, {study.steps} steps each, {executor.jobs} at a time",
                   markup=False)
@@ -312,8 +307,7 @@ def ablate_command(
     bad = unfinished(statuses.values())
     console.print(f"report: {path}", markup=False)
     if interrupted:
-        _fail(f"interrupted; {bad} of {len(cells)} cells did not finish. Run the same command "
-              f"again to resume them.", EXIT_INTERRUPTED)
+        raise Interrupted(f"interrupted; {bad} of {len(cells)} cells did not finish. Run the same "
+                          f"command again to resume them.")
     if bad:
-        _fail(f"{bad} of {len(cells)} cells did not finish (failed or invalid); see {path}",
-              EXIT_FAILED)
+        raise RunFailed(f"{bad} of {len(cells)} cells did not finish (failed or invalid); see {path}")
