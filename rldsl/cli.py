@@ -294,6 +294,19 @@ def _register_runtime() -> None:
 _register_runtime()
 
 
+def _whole_short_help() -> None:
+    """`rldsl --help` lists each command with its first paragraph whole (click would cut it to
+    the width with "..."); the terminal wraps the line."""
+    import inspect
+    for info in app.registered_commands:
+        text = info.help or inspect.getdoc(info.callback) or ""
+        if info.short_help is None and text:
+            info.short_help = " ".join(text.split("\n\n", 1)[0].split())
+
+
+_whole_short_help()
+
+
 def main() -> None:  # pragma: no cover
     app()
 

@@ -251,3 +251,23 @@ def test_list_wraps_to_100_columns_when_piped():
     assert lines[i + 1].startswith(" " * len("  overlong_penalty  ")) and lines[i + 1].strip()
     words = " ".join(res.output.split())
     assert "-{factor} beyond" in words and "max_len: int, >= 1, required" in words
+
+
+def test_help_at_80_columns_cuts_nothing(monkeypatch):
+    """`rldsl run --help` (and the command list) at 80 columns: every option's text whole, wrapped."""
+    import click
+    import typer.main
+    monkeypatch.setenv("COLUMNS", "80")
+    res = runner.invoke(app, ["run", "--help"], terminal_width=80)
+    assert res.exit_code == 0, res.output
+    assert "…" not in res.output and max(len(ln) for ln in res.output.splitlines()) <= 80
+    words = " ".join(res.output.split())
+    command = typer.main.get_command(app)
+    run = command.commands["run"]
+    for param in run.params:
+        if isinstance(param, click.Option) and param.help:
+            assert " ".join(param.help.split()) in words, param.name
+    top = runner.invoke(app, ["--help"], terminal_width=80).output
+    assert "..." not in top.split("Commands:")[1] and "…" not in top
+    assert "Validate specs; print every error with file:line:col, the line, a caret and a hint." in \
+        " ".join(top.split())
