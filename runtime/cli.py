@@ -94,10 +94,11 @@ def run_command(
         "--model", metavar="DIR", help="Policy model folder or hub id (model.path); "
                                        "default: the embedded toy model.")] = None,
     data: Annotated[Optional[str], typer.Option(
-        "--data", metavar="FILE", help="Training prompts (data.path); default: the "
-                                       "built-in addition task.")] = None,
+        "--data", metavar="FILE", help="Training prompts, .jsonl/.json/.parquet or a datasets "
+                                       "folder (data.path); default: the built-in addition task.")] = None,
     reward: Annotated[Optional[str], typer.Option(
-        "--reward", metavar="NAME", help="Reward: built-in name or module:function "
+        "--reward", metavar="NAME", help="Reward: a built-in name, module:function (the current "
+                                         "folder is searched first) or path/to/file.py:function "
                                          "(reward.name); default: the task's own.")] = None,
     steps: Annotated[Optional[int], typer.Option(
         "--steps", metavar="N", help="Training steps (train.steps).")] = None,

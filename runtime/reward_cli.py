@@ -41,8 +41,9 @@ def _quote(text: str) -> str:
 def reward_command(
     name: Annotated[str, typer.Argument(
         metavar="NAME", show_default=False,
-        help="Reward: a built-in (math, gsm8k, exact, addition), module:function, with "
-             "options (math(allow_truncated=true)) or a weighted sum (math=0.9,pkg.mod:fn=0.1).")],
+        help="Reward: a built-in (math, gsm8k, exact, addition), module:function (the current folder "
+             "first), path/to/file.py:function, with options (math(allow_truncated=true)) or a weighted "
+             "sum (math=0.9,pkg.mod:fn=0.1).")],
     completion: Annotated[str, typer.Option(
         "--completion", metavar="TEXT", show_default=False, help="The model's completion.")],
     answer: Annotated[str, typer.Option(
