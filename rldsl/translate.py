@@ -54,6 +54,8 @@ TRL_VLLM_IS_MODES: dict[str, str] = {
     "sequence_truncate": "importance(level=sequence{low}, high={high}, clamp=80.0)",
     "sequence_mask": "importance(level=sequence, mode=mask{low}, high={high}, clamp=80.0)",
 }
+#: TRL's importance_sampling_level for one weight per sequence (a TRL option value)
+TRL_SEQUENCE_LEVEL = "sequence"
 VERL_IS_LEVELS = ("token", "sequence")  # algorithm.rollout_correction.rollout_is
 TRL_SCALE_REWARDS: dict[str, tuple[str, ...]] = {
     "group": ("baseline group_mean", "normalizer group_std(eps=0.0001)"),
@@ -412,7 +414,7 @@ def _trl(cfg: dict[str, Any]) -> Translation:
         t.put(rows, v)
         if loss_type == "luspo" and level in TRL_IS_LEVELS:  # its row assumes the sequence level LUSPO is run with
             t.put(TRL_IS_LEVELS[level])
-    if _float(c["beta"]) and c["use_bias_correction_kl"] and (level == "sequence" or loss_type == "vespo"):
+    if _float(c["beta"]) and c["use_bias_correction_kl"] and (level == TRL_SEQUENCE_LEVEL or loss_type == "vespo"):
         t.problem("use_bias_correction_kl",
                   "TRL weights the KL by its importance weight exp(log-ratio at importance_sampling_level) and "
                   "differentiates through it; the spec's ratio-weighted KL takes the ratio slot's "

@@ -3,10 +3,12 @@ random batches, and the largest difference of the losses and of their gradients.
 
 TRL: ``GRPOTrainer._compute_loss`` runs as TRL ships it, on a trainer shell holding the attributes
 its ``__init__`` sets from the config (``_trl_trainer``), with the policy's forward replaced by the
-batch's log-probabilities and entropies, in eval mode (no gradient-accumulation scaling; the entropy
-controller's state is not stepped). TRL computes advantages and the vLLM importance weights inline in
-``_generate_and_score_completions`` (no function to call without a model), so the loss is compared on
-the same advantages, and a config with the vLLM correction is not verifiable here.
+batch's log-probabilities and entropies, in eval mode (no gradient-accumulation scaling). With
+adaptive entropy, one train-mode call on a low-entropy batch first moves TRL's controller by its
+own code, and the spec's by ``update_entropy_coef``, so that the compared bonus is not zero.
+TRL computes advantages and the vLLM importance weights inline in
+``_generate_and_score_completions`` (no function to call without a model), so the loss is compared
+on the same advantages, and a config with the vLLM correction is not verifiable here.
 
 verl: its ``core_algos`` must be importable (``pip install verl``); without it ``--verify`` says so.
 """
@@ -110,9 +112,7 @@ def _trl_trainer(args: Any) -> Any:
     t.entropy_coef = args.entropy_coef
     t.use_adaptive_entropy = args.use_adaptive_entropy
     t._entropy_bonus_enabled = t.entropy_coef != 0.0 or t.use_adaptive_entropy
-    # a measured entropy at the target: the adaptive bonus applies with its initial coefficient
-    # (TRL's first window applies none: inf), as the spec's entropy_coef= below
-    t._last_world_entropy = args.entropy_target
+    t._last_world_entropy = float("inf")  # TRL's first window applies no adaptive bonus
     t._entropy_window_stats = None
     t.aux_loss_enabled = False
     t.router_aux_loss_coef = 0.0
@@ -175,15 +175,21 @@ def _verify_trl(cfg: dict[str, Any], spec_text: str) -> VerifyReport:
                          "(_generate_and_score_completions), which cannot run without a model and vLLM; "
                          "verify the config with use_vllm: false (the loss without the correction)")
     fn = compile_algo(loads(spec_text, "<translated>"), compile=False)
-    adaptive = fn.algorithm["entropy"].component == "adaptive"
-    entropy_coef = args.entropy_coef if adaptive else None
-    G = args.num_generations
+    G, T = args.num_generations, min(TOKENS, args.max_completion_length)
+    trainer = _trl_trainer(args)
+    if fn.entropy_coef() is not None:  # adaptive entropy: one optimizer step below the target first,
+        warm = _batch(BATCHES, GROUPS * G, T)  # moved by each side's own rule, so the bonus then applies
+        warm["entropy"] = warm["entropy"] * 0.05
+        trainer.model.training = True  # TRL updates its controller in train mode only
+        _trl_loss(trainer, warm)
+        trainer.model.training = False
+        fn.update_entropy_coef(((warm["entropy"] * warm["mask"]).sum() / warm["mask"].sum()).item())
     report = VerifyReport()
     worst_loss = worst_grad = 0.0
     for seed in range(BATCHES):
-        b = _batch(seed, GROUPS * G, min(TOKENS, args.max_completion_length))
-        theirs, their_grad = _trl_loss(_trl_trainer(args), b)
-        mine, my_grad = _spec_loss(fn, b, G, entropy_coef)
+        b = _batch(seed, GROUPS * G, T)
+        theirs, their_grad = _trl_loss(trainer, b)
+        mine, my_grad = _spec_loss(fn, b, G, fn.entropy_coef())
         if not (math.isfinite(theirs) and math.isfinite(mine)):
             report.ok = False
             report.lines.append(f"verify: batch {seed}: TRL loss {theirs}, spec loss {mine}")
@@ -195,7 +201,7 @@ def _verify_trl(cfg: dict[str, Any], spec_text: str) -> VerifyReport:
     import trl
     report.lines.append(
         f"verify: TRL {trl.__version__} GRPOTrainer._compute_loss vs the translated spec on {BATCHES} random "
-        f"batches ({GROUPS * G} rows x {min(TOKENS, args.max_completion_length)} tokens, float32, the same "
+        f"batches ({GROUPS * G} rows x {T} tokens, float32, the same "
         f"advantages): largest difference {worst_loss:.3g} in the loss, {worst_grad:.3g} in its gradient "
         f"-> {'the same' if same else 'DIFFERENT'} (tolerance {TOLERANCE:g})")
     return report

@@ -396,6 +396,12 @@ def test_verify_runs_trls_own_loss(tmp_path: Path) -> None:
     wrong = t.spec_text("v", "v.yaml").replace("clip(low=0.2, high=0.2)", "clip(low=0.2, high=0.3)")
     report = verify_translation(cfg, t, wrong)
     assert not report.ok and "-> DIFFERENT" in report.lines[-1]
+    # adaptive entropy: both controllers first step on a low-entropy batch, so the bonus compared is not 0
+    cfg = {"loss_type": "dapo", "use_adaptive_entropy": True, "entropy_coef": 0.05, "num_generations": 4}
+    t = tr.translate(cfg)
+    assert verify_translation(cfg, t, t.spec_text("a", "a.yaml")).ok
+    no_bonus = t.spec_text("a", "a.yaml").replace("entropy       adaptive(init=0.05", "entropy       adaptive(init=0.5")
+    assert no_bonus != t.spec_text("a", "a.yaml") and not verify_translation(cfg, t, no_bonus).ok
 
 
 def test_verify_says_what_it_cannot_verify(tmp_path: Path) -> None:
