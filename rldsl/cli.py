@@ -51,13 +51,19 @@ PIPED_WIDTH = 100
 
 
 def _wrap_offsets(plain: str, width: int, hanging: int) -> list[int]:
-    """Where to break ``plain`` (at spaces) so the first line fits ``width`` and the others, indented
-    by ``hanging``, fit too; a word longer than a line stays whole."""
+    """Where to break ``plain`` so the first line fits ``width`` and the others, indented by
+    ``hanging``, fit too: at a space (dropped), else after a ``|`` of a list of choices; a word
+    with neither stays whole."""
     offsets: list[int] = []
     start, limit = 0, width
     while len(plain) - start > limit:
         cut = plain.rfind(" ", start + 1, start + limit + 1)
         if cut <= start:
+            bar = plain.rfind("|", start + 1, start + limit)
+            if bar > start:
+                offsets.append(bar + 1)  # the next line starts right after the bar
+                start, limit = bar + 1, max(20, width - hanging)
+                continue
             cut = plain.find(" ", start + limit)
             if cut == -1:
                 break
@@ -86,7 +92,8 @@ def _print_lines(lines: list[list[tuple[str, str]]], wrap: bool = False) -> None
         pieces = t.divide(_wrap_offsets(plain, width, hanging))
         console.print(pieces[0], soft_wrap=True)
         for piece in pieces[1:]:
-            console.print(Text(" " * hanging) + piece[1:], soft_wrap=True)  # piece[0] is the space broken at
+            rest = piece[1:] if piece.plain.startswith(" ") else piece  # drop the space broken at
+            console.print(Text(" " * hanging) + rest, soft_wrap=True)
 
 
 def _print_error(e: SpecError) -> None:
