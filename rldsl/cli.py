@@ -1,11 +1,15 @@
-"""The ``rldsl`` command line: check, explain, list (language) and run, plot (runtime).
+"""The ``rldsl`` command line: check, explain, list, translate (language) and run, plot, ...
+(runtime).
 
-Exit codes: 0 success, 1 invalid spec (every error printed as ``file:line:col: error: ...``),
-2 usage error. A Python traceback appears only with ``--traceback``.
+Exit codes, the same for every command (``rldsl.cli_errors``): 0 ok, 1 a run failed,
+2 usage or bad input (an invalid spec is printed as ``file:line:col: error: ...``, every error
+of the file), 130 interrupted. A Python traceback appears only with ``--traceback``.
 
 Output is literal: formulas such as ``1[max r != min r]``, spec descriptions and error
-messages are never read as rich markup or emoji codes, and lines are never cut to the
-terminal width (a terminal or pager wraps them), so piped output reads like the screen.
+messages are never read as rich markup or emoji codes, and lines are never cut. Messages and
+spec output are never wrapped (a path stays on one line, pasteable); ``rldsl list`` wraps its
+long lines at spaces to the terminal's width, or to 100 columns when piped, each continuation
+indented under its text.
 """
 from __future__ import annotations
 
@@ -19,9 +23,11 @@ from rich.console import Console
 from rich.text import Text
 
 from . import registry
-from .errors import SpecError, SpecErrors
+from .cli_errors import reports_errors
+from .errors import EXIT_BAD_INPUT, RunFailed, SpecError, TranslateError, UsageError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,  # click's plain help: wrapped to the terminal, never cut
                   help="rldsl: declarative RL-for-LLM algorithms. `rldsl list` shows the components.")
 
 
@@ -40,30 +46,59 @@ out = _Lazy()
 err = _Lazy(stderr=True)
 
 
-def _print_lines(lines: list[list[tuple[str, str]]]) -> None:
-    """Lines of literal (text, style) segments; styles show on a terminal only, nothing wraps."""
+#: the width `rldsl list` wraps to when stdout is not a terminal (a pipe, a file)
+PIPED_WIDTH = 100
+
+
+def _wrap_offsets(plain: str, width: int, hanging: int) -> list[int]:
+    """Where to break ``plain`` so the first line fits ``width`` and the others, indented by
+    ``hanging``, fit too: at a space (dropped), else after a ``|`` of a list of choices; a word
+    with neither stays whole."""
+    offsets: list[int] = []
+    start, limit = 0, width
+    while len(plain) - start > limit:
+        cut = plain.rfind(" ", start + 1, start + limit + 1)
+        if cut <= start:
+            bar = plain.rfind("|", start + 1, start + limit)
+            if bar > start:
+                offsets.append(bar + 1)  # the next line starts right after the bar
+                start, limit = bar + 1, max(20, width - hanging)
+                continue
+            cut = plain.find(" ", start + limit)
+            if cut == -1:
+                break
+        offsets.append(cut)
+        start, limit = cut + 1, max(20, width - hanging)
+    return offsets
+
+
+def _print_lines(lines: list[list[tuple[str, str]]], wrap: bool = False) -> None:
+    """Lines of literal (text, style) segments; styles show on a terminal only. Nothing wraps unless
+    ``wrap``: then a long line breaks at spaces to the terminal's width (PIPED_WIDTH when piped), its
+    continuation indented under its text (after a leading label segment that ends in two spaces)."""
     console = Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
+    width = console.width if console.is_terminal else PIPED_WIDTH
     for segments in lines:
         t = Text()
         for text, style in segments:
             t.append(text, style=style or None)
-        console.print(t, soft_wrap=True)
+        plain = t.plain
+        if not wrap or len(plain) <= width:
+            console.print(t, soft_wrap=True)
+            continue
+        first = segments[0][0] if segments else ""
+        hanging = len(first) if first.endswith("  ") and len(segments) > 1 else \
+            len(plain) - len(plain.lstrip(" ")) + 2
+        pieces = t.divide(_wrap_offsets(plain, width, hanging))
+        console.print(pieces[0], soft_wrap=True)
+        for piece in pieces[1:]:
+            rest = piece[1:] if piece.plain.startswith(" ") else piece  # drop the space broken at
+            console.print(Text(" " * hanging) + rest, soft_wrap=True)
 
 
 def _print_error(e: SpecError) -> None:
     # plain text: spec content must never be interpreted as rich markup
     err.print(e.render(), markup=False, soft_wrap=True)
-
-
-def _load_or_exit(path: str, traceback: bool):
-    from .spec import load
-    try:
-        return load(path)
-    except SpecError as e:
-        if traceback:
-            raise
-        _print_error(e)
-        raise typer.Exit(1) from None
 
 
 def _check_help() -> str:
@@ -77,8 +112,9 @@ def _check_help() -> str:
 
 
 @app.command(help=_check_help())
+@reports_errors
 def check(files: List[str] = typer.Argument(..., help="spec files (or library names)"),
-          strict: bool = typer.Option(False, "--strict", help="exit 1 on any warning too"),
+          strict: bool = typer.Option(False, "--strict", help="exit 2 on any warning too"),
           traceback: bool = typer.Option(False, "--traceback", help="show Python tracebacks")) -> None:
     from . import lint
     from .spec import load
@@ -102,13 +138,14 @@ def check(files: List[str] = typer.Argument(..., help="spec files (or library na
     n = sum(1 for _ in files)
     if failed:
         err.print(f"{failed} of {n} file{'s' if n > 1 else ''} invalid", markup=False)
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_BAD_INPUT)
     if warned and strict:
         err.print(f"{warned} of {n} file{'s' if n > 1 else ''} with warnings (--strict)", markup=False)
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_BAD_INPUT)
 
 
 @app.command()
+@reports_errors
 def explain(files: List[str] = typer.Argument(..., help="one spec to explain, or two to diff"),
             code: bool = typer.Option(False, "--code", help="print the exact generated source"),
             format: str = typer.Option("text", "--format", help="text or json"),
@@ -116,16 +153,14 @@ def explain(files: List[str] = typer.Argument(..., help="one spec to explain, or
             traceback: bool = typer.Option(False, "--traceback")) -> None:
     """Explain an algorithm (slots, formulas, objective), or diff two algorithms slot by slot."""
     from . import explain as ex
+    from .spec import load
     if format not in ("text", "json"):
-        err.print(f"error: --format must be 'text' or 'json', not {format!r}")
-        raise typer.Exit(2)
+        raise UsageError(f"--format must be 'text' or 'json', not {format!r}")
     if len(files) > 2:
-        err.print("error: explain takes one spec, or two to compare")
-        raise typer.Exit(2)
+        raise UsageError("explain takes one spec, or two to compare")
     if show_all and len(files) != 2:
-        err.print("error: --all shows the identical slots of a diff: give two specs")
-        raise typer.Exit(2)
-    algos = [_load_or_exit(f, traceback) for f in files]
+        raise UsageError("--all shows the identical slots of a diff: give two specs")
+    algos = [load(f) for f in files]
     if len(algos) == 2:
         if format == "json":
             out.print_json(json.dumps(ex.diff(*algos)))
@@ -148,40 +183,57 @@ def explain(files: List[str] = typer.Argument(..., help="one spec to explain, or
 
 
 @app.command()
-def translate(config: str = typer.Argument(..., help="a TRL GRPOConfig (JSON/YAML of its fields) or a verl trainer YAML"),
+@reports_errors
+def translate(config: str = typer.Argument(..., help="a TRL GRPOConfig (YAML/JSON, as `trl grpo --config` reads it) "
+                                                     "or a verl trainer YAML"),
               name: Optional[str] = typer.Option(None, "--name", help="algorithm name (default: the file's stem)"),
               lenient: bool = typer.Option(False, "--lenient",
                                            help="print the closest spec even if options cannot be reproduced, "
-                                                "each as a '# WARNING' line (exit 0)")) -> None:
-    """Print the spec and the run config (TOML and --set flags) equivalent to a TRL or verl config.
+                                                "each as a '# WARNING' line (exit 0)"),
+              out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR",
+                                                     help="write DIR/spec.rl and DIR/run.toml instead of printing"),
+              verify: bool = typer.Option(False, "--verify",
+                                          help="run the peer's own loss code and the translated spec on the same "
+                                               "random batches and print the largest difference (needs the peer "
+                                               "library installed)"),
+              traceback: bool = typer.Option(False, "--traceback", help="show Python tracebacks")) -> None:
+    """Translate a TRL or verl config into a spec and a run config (TOML and --set flags).
 
-    The format is detected: verl configs nest `algorithm:` / `actor_rollout_ref:`, TRL's are flat. Absent fields take the peer's default (TRL 1.16, verl 0.9.1). An option that no spec reproduces exactly is named with the reason, and the command exits 1; with --lenient it prints the rest, the option as a `# WARNING` comment. Exit 2: the file cannot be read or is neither format.
+    The format is detected: verl configs nest `algorithm:` / `actor_rollout_ref:`, TRL's are flat. Absent fields take the peer's default (TRL 1.16, verl 0.9.1). Options that do not change the algorithm are carried into run keys (learning rate, schedule and warm-up, model path, LoRA, dtype, ...) or listed as ignored with the reason. An algorithm option that no spec reproduces exactly is named with the reason, and the command exits 2; with --lenient it prints the rest, the option as a `# WARNING` comment. Exit 2 also when the file cannot be read or is neither format; 1 when --verify finds a difference.
     """  # noqa: E501 - one line per paragraph: typer rewraps it
     import re
 
     from . import translate as tr
     from .spec import loads
-    try:
-        t = tr.translate(tr.read_config(config))
-    except tr.TranslateError as e:
-        err.print(f"error: {e}", markup=False)
-        raise typer.Exit(2) from None
+    cfg = tr.read_config(config)
+    t = tr.translate(cfg)
     stem = re.sub(r"[^a-z0-9_]+", "_", (name or Path(config).stem).lower()).strip("_")
     algo_name = stem if re.fullmatch(r"[a-z][a-z0-9_]*", stem) else f"translated_{stem}".rstrip("_")
     if t.problems and not lenient:
         for p in t.problems:
             err.print(f"error: {config}: {t.peer} option {p.option} cannot be translated: {p.why}", markup=False)
-        err.print(f"{len(t.problems)} option{'s' if len(t.problems) > 1 else ''} not translated; "
-                  "--lenient prints the rest with a warning comment for each", markup=False)
-        raise typer.Exit(1)
-    text = tr.render(t, config, algo_name, lenient=lenient)
+        raise TranslateError(f"{len(t.problems)} option{'s' if len(t.problems) > 1 else ''} not translated; "
+                             "--lenient prints the rest with a warning comment for each")
+    spec_text = t.spec_text(algo_name, config)
     try:
-        loads(t.spec_text(algo_name, config), f"<translated {config}>")
+        loads(spec_text, f"<translated {config}>")
     except SpecError as e:  # a value out of the spec's range (e.g. a clip epsilon >= 1)
         _print_error(e)
-        err.print(f"error: {config}: the translated spec is invalid (above)", markup=False)
-        raise typer.Exit(1) from None
-    sys.stdout.write(text)
+        raise TranslateError(f"{config}: the translated spec is invalid (above)") from None
+    if out_dir is not None:
+        spec_path, toml_path = tr.write_out(t, config, algo_name, out_dir)
+        out.print(f"wrote {spec_path}\nwrote {toml_path}\nrun it: rldsl run {spec_path} --config {toml_path}",
+                  markup=False)
+    else:
+        sys.stdout.write(tr.render(t, config, algo_name, lenient=lenient))
+    if verify:
+        from .verify import verify_translation
+        report = verify_translation(cfg, t, spec_text)
+        where = out if out_dir is not None else err  # printed specs keep stdout to themselves
+        for line in report.lines:
+            where.print(line, markup=False)
+        if not report.ok:
+            raise RunFailed(f"--verify: the translated spec differs from {t.peer}'s own loss (above)")
 
 
 def list_lines(slot: Optional[str] = None) -> list[list[tuple[str, str]]]:
@@ -223,14 +275,14 @@ def list_lines(slot: Optional[str] = None) -> list[list[tuple[str, str]]]:
 
 
 @app.command("list")
+@reports_errors
 def list_components(slot: Optional[str] = typer.Argument(None, help="only this slot")) -> None:
     """The components of each slot with their parameters and formulas, and the algorithm library."""
     from .errors import did_you_mean
     if slot is not None and slot not in registry.SLOTS:
         hint = did_you_mean(slot, registry.SLOTS)
-        err.print(f"error: unknown slot {slot!r}" + (f"; {hint}" if hint else ""))
-        raise typer.Exit(2)
-    _print_lines(list_lines(slot))
+        raise UsageError(f"unknown slot {slot!r}" + (f"; {hint}" if hint else ""))
+    _print_lines(list_lines(slot), wrap=True)
 
 
 def _register_runtime() -> None:
@@ -241,12 +293,25 @@ def _register_runtime() -> None:
         def run() -> None:
             """(unavailable: the runtime could not be imported)"""
             err.print(f"error: the runtime is unavailable: {e}", markup=False)
-            raise typer.Exit(2)
+            raise typer.Exit(1)
         return
     register(app)
 
 
 _register_runtime()
+
+
+def _whole_short_help() -> None:
+    """`rldsl --help` lists each command with its first paragraph whole (click would cut it to
+    the width with "..."); the terminal wraps the line."""
+    import inspect
+    for info in app.registered_commands:
+        text = info.help or inspect.getdoc(info.callback) or ""
+        if info.short_help is None and text:
+            info.short_help = " ".join(text.split("\n\n", 1)[0].split())
+
+
+_whole_short_help()
 
 
 def main() -> None:  # pragma: no cover

@@ -1,8 +1,14 @@
-"""Errors that point at the spec source: ``file:line:col: error: ...``, the line, a caret span, a hint.
+"""The exit-code scheme of every ``rldsl`` command, the base of every error worded for the user,
+and the language's errors, which point at the spec source: ``file:line:col: error: ...``, the
+line, a caret span, a hint.
 
 Every problem with user input (a spec file, a name, a value) is a :class:`SpecError`; a
 file with several problems raises :class:`SpecErrors`, which holds all of them so that
 ``rldsl check`` can report every one.
+
+Every error a user may see is a :class:`UserError` with its exit code as the class attribute
+``exit_code``; the language's live here, the runtime's in ``rldsl.runtime.errors``. docs/errors.md
+lists each with its message, cause and fix.
 """
 from __future__ import annotations
 
@@ -31,10 +37,30 @@ def source_lines(source: str) -> list[str]:
     return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
 
 
-class SpecError(Exception):
+#: The exit codes of every command (docs/errors.md).
+EXIT_OK = 0
+EXIT_FAILED = 1        # the run (or the command's work) failed on good input
+EXIT_BAD_INPUT = 2     # usage or bad input: a bad spec, config, model path, reward, data file, ...
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
+
+
+class UserError(Exception):
+    """An error worded for the user: a command prints its message (no traceback unless
+    ``--traceback``) and exits with ``exit_code``."""
+
+    exit_code: int = EXIT_BAD_INPUT
+
+    def render(self) -> str:
+        """The whole message as a command prints it: ``error: ...`` (a spec error: ``file:line:col:
+        error: ...`` with the line and a caret)."""
+        return f"error: {self}"
+
+
+class SpecError(UserError):
     """One error in a spec, located at ``span`` within ``source`` (the whole file text)."""
 
     severity = "error"
+    exit_code = EXIT_BAD_INPUT
 
     def __init__(self, message: str, span: Span | None = None, *, hint: str | None = None,
                  source: str | None = None):
@@ -110,6 +136,33 @@ class SpecErrors(SpecError):
         n = len(self.errors)
         body = "\n\n".join(e.render() for e in self.errors)
         return body if n == 1 else f"{body}\n\n{n} errors"
+
+
+class UsageError(UserError):
+    """A command line that cannot be carried out as given (a bad option value, a wrong number
+    of arguments, an unknown slot name)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class RunFailed(UserError):
+    """A command's work failed on good input: ablation cells that did not finish, a translation
+    that ``--verify`` finds different from the peer's code."""
+
+    exit_code = EXIT_FAILED
+
+
+class Interrupted(UserError):
+    """Ctrl-C; a run that has saved a checkpoint names the command that continues it."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
+class TranslateError(UserError):
+    """``rldsl translate``: the file cannot be read, is neither a TRL GRPOConfig nor a verl
+    trainer config, or holds an algorithm option that no spec reproduces."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class ErrorList:

@@ -16,11 +16,15 @@ as a ``# WARNING`` comment.
 from __future__ import annotations
 
 import json
+import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from . import registry
+from .config_files import read_config_file, to_toml, toml_value
+from .errors import TranslateError, did_you_mean
 from .registry import format_value
 
 # ---------------------------------------------------------------------------------------
@@ -50,6 +54,8 @@ TRL_VLLM_IS_MODES: dict[str, str] = {
     "sequence_truncate": "importance(level=sequence{low}, high={high}, clamp=80.0)",
     "sequence_mask": "importance(level=sequence, mode=mask{low}, high={high}, clamp=80.0)",
 }
+#: TRL's importance_sampling_level for one weight per sequence (a TRL option value)
+TRL_SEQUENCE_LEVEL = "sequence"
 VERL_IS_LEVELS = ("token", "sequence")  # algorithm.rollout_correction.rollout_is
 TRL_SCALE_REWARDS: dict[str, tuple[str, ...]] = {
     "group": ("baseline group_mean", "normalizer group_std(eps=0.0001)"),
@@ -163,23 +169,59 @@ TRL_DEFAULTS: dict[str, Any] = {
     "learning_rate": 1e-6, "num_iterations": 1, "per_device_train_batch_size": 8,
     "gradient_accumulation_steps": 1, "steps_per_generation": None, "generation_batch_size": None,
 }
-#: TRL fields with no effect on the algorithm or the run keys (logging, hub, vLLM server, ...)
-TRL_IGNORED_PREFIXES = ("output_dir", "logging_", "log_", "save_", "report_to", "run_name", "push_to_hub",
-                        "hub_", "dataloader_", "ddp_", "eval_", "per_device_eval_batch_size", "vllm_mode",
-                        "vllm_gpu_memory_utilization", "vllm_server_", "vllm_tensor_parallel_size",
-                        "vllm_enable_sleep_mode", "vllm_model_impl", "vllm_max_model_length", "overwrite_",
-                        "remove_unused_columns", "model_init_kwargs", "num_train_epochs", "do_", "wandb_",
-                        "tf32", "torch_compile", "disable_dropout", "cast_lm_head_to_fp32", "shuffle_dataset",
-                        "ds3_gather_for_generation", "num_generations_eval", "chat_template_kwargs",
-                        "generation_kwargs", "use_liger_", "max_prompt_length", "seed")
+#: Fields of a TRL config (GRPOConfig, its TrainingArguments, and the ModelConfig / ScriptArguments that
+#: ``trl grpo --config`` reads from the same YAML) that change neither the algorithm nor a run key: the
+#: reason each group is ignored, then its fields (a name ending in ``_`` is a prefix). Never a failure.
+TRL_IGNORED: dict[str, tuple[str, ...]] = {
+    "checkpoints and the hub: the run folder is --out, checkpoints follow checkpoint.every": (
+        "output_dir", "overwrite_output_dir", "save_", "push_to_hub", "hub_", "resume_from_checkpoint",
+        "restore_callback_states_from_checkpoint"),
+    "logging: rldsl writes metrics.jsonl and samples.jsonl (log.*, --tensorboard)": (
+        "logging_", "log_", "report_to", "run_name", "project", "trackio_", "disable_tqdm", "wandb_",
+        "num_completions_to_print", "skip_memory_metrics", "include_num_input_tokens_seen"),
+    "evaluation: rldsl scores held-out prompts every eval.every steps": (
+        "eval_", "do_eval", "do_predict", "do_train", "per_device_eval_batch_size", "num_generations_eval",
+        "batch_eval_metrics", "prediction_loss_only", "metric_for_best_model", "greater_is_better",
+        "load_best_model_at_end", "include_for_metrics", "bf16_full_eval", "fp16_full_eval",
+        "dataset_test_split"),
+    "data loading: the prompts come from --data (data.path), dealt in a seeded order": (
+        "dataset_", "dataloader_", "remove_unused_columns", "shuffle_dataset", "length_column_name",
+        "label_names", "train_sampling_strategy", "ignore_data_skip", "data_seed", "ignore_bias_buffers",
+        "max_prompt_length"),
+    "devices and distribution: rldsl scales with --trainers / --rollout-workers": (
+        "ddp_", "fsdp", "deepspeed", "local_rank", "accelerator_config", "parallelism_config", "use_cpu",
+        "average_tokens_across_devices", "ds3_gather_for_generation", "save_on_each_node", "log_on_each_node",
+        "vllm_mode", "vllm_server_", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size",
+        "vllm_enable_sleep_mode", "vllm_model_impl", "vllm_max_model_length", "vllm_group_port"),
+    "speed and memory only (the same numbers): rldsl has its own switches (train.gradient_checkpointing, "
+    "train.max_tokens_per_microbatch)": (
+        "gradient_checkpointing_kwargs", "activation_checkpointing", "enable_jit_checkpoint", "tf32",
+        "torch_compile", "use_liger_kernel", "liger_kernel_config", "use_cache", "cache_implementation",
+        "torch_empty_cache_steps", "pad_to_multiple_of", "use_transformers_", "transformers_continuous_batching_",
+        "auto_find_batch_size", "full_determinism", "debug", "cast_lm_head_to_fp32", "use_liger_"),
+    "model loading: rldsl loads --model (model.path) with model.dtype": (
+        "model_init_kwargs", "model_revision", "trust_remote_code", "attn_implementation", "load_in_",
+        "bnb_", "use_bnb_nested_quant", "torch_dtype", "lora_task_type", "lora_modules_to_save",
+        "lora_target_parameters", "use_rslora", "use_dora"),
+    "training length in epochs: rldsl counts steps (train.steps, from max_steps)": ("num_train_epochs",),
+    "an optimizer's or a schedule's extra arguments: rldsl's AdamW takes train.betas, train.eps, "
+    "train.weight_decay": ("optim_args", "optim_target_modules", "lr_scheduler_kwargs"),
+    "sampling options beyond temperature and top_p: the rollout samples with those two only (the completions "
+    "differ, the algorithm does not)": (
+        "top_k", "min_p", "repetition_penalty", "generation_kwargs", "vllm_structured_outputs_regex"),
+    "not for a single-turn text task: tools, images, MoE router losses": (
+        "max_tool_calling_iterations", "log_multimodal", "router_aux_loss_coef", "neftune_noise_alpha",
+        "label_smoothing_factor"),
+}
+#: TRL ``optim`` values that are the AdamW rldsl trains with (another optimizer is noted and ignored)
+TRL_ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_torch_xla", "adamw_apex_fused")
+#: TRL ``lr_scheduler_type`` -> ``train.lr_schedule`` (linear is TRL's default)
+TRL_LR_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant",
+                    "constant_with_warmup": "constant"}
 
 
 # ---------------------------------------------------------------------------------------
 # The result
-
-
-class TranslateError(Exception):
-    """The file cannot be read or is not a TRL / verl config."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +239,11 @@ class Translation:
     run: dict[str, Any] = field(default_factory=dict)  # dotted run-config key -> value
     notes: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    ignored: dict[str, list[str]] = field(default_factory=dict)  # reason -> the config's fields ignored for it
+
+    def ignore(self, option: str, why: str) -> None:
+        """An option that changes neither the algorithm nor a run key: listed, never a failure."""
+        self.ignored.setdefault(why, []).append(option)
 
     def put(self, rows: Iterable[str], values: dict[str, Any] | None = None) -> None:
         """Set the slots of table rows (a later row replaces a slot an earlier one set)."""
@@ -235,38 +282,42 @@ def _float(x: Any) -> float:
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
-    """A JSON or YAML file as a dict (TranslateError otherwise)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise TranslateError(f"cannot read {p}: {e.strerror or e}") from None
-    if p.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TranslateError(f"{p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-    else:
-        import yaml
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise TranslateError(f"{p}: invalid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise TranslateError(f"{p}: expected a mapping of config fields, got {type(data).__name__}")
-    return data
+    """A JSON, YAML or TOML file as a dict (TranslateError otherwise); YAML unless the suffix says."""
+    return read_config_file(path, error=TranslateError, default="yaml", what="config file")
 
 
 def detect(cfg: dict[str, Any]) -> str:
-    """"verl" when the config nests ``algorithm`` / ``actor_rollout_ref``, "TRL" when it is flat."""
+    """"verl" when the config nests ``algorithm`` / ``actor_rollout_ref``, "TRL" when its fields are
+    TRL's (dict-valued ones such as ``gradient_checkpointing_kwargs`` included) or it is flat."""
     if isinstance(cfg.get("algorithm"), dict) or isinstance(cfg.get("actor_rollout_ref"), dict):
         return "verl"
-    if any(isinstance(v, dict) for k, v in cfg.items() if k not in ("model_init_kwargs", "generation_kwargs",
-                                                                      "chat_template_kwargs")):
-        raise TranslateError("neither a TRL GRPOConfig (flat fields) nor a verl trainer config (with "
-                             "`algorithm:` or `actor_rollout_ref:`): nested keys " +
-                             ", ".join(k for k, v in cfg.items() if isinstance(v, dict)))
+    nested = [k for k, v in cfg.items() if isinstance(v, dict)]
+    if nested and not any(_trl_field_known(k) for k in cfg):
+        raise TranslateError("neither a TRL GRPOConfig (its fields) nor a verl trainer config (with "
+                             "`algorithm:` or `actor_rollout_ref:`): nested keys " + ", ".join(nested))
     return "TRL"
+
+
+def vllm_usable() -> tuple[bool, str]:
+    """(whether rldsl's vLLM engine can run where this command runs, why not)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return False, "vLLM is not installed here"
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU here (rldsl's vLLM engine needs one)"
+    return True, ""
+
+
+def _engine(t: Translation, option: str) -> None:
+    """The peer rolls out with vLLM: rollout.engine=vllm where it runs, else hf with a note."""
+    ok, why = vllm_usable()
+    t.run["rollout.engine"] = "vllm" if ok else "hf"
+    if not ok:
+        t.notes.append(f"{option}: {why}, so the run config says rollout.engine=hf (the same algorithm, "
+                       f"slower rollouts); on a GPU machine with vLLM use --set rollout.engine=vllm")
 
 
 def translate(cfg: dict[str, Any]) -> Translation:
@@ -283,17 +334,47 @@ _TRL_RUN = {"num_generations": "rollout.n", "max_completion_length": "rollout.ma
 _TRL_RUN_IF_GIVEN = {"max_grad_norm": "train.grad_clip", "weight_decay": "train.weight_decay",
                      "adam_epsilon": "train.eps", "max_steps": "train.steps", "warmup_steps": "train.warmup_steps",
                      "gradient_checkpointing": "train.gradient_checkpointing"}
-_TRL_LOSS_KEYS = set(TRL_DEFAULTS) | {"adam_beta1", "adam_beta2", "lr_scheduler_type", "bf16", "fp16",
-                                     "top_k", "min_p", "repetition_penalty", "sync_ref_model",
-                                     "ref_model_mixup_alpha", "ref_model_sync_steps", "reward_weights"}
+_TRL_LOSS_KEYS = set(TRL_DEFAULTS) | {"sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps",
+                                     "reward_weights"}
+#: fields carried into run keys by _trl_run (not the algorithm)
+_TRL_CARRIED = {"adam_beta1", "adam_beta2", "lr_scheduler_type", "bf16", "fp16", "dtype", "seed", "optim",
+                "model_name_or_path", "warmup_ratio", "chat_template_kwargs", "use_peft", "lora_r", "lora_alpha",
+                "lora_dropout", "lora_target_modules"}
+
+
+def _trl_ignored_reason(name: str) -> str | None:
+    """The reason a TRL field is ignored (TRL_IGNORED), or None."""
+    for why, names in TRL_IGNORED.items():
+        if any(name == n or name.startswith(n if n.endswith("_") else n + "_") for n in names):
+            return why
+    return None
+
+
+def _trl_field_known(name: str) -> bool:
+    return (name in _TRL_LOSS_KEYS or name in _TRL_RUN_IF_GIVEN or name in _TRL_CARRIED or name in _TRL_RUN
+            or _trl_ignored_reason(name) is not None)
+
+
+def _shown(value: Any) -> str:
+    """A config value as a note shows it (dicts and long values cut)."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _trl(cfg: dict[str, Any]) -> Translation:
     t = Translation("TRL")
     c = {**TRL_DEFAULTS, **cfg}
     for k in cfg:
-        if k not in _TRL_LOSS_KEYS and k not in _TRL_RUN_IF_GIVEN and not k.startswith(TRL_IGNORED_PREFIXES):
-            t.problem(k, "not a GRPOConfig field this translation knows; check its spelling, or map it by hand")
+        why = _trl_ignored_reason(k)
+        if why is not None:
+            t.ignore(f"{k}={_shown(cfg[k])}", why)
+        elif not _trl_field_known(k):
+            hint = did_you_mean(k, _TRL_LOSS_KEYS)
+            if hint:  # perhaps a misspelt algorithm option: never guessed
+                t.problem(k, f"not a TRL 1.16 field; {hint}")
+            else:
+                t.ignore(k, "not a field of TRL 1.16's GRPOConfig, ModelConfig or ScriptArguments "
+                            "(check its spelling)")
     loss_type = c["loss_type"]
     eps = _float(c["epsilon"])
     eps_high = _float(c["epsilon_high"]) if c["epsilon_high"] is not None else eps
@@ -331,6 +412,15 @@ def _trl(cfg: dict[str, Any]) -> Translation:
         elif c["delta"] is not None:
             t.problem("delta", f"TRL applies delta to the clipped losses only, not to loss_type={loss_type!r}")
         t.put(rows, v)
+        if loss_type == "luspo" and level in TRL_IS_LEVELS:  # its row assumes the sequence level LUSPO is run with
+            t.put(TRL_IS_LEVELS[level])
+    if _float(c["beta"]) and c["use_bias_correction_kl"] and (level == TRL_SEQUENCE_LEVEL or loss_type == "vespo"):
+        t.problem("use_bias_correction_kl",
+                  "TRL weights the KL by its importance weight exp(log-ratio at importance_sampling_level) and "
+                  "differentiates through it; the spec's ratio-weighted KL takes the ratio slot's "
+                  + ("sequence ratio, whose per-token gradient differs from TRL's (the losses agree, the gradients "
+                     "do not)" if loss_type != "vespo" else "sequence product (VESPO), not the token ratio")
+                  + "; use_bias_correction_kl: false translates exactly")
     beta = _float(c["beta"])
     if beta:
         rw = ", ratio_weighted=true" if c["use_bias_correction_kl"] else ""
@@ -356,8 +446,14 @@ def _trl(cfg: dict[str, Any]) -> Translation:
     if c["off_policy_mask_threshold"] is not None:
         t.add("selection", f"off_policy_sequence(threshold={format_value(_float(c['off_policy_mask_threshold']))})")
     if c["use_vllm"]:
-        t.run["rollout.engine"] = "vllm"
-        if c["vllm_importance_sampling_correction"]:
+        _engine(t, "use_vllm=true")
+        if c["vllm_importance_sampling_correction"] and loss_type == "vespo":
+            t.problem("vllm_importance_sampling_correction",
+                      "with loss_type=vespo TRL folds the vLLM importance weight into the sequence ratio inside "
+                      "VESPO's gamma weight, phi(w * IS); a correction slot multiplies outside it, phi(w) * IS, "
+                      "which differs, and no spec reproduces phi(w * IS) yet (vllm_importance_sampling_correction: "
+                      "false, or use_vllm: false, translates)")
+        elif c["vllm_importance_sampling_correction"]:
             mode = c["vllm_importance_sampling_mode"]
             if mode not in TRL_VLLM_IS_MODES:
                 t.problem("vllm_importance_sampling_mode", f"{mode!r} is not one of {', '.join(TRL_VLLM_IS_MODES)}")
@@ -381,9 +477,6 @@ def _trl(cfg: dict[str, Any]) -> Translation:
                        "`--reward fn_a=W_A,fn_b=W_B` in their order")
     if cfg.get("sync_ref_model"):
         t.problem("sync_ref_model", "the reference model is fixed; a periodically synced reference is not supported")
-    for opt, off in (("top_k", (None, 0, -1)), ("min_p", (None, 0, 0.0)), ("repetition_penalty", (None, 1, 1.0))):
-        if cfg.get(opt) not in off:
-            t.problem(opt, "the rollout samples with temperature and top_p only")
     # run config
     for k, key in _TRL_RUN.items():
         t.run[key] = c[k]
@@ -396,15 +489,27 @@ def _trl(cfg: dict[str, Any]) -> Translation:
         t.run["model.dtype"] = "bfloat16"
     elif cfg.get("fp16"):
         t.run["model.dtype"] = "float16"
+    elif cfg.get("dtype") in ("bfloat16", "float16", "float32"):
+        t.run["model.dtype"] = cfg["dtype"]
+    elif "dtype" in cfg:
+        t.ignore(f"dtype={cfg['dtype']}", "model loading: rldsl loads --model (model.path) with model.dtype")
     if "seed" in cfg:
         t.run["seed"] = cfg["seed"]
-    sched = cfg.get("lr_scheduler_type")
-    if sched in ("constant", "cosine"):
-        t.run["train.lr_schedule"] = sched
-    elif sched is not None:
-        t.problem("lr_scheduler_type", f"{sched!r}: train.lr_schedule is constant or cosine")
+    if cfg.get("model_name_or_path"):
+        t.run["model.path"] = cfg["model_name_or_path"]
+    if isinstance(cfg.get("chat_template_kwargs"), dict):
+        t.run["data.chat_template_kwargs"] = cfg["chat_template_kwargs"]
+    _trl_lora(cfg, t)
+    optim = cfg.get("optim", "adamw_torch_fused")
+    if optim not in TRL_ADAMW:
+        t.ignore(f"optim={optim}", "rldsl trains with AdamW (train.betas, train.eps, train.weight_decay)")
+    sched = cfg.get("lr_scheduler_type", "linear")  # TRL's default
+    if sched in TRL_LR_SCHEDULES:
+        t.run["train.lr_schedule"] = TRL_LR_SCHEDULES[sched]
     else:
-        t.notes.append("TRL's default lr_scheduler_type is linear decay; the run keeps train.lr_schedule=constant")
+        t.ignore(f"lr_scheduler_type={sched}", "train.lr_schedule is constant, linear or cosine: choose the "
+                                              "closest by hand (the run keeps its constant default)")
+    _trl_warmup(cfg, t)
     n = int(c["num_generations"])
     ga = int(c["gradient_accumulation_steps"])
     spg = int(c["steps_per_generation"] or ga)
@@ -419,6 +524,46 @@ def _trl(cfg: dict[str, Any]) -> Translation:
         t.notes.append("prompts per step and minibatches assume one process (per_device_train_batch_size x "
                        "steps_per_generation completions per generation)")
     return t
+
+
+def _trl_lora(cfg: dict[str, Any], t: Translation) -> None:
+    """TRL's ModelConfig LoRA fields (with ``use_peft: true``) -> model.lora.* (ModelConfig's defaults)."""
+    lora = [k for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules") if k in cfg]
+    if not cfg.get("use_peft"):
+        for k in lora:
+            t.ignore(k, "LoRA options without use_peft: true (TRL ignores them too)")
+        return
+    t.run["model.lora.rank"] = int(cfg.get("lora_r", 16))
+    t.run["model.lora.alpha"] = float(cfg.get("lora_alpha", 32))
+    t.run["model.lora.dropout"] = float(cfg.get("lora_dropout", 0.05))
+    targets = cfg.get("lora_target_modules")
+    if targets is not None:
+        t.run["model.lora.target_modules"] = [targets] if isinstance(targets, str) else list(targets)
+    else:
+        t.notes.append("use_peft without lora_target_modules: PEFT picks the architecture's default modules, "
+                       "rldsl's model.lora.target_modules default is all-linear")
+
+
+def _trl_warmup(cfg: dict[str, Any], t: Translation) -> None:
+    """``warmup_ratio`` (or a ``warmup_steps`` below 1, which transformers 5 reads as a ratio) of
+    ``max_steps`` -> train.warmup_steps = ceil(ratio * max_steps), as transformers counts it."""
+    ratio = cfg.get("warmup_ratio")
+    steps = cfg.get("warmup_steps")
+    if isinstance(steps, float) and 0 < steps < 1:  # transformers 5: a fraction of the steps
+        ratio = steps
+        t.run.pop("train.warmup_steps", None)
+    elif steps is not None:
+        t.run["train.warmup_steps"] = int(steps)
+        if int(steps) > 0:
+            return  # transformers: warmup_steps > 0 wins over warmup_ratio
+    if not ratio:
+        return
+    total = cfg.get("max_steps")
+    if total is None or int(total) <= 0:
+        t.ignore(f"warmup_ratio={ratio}", "a warm-up ratio needs max_steps to become train.warmup_steps: set "
+                                          "max_steps, or --set train.warmup_steps=N")
+        return
+    t.run["train.warmup_steps"] = math.ceil(float(ratio) * int(total))
 
 
 # ---------------------------------------------------------------------------------------
@@ -617,10 +762,14 @@ def _verl(cfg: dict[str, Any]) -> Translation:
         t.run["model.lora.rank"] = int(get("actor_rollout_ref.model.lora_rank"))
         t.run["model.lora.alpha"] = get("actor_rollout_ref.model.lora_alpha", 16)
     engine = get("actor_rollout_ref.rollout.name", "vllm")
-    if engine in ("vllm", "hf"):
-        t.run["rollout.engine"] = engine
+    if engine == "vllm":
+        _engine(t, "actor_rollout_ref.rollout.name=vllm")
+    elif engine == "hf":
+        t.run["rollout.engine"] = "hf"
     else:
-        t.problem("actor_rollout_ref.rollout.name", f"{engine!r}: the engines are hf and vllm")
+        _engine(t, f"actor_rollout_ref.rollout.name={engine}")
+        t.notes.append(f"actor_rollout_ref.rollout.name={engine}: rldsl's engines are hf and vllm; the rollout "
+                       "engine changes speed, not the algorithm")
     return t
 
 
@@ -643,18 +792,9 @@ def nearest_library(text: str) -> tuple[str, list[str]]:
     return best
 
 
-def _toml(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml(x) for x in v) + "]"
-    return repr(v)
-
-
-def render(t: Translation, source: str, name: str, lenient: bool = False) -> str:
-    """The printed output: the spec, then the run config as TOML and as --set flags."""
+def spec_block(t: Translation, source: str, name: str) -> str:
+    """The spec file: the spec, the library spec it equals or is closest to, every problem as a
+    ``# WARNING`` line, the notes and the ignored options, as comments."""
     spec = t.spec_text(name, source)
     near, diff = nearest_library(spec)
     lines = [spec.rstrip("\n")]
@@ -666,13 +806,43 @@ def render(t: Translation, source: str, name: str, lenient: bool = False) -> str
         lines.append(f"# WARNING: {p.option} not reproduced: {p.why}")
     for note in t.notes:
         lines.append(f"# note: {note}")
-    lines += ["", "# run config (rldsl run SPEC --config this.toml); the same as --set flags below"]
-    sections: dict[str, list[str]] = {"": []}  # top-level keys first, as TOML wants
-    for key, val in t.run.items():
-        sec, _, leaf = key.rpartition(".")
-        sections.setdefault(sec, []).append(f"{leaf} = {_toml(val)}")
-    for sec, items in sections.items():
-        lines += ([f"[{sec}]"] if sec else []) + items
-    flags = " ".join(f"--set {k}={_toml(v).replace(' ', '')}" for k, v in t.run.items())
-    lines += ["", f"# rldsl run {name}.rl {flags}"]
+    for why, options in t.ignored.items():
+        lines.append(f"# ignored ({why}): {', '.join(options)}")
     return "\n".join(lines) + "\n"
+
+
+def run_toml(t: Translation, header: str = "") -> str:
+    """The run config as TOML (``rldsl run SPEC --config run.toml``)."""
+    return to_toml(t.run, header=header)
+
+
+def set_flags(t: Translation) -> str:
+    """The run config as ``--set`` flags, quoted for a POSIX shell: a string as it is, a list or a
+    table as compact JSON (what ``--set`` parses), a number or a bool as TOML writes it."""
+    def text(v: Any) -> str:
+        if isinstance(v, str):
+            return v
+        if isinstance(v, (dict, list, tuple)):
+            return json.dumps(v, separators=(",", ":"))
+        return toml_value(v)
+
+    return " ".join(f"--set {shlex.quote(f'{k}={text(v)}')}" for k, v in t.run.items() if v is not None)
+
+
+def render(t: Translation, source: str, name: str, lenient: bool = False) -> str:
+    """The printed output: the spec, then the run config as TOML and as --set flags."""
+    lines = [spec_block(t, source, name).rstrip("\n"), "",
+             run_toml(t, "run config (rldsl run SPEC --config this.toml); the same as --set flags below").rstrip("\n"),
+             "", f"# rldsl run {name}.rl {set_flags(t)}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_out(t: Translation, source: str, name: str, folder: str | Path) -> tuple[Path, Path]:
+    """``--out DIR``: DIR/spec.rl (the spec and its comments) and DIR/run.toml (the run config)."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    spec_path, toml_path = out / "spec.rl", out / "run.toml"
+    spec_path.write_text(spec_block(t, source, name), encoding="utf-8")
+    toml_path.write_text(run_toml(t, f"run config translated from {source} by `rldsl translate`\n"
+                                     f"rldsl run {spec_path} --config {toml_path}"), encoding="utf-8")
+    return spec_path, toml_path

@@ -8,31 +8,24 @@ precedence: the field defaults (or, with ``--resume``, the run's saved config), 
 ``--tensorboard``, and ``--trainers``, ``--rollout-workers``, ``--gpus-per-worker``,
 ``--ray-address`` for the distributed runtime). It then calls ``rldsl.runtime.loop.train(spec, cfg, resume=...)``.
 
-Exit codes (as in ``rldsl check``): 0 success; 1 invalid spec (``file:line:col: error``)
-or a failed run; 2 bad configuration or command line; 130 interrupted. No Python
-traceback unless ``--traceback``.
+Exit codes, as for every command (``rldsl.cli_errors``, docs/errors.md): 0 success; 1 a
+failed run; 2 bad input (spec, configuration, command line, model path, reward, data);
+130 interrupted. No Python traceback unless ``--traceback``.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
+from ..cli_errors import reports_errors
+from ..errors import Interrupted, UsageError
 from .config import RunConfig, load_config
 from .errors import ConfigError
 from .run_dir import SPEC_FILE, load_run_config
 
 __all__ = ["register", "run_command", "plot_command", "build_run_config"]
-
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -72,6 +65,20 @@ def build_run_config(spec: Optional[str], *, config: Optional[Path] = None,
     return spec, load_config(config, overrides or [], flags=flags, base=base)
 
 
+def _interrupted(cfg: RunConfig, resume: Optional[Path]) -> Interrupted:
+    """Ctrl-C: name the command that continues the run only if a checkpoint exists to resume."""
+    from .checkpoint import latest_checkpoint
+
+    folder = resume if resume is not None else (Path(cfg.out) if cfg.out else None)
+    if folder is not None and latest_checkpoint(folder) is not None:
+        return Interrupted(f"interrupted; continue with:\nrldsl run --resume {folder}")
+    if folder is not None:
+        return Interrupted(f"interrupted before the first checkpoint of {folder}: nothing to "
+                           f"resume (start again)")
+    return Interrupted("interrupted")
+
+
+@reports_errors
 def run_command(
     spec: Annotated[Optional[str], typer.Argument(
         metavar="SPEC", show_default=False,
@@ -87,10 +94,11 @@ def run_command(
         "--model", metavar="DIR", help="Policy model folder or hub id (model.path); "
                                        "default: the embedded toy model.")] = None,
     data: Annotated[Optional[str], typer.Option(
-        "--data", metavar="FILE", help="Training prompts (data.path); default: the "
-                                       "built-in addition task.")] = None,
+        "--data", metavar="FILE", help="Training prompts, .jsonl/.json/.parquet or a datasets "
+                                       "folder (data.path); default: the built-in addition task.")] = None,
     reward: Annotated[Optional[str], typer.Option(
-        "--reward", metavar="NAME", help="Reward: built-in name or module:function "
+        "--reward", metavar="NAME", help="Reward: a built-in name, module:function (the current "
+                                         "folder is searched first) or path/to/file.py:function "
                                          "(reward.name); default: the task's own.")] = None,
     steps: Annotated[Optional[int], typer.Option(
         "--steps", metavar="N", help="Training steps (train.steps).")] = None,
@@ -134,48 +142,22 @@ def run_command(
              "device": device, "log.tensorboard": tensorboard,
              "distributed.trainers": trainers, "distributed.rollout_workers": rollout_workers,
              "distributed.gpus_per_worker": gpus_per_worker, "distributed.ray_address": ray_address}
+    spec, cfg = build_run_config(spec, config=config, overrides=set_, resume=resume, flags=flags)
     try:
-        spec, cfg = build_run_config(spec, config=config, overrides=set_, resume=resume,
-                                     flags=flags)
-    except ConfigError as exc:
-        if traceback:
-            raise
-        _fail(str(exc), EXIT_BAD_INPUT)
-
-    from ..errors import SpecError
+        from .loop import train
+    except ImportError as exc:  # a broken install: a failure (1), not the user's input
+        raise RuntimeError("the training loop (rldsl.runtime.loop) is not part of this install "
+                           f"({exc})") from exc
 
     try:
-        try:
-            from .loop import train
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__package__}.loop":
-                raise
-            _fail("the training loop (rldsl.runtime.loop) is not part of this install",
-                  EXIT_FAILED)
         train(spec, cfg, resume=resume)
-    except typer.Exit:
-        raise
     except KeyboardInterrupt:
         if traceback:
             raise
-        hint = f" (continue with: rldsl run --resume {cfg.out})" if cfg.out else ""
-        _fail("interrupted" + hint, EXIT_INTERRUPTED)
-    except SpecError as exc:
-        if traceback:
-            raise
-        typer.echo(exc.render(), err=True)  # "file:line:col: error: ..." with the line
-        raise typer.Exit(EXIT_FAILED) from None
-    except ConfigError as exc:  # a problem found while setting the run up
-        if traceback:
-            raise
-        _fail(str(exc), EXIT_BAD_INPUT)
-    except Exception as exc:  # noqa: BLE001 - reported, traceback on request
-        if traceback:
-            raise
-        _fail(f"{type(exc).__name__}: {exc}\n(run again with --traceback to see where)",
-              EXIT_FAILED)
+        raise _interrupted(cfg, resume) from None
 
 
+@reports_errors
 def plot_command(
     runs: Annotated[list[Path], typer.Argument(
         metavar="RUN...", help="Run folders (or their metrics.jsonl files) to overlay.")],
@@ -192,10 +174,11 @@ def plot_command(
     try:
         path = plot_runs(runs, out, smooth=smooth)
     except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
+        raise UsageError(str(exc)) from None
     typer.echo(str(path))
 
 
+@reports_errors
 def samples_command(
     run: Annotated[Path, typer.Argument(metavar="RUN", help="A run folder (or its samples.jsonl).")],
     step: Annotated[Optional[int], typer.Option(
@@ -213,7 +196,7 @@ def samples_command(
     try:
         n, rows = read_samples(run, step)
     except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
+        raise UsageError(str(exc)) from None
 
     def cut(text: str) -> str:
         return text if not width or len(text) <= width else "..." + text[-width:]
@@ -228,6 +211,7 @@ def samples_command(
     Console(width=max(120, Console().width)).print(table)
 
 
+@reports_errors
 def export_command(
     run: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run folder.")],
     out: Annotated[Path, typer.Option("--out", "-o", metavar="DIR", help="The folder to write.")],
@@ -235,13 +219,9 @@ def export_command(
         "--step", metavar="N", help="The checkpoint's step; default the newest.")] = None,
 ) -> None:
     """Write a checkpoint's policy as a plain Hugging Face folder (LoRA merged, tokenizer included)."""
-    from .errors import RunError
     from .export import export_run
 
-    try:
-        path = export_run(run, out, step)
-    except RunError as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
+    path = export_run(run, out, step)  # a RunError (bad folder or step) exits 2
     typer.echo(str(path))
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from pathlib import Path
 from types import UnionType
 from typing import Any, Iterable, Literal, Mapping, Sequence, Union, get_args, get_origin
@@ -31,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, Val
 
 from rldsl.suggest import close_matches, suggestion
 
+from ..config_files import read_config_file
 from .errors import ConfigError
 
 __all__ = [
@@ -136,11 +136,13 @@ class DataConfig(_Section):
 
     path: str | None = Field(
         default=None,
-        description="Training prompts: a .jsonl or .parquet file or a saved Hugging Face "
-                    "datasets folder; null = the built-in 2-digit addition task.")
+        description="Training prompts: a .jsonl, .json or .parquet file or a saved Hugging "
+                    "Face datasets folder; null = the built-in 2-digit addition task.")
     prompt_key: str = Field(default="prompt",
                             description="Record field holding the prompt: a string or a list "
-                                        "of {role, content} messages.")
+                                        "of {role, content} messages. At the default, rows with "
+                                        "a 'messages' chat or TRL's prompt/completion columns "
+                                        "are read too (docs/real_models.md).")
     answer_key: str | None = Field(
         default="answer",
         description="Record field holding the reference answer the reward checks; null = "
@@ -239,16 +241,16 @@ class TrainConfig(_Section):
     minibatches: int = Field(default=1, ge=1,
                              description="Optimizer steps per pass; the batch is split by "
                                          "whole prompt groups.")
-    lr_schedule: Literal["constant", "cosine"] = Field(
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         default="constant",
-        description="Learning-rate schedule after the warm-up: 'constant', or 'cosine' "
-                    "decay to min_lr_ratio x lr at the last step. Advances once per "
-                    "training step.")
+        description="Learning-rate schedule after the warm-up: 'constant'; 'linear' decay "
+                    "(TRL's default) or 'cosine' decay to min_lr_ratio x lr at the last step. "
+                    "Advances once per training step.")
     warmup_steps: int = Field(default=0, ge=0,
                               description="Linear warm-up steps from lr/warmup_steps to lr.")
     min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0,
-                                description="Floor of the cosine schedule, as a fraction "
-                                            "of lr.")
+                                description="Floor of the linear and cosine schedules, as a "
+                                            "fraction of lr.")
     critic_lr: float | None = Field(default=None, gt=0.0,
                                     description="Critic learning rate (specs with a critic); "
                                                 "null = lr.")
@@ -339,9 +341,10 @@ class LogConfig(_Section):
     progress: bool = Field(default=True,
                            description="Show a progress bar (plain lines when stdout is "
                                        "not a terminal).")
-    print_every: int = Field(default=10, ge=1,
-                             description="Steps between plain progress lines when stdout "
-                                         "is not a terminal.")
+    every: int = Field(default=10, ge=1,
+                       description="Steps between plain progress lines when stdout is not a "
+                                   "terminal; the first step, evaluations and the last step "
+                                   "are printed too (log.print_every is an old name for it).")
     samples_per_step: int = Field(
         default=2, ge=0,
         description="Prompt groups per step written to <run>/samples.jsonl (prompt as fed "
@@ -564,8 +567,18 @@ def _unknown_key(key: str, source: str) -> ConfigError:
     return ConfigError("\n".join(lines))
 
 
+#: Old key -> the key that replaced it; both are accepted wherever keys are read.
+KEY_ALIASES = {"log.print_every": "log.every"}
+
+
+def _canonical(key: str) -> str:
+    return KEY_ALIASES.get(key, key)
+
+
 def _check_leaf(key: str, source: str) -> Any:
-    """The FieldInfo of ``key``, or a ConfigError worded for ``source``."""
+    """The FieldInfo of ``key`` (an old name in KEY_ALIASES gives its new key's), or a ConfigError
+    worded for ``source``."""
+    key = _canonical(key)
     if key in _LEAVES:
         return _LEAVES[key]
     if key in _SECTIONS:
@@ -632,29 +645,7 @@ def _flatten_file(data: Mapping[str, Any], source: str, prefix: str = "") -> Ite
             yield from _flatten_file(value, source, key + ".")
         else:
             _check_leaf(key, source)
-            yield key, value
-
-
-def _read_file(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the config must be a table of keys")
-    return data
+            yield _canonical(key), value
 
 
 def load_config(toml_path: str | os.PathLike[str] | None = None,
@@ -676,13 +667,14 @@ def load_config(toml_path: str | os.PathLike[str] | None = None,
 
     if toml_path is not None:
         path = Path(toml_path)
-        for key, value in _flatten_file(_read_file(path), f"in {path}"):
+        data = read_config_file(path, error=ConfigError, default="toml")  # .json: a saved config.json
+        for key, value in _flatten_file(data, f"in {path}"):
             _set(tree, key, value)
             sources[key] = f"in {path}"
 
     for item in overrides:
         key, sep, raw = item.partition("=")
-        key = key.strip()
+        key = _canonical(key.strip())
         source = f"--set {item}"
         if not sep or not key:
             raise ConfigError(f"--set expects key=value, got {item!r} (e.g. --set train.lr=1e-4)")

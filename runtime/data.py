@@ -1,4 +1,4 @@
-"""Prompt datasets: loaders (.jsonl, .parquet, local HF ``datasets`` folders) and ``PromptSource``.
+"""Prompt datasets: loaders (.jsonl, .json, .parquet, local HF ``datasets`` folders) and ``PromptSource``.
 
 A dataset is a list of ``Example(id, prompt, answer)``; ``id`` is the row number in the
 loaded file, so it is stable across runs and can be saved (resume, pass-rate cap).
@@ -7,6 +7,15 @@ A row's prompt is a string or a list of ``{"role", "content"}`` messages (TRL's
 conversational format). ``apply_chat_template`` turns every prompt into the text the model
 is fed (``Example.prompt``), keeping the row's own prompt in ``Example.source``; rewards
 receive that original (``Example.reward_prompt``), never the templated text.
+
+The standard conversational columns are found without a flag (``data.prompt_key`` and
+``data.answer_key`` at their defaults ``prompt`` / ``answer``; :func:`conversational_row`):
+
+- ``prompt`` as a messages list: used as it is;
+- ``messages`` (a whole chat, no ``prompt`` column): the prompt is the messages before the
+  last assistant turn; that turn's content is the answer when the row has no ``answer``;
+- TRL's prompt-completion rows (``prompt`` and ``completion``, strings or messages lists) with
+  no ``answer``: the completion's text (an assistant message's content) is the answer.
 
 ``PromptSource`` deals batches of P prompts in a seeded order: epoch e visits every
 non-excluded example once, in the order of a permutation drawn from (seed, e). Its
@@ -77,6 +86,8 @@ def _read_rows(path: Path, split: str) -> Iterator[tuple[int, Any]]:
                     yield i, json.loads(line)
                 except json.JSONDecodeError as e:
                     raise DataError(f"{path}: line {i}: invalid JSON ({e})") from e
+    elif path.suffix == ".json":
+        yield from enumerate(_json_rows(path, split), start=1)
     elif path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -85,8 +96,68 @@ def _read_rows(path: Path, split: str) -> Iterator[tuple[int, Any]]:
     else:
         raise DataError(
             f"{path}: unknown dataset format {path.suffix!r} "
-            "(expected .jsonl, .parquet or a datasets.save_to_disk folder)"
+            "(expected .jsonl, .json, .parquet or a datasets.save_to_disk folder)"
         )
+
+
+def _json_rows(path: Path, split: str) -> list[Any]:
+    """The rows of a .json file: a JSON array of rows, or an object holding the rows as its
+    one list (``{"data": [...]}``) or per split (``{"train": [...], "test": [...]}``)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from e
+    if isinstance(data, list):
+        return data
+    if isinstance(data, dict):
+        lists = {k: v for k, v in data.items() if isinstance(v, list)}
+        if split in lists:
+            return lists[split]
+        if len(lists) == 1:
+            return next(iter(lists.values()))
+        if lists:
+            raise DataError(f"{path}: an object with several lists of rows ({', '.join(map(repr, lists))}) "
+                            f"and none named after the split {split!r}: keep one list, or an array of rows")
+    raise DataError(f"{path}: expected a JSON array of rows (or an object holding one list of rows), "
+                    f"got {type(data).__name__}")
+
+
+#: How every hint names the columns: the config keys, as --set flags.
+COLUMN_HINT = ("choose the columns with --set data.prompt_key=COLUMN and --set data.answer_key=COLUMN "
+               "(data.answer_key=null: rows without answers)")
+
+
+def _text_of(value: Any) -> str | None:
+    """A completion's text: a string, or the content of the last assistant message of a list."""
+    if isinstance(value, str):
+        return value
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        contents = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "assistant"]
+        if contents and isinstance(contents[-1], str):
+            return contents[-1]
+    return None
+
+
+def conversational_row(row: dict[str, Any], where: str) -> tuple[Any, str | None] | None:
+    """(prompt, answer found in the chat or None) for a row in a standard conversational
+    format with no ``prompt`` column of its own (a ``messages`` chat), or for TRL's
+    prompt-completion rows; None when the row is in neither."""
+    if "prompt" in row and row["prompt"] is not None:
+        completion = row.get("completion")
+        return row["prompt"], (_text_of(completion) if completion is not None else None)
+    messages = row.get("messages")
+    if messages is None:
+        return None
+    messages = list(_messages(messages, f"{where}: field 'messages'"))
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+    if last is None:  # no assistant turn: the whole chat is the prompt
+        return tuple(messages), None
+    if last == 0:
+        raise DataError(f"{where}: field 'messages' starts with the assistant turn, so no prompt is "
+                        f"left before it; {COLUMN_HINT}")
+    return tuple(messages[:last]), messages[last]["content"]
 
 
 def load_examples(
@@ -96,28 +167,38 @@ def load_examples(
     answer_field: str | None = "answer",
     split: str = "train",
 ) -> list[Example]:
-    """Read prompts (and answers) from ``path``: ``.jsonl``, ``.parquet`` or a datasets folder.
+    """Read prompts (and answers) from ``path``: ``.jsonl``, ``.json``, ``.parquet`` or a
+    datasets folder.
 
-    ``answer_field=None`` means the task has no reference answers (answer ``""``).
-    Answers that are numbers are converted with ``str``. A row missing a field, or a
-    prompt that is not a string, raises ``DataError`` naming the file, the row (1-based;
-    the line for .jsonl) and the fields the row has. ``split`` picks the split of a
-    saved ``DatasetDict``.
+    ``prompt_field`` / ``answer_field`` are the config's ``data.prompt_key`` /
+    ``data.answer_key``; at their defaults the standard conversational columns are found
+    (module docstring). ``answer_field=None`` means the task has no reference answers
+    (answer ``""``). Answers that are numbers are converted with ``str``. A row missing a
+    field, or a prompt that is not a string, raises ``DataError`` naming the file, the row
+    (1-based; the line for .jsonl), the fields the row has and the ``--set`` keys that choose
+    the columns. ``split`` picks the split of a saved ``DatasetDict`` (or of a .json object).
     """
     path = Path(path)
     unit = "line" if path.suffix == ".jsonl" else "row"
+    detect = prompt_field == "prompt"  # the standard columns apply when the user chose none
     examples: list[Example] = []
     for row_no, row in _read_rows(path, split):
         where = f"{path}: {unit} {row_no}"
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected an object with fields, got {type(row).__name__}")
+        columns = list(row)  # as in the file, for the messages below
+        found = conversational_row(row, where) if detect else None
+        if found is not None:
+            chat_prompt, chat_answer = found
+            row = {**row, prompt_field: chat_prompt}
+            if answer_field == "answer" and row.get("answer") is None and chat_answer is not None:
+                row["answer"] = chat_answer
         wanted = [prompt_field] + ([answer_field] if answer_field is not None else [])
         missing = [f for f in wanted if f not in row or row[f] is None]
         if missing:
             raise DataError(
                 f"{where}: missing field {', '.join(map(repr, missing))} "
-                f"(the row has: {', '.join(map(repr, row)) or 'no fields'}); "
-                "choose the field names with prompt_field= / answer_field="
+                f"(the row has: {', '.join(map(repr, columns)) or 'no fields'}); {COLUMN_HINT}"
             )
         prompt = row[prompt_field]
         if not isinstance(prompt, str):

@@ -1,37 +1,66 @@
-"""Every exception the runtime raises on purpose, each worded for the user.
+"""Every error the runtime raises on purpose, each worded for the user, with its exit code.
 
-``rldsl run`` shows these messages without a traceback: a :class:`ConfigError` (and its
-:class:`RunError`) exits with code 2 (bad input), the others with code 1 (a failed run).
+Each class is a :class:`~rldsl.errors.UserError`: a command prints its message without a
+traceback (unless ``--traceback``) and exits with the class's ``exit_code``: 2 for bad input
+(caught before or while setting a run up: config, model folder, data file, reward name, grid),
+1 for a run that failed on good input (a reward function raising, a dead worker, a weight
+sync). The language's errors (:class:`~rldsl.errors.SpecError`, ``TranslateError``) live in
+``rldsl.errors``; docs/errors.md lists every one with its message, cause and fix.
 """
 from __future__ import annotations
 
+from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A problem with the run configuration, worded for the user (no traceback needed)."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class RunError(ConfigError):
     """A problem with the run's inputs (model folder, run folder, engine choice)."""
 
 
-class DataError(ValueError):
+class RewardSpecError(ConfigError):
+    """A ``--reward`` text that names no reward that can be loaded (unknown name, a module or
+    file that cannot be imported, a missing function, a bad option or weight)."""
+
+
+class DataError(UserError, ValueError):
     """A dataset file that cannot be read as prompts (names the file and the row)."""
 
-
-class RewardError(RuntimeError):
-    """A reward function failed on one sample (names the reward, the sample and the cause)."""
+    exit_code = EXIT_BAD_INPUT
 
 
-class WorkerError(RuntimeError):
-    """A Ray actor died, failed or timed out; the message names it ("rollout worker 1 died: ...")."""
+class GridError(UserError, ValueError):
+    """A malformed ablation grid (``--vary``, the grid file, a study folder)."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
-class VLLMUnavailableError(ImportError):
+class VLLMUnavailableError(UserError, ImportError):
     """vLLM cannot be imported (not installed, or no usable build on this machine)."""
 
+    exit_code = EXIT_BAD_INPUT
 
-class WeightSyncError(RuntimeError):
+
+class RewardError(UserError, RuntimeError):
+    """A reward function failed on one sample (names the reward, the sample and the cause)."""
+
+    exit_code = EXIT_FAILED
+
+
+class WorkerError(UserError, RuntimeError):
+    """A Ray actor died, failed or timed out; the message names it ("rollout worker 1 died: ...")."""
+
+    exit_code = EXIT_FAILED
+
+
+class WeightSyncError(UserError, RuntimeError):
     """Pushing weights into the vLLM engine failed."""
+
+    exit_code = EXIT_FAILED
 
 
 class WeightSyncTimeout(WeightSyncError, TimeoutError):

@@ -31,7 +31,7 @@ from .config import EvalSetConfig, RunConfig
 from .data import Example, load_examples, render_prompt
 from .engines.base import SamplingParams
 from .engines.hf import HFEngine
-from .errors import ConfigError, DataError, RewardError, RunError
+from ..cli_errors import reports_errors
 from .export import export_run
 from .models import load_policy, load_tokenizer
 from .rewards import RewardFn
@@ -159,6 +159,7 @@ def register(app: Any) -> None:
     """Add the ``eval`` command."""
 
     @app.command("eval")
+    @reports_errors
     def eval_command(
         target: Annotated[Path, typer.Argument(metavar="RUN_OR_MODEL",
                                                help="A run folder (its newest checkpoint) or a Hugging Face model folder.")],
@@ -188,37 +189,31 @@ def register(app: Any) -> None:
         if not target.exists():
             fail(f"{target} does not exist (give a run folder or a Hugging Face model folder)")
         is_run = (target / "checkpoints").is_dir() and (target / CONFIG_FILE).is_file()
-        try:
-            cfg = load_run_config(target) if is_run else RunConfig()
-            reward_fn = RewardFn(reward or (cfg.reward.name if is_run and cfg.reward.name else "exact"),
-                                 on_error="skip")
-            with tempfile.TemporaryDirectory() as tmp:
-                folder = export_run(target, Path(tmp) / "model", step) if is_run else target
-                if not (folder / "config.json").is_file():
-                    fail(f"{folder} is not a Hugging Face model folder (no config.json) nor a run folder "
-                         "with checkpoints")
-                tokenizer = load_tokenizer(folder)
-                model = load_policy(folder, "float32")
-            d = cfg.data
-            sets: list[EvalSet] = []
-            for path in data:
-                sets.append(load_eval_set(path, reward_fn, tokenizer, prompt_key=d.prompt_key,
-                                          answer_key=d.answer_key, chat_template=d.chat_template,
-                                          chat_template_kwargs=d.chat_template_kwargs,
-                                          system_prompt=d.system_prompt, taken=[s.name for s in sets]))
-        except (ConfigError, RunError, DataError, ValueError) as e:
-            fail(str(e))
+        cfg = load_run_config(target) if is_run else RunConfig()
+        reward_fn = RewardFn(reward or (cfg.reward.name if is_run and cfg.reward.name else "exact"),
+                             on_error="skip")
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = export_run(target, Path(tmp) / "model", step) if is_run else target
+            if not (folder / "config.json").is_file():
+                fail(f"{folder} is not a Hugging Face model folder (no config.json) nor a run folder "
+                     "with checkpoints")
+            tokenizer = load_tokenizer(folder)
+            model = load_policy(folder, "float32")
+        d = cfg.data
+        sets: list[EvalSet] = []
+        for path in data:
+            sets.append(load_eval_set(path, reward_fn, tokenizer, prompt_key=d.prompt_key,
+                                      answer_key=d.answer_key, chat_template=d.chat_template,
+                                      chat_template_kwargs=d.chat_template_kwargs,
+                                      system_prompt=d.system_prompt, taken=[s.name for s in sets]))
         engine = HFEngine(model, tokenizer)
         r = cfg.rollout
-        try:
-            metrics = evaluate_sets(
-                engine.generate, sets, n=n,
-                temperature=temperature if temperature is not None else r.temperature,
-                top_p=top_p if top_p is not None else r.top_p,
-                max_new_tokens=max_new_tokens or (r.max_new_tokens if is_run and r.max_new_tokens else 256),
-                seed=seed)
-        except RewardError as e:
-            fail(str(e), 1)
+        metrics = evaluate_sets(
+            engine.generate, sets, n=n,
+            temperature=temperature if temperature is not None else r.temperature,
+            top_p=top_p if top_p is not None else r.top_p,
+            max_new_tokens=max_new_tokens or (r.max_new_tokens if is_run and r.max_new_tokens else 256),
+            seed=seed)
         for s in sets:
             typer.echo(f"{s.name} ({len(s.examples)} prompts)")
             for key, value in metrics.items():

@@ -416,7 +416,7 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
                                  spec_text=(run_dir / SPEC_FILE).read_text(encoding="utf-8"),
                                  project=cfg.log.project, resume_step=resume_step)
         logger = MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard, total_steps=total,
-                               progress=cfg.log.progress, print_every=cfg.log.print_every,
+                               progress=cfg.log.progress, print_every=cfg.log.every,
                                resume_step=resume_step, trackers=trackers)
         step = start
         last_saved = start if resume is not None else -1

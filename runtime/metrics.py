@@ -251,8 +251,9 @@ class MetricsLogger:
     """Writes one JSON line per step and shows progress; optionally TensorBoard too.
 
     ``total_steps`` sizes the progress bar. ``progress=False`` shows nothing;
-    otherwise a rich progress bar on a terminal, and a plain line every
-    ``print_every`` steps (and on steps with an evaluation, and the last) elsewhere.
+    otherwise a rich progress bar on a terminal, and elsewhere a plain line on the first
+    step, every ``print_every`` steps (``log.every``), on steps with an evaluation and on
+    the last. Printed messages are never wrapped (a path stays pasteable).
     ``resume_step``: continue a run restored at that step (later lines are dropped).
     A fresh logger refuses a run folder that already has metrics (that would mix two runs).
     Use as a context manager, or call :meth:`close`.
@@ -267,7 +268,8 @@ class MetricsLogger:
         self.path = self.run_dir / METRICS_FILE
         self.total_steps = total_steps
         self.print_every = max(1, print_every)
-        self.console = console or Console(markup=False, emoji=False)  # user text stays literal
+        # user text stays literal; soft_wrap: never broken at 80 columns when piped
+        self.console = console or Console(markup=False, emoji=False, soft_wrap=True)
         self.records: list[dict[str, Any]] = []
         if resume_step is not None:
             dropped = truncate_metrics(self.path, resume_step)
@@ -286,6 +288,7 @@ class MetricsLogger:
             self._trackers.append(self._open_tensorboard(resume_step))
         self._times: deque[tuple[float, int]] = deque(maxlen=11)
         self._times.append((time.perf_counter(), resume_step if resume_step is not None else 0))
+        self._first_step = (resume_step or 0) + 1  # the first step this logger trains: always shown
         self._shown: dict[str, Any] = {}
         for key in (GREEDY_ACC, SAMPLED_ACC):  # a resumed run shows its last evaluation
             value = _last_value(self.records, key)[0]
@@ -364,7 +367,8 @@ class MetricsLogger:
         elif self._show_plain:
             has_eval = any(k.startswith("eval/") for k in record)
             last = self.total_steps is not None and step >= self.total_steps
-            if step % self.print_every == 0 or has_eval or last:
+            first = step == self._first_step
+            if first or step % self.print_every == 0 or has_eval or last:
                 total = f"/{self.total_steps}" if self.total_steps is not None else ""
                 self.console.print(f"step {step}{total} | {self._stats(record)}",
                                    highlight=False, soft_wrap=True)

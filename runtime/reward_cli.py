@@ -9,8 +9,8 @@ sum; ``rldsl.runtime.rewards``). It prints the total reward, each weighted term,
 ``math`` / ``gsm8k`` the answer found in the completion, the rule that found it, the gold
 answer and why they match or not (docs/rewards.md).
 
-Exit codes: 0 scored; 1 the reward function raised or returned a non-number; 2 bad input
-(unknown reward, bad spec or option, bad ``--finish-reason``).
+Exit codes (docs/errors.md): 0 scored; 1 the reward function raised or returned a non-number;
+2 bad input (unknown reward, bad spec or option, bad ``--finish-reason``).
 """
 from __future__ import annotations
 
@@ -18,18 +18,14 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..cli_errors import reports_errors
+from ..errors import UsageError
+from .errors import RewardError
 from .rewards import VERDICTS, RewardFn, split_reward_name
 
 __all__ = ["register", "reward_command"]
 
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
 FINISH_REASONS = ("stop", "length")
-
-
-def _fail(message: str, code: int) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def _fmt(x: float) -> str:
@@ -41,11 +37,13 @@ def _quote(text: str) -> str:
     return '"' + text.replace("\n", "\\n") + '"'
 
 
+@reports_errors
 def reward_command(
     name: Annotated[str, typer.Argument(
         metavar="NAME", show_default=False,
-        help="Reward: a built-in (math, gsm8k, exact, addition), module:function, with "
-             "options (math(allow_truncated=true)) or a weighted sum (math=0.9,pkg.mod:fn=0.1).")],
+        help="Reward: a built-in (math, gsm8k, exact, addition), module:function (the current folder "
+             "first), path/to/file.py:function, with options (math(allow_truncated=true)) or a weighted "
+             "sum (math=0.9,pkg.mod:fn=0.1).")],
     completion: Annotated[str, typer.Option(
         "--completion", metavar="TEXT", show_default=False, help="The model's completion.")],
     answer: Annotated[str, typer.Option(
@@ -62,13 +60,8 @@ def reward_command(
 ) -> None:
     """Print the reward a verifier gives one completion (and, for math/gsm8k, the answer it found and why)."""
     if finish_reason not in FINISH_REASONS:
-        _fail(f"--finish-reason must be 'stop' or 'length', got {finish_reason!r}", EXIT_BAD_INPUT)
-    try:
-        fn = RewardFn(name)
-    except ValueError as exc:
-        if traceback:
-            raise
-        _fail(str(exc), EXIT_BAD_INPUT)
+        raise UsageError(f"--finish-reason must be 'stop' or 'length', got {finish_reason!r}")
+    fn = RewardFn(name)  # an unknown or unloadable reward: RewardSpecError, exit 2
     prompt = prompt or ""
     total = 0.0
     lines: list[str] = []
@@ -78,7 +71,7 @@ def reward_command(
         except Exception as exc:  # noqa: BLE001 - a user's function: reported, traceback on request
             if traceback:
                 raise
-            _fail(f"reward {term.name!r} failed: {type(exc).__name__}: {exc}", EXIT_FAILED)
+            raise RewardError(f"reward {term.name!r} failed: {type(exc).__name__}: {exc}") from None
         total += term.weight * value
         weight = "" if term.weight == 1.0 else f" (weight {_fmt(term.weight)})"
         lines.append(f"{term.name}: {_fmt(value)}{weight}")

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlsplit
 
-from .errors import RewardError
+from .errors import RewardError, RewardSpecError
 
 Score = float | BaseException  # one sample's reward, or why it has none
 
@@ -75,14 +75,14 @@ def check_url(url: str, what: str) -> tuple[str, int]:
 
 
 def check_reachable(url: str, what: str, timeout: float) -> None:
-    """A TCP connection to the server opens, or a RewardError naming it (checked at start-up,
-    so a server that is not running fails the run before the model loads)."""
+    """A TCP connection to the server opens, or a RewardSpecError naming it (checked at start-up,
+    so a server that is not running fails the run before the model loads, exit code 2)."""
     host, port = check_url(url, what)
     try:
         with socket.create_connection((host, port), timeout=min(timeout, 10.0)):
             pass
     except OSError as e:
-        raise RewardError(f"{what} {url} is not reachable ({e.strerror or e}): is it running?"
+        raise RewardSpecError(f"{what} {url} is not reachable ({e.strerror or e}): is it running?"
                           + (" Start one with `rldsl serve-reward module:function --port "
                              f"{port}`." if what == "reward server" else "")) from None
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..cli_errors import reports_errors
 from .rewards import RewardFn
 
 
@@ -115,6 +116,7 @@ def register(app: typer.Typer) -> None:
     """Add the ``serve-reward`` command."""
 
     @app.command("serve-reward")
+    @reports_errors
     def serve_reward(
         reward: Annotated[str, typer.Argument(help="The reward to serve: a --reward string "
                                                    "(built-in, module:function, path.py:function, weights).")],
@@ -124,10 +126,6 @@ def register(app: typer.Typer) -> None:
         """Serve a reward function over HTTP (POST /score, OpenRLHF's POST /get_reward, GET /health),
         for `--reward http://HOST:PORT/score`."""
         import uvicorn
-        try:
-            app_ = make_app(reward)
-        except ValueError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from None
+        app_ = make_app(reward)  # a reward that cannot be loaded: exit code 2
         typer.echo(f"serving reward {reward!r} at http://{host}:{port}/score (Ctrl-C stops)")
         uvicorn.run(app_, host=host, port=port, log_level="warning")

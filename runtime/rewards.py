@@ -4,13 +4,15 @@ Spec syntax (``--reward``)::
 
     spec    := term ("," term)*
     term    := name ["(" option ("," option)* ")"] ["=" weight]     weight: a float, default 1.0
-    name    := exact | math | gsm8k | addition | package.module:function
+    name    := exact | math | gsm8k | addition | package.module:function | path/to/file.py:function
              | http(s)://HOST:PORT/PATH | judge:URL | rm:PATH      batch terms (below)
     option  := key "=" value            true/false, a number, or a word; passed as a keyword
 
     "math"                              the math verifier alone
     "math=0.9,mypkg.rewards:fmt=0.1"    0.9 * math + 0.1 * mypkg.rewards.fmt
     "math(allow_truncated=true)"        math, crediting completions cut off at the length limit
+    "myreward:digits"                   digits() of myreward.py in the current folder
+    "rewards/fmt.py:fmt=0.5"            0.5 * fmt() of that file (relative to the current folder)
 
 The reward of a sample is ``sum_k weight_k * reward_k``. Every reward function has the
 signature ``(prompt, completion, answer) -> float``; one that also accepts a
@@ -44,18 +46,23 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
 import math as _math
+import os
 import re
+import sys
 import threading
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
+from types import ModuleType
 from typing import Callable, Literal
 
 import torch
 
 from .batch import RolloutBatch
-from .errors import RewardError
+from .errors import RewardError, RewardSpecError
 from .reward_model import RewardModel
 from .reward_remote import JudgeReward, ServerReward
 
@@ -337,15 +344,15 @@ def split_reward_name(name: str) -> tuple[str, dict[str, bool | int | float | st
     """``"math(allow_truncated=true)"`` -> ``("math", {"allow_truncated": True})``."""
     m = _TERM.match(name.strip())
     if not m:
-        raise ValueError(f"reward {name!r}: write options as name(key=value, ...)")
+        raise RewardSpecError(f"reward {name!r}: write options as name(key=value, ...)")
     options: dict[str, bool | int | float | str] = {}
     if m.group("options") is not None:
         for raw in m.group("options").split(","):
             key, eq, value = (x.strip() for x in raw.partition("="))
             if not eq or not key.isidentifier() or not value:
-                raise ValueError(f"reward {name!r}: option {raw.strip()!r} is not key=value")
+                raise RewardSpecError(f"reward {name!r}: option {raw.strip()!r} is not key=value")
             if key in options:
-                raise ValueError(f"reward {name!r}: option {key!r} given twice")
+                raise RewardSpecError(f"reward {name!r}: option {key!r} given twice")
             options[key] = _option_value(value)
     return m.group("base").strip(), options
 
@@ -360,8 +367,67 @@ def _options_of(fn: RewardCallable) -> list[str]:
             and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
+def _is_file_reference(module_ref: str) -> bool:
+    """``path/to/file.py`` (or any reference with a folder separator) names a file, not a module."""
+    return module_ref.endswith(".py") or "/" in module_ref or os.sep in module_ref
+
+
+def _load_reward_file(base: str, file_ref: str) -> ModuleType:
+    """Import ``file_ref`` (relative to the current folder) as a module of its own."""
+    path = Path(file_ref).expanduser()
+    if not path.is_file():
+        raise RewardSpecError(f"reward {base!r}: file not found: {path.resolve()}\n"
+                              f"(a path is read relative to the current folder {Path.cwd()})")
+    path = path.resolve()
+    # one module per file, named after its full path so two reward.py files never collide
+    module_name = "rldsl_reward_" + re.sub(r"\W", "_", str(path.with_suffix("")))
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise RewardSpecError(f"reward {base!r}: {path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:  # the file's own error (a syntax error, a missing package)
+        del sys.modules[module_name]
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise RewardSpecError(f"reward {base!r}: importing {path} failed: "
+                              f"{type(e).__name__}: {e}") from e
+    return module
+
+
+def _import_reward_module(base: str, module_name: str) -> ModuleType:
+    """Import ``module_name`` with the current folder first on the import path (as ``python -m``
+    does), so a ``myreward.py`` beside the command is found."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        missing = e.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            first = module_name.split(".")[0]
+            raise RewardSpecError(
+                f"reward {base!r}: cannot import module {module_name!r}: no {first}.py (or package "
+                f"{first}/) in the current folder {cwd} nor among the installed packages; "
+                f"run from the folder that holds it, or give the file's path: "
+                f"--reward path/to/{module_name.replace('.', '/')}.py:{base.rpartition(':')[2]}"
+            ) from e
+        raise RewardSpecError(f"reward {base!r}: importing module {module_name!r} failed: "
+                              f"{type(e).__name__}: {e}") from e
+    except Exception as e:  # the module's own error (a syntax error, a failing top-level line)
+        raise RewardSpecError(f"reward {base!r}: importing module {module_name!r} failed: "
+                              f"{type(e).__name__}: {e}") from e
+
+
 def resolve_reward(name: str) -> RewardCallable:
-    """A built-in by name, or ``package.module:function`` imported; ``name(key=value)`` binds options."""
+    """A built-in by name, ``package.module:function`` imported (the current folder first on the
+    import path), or ``path/to/file.py:function`` loaded from that file; ``name(key=value)``
+    binds options. Raises :class:`RewardSpecError` saying why a name cannot be loaded."""
     base, options = split_reward_name(name)
     batch_term = batch_reward(base, options)
     if batch_term is not None:
@@ -369,25 +435,30 @@ def resolve_reward(name: str) -> RewardCallable:
     if base in BUILTIN_REWARDS:
         fn = BUILTIN_REWARDS[base]
     elif ":" not in base:
-        raise ValueError(
-            f"unknown reward {base!r}: use one of {sorted(BUILTIN_REWARDS)} "
-            "or 'package.module:function'"
+        raise RewardSpecError(
+            f"unknown reward {base!r}: use one of {sorted(BUILTIN_REWARDS)}, "
+            "'module:function' or 'path/to/file.py:function'"
         )
     else:
-        module_name, _, attr = base.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise ValueError(f"reward {base!r}: cannot import module {module_name!r} ({e})") from e
+        module_ref, _, attr = base.rpartition(":")  # rpartition: a path may hold a drive's ':'
+        if _is_file_reference(module_ref):
+            module = _load_reward_file(base, module_ref)
+        else:
+            module = _import_reward_module(base, module_ref)
         fn = getattr(module, attr, None)
         if not callable(fn):
-            raise ValueError(f"reward {base!r}: module {module_name!r} has no function {attr!r}")
+            where = getattr(module, "__file__", None) or module_ref
+            known = sorted(n for n, v in vars(module).items()
+                           if callable(v) and not n.startswith("_") and not isinstance(v, type)
+                           and getattr(v, "__module__", None) == module.__name__)
+            raise RewardSpecError(f"reward {base!r}: module {module_ref!r} ({where}) has no function "
+                                  f"{attr!r}; its functions: " + (", ".join(known) or "none"))
     if not options:
         return fn
     known = _options_of(fn)
     for key in options:
         if key not in known:
-            raise ValueError(f"reward {base!r} has no option {key!r}; its options: "
+            raise RewardSpecError(f"reward {base!r} has no option {key!r}; its options: "
                              + (", ".join(known) if known else "none"))
     return functools.partial(fn, **options)
 
@@ -407,8 +478,11 @@ def batch_reward(base: str, options: dict[str, bool | int | float | str]) -> Rew
     known = [p for p in inspect.signature(make).parameters if p not in ("url", "path", "check")]
     unknown = [k for k in options if k not in known]
     if unknown:
-        raise ValueError(f"reward {base!r} has no option {unknown[0]!r}; its options: {', '.join(known)}")
-    return make(target, **options)
+        raise RewardSpecError(f"reward {base!r} has no option {unknown[0]!r}; its options: {', '.join(known)}")
+    try:
+        return make(target, **options)
+    except (ValueError, TypeError) as e:  # a bad address, template, folder or option value
+        raise RewardSpecError(str(e)) from None
 
 
 def _accepts_finish_reason(fn: RewardCallable) -> bool:
@@ -432,12 +506,12 @@ def _top_level_split(spec: str) -> list[str]:
         elif ch == ")":
             depth -= 1
             if depth < 0:
-                raise ValueError(f"reward spec {spec!r}: unbalanced ')'")
+                raise RewardSpecError(f"reward spec {spec!r}: unbalanced ')'")
         elif ch == "," and depth == 0:
             parts.append(spec[start:i])
             start = i + 1
     if depth:
-        raise ValueError(f"reward spec {spec!r}: unclosed '('")
+        raise RewardSpecError(f"reward spec {spec!r}: unclosed '('")
     return parts + [spec[start:]]
 
 
@@ -451,20 +525,20 @@ def parse_reward_spec(spec: str) -> list[tuple[str, float]]:
     for raw in _top_level_split(spec):
         term = raw.strip()
         if not term:
-            raise ValueError(f"reward spec {spec!r}: empty term")
+            raise RewardSpecError(f"reward spec {spec!r}: empty term")
         close = term.rfind(")")  # "=" inside name(key=value) is not the weight's
         name, eq, weight_text = term[close + 1:].partition("=")
         name = (term[:close + 1] + name).strip()
         if not name:
-            raise ValueError(f"reward spec {spec!r}: term {term!r} has no reward name")
+            raise RewardSpecError(f"reward spec {spec!r}: term {term!r} has no reward name")
         try:
             weight = float(weight_text) if eq else 1.0
         except ValueError:
-            raise ValueError(f"reward spec {spec!r}: weight {weight_text.strip()!r} of {name!r} is not a number") from None
+            raise RewardSpecError(f"reward spec {spec!r}: weight {weight_text.strip()!r} of {name!r} is not a number") from None
         if not _math.isfinite(weight):
-            raise ValueError(f"reward spec {spec!r}: weight of {name!r} must be finite")
+            raise RewardSpecError(f"reward spec {spec!r}: weight of {name!r} must be finite")
         if name in (n for n, _ in terms):
-            raise ValueError(f"reward spec {spec!r}: {name!r} appears twice")
+            raise RewardSpecError(f"reward spec {spec!r}: {name!r} appears twice")
         terms.append((name, weight))
     return terms
 

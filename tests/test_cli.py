@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ def test_check_valid_and_invalid_files(tmp_path):
     bad = tmp_path / "bad.rl"
     bad.write_text("algorithm x extends grpo\n  baseline group_mena\n  trust_region clip(low=0, hi=0.3)\n")
     res = runner.invoke(app, ["check", str(REPO / "algorithms" / "grpo.rl"), str(bad)])
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     out = res.output
     assert "ok: " in out and "algorithm grpo" in out
     # every error of the file, each with file:line:col, the line, a caret and a hint
@@ -137,22 +138,26 @@ def _lines(output: str) -> list[str]:
 
 
 def test_list_prints_every_formula_whole_at_any_width(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "30")  # narrower than most formulas: nothing may wrap or fold
+    monkeypatch.setenv("COLUMNS", "30")  # piped: wrapped at spaces to 100 columns, never cut or folded
     res = runner.invoke(app, ["list"])
     assert res.exit_code == 0, res.output
-    out = res.output
+    # the text with the line breaks of the wrapping undone (a list of choices breaks after a '|')
+    out = " ".join(re.sub(r"\|\n *", "|", res.output).split())
+
+    def whole(text: str) -> str:
+        return " ".join(text.split())
     # square brackets are text, not markup (this one printed as "keep_i = 1" before)
     assert "keep_i = 1[max_{g(i)} r != min_{g(i)} r]" in out
     for slot, comps in registry.REGISTRY.items():
-        assert registry.SLOTS[slot].doc in out
+        assert whole(registry.SLOTS[slot].doc) in out
         for name, comp in comps.items():
             assert comp.formula
             for line in comp.formula.splitlines():
-                assert line in out, f"{slot}.{name}: {line!r}"
+                assert whole(line) in out, f"{slot}.{name}: {line!r}"
             for pname, p in comp.params.items():
-                assert f"{pname}: {p.describe()} — {p.doc}" in out, f"{slot}.{name}.{pname}"
+                assert whole(f"{pname}: {p.describe()} — {p.doc}") in out, f"{slot}.{name}.{pname}"
     for name in rldsl.library():
-        assert rldsl.load(name).description in out
+        assert whole(rldsl.load(name).description) in out
     assert "needs truncated=" in out and "carried out by the runtime: data.pass_rate_cap = max" in out
     one = runner.invoke(app, ["list", "filter"]).output
     assert "zero_variance" in one and "group_mean" not in one and "algorithms (library)" not in one
@@ -227,8 +232,42 @@ def test_user_text_is_printed_literally(tmp_path, monkeypatch):
     bad = tmp_path / "bad[red].rl"
     bad.write_text(f'algorithm bad\n  "{text}"\n  baseline group_mena  # [x] :smile:\n')
     res = runner.invoke(app, ["check", str(bad)])
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert f"{bad}:3:12: error: unknown baseline 'group_mena'" in res.output
     assert "baseline group_mena  # [x] :smile:" in res.output
     ok = runner.invoke(app, ["check", str(good)]).output
     assert f"ok: {good}: algorithm lit (extends grpo)" in ok
+
+
+def test_list_wraps_to_100_columns_when_piped():
+    """`rldsl list | cat`: long lines break at spaces (a list of choices after a '|'), each
+    continuation indented under its text; nothing is lost."""
+    res = runner.invoke(app, ["list"])  # CliRunner's stdout is not a terminal
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert max(len(ln) for ln in lines) <= 100  # a list of choices breaks after a '|'
+    # the overlong penalty's formula continues under its own text, at the formula column
+    i = next(i for i, ln in enumerate(lines) if ln.startswith("  overlong_penalty  "))
+    assert lines[i + 1].startswith(" " * len("  overlong_penalty  ")) and lines[i + 1].strip()
+    words = " ".join(res.output.split())
+    assert "-{factor} beyond" in words and "max_len: int, >= 1, required" in words
+
+
+def test_help_at_80_columns_cuts_nothing(monkeypatch):
+    """`rldsl run --help` (and the command list) at 80 columns: every option's text whole, wrapped."""
+    import click
+    import typer.main
+    monkeypatch.setenv("COLUMNS", "80")
+    res = runner.invoke(app, ["run", "--help"], terminal_width=80)
+    assert res.exit_code == 0, res.output
+    assert "…" not in res.output and max(len(ln) for ln in res.output.splitlines()) <= 80
+    words = " ".join(res.output.split())
+    command = typer.main.get_command(app)
+    run = command.commands["run"]
+    for param in run.params:
+        if isinstance(param, click.Option) and param.help:
+            assert " ".join(param.help.split()) in words, param.name
+    top = runner.invoke(app, ["--help"], terminal_width=80).output
+    assert "..." not in top.split("Commands:")[1] and "…" not in top
+    assert "Validate specs; print every error with file:line:col, the line, a caret and a hint." in \
+        " ".join(top.split())

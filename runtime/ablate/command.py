@@ -1,9 +1,9 @@
 """``rldsl ablate``: a grid of spec variants x seeds, run in parallel, and its report.
 
-Exit codes: 0 every cell finished; 1 some cell failed or its spec is invalid (the others
-ran; the report lists it), or BASE is an invalid spec; 2 a bad command line, grid file
-or ``--set`` key, or a study folder that holds another grid; 130 interrupted (run the same
-command again to resume).
+Exit codes (docs/errors.md): 0 every cell finished; 1 some cell failed or its spec is invalid
+(the others ran; the report lists it); 2 a bad command line, BASE spec, grid file or ``--set``
+key, or a study folder that holds another grid; 130 interrupted (run the same command again
+to resume).
 """
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ import signal
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Iterator, NoReturn, Optional, Sequence
+from typing import Annotated, Any, Iterator, Optional, Sequence
 
 import typer
 from rich.console import Console
+
+from rldsl.cli_errors import reports_errors
+from rldsl.config_files import to_toml
+from rldsl.errors import Interrupted, RunFailed, UsageError
 from rich.live import Live
 from rich.table import Table
 
@@ -28,17 +32,9 @@ __all__ = ["ablate_command", "STUDIES_DIR"]
 
 STUDIES_DIR = "studies"
 GRID_FILE = "grid.toml"
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 
 _STYLE = {"done": "green", "running": "cyan", "failed": "red", "invalid": "red",
           "interrupted": "yellow", "pending": "dim"}
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 class Display:
@@ -142,16 +138,6 @@ def _check_folder(folder: Path, study: Study) -> None:
                             f"choose another --out (saved: {json.dumps(saved.get(key))[:200]})")
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a TOML basic string
-    return "[\n" + "".join(f"  {_toml(v)},\n" for v in value) + "]"
-
-
 def _save_grid(folder: Path, study: Study) -> Path:
     """``grid.toml``: the study as a grid file, so that ``rldsl ablate --grid`` reruns it."""
     base = study.base_algo
@@ -161,9 +147,8 @@ def _save_grid(folder: Path, study: Study) -> Path:
     keys = {"name": study.name, "base": base.name if lib else f"{CELLS_DIR}/{base.name}.rl",
             "one_at_a_time": study.one_at_a_time, "seeds": len(study.seeds), "steps": study.steps,
             "threshold": study.threshold, "set": study.sets, "vary": vary}
-    text = ("# Written by `rldsl ablate`: this study as a grid file. Rerun (or resume) it with\n"
-            f"#   rldsl ablate --grid {folder / GRID_FILE} --out {folder}\n"
-            + "".join(f"{k} = {_toml(v)}\n" for k, v in keys.items()))
+    text = to_toml(keys, header="Written by `rldsl ablate`: this study as a grid file. Rerun (or resume) "
+                                "it with\n  rldsl ablate --grid " + f"{folder / GRID_FILE} --out {folder}")
     (folder / GRID_FILE).write_text(text, encoding="utf-8")
     return folder / GRID_FILE
 
@@ -204,6 +189,7 @@ def _options(base: Optional[str], grid: Optional[Path], cli: dict[str, Any]) -> 
     return opts
 
 
+@reports_errors
 def ablate_command(
     base: Annotated[Optional[str], typer.Argument(
         metavar="BASE", show_default=False,
@@ -255,47 +241,34 @@ def ablate_command(
 
     The report: DIR/report.md (per variant: final and best held-out accuracy and reward, mean ± std over seeds, steps to the threshold, length, entropy, the diff against BASE), DIR/figures/*.png (a band over seeds per variant) and DIR/results.csv.
     """  # noqa: E501 - one line per paragraph: typer rewraps it
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)  # piped output is never cut at 80 columns
     if report is not None:
         if base is not None or vary or grid is not None:
-            _fail("--report DIR only rebuilds a report (optionally with another --threshold): "
-                  "give no BASE, --vary or --grid", EXIT_BAD_INPUT)
+            raise UsageError("--report DIR only rebuilds a report (optionally with another "
+                             "--threshold): give no BASE, --vary or --grid")
         try:
             path = write_report(report, threshold)
         except (FileNotFoundError, json.JSONDecodeError) as exc:
-            if traceback:
-                raise
-            _fail(str(exc), EXIT_BAD_INPUT)
+            raise UsageError(str(exc)) from exc
         console.print(str(path), markup=False)
         return
-
-    from rldsl.errors import SpecError
 
     from ..config import load_config
     from ..errors import ConfigError
 
-    try:
-        opts = _options(base, grid, {"vary": vary, "one_at_a_time": one_at_a_time, "seeds": seeds,
-                                     "steps": steps, "set": set_, "jobs": jobs,
-                                     "threshold": threshold, "ray_address": ray_address})
-        study = build_study(opts["base"], opts.get("vary", []),
-                            one_at_a_time=bool(opts.get("one_at_a_time", False)),
-                            seeds=int(opts.get("seeds", 3)), steps=opts.get("steps"),
-                            sets=opts.get("set", []), threshold=float(opts.get("threshold", 0.5)),
-                            name=opts.get("name"))
-        folder = (out if out is not None else Path(STUDIES_DIR) / f"{study.name}-{study.digest()}")
-        folder = folder.resolve()
-        _check_folder(folder, study)
-        save_final = load_config(None, study.sets).checkpoint.save_final
-    except (GridError, ConfigError) as exc:
-        if traceback:
-            raise
-        _fail(str(exc), EXIT_BAD_INPUT)
-    except SpecError as exc:
-        if traceback:
-            raise
-        typer.echo(exc.render(), err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+    # a bad grid, BASE or --set raises a UserError: exit 2 (rldsl.cli_errors)
+    opts = _options(base, grid, {"vary": vary, "one_at_a_time": one_at_a_time, "seeds": seeds,
+                                 "steps": steps, "set": set_, "jobs": jobs,
+                                 "threshold": threshold, "ray_address": ray_address})
+    study = build_study(opts["base"], opts.get("vary", []),
+                        one_at_a_time=bool(opts.get("one_at_a_time", False)),
+                        seeds=int(opts.get("seeds", 3)), steps=opts.get("steps"),
+                        sets=opts.get("set", []), threshold=float(opts.get("threshold", 0.5)),
+                        name=opts.get("name"))
+    folder = (out if out is not None else Path(STUDIES_DIR) / f"{study.name}-{study.digest()}")
+    folder = folder.resolve()
+    _check_folder(folder, study)
+    save_final = load_config(None, study.sets).checkpoint.save_final
 
     folder.mkdir(parents=True, exist_ok=True)
     variants, dropped = write_cells(study, folder)
@@ -310,7 +283,8 @@ def ablate_command(
     except Exception as exc:  # noqa: BLE001 - Ray missing or the cluster unreachable
         if traceback:
             raise
-        _fail(f"{type(exc).__name__}: {exc}", EXIT_BAD_INPUT)
+        raise ConfigError(f"--ray-address {opts['ray_address']}: {type(exc).__name__}: {exc}"
+                          if opts.get("ray_address") else f"{type(exc).__name__}: {exc}") from exc
     console.print(f"study {folder}: {len(variants)} variants x {len(study.seeds)} seeds = "
                   f"{len(cells)} cells, {study.steps} steps each, {executor.jobs} at a time",
                   markup=False)
@@ -333,8 +307,7 @@ def ablate_command(
     bad = unfinished(statuses.values())
     console.print(f"report: {path}", markup=False)
     if interrupted:
-        _fail(f"interrupted; {bad} of {len(cells)} cells did not finish. Run the same command "
-              f"again to resume them.", EXIT_INTERRUPTED)
+        raise Interrupted(f"interrupted; {bad} of {len(cells)} cells did not finish. Run the same "
+                          f"command again to resume them.")
     if bad:
-        _fail(f"{bad} of {len(cells)} cells did not finish (failed or invalid); see {path}",
-              EXIT_FAILED)
+        raise RunFailed(f"{bad} of {len(cells)} cells did not finish (failed or invalid); see {path}")

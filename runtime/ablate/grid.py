@@ -22,15 +22,16 @@ import hashlib
 import itertools
 import json
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from rldsl import registry
+from rldsl.config_files import read_config_file
 from rldsl.errors import SpecError, did_you_mean
 from rldsl.explain import diff as explain_diff
 from rldsl.spec import Algorithm, library, load, loads
+from ..errors import GridError
 
 __all__ = ["ALGORITHM_AXIS", "BASE_VARIANT", "Alternative", "Axis", "GridError", "Study",
            "Variant", "parse_vary", "read_grid_file", "build_study", "write_cells"]
@@ -42,10 +43,6 @@ CELLS_DIR = "cells"
 _LABEL = re.compile(r"[a-z][a-z0-9_]*")
 _LABELLED = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\S.*)$")
 _COMPONENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class GridError(ValueError):
-    """A malformed grid (``--vary``, the grid file, a study folder), worded for the user."""
 
 
 @dataclass(frozen=True)
@@ -286,12 +283,7 @@ def read_grid_file(path: str | Path) -> dict[str, Any]:
     ``ray_address``.
     """
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise GridError(f"grid file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise GridError(f"{path}: not valid TOML: {exc}") from None
+    data = read_config_file(path, error=GridError, default="toml", what="grid file")
     unknown = sorted(set(data) - _GRID_KEYS)
     if unknown:
         hint = did_you_mean(unknown[0], _GRID_KEYS)

@@ -12,9 +12,11 @@ from ..config import TrainConfig
 def lr_factor(step: int, train: TrainConfig) -> float:
     """Multiplier of ``train.lr`` at 0-based training step ``step``.
 
-    Warm-up: ``(step + 1) / warmup_steps`` for ``step < warmup_steps``. Then 1
-    (``constant``) or ``min_lr_ratio + (1 - min_lr_ratio) * (1 + cos(pi * p)) / 2`` with
-    ``p = (step - warmup) / (steps - warmup)`` clamped to [0, 1] (``cosine``).
+    Warm-up: ``(step + 1) / warmup_steps`` for ``step < warmup_steps``. Then, with
+    ``p = (step - warmup) / (steps - warmup)`` clamped to [0, 1] and ``m = min_lr_ratio``:
+    1 (``constant``), ``m + (1 - m) * (1 - p)`` (``linear``: with m = 0 after the warm-up it is
+    transformers' ``get_linear_schedule_with_warmup``, TRL's default), or
+    ``m + (1 - m) * (1 + cos(pi * p)) / 2`` (``cosine``).
     """
     if step < train.warmup_steps:
         return (step + 1) / train.warmup_steps
@@ -22,6 +24,8 @@ def lr_factor(step: int, train: TrainConfig) -> float:
         return 1.0
     span = max(1, train.steps - train.warmup_steps)
     progress = min(1.0, max(0.0, (step - train.warmup_steps) / span))
+    if train.lr_schedule == "linear":
+        return train.min_lr_ratio + (1.0 - train.min_lr_ratio) * (1.0 - progress)
     return train.min_lr_ratio + (1.0 - train.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 

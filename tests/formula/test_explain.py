@@ -110,7 +110,7 @@ def test_explain_json_of_a_formula_spec(tmp_path: Path) -> None:
 def test_check_reports_formula_errors_with_a_caret(tmp_path: Path) -> None:
     bad = write(tmp_path, "bad", SAPO.replace("rho - 1", "rho - one"))
     out = runner.invoke(app, ["check", bad])
-    assert out.exit_code == 1
+    assert out.exit_code == 2  # an invalid spec is bad input
     assert f"{bad}:7:30: error: unknown name 'one'" in out.output
     assert "^~~" in out.output
 

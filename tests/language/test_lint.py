@@ -112,7 +112,7 @@ def test_check_prints_warnings_and_fails_only_with_strict(tmp_path) -> None:
     assert r.exit_code == 0, r.output
     assert f"{f}:2:30: warning: trust_region clip(high=1.28)" in r.output and "(1 warning)" in r.output
     r = CliRunner().invoke(app, ["check", "--strict", str(f), "grpo"])
-    assert r.exit_code == 1 and "1 of 2 files with warnings (--strict)" in r.output
+    assert r.exit_code == 2 and "1 of 2 files with warnings (--strict)" in r.output
     assert CliRunner().invoke(app, ["check", "--strict", "grpo", "dapo"]).exit_code == 0
 
 

@@ -253,7 +253,7 @@ def test_cell_state_decides_skip_resume_or_restart(tmp_path):
 
 # ----------------------------------------------------------------------------- the command
 
-def test_command_line_errors_exit_2_or_1_without_running(app, tmp_path):
+def test_command_line_errors_exit_2_without_running(app, tmp_path):
     r = invoke(app, "lite_ppo", "--vary", "normaliser: none", "--out", tmp_path / "s")
     assert r.exit_code == 2 and "unknown slot 'normaliser'" in r.output
     r = invoke(app, "lite_ppo", "--vary", "kl: none", "--set", "train.lrr=1", "--out", tmp_path / "s")
@@ -263,7 +263,7 @@ def test_command_line_errors_exit_2_or_1_without_running(app, tmp_path):
     bad = tmp_path / "bad.rl"
     bad.write_text("algorithm bad\n  baseline group_mena\n")
     r = invoke(app, bad, "--vary", "kl: none", "--out", tmp_path / "s")
-    assert r.exit_code == 1 and "bad.rl:2:12: error: unknown baseline 'group_mena'" in r.output
+    assert r.exit_code == 2 and "bad.rl:2:12: error: unknown baseline 'group_mena'" in r.output
     r = invoke(app, "--report", tmp_path)
     assert r.exit_code == 2 and "not a study folder" in r.output
     other = tmp_path / "other"

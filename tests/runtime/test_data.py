@@ -214,3 +214,78 @@ def test_toy_task_plugs_in_as_prompt_source() -> None:
     dealt = [e for _ in range(20) for e in source.next_batch(16)]
     assert all(e.prompt not in heldout for e in dealt)
     assert all(str(sum(map(int, e.prompt[:-1].split("+")))) == e.answer for e in dealt)
+
+
+# ------------------------------------------------------------ conversational columns, .json
+SYSTEM = {"role": "system", "content": "be brief."}
+USER = {"role": "user", "content": "what is 2+3?"}
+ASSISTANT = {"role": "assistant", "content": "5"}
+
+
+def test_messages_column_is_the_prompt_up_to_the_last_assistant_turn(tmp_path) -> None:
+    follow_up = [USER, ASSISTANT, {"role": "user", "content": "and 3+4?"},
+                 {"role": "assistant", "content": "7"}]
+    path = _jsonl(tmp_path / "d.jsonl", [{"messages": [SYSTEM, USER, ASSISTANT]},
+                                         {"messages": follow_up, "answer": "seven"},
+                                         {"messages": [USER], "answer": "5"}])
+    assert load_examples(path) == [
+        Example(0, "", "5", source=(SYSTEM, USER)),  # the assistant's turn is the answer
+        Example(1, "", "seven", source=tuple(follow_up[:3])),  # an answer column wins
+        Example(2, "", "5", source=(USER,)),  # no assistant turn: the whole chat is the prompt
+    ]
+
+
+def test_messages_without_an_answer_anywhere_names_the_set_keys(tmp_path) -> None:
+    path = _jsonl(tmp_path / "d.jsonl", [{"messages": [USER]}])
+    with pytest.raises(DataError) as err:
+        load_examples(path)
+    msg = str(err.value)
+    assert "missing field 'answer' (the row has: 'messages')" in msg
+    assert "--set data.prompt_key=COLUMN and --set data.answer_key=COLUMN" in msg
+    assert "prompt_field" not in msg and "answer_field" not in msg
+    assert load_examples(path, answer_field=None) == [Example(0, "", "", source=(USER,))]
+    starts = _jsonl(tmp_path / "s.jsonl", [{"messages": [ASSISTANT]}])
+    with pytest.raises(DataError, match="starts with the assistant turn"):
+        load_examples(starts)
+
+
+def test_trl_prompt_completion_rows(tmp_path) -> None:
+    path = _jsonl(tmp_path / "d.jsonl", [
+        {"prompt": [SYSTEM, USER], "completion": [ASSISTANT]},  # conversational
+        {"prompt": "12+3=", "completion": "15"},  # standard
+        {"prompt": [USER], "completion": [ASSISTANT], "answer": "five"},  # an answer column wins
+    ])
+    assert load_examples(path) == [Example(0, "", "5", source=(SYSTEM, USER)), Example(1, "12+3=", "15"),
+                                   Example(2, "", "five", source=(USER,))]
+
+
+def test_a_chosen_prompt_key_turns_detection_off(tmp_path) -> None:
+    path = _jsonl(tmp_path / "d.jsonl", [{"messages": [USER, ASSISTANT]}])
+    with pytest.raises(DataError, match=r"missing field 'question', 'answer' \(the row has: 'messages'\); "
+                                        r"choose the columns with --set data.prompt_key"):
+        load_examples(path, prompt_field="question")
+    assert load_examples(path, prompt_field="messages", answer_field=None) == [
+        Example(0, "", "", source=(USER, ASSISTANT))]
+
+
+@pytest.mark.parametrize("layout", ["array", "one_list", "splits"])
+def test_json_files(tmp_path, layout) -> None:
+    rows = [{"prompt": "a", "answer": 1}, {"messages": [USER, ASSISTANT]}]
+    data = {"array": rows, "one_list": {"data": rows, "version": 2},
+            "splits": {"train": rows, "test": rows[:1]}}[layout]
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(data))
+    assert load_examples(path) == [Example(0, "a", "1"), Example(1, "", "5", source=(USER,))]
+
+
+@pytest.mark.parametrize(("content", "match"), [
+    ('{"a": [], "b": []}', r"several lists of rows \('a', 'b'\) and none named after the split 'train'"),
+    ('"text"', "expected a JSON array of rows"),
+    ('[{"prompt": "a", "answer": "1"},', r"d\.json:1:\d+: invalid JSON"),
+    ('[1]', "row 1: expected an object"),
+])
+def test_bad_json_files(tmp_path, content, match) -> None:
+    path = tmp_path / "d.json"
+    path.write_text(content)
+    with pytest.raises(DataError, match=match):
+        load_examples(path)

@@ -1,6 +1,7 @@
 """metrics.jsonl writing, resume truncation, progress output, TensorBoard, summary table."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sys
@@ -108,10 +109,42 @@ def test_plain_progress_lines_when_not_a_terminal(tmp_path):
             logger.log(step, {"reward_mean": step / 8, "clip_fraction": 0.02, "step_s": 0.125,
                               **extra})
     out = console.file.getvalue().splitlines()
-    # every 4th step, the evaluation step, and the last step
-    assert [line.split(" |")[0] for line in out] == ["step 3/6", "step 4/6", "step 6/6"]
-    assert out[0] == "step 3/6 | reward 0.375 | acc 0.5 | clip 0.02 | 0.12 s/step"
-    assert "acc 0.5" in out[2]  # the last held-out accuracy stays on display
+    # the first step, every 4th step, the evaluation step, and the last step
+    assert [line.split(" |")[0] for line in out] == ["step 1/6", "step 3/6", "step 4/6", "step 6/6"]
+    assert out[1] == "step 3/6 | reward 0.375 | acc 0.5 | clip 0.02 | 0.12 s/step"
+    assert "acc 0.5" in out[3]  # the last held-out accuracy stays on display
+
+
+def test_every_step_with_every_1_and_a_resumed_run_shows_its_first_step(tmp_path):
+    console = quiet()
+    with MetricsLogger(tmp_path / "a", total_steps=3, print_every=1, console=console) as logger:
+        for step in range(1, 4):
+            logger.log(step, {"reward_mean": 0.5})
+    assert [ln.split(" |")[0] for ln in console.file.getvalue().splitlines()] == ["step 1/3", "step 2/3", "step 3/3"]
+    console = quiet()
+    with MetricsLogger(tmp_path / "a", total_steps=30, print_every=10, console=console, resume_step=3) as logger:
+        for step in range(4, 12):
+            logger.log(step, {"reward_mean": 0.5})
+    assert [ln.split(" |")[0] for ln in console.file.getvalue().splitlines()] == ["step 4/30", "step 10/30"]
+
+
+def test_log_every_and_its_old_name(tmp_path):
+    from rldsl.runtime.config import load_config
+    assert load_config(None, ["log.every=3"]).log.every == 3
+    assert load_config(None, ["log.print_every=4"]).log.every == 4  # the old name still works
+    (tmp_path / "c.toml").write_text("[log]\nprint_every = 5\n")
+    assert load_config(tmp_path / "c.toml").log.every == 5
+
+
+def test_messages_are_not_wrapped_when_piped(tmp_path):
+    logger = MetricsLogger(tmp_path, total_steps=1, progress=False)
+    assert not logger.console.is_terminal
+    long_path = "/a/" + "b" * 150 + "/run"
+    with contextlib.redirect_stdout(io.StringIO()) as buf:
+        logger.console.file = buf
+        logger.print(f"interrupted; continue with:\nrldsl run --resume {long_path}")
+    logger.close()
+    assert f"rldsl run --resume {long_path}\n" in buf.getvalue()  # one line, pasteable
 
 
 def test_progress_bar_on_a_terminal(tmp_path):

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from rldsl.runtime.batch import RolloutBatch
-from rldsl.runtime.errors import RewardError
+from rldsl.runtime.errors import RewardError, RewardSpecError
 from rldsl.runtime.reward_remote import JudgeReward, ServerReward, parse_judge_score
 from rldsl.runtime.reward_server import BackgroundServer, make_app
 from rldsl.runtime.rewards import RewardFn
@@ -133,7 +133,7 @@ def test_bad_request_body_is_a_400_that_says_why():
 
 def test_server_down_is_a_start_up_error_naming_it():
     url = f"http://127.0.0.1:{free_port()}/score"
-    with pytest.raises(RewardError) as e:
+    with pytest.raises(RewardSpecError) as e:  # bad input at start-up: exit code 2
         RewardFn(url)
     assert url in str(e.value) and "not reachable" in str(e.value) and "serve-reward" in str(e.value)
     # and a server that goes away mid-run: named, after the retries, whatever on_error says
@@ -236,7 +236,7 @@ def test_judge_bad_template_and_unreachable_at_start_up(tmp_path):
         JudgeReward("http://127.0.0.1:1/v1", template=str(bad), check=False)
     with pytest.raises(ValueError, match="is not a file"):
         JudgeReward("http://127.0.0.1:1/v1", template=str(tmp_path / "none.txt"), check=False)
-    with pytest.raises(RewardError, match="judge .* is not reachable"):
+    with pytest.raises(RewardSpecError, match="judge .* is not reachable"):
         JudgeReward(f"http://127.0.0.1:{free_port()}/v1")
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import textwrap
 import time
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from rldsl.runtime.batch import RolloutBatch
-from rldsl.runtime.errors import RewardError
+from rldsl.runtime.errors import RewardError, RewardSpecError
 from rldsl.runtime.rewards import (
     RewardFn,
     addition_reward,
@@ -310,3 +311,50 @@ def test_answers_must_be_set() -> None:
         RewardFn("exact")(batch)
     with pytest.raises(ValueError, match="on_error"):
         RewardFn("exact", on_error="ignore")
+
+
+# ------------------------------------------------------------ the user's own reward modules
+DIGITS = "def digits(prompt, completion, answer):\n    return float(sum(c.isdigit() for c in completion))\n"
+
+
+def test_module_beside_the_command_is_found(tmp_path, monkeypatch) -> None:
+    (tmp_path / "myreward_beside.py").write_text(DIGITS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "myreward_beside", raising=False)
+    fn = RewardFn("myreward_beside:digits")
+    assert fn.terms[0].fn("p", "a1b22", "x") == 3.0
+
+
+def test_path_form_loads_the_file(tmp_path, monkeypatch) -> None:
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards" / "fmt.py").write_text(DIGITS + "HELPER = 1\n")
+    monkeypatch.chdir(tmp_path)
+    fn = RewardFn("rewards/fmt.py:digits=0.5")
+    assert fn.terms[0].weight == 0.5 and fn.terms[0].fn("p", "12", "x") == 2.0
+    absolute = RewardFn(f"{tmp_path / 'rewards' / 'fmt.py'}:digits")
+    assert absolute.terms[0].fn("p", "7", "x") == 1.0
+    with pytest.raises(RewardSpecError, match=r"has no function 'nope'; its functions: digits"):
+        RewardFn("rewards/fmt.py:nope")
+    with pytest.raises(RewardSpecError) as err:
+        RewardFn("rewards/missing.py:digits")
+    assert f"file not found: {tmp_path / 'rewards' / 'missing.py'}" in str(err.value)
+    assert f"relative to the current folder {tmp_path}" in str(err.value)
+
+
+def test_import_failures_say_where_and_why(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RewardSpecError) as err:
+        RewardFn("no_such_reward_module:digits")
+    msg = str(err.value)
+    assert f"no no_such_reward_module.py (or package no_such_reward_module/) in the current folder {tmp_path}" in msg
+    assert "--reward path/to/no_such_reward_module.py:digits" in msg
+    (tmp_path / "needs_pkg_reward.py").write_text("import no_such_dependency_xyz\n" + DIGITS)
+    monkeypatch.delitem(sys.modules, "needs_pkg_reward", raising=False)
+    with pytest.raises(RewardSpecError, match="importing module 'needs_pkg_reward' failed: ModuleNotFoundError: "
+                                              "No module named 'no_such_dependency_xyz'"):
+        RewardFn("needs_pkg_reward:digits")
+    (tmp_path / "broken.py").write_text("def digits(:\n")
+    with pytest.raises(RewardSpecError, match=r"importing .*broken\.py failed: SyntaxError"):
+        RewardFn("broken.py:digits")
+    assert RewardSpecError.exit_code == 2 and issubclass(RewardSpecError, ValueError)

@@ -131,7 +131,7 @@ def test_errors_raised_by_training(app, calls):
                                  hint="did you mean 'group_mean'?",
                                  source="\n\n\nbaseline    group_mena\n")
     result = invoke(app, "run", "grpo")
-    assert result.exit_code == 1  # as `rldsl check` for an invalid spec
+    assert result.exit_code == 2  # bad input, as `rldsl check` for an invalid spec
     assert result.stderr.splitlines() == [
         "a.rl:4:13: error: unknown baseline 'group_mena'",
         "   4 | baseline    group_mena",

@@ -1,9 +1,11 @@
 """`rldsl translate`: TRL / verl configs to specs. The code's tables agree with docs/peers.md,
 every fixture translates to a spec that checks and a run config that loads, and options that
-cannot be reproduced are named (exit 1, or warning comments with --lenient)."""
+cannot be reproduced are named (exit 2, or warning comments with --lenient)."""
 from __future__ import annotations
 
+import importlib.util
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,8 @@ HERE = Path(__file__).parent
 DOC = (HERE.parent.parent / "docs" / "peers.md").read_text(encoding="utf-8")
 BYPASS = "verl `algorithm.rollout_correction.loss_type` (with `bypass_mode: true`)"
 FIXTURES = sorted(p for p in HERE.iterdir() if p.suffix in (".json", ".yaml"))
-UNMAPPABLE = {"trl_unmappable.json": ["lr_scheduler_type"],
+UNMAPPABLE = {"trl_unmappable.json": ["sync_ref_model"],
+              "trl_vespo_vllm.yaml": ["vllm_importance_sampling_correction"],
               "verl_unmappable.yaml": ["actor_rollout_ref.actor.policy_loss.loss_mode",
                                        "algorithm.use_kl_in_reward"]}
 # lines each fixture's spec must hold (the peer's semantics, read from its source)
@@ -31,6 +34,12 @@ EXPECT = {
     "trl_gspo.json": ["ratio         sequence(clamp=80.0)", "trust_region  clip(low=0.0003, high=0.0004)"],
     "trl_cispo.json": ["trust_region  truncate(high=4.0)", "objective     is_weighted",
                        "normalizer    batch_std(eps=0.0001)"],
+    "trl_realistic.yaml": ["trust_region  clip(low=0.2, high=0.28)", "filter        overlong",
+                           "# ignored (sampling options beyond temperature and top_p: the rollout samples with "
+                           "those two only (the completions differ, the algorithm does not)): top_k=50",
+                           '# ignored (speed and memory only (the same numbers): rldsl has its own switches '
+                           '(train.gradient_checkpointing, train.max_tokens_per_microbatch)): '
+                           'gradient_checkpointing_kwargs={"use_reentrant": false}'],
     "trl_vllm_tis.yaml": ["correction    importance(level=token, high=2.0, clamp=80.0)",
                           "selection     top_entropy(quantile=0.2)"],
     "verl_grpo.yaml": ["baseline      group_mean(singleton=reward)", "normalizer    group_std(eps=1e-06)",
@@ -68,8 +77,17 @@ EXPECT = {
 }
 RUN = {"trl_dapo.json": {"rollout.n": 8, "rollout.max_new_tokens": 1024, "rollout.prompts_per_step": 8,
                          "train.minibatches": 2, "model.dtype": "bfloat16", "seed": 42},
+       # a user's recipe: every ordinary field carried into a run key, or ignored with its reason
+       "trl_realistic.yaml": {"model.path": "Qwen/Qwen2.5-0.5B-Instruct", "model.dtype": "bfloat16", "seed": 7,
+                              "model.lora.rank": 32, "model.lora.alpha": 64.0,
+                              "model.lora.target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+                              "train.lr_schedule": "linear", "train.warmup_steps": 10, "train.steps": 200,
+                              "train.betas": (0.9, 0.99), "train.grad_clip": 0.2, "train.gradient_checkpointing": True,
+                              "data.chat_template_kwargs": {"enable_thinking": False},
+                              "rollout.prompts_per_step": 8, "rollout.top_p": 0.95},
+       # vllm where the command runs has no GPU (the autouse fixture below): the hf engine, with a note
        "verl_grpo.yaml": {"rollout.n": 5, "rollout.max_new_tokens": 1024, "rollout.prompts_per_step": 1024,
-                          "train.minibatches": 4, "train.steps": 300, "rollout.engine": "vllm"},
+                          "train.minibatches": 4, "train.steps": 300, "rollout.engine": "hf"},
        "verl_ppo_gae.yaml": {"rollout.n": 1, "train.critic_lr": 1e-5, "train.minibatches": 4}}
 
 
@@ -141,6 +159,12 @@ def _spec_and_toml(out: str) -> tuple[str, str]:
     return spec, toml
 
 
+@pytest.fixture(autouse=True)
+def _no_vllm_here(monkeypatch):
+    """Translations do not depend on the machine the tests run on: vLLM is unusable here."""
+    monkeypatch.setattr(tr, "vllm_usable", lambda: (False, "no CUDA GPU here (rldsl's vLLM engine needs one)"))
+
+
 @pytest.mark.parametrize("path", [p for p in FIXTURES if p.name not in UNMAPPABLE], ids=lambda p: p.name)
 def test_fixture_translates_to_a_spec_that_checks_and_a_config_that_loads(path: Path, tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["translate", str(path)])
@@ -162,14 +186,15 @@ def test_fixture_translates_to_a_spec_that_checks_and_a_config_that_loads(path: 
         assert got == want, key
     flags = r.output.strip().splitlines()[-1]
     assert flags.startswith(f"# rldsl run {path.stem}.rl --set ")
-    sets = [s for s in flags.split(" --set ")[1:]]
+    words = shlex.split(flags.removeprefix("# "))  # as a shell reads the line
+    sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
     assert load_config(None, sets) == cfg  # the --set line says the same as the TOML
 
 
 @pytest.mark.parametrize("name", sorted(UNMAPPABLE))
 def test_unmappable_options_are_named_and_fail(name: str) -> None:
     r = CliRunner().invoke(app, ["translate", str(HERE / name)])
-    assert r.exit_code == 1 and "--lenient" in r.output
+    assert r.exit_code == 2 and "--lenient" in r.output
     for option in UNMAPPABLE[name]:
         assert f"option {option} cannot be translated: " in r.output, option
     r = CliRunner().invoke(app, ["translate", "--lenient", str(HERE / name)])
@@ -190,7 +215,7 @@ def test_trl_defaults_and_the_cispo_cap_footgun(tmp_path: Path) -> None:
     f = tmp_path / "c.rl"
     f.write_text(t.spec_text("c", "c.json"))
     r = CliRunner().invoke(app, ["check", "--strict", str(f)])
-    assert r.exit_code == 1 and "warning: trust_region truncate(high=-0.8) caps the weight" in r.output
+    assert r.exit_code == 2 and "warning: trust_region truncate(high=-0.8) caps the weight" in r.output
 
 
 def test_trl_delta_is_a_dual_clip() -> None:
@@ -253,8 +278,11 @@ def test_not_a_config_is_exit_2(tmp_path: Path) -> None:
 
 
 def test_a_typo_in_a_trl_field_is_named() -> None:
-    (p,) = tr.translate({"epsilon_hihg": 0.28}).problems
-    assert p.option == "epsilon_hihg" and "not a GRPOConfig field" in p.why
+    (p,) = tr.translate({"epsilon_hihg": 0.28}).problems  # close to an algorithm option: never guessed
+    assert p.option == "epsilon_hihg" and p.why == "not a TRL 1.16 field; did you mean one of 'epsilon', 'epsilon_high'?"
+    t = tr.translate({"my_own_field": 1})  # close to nothing: listed, not a failure
+    assert not t.problems and t.ignored == {
+        "not a field of TRL 1.16's GRPOConfig, ModelConfig or ScriptArguments (check its spelling)": ["my_own_field"]}
 
 
 def test_nearest_library_spec() -> None:
@@ -294,3 +322,92 @@ def test_verl_bypass_replaces_the_loss_mode() -> None:
     assert t.lines["objective"] == ["objective reinforce"] and "trust_region" not in t.lines
     cfg["algorithm"]["rollout_correction"]["loss_type"] = "ppo"
     assert [p.option for p in tr.translate(cfg).problems] == ["algorithm.rollout_correction.loss_type"]
+
+
+# ---------------------------------------------------------------------------------------
+# Real configs: engines, VESPO with vLLM, --out, --verify
+
+
+def test_vllm_translates_to_the_engine_that_works_here(monkeypatch) -> None:
+    verl = {"algorithm": {"adv_estimator": "grpo"}, "actor_rollout_ref": {"rollout": {"name": "vllm", "n": 4}}}
+    t = tr.translate(verl)
+    assert t.run["rollout.engine"] == "hf"
+    assert any(n.startswith("actor_rollout_ref.rollout.name=vllm: no CUDA GPU here") and
+               "--set rollout.engine=vllm" in n for n in t.notes)
+    monkeypatch.setattr(tr, "vllm_usable", lambda: (True, ""))
+    t = tr.translate(verl)
+    assert t.run["rollout.engine"] == "vllm" and not any("rollout.engine" in n for n in t.notes)
+    assert tr.translate({"use_vllm": True, "vllm_importance_sampling_correction": False}).run["rollout.engine"] == "vllm"
+
+
+def test_vespo_with_vllm_importance_sampling_is_refused_by_name() -> None:
+    (p,) = tr.translate({"loss_type": "vespo", "use_vllm": True}).problems
+    assert p.option == "vllm_importance_sampling_correction" and "phi(w * IS)" in p.why and "phi(w) * IS" in p.why
+    t = tr.translate({"loss_type": "vespo", "use_vllm": True, "vllm_importance_sampling_correction": False})
+    assert not t.problems and "correction" not in t.lines
+
+
+def test_warmup_ratio_and_schedules() -> None:
+    assert tr.translate({"warmup_ratio": 0.1, "max_steps": 35}).run["train.warmup_steps"] == 4  # ceil(3.5)
+    assert tr.translate({"warmup_steps": 0.1, "max_steps": 35}).run["train.warmup_steps"] == 4  # transformers 5
+    assert tr.translate({"warmup_steps": 3, "warmup_ratio": 0.5, "max_steps": 35}).run["train.warmup_steps"] == 3
+    t = tr.translate({"warmup_ratio": 0.1})  # no max_steps: nothing to take a fraction of
+    assert "train.warmup_steps" not in t.run and not t.problems
+    assert any("warmup_ratio=0.1" in opts for opts in t.ignored.values())
+    assert tr.translate({}).run["train.lr_schedule"] == "linear"  # TRL's default
+    assert tr.translate({"lr_scheduler_type": "constant_with_warmup"}).run["train.lr_schedule"] == "constant"
+    t = tr.translate({"lr_scheduler_type": "polynomial", "optim": "adafactor"})
+    assert not t.problems and "train.lr_schedule" not in t.run
+    assert sorted(o for opts in t.ignored.values() for o in opts) == ["lr_scheduler_type=polynomial",
+                                                                        "optim=adafactor"]
+
+
+def test_luspo_keeps_the_importance_sampling_level_trl_runs() -> None:
+    assert tr.translate({"loss_type": "luspo"}).lines["ratio"] == ["ratio token(clamp=80.0)"]  # TRL's default level
+    assert tr.translate({"loss_type": "luspo", "importance_sampling_level": "sequence"}).lines["ratio"] == \
+        ["ratio sequence(clamp=80.0)"]
+    (p,) = tr.translate({"importance_sampling_level": "sequence", "beta": 0.04}).problems
+    assert p.option == "use_bias_correction_kl"  # the KL's ratio weight: same loss, another gradient
+
+
+def test_out_writes_the_spec_and_the_run_config_apart(tmp_path: Path) -> None:
+    r = CliRunner().invoke(app, ["translate", str(HERE / "trl_realistic.yaml"), "--out", str(tmp_path / "t")])
+    assert r.exit_code == 0, r.output
+    spec, toml = tmp_path / "t" / "spec.rl", tmp_path / "t" / "run.toml"
+    assert r.output.splitlines()[:2] == [f"wrote {spec}", f"wrote {toml}"]
+    assert rldsl.load(str(spec)).name == "trl_realistic"
+    cfg = load_config(toml)
+    assert cfg.model.path == "Qwen/Qwen2.5-0.5B-Instruct" and cfg.train.warmup_steps == 10
+    assert "[train]" not in spec.read_text() and "algorithm" not in toml.read_text()
+
+
+def test_verify_runs_trls_own_loss(tmp_path: Path) -> None:
+    """--verify: TRL's GRPOTrainer._compute_loss and the translated spec agree; a spec that differs is
+    caught (exit 1). TRL is a dev dependency (pyproject's dev extra)."""
+    r = CliRunner().invoke(app, ["translate", str(HERE / "trl_realistic.yaml"), "--verify",
+                                 "--out", str(tmp_path / "t")])
+    assert r.exit_code == 0, r.output
+    line = r.output.splitlines()[-1]
+    assert line.startswith("verify: TRL 1.16") and "-> the same (tolerance 1e-05)" in line
+    from rldsl.verify import verify_translation
+    cfg = {"loss_type": "dapo", "beta": 0.04, "top_entropy_quantile": 0.5, "num_generations": 4}
+    t = tr.translate(cfg)
+    assert verify_translation(cfg, t, t.spec_text("v", "v.yaml")).ok
+    wrong = t.spec_text("v", "v.yaml").replace("clip(low=0.2, high=0.2)", "clip(low=0.2, high=0.3)")
+    report = verify_translation(cfg, t, wrong)
+    assert not report.ok and "-> DIFFERENT" in report.lines[-1]
+    # adaptive entropy: both controllers first step on a low-entropy batch, so the bonus compared is not 0
+    cfg = {"loss_type": "dapo", "use_adaptive_entropy": True, "entropy_coef": 0.05, "num_generations": 4}
+    t = tr.translate(cfg)
+    assert verify_translation(cfg, t, t.spec_text("a", "a.yaml")).ok
+    no_bonus = t.spec_text("a", "a.yaml").replace("entropy       adaptive(init=0.05", "entropy       adaptive(init=0.5")
+    assert no_bonus != t.spec_text("a", "a.yaml") and not verify_translation(cfg, t, no_bonus).ok
+
+
+def test_verify_says_what_it_cannot_verify(tmp_path: Path) -> None:
+    r = CliRunner().invoke(app, ["translate", str(HERE / "verl_grpo.yaml"), "--verify"])
+    verl_here = importlib.util.find_spec("verl") is not None
+    assert r.exit_code == 2 and ("verl's core_algos is not implemented yet" if verl_here
+                                 else "--verify: verl is not installed here") in r.output
+    r = CliRunner().invoke(app, ["translate", str(HERE / "trl_vllm_tis.yaml"), "--verify"])
+    assert r.exit_code == 2 and "vLLM importance weights inside its generation step" in r.output

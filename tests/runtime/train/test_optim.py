@@ -26,6 +26,27 @@ def test_lr_factor_cosine():
     assert lr_factor(3, train) == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi * p)))
 
 
+def test_lr_factor_linear():
+    train = TrainConfig(steps=10, warmup_steps=2, lr_schedule="linear")
+    assert [lr_factor(s, train) for s in range(11)] == pytest.approx(
+        [0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0])
+    floor = TrainConfig(steps=10, warmup_steps=0, lr_schedule="linear", min_lr_ratio=0.2)
+    assert [lr_factor(s, floor) for s in (0, 5, 10, 20)] == pytest.approx([1.0, 0.6, 0.2, 0.2])
+
+
+def test_lr_factor_linear_is_transformers_linear_schedule_after_the_warmup():
+    """TRL's default schedule: transformers' get_linear_schedule_with_warmup (whose warm-up starts at
+    0/W where ours starts at 1/W: the same from the first step after the warm-up on)."""
+    from transformers import get_linear_schedule_with_warmup
+    steps, warmup = 17, 3
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    theirs = get_linear_schedule_with_warmup(opt, num_warmup_steps=warmup, num_training_steps=steps)
+    train = TrainConfig(steps=steps, warmup_steps=warmup, lr_schedule="linear")
+    for s in range(steps):
+        if s >= warmup:
+            assert lr_factor(s, train) == pytest.approx(theirs.lr_lambdas[0](s), abs=1e-12), s
+
+
 def test_optimizer_and_scheduler_follow_the_config():
     train = TrainConfig(lr=0.1, betas=(0.8, 0.9), weight_decay=0.01, warmup_steps=2,
                         steps=4, lr_schedule="cosine")

@@ -1,0 +1,109 @@
+"""One exit-code scheme for every command: 0 ok, 1 a run failed, 2 usage or bad input, 130
+interrupted (rldsl.cli_errors; docs/errors.md). The table runs each command on a bad input."""
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rldsl.cli import app
+from rldsl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+
+runner = CliRunner()
+HERE = Path(__file__).parent
+
+
+@pytest.fixture()
+def files(tmp_path: Path) -> dict[str, Path]:
+    (tmp_path / "bad.rl").write_text("algorithm bad\n  baseline group_mena\n")
+    (tmp_path / "notrl.yaml").write_text("model:\n  path: x\n")
+    (tmp_path / "raises.py").write_text("def boom(prompt, completion, answer):\n    raise ZeroDivisionError('no')\n")
+    (tmp_path / "norun").mkdir()
+    return {"dir": tmp_path, "bad": tmp_path / "bad.rl", "notrl": tmp_path / "notrl.yaml",
+            "raises": tmp_path / "raises.py", "norun": tmp_path / "norun"}
+
+
+# (command line with {placeholders} for the files above, exit code, a piece of the message)
+CASES = [
+    ("check grpo", EXIT_OK, "ok: grpo"),
+    ("check {bad}", EXIT_BAD_INPUT, "error: unknown baseline 'group_mena'"),
+    ("check no_such_spec", EXIT_BAD_INPUT, "no such spec file or library algorithm"),
+    ("explain {bad}", EXIT_BAD_INPUT, "error: unknown baseline 'group_mena'"),
+    ("explain grpo --format yaml", EXIT_BAD_INPUT, "error: --format must be 'text' or 'json'"),
+    ("list baselin", EXIT_BAD_INPUT, "error: unknown slot 'baselin'; did you mean one of 'baseline'"),
+    ("translate {notrl}", EXIT_BAD_INPUT, "error: neither a TRL GRPOConfig"),
+    ("translate {dir}/missing.yaml", EXIT_BAD_INPUT, "error: config file not found"),
+    ("translate " + str(HERE / "translate" / "trl_vespo_vllm.yaml"), EXIT_BAD_INPUT, "cannot be translated"),
+    ("run no_such_spec", EXIT_BAD_INPUT, "no such spec file or library algorithm"),
+    ("run {bad}", EXIT_BAD_INPUT, "error: unknown baseline 'group_mena'"),
+    ("run grpo --set train.lrr=1", EXIT_BAD_INPUT, "train.lrr"),
+    ("run grpo --config {dir}/missing.toml", EXIT_BAD_INPUT, "error: config file not found"),
+    ("run grpo --model {dir}/no_model --out {dir}/r1", EXIT_BAD_INPUT, "error: model folder not found"),
+    ("run grpo --resume {norun}", EXIT_BAD_INPUT, "not a run folder"),
+    ("plot {dir}/no_run", EXIT_BAD_INPUT, "error: "),
+    ("samples {norun}", EXIT_BAD_INPUT, "error: "),
+    ("export {norun} --out {dir}/exported", EXIT_BAD_INPUT, "error: "),
+    ("reward maht --completion 1 --answer 1", EXIT_BAD_INPUT, "error: unknown reward 'maht'"),
+    ("reward no_such_reward_module:f --completion 1 --answer 1", EXIT_BAD_INPUT, "cannot import module"),
+    ("reward {raises}:boom --completion 1 --answer 1", EXIT_FAILED, "ZeroDivisionError: no"),
+    ("reward math --completion 1 --answer 1 --finish-reason eos", EXIT_BAD_INPUT, "--finish-reason"),
+    ("ablate --vary kl:none", EXIT_BAD_INPUT, "missing BASE"),
+    ("ablate {bad} --vary kl:none --out {dir}/study", EXIT_BAD_INPUT, "unknown baseline 'group_mena'"),
+]
+
+
+@pytest.mark.parametrize(("line", "code", "message"), CASES, ids=[c[0].split(" {")[0] for c in CASES])
+def test_exit_code_table(files, line: str, code: int, message: str) -> None:
+    args = [a.format(**files) for a in line.split()]
+    res = runner.invoke(app, args)
+    assert res.exit_code == code, res.output
+    assert message in res.output
+    assert "Traceback" not in res.output
+
+
+@pytest.fixture
+def fake_train(monkeypatch):
+    """rldsl.runtime.loop.train replaced: raises what the test sets, after writing what it sets."""
+    box = types.SimpleNamespace(error=None, before=None)
+    fake = types.ModuleType("rldsl.runtime.loop")
+
+    def train(spec, cfg, resume=None):
+        if box.before is not None:
+            box.before(cfg)
+        raise box.error
+
+    fake.train = train
+    monkeypatch.setitem(sys.modules, "rldsl.runtime.loop", fake)
+    return box
+
+
+def test_a_failed_run_is_1_with_a_traceback_hint(fake_train, tmp_path) -> None:
+    fake_train.error = RuntimeError("out of prompts")
+    res = runner.invoke(app, ["run", "grpo", "--out", str(tmp_path / "r")])
+    assert res.exit_code == EXIT_FAILED
+    assert "error: RuntimeError: out of prompts\n(run again with --traceback to see where)" in res.output
+
+
+def test_interrupted_is_130_and_names_resume_only_with_a_checkpoint(fake_train, tmp_path) -> None:
+    fake_train.error = KeyboardInterrupt()
+    run = tmp_path / "r"
+    res = runner.invoke(app, ["run", "grpo", "--out", str(run)])
+    assert res.exit_code == EXIT_INTERRUPTED
+    assert "--resume" not in res.output and f"interrupted before the first checkpoint of {run}" in res.output
+
+    def checkpoint(cfg) -> None:  # a complete checkpoint, as checkpoint.save_checkpoint leaves it
+        from rldsl.runtime.checkpoint import latest_checkpoint
+        step = Path(cfg.out) / "checkpoints" / "step-2"
+        step.mkdir(parents=True, exist_ok=True)
+        (step / "COMPLETE").write_text(json.dumps({"step": 2, "format": 1}))
+        (Path(cfg.out) / "checkpoints" / "latest").write_text("step-2")
+        assert latest_checkpoint(cfg.out) is not None, "the fake checkpoint must count as complete"
+
+    fake_train.before = checkpoint
+    res = runner.invoke(app, ["run", "grpo", "--out", str(run)])
+    assert res.exit_code == EXIT_INTERRUPTED
+    assert res.output.endswith(f"interrupted; continue with:\nrldsl run --resume {run}\n")
