@@ -14,9 +14,9 @@ rendered from the tree. One line per binding, each with its formula and shape:
 """
 from __future__ import annotations
 
-import math
 import re
 
+from ..generated import literal
 from . import lang
 from .check import Formula, Typed
 from .render import binding as render_binding
@@ -45,11 +45,8 @@ def is_generated_name(name: str) -> bool:
 
 
 def _literal(x: float | bool) -> str:
-    if isinstance(x, bool):
-        return "True" if x else "False"
-    if not math.isfinite(x):  # the checker never lets one through
-        raise ValueError(f"non-finite constant {x!r}")
-    return repr(float(x))
+    """A checked constant: True/False, or a float (formulas fold every number as a float)."""
+    return literal(x if isinstance(x, bool) else float(x))
 
 
 class _Emitter:

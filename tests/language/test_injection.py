@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 import rldsl
-from rldsl import SlotValue, SpecError, codegen, registry
-from rldsl.codegen import CodegenError, literal
+from rldsl import SlotValue, SpecError, codegen, inputs, registry
+from rldsl.generated import CodegenError, literal
 
 ROOT = Path(__file__).resolve().parents[2]
 H = "algorithm demo\n"
@@ -173,8 +173,10 @@ def _template_text() -> str:
 
 @lru_cache(maxsize=1)
 def allowed_names() -> frozenset[str]:
-    """Registry names (slots, components, parameters) and the words of the templates' own text."""
+    """Registry names (slots, components, parameters), the inputs table's argument and batch field
+    names, and the words of the templates' own text."""
     names = set(registry.SLOTS) | {"True", "False", "None"}
+    names.update(n for i in inputs.INPUTS.values() for n in (i.arg, i.batch) if n)
     for comps in registry.REGISTRY.values():
         for c in comps.values():
             names.add(c.name)
