@@ -15,7 +15,7 @@ from typing import Any
 
 import jinja2
 
-from . import inputs, registry
+from . import inputs, ops, registry
 from .formula import hooks as formula_hooks
 from .generated import IDENT, CodegenError, literal
 from .spec import Algorithm
@@ -25,6 +25,7 @@ _IDENT = IDENT
 #: a line of the generated batch construction wraps before a group of fields that would pass it
 _BATCH_LINE = 100
 _BATCH_INDENT = " " * 27  # under ``AdvantageBatch(``
+_BATCH_FIELDS = {f.name for f in dataclasses.fields(ops.AdvantageBatch)}
 
 
 def _name(slot: str, component: str) -> str:
@@ -132,8 +133,10 @@ def _batch_fields(algo: Algorithm) -> list[str]:
         fields = [i for i in map(inputs.INPUTS.__getitem__, v.spec.facts.needs)
                   if i.batch and i.name not in seen]
         seen.update(i.name for i in fields)
-        if fields:
-            groups.append(", ".join(f"{i.batch}={i.arg}" for i in fields))
+        own = [f"{i.batch}={i.arg}" for i in fields if i.batch in _BATCH_FIELDS]
+        other = [f"{i.batch}={i.arg}" for i in fields if i.batch not in _BATCH_FIELDS]  # batch.inputs
+        if own or other:
+            groups.append(", ".join(own + ([f"inputs=dict({', '.join(other)})"] if other else [])))
     out: list[str] = []
     line = len(_BATCH_INDENT) + len("valid=valid")
     for g in groups:

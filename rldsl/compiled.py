@@ -126,6 +126,17 @@ class CompiledAlgorithm:
                                  + f" for {v.slot} {v.component}")
 
     @staticmethod
+    def _more(call: str, stage: str, more: dict[str, Any]) -> dict[str, Any]:
+        """Keywords beyond the named ones: inputs of the table for this call (an input added to the
+        table is a keyword at once); anything else is refused, naming the inputs."""
+        names = {i.name for i in inputs.of_stage(stage)}
+        unknown = [k for k in more if k not in names]
+        if unknown:
+            raise TypeError(f"{call}() got an unexpected keyword argument {unknown[0]!r}; its optional "
+                            f"inputs (rldsl/inputs.py): {', '.join(sorted(names))}")
+        return more
+
+    @staticmethod
     def _given(stage: str, keywords: dict[str, Any]) -> dict[str, Any]:
         """The inputs of the table a call of ``stage`` received, from its keywords."""
         return {i.name: keywords[i.name] for i in inputs.of_stage(stage) if i.name in keywords}
@@ -168,7 +179,7 @@ class CompiledAlgorithm:
                  reward_baselines: Tensor | None = None,
                  sum_pi_squared: Tensor | None = None,
                  reward_components: Tensor | None = None,
-                 reward_weights: Tensor | None = None) -> Estimate:
+                 reward_weights: Tensor | None = None, **more: Tensor) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
 
         ``reward_baselines`` [B]: the reward of a greedy rollout of each row's prompt
@@ -192,7 +203,7 @@ class CompiledAlgorithm:
                              f"and {tuple(mask.shape)}")
         if group_size < 1 or rewards.shape[0] % group_size:
             raise ValueError(f"{rewards.shape[0]} rows are not a whole number of groups of {group_size}")
-        given = self._given("advantage", locals())
+        given = self._given("advantage", {**locals(), **self._more("estimate", "advantage", more)})
         self._check_inputs("estimate", "advantage", given)
         sizes = {"B": rewards.shape[0], "T": mask.shape[1]}
         for x in self.algorithm.needs("advantage"):  # what the components read has the table's shape
@@ -310,7 +321,7 @@ class CompiledAlgorithm:
              denominator: Tensor | float | None = None, metrics: bool = True,
              value_denominator: Tensor | float | None = None,
              rollout_logprobs: Tensor | None = None,
-             entropy_coef: Tensor | float | None = None) -> LossOutput:
+             entropy_coef: Tensor | float | None = None, **more: Tensor) -> LossOutput:
         """Per-token tensors [B, T] -> the scalar loss to minimise, value loss and metrics.
 
         ``entropy_coef``: the coefficient of ``entropy adaptive`` for this optimizer step
@@ -327,7 +338,7 @@ class CompiledAlgorithm:
         (importance weights on the policy loss, rejections off the mask; docs/api.md).
         """
         algo = self.algorithm
-        given = self._given("loss", locals())
+        given = self._given("loss", {**locals(), **self._more("loss", "loss", more)})
         self._check_inputs("loss", "loss", given)
         if denominator is not None and not isinstance(denominator, Tensor):
             denominator = torch.tensor(float(denominator))

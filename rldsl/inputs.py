@@ -54,8 +54,9 @@ class Input:
     arg      its name in the generated ``advantages()``/``loss()`` and in slot signatures
     always   stages whose generated function always takes it (None when absent); in the
              others it is an argument only when an active component reads it
-    batch    advantage stage: the ``AdvantageBatch`` field it fills when a component reads it
-             ("" for none, or a field that is always filled)
+    batch    advantage stage: the ``AdvantageBatch`` attribute it fills when a component of a
+             slot that receives the batch reads it ("" for none, or a field always filled);
+             a name that is not a field of its own goes to ``batch.inputs`` (read the same way)
     formula  the name a formula reads it by (None: formulas cannot read it)
     slots    the slots whose formulas may read it (the slots that receive it)
     default  what an absent value means ("ones": all 1, shaped like the rest); "" none: a

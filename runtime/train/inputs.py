@@ -112,7 +112,7 @@ def greedy_baselines(side: RolloutSide, batch: RolloutBatch, scored: Any,
         side.warn(f"step {side.step}: the greedy baseline's reward failed for {gen.scored.num_errors} "
                   f"prompt(s): their samples get advantage 0; first:\n{gen.scored.first_error}")
     base = r.repeat_interleave(batch.group_size).to(batch.response_ids.device)  # [B]
-    return dataclasses.replace(batch, reward_baselines=base), gen.generate_s + gen.reward_s
+    return _with(batch, reward_baselines=base), gen.generate_s + gen.reward_s
 
 
 def per_function_rewards(side: RolloutSide, batch: RolloutBatch, scored: Any,
@@ -123,7 +123,12 @@ def per_function_rewards(side: RolloutSide, batch: RolloutBatch, scored: Any,
     comps = torch.stack([scored.components[n].to(torch.float32) for n, _ in side.reward_terms],
                         dim=1).to(dev)  # [B, K]
     w = torch.tensor([wt for _, wt in side.reward_terms], dtype=torch.float32, device=dev)  # [K]
-    return dataclasses.replace(batch, reward_components=comps, reward_weights=w), 0.0
+    return _with(batch, reward_components=comps, reward_weights=w), 0.0
+
+
+def _with(batch: RolloutBatch, **made: Tensor) -> RolloutBatch:
+    """``batch`` with inputs added to its ``inputs``."""
+    return dataclasses.replace(batch, inputs={**batch.inputs, **made})
 
 
 @dataclass(frozen=True)
@@ -163,10 +168,10 @@ ESTIMATE: dict[str, Callable[[Trainer, RolloutBatch, Forwards], Any]] = {
                                       else f.old_logprobs),
     "ref_logprobs": lambda tr, r, f: f.ref_logprobs,
     "rollout_logprobs": lambda tr, r, f: r.logprobs,
-    "reward_baselines": lambda tr, r, f: r.reward_baselines,
+    "reward_baselines": lambda tr, r, f: r.inputs.get("reward_baselines"),
     "sum_pi_squared": lambda tr, r, f: f.sum_pi_squared,
-    "reward_components": lambda tr, r, f: r.reward_components,
-    "reward_weights": lambda tr, r, f: r.reward_weights,
+    "reward_components": lambda tr, r, f: r.inputs.get("reward_components"),
+    "reward_weights": lambda tr, r, f: r.inputs.get("reward_weights"),
 }
 
 
