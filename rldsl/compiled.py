@@ -137,9 +137,11 @@ class CompiledAlgorithm:
         return more
 
     @staticmethod
-    def _given(stage: str, keywords: dict[str, Any]) -> dict[str, Any]:
-        """The inputs of the table a call of ``stage`` received, from its keywords."""
-        return {i.name: keywords[i.name] for i in inputs.of_stage(stage) if i.name in keywords}
+    def _given(stage: str, keywords: dict[str, Any], every: bool = True) -> dict[str, Any]:
+        """The inputs of the table a call of ``stage`` received, from its keywords: every input of
+        the stage (None where not given), or with ``every=False`` only those it has a keyword for
+        (``denominator()`` takes group_size only)."""
+        return {i.name: keywords.get(i.name) for i in inputs.of_stage(stage) if every or i.name in keywords}
 
     def _extras(self, stage: str, given: dict[str, Any], sizes: dict[str, int],
                 like: Tensor) -> tuple[Any, ...]:
@@ -292,7 +294,7 @@ class CompiledAlgorithm:
     def denominator(self, mask: Tensor, group_size: int | None = None) -> Tensor:
         """The local aggregation count (0-dim); sum it over micro-batches/ranks for ``denominator=``."""
         agg = self.algorithm["aggregation"]
-        self._check_inputs("denominator", "loss", self._given("loss", locals()))
+        self._check_inputs("denominator", "loss", self._given("loss", locals(), every=False))
         if agg.formula is not None:  # written in the spec: the count of its generated lines
             return formula_hooks.denominator(agg, mask, group_size or 1)
         comp = agg.spec
@@ -304,7 +306,7 @@ class CompiledAlgorithm:
         if not self.algorithm.uses_critic:
             raise ValueError(f"{self.algorithm.name} has no critic")
         comp = self._critic_aggregation()
-        if inputs.missing(comp.facts.needs, self._given("loss", locals())):
+        if inputs.missing(comp.facts.needs, self._given("loss", locals(), every=False)):
             raise ValueError(f"{self.algorithm.name}: value_denominator() needs group_size= for the "
                              f"critic's aggregation {comp.name}")
         defaults = {k: p.default for k, p in comp.params.items()}
