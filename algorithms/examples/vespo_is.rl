@@ -1,4 +1,4 @@
-# VESPO with the train/inference correction TRL applies to it (loss_type="vespo",
+# VESPO (arXiv 2602.10693) with the train/inference correction TRL applies to it (loss_type="vespo",
 # vllm_importance_sampling_correction, mode token_truncate, cap 3): the engine's importance
 # weight min(pi_old / pi_engine, 3) is not multiplied into the loss, as for the other loss
 # types, but folded into the sequence ratio inside VESPO's Gamma weight phi:
