@@ -21,7 +21,6 @@ from .generated import IDENT, CodegenError, literal
 from .spec import Algorithm
 from .values import SlotValue
 
-_IDENT = IDENT
 #: a line of the generated batch construction wraps before a group of fields that would pass it
 _BATCH_LINE = 100
 _BATCH_INDENT = " " * 27  # under ``AdvantageBatch(``
@@ -29,7 +28,7 @@ _BATCH_FIELDS = {f.name for f in dataclasses.fields(ops.AdvantageBatch)}
 
 
 def _name(slot: str, component: str) -> str:
-    if component not in registry.REGISTRY.get(slot, {}) or not _IDENT.fullmatch(component):
+    if component not in registry.REGISTRY.get(slot, {}) or not IDENT.fullmatch(component):
         raise CodegenError(f"{slot}.{component} is not a registry name")
     return component
 
@@ -53,7 +52,7 @@ def _where(algo: Algorithm, v: SlotValue) -> str:
 
 def _call(algo: Algorithm, v: SlotValue) -> _Call:
     if v.formula is not None:  # a component written in the spec
-        if not _IDENT.fullmatch(v.component):
+        if not IDENT.fullmatch(v.component):
             raise CodegenError(f"{v.slot}.{v.component} is not an identifier")
         return _Call(v.component, "", _where(algo, v), False,
                      formula_hooks.code(algo.slots[v.slot], v, _where(algo, v)))
@@ -61,7 +60,7 @@ def _call(algo: Algorithm, v: SlotValue) -> _Call:
     args = "".join(f", {k}={literal(val, comp.params[k].choices)}"
                    for k, val in comp.fn_params(v.params).items())
     for k in comp.params:
-        if not _IDENT.fullmatch(k):
+        if not IDENT.fullmatch(k):
             raise CodegenError(f"parameter name {k!r} is not an identifier")
     return _Call(_name(v.slot, v.component), args, _where(algo, v), comp.off)
 
@@ -88,8 +87,7 @@ def _context(algo: Algorithm) -> dict[str, Any]:
     # the optional inputs the algorithm reads: extra arguments of advantages() / loss() (the
     # inputs table's order), and the AdvantageBatch fields they fill
     for stage in inputs.STAGES:
-        passed = [a for v in algo.active(stage) for a in registry.SLOTS[v.slot].args or ()]
-        ctx[f"{stage}_args"] = [i.arg for i in inputs.extra_args(stage, algo.needs(stage), passed)]
+        ctx[f"{stage}_args"] = [i.arg for i in extra_inputs(algo, stage)]
     ctx["batch_fields"] = _batch_fields(algo)
     # an entropy component reading the algorithm's own state (a coefficient) is scaled by it
     ent = algo["entropy"]
@@ -119,6 +117,13 @@ def _context(algo: Algorithm) -> dict[str, Any]:
     ctx["uses_ratio"] = algo.uses_ratio  # facts: objective uses_ratio, kl k3 ratio_weighted in the loss
     ctx["with_metrics"] = True
     return ctx
+
+
+def extra_inputs(algo: Algorithm, stage: str) -> list[inputs.Input]:
+    """The optional inputs the generated function of ``stage`` takes after its fixed arguments,
+    in order: those an active component reads, and those its slot passes to every component."""
+    passed = [a for v in algo.active(stage) for a in registry.SLOTS[v.slot].args or ()]
+    return inputs.extra_args(stage, algo.needs(stage), passed)
 
 
 def _batch_fields(algo: Algorithm) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from . import codegen, inputs, ops, registry
+from . import codegen, inputs, ops
 from .components import entropy as entropy_components
 from .components.data import informative as _informative
 from .components.filter import pass_rates as _pass_rates, retired as _retired
@@ -89,8 +89,7 @@ class CompiledAlgorithm:
         self.loss_source = gen.loss_source
         self._advantages = load_function(gen.advantages_source, "advantages")
         # the optional inputs each generated function takes beyond its fixed arguments, in order
-        self._extra_inputs = {stage: inputs.extra_args(stage, algo.needs(stage), [
-            a for v in algo.active(stage) for a in registry.SLOTS[v.slot].args or ()]) for stage in inputs.STAGES}
+        self._extra_inputs = {stage: codegen.extra_inputs(algo, stage) for stage in inputs.STAGES}
         self.eager_loss = load_function(gen.loss_source, "loss")
         self.compiled = compile and compile_enabled()
         self._compile_kwargs = compile_kwargs
