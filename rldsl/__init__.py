@@ -9,9 +9,11 @@
 
 See docs/api.md for the full contract.
 """
+from . import components  # noqa: F401  (registers every component in the registry)
 from .compiled import CompiledAlgorithm, Estimate, LossOutput, compile
 from .errors import SpecError, SpecErrors
-from .spec import Algorithm, SlotValue, library, load, loads
+from .spec import Algorithm, library, load, loads
+from .values import SlotValue
 
 __all__ = ["Algorithm", "CompiledAlgorithm", "Estimate", "LossOutput", "SlotValue", "SpecError",
            "SpecErrors", "compile", "library", "load", "loads"]

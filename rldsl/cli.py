@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from importlib.metadata import entry_points
 from typing import List, Optional
 
 import typer
@@ -285,20 +286,32 @@ def list_components(slot: Optional[str] = typer.Argument(None, help="only this s
     _print_lines(list_lines(slot), wrap=True)
 
 
-def _register_runtime() -> None:
-    try:
-        from .runtime.cli import register
-    except ImportError as e:  # pragma: no cover - a broken install
-        @app.command()
-        def run() -> None:
-            """(unavailable: the runtime could not be imported)"""
-            err.print(f"error: the runtime is unavailable: {e}", markup=False)
-            raise typer.Exit(1)
-        return
-    register(app)
+#: the entry point group through which installed packages add commands (the runtime adds
+#: run, plot, samples, export, reward and ablate; pyproject.toml declares it)
+COMMANDS_GROUP = "rldsl.commands"
 
 
-_register_runtime()
+def _register_commands() -> None:
+    """Add the commands other packages register under COMMANDS_GROUP: each entry point is a
+    function that takes the Typer app. The language package never imports them itself."""
+    for ep in entry_points(group=COMMANDS_GROUP):
+        try:
+            register = ep.load()
+        except ImportError as e:  # pragma: no cover - a broken install
+            _unavailable(ep.name, e)
+            continue
+        register(app)
+
+
+def _unavailable(name: str, e: ImportError) -> None:  # pragma: no cover - a broken install
+    @app.command("run")
+    def run() -> None:
+        """(unavailable: the commands of an installed package could not be imported)"""
+        err.print(f"error: the {name} commands are unavailable: {e}", markup=False)
+        raise typer.Exit(2)
+
+
+_register_commands()
 
 
 def _whole_short_help() -> None:

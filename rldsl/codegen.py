@@ -1,55 +1,34 @@
 """Resolved Algorithm -> readable Python source of ``advantages()`` and ``loss()``.
 
 Only registry names (checked against the registry) and validated numeric / boolean
-literals (or a registry's own choice strings) ever reach the templates; :func:`literal`
-refuses anything else, so no text from a spec file can become code. The source is executed
-in a closed namespace that holds torch, the per-slot component namespaces and two helpers,
-and is registered with ``linecache`` so tracebacks and ``inspect.getsource`` show it.
+literals (or a registry's own choice strings) ever reach the templates; ``generated.literal``
+refuses anything else, so no text from a spec file can become code. The generated functions'
+optional arguments come from the inputs table (``rldsl/inputs.py``): an input the algorithm
+reads is an argument, one it does not read is not. ``generated.load_function`` runs the source.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import linecache
-import math
-import re
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Callable
+from typing import Any
 
 import jinja2
-import torch
 
-from . import ops, registry
+from . import inputs, ops, registry
 from .formula import hooks as formula_hooks
-from .spec import Algorithm, SlotValue
+from .generated import IDENT, CodegenError, literal
+from .spec import Algorithm
+from .values import SlotValue
 
-_IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
-
-
-class CodegenError(RuntimeError):
-    """A value that must never reach generated code did (a bug, not a user error)."""
-
-
-def literal(value: Any, choices: tuple[str, ...] = ()) -> str:
-    """Python source for a validated parameter value; refuses anything that is not a plain literal."""
-    if value is None:
-        return "None"
-    if isinstance(value, bool):
-        return "True" if value else "False"
-    if isinstance(value, int):
-        return repr(int(value))
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise CodegenError(f"non-finite literal {value!r}")
-        return repr(float(value))
-    if isinstance(value, str) and value in choices and _IDENT.fullmatch(value):
-        return repr(value)
-    raise CodegenError(f"refusing to emit {type(value).__name__} literal {value!r}")
+#: a line of the generated batch construction wraps before a group of fields that would pass it
+_BATCH_LINE = 100
+_BATCH_INDENT = " " * 27  # under ``AdvantageBatch(``
+_BATCH_FIELDS = {f.name for f in dataclasses.fields(ops.AdvantageBatch)}
 
 
 def _name(slot: str, component: str) -> str:
-    if component not in registry.REGISTRY.get(slot, {}) or not _IDENT.fullmatch(component):
+    if component not in registry.REGISTRY.get(slot, {}) or not IDENT.fullmatch(component):
         raise CodegenError(f"{slot}.{component} is not a registry name")
     return component
 
@@ -73,14 +52,15 @@ def _where(algo: Algorithm, v: SlotValue) -> str:
 
 def _call(algo: Algorithm, v: SlotValue) -> _Call:
     if v.formula is not None:  # a component written in the spec
-        if not _IDENT.fullmatch(v.component):
+        if not IDENT.fullmatch(v.component):
             raise CodegenError(f"{v.slot}.{v.component} is not an identifier")
-        return _Call(v.component, "", _where(algo, v), False, formula_hooks.code(algo, v, _where(algo, v)))
+        return _Call(v.component, "", _where(algo, v), False,
+                     formula_hooks.code(algo.slots[v.slot], v, _where(algo, v)))
     comp = registry.get(v.slot, v.component)
     args = "".join(f", {k}={literal(val, comp.params[k].choices)}"
                    for k, val in comp.fn_params(v.params).items())
     for k in comp.params:
-        if not _IDENT.fullmatch(k):
+        if not IDENT.fullmatch(k):
             raise CodegenError(f"parameter name {k!r} is not an identifier")
     return _Call(_name(v.slot, v.component), args, _where(algo, v), comp.off)
 
@@ -104,12 +84,15 @@ def _context(algo: Algorithm) -> dict[str, Any]:
     ctx["kl_in_reward"] = kl.stage == "advantage" and not kl.spec.off
     ctx["kl_beta"] = literal(kl.params.get("beta")) if not kl.spec.off else "0.0"
     ctx["entropy_bonus"] = algo.uses_entropy
-    # the baseline's optional inputs: extra arguments of advantages() (in this order) and of its batch
-    needs = algo["baseline"].spec.facts.needs
-    ctx["greedy_baseline"] = "reward_baselines" in needs
-    ctx["sum_pi_squared"] = "sum_pi_squared" in needs  # with old_logprobs in the batch
-    ctx["per_reward"] = "reward_components" in needs  # two extra arguments
-    ctx["entropy_coef"] = "entropy_coef" in algo.needs("loss")  # an extra argument of loss()
+    # the optional inputs the algorithm reads: extra arguments of advantages() / loss() (the
+    # inputs table's order), and the AdvantageBatch fields they fill
+    for stage in inputs.STAGES:
+        ctx[f"{stage}_args"] = [i.arg for i in extra_inputs(algo, stage)]
+    ctx["batch_fields"] = _batch_fields(algo)
+    # an entropy component reading the algorithm's own state (a coefficient) is scaled by it
+    ent = algo["entropy"]
+    state = [inputs.INPUTS[x].arg for x in ent.spec.facts.needs if inputs.INPUTS[x].source == "algorithm"]
+    ctx["entropy_scale"] = state[0] if state and ent.formula is None else None
     ctx["critic"] = one["critic"] if algo.uses_critic else None
     ctx["critic_coef"] = literal(algo["critic"].params.get("coef")) if algo.uses_critic else "0.0"
     ctx["critic_aggregation"] = None
@@ -136,6 +119,41 @@ def _context(algo: Algorithm) -> dict[str, Any]:
     return ctx
 
 
+def extra_inputs(algo: Algorithm, stage: str) -> list[inputs.Input]:
+    """The optional inputs the generated function of ``stage`` takes after its fixed arguments,
+    in order: those an active component reads, and those its slot passes to every component."""
+    passed = [a for v in algo.active(stage) for a in registry.SLOTS[v.slot].args or ()]
+    return inputs.extra_args(stage, algo.needs(stage), passed)
+
+
+def _batch_fields(algo: Algorithm) -> list[str]:
+    """``, field=arg`` of the AdvantageBatch fields the advantage-stage components that receive the
+    batch read (inputs
+    with a ``batch`` field not always filled), grouped by component, wrapped at _BATCH_LINE."""
+    groups: list[str] = []
+    seen: set[str] = set()
+    for v in algo.active("advantage"):
+        if "batch" not in (registry.SLOTS[v.slot].args or ()):
+            continue  # its slot passes what it reads as arguments (kl in the reward)
+        fields = [i for i in map(inputs.INPUTS.__getitem__, v.spec.facts.needs)
+                  if i.batch and i.name not in seen]
+        seen.update(i.name for i in fields)
+        own = [f"{i.batch}={i.arg}" for i in fields if i.batch in _BATCH_FIELDS]
+        other = [f"{i.batch}={i.arg}" for i in fields if i.batch not in _BATCH_FIELDS]  # batch.inputs
+        if own or other:
+            groups.append(", ".join(own + ([f"inputs=dict({', '.join(other)})"] if other else [])))
+    out: list[str] = []
+    line = len(_BATCH_INDENT) + len("valid=valid")
+    for g in groups:
+        if line + 2 + len(g) + 1 > _BATCH_LINE:
+            out.append(",\n" + _BATCH_INDENT + g)
+            line = len(_BATCH_INDENT) + len(g)
+        else:
+            out.append(", " + g)
+            line += 2 + len(g)
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Generated:
     advantages_source: str
@@ -154,32 +172,3 @@ def generate(algo: Algorithm) -> Generated:
     loss = env.get_template("loss.py.j2")
     return Generated(env.get_template("advantages.py.j2").render(**ctx), loss.render(**ctx),
                      loss.render(**{**ctx, "with_metrics": False}))
-
-
-def namespace() -> dict[str, Any]:
-    """The closed namespace generated code runs in: torch, the slot namespaces, two helpers.
-
-    Safety comes from what the code is made of (registry names and checked literals only),
-    not from hiding builtins: torch's C functions import lazily through the caller's
-    ``__builtins__``, so a stripped builtins dict breaks them.
-    """
-    ns: dict[str, Any] = {"torch": torch,
-                          "ops": ops, "AdvantageBatch": ops.AdvantageBatch,
-                          "dataclasses": dataclasses}
-    ns.update(registry.namespaces())
-    ns.update(formula_hooks.NAMESPACE)  # fx: the masked reductions formulas compile to
-    return ns
-
-
-def load_function(source: str, name: str) -> Callable[..., Any]:
-    """Execute generated ``source`` in a closed namespace and return function ``name``.
-
-    The source is registered with linecache under a unique file name so tracebacks show it.
-    """
-    digest = hashlib.sha1(source.encode()).hexdigest()[:12]
-    filename = f"rldsl-generated-{name}-{digest}.py"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    ns = namespace()
-    code = compile(source, filename, "exec")
-    exec(code, ns)  # noqa: S102 - source is generated from registry names and literals only
-    return ns[name]

@@ -13,11 +13,13 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from . import codegen, ops
+from . import codegen, inputs, ops
 from .components import entropy as entropy_components
 from .components.data import informative as _informative
 from .components.filter import pass_rates as _pass_rates, retired as _retired
 from .formula import hooks as formula_hooks
+from .generated import load_function
+from .registry import get as registry_get
 from .spec import Algorithm
 
 _COMPILED: dict[str, Callable[..., Any]] = {}
@@ -85,8 +87,10 @@ class CompiledAlgorithm:
         gen = codegen.generate(algo)
         self.advantages_source = gen.advantages_source
         self.loss_source = gen.loss_source
-        self._advantages = codegen.load_function(gen.advantages_source, "advantages")
-        self.eager_loss = codegen.load_function(gen.loss_source, "loss")
+        self._advantages = load_function(gen.advantages_source, "advantages")
+        # the optional inputs each generated function takes beyond its fixed arguments, in order
+        self._extra_inputs = {stage: codegen.extra_inputs(algo, stage) for stage in inputs.STAGES}
+        self.eager_loss = load_function(gen.loss_source, "loss")
         self.compiled = compile and compile_enabled()
         self._compile_kwargs = compile_kwargs
         self._loss = self._build(gen.loss_source, self.eager_loss)
@@ -110,12 +114,62 @@ class CompiledAlgorithm:
         return self.advantages_source + "\n\n" + self.loss_source
 
     def _check_inputs(self, call: str, stage: str, given: dict[str, Any]) -> None:
-        """Every active component of ``stage`` gets the optional inputs it needs (its ``needs`` fact)."""
+        """Every active component of ``stage`` gets the optional inputs it needs (its ``needs``
+        fact); an input without a default that a component reads and the call left out fails,
+        naming every input of the call the component reads. ``given``: the call's keywords that
+        are inputs of the table."""
         for v in self.algorithm.active(stage):
-            needs = [x for x in v.spec.facts.needs if x in given]
-            if any(given[x] is None for x in needs):
-                raise ValueError(f"{self.algorithm.name}: {call}() needs " + " and ".join(f"{x}=" for x in needs)
+            if inputs.missing(v.spec.facts.needs, given):
+                reads = [x for x in v.spec.facts.needs if x in given and not inputs.INPUTS[x].default]
+                raise ValueError(f"{self.algorithm.name}: {call}() needs " + " and ".join(f"{x}=" for x in reads)
                                  + f" for {v.slot} {v.component}")
+
+    @staticmethod
+    def _more(call: str, stage: str, more: dict[str, Any]) -> dict[str, Any]:
+        """Keywords beyond the named ones: inputs of the table for this call (an input added to the
+        table is a keyword at once); anything else is refused, naming the inputs."""
+        names = {i.name for i in inputs.of_stage(stage)}
+        unknown = [k for k in more if k not in names]
+        if unknown:
+            raise TypeError(f"{call}() got an unexpected keyword argument {unknown[0]!r}; its optional "
+                            f"inputs (rldsl/inputs.py): {', '.join(sorted(names))}")
+        return more
+
+    @staticmethod
+    def _given(stage: str, keywords: dict[str, Any], every: bool = True) -> dict[str, Any]:
+        """The inputs of the table a call of ``stage`` received, from its keywords: every input of
+        the stage (None where not given), or with ``every=False`` only those it has a keyword for
+        (``denominator()`` takes group_size only)."""
+        return {i.name: keywords.get(i.name) for i in inputs.of_stage(stage) if every or i.name in keywords}
+
+    def _extras(self, stage: str, given: dict[str, Any], sizes: dict[str, int],
+                like: Tensor) -> tuple[Any, ...]:
+        """The extra arguments of the generated function of ``stage``: each input it takes,
+        shape-checked against ``sizes`` (B, T, then K bound by the first input that has it),
+        detached; an absent one with default ``ones`` is ones of its shape. A number ([]) takes
+        ``like``'s dtype and device (a new value does not recompile); advantage-stage tensors
+        are float32."""
+        out: list[Any] = []
+        for i in self._extra_inputs[stage]:
+            x = given.get(i.name)
+            if x is None and i.default == "ones":
+                x = torch.ones([sizes[d] for d in i.dims], device=like.device)
+            if x is None:
+                out.append(None)  # a slot passes it to every component; none of them reads it
+                continue
+            x = x if isinstance(x, Tensor) else torch.as_tensor(x)
+            if i.rank == 0:
+                out.append(torch.as_tensor(x, dtype=like.dtype, device=like.device).detach())
+                continue
+            problem = inputs.check_shape(i, x, sizes)
+            if problem is not None:
+                raise ValueError(f"{self.algorithm.name}: {problem}")
+            if i.finite and not bool(torch.isfinite(x).all()):
+                raise ValueError(f"{self.algorithm.name}: {i.name} must be finite numbers; got {x.tolist()}")
+            if stage == "advantage":
+                x = x.detach().to(device=like.device, dtype=torch.float32)
+            out.append(x.detach())
+        return tuple(out)
 
     # ---------------------------------------------------------------- advantages
 
@@ -126,7 +180,7 @@ class CompiledAlgorithm:
                  reward_baselines: Tensor | None = None,
                  sum_pi_squared: Tensor | None = None,
                  reward_components: Tensor | None = None,
-                 reward_weights: Tensor | None = None) -> Estimate:
+                 reward_weights: Tensor | None = None, **more: Tensor) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
 
         ``reward_baselines`` [B]: the reward of a greedy rollout of each row's prompt
@@ -150,27 +204,15 @@ class CompiledAlgorithm:
                              f"and {tuple(mask.shape)}")
         if group_size < 1 or rewards.shape[0] % group_size:
             raise ValueError(f"{rewards.shape[0]} rows are not a whole number of groups of {group_size}")
-        self._check_inputs("estimate", "advantage", {"values": values, "truncated": truncated,
-                                                     "old_logprobs": old_logprobs,
-                                                     "ref_logprobs": ref_logprobs,
-                                                     "reward_baselines": reward_baselines,
-                                                     "sum_pi_squared": sum_pi_squared,
-                                                     "reward_components": reward_components})
-        extra: tuple[Tensor, ...] = ()
-        needs = self.algorithm["baseline"].spec.facts.needs  # the generated advantages() takes these
-        for name, given, shape, like in (("reward_baselines", reward_baselines, rewards.shape, "[B] like rewards"),
-                                         ("sum_pi_squared", sum_pi_squared, mask.shape, "[B, T] like the mask")):
-            if name not in needs:
-                continue
-            assert given is not None  # _check_inputs
-            if given.shape != shape:
-                raise ValueError(f"{name} must be {like} {tuple(shape)}; got {tuple(given.shape)}")
-            extra += (given.detach().to(torch.float32),)
-        if "old_logprobs" in needs and old_logprobs is not None and old_logprobs.shape != mask.shape:
-            raise ValueError(f"old_logprobs must have the mask's shape {tuple(mask.shape)}; "
-                             f"got {tuple(old_logprobs.shape)}")
-        if "reward_components" in needs:
-            extra = extra + self._per_reward(rewards, reward_components, reward_weights)
+        given = self._given("advantage", {**locals(), **self._more("estimate", "advantage", more)})
+        self._check_inputs("estimate", "advantage", given)
+        sizes = {"B": rewards.shape[0], "T": mask.shape[1]}
+        for x in self.algorithm.needs("advantage"):  # what the components read has the table's shape
+            i = inputs.INPUTS[x]
+            problem = None if given.get(x) is None else inputs.check_shape(i, given[x], sizes)
+            if problem is not None:
+                raise ValueError(f"{self.algorithm.name}: {problem}")
+        extra = self._extras("advantage", given, sizes, mask)
         rewards = rewards.detach().to(torch.float32)
         finite = torch.isfinite(rewards)
         clean = rewards
@@ -191,22 +233,6 @@ class CompiledAlgorithm:
         if rollout_logprobs is not None:
             loss_mask = self._correct_mask(loss_mask, old_logprobs, rollout_logprobs, metrics)
         return Estimate(adv, returns, loss_mask, shaped, metrics)
-
-    @staticmethod
-    def _per_reward(rewards: Tensor, components: Tensor | None,
-                    weights: Tensor | None) -> tuple[Tensor, Tensor]:
-        """``reward_components`` [B, K] and ``reward_weights`` [K] (default ones), checked."""
-        assert components is not None  # _check_inputs
-        if components.dim() != 2 or components.shape[0] != rewards.shape[0] or components.shape[1] < 1:
-            raise ValueError(f"reward_components must be [B, K] with B = {rewards.shape[0]} rows and K >= 1 "
-                             f"reward functions; got {tuple(components.shape)}")
-        K = components.shape[1]
-        w = torch.ones(K) if weights is None else torch.as_tensor(weights).detach()
-        if w.shape != (K,) or not bool(torch.isfinite(w).all()):
-            raise ValueError(f"reward_weights must be {K} finite numbers (one per column of reward_components); "
-                             f"got {tuple(w.shape)}")
-        return (components.detach().to(torch.float32),
-                w.to(device=components.device, dtype=torch.float32))
 
     def _correct_mask(self, loss_mask: Tensor, old_logprobs: Tensor | None, rollout_logprobs: Tensor,
                       metrics: dict[str, float]) -> Tensor:
@@ -267,9 +293,9 @@ class CompiledAlgorithm:
     def denominator(self, mask: Tensor, group_size: int | None = None) -> Tensor:
         """The local aggregation count (0-dim); sum it over micro-batches/ranks for ``denominator=``."""
         agg = self.algorithm["aggregation"]
-        self._check_inputs("denominator", "loss", {"group_size": group_size})
+        self._check_inputs("denominator", "loss", self._given("loss", locals(), every=False))
         if agg.formula is not None:  # written in the spec: the count of its generated lines
-            return formula_hooks.denominator(self.algorithm, mask, group_size or 1)
+            return formula_hooks.denominator(agg, mask, group_size or 1)
         comp = agg.spec
         _, count = comp.fn(mask.float(), group_size or 1, **comp.fn_params(agg.params))
         return count
@@ -279,7 +305,7 @@ class CompiledAlgorithm:
         if not self.algorithm.uses_critic:
             raise ValueError(f"{self.algorithm.name} has no critic")
         comp = self._critic_aggregation()
-        if "group_size" in comp.facts.needs and group_size is None:
+        if inputs.missing(comp.facts.needs, self._given("loss", locals(), every=False)):
             raise ValueError(f"{self.algorithm.name}: value_denominator() needs group_size= for the "
                              f"critic's aggregation {comp.name}")
         defaults = {k: p.default for k, p in comp.params.items()}
@@ -287,8 +313,7 @@ class CompiledAlgorithm:
         return count
 
     def _critic_aggregation(self) -> Any:
-        from .registry import get
-        return get("aggregation", self.algorithm["critic"].params["aggregation"])
+        return registry_get("aggregation", self.algorithm["critic"].params["aggregation"])
 
     def loss(self, logprobs: Tensor, old_logprobs: Tensor, adv: Tensor, mask: Tensor,
              ref_logprobs: Tensor | None = None, values: Tensor | None = None,
@@ -297,7 +322,7 @@ class CompiledAlgorithm:
              denominator: Tensor | float | None = None, metrics: bool = True,
              value_denominator: Tensor | float | None = None,
              rollout_logprobs: Tensor | None = None,
-             entropy_coef: Tensor | float | None = None) -> LossOutput:
+             entropy_coef: Tensor | float | None = None, **more: Tensor) -> LossOutput:
         """Per-token tensors [B, T] -> the scalar loss to minimise, value loss and metrics.
 
         ``entropy_coef``: the coefficient of ``entropy adaptive`` for this optimizer step
@@ -314,11 +339,8 @@ class CompiledAlgorithm:
         (importance weights on the policy loss, rejections off the mask; docs/api.md).
         """
         algo = self.algorithm
-        self._check_inputs("loss", "loss", {"ref_logprobs": ref_logprobs, "values": values,
-                                            "returns": returns, "old_values": old_values,
-                                            "entropy": entropy, "group_size": group_size,
-                                            "rollout_logprobs": rollout_logprobs,
-                                            "entropy_coef": entropy_coef})
+        given = self._given("loss", {**locals(), **self._more("loss", "loss", more)})
+        self._check_inputs("loss", "loss", given)
         if denominator is not None and not isinstance(denominator, Tensor):
             denominator = torch.tensor(float(denominator))
         if value_denominator is not None and not isinstance(value_denominator, Tensor):
@@ -326,17 +348,14 @@ class CompiledAlgorithm:
         fn = self._loss
         if not metrics:
             if self._loss_no_metrics is None:
-                eager = codegen.load_function(self._loss_no_metrics_source, "loss")
+                eager = load_function(self._loss_no_metrics_source, "loss")
                 self._loss_no_metrics = self._build(self._loss_no_metrics_source, eager)
             fn = self._loss_no_metrics
         if logprobs.numel() == 0:  # no rows: nothing to learn, and no reduction to take
             zero = (logprobs * 0).sum()
             return LossOutput(zero, None if not algo.uses_critic else zero, {})
         extra: tuple[Any, ...] = (value_denominator,) if algo.uses_critic else ()
-        if any(not v.spec.off for v in algo.slots["correction"] + algo.slots["selection"]):
-            extra += (None if rollout_logprobs is None else rollout_logprobs.detach(),)
-        if "entropy_coef" in algo.needs("loss"):  # a 0-dim tensor: a new value does not recompile
-            extra += (torch.as_tensor(entropy_coef, dtype=logprobs.dtype, device=logprobs.device).detach(),)
+        extra += self._extras("loss", given, {"B": logprobs.shape[0], "T": logprobs.shape[1]}, logprobs)
         total, value_loss, mt = fn(
             logprobs, old_logprobs.detach(), adv.detach(), mask, ref_logprobs, values, returns,
             old_values, entropy, group_size or 1, denominator, *extra)
@@ -347,8 +366,10 @@ class CompiledAlgorithm:
     # ---------------------------------------------------------------- state
 
     def _adaptive_entropy(self) -> Any:
+        """The entropy slot's value when its component reads the algorithm's own state (a
+        coefficient moved after each optimizer step: `entropy adaptive`), else None."""
         v = self.algorithm["entropy"]
-        return v if "entropy_coef" in v.spec.facts.needs else None
+        return v if any(inputs.INPUTS[x].source == "algorithm" for x in v.spec.facts.needs) else None
 
     def entropy_coef(self) -> Tensor | None:
         """The coefficient ``entropy adaptive`` applies at the coming optimizer step (0-dim),

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import registry
 from .formula import hooks as formula_hooks
+from .inputs import INPUTS
 from .registry import format_value
 from .spec import Algorithm, SlotValue
 
@@ -121,7 +122,8 @@ def objective_lines(algo: Algorithm) -> list[str]:
         out.append(f"entropy:      {f('entropy')[0]}")
         extra += f" - {format_value(algo['entropy'].params['coef'])} * H_it"
     out.append(f"aggregation:  {f('aggregation')[0]}")
-    pg = "w^IS_it l_it" if any("rollout_logprobs" in v.spec.facts.needs for v in algo.active()) else "l_it"
+    engine = any(INPUTS[x].source == "engine" for x in algo.needs())  # a train/inference correction
+    pg = "w^IS_it l_it" if engine else "l_it"
     if f("selection"):
         pg = "keep_it " + pg
     out.append(f"minimised:    L(theta) = {algo['aggregation'].component}_it[ {pg}{extra} ]")

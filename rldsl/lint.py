@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 
 from . import registry
 from .errors import Span, SpecWarning
+from .inputs import INPUTS
 from .registry import format_value
 from .spec import Algorithm, SlotValue
 
@@ -113,7 +114,8 @@ def zero_coefficient(algo: Algorithm) -> Iterator[Finding]:
     for v, p, x in _roles(algo, "scale"):
         if x == 0:
             off = [c.name for c in registry.REGISTRY[v.slot].values() if c.off]
-            extra = " and no reference model is loaded" if "ref_logprobs" in v.spec.facts.needs else ""
+            extra = " and no reference model is loaded" if any(
+                INPUTS[x].source == "reference" for x in v.spec.facts.needs) else ""
             yield Finding(v, p, f"{_arg(v, p)} multiplies the term by 0",
                           f"write `{v.slot} {off[0]}`{extra}" if off else None)
 
@@ -220,7 +222,7 @@ def correction_on_exact_engine(algo: Algorithm, run: RunFacts) -> Iterator[Findi
         # which drifts apart over minibatches and epochs; bypass itself only skips the old-logprob forward
         return
     for v in algo.active():
-        if "rollout_logprobs" in v.spec.facts.needs:
+        if any(INPUTS[x].source == "engine" for x in v.spec.facts.needs):
             yield Finding(v, None, f"{v.slot} {v.component}: rollout.engine={run.engine} samples with "
                                    "the trainer's own logprobs, so the weights are 1 and nothing is "
                                    "rejected", "the correction matters with rollout.engine=vllm")
@@ -232,8 +234,8 @@ def off_policy_without_correction(algo: Algorithm, run: RunFacts) -> Iterator[Fi
     if run.max_staleness == 0:
         return
     active = list(algo.active())
-    if any(v.spec.flag("old_from_rollout", v.params) or "rollout_logprobs" in v.spec.facts.needs
-           for v in active):
+    if any(v.spec.flag("old_from_rollout", v.params) or any(INPUTS[x].source == "engine" for x in v.spec.facts.needs)
+           for v in active):  # bypass, or a component that weighs the engine's logprobs
         return
     anchor = next((v for v in active if v.slot == "objective"), active[0])
     yield Finding(anchor, None, f"rollout.max_staleness={run.max_staleness}: samples come from a policy up to "

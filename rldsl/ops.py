@@ -121,6 +121,8 @@ class AdvantageBatch:
                            a component needs it: `baseline optimal_token`)
     reward_components [B, K] each reward function's own reward (None unless a component needs
                            it: `baseline per_reward_group`); reward_weights [K] their weights
+    inputs         dict    any other optional input a component of the batch's slots reads (the
+                           table in rldsl/inputs.py), by name; ``batch.<name>`` reads it too
     """
 
     rewards: Tensor
@@ -137,6 +139,14 @@ class AdvantageBatch:
     sum_pi_squared: Tensor | None = None
     reward_components: Tensor | None = None
     reward_weights: Tensor | None = None
+    inputs: dict[str, Tensor] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Tensor:
+        """An optional input without a field of its own (``inputs``), read as ``batch.<name>``."""
+        inputs = self.__dict__.get("inputs", {})
+        if name in inputs:
+            return inputs[name]
+        raise AttributeError(f"AdvantageBatch has no field or input {name!r}")
 
     @property
     def valid_rows(self) -> Tensor:

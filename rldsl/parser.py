@@ -15,6 +15,7 @@ import lark
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
+from . import registry
 from .errors import Span, SpecError, source_lines
 from .formula import syntax as formula_syntax
 from .formula.nodes import Define
@@ -191,7 +192,6 @@ def _lone_name_hint(before: str) -> str | None:
         return "a spec starts with: algorithm <name> [extends <parent>]"
     if len(words) != 1:
         return None
-    from . import registry  # here only: the parser itself does not need the registry
     word = words[0]
     if word in registry.SLOTS:
         return f"slot '{word}' needs a component, e.g. `{word} {registry.SLOTS[word].default}`"

@@ -21,6 +21,8 @@ import types
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
+from .inputs import INPUTS
+
 # ---------------------------------------------------------------------------------------
 # Parameters
 
@@ -119,24 +121,6 @@ def format_value(v: Any) -> str:
 # Inputs, runtime plan and facts
 
 
-INPUTS: dict[str, str] = {
-    # the optional arguments of CompiledAlgorithm.estimate() / loss() / denominator() a
-    # component may read; a call that lacks one an active component needs fails with its name
-    "group_size": "G, samples per prompt (loss, denominator)",
-    "values": "[B, T] critic values (estimate: gae; loss: the critic)",
-    "returns": "[B, T] value targets (loss)",
-    "old_values": "[B, T] values at rollout time (loss)",
-    "truncated": "[B] bool: the sample hit max_new_tokens (estimate)",
-    "old_logprobs": "[B, T] rollout-time policy logprobs (estimate; always given to loss)",
-    "ref_logprobs": "[B, T] reference-policy logprobs",
-    "entropy": "[B, T] per-token entropy (loss)",
-    "rollout_logprobs": "[B, T] the inference engine's logprobs of the sampled tokens (loss; estimate: rejections)",
-    "entropy_coef": "[] the entropy coefficient of this optimizer step: runtime state (loss: entropy adaptive)",
-    "reward_baselines": "[B] reward of a greedy rollout of each row's prompt, same reward function (estimate)",
-    "sum_pi_squared": "[B, T] sum over the vocabulary of the old policy's squared probabilities at each response token (estimate)",
-    "reward_components": "[B, K] each reward function's own reward, unweighted (estimate; reward_weights= [K], default 1)",
-}
-
 PLAN: dict[str, str] = {
     # what the runtime carries out, as fields of CompiledAlgorithm.data (DataPlan)
     "dynamic_rounds": "generation rounds per step (1 unless sampling resamples)",
@@ -180,8 +164,8 @@ class Facts:
     """
 
     off: bool = False                     # leaves its slot unused (`none`): no term, no input, no line
-    needs: tuple[str, ...] = ()           # INPUTS it reads: a call without one fails, naming it
-    provides: tuple[str, ...] = ()        # INPUTS that exist because of it (a critic: `values`)
+    needs: tuple[str, ...] = ()           # inputs.INPUTS it reads: a call without one fails, naming it
+    provides: tuple[str, ...] = ()        # inputs.INPUTS that exist because of it (a critic: `values`)
     uses_ratio: bool | str = False        # reads rho or the weight w; without any, the ratio is skipped
     per_token_only: bool | str = False    # defined on per-token ratios: refuses a sequence-level one
     sequence_level: bool | str = False    # its ratio is one value per sequence
@@ -536,9 +520,3 @@ def namespaces() -> dict[str, types.SimpleNamespace]:
     return {slot: types.SimpleNamespace(**{n: c.fn for n, c in comps.items() if c.fn is not None})
             for slot, comps in REGISTRY.items()}
 
-
-def _load() -> None:
-    from . import components  # noqa: F401  (registers everything)
-
-
-_load()

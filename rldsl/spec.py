@@ -22,54 +22,12 @@ from pydantic import BaseModel, ConfigDict
 from . import registry
 from .errors import ErrorList, Span, SpecError, SpecErrors, did_you_mean
 from .formula import hooks as formula_hooks
+from .inputs import INPUTS
 from .parser import ArgNode, ComponentNode, SpecFile, Word, parse
-from .registry import format_value
-
-ParamValue = float | int | bool | str | None
+from .values import Origin, ParamValue, SlotValue
 
 # ---------------------------------------------------------------------------------------
 # The resolved model
-
-
-class Origin(BaseModel):
-    """Where a slot's value was written (None on a SlotValue = the slot default)."""
-
-    model_config = ConfigDict(frozen=True)
-    algorithm: str
-    file: str
-    line: int
-    column: int
-
-
-class SlotValue(BaseModel):
-    """One component filling a slot, with every parameter (defaults included)."""
-
-    model_config = ConfigDict(frozen=True)
-    slot: str
-    component: str
-    params: dict[str, ParamValue]
-    origin: Origin | None = None
-    param_origins: dict[str, Origin] = {}
-    formula: Any = None  # a component written in the spec: rldsl.formula.check.Formula
-
-    @property
-    def spec(self) -> registry.Component:
-        """Its registry entry (parameters, formula, facts). A formula written in the spec has
-        none: it answers with an entry derived from its checked tree (formula_hooks.component)."""
-        if self.formula is not None:
-            return formula_hooks.component(self)
-        return registry.get(self.slot, self.component)
-
-    @property
-    def stage(self) -> str:
-        """Where it acts with its parameters (kl ``where=reward`` moves it to the advantage)."""
-        return self.spec.stage(self.params)
-
-    def __str__(self) -> str:
-        given = {k: v for k, v in self.params.items() if v is not None}
-        if not given:
-            return self.component
-        return f"{self.component}(" + ", ".join(f"{k}={format_value(v)}" for k, v in given.items()) + ")"
 
 
 class Algorithm(BaseModel):
@@ -98,7 +56,7 @@ class Algorithm(BaseModel):
                 if not v.spec.off and (stage is None or v.stage == stage)]
 
     def needs(self, stage: str | None = None) -> list[str]:
-        """The optional inputs (registry.INPUTS) its active components read, in slot order."""
+        """The optional inputs (inputs.INPUTS) its active components read, in slot order."""
         return list(dict.fromkeys(x for v in self.active(stage) for x in v.spec.facts.needs))
 
     @property
@@ -112,7 +70,8 @@ class Algorithm(BaseModel):
 
     @property
     def uses_reference(self) -> bool:
-        return "ref_logprobs" in self.needs()
+        """An active component reads an input the reference model makes (inputs.INPUTS source)."""
+        return any(INPUTS[x].source == "reference" for x in self.needs())
 
     @property
     def kl_in(self) -> str | None:
@@ -201,10 +160,6 @@ def _kind_words(p: registry.Param) -> str:
             "choice": "one of " + ", ".join(repr(c) for c in p.choices)}[p.kind]
 
 
-def _origin(algorithm: str, span: Span) -> Origin:
-    return Origin(algorithm=algorithm, file=span.file, line=span.line, column=span.column)
-
-
 def _check_component(slot: str, node: ComponentNode, algorithm: str,
                      errors: ErrorList) -> SlotValue | None:
     comps = registry.REGISTRY[slot]
@@ -253,7 +208,7 @@ def _check_component(slot: str, node: ComponentNode, algorithm: str,
             ok = False
             continue
         values[an] = val
-        origins[an] = _origin(algorithm, arg.name.span)
+        origins[an] = Origin.at(algorithm, arg.name.span)
     for pname, p in comp.params.items():
         if pname not in values and pname not in seen:
             if p.required:
@@ -267,7 +222,7 @@ def _check_component(slot: str, node: ComponentNode, algorithm: str,
         return None
     ordered = {k: values[k] for k in comp.params}
     return SlotValue(slot=slot, component=cname, params=ordered,
-                     origin=_origin(algorithm, node.name.span), param_origins=origins)
+                     origin=Origin.at(algorithm, node.name.span), param_origins=origins)
 
 
 def check_file(spec: SpecFile, errors: ErrorList) -> _Raw:

@@ -26,6 +26,7 @@ from . import registry
 from .config_files import read_config_file, to_toml, toml_value
 from .errors import TranslateError, did_you_mean
 from .registry import format_value
+from .spec import library, load, loads
 
 # ---------------------------------------------------------------------------------------
 # The tables (docs/peers.md shows the same rows; tests/test_translate.py checks it)
@@ -779,7 +780,6 @@ def _verl(cfg: dict[str, Any]) -> Translation:
 
 def nearest_library(text: str) -> tuple[str, list[str]]:
     """(the library spec whose resolved slots are closest to those of ``text``, the slots that differ)."""
-    from .spec import library, load, loads
     mine = loads(text).slots
     best: tuple[str, list[str]] | None = None
     for name in library():

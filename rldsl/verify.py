@@ -14,6 +14,7 @@ verl: its ``core_algos`` must be importable (``pip install verl``); without it `
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import warnings
@@ -25,7 +26,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .compiled import compile as compile_algo
 from .errors import UsageError
+from .spec import loads
+from .translate import TRL_DEFAULTS
 
 __all__ = ["VerifyReport", "verify_translation", "TOLERANCE"]
 
@@ -61,11 +65,9 @@ def verify_translation(cfg: dict[str, Any], translation: Any, spec_text: str) ->
 
 def _trl_args(cfg: dict[str, Any]) -> Any:
     """TRL's own GRPOConfig from the config's algorithm fields (the rest cannot change the loss)."""
-    import dataclasses
 
     from trl import GRPOConfig
 
-    from .translate import TRL_DEFAULTS
     algorithm = {k: v for k, v in cfg.items() if k in TRL_DEFAULTS}
     names = {f.name for f in dataclasses.fields(GRPOConfig)}
     with warnings.catch_warnings():
@@ -166,8 +168,6 @@ def _spec_loss(fn: Any, b: dict[str, Tensor], group_size: int, entropy_coef: flo
 
 
 def _verify_trl(cfg: dict[str, Any], spec_text: str) -> VerifyReport:
-    from .compiled import compile as compile_algo
-    from .spec import loads
 
     args = _trl_args(cfg)
     if args.use_vllm and args.vllm_importance_sampling_correction:

@@ -13,6 +13,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from rldsl.inputs import INPUTS
+
 
 @dataclass
 class RolloutBatch:
@@ -30,11 +32,11 @@ class RolloutBatch:
     prompts         B x prompt text (repeated G times)
     completions     B x decoded completion text (without special tokens)
     group_size      G
-    reward_baselines [B]     reward of a greedy rollout of each row's prompt (repeated over
-                             its group); only when the spec needs it (`baseline greedy_reward`)
-    reward_components [B, K] each reward function's own (unweighted) reward, K = the terms of
-                             the reward spec; reward_weights [K] their weights; only when the
-                             spec needs them (`baseline per_reward_group`, GDPO)
+    inputs          optional inputs of estimate() made at rollout time, by name (the table
+                    in rldsl/inputs.py, made by runtime/train/inputs.py ROLLOUT), only when
+                    the spec reads them: e.g. reward_baselines [B] (ReMax's greedy reward),
+                    reward_components [B, K] and reward_weights [K] (GDPO). Rows are selected
+                    and concatenated for the inputs whose shape starts with B.
     """
 
     prompt_ids: torch.Tensor
@@ -47,9 +49,7 @@ class RolloutBatch:
     completions: list[str]
     group_size: int
     answers: list[str] = field(default_factory=list)
-    reward_baselines: torch.Tensor | None = None
-    reward_components: torch.Tensor | None = None
-    reward_weights: torch.Tensor | None = None
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def truncated(self) -> torch.Tensor:
@@ -68,9 +68,7 @@ class RolloutBatch:
                             [self.finish_reason[i] for i in keep], [self.prompts[i] for i in keep],
                             [self.completions[i] for i in keep], self.group_size,
                             [self.answers[i] for i in keep] if self.answers else [],
-                            None if self.reward_baselines is None else self.reward_baselines[rows],
-                            None if self.reward_components is None else self.reward_components[rows],
-                            self.reward_weights)
+                            {k: v[rows] if _per_row(k) else v for k, v in self.inputs.items()})
 
     def select_groups(self, groups: Sequence[int]) -> "RolloutBatch":
         """The batch of whole prompt groups (group g = rows g*G .. g*G+G-1)."""
@@ -83,7 +81,8 @@ class RolloutBatch:
             return self
         return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device)
                                             for f in dataclasses.fields(self)
-                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+                                            if isinstance(getattr(self, f.name), torch.Tensor)},
+                                   inputs={k: v.to(device) for k, v in self.inputs.items()})
 
     @staticmethod
     def concat(batches: Sequence["RolloutBatch"], pad_id: int) -> "RolloutBatch":
@@ -110,12 +109,14 @@ class RolloutBatch:
             completions=sum((b.completions for b in batches), []),
             group_size=batches[0].group_size,
             answers=sum((b.answers for b in batches), []),
-            reward_baselines=(None if any(b.reward_baselines is None for b in batches)
-                              else torch.cat([b.reward_baselines for b in batches])),
-            reward_components=(None if any(b.reward_components is None for b in batches)
-                               else torch.cat([b.reward_components for b in batches])),
-            reward_weights=batches[0].reward_weights,
+            inputs={k: torch.cat([b.inputs[k] for b in batches]) if _per_row(k) else v
+                    for k, v in batches[0].inputs.items() if all(k in b.inputs for b in batches)},
         )
+
+
+def _per_row(name: str) -> bool:
+    """Input ``name`` has one entry per row (its shape starts with B): select and concat it by rows."""
+    return INPUTS[name].dims[:1] == ("B",)
 
 
 def group_rows(groups: Sequence[int] | torch.Tensor, group_size: int) -> torch.Tensor:

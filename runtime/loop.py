@@ -32,7 +32,7 @@ from .errors import RunError, WorkerError
 from .metrics import (ACCURACY, EVAL_FAILED, GREEDY_ACC, LR, PRODUCER_WAIT, RESPONSE_LENGTH, REWARD, REWARD_ERRORS,
                       SAMPLED_ACC, STALENESS_MAX, STALENESS_MEAN, STEP_TIME, TOKENS_PER_S, TRAINER_WAIT,
                       TRUNCATED_FRACTION, MetricsLogger)
-from .rewards import RewardResult, parse_reward_spec
+from .rewards import parse_reward_spec
 from .rng import restore_rng, step_seed
 from .samples import append_samples, sample_rows, truncate_samples
 from .evaluation import evaluate_sets
@@ -40,6 +40,7 @@ from .producer import Produced, RolloutProducer, snapshot
 from .trackers import open_trackers
 from .run_dir import (METRICS_FILE, SPEC_FILE, load_run_config, run_dir_of, save_config,
                       save_parent_specs)
+from .train import inputs as rollout_inputs
 
 
 # ----------------------------------------------------------------------------- one step
@@ -49,36 +50,6 @@ def _select_groups(batch: RolloutBatch, rewards: torch.Tensor, ids: list[int],
     """The rollout, rewards and prompt ids of the given prompt groups."""
     sub = batch.select_groups(groups)
     return sub, rewards[group_rows(groups, batch.group_size)], [ids[g] for g in groups]
-
-
-def _greedy_baselines(s: Run, step: int, examples: list[Any], batch: RolloutBatch) -> tuple[RolloutBatch, float]:
-    """``batch`` with ``reward_baselines``: one greedy response per prompt, scored by the run's reward.
-
-    What verl's ReMax trainer does (do_sample=False on a copy of the prompts, the same reward
-    function, the reward repeated over the group). Returns the batch and the seconds it took.
-    """
-    cfg = s.cfg
-    gen = s.rollouts.generate([e.prompt for e in examples], [e.answer for e in examples],
-                              SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens),
-                              [e.reward_prompt for e in examples])
-    r = gen.scored.rewards.to(torch.float32)  # [P]
-    if gen.scored.num_errors:
-        s.warn(f"step {step}: the greedy baseline's reward failed for {gen.scored.num_errors} prompt(s): "
-               f"their samples get advantage 0; first:\n{gen.scored.first_error}")
-    base = r.repeat_interleave(batch.group_size).to(batch.response_ids.device)  # [B]
-    return dataclasses.replace(batch, reward_baselines=base), gen.generate_s + gen.reward_s
-
-
-def _per_function(s: Run, batch: RolloutBatch, scored: RewardResult) -> RolloutBatch:
-    """``batch`` with ``reward_components`` [B, K] (one column per term of the reward spec, in its
-    order; parse_reward_spec refuses a name given twice) and ``reward_weights`` [K]: what GDPO
-    (`baseline per_reward_group`) normalises."""
-    terms = parse_reward_spec(s.cfg.reward.name)  # resolved: never null in a run
-    names = [n for n, _ in terms]
-    dev = batch.response_ids.device
-    comps = torch.stack([scored.components[n].to(torch.float32) for n in names], dim=1).to(dev)  # [B, K]
-    w = torch.tensor([wt for _, wt in terms], dtype=torch.float32, device=dev)  # [K]
-    return dataclasses.replace(batch, reward_components=comps, reward_weights=w)
 
 
 def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[int], dict[str, float]]:
@@ -102,9 +73,11 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
     t_gen = t_rew = 0.0
     reward_errors = 0
     used = 0
-    greedy = "reward_baselines" in s.fn.algorithm.needs("advantage")  # ReMax: one greedy pass per prompt
-    t_greedy = 0.0
-    per_function = "reward_components" in s.fn.algorithm.needs("advantage")  # GDPO: [B, K] rewards
+    # the inputs the algorithm reads that the rollout makes (ReMax's greedy rewards, GDPO's [B, K] rewards)
+    producers = rollout_inputs.rollout_producers(s.fn.algorithm)
+    side = rollout_inputs.RolloutSide(s.rollouts.generate, parse_reward_spec(cfg.reward.name),
+                                      cfg.max_new_tokens, s.warn, step) if producers else None
+    timed: dict[str, float] = {p.time_metric: 0.0 for p in producers if p.time_metric}
     for r in range(rounds):
         used = r + 1
         examples = s.source.next_batch(P)
@@ -116,11 +89,10 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
                                   [e.reward_prompt for e in examples])  # rewards: the untemplated prompt
         batch, scored = gen.batch, gen.scored
         rewards = scored.rewards
-        if greedy:
-            batch, t = _greedy_baselines(s, step, examples, batch)
-            t_greedy += t
-        if per_function:
-            batch = _per_function(s, batch, scored)
+        for p in producers:
+            batch, t = p.make(side, batch, scored, examples)
+            if p.time_metric:
+                timed[p.time_metric] += t
         if scored.num_errors:
             reward_errors += scored.num_errors
             s.warn(f"step {step}: {scored.num_errors} sample(s) skipped (reward failed); first:\n"
@@ -142,8 +114,7 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
             break
     m = {"time/rollout_s": t_gen, "time/reward_s": t_rew, "sampling_rounds": float(used),
          REWARD_ERRORS: float(reward_errors)}
-    if greedy:
-        m["time/greedy_s"] = t_greedy
+    m.update(timed)
     if rounds > 1:
         m["informative_groups"] = float(n_kept)
         if n_kept < P:

@@ -44,6 +44,7 @@ class Produced:
     value: Any
     wait_s: float = 0.0
     generate_s: float = 0.0
+    started: float = 0.0   # time.perf_counter() when its generation started (timelines)
 
 
 def snapshot(weights: Any) -> Any:
@@ -192,7 +193,7 @@ class RolloutProducer:
                     self.loaded_version, self.loaded_weights = v, weights
                 t1 = time.perf_counter()
                 value = self.produce(step)
-                item = Produced(step, v, value, wait_s=waited, generate_s=time.perf_counter() - t1)
+                item = Produced(step, v, value, wait_s=waited, generate_s=time.perf_counter() - t1, started=t1)
                 with s.cond:
                     s.queue.append(item)
                     self.next_step = step + 1

@@ -1,17 +1,7 @@
-"""All components, one module per slot. Importing this package registers them."""
-from . import (  # noqa: F401
-    aggregation,
-    baseline,
-    correction,
-    critic,
-    data,
-    entropy,
-    filter,
-    kl,
-    normalizer,
-    objective,
-    ratio,
-    selection,
-    shaping,
-    trust_region,
-)
+"""All components, one module per slot. Importing this package registers them: it imports every
+module in the package, so a new slot's module needs no line here."""
+import importlib
+import pkgutil
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")

@@ -305,7 +305,7 @@ def optimal_token(batch: AdvantageBatch, zero_tail: bool, align: str,
 WHITEN = ("none", "samples", "tokens")
 
 
-@register("baseline", per_group=True, needs=("reward_components",),
+@register("baseline", per_group=True, needs=("reward_components", "reward_weights"),
           requires=Requires("normalizer", "none", "the component scales and whitens the advantage itself"),
           eps=Float(1e-6, "added to each reward function's group std (verl 1e-6, TRL 1e-4)", ge=0),
           std=Bool(True, "divide by the group std (verl norm_adv_by_std_in_grpo; TRL always)"),

@@ -20,7 +20,7 @@ from typing import Callable
 from ..errors import ErrorList, Span, did_you_mean
 from . import lang
 from .nodes import ARITHMETIC, Binary, Binding, Call, Define, Expr, Name, Neg, Num, literal_number, walk
-from .render import render
+from .render import number, render
 
 _BINDING_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
@@ -126,9 +126,10 @@ def _override(arg, define: Define, params: dict[str, float], add: _Reporter) -> 
 
 
 def _num(x: float | bool) -> str:
+    """A constant as the spec writes it (messages)."""
     if isinstance(x, bool):
         return "true" if x else "false"
-    return repr(float(x))
+    return number(x)
 
 
 # ---------------------------------------------------------------------------------------

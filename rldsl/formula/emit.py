@@ -14,9 +14,9 @@ rendered from the tree. One line per binding, each with its formula and shape:
 """
 from __future__ import annotations
 
-import math
 import re
 
+from ..generated import literal
 from . import lang
 from .check import Formula, Typed
 from .render import binding as render_binding
@@ -29,7 +29,7 @@ _OP_PREC = {"+": _ADD, "-": _ADD, "*": _MUL, "/": _MUL, "^": _POW,
 # every identifier the emitter itself writes (the injection tests check generated code against it)
 CODE_WORDS = frozenset({"torch", "fx", "where", "clamp", "minimum", "maximum", "min", "max", "detach",
                         "unsqueeze", "sum", "to", "dtype", "shape", "mask", "batch", "valid_rows",
-                        "group_size", "spread", "scalar", "size", "keep", "per_token", "returns", "adv", "r",
+                        "group_size", "spread", "scalar", "size", "keep", "per_token", "returns", "adv", "r", "values",
                         "w", "rho", "logp", "old_logp", "ref_logp", "rollout_logp", "ent", "log_ratio", "pg", "kl_t",
                         "weights", "count", "formula"}
                        | {f.code.split(".")[-1] for f in lang.FUNCTIONS.values() if f.code})
@@ -45,11 +45,8 @@ def is_generated_name(name: str) -> bool:
 
 
 def _literal(x: float | bool) -> str:
-    if isinstance(x, bool):
-        return "True" if x else "False"
-    if not math.isfinite(x):  # the checker never lets one through
-        raise ValueError(f"non-finite constant {x!r}")
-    return repr(float(x))
+    """A checked constant: True/False, or a float (formulas fold every number as a float)."""
+    return literal(x if isinstance(x, bool) else float(x))
 
 
 class _Emitter:
@@ -213,8 +210,10 @@ class _Emitter:
                 out = outputs[name]
                 body.append(out.statement.format(x=self.output_value(t, out, var)) +
                             f"  # {name}  {lang.SHAPES[out.rank]}")
-        if self.spec.extra:
-            body.append(self.spec.extra)
+        extra = self.spec.extra_reading_values if "V" in self.f.reads and self.spec.extra_reading_values \
+            else self.spec.extra
+        if extra:
+            body.append(extra)
         return [header] + list(self.prelude.values()) + body
 
 
@@ -234,20 +233,23 @@ def lines(f: Formula, where: str, prefix: str | None = None) -> list[str]:
 # the template variable that holds each output after the formula's lines
 _RESULT = {"w": "w", "l": "pg", "kl": "kl_t", "term": "per_token", "weights": "weights", "count": "count",
            "log_rho": "log_ratio", "r": "r", "b": "adv", "A": "adv", "keep": "keep"}
+# ... and what a baseline formula also returns
+_RETURNS = ", 'returns': returns"
 
 
 def function_source(f: Formula) -> str:
     """A standalone ``def formula(...)`` holding ``f``'s lines, returning its outputs by name:
     the formula alone, outside a loss, e.g. to test it against a hand-written reference.
 
-    Loss-stage arguments: rho, w, adv, logp, old_logp, ref_logp, ent, mask, group_size;
-    advantage-stage: r, adv, mask, group_size, batch (an ``AdvantageBatch``: its valid rows)."""
+    Loss-stage arguments: rho, w, adv, logp, old_logp, ref_logp, ent, mask, group_size and
+    rollout_logp=None; advantage-stage: r, adv, mask, group_size, batch (an ``AdvantageBatch``:
+    its valid rows) and values=None."""
     if f.spec.stage == "loss":
-        head = "def formula(rho, w, adv, logp, old_logp, ref_logp, ent, mask, group_size):"
+        head = "def formula(rho, w, adv, logp, old_logp, ref_logp, ent, mask, group_size, rollout_logp=None):"
         init = ["per_token = torch.zeros_like(mask)"]
     else:
-        head = "def formula(r, adv, mask, group_size, batch):"
+        head = "def formula(r, adv, mask, group_size, batch, values=None):"
         init = ["keep = torch.ones_like(r)"]
     body = init + lines(f, f"{f.slot} {f.name}")
-    outs = ", ".join(f"{o!r}: {_RESULT[o]}" for o in f.outputs)
+    outs = ", ".join(f"{o!r}: {_RESULT[o]}" for o in f.outputs) + (_RETURNS if f.spec.extra else "")
     return head + "\n    " + "\n    ".join(body) + "\n    return {" + outs + "}\n"

@@ -9,20 +9,19 @@ as ``formula``; the generated code holds its lines where the component call woul
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from .. import registry
 from ..errors import ErrorList, Span
 from ..suggest import close_matches
-from . import emit, lang, masked
+from ..generated import load_function
+from ..parser import ComponentNode, SpecFile
+from ..values import Origin, SlotValue
+from . import component as formula_component
+from . import emit
 from .check import Formula, check_use
 from .nodes import Define
-from .render import binding as render_binding
 from .render import render
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..parser import ComponentNode, SpecFile
-    from ..spec import Algorithm, SlotValue
 
 _DEFINE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 RESERVED = {"none", "formula", "define", "end"}
@@ -31,7 +30,7 @@ RESERVED = {"none", "formula", "define", "end"}
 # spec.check_file
 
 
-def defines(spec: "SpecFile", errors: ErrorList) -> dict[str, Define]:
+def defines(spec: SpecFile, errors: ErrorList) -> dict[str, Define]:
     """The file's defines by name; bad or duplicate names are errors (and left out)."""
     out: dict[str, Define] = {}
     taken = {c: s for s, comps in registry.REGISTRY.items() for c in comps}
@@ -59,16 +58,15 @@ def misspelt(cname: str, defs: dict[str, Define]) -> list[str]:
     return close_matches(cname, defs) if cname not in defs else []
 
 
-def slot_value(slot: str, node: "ComponentNode", define: Define, algorithm: str, file: str,
-               errors: ErrorList, reported: set[tuple[str, Span]]) -> "SlotValue | None":
+def slot_value(slot: str, node: ComponentNode, define: Define, algorithm: str, file: str,
+               errors: ErrorList, reported: set[tuple[str, Span]]) -> SlotValue | None:
     """Check ``define`` as the component of ``slot`` (the slot line is ``node``)."""
-    from ..spec import SlotValue, _origin
     f = check_use(slot, define, node.args, node.name.span, file, errors, reported)
     if f is None:
         return None
-    origins = {a.name.text: _origin(algorithm, a.name.span) for a in node.args}
+    origins = {a.name.text: Origin.at(algorithm, a.name.span) for a in node.args}
     return SlotValue(slot=slot, component=define.name, params=dict(f.params),
-                     origin=_origin(algorithm, node.name.span), param_origins=origins, formula=f)
+                     origin=Origin.at(algorithm, node.name.span), param_origins=origins, formula=f)
 
 
 def unused(defs: dict[str, Define], used: set[str], errors: ErrorList) -> None:
@@ -79,58 +77,13 @@ def unused(defs: dict[str, Define], used: set[str], errors: ErrorList) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Facts: what the registry declares for its components, derived from the checked formula
-
-# formula inputs -> the optional inputs (registry.INPUTS) of estimate()/loss() they come from
-_NEEDS = {"ref_logp": "ref_logprobs", "rollout_logp": "rollout_logprobs", "ent": "entropy"}
-
-
-def facts(f: Formula) -> registry.Facts:
-    """The :class:`registry.Facts` of a checked formula, from what it reads and binds.
-
-    needs: the optional inputs behind the names it reads (ref_logp, rollout_logp, ent) and
-    group_size when it reads G or a group reduction; uses_ratio: it reads rho or w (a
-    ratio or trust-region formula makes them instead); sequence_level: a ratio formula
-    whose log_rho is one value per sequence; per_token_only: a trust region that reads rho
-    together with the per-token logp or old_logp (a per-token divergence on the ratio; one
-    that reads logp without rho builds its own ratio, as GMPO); never off, provides nothing."""
-    needs = [_NEEDS[x] for x in _NEEDS if x in f.reads]
-    if f.uses_groups:
-        needs.append("group_size")
-    seq = f.slot == "ratio" and f.typed[f.outputs[0]].rank < 2
-    return registry.Facts(needs=tuple(needs),
-                          uses_ratio=not f.spec.makes_ratio and f.reads_any("w", "rho"),
-                          sequence_level=seq,
-                          per_token_only=f.slot == "trust_region" and "rho" in f.reads
-                          and f.reads_any("logp", "old_logp"))
-
-
-def component(v: "SlotValue") -> registry.Component:
-    """The registry entry a formula slot value answers with (``SlotValue.spec``): its
-    parameters as floats with the define's defaults, its formula and source for explain, and
-    the facts derived by :func:`facts`. No function: the generated code holds its lines."""
-    f: Formula = v.formula
-    hit = f.__dict__.get("_component")  # built once per checked formula, kept with it
-    if hit is not None:
-        return hit
-    params = {k: registry.Float(d, f"a parameter of define {f.name}") for k, d in f.defaults.items()}
-    outs = ", ".join(f"{o.name} {lang.SHAPES[o.rank]}" for o in f.spec.outputs if o.name in f.outputs)
-    sections = {"formula": text(v), "source": source(v),
-                "shapes": f"reads {', '.join(sorted(f.reads)) or 'no input'}; binds {outs}"}
-    comp = registry.Component(v.slot, f.name, None, params, f"formula {f.name}, written in the spec",
-                              sections, facts(f), frozenset(registry.SLOTS[v.slot].declares))
-    object.__setattr__(f, "_component", comp)  # a cache on a frozen dataclass
-    return comp
-
-
-# ---------------------------------------------------------------------------------------
 # codegen and compiled
 
 
-def code(algo: "Algorithm", v: "SlotValue", where: str) -> str:
-    """The formula's lines, indented for the template (the first line's indent is the template's)."""
+def code(values: list[SlotValue], v: SlotValue, where: str) -> str:
+    """The formula's lines, indented for the template (the first line's indent is the template's);
+    ``values``: every value of its slot (a multi-component slot numbers its formulas)."""
     f: Formula = v.formula
-    values = algo.slots[v.slot]
     prefix = f.spec.prefix + (str(values.index(v) + 1) if len(values) > 1 else "")
     return "\n    ".join(emit.lines(f, where, prefix))
 
@@ -138,10 +91,8 @@ def code(algo: "Algorithm", v: "SlotValue", where: str) -> str:
 _DENOMINATORS: dict[str, Callable[..., Any]] = {}
 
 
-def denominator(algo: "Algorithm", mask: Any, group_size: int) -> Any:
-    """The count of an aggregation formula for ``mask`` (what ``fn.denominator`` returns)."""
-    from ..codegen import load_function
-    v = algo["aggregation"]
+def denominator(v: SlotValue, mask: Any, group_size: int) -> Any:
+    """The count of aggregation formula ``v`` for ``mask`` (what ``fn.denominator`` returns)."""
     body = "\n    ".join(emit.lines(v.formula, f"aggregation {v.component}"))
     source = ("def denominator(mask, group_size):\n"
               "    mask = mask.to(torch.float32)\n"
@@ -152,12 +103,8 @@ def denominator(algo: "Algorithm", mask: Any, group_size: int) -> Any:
     return _DENOMINATORS[source](mask, group_size)
 
 
-NAMESPACE = {"fx": masked}
-
-
-def function(v: "SlotValue") -> Callable[..., dict[str, Any]]:
+def function(v: SlotValue) -> Callable[..., dict[str, Any]]:
     """The formula of slot value ``v`` as a plain function (see :func:`emit.function_source`)."""
-    from ..codegen import load_function
     return load_function(emit.function_source(v.formula), "formula")
 
 
@@ -165,30 +112,24 @@ def function(v: "SlotValue") -> Callable[..., dict[str, Any]]:
 # explain
 
 
-def text(v: "SlotValue", values: bool = True) -> str:
-    """A formula slot as one line: its outputs, then the bindings they use (parameters
-    replaced by their values unless ``values`` is False)."""
-    f: Formula = v.formula
-    subs = f.params if values else {}
-    by_name = {b.name: b for b in f.define.bindings}
-    outs = [render_binding(by_name[o], subs) for o in f.outputs]
-    rest = [render_binding(by_name[n], subs) for n in f.order if n not in f.outputs]
-    return ";  ".join(outs) + (",  with " + ";  ".join(rest) if rest else "")
+def component(v: SlotValue) -> registry.Component:
+    """The registry entry a formula slot value answers with (``SlotValue.spec``)."""
+    return formula_component.component(v.formula)
 
 
-def source(v: "SlotValue") -> str:
-    f: Formula = v.formula
-    return f"formula, define {f.name} ({f.file}:{f.define.name_span.line})"
+def text(v: SlotValue, values: bool = True) -> str:
+    """A formula slot as one line (see :func:`component.text`)."""
+    return formula_component.text(v.formula, values)
 
 
-def bindings(v: "SlotValue") -> dict[str, str]:
+def bindings(v: SlotValue) -> dict[str, str]:
     """Each computed binding as text, parameters by name (what a formula-vs-formula diff compares)."""
     f: Formula = v.formula
     by_name = {b.name: b for b in f.define.bindings}
     return {n: render(by_name[n].expr) for n in f.order}
 
 
-def diff_slots(va: list["SlotValue"], vb: list["SlotValue"]) -> dict[str, Any] | None:
+def diff_slots(va: list[SlotValue], vb: list[SlotValue]) -> dict[str, Any] | None:
     """The diff of a slot's components where either side has a formula (None: neither has).
 
     A multi-component slot (shaping, filter) is compared pair by pair when both list the
@@ -215,7 +156,7 @@ def diff_slots(va: list["SlotValue"], vb: list["SlotValue"]) -> dict[str, Any] |
     return out
 
 
-def diff_slot(va: "SlotValue", vb: "SlotValue") -> dict[str, Any] | None:
+def diff_slot(va: SlotValue, vb: SlotValue) -> dict[str, Any] | None:
     """The diff of a slot where either side is a formula (None: neither is)."""
     fa, fb = va.formula, vb.formula
     if fa is None and fb is None:

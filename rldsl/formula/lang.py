@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import inputs as table
+
 SHAPES = {0: "[]", 1: "[B]", 2: "[B, T]"}
 
 
@@ -24,23 +26,33 @@ class Input:
     advantage: str | None = None  # its code in advantages(); None: not there
 
 
-INPUTS: dict[str, Input] = {i.name: i for i in [
+# The values the generated code computes (or always has) where formulas run; the optional
+# inputs of estimate()/loss() a formula may read come from the inputs table (below).
+_COMPUTED = [
     Input("rho", 2, "importance ratio pi / pi_old (after the ratio slot)", loss="rho"),
     Input("w", 2, "the trust region's weight", loss="w"),
     Input("A", 2, "advantage (0 on padding)", loss="adv", advantage="adv"),
     Input("logp", 2, "log pi(o_t) of the current policy (carries the gradient)", loss="logp"),
     Input("old_logp", 2, "log pi_old(o_t) at rollout time", loss="old_logp"),
-    Input("ref_logp", 2, "log pi_ref(o_t) of the reference policy", loss="ref_logp"),
-    Input("rollout_logp", 2, "log pi_engine(o_t): the inference engine's logprobs of the sampled tokens",
-          loss="rollout_logp"),
-    Input("ent", 2, "per-token entropy of the policy", loss="ent"),
     Input("mask", 2, "response mask: 1 on generated tokens, 0 on padding", loss="mask", advantage="mask"),
     Input("r", 1, "sequence reward (after shaping)", advantage="r"),
     Input("L", 1, "response length: sum_t mask", loss="mask.sum(-1)", advantage="mask.sum(-1)"),
     Input("G", 0, "group size (samples per prompt)", loss="group_size", advantage="group_size"),
     Input("B", 0, "rows in the batch", loss="fx.size(mask, 0)", advantage="fx.size(mask, 0)"),
     Input("T", 0, "padded response length", loss="fx.size(mask, 1)", advantage="fx.size(mask, 1)"),
-]}
+]
+
+
+def _from_table(i: table.Input) -> Input:
+    """An optional input (rldsl/inputs.py) as a formula reads it: under its ``formula`` name, as
+    its generated-code argument in each stage whose function has it when read."""
+    def code(stage: str) -> str | None:
+        return i.arg if stage in i.always or stage in i.stages else None
+    return Input(i.formula or "", i.rank, i.meaning, loss=code("loss"), advantage=code("advantage"))
+
+
+INPUTS: dict[str, Input] = {i.name: i for i in _COMPUTED + [
+    _from_table(t) for t in table.INPUTS.values() if t.formula is not None]}
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,7 @@ class FormulaSlot:
     outputs: tuple[Output, ...]      # all of them must be bound ...
     one_of: bool = False             # ... or exactly one of them (baseline: b or A)
     extra: str = ""                  # a statement after the outputs
+    extra_reading_values: str = ""   # ... instead, when the formula reads the critic's values V
     params: tuple[str, ...] = ()     # parameters the slot itself needs (kl: beta)
     makes_ratio: bool = False        # it computes rho or w (reading them does not make the loss need them)
 
@@ -74,34 +87,42 @@ class FormulaSlot:
 _LOSS_COMMON = ("mask", "L", "G", "B", "T")
 _ADV_COMMON = ("r", "mask", "L", "G", "B", "T")
 
+
+def _reads(slot: str, computed: tuple[str, ...]) -> tuple[str, ...]:
+    """What a formula in ``slot`` may read: the computed values the slot receives, then the
+    optional inputs the inputs table says it receives (``Input.slots``)."""
+    return computed + tuple(i.formula for i in table.readable(slot) if i.formula is not None)
+
+
 SLOTS: dict[str, FormulaSlot] = {s.slot: s for s in [
-    FormulaSlot("shaping", "advantage", "sh", _ADV_COMMON,
+    FormulaSlot("shaping", "advantage", "sh", _reads("shaping", _ADV_COMMON),
                 (Output("r", "num", 1, "r = {x}", "the shaped reward [B]"),)),
-    FormulaSlot("baseline", "advantage", "bl", _ADV_COMMON,
+    FormulaSlot("baseline", "advantage", "bl", _reads("baseline", _ADV_COMMON),
                 (Output("b", "num", 1, "adv = fx.spread(r - {x}, mask) * mask", "baseline b [B]: A = r - b"),
                  Output("A", "num", 2, "adv = fx.spread({x}, mask) * mask", "the advantage itself")),
-                one_of=True, extra="returns = adv"),
-    FormulaSlot("normalizer", "advantage", "no", ("A",) + _ADV_COMMON,
+                one_of=True, extra="returns = adv", extra_reading_values="returns = (adv + values) * mask"),
+    FormulaSlot("normalizer", "advantage", "no", _reads("normalizer", ("A",) + _ADV_COMMON),
                 (Output("A", "num", 2, "adv = {x}", "the scaled advantage"),)),
-    FormulaSlot("filter", "advantage", "fi", _ADV_COMMON,
+    FormulaSlot("filter", "advantage", "fi", _reads("filter", _ADV_COMMON),
                 (Output("keep", "bool", 1, "keep = keep * {x}", "true: the sample stays in the loss"),)),
-    FormulaSlot("ratio", "loss", "ra", ("logp", "old_logp") + _LOSS_COMMON,
+    FormulaSlot("ratio", "loss", "ra", _reads("ratio", ("logp", "old_logp", "A") + _LOSS_COMMON),
                 (Output("log_rho", "num", 2, "log_ratio = {x}", "log of the importance ratio"),),
                 makes_ratio=True),
-    FormulaSlot("trust_region", "loss", "tr", ("rho", "A", "logp", "old_logp") + _LOSS_COMMON,
+    FormulaSlot("trust_region", "loss", "tr", _reads("trust_region", ("rho", "A", "logp", "old_logp") + _LOSS_COMMON),
                 (Output("w", "num", 2, "w = {x}", "the weight the objective uses"),), makes_ratio=True),
-    FormulaSlot("objective", "loss", "ob", ("w", "rho", "A", "logp", "old_logp") + _LOSS_COMMON,
+    FormulaSlot("objective", "loss", "ob", _reads("objective", ("w", "rho", "A", "logp", "old_logp") + _LOSS_COMMON),
                 (Output("l", "num", 2, "pg = {x}", "the per-token loss to minimise"),)),
-    FormulaSlot("kl", "loss", "kl", ("logp", "ref_logp", "old_logp", "rho") + _LOSS_COMMON,
+    FormulaSlot("kl", "loss", "kl", _reads("kl", ("logp", "old_logp", "rho") + _LOSS_COMMON),
                 (Output("kl", "num", 2, "kl_t = {x}", "the per-token KL estimate"),),
                 params=("beta",)),
-    FormulaSlot("selection", "loss", "se", ("A", "logp", "old_logp", "rollout_logp", "ent") + _LOSS_COMMON,
+    FormulaSlot("selection", "loss", "se",
+                _reads("selection", ("A", "logp", "old_logp", "rho", "w") + _LOSS_COMMON),
                 (Output("keep", "bool", 2, "pg = pg * {x}",
                         "true: the token keeps its policy loss (the denominator is unchanged)"),)),
-    FormulaSlot("entropy", "loss", "en", ("ent", "A", "w", "rho", "logp") + _LOSS_COMMON,
+    FormulaSlot("entropy", "loss", "en", _reads("entropy", ("A", "w", "rho", "logp") + _LOSS_COMMON),
                 (Output("term", "num", 2, "per_token = per_token + {x}",
                         "added to the per-token loss"),)),
-    FormulaSlot("aggregation", "loss", "ag", _LOSS_COMMON,
+    FormulaSlot("aggregation", "loss", "ag", _reads("aggregation", _LOSS_COMMON),
                 (Output("weights", "num", 2, "weights = {x}", "per-token weights"),
                  Output("count", "num", 0, "count = {x}", "the denominator: loss = sum(l * weights) / count"))),
 ]}

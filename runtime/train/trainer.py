@@ -25,6 +25,7 @@ from rldsl import CompiledAlgorithm
 from ..batch import RolloutBatch, group_rows, model_inputs
 from ..config import RunConfig
 from ..models import autocast_dtype
+from . import inputs as producers
 from .logprobs import token_logprobs
 from .microbatch import combine_metrics, plan, trim, widen
 from .optim import build_optimizer, build_scheduler, lr_factor
@@ -192,7 +193,7 @@ class Trainer:
         B = len(batch)
         if not self.max_tokens_per_microbatch or B == 0:
             return [(torch.arange(B), 1.0)], True
-        whole = "group_size" in self.fn.algorithm["aggregation"].spec.facts.needs  # e.g. prompt_mean
+        whole = producers.whole_groups(self.fn.algorithm["aggregation"].spec.facts.needs)  # e.g. prompt_mean
         rows, by_group = plan(batch, self.max_tokens_per_microbatch, whole_groups=whole)
         n = self._microbatch_count(len(rows))
         if n != len(rows):
@@ -205,7 +206,7 @@ class Trainer:
         return local
 
     def _per_microbatch(self, model: nn.Module, batch: RolloutBatch, what: str) -> Tensor:
-        """Old/reference logprobs (``what="logprobs"``) or values (``"values"``) [B, Tr] of
+        """Old/reference logprobs (``what="logprobs"``) or critic values (``"critic"``) [B, Tr] of
         every row, computed micro-batch by micro-batch (no grad). ``"logprobs+sum_pi_squared"``:
         the old logprobs and sum_v pi_v^2 stacked, [2, B, Tr], from the same forwards."""
         mbs, by_group = self._microbatches(batch)
@@ -216,7 +217,7 @@ class Trainer:
                 sub, tr = batch, Tr
             else:
                 sub, tr = trim(batch.select(rows))
-            if what == "values":
+            if what == "critic":
                 parts = [self._values(sub, tr)]
             elif what == "logprobs+sum_pi_squared":
                 lp, _, spp = self._logprobs(model, sub, grad=False, entropy=False, groups=by_group,
@@ -237,16 +238,11 @@ class Trainer:
     def estimate(self, rollout: RolloutBatch, rewards: Tensor) -> TrainBatch:
         """Old (and reference) logprobs, values, and the algorithm's advantages for a rollout."""
         self.policy.eval()
-        old, ref, values, spp = self._recompute(rollout)
+        forwards = producers.Forwards(*self._recompute(rollout))
+        old, ref, values = forwards.old_logprobs, forwards.ref_logprobs, forwards.values
         mask = rollout.response_mask.float()
-        # bypass: pi_old is the engine's (for a KL in the reward and the rejections too)
-        est_old = rollout.logprobs.to(mask.device) if old is None and self.fn.algorithm.old_from_rollout else old
-        est = self.fn.estimate(rewards, rollout.group_size, mask, values=values,
-                               truncated=rollout.truncated, old_logprobs=est_old, ref_logprobs=ref,
-                               rollout_logprobs=rollout.logprobs if self._corrects() else None,
-                               reward_baselines=rollout.reward_baselines, sum_pi_squared=spp,
-                               reward_components=rollout.reward_components,
-                               reward_weights=rollout.reward_weights)
+        est = self.fn.estimate(rewards, rollout.group_size, mask,
+                               **producers.estimate_inputs(self, rollout, forwards))
         metrics = dict(est.metrics)
         valid = mask > 0
         if old is not None and valid.any():
@@ -266,7 +262,7 @@ class Trainer:
         """
         algo = self.fn.algorithm
         old = spp = None
-        if "sum_pi_squared" in algo.needs("advantage"):
+        if producers.old_policy_statistics(algo):
             both = self._per_microbatch(self.policy, rollout, "logprobs+sum_pi_squared")  # [2, B, Tr]
             spp = both[1]
             if not algo.old_from_rollout:  # bypass: pi_old stays the engine's
@@ -283,7 +279,7 @@ class Trainer:
             ref = self._per_microbatch(self.reference, rollout, "logprobs")
         values = None
         if algo.uses_critic:
-            values = self._per_microbatch(self.critic, rollout, "values")
+            values = self._per_microbatch(self.critic, rollout, "critic")
         return old, ref, values, spp
 
     # -- update
@@ -390,21 +386,15 @@ class Trainer:
         fn = self.fn
         algo = fn.algorithm
 
-        def cols(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t[rows][:, :tr]
-
         logp, ent = self._logprobs(self.policy, sub, grad=True, entropy=True, groups=groups)
         values = None
         if algo.uses_critic:
             values = self._values(sub, tr)
-        old = cols(batch.old_logprobs) if batch.old_logprobs is not None else logp.detach()
-        mask = cols(batch.mask)
-        out = fn.loss(logp, old, cols(batch.advantages), mask, ref_logprobs=cols(batch.ref_logprobs),
-                      values=values, returns=cols(batch.returns), old_values=cols(batch.old_values),
-                      entropy=ent, group_size=batch.group_size, denominator=denom,
-                      value_denominator=vdenom,
-                      rollout_logprobs=sub.logprobs[:, :tr].to(logp.device) if self._corrects() else None,
-                      entropy_coef=entropy_coef)
+        micro = producers.Micro(batch, sub, rows, tr, ent, values, entropy_coef)
+        old = micro.cols(batch.old_logprobs) if batch.old_logprobs is not None else logp.detach()
+        mask = micro.cols(batch.mask)
+        out = fn.loss(logp, old, micro.cols(batch.advantages), mask, denominator=denom,
+                      value_denominator=vdenom, **producers.loss_inputs(self, micro, logp.device))
         total = out.loss if out.value_loss is None else out.loss + out.value_loss
         if not self._all_finite(total):
             return None
@@ -432,8 +422,8 @@ class Trainer:
         return not _has_dropout(self.policy)
 
     def _corrects(self) -> bool:
-        """The spec has a correction: the engine's logprobs go to estimate() and loss()."""
-        return "rollout_logprobs" in self.fn.algorithm.needs()
+        """The spec reads the engine's logprobs (a correction): pi_old is compared with them."""
+        return producers.reads_engine(self.fn.algorithm)
 
     # -- data parallelism: identities on one rank; the sharded trainer (workers/fsdp.py)
     #    overrides them so that N ranks compute one rank's update

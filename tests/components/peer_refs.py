@@ -520,12 +520,17 @@ def _nanstd(t: Tensor, dim=None) -> Tensor:
 
 
 def trl_gamma_weights(advantages, log_ratio_per_token, mask, k_pos=2.0, lambda_pos=3.0, k_neg=3.0,
-                      lambda_neg=2.0):
-    """get_gamma_weights without the vLLM IS ratio (detached, (B, 1))."""
+                      lambda_neg=2.0, importance_sampling_ratio=None):
+    """get_gamma_weights (detached, (B, 1)); with ``importance_sampling_ratio`` (the vLLM IS ratio,
+    (B, T) for token modes or (B, 1) for sequence modes) its log, clamped to [log 1e-8, 20], is
+    summed over the row into the sequence log ratio (TRL folds the correction into phi)."""
     with torch.no_grad():
         lower = math.log(1e-8)
         lr = torch.clamp(log_ratio_per_token, -20.0, 20.0)
         seq = torch.sum(lr * mask, dim=-1, keepdim=True)
+        if importance_sampling_ratio is not None:
+            log_is = torch.clamp(torch.log(importance_sampling_ratio), lower, 20.0)
+            seq = seq + torch.sum(log_is, dim=-1, keepdim=True)
         log_w = torch.clamp(seq, lower, 20.0)
         w = torch.exp(log_w)
         nonneg = advantages >= 0

@@ -234,7 +234,7 @@ def test_gdpo_needs_the_per_function_rewards_and_checks_their_shape():
         fn.estimate(b["r"], 4, b["mask"])
     with pytest.raises(ValueError, match=r"reward_components must be \[B, K\]"):
         fn.estimate(b["r"], 4, b["mask"], reward_components=b["comps"][:8])
-    with pytest.raises(ValueError, match="reward_weights must be 2 finite numbers"):
+    with pytest.raises(ValueError, match=r"reward_weights must be \[K\] with .*K = 2; got \(3,\)"):
         fn.estimate(b["r"], 4, b["mask"], reward_components=b["comps"], reward_weights=torch.ones(3))
     # default weights are 1 (both peers' default)
     m = b["mask"].double()

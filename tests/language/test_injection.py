@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 import rldsl
-from rldsl import SlotValue, SpecError, codegen, registry
-from rldsl.codegen import CodegenError, literal
+from rldsl import SlotValue, SpecError, codegen, inputs, registry
+from rldsl.generated import CodegenError, literal
 
 ROOT = Path(__file__).resolve().parents[2]
 H = "algorithm demo\n"
@@ -103,7 +103,7 @@ def test_description_is_text_that_never_reaches_the_code() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# codegen.literal
+# generated.literal: the one writer of Python literals (templates and formulas)
 
 
 @pytest.mark.parametrize("value,expected", [
@@ -173,8 +173,10 @@ def _template_text() -> str:
 
 @lru_cache(maxsize=1)
 def allowed_names() -> frozenset[str]:
-    """Registry names (slots, components, parameters) and the words of the templates' own text."""
+    """Registry names (slots, components, parameters), the inputs table's argument and batch field
+    names, and the words of the templates' own text."""
     names = set(registry.SLOTS) | {"True", "False", "None"}
+    names.update(n for i in inputs.INPUTS.values() for n in (i.arg, i.batch) if n)
     for comps in registry.REGISTRY.values():
         for c in comps.values():
             names.add(c.name)
@@ -374,3 +376,15 @@ def test_codegen_refuses_a_formula_name_that_is_no_identifier() -> None:
     slots["trust_region"] = [bad]
     with pytest.raises(CodegenError, match="not an identifier"):
         codegen.generate(algo.model_copy(update={"slots": slots}))
+
+
+def test_one_python_literal_writer() -> None:
+    """Generated code gets its numbers from generated.literal only (the templates' values and
+    the formula emitter's constants); formula/render.py writes numbers as the spec does (text)."""
+    writers = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "rldsl").rglob("*.py"))
+               if "repr(float(" in p.read_text(encoding="utf-8") or "repr(int(" in p.read_text(encoding="utf-8")]
+    assert writers == ["rldsl/formula/render.py", "rldsl/generated.py"]
+    from rldsl.formula import emit
+    assert emit._literal(0.5) == literal(0.5) and emit._literal(2) == "2.0" and emit._literal(True) == "True"
+    with pytest.raises(CodegenError, match="non-finite literal"):
+        emit._literal(float("inf"))

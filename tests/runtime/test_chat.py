@@ -218,7 +218,7 @@ def test_ray_rollouts_hand_each_worker_its_chunk_of_reward_prompts() -> None:
         def __init__(self):
             self.generate = SimpleNamespace(remote=self.run)
 
-        def run(self, prompts, answers, params, reward_prompts):
+        def run(self, prompts, answers, params, reward_prompts, score=True):
             calls.append((prompts, reward_prompts))
             n = len(prompts)
             batch = RolloutBatch(torch.ones(n, 1, dtype=torch.long), torch.ones(n, 1, dtype=torch.long),

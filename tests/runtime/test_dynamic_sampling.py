@@ -107,6 +107,7 @@ def test_evaluation_counts_failed_rewards_instead_of_scoring_them_0(tiny_model, 
     reward leaves failures out; ``eval/failed`` counts them."""
     s, warnings = _run(tiny_model, tokenizer, "grpo", [[[1, NAN, 0.25, 1]], [[NAN] * 4]])
     s.heldout = [Example(id=i, prompt=f"{i}+1=", answer=str(i + 1)) for i in range(4)]
+    s.eval_sets = []  # no eval.data sets: the held-out split only
     s.cfg = load_config(None, ["rollout.max_new_tokens=4", "eval.samples=1"])
     from rldsl.runtime import loop as loop_module
     out = loop_module.evaluate(s, step=0)

@@ -44,7 +44,7 @@ def test_gdpo_trains_on_two_reward_functions_normalised_one_by_one(model_dir, tm
     assert any(r.get("optimizer_steps", 0) > 0 for r in recs)
     assert len(seen) == 3
     for rollout, rewards, adv in seen:
-        comps, w = rollout.reward_components, rollout.reward_weights
+        comps, w = rollout.inputs.get("reward_components"), rollout.inputs.get("reward_weights")
         assert comps.shape == (16, 2) and w.tolist() == [1.0, 0.5]
         parity = torch.tensor([float(len(c) % 2) for c in rollout.completions])
         assert torch.equal(comps[:, 0].cpu(), parity)
@@ -59,5 +59,5 @@ def test_gdpo_trains_on_two_reward_functions_normalised_one_by_one(model_dir, tm
 def test_specs_without_gdpo_get_no_per_function_rewards(model_dir, tmp_path, monkeypatch):
     seen = _spy(monkeypatch)
     loop.train("grpo", quick_config(model_dir, tmp_path / "run", **{"reward.name": TWO}))
-    assert [s[0].reward_components for s in seen] == [None, None, None]
+    assert [s[0].inputs.get("reward_components") for s in seen] == [None, None, None]
 

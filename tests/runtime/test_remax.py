@@ -29,7 +29,7 @@ def _spy(monkeypatch):
     est = Trainer.estimate
 
     def estimate(self, rollout, rewards):
-        seen.append(rollout.reward_baselines)
+        seen.append(rollout.inputs.get("reward_baselines"))
         return est(self, rollout, rewards)
 
     monkeypatch.setattr(LocalRollouts, "generate", generate)

@@ -1,0 +1,196 @@
+"""The optional inputs of ``estimate()`` / ``loss()`` / ``denominator()``: one record each.
+
+Every value a component may read beyond what every call passes (rewards, mask, logprobs,
+old logprobs and advantages of the loss) is an :class:`Input` here: its keyword, the stages
+it reaches, its shape and dtype, what it means, where it comes from and which slots receive
+it. Components declare the ones they read (``register(..., needs=...)``); everything else
+reads this table:
+
+- the code generator builds the generated functions' signatures from it (``arg``, ``always``)
+  and the ``AdvantageBatch`` fields an advantage-stage component finds filled (``batch``);
+- ``CompiledAlgorithm`` checks and forwards what a call gives (shape, default);
+- the formula language lets a formula in a slot read an input where ``slots`` lists that
+  slot, under the name ``formula``;
+- the runtime makes each input with one producer (``runtime/train/inputs.py``), keyed by
+  ``name``.
+
+No other module tests an input's name: it asks a record (``source``, ``whole_groups``, ...).
+docs/components.md says how to add one.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+#: the stages of the generated code an input reaches: the eager ``advantages()`` behind
+#: ``estimate()``, and the compiled ``loss()`` (with ``denominator()``)
+STAGES = ("advantage", "loss")
+
+#: where the runtime gets an input (what its producer runs)
+SOURCES = {
+    "policy": "a no-grad forward of the policy (old logprobs and statistics of the old policy)",
+    "update": "the update's own forward of the policy (with gradient)",
+    "reference": "a forward of the reference model (or of the policy with its adapter off)",
+    "critic": "a forward of the value model, or the values saved at rollout time",
+    "engine": "the inference engine's own numbers for the sampled tokens",
+    "rollout": "the rollout batch: generation and reward results",
+    "estimate": "what estimate() returned for the batch (value targets)",
+    "algorithm": "the compiled algorithm's own state at this optimizer step",
+    "run": "the run's configuration",
+}
+
+
+@dataclass(frozen=True)
+class Input:
+    """One optional input.
+
+    name     the keyword of estimate()/loss()/denominator() and the runtime producer's key
+    stages   the stages whose call takes it as a keyword (see STAGES)
+    shape    e.g. ``[B, T]``: B rows, T response tokens, K reward functions; ``[]`` a number
+    dtype    ``float32``, ``bool`` or ``int``
+    meaning  one sentence for docs and messages
+    source   where the runtime gets it (a key of SOURCES)
+    arg      its name in the generated ``advantages()``/``loss()`` and in slot signatures
+    always   stages whose generated function always takes it (None when absent); in the
+             others it is an argument only when an active component reads it
+    batch    advantage stage: the ``AdvantageBatch`` attribute it fills when a component of a
+             slot that receives the batch reads it ("" for none, or a field always filled);
+             a name that is not a field of its own goes to ``batch.inputs`` (read the same way)
+    formula  the name a formula reads it by (None: formulas cannot read it)
+    slots    the slots whose formulas may read it (the slots that receive it)
+    default  what an absent value means ("ones": all 1, shaped like the rest); "" none: a
+             component that reads it fails without it
+    whole_groups  its readers compare a prompt's samples: micro-batches keep whole groups
+    finite   every value must be finite (a call with inf or NaN fails)
+    """
+
+    name: str
+    stages: tuple[str, ...]
+    shape: str
+    dtype: str
+    meaning: str
+    source: str
+    arg: str = ""
+    always: tuple[str, ...] = ()
+    batch: str = ""
+    formula: str | None = None
+    slots: tuple[str, ...] = ()
+    default: str = ""
+    whole_groups: bool = False
+    finite: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.arg:
+            object.__setattr__(self, "arg", self.name)
+        bad = [s for s in self.stages + self.always if s not in STAGES]
+        if bad or self.source not in SOURCES or self.default not in ("", "ones"):
+            raise ValueError(f"input {self.name}: stages/always from {STAGES}, source from "
+                             f"{', '.join(SOURCES)}, default '' or 'ones'")
+        if not re.fullmatch(r"\[(?:[A-Z](?:, [A-Z])*)?\]", self.shape):
+            raise ValueError(f"input {self.name}: shape {self.shape!r} is not like [B, T] or []")
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """The shape's dimension letters: ``[B, T]`` -> ("B", "T")."""
+        return tuple(d for d in self.shape[1:-1].split(", ") if d)
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def describe(self) -> str:
+        """``[B, T] float32: <meaning>`` (docs/components.md, messages)."""
+        return f"{self.shape} {self.dtype}: {self.meaning}"
+
+
+_LOSS_SLOTS = ("ratio", "trust_region", "objective", "selection")
+
+# The order of this table is the order of the extra arguments of the generated functions.
+INPUTS: dict[str, Input] = {i.name: i for i in [
+    Input("group_size", ("loss",), "[]", "int", "G, samples per prompt (rows g*G .. g*G+G-1 answer prompt g)",
+          "run", always=("advantage", "loss"), whole_groups=True),
+    Input("values", ("advantage", "loss"), "[B, T]", "float32",
+          "critic values (estimate: rollout-time values for GAE; loss: the current critic's)",
+          "critic", always=("advantage", "loss"), formula="V", slots=("baseline",)),
+    Input("returns", ("loss",), "[B, T]", "float32", "value targets (estimate()'s returns)",
+          "estimate", always=("loss",)),
+    Input("old_values", ("loss",), "[B, T]", "float32", "values at rollout time (the critic's clip reference)",
+          "critic", always=("loss",)),
+    Input("truncated", ("advantage",), "[B]", "bool", "the sample hit max_new_tokens without ending",
+          "rollout", always=("advantage",)),
+    Input("old_logprobs", ("advantage",), "[B, T]", "float32",
+          "rollout-time policy logprobs of the sampled tokens (always given to loss())",
+          "policy", arg="old_logp", always=("advantage", "loss"), batch="old_logprobs"),
+    Input("ref_logprobs", ("advantage", "loss"), "[B, T]", "float32", "reference-policy logprobs",
+          "reference", arg="ref_logp", always=("advantage", "loss"), formula="ref_logp", slots=("kl",)),
+    Input("entropy", ("loss",), "[B, T]", "float32", "per-token entropy of the policy",
+          "update", arg="ent", always=("loss",), formula="ent", slots=("selection", "entropy")),
+    Input("rollout_logprobs", ("advantage", "loss"), "[B, T]", "float32",
+          "the inference engine's logprobs of the sampled tokens (estimate: a correction's rejections)",
+          "engine", arg="rollout_logp", formula="rollout_logp", slots=("correction",) + _LOSS_SLOTS),
+    Input("entropy_coef", ("loss",), "[]", "float32",
+          "the entropy coefficient of this optimizer step (entropy adaptive): runtime state",
+          "algorithm"),
+    Input("reward_baselines", ("advantage",), "[B]", "float32",
+          "reward of a greedy rollout of each row's prompt, same reward function",
+          "rollout", batch="reward_baselines"),
+    Input("sum_pi_squared", ("advantage",), "[B, T]", "float32",
+          "sum over the vocabulary of the old policy's squared probabilities at each response token",
+          "policy", batch="sum_pi_squared"),
+    Input("reward_components", ("advantage",), "[B, K]", "float32",
+          "each reward function's own reward, unweighted", "rollout", batch="reward_components"),
+    Input("reward_weights", ("advantage",), "[K]", "float32",
+          "each reward function's weight (rewards are the weighted sum of reward_components)",
+          "rollout", batch="reward_weights", default="ones", finite=True),
+]}
+
+
+def of_stage(stage: str) -> list[Input]:
+    """The inputs a call of ``stage`` takes as keywords, in table order."""
+    return [i for i in INPUTS.values() if stage in i.stages]
+
+
+def extra_args(stage: str, read: Iterable[str], passed: Iterable[str] = ()) -> list[Input]:
+    """The inputs the generated function of ``stage`` takes beyond its fixed arguments:
+    those not ``always`` taken that an active component reads (``read``: input names) or
+    whose ``arg`` its slot passes to every component (``passed``: slot signature arguments),
+    in table order."""
+    read, passed = set(read), set(passed)
+    return [i for i in INPUTS.values() if stage not in i.always and stage in i.stages
+            and (i.name in read or i.arg in passed)]
+
+
+def readable(slot: str) -> list[Input]:
+    """The inputs a formula in ``slot`` may read (``slots`` lists it), in table order."""
+    return [i for i in INPUTS.values() if i.formula is not None and slot in i.slots]
+
+
+def missing(read: Iterable[str], given: Mapping[str, object]) -> list[str]:
+    """The inputs of ``read`` that a call left out (None) and that have no default."""
+    return [x for x in read if x in given and given[x] is None and not INPUTS[x].default]
+
+
+def check_shape(inp: Input, value: object, sizes: dict[str, int]) -> str | None:
+    """An error message if ``value``'s shape does not match ``inp.shape``; binds new letters in
+    ``sizes`` (e.g. K from the first [B, K] input)."""
+    shape = tuple(getattr(value, "shape", ()))
+    if len(shape) != inp.rank:
+        return f"{inp.name} must be {inp.shape}; got {shape}"
+    for d, n in zip(inp.dims, shape):
+        want = sizes.setdefault(d, n)
+        if n != want:
+            known = ", ".join(f"{k} = {v}" for k, v in sizes.items())
+            return f"{inp.name} must be {inp.shape} with {known}; got {shape}"
+    return None
+
+
+def doc_table() -> str:
+    """Markdown: every input with its stages, shape, dtype, source and meaning (docs/components.md)."""
+    rows = ["| input | stages | shape | dtype | made by | formulas read it as | meaning |",
+            "|---|---|---|---|---|---|---|"]
+    for i in INPUTS.values():
+        calls = ", ".join({"advantage": "estimate", "loss": "loss"}[s] for s in i.stages)
+        read = f"`{i.formula}` in {', '.join(i.slots)}" if i.formula else "-"
+        rows.append(f"| `{i.name}` | {calls} | {i.shape} | {i.dtype} | {i.source} | {read} | {i.meaning} |")
+    return "\n".join(rows)

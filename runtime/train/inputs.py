@@ -1,0 +1,204 @@
+"""One producer per optional input of ``estimate()`` / ``loss()`` (the table in rldsl/inputs.py).
+
+Each input of the language's table has exactly one function here that makes it, keyed by the
+input's name, in one of three tables by when it is made:
+
+- ``ROLLOUT``: after a generation round is scored (the loop): ``(side, batch, scored, prompts)
+  -> (batch with the input, seconds spent)``; only for inputs the algorithm reads.
+- ``ESTIMATE``: for ``estimate()`` (the trainer): ``(trainer, rollout, forwards) -> value``,
+  where ``forwards`` holds the no-grad forwards the trainer ran (old / reference logprobs,
+  values, old-policy statistics).
+- ``UPDATE``: for ``loss()`` on one micro-batch: ``(trainer, micro) -> value``.
+
+The loop and the trainer ask the algorithm what it reads (``algo.needs(...)``) and call these;
+they never test an input's name. ``wanted(stage, algo)`` is that question: the inputs the call
+of ``stage`` always gets plus those an active component reads. A new input is one record in
+rldsl/inputs.py and one producer here (docs/components.md).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import torch
+from torch import Tensor
+
+from rldsl import Algorithm
+from rldsl import inputs as table
+
+from ..batch import RolloutBatch
+from ..engines.base import SamplingParams
+
+Trainer = Any  # train/trainer.py's Trainer (it imports this module): what the producers read of it
+
+
+# ----------------------------------------------------------------------------- what producers read
+
+@dataclass(frozen=True)
+class RolloutSide:
+    """What the rollout-stage producers use from the run (the loop builds it once per step)."""
+
+    generate: Callable[..., Any]          # the rollout workers' generate(prompts, answers, params, reward_prompts)
+    reward_terms: list[tuple[str, float]]  # the reward spec's (function name, weight) terms, in order
+    max_new_tokens: int
+    warn: Callable[[str], None]
+    step: int
+
+
+class Forwards(NamedTuple):
+    """The no-grad forwards of ``Trainer.estimate`` over every row ([B, Tr] each, None when not run)."""
+
+    old_logprobs: Tensor | None     # None: exactly on-policy, or bypass (pi_old is the engine's)
+    ref_logprobs: Tensor | None
+    values: Tensor | None
+    sum_pi_squared: Tensor | None
+
+
+@dataclass(frozen=True)
+class Micro:
+    """One micro-batch of an update step, what ``loss()``'s inputs are cut from."""
+
+    batch: Any                   # the step's TrainBatch (rows indexed by ``rows``)
+    sub: RolloutBatch            # the micro-batch's rollout rows, trimmed to ``tr`` columns
+    rows: Tensor                 # [b] row indices into ``batch``
+    tr: int                      # response columns of this micro-batch
+    entropy: Tensor | None       # [b, tr] the update forward's entropy
+    values: Tensor | None        # [b, tr] the current critic's values
+    entropy_coef: Tensor | None  # [] this optimizer step's coefficient
+
+    def cols(self, t: Tensor | None) -> Tensor | None:
+        """The micro-batch's rows and columns of a [B, Tr] tensor of the step."""
+        return None if t is None else t[self.rows][:, :self.tr]
+
+
+def wanted(stage: str, algo: Algorithm) -> list[str]:
+    """The inputs a call of ``stage`` gets: those it always takes, and those the algorithm reads."""
+    reads = set(algo.needs())
+    return [i.name for i in table.of_stage(stage) if stage in i.always or i.name in reads]
+
+
+def reads_engine(algo: Algorithm) -> bool:
+    """The algorithm reads the inference engine's own numbers (a train/inference correction)."""
+    return any(table.INPUTS[x].source == "engine" for x in algo.needs())
+
+
+def whole_groups(needs: tuple[str, ...]) -> bool:
+    """A component reading these compares a prompt's samples: micro-batches keep whole groups."""
+    return any(table.INPUTS[x].whole_groups for x in needs)
+
+
+def old_policy_statistics(algo: Algorithm) -> bool:
+    """The advantage reads a statistic of the old policy beyond its logprobs (sum_pi_squared):
+    the old-logprob forward also returns it."""
+    return any(table.INPUTS[x].source == "policy" and "advantage" not in table.INPUTS[x].always
+               for x in algo.needs("advantage"))
+
+
+# ----------------------------------------------------------------------------- rollout stage
+
+def greedy_baselines(side: RolloutSide, batch: RolloutBatch, scored: Any,
+                     prompts: list[Any]) -> tuple[RolloutBatch, float]:
+    """``reward_baselines`` [B]: one greedy response per prompt, scored by the run's reward.
+
+    What verl's ReMax trainer does (do_sample=False on a copy of the prompts, the same reward
+    function, the reward repeated over the group). Returns the batch and the seconds it took.
+    """
+    gen = side.generate([e.prompt for e in prompts], [e.answer for e in prompts],
+                        SamplingParams(n=1, temperature=0.0, max_new_tokens=side.max_new_tokens),
+                        [e.reward_prompt for e in prompts])
+    r = gen.scored.rewards.to(torch.float32)  # [P]
+    if gen.scored.num_errors:
+        side.warn(f"step {side.step}: the greedy baseline's reward failed for {gen.scored.num_errors} "
+                  f"prompt(s): their samples get advantage 0; first:\n{gen.scored.first_error}")
+    base = r.repeat_interleave(batch.group_size).to(batch.response_ids.device)  # [B]
+    return _with(batch, reward_baselines=base), gen.generate_s + gen.reward_s
+
+
+def per_function_rewards(side: RolloutSide, batch: RolloutBatch, scored: Any,
+                         prompts: list[Any]) -> tuple[RolloutBatch, float]:
+    """``reward_components`` [B, K] (one column per term of the reward spec, in its order) and
+    ``reward_weights`` [K]: what GDPO (`baseline per_reward_group`) normalises."""
+    dev = batch.response_ids.device
+    comps = torch.stack([scored.components[n].to(torch.float32) for n, _ in side.reward_terms],
+                        dim=1).to(dev)  # [B, K]
+    w = torch.tensor([wt for _, wt in side.reward_terms], dtype=torch.float32, device=dev)  # [K]
+    return _with(batch, reward_components=comps, reward_weights=w), 0.0
+
+
+def _with(batch: RolloutBatch, **made: Tensor) -> RolloutBatch:
+    """``batch`` with inputs added to its ``inputs``."""
+    return dataclasses.replace(batch, inputs={**batch.inputs, **made})
+
+
+@dataclass(frozen=True)
+class RolloutProducer:
+    make: Callable[[RolloutSide, RolloutBatch, Any, list[Any]], tuple[RolloutBatch, float]]
+    time_metric: str | None = None  # the step metric its seconds add to (None: not timed)
+
+
+_GREEDY = RolloutProducer(greedy_baselines, "time/greedy_s")
+_PER_FUNCTION = RolloutProducer(per_function_rewards)
+
+ROLLOUT: dict[str, RolloutProducer] = {
+    "reward_baselines": _GREEDY,
+    "reward_components": _PER_FUNCTION,
+    "reward_weights": _PER_FUNCTION,  # made together with the components
+}
+
+
+def rollout_producers(algo: Algorithm) -> list[RolloutProducer]:
+    """The rollout-stage producers of the inputs the algorithm reads, each once, in table order."""
+    reads = set(algo.needs())
+    out: list[RolloutProducer] = []
+    for name, p in ROLLOUT.items():
+        if name in reads and p not in out:
+            out.append(p)
+    return out
+
+
+# ----------------------------------------------------------------------------- estimate stage
+
+ESTIMATE: dict[str, Callable[[Trainer, RolloutBatch, Forwards], Any]] = {
+    "values": lambda tr, r, f: f.values,
+    "truncated": lambda tr, r, f: r.truncated,
+    # bypass: pi_old is the engine's (for a KL in the reward and the rejections too)
+    "old_logprobs": lambda tr, r, f: (r.logprobs.to(r.response_mask.device)
+                                      if f.old_logprobs is None and tr.fn.algorithm.old_from_rollout
+                                      else f.old_logprobs),
+    "ref_logprobs": lambda tr, r, f: f.ref_logprobs,
+    "rollout_logprobs": lambda tr, r, f: r.logprobs,
+    "reward_baselines": lambda tr, r, f: r.inputs.get("reward_baselines"),
+    "sum_pi_squared": lambda tr, r, f: f.sum_pi_squared,
+    "reward_components": lambda tr, r, f: r.inputs.get("reward_components"),
+    "reward_weights": lambda tr, r, f: r.inputs.get("reward_weights"),
+}
+
+
+def estimate_inputs(trainer: Trainer, rollout: RolloutBatch, forwards: Forwards) -> dict[str, Any]:
+    """The keywords of ``estimate()`` for a rollout: one producer per wanted input."""
+    return {name: ESTIMATE[name](trainer, rollout, forwards)
+            for name in wanted("advantage", trainer.fn.algorithm)}
+
+
+# ----------------------------------------------------------------------------- update stage
+
+UPDATE: dict[str, Callable[[Trainer, Micro], Any]] = {
+    "group_size": lambda tr, m: m.batch.group_size,
+    "values": lambda tr, m: m.values,
+    "returns": lambda tr, m: m.cols(m.batch.returns),
+    "old_values": lambda tr, m: m.cols(m.batch.old_values),
+    "ref_logprobs": lambda tr, m: m.cols(m.batch.ref_logprobs),
+    "entropy": lambda tr, m: m.entropy,
+    "rollout_logprobs": lambda tr, m: m.sub.logprobs[:, :m.tr],
+    "entropy_coef": lambda tr, m: m.entropy_coef,
+}
+
+
+def loss_inputs(trainer: Trainer, micro: Micro, device: torch.device) -> dict[str, Any]:
+    """The input keywords of ``loss()`` for one micro-batch: one producer per wanted input."""
+    out = {}
+    for name in wanted("loss", trainer.fn.algorithm):
+        v = UPDATE[name](trainer, micro)
+        out[name] = v.to(device) if isinstance(v, Tensor) else v
+    return out
