@@ -273,3 +273,16 @@ def test_lora_two_trainer_run_resumes_exactly(ray_cluster, model_dir, tmp_path):
     strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith(("time/", "step_s", "tokens_per_s"))}
                         for r in rs]
     assert strip(steps_of(full)) == strip(steps_of(cut))
+
+
+@pytest.mark.slow
+def test_async_rollouts_on_a_ray_rollout_worker_equal_the_one_process_run(ray_cluster, model_dir, tmp_path):
+    """rollout.max_staleness=1 with the producer driving a Ray rollout actor: the same fixed
+    schedule, so the same numbers as the one-process asynchronous run."""
+    over = {"rollout.max_staleness": 1, "checkpoint.every": 0, "train.minibatches": 2}
+    local = steps_of(loop.train("grpo_tis", config(model_dir, tmp_path / "local", **over)))
+    remote = steps_of(loop.train("grpo_tis", config(model_dir, tmp_path / "ray", workers=1, **over)))
+    assert [r["async/staleness_max"] for r in remote] == [0.0, 1.0, 1.0, 1.0]
+    for a, b in zip(local, remote):
+        assert a["reward_mean"] == b["reward_mean"]
+        assert math.isclose(a["loss"], b["loss"], rel_tol=1e-5, abs_tol=1e-7)
