@@ -57,7 +57,10 @@ def model_folder(cfg: RunConfig) -> tuple[Path, str]:
     """(the policy's HF folder, a label for messages); the embedded toy model is warm-started
     on first use and read from its cache afterwards."""
     if cfg.model.path is None:
-        from .toy import warm_start
+        from .toy import vllm_variant_config, warm_start
+        if cfg.rollout.engine == "vllm":  # vLLM's CPU attention refuses the toy's head dim 24
+            return (Path(warm_start(model_config=vllm_variant_config(), verbose=True)),
+                    "embedded toy model, head-dim-64 variant for vLLM (warm-started)")
         return Path(warm_start(verbose=True)), "embedded toy model (warm-started)"
     path = Path(cfg.model.path)
     if not path.exists():
@@ -168,8 +171,6 @@ def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = 
     seed_all(cfg.seed)
     fn = rldsl.compile(algo)
     if cfg.distributed.uses_ray:
-        if cfg.rollout.engine == "vllm" and cfg.device != "cuda":
-            raise RunError("rollout.engine=vllm needs GPUs: use --device cuda (or rollout.engine=hf)")
         path, _ = model_folder(cfg)  # the toy model is warm-started here, once
         tok = load_tokenizer(path)
         source, held = prompts_of(cfg, tok, print)
@@ -185,11 +186,12 @@ def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = 
     source, held = prompts_of(cfg, tok, print)
     fit_context(cfg, path, tok, [e.prompt for e in source.examples + held])
     policy.to(cfg.device)
-    if cfg.rollout.engine != "hf":
-        raise RunError(f"rollout.engine={cfg.rollout.engine!r} needs the distributed runtime "
-                       "(Ray actors on GPUs): add --rollout-workers 1 (or more); on one "
-                       "machine without Ray use rollout.engine=hf")
-    engine_model = copy.deepcopy(policy).to(getattr(torch, cfg.model.dtype)).eval()
+    if cfg.rollout.engine == "vllm":  # its own process(es), loading the folder; synced in place
+        from .engines.vllm import engine_from_config
+        engine: Any = engine_from_config(cfg, path, on_gpu=cfg.device == "cuda")
+    else:
+        engine = HFEngine(copy.deepcopy(policy).to(getattr(torch, cfg.model.dtype)).eval(), tok,
+                          device=cfg.device)
     reference_off = None
     if cfg.model.lora.rank:
         lo = cfg.model.lora
@@ -199,6 +201,5 @@ def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = 
     if cfg.train.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
     trainer = Trainer.from_config(cfg, fn, policy, reference_off=reference_off)
-    engine = HFEngine(engine_model, tok, device=cfg.device)
     rollouts = LocalRollouts(engine, RewardFn(reward_name(cfg), on_error=cfg.reward.on_error))
     return Run(cfg, algo, fn, run_dir, tok, source, held, rollouts, LocalTrainers(trainer))

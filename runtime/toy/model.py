@@ -60,3 +60,16 @@ def tiny_config(
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
     )
+
+
+#: The embedded model's shape for the vLLM engine: vLLM's CPU attention refuses the toy's
+#: head dim (96 / 4 heads = 24; it was measured to refuse 16 and accept 64), so rollouts on
+#: vLLM use 2 heads of 64 (hidden 128, ~0.86M parameters), warm-started like the toy.
+VLLM_VARIANT = {"hidden_size": 128, "num_attention_heads": 2}
+
+
+def vllm_variant_config(tokenizer: PreTrainedTokenizerFast | None = None) -> LlamaConfig:
+    """The embedded model with head dim 64 (``VLLM_VARIANT``), the model ``rldsl run`` trains
+    when ``rollout.engine = "vllm"`` and no ``model.path`` is set (docs/toy.md)."""
+    return tiny_config(tokenizer, **VLLM_VARIANT)
+

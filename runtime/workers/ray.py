@@ -3,7 +3,7 @@
 - ``RayTrainers``: N ``TrainerWorker`` actors, each one rank of a ``torch.distributed`` group
   holding a :class:`~rldsl.runtime.workers.fsdp.ShardedTrainer` (gloo on CPU, nccl on GPU;
   rendezvous on 127.0.0.1, or on rank 0's node address when the ranks span nodes).
-- ``RayRollouts``: M ``RolloutWorker`` actors, each an engine (``hf``, or ``vllm`` on GPU)
+- ``RayRollouts``: M ``RolloutWorker`` actors, each an engine (``hf`` or ``vllm``, CPU or GPU)
   and the reward: the P prompts of a round are split into M contiguous chunks that every
   actor samples *and scores*. With M > 1, chunk w samples with
   ``step_seed(round seed, w, 0, "chunk")``: reproducible for a given M, not the samples of M = 1.
@@ -132,10 +132,9 @@ class RolloutWorker:
         self.index = index
         gpus = payload["rollout_gpus"]
         if cfg.rollout.engine == "vllm":
-            from ..engines.vllm import VLLMEngine
-            engine: Any = VLLMEngine(cfg.model.path, tensor_parallel_size=max(1, int(gpus)),
-                                     dtype=cfg.model.dtype, seed=cfg.seed,
-                                     weight_sync_timeout=cfg.distributed.sync_timeout)
+            from ..engines.vllm import engine_from_config
+            engine: Any = engine_from_config(cfg, cfg.model.path, on_gpu=gpus > 0,
+                                             tensor_parallel_size=max(1, int(gpus)))
         else:
             from ..engines.hf import HFEngine
             model = load_policy(Path(cfg.model.path), cfg.model.dtype)
@@ -157,7 +156,7 @@ class RolloutWorker:
         """The HF engine's current state dict on CPU: a probe of what the weight sync delivered."""
         model = getattr(self.local.engine, "model", None)
         if not isinstance(model, torch.nn.Module):
-            raise ConfigError("engine_weights() reads the hf engine only (vLLM: param_checksums)")
+            raise ConfigError("engine_weights() reads the hf engine only (vLLM: VLLMEngine.read_weights)")
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 

@@ -7,8 +7,10 @@ worker-side loader, the timeout guard and the missing-vLLM error.
 vLLM's data classes are replaced by *test doubles* that carry exactly the attribute names
 of ``vllm.outputs.RequestOutput`` / ``CompletionOutput`` and ``vllm.logprobs.Logprob``
 (vLLM 0.11 and 0.33). Their contents are written by hand or copied from an ``HFEngine``
-batch; they are not vLLM results, and nothing here shows that vLLM itself behaves as
-assumed: bench/gpu_smoke.sh checks that on a GPU.
+batch; they are not vLLM results. What they assume of vLLM (layout, stop ids, logprobs,
+in-place weight loading, LoRA merged weights) is checked against a real vLLM (the CPU
+build) in test_vllm_real.py and tests/runtime/test_vllm_runs.py, and on a GPU by
+bench/gpu_smoke.sh.
 """
 from __future__ import annotations
 
@@ -122,8 +124,9 @@ def test_sampling_kwargs_reject_bad_params(bad):
         ve.to_vllm_sampling_kwargs(bad)
 
 
+@pytest.mark.vllm
 def test_sampling_kwargs_build_a_real_vllm_sampling_params():
-    vllm = pytest.importorskip("vllm")  # only where vLLM is installed (GPU machines)
+    import vllm  # the vllm marker skips (or fails, under RLDSL_REQUIRE_VLLM=1) without it
     sp = vllm.SamplingParams(**ve.to_vllm_sampling_kwargs(
         SamplingParams(n=2, temperature=0.8, max_new_tokens=5, seed=1)))
     assert (sp.n, sp.max_tokens, sp.logprobs, sp.seed) == (2, 5, 0, 1)
