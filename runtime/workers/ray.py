@@ -153,10 +153,14 @@ class RolloutWorker:
         self.local.load_weights(state.items())
 
     def engine_weights(self) -> dict[str, Tensor]:
-        """The HF engine's current state dict on CPU: a probe of what the weight sync delivered."""
-        model = getattr(self.local.engine, "model", None)
+        """The engine's current weights on CPU, HF-named: a probe of what the weight sync
+        delivered (the hf engine's state dict; vLLM's ``read_weights``, read through its kernels)."""
+        engine = self.local.engine
+        if callable(getattr(engine, "read_weights", None)):
+            return engine.read_weights()
+        model = getattr(engine, "model", None)
         if not isinstance(model, torch.nn.Module):
-            raise ConfigError("engine_weights() reads the hf engine only (vLLM: VLLMEngine.read_weights)")
+            raise ConfigError(f"engine_weights() cannot read a {type(engine).__name__}")
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 

@@ -319,7 +319,10 @@ class VLLMEngine:
         return bool(self._asleep)
 
     def close(self) -> None:
-        """Drop the vLLM engine (its GPU memory is freed once it is collected)."""
+        """Stop vLLM's engine processes now and drop the engine (idempotent)."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if callable(getattr(core, "shutdown", None)):
+            core.shutdown()  # else they live until the LLM object is collected
         self.llm = None
         gc.collect()
 
