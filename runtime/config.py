@@ -195,7 +195,7 @@ class RolloutConfig(_Section):
         default="hf",
         description="Rollout engine: 'hf' (transformers generate, the CPU default) or "
                     "'vllm' (vLLM on a GPU, or its CPU build: rollout.vllm.* and docs/runtime.md; "
-                    "without model.path it trains the embedded model's head-dim-64 variant).")
+                    "without model.path it trains the embedded model's head-dim-32 variant).")
     prompts_per_step: int = Field(default=16, ge=1,
                                   description="Prompts per training step (P).")
     n: int = Field(default=8, ge=1,
