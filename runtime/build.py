@@ -87,7 +87,10 @@ def model_folder(cfg: RunConfig) -> tuple[Path, str]:
     """(the policy's HF folder, a label for messages); the embedded toy model is warm-started
     on first use and read from its cache afterwards."""
     if cfg.model.path is None:
-        from .toy import warm_start
+        from .toy import vllm_variant_config, warm_start
+        if cfg.rollout.engine == "vllm":  # vLLM's CPU attention refuses the toy's head dim 24
+            return (Path(warm_start(model_config=vllm_variant_config(), verbose=True)),
+                    "embedded toy model, head-dim-32 variant for vLLM (warm-started)")
         return Path(warm_start(verbose=True)), "embedded toy model (warm-started)"
     path = Path(cfg.model.path)
     if not path.exists():

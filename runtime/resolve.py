@@ -17,6 +17,7 @@ loads the models afterwards.
 """
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +46,12 @@ def check_device(cfg: RunConfig) -> None:
 
 
 def check_engine(cfg: RunConfig) -> None:
-    """The rollout engine fits the run: ``vllm`` needs Ray actors on GPUs, one process uses ``hf``."""
-    if cfg.distributed.uses_ray:
-        if cfg.rollout.engine == "vllm" and cfg.device != "cuda":
-            raise RunError("rollout.engine=vllm needs GPUs: use --device cuda (or rollout.engine=hf)")
-    elif cfg.rollout.engine != "hf":
-        raise RunError(f"rollout.engine={cfg.rollout.engine!r} needs the distributed runtime "
-                       "(Ray actors on GPUs): add --rollout-workers 1 (or more); on one "
-                       "machine without Ray use rollout.engine=hf")
+    """The rollout engine can run here: ``vllm`` needs the vllm package (its CPU build on a
+    machine without GPUs: ``make setup-vllm``), in one process or on Ray rollout workers."""
+    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise RunError("rollout.engine=vllm but vllm is not installed here: on GPUs pip install "
+                       "'rldsl[vllm]'; on a CPU machine use the vLLM venv (`make setup-vllm`, then "
+                       ".venv-vllm/bin/rldsl run ...); or use rollout.engine=hf")
 
 
 def check_async(algo: Algorithm, cfg: RunConfig) -> None:

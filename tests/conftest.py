@@ -2,11 +2,29 @@
 built once per test session and shared by every test that asks for them."""
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Callable
 
 import pytest
 
 import rldsl
+
+#: Set by `make test-vllm` (and so by `make test` and CI): a missing vLLM fails the
+#: real-vLLM tests instead of skipping them.
+REQUIRE_VLLM = "RLDSL_REQUIRE_VLLM"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked ``vllm`` run against a real vLLM: without one they are skipped with the
+    reason, or fail when RLDSL_REQUIRE_VLLM=1 (CI must never skip them silently)."""
+    if item.get_closest_marker("vllm") is None or importlib.util.find_spec("vllm") is not None:
+        return
+    reason = ("vLLM is not installed in this environment: the real-vLLM tests run in the "
+              ".venv-vllm venv (make setup-vllm, then make test-vllm)")
+    if os.environ.get(REQUIRE_VLLM) == "1":
+        pytest.fail(f"{REQUIRE_VLLM}=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

@@ -60,3 +60,17 @@ def tiny_config(
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
     )
+
+
+#: The embedded model's shape for the vLLM engine: vLLM's CPU attention takes head dims
+#: 32, 64, 80, ... (``CPUAttentionBackend.get_supported_head_sizes`` in vLLM 0.32), not the
+#: toy's 24 (96 / 4 heads), so rollouts on vLLM use 3 heads of 32: the same hidden size and
+#: parameter count (0.59M), every weight matrix the same shape; warm-started like the toy.
+VLLM_VARIANT = {"num_attention_heads": 3}
+
+
+def vllm_variant_config(tokenizer: PreTrainedTokenizerFast | None = None) -> LlamaConfig:
+    """The embedded model with head dim 32 (``VLLM_VARIANT``), the model ``rldsl run`` trains
+    when ``rollout.engine = "vllm"`` and no ``model.path`` is set (docs/toy.md)."""
+    return tiny_config(tokenizer, **VLLM_VARIANT)
+

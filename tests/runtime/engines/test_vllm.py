@@ -7,8 +7,10 @@ worker-side loader, the timeout guard and the missing-vLLM error.
 vLLM's data classes are replaced by *test doubles* that carry exactly the attribute names
 of ``vllm.outputs.RequestOutput`` / ``CompletionOutput`` and ``vllm.logprobs.Logprob``
 (vLLM 0.11 and 0.33). Their contents are written by hand or copied from an ``HFEngine``
-batch; they are not vLLM results, and nothing here shows that vLLM itself behaves as
-assumed: bench/gpu_smoke.sh checks that on a GPU.
+batch; they are not vLLM results. What they assume of vLLM (layout, stop ids, logprobs,
+in-place weight loading, LoRA merged weights) is checked against a real vLLM (the CPU
+build) in test_vllm_real.py and tests/runtime/test_vllm_runs.py, and on a GPU by
+bench/gpu_smoke.sh.
 """
 from __future__ import annotations
 
@@ -122,8 +124,9 @@ def test_sampling_kwargs_reject_bad_params(bad):
         ve.to_vllm_sampling_kwargs(bad)
 
 
+@pytest.mark.vllm
 def test_sampling_kwargs_build_a_real_vllm_sampling_params():
-    vllm = pytest.importorskip("vllm")  # only where vLLM is installed (GPU machines)
+    import vllm  # the vllm marker skips (or fails, under RLDSL_REQUIRE_VLLM=1) without it
     sp = vllm.SamplingParams(**ve.to_vllm_sampling_kwargs(
         SamplingParams(n=2, temperature=0.8, max_new_tokens=5, seed=1)))
     assert (sp.n, sp.max_tokens, sp.logprobs, sp.seed) == (2, 5, 0, 1)
@@ -623,3 +626,61 @@ def test_engine_rejects_pad_equal_eos(tok):
 
     with pytest.raises(ValueError, match="pad != EOS"):
         make_engine(RecordingLLM([]), Tok())
+
+
+# ------------------------------------------------------------------ run config -> engine
+def test_rollout_vllm_settings_resolve_by_device():
+    from rldsl.runtime.config import load_config
+    v = load_config(None, ["rollout.engine=vllm"]).rollout.vllm
+    assert v.engine_settings(on_gpu=False) == {"gpu_memory_utilization": 0.1, "enforce_eager": True,
+                                               "max_model_len": None, "engine_kwargs": {}}
+    assert v.engine_settings(on_gpu=True) == {"gpu_memory_utilization": 0.5, "enforce_eager": False,
+                                              "max_model_len": None, "engine_kwargs": {}}
+    set_ = load_config(None, ["rollout.vllm.gpu_memory_utilization=0.3", "rollout.vllm.enforce_eager=false",
+                              "rollout.vllm.max_model_len=128",
+                              'rollout.vllm.engine_kwargs={"swap_space": 0}']).rollout.vllm
+    assert set_.engine_settings(on_gpu=False) == {"gpu_memory_utilization": 0.3, "enforce_eager": False,
+                                                  "max_model_len": 128, "engine_kwargs": {"swap_space": 0}}
+
+
+def test_engine_from_config_passes_the_run_settings(monkeypatch):
+    """The run's keys reach ``VLLMEngine`` (recorded, not built: vLLM is not needed here)."""
+    from rldsl.runtime.config import load_config
+    from rldsl.runtime.engines.vllm import engine as engine_module
+    seen = {}
+    monkeypatch.setattr(engine_module, "VLLMEngine", lambda model, **kw: seen.update(model=model, **kw))
+    cfg = load_config(None, ["rollout.engine=vllm", "seed=7", "distributed.sync_timeout=42",
+                             "rollout.vllm.max_model_len=96"])
+    engine_module.engine_from_config(cfg, "/m", on_gpu=False)
+    assert seen == {"model": "/m", "tensor_parallel_size": 1, "dtype": "float32", "seed": 7,
+                    "weight_sync_timeout": 42.0, "gpu_memory_utilization": 0.1, "enforce_eager": True,
+                    "max_model_len": 96, "engine_kwargs": {}}
+
+
+def test_toy_variant_for_vllm_has_a_head_dim_vllm_cpu_takes():
+    from transformers import LlamaForCausalLM
+    from rldsl.runtime.toy import vllm_variant_config
+    c, base = vllm_variant_config(), tiny_config()
+    assert c.hidden_size // c.num_attention_heads == 32  # vLLM 0.32 CPU: 32, 64, 80, ...
+    assert base.hidden_size // base.num_attention_heads == 24  # the toy's, refused there
+    shapes = lambda m: {k: tuple(v.shape) for k, v in m.state_dict().items()}
+    assert shapes(LlamaForCausalLM(c)) == shapes(LlamaForCausalLM(base))  # same weights' shapes
+
+
+def test_vllm_tests_skip_without_vllm_and_fail_when_required():
+    """Where vLLM is absent a `vllm`-marked test is skipped with the reason, or fails under
+    RLDSL_REQUIRE_VLLM=1 (make test-vllm, CI): a missing vLLM is never a silent skip there."""
+    import importlib.util
+    import os
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed in this environment")
+    test = f"{__file__}::test_sampling_kwargs_build_a_real_vllm_sampling_params"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", test]
+    env = {k: v for k, v in os.environ.items() if k != "RLDSL_REQUIRE_VLLM"}
+    plain = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0 and "1 skipped" in plain.stdout, plain.stdout[-2000:]
+    assert "make test-vllm" in plain.stdout
+    required = subprocess.run(cmd, env={**env, "RLDSL_REQUIRE_VLLM": "1"}, capture_output=True,
+                              text=True, timeout=300)
+    assert required.returncode == 1 and "1 error" in required.stdout, required.stdout[-2000:]  # setup fails
+    assert "RLDSL_REQUIRE_VLLM=1 but vLLM is not installed" in required.stdout
