@@ -200,4 +200,3 @@ def test_print_summary_from_the_logger(tmp_path):
         logger.log(1, {"reward_mean": 0.5})
         logger.print_summary()
     assert "run summary" in console.file.getvalue() and "reward_mean" in console.file.getvalue()
-

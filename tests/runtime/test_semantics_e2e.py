@@ -14,6 +14,7 @@ engines' stop ids, the context clip, model-run defaults).
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import shutil
@@ -117,7 +118,7 @@ def test_generation_stops_on_every_eos_id_of_the_generation_config(tiny_model, t
 
 
 @pytest.mark.slow
-def test_short_context_model_with_long_max_new_tokens(tokenizer, tmp_path, recwarn):
+def test_short_context_model_with_long_max_new_tokens(tokenizer, tmp_path, capsys):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from rldsl.runtime import loop
@@ -139,7 +140,9 @@ def test_short_context_model_with_long_max_new_tokens(tokenizer, tmp_path, recwa
         return
     recs = [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
     assert [r["step"] for r in recs] == [1, 2]
-    assert any("max_new_tokens" in str(w.message) for w in recwarn.list)  # clipped, with a warning
+    out = capsys.readouterr().out  # clipped, with a note at the start, and config.json says so
+    assert "exceeds the model's context of 16 positions: generating at most 9 new tokens" in out
+    assert json.loads((run / "config.json").read_text())["rollout"]["max_new_tokens"] == 9
 
 
 def test_model_run_gets_the_peers_optimizer_defaults(model_dir):
