@@ -59,6 +59,19 @@ TRUNCATED_FRACTION = "truncated_fraction"  # fraction of completions cut at max_
 LR = "lr"                             # the learning rate the step's update used
 TOKENS_PER_S = "tokens_per_s"         # prompt + response tokens of the step per second
 REWARD_ERRORS = "reward_errors"       # samples whose reward function failed (reward.on_error=skip)
+# the update's (train/trainer.py, workers/fsdp.py)
+LOSS = "loss"                          # the minibatch losses' mean (the compiled loss's value)
+PG_LOSS = "pg_loss"                    # its policy-gradient term (the compiled loss's metric)
+VALUE_LOSS = "value_loss"              # its critic term (the compiled loss's metric)
+GRAD_NORM = "grad_norm"                # the policy's gradient norm before clipping
+CRITIC_GRAD_NORM = "critic_grad_norm"  # the critic's
+OPTIMIZER_STEPS = "optimizer_steps"    # optimizer steps taken in the step's update
+SKIPPED_ZERO_ADV = "skipped_zero_adv"  # 1 when a pure policy-gradient update had nothing to learn
+SKIPPED_NONFINITE = "skipped_nonfinite"  # minibatches skipped for a NaN / inf loss or gradient
+#: terms already divided by the global denominator: over micro-batches and ranks they add up
+SUMMED = (LOSS, PG_LOSS, VALUE_LOSS)
+#: the same on every trainer rank (computed from the all-reduced gradient)
+REPLICATED = (GRAD_NORM, CRITIC_GRAD_NORM)
 # asynchronous rollouts (rollout.max_staleness > 0)
 STALENESS_MEAN = "async/staleness_mean"  # policy versions between the step and its batch's tokens, mean
 STALENESS_MAX = "async/staleness_max"    # ... and max (equal without partial rollouts: one version a batch)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ..batch import RolloutBatch
+from ..metrics import SUMMED
 
 
 def row_tokens(batch: RolloutBatch) -> Tensor:
@@ -105,7 +106,7 @@ def widen(t: Tensor, width: int) -> Tensor:
 
 
 def combine_metrics(parts: list[tuple[dict[str, float], float]],
-                    summed: Sequence[str] = ("loss", "pg_loss", "value_loss")) -> dict[str, float]:
+                    summed: Sequence[str] = SUMMED) -> dict[str, float]:
     """Metrics of one minibatch from its micro-batches' (metrics, loss-mask tokens).
 
     Terms over the global denominator add up; ``*_max`` / ``*_min`` take the extreme;

@@ -24,6 +24,7 @@ from rldsl import CompiledAlgorithm
 
 from ..batch import RolloutBatch, group_rows, model_inputs
 from ..config import RunConfig
+from ..metrics import CRITIC_GRAD_NORM, GRAD_NORM, LOSS, OPTIMIZER_STEPS, SKIPPED_NONFINITE, SKIPPED_ZERO_ADV
 from ..models import autocast_dtype
 from . import inputs as producers
 from .logprobs import token_logprobs
@@ -302,7 +303,7 @@ class Trainer:
         algo = self.fn.algorithm
         only_pg = not (algo.kl_in == "loss" or algo.uses_entropy or algo.uses_critic)
         if self.skip_zero_advantage and only_pg and not bool((batch.advantages * batch.mask).any()):
-            return {"skipped_zero_adv": 1.0, "skipped_nonfinite": 0.0, "optimizer_steps": 0.0}
+            return {SKIPPED_ZERO_ADV: 1.0, SKIPPED_NONFINITE: 0.0, OPTIMIZER_STEPS: 0.0}
         self.policy.train()
         sums: dict[str, float] = {}
         n = 0
@@ -319,7 +320,7 @@ class Trainer:
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + v
         out = {k: v / max(n, 1) for k, v in sums.items()}
-        out.update(skipped_nonfinite=float(skipped), skipped_zero_adv=0.0, optimizer_steps=float(steps))
+        out.update({SKIPPED_NONFINITE: float(skipped), SKIPPED_ZERO_ADV: 0.0, OPTIMIZER_STEPS: float(steps)})
         return out
 
     def _step(self, batch: TrainBatch, rows: Tensor) -> dict[str, float] | None:
@@ -369,9 +370,9 @@ class Trainer:
             self.critic_optimizer.step()
         metrics = combine_metrics([(m, t) for m, t, real in parts if real]
                                   or [(m, 0.0) for m, _, _ in parts])
-        metrics["grad_norm"] = gnorm
+        metrics[GRAD_NORM] = gnorm
         if cnorm is not None:
-            metrics["critic_grad_norm"] = cnorm
+            metrics[CRITIC_GRAD_NORM] = cnorm
         metrics = self._reduce_metrics(metrics, mask, share)
         if ent_coef is not None:  # the step's mean entropy (every micro-batch and rank) moves it
             metrics.update(fn.update_entropy_coef(metrics["entropy"]))
@@ -400,7 +401,7 @@ class Trainer:
             return None
         (total if weight == 1.0 else total * weight).backward()
         metrics = dict(out.metrics)
-        metrics["loss"] = float(out.loss.detach())
+        metrics[LOSS] = float(out.loss.detach())
         valid = sub.response_mask > 0
         if batch.old_logprobs is None and valid.any():  # estimate() left the mismatch metric to us
             metrics["rollout_logprob_diff"] = float(

@@ -25,6 +25,7 @@ import rldsl
 from ..batch import RolloutBatch
 from ..config import RunConfig
 from ..lora import lora_scalings, merge_state
+from ..metrics import REPLICATED, SUMMED
 from ..models import with_tied
 from ..recipe import master_policy, trainable
 from ..rng import seed_all
@@ -33,10 +34,9 @@ from ..train.trainer import TrainBatch, Trainer
 
 LOGPROBS_METHOD = "rldsl_token_logprobs"
 _BLOCK_LISTS = ("layers", "h", "blocks", "block")
-# metrics of fn.loss already divided by the global denominator: their sum over ranks is exact
-_SUMMED = ("loss", "pg_loss", "value_loss")
-# the same on every rank (computed from the global gradient)
-_REPLICATED = ("grad_norm", "critic_grad_norm")
+# metrics of fn.loss already divided by the global denominator (their sum over ranks is exact),
+# and the ones that are the same on every rank: metrics.SUMMED, metrics.REPLICATED
+_SUMMED, _REPLICATED = SUMMED, REPLICATED
 
 
 # ----------------------------------------------------------------------------- FSDP2
