@@ -107,8 +107,8 @@ def lora_run(vllm_model_dir, tmp_path_factory):
         mp.syspath_prepend(str(HERE))
         real_step = loop.train_step
 
-        def checked_step(s, step):
-            m = real_step(s, step)  # ends with the weight sync
+        def checked_step(s, step, producer=None):
+            m = real_step(s, step, producer)  # ends with the weight sync
             diffs.append(max_difference(s.rollouts.engine.read_weights(), merged_weights(s.trainers.policy)))
             return m
 
@@ -180,8 +180,8 @@ def test_ray_rollout_worker_run_syncs_exact_weights_each_step(vllm_model_dir, tm
     real_save = loop.save
     diffs: list[float] = []
 
-    def checked_save(s, step):
-        path = real_save(s, step)  # after the step's sync
+    def checked_save(s, step, producer=None):
+        path = real_save(s, step, producer)  # after the step's sync
         engine = ray.get(s.rollouts.actors[0].engine_weights.remote())
         diffs.append(max_difference(engine, read_weights(path / "policy")))
         return path
