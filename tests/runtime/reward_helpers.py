@@ -1,9 +1,22 @@
 """Reward functions for the runtime tests, loaded by `module:function` (this folder is put on sys.path)."""
 from __future__ import annotations
 
+import os
+import time
+
+
+_CALLS = [0]
+
 
 def parity(prompt: str, completion: str, answer: str) -> float:
-    """1 for completions of odd length: a mix of rewards from any model, so advantages are not all 0."""
+    """1 for completions of odd length: a mix of rewards from any model, so advantages are not all 0.
+
+    A run whose environment sets RLDSL_TEST_HOLD_REWARD_AFTER=N hangs in its (N+1)-th call, so
+    a test can kill it at a known point (after N samples were scored) without racing it."""
+    _CALLS[0] += 1
+    hold = os.environ.get("RLDSL_TEST_HOLD_REWARD_AFTER")
+    if hold is not None and _CALLS[0] > int(hold):
+        time.sleep(3600)
     return float(len(completion) % 2)
 
 

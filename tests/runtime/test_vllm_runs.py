@@ -137,8 +137,10 @@ def test_killed_run_resumes_exactly(lora_run, vllm_model_dir, tmp_path):
     env = {**os.environ, "RLDSL_COMPILE": "0", "PYTHONPATH": str(HERE)}
     rldsl_bin = [sys.executable, "-m", "rldsl.cli"]
     cut = tmp_path / "cut"
+    # the run hangs in the reward of step 3 (after 2 steps x 16 samples): killed there, not raced
     proc = subprocess.Popen(rldsl_bin + ["run", "grpo_tis"] + cli_args(vllm_model_dir, cut, *LORA),
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env={**env, "RLDSL_TEST_HOLD_REWARD_AFTER": "32"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     children: list = []
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
@@ -156,7 +158,7 @@ def test_killed_run_resumes_exactly(lora_run, vllm_model_dir, tmp_path):
     for p in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-    assert len(steps_of(cut)) < 3
+    assert len(steps_of(cut)) == 2
     res = subprocess.run(rldsl_bin + ["run", "--resume", str(cut)], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     assert without_timing(steps_of(cut)) == without_timing(steps_of(full))
