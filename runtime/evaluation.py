@@ -32,6 +32,7 @@ from .data import Example, load_examples, render_prompt
 from .engines.base import SamplingParams
 from .engines.hf import HFEngine
 from ..cli_errors import reports_errors
+from ..errors import UsageError
 from .export import export_run
 from .models import load_policy, load_tokenizer
 from .rewards import RewardFn
@@ -182,12 +183,8 @@ def register(app: Any) -> None:
     ) -> None:
         """Evaluate a checkpoint or a model on data sets without training: greedy accuracy, pass@1 and
         pass@k (unbiased), mean reward, length and truncation rate per set."""
-        def fail(message: str, code: int = 2) -> None:
-            typer.echo(f"error: {message}", err=True)
-            raise typer.Exit(code)
-
         if not target.exists():
-            fail(f"{target} does not exist (give a run folder or a Hugging Face model folder)")
+            raise UsageError(f"{target} does not exist (give a run folder or a Hugging Face model folder)")
         is_run = (target / "checkpoints").is_dir() and (target / CONFIG_FILE).is_file()
         cfg = load_run_config(target) if is_run else RunConfig()
         reward_fn = RewardFn(reward or (cfg.reward.name if is_run and cfg.reward.name else "exact"),
@@ -195,8 +192,8 @@ def register(app: Any) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             folder = export_run(target, Path(tmp) / "model", step) if is_run else target
             if not (folder / "config.json").is_file():
-                fail(f"{folder} is not a Hugging Face model folder (no config.json) nor a run folder "
-                     "with checkpoints")
+                raise UsageError(f"{folder} is not a Hugging Face model folder (no config.json) nor a run "
+                                 "folder with checkpoints")
             tokenizer = load_tokenizer(folder)
             model = load_policy(folder, "float32")
         d = cfg.data

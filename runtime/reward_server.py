@@ -42,19 +42,15 @@ def _columns(body: Any) -> tuple[list[str], list[str], list[str], list[str]]:
 def score_request(reward: RewardFn, body: Any) -> dict[str, list[Any]]:
     """The protocol's answer for one request body: rewards, and errors where a sample failed."""
     prompts, completions, answers, finish_reasons = _columns(body)
-    rewards: list[float | None] = []
-    errors: list[str | None] = []
-    for i in range(len(completions)):
-        total, error = 0.0, None
-        for term in reward.terms:
-            try:
-                total += term.weight * term(prompts[i], completions[i], answers[i], finish_reasons[i])
-            except Exception as e:  # the sample gets null; the others are still scored
-                error = f"reward {term.name!r}: {type(e).__name__}: {e}"
-                break
-        rewards.append(None if error else total)
-        errors.append(error)
-    return {"rewards": rewards, "errors": errors}
+    totals = [0.0] * len(completions)
+    errors: list[str | None] = [None] * len(completions)
+    for term in reward.terms:  # each term scores the whole request (batch terms in one call)
+        for i, value in enumerate(term.score_batch(prompts, completions, answers, finish_reasons)):
+            if isinstance(value, BaseException):  # the sample gets null; the others are still scored
+                errors[i] = errors[i] or f"reward {term.name!r}: {type(value).__name__}: {value}"
+            else:
+                totals[i] += term.weight * value
+    return {"rewards": [None if e else t for t, e in zip(totals, errors)], "errors": errors}
 
 
 def make_app(spec: str):
