@@ -46,6 +46,12 @@ class RolloutEngine(Protocol):
         """Sample ``params.n`` completions for each prompt; groups contiguous."""
         ...
 
+    def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams,
+                     prompts: list[str] | None = None) -> RolloutBatch:
+        """Token in, token out: the same from prompt token ids, used exactly as given (never
+        decoded and re-encoded); ``prompts`` is their text for the batch (default: decoded)."""
+        ...
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new policy weights (HF parameter names) in place."""
         ...
@@ -56,6 +62,19 @@ def check_request(prompts: list[str], params: SamplingParams) -> None:
     if not prompts:
         raise ValueError("generate() needs at least one prompt")
     params.check()
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists -> (ids [P, T] left padded with ``pad_id``, mask [P, T] 1 on real tokens)."""
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ValueError("generate_ids() needs at least one prompt, each with at least one token")
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), T), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, T - len(r):] = torch.as_tensor(r, dtype=torch.long)
+        mask[i, T - len(r):] = 1
+    return ids, mask
 
 
 def special_token_ids(tokenizer: Any, engine: str) -> tuple[int, int]:

@@ -22,7 +22,8 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from ..batch import RolloutBatch, position_ids_from_mask, repeat_each
 from ..models import cache_keyword, plain_kv_cache, tensors_by_name
-from .base import SamplingParams, check_request, cut_at_first_stop, special_token_ids, stop_token_ids
+from .base import (SamplingParams, check_request, cut_at_first_stop, left_pad, special_token_ids,
+                   stop_token_ids)
 
 
 class HFEngine:
@@ -54,12 +55,28 @@ class HFEngine:
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
         """Sample ``params.n`` completions per prompt (groups contiguous)."""
         check_request(prompts, params)
-        G = params.n
         enc = self.tokenizer(
             prompts, return_tensors="pt", padding=True, padding_side="left"
         )
-        unique_ids = enc["input_ids"].to(self.device)  # [P, Tp]
-        unique_mask = enc["attention_mask"].to(self.device)  # [P, Tp]
+        return self._generate_padded(enc["input_ids"].to(self.device),  # [P, Tp]
+                                     enc["attention_mask"].to(self.device), prompts, params)
+
+    @torch.no_grad()
+    def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams,
+                     prompts: list[str] | None = None) -> RolloutBatch:
+        """Token in, token out: sample from the given prompt token ids exactly as they are
+        (no re-tokenization; a multi-turn episode or a resumed partial rollout continues from
+        the ids it holds). ``prompts``: their text for the batch (default: decoded)."""
+        if prompts is None:
+            prompts = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=False)
+        check_request(prompts, params)
+        ids, mask = left_pad(prompt_ids, self.pad_id)
+        return self._generate_padded(ids.to(self.device), mask.to(self.device), prompts, params)
+
+    def _generate_padded(self, unique_ids: torch.Tensor, unique_mask: torch.Tensor, prompts: list[str],
+                         params: SamplingParams) -> RolloutBatch:
+        """Sample for P left-padded prompts ids / mask [P, Tp]."""
+        G = params.n
         prompt_ids = unique_ids.repeat_interleave(G, dim=0)  # [B, Tp]
         prompt_mask = unique_mask.repeat_interleave(G, dim=0)  # [B, Tp]
 

@@ -203,10 +203,25 @@ class VLLMEngine:
         self._check_usable()
         self._check_weights_complete()
         check_request(prompts, params)
+        ids = self.tokenizer(list(prompts))["input_ids"]  # HFEngine's tokenization, unpadded
+        return self._generate_tokens(ids, prompts, params)
+
+    def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams,
+                     prompts: list[str] | None = None) -> RolloutBatch:
+        """Token in, token out: sample from the given prompt token ids exactly as they are."""
+        self._check_usable()
+        self._check_weights_complete()
+        if prompts is None:
+            prompts = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=False)
+        check_request(prompts, params)
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("generate_ids() needs at least one token in every prompt")
+        return self._generate_tokens(prompt_ids, prompts, params)
+
+    def _generate_tokens(self, ids: list[list[int]], prompts: list[str], params: SamplingParams) -> RolloutBatch:
         kwargs = to_vllm_sampling_kwargs(params)
         G = params.n
         self.wake_up()
-        ids = self.tokenizer(list(prompts))["input_ids"]  # HFEngine's tokenization, unpadded
         requests = [{"prompt_token_ids": list(map(int, p))} for p in ids]
         if kwargs["n"] != G:  # greedy: vLLM allows n = 1 only, so send each prompt G times
             requests = repeat_each(requests, G)

@@ -163,3 +163,22 @@ def test_bad_params_are_refused(tiny_model, tokenizer) -> None:
         engine.generate(PROMPTS, SamplingParams(top_p=0.0))
     with pytest.raises(ValueError, match="at least one prompt"):
         engine.generate([], SamplingParams())
+
+
+def test_generate_ids_equals_generate_on_the_same_tokens(tiny_model, tokenizer) -> None:
+    """Token in: ids given as lists sample exactly what the text's tokenization samples, and the
+    batch's prompt ids are those ids, left padded (nothing re-tokenized)."""
+    engine = HFEngine(tiny_model, tokenizer)
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=3)
+    by_text = engine.generate(PROMPTS, params)
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    by_ids = engine.generate_ids(ids, params, prompts=PROMPTS)
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "logprobs"):
+        assert torch.equal(getattr(by_text, name), getattr(by_ids, name)), name
+    assert by_ids.prompts == by_text.prompts and by_ids.completions == by_text.completions
+    odd = [[BOS, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], [BOS]]  # sequences no tokenizer would produce from text
+    batch = engine.generate_ids(odd, SamplingParams(n=1, temperature=0.0, max_new_tokens=3))
+    assert batch.prompt_ids[1].tolist() == [PAD] * 10 + [BOS]
+    assert batch.prompt_ids[0].tolist() == odd[0]
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.generate_ids([[BOS], []], SamplingParams())

@@ -142,6 +142,18 @@ def test_greedy_equals_hf_engine_token_for_token(setup):
     assert any(stop in row for row in v.response_ids.tolist()), "the extra stop id never ended an answer"
 
 
+def test_generate_ids_is_token_in_token_out(setup):
+    """Token in: prompt ids given as lists are sampled from as they are, and give what the same
+    prompts as text give (vLLM tokenizes them the same way)."""
+    engine, model, tok, _ = setup
+    load(engine, model)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
+    by_text = engine.generate(PROMPTS, params)
+    by_ids = engine.generate_ids([tok(p)["input_ids"] for p in PROMPTS], params, prompts=PROMPTS)
+    assert torch.equal(by_text.response_ids, by_ids.response_ids)
+    assert torch.equal(by_text.prompt_ids, by_ids.prompt_ids)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_equal_the_trainers_recomputation(setup, temperature, capsys):
     engine, model, tok, _ = setup
