@@ -6,12 +6,16 @@ assistant: the completion) rendered with the reward model's chat template -- or,
 tokenizer without one, on ``prompt + completion`` -- in batches of ``batch_size`` rows, on
 ``device``. The reward is the model's output for the last real token (as HF's
 sequence-classification heads pool), optionally ``(score - shift) / scale``.
+
+``rm:PATH(actor=true)`` puts the model on a Ray actor of its own (:class:`RewardModelActor`):
+scoring then runs in another process, beside the engine, and the model's memory lives there.
 """
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -81,3 +85,87 @@ class RewardModel:
 
     def __call__(self, prompt: str, completion: str, answer: str, finish_reason: str = "stop") -> float:
         return self.score_batch([prompt], [completion], [answer], [finish_reason])[0]
+
+
+def reward_model_term(path: str, *, actor: bool = False, num_gpus: float = 0.0, num_cpus: float = 0.0,
+                      start_timeout_s: float = 300.0, batch_size: int = 16, device: str = "cpu",
+                      dtype: str = "float32", scale: float = 1.0, shift: float = 0.0,
+                      max_length: int | None = None) -> "RewardModel | RewardModelActor":
+    """The ``rm:PATH`` term: the model in this process, or with ``actor=true`` on a Ray actor
+    (``num_gpus`` / ``num_cpus``: what the actor reserves; ``start_timeout_s``: how long it may
+    take to be placed and load the model)."""
+    options = dict(batch_size=batch_size, device=device, dtype=dtype, scale=scale, shift=shift,
+                   max_length=max_length)
+    if actor:
+        return RewardModelActor(path, num_gpus=num_gpus, num_cpus=num_cpus, start_timeout_s=start_timeout_s,
+                                **options)
+    return RewardModel(path, **options)
+
+
+class RewardModelActor:
+    """A :class:`RewardModel` on a Ray actor of its own, started on first use (a run's driver
+    builds its reward before Ray starts; only the processes that score start one). Inside a
+    Ray run the actor joins the run's cluster; in a one-process run a local Ray is started.
+    The folder is checked here, at construction, so a bad one fails at start-up."""
+
+    def __init__(self, path: str, *, num_gpus: float = 0.0, num_cpus: float = 0.0,
+                 start_timeout_s: float = 300.0, **options: Any) -> None:
+        _check_folder(Path(path))
+        if num_gpus < 0 or num_cpus < 0 or not start_timeout_s > 0:
+            raise ValueError(f"reward model {path!r}: num_gpus and num_cpus must be >= 0 and start_timeout_s > 0")
+        if int(options.get("batch_size", 16)) < 1 or not float(options.get("scale", 1.0)) > 0:
+            raise ValueError(f"reward model {path!r}: batch_size must be >= 1 and scale > 0")
+        self.path, self.options = path, options
+        self.num_gpus, self.num_cpus, self.start_timeout_s = float(num_gpus), float(num_cpus), float(start_timeout_s)
+        self._actor: Any = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"RewardModelActor({self.path!r})"
+
+    def __getstate__(self) -> dict:  # shipped to Ray workers unstarted; each starts its own
+        return {**self.__dict__, "_actor": None, "_lock": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _started(self) -> Any:
+        with self._lock:
+            if self._actor is None:
+                import ray
+
+                if not ray.is_initialized():
+                    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
+                             _node_ip_address="127.0.0.1")
+                actor = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus)(RewardModel).remote(
+                    self.path, **self.options)
+                try:  # the actor is placed and has loaded the model (an empty batch scores nothing)
+                    ray.get(actor.score_batch.remote([], [], [], []), timeout=self.start_timeout_s)
+                except ray.exceptions.GetTimeoutError:
+                    ray.kill(actor)
+                    raise RuntimeError(
+                        f"the reward model actor for {self.path!r} did not start within {self.start_timeout_s:g} s "
+                        f"(it reserves num_cpus={self.num_cpus:g}, num_gpus={self.num_gpus:g}: does the cluster "
+                        "have them free?)") from None
+                self._actor = actor
+            return self._actor
+
+    def score_batch(self, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[str],
+                    finish_reasons: Sequence[str]) -> list[float]:
+        import ray
+
+        actor = self._started()
+        return ray.get(actor.score_batch.remote(list(prompts), list(completions), list(answers),
+                                                list(finish_reasons)))
+
+    def __call__(self, prompt: str, completion: str, answer: str, finish_reason: str = "stop") -> float:
+        return self.score_batch([prompt], [completion], [answer], [finish_reason])[0]
+
+    def close(self) -> None:
+        """Stop the actor (it is also stopped with the Ray cluster)."""
+        if self._actor is not None:
+            import ray
+
+            ray.kill(self._actor)
+            self._actor = None

@@ -63,7 +63,7 @@ import torch
 
 from .batch import RolloutBatch
 from .errors import RewardError, RewardSpecError
-from .reward_model import RewardModel
+from .reward_model import reward_model_term
 from .reward_remote import JudgeReward, ServerReward
 
 RewardCallable = Callable[..., float]
@@ -472,7 +472,7 @@ def batch_reward(base: str, options: dict[str, bool | int | float | str]) -> Rew
     elif base.startswith("judge:"):
         make, target = JudgeReward, base[len("judge:"):]
     elif base.startswith("rm:"):
-        make, target = RewardModel, base[len("rm:"):]
+        make, target = reward_model_term, base[len("rm:"):]
     else:
         return None
     known = [p for p in inspect.signature(make).parameters if p not in ("url", "path", "check")]

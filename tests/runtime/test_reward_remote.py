@@ -273,6 +273,36 @@ def test_reward_model_folder_checks(tmp_path, model_dir):
         RewardFn(f"rm:{tmp_path}")
 
 
+@pytest.mark.slow
+def test_reward_model_on_its_own_ray_actor_scores_as_in_process(reward_model_dir):
+    """rm:PATH(actor=true): the model is loaded on a Ray actor (a local Ray when none runs) on
+    first use, and scores exactly what the in-process model scores."""
+    import ray
+
+    from rldsl.runtime.reward_model import RewardModelActor
+
+    completions, prompts = ["12", "7", "1234"], ["1+11=", "3+4=", "12+1222="]
+    local = RewardFn(f"rm:{reward_model_dir}(batch_size=2)").score(batch_of(completions, [""] * 3, prompts))
+    fn = RewardFn(f"rm:{reward_model_dir}(batch_size=2, actor=true)")
+    term = fn.terms[0].fn
+    assert isinstance(term, RewardModelActor) and term._actor is None  # nothing started before use
+    try:
+        out = fn.score(batch_of(completions, [""] * 3, prompts))
+        assert isinstance(term._actor, ray.actor.ActorHandle)
+        assert out.rewards.tolist() == pytest.approx(local.rewards.tolist(), abs=1e-6)
+        assert out.num_errors == 0
+    finally:
+        term.close()
+        ray.shutdown()
+
+
+def test_reward_model_actor_checks_the_folder_at_start_up(model_dir, tmp_path):
+    with pytest.raises(ValueError, match="not a sequence-classification model"):
+        RewardFn(f"rm:{model_dir}(actor=true)")
+    with pytest.raises(ValueError, match="no config.json"):
+        RewardFn(f"rm:{tmp_path}(actor=true, num_gpus=1)")
+
+
 # ------------------------------------------------------------------------------ in a run
 def test_a_run_trains_on_a_reward_server(model_dir, tmp_path, monkeypatch):
     """3 steps of grpo scored by `rldsl serve-reward reward_helpers:parity` on 127.0.0.1; the
