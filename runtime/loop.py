@@ -24,12 +24,12 @@ from typing import Any, Iterator
 import torch
 
 from . import checkpoint as ckpt
-from .batch import RolloutBatch, group_rows
+from .batch import RolloutBatch, group_rows, repeat_each
 from .build import Run, build, load_spec, plan_run
 from .config import MODEL_RUN_DEFAULTS, RunConfig
 from .engines.base import SamplingParams
 from .errors import RunError, WorkerError
-from .metrics import (ACCURACY, EVAL_FAILED, GREEDY_ACC, LR, PRODUCER_WAIT, RESPONSE_LENGTH, REWARD, REWARD_ERRORS,
+from .metrics import (ACCURACY, EVAL_FAILED, GREEDY_ACC, LR, PRODUCER_WAIT, RESPONSE_LENGTH, REWARD, REWARD_ERRORS, REWARD_HIDDEN,
                       SAMPLED_ACC, STALENESS_MAX, STALENESS_MEAN, STEP_TIME, TOKENS_PER_S, TRAINER_WAIT,
                       TRUNCATED_FRACTION, MetricsLogger)
 from .rewards import parse_reward_spec
@@ -182,15 +182,62 @@ def optimizer_note(cfg: RunConfig) -> str:
     return note
 
 
+def scoring_overlaps(s: Run) -> bool:
+    """Whether an asynchronous run scores batch s while generating batch s + 1: when a step is one
+    round of sampling and nothing else made at rollout time reads the rewards (dynamic sampling's
+    later rounds and ReMax's greedy baseline need the scores first: those steps generate and
+    score in one stage)."""
+    return s.fn.data.dynamic_rounds == 1 and not rollout_inputs.rollout_producers(s.fn.algorithm)
+
+
+def generate_unscored(s: Run, step: int) -> tuple[list[Any], Any]:
+    """The first stage of a one-round step: the step's prompts and their samples, not yet scored
+    (the same prompts, seeds and samples as :func:`rollout_step`)."""
+    cfg = s.cfg
+    examples = s.source.next_batch(cfg.rollout.prompts_per_step)
+    gen = s.rollouts.generate([e.prompt for e in examples], [e.answer for e in examples],
+                              SamplingParams(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
+                                             top_p=cfg.rollout.top_p, max_new_tokens=cfg.max_new_tokens,
+                                             seed=step_seed(cfg.seed, step, 0)),
+                              [e.reward_prompt for e in examples], score=False)
+    return examples, gen
+
+
+def score_generated(s: Run, step: int, pending: tuple[list[Any], Any]) -> tuple[RolloutBatch, torch.Tensor, list[int],
+                                                                                 dict[str, float]]:
+    """The second stage: score what :func:`generate_unscored` made; what :func:`rollout_step` returns."""
+    examples, gen = pending
+    t0 = time.perf_counter()
+    scored = s.rollouts.score(gen.batch, repeat_each([e.reward_prompt for e in examples], s.cfg.rollout.n))
+    reward_s = time.perf_counter() - t0
+    if scored.num_errors:
+        s.warn(f"step {step}: {scored.num_errors} sample(s) skipped (reward failed); first:\n"
+               f"{scored.first_error}")
+    m = {"time/rollout_s": gen.generate_s, "time/reward_s": reward_s, "sampling_rounds": 1.0,
+         REWARD_ERRORS: float(scored.num_errors)}
+    return gen.batch, scored.rewards, [e.id for e in examples], m
+
+
 def start_producer(s: Run, start: int, total: int) -> RolloutProducer | None:
     """The rollout producer of an asynchronous run (rollout.max_staleness > 0), its engine holding
-    the weights of step ``start``; None for the synchronous loop."""
+    the weights of step ``start``; None for the synchronous loop. Scoring runs in a stage of its
+    own, beside generation, where :func:`scoring_overlaps` allows."""
     K = s.cfg.rollout.max_staleness
     if K == 0:
         return None
-    return RolloutProducer(lambda step: rollout_step(s, step), s.rollouts.load_weights, max_staleness=K,
-                           next_step=start, last_step=total, loaded_version=start,
-                           loaded_weights=snapshot(s.trainers.weights()), queued=s.queued)
+    common = dict(max_staleness=K, next_step=start, last_step=total, loaded_version=start,
+                  loaded_weights=snapshot(s.trainers.weights()), queued=s.queued)
+    if scoring_overlaps(s):
+
+        def produce(step: int) -> tuple[int, Any]:
+            return step, generate_unscored(s, step)
+
+        def finish(pending: tuple[int, Any]) -> Any:
+            step, made = pending
+            return score_generated(s, step, made)
+
+        return RolloutProducer(produce, s.rollouts.load_weights, finish=finish, **common)
+    return RolloutProducer(lambda step: rollout_step(s, step), s.rollouts.load_weights, **common)
 
 
 def evaluate_current(s: Run, step: int, producer: RolloutProducer | None) -> dict[str, float]:
@@ -226,6 +273,8 @@ def train_step(s: Run, step: int, producer: RolloutProducer | None = None) -> di
         batch, rewards, ids, m = item.value
         m = {**m, STALENESS_MEAN: float(step - item.version), STALENESS_MAX: float(step - item.version),
              TRAINER_WAIT: time.perf_counter() - t_start, PRODUCER_WAIT: item.wait_s}
+        if producer.finish is not None:  # scored in a stage of its own, beside generation
+            m[REWARD_HIDDEN] = item.hidden_s
     t0 = time.perf_counter()
     tb = s.trainers.estimate(batch, rewards)
     m["time/logprobs_s"] = time.perf_counter() - t0

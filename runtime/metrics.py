@@ -77,6 +77,8 @@ STALENESS_MEAN = "async/staleness_mean"  # policy versions between the step and 
 STALENESS_MAX = "async/staleness_max"    # ... and max (equal without partial rollouts: one version a batch)
 TRAINER_WAIT = "time/trainer_wait_s"     # seconds the trainer waited for the step's batch
 PRODUCER_WAIT = "time/producer_wait_s"   # seconds the producer waited (for weights, or room) before it
+REWARD_HIDDEN = "time/reward_hidden_s"   # of the batch's scoring (time/reward_s), the seconds the engine was
+                                         # generating the next batch meanwhile (scoring overlapped)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,11 @@ is published, pauses it, and returns the queued batches; they are saved with the
 the samples in flight are restored on resume, not regenerated (the versions that made them
 are gone). :meth:`paused` stops the producer between batches (held-out evaluation uses the
 engine with the current weights meanwhile).
+
+Scoring overlaps generation: given ``finish``, the producer is two stages. The generation thread
+runs ``produce(step)`` (the engine's samples, unscored) and hands them to a scoring thread that
+runs ``finish(pending)`` (the reward), so batch s is scored while the engine generates batch
+s + 1. Batches being scored count towards the queue's bound of K + 1.
 """
 from __future__ import annotations
 
@@ -45,6 +50,9 @@ class Produced:
     wait_s: float = 0.0
     generate_s: float = 0.0
     started: float = 0.0   # time.perf_counter() when its generation started (timelines)
+    score_s: float = 0.0   # seconds its scoring stage took (0 without one)
+    hidden_s: float = 0.0  # of those, the seconds during which the engine was generating
+    scored: float = 0.0    # time.perf_counter() when its scoring ended (timelines)
 
 
 def snapshot(weights: Any) -> Any:
@@ -67,28 +75,34 @@ def version_for(step: int, max_staleness: int) -> int:
 class _Shared:
     cond: threading.Condition = field(default_factory=threading.Condition)
     queue: deque = field(default_factory=deque)          # Produced, in step order
+    scoring: deque = field(default_factory=deque)        # Produced holding pending values, in step order
     weights: dict[int, Any] = field(default_factory=dict)  # published version -> weights
     error: BaseException | None = None
     stop: bool = False
     pause: int = 0                                       # pause requests outstanding
     busy: bool = False                                   # generating or loading right now
+    generating: list = field(default_factory=list)       # [start, end or None] of the latest generations
 
 
 class RolloutProducer:
     """Generates batches ``next_step`` .. ``last_step - 1`` in a thread, as the module doc says.
 
-    ``produce(step)``: generate and score the batch of ``step`` with the engine's current weights.
-    ``load(weights)``: load published weights into the engine. ``loaded_version`` /
-    ``loaded_weights``: the version the engine holds at the start (the run's start step) and a
-    snapshot of it. ``queued``: batches restored from a checkpoint (their steps come first).
+    ``produce(step)``: generate (and score, without ``finish``) the batch of ``step`` with the
+    engine's current weights. ``load(weights)``: load published weights into the engine.
+    ``loaded_version`` / ``loaded_weights``: the version the engine holds at the start (the run's
+    start step) and a snapshot of it. ``queued``: batches restored from a checkpoint (their steps
+    come first). ``finish(pending)``: the scoring stage (optional): turns what ``produce``
+    returned into the batch's value, in a thread of its own.
     """
 
     def __init__(self, produce: Callable[[int], Any], load: Callable[[Any], None], *, max_staleness: int,
                  next_step: int, last_step: int, loaded_version: int, loaded_weights: Any = None,
-                 queued: list[Produced] = (), name: str = "rollout producer") -> None:
+                 queued: list[Produced] = (), name: str = "rollout producer",
+                 finish: Callable[[Any], Any] | None = None) -> None:
         if max_staleness < 1:
             raise ValueError("a producer runs ahead: max_staleness must be >= 1 (0 is the synchronous loop)")
         self.produce, self.load, self.K, self.name = produce, load, max_staleness, name
+        self.finish = finish
         self.last_step = last_step
         self._s = _Shared()
         self._s.queue.extend(queued)
@@ -97,7 +111,11 @@ class RolloutProducer:
         self.loaded_weights = loaded_weights     # the snapshot the engine holds (put back after an evaluation)
         self.producer_wait_s = 0.0               # producer time waiting for weights or room, since last get()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._scorer = threading.Thread(target=self._score, name=f"{name} (scoring)", daemon=True) \
+            if finish is not None else None
         self._thread.start()
+        if self._scorer is not None:
+            self._scorer.start()
 
     # ------------------------------------------------------------------------- trainer side
     def publish(self, version: int, weights: Any) -> None:
@@ -113,7 +131,8 @@ class RolloutProducer:
             while not s.queue:
                 if s.error is not None:
                     raise RunError(f"the {self.name} failed: {type(s.error).__name__}: {s.error}") from s.error
-                if not self._thread.is_alive():
+                if not self._thread.is_alive() and not (s.scoring and self._scorer is not None
+                                                        and self._scorer.is_alive()):
                     raise RunError(f"the {self.name} stopped before producing the batch of step {step + 1}")
                 s.cond.wait(poll)
             item = s.queue.popleft()
@@ -131,7 +150,7 @@ class RolloutProducer:
         checkpoint. Call :meth:`resume` afterwards."""
         s = self._s
         with s.cond:  # the caller (the trainer) publishes nothing meanwhile: "ready" only goes down
-            while (self._ready_locked() or s.busy) and s.error is None and self._thread.is_alive():
+            while (self._ready_locked() or s.busy or s.scoring) and s.error is None and self._thread.is_alive():
                 s.cond.wait(0.5)
             s.pause += 1
             if s.error is not None:
@@ -161,6 +180,8 @@ class RolloutProducer:
             self._s.stop = True
             self._s.cond.notify_all()
         self._thread.join(timeout=60)
+        if self._scorer is not None:
+            self._scorer.join(timeout=60)
 
     # ------------------------------------------------------------------------ producer side
     def _ready_locked(self) -> bool:
@@ -169,7 +190,7 @@ class RolloutProducer:
         if self.next_step >= self.last_step:
             return False
         v = version_for(self.next_step, self.K)
-        return (v == self.loaded_version or v in s.weights) and len(s.queue) <= self.K
+        return (v == self.loaded_version or v in s.weights) and len(s.queue) + len(s.scoring) <= self.K
 
     def _run(self) -> None:
         s = self._s
@@ -192,10 +213,14 @@ class RolloutProducer:
                     self.load(weights)
                     self.loaded_version, self.loaded_weights = v, weights
                 t1 = time.perf_counter()
+                span = [t1, None]
+                with s.cond:
+                    s.generating = s.generating[-3:] + [span]
                 value = self.produce(step)
+                span[1] = time.perf_counter()
                 item = Produced(step, v, value, wait_s=waited, generate_s=time.perf_counter() - t1, started=t1)
                 with s.cond:
-                    s.queue.append(item)
+                    (s.scoring if self.finish is not None else s.queue).append(item)
                     self.next_step = step + 1
                     self.producer_wait_s += waited
                     for old in [u for u in s.weights if u < version_for(self.next_step, self.K)]:
@@ -205,4 +230,34 @@ class RolloutProducer:
         except BaseException as e:  # noqa: BLE001 - surfaced to the trainer by get()/drain()
             with s.cond:
                 s.error, s.busy = e, False
+                s.cond.notify_all()
+
+    def _score(self) -> None:
+        """The scoring stage: finish the oldest generated batch, then queue it for the trainer."""
+        s = self._s
+        assert self.finish is not None
+        try:
+            while True:
+                with s.cond:
+                    while not s.stop and not s.scoring and s.error is None:
+                        if self.next_step >= self.last_step and not s.busy and self._thread is not None \
+                                and not self._thread.is_alive():
+                            return
+                        s.cond.wait(0.5)
+                    if s.stop or s.error is not None:
+                        return
+                    item = s.scoring[0]
+                t0 = time.perf_counter()
+                value = self.finish(item.value)
+                done = time.perf_counter()
+                with s.cond:
+                    s.scoring.popleft()
+                    hidden = sum(max(0.0, min(done, end if end is not None else done) - max(t0, start))
+                                 for start, end in s.generating)
+                    item.value, item.score_s, item.scored, item.hidden_s = value, done - t0, done, hidden
+                    s.queue.append(item)
+                    s.cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 - surfaced to the trainer by get()/drain()
+            with s.cond:
+                s.error = e
                 s.cond.notify_all()

@@ -58,6 +58,11 @@ class Rollouts(Protocol):
         rewards are then NaN."""
         ...
 
+    def score(self, batch: RolloutBatch, reward_prompts: list[str] | None = None) -> RewardResult:
+        """Score samples made with ``generate(score=False)`` with the reward, where the reward
+        lives (this process, or the rollout actors); ``reward_prompts``: one per row."""
+        ...
+
     def load_weights(self, weights: Any) -> None:
         """Load what ``Trainers.weights()`` returned into every engine."""
         ...

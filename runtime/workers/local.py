@@ -11,7 +11,7 @@ from ..batch import RolloutBatch, repeat_each
 from ..checkpoint import Checkpoint, load_weights
 from ..engines.base import RolloutEngine, SamplingParams
 from ..lora import merged_weights
-from ..rewards import RewardFn, unscored
+from ..rewards import RewardFn, RewardResult, unscored
 from ..train.trainer import TrainBatch, Trainer
 from .base import Generation, TrainerState
 
@@ -33,6 +33,9 @@ class LocalRollouts:
             return Generation(batch, unscored(len(batch.completions)), t1 - t0, 0.0)
         scored = self.reward.score(batch, None if reward_prompts is None else repeat_each(reward_prompts, params.n))
         return Generation(batch, scored, t1 - t0, time.perf_counter() - t1)
+
+    def score(self, batch: RolloutBatch, reward_prompts: list[str] | None = None) -> RewardResult:
+        return self.reward.score(batch, reward_prompts)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.engine.update_weights(weights)

@@ -141,6 +141,9 @@ class RolloutWorker:
                  reward_prompts: list[str] | None = None, score: bool = True) -> Generation:
         return self.local.generate(prompts, answers, params, reward_prompts, score)
 
+    def score(self, batch: RolloutBatch, reward_prompts: list[str] | None = None) -> RewardResult:
+        return self.local.score(batch, reward_prompts)
+
     def update_weights(self, state: dict[str, Tensor]) -> None:
         self.local.load_weights(state.items())
 
@@ -377,6 +380,14 @@ class RayRollouts:
         reward_s = max(g.reward_s for g in gens)
         return Generation(RolloutBatch.concat([g.batch for g in gens], self.pad_id),
                           _merge_rewards([g.scored for g in gens]), wall - reward_s, reward_s)
+
+    def score(self, batch: RolloutBatch, reward_prompts: list[str] | None = None) -> RewardResult:
+        """The rows split across the actors' rewards (consecutive chunks), scored at once."""
+        bounds = [b for b in torch.arange(len(batch)).tensor_split(len(self.actors)) if len(b)]
+        calls = [(self.names[w], self.actors[w].score.remote(
+                    batch.select(rows), None if reward_prompts is None else [reward_prompts[i] for i in rows.tolist()]))
+                 for w, rows in enumerate(bounds)]
+        return _merge_rewards(self.cluster.wait(calls, self.cfg.distributed.call_timeout, "the scoring"))
 
     def load_weights(self, weights: Any) -> None:
         """Every actor loads the trainers' full state dict (an ObjectRef) within ``sync_timeout``."""

@@ -40,3 +40,9 @@ def explode(prompt: str, completion: str, answer: str) -> float:
 def quarter(prompt: str, completion: str, answer: str) -> float:
     """0.25 for everything: a reward whose mean is known whatever the model writes."""
     return 0.25
+
+
+def slow_parity(prompt: str, completion: str, answer: str) -> float:
+    """``parity`` after 20 ms: a reward slow enough that scoring takes longer than generating."""
+    time.sleep(0.02)
+    return float(len(completion) % 2)

@@ -102,3 +102,19 @@ def _spec_file(tmp_path: Path, text: str) -> str:
     path = tmp_path / "capped.rl"
     path.write_text(text)
     return str(path)
+
+
+def test_a_slow_reward_is_scored_while_the_next_batch_is_generated(model_dir, tmp_path, monkeypatch):
+    """K = 1 with a reward of 20 ms a sample (16 a step): the scoring shows in time/reward_s, and
+    part of it ran while the engine generated the next batch (time/reward_hidden_s > 0); the
+    numbers equal those of the same run generating and scoring in one stage."""
+    over = {"rollout.max_staleness": 1, "reward.name": "reward_helpers:slow_parity", "train.steps": 4}
+    run = loop.train("grpo_tis", config(model_dir, tmp_path / "overlap", **over))
+    full = [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
+    assert all(r["time/reward_s"] >= 16 * 0.02 for r in full)
+    assert all(0 <= r["time/reward_hidden_s"] <= r["time/reward_s"] for r in full)
+    assert sum(r["time/reward_hidden_s"] for r in full) > 0
+    monkeypatch.setattr(loop, "scoring_overlaps", lambda s: False)
+    one_stage = loop.train("grpo_tis", config(model_dir, tmp_path / "one", **over))
+    assert not any("time/reward_hidden_s" in r for r in read_metrics(one_stage / "metrics.jsonl"))
+    assert steps(run) == steps(one_stage)

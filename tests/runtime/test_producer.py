@@ -126,3 +126,85 @@ def test_paused_stops_between_batches():
 def test_k0_is_refused():
     with pytest.raises(ValueError, match="max_staleness must be >= 1"):
         RolloutProducer(lambda s: s, lambda w: None, max_staleness=0, next_step=0, last_step=1, loaded_version=0)
+
+
+# ------------------------------------------------------------------------ the scoring stage
+def test_batch_s_is_scored_while_batch_s_plus_1_is_generated():
+    """With a scoring stage, scoring step t's batch waits (at most 10 s) until the engine has
+    started generating step t + 1: it can only finish if the two stages overlap."""
+    started = {t: threading.Event() for t in range(8)}
+    overlapped = []
+
+    def produce(step):
+        started[step].set()
+        return f"samples{step}"
+
+    def finish(pending):
+        step = int(pending.removeprefix("samples"))
+        if step + 1 < 6:
+            overlapped.append(started[step + 1].wait(10))
+        return f"scored:{pending}"
+
+    p = RolloutProducer(produce, lambda w: None, max_staleness=2, next_step=0, last_step=6, loaded_version=0,
+                        finish=finish)
+    got = [p.get(t) for t in range(2)]
+    for t in range(2, 6):
+        p.publish(t - 1, f"w{t - 1}")
+        got.append(p.get(t))
+    p.close()
+    assert [g.value for g in got] == [f"scored:samples{t}" for t in range(6)]
+    assert overlapped == [True] * 5
+    assert all(g.score_s > 0 and g.scored >= g.started for g in got)
+
+
+def test_batches_being_scored_count_towards_the_bound():
+    K = 1
+    seen = []
+    holder: dict = {}
+
+    def produce(step):
+        pr = holder.get("p")
+        if pr is not None:
+            with pr._s.cond:
+                seen.append(len(pr._s.queue) + len(pr._s.scoring))
+        return step
+
+    def finish(pending):
+        time.sleep(0.05)  # a slow reward: generation runs ahead until the bound stops it
+        return pending
+
+    p = RolloutProducer(produce, lambda w: None, max_staleness=K, next_step=0, last_step=8, loaded_version=0,
+                        finish=finish)
+    holder["p"] = p
+    got = train(p, range(8))
+    p.close()
+    assert [g.value for g in got] == list(range(8))
+    assert seen and max(seen) <= K  # at most K batches ahead when one more is started: K + 1 in all
+
+
+def test_a_scoring_error_surfaces_in_the_trainer_not_a_hang():
+    def finish(pending):
+        if pending == 1:
+            raise ConnectionError("reward server down")
+        return pending
+
+    p = RolloutProducer(lambda step: step, lambda w: None, max_staleness=1, next_step=0, last_step=4,
+                        loaded_version=0, finish=finish)
+    assert p.get(0).value == 0
+    p.publish(1, "w1")
+    with pytest.raises(RunError, match="ConnectionError: reward server down"):
+        p.get(1)
+    p.close()
+
+
+def test_drain_waits_for_the_batches_being_scored():
+    def finish(pending):
+        time.sleep(0.1)
+        return pending * 10
+
+    p = RolloutProducer(lambda step: step, lambda w: None, max_staleness=2, next_step=0, last_step=5,
+                        loaded_version=0, finish=finish)
+    queued = p.drain()  # versions published: only 0, so steps 0..2 (v = max(0, s - 2) = 0)
+    assert [q.value for q in queued] == [0, 10, 20]
+    p.resume()
+    p.close()
