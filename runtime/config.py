@@ -185,6 +185,12 @@ class RewardConfig(_Section):
         default="raise",
         description="When the reward function raises: 'raise' stops the run; 'skip' "
                     "leaves that sample out of the loss and counts it in the metrics.")
+    workers: int = Field(
+        default=1, ge=1,
+        description="Threads that call a per-sample reward function concurrently (one future per "
+                    "sample, results in row order): for functions that wait (an API, a sandbox). 1 = "
+                    "one sample after another. Batch terms (servers, judges, reward models) have their "
+                    "own request pools.")
 
 
 class VLLMConfig(_Section):

@@ -68,4 +68,5 @@ def rollout_engine(cfg: RunConfig, path: Path | str, device: str, *, model: nn.M
 
 def reward_fn(cfg: RunConfig) -> RewardFn:
     """The run's reward (``reward.name``, resolved to the task's own when null)."""
-    return RewardFn(cfg.reward.name or default_reward(cfg), on_error=cfg.reward.on_error)
+    return RewardFn(cfg.reward.name or default_reward(cfg), on_error=cfg.reward.on_error,
+                    workers=cfg.reward.workers)

@@ -53,6 +53,7 @@ import os
 import re
 import sys
 import threading
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -573,18 +574,24 @@ class RewardTerm:
         return callable(getattr(self.fn, "score_batch", None))
 
     def score_batch(self, prompts: list[str], completions: list[str], answers: list[str],
-                    finish_reasons: list[str]) -> list[float | BaseException]:
-        """Every sample's value as a finite float, or the exception that sample raised."""
+                    finish_reasons: list[str], pool: Executor | None = None) -> list[float | BaseException]:
+        """Every sample's value as a finite float, or the exception that sample raised. A
+        per-sample function is called from ``pool``'s threads when one is given (one future per
+        sample; the values come back in row order)."""
         if self.batched:
             values = self.fn.score_batch(prompts, completions, answers, finish_reasons)
             return [v if isinstance(v, BaseException) else _finite(v) for v in values]
-        out: list[float | BaseException] = []
-        for args in zip(prompts, completions, answers, finish_reasons):
-            try:
-                out.append(self(*args))
-            except Exception as e:
-                out.append(e)
-        return out
+        rows = list(zip(prompts, completions, answers, finish_reasons))
+        if pool is not None and len(rows) > 1:
+            return [f.result() for f in [pool.submit(self._value_or_error, *r) for r in rows]]
+        return [self._value_or_error(*r) for r in rows]
+
+    def _value_or_error(self, prompt: str, completion: str, answer: str,
+                        finish_reason: str) -> float | BaseException:
+        try:
+            return self(prompt, completion, answer, finish_reason)
+        except Exception as e:
+            return e
 
     def __call__(self, prompt: str, completion: str, answer: str, finish_reason: str) -> float:
         """The function's value as a finite float; anything else raises ``ValueError``."""
@@ -615,11 +622,15 @@ def _finite(value: object) -> float | BaseException:
 class RewardFn:
     """A weighted sum of reward functions, built from a spec string (see the module doc)."""
 
-    def __init__(self, spec: str, *, on_error: Literal["raise", "skip"] = "raise") -> None:
+    def __init__(self, spec: str, *, on_error: Literal["raise", "skip"] = "raise", workers: int = 1) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
         self.spec = spec
         self.on_error = on_error
+        self.workers = workers
+        self._pool: ThreadPoolExecutor | None = None  # made on first use (workers > 1)
         self.terms: list[RewardTerm] = []
         for name, weight in parse_reward_spec(spec):
             fn = resolve_reward(name)
@@ -645,7 +656,7 @@ class RewardFn:
             values = torch.empty(B, dtype=torch.float32)  # [B]
             # a batch term (server, judge, reward model) gets all B samples in one call
             scores = term.score_batch(list(prompts), list(batch.completions), list(batch.answers),
-                                      list(batch.finish_reason))
+                                      list(batch.finish_reason), self._threads())
             for i, score in enumerate(scores):
                 if isinstance(score, BaseException):
                     message = (
@@ -663,6 +674,14 @@ class RewardFn:
             total += term.weight * values
         num_errors = int(torch.isnan(total).sum())
         return RewardResult(total, components, num_errors, errors[0] if errors else None)
+
+    def _threads(self) -> ThreadPoolExecutor | None:
+        if self.workers > 1 and self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="reward")
+        return self._pool
+
+    def __getstate__(self) -> dict:  # shipped to Ray workers without the threads
+        return {**self.__dict__, "_pool": None}
 
     def __call__(self, batch: RolloutBatch) -> torch.Tensor:
         """[B] fp32 rewards (NaN where a reward failed and ``on_error="skip"``)."""

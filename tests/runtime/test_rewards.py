@@ -358,3 +358,32 @@ def test_import_failures_say_where_and_why(tmp_path, monkeypatch) -> None:
     with pytest.raises(RewardSpecError, match=r"importing .*broken\.py failed: SyntaxError"):
         RewardFn("broken.py:digits")
     assert RewardSpecError.exit_code == 2 and issubclass(RewardSpecError, ValueError)
+
+
+def test_reward_workers_call_a_per_sample_function_concurrently_in_row_order() -> None:
+    """reward.workers = 4: four calls meet at a barrier (they only pass it together, so they ran at
+    once); the values come back in row order, and a failing row stays that row's error."""
+    import threading
+
+    from rldsl.runtime.rewards import RewardTerm
+
+    barrier = threading.Barrier(4, timeout=10)
+
+    def meet(prompt, completion, answer):
+        barrier.wait()
+        if completion == "bad":
+            raise ValueError("bad row")
+        return float(completion)
+
+    completions = ["0", "1", "2", "3", "4", "bad", "6", "7"]
+    fn = RewardFn("exact", on_error="skip", workers=4)
+    fn.terms = [RewardTerm("meet", 1.0, meet, False)]
+    out = fn.score(make_batch(completions, [""] * 8))
+    assert out.rewards[:5].tolist() == [0, 1, 2, 3, 4] and out.rewards[6:].tolist() == [6, 7]
+    assert math.isnan(out.rewards[5]) and out.num_errors == 1 and "bad row" in out.first_error
+    barrier.reset()
+    one = RewardFn("exact", on_error="skip", workers=1)  # one after another: the barrier breaks
+    one.terms = [RewardTerm("meet", 1.0, lambda p, c, a: float(barrier.wait(0.2)), False)]
+    assert one.score(make_batch(["1", "2"], ["", ""])).num_errors == 2
+    with pytest.raises(ValueError, match="workers"):
+        RewardFn("exact", workers=0)
