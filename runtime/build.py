@@ -86,6 +86,13 @@ class Run:
 def model_folder(cfg: RunConfig) -> tuple[Path, str]:
     """(the policy's HF folder, a label for messages); the embedded toy model is warm-started
     on first use and read from its cache afterwards."""
+    if cfg.model.path is None and cfg.data.path is None and cfg.data.task == "calculator":
+        from .toy.tool_model import tool_model_config
+        from .toy.tool_warmup import tool_warm_start
+        if cfg.rollout.engine == "vllm":  # head dim 32, as the toy's vLLM variant
+            return (Path(tool_warm_start(model_config=tool_model_config(num_attention_heads=3), verbose=True)),
+                    "embedded tool-use model, head-dim-32 variant for vLLM (warm-started)")
+        return Path(tool_warm_start(verbose=True)), "embedded tool-use model (warm-started)"
     if cfg.model.path is None:
         from .toy import vllm_variant_config, warm_start
         if cfg.rollout.engine == "vllm":  # vLLM's CPU attention refuses the toy's head dim 24
@@ -144,7 +151,8 @@ def prompts_of(cfg: RunConfig, tokenizer: Any = None, warn: Callable[[str], None
     """
     if cfg.data.path is None:
         from .toy import AdditionTask
-        task = AdditionTask()
+        from .toy.calculator import SumTask
+        task = SumTask() if cfg.data.task == "calculator" else AdditionTask()
         size = 200 if cfg.data.eval_size is None else cfg.data.eval_size
         held = task.heldout_examples()[:size] if size else []
         return task.prompt_source(cfg.seed), held

@@ -47,6 +47,7 @@ __all__ = [
     "RunConfig",
     "TOY_MAX_NEW_TOKENS",
     "DATA_MAX_NEW_TOKENS",
+    "CALCULATOR_MAX_NEW_TOKENS",
     "config_keys",
     "config_reference",
     "load_config",
@@ -54,6 +55,7 @@ __all__ = [
 
 TOY_MAX_NEW_TOKENS = 4
 DATA_MAX_NEW_TOKENS = 1024
+CALCULATOR_MAX_NEW_TOKENS = 24  # per turn of the tool-use demo: a Hermes call is 6 tokens + the expression
 #: Optimizer defaults of a run on a user's model (``model.path`` set) where the run does not
 #: set them: TRL's ``learning_rate`` and verl's actor ``optim.lr`` (1e-6), torch/TRL/verl
 #: AdamW betas. The field defaults (lr 3e-4, betas 0.9/0.99) are tuned for the toy only.
@@ -157,6 +159,13 @@ class DataConfig(_Section):
         description="Number of held-out prompts used for evaluation; null = automatic: "
                     "200 for the built-in task, one tenth of a data file's rows (at most "
                     "200; none below 10 rows).")
+    task: Literal["addition", "calculator"] = Field(
+        default="addition",
+        description="The built-in task when path is null: 'addition' (2-digit a+b=, the "
+                    "embedded toy model) or 'calculator' (a+b+c= of 2-digit numbers with a "
+                    "calculator tool, its own embedded model warm-started on the call format: "
+                    "docs/tool_use.md); its defaults fill in the tools, the reward and "
+                    "max_new_tokens.")
     chat_template: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="Feed prompts through the tokenizer's chat template "
@@ -243,6 +252,7 @@ class RolloutConfig(_Section):
         default=None, ge=1,
         description=f"Most tokens generated per completion; null = the task's default: "
                     f"{TOY_MAX_NEW_TOKENS} for the built-in addition task (sum + EOS), "
+                    f"{CALCULATOR_MAX_NEW_TOKENS} per turn for data.task=calculator, "
                     f"{DATA_MAX_NEW_TOKENS} for a data file; clipped to the model's context. "
                     f"The run's config.json records the value used.")
     max_staleness: int = Field(
@@ -495,6 +505,8 @@ class RunConfig(_Section):
         """``rollout.max_new_tokens``, or the task's default when it is null."""
         if self.rollout.max_new_tokens is not None:
             return self.rollout.max_new_tokens
+        if self.data.path is None and self.data.task == "calculator":
+            return CALCULATOR_MAX_NEW_TOKENS
         return TOY_MAX_NEW_TOKENS if self.data.path is None else DATA_MAX_NEW_TOKENS
 
 

@@ -92,7 +92,9 @@ def check_group_size(algo: Algorithm, cfg: RunConfig) -> list[Any]:
 
 
 def default_reward(cfg: RunConfig) -> str:
-    """The task's own reward: ``addition`` for the built-in task, ``exact`` for a data file."""
+    """The task's own reward: ``addition`` (exactly the answer, then EOS) for the built-in tasks
+    (data.task ``addition`` and ``calculator``: the episode's final message), ``exact`` for a
+    data file."""
     return "addition" if cfg.data.path is None else "exact"
 
 
@@ -165,7 +167,7 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
     reward = cfg.reward.name
     if reward is None:
         reward = default_reward(cfg)
-        task = "the built-in addition task" if cfg.data.path is None else "a data file"
+        task = "a data file" if cfg.data.path is not None else f"the built-in {cfg.data.task} task"
         notes.append(f"reward: {reward} (the default for {task}; choose one with --reward)")
     else:
         notes.append(f"reward: {reward}")

@@ -34,7 +34,7 @@ class ToolWarmStartConfig:
     """Every setting of the tool warm start (all of it goes into the cache key)."""
 
     seed: int = 0
-    steps: int = 1200
+    steps: int = 1000
     batch_size: int = 32
     lr: float = 1e-3
     warmup_steps: int = 50
