@@ -27,7 +27,11 @@ from rldsl import lint
 from rldsl import Algorithm
 
 from .config import RunConfig
+from .episodes.tools import load_tools
 from .errors import ConfigError, RunError
+
+#: The tools data.task=calculator fills in (runtime/toy/calculator.py).
+CALCULATOR_TOOLS = "rldsl.runtime.toy.calculator:calculator"
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).
 GROUP_OF_ONE_RULE = "group-of-one"
@@ -89,6 +93,25 @@ def check_group_size(algo: Algorithm, cfg: RunConfig) -> list[Any]:
                           f"can happen: set rollout.n >= 2 (e.g. --set rollout.n=8), or --set "
                           f"train.allow_zero_advantages=true to run anyway")
     return found
+
+
+def check_tools(cfg: RunConfig) -> None:
+    """``rollout.tools`` import and can be described (before any model loads); episodes run in
+    one process on the HF engine here (the stand-in episode runner: runtime/episodes/)."""
+    tools = default_tools(cfg)
+    if tools is None:
+        return
+    load_tools(tools)
+    if cfg.distributed.uses_ray or cfg.rollout.engine != "hf" or cfg.rollout.max_staleness:
+        raise RunError("rollout.tools: multi-turn episodes run in one process on the HF engine, "
+                       "synchronously (no Ray workers, rollout.engine=hf, rollout.max_staleness=0)")
+
+
+def default_tools(cfg: RunConfig) -> str | None:
+    """``rollout.tools``, else the calculator for data.task=calculator, else None."""
+    if cfg.rollout.tools is None and cfg.data.path is None and cfg.data.task == "calculator":
+        return CALCULATOR_TOOLS
+    return cfg.rollout.tools
 
 
 def default_reward(cfg: RunConfig) -> str:
@@ -178,7 +201,7 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
         notes.append(clipped)
     resolved = cfg.model_copy(update={
         "reward": cfg.reward.model_copy(update={"name": reward}),
-        "rollout": cfg.rollout.model_copy(update={"max_new_tokens": max_new})})
+        "rollout": cfg.rollout.model_copy(update={"max_new_tokens": max_new, "tools": default_tools(cfg)})})
     resolved = RunConfig.model_validate(resolved.model_dump())  # the copies above skip validation
     micro = microbatch_note(resolved, longest)
     if micro:
