@@ -159,13 +159,13 @@ class TeacherMix:
     its expression is right, how often its final answer copies the tool's result."""
 
     call: float = 0.8  # else it answers directly, with the carry-free sum
-    right_expression: float = 0.3  # else it drops the last term or swaps the digits of one number
-    drop_term: float = 0.8  # of the wrong expressions: the last term dropped (else digits swapped)
-    copy_result: float = 0.35  # else its final answer is the carry-free sum of the prompt
+    right_expression: float = 0.2  # else it drops the last term or swaps the digits of one number
+    drop_term: float = 0.9  # of the wrong expressions: the last term dropped (else digits swapped)
+    copy_result: float = 0.3  # else its final answer is the carry-free sum of the prompt
 
-    # The numbers make the greedy (most likely) episode wrong -- after "a+b" stopping (0.56)
-    # beats going on (0.44); the carry-free answer beats the copy -- while about 8% of sampled
-    # episodes are right, so that groups of 8 often hold a correct one for RL to reinforce.
+    # The numbers make the greedy (most likely) episode wrong by a wide margin -- after "a+b"
+    # ending the expression (0.72) beats going on (0.28) -- while a few percent of sampled
+    # episodes are right, so some groups of 8 hold a correct one for RL to reinforce.
 
 
 def corrupt(numbers: tuple[int, ...], rng: random.Random, drop_term: float = 0.8) -> str:
