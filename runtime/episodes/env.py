@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
 from .parsers import ToolCall, ToolCallError, parse_tool_calls
-from .tools import ToolRunner
+from .tools import SHARED_RUNNER, ToolRunner
 
 
 @dataclass
@@ -25,9 +25,6 @@ class Environment(Protocol):
     def step(self, assistant_message: dict) -> StepResult: ...
 
 
-_SHARED_RUNNER = ToolRunner()
-
-
 class ToolEnv:
     """reset: the row's prompt as a user message (after its ``system`` message, if any);
     step: no tool call -> done; else each call (at most ``max_tool_calls``) runs and its result
@@ -41,7 +38,7 @@ class ToolEnv:
         self.max_tool_calls = max_tool_calls
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
-        self.runner = runner if runner is not None else _SHARED_RUNNER
+        self.runner = runner if runner is not None else SHARED_RUNNER
 
     def reset(self, row: dict) -> list[dict]:
         system = row.get("system")

@@ -2,6 +2,7 @@
 separate process with a wall-clock limit; their result (or error) is the text the model sees."""
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as cf
 import importlib
 import json
@@ -109,9 +110,10 @@ def _as_text(value: Any) -> str:
         return str(value)
 
 
-_RUNNER = ToolRunner()
+SHARED_RUNNER = ToolRunner()
+atexit.register(SHARED_RUNNER.close)  # stop the pool before the interpreter tears down
 
 
 def run_tool(fn: Callable, arguments: dict, *, timeout_s: float, max_output_chars: int) -> str:
     """One call in a separate process (module docstring)."""
-    return _RUNNER.run_many([(fn, arguments)], timeout_s=timeout_s, max_output_chars=max_output_chars)[0]
+    return SHARED_RUNNER.run_many([(fn, arguments)], timeout_s=timeout_s, max_output_chars=max_output_chars)[0]
