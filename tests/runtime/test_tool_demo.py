@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import random
 import re
+from pathlib import Path
 
 import pytest
 from transformers.utils import get_json_schema
 
+from rldsl.runtime.config import CALCULATOR_MAX_NEW_TOKENS, load_config
+from rldsl.runtime.episodes.parsers import ToolCall, parse_tool_calls
+from rldsl.runtime.resolve import CALCULATOR_TOOLS, default_tools
 from rldsl.runtime.toy import calculator as calc
 from rldsl.runtime.toy import tool_warmup
 from rldsl.runtime.toy.calculator import SumTask, TeacherMix, calculator, carry_free, teacher_trace
@@ -86,8 +90,17 @@ def test_hermes_call_round_trips_through_tokens(tok) -> None:
     assert len(ids) == 6 + len("12+34+56")  # the boilerplate is whole tokens
     text = tok.decode(ids + [tok.eos_token_id], skip_special_tokens=True)  # as the engine decodes
     assert text == call
-    body = re.fullmatch(r"<tool_call>\n(.*)\n</tool_call>", text, re.S)
-    assert body and json.loads(body.group(1)) == {"name": "calculator", "arguments": {"expression": "12+34+56"}}
+    assert parse_tool_calls("hermes", text) == [ToolCall("calculator", {"expression": "12+34+56"})]
+
+
+def test_the_task_fills_in_the_calculator() -> None:
+    assert calc.TOOL_SPEC == CALCULATOR_TOOLS
+    cfg = load_config(None, ["data.task=calculator"])
+    assert default_tools(cfg) == CALCULATOR_TOOLS and cfg.max_new_tokens == CALCULATOR_MAX_NEW_TOKENS
+    assert default_tools(load_config(None, [])) is None
+    assert default_tools(load_config(None, ["data.task=calculator", "rollout.tools=m:f"])) == "m:f"
+    example = load_config(Path(__file__).parents[2] / "examples" / "tool_use.toml", [])
+    assert example.data.task == "calculator" and example.train.steps == 60
 
 
 def test_template_renders_tools_and_tool_messages(tok) -> None:
