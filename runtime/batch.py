@@ -50,6 +50,15 @@ class RolloutBatch:
     group_size: int
     answers: list[str] = field(default_factory=list)
     inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    # multi-turn episodes (runtime/episodes/): 1 on every real response token, model and
+    # environment (response_mask stays the loss mask: the model's tokens); None = response_mask
+    response_attention: torch.Tensor | None = None
+    episodes: list[dict] = field(default_factory=list)  # each episode's messages, for samples
+
+    @property
+    def attention(self) -> torch.Tensor:
+        """[B, Tr] the response tokens attended to: ``response_attention``, else ``response_mask``."""
+        return self.response_mask if self.response_attention is None else self.response_attention
 
     @property
     def truncated(self) -> torch.Tensor:
@@ -68,7 +77,9 @@ class RolloutBatch:
                             [self.finish_reason[i] for i in keep], [self.prompts[i] for i in keep],
                             [self.completions[i] for i in keep], self.group_size,
                             [self.answers[i] for i in keep] if self.answers else [],
-                            {k: v[rows] if _per_row(k) else v for k, v in self.inputs.items()})
+                            {k: v[rows] if _per_row(k) else v for k, v in self.inputs.items()},
+                            None if self.response_attention is None else self.response_attention[rows],
+                            [self.episodes[i] for i in keep] if self.episodes else [])
 
     def select_groups(self, groups: Sequence[int]) -> "RolloutBatch":
         """The batch of whole prompt groups (group g = rows g*G .. g*G+G-1)."""
@@ -111,6 +122,9 @@ class RolloutBatch:
             answers=sum((b.answers for b in batches), []),
             inputs={k: torch.cat([b.inputs[k] for b in batches]) if _per_row(k) else v
                     for k, v in batches[0].inputs.items() if all(k in b.inputs for b in batches)},
+            response_attention=None if all(b.response_attention is None for b in batches) else
+            torch.cat([right(b.attention, Tr, 0) for b in batches]),
+            episodes=sum((b.episodes for b in batches), []) if all(b.episodes for b in batches) else [],
         )
 
 
@@ -142,5 +156,5 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 def model_inputs(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """input_ids [B, L], attention_mask [B, L], position_ids [B, L] of prompt + response."""
     ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # [B, L]
-    attn = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).long()  # [B, L]
+    attn = torch.cat([batch.prompt_mask, batch.attention], dim=1).long()  # [B, L]
     return ids, attn, position_ids_from_mask(attn)

@@ -22,7 +22,10 @@ from .data import Example, PromptSource, load_examples, render_prompt, split_hel
 from .errors import RunError
 from .models import disable_transformers_progress, load_tokenizer
 from .recipe import master_policy, reward_fn, rollout_engine, trainable
-from .resolve import check_async, check_device, check_engine, check_group_size, resolve
+from .resolve import (check_async, check_device, check_engine, check_group_size, check_tools, model_context,
+                      resolve)
+from .episodes.rollout import EpisodeRunner
+from .episodes.tools import load_tools
 from .evaluation import EvalSet, eval_sets_of
 from .producer import Produced
 from .trackers import check_trackers
@@ -86,6 +89,13 @@ class Run:
 def model_folder(cfg: RunConfig) -> tuple[Path, str]:
     """(the policy's HF folder, a label for messages); the embedded toy model is warm-started
     on first use and read from its cache afterwards."""
+    if cfg.model.path is None and cfg.data.path is None and cfg.data.task == "calculator":
+        from .toy.tool_model import tool_model_config
+        from .toy.tool_warmup import tool_warm_start
+        if cfg.rollout.engine == "vllm":  # head dim 32, as the toy's vLLM variant
+            return (Path(tool_warm_start(model_config=tool_model_config(num_attention_heads=3), verbose=True)),
+                    "embedded tool-use model, head-dim-32 variant for vLLM (warm-started)")
+        return Path(tool_warm_start(verbose=True)), "embedded tool-use model (warm-started)"
     if cfg.model.path is None:
         from .toy import vllm_variant_config, warm_start
         if cfg.rollout.engine == "vllm":  # vLLM's CPU attention refuses the toy's head dim 24
@@ -144,7 +154,8 @@ def prompts_of(cfg: RunConfig, tokenizer: Any = None, warn: Callable[[str], None
     """
     if cfg.data.path is None:
         from .toy import AdditionTask
-        task = AdditionTask()
+        from .toy.calculator import SumTask
+        task = SumTask() if cfg.data.task == "calculator" else AdditionTask()
         size = 200 if cfg.data.eval_size is None else cfg.data.eval_size
         held = task.heldout_examples()[:size] if size else []
         return task.prompt_source(cfg.seed), held
@@ -173,6 +184,7 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     check_async(algo, cfg)
     check_trackers(cfg.log.report_to)  # log.report_to names installed trackers
     reward = reward_fn(cfg)  # an unknown name or a module that does not import fails here
+    check_tools(cfg)
     notes: list[str] = []
     rows = examples_of(cfg, notes.append)
     path, label = model_folder(cfg)  # the toy model is warm-started here, once
@@ -183,6 +195,16 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
                              + [e.prompt for s in eval_sets for e in s.examples], label)
     warnings = check_group_size(algo, resolved)
     return Plan(resolved, algo, path, tok, source, held, reward, notes + more, warnings, eval_sets)
+
+
+def episode_runner(cfg: RunConfig, model_path: Path) -> EpisodeRunner | None:
+    """The multi-turn episode settings of a run with ``rollout.tools``, else None."""
+    r = cfg.rollout
+    if r.tools is None:
+        return None
+    return EpisodeRunner(load_tools(r.tools), parser=r.tool_parser, max_turns=r.max_turns,
+                         max_tool_calls=r.max_tool_calls, timeout_s=r.tool_timeout_s,
+                         max_output_chars=r.tool_max_output_chars, context=model_context(model_path))
 
 
 def build(plan: Plan, run_dir: Path) -> Run:
@@ -206,7 +228,7 @@ def build(plan: Plan, run_dir: Path) -> Run:
         policy, reference_off = trainable(cfg, policy, checkpointing=cfg.train.gradient_checkpointing)
         trainer = Trainer.from_config(cfg, fn, policy, reference_off=reference_off)
         rollouts = LocalRollouts(rollout_engine(cfg, plan.model_path, cfg.device, model=engine_model,
-                                                tokenizer=tok), plan.reward)
+                                                tokenizer=tok), plan.reward, episode_runner(cfg, plan.model_path))
         trainers = LocalTrainers(trainer)
     return Run(cfg, algo, fn, run_dir, tok, plan.source, plan.heldout, rollouts, trainers,
                notes=plan.notes, warnings=plan.warnings, eval_sets=plan.eval_sets)

@@ -29,7 +29,9 @@ from .build import Run, build, load_spec, plan_run
 from .config import MODEL_RUN_DEFAULTS, RunConfig
 from .engines.base import SamplingParams
 from .errors import RunError, WorkerError
-from .metrics import (ACCURACY, EVAL_FAILED, GREEDY_ACC, LR, PRODUCER_WAIT, RESPONSE_LENGTH, REWARD, REWARD_ERRORS, REWARD_HIDDEN,
+from .tool_metrics import tool_call_metrics
+from .metrics import (ACCURACY, EVAL_FAILED, GREEDY_ACC, LR, PRODUCER_WAIT, RESPONSE_LENGTH, REWARD, REWARD_ERRORS,
+                      REWARD_HIDDEN,
                       SAMPLED_ACC, STALENESS_MAX, STALENESS_MEAN, STEP_TIME, TOKENS_PER_S, TRAINER_WAIT,
                       TRUNCATED_FRACTION, MetricsLogger)
 from .rewards import parse_reward_spec
@@ -156,8 +158,11 @@ def evaluate_heldout(s: Run, step: int) -> dict[str, float]:
             max_new_tokens=cfg.max_new_tokens, seed=step_seed(cfg.seed, step, 0, "eval"))))
     failed = 0
     for acc_key, reward_key, params in modes:
-        r = s.rollouts.generate(prompts, [e.answer for e in s.heldout], params,
-                                [e.reward_prompt for e in s.heldout]).scored.rewards
+        g = s.rollouts.generate(prompts, [e.answer for e in s.heldout], params,
+                                [e.reward_prompt for e in s.heldout])
+        r = g.scored.rewards
+        out.update(tool_call_metrics(g.batch, cfg.rollout.tool_parser,
+                                     "eval/" if acc_key == GREEDY_ACC else "eval/sampled_"))
         finite = torch.isfinite(r)
         failed += int((~finite).sum())
         # accuracy: reward > 0.5 over every sample, a failed reward counting as not correct;
@@ -309,6 +314,7 @@ def train_step(s: Run, step: int, producer: RolloutProducer | None = None) -> di
         TOKENS_PER_S: tokens / max(step_s, 1e-9),
     })
     m.update({k: v for k, v in tb.metrics.items() if k != REWARD})  # REWARD: set above
+    m.update(tool_call_metrics(batch, cfg.rollout.tool_parser))  # episodes with tools only
     m.update(um)
     if cfg.log.samples_per_step:
         adv, mask = getattr(tb, "advantages", None), getattr(tb, "mask", None)  # None on Ray ranks

@@ -34,6 +34,7 @@ from .trackers import TensorBoardTracker, Tracker, numeric
 __all__ = [
     "REWARD", "GREEDY_ACC", "SAMPLED_ACC", "EVAL_FAILED", "RESPONSE_LENGTH", "ENTROPY", "CLIP_FRACTION", "STEP_TIME",
     "ACCURACY", "TRUNCATED_FRACTION", "LR", "TOKENS_PER_S", "REWARD_ERRORS",
+    "TOOL_CALLS_PER_EPISODE", "TOOL_CALLS_WELL_FORMED", "TOOL_CALL_ERRORS",
     "Metric", "METRICS", "metric_by_concept",
     "KEY_METRICS",
     "HIGHER_IS_BETTER",
@@ -59,6 +60,11 @@ TRUNCATED_FRACTION = "truncated_fraction"  # fraction of completions cut at max_
 LR = "lr"                             # the learning rate the step's update used
 TOKENS_PER_S = "tokens_per_s"         # prompt + response tokens of the step per second
 REWARD_ERRORS = "reward_errors"       # samples whose reward function failed (reward.on_error=skip)
+# multi-turn episodes with tools (runtime/tool_metrics.py); eval/<name> for the held-out
+# greedy episodes, eval/sampled_<name> for the sampled ones
+TOOL_CALLS_PER_EPISODE = "tool_calls/per_episode"  # tool calls the model wrote per episode
+TOOL_CALLS_WELL_FORMED = "tool_calls/well_formed"  # fraction of those calls the parser reads
+TOOL_CALL_ERRORS = "tool_calls/errors"             # fraction of tool results that are an error
 # the update's (train/trainer.py, workers/fsdp.py)
 LOSS = "loss"                          # the minibatch losses' mean (the compiled loss's value)
 PG_LOSS = "pg_loss"                    # its policy-gradient term (the compiled loss's metric)

@@ -27,7 +27,11 @@ from rldsl import lint
 from rldsl import Algorithm
 
 from .config import RunConfig
+from .episodes.tools import load_tools
 from .errors import ConfigError, RunError
+
+#: The tools data.task=calculator fills in (runtime/toy/calculator.py).
+CALCULATOR_TOOLS = "rldsl.runtime.toy.calculator:calculator"
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).
 GROUP_OF_ONE_RULE = "group-of-one"
@@ -91,8 +95,29 @@ def check_group_size(algo: Algorithm, cfg: RunConfig) -> list[Any]:
     return found
 
 
+def check_tools(cfg: RunConfig) -> None:
+    """``rollout.tools`` import and can be described (before any model loads); episodes run in
+    one process on the HF engine here (the stand-in episode runner: runtime/episodes/)."""
+    tools = default_tools(cfg)
+    if tools is None:
+        return
+    load_tools(tools)
+    if cfg.distributed.uses_ray or cfg.rollout.engine != "hf" or cfg.rollout.max_staleness:
+        raise RunError("rollout.tools: multi-turn episodes run in one process on the HF engine, "
+                       "synchronously (no Ray workers, rollout.engine=hf, rollout.max_staleness=0)")
+
+
+def default_tools(cfg: RunConfig) -> str | None:
+    """``rollout.tools``, else the calculator for data.task=calculator, else None."""
+    if cfg.rollout.tools is None and cfg.data.path is None and cfg.data.task == "calculator":
+        return CALCULATOR_TOOLS
+    return cfg.rollout.tools
+
+
 def default_reward(cfg: RunConfig) -> str:
-    """The task's own reward: ``addition`` for the built-in task, ``exact`` for a data file."""
+    """The task's own reward: ``addition`` (exactly the answer, then EOS) for the built-in tasks
+    (data.task ``addition`` and ``calculator``: the episode's final message), ``exact`` for a
+    data file."""
     return "addition" if cfg.data.path is None else "exact"
 
 
@@ -165,7 +190,7 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
     reward = cfg.reward.name
     if reward is None:
         reward = default_reward(cfg)
-        task = "the built-in addition task" if cfg.data.path is None else "a data file"
+        task = "a data file" if cfg.data.path is not None else f"the built-in {cfg.data.task} task"
         notes.append(f"reward: {reward} (the default for {task}; choose one with --reward)")
     else:
         notes.append(f"reward: {reward}")
@@ -176,7 +201,7 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
         notes.append(clipped)
     resolved = cfg.model_copy(update={
         "reward": cfg.reward.model_copy(update={"name": reward}),
-        "rollout": cfg.rollout.model_copy(update={"max_new_tokens": max_new})})
+        "rollout": cfg.rollout.model_copy(update={"max_new_tokens": max_new, "tools": default_tools(cfg)})})
     resolved = RunConfig.model_validate(resolved.model_dump())  # the copies above skip validation
     micro = microbatch_note(resolved, longest)
     if micro:

@@ -42,6 +42,8 @@ def sample_rows(step: int, batch: RolloutBatch, rewards: torch.Tensor, advantage
                     "completion": batch.completions[i], "reward": r if math.isfinite(r) else None,
                     "advantage": adv[i], "finish_reason": batch.finish_reason[i],
                     "response_length": lengths[i]})
+        if batch.episodes:  # a multi-turn episode: its messages (roles, tool calls, results)
+            out[-1]["messages"] = batch.episodes[i].get("messages", [])
     return out
 
 

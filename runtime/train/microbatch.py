@@ -27,7 +27,7 @@ from ..metrics import SUMMED
 
 def row_tokens(batch: RolloutBatch) -> Tensor:
     """[B] real tokens of each row: prompt tokens + response tokens up to the first stop."""
-    return batch.prompt_mask.long().sum(1) + batch.response_mask.long().sum(1)
+    return batch.prompt_mask.long().sum(1) + batch.attention.long().sum(1)
 
 
 def _lpt(sizes: Sequence[int], bins: int) -> list[list[int]]:
@@ -88,14 +88,15 @@ def trim(batch: RolloutBatch) -> tuple[RolloutBatch, int]:
     real token; the trimmed [b, Tr'] results are the first Tr' columns of the untrimmed ones.
     """
     tp = max(int(batch.prompt_mask.long().sum(1).max()), 1)
-    tr = max(int(batch.response_mask.long().sum(1).max()), 1)
+    tr = max(int(batch.attention.long().sum(1).max()), 1)
     Tp = batch.prompt_ids.shape[1]
     if tp == Tp and tr == batch.response_ids.shape[1]:
         return batch, tr
     return dataclasses.replace(
         batch, prompt_ids=batch.prompt_ids[:, Tp - tp:], prompt_mask=batch.prompt_mask[:, Tp - tp:],
         response_ids=batch.response_ids[:, :tr], response_mask=batch.response_mask[:, :tr],
-        logprobs=batch.logprobs[:, :tr]), tr
+        logprobs=batch.logprobs[:, :tr],
+        response_attention=None if batch.response_attention is None else batch.response_attention[:, :tr]), tr
 
 
 def widen(t: Tensor, width: int) -> Tensor:

@@ -10,6 +10,7 @@ import torch
 from ..batch import RolloutBatch, repeat_each
 from ..checkpoint import Checkpoint, load_weights
 from ..engines.base import RolloutEngine, SamplingParams
+from ..episodes.rollout import EpisodeRunner
 from ..lora import merged_weights
 from ..rewards import RewardFn, RewardResult, unscored
 from ..train.trainer import TrainBatch, Trainer
@@ -19,14 +20,18 @@ from .base import Generation, TrainerState
 class LocalRollouts:
     """An engine and a reward function. Both are read at each call: replacing them takes effect."""
 
-    def __init__(self, engine: RolloutEngine, reward: RewardFn):
+    def __init__(self, engine: RolloutEngine, reward: RewardFn, episodes: EpisodeRunner | None = None):
         self.engine = engine
         self.reward = reward
+        self.episodes = episodes  # multi-turn episodes with tools (rollout.tools), else None
 
     def generate(self, prompts: list[str], answers: list[str], params: SamplingParams,
                  reward_prompts: list[str] | None = None, score: bool = True) -> Generation:
         t0 = time.perf_counter()
-        batch = self.engine.generate(prompts, params)
+        if self.episodes is not None:
+            batch = self.episodes.run(self.engine, prompts, answers, params)
+        else:
+            batch = self.engine.generate(prompts, params)
         batch.answers = repeat_each(answers, params.n)
         t1 = time.perf_counter()
         if not score:

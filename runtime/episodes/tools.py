@@ -1,0 +1,119 @@
+"""Tools: plain Python functions, described by their type hints and docstring, run in a
+separate process with a wall-clock limit; their result (or error) is the text the model sees."""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures as cf
+import importlib
+import json
+import multiprocessing
+import os
+import tempfile
+from typing import Any, Callable
+
+from transformers.utils import get_json_schema
+
+from ..errors import ConfigError
+
+TRUNCATED = "...[truncated]"
+
+
+def load_tools(spec: str) -> list[Callable]:
+    """``"module:function[,module:function]"`` -> the functions (a clear error when one does
+    not import, is missing or cannot be described)."""
+    out = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        module_name, sep, attr = part.partition(":")
+        if not sep or not module_name or not attr:
+            raise ConfigError(f"tool {part!r}: expected module:function")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ConfigError(f"tool {part!r}: cannot import {module_name}: {e}") from None
+        fn = getattr(module, attr, None)
+        if not callable(fn):
+            raise ConfigError(f"tool {part!r}: {module_name} has no function {attr}")
+        tool_schema(fn)
+        out.append(fn)
+    return out
+
+
+def tool_schema(fn: Callable) -> dict:
+    """The JSON schema of ``fn`` from its type hints and Google-style docstring."""
+    try:
+        return get_json_schema(fn)
+    except Exception as e:  # transformers raises its own TypeError subclasses
+        raise ConfigError(f"tool {getattr(fn, '__name__', fn)!r} cannot be described: {e}") from None
+
+
+def _child_init() -> None:
+    os.chdir(tempfile.mkdtemp(prefix="rldsl-tool-"))
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        os.environ.pop(var, None)
+
+
+def _call(fn: Callable, arguments: dict) -> tuple[bool, Any]:
+    try:
+        return True, fn(**arguments)
+    except BaseException as e:  # the model sees it
+        return False, f"{type(e).__name__}: {e}"
+
+
+class ToolRunner:
+    """A reused pool of spawned worker processes; each call has its own wall-clock limit
+    (a call past it is abandoned and the pool restarted)."""
+
+    def __init__(self, workers: int = 1):
+        self.workers = workers
+        self._pool: cf.ProcessPoolExecutor | None = None
+
+    def _get(self) -> cf.ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=_child_init)
+        return self._pool
+
+    def run_many(self, calls: list[tuple[Callable, dict]], *, timeout_s: float,
+                 max_output_chars: int) -> list[str]:
+        """The text result of each (function, arguments)."""
+        pool = self._get()
+        futures = [pool.submit(_call, fn, args) for fn, args in calls]
+        out = []
+        broken = False
+        for f in futures:
+            try:
+                ok, value = f.result(timeout=timeout_s)
+                text = _as_text(value) if ok else f"error: {value}"
+            except cf.TimeoutError:
+                text, broken = f"error: the tool took longer than {timeout_s:g} s", True
+            except Exception as e:
+                text, broken = f"error: the tool's process failed ({type(e).__name__})", True
+            out.append(text if len(text) <= max_output_chars else text[:max_output_chars] + TRUNCATED)
+        if broken:
+            self.close()
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for p in list(getattr(self._pool, "_processes", {}).values()):
+                p.kill()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+SHARED_RUNNER = ToolRunner()
+atexit.register(SHARED_RUNNER.close)  # stop the pool before the interpreter tears down
+
+
+def run_tool(fn: Callable, arguments: dict, *, timeout_s: float, max_output_chars: int) -> str:
+    """One call in a separate process (module docstring)."""
+    return SHARED_RUNNER.run_many([(fn, arguments)], timeout_s=timeout_s, max_output_chars=max_output_chars)[0]
