@@ -131,8 +131,7 @@ class RolloutProducer:
             while not s.queue:
                 if s.error is not None:
                     raise RunError(f"the {self.name} failed: {type(s.error).__name__}: {s.error}") from s.error
-                if not self._thread.is_alive() and not (s.scoring and self._scorer is not None
-                                                        and self._scorer.is_alive()):
+                if not self._alive_locked():
                     raise RunError(f"the {self.name} stopped before producing the batch of step {step + 1}")
                 s.cond.wait(poll)
             item = s.queue.popleft()
@@ -150,7 +149,7 @@ class RolloutProducer:
         checkpoint. Call :meth:`resume` afterwards."""
         s = self._s
         with s.cond:  # the caller (the trainer) publishes nothing meanwhile: "ready" only goes down
-            while (self._ready_locked() or s.busy or s.scoring) and s.error is None and self._thread.is_alive():
+            while (self._ready_locked() or s.busy or s.scoring) and s.error is None and self._alive_locked():
                 s.cond.wait(0.5)
             s.pause += 1
             if s.error is not None:
@@ -184,6 +183,12 @@ class RolloutProducer:
             self._scorer.join(timeout=60)
 
     # ------------------------------------------------------------------------ producer side
+    def _alive_locked(self) -> bool:
+        """Whether a batch may still arrive: the generation thread runs, or the scoring thread
+        has batches left (the generation thread ends after handing over its last one)."""
+        return self._thread.is_alive() or bool(self._s.scoring and self._scorer is not None
+                                               and self._scorer.is_alive())
+
     def _ready_locked(self) -> bool:
         """Whether the thread could start its next batch now (its weights published, room in the queue)."""
         s = self._s

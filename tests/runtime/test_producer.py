@@ -208,3 +208,21 @@ def test_drain_waits_for_the_batches_being_scored():
     assert [q.value for q in queued] == [0, 10, 20]
     p.resume()
     p.close()
+
+
+def test_drain_after_the_last_batch_waits_for_its_scoring():
+    """The generation thread ends once it has handed over the last batch; a drain then still
+    waits for that batch's scoring (it is saved with the checkpoint, not lost)."""
+    def finish(pending):
+        time.sleep(0.2)
+        return pending
+
+    p = RolloutProducer(lambda step: step, lambda w: None, max_staleness=1, next_step=0, last_step=2,
+                        loaded_version=0, finish=finish)
+    deadline = time.monotonic() + 10
+    while p._thread.is_alive():  # both batches generated (v = 0): the generation thread is done
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert [q.value for q in p.drain()] == [0, 1]
+    p.resume()
+    p.close()
