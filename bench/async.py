@@ -39,7 +39,8 @@ def gen_heavy_model(folder: Path) -> Path:
     return folder
 
 
-def run_once(task: str, K: int, seed: int, steps: int, out: Path, model: Path | None, record: list | None):
+def run_once(task: str, K: int, seed: int, steps: int, out: Path, model: Path | None, record: list | None,
+             spec: str | None = None, extra: tuple[str, ...] = ()):
     from rldsl.runtime import loop, producer as producer_mod
     from rldsl.runtime.config import load_config
     from rldsl.runtime.metrics import read_metrics
@@ -48,12 +49,13 @@ def run_once(task: str, K: int, seed: int, steps: int, out: Path, model: Path | 
             "log.progress=false", "checkpoint.every=0", "log.samples_per_step=0"]
     if task == "toy":
         sets += ["train.minibatches=4", f"eval.every={steps}", "eval.samples=0"]
-        spec = "lite_ppo"
+        spec = spec or "lite_ppo"
     else:
         sets += [f"model.path={model}", "rollout.max_new_tokens=48", "rollout.prompts_per_step=8",
                  "rollout.n=4", "eval.every=0", "data.eval_size=0", "reward.name=reward_helpers:parity",
                  "eval.samples=0"]
-        spec = "grpo"
+        spec = spec or "grpo"
+    sets += list(extra)
     trainer_spans: list[tuple[int, float, float]] = []
     real_get, real_step = producer_mod.RolloutProducer.get, loop.train_step
     if record is not None:
@@ -113,6 +115,10 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--timeline", type=Path, default=None, help="PNG of the first seed's activity (last 8 steps)")
+    ap.add_argument("--spec", default=None, help="the spec (default: lite_ppo for toy, grpo for gen-heavy); "
+                                                 "e.g. grpo_tis, a spec with a correction")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every run, e.g. rollout.partial=true (repeatable)")
     args = ap.parse_args()
     os.environ.setdefault("RLDSL_COMPILE", "1")
     Ks = [int(k) for k in args.ks.split(",")]
@@ -123,7 +129,8 @@ def main() -> None:
         for seed in range(args.seeds):
             for K in Ks:
                 rec: list | None = [] if args.timeline is not None and seed == 0 else None
-                r = run_once(args.task, K, seed, args.steps, Path(tmp) / f"k{K}-s{seed}", model, rec)
+                r = run_once(args.task, K, seed, args.steps, Path(tmp) / f"k{K}-s{seed}", model, rec,
+                             args.spec, tuple(args.sets))
                 results[K].append(r)
                 if rec is not None:
                     last = sorted({s[1] for s in rec})[-8:]

@@ -21,11 +21,9 @@ from .config import RunConfig
 from .data import Example, PromptSource, load_examples, render_prompt, split_heldout
 from .errors import RunError
 from .models import disable_transformers_progress, load_tokenizer
-from .recipe import master_policy, reward_fn, rollout_engine, trainable
+from .recipe import episode_runner, master_policy, reward_fn, rollout_engine, trainable
 from .resolve import (check_async, check_device, check_engine, check_group_size, check_tools, model_context,
                       resolve)
-from .episodes.rollout import EpisodeRunner
-from .episodes.tools import load_tools
 from .evaluation import EvalSet, eval_sets_of
 from .producer import Produced
 from .trackers import check_trackers
@@ -195,16 +193,6 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
                              + [e.prompt for s in eval_sets for e in s.examples], label)
     warnings = check_group_size(algo, resolved)
     return Plan(resolved, algo, path, tok, source, held, reward, notes + more, warnings, eval_sets)
-
-
-def episode_runner(cfg: RunConfig, model_path: Path) -> EpisodeRunner | None:
-    """The multi-turn episode settings of a run with ``rollout.tools``, else None."""
-    r = cfg.rollout
-    if r.tools is None:
-        return None
-    return EpisodeRunner(load_tools(r.tools), parser=r.tool_parser, max_turns=r.max_turns,
-                         max_tool_calls=r.max_tool_calls, timeout_s=r.tool_timeout_s,
-                         max_output_chars=r.tool_max_output_chars, context=model_context(model_path))
 
 
 def build(plan: Plan, run_dir: Path) -> Run:

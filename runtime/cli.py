@@ -100,6 +100,13 @@ def run_command(
         "--reward", metavar="NAME", help="Reward: a built-in name, module:function (the current "
                                          "folder is searched first) or path/to/file.py:function "
                                          "(reward.name); default: the task's own.")] = None,
+    tools: Annotated[Optional[str], typer.Option(
+        "--tools", metavar="MOD:FN[,MOD:FN]", help="Tools the model may call: typed, documented Python "
+                                                 "functions; completions become multi-turn episodes "
+                                                 "(rollout.tools).")] = None,
+    env: Annotated[Optional[str], typer.Option(
+        "--env", metavar="MOD:CLASS", help="A multi-turn environment class with reset(row) and "
+                                           "step(message) (rollout.env).")] = None,
     steps: Annotated[Optional[int], typer.Option(
         "--steps", metavar="N", help="Training steps (train.steps).")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", metavar="S", help="Random seed.")] = None,
@@ -133,11 +140,12 @@ def run_command(
 ) -> None:
     """Train a policy with the algorithm in SPEC.
 
-    Config precedence, lowest to highest: defaults, --config FILE, --set KEY=VALUE, then the dedicated flags (--model, --data, --reward, --steps, --seed, --out, --device, --tensorboard, --trainers, --rollout-workers, --gpus-per-worker, --ray-address).
+    Config precedence, lowest to highest: defaults, --config FILE, --set KEY=VALUE, then the dedicated flags (--model, --data, --reward, --tools, --env, --steps, --seed, --out, --device, --tensorboard, --trainers, --rollout-workers, --gpus-per-worker, --ray-address).
 
     With --trainers N > 1, --rollout-workers M > 0 or --ray-address, the run scales out on Ray: N FSDP2 trainer ranks and M rollout actors, the same spec and step.
     """  # noqa: E501 - one line per paragraph: typer rewraps it
     flags = {"model.path": model, "data.path": data, "reward.name": reward,
+             "rollout.tools": tools, "rollout.env": env,
              "train.steps": steps, "seed": seed, "out": str(out) if out is not None else None,
              "device": device, "log.tensorboard": tensorboard,
              "distributed.trainers": trainers, "distributed.rollout_workers": rollout_workers,
@@ -201,13 +209,25 @@ def samples_command(
     def cut(text: str) -> str:
         return text if not width or len(text) <= width else "..." + text[-width:]
 
-    table = Table(title=f"step {n}", show_lines=True)
-    for col in ("group", "prompt", "completion", "reward", "advantage", "finish", "tokens"):
+    episodes = any("messages" in r for r in rows)
+    table = Table(title=f"step {n}", show_lines=True,
+                  caption="episode: * = an assistant turn, trained on (loss mask 1); the other messages "
+                          "(prompt, tool results) carry mask 0" if episodes else None)
+    for col in ("group", "prompt", "episode" if episodes else "completion", "reward", "advantage", "finish",
+                "tokens"):
         table.add_column(col, overflow="fold")
     for r in rows:
         reward = "failed" if r["reward"] is None else f"{r['reward']:.3g}"
-        table.add_row(str(r["group"]), cut(r["prompt"]), cut(r["completion"]), reward,
-                      f"{r['advantage']:+.3f}", r["finish_reason"], str(r["response_length"]))
+        advantage = "-" if r["advantage"] is None else f"{r['advantage']:+.3f}"
+        if "messages" in r:
+            turns = [m for m in r["messages"] if m.get("role") not in ("system", "user")] or r["messages"]
+            shown = "\n".join(("* " if m.get("trained") else "  ") + f"[{m.get('role')}"
+                               + (f" {m['name']}" if m.get("name") else "") + f"] {cut(str(m.get('content') or ''))}"
+                               for m in turns)
+            tokens = f"{r.get('trained_tokens', r['response_length'])} + {r.get('environment_tokens', 0)} env"
+        else:
+            shown, tokens = cut(r["completion"]), str(r["response_length"])
+        table.add_row(str(r["group"]), cut(r["prompt"]), shown, reward, advantage, r["finish_reason"], tokens)
     Console(width=max(120, Console().width)).print(table)
 
 

@@ -267,6 +267,12 @@ class RolloutConfig(_Section):
                     "with a Google-style docstring): each completion becomes a multi-turn "
                     "episode (docs/tool_use.md); null = single-turn completions (data.task="
                     "calculator fills in its calculator).")
+    env: str | None = Field(
+        default=None,
+        description="A multi-turn environment, 'module:Class' (or path/to/file.py:Class): one "
+                    "instance per episode, reset(row) -> messages, step(assistant_message) -> "
+                    "(messages, reward or None, done) (docs/runtime.md, 'Multi-turn episodes'); "
+                    "null = the tool environment of rollout.tools.")
     max_turns: int = Field(default=4, ge=1,
                            description="Most assistant turns of an episode (with rollout.tools).")
     max_tool_calls: int = Field(default=4, ge=1,

@@ -65,3 +65,10 @@ class WeightSyncError(UserError, RuntimeError):
 
 class WeightSyncTimeout(WeightSyncError, TimeoutError):
     """A vLLM worker did not answer in time; the engine is unusable afterwards."""
+
+
+class EnvironmentFailed(UserError, RuntimeError):
+    """A multi-turn environment's ``reset`` or ``step`` raised, or answered something that is not
+    a step result (a broken environment class, not a bad tool call: those become text the model sees)."""
+
+    exit_code = EXIT_FAILED

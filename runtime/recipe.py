@@ -18,7 +18,10 @@ from .engines.base import RolloutEngine
 from .lora import adapters_disabled, apply_lora
 from .models import enable_gradient_checkpointing, load_policy, load_tokenizer, master_dtype
 from .rewards import RewardFn
-from .resolve import default_reward
+from .resolve import default_reward, model_context
+from .episodes.env import load_env
+from .episodes.rollout import EpisodeRunner
+from .episodes.tools import load_tools
 
 
 def with_lora(cfg: RunConfig, policy: nn.Module) -> tuple[nn.Module, Any]:
@@ -70,3 +73,15 @@ def reward_fn(cfg: RunConfig) -> RewardFn:
     """The run's reward (``reward.name``, resolved to the task's own when null)."""
     return RewardFn(cfg.reward.name or default_reward(cfg), on_error=cfg.reward.on_error,
                     workers=cfg.reward.workers)
+
+
+def episode_runner(cfg: RunConfig, model_path: str | Path) -> EpisodeRunner | None:
+    """The multi-turn episodes of a run with ``rollout.tools`` or ``rollout.env``, else None
+    (single-turn completions)."""
+    r = cfg.rollout
+    if r.tools is None and r.env is None:
+        return None
+    return EpisodeRunner(load_tools(r.tools) if r.tools else [], parser=r.tool_parser, max_turns=r.max_turns,
+                         max_tool_calls=r.max_tool_calls, timeout_s=r.tool_timeout_s,
+                         max_output_chars=r.tool_max_output_chars, context=model_context(Path(model_path)),
+                         env_class=load_env(r.env) if r.env else None)

@@ -27,6 +27,7 @@ from rldsl import lint
 from rldsl import Algorithm
 
 from .config import RunConfig
+from .episodes.env import load_env
 from .episodes.tools import load_tools
 from .errors import ConfigError, RunError
 
@@ -96,20 +97,24 @@ def check_group_size(algo: Algorithm, cfg: RunConfig) -> list[Any]:
 
 
 def check_tools(cfg: RunConfig) -> None:
-    """``rollout.tools`` import and can be described (before any model loads); episodes run in
-    one process on the HF engine here (the stand-in episode runner: runtime/episodes/)."""
+    """``rollout.tools`` import and can be described, ``rollout.env`` is a usable class (before any
+    model loads); the two are exclusive (an environment brings its own tools)."""
     tools = default_tools(cfg)
-    if tools is None:
-        return
-    load_tools(tools)
-    if cfg.distributed.uses_ray or cfg.rollout.engine != "hf" or cfg.rollout.max_staleness:
-        raise RunError("rollout.tools: multi-turn episodes run in one process on the HF engine, "
-                       "synchronously (no Ray workers, rollout.engine=hf, rollout.max_staleness=0)")
+    if tools is not None and cfg.rollout.env is not None:
+        raise ConfigError("rollout.tools and rollout.env are exclusive: an environment gives its episodes "
+                          "their tools itself (set self.tools in reset); rollout.tools is the default "
+                          "tool environment")
+    if tools is not None:
+        load_tools(tools)
+    if cfg.rollout.env is not None:
+        load_env(cfg.rollout.env)
 
 
 def default_tools(cfg: RunConfig) -> str | None:
-    """``rollout.tools``, else the calculator for data.task=calculator, else None."""
-    if cfg.rollout.tools is None and cfg.data.path is None and cfg.data.task == "calculator":
+    """``rollout.tools``, else the calculator for data.task=calculator (without an environment of
+    its own), else None."""
+    if cfg.rollout.tools is None and cfg.rollout.env is None and cfg.data.path is None \
+            and cfg.data.task == "calculator":
         return CALCULATOR_TOOLS
     return cfg.rollout.tools
 

@@ -373,11 +373,11 @@ def _is_file_reference(module_ref: str) -> bool:
     return module_ref.endswith(".py") or "/" in module_ref or os.sep in module_ref
 
 
-def _load_reward_file(base: str, file_ref: str) -> ModuleType:
+def _load_reward_file(base: str, file_ref: str, what: str = "reward") -> ModuleType:
     """Import ``file_ref`` (relative to the current folder) as a module of its own."""
     path = Path(file_ref).expanduser()
     if not path.is_file():
-        raise RewardSpecError(f"reward {base!r}: file not found: {path.resolve()}\n"
+        raise RewardSpecError(f"{what} {base!r}: file not found: {path.resolve()}\n"
                               f"(a path is read relative to the current folder {Path.cwd()})")
     path = path.resolve()
     # one module per file, named after its full path so two reward.py files never collide
@@ -386,7 +386,7 @@ def _load_reward_file(base: str, file_ref: str) -> ModuleType:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        raise RewardSpecError(f"reward {base!r}: {path} is not a Python file")
+        raise RewardSpecError(f"{what} {base!r}: {path} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
@@ -395,12 +395,12 @@ def _load_reward_file(base: str, file_ref: str) -> ModuleType:
         del sys.modules[module_name]
         if isinstance(e, KeyboardInterrupt):
             raise
-        raise RewardSpecError(f"reward {base!r}: importing {path} failed: "
+        raise RewardSpecError(f"{what} {base!r}: importing {path} failed: "
                               f"{type(e).__name__}: {e}") from e
     return module
 
 
-def _import_reward_module(base: str, module_name: str) -> ModuleType:
+def _import_reward_module(base: str, module_name: str, what: str = "reward") -> ModuleType:
     """Import ``module_name`` with the current folder first on the import path (as ``python -m``
     does), so a ``myreward.py`` beside the command is found."""
     cwd = os.getcwd()
@@ -413,16 +413,29 @@ def _import_reward_module(base: str, module_name: str) -> ModuleType:
         if module_name == missing or module_name.startswith(missing + "."):
             first = module_name.split(".")[0]
             raise RewardSpecError(
-                f"reward {base!r}: cannot import module {module_name!r}: no {first}.py (or package "
+                f"{what} {base!r}: cannot import module {module_name!r}: no {first}.py (or package "
                 f"{first}/) in the current folder {cwd} nor among the installed packages; "
                 f"run from the folder that holds it, or give the file's path: "
-                f"--reward path/to/{module_name.replace('.', '/')}.py:{base.rpartition(':')[2]}"
+                f"--{'env' if what == 'environment' else what} path/to/{module_name.replace('.', '/')}.py:{base.rpartition(':')[2]}"
             ) from e
-        raise RewardSpecError(f"reward {base!r}: importing module {module_name!r} failed: "
+        raise RewardSpecError(f"{what} {base!r}: importing module {module_name!r} failed: "
                               f"{type(e).__name__}: {e}") from e
     except Exception as e:  # the module's own error (a syntax error, a failing top-level line)
-        raise RewardSpecError(f"reward {base!r}: importing module {module_name!r} failed: "
+        raise RewardSpecError(f"{what} {base!r}: importing module {module_name!r} failed: "
                               f"{type(e).__name__}: {e}") from e
+
+
+def load_attribute(ref: str, what: str) -> object:
+    """``module:name`` (the current folder first on the import path) or ``path/to/file.py:name``
+    -> that object, by the rules reward functions are loaded with; errors name ``what``."""
+    module_ref, sep, attr = ref.rpartition(":")
+    if not sep or not module_ref or not attr:
+        raise RewardSpecError(f"{what} {ref!r}: expected module:name or path/to/file.py:name")
+    module = (_load_reward_file(ref, module_ref, what) if _is_file_reference(module_ref)
+              else _import_reward_module(ref, module_ref, what))
+    if not hasattr(module, attr):
+        raise RewardSpecError(f"{what} {ref!r}: {module_ref} has no {attr!r}")
+    return getattr(module, attr)
 
 
 def resolve_reward(name: str) -> RewardCallable:
@@ -474,6 +487,10 @@ def batch_reward(base: str, options: dict[str, bool | int | float | str]) -> Rew
         make, target = JudgeReward, base[len("judge:"):]
     elif base.startswith("rm:"):
         make, target = reward_model_term, base[len("rm:"):]
+    elif base == "env":
+        if options:
+            raise RewardSpecError("reward 'env' (the environment's reward) takes no options")
+        return EnvironmentReward()
     else:
         return None
     known = [p for p in inspect.signature(make).parameters if p not in ("url", "path", "check")]
@@ -557,6 +574,34 @@ class RewardResult:
 def unscored(B: int) -> RewardResult:
     """The result of samples nobody scored (``Rollouts.generate(score=False)``): NaN rewards."""
     return RewardResult(torch.full((B,), float("nan")), {}, 0)
+
+
+class EnvironmentReward:
+    """The ``env`` term: the reward a multi-turn environment gave at the end of each episode
+    (``StepResult.reward``), read off the batch's episodes. An episode cut off before the
+    environment was done (finish_reason "length": max_turns, max_new_tokens or the context ran
+    out) scores 0, as a truncated answer does; one the environment ended without a reward, or a
+    single-turn batch, is that sample's error."""
+
+    def __repr__(self) -> str:
+        return "EnvironmentReward()"
+
+    def score_episodes(self, episodes: list[dict], finish_reasons: list[str]) -> list[float | BaseException]:
+        B = len(finish_reasons)
+        if len(episodes) != B:
+            return [ValueError("the 'env' reward needs multi-turn episodes (rollout.tools or rollout.env)")] * B
+        out: list[float | BaseException] = []
+        for e, finish in zip(episodes, finish_reasons):
+            if e.get("env_reward") is not None:
+                out.append(_finite(e["env_reward"]))
+            elif finish == "length":
+                out.append(0.0)
+            else:
+                out.append(ValueError("the environment ended this episode without a reward"))
+        return out
+
+    def __call__(self, prompt: str, completion: str, answer: str) -> float:
+        raise ValueError("the 'env' reward reads the episode's environment reward: it scores batches only")
 
 
 @dataclass(frozen=True)
@@ -655,8 +700,11 @@ class RewardFn:
         for term in self.terms:
             values = torch.empty(B, dtype=torch.float32)  # [B]
             # a batch term (server, judge, reward model) gets all B samples in one call
-            scores = term.score_batch(list(prompts), list(batch.completions), list(batch.answers),
-                                      list(batch.finish_reason), self._threads())
+            if isinstance(term.fn, EnvironmentReward):
+                scores = term.fn.score_episodes(batch.episodes, list(batch.finish_reason))
+            else:
+                scores = term.score_batch(list(prompts), list(batch.completions), list(batch.answers),
+                                          list(batch.finish_reason), self._threads())
             for i, score in enumerate(scores):
                 if isinstance(score, BaseException):
                     message = (

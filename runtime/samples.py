@@ -43,8 +43,19 @@ def sample_rows(step: int, batch: RolloutBatch, rewards: torch.Tensor, advantage
                     "advantage": adv[i], "finish_reason": batch.finish_reason[i],
                     "response_length": lengths[i]})
         if batch.episodes:  # a multi-turn episode: its messages (roles, tool calls, results)
-            out[-1]["messages"] = batch.episodes[i].get("messages", [])
+            out[-1]["messages"] = episode_messages(batch.episodes[i].get("messages", []))
+            out[-1]["env_reward"] = batch.episodes[i].get("env_reward")
+            attn = batch.attention[i]
+            out[-1]["trained_tokens"] = lengths[i]  # the loss mask: the model's own tokens
+            out[-1]["environment_tokens"] = int(attn.sum()) - lengths[i]  # tool results, turn markers
     return out
+
+
+def episode_messages(messages: list[dict]) -> list[dict]:
+    """An episode's messages for samples.jsonl: each with ``trained`` -- true for the assistant's
+    turns (their sampled tokens carry loss mask 1), false for what the environment added (the
+    prompt, tool results: mask 0, no logprob)."""
+    return [{**m, "trained": m.get("role") == "assistant"} for m in messages]
 
 
 def append_samples(run_dir: Path, rows: list[dict[str, Any]]) -> None:

@@ -2,8 +2,12 @@
 ``ToolEnv``, the default one, runs the model's tool calls and returns their results."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
+
+from ..errors import ConfigError, EnvironmentFailed
+from ..rewards import load_attribute
 
 from .parsers import ToolCall, ToolCallError, parse_tool_calls
 from .tools import SHARED_RUNNER, ToolRunner
@@ -20,9 +24,70 @@ class StepResult:
 
 @runtime_checkable
 class Environment(Protocol):
+    """One episode's world. ``reset(row)``: the first messages (the row has ``prompt`` and
+    ``answer``); the instance may set ``tools`` (functions the chat template renders).
+    ``step(assistant_message)``: a :class:`StepResult` or a tuple ``(messages, reward, done)``."""
+
     def reset(self, row: dict) -> list[dict]: ...
 
     def step(self, assistant_message: dict) -> StepResult: ...
+
+
+def load_env(spec: str) -> type:
+    """``module:Class`` (or ``path/to/file.py:Class``) -> the environment class: importable, a
+    class, with ``reset`` and ``step``, constructible without arguments."""
+    cls = load_attribute(spec, "environment")
+    if not inspect.isclass(cls):
+        raise ConfigError(f"environment {spec!r} is not a class (got {type(cls).__name__})")
+    missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ConfigError(f"environment {spec!r} has no {' and no '.join(missing)} method "
+                          "(reset(row) -> messages, step(assistant_message) -> (messages, reward, done))")
+    try:
+        inspect.signature(cls).bind()
+    except TypeError:
+        raise ConfigError(f"environment {spec!r} must be constructible without arguments "
+                          f"(its __init__ takes {inspect.signature(cls)})") from None
+    return cls
+
+
+def env_reset(env: Any, row: dict) -> list[dict]:
+    """``env.reset(row)``, its failure a clear :class:`EnvironmentFailed`."""
+    try:
+        messages = env.reset(row)
+    except Exception as e:
+        raise EnvironmentFailed(f"environment {type(env).__name__}.reset raised {type(e).__name__}: {e}") from e
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise EnvironmentFailed(f"environment {type(env).__name__}.reset must return a list of messages "
+                                f"({{'role': ..., 'content': ...}}), got {messages!r:.200}")
+    return messages
+
+
+def env_step(env: Any, message: dict) -> StepResult:
+    """``env.step(message)`` as a :class:`StepResult` (a ``(messages, reward, done)`` tuple is
+    accepted), its failure a clear :class:`EnvironmentFailed`."""
+    name = type(env).__name__
+    try:
+        result = env.step(message)
+    except EnvironmentFailed:
+        raise
+    except Exception as e:
+        raise EnvironmentFailed(f"environment {name}.step raised {type(e).__name__}: {e}") from e
+    if isinstance(result, tuple) and len(result) == 3:
+        result = StepResult(list(result[0] or []), result[1], bool(result[2]))
+    if not isinstance(result, StepResult):
+        raise EnvironmentFailed(f"environment {name}.step must return (messages, reward, done) or a "
+                                f"StepResult, got {result!r:.200}")
+    if result.reward is not None:
+        try:
+            result.reward = float(result.reward)
+        except (TypeError, ValueError):
+            raise EnvironmentFailed(f"environment {name}.step returned the reward {result.reward!r:.100}, "
+                                    "not a number") from None
+    if not all(isinstance(m, dict) and "role" in m for m in result.messages):
+        raise EnvironmentFailed(f"environment {name}.step returned messages that are not "
+                                f"{{'role': ..., 'content': ...}} dicts: {result.messages!r:.200}")
+    return result
 
 
 class ToolEnv:

@@ -10,7 +10,8 @@ import torch
 
 from ..batch import RolloutBatch
 from ..engines.base import SamplingParams
-from .env import Environment, ToolEnv
+from ..errors import EnvironmentFailed
+from .env import Environment, ToolEnv, env_reset, env_step
 from .tools import tool_schema
 
 
@@ -62,7 +63,7 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
     convs: list[list[dict]] = []
     schemas: list[list[dict] | None] = []
     for i, env in enumerate(envs):
-        convs.append(list(env.reset(dict(rows[i // G]))))
+        convs.append(list(env_reset(env, dict(rows[i // G]))))
         tools = getattr(env, "tools", None)
         schemas.append([tool_schema(t) for t in tools] if tools else None)
     prompt_text = [_render(tokenizer, convs[p * G], schemas[p * G], True, kwargs) for p in range(len(rows))]
@@ -97,7 +98,7 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
             if out.finish_reason[r] != "stop":
                 finish[i] = "length"
                 continue
-            result = envs[i].step(message)
+            result = env_step(envs[i], message)
             rewards[i] = result.reward
             if result.done:
                 finish[i] = "stop"
@@ -156,8 +157,10 @@ class EpisodeRunner:
     episode) and the bounds; built from the config (rollout.tools, max_turns, ...)."""
 
     def __init__(self, tools: list, *, parser: str = "hermes", max_turns: int = 4, max_tool_calls: int = 4,
-                 timeout_s: float = 10.0, max_output_chars: int = 1000, context: int | None = None):
+                 timeout_s: float = 10.0, max_output_chars: int = 1000, context: int | None = None,
+                 env_class: type | None = None):
         self.tools = tools
+        self.env_class = env_class  # rollout.env: one instance per episode, instead of a ToolEnv
         self.parser = parser
         self.max_turns = max_turns
         self.max_tool_calls = max_tool_calls
@@ -165,9 +168,18 @@ class EpisodeRunner:
         self.max_output_chars = max_output_chars
         self.context = context
 
+    def new_env(self) -> Environment:
+        """One episode's environment: ``rollout.env``'s class, else a ToolEnv of ``rollout.tools``."""
+        if self.env_class is not None:
+            try:
+                return self.env_class()
+            except Exception as e:
+                raise EnvironmentFailed(f"environment {self.env_class.__name__}() raised "
+                                        f"{type(e).__name__}: {e}") from e
+        return ToolEnv(self.tools, self.parser, self.max_tool_calls, self.timeout_s, self.max_output_chars)
+
     def run(self, engine: Any, prompts: list[str], answers: list[str], params: SamplingParams) -> RolloutBatch:
-        envs = [ToolEnv(self.tools, self.parser, self.max_tool_calls, self.timeout_s, self.max_output_chars)
-                for _ in range(len(prompts) * params.n)]
+        envs = [self.new_env() for _ in range(len(prompts) * params.n)]
         rows = [{"prompt": p, "answer": a} for p, a in zip(prompts, answers)]
         return run_episodes(engine, engine.tokenizer, rows, envs, params, max_turns=self.max_turns,
                             context=self.context)

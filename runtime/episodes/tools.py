@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures as cf
+import ctypes
 import importlib
 import json
 import multiprocessing
@@ -46,10 +47,31 @@ def tool_schema(fn: Callable) -> dict:
         raise ConfigError(f"tool {getattr(fn, '__name__', fn)!r} cannot be described: {e}") from None
 
 
+#: CLONE_NEWNET: a network namespace of its own (no interface but a down loopback)
+_CLONE_NEWNET = 0x40000000
+#: the largest file a tool may write (bytes), and no core dumps
+_MAX_FILE_BYTES = 64 * 2**20
+
+
 def _child_init() -> None:
+    """What every tool process does before its first call: no network (a network namespace of its
+    own where the OS allows it, e.g. as root on Linux; proxies cleared either way), a fresh empty
+    working folder, bounded file writes, no core dumps."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.unshare(_CLONE_NEWNET)  # fails quietly without the privilege: then only the proxies go
+    except (OSError, AttributeError):
+        pass
     os.chdir(tempfile.mkdtemp(prefix="rldsl-tool-"))
     for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         os.environ.pop(var, None)
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (_MAX_FILE_BYTES, _MAX_FILE_BYTES))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ImportError, ValueError, OSError):  # not on this OS
+        pass
 
 
 def _call(fn: Callable, arguments: dict) -> tuple[bool, Any]:

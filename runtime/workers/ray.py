@@ -37,7 +37,7 @@ from ..config import RunConfig
 from ..engines.base import SamplingParams
 from ..errors import ConfigError, RewardError, WorkerError
 from ..models import disable_transformers_progress, policy_on_meta, with_tied
-from ..recipe import reward_fn, rollout_engine, with_lora
+from ..recipe import episode_runner, reward_fn, rollout_engine, with_lora
 from ..rewards import RewardResult
 from ..rng import step_seed
 from ..train.trainer import TrainBatch
@@ -132,7 +132,7 @@ class RolloutWorker:
         self.index = index
         gpus = payload["rollout_gpus"]
         engine = rollout_engine(cfg, cfg.model.path, "cuda" if gpus > 0 else "cpu", gpus=gpus)
-        self.local = LocalRollouts(engine, reward_fn(cfg))
+        self.local = LocalRollouts(engine, reward_fn(cfg), episode_runner(cfg, cfg.model.path))
 
     def ready(self) -> int:
         return self.index

@@ -105,3 +105,35 @@ def test_calculator_task_run_end_to_end(tool_model, tmp_path, monkeypatch) -> No
     assert samples and all(s["messages"][0] == {"role": "user", "content": s["prompt"].split("user\n")[1].split("<")[0]}
                            for s in samples)
     assert any(m["role"] == "tool" for s in samples for m in s["messages"])
+
+
+def _env_config(tool_model: Path, out: Path, *extra: str):
+    return load_config(None, [f"model.path={tool_model}", f"out={out}", "data.task=calculator",
+                              "rollout.env=episode_helpers:CalcEnv", "reward.name=env",
+                              "rollout.prompts_per_step=2", "rollout.n=4", "train.steps=2", "eval.every=0",
+                              "eval.samples=0", "data.eval_size=4", "checkpoint.every=0", "log.progress=false",
+                              "log.samples_per_step=2", *extra])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["one process", "async K=1", "ray rollout worker", "lora + micro-batches"])
+def test_an_environment_class_trains_on_its_own_reward(tool_model, tmp_path, monkeypatch, mode) -> None:
+    """--env episode_helpers:CalcEnv with --reward env: the environment's end-of-episode reward is
+    what the run trains on, in one process, asynchronously and on a Ray rollout actor; samples.jsonl
+    shows the episode with its trained turns."""
+    monkeypatch.setenv("RLDSL_COMPILE", "0")
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    extra = {"one process": (), "async K=1": ("rollout.max_staleness=1", "correction=none"),
+             "ray rollout worker": ("distributed.rollout_workers=1",),
+             "lora + micro-batches": ("model.lora.rank=4", "train.max_tokens_per_microbatch=64")}[mode]
+    extra = tuple(e for e in extra if not e.startswith("correction"))
+    run = loop.train("grpo_tis", _env_config(tool_model, tmp_path / "run", *extra))
+    steps = [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["reward_errors"] == 0 and 0 <= r["reward_mean"] <= 1 for r in steps)
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["env_reward"] in (0.0, 1.0) and s["env_reward"] == s["reward"]
+                           for s in samples if s["finish_reason"] == "stop")
+    for s in samples:
+        assert all(m["trained"] == (m["role"] == "assistant") for m in s["messages"])
+        assert s["trained_tokens"] == s["response_length"] and s["environment_tokens"] >= 0

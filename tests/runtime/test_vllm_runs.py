@@ -197,3 +197,55 @@ def test_ray_rollout_worker_run_syncs_exact_weights_each_step(vllm_model_dir, tm
     assert any(r["optimizer_steps"] > 0 for r in recs)
     assert all(r["time/sync_s"] > 0 for r in recs)
     assert diffs == [0.0, 0.0, 0.0]
+
+
+@pytest.fixture(scope="module")
+def eos_first_tool_model(tmp_path_factory):
+    """A Llama (head dim 64) with the tool tokenizer and chat template whose every next token is
+    EOS: the attention and MLP outputs are zeroed, so the last hidden state is the embedding, whose
+    first coordinate is large; only the (untied) EOS row of the head reads it. Each turn of an
+    episode is then [EOS], whatever the weights after a small update: a multi-turn episode on vLLM
+    whose turns are known."""
+    from transformers import LlamaForCausalLM
+    from rldsl.runtime.toy.tool_model import build_tool_tokenizer, tool_model_config
+    tok = build_tool_tokenizer()
+    config = tool_model_config(tok, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=256)
+    config.tie_word_embeddings = False
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight[:, 0] = 20.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[tok.eos_token_id, 0] = 50.0
+    path = tmp_path_factory.mktemp("vllm-episode-model")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_multi_turn_episodes_on_vllm(eos_first_tool_model, tmp_path):
+    """--env episode_helpers:Nudge on the vLLM engine: three assistant turns (each the model's EOS),
+    the environment's messages between them as the template renders them, the environment's
+    reward; token in, token out: the episode's ids decode to the template's rendering."""
+    import json
+
+    from transformers import AutoTokenizer
+    run = loop.train("grpo", load_config(None, [
+        f"model.path={eos_first_tool_model}", f"out={tmp_path / 'run'}", *COMMON, "rollout.vllm.max_model_len=128",
+        "rollout.env=episode_helpers:Nudge", "reward.name=env", "rollout.max_turns=4", "train.steps=2",
+        "rollout.max_new_tokens=4", "log.samples_per_step=2", "train.lr=1e-6"]))
+    steps = steps_of(run)
+    assert [r["step"] for r in steps] == [1, 2] and all(r["reward_mean"] == 1.0 for r in steps)
+    tok = AutoTokenizer.from_pretrained(eos_first_tool_model)
+    for s in (json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()):
+        assert s["finish_reason"] == "stop" and s["env_reward"] == 1.0
+        assert [m["role"] for m in s["messages"]] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+        assert s["trained_tokens"] == 3  # three EOS tokens, one per turn
+        rendered = tok.apply_chat_template([{k: v for k, v in m.items() if k != "trained"} for m in s["messages"]],
+                                           tokenize=False)
+        assert s["environment_tokens"] == len(tok(rendered, add_special_tokens=False)["input_ids"]) \
+            - len(tok(s["prompt"], add_special_tokens=False)["input_ids"]) - 3 - 1  # minus the closing "\n"

@@ -46,3 +46,34 @@ def opaque(n: int) -> object:
         n: a number
     """
     return {1, 2}
+
+
+def dial(port: int) -> str:
+    """Tries to open a TCP connection to 127.0.0.1.
+
+    Args:
+        port: the port
+    """
+    import socket
+
+    socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    return "connected"
+
+
+def where() -> str:
+    """The tool process's working folder and what it holds."""
+    import os
+
+    return f"{os.getcwd()} {sorted(os.listdir('.'))}"
+
+
+def typed(count: int, label: str, values: list[float], scale: float | None = None) -> str:
+    """A tool with several argument types.
+
+    Args:
+        count: how many
+        label: a name
+        values: the numbers
+        scale: an optional factor
+    """
+    return label * count
