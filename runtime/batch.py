@@ -54,6 +54,9 @@ class RolloutBatch:
     # environment (response_mask stays the loss mask: the model's tokens); None = response_mask
     response_attention: torch.Tensor | None = None
     episodes: list[dict] = field(default_factory=list)  # each episode's messages, for samples
+    # partial rollouts (runtime/partial.py): the policy version that sampled each response token,
+    # -1 on padding; None = one version for the whole batch
+    token_versions: torch.Tensor | None = None
 
     @property
     def attention(self) -> torch.Tensor:
@@ -79,7 +82,8 @@ class RolloutBatch:
                             [self.answers[i] for i in keep] if self.answers else [],
                             {k: v[rows] if _per_row(k) else v for k, v in self.inputs.items()},
                             None if self.response_attention is None else self.response_attention[rows],
-                            [self.episodes[i] for i in keep] if self.episodes else [])
+                            [self.episodes[i] for i in keep] if self.episodes else [],
+                            None if self.token_versions is None else self.token_versions[rows])
 
     def select_groups(self, groups: Sequence[int]) -> "RolloutBatch":
         """The batch of whole prompt groups (group g = rows g*G .. g*G+G-1)."""
@@ -125,6 +129,8 @@ class RolloutBatch:
             response_attention=None if all(b.response_attention is None for b in batches) else
             torch.cat([right(b.attention, Tr, 0) for b in batches]),
             episodes=sum((b.episodes for b in batches), []) if all(b.episodes for b in batches) else [],
+            token_versions=None if any(b.token_versions is None for b in batches) else
+            torch.cat([right(b.token_versions, Tr, -1) for b in batches]),
         )
 
 

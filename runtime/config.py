@@ -293,6 +293,17 @@ class RolloutConfig(_Section):
                     "step s - K while the trainer trains (K = 0: the synchronous loop; 1: one-step "
                     "off-policy). The spec's correction slot weighs the stale samples "
                     "(docs/runtime.md, 'Asynchronous rollouts').")
+    partial: bool = Field(
+        default=False,
+        description="Partial rollouts (with rollout.max_staleness > 0): generate a batch in segments "
+                    "of rollout.partial_tokens and load the newest published policy between two, so "
+                    "a sample cut off by a weight sync resumes with the new weights; every token "
+                    "records the version that sampled it (verl partial_rollout, OpenRLHF/slime "
+                    "--partial-rollout).")
+    partial_tokens: int | None = Field(
+        default=None, ge=1,
+        description="New tokens per segment of a partial rollout; null = a quarter of max_new_tokens "
+                    "(at least 1).")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig,
                              description="The vLLM engine's settings (rollout.engine = 'vllm').")
 

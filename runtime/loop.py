@@ -232,8 +232,9 @@ def start_producer(s: Run, start: int, total: int) -> RolloutProducer | None:
         return None
     common = dict(max_staleness=K, next_step=start, last_step=total, loaded_version=start,
                   loaded_weights=snapshot(s.trainers.weights()), queued=s.queued)
+    r = s.cfg.rollout
+    common.update(newest=r.partial, start=False)
     if scoring_overlaps(s):
-
         def produce(step: int) -> tuple[int, Any]:
             return step, generate_unscored(s, step)
 
@@ -241,8 +242,13 @@ def start_producer(s: Run, start: int, total: int) -> RolloutProducer | None:
             step, made = pending
             return score_generated(s, step, made)
 
-        return RolloutProducer(produce, s.rollouts.load_weights, finish=finish, **common)
-    return RolloutProducer(lambda step: rollout_step(s, step), s.rollouts.load_weights, **common)
+        producer = RolloutProducer(produce, s.rollouts.load_weights, finish=finish, **common)
+    else:
+        producer = RolloutProducer(lambda step: rollout_step(s, step), s.rollouts.load_weights, **common)
+    if r.partial:  # one process (checked at start): the engine loads newer weights between segments
+        s.rollouts.partial = (r.partial_tokens or max(1, s.cfg.max_new_tokens // 4), producer.refresh)
+    producer.start()
+    return producer
 
 
 def evaluate_current(s: Run, step: int, producer: RolloutProducer | None) -> dict[str, float]:
@@ -256,6 +262,16 @@ def evaluate_current(s: Run, step: int, producer: RolloutProducer | None) -> dic
             return evaluate(s, step)
         finally:
             s.rollouts.load_weights(producer.loaded_weights)
+
+
+def staleness(batch: RolloutBatch, step: int, version: int) -> dict[str, float]:
+    """Policy versions between ``step`` and the tokens of its batch, mean and max over the model's
+    tokens: from each token's version (partial rollouts), else the batch's one ``version``."""
+    tv, mask = batch.token_versions, batch.response_mask.bool()
+    if tv is None or not bool(mask.any()):
+        return {STALENESS_MEAN: float(step - version), STALENESS_MAX: float(step - version)}
+    lag = (step - tv[mask]).float()
+    return {STALENESS_MEAN: float(lag.mean()), STALENESS_MAX: float(lag.max())}
 
 
 def _sync_weights(s: Run) -> float:
@@ -276,7 +292,7 @@ def train_step(s: Run, step: int, producer: RolloutProducer | None = None) -> di
     else:
         item = producer.get(step)
         batch, rewards, ids, m = item.value
-        m = {**m, STALENESS_MEAN: float(step - item.version), STALENESS_MAX: float(step - item.version),
+        m = {**m, **staleness(batch, step, item.version),
              TRAINER_WAIT: time.perf_counter() - t_start, PRODUCER_WAIT: item.wait_s}
         if producer.finish is not None:  # scored in a stage of its own, beside generation
             m[REWARD_HIDDEN] = item.hidden_s

@@ -98,11 +98,15 @@ class RolloutProducer:
     def __init__(self, produce: Callable[[int], Any], load: Callable[[Any], None], *, max_staleness: int,
                  next_step: int, last_step: int, loaded_version: int, loaded_weights: Any = None,
                  queued: list[Produced] = (), name: str = "rollout producer",
-                 finish: Callable[[Any], Any] | None = None) -> None:
+                 finish: Callable[[Any], Any] | None = None, newest: bool = False, start: bool = True) -> None:
         if max_staleness < 1:
             raise ValueError("a producer runs ahead: max_staleness must be >= 1 (0 is the synchronous loop)")
         self.produce, self.load, self.K, self.name = produce, load, max_staleness, name
         self.finish = finish
+        # partial rollouts: a batch may use any published version in [v(s), s] (refresh() loads the
+        # newest between two segments); the engine never goes back to an older one
+        self.newest = newest
+        self._current = next_step  # the step the thread is generating
         self.last_step = last_step
         self._s = _Shared()
         self._s.queue.extend(queued)
@@ -113,9 +117,30 @@ class RolloutProducer:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._scorer = threading.Thread(target=self._score, name=f"{name} (scoring)", daemon=True) \
             if finish is not None else None
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the threads (when constructed with ``start=False``)."""
         self._thread.start()
         if self._scorer is not None:
             self._scorer.start()
+
+    def refresh(self) -> int:
+        """Called by ``produce`` between two segments of a partial rollout (in the generation thread):
+        load the newest published version the batch in hand may use (at most its own step) if it
+        is newer than the engine's; returns the version the engine holds."""
+        s = self._s
+        with s.cond:
+            newer = [v for v in s.weights if self.loaded_version < v <= self._current]
+            if not newer:
+                return self.loaded_version
+            v = max(newer)
+            weights = s.weights[v]
+        self.load(weights)
+        with s.cond:
+            self.loaded_version, self.loaded_weights = v, weights
+        return v
 
     # ------------------------------------------------------------------------- trainer side
     def publish(self, version: int, weights: Any) -> None:
@@ -195,7 +220,8 @@ class RolloutProducer:
         if self.next_step >= self.last_step:
             return False
         v = version_for(self.next_step, self.K)
-        return (v == self.loaded_version or v in s.weights) and len(s.queue) + len(s.scoring) <= self.K
+        held = v <= self.loaded_version if self.newest else v == self.loaded_version
+        return (held or v in s.weights) and len(s.queue) + len(s.scoring) <= self.K
 
     def _run(self) -> None:
         s = self._s
@@ -210,8 +236,10 @@ class RolloutProducer:
                     if s.stop:
                         return
                     step = self.next_step
+                    self._current = step
                     v = version_for(step, self.K)
-                    weights = s.weights.get(v) if v != self.loaded_version else None
+                    held = v <= self.loaded_version if self.newest else v == self.loaded_version
+                    weights = None if held else s.weights.get(v)
                     s.busy = True
                 waited = time.perf_counter() - t0
                 if weights is not None:

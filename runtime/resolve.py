@@ -61,6 +61,13 @@ def check_engine(cfg: RunConfig) -> None:
 
 def check_async(algo: Algorithm, cfg: RunConfig) -> None:
     """What asynchronous rollouts (rollout.max_staleness > 0) cannot do yet, refused by name."""
+    r = cfg.rollout
+    if r.partial and r.max_staleness == 0:
+        raise ConfigError("rollout.partial resumes samples cut off by a weight sync, which only an "
+                          "asynchronous run has: set rollout.max_staleness >= 1 (or drop rollout.partial)")
+    if r.partial and (cfg.distributed.uses_ray or r.tools is not None or r.env is not None):
+        raise ConfigError("rollout.partial runs in one process with single-turn completions for now "
+                          "(not with Ray rollout workers, rollout.tools or rollout.env)")
     if cfg.rollout.max_staleness == 0:
         return
     for v in algo.active():

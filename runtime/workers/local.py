@@ -3,7 +3,7 @@ a :class:`~rldsl.runtime.train.trainer.Trainer`. A Ray rollout actor wraps a ``L
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -12,6 +12,7 @@ from ..checkpoint import Checkpoint, load_weights
 from ..engines.base import RolloutEngine, SamplingParams
 from ..episodes.rollout import EpisodeRunner
 from ..lora import merged_weights
+from ..partial import generate_in_segments
 from ..rewards import RewardFn, RewardResult, unscored
 from ..train.trainer import TrainBatch, Trainer
 from .base import Generation, TrainerState
@@ -24,12 +25,18 @@ class LocalRollouts:
         self.engine = engine
         self.reward = reward
         self.episodes = episodes  # multi-turn episodes with tools (rollout.tools), else None
+        # partial rollouts (rollout.partial): (tokens per segment, refresh() -> version held), set
+        # by the loop's producer
+        self.partial: tuple[int, Callable[[], int]] | None = None
 
     def generate(self, prompts: list[str], answers: list[str], params: SamplingParams,
                  reward_prompts: list[str] | None = None, score: bool = True) -> Generation:
         t0 = time.perf_counter()
         if self.episodes is not None:
             batch = self.episodes.run(self.engine, prompts, answers, params)
+        elif self.partial is not None:  # segments, the newest published weights loaded between two
+            tokens, refresh = self.partial
+            batch = generate_in_segments(self.engine, prompts, params, tokens, refresh)
         else:
             batch = self.engine.generate(prompts, params)
         batch.answers = repeat_each(answers, params.n)
