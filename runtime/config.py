@@ -293,6 +293,11 @@ class RolloutConfig(_Section):
                     "step s - K while the trainer trains (K = 0: the synchronous loop; 1: one-step "
                     "off-policy). The spec's correction slot weighs the stale samples "
                     "(docs/runtime.md, 'Asynchronous rollouts').")
+    min_new_tokens: int = Field(
+        default=0, ge=0,
+        description="No stop token is sampled before this many new tokens (HF / TRL min_new_tokens, "
+                    "vLLM min_tokens); = max_new_tokens gives fixed-length samples (bench/step_phases.py). "
+                    "The logprob kept is the plain distribution's, as with top_p.")
     partial: bool = Field(
         default=False,
         description="Partial rollouts (with rollout.max_staleness > 0): generate a batch in segments "

@@ -87,7 +87,8 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
                                   SamplingParams(n=G, temperature=cfg.rollout.temperature,
                                                  top_p=cfg.rollout.top_p,
                                                  max_new_tokens=cfg.max_new_tokens,
-                                                 seed=step_seed(cfg.seed, step, r)),
+                                                 seed=step_seed(cfg.seed, step, r),
+                                                 min_new_tokens=min(cfg.rollout.min_new_tokens, cfg.max_new_tokens)),
                                   [e.reward_prompt for e in examples])  # rewards: the untemplated prompt
         batch, scored = gen.batch, gen.scored
         rewards = scored.rewards
@@ -203,7 +204,8 @@ def generate_unscored(s: Run, step: int) -> tuple[list[Any], Any]:
     gen = s.rollouts.generate([e.prompt for e in examples], [e.answer for e in examples],
                               SamplingParams(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
                                              top_p=cfg.rollout.top_p, max_new_tokens=cfg.max_new_tokens,
-                                             seed=step_seed(cfg.seed, step, 0)),
+                                             seed=step_seed(cfg.seed, step, 0),
+                                             min_new_tokens=min(cfg.rollout.min_new_tokens, cfg.max_new_tokens)),
                               [e.reward_prompt for e in examples], score=False)
     return examples, gen
 

@@ -25,11 +25,14 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 16
     seed: int | None = None
+    min_new_tokens: int = 0  # no stop token is sampled before this many (HF's / TRL's min_new_tokens)
 
     def check(self) -> None:
         """Raise ValueError unless every field is in range (engines call it before sampling)."""
         if self.n < 1 or self.max_new_tokens < 1:
             raise ValueError(f"need n >= 1 and max_new_tokens >= 1, got {self}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"need 0 <= min_new_tokens <= max_new_tokens, got {self}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self}")
 

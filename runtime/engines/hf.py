@@ -170,10 +170,12 @@ class HFEngine:
         steps = 0
         for t in range(T):
             z = logits / tau if not greedy else logits  # [b, V]
+            # min_new_tokens: no stop token is drawn yet (the logprob kept is still the plain one)
+            pick = z.index_fill(-1, self._stops, -float("inf")) if t < params.min_new_tokens else z
             if greedy:
-                token = z.argmax(dim=-1)  # [b]
+                token = pick.argmax(dim=-1)  # [b]
             else:
-                probs = torch.softmax(_top_p(z, params.top_p) if params.top_p < 1 else z, dim=-1)
+                probs = torch.softmax(_top_p(pick, params.top_p) if params.top_p < 1 else pick, dim=-1)
                 token = torch.multinomial(probs, num_samples=1).squeeze(1)  # [b]
             out_ids[alive, t] = token
             out_lp[alive, t] = torch.log_softmax(z, dim=-1).gather(-1, token[:, None]).squeeze(1)
@@ -203,6 +205,7 @@ class HFEngine:
             top_p=params.top_p if not greedy else None,
             top_k=0 if not greedy else None,  # transformers 5 would apply top_k=50 when unset
             max_new_tokens=params.max_new_tokens,
+            min_new_tokens=params.min_new_tokens or None,
             pad_token_id=self.pad_id,
             eos_token_id=sorted(self.stop_ids),
             bos_token_id=self.tokenizer.bos_token_id,

@@ -41,6 +41,7 @@ def to_vllm_sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         "temperature": 0.0 if greedy else float(params.temperature),
         "top_p": 1.0 if greedy else float(params.top_p),
         "max_tokens": int(params.max_new_tokens),
+        "min_tokens": int(params.min_new_tokens),
         "logprobs": 0,
         "seed": params.seed,
         "detokenize": False,

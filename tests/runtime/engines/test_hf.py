@@ -182,3 +182,23 @@ def test_generate_ids_equals_generate_on_the_same_tokens(tiny_model, tokenizer) 
     assert batch.prompt_ids[0].tolist() == odd[0]
     with pytest.raises(ValueError, match="at least one token"):
         engine.generate_ids([[BOS], []], SamplingParams())
+
+
+def test_min_new_tokens_samples_no_stop_before_it(tiny_model, tokenizer, unpadded_logits) -> None:
+    """min_new_tokens = max_new_tokens: every row has exactly that many tokens (temperature 2 on a
+    random model would otherwise stop some early); the logprob kept is the plain distribution's."""
+    engine = HFEngine(tiny_model, tokenizer)
+    free = engine.generate(PROMPTS, SamplingParams(n=4, temperature=2.0, max_new_tokens=10, seed=0))
+    assert (free.response_mask.sum(1) < 10).any()  # without it some rows stop early
+    fixed = engine.generate(PROMPTS, SamplingParams(n=4, temperature=2.0, max_new_tokens=10, seed=0,
+                                                    min_new_tokens=10))
+    assert (fixed.response_mask.sum(1) == 10).all() and fixed.finish_reason == ["length"] * 12
+    assert not torch.isin(fixed.response_ids, torch.tensor([EOS])).any()
+    with torch.no_grad():
+        logits = unpadded_logits(tiny_model, fixed.prompt_ids, fixed.prompt_mask, fixed.response_ids,
+                                 fixed.response_mask)
+    for b in range(len(fixed)):
+        ref = torch.log_softmax(logits[b] / 2.0, -1).gather(-1, fixed.response_ids[b][:, None]).squeeze(-1)
+        assert torch.allclose(fixed.logprobs[b], ref, atol=1e-5)
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, min_new_tokens=5))
