@@ -13,6 +13,8 @@ from __future__ import annotations
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, PreTrainedTokenizerFast
 
+from .model import tiny_config
+
 TOOL_SPECIAL_TOKENS = ("<pad>", "<|im_end|>", "<unk>")
 #: Hermes/Qwen pieces as whole tokens (not special: they stay in decoded text).
 HERMES_TOKENS = (
@@ -82,17 +84,6 @@ def tool_model_config(tokenizer: PreTrainedTokenizerFast | None = None, *, hidde
     """The toy's Llama (toy/model.py) with the tool tokenizer's vocabulary and 128 positions
     (a whole episode: prompt, call, result, answer, ~60 tokens)."""
     tok = tokenizer if tokenizer is not None else build_tool_tokenizer()
-    return LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=hidden_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_attention_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
-        attention_dropout=0.0,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=None,
-        eos_token_id=tok.eos_token_id,
-    )
+    return tiny_config(tok, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+                       num_attention_heads=num_attention_heads, intermediate_size=intermediate_size,
+                       max_position_embeddings=max_position_embeddings)
