@@ -102,7 +102,8 @@ def test_calculator_task_run_end_to_end(tool_model, tmp_path, monkeypatch) -> No
     assert evals and all("eval/" + TOOL_CALLS_WELL_FORMED in r for r in evals)
     assert all(math.isfinite(r["loss"]) for r in steps if r.get("optimizer_steps"))
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
-    assert samples and all(s["messages"][0] == {"role": "user", "content": s["prompt"].split("user\n")[1].split("<")[0]}
+    assert samples and all(s["messages"][0] == {"role": "user", "content": s["prompt"].split("user\n")[1].split("<")[0],
+                                                "trained": False}
                            for s in samples)
     assert any(m["role"] == "tool" for s in samples for m in s["messages"])
 
