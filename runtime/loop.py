@@ -30,6 +30,7 @@ from .config import MODEL_RUN_DEFAULTS, RunConfig
 from .engines.base import SamplingParams
 from .errors import RunError, WorkerError
 from .tool_metrics import tool_call_metrics
+from .episodes.tools import SHARED_RUNNER
 from .metrics import (ACCURACY, EVAL_FAILED, GREEDY_ACC, LR, PRODUCER_WAIT, RESPONSE_LENGTH, REWARD, REWARD_ERRORS,
                       REWARD_HIDDEN,
                       SAMPLED_ACC, STALENESS_MAX, STALENESS_MEAN, STEP_TIME, TOKENS_PER_S, TRAINER_WAIT,
@@ -448,6 +449,8 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
         save_parent_specs(run_dir, algo.parent_sources)
         start = 0
     cfg = plan.cfg
+    if cfg.rollout.tools is not None or cfg.rollout.env is not None:
+        SHARED_RUNNER.hide(run_dir)  # the tools of this process's episodes never see the run's files
     s = build(plan, run_dir)
     try:
         if start is None:

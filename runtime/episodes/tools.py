@@ -47,21 +47,36 @@ def tool_schema(fn: Callable) -> dict:
         raise ConfigError(f"tool {getattr(fn, '__name__', fn)!r} cannot be described: {e}") from None
 
 
-#: CLONE_NEWNET: a network namespace of its own (no interface but a down loopback)
-_CLONE_NEWNET = 0x40000000
+#: CLONE_NEWNET: a network namespace of its own (no interface but a down loopback); CLONE_NEWNS:
+#: a mount namespace of its own (the run's folder hidden under an empty tmpfs)
+_CLONE_NEWNET, _CLONE_NEWNS = 0x40000000, 0x00020000
+_MS_REC, _MS_PRIVATE = 0x4000, 0x40000
 #: the largest file a tool may write (bytes), and no core dumps
 _MAX_FILE_BYTES = 64 * 2**20
 
 
-def _child_init() -> None:
-    """What every tool process does before its first call: no network (a network namespace of its
-    own where the OS allows it, e.g. as root on Linux; proxies cleared either way), a fresh empty
-    working folder, bounded file writes, no core dumps."""
+def _isolate(hidden: tuple[str, ...]) -> None:
+    """No network, and ``hidden`` folders replaced by empty ones, in this process only -- where
+    the OS allows it (Linux with the privilege, e.g. root in a container); otherwise nothing."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.unshare(_CLONE_NEWNET)  # fails quietly without the privilege: then only the proxies go
-    except (OSError, AttributeError):
-        pass
+    except OSError:
+        return
+    if libc.unshare(_CLONE_NEWNET | _CLONE_NEWNS) != 0:
+        libc.unshare(_CLONE_NEWNET)  # at least the network, if mounts are not ours to change
+        return
+    if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        return
+    for folder in hidden:
+        if os.path.isdir(folder):
+            libc.mount(b"tmpfs", os.fsencode(folder), b"tmpfs", 0, b"size=1m,mode=0555")
+
+
+def _child_init(hidden: tuple[str, ...] = ()) -> None:
+    """What every tool process does before its first call: no network and the run's folder
+    hidden (namespaces of its own where the OS allows it; proxies cleared either way), a fresh
+    empty working folder, bounded file writes, no core dumps."""
+    _isolate(hidden)
     os.chdir(tempfile.mkdtemp(prefix="rldsl-tool-"))
     for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         os.environ.pop(var, None)
@@ -85,14 +100,22 @@ class ToolRunner:
     """A reused pool of spawned worker processes; each call has its own wall-clock limit
     (a call past it is abandoned and the pool restarted)."""
 
-    def __init__(self, workers: int = 1):
+    def __init__(self, workers: int = 1, hidden: tuple[str, ...] = ()):
         self.workers = workers
+        self.hidden = tuple(hidden)  # folders the tools cannot see (the run's)
         self._pool: cf.ProcessPoolExecutor | None = None
+
+    def hide(self, *folders: str | os.PathLike) -> None:
+        """Hide these folders from the tool processes too (they restart with it)."""
+        hidden = tuple(dict.fromkeys((*self.hidden, *(os.path.abspath(f) for f in folders))))
+        if hidden != self.hidden:
+            self.hidden = hidden
+            self.close()
 
     def _get(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
             self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                                initializer=_child_init)
+                                                initializer=_child_init, initargs=(self.hidden,))
         return self._pool
 
     def run_many(self, calls: list[tuple[Callable, dict]], *, timeout_s: float,

@@ -191,20 +191,27 @@ def test_env_reward_term_reads_the_episodes_weighted(tok) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
                     reason="a network namespace of its own needs the privilege (root)")
-def test_a_tool_has_no_network_and_an_empty_working_folder() -> None:
-    from tool_helpers import dial, where
+def test_a_tool_has_no_network_no_run_folder_and_an_empty_working_folder(tmp_path) -> None:
+    from tool_helpers import dial, peek, where
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
     port = server.getsockname()[1]
     socket.create_connection(("127.0.0.1", port), timeout=2).close()  # reachable from the test itself
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "checkpoint.bin").write_text("the run's files")
     runner = ToolRunner()
+    runner.hide(run_dir)
     try:
-        out = runner.run_many([(dial, {"port": port}), (where, {})], timeout_s=60, max_output_chars=500)
+        out = runner.run_many([(dial, {"port": port}), (where, {}), (peek, {"folder": str(run_dir)}),
+                               (peek, {"folder": str(tmp_path)})], timeout_s=60, max_output_chars=500)
     finally:
         runner.close()
         server.close()
     assert out[0].startswith("error: OSError") and "unreachable" in out[0]
     folder, listing = out[1].split(" ", 1)
     assert "rldsl-tool-" in folder and listing == "[]" and folder != os.getcwd()
+    assert out[2] == "[]" and out[3] == "['run']"  # the run folder is there, empty; its files are not
+    assert (run_dir / "checkpoint.bin").read_text() == "the run's files"  # hidden, not touched

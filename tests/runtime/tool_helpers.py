@@ -77,3 +77,14 @@ def typed(count: int, label: str, values: list[float], scale: float | None = Non
         scale: an optional factor
     """
     return label * count
+
+
+def peek(folder: str) -> str:
+    """Lists a folder.
+
+    Args:
+        folder: the folder
+    """
+    import os
+
+    return str(sorted(os.listdir(folder)))
