@@ -105,8 +105,10 @@ def test_sampling_kwargs_sample():
     kw = ve.to_vllm_sampling_kwargs(
         SamplingParams(n=4, temperature=0.7, top_p=0.9, max_new_tokens=12, seed=3)
     )
-    assert kw == {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 12,
+    assert kw == {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 12, "min_tokens": 0,
                   "logprobs": 0, "seed": 3, "detokenize": False}
+    fixed = ve.to_vllm_sampling_kwargs(SamplingParams(n=2, max_new_tokens=12, min_new_tokens=12))
+    assert (fixed["min_tokens"], fixed["max_tokens"]) == (12, 12)  # fixed-length samples
 
 
 def test_sampling_kwargs_greedy_asks_one_sample():
@@ -128,8 +130,8 @@ def test_sampling_kwargs_reject_bad_params(bad):
 def test_sampling_kwargs_build_a_real_vllm_sampling_params():
     import vllm  # the vllm marker skips (or fails, under RLDSL_REQUIRE_VLLM=1) without it
     sp = vllm.SamplingParams(**ve.to_vllm_sampling_kwargs(
-        SamplingParams(n=2, temperature=0.8, max_new_tokens=5, seed=1)))
-    assert (sp.n, sp.max_tokens, sp.logprobs, sp.seed) == (2, 5, 0, 1)
+        SamplingParams(n=2, temperature=0.8, max_new_tokens=5, seed=1, min_new_tokens=3)))
+    assert (sp.n, sp.max_tokens, sp.logprobs, sp.seed, sp.min_tokens) == (2, 5, 0, 1, 3)
 
 
 # ------------------------------------------------------------------ result conversion
