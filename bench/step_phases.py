@@ -34,6 +34,13 @@ Phases
             reward + prep (the rest of ``_generate_and_score_completions``), update (the rest
             of the step: ``compute_loss`` forward, backward, clip, optimizer), step time from a
             callback's on_step_begin / on_step_end.
+The floor (printed under each table): the step's matrix products, counted -- forward 2 N,
+backward 4 N flops per token trained, 2 N per token sampled, N the model's linear weights, the
+shared prompt counted once per group, attention and every element-wise op left out -- divided by
+the best fp32 matmul rate this machine reaches on one thread (measured at the start, on the
+model's own shapes and a large square). No implementation of the same step in fp32 on one core
+can be faster; when the floor is above half of TRL's step, the 0.5x target is out of reach here.
+
 The first ``--warmup`` steps of every run are dropped (torch.compile, lazy init); runs alternate
 TRL, rldsl, TRL, rldsl ... (``--blocks``) and the medians are reported.
 """
@@ -189,6 +196,46 @@ def read_rldsl(out: Path) -> dict:
     return {"steps": steps, "completion_length": [r["response_length"] for r in rows if "response_length" in r]}
 
 
+# ----------------------------------------------------------------------------- the floor
+def matmul_peak(sizes: list[str]) -> float:
+    """The best fp32 matmul rate (flop/s) of one thread here, over the sizes' own shapes
+    (B*T x H times H x 4H, both ways) and a 2048^3 square."""
+    import torch
+    torch.set_num_threads(1)
+    shapes = [(2048, 2048, 2048)]
+    for size in sizes:
+        hidden = SIZES[size][0]
+        shapes += [(8192, hidden, 4 * hidden), (8192, 4 * hidden, hidden)]
+    best = 0.0
+    for m, k, n in shapes:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        a @ b
+        t0 = time.perf_counter()
+        for _ in range(3):
+            a @ b
+        best = max(best, 3 * 2 * m * k * n / (time.perf_counter() - t0))
+    return best
+
+
+def matmul_flops(size: str, model: Path) -> dict:
+    """The step's matrix-product flops: linear weights N (embeddings excluded, the LM head
+    included), the addition task's mean prompt length Tp over the run's prompts."""
+    from transformers import AutoConfig, AutoTokenizer
+    from rldsl.runtime.toy import AdditionTask
+    cfg = AutoConfig.from_pretrained(model)
+    tok = AutoTokenizer.from_pretrained(model)
+    hidden, layers, heads, new, P, G = SIZES[size]
+    kv = hidden // heads * getattr(cfg, "num_key_value_heads", heads)
+    inter = cfg.intermediate_size
+    N = layers * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter) + cfg.vocab_size * hidden
+    prompts = [e.prompt for e in AdditionTask().prompt_source(0).next_batch(P)]
+    Tp = statistics.mean(len(tok(p)["input_ids"]) for p in prompts)
+    B = P * G
+    trained = P * Tp + B * new  # the shared prompt once per group, every response token
+    sampled = P * Tp + B * (new - 1)  # prefill once per prompt, then a token at a time
+    return {"N": N, "Tp": Tp, "update": 6 * N * trained, "generate": 2 * N * sampled}
+
+
 # ----------------------------------------------------------------------------- controller
 def run_child(cmd: list[str], env: dict) -> None:
     log = tempfile.TemporaryFile(mode="w+")
@@ -234,9 +281,12 @@ def main() -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
     results: dict[str, dict[str, dict]] = {}
+    peak = matmul_peak(sizes)
+    print(f"fp32 matmul peak, one thread: {peak / 1e9:.1f} GFLOP/s", flush=True)
     with tempfile.TemporaryDirectory(prefix="rldsl-step-phases-") as tmp:
         for size in sizes:
             model = make_model(size, Path(tmp) / f"model-{size}")
+            flops = matmul_flops(size, model)
             runs: dict[str, list[dict]] = {side: [] for side in sides}
             for b in range(a.blocks):
                 for side in sides:
@@ -252,6 +302,7 @@ def main() -> None:
                         runs[side].append(read_rldsl(out))
             results[size] = {side: medians(r, a.warmup) for side, r in runs.items()}
             print(table(size, results[size]), flush=True)
+            print(floor_line(flops, peak, results[size]), flush=True)
     conditions = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
                   "steps": a.steps, "blocks": a.blocks, "warmup": a.warmup, "threads": 1,
                   "date": time.strftime("%Y-%m-%d")}
@@ -276,6 +327,19 @@ def table(size: str, r: dict) -> str:
         else:
             lines.append(f"| {k} | {r['rldsl'][k]:.3f} |")
     return "\n".join(lines)
+
+
+def floor_line(flops: dict, peak: float, r: dict) -> str:
+    """The matmul floor of the step (module docstring) against both sides' step time."""
+    gen, upd = flops["generate"] / peak, flops["update"] / peak
+    line = (f"matmul floor: {gen + upd:.3f} s (generate {gen:.3f} s, update {upd:.3f} s; "
+            f"N = {flops['N'] / 1e6:.2f}M weights, prompt {flops['Tp']:.1f} tokens); "
+            f"rldsl's step is {r['rldsl']['step_s'] / (gen + upd):.2f}x the floor")
+    if "trl" in r:
+        line += (f"; the floor is {(gen + upd) / r['trl']['step_s']:.2f}x TRL's step"
+                 + (" (above 0.5: the 0.5x target cannot be met in fp32 on one core)"
+                    if (gen + upd) / r["trl"]["step_s"] > 0.5 else ""))
+    return line
 
 
 def guard(results: dict, baseline: dict) -> str:

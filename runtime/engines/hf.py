@@ -22,6 +22,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from ..batch import RolloutBatch, position_ids_from_mask, repeat_each
 from ..models import cache_keyword, plain_kv_cache, tensors_by_name
+from .kv_cache import preallocated_cache
 from .base import (SamplingParams, check_request, cut_at_first_stop, left_pad, special_token_ids,
                    stop_token_ids)
 
@@ -140,15 +141,15 @@ class HFEngine:
         - each prompt is prefilled once, not G times: its KV cache and its last logits are
           then repeated G times (the rows of a group see exactly the same keys);
         - a row that has produced a stop token leaves the batch (its cache rows are dropped), so
-          the last tokens of the longest answers do not drag every finished row along.
+          the last tokens of the longest answers do not drag every finished row along;
+        - the KV cache is preallocated for the whole answer and written in place
+          (``kv_cache.preallocated_cache``), not concatenated at every token.
 
         Per token, as ``generate`` with ``do_sample`` (temperature, then top-p with at least
         one token kept, top-k off): z = logits / tau, sample from softmax(top_p(z)); greedy
         = argmax of the raw logits. The logprob kept is log_softmax(z)[token] over the full
         tempered distribution. Finished rows are padded with the pad id.
         """
-        from transformers.cache_utils import DynamicCache
-
         G = params.n
         greedy = params.temperature == 0
         tau = 1.0 if greedy else float(params.temperature)
@@ -157,7 +158,7 @@ class HFEngine:
         T = params.max_new_tokens
         out_ids = torch.full((B, T), self.pad_id, dtype=ids.dtype, device=self.device)  # [B, T]
         out_lp = torch.zeros((B, T), dtype=torch.float32, device=self.device)  # [B, T]
-        cache = DynamicCache(config=self.model.config)
+        cache = preallocated_cache(self.model, Tp + T)  # grows in place (kv_cache.py)
         pos = position_ids_from_mask(mask)  # [P, Tp] as generate
         kw = self._cache_kw  # "cache" or "past_key_values", as the model's forward names it
         logits = self._logits(input_ids=ids, attention_mask=mask, position_ids=pos,

@@ -1,0 +1,108 @@
+"""A KV cache for the sampler that grows in place: ``preallocated_cache(model, capacity)``.
+
+transformers' ``DynamicCache`` grows by ``torch.cat`` at every token: each decode step
+copies the whole cache of every layer, so the copies grow with the square of the answer's
+length (at hidden 256, 4 layers, 64 rows x 128 tokens they were about half of the sampling
+time on one CPU core; bench/README.md). Here each layer's keys and values live in one
+buffer [B, heads, capacity, d] allocated at the prefill; a step writes its new slot in place
+and the attention reads a view of the filled prefix ``[:, :, :n]`` -- the same keys and
+values in the same order, so the same attention, without the copies.
+
+Only for a cache of full-attention ``DynamicLayer`` s (``models.plain_kv_cache``); the rows
+operations the sampler uses (``batch_repeat_interleave`` after the shared prefill,
+``batch_select_indices`` when rows finish) copy only the filled prefix.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        """A full-attention layer whose keys / values are views of a preallocated buffer."""
+
+        def __init__(self, capacity: int) -> None:
+            super().__init__()
+            self.capacity = capacity
+            self.length = 0
+            self._k: torch.Tensor | None = None  # [B, heads, capacity, d]
+            self._v: torch.Tensor | None = None
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            self.device = key_states.device
+            B, H, _, d = key_states.shape
+            self._k = key_states.new_empty((B, H, self.capacity, d))
+            self._v = value_states.new_empty((B, H, self.capacity, value_states.shape[-1]))
+            self.length = 0
+            self.is_initialized = True
+
+        def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
+            self.keys = self._k[:, :, : self.length]  # [B, heads, n, d]
+            self.values = self._v[:, :, : self.length]
+            return self.keys, self.values
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            n, t = self.length, key_states.shape[-2]
+            if n + t > self.capacity:
+                raise RuntimeError(f"preallocated KV cache: {n} + {t} tokens exceed its capacity {self.capacity}")
+            self._k[:, :, n : n + t] = key_states
+            self._v[:, :, n : n + t] = value_states
+            self.length = n + t
+            return self._views()
+
+        def get_seq_length(self) -> int:
+            return self.length if self.is_initialized else 0
+
+        def _rebuild(self, rows: torch.Tensor | None, repeats: int = 1) -> None:
+            """New buffers holding the filled prefix of ``rows`` (each ``repeats`` times)."""
+            if not self.is_initialized:
+                return
+            n = self.length
+            k, v = self._k[:, :, :n], self._v[:, :, :n]
+            if rows is not None:
+                k, v = k[rows], v[rows]
+            if repeats > 1:
+                k, v = k.repeat_interleave(repeats, dim=0), v.repeat_interleave(repeats, dim=0)
+            self._k = k.new_empty((k.shape[0], k.shape[1], self.capacity, k.shape[3]))
+            self._v = v.new_empty((v.shape[0], v.shape[1], self.capacity, v.shape[3]))
+            self._k[:, :, :n] = k
+            self._v[:, :, :n] = v
+            self._views()
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            self._rebuild(None, repeats)
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            self._rebuild(indices)
+
+        def crop(self, tokens_to_remove: int) -> None:  # pragma: no cover - the sampler never crops
+            raise NotImplementedError("the preallocated KV cache is not croppable")
+
+        def reset(self) -> None:
+            self._k = self._v = None
+            self.length = 0
+            super().reset()
+
+    return PreallocatedLayer
+
+
+_CLASS = None
+
+
+def preallocated_cache(model: nn.Module, capacity: int):
+    """A ``DynamicCache`` for ``model`` whose layers hold up to ``capacity`` tokens each,
+    written in place. The model must have a plain KV cache (``models.plain_kv_cache``)."""
+    global _CLASS
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+    if _CLASS is None:
+        _CLASS = _layer_class()
+    cache = DynamicCache(config=model.config)
+    if not cache.layers or not all(type(layer) is DynamicLayer for layer in cache.layers):
+        raise ValueError(f"{type(model).__name__}: the preallocated KV cache needs full-attention layers only")
+    cache.layers = [_CLASS(capacity) for _ in cache.layers]
+    return cache
