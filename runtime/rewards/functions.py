@@ -537,6 +537,17 @@ class RewardResult:
     first_error: str | None = None
 
 
+#: A sample counts as correct when its reward is above this: a binary verifier's 1 (every
+#: built-in reward is 0 or 1; a weighted sum whose terms are verifiers passes only with its
+#: heaviest term right). What the accuracy metrics and every evaluation read.
+CORRECT_ABOVE = 0.5
+
+
+def correct(rewards: torch.Tensor, above: float = CORRECT_ABOVE) -> torch.Tensor:
+    """[B] bool: the rewards that count as correct; a failed (NaN) reward never does."""
+    return (rewards > above) & torch.isfinite(rewards)
+
+
 def unscored(B: int) -> RewardResult:
     """The result of samples nobody scored (``Rollouts.generate(score=False)``): NaN rewards."""
     return RewardResult(torch.full((B,), float("nan")), {}, 0)
@@ -649,12 +660,17 @@ class RewardFn:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.spec = spec
         self.on_error = on_error
+        self.correct_above = CORRECT_ABOVE  # what counts as correct (:func:`correct`)
         self.workers = workers
         self._pool: ThreadPoolExecutor | None = None  # made on first use (workers > 1)
         self.terms: list[RewardTerm] = []
         for name, weight in parse_reward_spec(spec):
             fn = resolve_reward(name)
             self.terms.append(RewardTerm(name, weight, fn, _accepts_finish_reason(fn)))
+
+    def correct(self, rewards: torch.Tensor) -> torch.Tensor:
+        """[B] bool: the samples whose reward (of this function) counts as correct."""
+        return correct(rewards, self.correct_above)
 
     def score(self, batch: RolloutBatch, prompts: list[str] | None = None) -> RewardResult:
         """Score every sample of ``batch`` (completions, answers, finish_reason). ``prompts``:
