@@ -17,6 +17,7 @@ import torch
 import rldsl
 from rldsl.errors import SpecWarning
 
+from ..batch import StepRollout
 from ..config import RunConfig
 from ..data.datasets import Example, PromptSource, load_examples, render_prompt, rollout_prompts, split_heldout
 from ..errors import RunError
@@ -74,11 +75,12 @@ class Run:
     heldout: list[Example]
     rollouts: Rollouts
     trainers: Trainers
+    reward: RewardFn  # the run's reward (the rollout workers score with their own copies of it)
     warn: Callable[[str], None] = print
     notes: list[str] = field(default_factory=list)
     warnings: list[SpecWarning] = field(default_factory=list)
     eval_sets: list[EvalSet] = field(default_factory=list)
-    queued: list[Produced] = field(default_factory=list)  # restored batches of an asynchronous run
+    queued: list[Produced[StepRollout]] = field(default_factory=list)  # restored batches of an asynchronous run
 
     @property
     def episodes(self) -> bool:
@@ -265,7 +267,7 @@ def build(plan: Plan, run_dir: Path) -> Run:
         rollouts = LocalRollouts(rollout_engine(cfg, plan.model_path, cfg.device, model=engine_model,
                                                 tokenizer=tok), plan.reward, episode_runner(cfg, plan.model_path))
         trainers = LocalTrainers(trainer)
-    return Run(cfg, algo, fn, run_dir, tok, plan.source, plan.heldout, rollouts, trainers,
+    return Run(cfg, algo, fn, run_dir, tok, plan.source, plan.heldout, rollouts, trainers, plan.reward,
                notes=plan.notes, warnings=plan.warnings, eval_sets=plan.eval_sets)
 
 
