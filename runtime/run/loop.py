@@ -38,15 +38,14 @@ from ..rollout.tool_metrics import tool_call_metrics
 from ..rollout.agents.runner import agent_metrics
 from ..rollout.episodes.tools import SHARED_RUNNER
 from ..records.metrics import throughput
-from ..records.metrics import (ACCURACY, EVAL_FAILED, GREEDY_ACC, LR, PRODUCER_WAIT, RESPONSE_LENGTH, REWARD, REWARD_ERRORS,
+from ..records.metrics import (ACCURACY, LR, PRODUCER_WAIT, RESPONSE_LENGTH, REWARD, REWARD_ERRORS,
                                REWARD_TERM_MEAN, REWARD_TERM_STD,
-                               REWARD_HIDDEN,
-                               SAMPLED_ACC, STALENESS_MAX, STALENESS_MEAN, STEP_TIME, TOKENS_PER_S,
+                               REWARD_HIDDEN, STALENESS_MAX, STALENESS_MEAN, STEP_TIME, TOKENS_PER_S,
                                TRUNCATED_FRACTION, MetricsLogger, time_key, timed)
 from ..rewards.functions import RewardResult, term_labels
 from ..records.rng import restore_rng, step_seed
 from ..records.samples import SAMPLES_FILE, append_samples, sample_rows, truncate_samples
-from .evaluation import evaluate_sets
+from .evaluation import answer_set, heldout_metrics, scored_by, scored_here, set_metrics, unscored_by
 from ..rollout.producer import Produced, RolloutProducer, snapshot
 from ..records.trackers import open_trackers
 from ..records.run_dir import (METRICS_FILE, SPEC_FILE, load_run_config, run_dir_of, save_config,
@@ -164,47 +163,33 @@ def reward_term_metrics(terms: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 def evaluate(s: Run, step: int) -> dict[str, float]:
-    """Held-out accuracy (greedy, and sampled at the rollout temperature), and the ``eval.data``
-    sets' metrics (runtime/run/evaluation.py)."""
+    """The ``eval.data`` sets' metrics and the held-out split's (greedy, and sampled at the rollout
+    temperature), every set answered by the one evaluator (run/evaluation.py)."""
     cfg = s.cfg
-    out = evaluate_sets(lambda prompts, answers, params: s.rollouts.generate(
-                            prompts, answers, params, score=False).batch,
-                        s.eval_sets, episodes=s.episodes, n=cfg.eval.samples if cfg.eval.n is None else cfg.eval.n,
-                        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                        max_new_tokens=cfg.max_new_tokens, seed=step_seed(cfg.seed, step, 0, "eval sets"))
-    return {**out, **evaluate_heldout(s, step)} if s.heldout else out
+    out: dict[str, float] = {}
+    n = cfg.eval.samples if cfg.eval.n is None else cfg.eval.n
+    for es in s.eval_sets:  # scored here, each by its own reward
+        sampled = SamplingParams.for_evaluation(cfg, n, step_seed(cfg.seed, step, 0, "eval sets")) if n else None
+        a = answer_set(scored_here(unscored_by(s.rollouts), es.reward, s.episodes), es.examples,
+                       max_new_tokens=cfg.max_new_tokens, sampled=sampled)
+        out.update(set_metrics(es.name, a, es.reward))
+    if s.heldout:
+        out.update(evaluate_heldout(s, step))
+    return out
 
 
 def evaluate_heldout(s: Run, step: int) -> dict[str, float]:
-    """Held-out accuracy: greedy, and sampled at the rollout temperature."""
+    """Held-out accuracy: greedy, and sampled at the rollout temperature (``eval.samples``), scored
+    where the rollouts score (the rollout workers on Ray)."""
     cfg = s.cfg
-    prompts = s.rollout_prompts(s.heldout)
-    out: dict[str, float] = {}
-    modes = [(GREEDY_ACC, "eval/greedy_reward",
-              SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens))]
-    if cfg.eval.samples:
-        modes.append((SAMPLED_ACC, "eval/sampled_reward", SamplingParams(
-            n=cfg.eval.samples, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-            max_new_tokens=cfg.max_new_tokens, seed=step_seed(cfg.seed, step, 0, "eval"))))
-    failed = 0
-    for acc_key, reward_key, params in modes:
-        g = s.rollouts.generate(prompts, [e.answer for e in s.heldout], params,
-                                [e.reward_prompt for e in s.heldout])
-        r = g.scored.rewards
-        out.update(tool_call_metrics(g.batch, cfg.rollout.tool_parser,
-                                     "eval/" if acc_key == GREEDY_ACC else "eval/sampled_"))
-        out.update(agent_metrics(g.batch, "eval/" if acc_key == GREEDY_ACC else "eval/sampled_"))
-        finite = torch.isfinite(r)
-        failed += int((~finite).sum())
-        # accuracy: reward > 0.5 over every sample, a failed reward counting as not correct;
-        # the mean reward is over the scorable samples only (NaN when none is)
-        out[acc_key] = float(((r > 0.5) & finite).float().mean())
-        out[reward_key] = float(r[finite].mean()) if finite.any() else float("nan")
-    out[EVAL_FAILED] = float(failed)
-    if failed:
-        s.warn(f"step {step}: evaluation: {failed} held-out sample(s) whose reward failed "
+    sampled = SamplingParams.for_evaluation(cfg, cfg.eval.samples, step_seed(cfg.seed, step, 0, "eval")) \
+        if cfg.eval.samples else None
+    a = answer_set(scored_by(s.rollouts, s.episodes), s.heldout, max_new_tokens=cfg.max_new_tokens,
+                   sampled=sampled)
+    if a.failed:
+        s.warn(f"step {step}: evaluation: {a.failed} held-out sample(s) whose reward failed "
                f"(counted as not correct in the accuracy, left out of the mean reward)")
-    return out
+    return heldout_metrics(a, s.reward, cfg.rollout.tool_parser)
 
 
 def optimizer_note(cfg: RunConfig) -> str:

@@ -114,7 +114,7 @@ def greedy_baselines(side: RolloutSide, batch: RolloutBatch, scored: RewardResul
     function, the reward repeated over the group). Returns the batch and the seconds it took.
     """
     gen = side.generate(rollout_prompts(prompts, side.episodes), [e.answer for e in prompts],
-                        SamplingParams(n=1, temperature=0.0, max_new_tokens=side.max_new_tokens),
+                        SamplingParams.greedy(side.max_new_tokens),
                         [e.reward_prompt for e in prompts])
     r = gen.scored.rewards.to(torch.float32)  # [P]
     if gen.scored.num_errors:
