@@ -6,7 +6,6 @@ engine and the reward come from one recipe (recipe.py) shared with the Ray worke
 """
 from __future__ import annotations
 
-import copy
 from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +21,9 @@ from ..config import RunConfig
 from ..data.datasets import Example, PromptSource, load_examples, render_prompt, rollout_prompts, split_heldout
 from ..errors import RunError
 from ..models.loading import disable_transformers_progress, load_tokenizer
-from ..recipe import episode_runner, master_policy, reward_fn, rollout_engine, teacher_model, trainable
+from ..recipe import reward_fn
 from ..resolve import (check_async, check_builtin_task, check_device, check_engine, check_episode_template,
-                       check_group_size, check_teacher, check_tools, model_context, resolve)
+                       check_group_size, check_teacher, check_tools, resolve)
 from ..data import reasoning_gym as rg
 from ..data.reasoning_gym import is_reasoning_gym
 from .evaluation import EvalSet, eval_sets_of
@@ -32,9 +31,8 @@ from ..rollout.producer import Produced
 from ..records.trackers import check_trackers
 from ..rewards.functions import RewardFn
 from ..records.rng import seed_all
-from ..train.trainer import Trainer
 from ..workers.base import Rollouts, Trainers
-from ..workers.local import LocalRollouts, LocalTrainers
+from ..workers.start import start_workers
 
 
 @dataclass
@@ -245,28 +243,14 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
 
 
 def build(plan: Plan, run_dir: Path) -> Run:
-    """Load the model(s) of a planned run and start its engine(s) and trainer(s).
-
-    With ``distributed.trainers > 1``, rollout actors or a Ray address, the engines and the
-    trainer ranks are Ray actors (workers/ray.py); otherwise everything lives in this process
-    and Ray is never imported.
-    """
+    """Load the model(s) of a planned run and start its engine(s) and trainer(s), in this
+    process or on Ray actors (workers/start.py)."""
     cfg, algo, tok = plan.cfg, plan.algo, plan.tokenizer
     disable_transformers_progress()  # the bars would break the run's own progress display
     torch.set_num_threads(cfg.threads)
     seed_all(cfg.seed)
     fn = rldsl.compile(algo)
-    if cfg.distributed.uses_ray:
-        from ..workers.ray import start_ray_workers
-        rollouts, trainers = start_ray_workers(cfg, algo, fn, plan.model_path, tok.pad_token_id)
-    else:
-        policy = master_policy(cfg, plan.model_path, cfg.device)
-        engine_model = copy.deepcopy(policy)  # before LoRA: the engine samples from plain weights
-        policy, reference_off = trainable(cfg, policy, checkpointing=cfg.train.gradient_checkpointing)
-        trainer = Trainer.from_config(cfg, fn, policy, reference_off=reference_off, teacher=teacher_model(cfg))
-        rollouts = LocalRollouts(rollout_engine(cfg, plan.model_path, cfg.device, model=engine_model,
-                                                tokenizer=tok), plan.reward, episode_runner(cfg, plan.model_path))
-        trainers = LocalTrainers(trainer)
+    rollouts, trainers = start_workers(cfg, algo, fn, plan.model_path, tok, plan.reward)
     return Run(cfg, algo, fn, run_dir, tok, plan.source, plan.heldout, rollouts, trainers, plan.reward,
                notes=plan.notes, warnings=plan.warnings, eval_sets=plan.eval_sets)
 
