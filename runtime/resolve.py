@@ -27,7 +27,7 @@ from rldsl import lint
 from rldsl.inputs import INPUTS
 from rldsl import Algorithm
 
-from .config import RunConfig
+from .config import BUILTIN_TASKS, RunConfig
 from .rollout.episodes.env import load_env
 from .rollout.episodes.tools import load_tools
 from .errors import ConfigError, RunError
@@ -35,7 +35,7 @@ from .data.reasoning_gym import is_reasoning_gym
 from .rewards.functions import with_answer_format
 
 #: The tools data.task=calculator fills in (runtime/toy/calculator.py).
-CALCULATOR_TOOLS = "rldsl.runtime.toy.calculator:calculator"
+CALCULATOR_TOOLS = BUILTIN_TASKS["calculator"].tools
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).
 GROUP_OF_ONE_RULE = "group-of-one"
@@ -193,9 +193,9 @@ def check_episode_template(cfg: RunConfig, tokenizer: Any) -> None:
 def default_tools(cfg: RunConfig) -> str | None:
     """``rollout.tools``, else the calculator for data.task=calculator (without an environment of
     its own), else None."""
-    if cfg.rollout.tools is None and cfg.rollout.env is None and cfg.rollout.agent is None \
-            and cfg.data.path is None and cfg.data.task == "calculator":
-        return CALCULATOR_TOOLS
+    task = cfg.builtin_task
+    if cfg.rollout.tools is None and cfg.rollout.env is None and cfg.rollout.agent is None and task is not None:
+        return task.tools
     return cfg.rollout.tools
 
 
@@ -219,14 +219,15 @@ def check_builtin_task(cfg: RunConfig, tokenizer: Any) -> None:
 
 
 def default_reward(cfg: RunConfig) -> str:
-    """The task's own reward: ``addition`` (exactly the answer, then EOS) for the built-in tasks
-    (data.task ``addition`` and ``calculator``: the episode's final message), ``exact`` for a
-    data file; ``reasoning_gym`` for reasoning-gym data; ``env`` (the agent's return value) with
+    """The task's own reward: the built-in task's (``addition``: exactly the answer, then EOS;
+    for ``calculator`` the episode's final message), ``exact`` for a data file,
+    ``reasoning_gym`` for reasoning-gym data, ``env`` (the agent's return value) with
     ``rollout.agent``."""
     if cfg.rollout.agent is not None:
         return "env"
-    if cfg.data.path is None:
-        return "addition"
+    task = cfg.builtin_task
+    if task is not None:
+        return task.reward
     return "reasoning_gym" if is_reasoning_gym(cfg.data.path) else "exact"
 
 

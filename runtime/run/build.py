@@ -31,6 +31,7 @@ from ..rollout.producer import Produced
 from ..records.trackers import check_trackers
 from ..rewards.functions import RewardFn
 from ..records.rng import seed_all
+from ..toy.tasks import builtin_task, embedded_model
 from ..workers.base import Rollouts, Trainers
 from ..workers.start import start_workers
 
@@ -99,23 +100,8 @@ class Run:
 def model_folder(cfg: RunConfig) -> tuple[Path, str]:
     """(the policy's HF folder, a label for messages); the embedded toy model is warm-started
     on first use and read from its cache afterwards."""
-    if cfg.model.path is None and cfg.data.path is None and cfg.data.task == "calculator":
-        from ..toy.tool_model import tool_model_config
-        from ..toy.tool_warmup import tool_warm_start
-        if cfg.rollout.engine == "vllm":  # head dim 32, as the toy's vLLM variant
-            return (Path(tool_warm_start(model_config=tool_model_config(num_attention_heads=3), verbose=True)),
-                    "embedded tool-use model, head-dim-32 variant for vLLM (warm-started)")
-        return Path(tool_warm_start(verbose=True)), "embedded tool-use model (warm-started)"
-    if cfg.model.path is None and is_reasoning_gym(cfg.data.path):
-        from ..toy.basic_arithmetic import embedded_model
-        return (embedded_model(cfg.data.path, cfg.data.options, cfg.seed, cfg.reward.answer_format, verbose=True),
-                "embedded arithmetic model (warm-started)")
     if cfg.model.path is None:
-        from ..toy import vllm_variant_config, warm_start
-        if cfg.rollout.engine == "vllm":  # vLLM's CPU attention refuses the toy's head dim 24
-            return (Path(warm_start(model_config=vllm_variant_config(), verbose=True)),
-                    "embedded toy model, head-dim-32 variant for vLLM (warm-started)")
-        return Path(warm_start(verbose=True)), "embedded toy model (warm-started)"
+        return embedded_model(cfg)
     path = Path(cfg.model.path)
     if not path.exists():
         raise RunError(f"model folder not found: {path}")
@@ -174,13 +160,12 @@ def prompts_of(cfg: RunConfig, tokenizer: Any = None, warn: Callable[[str], None
     Data-file prompts are rendered for the model (``data.render_prompt``: chat template,
     system prompt) when a tokenizer is given. ``rows``: what :func:`examples_of` read already.
     """
-    if cfg.data.path is None:
-        from ..toy import AdditionTask
-        from ..toy.calculator import SumTask
-        task = SumTask() if cfg.data.task == "calculator" else AdditionTask()
+    task = builtin_task(cfg)
+    if task is not None:
+        prompts = task.prompts()
         size = 200 if cfg.data.eval_size is None else cfg.data.eval_size
-        held = task.heldout_examples()[:size] if size else []
-        return task.prompt_source(cfg.seed), held
+        held = prompts.heldout_examples()[:size] if size else []
+        return prompts.prompt_source(cfg.seed), held
     rows = rows if rows is not None else examples_of(cfg, warn)
     generated = rows if isinstance(rows, rg.GeneratedData) else None
     train, held = (generated.train, generated.heldout) if generated is not None else rows  # type: ignore[misc]

@@ -190,3 +190,24 @@ def test_assignment_is_validated():
         cfg.train.lr = "fast"
     with pytest.raises(ValidationError):
         RunConfig(train={"lr": 1e-4, "bogus": 1})
+
+
+def test_built_in_tasks_are_one_table():
+    """Each built-in task is a row of config.BUILTIN_TASKS (what it fills in) and of toy/tasks.TASKS
+    (its prompts and model); data.task accepts exactly those names and no module tests a task's name."""
+    import re
+    from pathlib import Path
+
+    from rldsl.runtime.config import BUILTIN_TASKS, DataConfig
+    from rldsl.runtime.toy.tasks import TASKS
+
+    assert set(TASKS) == set(BUILTIN_TASKS) == {"addition", "calculator"}
+    assert set(DataConfig.model_fields["task"].annotation.__args__) == set(BUILTIN_TASKS)
+    calc = load_config(None, ["data.task=calculator"])
+    assert calc.max_new_tokens == BUILTIN_TASKS["calculator"].max_new_tokens
+    assert load_config(None, ["data.path=x.jsonl"]).builtin_task is None
+    runtime = Path(__file__).resolve().parents[2] / "runtime"
+    branches = [f"{p.relative_to(runtime)}:{n}" for p in runtime.rglob("*.py")
+                for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+                if re.search(r"task\s*[!=]=\s*['\"]|['\"]\s*[!=]=\s*\S*task\b", line)]
+    assert branches == []
