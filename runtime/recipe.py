@@ -82,7 +82,10 @@ def rollout_engine(cfg: RunConfig, path: Path | str, device: str, *, model: nn.M
 
 
 def reward_fn(cfg: RunConfig) -> RewardFn:
-    """The run's reward (``reward.name``, resolved to the task's own when null)."""
+    """The run's reward, ``reward.name`` (settled by ``resolve.settle_reward`` when the task's own),
+    with ``reward.answer_format`` given to its ``reasoning_gym`` terms."""
+    if cfg.reward.name is None:
+        raise ValueError("reward.name is unset: settle_reward(cfg) fills in the task's own first")
     return RewardFn(reward_spec(cfg), on_error=cfg.reward.on_error, workers=cfg.reward.workers)
 
 

@@ -218,6 +218,21 @@ def check_builtin_task(cfg: RunConfig, tokenizer: Any) -> None:
                       f"task anyway")
 
 
+def settle_reward(cfg: RunConfig) -> tuple[RunConfig, str]:
+    """(the config with ``reward.name`` filled in -- the task's own reward when it is null --, the
+    run-start line naming it): the default reward resolved once, before the reward is built."""
+    if cfg.reward.name is not None:
+        return cfg, f"reward: {reward_spec(cfg)}"
+    if cfg.rollout.agent is not None:
+        task = "an agent: its return value"
+    elif cfg.data.path is None:
+        task = f"the built-in {cfg.data.task} task"
+    else:
+        task = "reasoning-gym data" if is_reasoning_gym(cfg.data.path) else "a data file"
+    settled = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"name": default_reward(cfg)})})
+    return settled, f"reward: {reward_spec(settled)} (the default for {task}; choose one with --reward)"
+
+
 def default_reward(cfg: RunConfig) -> str:
     """The task's own reward: the built-in task's (``addition``: exactly the answer, then EOS;
     for ``calculator`` the episode's final message), ``exact`` for a data file,
@@ -296,29 +311,23 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
             model_label: str | None = None) -> tuple[RunConfig, list[str]]:
     """(the config that runs, frozen; the notes to print at the start of the run).
 
-    Fills in what the config leaves to the task -- ``reward.name`` (``default_reward``) and
-    ``rollout.max_new_tokens`` (``RunConfig.max_new_tokens``) -- and clips ``max_new_tokens``
+    Fills in what the config leaves to the task -- ``reward.name`` (:func:`settle_reward`, unless
+    settled already), ``rollout.max_new_tokens`` (``RunConfig.max_new_tokens``) and the tools --
+    and clips ``max_new_tokens``
     to the context of the model at ``model_path`` (its config.json; ``prompts`` are the
     rendered prompts, tokenized with ``tokenizer``). Call it before ``config.json`` is written:
     the saved config is then what ran, and resuming from it changes nothing.
     """
     notes: list[str] = []
-    reward = reward_spec(cfg)
-    if cfg.reward.name is None:
-        task = ("reasoning-gym data" if is_reasoning_gym(cfg.data.path) else "a data file"
-                if cfg.data.path is not None else f"the built-in {cfg.data.task} task")
-        if cfg.rollout.agent is not None:
-            task = "an agent: its return value"
-        notes.append(f"reward: {reward} (the default for {task}; choose one with --reward)")
-    else:
-        notes.append(f"reward: {reward}")
+    if cfg.reward.name is None:  # plan_run settles it before building the reward; a direct call here
+        cfg, note = settle_reward(cfg)
+        notes.append(note)
     longest = max((len(ids) for ids in tokenizer(prompts)["input_ids"]), default=0)
     max_new, clipped = fit_context(cfg.max_new_tokens, model_context(model_path), longest,
                                    model_label or str(model_path))
     if clipped:
         notes.append(clipped)
     resolved = cfg.model_copy(update={
-        "reward": cfg.reward.model_copy(update={"name": reward}),
         "rollout": cfg.rollout.model_copy(update={"max_new_tokens": max_new, "tools": default_tools(cfg)})})
     resolved = RunConfig.model_validate(resolved.model_dump())  # the copies above skip validation
     micro = microbatch_note(resolved, longest)

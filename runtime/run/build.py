@@ -23,7 +23,7 @@ from ..errors import RunError
 from ..models.loading import disable_transformers_progress, load_tokenizer
 from ..recipe import reward_fn
 from ..resolve import (check_async, check_builtin_task, check_device, check_engine, check_episode_template,
-                       check_group_size, check_teacher, check_tools, resolve)
+                       check_group_size, check_teacher, check_tools, resolve, settle_reward)
 from ..data import reasoning_gym as rg
 from ..data.reasoning_gym import is_reasoning_gym
 from .evaluation import EvalSet, eval_sets_of
@@ -209,6 +209,7 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     check_trackers(cfg.log.report_to)  # log.report_to names installed trackers
     if is_reasoning_gym(cfg.data.path):
         rg.check_config(cfg)
+    cfg, reward_note = settle_reward(cfg)  # the task's own reward when none is named: decided once, here
     reward = reward_fn(cfg)  # an unknown name or a module that does not import fails here
     rg.check_reward(reward)  # reasoning_gym(answer_format=...) names a known format
     check_tools(cfg)
@@ -224,7 +225,7 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     resolved, more = resolve(cfg, path, tok, [e.prompt for e in source.examples + held]
                              + [e.prompt for s in eval_sets for e in s.examples], label)
     warnings = check_group_size(algo, resolved)
-    return Plan(resolved, algo, path, tok, source, held, reward, notes + more, warnings, eval_sets)
+    return Plan(resolved, algo, path, tok, source, held, reward, notes + [reward_note] + more, warnings, eval_sets)
 
 
 def build(plan: Plan, run_dir: Path) -> Run:
