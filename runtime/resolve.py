@@ -199,25 +199,6 @@ def default_tools(cfg: RunConfig) -> str | None:
     return cfg.rollout.tools
 
 
-def check_builtin_task(cfg: RunConfig, tokenizer: Any) -> None:
-    """A user's model (``model.path``) with no ``data.path`` would train on the built-in task
-    (``data.task``: the embedded model's toy arithmetic, written in its character vocabulary):
-    refused with a ConfigError naming data.path, unless ``data.task`` is set explicitly or the model
-    has the embedded model's tokenizer (a copy of the toy, as the tests' models are)."""
-    if cfg.model.path is None or cfg.data.path is not None or "task" in cfg.data.model_fields_set:
-        return
-    if cfg.data.task == "calculator":
-        from .toy.tool_model import build_tool_tokenizer as builtin
-    else:
-        from .toy.model import build_tokenizer as builtin
-    if tokenizer.get_vocab() == builtin().get_vocab():
-        return
-    raise ConfigError(f"data.path is not set: the model {cfg.model.path} would train on the built-in "
-                      f"'{cfg.data.task}' task, the embedded toy model's arithmetic. Give your prompts with "
-                      f"--data FILE (data.path), or --set data.task={cfg.data.task} to train on the built-in "
-                      f"task anyway")
-
-
 def settle_reward(cfg: RunConfig) -> tuple[RunConfig, str]:
     """(the config with ``reward.name`` filled in -- the task's own reward when it is null --, the
     run-start line naming it): the default reward resolved once, before the reward is built."""

@@ -22,8 +22,8 @@ from ..data.datasets import Example, PromptSource, load_examples, render_prompt,
 from ..errors import RunError
 from ..models.loading import disable_transformers_progress, load_tokenizer
 from ..recipe import reward_fn
-from ..resolve import (check_async, check_builtin_task, check_device, check_engine, check_episode_template,
-                       check_group_size, check_teacher, check_tools, resolve, settle_reward)
+from ..resolve import (check_async, check_device, check_engine, check_episode_template, check_group_size,
+                       check_teacher, check_tools, resolve, settle_reward)
 from ..data import reasoning_gym as rg
 from ..data.reasoning_gym import is_reasoning_gym
 from .evaluation import EvalSet, eval_sets_of
@@ -31,7 +31,7 @@ from ..rollout.producer import Produced
 from ..records.trackers import check_trackers
 from ..rewards.functions import RewardFn
 from ..records.rng import seed_all
-from ..toy.tasks import builtin_task, embedded_model
+from ..toy.tasks import builtin_task, check_builtin_task, embedded_model
 from ..workers.base import Rollouts, Trainers
 from ..workers.start import start_workers
 

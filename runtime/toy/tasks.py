@@ -7,36 +7,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable
 
 from ..config import BUILTIN_TASKS, DataConfig, RunConfig
-from ..data.datasets import Example, PromptSource
 from ..data.reasoning_gym import is_reasoning_gym
+from ..errors import ConfigError
 from .basic_arithmetic import embedded_model as arithmetic_model
 from .calculator import SumTask
-from .model import vllm_variant_config
+from .model import build_tokenizer, vllm_variant_config
 from .task import AdditionTask
-from .tool_model import tool_model_config
+from .tool_model import build_tool_tokenizer, tool_model_config
 from .tool_warmup import tool_warm_start
 from .warmup import warm_start
-
-
-class TaskPrompts(Protocol):
-    """A built-in task's prompts: a fixed held-out split, and a training source seeded per run."""
-
-    def heldout_examples(self) -> list[Example]: ...
-
-    def prompt_source(self, seed: int) -> PromptSource: ...
 
 
 @dataclass(frozen=True)
 class BuiltinTask:
     """``prompts()``: the task; ``model(vllm)``: (the warm-started model folder, a label),
-    the head-dim-32 variant when ``vllm`` (vLLM's CPU attention refuses head dim 24)."""
+    the head-dim-32 variant when ``vllm`` (vLLM's CPU attention refuses head dim 24);
+    ``tokenizer()``: the embedded model's tokenizer (the task's prompts are written in its vocabulary)."""
 
     name: str
-    prompts: Callable[[], TaskPrompts]
+    prompts: Callable[[], AdditionTask | SumTask]  # heldout_examples(), prompt_source(seed)
     model: Callable[[bool], tuple[Path, str]]
+    tokenizer: Callable[[], Any]
 
 
 def _toy_model(vllm: bool) -> tuple[Path, str]:
@@ -54,8 +48,8 @@ def _tool_model(vllm: bool) -> tuple[Path, str]:
 
 
 TASKS: dict[str, BuiltinTask] = {t.name: t for t in (
-    BuiltinTask("addition", AdditionTask, _toy_model),
-    BuiltinTask("calculator", SumTask, _tool_model),
+    BuiltinTask("addition", AdditionTask, _toy_model, build_tokenizer),
+    BuiltinTask("calculator", SumTask, _tool_model, build_tool_tokenizer),
 )}
 assert set(TASKS) == set(BUILTIN_TASKS), "a built-in task needs a row in both tables"
 
@@ -74,3 +68,19 @@ def embedded_model(cfg: RunConfig) -> tuple[Path, str]:
                 "embedded arithmetic model (warm-started)")
     task = builtin_task(cfg) or TASKS[DataConfig().task]
     return task.model(cfg.rollout.engine == "vllm")
+
+
+def check_builtin_task(cfg: RunConfig, tokenizer: Any) -> None:
+    """A user's model (``model.path``) with no ``data.path`` would train on the built-in task
+    (``data.task``: the embedded model's toy arithmetic, written in its character vocabulary):
+    refused with a ConfigError naming data.path, unless ``data.task`` is set explicitly or the model
+    has the embedded model's tokenizer (a copy of the toy, as the tests' models are)."""
+    task = builtin_task(cfg)
+    if cfg.model.path is None or task is None or "task" in cfg.data.model_fields_set:
+        return
+    if tokenizer.get_vocab() == task.tokenizer().get_vocab():
+        return
+    raise ConfigError(f"data.path is not set: the model {cfg.model.path} would train on the built-in "
+                      f"'{cfg.data.task}' task, the embedded toy model's arithmetic. Give your prompts with "
+                      f"--data FILE (data.path), or --set data.task={cfg.data.task} to train on the built-in "
+                      f"task anyway")
