@@ -211,3 +211,15 @@ def test_built_in_tasks_are_one_table():
                 for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
                 if re.search(r"task\s*[!=]=\s*['\"]|['\"]\s*[!=]=\s*\S*task\b", line)]
     assert branches == []
+
+
+def test_sampling_parameters_come_from_the_config_in_one_place():
+    from rldsl.runtime.rollout.engines.base import SamplingParams
+
+    cfg = load_config(None, ["rollout.n=3", "rollout.temperature=0.7", "rollout.top_p=0.9",
+                             "rollout.max_new_tokens=6", "rollout.min_new_tokens=9"])
+    assert SamplingParams.for_rollout(cfg, seed=5) == SamplingParams(
+        n=3, temperature=0.7, top_p=0.9, max_new_tokens=6, seed=5, min_new_tokens=6)  # within the budget
+    assert SamplingParams.for_evaluation(cfg, 4, seed=1) == SamplingParams(
+        n=4, temperature=0.7, top_p=0.9, max_new_tokens=6, seed=1)
+    assert SamplingParams.greedy(6) == SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
