@@ -28,6 +28,7 @@ from rldsl.inputs import INPUTS
 from rldsl import Algorithm
 
 from .config import BUILTIN_TASKS, RunConfig
+from .models.loading import model_context
 from .rollout.episodes.env import load_env
 from .rollout.episodes.tools import load_tools
 from .errors import ConfigError, RunError
@@ -234,23 +235,7 @@ def reward_spec(cfg: RunConfig) -> str:
 
 
 # ----------------------------------------------------------------------------- the model's context
-
-def model_context(path: Path) -> int | None:
-    """The number of positions the model at ``path`` can attend over (``max_position_embeddings``,
-    GPT-2's ``n_positions``), or None when its config names none. Reads config.json only."""
-    from transformers import AutoConfig
-    try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise RunError(f"could not read the model's config.json in {path}: {e}") from None
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
+# (model_context: models/loading.py, which reads a model folder)
 
 def fit_context(max_new_tokens: int, context: int | None, longest_prompt: int,
                 model: str) -> tuple[int, str | None]:

@@ -315,8 +315,7 @@ OVER_THE_LIMIT = {
     "rldsl.runtime.run.loop": 18,
     "rldsl.runtime.run.build": 15,
     "rldsl.runtime.workers.ray": 14,
-    "rldsl.runtime.run.evaluation": 12,
-    "rldsl.runtime.recipe": 10,
+    "rldsl.runtime.run.eval_command": 11,  # rldsl eval's body: a checkpoint, an engine, episodes
     "rldsl.runtime.train.trainer": 9,
     "rldsl.runtime.workers.fsdp": 9,
     "rldsl.runtime.workers.local": 9,

@@ -70,7 +70,7 @@ def rollout_step(s: Run, step: int) -> StepRollout:
     gradient; a pure policy-gradient loss then skips its optimizer step).
     """
     cfg = s.cfg
-    P, G = cfg.rollout.prompts_per_step, cfg.rollout.n
+    P = cfg.rollout.prompts_per_step
     rounds = s.fn.data.dynamic_rounds
     kept: list[StepRollout] = []
     last: StepRollout | None = None

@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from multiprocessing import connection
-from typing import Any, Callable
+from typing import Callable
 
 from transformers.utils import get_json_schema
 
