@@ -36,7 +36,6 @@ from ..rollout.engines.base import SamplingParams
 from ..errors import RewardError, RunError, WorkerError
 from ..rollout.tool_metrics import tool_call_metrics
 from ..rollout.agents.runner import agent_metrics
-from ..rollout.episodes.tools import SHARED_RUNNER
 from ..records.metrics import throughput
 from ..records.metrics import (ACCURACY, LR, PRODUCER_WAIT, RESPONSE_LENGTH, REWARD, REWARD_ERRORS,
                                REWARD_TERM_MEAN, REWARD_TERM_STD,
@@ -521,8 +520,6 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
         save_parent_specs(run_dir, algo.parent_sources)
         start, notes = 0, []
     cfg = plan.cfg
-    if cfg.rollout.tools is not None or cfg.rollout.env is not None:
-        SHARED_RUNNER.hide(run_dir)  # the tools of this process's episodes never see the run's files
     s = build(plan, run_dir)
     producer: RolloutProducer[StepRollout] | None = None
     failed = True
