@@ -29,6 +29,8 @@ from rldsl import Algorithm
 
 from .config import BUILTIN_TASKS, RunConfig
 from .models.loading import model_context
+from .models.loading import load_tokenizer
+from .rollout.agents.runner import load_agent
 from .rollout.episodes.env import load_env
 from .rollout.episodes.tools import load_tools
 from .errors import ConfigError, RunError
@@ -113,7 +115,6 @@ def check_teacher(algo: Algorithm, cfg: RunConfig, student: Path, tokenizer: Any
         raise ConfigError(f"teacher.path={path} has a vocabulary of {t_v} tokens and the policy "
                           f"{s_v}: a teacher scores the policy's token ids, so both need one vocabulary")
     if any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        from .models.loading import load_tokenizer
         t_tok = load_tokenizer(folder)
         if t_tok.get_vocab() != tokenizer.get_vocab():
             diff = sorted(set(t_tok.get_vocab().items()) ^ set(tokenizer.get_vocab().items()))[:3]
@@ -176,8 +177,6 @@ def check_tools(cfg: RunConfig) -> None:
         if cfg.rollout.tools is not None or cfg.rollout.env is not None:
             raise ConfigError("rollout.agent excludes rollout.tools and rollout.env: the agent program "
                               "runs its own tools and environment, calling the policy's endpoint")
-        from .rollout.agents.runner import load_agent
-
         load_agent(cfg.rollout.agent)
 
 
