@@ -1,4 +1,5 @@
-"""``RolloutBatch``: what the engines return and the trainer consumes, and its operations.
+"""``RolloutBatch``: what the engines return and the trainer consumes, and its operations;
+``StepRollout``: one training step's batch with its rewards, from generation to the optimizer.
 
 Shapes: P prompts x G samples per prompt, B = P*G rows, groups contiguous
 (rows g*G .. g*G+G-1 answer prompt g). Tp = prompt length (left padded),
@@ -143,6 +144,35 @@ class RolloutBatch:
             reward_terms={k: torch.cat([b.reward_terms[k] for b in batches]) for k in batches[0].reward_terms
                           if all(k in b.reward_terms for b in batches)},
         )
+
+
+@dataclass
+class StepRollout:
+    """The rollout batch of one training step, the one record that carries it from generation
+    through the asynchronous producer's queue and scoring to the trainer (run/loop.py).
+
+    step            the training step (0-based) it is for
+    batch           B = P*G rows, groups contiguous
+    prompt_ids      P ids of the prompts in their source (the pass-rate cap retires them)
+    reward_prompts  P texts the reward reads for each prompt (``Example.reward_prompt``)
+    rewards         [B] each row's reward, NaN where it failed; None until scored
+    metrics         the rollout's own metrics: ``time/rollout_s``, ``time/reward_s``,
+                    ``sampling_rounds``, ``reward_errors``, ...
+    """
+
+    step: int
+    batch: RolloutBatch
+    prompt_ids: list[int]
+    reward_prompts: list[str]
+    rewards: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def scored(self) -> torch.Tensor:
+        """[B] the rewards, which must be there (an error names the step's missing stage)."""
+        if self.rewards is None:
+            raise ValueError("this rollout is not scored yet")
+        return self.rewards
 
 
 def _per_row(name: str) -> bool:

@@ -346,7 +346,7 @@ def eval_command(
     """Evaluate a checkpoint or a model on data sets without training: greedy accuracy, pass@1 and
     pass@k (unbiased), mean reward, length and truncation rate per set. A run with tools or an
     environment is evaluated as it trained: in multi-turn episodes (its rollout.* settings)."""
-    from .run.evaluation import evaluate_target
+    from .run.eval_command import evaluate_target
 
     evaluate_target(target, data, reward, n, temperature, top_p, max_new_tokens, step, seed, out, tools, env)
 

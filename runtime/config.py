@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
 from typing import Any, Iterable, Literal, Mapping, Sequence, Union, get_args, get_origin
@@ -48,6 +49,8 @@ __all__ = [
     "TOY_MAX_NEW_TOKENS",
     "DATA_MAX_NEW_TOKENS",
     "CALCULATOR_MAX_NEW_TOKENS",
+    "TaskDefaults",
+    "BUILTIN_TASKS",
     "config_keys",
     "config_reference",
     "load_config",
@@ -56,6 +59,27 @@ __all__ = [
 TOY_MAX_NEW_TOKENS = 4
 DATA_MAX_NEW_TOKENS = 1024
 CALCULATOR_MAX_NEW_TOKENS = 24  # per turn of the tool-use demo: a Hermes call is 6 tokens + the expression
+
+
+@dataclass(frozen=True)
+class TaskDefaults:
+    """What a built-in task (``data.task``, when ``data.path`` is null) fills into a config:
+    its ``max_new_tokens``, its reward and its tools. Its prompts and its embedded model are
+    runtime/toy/tasks.py's row of the same name."""
+
+    name: str
+    max_new_tokens: int
+    reward: str
+    tools: str | None = None
+
+
+#: The built-in tasks, one row each (a new task: a row here and one in runtime/toy/tasks.py)
+BUILTIN_TASKS: dict[str, TaskDefaults] = {t.name: t for t in (
+    TaskDefaults("addition", TOY_MAX_NEW_TOKENS, reward="addition"),
+    # the episode's final message, scored as the addition task's
+    TaskDefaults("calculator", CALCULATOR_MAX_NEW_TOKENS, reward="addition",
+                 tools="rldsl.runtime.toy.calculator:calculator"),
+)}
 #: Optimizer defaults of a run on a user's model (``model.path`` set) where the run does not
 #: set them: TRL's ``learning_rate`` and verl's actor ``optim.lr`` (1e-6), torch/TRL/verl
 #: AdamW betas. The field defaults (lr 3e-4, betas 0.9/0.99) are tuned for the toy only.
@@ -195,7 +219,7 @@ class DataConfig(_Section):
         description="Number of held-out prompts used for evaluation; null = automatic: "
                     "200 for the built-in task, one tenth of a data file's rows (at most "
                     "200; none below 10 rows).")
-    task: Literal["addition", "calculator"] = Field(
+    task: Literal[tuple(BUILTIN_TASKS)] = Field(  # type: ignore[valid-type]
         default="addition",
         description="The built-in task when path is null: 'addition' (2-digit a+b=, the "
                     "embedded toy model) or 'calculator' (a+b+c= of 2-digit numbers with a "
@@ -654,9 +678,13 @@ class RunConfig(_Section):
         """``rollout.max_new_tokens``, or the task's default when it is null."""
         if self.rollout.max_new_tokens is not None:
             return self.rollout.max_new_tokens
-        if self.data.path is None and self.data.task == "calculator":
-            return CALCULATOR_MAX_NEW_TOKENS
-        return TOY_MAX_NEW_TOKENS if self.data.path is None else DATA_MAX_NEW_TOKENS
+        task = self.builtin_task
+        return DATA_MAX_NEW_TOKENS if task is None else task.max_new_tokens
+
+    @property
+    def builtin_task(self) -> TaskDefaults | None:
+        """The built-in task's row (``data.task``), None with a data file."""
+        return BUILTIN_TASKS[self.data.task] if self.data.path is None else None
 
 
 # ----------------------------------------------------------------------------- keys

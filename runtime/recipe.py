@@ -16,12 +16,12 @@ from torch import nn
 from .config import RunConfig
 from .rollout.engines.base import RolloutEngine
 from .models.lora import adapters_disabled, apply_lora
-from .models.loading import enable_gradient_checkpointing, load_policy, load_tokenizer, master_dtype
+from .models.loading import enable_gradient_checkpointing, load_policy, load_tokenizer, master_dtype, model_context
 from .rewards.functions import RewardFn
-from .resolve import model_context, reward_spec
-from .rollout.episodes.env import load_env
+from .resolve import reward_spec
+from .rollout.agents.runner import AgentRunner, load_agent, served_name
 from .rollout.episodes.rollout import EpisodeRunner
-from .rollout.episodes.tools import SHARED_RUNNER, load_tools
+from .rollout.episodes.tools import SHARED_RUNNER
 
 
 def with_lora(cfg: RunConfig, policy: nn.Module) -> tuple[nn.Module, Any]:
@@ -82,7 +82,10 @@ def rollout_engine(cfg: RunConfig, path: Path | str, device: str, *, model: nn.M
 
 
 def reward_fn(cfg: RunConfig) -> RewardFn:
-    """The run's reward (``reward.name``, resolved to the task's own when null)."""
+    """The run's reward, ``reward.name`` (settled by ``resolve.settle_reward`` when the task's own),
+    with ``reward.answer_format`` given to its ``reasoning_gym`` terms."""
+    if cfg.reward.name is None:
+        raise ValueError("reward.name is unset: settle_reward(cfg) fills in the task's own first")
     return RewardFn(reward_spec(cfg), on_error=cfg.reward.on_error, workers=cfg.reward.workers)
 
 
@@ -92,8 +95,6 @@ def episode_runner(cfg: RunConfig, model_path: str | Path) -> Any:
     completions). Both have ``run(engine, prompts, answers, params) -> RolloutBatch``."""
     r = cfg.rollout
     if r.agent is not None:
-        from .rollout.agents.runner import AgentRunner, load_agent, served_name
-
         return AgentRunner(load_agent(r.agent), model_name=served_name(model_path), max_calls=r.max_turns,
                            max_parallel=r.agent_max_parallel_calls, timeout_s=r.agent_timeout_s,
                            concurrency=r.agent_concurrency, context=model_context(Path(model_path)),
@@ -102,8 +103,4 @@ def episode_runner(cfg: RunConfig, model_path: str | Path) -> Any:
     if r.tools is None and r.env is None:
         return None
     SHARED_RUNNER.resize(r.tool_workers)  # this process's tool pool
-    return EpisodeRunner(load_tools(r.tools) if r.tools else [], parser=r.tool_parser, max_turns=r.max_turns,
-                         max_tool_calls=r.max_tool_calls, timeout_s=r.tool_timeout_s,
-                         max_output_chars=r.tool_max_output_chars, context=model_context(Path(model_path)),
-                         env_class=load_env(r.env) if r.env else None, system_prompt=cfg.data.system_prompt,
-                         chat_template_kwargs=cfg.data.chat_template_kwargs)
+    return EpisodeRunner.from_config(cfg, context=model_context(Path(model_path)))

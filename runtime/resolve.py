@@ -27,7 +27,10 @@ from rldsl import lint
 from rldsl.inputs import INPUTS
 from rldsl import Algorithm
 
-from .config import RunConfig
+from .config import BUILTIN_TASKS, RunConfig
+from .models.loading import model_context
+from .models.loading import load_tokenizer
+from .rollout.agents.runner import load_agent
 from .rollout.episodes.env import load_env
 from .rollout.episodes.tools import load_tools
 from .errors import ConfigError, RunError
@@ -35,7 +38,7 @@ from .data.reasoning_gym import is_reasoning_gym
 from .rewards.functions import with_answer_format
 
 #: The tools data.task=calculator fills in (runtime/toy/calculator.py).
-CALCULATOR_TOOLS = "rldsl.runtime.toy.calculator:calculator"
+CALCULATOR_TOOLS = BUILTIN_TASKS["calculator"].tools
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).
 GROUP_OF_ONE_RULE = "group-of-one"
@@ -112,7 +115,6 @@ def check_teacher(algo: Algorithm, cfg: RunConfig, student: Path, tokenizer: Any
         raise ConfigError(f"teacher.path={path} has a vocabulary of {t_v} tokens and the policy "
                           f"{s_v}: a teacher scores the policy's token ids, so both need one vocabulary")
     if any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        from .models.loading import load_tokenizer
         t_tok = load_tokenizer(folder)
         if t_tok.get_vocab() != tokenizer.get_vocab():
             diff = sorted(set(t_tok.get_vocab().items()) ^ set(tokenizer.get_vocab().items()))[:3]
@@ -175,8 +177,6 @@ def check_tools(cfg: RunConfig) -> None:
         if cfg.rollout.tools is not None or cfg.rollout.env is not None:
             raise ConfigError("rollout.agent excludes rollout.tools and rollout.env: the agent program "
                               "runs its own tools and environment, calling the policy's endpoint")
-        from .rollout.agents.runner import load_agent
-
         load_agent(cfg.rollout.agent)
 
 
@@ -193,40 +193,37 @@ def check_episode_template(cfg: RunConfig, tokenizer: Any) -> None:
 def default_tools(cfg: RunConfig) -> str | None:
     """``rollout.tools``, else the calculator for data.task=calculator (without an environment of
     its own), else None."""
-    if cfg.rollout.tools is None and cfg.rollout.env is None and cfg.rollout.agent is None \
-            and cfg.data.path is None and cfg.data.task == "calculator":
-        return CALCULATOR_TOOLS
+    task = cfg.builtin_task
+    if cfg.rollout.tools is None and cfg.rollout.env is None and cfg.rollout.agent is None and task is not None:
+        return task.tools
     return cfg.rollout.tools
 
 
-def check_builtin_task(cfg: RunConfig, tokenizer: Any) -> None:
-    """A user's model (``model.path``) with no ``data.path`` would train on the built-in task
-    (``data.task``: the embedded model's toy arithmetic, written in its character vocabulary):
-    refused with a ConfigError naming data.path, unless ``data.task`` is set explicitly or the model
-    has the embedded model's tokenizer (a copy of the toy, as the tests' models are)."""
-    if cfg.model.path is None or cfg.data.path is not None or "task" in cfg.data.model_fields_set:
-        return
-    if cfg.data.task == "calculator":
-        from .toy.tool_model import build_tool_tokenizer as builtin
+def settle_reward(cfg: RunConfig) -> tuple[RunConfig, str]:
+    """(the config with ``reward.name`` filled in -- the task's own reward when it is null --, the
+    run-start line naming it): the default reward resolved once, before the reward is built."""
+    if cfg.reward.name is not None:
+        return cfg, f"reward: {reward_spec(cfg)}"
+    if cfg.rollout.agent is not None:
+        task = "an agent: its return value"
+    elif cfg.data.path is None:
+        task = f"the built-in {cfg.data.task} task"
     else:
-        from .toy.model import build_tokenizer as builtin
-    if tokenizer.get_vocab() == builtin().get_vocab():
-        return
-    raise ConfigError(f"data.path is not set: the model {cfg.model.path} would train on the built-in "
-                      f"'{cfg.data.task}' task, the embedded toy model's arithmetic. Give your prompts with "
-                      f"--data FILE (data.path), or --set data.task={cfg.data.task} to train on the built-in "
-                      f"task anyway")
+        task = "reasoning-gym data" if is_reasoning_gym(cfg.data.path) else "a data file"
+    settled = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"name": default_reward(cfg)})})
+    return settled, f"reward: {reward_spec(settled)} (the default for {task}; choose one with --reward)"
 
 
 def default_reward(cfg: RunConfig) -> str:
-    """The task's own reward: ``addition`` (exactly the answer, then EOS) for the built-in tasks
-    (data.task ``addition`` and ``calculator``: the episode's final message), ``exact`` for a
-    data file; ``reasoning_gym`` for reasoning-gym data; ``env`` (the agent's return value) with
+    """The task's own reward: the built-in task's (``addition``: exactly the answer, then EOS;
+    for ``calculator`` the episode's final message), ``exact`` for a data file,
+    ``reasoning_gym`` for reasoning-gym data, ``env`` (the agent's return value) with
     ``rollout.agent``."""
     if cfg.rollout.agent is not None:
         return "env"
-    if cfg.data.path is None:
-        return "addition"
+    task = cfg.builtin_task
+    if task is not None:
+        return task.reward
     return "reasoning_gym" if is_reasoning_gym(cfg.data.path) else "exact"
 
 
@@ -237,23 +234,7 @@ def reward_spec(cfg: RunConfig) -> str:
 
 
 # ----------------------------------------------------------------------------- the model's context
-
-def model_context(path: Path) -> int | None:
-    """The number of positions the model at ``path`` can attend over (``max_position_embeddings``,
-    GPT-2's ``n_positions``), or None when its config names none. Reads config.json only."""
-    from transformers import AutoConfig
-    try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise RunError(f"could not read the model's config.json in {path}: {e}") from None
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
+# (model_context: models/loading.py, which reads a model folder)
 
 def fit_context(max_new_tokens: int, context: int | None, longest_prompt: int,
                 model: str) -> tuple[int, str | None]:
@@ -295,29 +276,23 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
             model_label: str | None = None) -> tuple[RunConfig, list[str]]:
     """(the config that runs, frozen; the notes to print at the start of the run).
 
-    Fills in what the config leaves to the task -- ``reward.name`` (``default_reward``) and
-    ``rollout.max_new_tokens`` (``RunConfig.max_new_tokens``) -- and clips ``max_new_tokens``
+    Fills in what the config leaves to the task -- ``reward.name`` (:func:`settle_reward`, unless
+    settled already), ``rollout.max_new_tokens`` (``RunConfig.max_new_tokens``) and the tools --
+    and clips ``max_new_tokens``
     to the context of the model at ``model_path`` (its config.json; ``prompts`` are the
     rendered prompts, tokenized with ``tokenizer``). Call it before ``config.json`` is written:
     the saved config is then what ran, and resuming from it changes nothing.
     """
     notes: list[str] = []
-    reward = reward_spec(cfg)
-    if cfg.reward.name is None:
-        task = ("reasoning-gym data" if is_reasoning_gym(cfg.data.path) else "a data file"
-                if cfg.data.path is not None else f"the built-in {cfg.data.task} task")
-        if cfg.rollout.agent is not None:
-            task = "an agent: its return value"
-        notes.append(f"reward: {reward} (the default for {task}; choose one with --reward)")
-    else:
-        notes.append(f"reward: {reward}")
+    if cfg.reward.name is None:  # plan_run settles it before building the reward; a direct call here
+        cfg, note = settle_reward(cfg)
+        notes.append(note)
     longest = max((len(ids) for ids in tokenizer(prompts)["input_ids"]), default=0)
     max_new, clipped = fit_context(cfg.max_new_tokens, model_context(model_path), longest,
                                    model_label or str(model_path))
     if clipped:
         notes.append(clipped)
     resolved = cfg.model_copy(update={
-        "reward": cfg.reward.model_copy(update={"name": reward}),
         "rollout": cfg.rollout.model_copy(update={"max_new_tokens": max_new, "tools": default_tools(cfg)})})
     resolved = RunConfig.model_validate(resolved.model_dump())  # the copies above skip validation
     micro = microbatch_note(resolved, longest)

@@ -213,6 +213,10 @@ def report() -> str:
     lang = language_imports_of_runtime()
     lines.append(f"language -> runtime imports: {len(lang)}")
     lines += ["  " + p for p in lang]
+    counts = sorted(((len(t), m) for m, t in runtime_imports().items()), reverse=True)
+    lines.append(f"runtime top-level files: {len(list(RUNTIME[1].glob('*.py')))}; "
+                 f"room-level cycles: {len(cycles(room_edges()))}; most runtime imports: "
+                 + ", ".join(f"{m.removeprefix('rldsl.runtime.')} {n}" for n, m in counts[:6]))
     return "\n".join(lines)
 
 
@@ -283,6 +287,119 @@ def test_moved_modules_keep_their_old_import_paths():
     assert old is importlib.import_module("rldsl.runtime.rollout.engines.hf")
     assert old.__spec__.name == "rldsl.runtime.rollout.engines.hf"
     assert importlib.import_module("rldsl.runtime.loop").train is importlib.import_module("rldsl.runtime.run.loop").train
+
+
+# ----------------------------------------------------------------------------- the runtime's layout
+
+#: The runtime's rooms from the bottom up (docs/architecture.md, "Import order"): a room imports
+#: only rooms of lower rows (and itself). A top-level file is a room of its own.
+LAYOUT_ORDER = (
+    ("errors", "faults"),
+    ("config", "plugins", "batch", "data", "models"),
+    ("rewards", "records"),
+    ("rollout",),
+    ("resolve", "toy", "train"),
+    ("recipe",),
+    ("workers",),
+    ("run",),
+    ("ablate", "cli"),
+)
+#: At most this many .py files at runtime/'s top level (its package __init__ included)
+MAX_TOP_LEVEL_FILES = 10
+#: At most this many runtime modules imported by one module (the CLI, which registers every
+#: command, excepted)
+MAX_RUNTIME_IMPORTS = 8
+#: Modules still above the limit, with their count today: a count may only go down; a module
+#: leaves this table when it reaches the limit (docs/architecture.md says how to get there)
+OVER_THE_LIMIT = {
+    "rldsl.runtime.run.loop": 20,
+    "rldsl.runtime.run.build": 16,
+    "rldsl.runtime.workers.ray": 14,
+    "rldsl.runtime.run.eval_command": 12,  # rldsl eval's body: a checkpoint, an engine, episodes
+    "rldsl.runtime.train.trainer": 11,
+    "rldsl.runtime.recipe": 10,
+    "rldsl.runtime.run.evaluation": 10,
+    "rldsl.runtime.toy.tasks": 10,  # the task table: each task's prompts, tokenizer and warm start
+    "rldsl.runtime.workers.fsdp": 10,
+    "rldsl.runtime.workers.local": 9,
+}
+#: Runtime modules allowed an import inside a function, and why (never to dodge a cycle: the
+#: cycle checks count these imports too)
+RUNTIME_LAZY_IMPORTS = {
+    "rldsl.runtime.cli": "each command imports what it runs, so that `rldsl --help` starts fast",
+    "rldsl.runtime.ablate.command": "`rldsl ablate` reads configs only when it runs a study (a fast --help)",
+    "rldsl.runtime.ablate.grid": "as ablate.command",
+    "rldsl.runtime.recipe": "an engine's packages (vLLM, transformers' generation) load only for the engine a run uses",
+    "rldsl.runtime.workers.start": "Ray is imported only by the runs that use it",
+    "rldsl.runtime.rollout.agents.runner": "the endpoint's web server (starlette, uvicorn: the agents extra) loads only when an agent runs",
+}
+
+
+def room_of(module: str) -> str:
+    """The room of a runtime module: its folder, or its own name for a top-level file."""
+    parts = module.split(".")[2:]
+    return parts[0] if parts else "__init__"
+
+
+def runtime_imports() -> dict[str, set[str]]:
+    """Module -> the distinct runtime modules it imports, as written: ``from ..a.b import x`` counts
+    ``a.b``; the package ``__init__``s an import runs on the way are not counted (importing
+    ``rldsl.runtime.records.metrics`` counts 1, not 2), nor is a module importing itself."""
+    package, folder = RUNTIME
+    mods = modules_of(package, folder)
+    packages = {m for m, p in mods.items() if p.name == "__init__.py"}
+    return {m: {i.target for i in imports_of(m, p, set(mods))
+                if i.target in mods and i.target not in packages and i.target != m}
+            for m, p in mods.items()}
+
+
+def room_edges() -> dict[str, set[str]]:
+    """Room -> the other rooms its modules import (every import: module level or not)."""
+    edges: dict[str, set[str]] = {}
+    for module, targets in runtime_imports().items():
+        for t in targets:
+            if room_of(t) != room_of(module):
+                edges.setdefault(room_of(module), set()).add(room_of(t))
+    return edges
+
+
+def test_runtime_top_level_holds_at_most_ten_files():
+    files = sorted(p.name for p in RUNTIME[1].glob("*.py"))
+    assert len(files) <= MAX_TOP_LEVEL_FILES, f"{len(files)} files at runtime/'s top level: {files}"
+
+
+def test_every_room_of_the_runtime_is_in_the_documented_order():
+    rooms = {room_of(m) for m in modules_of(*RUNTIME)} - {"__init__"}
+    ordered = {r for row in LAYOUT_ORDER for r in row}
+    assert rooms - ordered == set(), "a new folder or top-level file needs its row in LAYOUT_ORDER"
+    doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    order_line = " < ".join(" ".join(row) for row in LAYOUT_ORDER)
+    assert order_line in doc, f"docs/architecture.md must state the import order: {order_line}"
+
+
+def test_rooms_import_only_rooms_below_them():
+    """Folder-level import graph, top-level files as rooms of their own: no cycle, and each arrow
+    points down the documented order."""
+    row = {r: i for i, rooms in enumerate(LAYOUT_ORDER) for r in rooms}
+    edges = room_edges()
+    upward = sorted(f"{a} -> {b}" for a, targets in edges.items() for b in targets if row[b] >= row[a])
+    assert upward == []
+    assert cycles(edges) == []
+
+
+def test_no_module_but_the_cli_imports_more_than_eight_runtime_modules():
+    counts = {m: len(t) for m, t in runtime_imports().items() if m != "rldsl.runtime.cli"}
+    over = {m: n for m, n in counts.items() if n > MAX_RUNTIME_IMPORTS}
+    worse = {m: n for m, n in over.items() if n > OVER_THE_LIMIT.get(m, MAX_RUNTIME_IMPORTS)}
+    assert worse == {}, f"more runtime imports than allowed (at most {MAX_RUNTIME_IMPORTS}): give a concept a home"
+    paid = sorted(m for m, n in OVER_THE_LIMIT.items() if counts.get(m, 0) < n)
+    assert paid == [], f"lower OVER_THE_LIMIT to today's counts (or drop the rows at <= 8): {paid}"
+
+
+def test_runtime_imports_inside_functions_only_where_a_reason_is_given():
+    lazy = sorted({f"{m}:{line}: imports {t}" for m, t, line in deferred_imports(*RUNTIME)
+                   if m not in RUNTIME_LAZY_IMPORTS})
+    assert lazy == [], "import at module level (a cycle it would close is the real problem)"
 
 
 # ----------------------------------------------------------------------------- the checker

@@ -163,3 +163,20 @@ def plain_kv_cache(model: nn.Module) -> bool:
     except (ImportError, TypeError, AttributeError, ValueError):  # transformers 4.x, odd models
         return False
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def model_context(path: Path) -> int | None:
+    """The number of positions the model at ``path`` can attend over (``max_position_embeddings``,
+    GPT-2's ``n_positions``), or None when its config names none. Reads config.json only."""
+    from transformers import AutoConfig
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise RunError(f"could not read the model's config.json in {path}: {e}") from None
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -19,9 +19,10 @@ import os
 import time
 import warnings
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn,
@@ -39,6 +40,7 @@ __all__ = [
     "AGENT_CALLS", "AGENT_PREFIX_BREAKS", "AGENT_ROWS_PER_EPISODE", "AGENT_ERRORS",
     "ROLLOUT_TOKENS_PER_S", "LOGPROBS_TOKENS_PER_S", "UPDATE_TOKENS_PER_S", "PADDING_RATIO", "MFU",
     "TOKEN_IMBALANCE", "MICROBATCH_IMBALANCE", "TIMED", "throughput",
+    "PHASES", "time_key", "timed",
     "Metric", "METRICS", "metric_by_concept",
     "KEY_METRICS",
     "HIGHER_IS_BETTER",
@@ -110,6 +112,36 @@ REWARD_HIDDEN = "time/reward_hidden_s"   # of the batch's scoring (time/reward_s
 #: prefixes of the metrics that measure the machine's speed (a resumed or repeated run equals
 #: an uninterrupted one in every other metric)
 TIMED = ("time/", STEP_TIME, TOKENS_PER_S, ROLLOUT_TOKENS_PER_S, LOGPROBS_TOKENS_PER_S, UPDATE_TOKENS_PER_S, MFU)
+
+#: The timed phases of a step: ``time/<phase>_s`` in metrics.jsonl, the seconds the phase took
+PHASES = (
+    "rollout",       # the engine's generation (all sampling rounds)
+    "reward",        # scoring the samples
+    "greedy",        # ReMax's greedy baseline: its generation and scoring
+    "logprobs",      # the trainer's estimate: old / reference logprobs, values, advantages
+    "update",        # the minibatch updates and the LR-schedule step
+    "sync",          # the new weights to the engine(s) (an asynchronous run: published)
+    "trainer_wait",  # an asynchronous run: the trainer waiting for the step's batch
+)
+
+
+def time_key(phase: str) -> str:
+    """``time/<phase>_s``, the metric of a phase in :data:`PHASES`."""
+    if phase not in PHASES:
+        raise KeyError(f"no timed phase {phase!r}: one of {list(PHASES)}")
+    return f"time/{phase}_s"
+
+
+@contextmanager
+def timed(metrics: dict[str, float], phase: str) -> Iterator[None]:
+    """Add the seconds the block takes to ``metrics["time/<phase>_s"]`` (a step names each of
+    its phases once: ``with timed(m, "update"): ...``)."""
+    key = time_key(phase)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        metrics[key] = metrics.get(key, 0.0) + (time.perf_counter() - t0)
 
 
 @dataclass(frozen=True)

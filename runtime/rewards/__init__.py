@@ -5,6 +5,6 @@ other folder uses."""
 from .functions import (
     exact_reward, addition_reward, Extraction, last_boxed, find_final_answer, extract_final_answer,
     equivalent, Verdict, gsm8k_gold, judge_math, judge_gsm8k, math_reward, gsm8k_reward,
-    BUILTIN_REWARDS, VERDICTS, split_reward_name, load_attribute, resolve_reward, batch_reward,
-    parse_reward_spec, RewardResult, unscored, EnvironmentReward, RewardTerm, RewardFn,
+    BUILTIN_REWARDS, VERDICTS, split_reward_name, resolve_reward, batch_reward,
+    parse_reward_spec, RewardResult, unscored, CORRECT_ABOVE, correct, EnvironmentReward, RewardTerm, RewardFn,
 )

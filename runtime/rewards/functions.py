@@ -48,25 +48,21 @@ masks NaN-reward samples) and the count is reported in ``RewardResult.num_errors
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import inspect
 import math as _math
-import os
 import re
-import sys
 import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from types import ModuleType
 from typing import Callable, Literal, Sequence
 from urllib.parse import urlsplit
 
 import torch
 
 from ..batch import RolloutBatch
+from .. import plugins
 from ..errors import RewardError, RewardSpecError
 from .model import reward_model_term
 from .remote import JudgeReward, ServerReward
@@ -374,76 +370,6 @@ def _options_of(fn: RewardCallable) -> list[str]:
             and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
-def _is_file_reference(module_ref: str) -> bool:
-    """``path/to/file.py`` (or any reference with a folder separator) names a file, not a module."""
-    return module_ref.endswith(".py") or "/" in module_ref or os.sep in module_ref
-
-
-def _load_reward_file(base: str, file_ref: str, what: str = "reward") -> ModuleType:
-    """Import ``file_ref`` (relative to the current folder) as a module of its own."""
-    path = Path(file_ref).expanduser()
-    if not path.is_file():
-        raise RewardSpecError(f"{what} {base!r}: file not found: {path.resolve()}\n"
-                              f"(a path is read relative to the current folder {Path.cwd()})")
-    path = path.resolve()
-    # one module per file, named after its full path so two reward.py files never collide
-    module_name = "rldsl_reward_" + re.sub(r"\W", "_", str(path.with_suffix("")))
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise RewardSpecError(f"{what} {base!r}: {path} is not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as e:  # the file's own error (a syntax error, a missing package)
-        del sys.modules[module_name]
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        raise RewardSpecError(f"{what} {base!r}: importing {path} failed: "
-                              f"{type(e).__name__}: {e}") from e
-    return module
-
-
-def _import_reward_module(base: str, module_name: str, what: str = "reward") -> ModuleType:
-    """Import ``module_name`` with the current folder first on the import path (as ``python -m``
-    does), so a ``myreward.py`` beside the command is found."""
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        missing = e.name or ""
-        if module_name == missing or module_name.startswith(missing + "."):
-            first = module_name.split(".")[0]
-            raise RewardSpecError(
-                f"{what} {base!r}: cannot import module {module_name!r}: no {first}.py (or package "
-                f"{first}/) in the current folder {cwd} nor among the installed packages; "
-                f"run from the folder that holds it, or give the file's path: "
-                f"--{'env' if what == 'environment' else what} path/to/{module_name.replace('.', '/')}.py:{base.rpartition(':')[2]}"
-            ) from e
-        raise RewardSpecError(f"{what} {base!r}: importing module {module_name!r} failed: "
-                              f"{type(e).__name__}: {e}") from e
-    except Exception as e:  # the module's own error (a syntax error, a failing top-level line)
-        raise RewardSpecError(f"{what} {base!r}: importing module {module_name!r} failed: "
-                              f"{type(e).__name__}: {e}") from e
-
-
-def load_attribute(ref: str, what: str) -> object:
-    """``module:name`` (the current folder first on the import path) or ``path/to/file.py:name``
-    -> that object, by the rules reward functions are loaded with; errors name ``what``."""
-    module_ref, sep, attr = ref.rpartition(":")
-    if not sep or not module_ref or not attr:
-        raise RewardSpecError(f"{what} {ref!r}: expected module:name or path/to/file.py:name")
-    module = (_load_reward_file(ref, module_ref, what) if _is_file_reference(module_ref)
-              else _import_reward_module(ref, module_ref, what))
-    if not hasattr(module, attr):
-        raise RewardSpecError(f"{what} {ref!r}: {module_ref} has no {attr!r}")
-    return getattr(module, attr)
-
-
 def resolve_reward(name: str) -> RewardCallable:
     """A built-in by name, ``package.module:function`` imported (the current folder first on the
     import path), or ``path/to/file.py:function`` loaded from that file; ``name(key=value)``
@@ -460,19 +386,13 @@ def resolve_reward(name: str) -> RewardCallable:
             "'module:function' or 'path/to/file.py:function'"
         )
     else:
-        module_ref, _, attr = base.rpartition(":")  # rpartition: a path may hold a drive's ':'
-        if _is_file_reference(module_ref):
-            module = _load_reward_file(base, module_ref)
-        else:
-            module = _import_reward_module(base, module_ref)
+        module_ref, attr = plugins.split_reference(base, plugins.REWARD)
+        module = plugins.load_module(base, module_ref, plugins.REWARD)
         fn = getattr(module, attr, None)
         if not callable(fn):
             where = getattr(module, "__file__", None) or module_ref
-            known = sorted(n for n, v in vars(module).items()
-                           if callable(v) and not n.startswith("_") and not isinstance(v, type)
-                           and getattr(v, "__module__", None) == module.__name__)
             raise RewardSpecError(f"reward {base!r}: module {module_ref!r} ({where}) has no function "
-                                  f"{attr!r}; its functions: " + (", ".join(known) or "none"))
+                                  f"{attr!r}; its functions: " + (", ".join(plugins.functions_of(module)) or "none"))
     if not options:
         return fn
     known = _options_of(fn)
@@ -617,6 +537,17 @@ class RewardResult:
     first_error: str | None = None
 
 
+#: A sample counts as correct when its reward is above this: a binary verifier's 1 (every
+#: built-in reward is 0 or 1; a weighted sum whose terms are verifiers passes only with its
+#: heaviest term right). What the accuracy metrics and every evaluation read.
+CORRECT_ABOVE = 0.5
+
+
+def correct(rewards: torch.Tensor, above: float = CORRECT_ABOVE) -> torch.Tensor:
+    """[B] bool: the rewards that count as correct; a failed (NaN) reward never does."""
+    return (rewards > above) & torch.isfinite(rewards)
+
+
 def unscored(B: int) -> RewardResult:
     """The result of samples nobody scored (``Rollouts.generate(score=False)``): NaN rewards."""
     return RewardResult(torch.full((B,), float("nan")), {}, 0)
@@ -729,12 +660,17 @@ class RewardFn:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.spec = spec
         self.on_error = on_error
+        self.correct_above = CORRECT_ABOVE  # what counts as correct (:func:`correct`)
         self.workers = workers
         self._pool: ThreadPoolExecutor | None = None  # made on first use (workers > 1)
         self.terms: list[RewardTerm] = []
         for name, weight in parse_reward_spec(spec):
             fn = resolve_reward(name)
             self.terms.append(RewardTerm(name, weight, fn, _accepts_finish_reason(fn)))
+
+    def correct(self, rewards: torch.Tensor) -> torch.Tensor:
+        """[B] bool: the samples whose reward (of this function) counts as correct."""
+        return correct(rewards, self.correct_above)
 
     def score(self, batch: RolloutBatch, prompts: list[str] | None = None) -> RewardResult:
         """Score every sample of ``batch`` (completions, answers, finish_reason). ``prompts``:

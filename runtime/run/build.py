@@ -6,7 +6,6 @@ engine and the reward come from one recipe (recipe.py) shared with the Ray worke
 """
 from __future__ import annotations
 
-import copy
 from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,13 +16,14 @@ import torch
 import rldsl
 from rldsl.errors import SpecWarning
 
+from ..batch import StepRollout
 from ..config import RunConfig
 from ..data.datasets import Example, PromptSource, load_examples, render_prompt, rollout_prompts, split_heldout
 from ..errors import RunError
 from ..models.loading import disable_transformers_progress, load_tokenizer
-from ..recipe import episode_runner, master_policy, reward_fn, rollout_engine, teacher_model, trainable
-from ..resolve import (check_async, check_builtin_task, check_device, check_engine, check_episode_template,
-                       check_group_size, check_teacher, check_tools, model_context, resolve)
+from ..recipe import reward_fn
+from ..resolve import (check_async, check_device, check_engine, check_episode_template, check_group_size,
+                       check_teacher, check_tools, resolve, settle_reward)
 from ..data import reasoning_gym as rg
 from ..data.reasoning_gym import is_reasoning_gym
 from .evaluation import EvalSet, eval_sets_of
@@ -31,9 +31,9 @@ from ..rollout.producer import Produced
 from ..records.trackers import check_trackers
 from ..rewards.functions import RewardFn
 from ..records.rng import seed_all
-from ..train.trainer import Trainer
+from ..toy.tasks import builtin_task, check_builtin_task, embedded_model
 from ..workers.base import Rollouts, Trainers
-from ..workers.local import LocalRollouts, LocalTrainers
+from ..workers.start import start_workers
 
 
 @dataclass
@@ -74,11 +74,12 @@ class Run:
     heldout: list[Example]
     rollouts: Rollouts
     trainers: Trainers
+    reward: RewardFn  # the run's reward (the rollout workers score with their own copies of it)
     warn: Callable[[str], None] = print
     notes: list[str] = field(default_factory=list)
     warnings: list[SpecWarning] = field(default_factory=list)
     eval_sets: list[EvalSet] = field(default_factory=list)
-    queued: list[Produced] = field(default_factory=list)  # restored batches of an asynchronous run
+    queued: list[Produced[StepRollout]] = field(default_factory=list)  # restored batches of an asynchronous run
 
     @property
     def episodes(self) -> bool:
@@ -99,23 +100,8 @@ class Run:
 def model_folder(cfg: RunConfig) -> tuple[Path, str]:
     """(the policy's HF folder, a label for messages); the embedded toy model is warm-started
     on first use and read from its cache afterwards."""
-    if cfg.model.path is None and cfg.data.path is None and cfg.data.task == "calculator":
-        from ..toy.tool_model import tool_model_config
-        from ..toy.tool_warmup import tool_warm_start
-        if cfg.rollout.engine == "vllm":  # head dim 32, as the toy's vLLM variant
-            return (Path(tool_warm_start(model_config=tool_model_config(num_attention_heads=3), verbose=True)),
-                    "embedded tool-use model, head-dim-32 variant for vLLM (warm-started)")
-        return Path(tool_warm_start(verbose=True)), "embedded tool-use model (warm-started)"
-    if cfg.model.path is None and is_reasoning_gym(cfg.data.path):
-        from ..toy.basic_arithmetic import embedded_model
-        return (embedded_model(cfg.data.path, cfg.data.options, cfg.seed, cfg.reward.answer_format, verbose=True),
-                "embedded arithmetic model (warm-started)")
     if cfg.model.path is None:
-        from ..toy import vllm_variant_config, warm_start
-        if cfg.rollout.engine == "vllm":  # vLLM's CPU attention refuses the toy's head dim 24
-            return (Path(warm_start(model_config=vllm_variant_config(), verbose=True)),
-                    "embedded toy model, head-dim-32 variant for vLLM (warm-started)")
-        return Path(warm_start(verbose=True)), "embedded toy model (warm-started)"
+        return embedded_model(cfg)
     path = Path(cfg.model.path)
     if not path.exists():
         raise RunError(f"model folder not found: {path}")
@@ -174,13 +160,12 @@ def prompts_of(cfg: RunConfig, tokenizer: Any = None, warn: Callable[[str], None
     Data-file prompts are rendered for the model (``data.render_prompt``: chat template,
     system prompt) when a tokenizer is given. ``rows``: what :func:`examples_of` read already.
     """
-    if cfg.data.path is None:
-        from ..toy import AdditionTask
-        from ..toy.calculator import SumTask
-        task = SumTask() if cfg.data.task == "calculator" else AdditionTask()
+    task = builtin_task(cfg)
+    if task is not None:
+        prompts = task.prompts()
         size = 200 if cfg.data.eval_size is None else cfg.data.eval_size
-        held = task.heldout_examples()[:size] if size else []
-        return task.prompt_source(cfg.seed), held
+        held = prompts.heldout_examples()[:size] if size else []
+        return prompts.prompt_source(cfg.seed), held
     rows = rows if rows is not None else examples_of(cfg, warn)
     generated = rows if isinstance(rows, rg.GeneratedData) else None
     train, held = (generated.train, generated.heldout) if generated is not None else rows  # type: ignore[misc]
@@ -224,6 +209,7 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     check_trackers(cfg.log.report_to)  # log.report_to names installed trackers
     if is_reasoning_gym(cfg.data.path):
         rg.check_config(cfg)
+    cfg, reward_note = settle_reward(cfg)  # the task's own reward when none is named: decided once, here
     reward = reward_fn(cfg)  # an unknown name or a module that does not import fails here
     rg.check_reward(reward)  # reasoning_gym(answer_format=...) names a known format
     check_tools(cfg)
@@ -239,33 +225,19 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     resolved, more = resolve(cfg, path, tok, [e.prompt for e in source.examples + held]
                              + [e.prompt for s in eval_sets for e in s.examples], label)
     warnings = check_group_size(algo, resolved)
-    return Plan(resolved, algo, path, tok, source, held, reward, notes + more, warnings, eval_sets)
+    return Plan(resolved, algo, path, tok, source, held, reward, notes + [reward_note] + more, warnings, eval_sets)
 
 
 def build(plan: Plan, run_dir: Path) -> Run:
-    """Load the model(s) of a planned run and start its engine(s) and trainer(s).
-
-    With ``distributed.trainers > 1``, rollout actors or a Ray address, the engines and the
-    trainer ranks are Ray actors (workers/ray.py); otherwise everything lives in this process
-    and Ray is never imported.
-    """
+    """Load the model(s) of a planned run and start its engine(s) and trainer(s), in this
+    process or on Ray actors (workers/start.py)."""
     cfg, algo, tok = plan.cfg, plan.algo, plan.tokenizer
     disable_transformers_progress()  # the bars would break the run's own progress display
     torch.set_num_threads(cfg.threads)
     seed_all(cfg.seed)
     fn = rldsl.compile(algo)
-    if cfg.distributed.uses_ray:
-        from ..workers.ray import start_ray_workers
-        rollouts, trainers = start_ray_workers(cfg, algo, fn, plan.model_path, tok.pad_token_id)
-    else:
-        policy = master_policy(cfg, plan.model_path, cfg.device)
-        engine_model = copy.deepcopy(policy)  # before LoRA: the engine samples from plain weights
-        policy, reference_off = trainable(cfg, policy, checkpointing=cfg.train.gradient_checkpointing)
-        trainer = Trainer.from_config(cfg, fn, policy, reference_off=reference_off, teacher=teacher_model(cfg))
-        rollouts = LocalRollouts(rollout_engine(cfg, plan.model_path, cfg.device, model=engine_model,
-                                                tokenizer=tok), plan.reward, episode_runner(cfg, plan.model_path))
-        trainers = LocalTrainers(trainer)
-    return Run(cfg, algo, fn, run_dir, tok, plan.source, plan.heldout, rollouts, trainers,
+    rollouts, trainers = start_workers(cfg, algo, fn, plan.model_path, tok, plan.reward, run_dir)
+    return Run(cfg, algo, fn, run_dir, tok, plan.source, plan.heldout, rollouts, trainers, plan.reward,
                notes=plan.notes, warnings=plan.warnings, eval_sets=plan.eval_sets)
 
 

@@ -1,4 +1,5 @@
-"""Evaluation sets: ``eval.data`` during a run and ``rldsl eval`` on a checkpoint or a model folder.
+"""Evaluation sets: ``eval.data`` during a run and ``rldsl eval`` (run/eval_command.py) on a checkpoint
+or a model folder.
 
 Each set is a data file (or datasets folder) with its own reward (default: the run's). Every
 prompt is answered greedily once and sampled ``n`` times (``eval.n``; the rollout temperature
@@ -12,33 +13,29 @@ and top-p); per set, under ``eval/<set>/``:
     truncated       fraction of the samples cut off at max_new_tokens
     failed          samples whose reward failed (counted as not correct)
 
-"Correct" is reward > 0.5, as for the held-out accuracy (a binary reward's 1).
+"Correct" is what the set's reward calls correct (``RewardFn.correct``: reward > 0.5, a binary
+reward's 1), as for the held-out accuracy and the training accuracy. The held-out split is
+evaluated by the same :func:`answer_set`, its metrics named as :func:`heldout_metrics` says.
 """
 from __future__ import annotations
 
-import json
 import math
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
-import typer
 
 from ..batch import RolloutBatch, repeat_each
 from ..config import EvalSetConfig, RunConfig
 from ..data.datasets import Example, load_examples, render_prompt, rollout_prompts
 from ..rollout.engines.base import SamplingParams
-from ..rollout.engines.hf import HFEngine
-from ...errors import UsageError
-from ..records.export import export_run
-from ..models.loading import load_policy, load_tokenizer
+from ..rollout.tool_metrics import tool_call_metrics
+from ..rollout.agents.runner import agent_metrics
+from ..records.metrics import EVAL_FAILED, GREEDY_ACC, SAMPLED_ACC
 from ..rewards.functions import RewardFn
-from ..records.run_dir import CONFIG_FILE, load_run_config
-from ..recipe import episode_runner
-from ..resolve import check_episode_template, check_tools
 from ..data import reasoning_gym as rg
+from ..workers.base import Rollouts
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -84,6 +81,8 @@ def set_name(path: str | Path, taken: Sequence[str] = ()) -> str:
 
 #: (prompts as ``data.rollout_prompts`` gives them, the rows' answers, params) -> the samples
 Generate = Callable[[list[str | tuple], list[str], SamplingParams], RolloutBatch]
+#: (examples, params) -> (the samples, [P * n] their rewards, NaN where the reward failed)
+Answer = Callable[[Sequence[Example], SamplingParams], tuple[RolloutBatch, torch.Tensor]]
 
 
 def score_rows(reward: RewardFn, batch: RolloutBatch, examples: Sequence[Example], n: int) -> torch.Tensor:
@@ -92,34 +91,110 @@ def score_rows(reward: RewardFn, batch: RolloutBatch, examples: Sequence[Example
     return reward.score(batch, repeat_each([e.reward_prompt for e in examples], n)).rewards
 
 
-def evaluate_set(generate: Generate, s: EvalSet, *, n: int, temperature: float, top_p: float,
-                 max_new_tokens: int, seed: int | None, episodes: bool = False) -> dict[str, float]:
-    """The metrics of one set (module doc) under ``eval/<name>/``. ``episodes``: ``generate``
-    runs multi-turn episodes, which start from the rows' own prompts (``data.rollout_prompts``)."""
-    prompts = rollout_prompts(s.examples, episodes)
-    P = len(prompts)
-    out: dict[str, float] = {}
-    failed = 0
-    answers = [e.answer for e in s.examples]  # an environment's reset reads them
-    greedy = generate(prompts, answers, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens))
-    r = score_rows(s.reward, greedy, s.examples, 1)  # [P]
-    failed += int((~torch.isfinite(r)).sum())
-    out["greedy_acc"] = float(((r > 0.5) & torch.isfinite(r)).float().mean())
-    if n >= 1:
-        params = SamplingParams(n=n, temperature=temperature, top_p=top_p,
-                                max_new_tokens=max_new_tokens, seed=seed)
-        batch = generate(prompts, answers, params)
-        r = score_rows(s.reward, batch, s.examples, n)  # [P * n]
-        finite = torch.isfinite(r)
-        failed += int((~finite).sum())
-        correct = ((r > 0.5) & finite).view(P, n).sum(dim=1).tolist()  # [P] correct samples each
+def scored_here(generate: Generate, reward: RewardFn, episodes: bool = False) -> Answer:
+    """Answers sampled by ``generate`` and scored in this process by ``reward``. ``episodes``:
+    ``generate`` runs multi-turn episodes, which start from the rows' own prompts
+    (``data.rollout_prompts``)."""
+    def answer(examples: Sequence[Example], params: SamplingParams) -> tuple[RolloutBatch, torch.Tensor]:
+        answers = [e.answer for e in examples]  # an environment's reset reads them
+        batch = generate(rollout_prompts(examples, episodes), answers, params)
+        return batch, score_rows(reward, batch, examples, params.n)
+    return answer
+
+
+def unscored_by(rollouts: Rollouts) -> Generate:
+    """Samples of the run's rollout workers, not scored (a set's own reward scores them)."""
+    def generate(prompts: list[str | tuple], answers: list[str], params: SamplingParams) -> RolloutBatch:
+        return rollouts.generate(prompts, answers, params, score=False).batch
+    return generate
+
+
+def scored_by(rollouts: Rollouts, episodes: bool = False) -> Answer:
+    """Answers sampled and scored by the run's rollout workers (with the run's reward)."""
+    def answer(examples: Sequence[Example], params: SamplingParams) -> tuple[RolloutBatch, torch.Tensor]:
+        g = rollouts.generate(rollout_prompts(examples, episodes), [e.answer for e in examples], params,
+                              [e.reward_prompt for e in examples])
+        return g.batch, g.scored.rewards
+    return answer
+
+
+@dataclass
+class Answers:
+    """A set's answers in one evaluation: one greedy answer per prompt and, when asked, n
+    sampled ones, each with its reward ([P] and [P * n], NaN where the reward failed)."""
+
+    greedy: RolloutBatch
+    greedy_rewards: torch.Tensor
+    sampled: RolloutBatch | None = None
+    sampled_rewards: torch.Tensor | None = None
+
+    @property
+    def failed(self) -> int:
+        """Answers whose reward failed (counted as not correct, left out of mean rewards)."""
+        return sum(int((~torch.isfinite(r)).sum()) for r in (self.greedy_rewards, self.sampled_rewards)
+                   if r is not None)
+
+
+def answer_set(answer: Answer, examples: Sequence[Example], *, max_new_tokens: int,
+               sampled: SamplingParams | None) -> Answers:
+    """The one evaluator: every prompt answered greedily once and, with ``sampled``, ``sampled.n``
+    times; the held-out split and each ``eval.data`` set alike (they differ in the names of
+    their metrics only: :func:`set_metrics`, :func:`heldout_metrics`)."""
+    greedy, greedy_rewards = answer(examples, SamplingParams.greedy(max_new_tokens))
+    if sampled is None:
+        return Answers(greedy, greedy_rewards)
+    batch, rewards = answer(examples, sampled)
+    return Answers(greedy, greedy_rewards, batch, rewards)
+
+
+def _mean_finite(r: torch.Tensor) -> float:
+    finite = torch.isfinite(r)
+    return float(r[finite].mean()) if finite.any() else float("nan")
+
+
+def set_metrics(name: str, a: Answers, reward: RewardFn) -> dict[str, float]:
+    """An ``eval.data`` set's metrics (module doc) under ``eval/<name>/``."""
+    out = {"greedy_acc": float(reward.correct(a.greedy_rewards).float().mean())}
+    if a.sampled is not None and a.sampled_rewards is not None:
+        P = len(a.greedy_rewards)
+        n = len(a.sampled_rewards) // P
+        correct = reward.correct(a.sampled_rewards).view(P, n).sum(dim=1).tolist()  # [P] correct samples each
         for k in k_values(n):
             out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / P
-        out["reward"] = float(r[finite].mean()) if finite.any() else float("nan")
-        out["length"] = float(batch.response_mask.sum(-1).float().mean())
-        out["truncated"] = float(batch.truncated.float().mean())
-    out["failed"] = float(failed)
-    return {f"eval/{s.name}/{k}": v for k, v in out.items()}
+        out["reward"] = _mean_finite(a.sampled_rewards)
+        out["length"] = float(a.sampled.response_mask.sum(-1).float().mean())
+        out["truncated"] = float(a.sampled.truncated.float().mean())
+    out["failed"] = float(a.failed)
+    return {f"eval/{name}/{k}": v for k, v in out.items()}
+
+
+def heldout_metrics(a: Answers, reward: RewardFn, tool_parser: str) -> dict[str, float]:
+    """The held-out split's metrics: accuracy (correct answers over every answer, a failed
+    reward counting as not correct), mean reward (over the scorable answers only; NaN when none
+    is) and the episodes' tool-call and agent metrics, greedy (``eval/greedy_*``, ``eval/tool_calls/*``)
+    and sampled (``eval/sampled_*``), and ``eval/failed``."""
+    out: dict[str, float] = {}
+    modes = [(GREEDY_ACC, "eval/greedy_reward", "eval/", a.greedy, a.greedy_rewards)]
+    if a.sampled is not None and a.sampled_rewards is not None:
+        modes.append((SAMPLED_ACC, "eval/sampled_reward", "eval/sampled_", a.sampled, a.sampled_rewards))
+    for acc_key, reward_key, prefix, batch, r in modes:
+        out.update(tool_call_metrics(batch, tool_parser, prefix))
+        out.update(agent_metrics(batch, prefix))
+        out[acc_key] = float(reward.correct(r).float().mean())
+        out[reward_key] = _mean_finite(r)
+    out[EVAL_FAILED] = float(a.failed)
+    return out
+
+
+def evaluate_set(generate: Generate, s: EvalSet, *, n: int, temperature: float, top_p: float,
+                 max_new_tokens: int, seed: int | None, episodes: bool = False) -> dict[str, float]:
+    """The metrics of one set (module doc) under ``eval/<name>/``, its answers scored here.
+    ``episodes``: ``generate`` runs multi-turn episodes (:func:`scored_here`)."""
+    sampled = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                             seed=seed) if n >= 1 else None
+    a = answer_set(scored_here(generate, s.reward, episodes), s.examples, max_new_tokens=max_new_tokens,
+                   sampled=sampled)
+    return set_metrics(s.name, a, s.reward)
 
 
 def evaluate_sets(generate: Generate, sets: Sequence[EvalSet], **kwargs: Any) -> dict[str, float]:
@@ -130,7 +205,7 @@ def evaluate_sets(generate: Generate, sets: Sequence[EvalSet], **kwargs: Any) ->
     return out
 
 
-# ------------------------------------------------------------------------ rldsl eval
+# ------------------------------------------------------------------------ reading a set
 def load_eval_set(path: str | Path, reward: RewardFn, tokenizer: Any, *, prompt_key: str = "prompt",
                   answer_key: str | None = "answer", chat_template: str = "auto",
                   chat_template_kwargs: dict[str, Any] | None = None, system_prompt: str | None = None,
@@ -194,72 +269,3 @@ def eval_sets_of(cfg: RunConfig, tokenizer: Any, run_reward: RewardFn,
         s.own_reward = own
         sets.append(s)
     return sets
-
-
-def evaluate_target(target: Path, data: Sequence[Path], reward: Optional[str] = None, n: int = 8,
-                    temperature: Optional[float] = None, top_p: Optional[float] = None,
-                    max_new_tokens: Optional[int] = None, step: Optional[int] = None, seed: int = 0,
-                    out: Optional[Path] = None, tools: Optional[str] = None,
-                    env: Optional[str] = None) -> None:
-    """``rldsl eval`` (its options: rldsl/runtime/cli.py): evaluate a run's checkpoint or a model
-    folder on the sets in ``data`` and print (and with ``out`` write) the metrics. A run with tools or
-    an environment is evaluated as it trained, in multi-turn episodes (its rollout.* settings;
-    ``tools`` / ``env`` replace the run's own)."""
-    if not target.exists():
-        raise UsageError(f"{target} does not exist (give a run folder or a Hugging Face model folder)")
-    is_run = (target / "checkpoints").is_dir() and (target / CONFIG_FILE).is_file()
-    cfg = load_run_config(target) if is_run else RunConfig()
-    if tools is not None or env is not None:  # the flags replace the run's own
-        cfg.rollout.tools, cfg.rollout.env = tools, env
-    check_tools(cfg)  # a tool that does not import fails before the model loads
-    default = "reasoning_gym" if all(rg.is_reasoning_gym(str(p)) for p in data) else "exact"
-    reward_fn = RewardFn(reward or (cfg.reward.name if is_run and cfg.reward.name else default),
-                         on_error="skip")
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = export_run(target, Path(tmp) / "model", step) if is_run else target
-        if not (folder / "config.json").is_file():
-            raise UsageError(f"{folder} is not a Hugging Face model folder (no config.json) nor a run "
-                             "folder with checkpoints")
-        tokenizer = load_tokenizer(folder)
-        check_episode_template(cfg, tokenizer)
-        model = load_policy(folder, "float32")
-        episodes = episode_runner(cfg, folder)  # None: single-turn completions
-    d = cfg.data
-    sets: list[EvalSet] = []
-    for path in data:
-        if rg.is_reasoning_gym(str(path)):  # generated; the run's options when it is the run's data
-            own = str(path) == d.path  # then none of the run's training questions either
-            sets += load_generated_sets(str(path), reward_fn, tokenizer, options=dict(d.options) if own else {},
-                                        seed=cfg.seed, count=200 if d.eval_size is None else d.eval_size,
-                                        exclude=[e["question"] for e in rg.training_entries(
-                                            d.path, d.options, run_seed=cfg.seed)] if own else (),
-                                        chat_template=d.chat_template,
-                                        chat_template_kwargs=d.chat_template_kwargs,
-                                        system_prompt=d.system_prompt, taken=[s.name for s in sets],
-                                        note=typer.echo)
-            continue
-        sets.append(load_eval_set(path, reward_fn, tokenizer, prompt_key=d.prompt_key,
-                                  answer_key=d.answer_key, chat_template=d.chat_template,
-                                  chat_template_kwargs=d.chat_template_kwargs,
-                                  system_prompt=d.system_prompt, taken=[s.name for s in sets]))
-    engine = HFEngine(model, tokenizer)
-    r = cfg.rollout
-
-    def generate(prompts: list, answers: list[str], params: SamplingParams) -> RolloutBatch:
-        if episodes is None:
-            return engine.generate(prompts, params)
-        return episodes.run(engine, prompts, answers, params)
-
-    metrics = evaluate_sets(
-        generate, sets, episodes=episodes is not None, n=n,
-        temperature=temperature if temperature is not None else r.temperature,
-        top_p=top_p if top_p is not None else r.top_p,
-        max_new_tokens=max_new_tokens or (r.max_new_tokens if is_run and r.max_new_tokens else 256),
-        seed=seed)
-    for s in sets:
-        typer.echo(f"{s.name} ({len(s.examples)} prompts)")
-        for key, value in metrics.items():
-            if key.startswith(f"eval/{s.name}/"):
-                typer.echo(f"  {key[len(f'eval/{s.name}/'):]:<12} {value:.4g}")
-    if out is not None:
-        out.write_text(json.dumps(metrics, indent=2) + "\n")

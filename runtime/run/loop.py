@@ -29,24 +29,22 @@ import torch
 
 from ..records import checkpoint as ckpt
 from .. import faults
-from ..batch import RolloutBatch, group_rows, repeat_each
+from ..batch import RolloutBatch, StepRollout, group_rows, repeat_each
 from .build import Run, build, load_spec, plan_run
 from ..config import MODEL_RUN_DEFAULTS, RunConfig
 from ..rollout.engines.base import SamplingParams
 from ..errors import RewardError, RunError, WorkerError
 from ..rollout.tool_metrics import tool_call_metrics
 from ..rollout.agents.runner import agent_metrics
-from ..rollout.episodes.tools import SHARED_RUNNER
 from ..records.metrics import throughput
-from ..records.metrics import (ACCURACY, EVAL_FAILED, GREEDY_ACC, LR, PRODUCER_WAIT, RESPONSE_LENGTH, REWARD, REWARD_ERRORS,
+from ..records.metrics import (ACCURACY, LR, PRODUCER_WAIT, RESPONSE_LENGTH, REWARD, REWARD_ERRORS,
                                REWARD_TERM_MEAN, REWARD_TERM_STD,
-                               REWARD_HIDDEN,
-                               SAMPLED_ACC, STALENESS_MAX, STALENESS_MEAN, STEP_TIME, TOKENS_PER_S, TRAINER_WAIT,
-                               TRUNCATED_FRACTION, MetricsLogger)
-from ..rewards.functions import RewardResult, parse_reward_spec, term_labels
+                               REWARD_HIDDEN, STALENESS_MAX, STALENESS_MEAN, STEP_TIME, TOKENS_PER_S,
+                               TRUNCATED_FRACTION, MetricsLogger, time_key, timed)
+from ..rewards.functions import RewardResult, term_labels
 from ..records.rng import restore_rng, step_seed
 from ..records.samples import SAMPLES_FILE, append_samples, sample_rows, truncate_samples
-from .evaluation import evaluate_sets
+from .evaluation import answer_set, heldout_metrics, scored_by, scored_here, set_metrics, unscored_by
 from ..rollout.producer import Produced, RolloutProducer, snapshot
 from ..records.trackers import open_trackers
 from ..records.run_dir import (METRICS_FILE, SPEC_FILE, load_run_config, run_dir_of, save_config,
@@ -58,14 +56,7 @@ from ..models.loading import autocast_dtype
 
 # ----------------------------------------------------------------------------- one step
 
-def _select_groups(batch: RolloutBatch, rewards: torch.Tensor, ids: list[int],
-                   groups: list[int]) -> tuple[RolloutBatch, torch.Tensor, list[int]]:
-    """The rollout, rewards and prompt ids of the given prompt groups."""
-    sub = batch.select_groups(groups)
-    return sub, rewards[group_rows(groups, batch.group_size)], [ids[g] for g in groups]
-
-
-def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[int], dict[str, float]]:
+def rollout_step(s: Run, step: int) -> StepRollout:
     """Generate and score P groups; with ``sampling dynamic`` keep drawing until P are informative.
 
     Dynamic sampling (verl's rule, ``sampling dynamic`` in the registry): rounds of P fresh
@@ -78,59 +69,50 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
     gradient; a pure policy-gradient loss then skips its optimizer step).
     """
     cfg = s.cfg
-    P, G = cfg.rollout.prompts_per_step, cfg.rollout.n
+    P = cfg.rollout.prompts_per_step
     rounds = s.fn.data.dynamic_rounds
-    kept: list[tuple[RolloutBatch, torch.Tensor, list[int]]] = []
-    last: tuple[RolloutBatch, torch.Tensor, list[int]] | None = None
+    kept: list[StepRollout] = []
+    last: StepRollout | None = None
     n_kept = 0
-    t_gen = t_rew = 0.0
+    m = {time_key("rollout"): 0.0, time_key("reward"): 0.0}
     reward_errors = 0
     used = 0
     # the inputs the algorithm reads that the rollout makes (ReMax's greedy rewards, GDPO's [B, K] rewards)
     producers = rollout_inputs.rollout_producers(s.fn.algorithm)
-    side = rollout_inputs.RolloutSide(s.rollouts.generate, parse_reward_spec(cfg.reward.name),
+    side = rollout_inputs.RolloutSide(s.rollouts.generate, [(t.name, t.weight) for t in s.reward.terms],
                                       cfg.max_new_tokens, s.warn, step, s.episodes) if producers else None
-    timed: dict[str, float] = {p.time_metric: 0.0 for p in producers if p.time_metric}
+    timed_inputs: dict[str, float] = {p.time_metric: 0.0 for p in producers if p.time_metric}
     for r in range(rounds):
         used = r + 1
         examples = s.source.next_batch(P)
+        reward_prompts = [e.reward_prompt for e in examples]  # rewards: the untemplated prompt
         faults.at("generate", step + 1)
         gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],
-                                  SamplingParams(n=G, temperature=cfg.rollout.temperature,
-                                                 top_p=cfg.rollout.top_p,
-                                                 max_new_tokens=cfg.max_new_tokens,
-                                                 seed=step_seed(cfg.seed, step, r),
-                                                 min_new_tokens=min(cfg.rollout.min_new_tokens, cfg.max_new_tokens)),
-                                  [e.reward_prompt for e in examples])  # rewards: the untemplated prompt
+                                  SamplingParams.for_rollout(cfg, step_seed(cfg.seed, step, r)), reward_prompts)
         batch, scored = gen.batch, gen.scored
         batch.reward_terms = labelled_terms(scored)
-        rewards = scored.rewards
         for p in producers:
             batch, t = p.make(side, batch, scored, examples)
             if p.time_metric:
-                timed[p.time_metric] += t
-        if scored.num_errors:
-            reward_errors += scored.num_errors
-            s.warn(f"step {step}: {scored.num_errors} sample(s) skipped (reward failed); first:\n"
-                   f"{scored.first_error}")
-        t_gen += gen.generate_s
-        t_rew += gen.reward_s
-        ids = [e.id for e in examples]
+                timed_inputs[p.time_metric] += t
+        reward_errors += _warn_reward_errors(s, step, scored)
+        m[time_key("rollout")] += gen.generate_s
+        m[time_key("reward")] += gen.reward_s
+        made = StepRollout(step, batch, [e.id for e in examples], reward_prompts, scored.rewards)
         if rounds == 1:
-            kept.append((batch, rewards, ids))
+            kept.append(made)
             n_kept = P
             break
-        last = (batch, rewards, ids)
-        informative = s.fn.data.informative(rewards.view(-1, batch.group_size)).tolist()
+        last = made
+        informative = s.fn.data.informative(scored.rewards.view(-1, batch.group_size)).tolist()
         take = [g for g, ok in enumerate(informative) if ok][: P - n_kept]
         if take:
-            kept.append(_select_groups(batch, rewards, ids, take))
+            kept.append(_select_groups(made, take))
             n_kept += len(take)
         if n_kept >= P:
             break
-    m = {"time/rollout_s": t_gen, "time/reward_s": t_rew, "sampling_rounds": float(used),
-         REWARD_ERRORS: float(reward_errors)}
-    m.update(timed)
+    m.update({"sampling_rounds": float(used), REWARD_ERRORS: float(reward_errors)})
+    m.update(timed_inputs)
     if rounds > 1:
         m["informative_groups"] = float(n_kept)
         if n_kept < P:
@@ -141,10 +123,24 @@ def rollout_step(s: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, list[in
         if not kept:
             assert last is not None
             kept.append(last)
-    batch = RolloutBatch.concat([k[0] for k in kept], s.tokenizer.pad_token_id)
-    rewards = torch.cat([k[1] for k in kept])
-    ids = sum((k[2] for k in kept), [])
-    return batch, rewards, ids, m
+    return StepRollout(step, RolloutBatch.concat([k.batch for k in kept], s.tokenizer.pad_token_id),
+                       sum((k.prompt_ids for k in kept), []), sum((k.reward_prompts for k in kept), []),
+                       torch.cat([k.scored for k in kept]), m)
+
+
+def _select_groups(made: StepRollout, groups: list[int]) -> StepRollout:
+    """The rollout of the given prompt groups (their rows, rewards and prompts)."""
+    return StepRollout(made.step, made.batch.select_groups(groups), [made.prompt_ids[g] for g in groups],
+                       [made.reward_prompts[g] for g in groups],
+                       made.scored[group_rows(groups, made.batch.group_size)])
+
+
+def _warn_reward_errors(s: Run, step: int, scored: RewardResult) -> int:
+    """Warn about the samples whose reward failed (``reward.on_error=skip``); returns their count."""
+    if scored.num_errors:
+        s.warn(f"step {step}: {scored.num_errors} sample(s) skipped (reward failed); first:\n"
+               f"{scored.first_error}")
+    return scored.num_errors
 
 
 def labelled_terms(scored: RewardResult) -> dict[str, torch.Tensor]:
@@ -166,47 +162,33 @@ def reward_term_metrics(terms: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 def evaluate(s: Run, step: int) -> dict[str, float]:
-    """Held-out accuracy (greedy, and sampled at the rollout temperature), and the ``eval.data``
-    sets' metrics (runtime/run/evaluation.py)."""
+    """The ``eval.data`` sets' metrics and the held-out split's (greedy, and sampled at the rollout
+    temperature), every set answered by the one evaluator (run/evaluation.py)."""
     cfg = s.cfg
-    out = evaluate_sets(lambda prompts, answers, params: s.rollouts.generate(
-                            prompts, answers, params, score=False).batch,
-                        s.eval_sets, episodes=s.episodes, n=cfg.eval.samples if cfg.eval.n is None else cfg.eval.n,
-                        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                        max_new_tokens=cfg.max_new_tokens, seed=step_seed(cfg.seed, step, 0, "eval sets"))
-    return {**out, **evaluate_heldout(s, step)} if s.heldout else out
+    out: dict[str, float] = {}
+    n = cfg.eval.samples if cfg.eval.n is None else cfg.eval.n
+    for es in s.eval_sets:  # scored here, each by its own reward
+        sampled = SamplingParams.for_evaluation(cfg, n, step_seed(cfg.seed, step, 0, "eval sets")) if n else None
+        a = answer_set(scored_here(unscored_by(s.rollouts), es.reward, s.episodes), es.examples,
+                       max_new_tokens=cfg.max_new_tokens, sampled=sampled)
+        out.update(set_metrics(es.name, a, es.reward))
+    if s.heldout:
+        out.update(evaluate_heldout(s, step))
+    return out
 
 
 def evaluate_heldout(s: Run, step: int) -> dict[str, float]:
-    """Held-out accuracy: greedy, and sampled at the rollout temperature."""
+    """Held-out accuracy: greedy, and sampled at the rollout temperature (``eval.samples``), scored
+    where the rollouts score (the rollout workers on Ray)."""
     cfg = s.cfg
-    prompts = s.rollout_prompts(s.heldout)
-    out: dict[str, float] = {}
-    modes = [(GREEDY_ACC, "eval/greedy_reward",
-              SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens))]
-    if cfg.eval.samples:
-        modes.append((SAMPLED_ACC, "eval/sampled_reward", SamplingParams(
-            n=cfg.eval.samples, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-            max_new_tokens=cfg.max_new_tokens, seed=step_seed(cfg.seed, step, 0, "eval"))))
-    failed = 0
-    for acc_key, reward_key, params in modes:
-        g = s.rollouts.generate(prompts, [e.answer for e in s.heldout], params,
-                                [e.reward_prompt for e in s.heldout])
-        r = g.scored.rewards
-        out.update(tool_call_metrics(g.batch, cfg.rollout.tool_parser,
-                                     "eval/" if acc_key == GREEDY_ACC else "eval/sampled_"))
-        out.update(agent_metrics(g.batch, "eval/" if acc_key == GREEDY_ACC else "eval/sampled_"))
-        finite = torch.isfinite(r)
-        failed += int((~finite).sum())
-        # accuracy: reward > 0.5 over every sample, a failed reward counting as not correct;
-        # the mean reward is over the scorable samples only (NaN when none is)
-        out[acc_key] = float(((r > 0.5) & finite).float().mean())
-        out[reward_key] = float(r[finite].mean()) if finite.any() else float("nan")
-    out[EVAL_FAILED] = float(failed)
-    if failed:
-        s.warn(f"step {step}: evaluation: {failed} held-out sample(s) whose reward failed "
+    sampled = SamplingParams.for_evaluation(cfg, cfg.eval.samples, step_seed(cfg.seed, step, 0, "eval")) \
+        if cfg.eval.samples else None
+    a = answer_set(scored_by(s.rollouts, s.episodes), s.heldout, max_new_tokens=cfg.max_new_tokens,
+                   sampled=sampled)
+    if a.failed:
+        s.warn(f"step {step}: evaluation: {a.failed} held-out sample(s) whose reward failed "
                f"(counted as not correct in the accuracy, left out of the mean reward)")
-    return out
+    return heldout_metrics(a, s.reward, cfg.rollout.tool_parser)
 
 
 def optimizer_note(cfg: RunConfig) -> str:
@@ -228,67 +210,60 @@ def scoring_overlaps(s: Run) -> bool:
     return s.fn.data.dynamic_rounds == 1 and not rollout_inputs.rollout_producers(s.fn.algorithm)
 
 
-def generate_unscored(s: Run, step: int) -> tuple[list[Any], Any]:
-    """The first stage of a one-round step: the step's prompts and their samples, not yet scored
-    (the same prompts, seeds and samples as :func:`rollout_step`)."""
-    cfg = s.cfg
-    examples = s.source.next_batch(cfg.rollout.prompts_per_step)
-    faults.at("generate", step + 1)
-    gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],
-                              SamplingParams(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
-                                             top_p=cfg.rollout.top_p, max_new_tokens=cfg.max_new_tokens,
-                                             seed=step_seed(cfg.seed, step, 0),
-                                             min_new_tokens=min(cfg.rollout.min_new_tokens, cfg.max_new_tokens)),
-                              [e.reward_prompt for e in examples], score=False)
-    return examples, gen
+class StepRollouts:
+    """The batch maker of an asynchronous run's producer (rollout/producer.py): the batches of
+    :func:`rollout_step`; where :func:`scoring_overlaps`, in two stages (the samples of a step,
+    then their scores) with the same prompts, seeds and samples."""
+
+    def __init__(self, s: Run, score_apart: bool) -> None:
+        self.s, self.score_apart = s, score_apart
+
+    def make(self, step: int) -> StepRollout:
+        if not self.score_apart:
+            return rollout_step(self.s, step)
+        s, cfg = self.s, self.s.cfg
+        examples = s.source.next_batch(cfg.rollout.prompts_per_step)
+        reward_prompts = [e.reward_prompt for e in examples]
+        faults.at("generate", step + 1)
+        gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],
+                                  SamplingParams.for_rollout(cfg, step_seed(cfg.seed, step, 0)),
+                                  reward_prompts, score=False)
+        return StepRollout(step, gen.batch, [e.id for e in examples], reward_prompts,
+                           metrics={time_key("rollout"): gen.generate_s})
+
+    def score(self, made: StepRollout) -> StepRollout:
+        s = self.s
+        faults.at("score", made.step + 1)
+        m = dict(made.metrics)
+        with timed(m, "reward"):
+            scored = s.rollouts.score(made.batch, repeat_each(made.reward_prompts, made.batch.group_size))
+        made.batch.reward_terms = labelled_terms(scored)
+        m.update({"sampling_rounds": 1.0, REWARD_ERRORS: float(_warn_reward_errors(s, made.step, scored))})
+        return dataclasses.replace(made, rewards=scored.rewards, metrics=m)
+
+    def load_weights(self, weights: Any) -> None:
+        self.s.rollouts.load_weights(weights)
 
 
-def score_generated(s: Run, step: int, pending: tuple[list[Any], Any]) -> tuple[RolloutBatch, torch.Tensor, list[int],
-                                                                                 dict[str, float]]:
-    """The second stage: score what :func:`generate_unscored` made; what :func:`rollout_step` returns."""
-    examples, gen = pending
-    faults.at("score", step + 1)
-    t0 = time.perf_counter()
-    scored = s.rollouts.score(gen.batch, repeat_each([e.reward_prompt for e in examples], gen.batch.group_size))
-    reward_s = time.perf_counter() - t0
-    gen.batch.reward_terms = labelled_terms(scored)
-    if scored.num_errors:
-        s.warn(f"step {step}: {scored.num_errors} sample(s) skipped (reward failed); first:\n"
-               f"{scored.first_error}")
-    m = {"time/rollout_s": gen.generate_s, "time/reward_s": reward_s, "sampling_rounds": 1.0,
-         REWARD_ERRORS: float(scored.num_errors)}
-    return gen.batch, scored.rewards, [e.id for e in examples], m
-
-
-def start_producer(s: Run, start: int, total: int) -> RolloutProducer | None:
+def start_producer(s: Run, start: int, total: int) -> RolloutProducer[StepRollout] | None:
     """The rollout producer of an asynchronous run (rollout.max_staleness > 0), its engine holding
     the weights of step ``start``; None for the synchronous loop. Scoring runs in a stage of its
     own, beside generation, where :func:`scoring_overlaps` allows."""
     K = s.cfg.rollout.max_staleness
     if K == 0:
         return None
-    common = dict(max_staleness=K, next_step=start, last_step=total, loaded_version=start,
-                  loaded_weights=snapshot(s.trainers.weights()), queued=s.queued)
     r = s.cfg.rollout
-    common.update(newest=r.partial, start=False)
-    if scoring_overlaps(s):
-        def produce(step: int) -> tuple[int, Any]:
-            return step, generate_unscored(s, step)
-
-        def finish(pending: tuple[int, Any]) -> Any:
-            step, made = pending
-            return score_generated(s, step, made)
-
-        producer = RolloutProducer(produce, s.rollouts.load_weights, finish=finish, **common)
-    else:
-        producer = RolloutProducer(lambda step: rollout_step(s, step), s.rollouts.load_weights, **common)
+    apart = scoring_overlaps(s)
+    producer = RolloutProducer(StepRollouts(s, apart), max_staleness=K, next_step=start, last_step=total,
+                               loaded_version=start, loaded_weights=snapshot(s.trainers.weights()),
+                               queued=s.queued, score_apart=apart, newest=r.partial, start=False)
     if r.partial:  # one process (checked at start): the engine loads newer weights between segments
-        s.rollouts.partial = (r.partial_tokens or max(1, s.cfg.max_new_tokens // 4), producer.refresh)
+        s.rollouts.sample_in_segments(r.partial_tokens or max(1, s.cfg.max_new_tokens // 4), producer.refresh)
     producer.start()
     return producer
 
 
-def evaluate_current(s: Run, step: int, producer: RolloutProducer | None) -> dict[str, float]:
+def evaluate_current(s: Run, step: int, producer: RolloutProducer[StepRollout] | None) -> dict[str, float]:
     """:func:`evaluate` with the trainer's current weights: an asynchronous run pauses its
     producer, evaluates with them, and gives the engine back the version it was generating with."""
     if producer is None:
@@ -311,87 +286,96 @@ def staleness(batch: RolloutBatch, step: int, version: int) -> dict[str, float]:
     return {STALENESS_MEAN: float(lag.mean()), STALENESS_MAX: float(lag.max())}
 
 
-def _sync_weights(s: Run) -> float:
-    """Push the trainers' weights to the rollout engine(s); returns the seconds it took."""
-    t0 = time.perf_counter()
-    s.rollouts.load_weights(s.trainers.weights())
-    return time.perf_counter() - t0
-
-
-def train_step(s: Run, step: int, producer: RolloutProducer | None = None) -> dict[str, float]:
+def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None = None) -> dict[str, float]:
     """One full step; returns its metrics. With a ``producer`` (rollout.max_staleness > 0) the
     batch was generated ahead by an older policy, and the new weights are published to it
     instead of synced."""
     cfg = s.cfg
     t_start = time.perf_counter()
+    # ROLLOUT: the step's batch, scored (generated now, or ahead by the producer)
     if producer is None:
-        batch, rewards, ids, m = rollout_step(s, step)
+        r = rollout_step(s, step)
+        m = dict(r.metrics)
     else:
-        item = producer.get(step)
-        batch, rewards, ids, m = item.value
-        m = {**m, **staleness(batch, step, item.version),
-             TRAINER_WAIT: time.perf_counter() - t_start, PRODUCER_WAIT: item.wait_s}
-        if producer.finish is not None:  # scored in a stage of its own, beside generation
+        waited: dict[str, float] = {}
+        with timed(waited, "trainer_wait"):
+            item = producer.get(step)
+        r = item.value
+        m = {**r.metrics, **staleness(r.batch, step, item.version), **waited, PRODUCER_WAIT: item.wait_s}
+        if producer.score_apart:  # scored in a stage of its own, beside generation
             m[REWARD_HIDDEN] = item.hidden_s
-    t0 = time.perf_counter()
-    tb = s.trainers.estimate(batch, rewards)
-    m["time/logprobs_s"] = time.perf_counter() - t0
-    # pass-rate cap: retire prompts that are (nearly) solved
-    cap = s.fn.data.pass_rate_cap
-    if cap is not None:
-        retired = s.fn.data.retire(rewards.view(-1, batch.group_size)).tolist()  # p >= cap, NaN left out
-        retire = [pid for pid, r in zip(ids, retired) if r]
-        if retire and len(s.source) - len(set(retire) - s.source.excluded) > 0:
-            s.source.exclude(retire)
-        m["retired_prompts"] = float(len(s.source.excluded))
-    m.update(s.source.observe(ids, rewards.view(-1, batch.group_size)))  # per-task metrics, curriculum
+    rewards = r.scored
+    # ESTIMATE: old / reference logprobs, values, the spec's shaping, filters and advantages
+    with timed(m, "logprobs"):
+        tb = s.trainers.estimate(r.batch, rewards)
+    # PASS-RATE CAP: retire the prompts the spec calls solved
+    if s.fn.data.pass_rate_cap is not None:
+        m["retired_prompts"] = float(_retire_solved(s, r))
+    m.update(s.source.observe(r.prompt_ids, rewards.view(-1, r.batch.group_size)))  # per-task metrics, curriculum
+    # UPDATE: minibatches of the compiled loss, then the LR-schedule step
     faults.at("update", step + 1)
-    t0 = time.perf_counter()
-    um = s.trainers.update(tb, step_seed(cfg.seed, step, 0, "minibatch"))  # + the LR schedule step
-    m["time/update_s"] = time.perf_counter() - t0
+    with timed(m, "update"):
+        um = s.trainers.update(tb, step_seed(cfg.seed, step, 0, "minibatch"))
+    # SYNC: the new weights to the engine (an asynchronous run: published; the producer loads them)
     faults.at("sync", step + 1)
-    if producer is None:
-        m["time/sync_s"] = _sync_weights(s)
-    else:  # the producer loads them between its batches
-        t0 = time.perf_counter()
-        producer.publish(step + 1, snapshot(s.trainers.weights()))
-        m["time/sync_s"] = time.perf_counter() - t0
-    finite = torch.isfinite(rewards)
-    resp_len = batch.response_mask.sum(-1).float()
-    step_s = time.perf_counter() - t_start
-    tokens = float(batch.response_mask.sum() + batch.prompt_mask.sum())
-    m.update({
-        REWARD: float(rewards[finite].mean()) if finite.any() else float("nan"),
-        ACCURACY: float((rewards[finite] > 0.5).float().mean()) if finite.any() else float("nan"),
-        RESPONSE_LENGTH: float(resp_len.mean()),
-        TRUNCATED_FRACTION: float(batch.truncated.float().mean()),
-        LR: s.trainers.lr,
-        STEP_TIME: step_s,
-        TOKENS_PER_S: tokens / max(step_s, 1e-9),
-    })
-    m.update({k: v for k, v in tb.metrics.items() if k != REWARD})  # REWARD: set above
-    m.update(reward_term_metrics(batch.reward_terms))
-    m.update(tool_call_metrics(batch, cfg.rollout.tool_parser))  # episodes with tools only
-    m.update(agent_metrics(batch))  # rollout.agent episodes only
+    with timed(m, "sync"):
+        if producer is None:
+            s.rollouts.load_weights(s.trainers.weights())
+        else:
+            producer.publish(step + 1, snapshot(s.trainers.weights()))
+    # RECORD: the step's metrics and samples
+    m.update(step_metrics(s, r, time.perf_counter() - t_start))
+    m.update({k: v for k, v in tb.metrics.items() if k != REWARD})  # REWARD: the step's own
+    m.update(reward_term_metrics(r.batch.reward_terms))
+    m.update(tool_call_metrics(r.batch, cfg.rollout.tool_parser))  # episodes with tools only
+    m.update(agent_metrics(r.batch))  # rollout.agent episodes only
     m.update(um)
     m.update(throughput(m, peak_flops(cfg.device, autocast_dtype(cfg.model.dtype), cfg.train.peak_flops),
-                        float(batch.response_mask.sum())))
+                        float(r.batch.response_mask.sum())))
     if cfg.log.samples_per_step:
         adv, mask = getattr(tb, "advantages", None), getattr(tb, "mask", None)  # None on Ray ranks
-        append_samples(s.run_dir, sample_rows(step + 1, batch, rewards,
+        append_samples(s.run_dir, sample_rows(step + 1, r.batch, rewards,
                                               None if adv is None else adv.cpu(),
                                               None if mask is None else mask.cpu(), cfg.log.samples_per_step))
     return m
 
 
+def _retire_solved(s: Run, r: StepRollout) -> int:
+    """Retire the prompts whose pass rate reached the cap (NaN rewards left out) unless that would
+    leave no prompt to train on; returns how many are retired in all."""
+    retired = s.fn.data.retire(r.scored.view(-1, r.batch.group_size)).tolist()  # p >= cap
+    retire = [pid for pid, done in zip(r.prompt_ids, retired) if done]
+    if retire and len(s.source) - len(set(retire) - s.source.excluded) > 0:
+        s.source.exclude(retire)
+    return len(s.source.excluded)
+
+
+def step_metrics(s: Run, r: StepRollout, step_s: float) -> dict[str, float]:
+    """The step's rollout metrics: mean reward and accuracy over the scorable samples, length,
+    truncation, learning rate, time and throughput."""
+    batch, rewards = r.batch, r.scored
+    finite = torch.isfinite(rewards)
+    tokens = float(batch.response_mask.sum() + batch.prompt_mask.sum())
+    return {
+        REWARD: float(rewards[finite].mean()) if finite.any() else float("nan"),
+        ACCURACY: float(s.reward.correct(rewards[finite]).float().mean()) if finite.any() else float("nan"),
+        RESPONSE_LENGTH: float(batch.response_mask.sum(-1).float().mean()),
+        TRUNCATED_FRACTION: float(batch.truncated.float().mean()),
+        LR: s.trainers.lr,
+        STEP_TIME: step_s,
+        TOKENS_PER_S: tokens / max(step_s, 1e-9),
+    }
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 def _extra_state(s: Run, step: int, algorithm: dict[str, Any],
-                 queued: list[Produced] | None = None) -> dict[str, Any]:
+                 queued: list[Produced[StepRollout]] | None = None) -> dict[str, Any]:
     extra = {"step": step, "data": s.source.state_dict(), "algorithm": algorithm}
     if queued is not None:  # asynchronous rollouts: the batches generated ahead, as plain values
-        extra["queued"] = [{"step": p.step, "version": p.version, "batch": _plain_batch(p.value[0]),
-                            "rewards": p.value[1], "ids": p.value[2], "metrics": p.value[3]} for p in queued]
+        extra["queued"] = [{"step": p.step, "version": p.version, "batch": _plain_batch(p.value.batch),
+                            "rewards": p.value.rewards, "ids": p.value.prompt_ids, "metrics": p.value.metrics}
+                           for p in queued]
     return extra
 
 
@@ -399,13 +383,14 @@ def _plain_batch(batch: RolloutBatch) -> dict[str, Any]:
     return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
 
 
-def restored_queue(extra: dict[str, Any]) -> list[Produced]:
-    """The batches a checkpoint of an asynchronous run had generated ahead."""
-    return [Produced(q["step"], q["version"], (RolloutBatch(**q["batch"]), q["rewards"], q["ids"], q["metrics"]))
+def restored_queue(extra: dict[str, Any]) -> list[Produced[StepRollout]]:
+    """The batches a checkpoint of an asynchronous run had generated ahead (scored)."""
+    return [Produced(q["step"], q["version"], StepRollout(q["step"], RolloutBatch(**q["batch"]), q["ids"], [],
+                                                          q["rewards"], q["metrics"]))
             for q in extra.get("queued", [])]
 
 
-def save(s: Run, step: int, producer: RolloutProducer | None = None) -> Path:
+def save(s: Run, step: int, producer: RolloutProducer[StepRollout] | None = None) -> Path:
     """Checkpoint ``step``; with a producer, after it has generated every batch the published
     weights allow (those batches are saved with it), paused until the save is done."""
     queued = producer.drain() if producer is not None else None
@@ -428,7 +413,7 @@ def restore(s: Run, path: Path) -> int:
     s.trainers.load_checkpoint(c)  # weights, critic, algorithm state, optimizers, scheduler
     s.source.load_state_dict(c.extra["data"])
     s.queued = restored_queue(c.extra)
-    _sync_weights(s)
+    s.rollouts.load_weights(s.trainers.weights())
     restore_rng(c.rng)  # last: no draw between the restore and the next step
     return c.step
 
@@ -480,7 +465,7 @@ def _start_again(run_dir: Path) -> list[str]:
             f"written): starting it again from step 0 with its saved config"]
 
 
-def _shut_down(producer: RolloutProducer | None, s: Run, quiet: bool) -> None:
+def _shut_down(producer: RolloutProducer[StepRollout] | None, s: Run, quiet: bool) -> None:
     """Stop the producer and the run's workers. ``quiet`` (an error is on its way out): an error
     while stopping is printed, never raised, so it cannot hide the one that stopped the run."""
     first: BaseException | None = None
@@ -535,10 +520,8 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
         save_parent_specs(run_dir, algo.parent_sources)
         start, notes = 0, []
     cfg = plan.cfg
-    if cfg.rollout.tools is not None or cfg.rollout.env is not None:
-        SHARED_RUNNER.hide(run_dir)  # the tools of this process's episodes never see the run's files
     s = build(plan, run_dir)
-    producer: RolloutProducer | None = None
+    producer: RolloutProducer[StepRollout] | None = None
     failed = True
     try:
         if start is None:

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from ..data.reasoning_gym import PREFIX, parse_tasks, read_options, training_entries
+from ..errors import RunError
 from ..rollout.engines.base import SamplingParams
 from ..rollout.engines.hf import HFEngine
 from .model import build_tokenizer, tiny_config
@@ -129,8 +131,6 @@ class ArithmeticWarmStart:
 
 def entries(settings: ArithmeticWarmStart) -> list[dict]:
     """The run's training entries of these settings (``reasoning_gym.training_entries``)."""
-    from ..data.reasoning_gym import PREFIX, training_entries
-
     options = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.options}
     return training_entries(PREFIX + TASK, {**options, "size": settings.size, "seed": settings.data_seed},
                             run_seed=settings.data_seed)
@@ -265,9 +265,6 @@ def embedded_model(path: str, options: dict[str, Any], run_seed: int, answer_for
                    verbose: bool = False) -> Path:
     """The warm-started model for ``data.path`` / ``data.options`` when no ``model.path`` is set:
     reasoning-gym's ``basic_arithmetic`` with two terms, + and - (any digits), trained on that run's training set."""
-    from ..data.reasoning_gym import parse_tasks, read_options
-    from ..errors import RunError
-
     tasks = parse_tasks(path)
     names = [n for n, _ in tasks]
     opts = read_options(options, names, run_seed)

@@ -20,7 +20,7 @@ from ..data.datasets import Example, PromptSource
 #: The tool's name, as the model calls it and the chat template lists it.
 TOOL_NAME = "calculator"
 #: The ``--tools`` / ``rollout.tools`` spec of the calculator.
-TOOL_SPEC = "rldsl.runtime.toy.calculator:calculator"
+TOOL_SPEC = f"{__name__}:calculator"
 
 _EXPRESSION = re.compile(r"\s*[+-]?\s*\d+(?:\s*[+-]\s*\d+)*\s*")
 _TERM = re.compile(r"([+-]?)\s*(\d+)")

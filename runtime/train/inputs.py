@@ -19,19 +19,24 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
-from rldsl import Algorithm
+from rldsl import Algorithm, CompiledAlgorithm
 from rldsl import inputs as table
 
 from ..batch import RolloutBatch
-from ..data.datasets import rollout_prompts
+from ..data.datasets import Example, rollout_prompts
+from ..rewards.functions import RewardResult
 from ..rollout.engines.base import SamplingParams
 
-Trainer = Any  # train/trainer.py's Trainer (it imports this module): what the producers read of it
+class Trainer(Protocol):
+    """What the estimate- and update-stage producers read of a trainer (train/trainer.py's
+    ``Trainer``, which calls them): the compiled algorithm."""
+
+    fn: CompiledAlgorithm
 
 
 # ----------------------------------------------------------------------------- what producers read
@@ -101,15 +106,15 @@ def old_policy_statistics(algo: Algorithm) -> bool:
 
 # ----------------------------------------------------------------------------- rollout stage
 
-def greedy_baselines(side: RolloutSide, batch: RolloutBatch, scored: Any,
-                     prompts: list[Any]) -> tuple[RolloutBatch, float]:
+def greedy_baselines(side: RolloutSide, batch: RolloutBatch, scored: RewardResult,
+                     prompts: list[Example]) -> tuple[RolloutBatch, float]:
     """``reward_baselines`` [B]: one greedy response per prompt, scored by the run's reward.
 
     What verl's ReMax trainer does (do_sample=False on a copy of the prompts, the same reward
     function, the reward repeated over the group). Returns the batch and the seconds it took.
     """
     gen = side.generate(rollout_prompts(prompts, side.episodes), [e.answer for e in prompts],
-                        SamplingParams(n=1, temperature=0.0, max_new_tokens=side.max_new_tokens),
+                        SamplingParams.greedy(side.max_new_tokens),
                         [e.reward_prompt for e in prompts])
     r = gen.scored.rewards.to(torch.float32)  # [P]
     if gen.scored.num_errors:
@@ -119,8 +124,8 @@ def greedy_baselines(side: RolloutSide, batch: RolloutBatch, scored: Any,
     return _with(batch, reward_baselines=base), gen.generate_s + gen.reward_s
 
 
-def per_function_rewards(side: RolloutSide, batch: RolloutBatch, scored: Any,
-                         prompts: list[Any]) -> tuple[RolloutBatch, float]:
+def per_function_rewards(side: RolloutSide, batch: RolloutBatch, scored: RewardResult,
+                         prompts: list[Example]) -> tuple[RolloutBatch, float]:
     """``reward_components`` [B, K] (one column per term of the reward spec, in its order) and
     ``reward_weights`` [K]: what GDPO (`baseline per_reward_group`) normalises."""
     dev = batch.response_ids.device
@@ -136,25 +141,27 @@ def _with(batch: RolloutBatch, **made: Tensor) -> RolloutBatch:
 
 
 @dataclass(frozen=True)
-class RolloutProducer:
-    make: Callable[[RolloutSide, RolloutBatch, Any, list[Any]], tuple[RolloutBatch, float]]
+class RolloutInputMaker:
+    """The producer of a rollout-stage input (one may make several inputs at once)."""
+
+    make: Callable[[RolloutSide, RolloutBatch, RewardResult, list[Example]], tuple[RolloutBatch, float]]
     time_metric: str | None = None  # the step metric its seconds add to (None: not timed)
 
 
-_GREEDY = RolloutProducer(greedy_baselines, "time/greedy_s")
-_PER_FUNCTION = RolloutProducer(per_function_rewards)
+_GREEDY = RolloutInputMaker(greedy_baselines, "time/greedy_s")
+_PER_FUNCTION = RolloutInputMaker(per_function_rewards)
 
-ROLLOUT: dict[str, RolloutProducer] = {
+ROLLOUT: dict[str, RolloutInputMaker] = {
     "reward_baselines": _GREEDY,
     "reward_components": _PER_FUNCTION,
     "reward_weights": _PER_FUNCTION,  # made together with the components
 }
 
 
-def rollout_producers(algo: Algorithm) -> list[RolloutProducer]:
+def rollout_producers(algo: Algorithm) -> list[RolloutInputMaker]:
     """The rollout-stage producers of the inputs the algorithm reads, each once, in table order."""
     reads = set(algo.needs())
-    out: list[RolloutProducer] = []
+    out: list[RolloutInputMaker] = []
     for name, p in ROLLOUT.items():
         if name in reads and p not in out:
             out.append(p)

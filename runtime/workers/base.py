@@ -9,7 +9,7 @@ updates, weights and checkpoint state. Implementations: in the driver process
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -66,6 +66,12 @@ class Rollouts(Protocol):
 
     def load_weights(self, weights: Any) -> None:
         """Load what ``Trainers.weights()`` returned into every engine."""
+        ...
+
+    def sample_in_segments(self, tokens: int, refresh: Callable[[], int]) -> None:
+        """Partial rollouts (``rollout.partial``): from now on sample ``tokens`` at a time and call
+        ``refresh()`` (it loads the newest published weights, returns the version held) between
+        two segments. One process only (checked before the run starts)."""
         ...
 
     def close(self) -> None:

@@ -25,9 +25,11 @@ class LocalRollouts:
         self.engine = engine
         self.reward = reward
         self.episodes = episodes  # multi-turn episodes (rollout.tools / env / agent), else None
-        # partial rollouts (rollout.partial): (tokens per segment, refresh() -> version held), set
-        # by the loop's producer
+        # partial rollouts (rollout.partial): (tokens per segment, refresh() -> version held)
         self.partial: tuple[int, Callable[[], int]] | None = None
+
+    def sample_in_segments(self, tokens: int, refresh: Callable[[], int]) -> None:
+        self.partial = (tokens, refresh)
 
     def generate(self, prompts: list[str | tuple], answers: list[str], params: SamplingParams,
                  reward_prompts: list[str] | None = None, score: bool = True) -> Generation:

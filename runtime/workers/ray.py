@@ -469,6 +469,10 @@ class RayRollouts:
         self._run("the weight sync", self.cfg.distributed.sync_timeout,
                   lambda w: self.actors[w].update_weights.remote(self.weights, self.version))
 
+    def sample_in_segments(self, tokens: int, refresh: Any) -> None:
+        """Partial rollouts run in one process (the run is refused before it starts)."""
+        raise ConfigError("rollout.partial runs in one process: not with Ray rollout workers")
+
     def close(self) -> None:
         self.cluster.close()
 

@@ -187,7 +187,8 @@ def test_rewards_receive_the_original_prompt_while_the_engine_sees_the_template(
     (tmp_path / "run").mkdir()
     s = build_run("grpo", cfg, tmp_path / "run")
     SEEN.clear()
-    batch, _, ids, _ = loop.rollout_step(s, 0)
+    made = loop.rollout_step(s, 0)
+    batch, ids = made.batch, made.prompt_ids
     assert len(SEEN) == 6 and sorted({a for _, a in SEEN}) == ["0", "1", "2"]
     for prompt, answer in SEEN:
         assert prompt == original[answer]

@@ -190,3 +190,36 @@ def test_assignment_is_validated():
         cfg.train.lr = "fast"
     with pytest.raises(ValidationError):
         RunConfig(train={"lr": 1e-4, "bogus": 1})
+
+
+def test_built_in_tasks_are_one_table():
+    """Each built-in task is a row of config.BUILTIN_TASKS (what it fills in) and of toy/tasks.TASKS
+    (its prompts and model); data.task accepts exactly those names and no module tests a task's name."""
+    import re
+    from pathlib import Path
+
+    from rldsl.runtime.config import BUILTIN_TASKS, DataConfig
+    from rldsl.runtime.toy.tasks import TASKS
+
+    assert set(TASKS) == set(BUILTIN_TASKS) == {"addition", "calculator"}
+    assert set(DataConfig.model_fields["task"].annotation.__args__) == set(BUILTIN_TASKS)
+    calc = load_config(None, ["data.task=calculator"])
+    assert calc.max_new_tokens == BUILTIN_TASKS["calculator"].max_new_tokens
+    assert load_config(None, ["data.path=x.jsonl"]).builtin_task is None
+    runtime = Path(__file__).resolve().parents[2] / "runtime"
+    branches = [f"{p.relative_to(runtime)}:{n}" for p in runtime.rglob("*.py")
+                for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+                if re.search(r"task\s*[!=]=\s*['\"]|['\"]\s*[!=]=\s*\S*task\b", line)]
+    assert branches == []
+
+
+def test_sampling_parameters_come_from_the_config_in_one_place():
+    from rldsl.runtime.rollout.engines.base import SamplingParams
+
+    cfg = load_config(None, ["rollout.n=3", "rollout.temperature=0.7", "rollout.top_p=0.9",
+                             "rollout.max_new_tokens=6", "rollout.min_new_tokens=9"])
+    assert SamplingParams.for_rollout(cfg, seed=5) == SamplingParams(
+        n=3, temperature=0.7, top_p=0.9, max_new_tokens=6, seed=5, min_new_tokens=6)  # within the budget
+    assert SamplingParams.for_evaluation(cfg, 4, seed=1) == SamplingParams(
+        n=4, temperature=0.7, top_p=0.9, max_new_tokens=6, seed=1)
+    assert SamplingParams.greedy(6) == SamplingParams(n=1, temperature=0.0, max_new_tokens=6)

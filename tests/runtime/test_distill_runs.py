@@ -72,7 +72,7 @@ def test_a_teacher_equal_to_the_student_gives_zero_divergence(model_dir, tmp_pat
 def test_no_teacher_is_refused_before_the_model_loads(model_dir, tmp_path, monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("a model was loaded")
-    monkeypatch.setattr("rldsl.runtime.run.build.master_policy", no_load)
+    monkeypatch.setattr("rldsl.runtime.workers.start.master_policy", no_load)
     with pytest.raises(ConfigError, match=r"opd: distill reverse_kl learns from a teacher, and teacher.path "
                                           r"is not set"):
         loop.train("opd", quick_config(model_dir, tmp_path / "run"))

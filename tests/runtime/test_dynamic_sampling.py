@@ -17,7 +17,7 @@ from rldsl.runtime.config import load_config
 from rldsl.runtime.data.datasets import Example, PromptSource, rollout_prompts
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
-from rldsl.runtime.rewards.functions import RewardResult
+from rldsl.runtime.rewards.functions import RewardFn, RewardResult
 from rldsl.runtime.train.optim import build_optimizer
 from rldsl.runtime.train.trainer import Trainer
 from rldsl.runtime.workers.base import Generation
@@ -52,8 +52,9 @@ def _run(tiny_model, tokenizer, spec: str, rounds):
     examples = [Example(id=i, prompt=f"{i}+{i}=", answer=str(2 * i)) for i in range(10, 40)]
     warnings: list[str] = []
     s = SimpleNamespace(cfg=cfg, fn=fn, source=PromptSource(examples, seed=0), tokenizer=tokenizer,
-                        rollouts=ScriptedRollouts(tiny_model, tokenizer, rounds), warn=warnings.append,
-                        episodes=False, rollout_prompts=lambda examples: rollout_prompts(examples, False))
+                        rollouts=ScriptedRollouts(tiny_model, tokenizer, rounds), reward=RewardFn("exact"),
+                        warn=warnings.append, episodes=False,
+                        rollout_prompts=lambda examples: rollout_prompts(examples, False))
     return s, warnings
 
 
@@ -61,7 +62,8 @@ def test_dynamic_sampling_trains_on_the_informative_groups_only(tiny_model, toke
     rounds = ROUNDS + [[[0] * G] * 4] * 7  # dapo: max_rounds 10, nothing informative after round 3
     s, warnings = _run(tiny_model, tokenizer, "dapo", rounds)
     assert s.fn.data.dynamic_rounds == 10
-    batch, rewards, ids, m = loop.rollout_step(s, step=1)
+    r = loop.rollout_step(s, step=1)
+    batch, rewards, ids, m = r.batch, r.rewards, r.prompt_ids, r.metrics
     assert m["sampling_rounds"] == 10 and m["informative_groups"] == 2
     # round 0's group 1 and round 2's group 2, nothing else
     expected = torch.tensor([0, 1, 0, 0, 1, 0, NAN, 1])
@@ -81,14 +83,16 @@ def test_dynamic_sampling_trains_on_the_informative_groups_only(tiny_model, toke
 def test_dynamic_sampling_stops_drawing_once_the_batch_is_informative(tiny_model, tokenizer):
     rounds = [[[0, 1, 0, 0]] * 2 + [[1, 1, 1, 1]] * 2, [[1, 0, 1, 1]] * 4, [[0, 1, 1, 1]] * 4]
     s, warnings = _run(tiny_model, tokenizer, "dapo", rounds)
-    batch, rewards, ids, m = loop.rollout_step(s, step=1)
+    r = loop.rollout_step(s, step=1)
+    batch, m = r.batch, r.metrics
     assert m["sampling_rounds"] == 2 and m["informative_groups"] == 4 and len(batch) == 4 * G
     assert s.rollouts.calls == 2 and not warnings
 
 
 def test_no_informative_group_keeps_the_last_round_with_zero_advantages(tiny_model, tokenizer):
     s, warnings = _run(tiny_model, tokenizer, "dapo", [[[1] * G] * 4] * 10)
-    batch, rewards, ids, m = loop.rollout_step(s, step=1)
+    r = loop.rollout_step(s, step=1)
+    batch, m = r.batch, r.metrics
     assert m["informative_groups"] == 0 and len(batch) == 4 * G
     assert any("zero advantage" in w for w in warnings)
 

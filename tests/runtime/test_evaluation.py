@@ -170,3 +170,37 @@ def test_eval_set_errors_come_before_the_model_loads(model_dir, tmp_path):
     with pytest.raises(DataError, match="bad.jsonl"):
         loop.train("grpo", cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_held_out_and_eval_sets_are_one_evaluator_and_one_rule_of_correctness():
+    """answer_set answers a set greedily then sampled; set_metrics and heldout_metrics name the
+    same answers' figures; "correct" is RewardFn.correct (reward > 0.5, a failed reward never)."""
+    from rldsl.runtime.rewards.functions import CORRECT_ABOVE, correct
+    from rldsl.runtime.rollout.engines.base import SamplingParams
+    from rldsl.runtime.run.evaluation import Answers, answer_set, heldout_metrics, set_metrics
+    from types import SimpleNamespace
+
+    nan = float("nan")
+    assert CORRECT_ABOVE == 0.5
+    assert correct(torch.tensor([1.0, 0.5, 0.75, nan])).tolist() == [True, False, True, False]
+    calls = []
+    rewards = {1: torch.tensor([1.0, nan]), 2: torch.tensor([1.0, 0.0, nan, 0.25])}
+
+    def answer(examples, params):
+        calls.append(params)
+        B = len(rewards[params.n])
+        batch = SimpleNamespace(response_mask=torch.ones(B, 2), truncated=torch.zeros(B, dtype=torch.bool),
+                                episodes=[], completions=[""] * B)
+        return batch, rewards[params.n]
+
+    a = answer_set(answer, ["p0", "p1"], max_new_tokens=5, sampled=SamplingParams(n=2, temperature=1.0, max_new_tokens=5))
+    assert calls[0] == SamplingParams.greedy(5) and calls[1].n == 2
+    assert isinstance(a, Answers) and a.failed == 2
+    reward = RewardFn("exact")
+    sets = set_metrics("s", a, reward)
+    held = heldout_metrics(a, reward, "hermes")
+    assert sets["eval/s/greedy_acc"] == held["eval/greedy_acc"] == 0.5
+    assert sets["eval/s/pass@1"] == 0.25 and held["eval/sampled_acc"] == 0.25
+    assert held["eval/greedy_reward"] == 1.0
+    assert sets["eval/s/reward"] == held["eval/sampled_reward"] == pytest.approx(1.25 / 3)
+    assert sets["eval/s/failed"] == held["eval/failed"] == 2.0

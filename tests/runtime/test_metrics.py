@@ -200,3 +200,23 @@ def test_print_summary_from_the_logger(tmp_path):
         logger.log(1, {"reward_mean": 0.5})
         logger.print_summary()
     assert "run summary" in console.file.getvalue() and "reward_mean" in console.file.getvalue()
+
+
+def test_the_step_timer_adds_each_phase_under_its_metric_name():
+    """timed(m, phase) records time/<phase>_s (adding up when a phase runs twice); an unknown
+    phase is refused, so a step cannot time a phase under a second spelling."""
+    from rldsl.runtime.records.metrics import PHASES, TRAINER_WAIT, time_key, timed
+
+    m: dict[str, float] = {}
+    with timed(m, "update"):
+        pass
+    first = m["time/update_s"]
+    with timed(m, "update"):
+        pass
+    assert set(m) == {"time/update_s"} and m["time/update_s"] >= first >= 0
+    with pytest.raises(RuntimeError), timed(m, "sync"):
+        raise RuntimeError("the phase failed")
+    assert "time/sync_s" in m  # timed even when it raises
+    assert time_key("trainer_wait") == TRAINER_WAIT and "rollout" in PHASES
+    with pytest.raises(KeyError, match="no timed phase 'updates'"):
+        time_key("updates")

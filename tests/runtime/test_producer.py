@@ -1,4 +1,4 @@
-"""The rollout producer's schedule and guarantees, with stand-in produce/load functions (fast,
+"""The rollout producer's schedule and guarantees, with stand-in batch makers (fast,
 deterministic); the runs that use it are in test_async.py."""
 from __future__ import annotations
 
@@ -11,19 +11,35 @@ from rldsl.runtime.errors import RunError
 from rldsl.runtime.rollout.producer import Produced, RolloutProducer, version_for
 
 
+class Maker:
+    """A batch maker (the producer's interface) from plain functions."""
+
+    def __init__(self, make, score=None, load=lambda w: None) -> None:
+        self._make, self._score, self._load = make, score, load
+
+    def make(self, step):
+        return self._make(step)
+
+    def score(self, made):
+        return self._score(made)
+
+    def load_weights(self, weights) -> None:
+        self._load(weights)
+
+
 class Engine:
-    """Records what the producer did: the weights each batch was generated with."""
+    """A batch maker that records what the producer did: the weights each batch was generated with."""
 
     def __init__(self, start: str = "w0", delay: float = 0.0) -> None:
         self.weights, self.delay, self.loads, self.made = start, delay, [], []
         self.max_queued = 0
         self.producer: RolloutProducer | None = None
 
-    def load(self, w: str) -> None:
+    def load_weights(self, w: str) -> None:
         self.loads.append(w)
         self.weights = w
 
-    def produce(self, step: int) -> str:
+    def make(self, step: int) -> str:
         time.sleep(self.delay)
         if self.producer is not None:
             self.max_queued = max(self.max_queued, len(self.producer.queued_steps()))
@@ -44,7 +60,7 @@ def train(producer: RolloutProducer, steps: range, delay: float = 0.0) -> list[P
 @pytest.mark.parametrize("K", [1, 2, 3])
 def test_each_batch_is_exactly_k_versions_old_and_the_queue_stays_bounded(K):
     eng = Engine(delay=0.01)
-    p = RolloutProducer(eng.produce, eng.load, max_staleness=K, next_step=0, last_step=12, loaded_version=0)
+    p = RolloutProducer(eng, max_staleness=K, next_step=0, last_step=12, loaded_version=0)
     eng.producer = p
     got = train(p, range(12), delay=0.02)
     p.close()
@@ -59,7 +75,7 @@ def test_the_producer_runs_ahead_while_the_trainer_trains():
     """With K = 1 the batch of step t + 1 is generated while step t trains: inside step t the
     trainer sees it appear (no clock involved)."""
     eng = Engine()
-    p = RolloutProducer(eng.produce, eng.load, max_staleness=1, next_step=0, last_step=6, loaded_version=0)
+    p = RolloutProducer(eng, max_staleness=1, next_step=0, last_step=6, loaded_version=0)
     for t in range(5):
         p.get(t)
         deadline = time.monotonic() + 10
@@ -76,7 +92,7 @@ def test_a_producer_error_surfaces_in_the_trainer_not_a_hang():
             raise ZeroDivisionError("engine broke")
         return step
 
-    p = RolloutProducer(produce, lambda w: None, max_staleness=1, next_step=0, last_step=5, loaded_version=0)
+    p = RolloutProducer(Maker(produce), max_staleness=1, next_step=0, last_step=5, loaded_version=0)
     assert p.get(0).value == 0
     p.publish(1, "w1")
     assert p.get(1).value == 1
@@ -90,7 +106,7 @@ def test_a_producer_error_surfaces_in_the_trainer_not_a_hang():
 
 def test_drain_for_a_checkpoint_and_restore_the_queue():
     eng = Engine()
-    p = RolloutProducer(eng.produce, eng.load, max_staleness=2, next_step=0, last_step=10, loaded_version=0)
+    p = RolloutProducer(eng, max_staleness=2, next_step=0, last_step=10, loaded_version=0)
     train(p, range(3))  # versions 1..3 published
     queued = p.drain()  # everything generable now: batches 3, 4 (v1, v2) and 5 (v3)
     assert [q.step for q in queued] == [3, 4, 5] and [q.version for q in queued] == [1, 2, 3]
@@ -100,7 +116,7 @@ def test_drain_for_a_checkpoint_and_restore_the_queue():
     p.close()
     # a resumed run: the engine holds version 3 (the checkpoint), the queue comes back
     eng2 = Engine(start="w3")
-    p2 = RolloutProducer(eng2.produce, eng2.load, max_staleness=2, next_step=3, last_step=10,
+    p2 = RolloutProducer(eng2, max_staleness=2, next_step=3, last_step=10,
                          loaded_version=3, queued=queued)
     got = train(p2, range(3, 10))
     p2.close()
@@ -111,7 +127,7 @@ def test_drain_for_a_checkpoint_and_restore_the_queue():
 
 def test_paused_stops_between_batches():
     eng = Engine(delay=0.02)
-    p = RolloutProducer(eng.produce, eng.load, max_staleness=3, next_step=0, last_step=50, loaded_version=0)
+    p = RolloutProducer(eng, max_staleness=3, next_step=0, last_step=50, loaded_version=0)
     p.get(0)
     with p.paused():
         n = len(eng.made)
@@ -125,7 +141,7 @@ def test_paused_stops_between_batches():
 
 def test_k0_is_refused():
     with pytest.raises(ValueError, match="max_staleness must be >= 1"):
-        RolloutProducer(lambda s: s, lambda w: None, max_staleness=0, next_step=0, last_step=1, loaded_version=0)
+        RolloutProducer(Maker(lambda s: s), max_staleness=0, next_step=0, last_step=1, loaded_version=0)
 
 
 # ------------------------------------------------------------------------ the scoring stage
@@ -145,8 +161,8 @@ def test_batch_s_is_scored_while_batch_s_plus_1_is_generated():
             overlapped.append(started[step + 1].wait(10))
         return f"scored:{pending}"
 
-    p = RolloutProducer(produce, lambda w: None, max_staleness=2, next_step=0, last_step=6, loaded_version=0,
-                        finish=finish)
+    p = RolloutProducer(Maker(produce, score=finish), max_staleness=2, next_step=0, last_step=6,
+                        loaded_version=0, score_apart=True)
     got = [p.get(t) for t in range(2)]
     for t in range(2, 6):
         p.publish(t - 1, f"w{t - 1}")
@@ -173,8 +189,8 @@ def test_batches_being_scored_count_towards_the_bound():
         time.sleep(0.05)  # a slow reward: generation runs ahead until the bound stops it
         return pending
 
-    p = RolloutProducer(produce, lambda w: None, max_staleness=K, next_step=0, last_step=8, loaded_version=0,
-                        finish=finish)
+    p = RolloutProducer(Maker(produce, score=finish), max_staleness=K, next_step=0, last_step=8,
+                        loaded_version=0, score_apart=True)
     holder["p"] = p
     got = train(p, range(8))
     p.close()
@@ -188,8 +204,8 @@ def test_a_scoring_error_surfaces_in_the_trainer_not_a_hang():
             raise ConnectionError("reward server down")
         return pending
 
-    p = RolloutProducer(lambda step: step, lambda w: None, max_staleness=1, next_step=0, last_step=4,
-                        loaded_version=0, finish=finish)
+    p = RolloutProducer(Maker(lambda step: step, score=finish), max_staleness=1, next_step=0, last_step=4,
+                        loaded_version=0, score_apart=True)
     assert p.get(0).value == 0
     p.publish(1, "w1")
     with pytest.raises(RunError, match="ConnectionError: reward server down"):
@@ -202,8 +218,8 @@ def test_drain_waits_for_the_batches_being_scored():
         time.sleep(0.1)
         return pending * 10
 
-    p = RolloutProducer(lambda step: step, lambda w: None, max_staleness=2, next_step=0, last_step=5,
-                        loaded_version=0, finish=finish)
+    p = RolloutProducer(Maker(lambda step: step, score=finish), max_staleness=2, next_step=0, last_step=5,
+                        loaded_version=0, score_apart=True)
     queued = p.drain()  # versions published: only 0, so steps 0..2 (v = max(0, s - 2) = 0)
     assert [q.value for q in queued] == [0, 10, 20]
     p.resume()
@@ -217,8 +233,8 @@ def test_drain_after_the_last_batch_waits_for_its_scoring():
         time.sleep(0.2)
         return pending
 
-    p = RolloutProducer(lambda step: step, lambda w: None, max_staleness=1, next_step=0, last_step=2,
-                        loaded_version=0, finish=finish)
+    p = RolloutProducer(Maker(lambda step: step, score=finish), max_staleness=1, next_step=0, last_step=2,
+                        loaded_version=0, score_apart=True)
     deadline = time.monotonic() + 10
     while p._thread.is_alive():  # both batches generated (v = 0): the generation thread is done
         assert time.monotonic() < deadline

@@ -347,7 +347,7 @@ def test_rldsl_eval_of_a_run_on_its_own_data_holds_none_of_its_training_question
                                                                                  capsys):
     from pathlib import Path
 
-    from rldsl.runtime.run import evaluation, loop
+    from rldsl.runtime.run import eval_command, loop
 
     opts = '{"size": 80, "max_digits": 1, "operators": ["+"], "allow_parentheses": false}'
     run = loop.train("grpo", load_config(None, [
@@ -357,7 +357,7 @@ def test_rldsl_eval_of_a_run_on_its_own_data_holds_none_of_its_training_question
     made = []
     real = rg.generate_eval
     monkeypatch.setattr(rg, "generate_eval", lambda *a, **kw: made.append(kw) or real(*a, **kw))
-    evaluation.evaluate_target(run, [Path("reasoning_gym:basic_arithmetic")], n=1, max_new_tokens=3)
+    eval_command.evaluate_target(run, [Path("reasoning_gym:basic_arithmetic")], n=1, max_new_tokens=3)
     training = {e["question"] for e in rg.training_entries("reasoning_gym:basic_arithmetic",
                                                           load_config(run / "config.json").data.options,
                                                           run_seed=0)}

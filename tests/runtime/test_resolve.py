@@ -102,6 +102,21 @@ def test_the_toy_run_records_its_reward(tmp_path):
     assert plan.cfg.is_frozen and "reward: addition (the default for the built-in addition task" in plan.notes[0]
 
 
+def test_the_default_reward_is_settled_once_before_the_reward_is_built(tmp_path, monkeypatch):
+    """plan_run names the task's own reward before building it; the reward recipe never guesses."""
+    from rldsl.runtime import resolve
+
+    calls = []
+    real = resolve.default_reward
+    monkeypatch.setattr(resolve, "default_reward", lambda cfg: calls.append(cfg) or real(cfg))
+    built = []
+    monkeypatch.setattr(build, "reward_fn", lambda cfg: built.append(cfg.reward.name) or recipe.reward_fn(cfg))
+    plan = build.plan_run(build.load_spec("grpo"), load_config(None, [f"out={tmp_path}"]))
+    assert len(calls) == 1 and built == ["addition"] and plan.reward.spec == plan.cfg.reward.name == "addition"
+    with pytest.raises(ValueError, match="settle_reward"):
+        recipe.reward_fn(load_config(None, []))
+
+
 def test_the_spec_is_parsed_once_per_run(model_dir, tmp_path, monkeypatch):
     parses = []
     real = rldsl.spec.resolve

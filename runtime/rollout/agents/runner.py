@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ... import plugins
 from ...batch import RolloutBatch
 from ...errors import ConfigError
 from ...records.metrics import AGENT_CALLS, AGENT_ERRORS, AGENT_PREFIX_BREAKS, AGENT_ROWS_PER_EPISODE
@@ -34,9 +35,7 @@ def load_agent(spec: str) -> Callable:
     """``module:function`` (or ``path/to/file.py:function``) -> the agent: a function of two
     arguments (``client, row`` when async, ``base_url, row`` when not). Checks that ``openai`` is
     installed when it is async (its client is what it gets)."""
-    from ...rewards.functions import load_attribute  # the one loader of user code
-
-    fn = load_attribute(spec, "agent")
+    fn = plugins.load_object(spec, plugins.AGENT)
     if not callable(fn) or inspect.isclass(fn):
         raise ConfigError(f"agent {spec!r} is not a function (got {type(fn).__name__})")
     try:

@@ -14,6 +14,7 @@ from typing import Any, Collection, Iterable, Protocol, runtime_checkable
 import torch
 
 from ...batch import RolloutBatch
+from ...config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,25 @@ class SamplingParams:
     max_new_tokens: int = 16
     seed: int | None = None
     min_new_tokens: int = 0  # no stop token is sampled before this many (HF's / TRL's min_new_tokens)
+
+    @classmethod
+    def greedy(cls, max_new_tokens: int) -> "SamplingParams":
+        """One greedy answer per prompt (evaluations, ReMax's baseline)."""
+        return cls(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
+
+    @classmethod
+    def for_rollout(cls, cfg: RunConfig, seed: int) -> "SamplingParams":
+        """A training step's sampling: ``rollout.n`` samples per prompt at the rollout's
+        temperature and top-p, ``rollout.min_new_tokens`` at least (within the budget)."""
+        r = cfg.rollout
+        return cls(n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=cfg.max_new_tokens,
+                   seed=seed, min_new_tokens=min(r.min_new_tokens, cfg.max_new_tokens))
+
+    @classmethod
+    def for_evaluation(cls, cfg: RunConfig, n: int, seed: int) -> "SamplingParams":
+        """An evaluation's sampled answers: ``n`` per prompt at the rollout's temperature and top-p."""
+        r = cfg.rollout
+        return cls(n=n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=cfg.max_new_tokens, seed=seed)
 
     def check(self) -> None:
         """Raise ValueError unless every field is in range (engines call it before sampling)."""

@@ -6,8 +6,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from ... import plugins
 from ...errors import ConfigError, EnvironmentFailed
-from ...rewards.functions import load_attribute
 
 from .parsers import ToolCall, ToolCallError, parse_tool_calls
 from .tools import SHARED_RUNNER, ToolResult, ToolRunner
@@ -36,7 +36,7 @@ class Environment(Protocol):
 def load_env(spec: str) -> type:
     """``module:Class`` (or ``path/to/file.py:Class``) -> the environment class: importable, a
     class, with ``reset`` and ``step``, constructible without arguments."""
-    cls = load_attribute(spec, "environment")
+    cls = plugins.load_object(spec, plugins.ENVIRONMENT)
     if not inspect.isclass(cls):
         raise ConfigError(f"environment {spec!r} is not a class (got {type(cls).__name__})")
     missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]

@@ -9,10 +9,11 @@ from typing import Any, Sequence
 import torch
 
 from ...batch import RolloutBatch
+from ...config import RunConfig
 from ..engines.base import SamplingParams
 from ...errors import EnvironmentFailed
-from .env import Environment, ToolEnv, env_reset, env_step
-from .tools import tool_schema
+from .env import Environment, ToolEnv, env_reset, env_step, load_env
+from .tools import load_tools, tool_schema
 
 
 def _render(tokenizer: Any, messages: list[dict], schemas: list[dict] | None, generation: bool,
@@ -163,6 +164,16 @@ def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], 
 class EpisodeRunner:
     """What ``LocalRollouts`` needs to turn prompts into episodes: the tools (a ``ToolEnv`` per
     episode) and the bounds; built from the config (rollout.tools, max_turns, ...)."""
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, context: int | None) -> "EpisodeRunner":
+        """The episodes of ``rollout.tools`` (loaded) or ``rollout.env``; ``context``: the model's positions."""
+        r = cfg.rollout
+        return cls(load_tools(r.tools) if r.tools else [], parser=r.tool_parser, max_turns=r.max_turns,
+                   max_tool_calls=r.max_tool_calls, timeout_s=r.tool_timeout_s,
+                   max_output_chars=r.tool_max_output_chars, context=context,
+                   env_class=load_env(r.env) if r.env else None, system_prompt=cfg.data.system_prompt,
+                   chat_template_kwargs=cfg.data.chat_template_kwargs)
 
     def __init__(self, tools: list, *, parser: str = "hermes", max_turns: int = 4, max_tool_calls: int = 4,
                  timeout_s: float = 10.0, max_output_chars: int = 1000, context: int | None = None,

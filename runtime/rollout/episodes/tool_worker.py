@@ -3,8 +3,10 @@ starts in tens of milliseconds (it never imports rldsl, torch or transformers; a
 what its own module needs when its first call is read).
 
 ``python tool_worker.py READ_FD WRITE_FD``: the runner's first message is ``("config",
-sys_path, hidden)``; the worker takes the runner's ``sys.path`` (so the tools import as they
-do in the run), sandboxes itself (``child_init``), sends what it prints (fds 1 and 2) to an
+sys_path, hidden, files)``; the worker takes the runner's ``sys.path`` (so the tools import as
+they do in the run), loads the tool files the run loaded by path (``files``: module name ->
+file, runtime/plugins.py) under the same module names, so a ``path/to/file.py:fn`` tool
+unpickles here, sandboxes itself (``child_init``), sends what it prints (fds 1 and 2) to an
 unnamed temporary file and says ``("ready",)``. Then, per call, it reads the pickled
 ``(fn, arguments, max_chars)``, says ``("start",)`` just before running it and answers
 ``("done", text, output)``: the result as the model's text (or the error) and what the call
@@ -13,6 +15,7 @@ printed, each cut to ``max_chars``.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import pickle
@@ -65,6 +68,20 @@ def child_init(hidden: tuple[str, ...] = ()) -> None:
         pass
 
 
+def load_files(files: dict[str, str]) -> None:
+    """Each ``module name -> file`` loaded under that name (before the sandbox hides anything)."""
+    for name, path in files.items():
+        if name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception:  # its calls answer "the tool could not be loaded (...)"
+            del sys.modules[name]
+
+
 def as_text(value: Any) -> str:
     """A tool's return value as the model's text: a string as it is, else JSON, else ``str``."""
     if isinstance(value, str):
@@ -81,8 +98,9 @@ def cut(text: str, max_chars: int) -> str:
 
 def serve(inbox: Connection, outbox: Connection) -> None:
     """The worker's life (module docstring)."""
-    _, sys_path, hidden = inbox.recv()
+    _, sys_path, hidden, files = inbox.recv()
     sys.path[:] = sys_path  # not this script's folder: its modules would shadow the tools'
+    load_files(files)
     child_init(tuple(hidden))
     capture = tempfile.TemporaryFile()  # not in the working folder: the tool sees it empty
     os.dup2(capture.fileno(), 1)

@@ -4,7 +4,6 @@ result (or error) is the text the model sees, what they print is captured and cu
 from __future__ import annotations
 
 import atexit
-import importlib
 import os
 import pickle
 import subprocess
@@ -12,30 +11,28 @@ import sys
 import time
 from dataclasses import dataclass
 from multiprocessing import connection
-from typing import Any, Callable
+from typing import Callable
 
 from transformers.utils import get_json_schema
 
+from ... import plugins
 from ...errors import ConfigError
 from . import tool_worker
 from .tool_worker import TRUNCATED  # noqa: F401 (the marker after a cut result, for callers)
 
 
 def load_tools(spec: str) -> list[Callable]:
-    """``"module:function[,module:function]"`` -> the functions (a clear error when one does
-    not import, is missing or cannot be described)."""
+    """``"module:function[,module:function]"`` (or ``path/to/file.py:function``, the rules of
+    runtime/plugins.py) -> the functions (a clear error when one does not import, is missing or
+    cannot be described)."""
     out = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
-        module_name, sep, attr = part.partition(":")
-        if not sep or not module_name or not attr:
-            raise ConfigError(f"tool {part!r}: expected module:function")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise ConfigError(f"tool {part!r}: cannot import {module_name}: {e}") from None
+        module_ref, attr = plugins.split_reference(part, plugins.TOOL)
+        module = plugins.load_module(part, module_ref, plugins.TOOL)
         fn = getattr(module, attr, None)
         if not callable(fn):
-            raise ConfigError(f"tool {part!r}: {module_name} has no function {attr}")
+            raise ConfigError(f"tool {part!r}: {module_ref} has no function {attr}; its functions: "
+                              + (", ".join(plugins.functions_of(module)) or "none"))
         tool_schema(fn)
         out.append(fn)
     return out
@@ -79,7 +76,8 @@ class _Worker:
         self.conn = connection.Connection(runner_in, writable=False)  # what the worker says
         # the run's import path, absolute: the worker works in a folder of its own
         try:
-            self.outbox.send(("config", [os.path.abspath(p) for p in sys.path], list(hidden)))
+            self.outbox.send(("config", [os.path.abspath(p) for p in sys.path], list(hidden),
+                              plugins.loaded_files()))
         except OSError:  # it exited already: its pipe says so to the runner
             pass
         self.ready = False

@@ -1,0 +1,41 @@
+"""Starting the two sides a step talks to, in this process or on Ray actors: one factory for
+``rldsl run`` (run/build.py), so building a run names no worker kind.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import rldsl
+
+from ..config import RunConfig
+from ..recipe import episode_runner, master_policy, rollout_engine, teacher_model, trainable
+from ..rewards.functions import RewardFn
+from ..rollout.episodes.tools import SHARED_RUNNER
+from ..train.trainer import Trainer
+from .base import Rollouts, Trainers
+from .local import LocalRollouts, LocalTrainers
+
+
+def start_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledAlgorithm, model_path: Path,
+                  tokenizer: Any, reward: RewardFn, run_dir: Path) -> tuple[Rollouts, Trainers]:
+    """(rollouts, trainers) of a resolved config, every model loaded; the tools of this process's
+    episodes never see the run folder ``run_dir``.
+
+    With ``distributed.trainers > 1``, rollout actors or a Ray address, the engines and the
+    trainer ranks are Ray actors (workers/ray.py; each rollout actor builds its own reward
+    from the config); otherwise everything lives in this process and Ray is never imported.
+    """
+    if cfg.rollout.tools is not None or cfg.rollout.env is not None:
+        SHARED_RUNNER.hide(run_dir)
+    if cfg.distributed.uses_ray:
+        from .ray import start_ray_workers  # Ray is imported only by the runs that use it
+        return start_ray_workers(cfg, algo, fn, model_path, tokenizer.pad_token_id)
+    policy = master_policy(cfg, model_path, cfg.device)
+    engine_model = copy.deepcopy(policy)  # before LoRA: the engine samples from plain weights
+    policy, reference_off = trainable(cfg, policy, checkpointing=cfg.train.gradient_checkpointing)
+    trainer = Trainer.from_config(cfg, fn, policy, reference_off=reference_off, teacher=teacher_model(cfg))
+    rollouts = LocalRollouts(rollout_engine(cfg, model_path, cfg.device, model=engine_model, tokenizer=tokenizer),
+                             reward, episode_runner(cfg, model_path))
+    return rollouts, LocalTrainers(trainer)
