@@ -9,11 +9,26 @@
 
 See docs/api.md for the full contract.
 """
-from . import components  # noqa: F401  (registers every component in the registry)
-from .compiled import CompiledAlgorithm, Estimate, LossOutput, compile
+import importlib
+from typing import Any
+
 from .errors import SpecError, SpecErrors
-from .spec import Algorithm, library, load, loads
-from .values import SlotValue
+
+#: the public names and their modules, imported on first use: ``import rldsl`` (and so
+#: ``rldsl --help``) does not import torch until a spec is loaded or compiled
+_LAZY = {"Algorithm": "spec", "library": "spec", "load": "spec", "loads": "spec",
+         "CompiledAlgorithm": "compiled", "Estimate": "compiled", "LossOutput": "compiled",
+         "compile": "compiled", "SlotValue": "values"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'rldsl' has no attribute {name!r}")
+    importlib.import_module(".components", __name__)  # registers every component in the registry
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["Algorithm", "CompiledAlgorithm", "Estimate", "LossOutput", "SlotValue", "SpecError",
            "SpecErrors", "compile", "library", "load", "loads"]

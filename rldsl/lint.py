@@ -15,13 +15,14 @@ reward and in the loss.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import registry
 from .errors import Span, SpecWarning
 from .inputs import INPUTS
 from .registry import format_value
-from .spec import Algorithm, SlotValue
+if TYPE_CHECKING:  # spec.py imports torch (formula hooks); `rldsl check --help` lists the rules without it
+    from .spec import Algorithm, SlotValue
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,8 @@ class Finding:
     hint: str | None = None
 
 
-SpecRule = Callable[[Algorithm], Iterator[Finding]]
-RunRule = Callable[[Algorithm, RunFacts], Iterator[Finding]]
+SpecRule = Callable[["Algorithm"], Iterator[Finding]]
+RunRule = Callable[["Algorithm", RunFacts], Iterator[Finding]]
 SPEC_RULES: dict[str, SpecRule] = {}
 RUN_RULES: dict[str, RunRule] = {}
 

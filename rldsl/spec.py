@@ -494,3 +494,6 @@ def load(path_or_name: str | Path) -> Algorithm:
             hint = did_you_mean(p.stem, lib) or "library algorithms: " + ", ".join(lib)
             raise SpecError(f"no such spec file or library algorithm: {name}", Span(name), hint=hint)
     return resolve(_read(p), str(p))
+
+
+from . import components  # noqa: E402,F401 - every component registered before a spec is read (``import rldsl`` no longer does it)

@@ -34,6 +34,11 @@ __all__ = ["register", "run_command", "plot_command", "samples_command", "export
            "serve_reward_command", "eval_command", "ablate_command", "build_run_config"]
 
 
+def set_option(help: str) -> Any:
+    """``--set KEY=VALUE`` (``-s``), declared once for every command that takes run-config overrides."""
+    return typer.Option("--set", "-s", metavar="KEY=VALUE", help=help)
+
+
 def _looks_like_path(spec: str) -> bool:
     return spec.endswith(".rl") or "/" in spec or "\\" in spec
 
@@ -94,10 +99,8 @@ def run_command(
              "defaults to the run's saved spec.rl.")] = None,
     config: Annotated[Optional[Path], typer.Option(
         "--config", "-c", metavar="FILE", help="TOML config file (or a saved config.json).")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option(
-        "--set", "-s", metavar="KEY=VALUE",
-        help="Override one config key, e.g. --set train.lr=1e-4 (repeatable; applied "
-             "after --config, in order).")] = None,
+    set_: Annotated[Optional[list[str]], set_option(
+        "Override one config key, e.g. --set train.lr=1e-4 (repeatable; applied after --config, in order).")] = None,
     model: Annotated[Optional[str], typer.Option(
         "--model", metavar="DIR", help="Policy model folder or hub id (model.path); "
                                        "default: the embedded toy model.")] = None,
@@ -370,9 +373,8 @@ def ablate_command(
     steps: Annotated[Optional[int], typer.Option(
         "--steps", metavar="S", min=1, help="Training steps of every cell (default: "
                                             "train.steps of the run config).")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option(
-        "--set", "-s", metavar="KEY=VALUE",
-        help="Run-config override for every cell, as in rldsl run (repeatable).")] = None,
+    set_: Annotated[Optional[list[str]], set_option(
+        "Run-config override for every cell, as in rldsl run (repeatable).")] = None,
     jobs: Annotated[Optional[int], typer.Option(
         "--jobs", "-j", metavar="J", min=1,
         help="Cells run at once (default: the machine's cores, or the Ray cluster's CPUs); "
