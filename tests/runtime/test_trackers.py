@@ -15,7 +15,8 @@ from rldsl.runtime.errors import ConfigError
 from rldsl.runtime.records.metrics import MetricsLogger, read_metrics
 from rldsl.runtime.records.trackers import TRACKERS, check_trackers, numeric, open_trackers
 
-from tracker_readers import trackio_history, wandb_history
+from tracker_readers import (assert_same, jsonl_history, mlflow_history, tensorboard_history, trackio_history,
+                             wandb_history)
 
 HERE = Path(__file__).parent
 ALL = list(TRACKERS)
@@ -32,41 +33,6 @@ def _local_trackers(monkeypatch, tmp_path):
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("RLDSL_COMPILE", "0")
-
-
-def mlflow_history(run_dir: Path, run_id: str) -> tuple[dict[int, dict[str, float]], dict, str]:
-    from mlflow.tracking import MlflowClient
-    client = MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())
-    run = client.get_run(run_id)
-    history: dict[int, dict[str, float]] = {}
-    for key in run.data.metrics:
-        for m in client.get_metric_history(run_id, key):
-            history.setdefault(m.step, {})[key] = m.value
-    spec = Path(client.download_artifacts(run_id, "spec.rl", str(run_dir / "dl"))).read_text()
-    return history, run.data.params, spec
-
-
-def tensorboard_history(run_dir: Path) -> dict[int, dict[str, float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    acc = EventAccumulator(str(run_dir / "tb"))
-    acc.Reload()
-    history: dict[int, dict[str, float]] = {}
-    for tag in acc.Tags()["scalars"]:
-        for e in acc.Scalars(tag):
-            history.setdefault(e.step, {})[tag] = e.value
-    return history
-
-
-def jsonl_history(run_dir: Path) -> dict[int, dict[str, float]]:
-    return {r["step"]: numeric(r) for r in read_metrics(run_dir / "metrics.jsonl")}
-
-
-def assert_same(got: dict[int, dict[str, float]], want: dict[int, dict[str, float]], rel: float = 1e-9):
-    assert sorted(got) == sorted(want)
-    for step, values in want.items():
-        assert got[step].keys() >= values.keys(), f"step {step}: missing {values.keys() - got[step].keys()}"
-        for key, value in values.items():
-            assert got[step][key] == pytest.approx(value, rel=rel, abs=1e-12), (step, key)
 
 
 def test_every_tracker_gets_every_metric_and_a_resume_continues_its_run(tmp_path):
@@ -236,5 +202,46 @@ def test_a_run_with_eval_sets_and_reward_terms_reaches_every_tracker(model_dir, 
     assert_same({s: history[s] for s in want}, renamed("wandb"))
     from trackio.utils import TRACKIO_DIR  # read once, when trackio is first imported in this process
     history, _, _ = trackio_history(TRACKIO_DIR, "names")
+    assert_same({s: {k: v for k, v in h.items() if not k.startswith("_")} for s, h in history.items()},
+                renamed("trackio"))
+
+
+@pytest.mark.slow
+def test_a_tool_run_of_the_real_shaped_model_reaches_every_tracker_and_resumes(real_model, tmp_path):
+    """The Qwen2.5-shaped fixture (its real ChatML + tools template), a tool, an eval.data set and
+    every tracker: each metrics.jsonl name of the run -- the tool-call and eval/<set>/pass@k ones
+    among them -- reaches each tracker under its rule's name, through a stop and a resume."""
+    from real_tools import WEATHER
+    from rldsl.runtime.records.trackers import TrackerNames
+
+    rows = [{"prompt": f"What is the weather in {c}?", "answer": w} for c, w in list(WEATHER.items())[:4]]
+    data = tmp_path / "weather.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sets = [f"model.path={real_model('qwen2.5', warm=True)}", f"out={tmp_path / 'run'}", f"data.path={data}",
+            "data.eval_size=0", f"eval.data=[{json.dumps(str(data))}]", "eval.every=1", "eval.n=2",
+            "eval.samples=0", "rollout.prompts_per_step=2", "rollout.n=2", "train.steps=2",
+            "rollout.max_new_tokens=40", "rollout.max_turns=2", "checkpoint.every=1", "log.progress=false",
+            "reward.name=reward_helpers:answered", "rollout.tools=real_tools:get_weather",
+            f"log.report_to=[{','.join(ALL)}]", "log.project=real"]
+    run = loop.train("grpo", load_config(None, sets), stop_after=1)
+    run = loop.train("grpo", resume=run)
+    want = jsonl_history(run)
+    assert [s for s in want if "reward_mean" in want[s]] == [1, 2]
+    names = set().union(*(v.keys() for v in want.values()))
+    assert {"eval/weather/pass@2", "tool_calls/per_episode", "rewards/answered/mean"} <= names, sorted(names)
+
+    def renamed(tracker: str) -> dict[int, dict[str, float]]:
+        rule = TrackerNames(tracker)
+        return {s: {rule(k): v for k, v in values.items()} for s, values in want.items()}
+
+    state = json.loads((run / "trackers.json").read_text())
+    history, _, _ = mlflow_history(run, state["mlflow"]["run_id"])
+    assert_same(history, renamed("mlflow"))
+    assert_same(tensorboard_history(run), renamed("tensorboard"), rel=1e-6)
+    history, _, ids = wandb_history(run)
+    assert ids == {state["wandb"]["id"]}
+    assert_same({s: history[s] for s in want}, renamed("wandb"))
+    from trackio.utils import TRACKIO_DIR  # read once, when trackio is first imported in this process
+    history, _, _ = trackio_history(TRACKIO_DIR, "real")
     assert_same({s: {k: v for k, v in h.items() if not k.startswith("_")} for s, h in history.items()},
                 renamed("trackio"))

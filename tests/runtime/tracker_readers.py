@@ -1,11 +1,17 @@
 """Read back what each tracker stored locally (test helpers, not the product): W&B's offline
-run log, Trackio's SQLite store, MLflow's file store."""
+run log, Trackio's SQLite store, MLflow's file store, TensorBoard's event files, and the run's
+own metrics.jsonl to compare them with."""
 from __future__ import annotations
 
 import json
 import sqlite3
 import struct
 from pathlib import Path
+
+import pytest
+
+from rldsl.runtime.records.metrics import read_metrics
+from rldsl.runtime.records.trackers import numeric
 
 _BLOCK = 32768
 _HEADER = 7  # ":W&B" + 2 magic bytes + 1 version byte at the start of a .wandb file
@@ -85,3 +91,38 @@ def trackio_history(store: Path, project: str) -> tuple[dict[int, dict[str, floa
         return history, config, ids
     finally:
         db.close()
+
+
+def mlflow_history(run_dir: Path, run_id: str) -> tuple[dict[int, dict[str, float]], dict, str]:
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())
+    run = client.get_run(run_id)
+    history: dict[int, dict[str, float]] = {}
+    for key in run.data.metrics:
+        for m in client.get_metric_history(run_id, key):
+            history.setdefault(m.step, {})[key] = m.value
+    spec = Path(client.download_artifacts(run_id, "spec.rl", str(run_dir / "dl"))).read_text()
+    return history, run.data.params, spec
+
+
+def tensorboard_history(run_dir: Path) -> dict[int, dict[str, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    history: dict[int, dict[str, float]] = {}
+    for tag in acc.Tags()["scalars"]:
+        for e in acc.Scalars(tag):
+            history.setdefault(e.step, {})[tag] = e.value
+    return history
+
+
+def jsonl_history(run_dir: Path) -> dict[int, dict[str, float]]:
+    return {r["step"]: numeric(r) for r in read_metrics(run_dir / "metrics.jsonl")}
+
+
+def assert_same(got: dict[int, dict[str, float]], want: dict[int, dict[str, float]], rel: float = 1e-9):
+    assert sorted(got) == sorted(want)
+    for step, values in want.items():
+        assert got[step].keys() >= values.keys(), f"step {step}: missing {values.keys() - got[step].keys()}"
+        for key, value in values.items():
+            assert got[step][key] == pytest.approx(value, rel=rel, abs=1e-12), (step, key)
