@@ -117,7 +117,8 @@ def run_command(
                                                  "(rollout.tools).")] = None,
     env: Annotated[Optional[str], typer.Option(
         "--env", metavar="MOD:CLASS", help="A multi-turn environment class with reset(row) and "
-                                           "step(message) (rollout.env).")] = None,
+                                           "step(message), or verifiers:<taskset id>, openenv:<url>, "
+                                           "openenv:mcp@<url> (rollout.env; docs/agents.md).")] = None,
     agent: Annotated[Optional[str], typer.Option(
         "--agent", metavar="MOD:FN", help="An agent program, async def agent(client, row) -> reward, "
                                           "run once per sample against the policy's OpenAI-compatible "

@@ -80,6 +80,19 @@ BUILTIN_TASKS: dict[str, TaskDefaults] = {t.name: t for t in (
     TaskDefaults("calculator", CALCULATOR_MAX_NEW_TOKENS, reward="addition",
                  tools="rldsl.runtime.toy.calculator:calculator"),
 )}
+
+#: The libraries whose environments ``rollout.env`` may name as ``<library>:<target>``
+#: (rollout/agents/environments.py).
+ENV_LIBRARIES = ("verifiers", "openenv")
+
+
+def env_library(spec: str | None) -> str | None:
+    """``"verifiers"`` / ``"openenv"`` for a ``rollout.env`` naming one, else None (a
+    ``module:Class`` of rldsl's own protocol)."""
+    head, sep, _ = (spec or "").partition(":")
+    return head if sep and head in ENV_LIBRARIES else None
+
+
 #: Optimizer defaults of a run on a user's model (``model.path`` set) where the run does not
 #: set them: TRL's ``learning_rate`` and verl's actor ``optim.lr`` (1e-6), torch/TRL/verl
 #: AdamW betas. The field defaults (lr 3e-4, betas 0.9/0.99) are tuned for the toy only.
@@ -329,7 +342,7 @@ class RolloutConfig(_Section):
         description=f"Most tokens generated per completion; null = the task's default: "
                     f"{TOY_MAX_NEW_TOKENS} for the built-in addition task (sum + EOS), "
                     f"{CALCULATOR_MAX_NEW_TOKENS} per turn for data.task=calculator, "
-                    f"{DATA_MAX_NEW_TOKENS} for a data file; clipped to the model's context. "
+                    f"{DATA_MAX_NEW_TOKENS} for a data file or a verifiers taskset; clipped to the model's context. "
                     f"The run's config.json records the value used.")
     tools: str | None = Field(
         default=None,
@@ -342,7 +355,10 @@ class RolloutConfig(_Section):
         description="A multi-turn environment, 'module:Class' (or path/to/file.py:Class): one "
                     "instance per episode, reset(row) -> messages, step(assistant_message) -> "
                     "(messages, reward or None, done) (docs/runtime.md, 'Multi-turn episodes'); "
-                    "null = the tool environment of rollout.tools.")
+                    "or an environment of another library, run as an agent against the policy's "
+                    "endpoint: 'verifiers:<taskset id>' (verifiers 0.4; its tasks are the rows), "
+                    "'openenv:<url>' or 'openenv:mcp@<url>' (an OpenEnv server) (docs/agents.md; "
+                    "needs rldsl[agents]); null = the tool environment of rollout.tools.")
     agent: str | None = Field(
         default=None,
         description="An agent program, 'module:function' (or path/to/file.py:function): "
@@ -683,8 +699,11 @@ class RunConfig(_Section):
 
     @property
     def builtin_task(self) -> TaskDefaults | None:
-        """The built-in task's row (``data.task``), None with a data file."""
-        return BUILTIN_TASKS[self.data.task] if self.data.path is None else None
+        """The built-in task's row (``data.task``), None with a data file or a verifiers taskset (its
+        tasks are the rows)."""
+        if self.data.path is not None or env_library(self.rollout.env) == "verifiers":
+            return None
+        return BUILTIN_TASKS[self.data.task]
 
 
 # ----------------------------------------------------------------------------- keys

@@ -13,13 +13,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .config import RunConfig
+from .config import RunConfig, env_library
 from .rollout.engines.base import RolloutEngine
 from .models.lora import adapters_disabled, apply_lora
 from .models.loading import enable_gradient_checkpointing, load_policy, load_tokenizer, master_dtype, model_context
 from .rewards.functions import RewardFn
 from .resolve import reward_spec
-from .rollout.agents.runner import AgentRunner, load_agent, served_name
+from .rollout.agents.environments import agent_runner, verifiers_examples
 from .rollout.episodes.rollout import EpisodeRunner
 from .rollout.episodes.tools import SHARED_RUNNER
 
@@ -89,17 +89,22 @@ def reward_fn(cfg: RunConfig) -> RewardFn:
     return RewardFn(reward_spec(cfg), on_error=cfg.reward.on_error, workers=cfg.reward.workers)
 
 
+def environment_rows(cfg: RunConfig) -> list[Any] | None:
+    """The rows an environment brings with it: a verifiers taskset's tasks (``rollout.env =
+    verifiers:...``, ``data.path`` unset), else None (the rows are the data's)."""
+    if cfg.data.path is None and env_library(cfg.rollout.env) == "verifiers":
+        return verifiers_examples(cfg.rollout.env)
+    return None
+
+
 def episode_runner(cfg: RunConfig, model_path: str | Path) -> Any:
     """The multi-turn episodes of a run: an ``AgentRunner`` with ``rollout.agent``, an
     ``EpisodeRunner`` with ``rollout.tools`` or ``rollout.env``, else None (single-turn
     completions). Both have ``run(engine, prompts, answers, params) -> RolloutBatch``."""
     r = cfg.rollout
-    if r.agent is not None:
-        return AgentRunner(load_agent(r.agent), model_name=served_name(model_path), max_calls=r.max_turns,
-                           max_parallel=r.agent_max_parallel_calls, timeout_s=r.agent_timeout_s,
-                           concurrency=r.agent_concurrency, context=model_context(Path(model_path)),
-                           tool_parser=r.tool_parser, system_prompt=cfg.data.system_prompt,
-                           chat_template_kwargs=cfg.data.chat_template_kwargs)
+    runner = agent_runner(cfg, model_path, model_context(Path(model_path)))  # the endpoint's episodes
+    if runner is not None:
+        return runner
     if r.tools is None and r.env is None:
         return None
     SHARED_RUNNER.resize(r.tool_workers)  # this process's tool pool

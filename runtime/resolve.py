@@ -27,10 +27,10 @@ from rldsl import lint
 from rldsl.inputs import INPUTS
 from rldsl import Algorithm
 
-from .config import BUILTIN_TASKS, RunConfig
+from .config import BUILTIN_TASKS, RunConfig, env_library
 from .models.loading import model_context
 from .models.loading import load_tokenizer
-from .rollout.agents.runner import load_agent
+from .rollout.agents.environments import check_agent
 from .rollout.episodes.env import load_env
 from .rollout.episodes.tools import load_tools
 from .errors import ConfigError, RunError
@@ -171,13 +171,15 @@ def check_tools(cfg: RunConfig) -> None:
                           "tool environment")
     if tools is not None:
         load_tools(tools)
-    if cfg.rollout.env is not None:
+    if env_library(cfg.rollout.env) == "verifiers" and cfg.data.path is not None:
+        raise ConfigError(f"rollout.env {cfg.rollout.env!r} takes its rows from the taskset (one per task): "
+                          f"data.path ({cfg.data.path}) must be unset")
+    if cfg.rollout.env is not None and env_library(cfg.rollout.env) is None:
         load_env(cfg.rollout.env)
-    if cfg.rollout.agent is not None:
-        if cfg.rollout.tools is not None or cfg.rollout.env is not None:
-            raise ConfigError("rollout.agent excludes rollout.tools and rollout.env: the agent program "
-                              "runs its own tools and environment, calling the policy's endpoint")
-        load_agent(cfg.rollout.agent)
+    if cfg.rollout.agent is not None and (cfg.rollout.tools is not None or cfg.rollout.env is not None):
+        raise ConfigError("rollout.agent excludes rollout.tools and rollout.env: the agent program "
+                          "runs its own tools and environment, calling the policy's endpoint")
+    check_agent(cfg)  # the agent function; a verifiers / OpenEnv environment's packages, taskset, server
 
 
 def check_episode_template(cfg: RunConfig, tokenizer: Any) -> None:
@@ -206,6 +208,8 @@ def settle_reward(cfg: RunConfig) -> tuple[RunConfig, str]:
         return cfg, f"reward: {reward_spec(cfg)}"
     if cfg.rollout.agent is not None:
         task = "an agent: its return value"
+    elif env_library(cfg.rollout.env) is not None:
+        task = f"an environment of {env_library(cfg.rollout.env)}: its own reward"
     elif cfg.data.path is None:
         task = f"the built-in {cfg.data.task} task"
     else:
@@ -218,8 +222,8 @@ def default_reward(cfg: RunConfig) -> str:
     """The task's own reward: the built-in task's (``addition``: exactly the answer, then EOS;
     for ``calculator`` the episode's final message), ``exact`` for a data file,
     ``reasoning_gym`` for reasoning-gym data, ``env`` (the agent's return value) with
-    ``rollout.agent``."""
-    if cfg.rollout.agent is not None:
+    ``rollout.agent`` or an environment of verifiers / OpenEnv."""
+    if cfg.rollout.agent is not None or env_library(cfg.rollout.env) is not None:
         return "env"
     task = cfg.builtin_task
     if task is not None:

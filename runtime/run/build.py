@@ -17,11 +17,11 @@ import rldsl
 from rldsl.errors import SpecWarning
 
 from ..batch import StepRollout
-from ..config import RunConfig
+from ..config import RunConfig, env_library
 from ..data.datasets import Example, PromptSource, load_examples, render_prompt, rollout_prompts, split_heldout
 from ..errors import RunError
 from ..models.loading import disable_transformers_progress, load_tokenizer
-from ..recipe import reward_fn
+from ..recipe import environment_rows, reward_fn
 from ..resolve import (check_async, check_device, check_engine, check_episode_template, check_group_size,
                        check_teacher, check_tools, resolve, settle_reward)
 from ..data import reasoning_gym as rg
@@ -132,6 +132,12 @@ def examples_of(cfg: RunConfig, warn: Callable[[str], None] | None = None
     """(training rows, held-out rows) of ``data.path`` as read (unrendered), the generated rows of
     reasoning-gym tasks, or None for the built-in task. A missing file or field fails here,
     before any model is read."""
+    examples = environment_rows(cfg)  # a verifiers taskset's tasks
+    if examples is not None:
+        k, note = heldout_size(cfg, len(examples))
+        if note and warn is not None:
+            warn(note)
+        return split_heldout(examples, k, seed=cfg.seed)
     if cfg.data.path is None:
         return None
     if is_reasoning_gym(cfg.data.path):  # generated: a missing package, a bad name or option fails here
@@ -182,7 +188,7 @@ def prompts_of(cfg: RunConfig, tokenizer: Any = None, warn: Callable[[str], None
                                        heldout_questions=[e.reward_prompt for e in held],
                                        render=render if tokenizer is not None else None)
         return source, held
-    return PromptSource(train, seed=cfg.seed, name=Path(cfg.data.path).name), held
+    return PromptSource(train, seed=cfg.seed, name=Path(cfg.data.path).name if cfg.data.path else cfg.rollout.env), held
 
 
 def system_prompt(cfg: RunConfig) -> str | None:

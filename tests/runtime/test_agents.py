@@ -435,19 +435,6 @@ def test_a_missing_openai_names_the_extra(monkeypatch) -> None:
 
 
 # ------------------------------------------------------------------------- a training run
-@pytest.fixture(scope="module")
-def tool_model(tmp_path_factory) -> Path:
-    """A small tool model that has learned the call format (always calls: TeacherMix.call=1)."""
-    from rldsl.runtime.toy.calculator import SumTask, TeacherMix
-    from rldsl.runtime.toy.tool_warmup import ToolWarmStartConfig, tool_warm_start
-
-    config = ToolWarmStartConfig(steps=300, batch_size=16, lr=3e-3, mix=TeacherMix(call=1.0),
-                                 task=SumTask(num_train=2000, num_validation=10))
-    small = tool_model_config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-    torch.set_num_threads(1)
-    return tool_warm_start(config, model_config=small, cache=tmp_path_factory.mktemp("cache"))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["one process", "async K=1", "ray rollout worker", "lora + micro-batches"])
 def test_an_agent_trains_on_its_own_reward(tool_model, tmp_path, monkeypatch, mode) -> None:

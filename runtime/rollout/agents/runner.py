@@ -62,6 +62,9 @@ class AgentRunner:
     every episode of the batch is padded to the same number K of rows with empty ones (loss mask
     0, the episode's reward), so prompt groups stay contiguous with ``group_size`` G*K."""
 
+    #: What runs an episode, as its errors name it.
+    subject = "the agent"
+
     def __init__(self, agent: Callable, *, model_name: str, max_calls: int = 4, max_parallel: int = 4,
                  timeout_s: float = 120.0, concurrency: int = 64, context: int | None = None,
                  tool_parser: str = "hermes", system_prompt: str | None = None,
@@ -136,9 +139,9 @@ class AgentRunner:
                     work = _in_thread(self.agent, url, dict(row))
                 reward = await asyncio.wait_for(work, timeout=self.timeout_s)
             except asyncio.TimeoutError:
-                error = f"the agent ran past its time limit of {self.timeout_s:g} s (rollout.agent_timeout_s)"
+                error = f"{self.subject} ran past its time limit of {self.timeout_s:g} s (rollout.agent_timeout_s)"
             except Exception as e:  # noqa: BLE001 - the agent's own failure ends its episode only
-                error = f"the agent raised {type(e).__name__}: {e}"
+                error = f"{self.subject} raised {type(e).__name__}: {e}"
             finally:
                 server.close_episode(log, "the agent returned" if error is None else error)
                 if client is not None:
@@ -149,7 +152,7 @@ class AgentRunner:
                 except (TypeError, ValueError):
                     error = f"the agent returned {reward!r:.100}, not a number or None"
             if error is None and not log.calls:
-                error = "the agent made no call to the model" + (
+                error = f"{self.subject} made no call to the model" + (
                     f" that was answered (refused: {', '.join(sorted(set(log.refused)))})" if log.refused else "")
             return log.calls, reward, error
 

@@ -1,0 +1,374 @@
+"""Environments from other libraries, run as agents against the policy's endpoint (server.py):
+``rollout.env = "verifiers:<taskset id>"`` (verifiers 0.4) and ``rollout.env = "openenv:<url>"``
+/ ``"openenv:mcp@<url>"`` (openenv-core 0.3). Each is an agent function (runner.py) built from
+the spec, so its calls are recorded, turned into rows, limited and timed like any agent's, and
+its return value -- the environment's own reward -- is the ``env`` reward term. docs/agents.md,
+"Environments from other libraries".
+
+verifiers: the run's rows are the taskset's tasks (:func:`verifiers_examples`; a row's
+``answer`` is its task's index); an episode is ``Env.run_episode`` of that task with verifiers'
+training client (``TrainClientConfig``: it renders the chat to ids with the model folder's
+tokenizer and posts them to the episode's ``/inference/v1/generate``), the harness verifiers'
+own chat program run with this Python (vf_harness.py), the reward the trace's rubric total.
+
+OpenEnv: an ``EnvClient`` session per episode over the server's WebSocket. A text environment
+(``GenericEnvClient``): the reset observation's text is the user message (the row's prompt when
+it has none), each model reply is sent as the action's one text field (read from the server's
+``/schema``), the next observation's text is the next user message, until ``done``. An MCP
+environment (``MCPToolClient``): its tools (``list_tools``) are offered to the model as
+function tools, each tool call is a ``CallToolAction`` step whose result is the tool message;
+a reply without tool calls ends the episode. The reward is the sum of the rewards the
+environment reported (None when it reported none).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+from ...config import env_library
+from ...data.datasets import Example
+from ...errors import ConfigError
+from . import vf_harness
+from .runner import AGENTS_EXTRA, AgentRunner, load_agent, served_name
+
+#: The module each library needs.
+MODULES = {"verifiers": ("verifiers", "renderers"), "openenv": ("openenv",)}
+#: The variable verifiers' client reads its API key from: one nobody sets (the endpoint needs no key;
+#: verifiers' default, PRIME_API_KEY, would send a user's Prime key to it).
+ENDPOINT_KEY_VAR = "RLDSL_ENDPOINT_API_KEY"
+#: Seconds to wait for an OpenEnv server to answer ``/health`` before the run starts.
+HEALTH_TIMEOUT_S = 5.0
+
+
+def _target(spec: str) -> str:
+    target = spec.partition(":")[2].strip()
+    if not target:
+        raise ConfigError(f"rollout.env {spec!r} names no environment: write verifiers:<taskset id> or "
+                          "openenv:<url> (openenv:mcp@<url> for an MCP tool environment)")
+    return target
+
+
+def require(spec: str) -> str:
+    """The library of ``spec`` with its packages importable, else a ConfigError naming the extra
+    (checked before any model loads)."""
+    library = env_library(spec)
+    assert library is not None
+    for module in (*MODULES[library], "openai", "starlette", "uvicorn"):
+        try:
+            __import__(module)
+        except ImportError:
+            package = {"openenv": "openenv-core"}.get(module, module)
+            raise ConfigError(f"rollout.env {spec!r} needs the {package!r} package, which is not installed: "
+                              f"{AGENTS_EXTRA}") from None
+    return library
+
+
+def check(spec: str) -> None:
+    """Everything about ``spec`` that can fail before a model loads: the packages, the taskset
+    (verifiers), a reachable server with a usable action (OpenEnv)."""
+    library = require(spec)
+    if library == "verifiers":
+        tasks = verifiers_env(_target(spec)).tasks
+        if not tasks:
+            raise ConfigError(f"rollout.env {spec!r}: the taskset has no tasks")
+    else:
+        OpenEnvTarget.parse(_target(spec)).check()
+
+
+# ------------------------------------------------------------------------------ verifiers
+#: Most tasks read from an endless taskset (``Taskset.INFINITE``).
+MAX_TASKS = 100_000
+
+
+@functools.lru_cache(maxsize=8)
+def verifiers_env(taskset_id: str) -> "VerifiersEnv":
+    """The environment of ``taskset_id``, loaded once per process (the checks, the rows and the
+    runner read the same one)."""
+    return VerifiersEnv(taskset_id)
+
+
+class VerifiersEnv:
+    """A verifiers 0.4 environment: ``load_environment`` of the taskset ``taskset_id`` with one
+    agent seat, run in a local subprocess by :mod:`.vf_harness`."""
+
+    def __init__(self, taskset_id: str) -> None:
+        import verifiers.v1 as vf
+
+        self.taskset_id = taskset_id
+        config = {"taskset": {"id": taskset_id},
+                  "agent": {"runtime": {"type": "subprocess"}, "harness": {"id": vf_harness.register()}}}
+        try:
+            self.env = vf.load_environment(vf.resolve_env_config(config))
+            taskset = self.env.taskset
+            self.tasks = list(taskset if taskset.bounded else taskset.take(MAX_TASKS))
+        except (ImportError, TypeError, ValueError, AttributeError) as e:
+            raise ConfigError(f"rollout.env 'verifiers:{taskset_id}' cannot be loaded: {type(e).__name__}: {e}") from None
+
+
+def verifiers_examples(spec: str) -> list[Example]:
+    """The run's rows for ``rollout.env = verifiers:...``: one per task of the taskset, its prompt
+    the task's (a string, or its messages), its answer the task's index."""
+    rows = []
+    for i, task in enumerate(verifiers_env(_target(spec)).tasks):
+        prompt = task.data.prompt
+        if isinstance(prompt, str):
+            rows.append(Example(i, prompt, str(i)))
+        else:
+            messages = tuple({"role": m.role, "content": m.content if isinstance(m.content, str) else ""}
+                             for m in (prompt or []))
+            rows.append(Example(i, "\n\n".join(m["content"] for m in messages), str(i), source=messages))
+    return rows
+
+
+def verifiers_agent(spec: str, *, model_path: str | Path, model_name: str, tool_parser: str,
+                    timeout_s: float, chat_template_kwargs: dict | None = None
+                    ) -> tuple[Callable, Callable[[], contextlib.AbstractAsyncContextManager]]:
+    """(the agent that runs one episode of the row's task, the context each batch runs in: the
+    environment's shared tool servers). The training client loads the tokenizer of
+    ``model_path`` and renders with its chat template (``chat_template_kwargs`` passed to it); its
+    tool parser is ``qwen3`` (Hermes ``<tool_call>`` JSON) for ``rollout.tool_parser = hermes``."""
+    import verifiers.v1 as vf
+    from renderers import DefaultRendererConfig
+
+    source = verifiers_env(_target(spec))
+    env, tasks = source.env, source.tasks
+    renderer = DefaultRendererConfig(tool_parser="qwen3" if tool_parser == "hermes" else None,
+                                     **dict(chat_template_kwargs or {}))
+
+    async def agent(client: Any, row: dict) -> float:
+        task = tasks[int(row["answer"])]
+        ctx = vf.ModelContext(model=model_name, client=vf.TrainClientConfig(
+            base_url=str(client.base_url).rstrip("/"), renderer=renderer, renderer_model_name=str(model_path),
+            api_key_var=ENDPOINT_KEY_VAR, timeout={"connect": min(30.0, timeout_s)}))
+        episode = await env.run_episode(task, ctx)
+        errors = [f"{e.type}: {e.message}" for e in episode.errors]
+        errors += [f"{e.type}: {e.message}" for t in episode.traces for e in t.errors]
+        if errors or not episode.ok or any(r is None for t in episode.traces for r in t.rewards.values()):
+            raise RuntimeError(f"the verifiers episode failed: {'; '.join(errors) or 'its rubric did not run'}")
+        return float(sum(t.reward for t in episode.traces))
+
+    return agent, env.serving
+
+
+# ------------------------------------------------------------------------------- OpenEnv
+class OpenEnvTarget:
+    """``<url>`` (a text environment) or ``mcp@<url>`` (an MCP tool environment)."""
+
+    def __init__(self, url: str, mcp: bool) -> None:
+        self.url, self.mcp = url.rstrip("/"), mcp
+
+    @classmethod
+    def parse(cls, target: str) -> "OpenEnvTarget":
+        mcp = target.startswith("mcp@")
+        url = target[4:] if mcp else target
+        if not url.startswith(("http://", "https://", "ws://", "wss://")):
+            raise ConfigError(f"rollout.env 'openenv:{target}': the environment server's URL must start with "
+                              "http:// or ws:// (openenv:http://127.0.0.1:8000, openenv:mcp@http://...)")
+        return cls(url, mcp)
+
+    @property
+    def http(self) -> str:
+        return self.url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
+
+    def check(self) -> str | None:
+        """The server answers ``/health``; a text environment's action has one text field
+        (returned)."""
+        import httpx
+
+        try:
+            httpx.get(f"{self.http}/health", timeout=HEALTH_TIMEOUT_S).raise_for_status()
+            if self.mcp:
+                return None
+            schema = httpx.get(f"{self.http}/schema", timeout=HEALTH_TIMEOUT_S).json()
+        except (httpx.HTTPError, ValueError) as e:
+            raise ConfigError(f"the OpenEnv server at {self.url} is not reachable ({type(e).__name__}: {e}): "
+                              "start it first (rollout.env openenv:<url>)") from None
+        return action_field(schema.get("action") or {}, self.url)
+
+
+def action_field(schema: dict, url: str) -> str:
+    """The one string field of an OpenEnv action schema (the required one when there are several)."""
+    props = schema.get("properties") or {}
+    text = [k for k, v in props.items() if v.get("type") == "string" and k != "metadata"]
+    required = [k for k in text if k in (schema.get("required") or [])]
+    picked = required if len(required) == 1 else text
+    if len(picked) != 1:
+        raise ConfigError(f"the OpenEnv environment at {url} takes actions {sorted(props)}: rldsl sends the model's "
+                          "reply as an action's one text field, and this action has "
+                          f"{'none' if not picked else 'several: ' + ', '.join(picked)}")
+    return picked[0]
+
+
+def observation_text(observation: Any) -> str:
+    """An observation as the user message: its one string field, else its fields as JSON
+    (``done``, ``reward`` and ``metadata`` left out)."""
+    data = observation.model_dump() if hasattr(observation, "model_dump") else dict(observation or {})
+    data = {k: v for k, v in data.items() if k not in ("done", "reward", "metadata") and v not in (None, "", [], {})}
+    strings = [v for v in data.values() if isinstance(v, str)]
+    if len(data) == 1 and strings:
+        return strings[0]
+    return json.dumps(data, sort_keys=True, default=str) if data else ""
+
+
+def openenv_agent(spec: str, *, timeout_s: float, max_calls: int) -> Callable:
+    """The agent that plays one OpenEnv episode through ``EnvClient`` (module docstring)."""
+    target = OpenEnvTarget.parse(_target(spec))
+    field = target.check()
+
+    async def agent(client: Any, row: dict) -> float | None:
+        import openai
+        from openenv.core.generic_client import GenericEnvClient
+        from openenv.core.mcp_client import MCPToolClient
+
+        cls = MCPToolClient if target.mcp else GenericEnvClient
+        rewards: list[float] = []
+        async with _session(cls(base_url=target.url, connect_timeout_s=min(HEALTH_TIMEOUT_S, timeout_s),
+                                message_timeout_s=timeout_s)) as env:
+            result = await env.reset()
+            _add(rewards, result.reward)
+            opening = observation_text(result.observation) or row["prompt"]
+            messages = ([{"role": "system", "content": row["system"]}] if row.get("system") else []) + (
+                [{"role": "user", "content": opening}] if isinstance(opening, str) else list(opening))
+            tools = await _tools(env) if target.mcp else None
+            for _ in range(max_calls):
+                if result.done:
+                    break
+                try:
+                    reply = await client.chat.completions.create(model=row["model"], messages=messages,
+                                                                 **({"tools": tools} if tools else {}))
+                except openai.BadRequestError as e:
+                    if getattr(e, "code", None) == "context_length_exceeded":
+                        break  # the context is full: the episode ends here, as a cut-off built-in one
+                    raise
+                message = reply.choices[0].message
+                messages.append(message.model_dump(exclude_none=True))
+                if target.mcp:
+                    if not message.tool_calls:
+                        break
+                    for call in message.tool_calls:
+                        result, text = await _call_tool(env, call)
+                        _add(rewards, result.reward)
+                        messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
+                else:
+                    result = await env.step({field: message.content or ""})
+                    _add(rewards, result.reward)
+                    if not result.done:
+                        messages.append({"role": "user", "content": observation_text(result.observation)})
+        return sum(rewards) if rewards else None
+
+    return agent
+
+
+@contextlib.asynccontextmanager
+async def _session(env: Any) -> AsyncIterator[Any]:
+    try:
+        await env.connect()
+        yield env
+    finally:
+        await env.close()
+
+
+def _add(rewards: list[float], reward: Any) -> None:
+    if reward is not None:
+        rewards.append(float(reward))
+
+
+async def _tools(env: Any) -> list[dict]:
+    """The MCP environment's tools as OpenAI function tools."""
+    return [{"type": "function", "function": {"name": t.name, "description": t.description or "",
+                                              "parameters": t.input_schema or {"type": "object", "properties": {}}}}
+            for t in await env.list_tools()]
+
+
+async def _call_tool(env: Any, call: Any) -> tuple[Any, str]:
+    """One tool call as a ``CallToolAction`` step: (the step's result, the tool message's text)."""
+    from openenv.core.env_server.mcp_types import CallToolAction
+
+    try:
+        arguments = json.loads(call.function.arguments or "{}")
+    except json.JSONDecodeError as e:
+        arguments = None
+        text = f"error: the arguments are not JSON ({e})"
+    if not isinstance(arguments, dict):
+        from openenv.core.client_types import StepResult
+
+        return StepResult(observation=None), text if arguments is None else "error: arguments must be an object"
+    result = await env.step(CallToolAction(tool_name=call.function.name, arguments=arguments))
+    obs = result.observation
+    if getattr(obs, "error", None) is not None:
+        return result, f"error: {obs.error.message}"
+    value = getattr(obs, "result", None)
+    if isinstance(value, dict) and "data" in value:
+        value = value["data"]
+    elif hasattr(value, "data"):
+        value = value.data
+    return result, value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+# --------------------------------------------------------------------------------- runner
+def check_agent(cfg: Any) -> None:
+    """``rollout.agent`` loads as an agent function, and a library ``rollout.env`` passes
+    :func:`check` (before any model loads)."""
+    if cfg.rollout.agent is not None:
+        load_agent(cfg.rollout.agent)
+    if env_library(cfg.rollout.env) is not None:
+        check(cfg.rollout.env)
+
+
+def agent_runner(cfg: Any, model_path: str | Path, model_context: int | None) -> AgentRunner | None:
+    """The episodes of a run that talk to the policy's endpoint: an ``AgentRunner`` with
+    ``rollout.agent``, an :class:`EnvironmentRunner` with a library ``rollout.env``, else None."""
+    r = cfg.rollout
+    if r.agent is not None:
+        return AgentRunner(load_agent(r.agent), model_name=served_name(model_path), max_calls=r.max_turns,
+                           max_parallel=r.agent_max_parallel_calls, timeout_s=r.agent_timeout_s,
+                           concurrency=r.agent_concurrency, context=model_context,
+                           tool_parser=r.tool_parser, system_prompt=cfg.data.system_prompt,
+                           chat_template_kwargs=cfg.data.chat_template_kwargs)
+    if env_library(r.env) is not None:
+        return environment_runner(cfg, model_path, model_context)
+    return None
+
+
+def environment_runner(cfg: Any, model_path: str | Path, model_context: int | None) -> "EnvironmentRunner":
+    """The ``AgentRunner`` of ``rollout.env = verifiers:... | openenv:...`` (recipe.py);
+    ``model_context``: the model's context length."""
+    r = cfg.rollout
+    name = served_name(model_path)
+    context = None
+    if env_library(r.env) == "verifiers":
+        agent, context = verifiers_agent(r.env, model_path=model_path, model_name=name, tool_parser=r.tool_parser,
+                                         timeout_s=r.agent_timeout_s,
+                                         chat_template_kwargs=cfg.data.chat_template_kwargs)
+    else:
+        agent = openenv_agent(r.env, timeout_s=r.agent_timeout_s, max_calls=r.max_turns)
+    return EnvironmentRunner(agent, context, model_name=name, max_calls=r.max_turns,
+                             max_parallel=r.agent_max_parallel_calls, timeout_s=r.agent_timeout_s,
+                             concurrency=r.agent_concurrency, context=model_context,
+                             tool_parser=r.tool_parser, system_prompt=cfg.data.system_prompt,
+                             chat_template_kwargs=cfg.data.chat_template_kwargs)
+
+
+class EnvironmentRunner(AgentRunner):
+    """An ``AgentRunner`` whose batches run inside the environment's own context (verifiers'
+    shared tool servers); when that context fails to start, every episode of the batch ends
+    with its error (the run goes on)."""
+
+    subject = "the environment's episode"
+
+    def __init__(self, agent: Callable, batch_context: Callable | None, **kw: Any) -> None:
+        super().__init__(agent, **kw)
+        self.batch_context = batch_context
+
+    async def _episodes(self, rows: list[dict], server: Any) -> list:
+        if self.batch_context is None:
+            return await super()._episodes(rows, server)
+        try:
+            async with self.batch_context():
+                return await super()._episodes(rows, server)
+        except Exception as e:  # noqa: BLE001 - the environment's own start-up failed
+            error = f"the environment failed to start: {type(e).__name__}: {e}"
+            return [([], None, error) for _ in rows]

@@ -1,0 +1,242 @@
+"""rollout.env = verifiers:... / openenv:...: environments of other libraries run against the
+policy's endpoint. verifiers' own training client renders the chat to ids and calls the token
+route; its rubric gives the reward. OpenEnv servers (started here from openenv-core's own server
+classes) are driven through EnvClient. Bad input: a missing library, a server down at start or
+dying mid-episode -- a clear error before the model loads, or a recorded failed episode."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rldsl.runtime.config import load_config
+from rldsl.runtime.errors import ConfigError
+from rldsl.runtime.resolve import check_tools
+
+HERE = Path(__file__).parent
+pytest.importorskip("openai")
+
+
+@pytest.fixture(autouse=True)
+def _helpers_importable(monkeypatch):
+    """The test environments import by name, here and in the subprocesses verifiers starts (its
+    chat program, its tool servers: `python -m vf_sum_tools`)."""
+    monkeypatch.syspath_prepend(str(HERE))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+
+
+def _train(tool_model: Path, out: Path, env: str, *extra: str) -> Path:
+    from rldsl.runtime.run import loop
+
+    cfg = load_config(None, [f"model.path={tool_model}", f"out={out}", f"rollout.env={env}",
+                             "rollout.prompts_per_step=2", "rollout.n=2", "train.steps=1", "eval.every=0",
+                             "checkpoint.every=0", "log.progress=false", "log.samples_per_step=4",
+                             "data.eval_size=0", "rollout.agent_timeout_s=120", "rollout.max_new_tokens=24", *extra])
+    return loop.train("grpo", cfg)
+
+
+def _records(run: Path) -> tuple[list[dict], list[dict]]:
+    from rldsl.runtime.records.metrics import read_metrics
+
+    steps = [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    return steps, samples
+
+
+# ------------------------------------------------------------------------------ verifiers
+@pytest.mark.slow
+@pytest.mark.parametrize("taskset, rewards, extra", [
+    ("vf_sum_single", {0.25, 1.0}, ()),
+    ("vf_sum_single", {0.25, 1.0}, ("rollout.max_staleness=1",)),  # rollouts in the producer's thread
+    ("vf_sum_tools", {0.125, 0.5, 1.0}, ())], ids=["single-turn", "single-turn async", "tools"])
+def test_a_verifiers_environment_trains_with_its_own_rubric(tool_model, tmp_path, monkeypatch, taskset, rewards,
+                                                            extra) -> None:
+    """--env verifiers:<taskset>: the taskset's tasks are the rows, verifiers' training client
+    sends token ids to the endpoint (route "generate"), the rubric's reward (values no rldsl reward
+    gives) reaches metrics and samples; the tool env's calls are bridged by verifiers' renderer
+    into one row per episode."""
+    pytest.importorskip("verifiers")
+    monkeypatch.setenv("RLDSL_COMPILE", "0")
+    run = _train(tool_model, tmp_path / "run", f"verifiers:{taskset}", *extra)
+    steps, samples = _records(run)
+    assert len(steps) == 1 and steps[0]["reward_errors"] == 0 and steps[0]["agent/errors"] == 0
+    assert len(samples) == 4
+    assert {s["reward"] for s in samples} <= rewards
+    for s in samples:
+        assert s["env_reward"] == s["reward"] and s["agent"]["error"] is None
+        assert {c["route"] for c in s["agent"]["calls"]} == {"generate"}  # token ids in, token ids out
+        assert s["prompt"].startswith("<|im_start|>")  # what the engine saw: the renderer's ids
+    if taskset == "vf_sum_tools":
+        assert "<tools>calculator</tools>" in samples[0]["prompt"]
+        assert steps[0]["agent/rows_per_episode"] == 1 and steps[0]["agent/prefix_breaks"] == 0
+        assert any(len(s["agent"]["calls"]) == 2 for s in samples)  # the call, then the answer
+
+
+def test_verifiers_rows_are_the_tasksets_tasks() -> None:
+    pytest.importorskip("verifiers")
+    from rldsl.runtime.rollout.agents.environments import verifiers_examples
+
+    rows = verifiers_examples("verifiers:vf_sum_single")
+    assert [(r.prompt, r.answer) for r in rows[:2]] == [("1+2=", "0"), ("2+3=", "1")]
+    with pytest.raises(ConfigError, match="takes its rows from the taskset"):
+        check_tools(load_config(None, ["rollout.env=verifiers:vf_sum_single", "data.path=x.jsonl"]))
+    with pytest.raises(ConfigError, match="cannot be loaded.*no_such_taskset"):
+        check_tools(load_config(None, ["rollout.env=verifiers:no_such_taskset"]))
+
+
+@pytest.mark.parametrize("library, module, package", [("verifiers", "verifiers", "verifiers"),
+                                                      ("openenv", "openenv", "openenv-core")])
+def test_a_missing_library_names_the_extra_before_the_model_loads(monkeypatch, library, module, package) -> None:
+    monkeypatch.setitem(__import__("sys").modules, module, None)  # import -> ImportError
+    target = "vf_sum_single" if library == "verifiers" else "http://127.0.0.1:9"
+    with pytest.raises(ConfigError, match=rf"needs the '{package}' package.*pip install 'rldsl\[agents\]'"):
+        check_tools(load_config(None, [f"rollout.env={library}:{target}"]))
+
+
+# -------------------------------------------------------------------------------- OpenEnv
+@pytest.fixture()
+def openenv_server():
+    """``openenv_server(kind)`` -> the URL of a server of openenv_helpers.py, killed after the test."""
+    pytest.importorskip("openenv")
+    from contextlib import ExitStack
+
+    from openenv_helpers import Server
+
+    with ExitStack() as stack:
+        yield lambda kind: stack.enter_context(Server(kind))
+
+
+@pytest.mark.slow
+def test_an_openenv_text_environment_trains_with_its_own_reward(tool_model, tmp_path, monkeypatch,
+                                                                openenv_server) -> None:
+    """--env openenv:<url>: the reset observation is the user message (after data.system_prompt),
+    each reply is sent as the action's one text field (`message`, from /schema), the environment's
+    rewards (1.0 / 0.25 a reply, summed) are the episode's reward; replies until `done` (two here)."""
+    monkeypatch.setenv("RLDSL_COMPILE", "0")
+    url = openenv_server("text")
+    run = _train(tool_model, tmp_path / "run", f"openenv:{url}", "data.task=calculator", "data.system_prompt=Sum.")
+    steps, samples = _records(run)
+    assert steps[0]["reward_errors"] == 0 and steps[0]["agent/errors"] == 0
+    for s in samples:
+        assert s["messages"][:2] == [{"role": "system", "content": "Sum.", "trained": False},
+                                     {"role": "user", "content": "12+34=", "trained": False}]
+        assert s["reward"] in (0.5, 1.0, 1.25) and s["env_reward"] == s["reward"]
+        assert [m["role"] for m in s["messages"]][1:3] == ["user", "assistant"]
+        assert {c["route"] for c in s["agent"]["calls"]} == {"chat"}
+
+
+@pytest.mark.slow
+def test_an_openenv_mcp_environment_calls_its_tools_through_mcp(tool_model, tmp_path, monkeypatch,
+                                                               openenv_server) -> None:
+    """--env openenv:mcp@<url>: the environment's MCP tools are the model's tools (rendered by the
+    chat template), each call runs as a CallToolAction step, its result is the tool message and
+    its reward counts; the row's prompt opens the episode (the reset observation has no text)."""
+    monkeypatch.setenv("RLDSL_COMPILE", "0")
+    url = openenv_server("mcp")
+    run = _train(tool_model, tmp_path / "run", f"openenv:mcp@{url}", "data.task=calculator")
+    steps, samples = _records(run)
+    assert steps[0]["reward_errors"] == 0 and steps[0]["agent/errors"] == 0
+    assert steps[0]["tool_calls/per_episode"] >= 1 and steps[0]["agent/prefix_breaks"] == 0
+    assert all("<tools>calculator</tools>" in s["prompt"] for s in samples)
+    called = [s for s in samples if any(m["role"] == "tool" for m in s["messages"])]
+    assert called and all(s["reward"] >= 1.0 for s in called)
+    tool = next(m for m in called[0]["messages"] if m["role"] == "tool")
+    call = next(m for m in called[0]["messages"] if m.get("tool_calls"))["tool_calls"][0]["function"]
+    expression = call["arguments"]["expression"]
+    if all(t.isdigit() for t in expression.split("+")):  # the MCP tool's own answer
+        assert tool["content"] == str(sum(int(t) for t in expression.split("+")))
+
+
+def test_an_openenv_server_down_at_start_is_refused_before_the_model_loads() -> None:
+    pytest.importorskip("openenv")
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConfigError, match=rf"OpenEnv server at http://127.0.0.1:{port} is not reachable"):
+        check_tools(load_config(None, [f"rollout.env=openenv:http://127.0.0.1:{port}"]))
+    with pytest.raises(ConfigError, match="must start with http://"):
+        check_tools(load_config(None, ["rollout.env=openenv:localhost:8000"]))
+
+
+@pytest.mark.parametrize("kind, error", [("dies", "the environment's episode raised ConnectionClosedError"),
+                                         ("hangs", "the environment's episode ran past its time limit of 3 s")])
+def test_a_server_that_dies_or_hangs_mid_episode_gives_failed_episodes(tool_model, openenv_server, kind,
+                                                                        error) -> None:
+    """The server exits (or never answers) on the first step: every episode ends with its error
+    recorded, within the episode's time limit; the batch is still made."""
+    import time
+
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from rldsl.runtime.rollout.agents.environments import environment_runner
+    from rldsl.runtime.rollout.engines.base import SamplingParams
+    from rldsl.runtime.rollout.engines.hf import HFEngine
+
+    url = openenv_server(kind)
+    cfg = load_config(None, [f"rollout.env=openenv:{url}", "rollout.agent_timeout_s=3"])
+    runner = environment_runner(cfg, tool_model, 256)
+    engine = HFEngine(LlamaForCausalLM.from_pretrained(tool_model).eval(), AutoTokenizer.from_pretrained(tool_model))
+    start = time.monotonic()
+    try:
+        batch = runner.run(engine, ["12+34="], ["46"], SamplingParams(n=2, max_new_tokens=8, seed=0))
+    finally:
+        runner.close()
+    assert time.monotonic() - start < 30
+    assert len(batch) == 2 and all(error in e["error"] for e in batch.episodes), [e["error"] for e in batch.episodes]
+
+
+def test_a_verifiers_episode_that_fails_or_hangs_is_recorded(tool_model) -> None:
+    """A rubric that raises (task 0) ends its episode with verifiers' error recorded; one that never
+    returns (task 1) is cut at rollout.agent_timeout_s; the batch is still made."""
+    pytest.importorskip("verifiers")
+    import time
+
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from rldsl.runtime.rollout.agents.environments import environment_runner
+    from rldsl.runtime.rollout.engines.base import SamplingParams
+    from rldsl.runtime.rollout.engines.hf import HFEngine
+
+    cfg = load_config(None, ["rollout.env=verifiers:vf_sum_broken", "rollout.agent_timeout_s=20"])
+    runner = environment_runner(cfg, tool_model, 256)
+    engine = HFEngine(LlamaForCausalLM.from_pretrained(tool_model).eval(), AutoTokenizer.from_pretrained(tool_model))
+    start = time.monotonic()
+    try:
+        batch = runner.run(engine, ["1+2=", "2+3="], ["0", "1"], SamplingParams(n=1, max_new_tokens=8, seed=0))
+    finally:
+        runner.close()
+    assert time.monotonic() - start < 60
+    first, second = (e["error"] for e in batch.episodes)
+    assert "the verifiers episode failed" in first and "the rubric broke" in first
+    assert "ran past its time limit of 20 s" in second
+
+
+def test_verifiers_renders_a_released_template_to_the_ids_the_engine_saw(real_model) -> None:
+    """Qwen2.5's released template over a byte-level BPE: the prompt ids verifiers' renderer sent
+    are the template's own rendering of the task (add_generation_prompt), and are recorded as the
+    row's prompt; the rubric's reward comes back."""
+    pytest.importorskip("verifiers")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rldsl.runtime.rollout.agents.environments import environment_runner
+    from rldsl.runtime.rollout.engines.base import SamplingParams
+    from rldsl.runtime.rollout.engines.hf import HFEngine
+
+    folder = real_model("qwen2.5")
+    tok = AutoTokenizer.from_pretrained(folder)
+    cfg = load_config(None, ["rollout.env=verifiers:vf_sum_single", "rollout.agent_timeout_s=60"])
+    runner = environment_runner(cfg, folder, 4096)
+    try:
+        batch = runner.run(HFEngine(AutoModelForCausalLM.from_pretrained(folder).eval(), tok), ["1+2="], ["0"],
+                           SamplingParams(n=1, max_new_tokens=6, seed=0))
+    finally:
+        runner.close()
+    (episode,) = batch.episodes
+    assert episode["error"] is None and episode["env_reward"] in (0.25, 1.0)
+    prompt = batch.prompt_ids[0][batch.prompt_mask[0].bool()].tolist()
+    assert prompt == tok.apply_chat_template([{"role": "user", "content": "1+2="}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=False)
