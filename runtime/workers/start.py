@@ -35,7 +35,7 @@ def start_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledAlgor
     policy = master_policy(cfg, model_path, cfg.device)
     engine_model = copy.deepcopy(policy)  # before LoRA: the engine samples from plain weights
     policy, reference_off = trainable(cfg, policy, checkpointing=cfg.train.gradient_checkpointing)
-    trainer = Trainer.from_config(cfg, fn, policy, reference_off=reference_off, teacher=teacher_model(cfg))
+    trainer = Trainer.from_config(cfg, fn, policy, reference_off=reference_off, teacher=teacher_model(cfg, model_path))
     rollouts = LocalRollouts(rollout_engine(cfg, model_path, cfg.device, model=engine_model, tokenizer=tokenizer),
                              reward, episode_runner(cfg, model_path))
     return rollouts, LocalTrainers(trainer)
