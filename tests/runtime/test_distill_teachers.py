@@ -37,7 +37,8 @@ def teacher_dir():
 
 def stand_in_app(teacher_dir, *, max_logprobs: int = 5, fault: str | None = None):
     """vLLM's /v1/models, /tokenize and /v1/completions (prompt_logprobs) answered from the
-    teacher model; ``fault``: "short" (one prompt logprob too few), "few" (k - 1 top logprobs)."""
+    teacher model; ``fault``: "short" (one prompt logprob too few), "few" (k - 1 top logprobs),
+    "vocab" (top ids beyond the vocabulary), "tokenizer" (/tokenize gives other ids)."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
@@ -51,7 +52,8 @@ def stand_in_app(teacher_dir, *, max_logprobs: int = 5, fault: str | None = None
 
     @app.post("/tokenize")
     def tokenize(body: dict):
-        return {"tokens": tok(body["prompt"], add_special_tokens=body.get("add_special_tokens", True))["input_ids"]}
+        ids = tok(body["prompt"], add_special_tokens=body.get("add_special_tokens", True))["input_ids"]
+        return {"tokens": [(i + 1) % len(tok) for i in ids] if fault == "tokenizer" else ids}
 
     @app.post("/v1/completions")
     def completions(body: dict):
@@ -71,7 +73,9 @@ def stand_in_app(teacher_dir, *, max_logprobs: int = 5, fault: str | None = None
                 ranks = {int(v): r + 1 for r, v in enumerate(order.tolist())}
                 kk = k - 1 if fault == "few" else k
                 keep = order[:kk].tolist() + [ids[t]]
-                entries.append({str(v): {"logprob": float(row[v]), "rank": ranks[v], "decoded_token": tok.decode([v])}
+                shift = len(tok) if fault == "vocab" else 0  # ids of a larger vocabulary
+                entries.append({str(v + shift * (v != ids[t])): {"logprob": float(row[v]), "rank": ranks[v],
+                                                                  "decoded_token": tok.decode([v])}
                                 for v in keep})
             if fault == "short":
                 entries = entries[:-1]
@@ -155,3 +159,124 @@ def test_three_steps_with_the_teacher_behind_a_server(k, model_dir, teacher_dir,
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["distill/divergence"] > 0 for r in recs)
     _same_as_in_process(seen, teacher_dir, k, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ bad input
+
+def _no_model_load(monkeypatch):
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr("rldsl.runtime.run.build.master_policy", no_load)
+
+
+def _spec(tmp_path, text=TOPK4):
+    (tmp_path / "spec.rl").write_text(text)
+    return str(tmp_path / "spec.rl")
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_no_teacher_is_refused_naming_both_keys(model_dir, tmp_path, monkeypatch):
+    _no_model_load(monkeypatch)
+    with pytest.raises(ConfigError, match=r"opd: distill reverse_kl learns from a teacher, and teacher.path is not "
+                                          r"set \(nor teacher.url\): give teacher.path=.*or teacher.url="):
+        loop.train("opd", quick_config(model_dir, tmp_path / "run"))
+    with pytest.raises(ConfigError, match="teacher.url is set but grpo reads no teacher"):
+        loop.train("grpo", quick_config(model_dir, tmp_path / "run", **{"teacher.url": "http://127.0.0.1:9/v1"}))
+
+
+def test_teacher_keys_that_contradict_each_other_are_refused(model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="teacher.path and teacher.url are both set"):
+        quick_config(model_dir, tmp_path, **{"teacher.path": model_dir, "teacher.url": "http://127.0.0.1:9/v1"})
+    with pytest.raises(ConfigError, match="teacher.actor=true runs the model of teacher.path.*not set"):
+        quick_config(model_dir, tmp_path, **{"teacher.actor": "true"})
+
+
+@pytest.mark.parametrize("where", ["url", "actor"])
+def test_a_remote_teacher_cannot_give_a_jsd_over_the_vocabulary(where, model_dir, teacher_dir, tmp_path, monkeypatch):
+    _no_model_load(monkeypatch)
+    over = {"teacher.url": "http://127.0.0.1:9/v1"} if where == "url" else {"teacher.path": teacher_dir,
+                                                                           "teacher.actor": "true"}
+    key = "teacher.url" if where == "url" else "teacher.actor=true"
+    with pytest.raises(ConfigError, match=rf"gkd: distill jsd reads the teacher's hidden states and LM head in the "
+                                          rf"trainer's process, and {key} returns logprobs only"):
+        loop.train("gkd", quick_config(model_dir, tmp_path / "run", **over))
+
+
+def test_a_teacher_server_that_is_down_is_refused_at_start(model_dir, tmp_path, monkeypatch):
+    _no_model_load(monkeypatch)
+    url = f"http://127.0.0.1:{_free_port()}/v1"
+    with pytest.raises(ConfigError, match=rf"teacher.url={url} is not reachable .*is the server running"):
+        loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.url": url}))
+
+
+def test_a_server_teacher_needs_temperature_one(model_dir, tmp_path, monkeypatch):
+    _no_model_load(monkeypatch)
+    with pytest.raises(ConfigError, match=r"prompt logprobs are at temperature 1 .*rollout.temperature=0.7"):
+        loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.url": "http://127.0.0.1:9/v1",
+                                                                     "rollout.temperature": 0.7}))
+
+
+def test_top_k_beyond_what_the_server_returns_is_refused_at_start(model_dir, teacher_dir, tmp_path, monkeypatch):
+    """k = 8 from a server that returns at most 5 (vLLM's --max-logprobs answers HTTP 400); and a
+    server that returns fewer top logprobs than asked, without saying so."""
+    _no_model_load(monkeypatch)
+    spec = _spec(tmp_path, TOPK4.replace("k=4", "k=8"))
+    with BackgroundServer(stand_in_app(teacher_dir, max_logprobs=5)) as url:
+        with pytest.raises(ConfigError, match=r"topk4: the teacher server does not return top-8 prompt logprobs: "
+                                              r".*HTTP 400.*greater than max allowed: 5"):
+            loop.train(spec, quick_config(model_dir, tmp_path / "run", **{"teacher.url": url + "/v1"}))
+    with BackgroundServer(stand_in_app(teacher_dir, fault="few")) as url:
+        with pytest.raises(ConfigError, match=r"returned 3 top logprobs at a position and the spec asks for k=4"):
+            loop.train(_spec(tmp_path), quick_config(model_dir, tmp_path / "run", **{"teacher.url": url + "/v1"}))
+
+
+def test_a_server_with_another_tokenizer_is_refused_at_start(model_dir, teacher_dir, tmp_path, monkeypatch):
+    _no_model_load(monkeypatch)
+    with BackgroundServer(stand_in_app(teacher_dir, fault="tokenizer")) as url:
+        with pytest.raises(ConfigError, match=r"serves 'teacher' with another tokenizer than the policy's: .*a "
+                                              r"teacher scores the policy's token ids"):
+            loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.url": url + "/v1"}))
+
+
+def _rollout(tok):
+    from rldsl.runtime.batch import RolloutBatch
+    p = torch.tensor([tok("12+34=", add_special_tokens=False)["input_ids"]] * 2)
+    r = torch.tensor([tok("46", add_special_tokens=False)["input_ids"]] * 2)
+    return RolloutBatch(prompt_ids=p, prompt_mask=torch.ones_like(p), response_ids=r,
+                        response_mask=torch.ones_like(r), logprobs=torch.zeros(r.shape), finish_reason=["stop"] * 2,
+                        prompts=["12+34="] * 2, completions=["46"] * 2, group_size=2)
+
+
+@pytest.mark.parametrize("fault,message", [
+    ("short", r"returned 7 prompt logprobs for a prompt of 8 tokens"),
+    ("few", r"returned 3 top logprobs at a position and the spec asks for k=4"),
+    ("vocab", r"returned token id \d+, beyond the policy's vocabulary of \d+: it serves another model"),
+])
+def test_a_server_that_answers_wrongly_mid_run_stops_it(fault, message, teacher_dir):
+    """What the start-up probe cannot see: a server that later answers outside the protocol."""
+    from rldsl.runtime.train.teachers import TeacherServer
+
+    tok = load_tokenizer(teacher_dir)
+    batch = _rollout(tok)
+    with BackgroundServer(stand_in_app(teacher_dir, fault=fault)) as url:
+        server = TeacherServer(url + "/v1", model=None, timeout_s=30, rows_per_request=16, vocab_size=len(tok))
+        with pytest.raises(TeacherError, match=message):
+            server.topk(batch, 4, 1.0, None)
+
+
+def test_a_server_that_goes_down_mid_run_stops_it(teacher_dir):
+    from rldsl.runtime.train.teachers import TeacherServer
+
+    tok = load_tokenizer(teacher_dir)
+    with BackgroundServer(stand_in_app(teacher_dir)) as url:
+        server = TeacherServer(url + "/v1", model=None, timeout_s=5, rows_per_request=16)
+        lp, top, ids = server.topk(_rollout(tok), 2, 1.0, None)
+        assert lp.shape == (2, 2) and top.shape == ids.shape == (2, 2, 2)
+    with pytest.raises(TeacherError, match=rf"teacher.url {url}/v1/completions failed after 3 tries: .*refused"):
+        server.topk(_rollout(tok), 2, 1.0, None)
