@@ -128,11 +128,20 @@ def test_three_steps_with_the_teacher_on_a_ray_actor(name, k, model_dir, teacher
     import ray
 
     seen = _capture(monkeypatch)
+    started = []
+    topk = TeacherActor.topk
+
+    def traced(self, *a):
+        started.append(isinstance(self._started(), ray.actor.ActorHandle))
+        return topk(self, *a)
+
+    monkeypatch.setattr(TeacherActor, "topk", traced)
     try:
         run = loop.train(name, quick_config(model_dir, tmp_path / "run", **{"teacher.path": teacher_dir,
                                                                           "teacher.actor": "true"}))
-        teacher = seen[0][2]  # the trainer's teacher: the actor's client, its actor started
-        assert isinstance(teacher, TeacherActor) and isinstance(teacher._actor, ray.actor.ActorHandle)
+        teacher = seen[0][2]  # the trainer's teacher: the actor's client; its actor started, then
+        assert isinstance(teacher, TeacherActor) and started and all(started)  # stopped with the run
+        assert teacher._actor is None
     finally:
         ray.shutdown()
     recs = steps_of(run)
