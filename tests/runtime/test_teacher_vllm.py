@@ -1,8 +1,8 @@
 """``teacher.url`` against vLLM's own OpenAI-compatible server (the CPU build).
 
-The server runs from the vLLM venv (this interpreter when it has vLLM, else $RLDSL_VLLM_PYTHON,
-else the repository's .venv-vllm: `make setup-vllm`), on 127.0.0.1, started and stopped here
-(start-up bounded at 300 s); the run itself needs no vLLM. The teacher is a random-init float32
+The server runs from the vLLM venv (this interpreter when it has vLLM, else $RLDSL_VLLM_PYTHON:
+`make test-vllm` runs this file in the main venv with the .venv-vllm python), on 127.0.0.1,
+started and stopped here (start-up bounded at 300 s); the run itself needs no vLLM. The teacher is a random-init float32
 Llama with the toy tokenizer and head dim 64 (vLLM's CPU attention refuses the embedded model's
 24), served with ``--max-logprobs 8``. Without a vLLM venv the tests skip, or fail under
 RLDSL_REQUIRE_VLLM=1.
@@ -30,17 +30,16 @@ from test_loop import quick_config, steps_of
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 START_S = 300
 
 
 def vllm_python() -> str | None:
+    """This interpreter when it has vLLM, else $RLDSL_VLLM_PYTHON (`make test-vllm` sets it to
+    the vLLM venv's python and runs this file in the main venv)."""
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
-    for cand in (os.environ.get("RLDSL_VLLM_PYTHON"), str(ROOT / ".venv-vllm" / "bin" / "python")):
-        if cand and Path(cand).is_file():
-            return cand
-    return None
+    cand = os.environ.get("RLDSL_VLLM_PYTHON")
+    return cand if cand and Path(cand).is_file() else None
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +66,7 @@ def vllm_server(teacher_64, tmp_path_factory):
     """`python -m vllm.entrypoints.openai.api_server` serving the teacher; yields its /v1 URL."""
     python = vllm_python()
     if python is None:
-        reason = "no vLLM venv (make setup-vllm, or RLDSL_VLLM_PYTHON=<its python>)"
+        reason = "no vLLM here: make test-vllm runs this file with RLDSL_VLLM_PYTHON=.venv-vllm/bin/python"
         if os.environ.get("RLDSL_REQUIRE_VLLM") == "1":
             pytest.fail(f"RLDSL_REQUIRE_VLLM=1 but {reason}", pytrace=False)
         pytest.skip(reason)
