@@ -21,8 +21,13 @@ returns k logprobs per position.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -30,7 +35,10 @@ from typing import Any, Protocol, Sequence
 import torch
 from torch import Tensor, nn
 
+from rldsl import Algorithm
+
 from ..batch import RolloutBatch, model_inputs
+from ..config import RunConfig
 from ..errors import ConfigError, TeacherError
 from ..rewards.remote import Http, check_url, post_json
 from .logprobs import token_topk
@@ -82,18 +90,10 @@ class TeacherModel:
     def topk(self, batch: RolloutBatch, k: int, temperature: float, group_size: int | None) -> tuple[Tensor, ...]:
         device = next(self.model.parameters()).device
         autocast = (torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
-                    if self.autocast_dtype is not None else _null())
+                    if self.autocast_dtype is not None else contextlib.nullcontext())
         out = teacher_topk(self.model, batch.to(device), k, temperature=temperature, chunk=self.chunk,
                            group_size=group_size, autocast=autocast)
         return tuple(t.cpu() for t in out)
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 class TeacherActor:
@@ -179,9 +179,6 @@ class TeacherServer:
         return f"TeacherServer({self.url!r})"
 
     def _get(self, path: str) -> Any:
-        import json
-        import urllib.error
-        import urllib.request
         try:
             with urllib.request.urlopen(self.api + path, timeout=min(self.http.timeout, 30.0)) as r:
                 return json.loads(r.read())
@@ -216,8 +213,6 @@ class TeacherServer:
                    ) -> list[tuple[list[float], list[list[float]], list[list[int]]]]:
         """Per row: the teacher's logprob of each token from ``starts[i]`` on, and its k largest
         logprobs with their ids there (from ``prompt_logprobs``; the first token has none)."""
-        from concurrent.futures import ThreadPoolExecutor
-
         chunks = [list(range(i, min(i + self.rows_per_request, len(rows))))
                   for i in range(0, len(rows), self.rows_per_request)]
 
@@ -292,7 +287,7 @@ class TeacherServer:
         return lp, top, ids
 
 
-def check_remote_teacher(cfg: Any, algo: Any, tokenizer: Any, k: int | None) -> None:
+def check_remote_teacher(cfg: RunConfig, algo: Algorithm, tokenizer: Any, k: int | None) -> None:
     """A ``teacher.url`` or ``teacher.actor`` teacher fits the spec and the run, before any model
     loads: a remote teacher gives no hidden states (``distill jsd`` needs ``teacher.path`` in the
     trainer); a server scores at temperature 1, answers, serves the policy's tokenizer and returns
@@ -326,7 +321,7 @@ def check_remote_teacher(cfg: Any, algo: Any, tokenizer: Any, k: int | None) -> 
                           f"difference at token {at}): a teacher scores the policy's token ids, so both need "
                           "one vocabulary")
     try:  # the server returns k top logprobs per position (vLLM refuses more than --max-logprobs)
-        server.score_rows([ours[:4] or [0, 0]], [1], k or 0)
+        server.score_rows([ours[:4]], [1], k or 0)
     except TeacherError as e:
         raise ConfigError(f"{algo.name}: the teacher server does not return top-{k or 0} prompt logprobs: "
                           f"{e}") from None
