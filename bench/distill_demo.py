@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -97,18 +98,22 @@ def plot(runs: dict[str, list[Path]], teacher_acc: float, out: Path) -> None:
 
 
 def table(runs: dict[str, list[Path]]) -> str:
-    lines = ["| spec | seed | greedy acc, step 0 -> last (steps) | acc at half the steps | training s (sum of steps) | s / step | whole command |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| spec | seed | greedy acc, step 0 -> last (steps) | acc at half the steps | mean acc over the evaluations after step 0 "
+             "| training s (sum of steps) | median s / step | median logprobs s / step (the teacher's forward in opd) | whole command |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, folders in runs.items():
         for f in folders:
             if not (f / "metrics.jsonl").is_file():
                 continue
             steps, secs, acc = curve(f)
-            half = acc[len(acc) // 2]
+            recs = [r for r in read_metrics(f) if "step_s" in r]
+            med = statistics.median(r["step_s"] for r in recs)
+            lp = statistics.median(r.get("time/logprobs_s", 0.0) for r in recs)
+            h = len(acc) // 2
             wall = json.loads((f / "demo_wall_s.json").read_text())["wall_s"] if (f / "demo_wall_s.json").is_file() else float("nan")
             seed = json.loads((f / "config.json").read_text()).get("seed")
-            lines.append(f"| {name} | {seed} | {acc[0]:.3f} -> {acc[-1]:.3f} ({steps[-1]}) | {half:.3f} (step {steps[len(acc) // 2]}) "
-                         f"| {secs[-1]:.0f} | {secs[-1] / max(steps[-1], 1):.2f} | {wall:.0f} s |")
+            lines.append(f"| {name} | {seed} | {acc[0]:.3f} -> {acc[-1]:.3f} ({steps[-1]}) | {acc[h]:.3f} (step {steps[h]}) "
+                         f"| {statistics.mean(acc[1:]):.3f} | {secs[-1]:.0f} | {med:.2f} | {lp:.3f} | {wall:.0f} s |")
     return "\n".join(lines)
 
 
