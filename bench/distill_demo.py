@@ -1,6 +1,6 @@
 """On-policy distillation against RL on the embedded task (docs/distillation.md, "A CPU demo").
 
-    python bench/distill_demo.py [--root runs/distill_demo] [--steps 100] [--seeds 1 2 3]
+    python bench/distill_demo.py [--root runs/distill_demo] [--steps 150] [--seeds 1 2 3]
 
 1. The teacher: `rldsl run lite_ppo --seed 0 --steps TEACHER_STEPS` from the embedded warm start
    (held-out greedy accuracy ~0.27 -> ~0.9); its final checkpoint's policy folder is the teacher.
@@ -120,7 +120,7 @@ def table(runs: dict[str, list[Path]]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=Path("runs/distill_demo"))
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--teacher-steps", type=int, default=300)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
