@@ -16,14 +16,12 @@ from torch import nn
 from .config import RunConfig
 from .rollout.engines.base import RolloutEngine
 from .models.lora import adapters_disabled, apply_lora
-from .models.loading import autocast_dtype, enable_gradient_checkpointing, load_policy, load_tokenizer, master_dtype, model_context
+from .models.loading import enable_gradient_checkpointing, load_policy, load_tokenizer, master_dtype, model_context
 from .rewards.functions import RewardFn
 from .resolve import reward_spec
 from .rollout.agents.runner import AgentRunner, load_agent, served_name
 from .rollout.episodes.rollout import EpisodeRunner
 from .rollout.episodes.tools import SHARED_RUNNER
-from .train.teachers import RemoteTeacher, TeacherActor, TeacherServer
-from .train.trainer import logits_chunk
 
 
 def with_lora(cfg: RunConfig, policy: nn.Module) -> tuple[nn.Module, Any]:
@@ -40,37 +38,6 @@ def master_policy(cfg: RunConfig, path: Path | str, device: torch.device | str) 
     """The policy of ``path`` with float32 master weights for a 16-bit ``model.dtype``
     (``master_dtype``), on ``device``: what a trainer trains (and what the HF engine copies)."""
     return load_policy(Path(path), master_dtype(cfg.model.dtype)).to(device)
-
-
-def teacher_model(cfg: RunConfig, student: Path | str | None = None) -> "nn.Module | RemoteTeacher | None":
-    """The teacher of the run config's ``teacher`` section, None without one:
-
-    - ``teacher.path``: the model (frozen, eval mode) on the trainer's device, in
-      ``model.dtype``'s master dtype (its forwards run under the trainer's autocast);
-    - with ``teacher.actor``: that model on a Ray actor of its own (started on first use);
-    - ``teacher.url``: the server's client (``student``'s vocabulary size bounds the ids it may return).
-
-    resolve.check_teacher has checked the folder or the server, and the vocabulary."""
-    t = cfg.teacher
-    if t.url is not None:
-        vocab = None
-        if student is not None:
-            from transformers import AutoConfig
-            vocab = AutoConfig.from_pretrained(str(student)).get_text_config().vocab_size
-        return TeacherServer(t.url, model=t.model, timeout_s=t.timeout_s, rows_per_request=t.rows_per_request,
-                             vocab_size=vocab)
-    if t.path is None:
-        return None
-    if t.actor:
-        compute = autocast_dtype(cfg.model.dtype)
-        return TeacherActor(t.path, dtype=cfg.model.dtype, device="cuda" if t.num_gpus > 0 else "cpu",
-                            chunk=logits_chunk(cfg), autocast_dtype=str(compute).removeprefix("torch.") if compute else None,
-                            num_cpus=t.num_cpus, num_gpus=t.num_gpus, max_restarts=t.max_restarts,
-                            start_timeout_s=t.timeout_s)
-    teacher = load_policy(Path(t.path), master_dtype(cfg.model.dtype)).to(cfg.device).eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    return teacher
 
 
 def trainable(cfg: RunConfig, policy: nn.Module, *,

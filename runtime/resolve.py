@@ -36,7 +36,6 @@ from .rollout.episodes.tools import load_tools
 from .errors import ConfigError, RunError
 from .data.reasoning_gym import is_reasoning_gym
 from .rewards.functions import with_answer_format
-from .train.teachers import check_remote_teacher
 
 #: The tools data.task=calculator fills in (runtime/toy/calculator.py).
 CALCULATOR_TOOLS = BUILTIN_TASKS["calculator"].tools
@@ -108,9 +107,19 @@ def check_teacher(algo: Algorithm, cfg: RunConfig, student: Path, tokenizer: Any
         raise ConfigError(f"a teacher ({key}) runs in the trainer's process for now (an actor or a server: "
                           "called from it): it does not run with distributed.trainers > 1, rollout workers or a "
                           "Ray address")
-    if url is not None or cfg.teacher.actor:
-        check_remote_teacher(cfg, algo, tokenizer, algo_topk(algo))
-    if url is not None:
+    if url is not None or cfg.teacher.actor:  # a remote teacher returns logprobs only
+        where = "teacher.url" if url is not None else "teacher.actor=true"
+        jsd = sorted({v.component for v in algo.active() if v.spec.facts.plan.get("jsd_beta") is not None})
+        if jsd:
+            raise ConfigError(f"{algo.name}: distill {', '.join(jsd)} reads the teacher's hidden states and LM head "
+                              f"in the trainer's process, and {where} returns logprobs only: give teacher.path "
+                              "without teacher.actor")
+    if url is not None:  # the server itself is checked when the trainer is built (train/teachers.py)
+        temp = cfg.rollout.temperature
+        if temp not in (0.0, 1.0):
+            raise ConfigError(f"teacher.url: the server's prompt logprobs are at temperature 1 (vLLM computes them "
+                              f"from the raw logits) and rollout.temperature={temp:g} is scored at {temp:g}: "
+                              "sample at 1, or give teacher.path")
         return
     folder = Path(path)
     if not (folder / "config.json").is_file():

@@ -14,10 +14,11 @@ token [B, Tr] and, for a top-k divergence, its k largest logprobs and their ids 
 
 The actor and the server are *remote* teachers: they return logprobs only, so a divergence over
 the whole vocabulary (``distill jsd``, which reads the teacher's hidden states and LM head in the
-trainer) needs the in-process teacher. vLLM computes prompt logprobs from the raw logits
-(temperature 1): a server teacher needs rollout temperature 1 (0 scores at 1). Checked before any
-model loads (``check_remote_teacher``): the server answers, serves the policy's tokenizer and
-returns k logprobs per position.
+trainer) needs the in-process teacher, and vLLM computes prompt logprobs from the raw logits
+(temperature 1): a server teacher needs rollout temperature 1 (0 scores at 1) -- both checked by
+resolve.check_teacher before any model loads. ``teacher_of`` builds the teacher when the trainer
+is built, and checks a server there (``check_server``): it answers, serves the policy's tokenizer
+and returns k logprobs per position.
 """
 from __future__ import annotations
 
@@ -35,13 +36,13 @@ from typing import Any, Protocol, Sequence
 import torch
 from torch import Tensor, nn
 
-from rldsl import Algorithm
-
 from ..batch import RolloutBatch, model_inputs
 from ..config import RunConfig
 from ..errors import ConfigError, TeacherError
 from ..rewards.remote import Http, check_url, post_json
-from .logprobs import token_topk
+from ..models.loading import autocast_dtype, load_policy, master_dtype
+from .divergence import chunked_generalized_jsd
+from .logprobs import logit_transform, token_topk
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,6 @@ class TeacherModel:
     """The teacher folder loaded for scoring, in the process that holds it (a Ray actor)."""
 
     def __init__(self, path: str, dtype: str, device: str, chunk: int, autocast_dtype: str | None) -> None:
-        from ..models.loading import load_policy, master_dtype
         self.model = load_policy(Path(path), master_dtype(dtype)).to(device).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -287,27 +287,10 @@ class TeacherServer:
         return lp, top, ids
 
 
-def check_remote_teacher(cfg: RunConfig, algo: Algorithm, tokenizer: Any, k: int | None) -> None:
-    """A ``teacher.url`` or ``teacher.actor`` teacher fits the spec and the run, before any model
-    loads: a remote teacher gives no hidden states (``distill jsd`` needs ``teacher.path`` in the
-    trainer); a server scores at temperature 1, answers, serves the policy's tokenizer and returns
-    ``k`` top logprobs per position."""
-    t = cfg.teacher
-    where = "teacher.url" if t.url is not None else "teacher.actor=true"
-    # a component whose plan asks for a divergence over the vocabulary (the trainer's jsd_beta)
-    readers = {v.component for v in algo.active() if v.spec.facts.plan.get("jsd_beta") is not None}
-    if readers:
-        raise ConfigError(f"{algo.name}: distill {', '.join(sorted(readers))} reads the teacher's hidden states "
-                          f"and LM head in the trainer's process, and {where} returns logprobs only: "
-                          "give teacher.path without teacher.actor")
-    if t.url is None:
-        return
-    temp = cfg.rollout.temperature
-    if temp not in (0.0, 1.0):
-        raise ConfigError(f"teacher.url: the server's prompt logprobs are at temperature 1 (vLLM computes them "
-                          f"from the raw logits) and rollout.temperature={temp:g} is scored at {temp:g}: "
-                          "sample at 1, or give teacher.path")
-    server = TeacherServer(t.url, model=t.model, timeout_s=min(t.timeout_s, 60.0), rows_per_request=1)
+def check_server(server: TeacherServer, tokenizer: Any, k: int, spec: str) -> None:
+    """A ``teacher.url`` server answers, serves the policy's tokenizer (a probe text spanning its
+    vocabulary tokenizes to the same ids there, vLLM's ``/tokenize``) and returns ``k`` top prompt
+    logprobs (vLLM refuses more than ``--max-logprobs``); else a ConfigError with the reason."""
     try:
         server.model_name()
         probe = probe_text(tokenizer)
@@ -316,15 +299,57 @@ def check_remote_teacher(cfg: RunConfig, algo: Algorithm, tokenizer: Any, k: int
         raise ConfigError(str(e)) from None
     if theirs != ours:
         at = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
-        raise ConfigError(f"teacher.url={t.url} serves {server.model!r} with another tokenizer than the "
+        raise ConfigError(f"teacher.url={server.url} serves {server.model!r} with another tokenizer than the "
                           f"policy's: {probe!r} is {len(theirs)} tokens there and {len(ours)} here (first "
                           f"difference at token {at}): a teacher scores the policy's token ids, so both need "
                           "one vocabulary")
-    try:  # the server returns k top logprobs per position (vLLM refuses more than --max-logprobs)
-        server.score_rows([ours[:4]], [1], k or 0)
+    try:
+        server.score_rows([ours[:4]], [1], k)
     except TeacherError as e:
-        raise ConfigError(f"{algo.name}: the teacher server does not return top-{k or 0} prompt logprobs: "
-                          f"{e}") from None
+        raise ConfigError(f"{spec}: the teacher server does not return top-{k} prompt logprobs: {e}") from None
+
+
+def teacher_of(cfg: RunConfig, policy: nn.Module, tokenizer: Any, k: int, chunk: int,
+               spec: str) -> "nn.Module | RemoteTeacher | None":
+    """The teacher of the run config's ``teacher`` section, None without one:
+
+    - ``teacher.path``: the model (frozen, eval mode) on the trainer's device, in
+      ``model.dtype``'s master dtype (its forwards run under the trainer's autocast);
+    - with ``teacher.actor``: that model on a Ray actor of its own (started on first use);
+    - ``teacher.url``: the server's client, checked (``check_server``) against the policy's
+      ``tokenizer`` and the top-``k`` of ``spec``; ids beyond ``policy``'s vocabulary are refused.
+
+    resolve.check_teacher has checked the keys and the folder before any model loaded."""
+    t = cfg.teacher
+    if t.url is not None:
+        server = TeacherServer(t.url, model=t.model, timeout_s=t.timeout_s, rows_per_request=t.rows_per_request,
+                               vocab_size=int(policy.get_output_embeddings().weight.shape[0]))
+        if tokenizer is not None:
+            check_server(server, tokenizer, k, spec)
+        return server
+    if t.path is None:
+        return None
+    if t.actor:
+        compute = autocast_dtype(cfg.model.dtype)
+        return TeacherActor(t.path, dtype=cfg.model.dtype, device="cuda" if t.num_gpus > 0 else "cpu", chunk=chunk,
+                            autocast_dtype=str(compute).removeprefix("torch.") if compute else None,
+                            num_cpus=t.num_cpus, num_gpus=t.num_gpus, max_restarts=t.max_restarts,
+                            start_timeout_s=t.timeout_s)
+    teacher = load_policy(Path(t.path), master_dtype(cfg.model.dtype)).to(cfg.device).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
+
+
+def vocabulary_jsd(policy: nn.Module, teacher: nn.Module, hidden: Tensor, teacher_hidden: Tensor, beta: float,
+                   temperature: float, chunk: int) -> Tensor:
+    """The ``jsd`` component's divergence [N] of the policy (its last hidden states ``hidden``
+    [N, H], with gradient) from the in-process teacher (``teacher_hidden`` [N, H_t]) through both
+    LM heads, C = ``chunk`` tokens at a time (train/divergence.py)."""
+    s_head, t_head = policy.get_output_embeddings(), teacher.get_output_embeddings()
+    return chunked_generalized_jsd(hidden, s_head.weight, s_head.bias, teacher_hidden, t_head.weight, t_head.bias,
+                                   beta, student_tf=logit_transform(policy, temperature),
+                                   teacher_tf=logit_transform(teacher, temperature), chunk=chunk)
 
 
 def probe_text(tokenizer: Any) -> str:

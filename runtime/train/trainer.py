@@ -27,9 +27,8 @@ from ..config import RunConfig
 from ..records.metrics import CRITIC_GRAD_NORM, GRAD_NORM, LOSS, OPTIMIZER_STEPS, SKIPPED_NONFINITE, SKIPPED_ZERO_ADV
 from ..models.loading import autocast_dtype, backbone
 from . import inputs as producers
-from .divergence import chunked_generalized_jsd
-from .logprobs import logit_transform, token_logprobs
-from .teachers import RemoteTeacher, TeacherForward, teacher_topk
+from .logprobs import token_logprobs
+from .teachers import RemoteTeacher, TeacherForward, teacher_of, teacher_topk, vocabulary_jsd
 from .microbatch import combine_metrics, plan, row_tokens, trim, widen
 from .optim import build_optimizer, build_scheduler, lr_factor
 from .throughput import ModelDims, TokenCount
@@ -138,20 +137,22 @@ class Trainer:
     @classmethod
     def from_config(cls, cfg: RunConfig, fn: CompiledAlgorithm, policy: nn.Module, *,
                     prepare: Callable[[nn.Module, nn.Module | None, nn.Module | None], None] | None = None,
-                    reference_off: Callable[[], Any] | None = None, **kwargs: Any) -> "Trainer":
+                    reference_off: Callable[[], Any] | None = None, tokenizer: Any = None,
+                    **kwargs: Any) -> "Trainer":
         """The trainer of ``policy`` for a run: reference and critic copies, optimizers, LR schedule.
 
         ``prepare(policy, reference, critic)``, if given, runs after the copies are made and
         before the optimizers are built (the sharded trainer shards the modules there).
         ``reference_off()``, if given, is a context in which the policy computes the reference
         logprobs (LoRA: adapters disabled), so no reference copy is made. ``kwargs`` go to the
-        constructor (a subclass's own arguments).
+        constructor (a subclass's own arguments). A spec that reads a teacher gets the run's
+        (``teacher=`` overrides it); ``tokenizer``, the policy's, checks a teacher server's.
         """
         algo = fn.algorithm
         reference = None
-        if algo.uses_teacher and "teacher" not in kwargs:
-            raise ValueError(f"{algo.name} distills from a teacher: pass teacher= (runtime/run/build.py "
-                             "loads teacher.path)")
+        if algo.uses_teacher and "teacher" not in kwargs:  # the run's teacher (train/teachers.py)
+            kwargs["teacher"] = teacher_of(cfg, policy, tokenizer, fn.data.teacher_topk or 0, logits_chunk(cfg),
+                                           algo.name)
         if algo.uses_reference and reference_off is None:
             reference = copy.deepcopy(policy).eval()
             for p in reference.parameters():
@@ -379,12 +380,9 @@ class Trainer:
         assert self.teacher is not None and batch.teacher is not None and batch.teacher.hidden is not None
         data = self.fn.data
         t_hidden = batch.teacher.hidden[rows][:, :tr].reshape(hidden.shape[0], -1).to(hidden.device)
-        s_head, t_head = self.policy.get_output_embeddings(), self.teacher.get_output_embeddings()
         with self._autocast(self.policy):
-            d = chunked_generalized_jsd(
-                hidden, s_head.weight, s_head.bias, t_hidden, t_head.weight, t_head.bias, data.jsd_beta,
-                student_tf=logit_transform(self.policy, data.jsd_temperature),
-                teacher_tf=logit_transform(self.teacher, data.jsd_temperature), chunk=self.logprob_chunk)
+            d = vocabulary_jsd(self.policy, self.teacher, hidden, t_hidden, data.jsd_beta, data.jsd_temperature,
+                               self.logprob_chunk)
         return d.view(-1, tr).float()
 
     def _recompute(self, rollout: RolloutBatch) -> tuple[Tensor | None, Tensor | None, Tensor | None,

@@ -1,7 +1,8 @@
 """A distillation teacher outside the trainer's process: on a Ray actor (``teacher.actor=true``)
 or behind an OpenAI-compatible server that returns prompt logprobs (``teacher.url``). Both
-return what the in-process teacher computes; every wrong set-up is refused before the model
-loads, and a server that fails mid-run stops the run with the reason -- never a silent 0.
+return what the in-process teacher computes; every wrong set-up is refused at start (the keys
+before the model loads, a server when the trainer is built), and a server that fails mid-run
+stops the run with the reason -- never a silent 0.
 
 The server here is a stand-in that answers as vLLM's /v1/completions does (prompt_logprobs: at
 each position the logprob of the token there and of the k most likely ones with their ranks;
@@ -175,7 +176,7 @@ def test_three_steps_with_the_teacher_behind_a_server(k, model_dir, teacher_dir,
 def _no_model_load(monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("a model was loaded")
-    monkeypatch.setattr("rldsl.runtime.run.build.master_policy", no_load)
+    monkeypatch.setattr("rldsl.runtime.workers.start.master_policy", no_load)
 
 
 def _spec(tmp_path, text=TOPK4):
@@ -218,7 +219,6 @@ def test_a_remote_teacher_cannot_give_a_jsd_over_the_vocabulary(where, model_dir
 
 
 def test_a_teacher_server_that_is_down_is_refused_at_start(model_dir, tmp_path, monkeypatch):
-    _no_model_load(monkeypatch)
     url = f"http://127.0.0.1:{_free_port()}/v1"
     with pytest.raises(ConfigError, match=rf"teacher.url={url} is not reachable .*is the server running"):
         loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.url": url}))
@@ -234,7 +234,6 @@ def test_a_server_teacher_needs_temperature_one(model_dir, tmp_path, monkeypatch
 def test_top_k_beyond_what_the_server_returns_is_refused_at_start(model_dir, teacher_dir, tmp_path, monkeypatch):
     """k = 8 from a server that returns at most 5 (vLLM's --max-logprobs answers HTTP 400); and a
     server that returns fewer top logprobs than asked, without saying so."""
-    _no_model_load(monkeypatch)
     spec = _spec(tmp_path, TOPK4.replace("k=4", "k=8"))
     with BackgroundServer(stand_in_app(teacher_dir, max_logprobs=5)) as url:
         with pytest.raises(ConfigError, match=r"topk4: the teacher server does not return top-8 prompt logprobs: "
@@ -246,7 +245,6 @@ def test_top_k_beyond_what_the_server_returns_is_refused_at_start(model_dir, tea
 
 
 def test_a_server_with_another_tokenizer_is_refused_at_start(model_dir, teacher_dir, tmp_path, monkeypatch):
-    _no_model_load(monkeypatch)
     with BackgroundServer(stand_in_app(teacher_dir, fault="tokenizer")) as url:
         with pytest.raises(ConfigError, match=r"serves 'teacher' with another tokenizer than the policy's: .*a "
                                               r"teacher scores the policy's token ids"):

@@ -25,7 +25,7 @@ import torch
 
 from rldsl.runtime.errors import ConfigError
 from rldsl.runtime.run import loop
-from test_distill_teachers import TOPK4, _capture, _no_model_load, _same_as_in_process
+from test_distill_teachers import TOPK4, _capture, _same_as_in_process
 from test_loop import quick_config, steps_of
 
 pytestmark = pytest.mark.slow
@@ -125,8 +125,7 @@ def test_three_steps_with_vllm_as_the_teacher(k, vllm_server, teacher_64, model_
     _same_as_in_process(seen, teacher_64, k, atol=1e-4)
 
 
-def test_top_k_beyond_vllms_max_logprobs_is_refused_at_start(vllm_server, model_dir, tmp_path, monkeypatch):
-    _no_model_load(monkeypatch)
+def test_top_k_beyond_vllms_max_logprobs_is_refused_at_start(vllm_server, model_dir, tmp_path):
     (tmp_path / "topk16.rl").write_text(TOPK4.replace("k=4", "k=16"))
     with pytest.raises(ConfigError, match=r"topk4: the teacher server does not return top-16 prompt logprobs: "
                                           r".*HTTP 400.*greater than max allowed: 8"):
