@@ -33,7 +33,8 @@ from logprobs import ROOT, _live_bytes_tracker, _peak_rss, _rss_now  # noqa: E40
 
 def worker(variant: str, N: int, V: int, H: int, repeats: int, threads: int, chunk: int, beta: float) -> dict:
     import torch
-    from rldsl.runtime.train.divergence import chunked_generalized_jsd, generalized_jsd
+    from rldsl.components.distill import generalized_jsd
+    from rldsl.runtime.train.divergence import chunked_generalized_jsd
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     hs = torch.randn(N, H, generator=g).requires_grad_()

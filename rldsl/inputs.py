@@ -64,7 +64,8 @@ class Input:
              component that reads it fails without it
     whole_groups  its readers compare a prompt's samples: micro-batches keep whole groups
     finite   every value must be finite (a call with inf or NaN fails)
-    teacher  made from a teacher model's outputs: a spec that reads it needs ``teacher.path``
+    teacher  made from a teacher model's outputs: a spec that reads it needs a teacher (``teacher.path``
+             or ``teacher.url``)
     """
 
     name: str

@@ -180,8 +180,46 @@ class TeacherConfig(_Section):
         default=None,
         description="Hugging Face model folder of the teacher; it must have the policy's "
                     "vocabulary. It runs no-grad forwards on the trainer's device (in "
-                    "model.dtype) over every rollout. null = no teacher (a spec whose distill "
-                    "slot reads one is refused at start).")
+                    "model.dtype) over every rollout, or on a Ray actor with teacher.actor. "
+                    "null = no teacher (a spec whose distill slot reads one is refused at start).")
+    actor: bool = Field(
+        default=False,
+        description="Run the teacher of teacher.path on a Ray actor of its own (a local Ray on "
+                    "127.0.0.1 when none runs), so its weights and forwards live outside the "
+                    "trainer's process; it is restarted max_restarts times if it dies.")
+    url: str | None = Field(
+        default=None,
+        description="An OpenAI-compatible server that scores the teacher instead of a folder: "
+                    "its /v1/completions must return prompt logprobs of token-id prompts (vLLM: "
+                    "`vllm serve TEACHER --max-logprobs K`), e.g. http://127.0.0.1:8000/v1. It "
+                    "must serve a model with the policy's tokenizer; its prompt logprobs are at "
+                    "temperature 1, so it needs rollout.temperature 1 (or 0).")
+    model: str | None = Field(
+        default=None,
+        description="The served model name for teacher.url; null = the first of its /v1/models.")
+    num_cpus: float = Field(default=1.0, ge=0.0,
+                            description="CPUs the teacher's Ray actor reserves (teacher.actor).")
+    num_gpus: float = Field(default=0.0, ge=0.0,
+                            description="GPUs the teacher's Ray actor reserves (teacher.actor); "
+                                        "its device is cuda when > 0.")
+    max_restarts: int = Field(default=3, ge=0,
+                              description="How often a dead teacher actor is restarted (its call "
+                                          "made again) before the run stops.")
+    timeout_s: float = Field(default=300.0, gt=0.0,
+                             description="How long the teacher's actor may take to start, and "
+                                         "one request to teacher.url may take.")
+    rows_per_request: int = Field(default=16, ge=1,
+                                  description="Sequences in one request to teacher.url.")
+
+    @model_validator(mode="after")
+    def _one_teacher(self) -> "TeacherConfig":
+        if self.path is not None and self.url is not None:
+            raise ValueError("teacher.path and teacher.url are both set: give one (a model folder, "
+                             "or a server that scores it)")
+        if self.actor and self.path is None:
+            raise ValueError("teacher.actor=true runs the model of teacher.path on a Ray actor, and "
+                             "teacher.path is not set")
+        return self
 
 
 class DataConfig(_Section):

@@ -57,6 +57,13 @@ class WorkerError(UserError, RuntimeError):
     exit_code = EXIT_FAILED
 
 
+class TeacherError(UserError, RuntimeError):
+    """A distillation teacher failed during a run: its server is down or answered outside the
+    protocol (another number of logprobs than asked), or its Ray actor died for good."""
+
+    exit_code = EXIT_FAILED
+
+
 class WeightSyncError(UserError, RuntimeError):
     """Pushing weights into the vLLM engine failed."""
 

@@ -40,18 +40,6 @@ def master_policy(cfg: RunConfig, path: Path | str, device: torch.device | str) 
     return load_policy(Path(path), master_dtype(cfg.model.dtype)).to(device)
 
 
-def teacher_model(cfg: RunConfig) -> nn.Module | None:
-    """The teacher of ``teacher.path`` (frozen, eval mode) on the trainer's device, in
-    ``model.dtype``'s master dtype (its forwards run under the trainer's autocast); None
-    without one. resolve.check_teacher has checked the folder and its vocabulary."""
-    if cfg.teacher.path is None:
-        return None
-    teacher = load_policy(Path(cfg.teacher.path), master_dtype(cfg.model.dtype)).to(cfg.device).eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    return teacher
-
-
 def trainable(cfg: RunConfig, policy: nn.Module, *,
               checkpointing: bool) -> tuple[nn.Module, Callable[[], Any] | None]:
     """(the policy to train, ``reference_off`` or None): LoRA adapters added when the config asks

@@ -89,20 +89,38 @@ def check_teacher(algo: Algorithm, cfg: RunConfig, student: Path, tokenizer: Any
     """A spec that distills has a teacher, and the teacher shares the policy's vocabulary and has
     the top-k tokens the spec asks for; said before any model loads (reads config.json and the
     tokenizer only)."""
-    path = cfg.teacher.path
+    path, url = cfg.teacher.path, cfg.teacher.url
+    key = "teacher.url" if url is not None else "teacher.path"
     readers = [f"{v.slot} {v.component}" for v in algo.active()
                if any(INPUTS[x].teacher for x in v.spec.facts.needs)]
     if not algo.uses_teacher:
-        if path is not None:
-            raise ConfigError(f"teacher.path is set but {algo.name} reads no teacher (no distill slot): "
-                              "drop teacher.path, or add e.g. `distill reverse_kl` to the spec")
+        if path is not None or url is not None:
+            raise ConfigError(f"{key} is set but {algo.name} reads no teacher (no distill slot): "
+                              f"drop {key}, or add e.g. `distill reverse_kl` to the spec")
         return
-    if path is None:
+    if path is None and url is None:
         raise ConfigError(f"{algo.name}: {', '.join(readers)} learns from a teacher, and teacher.path is "
-                          "not set: give teacher.path=<an HF model folder with the policy's vocabulary>")
+                          "not set (nor teacher.url): give teacher.path=<an HF model folder with the policy's "
+                          "vocabulary>, or teacher.url=<an OpenAI-compatible server of it that returns prompt "
+                          "logprobs, e.g. vLLM's>")
     if cfg.distributed.uses_ray:
-        raise ConfigError("a teacher (teacher.path) runs in the trainer's process for now: it does not "
-                          "run with distributed.trainers > 1, rollout workers or a Ray address")
+        raise ConfigError(f"a teacher ({key}) runs in the trainer's process for now (an actor or a server: "
+                          "called from it): it does not run with distributed.trainers > 1, rollout workers or a "
+                          "Ray address")
+    if url is not None or cfg.teacher.actor:  # a remote teacher returns logprobs only
+        where = "teacher.url" if url is not None else "teacher.actor=true"
+        jsd = sorted({v.component for v in algo.active() if v.spec.facts.plan.get("jsd_beta") is not None})
+        if jsd:
+            raise ConfigError(f"{algo.name}: distill {', '.join(jsd)} reads the teacher's hidden states and LM head "
+                              f"in the trainer's process, and {where} returns logprobs only: give teacher.path "
+                              "without teacher.actor")
+    if url is not None:  # the server itself is checked when the trainer is built (train/teachers.py)
+        temp = cfg.rollout.temperature
+        if temp not in (0.0, 1.0):
+            raise ConfigError(f"teacher.url: the server's prompt logprobs are at temperature 1 (vLLM computes them "
+                              f"from the raw logits) and rollout.temperature={temp:g} is scored at {temp:g}: "
+                              "sample at 1, or give teacher.path")
+        return
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise ConfigError(f"teacher.path={path}: " + ("not found" if not folder.exists() else

@@ -17,6 +17,8 @@ reference goes (verl 0.9.1 ``distillation.distillation_loss.loss_mode`` k1/k2/k3
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -138,7 +140,46 @@ def jsd(logp: Tensor, mask: Tensor, jsd: Tensor) -> tuple[Tensor, dict[str, Tens
 
     formula: d_it = {beta} KL(p_T ‖ m) + (1 - {beta}) KL(p_S ‖ m),  m = (1 - {beta}) p_S + {beta} p_T  (beta 0: KL(p_T ‖ p_S); beta 1: KL(p_S ‖ p_T)); logits / {temperature}
     source: TRL 1.16 DistillationTrainer (_chunked_divergence_loss: beta, temperature); GKD (Agarwal et
-      al. 2024). The runtime computes it over the vocabulary in chunks (runtime/train/divergence.py)
+      al. 2024). The divergence is :func:`generalized_jsd_of_logits`; the runtime runs it over the
+      vocabulary in chunks of tokens (runtime/train/divergence.py) and hands d_it in as ``jsd``
     shapes: [B, T] -> [B, T]
     """
     return jsd, {}
+
+
+def check_beta(beta: float) -> float:
+    """``beta`` as a float in [0, 1], or a ValueError saying what it means."""
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be a number in [0, 1] (0 = forward KL, 1 = reverse KL), got {beta!r}")
+    return float(beta)
+
+
+def generalized_jsd_of_logits(z_s: Tensor, z_t: Tensor, beta: float) -> Tensor:
+    """The ``jsd`` component's divergence per row of the student's and the teacher's logits
+    z_s, z_t [n, V] (temperature already applied) -> [n]:
+
+        beta = 0:      D = KL(p_T || p_S)                           (forward KL)
+        beta = 1:      D = KL(p_S || p_T)                           (reverse KL)
+        0 < beta < 1:  D = beta KL(p_T || m) + (1 - beta) KL(p_S || m),   m = (1 - beta) p_S + beta p_T
+
+    with p = softmax(z); log m by logaddexp (no underflow of the mixture). TRL 1.16
+    ``DistillationTrainer`` (``_chunked_divergence_loss``): the same three cases and mixture.
+    """
+    beta = check_beta(beta)
+    log_s = torch.log_softmax(z_s, dim=-1)
+    log_t = torch.log_softmax(z_t, dim=-1)
+    if beta == 0.0:
+        return (log_t.exp() * (log_t - log_s)).sum(-1)
+    if beta == 1.0:
+        return (log_s.exp() * (log_s - log_t)).sum(-1)
+    log_m = torch.logaddexp(log_s + math.log(1.0 - beta), log_t + math.log(beta))
+    kl_t = (log_t.exp() * (log_t - log_m)).sum(-1)
+    kl_s = (log_s.exp() * (log_s - log_m)).sum(-1)
+    return beta * kl_t + (1.0 - beta) * kl_s
+
+
+def generalized_jsd(student_logits: Tensor, teacher_logits: Tensor, beta: float,
+                    temperature: float = 1.0) -> Tensor:
+    """Naive: D per token from the full logits [..., V] of both models, both divided by the
+    temperature -> [...] (the reference the chunked runtime computation is tested against)."""
+    return generalized_jsd_of_logits(student_logits / temperature, teacher_logits / temperature, beta)

@@ -88,8 +88,9 @@ def check_reachable(url: str, what: str, timeout: float) -> None:
 
 
 def post_json(url: str, body: dict[str, Any], http: Http, what: str,
-              headers: dict[str, str] | None = None) -> Any:
-    """POST ``body`` as JSON and return the decoded answer, retrying as ``http`` says."""
+              headers: dict[str, str] | None = None, error: type[Exception] = RewardError) -> Any:
+    """POST ``body`` as JSON and return the decoded answer, retrying as ``http`` says; a failure
+    is an ``error`` (a :class:`RewardError` unless told) naming ``what`` and the URL."""
     data = json.dumps(body).encode()
     request_headers = {"Content-Type": "application/json", **(headers or {})}
     last = ""
@@ -113,10 +114,10 @@ def post_json(url: str, body: dict[str, Any], http: Http, what: str,
         try:
             return json.loads(raw)
         except json.JSONDecodeError:
-            raise RewardError(f"{what} {url} answered with something that is not JSON: "
+            raise error(f"{what} {url} answered with something that is not JSON: "
                               f"{raw[:200]!r}") from None
     tries = attempt + 1
-    raise RewardError(f"{what} {url} failed after {tries} tr{'y' if tries == 1 else 'ies'}: {last}")
+    raise error(f"{what} {url} failed after {tries} tr{'y' if tries == 1 else 'ies'}: {last}")
 
 
 def _number(value: Any, where: str) -> Score:

@@ -204,10 +204,18 @@ def logit_transform(model: PreTrainedModel, temperature: float) -> LogitTransfor
     return LogitTransform(scale, caps[0] if caps else None, float(temperature))
 
 
-def _head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 tf: LogitTransform) -> torch.Tensor:
-    """z [C, V] fp32 of hidden [C, H]: the linear head, then the transform (in place)."""
-    z = F.linear(hidden, weight, bias).float()  # [C, V] x
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                tf: LogitTransform) -> torch.Tensor:
+    """z [C, V] of hidden [C, H]: the linear head in at least float32 (float64 stays), then the
+    transform: c tanh(s x / c) / tau, or s x / tau without a cap. In place when no gradient is
+    recorded (the chunked heads' forwards and backwards), out of place when one is (the student's
+    side of a divergence: tanh's backward reads its own output)."""
+    z = F.linear(hidden, weight, bias)  # [C, V] x
+    z = z.to(torch.promote_types(z.dtype, torch.float32))
+    if z.requires_grad:
+        if tf.softcap is not None:
+            return tf.softcap * torch.tanh(z * (tf.scale / tf.softcap)) / tf.temperature
+        return z * (tf.scale / tf.temperature) if tf.scale != tf.temperature else z
     if tf.softcap is not None:
         z.mul_(tf.scale / tf.softcap).tanh_().mul_(tf.softcap / tf.temperature)  # c tanh(s x / c) / tau
     elif tf.scale != tf.temperature:
@@ -218,7 +226,7 @@ def _head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 class _ChunkedHead(torch.autograd.Function):
     """Logprobs and entropies of N tokens through the LM head, C = ``chunk`` tokens at a time.
 
-    Forward, per chunk: z = transform(h W^T + b) [C, V] (fp32; ``_head_logits``),
+    Forward, per chunk: z = transform(h W^T + b) [C, V] (fp32; ``head_logits``),
     lse = logsumexp(z), logprob = z[y] - lse, entropy = lse - sum softmax(z) * z. Saved for
     backward: the inputs and lse, entropy [N] -- no [*, V] tensor. Backward recomputes each
     chunk's z and writes its gradient in place:
@@ -246,7 +254,7 @@ class _ChunkedHead(torch.autograd.Function):
         entropy = hidden.new_empty(N if with_entropy else 0, dtype=torch.float32)  # [N]
         for i in range(0, N, chunk):
             j = min(i + chunk, N)
-            z = _head_logits(hidden[i:j], weight, bias, tf)  # [C, V]
+            z = head_logits(hidden[i:j], weight, bias, tf)  # [C, V]
             m = z.amax(dim=-1, keepdim=True)  # [C, 1]
             z.sub_(m)  # z - max
             e = z.exp()  # [C, V] unnormalised probabilities
@@ -296,7 +304,7 @@ class _ChunkedHead(torch.autograd.Function):
         for i in range(0, N, ctx.chunk):
             j = min(i + ctx.chunk, N)
             h = hidden[i:j]  # [C, H]
-            z = _head_logits(h, weight, bias, tf)  # [C, V]
+            z = head_logits(h, weight, bias, tf)  # [C, V]
             t2 = None  # tanh(s x / c)^2 of a soft cap
             if tf.softcap is not None and g_ent is not None:
                 t2 = z.mul(tf.temperature / tf.softcap).square_()  # a third buffer: z is consumed
@@ -490,7 +498,7 @@ def token_topk(
         ids = torch.empty((B * Tr, k), dtype=torch.long, device=hidden.device)
         for i in range(0, B * Tr, chunk_size):
             j = min(i + chunk_size, B * Tr)
-            z = torch.log_softmax(_head_logits(hidden[i:j], head.weight, head.bias, tf), dim=-1)  # [C, V]
+            z = torch.log_softmax(head_logits(hidden[i:j], head.weight, head.bias, tf), dim=-1)  # [C, V]
             lp[i:j] = z.gather(-1, targets[i:j, None]).squeeze(-1)
             if k:
                 top[i:j], ids[i:j] = z.topk(k, dim=-1)

@@ -27,8 +27,8 @@ from ..config import RunConfig
 from ..records.metrics import CRITIC_GRAD_NORM, GRAD_NORM, LOSS, OPTIMIZER_STEPS, SKIPPED_NONFINITE, SKIPPED_ZERO_ADV
 from ..models.loading import autocast_dtype, backbone
 from . import inputs as producers
-from .divergence import chunked_generalized_jsd
-from .logprobs import logit_transform, token_logprobs, token_topk
+from .logprobs import token_logprobs
+from .teachers import RemoteTeacher, TeacherForward, teacher_of, teacher_topk, vocabulary_jsd
 from .microbatch import combine_metrics, plan, row_tokens, trim, widen
 from .optim import build_optimizer, build_scheduler, lr_factor
 from .throughput import ModelDims, TokenCount
@@ -56,16 +56,6 @@ class TrainBatch:
     @property
     def group_size(self) -> int:
         return self.rollout.group_size
-
-
-@dataclass(frozen=True)
-class TeacherForward:
-    """The teacher's numbers over a rollout (no grad, at the rollout temperature)."""
-
-    logprobs: Tensor                 # [B, Tr] of the sampled tokens
-    topk_logprobs: Tensor | None     # [B, Tr, J] its J largest logprobs at each position
-    topk_ids: Tensor | None          # [B, Tr, J] their token ids
-    hidden: Tensor | None = None     # [B, Tr, H_t] its last hidden states (a JSD over the vocabulary)
 
 
 def _rows(t: Tensor | None, idx: Tensor) -> Tensor | None:
@@ -101,9 +91,11 @@ class Trainer:
                  autocast_dtype: torch.dtype | None = None,
                  reference_off: Callable[[], Any] | None = None,
                  packing: bool = False, packing_row_tokens: int | None = None,
-                 compile_policy: bool = False, teacher: nn.Module | None = None):
+                 compile_policy: bool = False, teacher: nn.Module | RemoteTeacher | None = None):
         self.fn = fn
-        self.teacher = teacher  # a distill spec's teacher (frozen, eval), on the policy's device
+        # a distill spec's teacher: a model (frozen, eval) on the policy's device, or a remote one
+        # (a Ray actor, a server: train/teachers.py) that returns its logprobs
+        self.teacher = teacher
         self.policy = policy
         self.reference = reference
         self.critic = critic
@@ -145,20 +137,22 @@ class Trainer:
     @classmethod
     def from_config(cls, cfg: RunConfig, fn: CompiledAlgorithm, policy: nn.Module, *,
                     prepare: Callable[[nn.Module, nn.Module | None, nn.Module | None], None] | None = None,
-                    reference_off: Callable[[], Any] | None = None, **kwargs: Any) -> "Trainer":
+                    reference_off: Callable[[], Any] | None = None, tokenizer: Any = None,
+                    **kwargs: Any) -> "Trainer":
         """The trainer of ``policy`` for a run: reference and critic copies, optimizers, LR schedule.
 
         ``prepare(policy, reference, critic)``, if given, runs after the copies are made and
         before the optimizers are built (the sharded trainer shards the modules there).
         ``reference_off()``, if given, is a context in which the policy computes the reference
         logprobs (LoRA: adapters disabled), so no reference copy is made. ``kwargs`` go to the
-        constructor (a subclass's own arguments).
+        constructor (a subclass's own arguments). A spec that reads a teacher gets the run's
+        (``teacher=`` overrides it); ``tokenizer``, the policy's, checks a teacher server's.
         """
         algo = fn.algorithm
         reference = None
-        if algo.uses_teacher and "teacher" not in kwargs:
-            raise ValueError(f"{algo.name} distills from a teacher: pass teacher= (runtime/run/build.py "
-                             "loads teacher.path)")
+        if algo.uses_teacher and "teacher" not in kwargs:  # the run's teacher (train/teachers.py)
+            kwargs["teacher"] = teacher_of(cfg, policy, tokenizer, fn.data.teacher_topk or 0, logits_chunk(cfg),
+                                           algo.name)
         if algo.uses_reference and reference_off is None:
             reference = copy.deepcopy(policy).eval()
             for p in reference.parameters():
@@ -347,7 +341,7 @@ class Trainer:
         if self.teacher is None or not self.fn.algorithm.uses_teacher:
             return None
         k, jsd = self.fn.data.teacher_topk, self.fn.data.jsd_beta is not None
-        if k is None and not jsd:
+        if k is None and not jsd and isinstance(self.teacher, nn.Module):
             return TeacherForward(self._per_microbatch(self.teacher, rollout, "logprobs"), None, None)
         mbs, by_group = self._microbatches(rollout)
         B, Tr = rollout.response_ids.shape
@@ -370,12 +364,14 @@ class Trainer:
         return TeacherForward(lp, top if k else None, ids if k else None, hidden)
 
     def _teacher_topk(self, batch: RolloutBatch, k: int, groups: bool, hidden: bool) -> tuple[Tensor, ...]:
+        """(logprobs [b, Tr], top-k logprobs, ids [b, Tr, k][, hidden]) of the teacher over ``batch``:
+        its forward here, or the remote teacher's answer."""
         assert self.teacher is not None
-        ids, attn, _ = model_inputs(batch)
-        with torch.no_grad(), self._autocast(self.teacher):
-            return token_topk(self.teacher, ids, attn, batch.response_ids.shape[1], k,
-                              chunk_size=self.logprob_chunk, group_size=batch.group_size if groups else None,
-                              temperature=self.temperature, return_hidden=hidden)
+        group_size = batch.group_size if groups else None
+        if not isinstance(self.teacher, nn.Module):
+            return self.teacher.topk(batch, k, self.temperature, group_size)
+        return teacher_topk(self.teacher, batch, k, temperature=self.temperature, chunk=self.logprob_chunk,
+                            group_size=group_size, autocast=self._autocast(self.teacher), hidden=hidden)
 
     def _divergence(self, hidden: Tensor, batch: TrainBatch, rows: Tensor, tr: int) -> Tensor:
         """The generalized JSD [b, tr] of the policy (``hidden`` [b*tr, H], with gradient) from the
@@ -384,12 +380,9 @@ class Trainer:
         assert self.teacher is not None and batch.teacher is not None and batch.teacher.hidden is not None
         data = self.fn.data
         t_hidden = batch.teacher.hidden[rows][:, :tr].reshape(hidden.shape[0], -1).to(hidden.device)
-        s_head, t_head = self.policy.get_output_embeddings(), self.teacher.get_output_embeddings()
         with self._autocast(self.policy):
-            d = chunked_generalized_jsd(
-                hidden, s_head.weight, s_head.bias, t_hidden, t_head.weight, t_head.bias, data.jsd_beta,
-                student_tf=logit_transform(self.policy, data.jsd_temperature),
-                teacher_tf=logit_transform(self.teacher, data.jsd_temperature), chunk=self.logprob_chunk)
+            d = vocabulary_jsd(self.policy, self.teacher, hidden, t_hidden, data.jsd_beta, data.jsd_temperature,
+                               self.logprob_chunk)
         return d.view(-1, tr).float()
 
     def _recompute(self, rollout: RolloutBatch) -> tuple[Tensor | None, Tensor | None, Tensor | None,

@@ -109,4 +109,7 @@ class LocalTrainers:
                   rng=False)
 
     def close(self) -> None:
-        pass
+        """Stop the teacher's own actor, if it has one (``teacher.actor``)."""
+        close = getattr(self.trainer.teacher, "close", None)
+        if callable(close):
+            close()

@@ -10,7 +10,7 @@ from typing import Any
 import rldsl
 
 from ..config import RunConfig
-from ..recipe import episode_runner, master_policy, rollout_engine, teacher_model, trainable
+from ..recipe import episode_runner, master_policy, rollout_engine, trainable
 from ..rewards.functions import RewardFn
 from ..rollout.episodes.tools import SHARED_RUNNER
 from ..train.trainer import Trainer
@@ -35,7 +35,7 @@ def start_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledAlgor
     policy = master_policy(cfg, model_path, cfg.device)
     engine_model = copy.deepcopy(policy)  # before LoRA: the engine samples from plain weights
     policy, reference_off = trainable(cfg, policy, checkpointing=cfg.train.gradient_checkpointing)
-    trainer = Trainer.from_config(cfg, fn, policy, reference_off=reference_off, teacher=teacher_model(cfg))
+    trainer = Trainer.from_config(cfg, fn, policy, reference_off=reference_off, tokenizer=tokenizer)
     rollouts = LocalRollouts(rollout_engine(cfg, model_path, cfg.device, model=engine_model, tokenizer=tokenizer),
                              reward, episode_runner(cfg, model_path))
     return rollouts, LocalTrainers(trainer)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import peer_refs as ref
-from rldsl.runtime.train.divergence import chunked_generalized_jsd, generalized_jsd
+from rldsl.components.distill import generalized_jsd
+from rldsl.runtime.train.divergence import chunked_generalized_jsd
 from rldsl.runtime.train.logprobs import LogitTransform
 
 BETAS = [0.0, 0.1, 0.5, 0.9, 1.0]

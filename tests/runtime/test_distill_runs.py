@@ -119,7 +119,7 @@ def test_the_updates_divergence_is_the_jsd_of_the_full_logits(model_dir, teacher
     from rldsl.runtime.models.loading import load_policy
     from rldsl.runtime.rollout.engines.base import SamplingParams
     from rldsl.runtime.rollout.engines.hf import HFEngine
-    from rldsl.runtime.train.divergence import generalized_jsd
+    from rldsl.components.distill import generalized_jsd
 
     fn = rldsl.compile(rldsl.loads('algorithm g extends gkd\n  "t"\n  distill jsd(beta=0.3, temperature=1.5, task=false)\n',
                                    "g.rl"), compile=False)
