@@ -183,6 +183,7 @@ ESTIMATE: dict[str, Callable[[Trainer, RolloutBatch, Forwards], Any]] = {
     "sum_pi_squared": lambda tr, r, f: f.sum_pi_squared,
     "reward_components": lambda tr, r, f: r.inputs.get("reward_components"),
     "reward_weights": lambda tr, r, f: r.inputs.get("reward_weights"),
+    "dense_rewards": lambda tr, r, f: r.inputs.get("dense_rewards"),
 }
 
 
