@@ -90,6 +90,12 @@ def _context(algo: Algorithm) -> dict[str, Any]:
     ctx["kl_in_reward"] = kl.stage == "advantage" and not kl.spec.off
     ctx["kl_beta"] = literal(kl.params.get("beta")) if not kl.spec.off else "0.0"
     ctx["entropy_bonus"] = algo.uses_entropy
+    # a rewards declaration that reads an input (`rewards dense`): the token rewards come from it
+    dense = [inputs.INPUTS[x].arg for x in algo["rewards"].spec.facts.needs]
+    if dense and not IDENT.fullmatch(dense[0]):
+        raise CodegenError(f"input argument {dense[0]!r} is not an identifier")
+    ctx["rewards_input"] = dense[0] if dense else None
+    ctx["rewards_where"] = _where(algo, algo["rewards"])
     ctx.update(_distill_context(algo))
     # the optional inputs the algorithm reads: extra arguments of advantages() / loss() (the
     # inputs table's order), and the AdvantageBatch fields they fill

@@ -185,7 +185,8 @@ class CompiledAlgorithm:
                  reward_baselines: Tensor | None = None,
                  sum_pi_squared: Tensor | None = None,
                  reward_components: Tensor | None = None,
-                 reward_weights: Tensor | None = None, **more: Tensor) -> Estimate:
+                 reward_weights: Tensor | None = None,
+                 dense_rewards: Tensor | None = None, **more: Tensor) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
 
         ``reward_baselines`` [B]: the reward of a greedy rollout of each row's prompt
@@ -195,6 +196,9 @@ class CompiledAlgorithm:
         ``reward_components`` [B, K]: each reward function's unweighted reward and
         ``reward_weights`` [K] (default all 1; ``rewards`` stays their weighted sum), read by
         ``baseline per_reward_group`` (GDPO) only.
+        ``dense_rewards`` [B, T]: each turn's (or step's) reward on the response token that ends
+        it, read by ``rewards dense`` (the token rewards become them, the rest of each row's
+        reward on its last token) and by formulas that read ``r_dense``.
 
         With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
         its rejections leave ``est.mask`` (denominator included) and its metrics join

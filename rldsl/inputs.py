@@ -147,8 +147,12 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("reward_weights", ("advantage",), "[K]", "float32",
           "each reward function's weight (rewards are the weighted sum of reward_components)",
           "rollout", batch="reward_weights", default="ones", finite=True),
+    Input("dense_rewards", ("advantage",), "[B, T]", "float32",
+          "each turn's (or step's) reward on the response token that ends it, weighted as its reward "
+          "term; 0 elsewhere", "rollout", formula="r_dense", slots=("shaping", "baseline", "normalizer", "filter")),
     Input("teacher_logprobs", ("loss",), "[B, T]", "float32",
-          "the teacher's logprobs of the sampled tokens", "teacher", arg="teacher_logp", teacher=True),
+          "the teacher's logprobs of the sampled tokens", "teacher", arg="teacher_logp", teacher=True,
+          formula="teacher_logp", slots=("kl",) + _LOSS_SLOTS),
     Input("teacher_topk_logprobs", ("loss",), "[B, T, J]", "float32",
           "the teacher's J largest logprobs at each response position (its top-k tokens)", "teacher",
           arg="teacher_topk_logp", teacher=True),

@@ -162,6 +162,22 @@ def inert_dynamic_sampling(algo: Algorithm) -> Iterator[Finding]:
                           f"raise {p} (the DAPO recipe: 10), or remove the {v.slot} line")
 
 
+@spec_rule("dense-rewards-unread")
+def dense_rewards_unread(algo: Algorithm) -> Iterator[Finding]:
+    """Rewards declared per turn (rewards dense) that nothing reads per token: every advantage sees only their sum."""
+    rewards = algo["rewards"]
+    made = set(rewards.spec.facts.needs)
+    if not made:
+        return
+    readers = [v for v in algo.active("advantage") if v is not rewards
+               and (v.spec.facts.token_rewards or made & set(v.spec.facts.needs))]
+    if not readers:
+        yield Finding(rewards, None, f"rewards {rewards.component}: no component reads per-token rewards "
+                                     f"(baseline {algo['baseline'].component} reads the sequence reward), so "
+                                     "the turns' rewards count only as their sum",
+                      "use a token-level baseline (gae with a critic, return_to_go), or drop the rewards line")
+
+
 @spec_rule("empty-band")
 def empty_band(algo: Algorithm) -> Iterator[Finding]:
     """A band whose upper end is not above its lower end: nothing ever falls in it, so the component never acts."""

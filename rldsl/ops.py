@@ -98,6 +98,18 @@ def last_token(values: Tensor, mask: Tensor) -> Tensor:
     return out
 
 
+def dense_token_rewards(rewards: Tensor, dense: Tensor, mask: Tensor) -> Tensor:
+    """Token rewards of dense rewards: [B], [B, T], [B, T] -> [B, T].
+
+    Each row's dense rewards stay on their tokens (0 off the mask: a row the mask empties, such as
+    one whose reward failed, gets none); the part of the sequence reward they do not account for
+    (other reward terms, shaping) goes on the last valid token, so every row's token rewards sum to
+    its sequence reward.
+    """
+    d = dense.to(rewards.dtype) * mask  # [B, T]
+    return d + last_token(rewards - d.sum(-1), mask)
+
+
 @dataclass
 class AdvantageBatch:
     """What every advantage-stage component receives (one signature per slot).

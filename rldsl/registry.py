@@ -177,6 +177,7 @@ class Facts:
     roles: dict[str, str] = field(default_factory=dict)  # ROLES entry -> parameter that plays it
     per_group: bool | str = False         # compares the samples of one prompt's group (needs G >= 2)
     old_from_rollout: bool | str = False  # pi_old is the engine's logprobs: no old-logprob forward (bypass)
+    token_rewards: bool = False           # reads the per-token rewards (AdvantageBatch.token_rewards)
 
 
 FACTS: tuple[str, ...] = tuple(f.name for f in fields(Facts))

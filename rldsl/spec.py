@@ -51,9 +51,11 @@ class Algorithm(BaseModel):
         return [v.component for v in self.slots[slot]]
 
     def active(self, stage: str | None = None) -> list[SlotValue]:
-        """The components that are not off (``none``), in slot order; only those acting in ``stage``."""
+        """The components that are not off (``none``), in slot order; only those acting in ``stage``
+        (a declaration about the rewards acts where rewards are read: the advantage stage)."""
         return [v for vals in self.slots.values() for v in vals
-                if not v.spec.off and (stage is None or v.stage == stage)]
+                if not v.spec.off and (stage is None or v.stage == stage
+                                       or (stage == "advantage" and v.stage == "declare"))]
 
     def needs(self, stage: str | None = None) -> list[str]:
         """The optional inputs (inputs.INPUTS) its active components read, in slot order."""

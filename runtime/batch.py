@@ -36,8 +36,9 @@ class RolloutBatch:
     inputs          optional inputs of estimate() made at rollout time, by name (the table
                     in rldsl/inputs.py, made by runtime/train/inputs.py ROLLOUT), only when
                     the spec reads them: e.g. reward_baselines [B] (ReMax's greedy reward),
-                    reward_components [B, K] and reward_weights [K] (GDPO). Rows are selected
-                    and concatenated for the inputs whose shape starts with B.
+                    reward_components [B, K] and reward_weights [K] (GDPO), dense_rewards
+                    [B, Tr]. Rows are selected and concatenated for the inputs whose shape
+                    starts with B ([B, T] ones padded on the right with 0).
     reward_terms    each reward term's value [B] by its label (``rewards.functions.term_labels``;
                     NaN where that term failed), set where the batch is scored: the step's
                     ``rewards/<term>/mean|std`` metrics and samples.jsonl read them
@@ -134,7 +135,8 @@ class RolloutBatch:
             completions=sum((b.completions for b in batches), []),
             group_size=batches[0].group_size,
             answers=sum((b.answers for b in batches), []),
-            inputs={k: torch.cat([b.inputs[k] for b in batches]) if _per_row(k) else v
+            inputs={k: torch.cat([right(b.inputs[k], Tr, 0.0) if _per_token(k) else b.inputs[k] for b in batches])
+                    if _per_row(k) else v
                     for k, v in batches[0].inputs.items() if all(k in b.inputs for b in batches)},
             response_attention=None if all(b.response_attention is None for b in batches) else
             torch.cat([right(b.attention, Tr, 0) for b in batches]),
@@ -178,6 +180,11 @@ class StepRollout:
 def _per_row(name: str) -> bool:
     """Input ``name`` has one entry per row (its shape starts with B): select and concat it by rows."""
     return INPUTS[name].dims[:1] == ("B",)
+
+
+def _per_token(name: str) -> bool:
+    """Input ``name`` is [B, T, ...]: responses of several batches are padded to one T (with 0)."""
+    return INPUTS[name].dims[1:2] == ("T",)
 
 
 def group_rows(groups: Sequence[int] | torch.Tensor, group_size: int) -> torch.Tensor:

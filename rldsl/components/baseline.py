@@ -113,7 +113,7 @@ def leave_one_out(batch: AdvantageBatch, singleton: str) -> tuple[Tensor, Tensor
     return _broadcast(a.reshape(-1), batch)
 
 
-@register("baseline", needs=("values",),
+@register("baseline", needs=("values",), token_rewards=True,
           gamma=Float(1.0, "discount", ge=0, le=1),
           lam=Float(0.95, "GAE lambda", ge=0, le=1))
 def gae(batch: AdvantageBatch, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
@@ -141,7 +141,7 @@ def gae(batch: AdvantageBatch, gamma: float, lam: float) -> tuple[Tensor, Tensor
     return adv * m, returns * m
 
 
-@register("baseline", gamma=Float(1.0, "discount per response token", ge=0, le=1))
+@register("baseline", token_rewards=True, gamma=Float(1.0, "discount per response token", ge=0, le=1))
 def return_to_go(batch: AdvantageBatch, gamma: float) -> tuple[Tensor, Tensor]:
     """Discounted return-to-go of the token rewards, no baseline (REINFORCE++).
 
@@ -213,7 +213,7 @@ def leave_one_out_max(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     return _broadcast(a, batch)
 
 
-@register("baseline", needs=("reward_baselines",))
+@register("baseline", needs=("reward_baselines",), token_rewards=True)
 def greedy_reward(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     """Reward of a greedy (temperature 0) rollout of the same prompt: ReMax.
 
@@ -242,7 +242,7 @@ def greedy_reward(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
 ALIGN = ("position", "response_token")
 
 
-@register("baseline", needs=("old_logprobs", "sum_pi_squared"), per_group=True,
+@register("baseline", needs=("old_logprobs", "sum_pi_squared"), per_group=True, token_rewards=True,
           zero_tail=Bool(True, "a group's single longest response gets no baseline past the "
                                "second longest (verl handle_zero_tail)"),
           align=Choice(ALIGN, "position",

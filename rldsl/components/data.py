@@ -22,6 +22,19 @@ formula: r_i in {0, 1}
 source: needed by success_rate (MaxRL) whose p-normalisation assumes a success probability
 """)
 
+declare("rewards", "dense", """Rewards per turn or per step, each on the response token that ends its turn or step.
+
+formula: r_it = dense_it + [t = last token of i] (r_i - sum_t' dense_it') - beta kl_it   (the token rewards every baseline that reads them gets)
+source: environment step rewards of a multi-turn episode (the `env` reward term: each step's
+  reward on the last model token of its turn) and a process reward model's step scores
+  (rm:PATH(step_separator=...): on the token where the step ends); verl's token_level_rewards [B, T] as
+  compute_gae_advantage_return and compute_reinforce_plus_plus_outcome_advantage read them
+edge cases: r_i is the sequence reward (the sum of its turns' rewards and the other terms,
+  after shaping): what the dense rewards do not account for (other reward terms, shaping) lands
+  on the last token, so sum_t r_it = r_i as with outcome rewards; baselines that read only the
+  sequence reward (group_mean, ...) see that sum. Rows whose reward failed get none.
+""", needs=("dense_rewards",))
+
 declare("sampling", "once", """Draw each group once.
 
 formula: P prompts x G samples per step

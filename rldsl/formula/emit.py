@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+from .. import inputs as table
 from ..generated import literal
 from . import lang
 from .check import Formula, Typed
@@ -241,15 +242,19 @@ def function_source(f: Formula) -> str:
     """A standalone ``def formula(...)`` holding ``f``'s lines, returning its outputs by name:
     the formula alone, outside a loss, e.g. to test it against a hand-written reference.
 
-    Loss-stage arguments: rho, w, adv, logp, old_logp, ref_logp, ent, mask, group_size and
-    rollout_logp=None; advantage-stage: r, adv, mask, group_size, batch (an ``AdvantageBatch``:
-    its valid rows) and values=None."""
+    Loss-stage arguments: rho, w, adv, logp, old_logp, ref_logp, ent, mask, group_size;
+    advantage-stage: r, adv, mask, group_size, batch (an ``AdvantageBatch``: its valid rows); then,
+    as keywords defaulting to None, every other input of the stage a formula can read (the inputs
+    table: rollout_logp, teacher_logp; values, dense_rewards)."""
     if f.spec.stage == "loss":
-        head = "def formula(rho, w, adv, logp, old_logp, ref_logp, ent, mask, group_size, rollout_logp=None):"
+        fixed = ["rho", "w", "adv", "logp", "old_logp", "ref_logp", "ent", "mask", "group_size"]
         init = ["per_token = torch.zeros_like(mask)"]
     else:
-        head = "def formula(r, adv, mask, group_size, batch, values=None):"
+        fixed = ["r", "adv", "mask", "group_size", "batch"]
         init = ["keep = torch.ones_like(r)"]
+    optional = [i.arg for i in table.INPUTS.values()
+                if i.formula is not None and f.spec.stage in i.stages and i.arg not in fixed]
+    head = f"def formula({', '.join(fixed + [a + '=None' for a in optional])}):"
     body = init + lines(f, f"{f.slot} {f.name}")
     outs = ", ".join(f"{o!r}: {_RESULT[o]}" for o in f.outputs) + (_RETURNS if f.spec.extra else "")
     return head + "\n    " + "\n    ".join(body) + "\n    return {" + outs + "}\n"

@@ -135,8 +135,9 @@ NOT_FORMULAS: dict[str, str] = {
     "correction": "its rejections also run in estimate() through the component's own function, "
                   "and it reports its own metrics",
     "critic": "a critic brings a value model, which a formula cannot",
-    "distill": "its components read a teacher's logprobs, top-k and vocabulary-wide divergence, "
-               "which are not formula names yet",
+    "distill": "its components read the teacher's top-k and vocabulary-wide divergence and carry the "
+               "parameters that place it in the loss; a formula reads the teacher's logprobs as "
+               "teacher_logp in the objective, kl, ratio, trust_region and selection slots instead",
 }
 
 

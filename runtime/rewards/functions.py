@@ -53,7 +53,7 @@ import math as _math
 import re
 import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Callable, Literal, Sequence
@@ -403,6 +403,18 @@ def resolve_reward(name: str) -> RewardCallable:
     return functools.partial(fn, **options)
 
 
+def gives_turn_rewards(name: str) -> str | None:
+    """What per-turn rewards the term ``name`` (as a reward spec writes it) gives: ``"turns"``
+    for the ``env`` term (each environment step's reward, kept by the episodes), ``"steps"`` for
+    a reward model with a ``step_separator`` (a process reward: each step's score), else None."""
+    base, options = split_reward_name(name)
+    if base == "env":
+        return "turns"
+    if base.startswith("rm:") and options.get("step_separator") is not None:
+        return "steps"
+    return None
+
+
 def batch_reward(base: str, options: dict[str, bool | int | float | str]) -> RewardCallable | None:
     """The batch reward term ``base`` names -- a reward server (``http(s)://...``), an LLM judge
     (``judge:URL``) or a reward model (``rm:PATH``) -- built with ``options``; None for a function."""
@@ -535,6 +547,9 @@ class RewardResult:
     components: dict[str, torch.Tensor]
     num_errors: int
     first_error: str | None = None
+    # a process reward term's step scores by term name: per sample [[end, score], ...] (``end`` a
+    # character offset into the completion) or None where it failed
+    steps: dict[str, list] = field(default_factory=dict)
 
 
 #: A sample counts as correct when its reward is above this: a binary verifier's 1 (every
@@ -554,9 +569,10 @@ def unscored(B: int) -> RewardResult:
 
 
 class EnvironmentReward:
-    """The ``env`` term: the reward a multi-turn environment gave at the end of each episode
-    (``StepResult.reward``; an agent's return value with ``rollout.agent``), read off the batch's
-    episodes; an agent episode that failed is that sample's error. An episode cut off before the
+    """The ``env`` term: the rewards a multi-turn environment gave in each episode, summed (every
+    ``StepResult.reward`` that is not None; an agent's return value with ``rollout.agent``), read
+    off the batch's episodes (a spec with ``rewards dense`` also gets each step's reward on its
+    turn's last token: runtime/train/inputs.py); an agent episode that failed is that sample's error. An episode cut off before the
     environment was done (finish_reason "length": max_turns, max_new_tokens or the context ran
     out) scores 0, as a truncated answer does; one the environment ended without a reward, or a
     single-turn batch, is that sample's error."""
@@ -688,11 +704,17 @@ class RewardFn:
         total = torch.zeros(B, dtype=torch.float32)  # [B]
         components: dict[str, torch.Tensor] = {}
         errors: list[str] = []
+        steps: dict[str, list] = {}
         for term in self.terms:
             values = torch.empty(B, dtype=torch.float32)  # [B]
             # a batch term (server, judge, reward model) gets all B samples in one call
             if isinstance(term.fn, EnvironmentReward):
                 scores = term.fn.score_episodes(batch.episodes, list(batch.finish_reason))
+            elif getattr(term.fn, "step_separator", None) is not None:  # a process reward: step scores, summed
+                detail = term.fn.score_steps(list(prompts), list(batch.completions), list(batch.answers),
+                                             list(batch.finish_reason))
+                steps[term.name] = [None if isinstance(d, BaseException) else d for d in detail]
+                scores = [d if isinstance(d, BaseException) else _finite(sum(v for _, v in d)) for d in detail]
             else:
                 scores = term.score_batch(list(prompts), list(batch.completions), list(batch.answers),
                                           list(batch.finish_reason), self._threads())
@@ -712,7 +734,7 @@ class RewardFn:
             components[term.name] = values
             total += term.weight * values
         num_errors = int(torch.isnan(total).sum())
-        return RewardResult(total, components, num_errors, errors[0] if errors else None)
+        return RewardResult(total, components, num_errors, errors[0] if errors else None, steps)
 
     def _threads(self) -> ThreadPoolExecutor | None:
         if self.workers > 1 and self._pool is None:

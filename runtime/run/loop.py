@@ -30,7 +30,7 @@ import torch
 from ..records import checkpoint as ckpt
 from .. import faults
 from ..batch import RolloutBatch, StepRollout, group_rows, repeat_each
-from .build import Run, build, load_spec, plan_run
+from .build import Plan, Run, build, load_spec, plan_run
 from ..config import MODEL_RUN_DEFAULTS, RunConfig
 from ..rollout.engines.base import SamplingParams
 from ..errors import RewardError, RunError, WorkerError
@@ -80,7 +80,7 @@ def rollout_step(s: Run, step: int) -> StepRollout:
     # the inputs the algorithm reads that the rollout makes (ReMax's greedy rewards, GDPO's [B, K] rewards)
     producers = rollout_inputs.rollout_producers(s.fn.algorithm)
     side = rollout_inputs.RolloutSide(s.rollouts.generate, [(t.name, t.weight) for t in s.reward.terms],
-                                      cfg.max_new_tokens, s.warn, step, s.episodes) if producers else None
+                                      cfg.max_new_tokens, s.warn, step, s.episodes, s.tokenizer) if producers else None
     timed_inputs: dict[str, float] = {p.time_metric: 0.0 for p in producers if p.time_metric}
     for r in range(rounds):
         used = r + 1
@@ -482,6 +482,14 @@ def _shut_down(producer: RolloutProducer[StepRollout] | None, s: Run, quiet: boo
 
 # ----------------------------------------------------------------------------- the run
 
+def checked(plan: Plan) -> Plan:
+    """``plan`` once the rollout-stage inputs the spec reads can be made in this run (e.g. per-turn
+    rewards need a reward term that gives them, and turns): refused before any model loads."""
+    rollout_inputs.check_rollout_inputs(plan.algo, [(t.name, t.weight) for t in plan.reward.terms],
+                                        plan.cfg.rollout.env is not None or plan.cfg.rollout.tools is not None)
+    return plan
+
+
 def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = None,
           stop_after: int | None = None) -> Path:
     """Run (or resume) training; returns the run folder.
@@ -498,8 +506,8 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
             raise RunError(f"no run folder {run_dir} to resume")
         saved = load_run_config(run_dir)
         spec_file = run_dir / SPEC_FILE
-        plan = plan_run(load_spec(str(spec_file), spec_file.read_text(encoding="utf-8")),
-                        saved if cfg is None else cfg)
+        plan = checked(plan_run(load_spec(str(spec_file), spec_file.read_text(encoding="utf-8")),
+                                saved if cfg is None else cfg))
         if plan.cfg != saved:
             save_config(plan.cfg, run_dir)  # config.json shows what actually runs
         start = None
@@ -514,7 +522,7 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
         if (run_dir / METRICS_FILE).exists() or ckpt.latest_checkpoint(run_dir) is not None:
             raise RunError(f"{run_dir} already holds a run: resume it with `rldsl run --resume {run_dir}` "
                            f"or choose another --out")
-        plan = plan_run(algo, cfg)  # every check before a model loads
+        plan = checked(plan_run(algo, cfg))  # every check before a model loads
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(plan.cfg, run_dir, algo.source)  # the resolved config: what runs
         save_parent_specs(run_dir, algo.parent_sources)

@@ -29,7 +29,8 @@ from rldsl import inputs as table
 
 from ..batch import RolloutBatch
 from ..data.datasets import Example, rollout_prompts
-from ..rewards.functions import RewardResult
+from ..errors import ConfigError, RunError
+from ..rewards.functions import RewardResult, gives_turn_rewards
 from ..rollout.engines.base import SamplingParams
 
 class Trainer(Protocol):
@@ -51,6 +52,7 @@ class RolloutSide:
     warn: Callable[[str], None]
     step: int
     episodes: bool = False  # multi-turn episodes: generate starts from the rows' own prompts
+    tokenizer: Any = None  # the policy's: where a process reward's steps end in its tokens
 
 
 class Forwards(NamedTuple):
@@ -135,6 +137,90 @@ def per_function_rewards(side: RolloutSide, batch: RolloutBatch, scored: RewardR
     return _with(batch, reward_components=comps, reward_weights=w), 0.0
 
 
+def per_turn_rewards(side: RolloutSide, batch: RolloutBatch, scored: RewardResult,
+                     prompts: list[Example]) -> tuple[RolloutBatch, float]:
+    """``dense_rewards`` [B, Tr]: each per-turn reward of the reward's terms, times the term's
+    weight, on the response token that ends its turn or step -- the ``env`` term's step rewards on
+    the last token of the model's turn each answered (the episode's ``step_rewards``), a process
+    reward model's step scores on the token where the step's text ends; 0 elsewhere and on rows
+    whose reward failed (they leave the loss). A row without turns (a single-turn sample, an
+    agent's episode) has no environment step rewards: an error, never a row of zeros."""
+    B, T = batch.response_ids.shape
+    out = torch.zeros(B, T, dtype=torch.float32)
+    for name, w in side.reward_terms:
+        kind = gives_turn_rewards(name)
+        for i in range(B):
+            if kind == "turns":
+                steps = batch.episodes[i].get("step_rewards") if i < len(batch.episodes) else None
+                if steps is None:
+                    raise RunError(
+                        f"step {side.step}: the spec reads per-turn rewards (rewards dense) but sample {i} has "
+                        "no turns with rewards of their own (" + ("an agent's episode gives one reward"
+                                                                  if i < len(batch.episodes) else "a single-turn sample")
+                        + "): dense rewards come from the `env` term of multi-turn episodes (rollout.env or "
+                        "rollout.tools)")
+                placed = [(int(p), float(r)) for p, r in steps]
+            elif kind == "steps":
+                detail = scored.steps[name][i]
+                if detail is None:
+                    continue  # the sample's reward failed: it leaves the loss
+                placed = list(zip(step_tokens(side.tokenizer, batch, i, [int(e) for e, _ in detail]),
+                                  [float(v) for _, v in detail]))
+            else:
+                continue
+            if not bool(torch.isfinite(scored.rewards[i])):
+                continue
+            for pos, r in placed:
+                out[i, pos] += w * r
+    return _with(batch, dense_rewards=out.to(batch.response_ids.device)), 0.0
+
+
+def step_tokens(tokenizer: Any, batch: RolloutBatch, row: int, ends: list[int]) -> list[int]:
+    """The response position of the token where each step's text ends (``ends``: character
+    offsets into the row's completion): the first of its model tokens whose decoded prefix
+    reaches that offset."""
+    cols = torch.nonzero(batch.response_mask[row] > 0).reshape(-1).tolist()
+    ids = batch.response_ids[row, cols].tolist()
+    if not ids or tokenizer.decode(ids, skip_special_tokens=True) != batch.completions[row]:
+        raise RunError(f"sample {row}: its completion is not the decoded text of its tokens, so the process "
+                       "reward's step scores cannot be placed on them")
+    decoded: dict[int, int] = {}
+
+    def reach(k: int) -> int:  # characters of the first k + 1 tokens' text
+        if k not in decoded:
+            decoded[k] = len(tokenizer.decode(ids[:k + 1], skip_special_tokens=True))
+        return decoded[k]
+
+    out = []
+    for e in ends:  # the first token whose prefix reaches e: a binary search (log T decodes a step)
+        lo, hi = 0, len(ids) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if reach(mid) >= e else (mid + 1, hi)
+        out.append(cols[lo])
+    return out
+
+
+def check_per_turn_rewards(reward_terms: list[tuple[str, float]], multi_turn: bool) -> None:
+    """Before any model loads: a spec reading per-turn rewards has a reward term that gives them
+    (the `env` term with multi-turn episodes, or a process reward model on single-turn ones)."""
+    kinds = {gives_turn_rewards(n) for n, _ in reward_terms} - {None}
+    if not kinds:
+        raise ConfigError(f"the spec reads per-turn rewards (rewards dense, or a formula reading r_dense) but "
+                          f"no term of the reward {','.join(n for n, _ in reward_terms)!r} gives any: the `env` "
+                          "term does (each environment step's reward), e.g. --reward env, and a reward model with "
+                          "a step separator (rm:PATH(step_separator=...))")
+    if "turns" in kinds and not multi_turn:
+        raise ConfigError("the spec reads per-turn rewards (rewards dense) but the rollout is single-turn: a "
+                          "row without turns has no per-turn reward (nor has an agent's episode, rollout.agent: "
+                          "it returns one reward); run multi-turn episodes (rollout.env or rollout.tools), or "
+                          "use an outcome spec")
+    if "steps" in kinds and multi_turn:
+        raise ConfigError("a process reward model's step scores are placed on single-turn completions only "
+                          "(in an episode it scores the last assistant message): drop step_separator or the "
+                          "multi-turn rollout")
+
+
 def _with(batch: RolloutBatch, **made: Tensor) -> RolloutBatch:
     """``batch`` with inputs added to its ``inputs``."""
     return dataclasses.replace(batch, inputs={**batch.inputs, **made})
@@ -146,6 +232,8 @@ class RolloutInputMaker:
 
     make: Callable[[RolloutSide, RolloutBatch, RewardResult, list[Example]], tuple[RolloutBatch, float]]
     time_metric: str | None = None  # the step metric its seconds add to (None: not timed)
+    # what the run must have for it, checked at start: (reward terms, multi-turn episodes) -> raises
+    check: Callable[[list[tuple[str, float]], bool], None] | None = None
 
 
 _GREEDY = RolloutInputMaker(greedy_baselines, "time/greedy_s")
@@ -155,7 +243,15 @@ ROLLOUT: dict[str, RolloutInputMaker] = {
     "reward_baselines": _GREEDY,
     "reward_components": _PER_FUNCTION,
     "reward_weights": _PER_FUNCTION,  # made together with the components
+    "dense_rewards": RolloutInputMaker(per_turn_rewards, check=check_per_turn_rewards),
 }
+
+
+def check_rollout_inputs(algo: Algorithm, reward_terms: list[tuple[str, float]], multi_turn: bool) -> None:
+    """The run-start checks of the rollout-stage producers the algorithm uses."""
+    for p in rollout_producers(algo):
+        if p.check is not None:
+            p.check(reward_terms, multi_turn)
 
 
 def rollout_producers(algo: Algorithm) -> list[RolloutInputMaker]:
@@ -183,6 +279,7 @@ ESTIMATE: dict[str, Callable[[Trainer, RolloutBatch, Forwards], Any]] = {
     "sum_pi_squared": lambda tr, r, f: f.sum_pi_squared,
     "reward_components": lambda tr, r, f: r.inputs.get("reward_components"),
     "reward_weights": lambda tr, r, f: r.inputs.get("reward_weights"),
+    "dense_rewards": lambda tr, r, f: r.inputs.get("dense_rewards"),
 }
 
 

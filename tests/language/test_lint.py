@@ -22,6 +22,7 @@ SPEC_SLIPS = {
                              "high=0.2 is below low=0.28", "2:36"),
     "zero-denominator-eps": ("  normalizer batch_std(eps=0.0)\n", "batch_std(eps=0.0): equal rewards", "2:24"),
     "inert-dynamic-sampling": ("  sampling dynamic(max_rounds=1)\n", "allows one round", "2:20"),
+    "dense-rewards-unread": ("  rewards dense\n", "rewards dense: no component reads per-token rewards", "2:11"),
     "empty-band": ("  ratio token(clamp=80.0)\n  trust_region clip(low=0.2, high=0.2)\n"
                    "  selection clip_cov(lb=5.0, ub=1.0)\n", "the band (lb, ub) = (5.0, 1.0) is empty", "4:30"),
 }

@@ -70,3 +70,22 @@ class NoStep:
 
 
 not_a_class = 42
+
+
+class TurnRewards(Nudge):
+    """Nudge with a reward per turn: 0.5 for the first, none for the second, 2.0 for the third."""
+
+    def step(self, assistant_message: dict):
+        messages, _, done = super().step(assistant_message)
+        return messages, {1: 0.5, 2: None, 3: 2.0}[self.turns], done
+
+
+class CalcSteps(CalcEnv):
+    """CalcEnv with a step reward of 0.25 for every turn that calls a tool (the end-of-episode
+    reward as CalcEnv's)."""
+
+    def step(self, assistant_message: dict) -> StepResult:
+        result = super().step(assistant_message)
+        if not result.done:
+            result.reward = 0.25
+        return result

@@ -304,6 +304,17 @@ def test_reward_model_on_its_own_ray_actor_scores_as_in_process(reward_model_dir
         assert isinstance(term._actor, ray.actor.ActorHandle)
         assert out.rewards.tolist() == pytest.approx(local.rewards.tolist(), abs=1e-6)
         assert out.num_errors == 0
+        # a process reward on the actor: the same step scores as in process
+        steps = [c + "+1" for c in completions]
+        here = RewardFn(f"rm:{reward_model_dir}(step_separator=+)")
+        local_steps = here.score(batch_of(steps, [""] * 3, prompts)).steps[here.terms[0].name]
+        on_actor = RewardFn(f"rm:{reward_model_dir}(step_separator=+, actor=true)")
+        got = on_actor.score(batch_of(steps, [""] * 3, prompts))
+        on_actor.terms[0].fn.close()
+        name = on_actor.terms[0].name
+        assert [[e for e, _ in s] for s in got.steps[name]] == [[e for e, _ in s] for s in local_steps]
+        assert [v for s in got.steps[name] for _, v in s] == \
+            pytest.approx([v for s in local_steps for _, v in s], abs=1e-6)
     finally:
         term.close()
         ray.shutdown()

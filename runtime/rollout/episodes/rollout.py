@@ -63,7 +63,9 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
     on every real token; ``logprobs`` = the engine's, 0 off the model's tokens;
     ``finish_reason``: "stop" when the environment ended the episode, "length" when a turn hit
     max_new_tokens, the context is full or max_turns ran out; ``completions`` = the last
-    assistant message; ``episodes`` = each episode's messages and reward."""
+    assistant message; ``episodes`` = each episode's messages, its ``step_rewards`` (``[position,
+    reward]`` of each step that returned a reward, the position the last response token of the
+    model's turn it answered) and ``env_reward``, their sum (None when no step returned one)."""
     kwargs = dict(chat_template_kwargs or {})
     G = params.n
     B = len(rows) * G
@@ -81,7 +83,7 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
     mask: list[list[int]] = [[] for _ in range(B)]
     lps: list[list[float]] = [[] for _ in range(B)]
     finish = ["length"] * B
-    rewards: list[float | None] = [None] * B
+    steps: list[list[list[float]]] = [[] for _ in range(B)]  # [position, reward] of each rewarded turn
     live = list(range(B))
     one = replace(params, n=1)
     for turn in range(max_turns):
@@ -108,7 +110,8 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
                 finish[i] = "length"
                 continue
             result = env_step(envs[i], message)
-            rewards[i] = result.reward
+            if result.reward is not None:  # on the turn's last model token (the EOS it sampled)
+                steps[i].append([len(resp[i]) - 1, result.reward])
             if result.done:
                 finish[i] = "stop"
                 continue
@@ -127,12 +130,12 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
                 continue
             still.append(i)
         live = still
-    return _batch(tokenizer, prompt_ids, prompt_text, resp, mask, lps, finish, convs, rewards, G)
+    return _batch(tokenizer, prompt_ids, prompt_text, resp, mask, lps, finish, convs, steps, G)
 
 
 def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], resp: list[list[int]],
            mask: list[list[int]], lps: list[list[float]], finish: list[str], convs: list[list[dict]],
-           rewards: list[float | None], G: int) -> RolloutBatch:
+           steps: list[list[list[float]]], G: int) -> RolloutBatch:
     pad = tokenizer.pad_token_id
     B = len(resp)
     Tp = max(len(p) for p in prompt_ids)
@@ -158,7 +161,8 @@ def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], 
     return RolloutBatch(p_ids, p_mask, r_ids, r_mask, logprobs, finish,
                         [prompt_text[i // G] for i in range(B)], completions, G,
                         response_attention=r_attn,
-                        episodes=[{"messages": c, "env_reward": r} for c, r in zip(convs, rewards)])
+                        episodes=[{"messages": c, "env_reward": sum(r for _, r in st) if st else None,
+                                   "step_rewards": st} for c, st in zip(convs, steps)])
 
 
 class EpisodeRunner:
