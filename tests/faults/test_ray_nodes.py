@@ -64,6 +64,9 @@ def test_a_run_on_a_two_node_cluster_started_outside_survives_a_lost_node(model_
                                                             "ray::TrainerWorker"]
         assert placed["head"] and placed["node2"]  # the run spans both nodes
         run, out = workdir / "run", facts["run"]["output"]
+        print(f"lost with node2: {placed['node2']}; replaced in {facts['run']['replacement_s']:.1f} s; the run "
+              f"exited {facts['run']['exit']} {facts['run']['to_exit_s']:.1f} s later; resume: "
+              f"{ {k: v for k, v in facts.get('resume', {}).items() if k != 'output'} }")  # the fault table's row
         if placed["node2"] == ["ray::RolloutWorker"]:  # restarted on the node that replaced it
             assert facts["run"]["exit"] == 0, out
             assert "restarting it (1 of distributed.max_restarts=3)" in out, out
