@@ -152,9 +152,12 @@ def peak_flops(device: str | torch.device, dtype: torch.dtype | None, configured
 @functools.cache
 def cpu_matmul_rate(threads: int, size: int = 512, seconds: float = 0.2) -> float:
     """The best float32 matmul rate (FLOP/s) of ``size``-square products on this CPU, measured
-    for ``seconds`` with the process's ``threads`` (the argument keys the cache)."""
-    a = torch.randn(size, size)
-    b = torch.randn(size, size)
+    for ``seconds`` with the process's ``threads`` (the argument keys the cache). Its operands
+    come from a generator of its own: a draw from the process-wide RNG would move the RNG state
+    a run checkpoints (a resumed process measures again, an uninterrupted one does not)."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=g)
+    b = torch.randn(size, size, generator=g)
     a @ b  # warm up
     best = 0.0
     end = time.perf_counter() + seconds

@@ -271,15 +271,19 @@ class ShardedTrainer(Trainer):
 
 
 def start_rank(cfg: RunConfig, algo: rldsl.Algorithm, compile: bool, *, rank: int, world: int,
-               device: torch.device, host: str, port: int) -> ShardedTrainer:
+               device: torch.device, host: str, port: int, listen_fd: int | None = None) -> ShardedTrainer:
     """Join the process group at ``host:port``, load the policy and shard it: this rank's trainer.
 
+    ``listen_fd`` (rank 0): a socket already bound to ``host:port`` and listening, on which the
+    group's store serves; without it torch's store listens on every interface of the machine.
     ``cfg.model.path`` must be a model folder (the driver warm-starts the toy model first).
     """
     from torch.distributed.device_mesh import init_device_mesh
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=cfg.distributed.collective_timeout))
+    timeout = datetime.timedelta(seconds=cfg.distributed.collective_timeout)
+    store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout,
+                          master_listen_fd=listen_fd if rank == 0 else None)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     mesh = init_device_mesh(device.type, (world,))
     seed_all(cfg.seed)
     fn = rldsl.compile(algo, compile=compile)

@@ -2,7 +2,8 @@
 
 - ``RayTrainers``: N ``TrainerWorker`` actors, each one rank of a ``torch.distributed`` group
   holding a :class:`~rldsl.runtime.workers.fsdp.ShardedTrainer` (gloo on CPU, nccl on GPU;
-  rendezvous on 127.0.0.1, or on rank 0's node address when the ranks span nodes).
+  rendezvous on 127.0.0.1, or on rank 0's node address when the ranks span nodes; the store
+  serves on the socket rank 0 bound there, never on every interface).
 - ``RayRollouts``: M ``RolloutWorker`` actors, each an engine (``hf`` or ``vllm``, CPU or GPU)
   and the reward: the P prompts of a round are split into M contiguous chunks that every
   actor samples *and scores*. With M > 1, chunk w samples with
@@ -64,10 +65,6 @@ def _prepare_process(payload: dict[str, Any]) -> RunConfig:
     return cfg
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 class TrainerWorker:
@@ -83,19 +80,28 @@ class TrainerWorker:
             self.device = torch.device("cpu")
         self.trainer: ShardedTrainer | None = None
         self.pending: TrainBatch | None = None
+        self.listener: socket.socket | None = None  # rank 0: where the group's store serves
 
     def node(self) -> str:
         import ray
         return ray.get_runtime_context().get_node_id()
 
-    def rendezvous(self) -> tuple[str, int]:
+    def rendezvous(self, local: bool) -> tuple[str, int]:
+        """Rank 0: the group's address, a port bound and held here until the store serves on it
+        (never a port probed and let go, which another process may take meanwhile). ``local``:
+        every rank is on this node, so the store listens on 127.0.0.1, else on the node's address;
+        never on every interface."""
         import ray
-        return ray.util.get_node_ip_address(), _free_port()
+        host = "127.0.0.1" if local else ray.util.get_node_ip_address()
+        self.listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        return host, int(self.listener.getsockname()[1])
 
     def setup(self, host: str, port: int) -> int:
         """Join the process group, load and shard the models; returns the parameter count."""
+        fd = self.listener.fileno() if self.listener is not None else None
         self.trainer = start_rank(self.cfg, self.payload["algorithm"], self.payload["compile"],
-                                  rank=self.rank, world=self.world, device=self.device, host=host, port=port)
+                                  rank=self.rank, world=self.world, device=self.device, host=host, port=port,
+                                  listen_fd=fd)
         return sum(p.numel() for p in self.trainer.policy.parameters())
 
     def estimate(self, data: tuple[RolloutBatch, Tensor]) -> dict[str, float]:
@@ -288,9 +294,8 @@ class RayTrainers:
         """Rendezvous and begin loading (returns the calls to wait for)."""
         c, timeout = self.cluster, self.cfg.distributed.call_timeout
         nodes = c.wait(self._calls("node"), timeout, "start-up")
-        host, port = c.wait([(self.names[0], self.actors[0].rendezvous.remote())], timeout, "start-up")[0]
-        if len(set(nodes)) == 1:
-            host = "127.0.0.1"
+        host, port = c.wait([(self.names[0], self.actors[0].rendezvous.remote(len(set(nodes)) == 1))], timeout,
+                            "start-up")[0]
         return [(name, a.setup.remote(host, port)) for name, a in zip(self.names, self.actors)]
 
     def _calls(self, method: str, *args: Any) -> list[tuple[str, Any]]:

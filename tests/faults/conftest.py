@@ -34,6 +34,29 @@ def model_dir(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def reference(model_dir, tmp_path_factory):
+    """``reference(*sets)``: the uninterrupted run of the suite's runs (``BASE`` + ``sets``), trained
+    in this process once per set of overrides and shared by the tests that compare with it (read
+    only)."""
+    from rldsl.runtime.config import load_config
+    from rldsl.runtime.run import loop
+
+    from fault_helpers import BASE
+    done: dict[tuple[str, ...], Path] = {}
+
+    def run(*sets: str) -> Path:
+        if sets not in done:
+            out = tmp_path_factory.mktemp("reference") / "run"
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("RLDSL_COMPILE", "0")
+                done[sets] = loop.train("grpo", load_config(None, [f"model.path={model_dir}", f"out={out}",
+                                                                   *BASE, *sets]))
+        return done[sets]
+
+    return run
+
+
 @pytest.fixture(autouse=True)
 def _eager_and_helpers(monkeypatch):
     monkeypatch.setenv("RLDSL_COMPILE", "0")

@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rldsl.runtime import loop
 from rldsl.runtime.checkpoint import latest_checkpoint
-from rldsl.runtime.config import load_config
 
-from fault_helpers import (BASE, assert_same_weights, final_weights, rldsl, run_args, samples_of,
+from fault_helpers import (assert_same_weights, final_weights, rldsl, run_args, samples_of,
                            step_numbers, steps_of)
 
 KILLED = -9        # the return code of a process ended by SIGKILL
@@ -19,11 +17,6 @@ INTERRUPTED = 130  # `rldsl run` stopped by Ctrl-C
 K1 = ("rollout.max_staleness=1",)
 PARTIAL = ("rollout.max_staleness=1", "rollout.partial=true", "rollout.partial_tokens=2",
            "rollout.max_new_tokens=6")
-
-
-def reference(model_dir: Path, out: Path, *sets: str) -> Path:
-    """The uninterrupted run (in this process: the same steps as the CLI's)."""
-    return loop.train("grpo", load_config(None, [f"model.path={model_dir}", f"out={out}", *BASE, *sets]))
 
 
 def faulted_then_resumed(run: Path, first: list[str], faults: list[tuple[str, int]]) -> list[str]:
@@ -48,7 +41,7 @@ def assert_whole(run: Path, ref: Path) -> None:
     assert samples_of(run) == samples_of(ref)  # no sample record lost or doubled
 
 
-def test_a_run_killed_before_its_first_checkpoint_resumes_from_step_0(model_dir, tmp_path):
+def test_a_run_killed_before_its_first_checkpoint_resumes_from_step_0(model_dir, reference, tmp_path):
     run = tmp_path / "run"
     res = rldsl(run_args(model_dir, run, "checkpoint.every=4"), fault="update@2:kill")
     assert res.returncode == KILLED
@@ -56,12 +49,12 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_step_0(model_dir,
     res = rldsl(["run", "--resume", str(run)])
     assert res.returncode == 0, res.stderr[-3000:]
     assert "holds no complete checkpoint" in res.stdout and "starting it again from step 0" in res.stdout
-    ref = reference(model_dir, tmp_path / "ref")
+    ref = reference()
     assert_whole(run, ref)
     assert_same_weights(final_weights(run), final_weights(ref))
 
 
-def test_one_process_run_killed_at_every_phase_ends_with_the_uninterrupted_weights(model_dir, tmp_path):
+def test_one_process_run_killed_at_every_phase_ends_with_the_uninterrupted_weights(model_dir, reference, tmp_path):
     """K = 0, one process: Ctrl-C mid-update, then SIGKILLs in generation, weight sync, a
     checkpoint write and between steps; the final weights equal the uninterrupted run's."""
     run = tmp_path / "run"
@@ -69,25 +62,25 @@ def test_one_process_run_killed_at_every_phase_ends_with_the_uninterrupted_weigh
         ("update@2:interrupt", INTERRUPTED), ("generate@3:kill", KILLED), ("sync@4:kill", KILLED),
         ("checkpoint@5:kill", KILLED), ("step@5:kill", KILLED)])
     assert "continue from checkpoint step-2" in out[0]  # the step in hand was finished and saved
-    ref = reference(model_dir, tmp_path / "ref")
+    ref = reference()
     assert_whole(run, ref)
     assert_same_weights(final_weights(run), final_weights(ref))
 
 
-def test_async_run_killed_at_every_phase_continues_exactly(model_dir, tmp_path):
+def test_async_run_killed_at_every_phase_continues_exactly(model_dir, reference, tmp_path):
     """rollout.max_staleness=1: killed while the producer generates and scores ahead, in the
     update and mid-checkpoint; the batches in flight at a checkpoint are restored from it."""
     run = tmp_path / "run"
     faulted_then_resumed(run, run_args(model_dir, run, *K1), [
         ("generate@3:kill", KILLED), ("score@4:kill", KILLED), ("update@4:kill", KILLED),
         ("checkpoint@5:kill", KILLED)])
-    ref = reference(model_dir, tmp_path / "ref", *K1)
+    ref = reference(*K1)
     assert_whole(run, ref)
     assert_same_weights(final_weights(run), final_weights(ref))
 
 
 @pytest.mark.parametrize("sets", [K1, PARTIAL], ids=["max_staleness=1", "partial"])
-def test_ctrl_c_then_resume_continues_an_async_run(model_dir, tmp_path, sets):
+def test_ctrl_c_then_resume_continues_an_async_run(model_dir, reference, tmp_path, sets):
     """Issue 30, item 5: Ctrl-C during step 3 of an asynchronous run, then --resume (it failed
     with "the rollout producer produced the batch of step 4, expected 3")."""
     run = tmp_path / "run"
@@ -98,7 +91,7 @@ def test_ctrl_c_then_resume_continues_an_async_run(model_dir, tmp_path, sets):
     assert res.returncode == 0, res.stderr[-3000:]
     assert step_numbers(run) == [1, 2, 3, 4, 5, 6]
     if sets == K1:  # a fixed schedule: the uninterrupted run's numbers
-        ref = reference(model_dir, tmp_path / "ref", *sets)
+        ref = reference(*sets)
         assert steps_of(run) == steps_of(ref)
         assert_same_weights(final_weights(run), final_weights(ref))
 

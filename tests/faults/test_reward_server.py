@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 from rldsl.runtime import loop
 from rldsl.runtime.config import load_config
@@ -33,17 +32,13 @@ def serve(port: int) -> subprocess.Popen:
             time.sleep(0.1)
 
 
-def reference(model_dir: Path, out: Path, *sets: str) -> Path:
-    return loop.train("grpo", load_config(None, [f"model.path={model_dir}", f"out={out}", *BASE, *sets]))
-
-
 def without_term_labels(samples: list[dict]) -> list[dict]:
     """Sample records with each per-term value kept but not its label: the server's term is labelled
     ``server_HOST``, the reference run's local function by its name."""
     return [{**s, "rewards": sorted(s.get("rewards", {}).values())} for s in samples]
 
 
-def test_a_reward_server_killed_and_restarted_mid_run_loses_no_sample(model_dir, tmp_path):
+def test_a_reward_server_killed_and_restarted_mid_run_loses_no_sample(model_dir, reference, tmp_path):
     port = free_port()
     server = serve(port)
     run, held = tmp_path / "run", tmp_path / "held"
@@ -67,7 +62,7 @@ def test_a_reward_server_killed_and_restarted_mid_run_loses_no_sample(model_dir,
     finally:
         proc.kill()
         server.kill()
-    ref = reference(model_dir, tmp_path / "ref")
+    ref = reference()
     assert step_numbers(run) == step_numbers(ref)
     recs = [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
     assert all(r["reward_errors"] == 0 for r in recs)
@@ -77,7 +72,7 @@ def test_a_reward_server_killed_and_restarted_mid_run_loses_no_sample(model_dir,
     assert without_term_labels(samples_of(run)) == without_term_labels(samples_of(ref))
 
 
-def test_a_reward_server_slower_than_its_time_out_is_asked_again(model_dir, tmp_path):
+def test_a_reward_server_slower_than_its_time_out_is_asked_again(model_dir, reference, tmp_path):
     slow = SlowFirstServer(delay=4.0)
     with slow as url:
         server_run = loop.train("grpo", load_config(None, [
@@ -88,5 +83,4 @@ def test_a_reward_server_slower_than_its_time_out_is_asked_again(model_dir, tmp_
     assert [r["step"] for r in recs] == [1, 2] and all(r["reward_errors"] == 0 for r in recs)
     samples = samples_of(server_run)
     assert samples and all(s["reward"] == parity("", s["completion"], "") for s in samples)
-    assert without_term_labels(samples) == without_term_labels(samples_of(reference(model_dir, tmp_path / "ref",
-                                                                                     "train.steps=2")))
+    assert without_term_labels(samples) == without_term_labels(samples_of(reference("train.steps=2")))

@@ -7,7 +7,12 @@ it prefills each prompt once for its G samples and drops finished rows from the 
 ``model.generate``. Either way ``logprobs[b, t] = log_softmax(z_bt / tau)[y_bt]`` with z the
 *raw* logits (``generate``'s ``scores`` are processed: never used) and tau the temperature
 (1 for greedy); top-p is not folded in, so it is the quantity a trainer recomputes.
-Sampling is reproducible given ``SamplingParams.seed`` and leaves the global RNG untouched.
+Sampling is reproducible given ``SamplingParams.seed`` and leaves the global RNG untouched. The
+sampler draws from a generator of its own: an asynchronous run generates in a thread beside the
+trainer's, and a draw from torch's process-wide RNG in either thread while the other's sampling
+was seeded there changed that batch's samples (a resumed run then differed from the
+uninterrupted one). The ``model.generate`` fallback can only seed the process-wide RNG (forked
+and restored around the call): there, no other thread may draw from it during a generation.
 
 Shapes: P prompts, G = ``params.n``, B = P*G, Tp / Tr prompt / response length, V vocabulary.
 """
@@ -82,12 +87,17 @@ class HFEngine:
         prompt_mask = unique_mask.repeat_interleave(G, dim=0)  # [B, Tp]
 
         self.model.eval()
-        with torch.random.fork_rng(devices=[]):
+        if self._cached_sampling_ok():
+            generator = torch.Generator(device=self.device)  # the stream torch.manual_seed(seed) gives
             if params.seed is not None:
-                torch.manual_seed(params.seed)
-            if self._cached_sampling_ok():
-                response_ids, logprobs = self._sample(unique_ids, unique_mask, params)
+                generator.manual_seed(params.seed)
             else:
+                generator.seed()
+            response_ids, logprobs = self._sample(unique_ids, unique_mask, params, generator)
+        else:
+            with torch.random.fork_rng(devices=[]):
+                if params.seed is not None:
+                    torch.manual_seed(params.seed)
                 response_ids, logprobs = self._generate_hf(prompt_ids, prompt_mask, params)
 
         response_ids, response_mask, finished = cut_at_first_stop(response_ids, self.stop_ids, self.pad_id)
@@ -131,8 +141,8 @@ class HFEngine:
             return self.model(**inputs, use_cache=True, logits_to_keep=1).logits[:, -1].float()
         return self.model(**inputs, use_cache=True).logits[:, -1].float()
 
-    def _sample(self, ids: torch.Tensor, mask: torch.Tensor,
-                params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(response_ids [B, Tr], logprobs [B, Tr]) for P prompts ids/mask [P, Tp].
 
         The sampling loop of ``generate`` without its per-token overhead, and with two
@@ -177,7 +187,7 @@ class HFEngine:
                 token = pick.argmax(dim=-1)  # [b]
             else:
                 probs = torch.softmax(_top_p(pick, params.top_p) if params.top_p < 1 else pick, dim=-1)
-                token = torch.multinomial(probs, num_samples=1).squeeze(1)  # [b]
+                token = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)  # [b]
             out_ids[alive, t] = token
             out_lp[alive, t] = torch.log_softmax(z, dim=-1).gather(-1, token[:, None]).squeeze(1)
             steps = t + 1

@@ -128,6 +128,26 @@ def test_seeded_sampling_is_reproducible_and_leaves_global_rng(tiny_model, token
     assert not torch.equal(a.response_ids, c.response_ids)
 
 
+def test_seeded_samples_do_not_depend_on_draws_from_the_global_rng_meanwhile(tiny_model, tokenizer) -> None:
+    """An asynchronous run samples in a thread beside the trainer's: a draw from torch's global
+    RNG in the other thread during a generation (here: in a forward hook, between two tokens)
+    must not change the samples (it did while the sampler seeded the global RNG: a resumed run's
+    first step measured the CPU's matmul rate with torch.randn, and the batch generated
+    meanwhile differed from the uninterrupted run's)."""
+    engine = HFEngine(tiny_model, tokenizer)
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=6, seed=7)
+    quiet = engine.generate(PROMPTS, params)
+    def other_thread_draws(*args: object) -> None:
+        torch.randn(64)
+
+    hook = tiny_model.register_forward_hook(other_thread_draws)
+    try:
+        busy = engine.generate(PROMPTS, params)
+    finally:
+        hook.remove()
+    assert torch.equal(quiet.response_ids, busy.response_ids) and torch.equal(quiet.logprobs, busy.logprobs)
+
+
 def test_update_weights_copies_into_engine_model(tiny_model, tokenizer, tiny_model_factory) -> None:
     engine = HFEngine(copy.deepcopy(tiny_model), tokenizer)
     other = tiny_model_factory(tokenizer, seed=1)

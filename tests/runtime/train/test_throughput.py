@@ -46,6 +46,17 @@ def test_peak_from_config_gpu_table_or_cpu_rate(monkeypatch) -> None:
     assert rate > 1e6
 
 
+def test_measuring_the_cpu_rate_leaves_the_global_rng_alone() -> None:
+    """Measured once per process, in the first step: a resumed process measures again, so a draw
+    from the global RNG would move the RNG state the run checkpoints and restores."""
+    tp.cpu_matmul_rate.cache_clear()
+    torch.manual_seed(5)
+    tp.cpu_matmul_rate(1, size=8, seconds=0.001)
+    after = torch.rand(1)
+    torch.manual_seed(5)
+    assert torch.equal(torch.rand(1), after)
+
+
 def test_step_metrics_from_counts() -> None:
     m = {"time/rollout_s": 2.0, "time/logprobs_s": 1.0, "time/update_s": 3.0,
          "perf/logprobs_tokens": 100.0, "perf/logprobs_computed_tokens": 150.0,
