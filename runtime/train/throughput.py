@@ -150,20 +150,27 @@ def peak_flops(device: str | torch.device, dtype: torch.dtype | None, configured
 
 
 @functools.cache
-def cpu_matmul_rate(threads: int, size: int = 512, seconds: float = 0.2) -> float:
+def cpu_matmul_rate(threads: int, size: int = 512, seconds: float = 0.2, tries: int = 5) -> float:
     """The best float32 matmul rate (FLOP/s) of ``size``-square products on this CPU, measured
-    for ``seconds`` with the process's ``threads`` (the argument keys the cache). Its operands
-    come from a generator of its own: a draw from the process-wide RNG would move the RNG state
-    a run checkpoints (a resumed process measures again, an uninterrupted one does not)."""
+    for ``seconds`` (and at least ``tries`` products) with the process's ``threads`` (the
+    argument keys the cache). With one thread each product is timed on this thread's CPU clock,
+    so a machine busy with other processes does not make the peak look lower than it is (wall
+    time lost to them would: an MFU above 1); with several threads, on the wall clock. Its
+    operands come from a generator of its own: a draw from the process-wide RNG would move the
+    RNG state a run checkpoints (a resumed process measures again, an uninterrupted one does not)."""
+    clock = time.thread_time if threads == 1 else time.perf_counter
     g = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=g)
     b = torch.randn(size, size, generator=g)
     a @ b  # warm up
     best = 0.0
     end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t0 = time.perf_counter()
+    done = 0
+    while done < tries or time.perf_counter() < end:
+        t0 = clock()
         a @ b
-        dt = time.perf_counter() - t0
-        best = max(best, 2.0 * size ** 3 / max(dt, 1e-9))
+        dt = clock() - t0
+        done += 1
+        if dt > 0:  # a CPU clock coarser than one product reads 0: not a measurement
+            best = max(best, 2.0 * size ** 3 / dt)
     return best

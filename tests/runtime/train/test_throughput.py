@@ -57,6 +57,30 @@ def test_measuring_the_cpu_rate_leaves_the_global_rng_alone() -> None:
     assert torch.equal(torch.rand(1), after)
 
 
+def test_the_one_thread_cpu_rate_does_not_count_time_lost_to_other_processes(monkeypatch) -> None:
+    """Each product costs 0.5 ms of this thread's CPU, while the wall clock jumps 1 s (the thread
+    was preempted by other processes): the peak is the CPU-time rate, not the wall-time one (on a
+    busy machine the wall-time peak was a fraction of the real one: an MFU above 1)."""
+    cpu, wall = [0.0], [0.0]
+
+    def thread_time() -> float:
+        cpu[0] += 0.0005  # read before and after each product
+        return cpu[0]
+
+    def perf_counter() -> float:
+        wall[0] += 1.0
+        return wall[0]
+
+    monkeypatch.setattr(tp.time, "thread_time", thread_time)
+    monkeypatch.setattr(tp.time, "perf_counter", perf_counter)
+    tp.cpu_matmul_rate.cache_clear()
+    try:
+        rate = tp.cpu_matmul_rate(1, size=8, seconds=0.5, tries=3)
+    finally:
+        tp.cpu_matmul_rate.cache_clear()
+    assert rate == pytest.approx(2 * 8 ** 3 / 0.0005)
+
+
 def test_step_metrics_from_counts() -> None:
     m = {"time/rollout_s": 2.0, "time/logprobs_s": 1.0, "time/update_s": 3.0,
          "perf/logprobs_tokens": 100.0, "perf/logprobs_computed_tokens": 150.0,
