@@ -27,6 +27,8 @@ def test_a_formula_spec_trains(spec: Path, model_dir: Path, tmp_path: Path) -> N
     sets = [f"model.path={model_dir}", f"out={tmp_path / 'run'}", "rollout.prompts_per_step=4", "rollout.n=4",
             "train.steps=3", "eval.every=0", "eval.samples=2", "data.eval_size=8", "checkpoint.every=0",
             "log.progress=false", "reward.name=reward_helpers:parity", "train.minibatches=2"]
+    if "teacher_logp" in spec.read_text():  # a formula reading a teacher: the toy teaches itself
+        sets.append(f"teacher.path={model_dir}")
     run = loop.train(str(spec), load_config(None, sets))
     recs = [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
     assert [r["step"] for r in recs] == [1, 2, 3]
