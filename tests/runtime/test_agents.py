@@ -487,7 +487,7 @@ def test_an_agent_trains_on_its_own_reward(tool_model, tmp_path, monkeypatch, mo
 
         from rldsl.cli import app
 
-        shown = CliRunner().invoke(app, ["samples", str(run), "--width", "0"])
+        shown = CliRunner().invoke(app, ["samples", str(run), "--width", "0"], env={"COLUMNS": "400"})  # no folding
         assert shown.exit_code == 0, shown.output
         assert "calculator(" in shown.output and "prefix breaks" in shown.output
         assert "policy version 1" in shown.output  # step 2 (the last shown) sampled by version 1
