@@ -8,6 +8,8 @@ official ``openai`` client against the endpoint, vLLM sampling behind it.
   version the engine was given.
 - The reply's tool calls are read by vLLM's own parser of the run's ``rollout.tool_parser``
   (vLLM's tool-call ids), and the next call still continues the sampled ids.
+- A short asynchronous ``rldsl run`` (max_staleness=1) with rollout.engine=vllm and an agent:
+  its calls are the rows, each recording the policy version that sampled it.
 Run alone: ``make test-vllm`` (or ``.venv-vllm/bin/python -m pytest -m vllm``).
 """
 from __future__ import annotations
@@ -39,13 +41,10 @@ def _helpers_importable(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """(engine, model, tokenizer, vLLM's outputs as the engine got them): the tool tokenizer and
-    chat template on a random-init float32 Llama with head dim 64 (vLLM's CPU attention refuses
-    the tool model's 24)."""
+def model_dir(tmp_path_factory):
+    """(folder, model, tokenizer): the tool tokenizer and chat template on a random-init float32
+    Llama with head dim 64 (vLLM's CPU attention refuses the tool model's 24)."""
     from transformers import LlamaForCausalLM
-
-    from rldsl.runtime.rollout.engines.vllm import VLLMEngine
 
     tok = build_tool_tokenizer()
     config = tool_model_config(tok, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
@@ -56,6 +55,15 @@ def setup(tmp_path_factory):
     path = tmp_path_factory.mktemp("vllm-agent-model")
     model.save_pretrained(path)
     tok.save_pretrained(path)
+    return path, model, tok
+
+
+@pytest.fixture(scope="module")
+def setup(model_dir):
+    """(engine, model, tokenizer, vLLM's outputs as the engine got them): the module's engine."""
+    from rldsl.runtime.rollout.engines.vllm import VLLMEngine
+
+    path, model, tok = model_dir
     engine = VLLMEngine(path, dtype="float32", gpu_memory_utilization=0.1, enforce_eager=True,
                         max_model_len=128)
     seen: list = []
@@ -166,3 +174,30 @@ class _Scripted:
         return RolloutBatch(torch.zeros(B, 1, dtype=torch.long), torch.ones(B, 1, dtype=torch.long),
                             torch.tensor([ids] * B), mask, -0.25 * mask.float(), ["stop"] * B, [""] * B,
                             [self.tokenizer.decode(ids, skip_special_tokens=True)] * B, params.n)
+
+
+def test_an_agent_run_on_the_vllm_engine(model_dir, tmp_path, monkeypatch) -> None:
+    """``rldsl run`` with rollout.engine=vllm and an agent, asynchronous (max_staleness=1): the
+    run's own vLLM engine serves the endpoint, every step trains on the agent's calls, and each
+    call records the policy version that sampled it (step s: max(0, s - 1))."""
+    import json
+
+    from rldsl.runtime.config import load_config
+    from rldsl.runtime.records.metrics import read_metrics
+    from rldsl.runtime.run import loop
+
+    monkeypatch.setenv("RLDSL_COMPILE", "0")
+    cfg = load_config(None, [f"model.path={model_dir[0]}", f"out={tmp_path / 'run'}", "data.task=calculator",
+                             "rollout.engine=vllm", "rollout.vllm.gpu_memory_utilization=0.1",
+                             "rollout.vllm.max_model_len=128", "rollout.agent=agent_helpers:three_calls",
+                             "rollout.prompts_per_step=2", "rollout.n=2", "train.steps=3", "eval.every=0",
+                             "data.eval_size=0", "checkpoint.every=0", "log.progress=false",
+                             "log.samples_per_step=2", "rollout.max_staleness=1"])
+    run = loop.train("grpo_tis", cfg)
+    steps = [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(r["agent/calls"] == 3 and r["agent/rows_per_episode"] == 1 and r["agent/errors"] == 0 for r in steps)
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    for s in samples:
+        assert {c["version"] for c in s["agent"]["calls"]} == {max(0, s["step"] - 2)}
+        assert sum(s["agent"]["trained"]) == sum(len(c["completion_ids"]) for c in s["agent"]["calls"])
