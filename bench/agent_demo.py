@@ -2,6 +2,7 @@
 "Measured: an agent learns like the built-in episodes").
 
     python bench/agent_demo.py runs/agent_demo            # both commands, seeds 1 2 3, one at a time
+    python bench/agent_demo.py runs/agent_demo --steps 20 # shorter runs (docs/agents.md's table)
     python bench/agent_demo.py runs/agent_demo --table    # the table of runs already made
 
 For each seed S it runs, one after the other (built-in first, then the agent, so the two of a
@@ -15,7 +16,7 @@ seed share the machine's load):
 
 (the built-in demo's command of docs/tool_use.md, then the same with examples/calculator_agent.py,
 an ordinary openai-client tool loop, in place of the built-in episodes) and prints one markdown
-row per run: held-out greedy and sampled accuracy (200 prompts) at steps 0 and 60, model calls
+row per run: held-out greedy and sampled accuracy (200 prompts) at the first and last evaluation, model calls
 per episode (sampled), the mean step time and the command's wall time.
 """
 from __future__ import annotations
@@ -30,19 +31,19 @@ from pathlib import Path
 from rldsl.runtime.records.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE = ["algorithms/lite_ppo.rl", "--set", "data.task=calculator", "--set", "train.steps=60",
-        "--set", "eval.every=10"]
+BASE = ["algorithms/lite_ppo.rl", "--set", "data.task=calculator", "--set", "eval.every=10"]
 AGENT = ["--agent", "examples/calculator_agent.py:solve", "--reward", "addition"]
 KEYS = [("eval/greedy_acc", "greedy acc"), ("eval/sampled_acc", "sampled acc")]
 #: calls per sampled held-out episode: the built-in episodes count tool calls, the agent model calls
 CALLS = {"builtin": "eval/sampled_tool_calls/per_episode", "agent": "eval/sampled_agent/calls"}
 
 
-def run(out: Path, kind: str, seed: int) -> None:
+def run(out: Path, kind: str, seed: int, steps: int) -> None:
     folder = out / f"{kind}-{seed}"
     if (folder / "metrics.jsonl").is_file() and (folder / "wall_s.json").is_file():
         return  # made already
-    cmd = [sys.executable, "-m", "rldsl.cli", "run", *BASE, "--set", f"seed={seed}", "--out", str(folder),
+    cmd = [sys.executable, "-m", "rldsl.cli", "run", *BASE, "--set", f"train.steps={steps}", "--set", f"seed={seed}",
+           "--out", str(folder),
            *(AGENT if kind == "agent" else [])]
     print("$", " ".join(cmd[2:]), flush=True)
     t0 = time.perf_counter()
@@ -72,12 +73,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--steps", type=int, default=60, help="train.steps of every run (docs/tool_use.md: 60)")
     ap.add_argument("--table", action="store_true", help="print the table of the runs in OUT only")
     args = ap.parse_args()
     if not args.table:
         for seed in args.seeds:
             for kind in ("builtin", "agent"):
-                run(args.out, kind, seed)
+                run(args.out, kind, seed, args.steps)
     print("| episodes | seed | steps | " + " | ".join(name for _, name in KEYS)
           + " | calls / episode (sampled) | s / step | wall time |")
     print("|---" * (len(KEYS) + 6) + "|")
