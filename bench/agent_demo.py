@@ -17,7 +17,9 @@ seed share the machine's load):
 (the built-in demo's command of docs/tool_use.md, then the same with examples/calculator_agent.py,
 an ordinary openai-client tool loop, in place of the built-in episodes) and prints one markdown
 row per run: held-out greedy and sampled accuracy (200 prompts) at the first and last evaluation, model calls
-per episode (sampled), the mean step time and the command's wall time.
+per episode (sampled: the built-in episodes count tool calls, the agent model calls, its final
+answer included), the median step time (the first step of a process includes torch.compile's
+warm-up) and the command's wall time.
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def row(folder: Path, kind: str) -> str:
     records = read_metrics(folder / "metrics.jsonl")
     evals = [r for r in records if "eval/greedy_acc" in r]
     first, last = evals[0], evals[-1]
-    steps = [r["step_s"] for r in records if "step_s" in r]
+    steps = sorted(r["step_s"] for r in records if "step_s" in r)
     seed = json.loads((folder / "config.json").read_text()).get("seed")
     wall = json.loads((folder / "wall_s.json").read_text())["wall_s"]
 
@@ -66,7 +68,7 @@ def row(folder: Path, kind: str) -> str:
     cells = [f"{fmt(first.get(k))} → {fmt(last.get(k))}" for k, _ in KEYS]
     calls = f"{fmt(first.get(CALLS[kind]), 2)} → {fmt(last.get(CALLS[kind]), 2)}"
     return (f"| {kind} | {seed} | {last['step']} | " + " | ".join(cells) + f" | {calls} | "
-            f"{sum(steps) / len(steps):.2f} | {int(wall // 60)} min {wall % 60:02.0f} s |")
+            f"{steps[len(steps) // 2]:.2f} | {int(wall // 60)} min {wall % 60:02.0f} s |")
 
 
 def main() -> None:
@@ -81,7 +83,7 @@ def main() -> None:
             for kind in ("builtin", "agent"):
                 run(args.out, kind, seed, args.steps)
     print("| episodes | seed | steps | " + " | ".join(name for _, name in KEYS)
-          + " | calls / episode (sampled) | s / step | wall time |")
+          + " | calls / episode (sampled) | median s / step | wall time |")
     print("|---" * (len(KEYS) + 6) + "|")
     for seed in args.seeds:
         for kind in ("builtin", "agent"):
