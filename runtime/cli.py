@@ -248,6 +248,7 @@ def samples_command(
                 shown += (f"\n  (agent: row {agent['row'] + 1} of {max(1, agent['rows'])}"
                           + (", padding" if agent["padding"] else "")
                           + f", {len(agent['calls'])} calls, {agent['prefix_breaks']} prefix breaks"
+                          + "".join(f", policy version {v}" for v in sorted({c["version"] for c in agent["calls"]}))
                           + (f"; error: {agent['error']}" if agent["error"] else "") + ")")
         else:
             shown, tokens = cut(r["completion"]), str(r["response_length"])

@@ -52,9 +52,16 @@ def sample_rows(step: int, batch: RolloutBatch, rewards: torch.Tensor, advantage
             out[-1]["environment_tokens"] = int(attn.sum()) - lengths[i]  # tool results, turn markers
             episode = batch.episodes[i]
             if "agent" in episode:  # rollout.agent: its calls (ids sampled = trained) and its row
+                p_ids = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
+                r_attn = batch.response_attention[i].bool() if batch.response_attention is not None \
+                    else batch.response_mask[i].bool()
+                n_resp = int(r_attn.sum())
                 out[-1]["agent"] = {"row": episode.get("row", 0), "padding": bool(episode.get("padding")),
                                     "error": episode.get("error"), "calls": episode.get("calls", []),
-                                    **{k: episode["agent"][k] for k in ("prefix_breaks", "rows")}}
+                                    **{k: episode["agent"][k] for k in ("prefix_breaks", "rows")},
+                                    # the row as trained: its ids, and 1 where the loss is taken
+                                    "ids": p_ids + batch.response_ids[i, :n_resp].tolist(),
+                                    "trained": [0] * len(p_ids) + batch.response_mask[i, :n_resp].long().tolist()}
     return out
 
 

@@ -57,8 +57,9 @@ class BatchMaker(Protocol[T]):
         """The scoring stage of a batch :meth:`make` left unscored (only with ``score_apart``)."""
         ...
 
-    def load_weights(self, weights: Any) -> None:
-        """Load published weights (an opaque handle: tensors, or an object-store reference)."""
+    def load_weights(self, weights: Any, version: int) -> None:
+        """Load published weights (an opaque handle: tensors, or an object-store reference) of
+        policy ``version`` (the weights after that many optimizer steps)."""
         ...
 
 
@@ -159,7 +160,7 @@ class RolloutProducer(Generic[T]):
                 return self.loaded_version
             v = max(newer)
             weights = s.weights[v]
-        self.maker.load_weights(weights)
+        self.maker.load_weights(weights, v)
         with s.cond:
             self.loaded_version, self.loaded_weights = v, weights
         return v
@@ -265,7 +266,7 @@ class RolloutProducer(Generic[T]):
                     s.busy = True
                 waited = time.perf_counter() - t0
                 if weights is not None:
-                    self.maker.load_weights(weights)
+                    self.maker.load_weights(weights, v)
                     self.loaded_version, self.loaded_weights = v, weights
                 t1 = time.perf_counter()
                 span = [t1, None]

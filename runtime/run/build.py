@@ -101,6 +101,7 @@ def model_folder(cfg: RunConfig) -> tuple[Path, str]:
     """(the policy's HF folder, a label for messages); the embedded toy model is warm-started
     on first use and read from its cache afterwards."""
     if cfg.model.path is None:
+        torch.set_num_threads(cfg.threads)  # a warm start trains here, before build() sets the run's threads
         return embedded_model(cfg)
     path = Path(cfg.model.path)
     if not path.exists():

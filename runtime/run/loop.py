@@ -241,8 +241,8 @@ class StepRollouts:
         m.update({"sampling_rounds": 1.0, REWARD_ERRORS: float(_warn_reward_errors(s, made.step, scored))})
         return dataclasses.replace(made, rewards=scored.rewards, metrics=m)
 
-    def load_weights(self, weights: Any) -> None:
-        self.s.rollouts.load_weights(weights)
+    def load_weights(self, weights: Any, version: int) -> None:
+        self.s.rollouts.load_weights(weights, version)
 
 
 def start_producer(s: Run, start: int, total: int) -> RolloutProducer[StepRollout] | None:
@@ -269,11 +269,11 @@ def evaluate_current(s: Run, step: int, producer: RolloutProducer[StepRollout] |
     if producer is None:
         return evaluate(s, step)
     with producer.paused():
-        s.rollouts.load_weights(snapshot(s.trainers.weights()))
+        s.rollouts.load_weights(snapshot(s.trainers.weights()), step)
         try:
             return evaluate(s, step)
         finally:
-            s.rollouts.load_weights(producer.loaded_weights)
+            s.rollouts.load_weights(producer.loaded_weights, producer.loaded_version)
 
 
 def staleness(batch: RolloutBatch, step: int, version: int) -> dict[str, float]:
@@ -319,8 +319,8 @@ def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None 
     # SYNC: the new weights to the engine (an asynchronous run: published; the producer loads them)
     faults.at("sync", step + 1)
     with timed(m, "sync"):
-        if producer is None:
-            s.rollouts.load_weights(s.trainers.weights())
+        if producer is None:  # policy version step + 1: the weights after this step's update
+            s.rollouts.load_weights(s.trainers.weights(), step + 1)
         else:
             producer.publish(step + 1, snapshot(s.trainers.weights()))
     # RECORD: the step's metrics and samples
@@ -413,7 +413,7 @@ def restore(s: Run, path: Path) -> int:
     s.trainers.load_checkpoint(c)  # weights, critic, algorithm state, optimizers, scheduler
     s.source.load_state_dict(c.extra["data"])
     s.queued = restored_queue(c.extra)
-    s.rollouts.load_weights(s.trainers.weights())
+    s.rollouts.load_weights(s.trainers.weights(), c.step)
     restore_rng(c.rng)  # last: no draw between the restore and the next step
     return c.step
 

@@ -64,8 +64,9 @@ class Rollouts(Protocol):
         lives (this process, or the rollout actors); ``reward_prompts``: one per row."""
         ...
 
-    def load_weights(self, weights: Any) -> None:
-        """Load what ``Trainers.weights()`` returned into every engine."""
+    def load_weights(self, weights: Any, version: int) -> None:
+        """Load what ``Trainers.weights()`` returned into every engine: policy ``version`` (the
+        weights after that many optimizer steps; what an agent's calls record)."""
         ...
 
     def sample_in_segments(self, tokens: int, refresh: Callable[[], int]) -> None:

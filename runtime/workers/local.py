@@ -53,11 +53,11 @@ class LocalRollouts:
     def score(self, batch: RolloutBatch, reward_prompts: list[str] | None = None) -> RewardResult:
         return self.reward.score(batch, reward_prompts)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self.engine.update_weights(weights)
         loaded = getattr(self.episodes, "weights_loaded", None)
         if loaded is not None:  # an agent's endpoint records the policy version of each call
-            loaded()
+            loaded(version)
 
     def close(self) -> None:
         """Stop the engine's own processes, if it has any (vLLM's), and an agent's endpoint."""

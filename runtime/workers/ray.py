@@ -159,8 +159,10 @@ class RolloutWorker:
     def score(self, batch: RolloutBatch, reward_prompts: list[str] | None = None) -> RewardResult:
         return self.local.score(batch, reward_prompts)
 
-    def update_weights(self, state: dict[str, Tensor], version: int) -> int:
-        self.local.load_weights(state.items())
+    def update_weights(self, state: dict[str, Tensor], version: int, policy_version: int) -> int:
+        """``version``: the driver's sync count (a restarted actor holds 0); ``policy_version``:
+        the optimizer steps the weights have had."""
+        self.local.load_weights(state.items(), policy_version)
         self.version = version
         return version
 
@@ -380,6 +382,7 @@ class RayRollouts:
         self.names = [f"rollout worker {w}" for w in range(m)]
         self.restarts = [0] * m  # per actor, counted against distributed.max_restarts
         self.version, self.weights = 0, None  # the weights every actor should hold (an ObjectRef)
+        self.policy_version = 0  # ... and their policy version (optimizer steps)
 
     def _run(self, what: str, timeout: float | None, call: Any) -> list[Any]:
         """``call(w)`` (an ObjectRef) on every actor w, awaited; a dead actor (or one restarted
@@ -421,7 +424,8 @@ class RayRollouts:
                         raise
                     time.sleep(0.2)
             if self.weights is not None:
-                self.cluster.wait([(name, actor.update_weights.remote(self.weights, self.version))],
+                self.cluster.wait([(name, actor.update_weights.remote(self.weights, self.version,
+                                                                         self.policy_version))],
                                   d.sync_timeout, "the weight sync after its restart")
         except WorkerError as e:
             if getattr(e, "died", None) is None:
@@ -468,11 +472,12 @@ class RayRollouts:
         results = self._run("the scoring", self.cfg.distributed.call_timeout, call)
         return _merge_rewards([r for w, r in enumerate(results) if len(bounds[w])])
 
-    def load_weights(self, weights: Any) -> None:
-        """Every actor loads the trainers' full state dict (an ObjectRef) within ``sync_timeout``."""
-        self.version, self.weights = self.version + 1, weights
+    def load_weights(self, weights: Any, version: int) -> None:
+        """Every actor loads the trainers' full state dict (an ObjectRef), policy ``version``,
+        within ``sync_timeout``."""
+        self.version, self.weights, self.policy_version = self.version + 1, weights, version
         self._run("the weight sync", self.cfg.distributed.sync_timeout,
-                  lambda w: self.actors[w].update_weights.remote(self.weights, self.version))
+                  lambda w: self.actors[w].update_weights.remote(self.weights, self.version, self.policy_version))
 
     def sample_in_segments(self, tokens: int, refresh: Any) -> None:
         """Partial rollouts run in one process (the run is refused before it starts)."""

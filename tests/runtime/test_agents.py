@@ -436,7 +436,8 @@ def test_a_missing_openai_names_the_extra(monkeypatch) -> None:
 
 # ------------------------------------------------------------------------- a training run
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["one process", "async K=1", "ray rollout worker", "lora + micro-batches"])
+@pytest.mark.parametrize("mode", ["one process", "async K=1", "ray rollout worker", "lora + micro-batches",
+                                  "ray + async K=1 + lora + micro-batches"])
 def test_an_agent_trains_on_its_own_reward(tool_model, tmp_path, monkeypatch, mode) -> None:
     """--agent agent_helpers:calc_agent (an openai-client tool loop) on the calculator task: the
     agent's return value is the reward (the default with an agent), the calls are the rows, the
@@ -447,7 +448,10 @@ def test_an_agent_trains_on_its_own_reward(tool_model, tmp_path, monkeypatch, mo
     monkeypatch.setenv("RLDSL_COMPILE", "0")
     extra = {"one process": (), "async K=1": ("rollout.max_staleness=1",),
              "ray rollout worker": ("distributed.rollout_workers=1",),
-             "lora + micro-batches": ("model.lora.rank=4", "train.max_tokens_per_microbatch=64")}[mode]
+             "lora + micro-batches": ("model.lora.rank=4", "train.max_tokens_per_microbatch=64"),
+             "ray + async K=1 + lora + micro-batches": ("distributed.rollout_workers=1", "rollout.max_staleness=1",
+                                                        "model.lora.rank=4",
+                                                        "train.max_tokens_per_microbatch=64")}[mode]
     cfg = load_config(None, [f"model.path={tool_model}", f"out={tmp_path / 'run'}", "data.task=calculator",
                              "rollout.agent=agent_helpers:calc_agent", "rollout.prompts_per_step=2",
                              "rollout.n=4", "train.steps=2", "eval.every=2", "eval.samples=0",
@@ -473,11 +477,42 @@ def test_an_agent_trains_on_its_own_reward(tool_model, tmp_path, monkeypatch, mo
         assert agent["rows"] == 1 and agent["error"] is None and agent["calls"]
         # the trained tokens are exactly the sampled ids of the calls
         assert s["trained_tokens"] == sum(len(c["completion_ids"]) for c in agent["calls"])
+        assert len(agent["ids"]) == len(agent["trained"]) and sum(agent["trained"]) == s["trained_tokens"]
+        trained = [i for i, m in zip(agent["ids"], agent["trained"]) if m]
+        assert trained == [i for c in agent["calls"] for i in c["completion_ids"]]
+        K = 1 if "async" in mode else 0
+        assert {c["version"] for c in agent["calls"]} == {max(0, s["step"] - 1 - K)}
     if mode == "one process":
         from typer.testing import CliRunner
 
         from rldsl.cli import app
 
-        shown = CliRunner().invoke(app, ["samples", str(run), "--width", "0"])
+        shown = CliRunner().invoke(app, ["samples", str(run), "--width", "0"], env={"COLUMNS": "400"})  # no folding
         assert shown.exit_code == 0, shown.output
         assert "calculator(" in shown.output and "prefix breaks" in shown.output
+        assert "policy version 1" in shown.output  # step 2 (the last shown) sampled by version 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 1], ids=["one process", "ray rollout worker"])
+def test_each_call_records_the_policy_version_that_sampled_it(tool_model, tmp_path, monkeypatch, workers) -> None:
+    """An asynchronous run (max_staleness=1) evaluating after every step: the batch of step s is
+    sampled by policy version max(0, s - 1) (the weights after that many optimizer steps), and
+    every call of it records that version -- not the number of weight loads, which the held-out
+    evaluations (trainer weights in, the producer's back) and a Ray actor's syncs inflate."""
+    from rldsl.runtime.rollout.producer import version_for
+    from rldsl.runtime.run import loop
+
+    monkeypatch.setenv("RLDSL_COMPILE", "0")
+    cfg = load_config(None, [f"model.path={tool_model}", f"out={tmp_path / 'run'}", "data.task=calculator",
+                             "rollout.agent=agent_helpers:calc_agent", "rollout.prompts_per_step=2",
+                             "rollout.n=2", "train.steps=4", "eval.every=1", "eval.samples=0",
+                             "data.eval_size=2", "checkpoint.every=0", "log.progress=false",
+                             "log.samples_per_step=1", "rollout.max_staleness=1",
+                             f"distributed.rollout_workers={workers}"])
+    run = loop.train("grpo_tis", cfg)
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert sorted({s["step"] for s in samples}) == [1, 2, 3, 4]
+    for s in samples:
+        versions = {c["version"] for c in s["agent"]["calls"]}
+        assert versions == {version_for(s["step"] - 1, 1)}, (s["step"], versions)

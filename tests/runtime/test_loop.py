@@ -344,3 +344,25 @@ def test_demo_learns(tmp_path):
     assert 0.15 <= first["eval/greedy_acc"] <= 0.45
     assert last["eval/greedy_acc"] - first["eval/greedy_acc"] >= 0.30, (first, last)
     assert time.time() - t0 < 300
+
+
+def test_a_warm_start_trains_with_the_runs_threads(monkeypatch):
+    """The embedded model is warm-started while the run is planned, before build() sets torch's
+    threads: it must train with `threads` (1) already, not torch's default of one per core (two
+    spinning OpenMP threads on a loaded 2-core machine ran a 3-minute warm start for over an hour)."""
+    from rldsl.runtime.run import build
+
+    seen = []
+
+    def fake(cfg):
+        seen.append(torch.get_num_threads())
+        return Path("unused"), "unused"
+
+    monkeypatch.setattr(build, "embedded_model", fake)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        build.model_folder(load_config(None, ["threads=1", "data.task=calculator"]))
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1]

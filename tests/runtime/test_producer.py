@@ -23,7 +23,7 @@ class Maker:
     def score(self, made):
         return self._score(made)
 
-    def load_weights(self, weights) -> None:
+    def load_weights(self, weights, version: int) -> None:
         self._load(weights)
 
 
@@ -35,7 +35,8 @@ class Engine:
         self.max_queued = 0
         self.producer: RolloutProducer | None = None
 
-    def load_weights(self, w: str) -> None:
+    def load_weights(self, w: str, version: int) -> None:
+        assert w == f"w{version}", (w, version)  # the producer names the version it loads
         self.loads.append(w)
         self.weights = w
 

@@ -77,12 +77,14 @@ class AgentRunner:
         self.context, self.tool_parser = context, tool_parser
         self.system_prompt = system_prompt  # data.system_prompt: row["system"]
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.version = 0  # weight loads since the start: the policy version of the next calls
+        self.version = 0  # the policy version the engine holds (optimizer steps): the next calls'
+        # (0: the model folder's weights; a resumed run loads its checkpoint's first)
         self.server: Any = None
         self._lock = threading.Lock()
 
-    def weights_loaded(self) -> None:
-        self.version += 1
+    def weights_loaded(self, version: int) -> None:
+        """The engine now holds policy ``version`` (the weights after that many optimizer steps)."""
+        self.version = version
 
     def close(self) -> None:
         if self.server is not None:
@@ -163,17 +165,19 @@ class AgentRunner:
         per_episode = [episode_rows(calls) for calls, _, _ in outcomes]
         K = max(1, max(len(r) for r in per_episode))
         pad = tokenizer.pad_token_id
-        entries: list[tuple[Row, dict, str]] = []
+        entries: list[tuple[Row, dict, str, str]] = []
         for e, ((calls, reward, error), rows) in enumerate(zip(outcomes, per_episode)):
             row_in = rows_in[e // G]
             opening = ([{"role": "system", "content": row_in["system"]}] if row_in.get("system") else []) + (
                 [{"role": "user", "content": row_in["prompt"]}] if isinstance(row_in["prompt"], str)
                 else list(row_in["prompt"]))
             summary = episode_summary(calls, rows, error)
-            chat = [c for c in calls if c.messages is not None]
-            messages = chat[-1].messages if chat else opening
             row_of = {k: j for j, r in enumerate(rows) for k in r.calls}
-            info = {"messages": messages, "env_reward": None if error else reward, "agent": summary,
+            # the episode's final answer (what a reward on the answer reads, the same on every row)
+            chats = [c.messages for c in calls if c.messages is not None]
+            answers = [m for m in (chats[-1] if chats else []) if m.get("role") == "assistant"]
+            final = (answers[-1].get("content") or "") if answers else ""
+            info = {"env_reward": None if error else reward, "agent": summary,
                     "error": error,
                     "calls": [{"route": c.route, "row": row_of.get(k), "prompt_tokens": len(c.prompt_ids),
                                "completion_ids": c.completion_ids, "finish_reason": c.finish_reason,
@@ -185,15 +189,20 @@ class AgentRunner:
             for k in range(K):
                 row = rows[k] if k < len(rows) else Row(rows[0].prompt_ids)  # padding: nothing trained
                 text = tokenizer.decode(row.prompt_ids, skip_special_tokens=False)  # what the engine saw
-                entries.append((row, dict(info, row=k, **({"padding": True} if k >= len(rows) else {})), text))
+                # the row's conversation: that of its last chat call (a prefix break's own)
+                chat = [calls[c].messages for c in row.calls if calls[c].messages is not None]
+                messages = chat[-1] if chat else opening
+                entries.append((row, dict(info, messages=messages, row=k,
+                                          **({"padding": True} if k >= len(rows) else {})), text, final))
         return _rows_batch(tokenizer, entries, G * K)
 
 
-def _rows_batch(tokenizer: Any, entries: list[tuple[Row, dict, str]], group_size: int) -> RolloutBatch:
+def _rows_batch(tokenizer: Any, entries: list[tuple[Row, dict, str, str]], group_size: int) -> RolloutBatch:
+    """``entries``: (row, its episode record, the prompt text, the episode's final answer)."""
     pad = tokenizer.pad_token_id
     B = len(entries)
-    Tp = max(len(r.prompt_ids) for r, _, _ in entries)
-    Tr = max(1, max(len(r.response_ids) for r, _, _ in entries))
+    Tp = max(len(r.prompt_ids) for r, _, _, _ in entries)
+    Tr = max(1, max(len(r.response_ids) for r, _, _, _ in entries))
     p_ids = torch.full((B, Tp), pad, dtype=torch.long)  # [B, Tp]
     p_mask = torch.zeros((B, Tp), dtype=torch.long)  # [B, Tp]
     r_ids = torch.full((B, Tr), pad, dtype=torch.long)  # [B, Tr]
@@ -201,7 +210,7 @@ def _rows_batch(tokenizer: Any, entries: list[tuple[Row, dict, str]], group_size
     r_attn = torch.zeros((B, Tr), dtype=torch.long)  # [B, Tr]
     logprobs = torch.zeros((B, Tr), dtype=torch.float32)  # [B, Tr]
     finish, completions, prompts, episodes = [], [], [], []
-    for i, (row, info, prompt) in enumerate(entries):
+    for i, (row, info, prompt, final) in enumerate(entries):
         p = row.prompt_ids
         p_ids[i, Tp - len(p):] = torch.tensor(p)
         p_mask[i, Tp - len(p):] = 1
@@ -212,8 +221,7 @@ def _rows_batch(tokenizer: Any, entries: list[tuple[Row, dict, str]], group_size
             r_attn[i, :n] = 1
             logprobs[i, :n] = torch.tensor(row.logprobs, dtype=torch.float32)
         finish.append(row.finish_reason if n and not info.get("error") else "length")
-        last = [m for m in info["messages"] if m.get("role") == "assistant"]
-        completions.append((last[-1].get("content") or "") if last else "")
+        completions.append(final)
         prompts.append(prompt)
         episodes.append(info)
     return RolloutBatch(p_ids, p_mask, r_ids, r_mask, logprobs, finish, prompts, completions, group_size,

@@ -42,6 +42,7 @@ from ..engines.base import SamplingParams
 from ..episodes.parsers import ToolCall, parse_tool_calls
 from ..episodes.rollout import env_delta
 from ...errors import RequestRefused
+from . import vllm_tools
 from .records import Call
 
 #: Most choices one request may ask for (``n``).
@@ -108,6 +109,7 @@ class PolicyServer:
         self._engine: Any = None
         self._params: SamplingParams | None = None
         self._version = 0
+        self._tool_reader: Any = None  # vLLM's own tool parser, when the engine is vLLM (vllm_tools.py)
         self._seeds = itertools.count()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._worker = threading.Thread(target=self._engine_loop, name="agent endpoint engine", daemon=True)
@@ -143,6 +145,8 @@ class PolicyServer:
 
     def use(self, engine: Any, params: SamplingParams, version: int) -> None:
         """The engine, the run's sampling parameters and the policy version of the next episodes."""
+        if self._tool_reader is None and vllm_tools.is_vllm_engine(engine):
+            self._tool_reader = vllm_tools.vllm_tool_reader(self.tool_parser, self.tokenizer)
         self._engine, self._params, self._version = engine, params, version
 
     def episode_url(self, episode_id: str) -> str:
@@ -447,7 +451,7 @@ class PolicyServer:
         completion_tokens = 0
         for k, (ids, lps, stopped) in enumerate(await self._sample(log, prompt, max_tokens, n)):
             ids, lps, text, finish = self._finish(ids, lps, stopped, stops, set())
-            message = self._reply(text, tools)
+            message = self._reply(text, tools, body)
             if message.get("tool_calls") and finish == "stop":
                 finish = "tool_calls"
             reply = _template_message(message)
@@ -477,9 +481,16 @@ class PolicyServer:
             return _chunks(response)
         return response
 
-    def _reply(self, text: str, tools: list | None) -> dict:
+    def _reply(self, text: str, tools: list | None, body: dict) -> dict:
         """The assistant message of a completion: with ``tools``, its well-formed calls (read by
-        the run's tool parser) as ``tool_calls`` and the text around them as ``content``."""
+        the run's tool parser: vLLM's own of that name when the engine is vLLM) as ``tool_calls``
+        and the text around them as ``content``."""
+        if tools and self._tool_reader is not None:
+            read = self._tool_reader(text, body)
+            if read is not None:
+                content, calls = read
+                return {"role": "assistant", "content": (content or "").strip() or None, "tool_calls": calls}
+            return {"role": "assistant", "content": text}
         if tools:
             calls = parse_tool_calls(self.tool_parser, text)
             if calls and all(isinstance(c, ToolCall) for c in calls):

@@ -225,9 +225,14 @@ class VLLMEngine:
         requests = [{"prompt_token_ids": list(map(int, p))} for p in ids]
         if kwargs["n"] != G:  # greedy: vLLM allows n = 1 only, so send each prompt G times
             requests = repeat_each(requests, G)
-        outputs = self.llm.generate(
-            requests, self._sampling_params_cls(**kwargs), use_tqdm=False
-        )
+        if kwargs.get("seed") is not None and len(requests) > 1:
+            # vLLM seeds each request on its own: one seed for all would sample the same
+            # completions for equal prompts (an agent's G episodes' first calls, say)
+            sampling: Any = [self._sampling_params_cls(**{**kwargs, "seed": request_seed(kwargs["seed"], i)})
+                             for i in range(len(requests))]
+        else:
+            sampling = self._sampling_params_cls(**kwargs)
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         return outputs_to_rollout_batch(
             outputs, self.tokenizer, prompts, G, self.pad_id, self.eos_id, self.stop_ids
         )
@@ -368,6 +373,11 @@ class VLLMEngine:
         if self._incomplete is not None:
             raise WeightSyncError(f"this VLLMEngine holds a mix of old and new weights ({self._incomplete}): "
                                   "push the full set with update_weights before generating")
+
+
+def request_seed(seed: int, index: int) -> int:
+    """The seed of request ``index`` of a seeded ``generate`` call (request 0 keeps ``seed``)."""
+    return (seed + index * 0x9E3779B97F4A7C15) % 2**63
 
 
 def _engine_dtype(llm: Any) -> torch.dtype | None:
