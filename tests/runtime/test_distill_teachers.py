@@ -122,7 +122,7 @@ def _same_as_in_process(seen, teacher_dir, k, atol):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,k", [("opd", 0), ("distill_topk", 16)])
+@pytest.mark.parametrize("name,k", [("opd", 0), ("grpo_distill", 0), ("distill_topk", 16)])
 def test_three_steps_with_the_teacher_on_a_ray_actor(name, k, model_dir, teacher_dir, tmp_path, monkeypatch):
     """teacher.actor=true: the teacher is loaded on its own Ray actor (a local Ray on 127.0.0.1,
     one actor) and returns exactly the in-process teacher's logprobs and top-k."""
