@@ -44,7 +44,7 @@ test-main: setup   ## everything in the main venv (slow end-to-end tests include
 test-vllm: setup setup-vllm  ## the tests against a real vLLM (CPU build); a missing vLLM fails them
 	RLDSL_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -m vllm $(VLLM_TESTS)
 	# a teacher server: vLLM's own, started from the vLLM venv; the run in the main venv
-	RLDSL_REQUIRE_VLLM=1 RLDSL_VLLM_PYTHON=$(VLLM_BIN)/python $(BIN)/python -m pytest -q tests/runtime/test_teacher_vllm.py
+	RLDSL_REQUIRE_VLLM=1 RLDSL_VLLM_PYTHON=$(CURDIR)/$(VLLM_BIN)/python $(BIN)/python -m pytest -q tests/runtime/test_teacher_vllm.py
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"

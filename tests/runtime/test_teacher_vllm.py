@@ -38,8 +38,9 @@ def vllm_python() -> str | None:
     the vLLM venv's python and runs this file in the main venv)."""
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
-    cand = os.environ.get("RLDSL_VLLM_PYTHON")
-    return cand if cand and Path(cand).is_file() else None
+    cand = os.environ.get("RLDSL_VLLM_PYTHON")  # relative to where pytest started: made absolute here,
+    # since the server starts in a folder of its own
+    return str(Path(cand).absolute()) if cand and Path(cand).is_file() else None
 
 
 @pytest.fixture(autouse=True)
