@@ -13,10 +13,10 @@ from rldsl.runtime.run import loop
 from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import ConfigError
 from rldsl.runtime.records.metrics import MetricsLogger, read_metrics
-from rldsl.runtime.records.trackers import TRACKERS, check_trackers, numeric, open_trackers
+from rldsl.runtime.records.trackers import TRACKERS, TrackerNames, check_trackers, numeric, open_trackers
 
-from tracker_readers import (assert_same, jsonl_history, mlflow_history, tensorboard_history, trackio_history,
-                             wandb_history)
+from tracker_readers import (assert_same, jsonl_history, mlflow_history, renamed, tensorboard_history,
+                             trackio_history, wandb_history)
 
 HERE = Path(__file__).parent
 ALL = list(TRACKERS)
@@ -166,7 +166,6 @@ def test_every_documented_metric_name_meets_every_trackers_rules():
 
 
 def test_names_that_one_rule_makes_equal_stay_apart():
-    from rldsl.runtime.records.trackers import TrackerNames
     names = TrackerNames("mlflow")
     assert [names(k) for k in ("eval/a@b/x", "eval/a_at_b/x", "eval/a@b/x")] == \
         ["eval/a_at_b/x", "eval/a_at_b/x_2", "eval/a_at_b/x"]
@@ -183,27 +182,22 @@ def test_a_run_with_eval_sets_and_reward_terms_reaches_every_tracker(model_dir, 
             "log.project=names"]
     cfg = load_config(None, sets, flags={"reward.name": "reward_helpers:parity=0.5,addition=0.5"})
     run = loop.train("grpo", cfg)
-    from rldsl.runtime.records.trackers import TrackerNames
     want = jsonl_history(run)
     names = set().union(*(v.keys() for v in want.values()))
     assert {"eval/wtest/pass@4", "rewards/parity/mean", "rewards/addition/std"} <= names
     assert_tracker_names_valid(names)
 
-    def renamed(tracker: str) -> dict[int, dict[str, float]]:
-        rule = TrackerNames(tracker)
-        return {s: {rule(k): v for k, v in values.items()} for s, values in want.items()}
-
     state = json.loads((run / "trackers.json").read_text())
     history, _, _ = mlflow_history(run, state["mlflow"]["run_id"])
-    assert_same(history, renamed("mlflow"))
+    assert_same(history, renamed(want, "mlflow"))
     assert "eval/wtest/pass_at_4" in history[2]
-    assert_same(tensorboard_history(run), renamed("tensorboard"), rel=1e-6)
+    assert_same(tensorboard_history(run), renamed(want, "tensorboard"), rel=1e-6)
     history, _, _ = wandb_history(run)
-    assert_same({s: history[s] for s in want}, renamed("wandb"))
+    assert_same({s: history[s] for s in want}, renamed(want, "wandb"))
     from trackio.utils import TRACKIO_DIR  # read once, when trackio is first imported in this process
     history, _, _ = trackio_history(TRACKIO_DIR, "names")
     assert_same({s: {k: v for k, v in h.items() if not k.startswith("_")} for s, h in history.items()},
-                renamed("trackio"))
+                renamed(want, "trackio"))
 
 
 @pytest.mark.slow
@@ -212,7 +206,6 @@ def test_a_tool_run_of_the_real_shaped_model_reaches_every_tracker_and_resumes(r
     every tracker: each metrics.jsonl name of the run -- the tool-call and eval/<set>/pass@k ones
     among them -- reaches each tracker under its rule's name, through a stop and a resume."""
     from real_tools import WEATHER
-    from rldsl.runtime.records.trackers import TrackerNames
 
     rows = [{"prompt": f"What is the weather in {c}?", "answer": w} for c, w in list(WEATHER.items())[:4]]
     data = tmp_path / "weather.jsonl"
@@ -230,18 +223,14 @@ def test_a_tool_run_of_the_real_shaped_model_reaches_every_tracker_and_resumes(r
     names = set().union(*(v.keys() for v in want.values()))
     assert {"eval/weather/pass@2", "tool_calls/per_episode", "rewards/answered/mean"} <= names, sorted(names)
 
-    def renamed(tracker: str) -> dict[int, dict[str, float]]:
-        rule = TrackerNames(tracker)
-        return {s: {rule(k): v for k, v in values.items()} for s, values in want.items()}
-
     state = json.loads((run / "trackers.json").read_text())
     history, _, _ = mlflow_history(run, state["mlflow"]["run_id"])
-    assert_same(history, renamed("mlflow"))
-    assert_same(tensorboard_history(run), renamed("tensorboard"), rel=1e-6)
+    assert_same(history, renamed(want, "mlflow"))
+    assert_same(tensorboard_history(run), renamed(want, "tensorboard"), rel=1e-6)
     history, _, ids = wandb_history(run)
     assert ids == {state["wandb"]["id"]}
-    assert_same({s: history[s] for s in want}, renamed("wandb"))
+    assert_same({s: history[s] for s in want}, renamed(want, "wandb"))
     from trackio.utils import TRACKIO_DIR  # read once, when trackio is first imported in this process
     history, _, _ = trackio_history(TRACKIO_DIR, "real")
     assert_same({s: {k: v for k, v in h.items() if not k.startswith("_")} for s, h in history.items()},
-                renamed("trackio"))
+                renamed(want, "trackio"))

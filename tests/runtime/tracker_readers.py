@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rldsl.runtime.records.metrics import read_metrics
-from rldsl.runtime.records.trackers import numeric
+from rldsl.runtime.records.trackers import TrackerNames, numeric
 
 _BLOCK = 32768
 _HEADER = 7  # ":W&B" + 2 magic bytes + 1 version byte at the start of a .wandb file
@@ -126,3 +126,9 @@ def assert_same(got: dict[int, dict[str, float]], want: dict[int, dict[str, floa
         assert got[step].keys() >= values.keys(), f"step {step}: missing {values.keys() - got[step].keys()}"
         for key, value in values.items():
             assert got[step][key] == pytest.approx(value, rel=rel, abs=1e-12), (step, key)
+
+
+def renamed(history: dict[int, dict[str, float]], tracker: str) -> dict[int, dict[str, float]]:
+    """``history`` under ``tracker``'s name rule (what that tracker stores)."""
+    rule = TrackerNames(tracker)
+    return {s: {rule(k): v for k, v in values.items()} for s, values in history.items()}
