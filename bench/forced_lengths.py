@@ -1,11 +1,14 @@
 """Long-tailed answer lengths, the same on both sides of bench/step_phases.py (``--lengths lognormal``).
 
-Both sides sample every answer at the full ``max_new_tokens`` (no stop token before it, as at
-fixed lengths), then each answer is cut to a drawn length L with an EOS as its last token, before
-it is scored and trained on: the rldsl side in ``HFEngine.generate`` (this file run as the
-``rldsl`` command), TRL in ``GRPOTrainer._generate_single_turn``. Generation therefore costs what
-it costs at the full length on both sides (the longest answers bound it anyway); the reward, the
-logprob forwards and the update see the long-tailed answers.
+Each answer stops at a drawn length L, as a real answer stops at its EOS: while sampling, at
+answer position t of row r the stop tokens are barred for t < L - 1 and EOS is forced at
+t = L - 1 (the row's EOS injection; ``min_new_tokens`` is not used). Each side then samples as it
+would at free lengths: rldsl's sampler drops a finished row from the batch
+(``HFEngine._sample``), TRL's ``model.generate`` keeps every row in the batch until the last one
+ends, padding the finished ones. The hook sits in ``HFEngine._logits`` on the rldsl side (this
+file run as the ``rldsl`` command) and in a logits processor handed to TRL's
+``model.generate``; the tokens, the reward, the logprob forwards and the update are both sides'
+own.
 
 The lengths: call c of the step's generation (c = 0, 1, ... per run), row r of its B = P x G rows
 (groups contiguous on both sides) gets
@@ -43,51 +46,94 @@ class Draws:
         return out
 
 
-def install_rldsl(seed: int) -> None:
-    """Cut every batch ``HFEngine.generate`` returns to the drawn lengths."""
-    import dataclasses
+def force(scores, lengths, t: int, stops: list[int], eos: int):
+    """``scores`` [b, V] of answer position ``t`` for rows whose drawn lengths are ``lengths``
+    [b]: stop tokens barred where t < L - 1, EOS forced (every other token barred) where t = L - 1;
+    rows past their length are left as they are (their token is padding)."""
+    import torch
+    L = lengths.to(scores.device)
+    scores = scores.clone()
+    early = L - 1 > t  # [b]
+    if bool(early.any()):
+        barred = scores[early]
+        barred[:, stops] = -float("inf")
+        scores[early] = barred
+    last = L - 1 == t  # [b]
+    if bool(last.any()):
+        row = torch.full_like(scores[last], -float("inf"))
+        row[:, eos] = 0.0
+        scores[last] = row
+    return scores
 
+
+def install_rldsl(seed: int) -> None:
+    """Stop every answer ``HFEngine`` samples at its drawn length (module docstring)."""
     import torch
 
     from rldsl.runtime.rollout.engines.hf import HFEngine
 
     draws = Draws(seed)
-    plain = HFEngine.generate
+    padded, logits = HFEngine._generate_padded, HFEngine._logits
+    state: dict = {}
 
-    def generate(self, prompts, params):
-        batch = plain(self, prompts, params)
-        B, Tr = batch.response_ids.shape
-        cut = torch.tensor(draws.next(B, params.max_new_tokens)).clamp(max=Tr)  # [B]
-        keep = torch.arange(Tr)[None] < cut[:, None]  # [B, Tr]
-        ids = batch.response_ids.masked_fill(~keep, self.pad_id)
-        ids[torch.arange(B), cut - 1] = self.eos_id
-        width = int(cut.max())
-        return dataclasses.replace(
-            batch, response_ids=ids[:, :width], response_mask=(batch.response_mask * keep)[:, :width],
-            logprobs=(batch.logprobs * keep)[:, :width], finish_reason=["stop"] * B,
-            completions=self.tokenizer.batch_decode(ids[:, :width], skip_special_tokens=True))
+    def generate_padded(self, unique_ids, unique_mask, prompts, params):
+        state["L"] = torch.tensor(draws.next(unique_ids.shape[0] * params.n, params.max_new_tokens))
+        state["t"] = 0
+        try:
+            return padded(self, unique_ids, unique_mask, prompts, params)
+        finally:
+            state.clear()
 
-    HFEngine.generate = generate
+    def forced_logits(self, **inputs):
+        z = logits(self, **inputs)
+        if "L" not in state:
+            return z
+        t, L = state["t"], state["L"]
+        state["t"] = t + 1
+        stops = sorted(self.stop_ids)
+        if t == 0:  # the prefill: one row per prompt, every drawn length >= 2
+            return force(z, torch.full((z.shape[0],), 2 ** 30), 0, stops, self.eos_id)
+        alive = L > t  # the sampler keeps exactly the rows that have not ended, in order
+        if int(alive.sum()) != z.shape[0]:
+            raise RuntimeError(f"forced lengths: {z.shape[0]} rows running at position {t}, "
+                               f"expected {int(alive.sum())}")
+        return force(z, L[alive], t, stops, self.eos_id)
+
+    HFEngine._generate_padded = generate_padded
+    HFEngine._logits = forced_logits
 
 
 def install_trl(trainer, seed: int, limit: int) -> None:
-    """Cut every completion ``trainer._generate_single_turn`` returns to the drawn lengths."""
+    """Stop every answer TRL's ``model.generate`` samples at its drawn length (module docstring)."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
     draws = Draws(seed)
-    plain = trainer._generate_single_turn
     eos = trainer.eos_token_ids[0]
+    stops = sorted(set(trainer.eos_token_ids))
 
-    def generate_single_turn(*a, **k):
-        completion_ids, logprobs = plain(*a, **k)
-        cut = draws.next(len(completion_ids), limit)
-        completion_ids = [list(ids[:n - 1]) + [eos] for ids, n in zip(completion_ids, cut)]
-        if logprobs is not None:
-            logprobs = [lp[:n] for lp, n in zip(logprobs, cut)]
-        return completion_ids, logprobs
+    class Forced(LogitsProcessor):
+        def __init__(self, L, prompt_len):
+            self.L, self.prompt_len = L, prompt_len
 
-    trainer._generate_single_turn = generate_single_turn
+        def __call__(self, input_ids, scores):
+            return force(scores, self.L, input_ids.shape[1] - self.prompt_len, stops, eos)
+
+    model = trainer.model
+    plain = model.generate
+
+    def generate(*a, **k):
+        ids = k["input_ids"] if "input_ids" in k else a[0]
+        L = torch.tensor(draws.next(ids.shape[0], limit))
+        extra = LogitsProcessorList([Forced(L, ids.shape[1])])
+        if k.get("logits_processor"):
+            extra = LogitsProcessorList([*k["logits_processor"], *extra])
+        return plain(*a, **{**k, "logits_processor": extra})
+
+    model.generate = generate
 
 
-if __name__ == "__main__":  # forced_lengths.py SEED rldsl-args...: the rldsl command with cut answers
+if __name__ == "__main__":  # forced_lengths.py SEED rldsl-args...: the rldsl command with drawn lengths
     install_rldsl(int(sys.argv[1]))
     from rldsl.cli import app
     sys.argv = ["rldsl", *sys.argv[2:]]

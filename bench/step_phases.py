@@ -9,10 +9,11 @@ recorded baseline.
     .venv/bin/python bench/step_phases.py --lengths lognormal --sizes tiny,mid   # long-tailed answers
 
 Long-tailed lengths (``--lengths lognormal``): answers drawn log-normal with median N / 8 between
-2 tokens and the limit N, the same draws on both sides (bench/forced_lengths.py: sampled at the
-full length, then cut, with an EOS written at the cut, before scoring and training). rldsl then
-runs twice, padded (``rldsl``) and with ``train.packing=true`` (``rldsl-packed``), and the floor
-counts the real tokens trained.
+2 tokens and the limit N, the same draws on both sides (bench/forced_lengths.py: each answer's
+EOS injected at its drawn length while sampling, so each side samples as it does at free
+lengths: rldsl's sampler drops finished rows, TRL's ``generate`` carries them to the longest).
+rldsl then runs twice, padded (``rldsl``) and with ``train.packing=true`` (``rldsl-packed``),
+and the floor counts the real tokens sampled and trained.
 
 Why fixed lengths: at free lengths the two sides' answers grow and shrink with training, so a
 step-time ratio mixes speed with training dynamics. Here every sample has exactly
@@ -119,7 +120,7 @@ def trl_worker(size: str, model: Path, steps: int, out: Path, seed: int, lengths
         output_dir=str(out / "trl"), report_to="none", use_cpu=True, bf16=False, fp16=False,
         per_device_train_batch_size=P * G, num_generations=G, steps_per_generation=1,
         gradient_accumulation_steps=1, num_iterations=1, max_completion_length=new,
-        generation_kwargs={"min_new_tokens": new},
+        generation_kwargs={"min_new_tokens": new} if lengths == "fixed" else {},
         temperature=1.0, top_p=1.0, top_k=0, loss_type="dapo", epsilon=0.2, epsilon_high=0.28,
         beta=0.0, scale_rewards="group", learning_rate=LR, adam_beta1=BETAS[0],
         adam_beta2=BETAS[1], adam_epsilon=EPS, weight_decay=0.0, optim="adamw_torch",
@@ -180,11 +181,11 @@ def rldsl_command(size: str, model: Path, steps: int, out: Path, seed: int, leng
     _, _, _, new, P, G = SIZES[size]
     exe = Path(sys.executable).with_name("rldsl")
     head = [str(exe)] if exe.exists() else [sys.executable, "-m", "rldsl.cli"]
-    if lengths == "lognormal":  # the same command, answers cut to the drawn lengths
+    if lengths == "lognormal":  # the same command, answers ended at the drawn lengths
         head = [sys.executable, str(ROOT / "bench" / "forced_lengths.py"), str(seed)]
     sets = {
         "model.path": model, "rollout.prompts_per_step": P, "rollout.n": G, "rollout.max_new_tokens": new,
-        "rollout.min_new_tokens": new, "rollout.temperature": 1.0, "rollout.top_p": 1.0,
+        "rollout.min_new_tokens": new if lengths == "fixed" else 0, "rollout.temperature": 1.0, "rollout.top_p": 1.0,
         "reward.name": f"{Path(__file__).resolve()}:digit_parity",
         "train.lr": LR, "train.betas": f"{BETAS[0]},{BETAS[1]}", "train.eps": EPS,
         "train.weight_decay": 0.0, "train.grad_clip": CLIP, "train.ppo_epochs": 1,
@@ -253,7 +254,7 @@ def matmul_flops(size: str, model: Path, lengths: str = "fixed", seed: int = 0, 
         from forced_lengths import lengths as drawn
         answers = statistics.mean(sum(drawn(seed, c, B, new)) for c in range(warmup, steps))
     trained = P * Tp + answers  # the shared prompt once per group, every real response token
-    sampled = P * Tp + B * (new - 1)  # prefill once per prompt, then a token at a time
+    sampled = P * Tp + answers - B  # prefill once per prompt, then a token at a time until each EOS
     return {"N": N, "Tp": Tp, "update": 6 * N * trained, "generate": 2 * N * sampled}
 
 

@@ -43,3 +43,61 @@ def test_floor_line_says_when_the_target_is_out_of_reach(step_phases) -> None:
     assert "4.000 s" in line and "2.00x the floor" in line and "0.40x TRL" in line
     assert "cannot be met" not in line
     assert "cannot be met" in step_phases.floor_line(flops, 1e9, fast_trl)  # 4 / 6 > 0.5
+
+
+@pytest.fixture(scope="module")
+def forced_lengths():
+    spec = importlib.util.spec_from_file_location("forced_lengths", ROOT / "bench" / "forced_lengths.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _answer_lengths(ids, stops: set[int]) -> list[int]:
+    """Tokens up to and including each row's first stop token (the whole row without one)."""
+    out = []
+    for row in ids.tolist():
+        ends = [i for i, t in enumerate(row) if t in stops]
+        out.append(ends[0] + 1 if ends else len(row))
+    return out
+
+
+def test_lognormal_lengths_end_rldsl_answers_at_their_drawn_length(step_phases, forced_lengths, tmp_path,
+                                                                   monkeypatch) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from rldsl.runtime.rollout.engines.base import SamplingParams
+    from rldsl.runtime.rollout.engines.hf import HFEngine
+    for name in ("_generate_padded", "_logits"):  # restored after the test
+        monkeypatch.setattr(HFEngine, name, getattr(HFEngine, name))
+    folder = step_phases.make_model("tiny", tmp_path / "tiny")
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder))
+    forced_lengths.install_rldsl(seed=3)
+    params = SamplingParams(n=4, max_new_tokens=16, seed=0)
+    for call in range(2):
+        batch = engine.generate(["12+34=", "5+6="], params)
+        drawn = forced_lengths.lengths(3, call, 8, 16)
+        assert len(set(drawn)) > 2  # lengths that differ, so rows leave the sampler at different steps
+        assert _answer_lengths(batch.response_ids, engine.stop_ids) == drawn
+        assert batch.response_mask.sum(1).tolist() == drawn
+        assert batch.finish_reason == ["stop"] * 8
+        assert batch.response_ids.shape[1] == max(drawn)
+
+
+def test_lognormal_lengths_end_trl_answers_at_their_drawn_length(step_phases, forced_lengths, tmp_path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    folder = step_phases.make_model("tiny", tmp_path / "tiny")
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+
+    class Trainer:  # what install_trl reads of a GRPOTrainer
+        pass
+    trainer = Trainer()
+    trainer.model, trainer.eos_token_ids = model, [tok.eos_token_id]
+    forced_lengths.install_trl(trainer, seed=5, limit=16)
+    ids = torch.tensor([tok("12+34=")["input_ids"]] * 8)
+    for call in range(2):
+        out = trainer.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                     max_new_tokens=16, min_new_tokens=None, top_k=0,
+                                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        assert _answer_lengths(out[:, ids.shape[1]:], {tok.eos_token_id}) == forced_lengths.lengths(5, call, 8, 16)
