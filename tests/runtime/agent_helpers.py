@@ -112,3 +112,30 @@ async def streams(client, row: dict) -> float:
             finish = c.finish_reason or finish
     row["streamed"] = (text, finish)
     return float(finish in ("stop", "length"))
+
+
+async def weather_agent(client, row: dict) -> None:
+    """The real-shaped fixture's tool loop (tests/fixtures/real_tools.py): get_weather run here,
+    at most two calls; the final answer is left to --reward."""
+    import openai
+    from real_tools import get_weather
+
+    prompt = row["prompt"]
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    for _ in range(2):
+        try:
+            r = await client.chat.completions.create(model=row["model"], messages=messages,
+                                                     tools=[tool_schema(get_weather)])
+        except openai.BadRequestError:  # the context is full
+            return None
+        message = r.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return None
+        for call in message.tool_calls:
+            try:
+                result = get_weather(**json.loads(call.function.arguments))
+            except Exception as e:  # noqa: BLE001 - the model sees the error
+                result = f"error: {e}"
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
+    return None

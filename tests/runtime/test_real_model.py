@@ -209,6 +209,37 @@ def test_episode_tokens_are_the_models_then_the_templates_delta(family, tmp_path
 
 
 @pytest.mark.slow
+def test_an_agent_of_the_warm_model_trains_on_its_exact_calls(real_model, tmp_path) -> None:
+    """An openai-client tool loop (agent_helpers.weather_agent) drives the warm Qwen2.5-shaped
+    model through the run's endpoint: its calls are bridged over Qwen2.5's released template (one
+    row per episode, no prefix break, no error), the tool answers, and the trained tokens of each
+    sample are exactly the ids the engine sampled, call by call."""
+    from rldsl.runtime.records.metrics import read_metrics
+
+    data = tmp_path / "weather.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _rows("string prompts")))
+    cfg = load_config(None, [f"model.path={real_model('qwen2.5', warm=True)}", f"out={tmp_path / 'run'}",
+                             f"data.path={data}", "data.eval_size=0", "rollout.prompts_per_step=2", "rollout.n=2",
+                             "train.steps=2", "rollout.max_new_tokens=40", "eval.every=0", "eval.samples=0",
+                             "checkpoint.every=0", "log.progress=false", "log.samples_per_step=4",
+                             "reward.name=reward_helpers:answered", "rollout.agent=agent_helpers:weather_agent"])
+    run = loop.train("grpo_tis", cfg)
+    steps = [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["agent/calls"] >= 1 and r["agent/errors"] == 0 and r["agent/prefix_breaks"] == 0
+               and r["agent/rows_per_episode"] == 1 and r["reward_errors"] == 0 for r in steps)
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    tool_texts = [m["content"] for s in samples for m in s["messages"] if m["role"] == "tool"]
+    assert tool_texts and all(t in WEATHER.values() for t in tool_texts)
+    for s in samples:
+        agent = s["agent"]
+        assert agent["rows"] == 1 and agent["error"] is None and agent["calls"]
+        trained = [i for i, m in zip(agent["ids"], agent["trained"]) if m]
+        assert trained == [i for c in agent["calls"] for i in c["completion_ids"]]
+        assert s["prompt"].count("<|im_start|>user") == 1  # the row's prompt, templated once, by the endpoint
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["synchronous", "async K=1"])
 def test_the_warm_model_calls_its_tool_in_training_steps(real_model, tmp_path, mode) -> None:
     """The tool warm start in a run, synchronous and one step off-policy: every step's episodes
