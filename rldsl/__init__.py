@@ -14,8 +14,8 @@ from typing import Any
 
 from .errors import SpecError, SpecErrors
 
-#: the public names and their modules, imported on first use: ``import rldsl`` (and so
-#: ``rldsl --help``) does not import torch until a spec is loaded or compiled
+#: the public names and their modules, imported on first use; torch is imported at the first
+#: tensor operation (rldsl/lazy_torch.py): loading a spec does not, ``rldsl.compile`` does
 _LAZY = {"Algorithm": "spec", "library": "spec", "load": "spec", "loads": "spec",
          "CompiledAlgorithm": "compiled", "Estimate": "compiled", "LossOutput": "compiled",
          "compile": "compiled", "SlotValue": "values"}

@@ -169,9 +169,9 @@ def explain(files: List[str] = typer.Argument(..., help="one spec to explain, or
             _print_lines(ex.diff_lines(*algos, show_all=show_all))
         return
     algo = algos[0]
-    if code:
-        from .compiled import compile as compile_algo
-        source = compile_algo(algo, compile=False).source
+    if code:  # the source rldsl.compile runs (CompiledAlgorithm.source), generated without torch
+        from .codegen import generate
+        source = generate(algo).source
         if format == "json":
             out.print_json(json.dumps({"name": algo.name, "source": source}))
         else:

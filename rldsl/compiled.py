@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from . import codegen, inputs, ops
+from . import codegen, inputs, lazy_torch, ops
 from .components import entropy as entropy_components
 from .components.data import informative as _informative
 from .components.filter import pass_rates as _pass_rates, retired as _retired
@@ -22,6 +22,7 @@ from .generated import load_function
 from .registry import get as registry_get
 from .spec import Algorithm
 
+lazy_torch.load()  # the components hold torch itself (not the stand-in) before torch.compile traces them
 _COMPILED: dict[str, Callable[..., Any]] = {}
 
 

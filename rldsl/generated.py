@@ -19,9 +19,7 @@ import math
 import re
 from typing import Any, Callable
 
-import torch
-
-from . import ops, registry
+from . import lazy_torch, ops, registry
 from .formula import masked
 
 IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -59,7 +57,7 @@ def namespace() -> dict[str, Any]:
     not from hiding builtins: torch's C functions import lazily through the caller's
     ``__builtins__``, so a stripped builtins dict breaks them.
     """
-    ns: dict[str, Any] = {"torch": torch,
+    ns: dict[str, Any] = {"torch": lazy_torch.load(),  # torch itself, in the stand-in's place everywhere
                           "ops": ops, "AdvantageBatch": ops.AdvantageBatch,
                           "dataclasses": dataclasses,
                           "fx": masked}  # the masked reductions formulas compile to

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
+from .lazy_torch import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def masked_sum(x: Tensor, mask: Tensor) -> Tensor:

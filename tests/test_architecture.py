@@ -24,7 +24,8 @@ LANGUAGE = ("rldsl", REPO / "rldsl")
 #: only hide a cycle (the cycle check counts it anyway).
 #: language modules allowed an import that does not run at module level: the CLI (each command
 #: imports what it runs) and lint (its annotations name spec.py's types under TYPE_CHECKING:
-#: spec.py imports torch, which `rldsl check --help` -- lint's rule table -- must not)
+#: spec.py imports the parser and every component, which `rldsl check --help` -- lint's rule
+#: table -- does not need)
 LAZY_IMPORTS = {"rldsl.cli", "rldsl.lint"}
 
 

@@ -1,7 +1,8 @@
 """The language commands start without the runtime: `rldsl --help`, `list`, `check`, `explain` and
-`translate` (without --verify) import neither transformers nor the runtime's run, rollout, reward
-or model modules. The runtime's commands are registered from rldsl/runtime/cli.py, whose bodies
-import what they run.
+`translate` (without --verify) import neither torch nor transformers nor the runtime's run,
+rollout, reward or model modules. The runtime's commands are registered from
+rldsl/runtime/cli.py, whose bodies import what they run; the components use torch through
+rldsl/lazy_torch.py, which imports it at the first tensor operation.
 
 The check is on ``sys.modules`` in a fresh interpreter (not on timing, which a busy machine
 moves): every command above runs in one subprocess and the modules loaded are listed at the end.
@@ -28,7 +29,7 @@ from rldsl.cli import app
 runner = CliRunner()
 codes = {}
 for args in (["--help"], ["list"], ["check", "grpo", "dapo"], ["explain", "dapo"], ["explain", "grpo", "dapo"],
-             ["translate", sys.argv[1]], ["run", "--help"], ["eval", "--help"], ["ablate", "--help"],
+             ["explain", "--code", "dapo"], ["translate", sys.argv[1]], ["run", "--help"], ["eval", "--help"], ["ablate", "--help"],
              ["reward", "--help"], ["serve-reward", "--help"], ["export", "--help"]):
     codes[" ".join(args)] = runner.invoke(app, args).exit_code
 print(json.dumps({"codes": codes, "modules": sorted(sys.modules)}))
@@ -43,10 +44,10 @@ def _loaded_after_language_commands() -> tuple[dict, list[str]]:
     return data["codes"], data["modules"]
 
 
-def test_language_commands_import_neither_transformers_nor_the_runtime():
+def test_language_commands_import_neither_torch_nor_transformers_nor_the_runtime():
     codes, modules = _loaded_after_language_commands()
     assert set(codes.values()) == {0}, codes
-    assert not [m for m in modules if m.split(".")[0] in ("transformers", "vllm", "ray", "datasets")]
+    assert not [m for m in modules if m.split(".")[0] in ("torch", "transformers", "vllm", "ray", "datasets")]
     runtime = {m for m in modules if m.startswith("rldsl.runtime")}
     assert runtime <= ALLOWED_RUNTIME, sorted(runtime - ALLOWED_RUNTIME)
 
@@ -64,8 +65,8 @@ print(json.dumps({"codes": codes, "modules": sorted(sys.modules)}))
 
 
 def test_help_screens_do_not_import_torch():
-    """`rldsl --help` and each command's --help import no torch (the language's components do,
-    when a spec is first loaded): the help screens start in a fraction of a second."""
+    """`rldsl --help` and each command's --help import no torch: the help screens start in a
+    fraction of a second."""
     out = subprocess.run([sys.executable, "-c", HELP_SCRIPT], capture_output=True, text=True,
                          cwd=REPO, timeout=300, check=True).stdout
     data = json.loads(out.strip().splitlines()[-1])
@@ -82,3 +83,29 @@ def test_import_rldsl_still_gives_the_whole_api():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                          timeout=300, check=True).stdout
     assert out.split() == ["CompiledAlgorithm", "SlotValue"]
+
+
+def test_torch_is_imported_at_the_first_tensor_operation():
+    """Loading a spec reads the registry without torch; compiling it imports torch and puts it in
+    place of the stand-in in every rldsl module, so torch.compile traces the components with
+    torch itself. A component called before any compile imports torch on its own."""
+    code = ("import sys, rldsl\n"
+            "from rldsl.components import baseline\n"
+            "a = rldsl.load('dapo'); assert 'torch' not in sys.modules\n"
+            "rldsl.compile(a, compile=False); import torch\n"
+            "stand_ins = [n for n, m in list(sys.modules.items()) if n.startswith('rldsl')\n"
+            "             and 'torch' in vars(m) and vars(m)['torch'] is not torch]\n"
+            "assert not stand_ins, stand_ins\n"
+            "print(baseline.torch is torch)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         timeout=300, check=True).stdout
+    assert out.split() == ["True"]
+    code = ("import sys\n"
+            "from rldsl import ops\n"
+            "assert 'torch' not in sys.modules\n"
+            "import torch\n"
+            "x = torch.zeros(3)\n"
+            "print(float(ops.masked_sum(x, torch.ones(3))), ops.torch is torch)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         timeout=300, check=True).stdout
+    assert out.split() == ["0.0", "True"]

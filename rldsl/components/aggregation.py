@@ -6,11 +6,14 @@ exact big-batch loss by summing their local counts and passing the total as ``de
 """
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
+from ..lazy_torch import torch
 from ..ops import group_view
 from ..registry import Bool, Int, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 COUNT_EMPTY = Bool(False, "count fully masked rows in the number of sequences (verl in-trainer)")
 

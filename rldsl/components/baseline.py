@@ -5,11 +5,14 @@ baselines return ``returns == advantages`` (verl's convention); ``gae`` returns 
 """
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
+from ..lazy_torch import torch
 from ..ops import AdvantageBatch, group_view, masked_whiten, moments
 from ..registry import Bool, Choice, Float, Requires, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def _broadcast(a: Tensor, batch: AdvantageBatch) -> tuple[Tensor, Tensor]:

@@ -10,10 +10,13 @@ policy loss after the trust region, not the KL or entropy terms. Several compone
 """
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
+from ..lazy_torch import torch
 from ..registry import Bool, Choice, Float, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 _M = "correction/"
 

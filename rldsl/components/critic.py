@@ -6,10 +6,13 @@ has its own loss_agg_mode, token-mean by default) and scaled by ``coef``.
 """
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
+from ..lazy_torch import torch
 from ..registry import Choice, Float, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # aggregations whose parameters all have defaults (the critic names one; defaults apply)
 VALUE_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "prompt_mean")

@@ -5,10 +5,13 @@ the runtime carries out ``sampling`` through ``CompiledAlgorithm.data``.
 """
 from __future__ import annotations
 
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from ..ops import scorable_stats
 from ..registry import Int, declare
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 declare("rewards", "scalar", """Rewards are real numbers.
 

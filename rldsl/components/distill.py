@@ -18,12 +18,14 @@ reference goes (verl 0.9.1 ``distillation.distillation_loss.loss_mode`` k1/k2/k3
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
-
+from ..lazy_torch import torch
 from ..registry import Bool, Choice, Float, Int, register
 from . import kl
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 _M = "distill/"
 

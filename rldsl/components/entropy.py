@@ -4,12 +4,13 @@ Signature: ``(entropy [B, T]) -> term [B, T]``.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
-
+from ..lazy_torch import torch
 from ..registry import Float, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register("entropy", off=True)

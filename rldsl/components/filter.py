@@ -4,11 +4,14 @@ Signature: ``(batch: AdvantageBatch) -> keep [B]`` (float 0/1).
 """
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
+from ..lazy_torch import torch
 from ..ops import AdvantageBatch, group_view, scorable_stats
 from ..registry import Float, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register("filter", off=True)

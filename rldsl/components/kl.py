@@ -6,10 +6,13 @@ Signature: ``(logp [B, T], ref_logp [B, T], rho [B, T]) -> kl [B, T]``. ``beta``
 """
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
+from ..lazy_torch import torch
 from ..registry import Bool, Choice, Float, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 SCALE = {"scale": "beta"}  # beta 0 leaves the KL term with nothing to do
 BETA = Float(doc="penalty coefficient", ge=0, runtime=True)

@@ -5,10 +5,13 @@ sequence rewards ``batch.rewards`` (after shaping), except ``whiten`` (token adv
 """
 from __future__ import annotations
 
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from ..ops import AdvantageBatch, group_view, masked_whiten, moments
 from ..registry import Bool, Float, Requires, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register("normalizer", off=True)

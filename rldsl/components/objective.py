@@ -5,11 +5,14 @@ there for an objective that takes statistics over the valid tokens (kl_cov's cov
 """
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from .. import ops
+from ..lazy_torch import torch
 from ..registry import Float, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register("objective", uses_ratio=True)

@@ -6,10 +6,13 @@ other ratios ignore it.
 """
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
+from ..lazy_torch import torch
 from ..registry import Float, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register("ratio", sequence_level=False,

@@ -10,11 +10,14 @@ selections are ANDed. ``rollout_logp`` is None when ``loss()`` got no ``rollout_
 """
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from .. import ops
+from ..lazy_torch import torch
 from ..registry import Float, Int, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register("selection", off=True)

@@ -4,11 +4,14 @@ Signature: ``(rewards [B], batch: AdvantageBatch) -> rewards [B]``.
 """
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
+from ..lazy_torch import torch
 from ..ops import AdvantageBatch
 from ..registry import Float, Int, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register("shaping", off=True)

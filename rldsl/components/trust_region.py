@@ -9,11 +9,13 @@ where it does not. With ``objective ppo`` the loss is ``-A w``, so the PPO clip
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
-
+from ..lazy_torch import torch
 from ..registry import Float, register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register("trust_region", off=True)

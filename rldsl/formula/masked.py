@@ -15,10 +15,13 @@ their dtype and device.
 """
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
+from ..lazy_torch import torch
 from ..ops import group_view
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def _as(x: Tensor | float | bool, like: Tensor) -> Tensor:
