@@ -1,4 +1,5 @@
-"""bench/step_phases.py's matmul floor: the flop count it divides by the machine's peak."""
+"""bench/step_phases.py's matmul floor (the flop count it divides by the machine's peak) and
+bench/forced_lengths.py's answers ended at their drawn lengths."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,12 +11,16 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def step_phases():
-    spec = importlib.util.spec_from_file_location("step_phases", ROOT / "bench" / "step_phases.py")
+def _bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def step_phases():
+    return _bench_module("step_phases")
 
 
 def test_floor_counts_every_linear_weight_of_the_model(step_phases, tmp_path) -> None:
@@ -47,10 +52,7 @@ def test_floor_line_says_when_the_target_is_out_of_reach(step_phases) -> None:
 
 @pytest.fixture(scope="module")
 def forced_lengths():
-    spec = importlib.util.spec_from_file_location("forced_lengths", ROOT / "bench" / "forced_lengths.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _bench_module("forced_lengths")
 
 
 def _answer_lengths(ids, stops: set[int]) -> list[int]:

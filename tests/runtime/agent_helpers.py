@@ -12,28 +12,38 @@ from rldsl.runtime.toy.calculator import calculator
 TOOLS = [tool_schema(calculator)]
 
 
-async def calc_agent(client, row: dict) -> float:
-    """The calculator tool loop: the model calls the calculator (run here), then answers; reward 1
-    when the final answer is the row's."""
-    messages = [{"role": "user", "content": row["prompt"]}]
+async def tool_loop(client, row: dict, tool, max_calls: int):
+    """An ordinary openai-client tool loop: the model calls ``tool`` (run here; an error goes back
+    to the model as the result) until it answers without a call. Returns the final message, or
+    None when the context filled up or ``max_calls`` calls never ended in an answer."""
     import openai
 
-    for _ in range(3):
+    prompt = row["prompt"]
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    for _ in range(max_calls):
         try:
-            r = await client.chat.completions.create(model=row["model"], messages=messages, tools=TOOLS)
+            r = await client.chat.completions.create(model=row["model"], messages=messages,
+                                                     tools=[tool_schema(tool)])
         except openai.BadRequestError:  # the context is full: the episode ends unanswered
-            return 0.0
+            return None
         message = r.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:
-            return float((message.content or "").strip() == row["answer"])
+            return message
         for call in message.tool_calls:
             try:
-                result = calculator(**json.loads(call.function.arguments))
+                result = tool(**json.loads(call.function.arguments))
             except Exception as e:  # noqa: BLE001 - the model sees the error
                 result = f"error: {e}"
             messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
-    return 0.0
+    return None
+
+
+async def calc_agent(client, row: dict) -> float:
+    """The calculator tool loop: the model calls the calculator (run here), then answers; reward 1
+    when the final answer is the row's."""
+    message = await tool_loop(client, row, calculator, max_calls=3)
+    return 0.0 if message is None else float((message.content or "").strip() == row["answer"])
 
 
 async def three_calls(client, row: dict) -> float:
@@ -115,27 +125,8 @@ async def streams(client, row: dict) -> float:
 
 
 async def weather_agent(client, row: dict) -> None:
-    """The real-shaped fixture's tool loop (tests/fixtures/real_tools.py): get_weather run here,
-    at most two calls; the final answer is left to --reward."""
-    import openai
+    """The real-shaped fixture's tool loop (tests/fixtures/real_tools.py): get_weather, at most
+    two calls; the final answer is left to --reward."""
     from real_tools import get_weather
 
-    prompt = row["prompt"]
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    for _ in range(2):
-        try:
-            r = await client.chat.completions.create(model=row["model"], messages=messages,
-                                                     tools=[tool_schema(get_weather)])
-        except openai.BadRequestError:  # the context is full
-            return None
-        message = r.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            return None
-        for call in message.tool_calls:
-            try:
-                result = get_weather(**json.loads(call.function.arguments))
-            except Exception as e:  # noqa: BLE001 - the model sees the error
-                result = f"error: {e}"
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
-    return None
+    await tool_loop(client, row, get_weather, max_calls=2)
