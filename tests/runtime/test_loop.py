@@ -246,6 +246,18 @@ def test_nan_loss_skips_the_step_and_keeps_weights(model_dir, tmp_path, monkeypa
     assert all(torch.isfinite(v).all() for v in after.values())
 
 
+@pytest.fixture
+def ctrl_c_delivered():
+    """Ctrl-C as a terminal delivers it: Python's own SIGINT handler, whatever this process
+    inherited. A test process started as a background job of a non-interactive shell (``cmd &``
+    in a script) has SIGINT ignored, and the run rightly leaves an ignored SIGINT ignored -- the
+    Ctrl-C tests would then test nothing of Ctrl-C."""
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, inherited)
+
+
+@pytest.mark.usefixtures("ctrl_c_delivered")
 def test_ctrl_c_finishes_the_step_then_writes_a_checkpoint(model_dir, tmp_path, monkeypatch):
     """Ctrl-C during step 3 (a real SIGINT): the step is finished, logged and saved as step-3 —
     a checkpoint taken mid-step would hold a half-applied step."""
@@ -264,6 +276,7 @@ def test_ctrl_c_finishes_the_step_then_writes_a_checkpoint(model_dir, tmp_path, 
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]  # eval.every=0: no evaluation record at step 0
 
 
+@pytest.mark.usefixtures("ctrl_c_delivered")
 def test_a_second_ctrl_c_stops_mid_step_without_a_checkpoint(model_dir, tmp_path, monkeypatch):
     real_step = loop.train_step
 
@@ -281,6 +294,7 @@ def test_a_second_ctrl_c_stops_mid_step_without_a_checkpoint(model_dir, tmp_path
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
+@pytest.mark.usefixtures("ctrl_c_delivered")
 def test_ctrl_c_names_the_resume_command_once(model_dir, tmp_path, monkeypatch):
     real_step = loop.train_step
 
