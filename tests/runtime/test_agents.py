@@ -358,6 +358,52 @@ def test_a_sync_agent_gets_the_base_url(tok, model) -> None:
     assert all(e["agent"]["calls"] == 1 and e["env_reward"] == 1.0 for e in batch.episodes)
 
 
+def test_an_idle_connection_stays_open_for_the_episodes_next_call(tok) -> None:
+    """The endpoint keeps an episode's idle connection open for longer than the episode may last:
+    a client that sends its next call on the same connection after idling past uvicorn's own
+    keep-alive (5 s) is answered, both calls recorded. Closing idle connections raced the next
+    request on them (reset unanswered: APIConnectionError "Connection error." on a loaded
+    machine). The race itself is not reproducible on demand -- httpx skips a pooled connection
+    the server has visibly closed -- so this agent waits (select) until the server hangs up or the
+    wait is over, then calls again on the same socket, as http.client does; before the fix the
+    server hung up at 5 s and the second call was reset."""
+    import http.client
+    import select
+    from urllib.parse import urlsplit
+
+    import uvicorn
+
+    idle = uvicorn.Config(app=None).timeout_keep_alive + 2.0  # past uvicorn's default keep-alive
+    seen: dict = {}
+
+    def agent(base_url: str, row: dict) -> float:
+        url = urlsplit(base_url)
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        body = json.dumps({"model": row["model"], "messages": [{"role": "user", "content": row["prompt"]}]})
+        try:
+            for k in range(2):
+                if k:
+                    seen["hung_up"] = bool(select.select([conn.sock], [], [], idle)[0])  # EOF: closed
+                conn.request("POST", url.path + "/chat/completions", body, {"Content-Type": "application/json"})
+                reply = conn.getresponse()
+                assert reply.status == 200, reply.read()
+                reply.read()
+        finally:
+            conn.close()
+        return 1.0
+
+    runner = _runner(agent, timeout_s=30.0)
+    try:
+        batch = runner.run(Scripted(tok, ["hi", "ho"]), ["x"], [""], SamplingParams(n=1, max_new_tokens=4))
+        keep_alive = runner.server._server.config.timeout_keep_alive
+    finally:
+        runner.close()
+    info = batch.episodes[0]
+    assert info["error"] is None and info["env_reward"] == 1.0 and info["agent"]["calls"] == 2
+    assert seen == {"hung_up": False}
+    assert keep_alive > runner.timeout_s  # the server never closes a live episode's connection
+
+
 def test_a_streaming_chat_call_is_answered_and_recorded(tok, model) -> None:
     runner = _runner("streams")
     try:

@@ -27,6 +27,10 @@ from ...records.metrics import AGENT_CALLS, AGENT_ERRORS, AGENT_PREFIX_BREAKS, A
 from ..engines.base import SamplingParams
 from .records import Call, Row, episode_rows, episode_summary
 
+#: How much longer than an episode's time limit the endpoint keeps an idle connection open: no
+#: live episode's connection is ever closed under it (server.py, PolicyServer.start).
+KEEP_ALIVE_MARGIN_S = 60.0
+
 #: The extra that installs what agents need.
 AGENTS_EXTRA = "pip install 'rldsl[agents]'"
 
@@ -99,7 +103,8 @@ class AgentRunner:
                 self.server = PolicyServer(engine.tokenizer, model_name=self.model_name, context=self.context,
                                            max_calls=self.max_calls, max_parallel=self.max_parallel,
                                            tool_parser=self.tool_parser,
-                                           chat_template_kwargs=self.chat_template_kwargs)
+                                           chat_template_kwargs=self.chat_template_kwargs,
+                                           keep_alive_s=self.timeout_s + KEEP_ALIVE_MARGIN_S)
                 self.server.start()
             return self.server
 

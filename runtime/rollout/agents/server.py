@@ -93,11 +93,14 @@ class PolicyServer:
     ``use(engine, params, version)`` binds the engine, the run's sampling parameters and the
     policy version for the batch in hand; ``open_episode`` / ``close_episode`` bracket each
     episode. ``max_calls``: requests an episode may make; ``max_parallel``: its requests in
-    flight at once (more are answered 429)."""
+    flight at once (more are answered 429); ``keep_alive_s``: how long an idle connection is kept
+    open, longer than any episode lasts (:meth:`start`)."""
 
     def __init__(self, tokenizer: Any, *, model_name: str, context: int | None, max_calls: int,
-                 max_parallel: int, tool_parser: str = "hermes", chat_template_kwargs: dict | None = None) -> None:
+                 max_parallel: int, tool_parser: str = "hermes", chat_template_kwargs: dict | None = None,
+                 keep_alive_s: float = 3600.0) -> None:
         self.tokenizer = tokenizer
+        self.keep_alive_s = keep_alive_s
         self.model_name = model_name
         self.context = context
         self.max_calls = max_calls
@@ -127,7 +130,18 @@ class PolicyServer:
         sock.bind(("127.0.0.1", 0))
         sock.listen(1024)  # connections wait in the backlog until the server accepts them
         port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app(), log_level="error", lifespan="off", access_log=False)
+        # Idle connections stay open for longer than an episode lasts (keep_alive_s; uvicorn's
+        # default closes them after 5 s idle). Every client is the run's own, one per episode and
+        # closed when its episode ends, so the server has no idle connection of a live episode to
+        # reap -- and closing one races the client's next request on it: a request sent as the
+        # server hangs up (on a loaded machine the server's loop is late, and the window wide) is
+        # reset unanswered, httpx's ReadError (ECONNRESET / EPIPE), which the openai client
+        # (max_retries=0) raises as APIConnectionError "Connection error." and the episode ends.
+        # Client retries are no fix: the endpoint records every call it answers, and a client
+        # cannot tell a request the server never read from one it answered and recorded before
+        # the connection broke; a retry of the latter would sample and record the call twice.
+        config = uvicorn.Config(self.app(), log_level="error", lifespan="off", access_log=False,
+                                timeout_keep_alive=self.keep_alive_s)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name="agent endpoint", daemon=True)
