@@ -4,6 +4,7 @@ logprobs), on one thread.
 
     .venv/bin/python bench/packing.py                      # mid and large, 64 rows
     .venv/bin/python bench/packing.py --sizes mid --repeats 3
+    .venv/bin/python bench/packing.py --sizes tiny,mid,large --compile   # also model.compile
 
 The model: bench/step_phases.py's random-init Llama of that size (toy tokenizer). The rows:
 P = 8 prompts of the addition task x G = 8 samples, answers drawn as in
@@ -11,7 +12,10 @@ P = 8 prompts of the addition task x G = 8 samples, answers drawn as in
 between 2 and the limit N). Padded = the trainer's default path (the shared-prompt forward
 when it applies); packed = ``train.packing`` with rows of at most the longest sequence.
 Reports the median seconds of ``--repeats`` runs after one warm-up, the tokens each path
-computed, and the largest difference of their logprobs.
+computed, and the largest difference of their logprobs. ``--compile`` adds the packed path
+through a ``torch.compile``d body (what ``model.compile = true`` runs: dynamic shapes), its
+compile time (the first calls, with and without grad) and its largest logprob difference from
+eager.
 """
 from __future__ import annotations
 
@@ -59,14 +63,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="mid,large")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--compile", action="store_true", help="also the packed path with model.compile")
     a = ap.parse_args()
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rldsl.runtime.models.loading import backbone
     from rldsl.runtime.train.logprobs import token_logprobs
     from rldsl.runtime.train.throughput import TokenCount
-    print("| size | answers (mean / max) | pass | padded s | packed s | packed / padded | tokens computed (padded / packed) | max logprob diff |")
-    print("|---|---|---|---|---|---|---|---|")
+    extra = " compiled s | compiled / padded | compile s | compiled logprob diff |" if a.compile else ""
+    print("| size | answers (mean / max) | pass | padded s | packed s | packed / padded | tokens computed "
+          "(padded / packed) | max logprob diff |" + extra)
+    print("|---" * (8 + 4 * a.compile) + "|")
     with tempfile.TemporaryDirectory() as tmp:
         for size in a.sizes.split(","):
             folder = make_model(size, Path(tmp) / size)
@@ -74,25 +82,37 @@ def main() -> None:
             tok = AutoTokenizer.from_pretrained(folder)
             ids, mask, Tr, m, G = rows(tok, SIZES[size][3])
             counts = {}
+            body = torch.compile(backbone(model), dynamic=True) if a.compile else None
 
-            def run(packing: bool, grad: bool):
+            def run(packing: bool, grad: bool, compiled: bool = False):
                 counts[packing] = TokenCount()
                 with torch.set_grad_enabled(grad):
                     lp, ent = token_logprobs(model, ids, mask, Tr, group_size=G, packing=packing,
-                                             count=counts[packing])
+                                             count=counts[packing], **({"body": body} if compiled else {}))
                     if grad:
                         ((lp * m).sum() + (ent * m).sum()).backward()
                         model.zero_grad(set_to_none=True)
                 return lp.detach()
 
             diff = float((run(True, False) - run(False, False))[m].abs().max())
+            compile_s = {}
+            if a.compile:
+                for grad in (True, False):  # the first calls compile (a graph with and without grad)
+                    t0 = time.perf_counter()
+                    run(True, grad, compiled=True)
+                    compile_s[grad] = time.perf_counter() - t0
+                cdiff = float((run(True, False, compiled=True) - run(True, False))[m].abs().max())
             lengths = m.sum(1).float()
             for grad, name in ((True, "forward + backward"), (False, "forward (no grad)")):
                 padded = timed(lambda: run(False, grad), a.repeats)
                 packed = timed(lambda: run(True, grad), a.repeats)
+                cells = ""
+                if a.compile:
+                    compiled = timed(lambda: run(True, grad, compiled=True), a.repeats)
+                    cells = f" {compiled:.3f} | {compiled / padded:.2f}x | {compile_s[grad]:.1f} | {cdiff:.1e} |"
                 print(f"| {size} | {lengths.mean():.1f} / {int(lengths.max())} | {name} | {padded:.3f} | {packed:.3f} | "
-                      f"{packed / padded:.2f}x | {counts[False].computed} / {counts[True].computed} | {diff:.1e} |",
-                      flush=True)
+                      f"{packed / padded:.2f}x | {counts[False].computed} / {counts[True].computed} | {diff:.1e} |"
+                      + cells, flush=True)
 
 
 if __name__ == "__main__":
