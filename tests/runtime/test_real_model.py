@@ -230,7 +230,10 @@ def test_an_agent_of_the_warm_model_trains_on_its_exact_calls(real_model, tmp_pa
                and r["agent/rows_per_episode"] == 1 and r["reward_errors"] == 0 for r in steps)
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     tool_texts = [m["content"] for s in samples for m in s["messages"] if m["role"] == "tool"]
-    assert tool_texts and all(t in WEATHER.values() for t in tool_texts)
+    # the agent's calls are seeded by arrival, so a sampled unknown city (the tool's own error) may occur
+    assert any(t in WEATHER.values() for t in tool_texts)
+    assert all(t in WEATHER.values() or (t.startswith("error: ") and "no weather for" in t) for t in tool_texts), \
+        tool_texts
     for s in samples:
         agent = s["agent"]
         assert agent["rows"] == 1 and agent["error"] is None and agent["calls"]
