@@ -506,13 +506,14 @@ class TrainConfig(_Section):
                     "gradient accumulation under the minibatch's exact denominator; null = "
                     "one forward per minibatch.")
     packing: bool = Field(
-        default=False,
+        default=True,
         description="Padding-free forwards (update, old and reference logprobs, critic): the "
                     "real tokens of several sequences laid end to end in one row, positions "
                     "restarting at each, attention kept within each (docs/runtime.md, "
-                    "\"Packed forwards\"). Same results as padded rows up to float rounding; a "
+                    "\"Packed forwards\"), wherever that computes fewer tokens than the padded "
+                    "or shared-prompt forward. Same results as padded rows up to float rounding; a "
                     "model whose attention ignores restarting positions runs padded, with one "
-                    "warning.")
+                    "warning; false: always padded.")
     packing_row_tokens: int | None = Field(
         default=None, ge=1,
         description="Most tokens of one packed row (whole sequences; a longer one gets a row of "

@@ -137,15 +137,14 @@ def packed_hidden(body: nn.Module, rows: PackedRows) -> Tensor:
 # ----------------------------------------------------------------------------- support check
 
 _CHECKED: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
-_WARNED: set[str] = set()
 
 
 def packing_supported(body: nn.Module) -> bool:
     """Whether the transformer ``body`` keeps packed sequences apart, checked once per module.
 
     Two short sequences run packed in one row and each on its own (no gradient, dropout off,
-    autocast off): their states must agree. A model that fails is warned about once per class
-    and runs padded.
+    autocast off): their states must agree. A model that fails is warned about once (each
+    model, so each run, says it) and runs padded.
     """
     known = _CHECKED.get(body)
     if known is not None:
@@ -153,8 +152,7 @@ def packing_supported(body: nn.Module) -> bool:
     ok = _states_agree(body)
     _CHECKED[body] = ok
     name = type(body).__name__
-    if not ok and name not in _WARNED:
-        _WARNED.add(name)
+    if not ok:  # once per model: the check is cached above
         warnings.warn(f"train.packing: {name} does not keep packed sequences apart (its attention or "
                       "positions ignore restarting position ids); its forwards run padded", stacklevel=3)
     return ok
