@@ -74,15 +74,19 @@ def test_help_screens_do_not_import_torch():
     assert not [m for m in data["modules"] if m.split(".")[0] == "torch"]
 
 
+def _printed_by(code: str) -> list[str]:
+    """The words ``code`` prints, run in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          timeout=300, check=True).stdout.split()
+
+
 def test_import_rldsl_still_gives_the_whole_api():
     """The public names of docs/api.md load on first use: a spec loads and compiles after a bare
     ``import rldsl``, with every component registered."""
     code = ("import rldsl, sys; assert 'torch' not in sys.modules; a = rldsl.load('grpo'); "
             "fn = rldsl.compile(a, compile=False); from rldsl import registry; "
             "assert registry.REGISTRY['baseline']; print(type(fn).__name__, rldsl.SlotValue.__name__)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                         timeout=300, check=True).stdout
-    assert out.split() == ["CompiledAlgorithm", "SlotValue"]
+    assert _printed_by(code) == ["CompiledAlgorithm", "SlotValue"]
 
 
 def test_torch_is_imported_at_the_first_tensor_operation():
@@ -97,15 +101,11 @@ def test_torch_is_imported_at_the_first_tensor_operation():
             "             and 'torch' in vars(m) and vars(m)['torch'] is not torch]\n"
             "assert not stand_ins, stand_ins\n"
             "print(baseline.torch is torch)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                         timeout=300, check=True).stdout
-    assert out.split() == ["True"]
+    assert _printed_by(code) == ["True"]
     code = ("import sys\n"
             "from rldsl import ops\n"
             "assert 'torch' not in sys.modules\n"
             "import torch\n"
             "x = torch.zeros(3)\n"
             "print(float(ops.masked_sum(x, torch.ones(3))), ops.torch is torch)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                         timeout=300, check=True).stdout
-    assert out.split() == ["0.0", "True"]
+    assert _printed_by(code) == ["0.0", "True"]
