@@ -1,13 +1,13 @@
 """Text -> syntax tree of a spec, with Lark's errors translated into the user's words.
 
 The grammar (``grammar/rl.lark``, shipped as package data) is loaded once, LALR with
-propagated positions. The result is a :class:`SpecFile`: plain nodes that remember where
+propagated positions; its tables are built once per installation (``rldsl.parse_tables``). The result is a :class:`SpecFile`: plain nodes that remember where
 each name and value stands, so that every later check can point at the source.
 """
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -19,6 +19,7 @@ from . import registry
 from .errors import Span, SpecError, source_lines
 from .formula import syntax as formula_syntax
 from .formula.nodes import Define
+from .parse_tables import load_parser
 
 # ---------------------------------------------------------------------------------------
 # Syntax nodes
@@ -74,9 +75,13 @@ def grammar_text() -> str:
     return resources.files("rldsl._grammar").joinpath("rl.lark").read_text(encoding="utf-8")
 
 
+#: how the grammar is built (part of the cached tables' name: rldsl.parse_tables)
+_OPTIONS = {"parser": "lalr", "propagate_positions": True, "maybe_placeholders": False}
+
+
 @functools.lru_cache(maxsize=1)
 def _parser() -> Lark:
-    return Lark(grammar_text(), parser="lalr", propagate_positions=True, maybe_placeholders=False)
+    return load_parser(grammar_text(), lambda: Lark(grammar_text(), **_OPTIONS), _OPTIONS)
 
 
 # Lark's terminal names as the user reads them.
@@ -250,9 +255,18 @@ class _ToNodes(formula_syntax.FormulaNodes, Transformer):
 
 
 def parse(source: str, file: str = "<string>") -> SpecFile:
-    """Parse spec text; raises :class:`SpecError` (never a Lark exception)."""
+    """Parse spec text; raises :class:`SpecError` (never a Lark exception).
+
+    A text parsed before in this process is not parsed again (``rldsl list`` reads the library,
+    each spec's parents with it): the caller gets its own copy of the lists of the nodes."""
     if not isinstance(source, str):
         raise TypeError("spec source must be str")
+    spec = _parse(source, file)
+    return replace(spec, descriptions=list(spec.descriptions), slots=list(spec.slots), defines=list(spec.defines))
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(source: str, file: str) -> SpecFile:
     if "\x00" in source:
         i = source.index("\x00")
         line = source.count("\n", 0, i) + 1

@@ -20,15 +20,16 @@ from __future__ import annotations
 import json
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from ..cli_errors import reports_errors
 from ..errors import Interrupted, UsageError
-from .config import RunConfig, load_config
 from .errors import ConfigError
-from .records.run_dir import SPEC_FILE, load_run_config
+
+if TYPE_CHECKING:  # the run config (pydantic) is imported by the commands that read one: not by --help, check, list
+    from .config import RunConfig
 
 __all__ = ["register", "run_command", "plot_command", "samples_command", "export_command", "reward_command",
            "serve_reward_command", "eval_command", "ablate_command", "build_run_config"]
@@ -52,6 +53,9 @@ def build_run_config(spec: Optional[str], *, config: Optional[Path] = None,
     saved file is the config), ``out`` is the resumed folder and SPEC defaults to the
     run's saved ``spec.rl``.
     """
+    from .config import load_config
+    from .records.run_dir import SPEC_FILE, load_run_config
+
     flags = dict(flags or {})
     base = None
     if resume is not None:

@@ -16,10 +16,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-#: the runtime modules the command registration may load: the CLI module, its config and errors
-#: (pydantic, no torch) and the run folder's file names
-ALLOWED_RUNTIME = {"rldsl.runtime", "rldsl.runtime.cli", "rldsl.runtime.config", "rldsl.runtime.errors",
-                   "rldsl.runtime.run_dir", "rldsl.runtime.records", "rldsl.runtime.records.run_dir"}
+#: the runtime modules the command registration may load: the CLI module and its errors (the run
+#: config is read by the commands that run, not by --help or the language commands)
+ALLOWED_RUNTIME = {"rldsl.runtime", "rldsl.runtime.cli", "rldsl.runtime.errors"}
 
 SCRIPT = r"""
 import json, sys

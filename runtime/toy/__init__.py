@@ -2,7 +2,8 @@
 (model.py), 2-digit addition (task.py) and a cached warm start (warmup.py); docs/toy.md."""
 from .model import CHARACTERS, SPECIAL_TOKENS, VLLM_VARIANT, build_tokenizer, tiny_config, vllm_variant_config
 from .task import AdditionTask, carry_free_sum, teacher_answer
-from .warmup import (WARM_START_VERSION, WarmStartConfig, cache_dir, evaluate_greedy, greedy_answers,
+from ...cache import cache_dir
+from .warmup import (WARM_START_VERSION, WarmStartConfig, evaluate_greedy, greedy_answers,
                      load_warm_start, warm_start, warm_start_key)
 
 __all__ = ["AdditionTask", "CHARACTERS", "SPECIAL_TOKENS", "WARM_START_VERSION", "WarmStartConfig",

@@ -35,7 +35,8 @@ from ..errors import RunError
 from ..rollout.engines.base import SamplingParams
 from ..rollout.engines.hf import HFEngine
 from .model import build_tokenizer, tiny_config
-from .warmup import cache_dir, padded_rows
+from ...cache import cache_dir
+from .warmup import padded_rows
 
 #: One token per character of printable ASCII and the newline (reasoning-gym's questions and
 #: answers of the arithmetic tasks are ASCII; anything else becomes <unk>).

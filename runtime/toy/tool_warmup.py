@@ -24,7 +24,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from ..models.loading import quiet_transformers
 from .calculator import SumTask, TeacherMix, calculator, teacher_trace
 from .tool_model import CHAT_TEMPLATE, HERMES_TOKENS, TOOL_CHARACTERS, build_tool_tokenizer, tool_model_config
-from .warmup import cache_dir
+from ...cache import cache_dir
 
 #: Bumped whenever the recipe changes meaning: it is part of the cache key.
 TOOL_WARM_START_VERSION = 1

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from ...cache import cache_dir
 from ..data.datasets import Example
 from ..models.loading import quiet_transformers
 from ..rollout.engines.base import SamplingParams
@@ -47,15 +48,6 @@ class WarmStartConfig:
     mode_target: float = 0.85
     settle_steps: int = 400
     task: AdditionTask = field(default_factory=AdditionTask)
-
-
-def cache_dir() -> Path:
-    """``$RLDSL_CACHE``, else ``$XDG_CACHE_HOME/rldsl``, else ``~/.cache/rldsl``."""
-    if os.environ.get("RLDSL_CACHE"):
-        return Path(os.environ["RLDSL_CACHE"])
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]) / "rldsl"
-    return Path.home() / ".cache" / "rldsl"
 
 
 def warm_start_key(config: WarmStartConfig, model_config: LlamaConfig) -> str:
