@@ -107,14 +107,13 @@ def check_teacher(algo: Algorithm, cfg: RunConfig, student: Path, tokenizer: Any
         raise ConfigError(f"a teacher ({key}) runs in the trainer's process for now (an actor or a server: "
                           "called from it): it does not run with distributed.trainers > 1, rollout workers or a "
                           "Ray address")
-    if url is not None or cfg.teacher.actor:  # a remote teacher returns logprobs only
-        where = "teacher.url" if url is not None else "teacher.actor=true"
+    if url is not None:  # a server returns logprobs only (an actor returns its hidden states too)
         jsd = sorted({v.component for v in algo.active() if v.spec.facts.plan.get("jsd_beta") is not None})
         if jsd:
-            raise ConfigError(f"{algo.name}: distill {', '.join(jsd)} reads the teacher's hidden states and LM head "
-                              f"in the trainer's process, and {where} returns logprobs only: give teacher.path "
-                              "without teacher.actor")
-    if url is not None:  # the server itself is checked when the trainer is built (train/teachers.py)
+            raise ConfigError(f"{algo.name}: distill {', '.join(jsd)} reads the teacher's hidden states and LM head, "
+                              "and teacher.url returns logprobs only: give teacher.path (in the trainer's "
+                              "process, or on a Ray actor with teacher.actor=true)")
+        # the server itself is checked when the trainer is built (train/teachers.py)
         temp = cfg.rollout.temperature
         if temp not in (0.0, 1.0):
             raise ConfigError(f"teacher.url: the server's prompt logprobs are at temperature 1 (vLLM computes them "

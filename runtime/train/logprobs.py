@@ -163,6 +163,8 @@ def _packed_layout(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
 _MULTIPLIERS = ("logit_scale", "lm_head_multiplier")
 _DIVISORS = ("logits_scaling",)
 _SOFTCAPS = ("final_logit_softcapping",)
+#: every config field logit_transform reads (a remote teacher's LM head carries them: train/teachers.py)
+TRANSFORM_FIELDS = _MULTIPLIERS + _DIVISORS + _SOFTCAPS
 
 
 @dataclass(frozen=True)

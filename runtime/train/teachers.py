@@ -12,11 +12,14 @@ token [B, Tr] and, for a top-k divergence, its k largest logprobs and their ids 
   to ``/v1/completions`` with ``prompt_logprobs=k`` (vLLM's extension: at each prompt position
   the logprob of the token there and of the k most likely ones, with their ranks), ``max_tokens=1``.
 
-The actor and the server are *remote* teachers: they return logprobs only, so a divergence over
-the whole vocabulary (``distill jsd``, which reads the teacher's hidden states and LM head in the
-trainer) needs the in-process teacher, and vLLM computes prompt logprobs from the raw logits
-(temperature 1): a server teacher needs rollout temperature 1 (0 scores at 1) -- both checked by
-resolve.check_teacher before any model loads. ``teacher_of`` builds the teacher when the trainer
+A divergence over the whole vocabulary (``distill jsd``) reads the teacher's last hidden states
+[B, Tr, H_t] and LM head in the trainer, chunk by chunk against the student's (train/divergence.py):
+the actor returns the hidden states with the logprobs, and its LM head (V x H_t, the one piece of
+the teacher the trainer holds: :class:`TeacherHead`) is copied to the trainer once, at the first
+such step. A server returns logprobs only, so ``jsd`` needs ``teacher.path`` (in process or on an
+actor); and vLLM computes prompt logprobs from the raw logits (temperature 1): a server teacher
+needs rollout temperature 1 (0 scores at 1) -- both checked by resolve.check_teacher before any
+model loads. ``teacher_of`` builds the teacher when the trainer
 is built, and checks a server there (``check_server``): it answers, serves the policy's tokenizer
 and returns k logprobs per position.
 """
@@ -31,6 +34,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Protocol, Sequence
 
 import torch
@@ -42,7 +46,7 @@ from ..errors import ConfigError, TeacherError
 from ..rewards.remote import Http, check_url, post_json
 from ..models.loading import autocast_dtype, load_policy, master_dtype
 from .divergence import chunked_generalized_jsd
-from .logprobs import logit_transform, token_topk
+from .logprobs import TRANSFORM_FIELDS, logit_transform, token_topk
 
 
 @dataclass(frozen=True)
@@ -58,10 +62,41 @@ class TeacherForward:
 class RemoteTeacher(Protocol):
     """A teacher outside the trainer's process (:class:`TeacherActor`, :class:`TeacherServer`)."""
 
-    def topk(self, batch: RolloutBatch, k: int, temperature: float, group_size: int | None
-             ) -> tuple[Tensor, ...]:
-        """(logprobs [b, Tr], top-k logprobs [b, Tr, k], their ids [b, Tr, k]) over ``batch``."""
+    def topk(self, batch: RolloutBatch, k: int, temperature: float, group_size: int | None,
+             hidden: bool = False) -> tuple[Tensor, ...]:
+        """(logprobs [b, Tr], top-k logprobs [b, Tr, k], their ids [b, Tr, k]) over ``batch``, and
+        with ``hidden`` the teacher's last hidden states [b, Tr, H_t] (an actor only)."""
         ...
+
+
+class TeacherHead(nn.Module):
+    """A remote teacher's LM head in the trainer's process: the linear layer (frozen) and the
+    config numbers of its logit transform (logprobs.logit_transform reads them), all that the
+    vocabulary JSD needs of the teacher beside its hidden states (vocabulary_jsd)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, config: dict[str, float]) -> None:
+        super().__init__()
+        self.lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
+                                 device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(weight)
+            if bias is not None:
+                self.lm_head.bias.copy_(bias)
+        self.lm_head.requires_grad_(False)
+        self.config = SimpleNamespace(**config)
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+
+def head_parts(model: nn.Module) -> tuple[Tensor, Tensor | None, dict[str, float]]:
+    """(weight [V, H], bias [V] or None, the config numbers of its logit transform) of ``model``'s
+    LM head, on the CPU: what :class:`TeacherHead` is made of."""
+    head = model.get_output_embeddings()
+    numbers = {a: getattr(model.config, a) for a in TRANSFORM_FIELDS
+               if getattr(model.config, a, None) is not None}
+    bias = head.bias.detach().cpu() if getattr(head, "bias", None) is not None else None
+    return head.weight.detach().cpu(), bias, numbers
 
 
 def teacher_topk(model: nn.Module, batch: RolloutBatch, k: int, *, temperature: float, chunk: int,
@@ -87,12 +122,16 @@ class TeacherModel:
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
-    def topk(self, batch: RolloutBatch, k: int, temperature: float, group_size: int | None) -> tuple[Tensor, ...]:
+    def head(self) -> tuple[Tensor, Tensor | None, dict[str, float]]:
+        return head_parts(self.model)
+
+    def topk(self, batch: RolloutBatch, k: int, temperature: float, group_size: int | None,
+             hidden: bool = False) -> tuple[Tensor, ...]:
         device = next(self.model.parameters()).device
         autocast = (torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
                     if self.autocast_dtype is not None else contextlib.nullcontext())
         out = teacher_topk(self.model, batch.to(device), k, temperature=temperature, chunk=self.chunk,
-                           group_size=group_size, autocast=autocast)
+                           group_size=group_size, autocast=autocast, hidden=hidden)
         return tuple(t.cpu() for t in out)
 
 
@@ -108,6 +147,7 @@ class TeacherActor:
         self.num_cpus, self.num_gpus = float(num_cpus), float(num_gpus)
         self.max_restarts, self.start_timeout_s = int(max_restarts), float(start_timeout_s)
         self._actor: Any = None
+        self._head: TeacherHead | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -137,18 +177,28 @@ class TeacherActor:
                 self._actor = actor
             return self._actor
 
-    def topk(self, batch: RolloutBatch, k: int, temperature: float, group_size: int | None) -> tuple[Tensor, ...]:
+    def _call(self, method: str, *args: Any) -> Any:
         import ray
 
         actor = self._started()
         try:  # a death is retried by Ray on the restarted actor, max_restarts times
-            out = ray.get(actor.topk.remote(batch.to("cpu"), k, temperature, group_size))
+            return ray.get(getattr(actor, method).remote(*args))
         except ray.exceptions.RayActorError as e:
             raise TeacherError(f"the teacher actor for teacher.path={self.path} died and its "
                                f"teacher.max_restarts={self.max_restarts} restarts are spent: "
                                f"{str(e).splitlines()[0]}") from None
+
+    def topk(self, batch: RolloutBatch, k: int, temperature: float, group_size: int | None,
+             hidden: bool = False) -> tuple[Tensor, ...]:
+        out = self._call("topk", batch.to("cpu"), k, temperature, group_size, hidden)
         device = batch.response_ids.device
         return tuple(t.to(device) for t in out)
+
+    def head(self, device: torch.device | str) -> TeacherHead:
+        """The teacher's LM head in this process, on ``device`` (copied from the actor once)."""
+        if self._head is None:
+            self._head = TeacherHead(*self._call("head"))
+        return self._head.to(device)
 
     def close(self) -> None:
         """Stop the actor (it is also stopped with the Ray cluster)."""
@@ -157,6 +207,7 @@ class TeacherActor:
 
             ray.kill(self._actor)
             self._actor = None
+        self._head = None
 
 
 class TeacherServer:
@@ -258,8 +309,11 @@ class TeacherServer:
             ids.append([c[1] for c in cand])
         return lp, top, ids
 
-    def topk(self, batch: RolloutBatch, k: int, temperature: float, group_size: int | None) -> tuple[Tensor, ...]:
+    def topk(self, batch: RolloutBatch, k: int, temperature: float, group_size: int | None,
+             hidden: bool = False) -> tuple[Tensor, ...]:
         del group_size  # the server caches prompts itself
+        if hidden:  # resolve.check_teacher refuses a JSD over the vocabulary with a server
+            raise TeacherError("teacher.url returns logprobs only, not the teacher's hidden states")
         if temperature != 1.0:
             raise TeacherError(f"teacher.url scores at temperature 1 and the rollout is scored at {temperature:g}")
         B, Tr = batch.response_ids.shape

@@ -369,7 +369,7 @@ class Trainer:
         assert self.teacher is not None
         group_size = batch.group_size if groups else None
         if not isinstance(self.teacher, nn.Module):
-            return self.teacher.topk(batch, k, self.temperature, group_size)
+            return self.teacher.topk(batch, k, self.temperature, group_size, hidden)
         return teacher_topk(self.teacher, batch, k, temperature=self.temperature, chunk=self.logprob_chunk,
                             group_size=group_size, autocast=self._autocast(self.teacher), hidden=hidden)
 
@@ -380,8 +380,10 @@ class Trainer:
         assert self.teacher is not None and batch.teacher is not None and batch.teacher.hidden is not None
         data = self.fn.data
         t_hidden = batch.teacher.hidden[rows][:, :tr].reshape(hidden.shape[0], -1).to(hidden.device)
+        # a teacher on an actor: its LM head, copied here once (train/teachers.py)
+        teacher = self.teacher if isinstance(self.teacher, nn.Module) else self.teacher.head(hidden.device)
         with self._autocast(self.policy):
-            d = vocabulary_jsd(self.policy, self.teacher, hidden, t_hidden, data.jsd_beta, data.jsd_temperature,
+            d = vocabulary_jsd(self.policy, teacher, hidden, t_hidden, data.jsd_beta, data.jsd_temperature,
                                self.logprob_chunk)
         return d.view(-1, tr).float()
 

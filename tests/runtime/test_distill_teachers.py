@@ -20,7 +20,7 @@ from rldsl.runtime.errors import ConfigError, TeacherError
 from rldsl.runtime.models.loading import load_policy, load_tokenizer
 from rldsl.runtime.rewards.server import BackgroundServer
 from rldsl.runtime.run import loop
-from rldsl.runtime.train.teachers import TeacherActor, teacher_topk
+from rldsl.runtime.train.teachers import TeacherActor, TeacherHead, head_parts, teacher_topk, vocabulary_jsd
 from rldsl.runtime.train.trainer import Trainer
 from test_loop import quick_config, steps_of
 
@@ -101,17 +101,17 @@ def _capture(monkeypatch):
     return seen
 
 
-def _in_process(teacher_dir, rollout, k):
-    """The in-process teacher's (logprobs, top-k logprobs, ids) of the same rollout."""
+def _in_process(teacher_dir, rollout, k, hidden=False):
+    """The in-process teacher's (logprobs, top-k logprobs, ids[, hidden]) of the same rollout."""
     import contextlib
     model = load_policy(teacher_dir, "float32").eval()
     return teacher_topk(model, rollout, k, temperature=1.0, chunk=1024, group_size=None,
-                        autocast=contextlib.nullcontext())
+                        autocast=contextlib.nullcontext(), hidden=hidden)
 
 
-def _same_as_in_process(seen, teacher_dir, k, atol):
+def _same_as_in_process(seen, teacher_dir, k, atol, hidden=False):
     for rollout, t, _ in seen:
-        lp, top, ids = _in_process(teacher_dir, rollout, k)
+        lp, top, ids, *h = _in_process(teacher_dir, rollout, k, hidden)
         m = rollout.response_mask.bool()
         assert torch.allclose(t.logprobs[m], lp[m], atol=atol)
         if k:
@@ -119,10 +119,15 @@ def _same_as_in_process(seen, teacher_dir, k, atol):
             assert torch.equal(t.topk_ids[m], ids[m])
         else:
             assert t.topk_ids is None
+        if hidden:  # the JSD's side of the teacher: its last hidden states at every trained token
+            # (|h| ~ 3, float32 over another batch shape: 1e-5 relative)
+            assert t.hidden is not None and torch.allclose(t.hidden[m], h[0][m], rtol=1e-5, atol=1e-5)
+        else:
+            assert t.hidden is None
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,k", [("opd", 0), ("grpo_distill", 0), ("distill_topk", 16)])
+@pytest.mark.parametrize("name,k", [("opd", 0), ("grpo_distill", 0), ("distill_topk", 16), ("gkd", 0)])
 def test_three_steps_with_the_teacher_on_a_ray_actor(name, k, model_dir, teacher_dir, tmp_path, monkeypatch):
     """teacher.actor=true: the teacher is loaded on its own Ray actor (a local Ray on 127.0.0.1,
     one actor) and returns exactly the in-process teacher's logprobs and top-k."""
@@ -148,7 +153,35 @@ def test_three_steps_with_the_teacher_on_a_ray_actor(name, k, model_dir, teacher
     recs = steps_of(run)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["distill/divergence"] > 0 and math.isfinite(r["grad_norm"]) for r in recs)
-    _same_as_in_process(seen, teacher_dir, 16 if k else 0, atol=1e-6)
+    _same_as_in_process(seen, teacher_dir, 16 if k else 0, atol=1e-6, hidden=name == "gkd")
+
+
+def test_the_copied_lm_head_gives_the_in_process_teachers_jsd(teacher_dir, tokenizer, tiny_model_factory):
+    """gkd with teacher.actor: the trainer holds the teacher's LM head (TeacherHead, built from
+    what the actor sends) and its hidden states; the JSD through them is the in-process teacher's,
+    exactly, gradient included -- also for a teacher whose config scales and caps its logits."""
+    teacher = load_policy(teacher_dir, "float32").eval()
+    student = tiny_model_factory(tokenizer, seed=1)
+    assert student.config.vocab_size == teacher.config.vocab_size
+    torch.manual_seed(0)
+    H_s, H_t = student.config.hidden_size, teacher.config.hidden_size
+    for config in ({}, {"final_logit_softcapping": 3.0, "logit_scale": 0.7}):
+        for key, value in config.items():
+            setattr(teacher.config, key, value)
+        head = TeacherHead(*head_parts(teacher))
+        assert head.lm_head.weight.data_ptr() != teacher.get_output_embeddings().weight.data_ptr()
+        h = torch.randn(12, H_s, requires_grad=True)
+        t_h = torch.randn(12, H_t)
+        out = []
+        for who in (teacher, head):
+            h.grad = None
+            d = vocabulary_jsd(student, who, h, t_h, beta=0.5, temperature=0.9, chunk=5)
+            d.sum().backward()
+            out.append((d.detach(), h.grad.clone()))
+        assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+        assert out[0][0].abs().sum() > 0
+        for key in config:
+            delattr(teacher.config, key)
 
 
 TOPK4 = 'algorithm topk4 extends distill_topk\n  "Top-4 forward KL."\n  distill forward_kl_topk(k=4, task=false)\n'
@@ -207,15 +240,12 @@ def test_teacher_keys_that_contradict_each_other_are_refused(model_dir, tmp_path
         quick_config(model_dir, tmp_path, **{"teacher.actor": "true"})
 
 
-@pytest.mark.parametrize("where", ["url", "actor"])
-def test_a_remote_teacher_cannot_give_a_jsd_over_the_vocabulary(where, model_dir, teacher_dir, tmp_path, monkeypatch):
+def test_a_teacher_server_cannot_give_a_jsd_over_the_vocabulary(model_dir, tmp_path, monkeypatch):
     _no_model_load(monkeypatch)
-    over = {"teacher.url": "http://127.0.0.1:9/v1"} if where == "url" else {"teacher.path": teacher_dir,
-                                                                           "teacher.actor": "true"}
-    key = "teacher.url" if where == "url" else "teacher.actor=true"
-    with pytest.raises(ConfigError, match=rf"gkd: distill jsd reads the teacher's hidden states and LM head in the "
-                                          rf"trainer's process, and {key} returns logprobs only"):
-        loop.train("gkd", quick_config(model_dir, tmp_path / "run", **over))
+    with pytest.raises(ConfigError, match=r"gkd: distill jsd reads the teacher's hidden states and LM head, and "
+                                          r"teacher.url returns logprobs only: give teacher.path \(in the trainer's "
+                                          r"process, or on a Ray actor with teacher.actor=true\)"):
+        loop.train("gkd", quick_config(model_dir, tmp_path / "run", **{"teacher.url": "http://127.0.0.1:9/v1"}))
 
 
 def test_a_teacher_server_that_is_down_is_refused_at_start(model_dir, tmp_path, monkeypatch):

@@ -45,12 +45,18 @@ def _records(run: Path) -> tuple[list[dict], list[dict]]:
     return steps, samples
 
 
+#: the episodes on a Ray rollout worker (the endpoint there), a LoRA policy, micro-batches
+RAY_LORA_MICRO = ("distributed.rollout_workers=1", "model.lora.rank=4", "train.max_tokens_per_microbatch=64")
+
+
 # ------------------------------------------------------------------------------ verifiers
 @pytest.mark.slow
 @pytest.mark.parametrize("taskset, rewards, extra", [
     ("vf_sum_single", {0.25, 1.0}, ()),
     ("vf_sum_single", {0.25, 1.0}, ("rollout.max_staleness=1",)),  # rollouts in the producer's thread
-    ("vf_sum_tools", {0.125, 0.5, 1.0}, ())], ids=["single-turn", "single-turn async", "tools"])
+    ("vf_sum_tools", {0.125, 0.5, 1.0}, ()),
+    ("vf_sum_tools", {0.125, 0.5, 1.0}, RAY_LORA_MICRO)],
+    ids=["single-turn", "single-turn async", "tools", "tools on a ray rollout worker, lora, micro-batches"])
 def test_a_verifiers_environment_trains_with_its_own_rubric(tool_model, tmp_path, monkeypatch, taskset, rewards,
                                                             extra) -> None:
     """--env verifiers:<taskset>: the taskset's tasks are the rows, verifiers' training client
@@ -109,14 +115,16 @@ def openenv_server():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("extra", [(), RAY_LORA_MICRO], ids=["one process", "ray rollout worker, lora, micro-batches"])
 def test_an_openenv_text_environment_trains_with_its_own_reward(tool_model, tmp_path, monkeypatch,
-                                                                openenv_server) -> None:
+                                                                openenv_server, extra) -> None:
     """--env openenv:<url>: the reset observation is the user message (after data.system_prompt),
     each reply is sent as the action's one text field (`message`, from /schema), the environment's
     rewards (1.0 / 0.25 a reply, summed) are the episode's reward; replies until `done` (two here)."""
     monkeypatch.setenv("RLDSL_COMPILE", "0")
     url = openenv_server("text")
-    run = _train(tool_model, tmp_path / "run", f"openenv:{url}", "data.task=calculator", "data.system_prompt=Sum.")
+    run = _train(tool_model, tmp_path / "run", f"openenv:{url}", "data.task=calculator", "data.system_prompt=Sum.",
+                 *extra)
     steps, samples = _records(run)
     assert steps[0]["reward_errors"] == 0 and steps[0]["agent/errors"] == 0
     for s in samples:
