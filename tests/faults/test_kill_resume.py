@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from rldsl.runtime.checkpoint import latest_checkpoint
 
 from fault_helpers import (assert_same_weights, final_weights, rldsl, run_args, samples_of,
@@ -69,39 +67,29 @@ def test_one_process_run_killed_at_every_phase_ends_with_the_uninterrupted_weigh
 
 def test_async_run_killed_at_every_phase_continues_exactly(model_dir, reference, tmp_path):
     """rollout.max_staleness=1: killed while the producer generates and scores ahead, in the
-    update and mid-checkpoint; the batches in flight at a checkpoint are restored from it."""
+    update and mid-checkpoint, then Ctrl-C mid-update (once: "the rollout producer produced the
+    batch of step 4, expected 3" on --resume); the batches in flight at a checkpoint are restored
+    from it."""
     run = tmp_path / "run"
-    faulted_then_resumed(run, run_args(model_dir, run, *K1), [
+    out = faulted_then_resumed(run, run_args(model_dir, run, *K1), [
         ("generate@3:kill", KILLED), ("score@4:kill", KILLED), ("update@4:kill", KILLED),
-        ("checkpoint@5:kill", KILLED)])
+        ("checkpoint@5:kill", KILLED), ("update@5:interrupt", INTERRUPTED)])
+    assert "continue from checkpoint step-5" in out[4]  # the step in hand was finished and saved
     ref = reference(*K1)
     assert_whole(run, ref)
     assert_same_weights(final_weights(run), final_weights(ref))
 
 
-@pytest.mark.parametrize("sets", [K1, PARTIAL], ids=["max_staleness=1", "partial"])
-def test_ctrl_c_then_resume_continues_an_async_run(model_dir, reference, tmp_path, sets):
-    """Issue 30, item 5: Ctrl-C during step 3 of an asynchronous run, then --resume (it failed
-    with "the rollout producer produced the batch of step 4, expected 3")."""
-    run = tmp_path / "run"
-    res = rldsl(run_args(model_dir, run, "checkpoint.every=5", *sets), fault="update@3:interrupt")
-    assert res.returncode == INTERRUPTED, res.stderr[-3000:]
-    assert latest_checkpoint(run).name == "step-3"
-    res = rldsl(["run", "--resume", str(run)])
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert step_numbers(run) == [1, 2, 3, 4, 5, 6]
-    if sets == K1:  # a fixed schedule: the uninterrupted run's numbers
-        ref = reference(*sets)
-        assert steps_of(run) == steps_of(ref)
-        assert_same_weights(final_weights(run), final_weights(ref))
-
-
-def test_a_partial_run_killed_mid_generation_resumes(model_dir, tmp_path):
+def test_a_partial_run_killed_at_every_phase_resumes(model_dir, tmp_path):
     """rollout.partial: killed while a batch is generated in segments (newer weights loaded
-    between two), and mid-update; each resume regenerates what was in flight."""
+    between two), while one is scored and mid-checkpoint, then Ctrl-C mid-update; each resume
+    regenerates what was in flight (a partial run's schedule depends on timing: its numbers are
+    not the uninterrupted run's, its steps and samples are whole)."""
     run = tmp_path / "run"
-    faulted_then_resumed(run, run_args(model_dir, run, *PARTIAL), [
-        ("generate@3:kill", KILLED), ("update@5:kill", KILLED)])
+    out = faulted_then_resumed(run, run_args(model_dir, run, *PARTIAL), [
+        ("generate@3:kill", KILLED), ("score@4:kill", KILLED), ("checkpoint@4:kill", KILLED),
+        ("update@5:interrupt", INTERRUPTED)])
+    assert "continue from checkpoint step-5" in out[3]
     assert step_numbers(run) == [1, 2, 3, 4, 5, 6]
     recs = steps_of(run)
     assert all(r["async/staleness_max"] <= 1 for r in recs)

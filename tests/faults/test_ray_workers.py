@@ -173,16 +173,12 @@ def test_a_reward_model_actor_with_no_restarts_left_stops_the_run(ray_cluster, m
     assert f"rldsl run --resume {run}" in msg
 
 
-def test_a_ray_run_killed_whole_resumes(ray_cluster, model_dir, tmp_path):
-    """`rldsl run` with a Ray rollout worker (its own local Ray), held mid-update of step 3 and
-    SIGKILLed with every process it started, then resumed (in this process, on this module's
-    Ray): each step logged once."""
-    from fault_helpers import run_args, start, wait_held
+def _killed_whole_at(args: list[str], held: Path, point: str) -> None:
+    """`rldsl ARGS` held at ``point``, then SIGKILLed with every process it started (the driver,
+    its local Ray, the rollout worker); nothing of it is left running."""
+    from fault_helpers import start, wait_held
 
-    run, held = tmp_path / "run", tmp_path / "held"
-    args = run_args(model_dir, run, "train.steps=4", "checkpoint.every=2", "distributed.rollout_workers=1",
-                    "distributed.sync_timeout=120")
-    proc = start(args, held, "update@3:hold")
+    proc = start(args, held, point)
     try:
         wait_held(proc, held)
         family = psutil.Process(proc.pid).children(recursive=True)
@@ -196,8 +192,22 @@ def test_a_ray_run_killed_whole_resumes(ray_cluster, model_dir, tmp_path):
                 pass
         proc.wait(timeout=60)
         psutil.wait_procs(family, timeout=30)
-    assert step_numbers(run) == [1, 2]
     assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # nothing left
+
+
+def test_a_ray_run_killed_whole_resumes(ray_cluster, model_dir, tmp_path):
+    """`rldsl run` with a Ray rollout worker (its own local Ray), held mid-update of step 3 and
+    SIGKILLed with every process it started; resumed, and killed again in the weight sync to the
+    worker after step 3; then resumed (in this process, on this module's Ray): each step logged once."""
+    from fault_helpers import run_args
+
+    run = tmp_path / "run"
+    args = run_args(model_dir, run, "train.steps=4", "checkpoint.every=2", "distributed.rollout_workers=1",
+                    "distributed.sync_timeout=120")
+    _killed_whole_at(args, tmp_path / "held-update", "update@3:hold")
+    assert step_numbers(run) == [1, 2]
+    _killed_whole_at(["run", "--resume", str(run)], tmp_path / "held-sync", "sync@3:hold")
+    assert step_numbers(run) == [1, 2]
     loop.train(None, resume=run)  # what `rldsl run --resume RUN` runs
     assert step_numbers(run) == [1, 2, 3, 4]
     assert sorted({s["step"] for s in samples_of(run)}) == [1, 2, 3, 4]

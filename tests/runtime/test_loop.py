@@ -105,34 +105,8 @@ def test_interrupted_and_resumed_equals_uninterrupted(model_dir, tmp_path):
         assert torch.equal(a[k], b[k]), k
 
 
-@pytest.mark.slow
-def test_killed_process_resumes_exactly(model_dir, tmp_path):
-    """SIGKILL a real `rldsl run` mid-way; --resume continues from the last checkpoint."""
-    env = {**os.environ, "RLDSL_COMPILE": "0", "PYTHONPATH": str(HERE)}
-    common = ["--model", str(model_dir), "--steps", "10", "--reward", "reward_helpers:parity",
-              "--set", "rollout.prompts_per_step=4", "--set", "rollout.n=4", "--set", "eval.every=0",
-              "--set", "data.eval_size=8", "--set", "checkpoint.every=2", "--set", "log.progress=false"]
-    rldsl_bin = [sys.executable, "-m", "rldsl.cli"]
-    full = tmp_path / "full"
-    subprocess.run(rldsl_bin + ["run", "lite_ppo", "--out", str(full)] + common, env=env, check=True,
-                   capture_output=True)
-    cut = tmp_path / "cut"
-    proc = subprocess.Popen(rldsl_bin + ["run", "lite_ppo", "--out", str(cut)] + common, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if (cut / "metrics.jsonl").exists() and len(steps_of(cut)) >= 5:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert ckpt.latest_checkpoint(cut) is not None
-    res = subprocess.run(rldsl_bin + ["run", "--resume", str(cut)], env=env, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    assert without_timing(steps_of(cut)) == without_timing(steps_of(full))
-    a, b = _params(full), _params(cut)
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
+# SIGKILL of a real `rldsl run` and --resume: tests/faults/test_kill_resume.py, at every phase of a
+# step (injected, not raced), the weights bit for bit the uninterrupted run's
 
 
 def test_metrics_read_by_progress_summary_and_plot_are_the_ones_a_run_writes(model_dir, tmp_path):

@@ -679,10 +679,11 @@ def test_vllm_tests_skip_without_vllm_and_fail_when_required():
     test = f"{__file__}::test_sampling_kwargs_build_a_real_vllm_sampling_params"
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", test]
     env = {k: v for k, v in os.environ.items() if k != "RLDSL_REQUIRE_VLLM"}
-    plain = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert plain.returncode == 0 and "1 skipped" in plain.stdout, plain.stdout[-2000:]
-    assert "make test-vllm" in plain.stdout
-    required = subprocess.run(cmd, env={**env, "RLDSL_REQUIRE_VLLM": "1"}, capture_output=True,
-                              text=True, timeout=300)
-    assert required.returncode == 1 and "1 error" in required.stdout, required.stdout[-2000:]  # setup fails
-    assert "RLDSL_REQUIRE_VLLM=1 but vLLM is not installed" in required.stdout
+    # both sessions at once (each spends its time importing the suite's modules)
+    procs = [subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for e in (env, {**env, "RLDSL_REQUIRE_VLLM": "1"})]
+    (plain, code), (required, required_code) = [(p.communicate(timeout=300)[0], p.returncode) for p in procs]
+    assert code == 0 and "1 skipped" in plain, plain[-2000:]
+    assert "make test-vllm" in plain
+    assert required_code == 1 and "1 error" in required, required[-2000:]  # setup fails
+    assert "RLDSL_REQUIRE_VLLM=1 but vLLM is not installed" in required
