@@ -1,36 +1,19 @@
 """A run of multi-turn episodes with a tool (the calculator task: tool calls in processes of their
 own) SIGKILLed as a whole process group while held mid-update, and again while its episodes run
 (generation: the tool processes at work) and mid-checkpoint, resumed each time: the episodes'
-steps and samples are those of the uninterrupted run."""
+steps and samples are those of the uninterrupted run. The tool model: tests/conftest.py
+``tool_model``."""
 from __future__ import annotations
-
-from pathlib import Path
-
-import pytest
-import torch
 
 from rldsl.runtime.config import load_config
 from rldsl.runtime.records.metrics import TOOL_CALLS_PER_EPISODE
 from rldsl.runtime.run import loop
-from rldsl.runtime.toy.calculator import SumTask, TeacherMix
-from rldsl.runtime.toy.tool_model import tool_model_config
-from rldsl.runtime.toy.tool_warmup import ToolWarmStartConfig, tool_warm_start
 
 from fault_helpers import (assert_same_weights, final_weights, kill_group, rldsl, samples_of, start, step_numbers,
                            steps_of, wait_held)
 
 SETS = ["data.task=calculator", "rollout.prompts_per_step=2", "rollout.n=2", "train.steps=4", "eval.every=0",
         "data.eval_size=2", "eval.samples=0", "checkpoint.every=2", "log.progress=false", "log.samples_per_step=2"]
-
-
-@pytest.fixture(scope="module")
-def tool_model(tmp_path_factory) -> Path:
-    """A small tool model that has learned the call format (it always calls)."""
-    config = ToolWarmStartConfig(steps=300, batch_size=16, lr=3e-3, mix=TeacherMix(call=1.0),
-                                 task=SumTask(num_train=2000, num_validation=10))
-    small = tool_model_config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-    torch.set_num_threads(1)
-    return tool_warm_start(config, model_config=small, cache=tmp_path_factory.mktemp("cache"))
 
 
 def test_an_episode_run_killed_with_its_tool_processes_resumes_exactly(tool_model, tmp_path):

@@ -67,16 +67,3 @@ def model_dir(tmp_path_factory, tokenizer):
     return path
 
 
-@pytest.fixture(scope="session")
-def tool_model(tmp_path_factory):
-    """A small tool model that has learned the call format (always calls: TeacherMix.call=1), as
-    an HF folder; shared by the agent and environment tests."""
-    from rldsl.runtime.toy.calculator import SumTask, TeacherMix
-    from rldsl.runtime.toy.tool_model import tool_model_config
-    from rldsl.runtime.toy.tool_warmup import ToolWarmStartConfig, tool_warm_start
-
-    config = ToolWarmStartConfig(steps=300, batch_size=16, lr=3e-3, mix=TeacherMix(call=1.0),
-                                 task=SumTask(num_train=2000, num_validation=10))
-    small = tool_model_config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-    torch.set_num_threads(1)
-    return tool_warm_start(config, model_config=small, cache=tmp_path_factory.mktemp("cache"))

@@ -19,19 +19,7 @@ from rldsl.runtime.rollout.episodes.env import ToolEnv
 from rldsl.runtime.rollout.episodes.rollout import run_episodes
 from rldsl.runtime.records.metrics import TOOL_CALLS_PER_EPISODE, TOOL_CALLS_WELL_FORMED, read_metrics
 from rldsl.runtime.rollout.tool_metrics import tool_call_metrics
-from rldsl.runtime.toy.calculator import SumTask, TeacherMix, calculator
-from rldsl.runtime.toy.tool_model import tool_model_config
-from rldsl.runtime.toy.tool_warmup import ToolWarmStartConfig, tool_warm_start
-
-
-@pytest.fixture(scope="module")
-def tool_model(tmp_path_factory) -> Path:
-    """A small tool model that has learned the call format (always calls: TeacherMix.call=1)."""
-    config = ToolWarmStartConfig(steps=300, batch_size=16, lr=3e-3, mix=TeacherMix(call=1.0),
-                                 task=SumTask(num_train=2000, num_validation=10))
-    small = tool_model_config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-    torch.set_num_threads(1)
-    return tool_warm_start(config, model_config=small, cache=tmp_path_factory.mktemp("cache"))
+from rldsl.runtime.toy.calculator import SumTask, calculator
 
 
 @pytest.mark.slow
