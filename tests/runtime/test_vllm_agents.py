@@ -10,6 +10,7 @@ official ``openai`` client against the endpoint, vLLM sampling behind it.
   (vLLM's tool-call ids), and the next call still continues the sampled ids.
 - A short asynchronous ``rldsl run`` (max_staleness=1) with rollout.engine=vllm and an agent:
   its calls are the rows, each recording the policy version that sampled it.
+- A verifiers environment on the vLLM engine: its training client's token route, its rubric.
 Run alone: ``make test-vllm`` (or ``.venv-vllm/bin/python -m pytest -m vllm``).
 """
 from __future__ import annotations
@@ -200,4 +201,37 @@ def test_an_agent_run_on_the_vllm_engine(model_dir, tmp_path, monkeypatch) -> No
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     for s in samples:
         assert {c["version"] for c in s["agent"]["calls"]} == {max(0, s["step"] - 2)}
+        assert sum(s["agent"]["trained"]) == sum(len(c["completion_ids"]) for c in s["agent"]["calls"])
+
+
+def test_a_verifiers_environment_on_the_vllm_engine(model_dir, tmp_path, monkeypatch) -> None:
+    """``rollout.env=verifiers:vf_sum_single`` with rollout.engine=vllm: verifiers' own training
+    client renders each chat to ids and calls the token route of the endpoint that the run's vLLM
+    engine serves; its rubric's rewards (0.25 or 1.0, values no rldsl reward gives) are the rows'
+    rewards, every sampled token vLLM's."""
+    import json
+    import os
+
+    from rldsl.runtime.config import load_config
+    from rldsl.runtime.records.metrics import read_metrics
+    from rldsl.runtime.run import loop
+
+    monkeypatch.setenv("RLDSL_COMPILE", "0")
+    # verifiers starts programs of its own that import the taskset by name
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+    cfg = load_config(None, [f"model.path={model_dir[0]}", f"out={tmp_path / 'run'}", "rollout.env=verifiers:vf_sum_single",
+                             "rollout.engine=vllm", "rollout.vllm.gpu_memory_utilization=0.1",
+                             "rollout.vllm.max_model_len=128", "rollout.prompts_per_step=2", "rollout.n=2",
+                             "train.steps=2", "eval.every=0", "data.eval_size=0", "checkpoint.every=0",
+                             "log.progress=false", "log.samples_per_step=4", "rollout.agent_timeout_s=120",
+                             "rollout.max_new_tokens=24"])
+    run = loop.train("grpo", cfg)
+    steps = [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["reward_errors"] == 0 and r["agent/errors"] == 0 for r in steps)
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 8 and {s["reward"] for s in samples} <= {0.25, 1.0}
+    for s in samples:
+        assert s["env_reward"] == s["reward"] and s["agent"]["error"] is None
+        assert {c["route"] for c in s["agent"]["calls"]} == {"generate"}  # token ids in, token ids out
         assert sum(s["agent"]["trained"]) == sum(len(c["completion_ids"]) for c in s["agent"]["calls"])
