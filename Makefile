@@ -38,11 +38,12 @@ VLLM_TESTS = tests/runtime/engines/test_vllm_real.py tests/runtime/engines/test_
 
 test: test-main test-vllm  ## the whole suite: the main venv, then the real-vLLM tests
 
+# --durations: the slowest tests are named in every CI log (what to look at when CI grows)
 test-main: setup   ## everything in the main venv (slow end-to-end tests included; vLLM tests skip)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test-vllm: setup setup-vllm  ## the tests against a real vLLM (CPU build); a missing vLLM fails them
-	RLDSL_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -m vllm $(VLLM_TESTS)
+	RLDSL_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q --durations=10 -m vllm $(VLLM_TESTS)
 	# a teacher server: vLLM's own, started from the vLLM venv; the run in the main venv
 	RLDSL_REQUIRE_VLLM=1 RLDSL_VLLM_PYTHON=$(CURDIR)/$(VLLM_BIN)/python $(BIN)/python -m pytest -q tests/runtime/test_teacher_vllm.py
 
