@@ -186,7 +186,9 @@ class TeacherConfig(_Section):
         default=False,
         description="Run the teacher of teacher.path on a Ray actor of its own (a local Ray on "
                     "127.0.0.1 when none runs), so its weights and forwards live outside the "
-                    "trainer's process; it is restarted max_restarts times if it dies.")
+                    "trainer's process; it is restarted max_restarts times if it dies. For a "
+                    "JSD over the vocabulary (distill jsd) it returns its hidden states, and its LM "
+                    "head is copied to the trainer once.")
     url: str | None = Field(
         default=None,
         description="An OpenAI-compatible server that scores the teacher instead of a folder: "
