@@ -1,8 +1,9 @@
 """Text -> syntax tree of a spec, with Lark's errors translated into the user's words.
 
 The grammar (``grammar/rl.lark``, shipped as package data) is loaded once, LALR with
-propagated positions; its tables are built once per installation (``rldsl.parse_tables``). The result is a :class:`SpecFile`: plain nodes that remember where
-each name and value stands, so that every later check can point at the source.
+propagated positions; its tables are built once per installation (``rldsl.parse_tables``). The
+result is a :class:`SpecFile`: plain nodes that remember where each name and value stands, so
+that every later check can point at the source.
 """
 from __future__ import annotations
 
