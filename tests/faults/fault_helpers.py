@@ -2,11 +2,15 @@
 runs load by `fault_helpers:NAME` (this folder is on sys.path)."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -42,11 +46,86 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _default_sigint() -> None:
-    """In the child: SIGINT as an interactive shell's foreground job has it (a background job
-    of a non-interactive shell starts with it ignored), and a process group of its own."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.setsid()
+class ForkServer:
+    """The suite's `rldsl` processes, forked by tests/faults/forkserver.py (started once, on first
+    use): each a process of its own, without an interpreter start's imports to pay for."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "forkserver.py")], env=child_env(),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE)
+        self.lock = threading.Lock()
+        self.logs = Path(tempfile.mkdtemp(prefix="rldsl-fault-logs-"))  # each process's stdout, stderr
+
+    def ask(self, **req: object) -> dict:
+        with self.lock:
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the fork server ended (exit {self.proc.poll()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()  # it kills what still runs, then exits
+        self.proc.wait(timeout=60)
+        shutil.rmtree(self.logs, ignore_errors=True)
+
+
+_server: ForkServer | None = None
+
+
+def fork_server() -> ForkServer:
+    global _server
+    if _server is None:
+        _server = ForkServer()
+        atexit.register(_server.close)
+    return _server
+
+
+class Forked:
+    """A forked `rldsl ARGS` as the suite uses a Popen: ``pid``, ``poll()``, ``wait()``, ``kill()``,
+    ``communicate()``, ``returncode``, ``stdout.read()`` (stdout and stderr are files)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], logs: Path, *, merged: bool = False) -> None:
+        logs.mkdir(parents=True, exist_ok=True)
+        self.out = logs / "stdout"
+        self.err = self.out if merged else logs / "stderr"  # merged: stderr=STDOUT
+        self.args, self.returncode = args, None
+        self.pid = fork_server().ask(op="spawn", args=args, env=env, cwd=os.getcwd(), out=str(self.out),
+                                     err=str(self.err))["pid"]
+        self.stdout = self  # ``proc.stdout.read()``: what it printed on both
+
+    def poll(self) -> int | None:
+        return self.wait(0) if self.returncode is None else self.returncode
+
+    def wait(self, timeout: float = 300) -> int | None:
+        if self.returncode is None:
+            self.returncode = fork_server().ask(op="wait", pid=self.pid, timeout=timeout)["code"]
+            if self.returncode is None and timeout > 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def read(self) -> str:
+        out, err = self._texts()
+        return out + (err or "")
+
+    def communicate(self, timeout: float = 300) -> tuple[str, str | None]:
+        self.wait(timeout)
+        return self._texts()
+
+    def _texts(self) -> tuple[str, str | None]:
+        out = self.out.read_text(errors="replace")
+        return out, None if self.err == self.out else self.err.read_text(errors="replace")
+
+
+def log_dir() -> Path:
+    return Path(tempfile.mkdtemp(dir=fork_server().logs))
 
 
 def rldsl(args: list[str], *, fault: str | None = None, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
@@ -54,15 +133,20 @@ def rldsl(args: list[str], *, fault: str | None = None, timeout: float = 300, **
     e = child_env(**env)
     if fault:
         e["RLDSL_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "rldsl.cli", *args], env=e, capture_output=True, text=True,
-                          timeout=timeout, preexec_fn=_default_sigint)
+    proc = Forked(args, e, log_dir())
+    try:
+        out, err = proc.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
-def start(args: list[str], held: Path, fault: str, **env: str) -> subprocess.Popen:
-    """`rldsl ARGS` in a process group of its own, to be held at ``fault`` (``...:hold``)."""
-    e = child_env(RLDSL_FAULT=fault, RLDSL_FAULT_HELD=str(held), **env)
-    return subprocess.Popen([sys.executable, "-m", "rldsl.cli", *args], env=e, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, preexec_fn=_default_sigint)
+def start(args: list[str], held: Path, fault: str, **env: str) -> Forked:
+    """`rldsl ARGS` in a process group of its own, to be held at ``fault`` (``...:hold``); its stderr
+    in its stdout."""
+    return Forked(args, child_env(RLDSL_FAULT=fault, RLDSL_FAULT_HELD=str(held), **env), log_dir(), merged=True)
 
 
 def wait_held(proc: subprocess.Popen, held: Path, timeout: float = 300) -> None:

@@ -3,8 +3,6 @@ requests are retried with back-off and no sample is scored 0 (or skipped) becaus
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -12,15 +10,13 @@ from rldsl.runtime import loop
 from rldsl.runtime.config import load_config
 from rldsl.runtime.metrics import read_metrics
 
-from fault_helpers import (BASE, SlowFirstServer, child_env, free_port, parity, run_args, samples_of, start,
-                           step_numbers, wait_held)
+from fault_helpers import (BASE, Forked, SlowFirstServer, child_env, free_port, log_dir, parity, run_args, samples_of,
+                           start, step_numbers, wait_held)
 
 
-def serve(port: int) -> subprocess.Popen:
+def serve(port: int) -> Forked:
     """`rldsl serve-reward fault_helpers:parity --port PORT`, once it answers GET /health."""
-    proc = subprocess.Popen([sys.executable, "-m", "rldsl.cli", "serve-reward", "fault_helpers:parity",
-                             "--port", str(port)], env=child_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = Forked(["serve-reward", "fault_helpers:parity", "--port", str(port)], child_env(), log_dir())
     deadline = time.monotonic() + 120
     while True:
         try:
