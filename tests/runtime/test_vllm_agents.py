@@ -11,6 +11,7 @@ official ``openai`` client against the endpoint, vLLM sampling behind it.
 - A short asynchronous ``rldsl run`` (max_staleness=1) with rollout.engine=vllm and an agent:
   its calls are the rows, each recording the policy version that sampled it.
 - A verifiers environment on the vLLM engine: its training client's token route, its rubric.
+- An OpenEnv environment on the vLLM engine: openenv-core's own server, its rewards.
 Run alone: ``make test-vllm`` (or ``.venv-vllm/bin/python -m pytest -m vllm``).
 """
 from __future__ import annotations
@@ -204,34 +205,63 @@ def test_an_agent_run_on_the_vllm_engine(model_dir, tmp_path, monkeypatch) -> No
         assert sum(s["agent"]["trained"]) == sum(len(c["completion_ids"]) for c in s["agent"]["calls"])
 
 
-def test_a_verifiers_environment_on_the_vllm_engine(model_dir, tmp_path, monkeypatch) -> None:
-    """``rollout.env=verifiers:vf_sum_single`` with rollout.engine=vllm: verifiers' own training
-    client renders each chat to ids and calls the token route of the endpoint that the run's vLLM
-    engine serves; its rubric's rewards (0.25 or 1.0, values no rldsl reward gives) are the rows'
-    rewards, every sampled token vLLM's."""
+def _env_run(model_dir, out: Path, env: str, *extra: str) -> tuple[list[dict], list[dict]]:
+    """A 2-step run of ``rollout.env=ENV`` with rollout.engine=vllm: (step records, samples)."""
     import json
-    import os
 
     from rldsl.runtime.config import load_config
     from rldsl.runtime.records.metrics import read_metrics
     from rldsl.runtime.run import loop
 
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    # verifiers starts programs of its own that import the taskset by name
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
-    cfg = load_config(None, [f"model.path={model_dir[0]}", f"out={tmp_path / 'run'}", "rollout.env=verifiers:vf_sum_single",
+    cfg = load_config(None, [f"model.path={model_dir[0]}", f"out={out}", f"rollout.env={env}",
                              "rollout.engine=vllm", "rollout.vllm.gpu_memory_utilization=0.1",
                              "rollout.vllm.max_model_len=128", "rollout.prompts_per_step=2", "rollout.n=2",
                              "train.steps=2", "eval.every=0", "data.eval_size=0", "checkpoint.every=0",
                              "log.progress=false", "log.samples_per_step=4", "rollout.agent_timeout_s=120",
-                             "rollout.max_new_tokens=24"])
+                             "rollout.max_new_tokens=24", *extra])
     run = loop.train("grpo", cfg)
     steps = [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["reward_errors"] == 0 and r["agent/errors"] == 0 for r in steps)
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) == 8 and {s["reward"] for s in samples} <= {0.25, 1.0}
+    assert len(samples) == 8
+    return steps, samples
+
+
+def test_a_verifiers_environment_on_the_vllm_engine(model_dir, tmp_path, monkeypatch) -> None:
+    """``rollout.env=verifiers:vf_sum_single`` with rollout.engine=vllm: verifiers' own training
+    client renders each chat to ids and calls the token route of the endpoint that the run's vLLM
+    engine serves; its rubric's rewards (0.25 or 1.0, values no rldsl reward gives) are the rows'
+    rewards, every sampled token vLLM's."""
+    import os
+
+    monkeypatch.setenv("RLDSL_COMPILE", "0")
+    # verifiers starts programs of its own that import the taskset by name
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+    _, samples = _env_run(model_dir, tmp_path / "run", "verifiers:vf_sum_single")
+    assert {s["reward"] for s in samples} <= {0.25, 1.0}
     for s in samples:
         assert s["env_reward"] == s["reward"] and s["agent"]["error"] is None
         assert {c["route"] for c in s["agent"]["calls"]} == {"generate"}  # token ids in, token ids out
+        assert sum(s["agent"]["trained"]) == sum(len(c["completion_ids"]) for c in s["agent"]["calls"])
+
+
+def test_an_openenv_environment_on_the_vllm_engine(model_dir, tmp_path, monkeypatch) -> None:
+    """``rollout.env=openenv:<url>`` with rollout.engine=vllm: openenv-core's own server (started
+    here on 127.0.0.1, tests/runtime/openenv_helpers.py) asks "12+34=", each reply of the episode is
+    an action, the environment's rewards (1.0 for "46", else 0.25, two replies at most) are the
+    rows' rewards; every reply is a chat completion the run's vLLM engine sampled, and its tokens are
+    the ones trained. (The rows' prompts are the calculator task's; the environment's own text
+    replaces them.)"""
+    pytest.importorskip("openenv")
+    from openenv_helpers import Server
+
+    monkeypatch.setenv("RLDSL_COMPILE", "0")
+    with Server("text") as url:
+        _, samples = _env_run(model_dir, tmp_path / "run", f"openenv:{url}", "data.task=calculator")
+    for s in samples:
+        assert s["reward"] in (0.5, 1.0, 1.25) and s["env_reward"] == s["reward"] and s["agent"]["error"] is None
+        assert [m["role"] for m in s["messages"]][:2] == ["user", "assistant"]
+        assert s["messages"][0]["content"] == "12+34="
+        assert {c["route"] for c in s["agent"]["calls"]} == {"chat"}
         assert sum(s["agent"]["trained"]) == sum(len(c["completion_ids"]) for c in s["agent"]["calls"])
