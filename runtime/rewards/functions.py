@@ -551,6 +551,15 @@ class RewardResult:
     # character offset into the completion) or None where it failed
     steps: dict[str, list] = field(default_factory=dict)
 
+    def labelled_terms(self) -> dict[str, torch.Tensor]:
+        """Each reward term's values [B] by its label (``rewards/<label>/...``: :func:`term_labels`)."""
+        labels = term_labels(list(self.components))
+        return {labels[name]: values for name, values in self.components.items()}
+
+    def error_warning(self, step: int) -> str:
+        """The warning of step ``step`` about the samples whose reward failed (``reward.on_error=skip``)."""
+        return f"step {step}: {self.num_errors} sample(s) skipped (reward failed); first:\n{self.first_error}"
+
 
 #: A sample counts as correct when its reward is above this: a binary verifier's 1 (every
 #: built-in reward is 0 or 1; a weighted sum whose terms are verifiers passes only with its

@@ -17,7 +17,7 @@ import rldsl
 from rldsl.errors import SpecWarning
 
 from ..batch import StepRollout
-from ..config import RunConfig, env_library
+from ..config import RunConfig
 from ..data.datasets import Example, PromptSource, load_examples, render_prompt, rollout_prompts, split_heldout
 from ..errors import RunError
 from ..models.loading import disable_transformers_progress, load_tokenizer

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rldsl.runtime.run import loop
+from rldsl.runtime.run import loop, rollouts as run_rollouts
 from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import RunError
 from rldsl.runtime.records.metrics import read_metrics
@@ -115,7 +115,7 @@ def test_a_slow_reward_is_scored_while_the_next_batch_is_generated(model_dir, tm
     assert all(r["time/reward_s"] >= 16 * 0.02 for r in full)
     assert all(0 <= r["time/reward_hidden_s"] <= r["time/reward_s"] for r in full)
     assert sum(r["time/reward_hidden_s"] for r in full) > 0
-    monkeypatch.setattr(loop, "scoring_overlaps", lambda s: False)
+    monkeypatch.setattr(run_rollouts, "scoring_overlaps", lambda s: False)
     one_stage = loop.train("grpo_tis", config(model_dir, tmp_path / "one", **over))
     assert not any("time/reward_hidden_s" in r for r in read_metrics(one_stage / "metrics.jsonl"))
     assert steps(run) == steps(one_stage)

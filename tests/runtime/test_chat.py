@@ -167,7 +167,7 @@ def test_rewards_receive_the_original_prompt_while_the_engine_sees_the_template(
     """Training and evaluation: the engine is fed ``apply_chat_template``'s ids, the reward gets
     the row's own prompt (a messages list as its contents joined by blank lines), never the
     template nor ``data.system_prompt``."""
-    from rldsl.runtime.run import loop
+    from rldsl.runtime.run import loop, rollouts as run_rollouts
     from rldsl.runtime.run.build import build_run
     monkeypatch.setenv("RLDSL_COMPILE", "0")
     tok = chat_tokenizer()
@@ -187,7 +187,7 @@ def test_rewards_receive_the_original_prompt_while_the_engine_sees_the_template(
     (tmp_path / "run").mkdir()
     s = build_run("grpo", cfg, tmp_path / "run")
     SEEN.clear()
-    made = loop.rollout_step(s, 0)
+    made = run_rollouts.rollout_step(s, 0)
     batch, ids = made.batch, made.prompt_ids
     assert len(SEEN) == 6 and sorted({a for _, a in SEEN}) == ["0", "1", "2"]
     for prompt, answer in SEEN:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import torch
 
 import rldsl
-from rldsl.runtime.run import loop
+from rldsl.runtime.run import rollouts as run_rollouts
 from rldsl.runtime.config import load_config
 from rldsl.runtime.data.datasets import Example, PromptSource, rollout_prompts
 from rldsl.runtime.rollout.engines.base import SamplingParams
@@ -62,7 +62,7 @@ def test_dynamic_sampling_trains_on_the_informative_groups_only(tiny_model, toke
     rounds = ROUNDS + [[[0] * G] * 4] * 7  # dapo: max_rounds 10, nothing informative after round 3
     s, warnings = _run(tiny_model, tokenizer, "dapo", rounds)
     assert s.fn.data.dynamic_rounds == 10
-    r = loop.rollout_step(s, step=1)
+    r = run_rollouts.rollout_step(s, step=1)
     batch, rewards, ids, m = r.batch, r.rewards, r.prompt_ids, r.metrics
     assert m["sampling_rounds"] == 10 and m["informative_groups"] == 2
     # round 0's group 1 and round 2's group 2, nothing else
@@ -83,7 +83,7 @@ def test_dynamic_sampling_trains_on_the_informative_groups_only(tiny_model, toke
 def test_dynamic_sampling_stops_drawing_once_the_batch_is_informative(tiny_model, tokenizer):
     rounds = [[[0, 1, 0, 0]] * 2 + [[1, 1, 1, 1]] * 2, [[1, 0, 1, 1]] * 4, [[0, 1, 1, 1]] * 4]
     s, warnings = _run(tiny_model, tokenizer, "dapo", rounds)
-    r = loop.rollout_step(s, step=1)
+    r = run_rollouts.rollout_step(s, step=1)
     batch, m = r.batch, r.metrics
     assert m["sampling_rounds"] == 2 and m["informative_groups"] == 4 and len(batch) == 4 * G
     assert s.rollouts.calls == 2 and not warnings
@@ -91,7 +91,7 @@ def test_dynamic_sampling_stops_drawing_once_the_batch_is_informative(tiny_model
 
 def test_no_informative_group_keeps_the_last_round_with_zero_advantages(tiny_model, tokenizer):
     s, warnings = _run(tiny_model, tokenizer, "dapo", [[[1] * G] * 4] * 10)
-    r = loop.rollout_step(s, step=1)
+    r = run_rollouts.rollout_step(s, step=1)
     batch, m = r.batch, r.metrics
     assert m["informative_groups"] == 0 and len(batch) == 4 * G
     assert any("zero advantage" in w for w in warnings)

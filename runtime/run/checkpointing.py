@@ -1,0 +1,81 @@
+"""A run's state in its checkpoints: :func:`save` (with an asynchronous run's batches generated
+ahead), :func:`restore`, and starting a run again that holds no complete checkpoint."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ..batch import RolloutBatch, StepRollout
+from ..records import checkpoint as ckpt
+from ..records.rng import restore_rng
+from ..records.run_dir import METRICS_FILE
+from ..records.samples import SAMPLES_FILE, truncate_samples
+from ..rollout.producer import Produced, RolloutProducer
+from .build import Run
+
+
+def _extra_state(s: Run, step: int, algorithm: dict[str, Any],
+                 queued: list[Produced[StepRollout]] | None = None) -> dict[str, Any]:
+    extra = {"step": step, "data": s.source.state_dict(), "algorithm": algorithm}
+    if queued is not None:  # asynchronous rollouts: the batches generated ahead, as plain values
+        extra["queued"] = [{"step": p.step, "version": p.version, "batch": _plain_batch(p.value.batch),
+                            "rewards": p.value.rewards, "ids": p.value.prompt_ids, "metrics": p.value.metrics}
+                           for p in queued]
+    return extra
+
+
+def _plain_batch(batch: RolloutBatch) -> dict[str, Any]:
+    return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+
+
+def restored_queue(extra: dict[str, Any]) -> list[Produced[StepRollout]]:
+    """The batches a checkpoint of an asynchronous run had generated ahead (scored)."""
+    return [Produced(q["step"], q["version"], StepRollout(q["step"], RolloutBatch(**q["batch"]), q["ids"], [],
+                                                          q["rewards"], q["metrics"]))
+            for q in extra.get("queued", [])]
+
+
+def save(s: Run, step: int, producer: RolloutProducer[StepRollout] | None = None) -> Path:
+    """Checkpoint ``step``; with a producer, after it has generated every batch the published
+    weights allow (those batches are saved with it), paused until the save is done."""
+    queued = producer.drain() if producer is not None else None
+    try:
+        t = s.trainers.checkpoint_state()  # distributed: full state dicts gathered from the ranks
+        return ckpt.save_checkpoint(s.run_dir, step, policy=t.policy, tokenizer=s.tokenizer,
+                                    optimizer=t.optimizer, scheduler=t.scheduler,
+                                    critic=t.critic, critic_optimizer=t.critic_optimizer,
+                                    extra_state=_extra_state(s, step, t.algorithm, queued),
+                                    keep_last=s.cfg.checkpoint.keep_last or None)
+    finally:
+        if producer is not None:
+            producer.resume()
+
+
+def restore(s: Run, path: Path) -> int:
+    """Load checkpoint ``path``; returns its step (and keeps the batches an asynchronous run had
+    generated ahead in ``s.queued``). What the run folder holds after that step goes: newer
+    (damaged) checkpoints, sample rows."""
+    c = ckpt.load_checkpoint(path)
+    s.trainers.load_checkpoint(c)  # weights, critic, algorithm state, optimizers, scheduler
+    s.source.load_state_dict(c.extra["data"])
+    s.queued = restored_queue(c.extra)
+    s.rollouts.load_weights(s.trainers.weights(), c.step)
+    restore_rng(c.rng)  # last: no draw between the restore and the next step
+    ckpt.remove_checkpoints_after(s.run_dir, c.step)  # newer, damaged ones (passed over, said)
+    truncate_samples(s.run_dir, c.step)  # the sample rows of steps after it are written again
+    return c.step
+
+
+def start_again(run_dir: Path) -> list[str]:
+    """A run resumed without a complete checkpoint (killed before its first one was written)
+    starts again from step 0 with its saved config: the records of the killed attempt go (the
+    run writes them again). Returns the lines telling the user so."""
+    for name in (METRICS_FILE, SAMPLES_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            (run_dir / name).unlink()
+    ckpt.remove_checkpoints_after(run_dir, -1)  # damaged ones, if any (listed in the notes)
+    ckpt.clean_incomplete(run_dir)
+    return [f"{run_dir} holds no complete checkpoint (the run stopped before its first one was "
+            f"written): starting it again from step 0 with its saved config"]

@@ -1,0 +1,171 @@
+"""The step's batch: P prompt groups generated and scored now (:func:`rollout_step`, with
+dynamic sampling's rounds), or ahead by an asynchronous run's producer (:func:`start_producer`:
+the same batches, made by :class:`StepRollouts` in the producer's threads). Either way the
+trainer gets one :class:`~rldsl.runtime.batch.StepRollout` per step."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .. import faults
+from ..batch import RolloutBatch, StepRollout, group_rows, repeat_each
+from ..records.metrics import REWARD_ERRORS, time_key, timed
+from ..records.rng import step_seed
+from ..rollout.engines.base import SamplingParams
+from ..rollout.producer import RolloutProducer, snapshot
+from ..train import inputs as rollout_inputs
+from .build import Plan, Run
+
+
+def rollout_step(s: Run, step: int) -> StepRollout:
+    """Generate and score P groups; with ``sampling dynamic`` keep drawing until P are informative.
+
+    Dynamic sampling (verl's rule, ``sampling dynamic`` in the registry): rounds of P fresh
+    prompts, keeping only the informative groups (scorable rewards not all equal; a failed,
+    NaN reward is left out, never read as 0), until P are kept or ``max_rounds`` are spent.
+    Still short, the step trains on the informative groups only (a smaller batch, logged as
+    ``informative_groups`` < P, with a warning): a zero-variance group has A = 0 everywhere,
+    and its tokens in the loss denominator would only shrink the gradient. With no
+    informative group at all, the last round is kept as it is (every A = 0: no policy
+    gradient; a pure policy-gradient loss then skips its optimizer step).
+    """
+    cfg = s.cfg
+    P = cfg.rollout.prompts_per_step
+    rounds = s.fn.data.dynamic_rounds
+    kept: list[StepRollout] = []
+    last: StepRollout | None = None
+    n_kept = 0
+    m = {time_key("rollout"): 0.0, time_key("reward"): 0.0}
+    reward_errors = 0
+    used = 0
+    # the inputs the algorithm reads that the rollout makes (ReMax's greedy rewards, GDPO's [B, K] rewards)
+    producers = rollout_inputs.rollout_producers(s.fn.algorithm)
+    side = rollout_inputs.RolloutSide(s.rollouts.generate, [(t.name, t.weight) for t in s.reward.terms],
+                                      cfg.max_new_tokens, s.warn, step, s.episodes, s.tokenizer) if producers else None
+    timed_inputs: dict[str, float] = {p.time_metric: 0.0 for p in producers if p.time_metric}
+    for r in range(rounds):
+        used = r + 1
+        examples = s.source.next_batch(P)
+        reward_prompts = [e.reward_prompt for e in examples]  # rewards: the untemplated prompt
+        faults.at("generate", step + 1)
+        gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],
+                                  SamplingParams.for_rollout(cfg, step_seed(cfg.seed, step, r)), reward_prompts)
+        batch, scored = gen.batch, gen.scored
+        batch.reward_terms = scored.labelled_terms()
+        for p in producers:
+            batch, t = p.make(side, batch, scored, examples)
+            if p.time_metric:
+                timed_inputs[p.time_metric] += t
+        if scored.num_errors:  # reward.on_error=skip: the samples skipped, said
+            s.warn(scored.error_warning(step))
+        reward_errors += scored.num_errors
+        m[time_key("rollout")] += gen.generate_s
+        m[time_key("reward")] += gen.reward_s
+        made = StepRollout(step, batch, [e.id for e in examples], reward_prompts, scored.rewards)
+        if rounds == 1:
+            kept.append(made)
+            n_kept = P
+            break
+        last = made
+        informative = s.fn.data.informative(scored.rewards.view(-1, batch.group_size)).tolist()
+        take = [g for g, ok in enumerate(informative) if ok][: P - n_kept]
+        if take:
+            kept.append(_select_groups(made, take))
+            n_kept += len(take)
+        if n_kept >= P:
+            break
+    m.update({"sampling_rounds": float(used), REWARD_ERRORS: float(reward_errors)})
+    m.update(timed_inputs)
+    if rounds > 1:
+        m["informative_groups"] = float(n_kept)
+        if n_kept < P:
+            s.warn(f"step {step}: dynamic sampling found {n_kept} informative group(s) of {P} in "
+                   f"{rounds} rounds; "
+                   + (f"training on those {n_kept} only (a smaller batch)" if n_kept else
+                      "training on the last round's groups, all with zero advantage"))
+        if not kept:
+            assert last is not None
+            kept.append(last)
+    return StepRollout(step, RolloutBatch.concat([k.batch for k in kept], s.tokenizer.pad_token_id),
+                       sum((k.prompt_ids for k in kept), []), sum((k.reward_prompts for k in kept), []),
+                       torch.cat([k.scored for k in kept]), m)
+
+
+def _select_groups(made: StepRollout, groups: list[int]) -> StepRollout:
+    """The rollout of the given prompt groups (their rows, rewards and prompts)."""
+    return StepRollout(made.step, made.batch.select_groups(groups), [made.prompt_ids[g] for g in groups],
+                       [made.reward_prompts[g] for g in groups],
+                       made.scored[group_rows(groups, made.batch.group_size)])
+
+
+def scoring_overlaps(s: Run) -> bool:
+    """Whether an asynchronous run scores batch s while generating batch s + 1: when a step is one
+    round of sampling and nothing else made at rollout time reads the rewards (dynamic sampling's
+    later rounds and ReMax's greedy baseline need the scores first: those steps generate and
+    score in one stage)."""
+    return s.fn.data.dynamic_rounds == 1 and not rollout_inputs.rollout_producers(s.fn.algorithm)
+
+
+class StepRollouts:
+    """The batch maker of an asynchronous run's producer (rollout/producer.py): the batches of
+    :func:`rollout_step`; where :func:`scoring_overlaps`, in two stages (the samples of a step,
+    then their scores) with the same prompts, seeds and samples."""
+
+    def __init__(self, s: Run, score_apart: bool) -> None:
+        self.s, self.score_apart = s, score_apart
+
+    def make(self, step: int) -> StepRollout:
+        if not self.score_apart:
+            return rollout_step(self.s, step)
+        s, cfg = self.s, self.s.cfg
+        examples = s.source.next_batch(cfg.rollout.prompts_per_step)
+        reward_prompts = [e.reward_prompt for e in examples]
+        faults.at("generate", step + 1)
+        gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],
+                                  SamplingParams.for_rollout(cfg, step_seed(cfg.seed, step, 0)),
+                                  reward_prompts, score=False)
+        return StepRollout(step, gen.batch, [e.id for e in examples], reward_prompts,
+                           metrics={time_key("rollout"): gen.generate_s})
+
+    def score(self, made: StepRollout) -> StepRollout:
+        s = self.s
+        faults.at("score", made.step + 1)
+        m = dict(made.metrics)
+        with timed(m, "reward"):
+            scored = s.rollouts.score(made.batch, repeat_each(made.reward_prompts, made.batch.group_size))
+        made.batch.reward_terms = scored.labelled_terms()
+        if scored.num_errors:
+            s.warn(scored.error_warning(made.step))
+        m.update({"sampling_rounds": 1.0, REWARD_ERRORS: float(scored.num_errors)})
+        return dataclasses.replace(made, rewards=scored.rewards, metrics=m)
+
+    def load_weights(self, weights: Any, version: int) -> None:
+        self.s.rollouts.load_weights(weights, version)
+
+
+def start_producer(s: Run, start: int, total: int) -> RolloutProducer[StepRollout] | None:
+    """The rollout producer of an asynchronous run (rollout.max_staleness > 0), its engine holding
+    the weights of step ``start``; None for the synchronous loop. Scoring runs in a stage of its
+    own, beside generation, where :func:`scoring_overlaps` allows."""
+    K = s.cfg.rollout.max_staleness
+    if K == 0:
+        return None
+    r = s.cfg.rollout
+    apart = scoring_overlaps(s)
+    producer = RolloutProducer(StepRollouts(s, apart), max_staleness=K, next_step=start, last_step=total,
+                               loaded_version=start, loaded_weights=snapshot(s.trainers.weights()),
+                               queued=s.queued, score_apart=apart, newest=r.partial, start=False)
+    if r.partial:  # one process (checked at start): the engine loads newer weights between segments
+        s.rollouts.sample_in_segments(r.partial_tokens or max(1, s.cfg.max_new_tokens // 4), producer.refresh)
+    producer.start()
+    return producer
+
+
+def checked(plan: Plan) -> Plan:
+    """``plan`` once the rollout-stage inputs the spec reads can be made in this run (e.g. per-turn
+    rewards need a reward term that gives them, and turns): refused before any model loads."""
+    rollout_inputs.check_rollout_inputs(plan.algo, [(t.name, t.weight) for t in plan.reward.terms],
+                                        plan.cfg.rollout.env is not None or plan.cfg.rollout.tools is not None)
+    return plan
