@@ -96,7 +96,7 @@ class Forked:
         self.stdout = self  # ``proc.stdout.read()``: what it printed on both
 
     def poll(self) -> int | None:
-        return self.wait(0) if self.returncode is None else self.returncode
+        return self.wait(0)
 
     def wait(self, timeout: float = 300) -> int | None:
         if self.returncode is None:
@@ -146,7 +146,8 @@ def rldsl(args: list[str], *, fault: str | None = None, timeout: float = 300, **
 def start(args: list[str], held: Path, fault: str, **env: str) -> Forked:
     """`rldsl ARGS` in a process group of its own, to be held at ``fault`` (``...:hold``); its stderr
     in its stdout."""
-    return Forked(args, child_env(RLDSL_FAULT=fault, RLDSL_FAULT_HELD=str(held), **env), log_dir(), merged=True)
+    return Forked(args, child_env(RLDSL_FAULT=fault, RLDSL_FAULT_HELD=str(held), **env), log_dir(),
+                  merged=True)
 
 
 def wait_held(proc: subprocess.Popen, held: Path, timeout: float = 300) -> None:
