@@ -42,6 +42,7 @@ def gen_heavy_model(folder: Path) -> Path:
 def run_once(task: str, K: int, seed: int, steps: int, out: Path, model: Path | None, record: list | None,
              spec: str | None = None, extra: tuple[str, ...] = ()):
     from rldsl.runtime.run import loop
+    from rldsl.runtime.run import schedule
     from rldsl.runtime.rollout import producer as producer_mod
     from rldsl.runtime.config import load_config
     from rldsl.runtime.records.metrics import read_metrics
@@ -58,7 +59,7 @@ def run_once(task: str, K: int, seed: int, steps: int, out: Path, model: Path | 
         spec = spec or "grpo"
     sets += list(extra)
     trainer_spans: list[tuple[int, float, float]] = []
-    real_get, real_step = producer_mod.RolloutProducer.get, loop.train_step
+    real_get, real_step = producer_mod.RolloutProducer.get, schedule.train_step
     if record is not None:
         def get(self, step, poll=0.5):
             item = real_get(self, step, poll)
@@ -73,13 +74,13 @@ def run_once(task: str, K: int, seed: int, steps: int, out: Path, model: Path | 
                 record.append(("producer", step, t0, t0 + m["time/rollout_s"] + m["time/reward_s"]))
             return m
         producer_mod.RolloutProducer.get = get
-        loop.train_step = step_fn
+        schedule.train_step = step_fn
     try:
         t0 = time.perf_counter()
         run = loop.train(spec, load_config(None, sets))
         wall = time.perf_counter() - t0
     finally:
-        producer_mod.RolloutProducer.get, loop.train_step = real_get, real_step
+        producer_mod.RolloutProducer.get, schedule.train_step = real_get, real_step
     recs = read_metrics(run / "metrics.jsonl")
     step_recs = [r for r in recs if "step_s" in r]
     acc = [r["eval/greedy_acc"] for r in recs if "eval/greedy_acc" in r]

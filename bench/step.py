@@ -3,7 +3,7 @@
     .venv/bin/python bench/step.py                        # lite_ppo, grpo: 3 blocks x 10 steps each
     .venv/bin/python bench/step.py --specs lite_ppo,grpo,bench/dapo_like.rl --ablate
 
-The runtime's own code path: ``rldsl.runtime.run.build.build_run`` then ``loop.train_step`` (rollout
+The runtime's own code path: ``rldsl.runtime.run.build.build_run`` then ``run.step.train_step`` (rollout
 with the HF engine, reward, old logprobs, the compiled loss, the update, the weight sync) on
 the embedded toy model (0.59M-parameter Llama, warm start from the cache), 16 prompts x 8
 samples, at most ``--max-new-tokens`` (16) new tokens, one update per rollout, 1 thread.
@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from rldsl.runtime.run import loop
+    from rldsl.runtime.run import step as run_step
     from rldsl.runtime.toy import warm_start
     warm_start(verbose=True)
 
@@ -100,12 +100,12 @@ def main() -> None:
         for mode in modes:
             s = make_setup(spec, ABLATIONS[mode], args, tmp)
             for i in range(args.warmup):
-                loop.train_step(s, i)
+                run_step.train_step(s, i)
             runs[(spec, mode)] = {"setup": s, "next": args.warmup, "m": []}
     for _ in range(args.blocks):
         for key, r in runs.items():
             for _ in range(args.steps):
-                r["m"].append(loop.train_step(r["setup"], r["next"]))
+                r["m"].append(run_step.train_step(r["setup"], r["next"]))
                 r["next"] += 1
 
     def med(r, k):

@@ -151,7 +151,7 @@ class RolloutBatch:
 @dataclass
 class StepRollout:
     """The rollout batch of one training step, the one record that carries it from generation
-    through the asynchronous producer's queue and scoring to the trainer (run/loop.py).
+    through the asynchronous producer's queue and scoring to the trainer (run/step.py).
 
     step            the training step (0-based) it is for
     batch           B = P*G rows, groups contiguous

@@ -13,15 +13,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .config import RunConfig, env_library
+from .config import RunConfig
 from .rollout.engines.base import RolloutEngine
 from .models.lora import adapters_disabled, apply_lora
-from .models.loading import enable_gradient_checkpointing, load_policy, load_tokenizer, master_dtype, model_context
-from .rewards.functions import RewardFn
-from .resolve import reward_spec
-from .rollout.agents.environments import agent_runner, verifiers_examples
-from .rollout.episodes.rollout import EpisodeRunner
-from .rollout.episodes.tools import SHARED_RUNNER
+from .models.loading import enable_gradient_checkpointing, load_policy, load_tokenizer, master_dtype
+from .resolve import reward_fn  # noqa: F401 (the run's reward: resolve.py builds it once the name is settled)
+from .rollout.runners import environment_rows, episode_runner  # noqa: F401 (the episodes beside the engine)
 
 
 def with_lora(cfg: RunConfig, policy: nn.Module) -> tuple[nn.Module, Any]:
@@ -67,33 +64,3 @@ def rollout_engine(cfg: RunConfig, path: Path | str, device: str, *, model: nn.M
         model = load_policy(Path(path), cfg.model.dtype)
     model = model.to(getattr(torch, cfg.model.dtype)).eval()
     return HFEngine(model, tokenizer if tokenizer is not None else load_tokenizer(Path(path)), device=device)
-
-
-def reward_fn(cfg: RunConfig) -> RewardFn:
-    """The run's reward, ``reward.name`` (settled by ``resolve.settle_reward`` when the task's own),
-    with ``reward.answer_format`` given to its ``reasoning_gym`` terms."""
-    if cfg.reward.name is None:
-        raise ValueError("reward.name is unset: settle_reward(cfg) fills in the task's own first")
-    return RewardFn(reward_spec(cfg), on_error=cfg.reward.on_error, workers=cfg.reward.workers)
-
-
-def environment_rows(cfg: RunConfig) -> list[Any] | None:
-    """The rows an environment brings with it: a verifiers taskset's tasks (``rollout.env =
-    verifiers:...``, ``data.path`` unset), else None (the rows are the data's)."""
-    if cfg.data.path is None and env_library(cfg.rollout.env) == "verifiers":
-        return verifiers_examples(cfg.rollout.env)
-    return None
-
-
-def episode_runner(cfg: RunConfig, model_path: str | Path) -> Any:
-    """The multi-turn episodes of a run: an ``AgentRunner`` with ``rollout.agent``, an
-    ``EpisodeRunner`` with ``rollout.tools`` or ``rollout.env``, else None (single-turn
-    completions). Both have ``run(engine, prompts, answers, params) -> RolloutBatch``."""
-    r = cfg.rollout
-    runner = agent_runner(cfg, model_path, model_context(Path(model_path)))  # the endpoint's episodes
-    if runner is not None:
-        return runner
-    if r.tools is None and r.env is None:
-        return None
-    SHARED_RUNNER.resize(r.tool_workers)  # this process's tool pool
-    return EpisodeRunner.from_config(cfg, context=model_context(Path(model_path)))

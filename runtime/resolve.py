@@ -12,7 +12,7 @@ Everything that can be known from the config, the spec, the data and the model f
   row reported; the result is frozen (:meth:`RunConfig.frozen`), and it is what
   ``config.json`` records: the saved config is what ran.
 
-Nothing here loads weights; ``build.plan_run`` calls these in order, ``build.build_run``
+Nothing here loads weights; ``run/plan.py: plan_run`` calls these in order, ``run/build.py: build``
 loads the models afterwards.
 """
 from __future__ import annotations
@@ -27,18 +27,15 @@ from rldsl import lint
 from rldsl.inputs import INPUTS
 from rldsl import Algorithm
 
-from .config import BUILTIN_TASKS, RunConfig, env_library
-from .models.loading import model_context
-from .models.loading import load_tokenizer
-from .rollout.agents.environments import check_agent
-from .rollout.episodes.env import load_env
-from .rollout.episodes.tools import load_tools
-from .errors import ConfigError, RunError
+from .config import RunConfig, env_library
+from .data import reasoning_gym as rg
 from .data.reasoning_gym import is_reasoning_gym
-from .rewards.functions import with_answer_format
-
-#: The tools data.task=calculator fills in (runtime/toy/calculator.py).
-CALCULATOR_TOOLS = BUILTIN_TASKS["calculator"].tools
+from .errors import ConfigError, RunError
+from .models.loading import load_tokenizer, model_context
+from .records.trackers import check_trackers
+from .rewards.functions import RewardFn, with_answer_format
+from .rollout.runners import (CALCULATOR_TOOLS, check_episode_template, check_tools,  # noqa: F401 (their old home)
+                              default_tools)
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).
 GROUP_OF_ONE_RULE = "group-of-one"
@@ -83,6 +80,18 @@ def check_async(algo: Algorithm, cfg: RunConfig) -> None:
                            f"which the trainer decides while the rollout producer is already drawing "
                            f"later prompts: it does not run with rollout.max_staleness="
                            f"{cfg.rollout.max_staleness} (use 0, or drop the filter)")
+
+
+def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
+    """The checks that need the config alone, cheapest first: the device, the engine, an
+    asynchronous run's limits, the trackers ``log.report_to`` names (installed), reasoning-gym's
+    task names and options."""
+    check_device(cfg)
+    check_engine(cfg)
+    check_async(algo, cfg)
+    check_trackers(cfg.log.report_to)
+    if is_reasoning_gym(cfg.data.path):
+        rg.check_config(cfg)
 
 
 def check_teacher(algo: Algorithm, cfg: RunConfig, student: Path, tokenizer: Any) -> None:
@@ -178,46 +187,6 @@ def check_group_size(algo: Algorithm, cfg: RunConfig) -> list[Any]:
     return found
 
 
-def check_tools(cfg: RunConfig) -> None:
-    """``rollout.tools`` import and can be described, ``rollout.env`` is a usable class (before any
-    model loads); the two are exclusive (an environment brings its own tools)."""
-    tools = default_tools(cfg)
-    if tools is not None and cfg.rollout.env is not None:
-        raise ConfigError("rollout.tools and rollout.env are exclusive: an environment gives its episodes "
-                          "their tools itself (set self.tools in reset); rollout.tools is the default "
-                          "tool environment")
-    if tools is not None:
-        load_tools(tools)
-    if env_library(cfg.rollout.env) == "verifiers" and cfg.data.path is not None:
-        raise ConfigError(f"rollout.env {cfg.rollout.env!r} takes its rows from the taskset (one per task): "
-                          f"data.path ({cfg.data.path}) must be unset")
-    if cfg.rollout.env is not None and env_library(cfg.rollout.env) is None:
-        load_env(cfg.rollout.env)
-    if cfg.rollout.agent is not None and (cfg.rollout.tools is not None or cfg.rollout.env is not None):
-        raise ConfigError("rollout.agent excludes rollout.tools and rollout.env: the agent program "
-                          "runs its own tools and environment, calling the policy's endpoint")
-    check_agent(cfg)  # the agent function; a verifiers / OpenEnv environment's packages, taskset, server
-
-
-def check_episode_template(cfg: RunConfig, tokenizer: Any) -> None:
-    """Multi-turn episodes render every turn with the tokenizer's chat template (with the tools),
-    whatever ``data.chat_template`` says: a tokenizer without one is refused before any model loads."""
-    episodes = default_tools(cfg) is not None or cfg.rollout.env is not None
-    if episodes and not getattr(tokenizer, "chat_template", None):
-        raise ConfigError("rollout.tools / rollout.env need a tokenizer with a chat template (it renders each "
-                          "turn of an episode and the tools); the model folder's tokenizer has none: add one "
-                          "(tokenizer.chat_template in tokenizer_config.json or chat_template.jinja)")
-
-
-def default_tools(cfg: RunConfig) -> str | None:
-    """``rollout.tools``, else the calculator for data.task=calculator (without an environment of
-    its own), else None."""
-    task = cfg.builtin_task
-    if cfg.rollout.tools is None and cfg.rollout.env is None and cfg.rollout.agent is None and task is not None:
-        return task.tools
-    return cfg.rollout.tools
-
-
 def settle_reward(cfg: RunConfig) -> tuple[RunConfig, str]:
     """(the config with ``reward.name`` filled in -- the task's own reward when it is null --, the
     run-start line naming it): the default reward resolved once, before the reward is built."""
@@ -252,6 +221,24 @@ def reward_spec(cfg: RunConfig) -> str:
     """The reward the run scores with: ``reward.name`` (else :func:`default_reward`), with
     ``reward.answer_format`` given to its ``reasoning_gym`` terms."""
     return with_answer_format(cfg.reward.name or default_reward(cfg), cfg.reward.answer_format)
+
+
+def reward_fn(cfg: RunConfig) -> RewardFn:
+    """The run's reward, ``reward.name`` (settled by :func:`settle_reward` when the task's own),
+    with ``reward.answer_format`` given to its ``reasoning_gym`` terms."""
+    if cfg.reward.name is None:
+        raise ValueError("reward.name is unset: settle_reward(cfg) fills in the task's own first")
+    return RewardFn(reward_spec(cfg), on_error=cfg.reward.on_error, workers=cfg.reward.workers)
+
+
+def settled_reward(cfg: RunConfig) -> tuple[RunConfig, RewardFn, str]:
+    """(the config with its reward named, the reward built from it, the run-start line naming it):
+    the default reward resolved once, before anything is built; an unknown name, a module that
+    does not import or a reasoning-gym answer format nobody knows fails here."""
+    cfg, note = settle_reward(cfg)
+    reward = reward_fn(cfg)
+    rg.check_reward(reward)
+    return cfg, reward, note
 
 
 # ----------------------------------------------------------------------------- the model's context

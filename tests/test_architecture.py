@@ -316,13 +316,8 @@ MAX_RUNTIME_IMPORTS = 8
 #: Modules still above the limit, with their count today: a count may only go down; a module
 #: leaves this table when it reaches the limit (docs/architecture.md says how to get there)
 OVER_THE_LIMIT = {
-    "rldsl.runtime.run.loop": 14,  # the loop: resume, trackers, evaluation, checkpoints around run/step.py
-    "rldsl.runtime.run.build": 16,
     "rldsl.runtime.workers.ray": 14,
-    "rldsl.runtime.run.eval_command": 12,  # rldsl eval's body: a checkpoint, an engine, episodes
     "rldsl.runtime.train.trainer": 11,
-    "rldsl.runtime.recipe": 10,
-    "rldsl.runtime.run.evaluation": 10,
     "rldsl.runtime.toy.tasks": 10,  # the task table: each task's prompts, tokenizer and warm start
     "rldsl.runtime.workers.fsdp": 10,
     "rldsl.runtime.workers.local": 9,

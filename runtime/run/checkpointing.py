@@ -1,8 +1,7 @@
 """A run's state in its checkpoints: :func:`save` (with an asynchronous run's batches generated
-ahead), :func:`restore`, and starting a run again that holds no complete checkpoint."""
+ahead) and :func:`restore` (starting again without one: run/folder.py)."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -10,10 +9,9 @@ from typing import Any
 from ..batch import RolloutBatch, StepRollout
 from ..records import checkpoint as ckpt
 from ..records.rng import restore_rng
-from ..records.run_dir import METRICS_FILE
-from ..records.samples import SAMPLES_FILE, truncate_samples
+from ..records.samples import truncate_samples
 from ..rollout.producer import Produced, RolloutProducer
-from .build import Run
+from .state import Run
 
 
 def _extra_state(s: Run, step: int, algorithm: dict[str, Any],
@@ -66,16 +64,3 @@ def restore(s: Run, path: Path) -> int:
     ckpt.remove_checkpoints_after(s.run_dir, c.step)  # newer, damaged ones (passed over, said)
     truncate_samples(s.run_dir, c.step)  # the sample rows of steps after it are written again
     return c.step
-
-
-def start_again(run_dir: Path) -> list[str]:
-    """A run resumed without a complete checkpoint (killed before its first one was written)
-    starts again from step 0 with its saved config: the records of the killed attempt go (the
-    run writes them again). Returns the lines telling the user so."""
-    for name in (METRICS_FILE, SAMPLES_FILE):
-        with contextlib.suppress(FileNotFoundError):
-            (run_dir / name).unlink()
-    ckpt.remove_checkpoints_after(run_dir, -1)  # damaged ones, if any (listed in the notes)
-    ckpt.clean_incomplete(run_dir)
-    return [f"{run_dir} holds no complete checkpoint (the run stopped before its first one was "
-            f"written): starting it again from step 0 with its saved config"]

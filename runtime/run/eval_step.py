@@ -6,7 +6,7 @@ from ..batch import StepRollout
 from ..records.rng import step_seed
 from ..rollout.engines.base import SamplingParams
 from ..rollout.producer import RolloutProducer, snapshot
-from .build import Run
+from .state import Run
 from .evaluation import answer_set, heldout_metrics, scored_by, scored_here, set_metrics, unscored_by
 
 

@@ -15,7 +15,7 @@ from ..records.samples import append_samples, sample_rows
 from ..rollout.agents.runner import agent_metrics
 from ..rollout.tool_metrics import tool_call_metrics
 from ..train.throughput import peak_flops
-from .build import Run
+from .state import Run
 
 
 def record_step(s: Run, r: StepRollout, tb: Any, um: dict[str, float], m: dict[str, float], step_s: float) -> None:

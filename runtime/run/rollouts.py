@@ -16,7 +16,7 @@ from ..records.rng import step_seed
 from ..rollout.engines.base import SamplingParams
 from ..rollout.producer import RolloutProducer, snapshot
 from ..train import inputs as rollout_inputs
-from .build import Plan, Run
+from .state import Run
 
 
 def rollout_step(s: Run, step: int) -> StepRollout:
@@ -161,11 +161,3 @@ def start_producer(s: Run, start: int, total: int) -> RolloutProducer[StepRollou
         s.rollouts.sample_in_segments(r.partial_tokens or max(1, s.cfg.max_new_tokens // 4), producer.refresh)
     producer.start()
     return producer
-
-
-def checked(plan: Plan) -> Plan:
-    """``plan`` once the rollout-stage inputs the spec reads can be made in this run (e.g. per-turn
-    rewards need a reward term that gives them, and turns): refused before any model loads."""
-    rollout_inputs.check_rollout_inputs(plan.algo, [(t.name, t.weight) for t in plan.reward.terms],
-                                        plan.cfg.rollout.env is not None or plan.cfg.rollout.tools is not None)
-    return plan

@@ -1,6 +1,6 @@
 """One training step, phase by phase: ROLLOUT (the step's batch, generated now or ahead by the
 producer), ESTIMATE, PASS-RATE CAP, UPDATE, SYNC, RECORD. It talks to the two sides of a
-:class:`~rldsl.runtime.run.build.Run` only, so it is the same in one process and on Ray."""
+:class:`~rldsl.runtime.run.state.Run` only, so it is the same in one process and on Ray."""
 from __future__ import annotations
 
 import time
@@ -10,7 +10,7 @@ from ..batch import StepRollout
 from ..records.metrics import PRODUCER_WAIT, REWARD_HIDDEN, timed
 from ..records.rng import step_seed
 from ..rollout.producer import RolloutProducer, snapshot
-from .build import Run
+from .state import Run
 from .record import record_step, staleness
 from .rollouts import rollout_step
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rldsl.runtime import loop
+from rldsl.runtime.run import schedule
 from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import WorkerError
 
@@ -72,7 +73,7 @@ def _worker_pids() -> list[int]:
 def kill_rollout_worker_before(monkeypatch, steps: set[int]) -> list[int]:
     """SIGKILL the rollout worker's process right before each of these steps (1-based), once it is
     gone; returns the pids killed."""
-    real_step, killed = loop.train_step, []
+    real_step, killed = schedule.train_step, []
 
     def step(s, i, producer=None):
         if i + 1 in steps:
@@ -83,7 +84,7 @@ def kill_rollout_worker_before(monkeypatch, steps: set[int]) -> list[int]:
             killed.append(pids[0])
         return real_step(s, i, producer)
 
-    monkeypatch.setattr(loop, "train_step", step)
+    monkeypatch.setattr(schedule, "train_step", step)
     return killed
 
 
@@ -133,7 +134,7 @@ def reward_model_dir(tmp_path_factory) -> Path:
 
 
 def _kill_before(monkeypatch, step_no: int, title: str) -> list[int]:
-    real_step, killed = loop.train_step, []
+    real_step, killed = schedule.train_step, []
 
     def step(s, i, producer=None):
         if i + 1 == step_no:
@@ -144,7 +145,7 @@ def _kill_before(monkeypatch, step_no: int, title: str) -> list[int]:
             killed.append(pids[0])
         return real_step(s, i, producer)
 
-    monkeypatch.setattr(loop, "train_step", step)
+    monkeypatch.setattr(schedule, "train_step", step)
     return killed
 
 

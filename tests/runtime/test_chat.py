@@ -11,7 +11,7 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers, decoders, proce
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from rldsl.runtime import toy
-from rldsl.runtime.run.build import heldout_size, prompts_of
+from rldsl.runtime.run.sources import heldout_size, prompts_of
 from rldsl.runtime.config import load_config
 from rldsl.runtime.data.datasets import Example, load_examples, render_prompt
 from rldsl.runtime.rollout.engines.base import SamplingParams
@@ -167,7 +167,8 @@ def test_rewards_receive_the_original_prompt_while_the_engine_sees_the_template(
     """Training and evaluation: the engine is fed ``apply_chat_template``'s ids, the reward gets
     the row's own prompt (a messages list as its contents joined by blank lines), never the
     template nor ``data.system_prompt``."""
-    from rldsl.runtime.run import loop, rollouts as run_rollouts
+    from rldsl.runtime.run import rollouts as run_rollouts
+    from rldsl.runtime.run.eval_step import evaluate
     from rldsl.runtime.run.build import build_run
     monkeypatch.setenv("RLDSL_COMPILE", "0")
     tok = chat_tokenizer()
@@ -201,7 +202,7 @@ def test_rewards_receive_the_original_prompt_while_the_engine_sees_the_template(
         assert batch.prompt_ids[r][batch.prompt_mask[r].bool()].tolist() == template_ids(tok, messages)
         assert batch.prompts[r] == by_answer[answer].prompt != original[answer]
     SEEN.clear()
-    loop.evaluate(s, 0)  # held-out rows: the same
+    evaluate(s, 0)  # held-out rows: the same
     assert SEEN == [(original["1"], "1")]
 
 

@@ -114,8 +114,8 @@ def test_evaluation_counts_failed_rewards_instead_of_scoring_them_0(tiny_model, 
     s.heldout = [Example(id=i, prompt=f"{i}+1=", answer=str(i + 1)) for i in range(4)]
     s.eval_sets = []  # no eval.data sets: the held-out split only
     s.cfg = load_config(None, ["rollout.max_new_tokens=4", "eval.samples=1"])
-    from rldsl.runtime.run import loop as loop_module
-    out = loop_module.evaluate(s, step=0)
+    from rldsl.runtime.run.eval_step import evaluate
+    out = evaluate(s, step=0)
     assert out["eval/greedy_acc"] == 0.5 and out["eval/greedy_reward"] == 0.75
     assert out["eval/sampled_acc"] == 0.0 and math.isnan(out["eval/sampled_reward"])
     assert out["eval/failed"] == 5 and any("5 held-out sample(s)" in w for w in warnings)

@@ -14,7 +14,8 @@ from rldsl.cli import app
 from rldsl.runtime.run import loop
 from rldsl.runtime.config import load_config
 from rldsl.runtime.rollout.engines.hf import HFEngine
-from rldsl.runtime.run.evaluation import EvalSet, evaluate_set, k_values, load_eval_set, pass_at_k, set_name
+from rldsl.runtime.run.eval_sets import evaluate_set, load_eval_set, set_name
+from rldsl.runtime.run.evaluation import k_values, pass_at_k
 from rldsl.runtime.rewards.functions import RewardFn
 
 HERE = Path(__file__).parent

@@ -18,6 +18,7 @@ import rldsl
 from rldsl.cli import app
 from rldsl.runtime.records import checkpoint as ckpt
 from rldsl.runtime.run import loop
+from rldsl.runtime.run import schedule
 from rldsl.runtime.config import RunConfig, load_config
 from rldsl.runtime.errors import RunError
 from rldsl.runtime.records.metrics import read_metrics
@@ -204,7 +205,7 @@ def test_nan_loss_skips_the_step_and_keeps_weights(model_dir, tmp_path, monkeypa
 
     monkeypatch.setattr(rldsl.CompiledAlgorithm, "loss", poisoned)
     snapshots = []
-    real_step = loop.train_step
+    real_step = schedule.train_step
 
     def spy(s, step, producer=None):
         before = {k: v.clone() for k, v in s.trainers.policy.state_dict().items()}
@@ -212,7 +213,7 @@ def test_nan_loss_skips_the_step_and_keeps_weights(model_dir, tmp_path, monkeypa
         snapshots.append((m, before, {k: v.clone() for k, v in s.trainers.policy.state_dict().items()}))
         return m
 
-    monkeypatch.setattr(loop, "train_step", spy)
+    monkeypatch.setattr(schedule, "train_step", spy)
     loop.train("lite_ppo", quick_config(model_dir, tmp_path / "run"))
     m, before, after = snapshots[1]
     assert m["skipped_nonfinite"] == 1.0 and m["optimizer_steps"] == 0.0
@@ -235,14 +236,14 @@ def ctrl_c_delivered():
 def test_ctrl_c_finishes_the_step_then_writes_a_checkpoint(model_dir, tmp_path, monkeypatch):
     """Ctrl-C during step 3 (a real SIGINT): the step is finished, logged and saved as step-3 —
     a checkpoint taken mid-step would hold a half-applied step."""
-    real_step = loop.train_step
+    real_step = schedule.train_step
 
     def interrupt(s, step, producer=None):
         if step == 2:
             os.kill(os.getpid(), signal.SIGINT)
         return real_step(s, step, producer)
 
-    monkeypatch.setattr(loop, "train_step", interrupt)
+    monkeypatch.setattr(schedule, "train_step", interrupt)
     cfg = quick_config(model_dir, tmp_path / "run", **{"train.steps": 5})
     with pytest.raises(KeyboardInterrupt):
         loop.train("lite_ppo", cfg)
@@ -252,7 +253,7 @@ def test_ctrl_c_finishes_the_step_then_writes_a_checkpoint(model_dir, tmp_path, 
 
 @pytest.mark.usefixtures("ctrl_c_delivered")
 def test_a_second_ctrl_c_stops_mid_step_without_a_checkpoint(model_dir, tmp_path, monkeypatch):
-    real_step = loop.train_step
+    real_step = schedule.train_step
 
     def interrupt(s, step, producer=None):
         if step == 2:
@@ -260,7 +261,7 @@ def test_a_second_ctrl_c_stops_mid_step_without_a_checkpoint(model_dir, tmp_path
             os.kill(os.getpid(), signal.SIGINT)  # the handler runs before the next line
         return real_step(s, step, producer)
 
-    monkeypatch.setattr(loop, "train_step", interrupt)
+    monkeypatch.setattr(schedule, "train_step", interrupt)
     cfg = quick_config(model_dir, tmp_path / "run", **{"train.steps": 5, "checkpoint.every": 1})
     with pytest.raises(KeyboardInterrupt):
         loop.train("lite_ppo", cfg)
@@ -270,14 +271,14 @@ def test_a_second_ctrl_c_stops_mid_step_without_a_checkpoint(model_dir, tmp_path
 
 @pytest.mark.usefixtures("ctrl_c_delivered")
 def test_ctrl_c_names_the_resume_command_once(model_dir, tmp_path, monkeypatch):
-    real_step = loop.train_step
+    real_step = schedule.train_step
 
     def interrupt(s, step, producer=None):
         if step == 2:
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C during step 3: it finishes, step-3 is saved
         return real_step(s, step, producer)
 
-    monkeypatch.setattr(loop, "train_step", interrupt)
+    monkeypatch.setattr(schedule, "train_step", interrupt)
     run = tmp_path / "run"
     res = CliRunner().invoke(app, ["run", "lite_ppo", "--model", str(model_dir), "--out", str(run),
                                    "--set", "rollout.prompts_per_step=4", "--set", "rollout.n=4",
@@ -338,7 +339,7 @@ def test_a_warm_start_trains_with_the_runs_threads(monkeypatch):
     """The embedded model is warm-started while the run is planned, before build() sets torch's
     threads: it must train with `threads` (1) already, not torch's default of one per core (two
     spinning OpenMP threads on a loaded 2-core machine ran a 3-minute warm start for over an hour)."""
-    from rldsl.runtime.run import build
+    from rldsl.runtime.run import sources
 
     seen = []
 
@@ -346,11 +347,11 @@ def test_a_warm_start_trains_with_the_runs_threads(monkeypatch):
         seen.append(torch.get_num_threads())
         return Path("unused"), "unused"
 
-    monkeypatch.setattr(build, "embedded_model", fake)
+    monkeypatch.setattr(sources, "embedded_model", fake)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        build.model_folder(load_config(None, ["threads=1", "data.task=calculator"]))
+        sources.model_folder(load_config(None, ["threads=1", "data.task=calculator"]))
     finally:
         torch.set_num_threads(before)
     assert seen == [1]

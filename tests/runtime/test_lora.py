@@ -14,6 +14,7 @@ pytest.importorskip("peft")
 
 from rldsl.runtime.records import checkpoint as ckpt  # noqa: E402
 from rldsl.runtime.run import loop  # noqa: E402
+from rldsl.runtime.run import step as run_step  # noqa: E402
 from rldsl.runtime.run.build import build_run  # noqa: E402
 from rldsl.runtime.config import load_config  # noqa: E402
 from rldsl.runtime.records.export import export_run  # noqa: E402
@@ -87,7 +88,7 @@ def test_lora_run_trains_adapters_syncs_merged_weights_and_exports(model_dir, tm
     assert trainer.reference is None and trainer.reference_off is not None  # no second copy
     frozen = {k: v.clone() for k, v in trainer.policy.state_dict().items() if ".lora_" not in k}
     for step in range(2):
-        m = loop.train_step(s, step)
+        m = run_step.train_step(s, step)
     assert m["optimizer_steps"] >= 1 and "kl" in m
     after = trainer.policy.state_dict()
     assert all(torch.equal(after[k], v) for k, v in frozen.items())  # only adapters moved

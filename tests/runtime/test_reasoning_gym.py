@@ -158,10 +158,10 @@ def test_mix_weights_must_be_positive_numbers(path):
 
 
 def test_missing_reasoning_gym_names_the_extra_before_any_model_loads(monkeypatch, tmp_path):
-    from rldsl.runtime import build
+    from rldsl.runtime.run import build, sources
 
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import fails
-    monkeypatch.setattr(build, "model_folder", lambda cfg: pytest.fail("a model was looked for"))
+    monkeypatch.setattr(sources, "model_folder", lambda cfg: pytest.fail("a model was looked for"))
     cfg = load_config(None, ["data.path=reasoning_gym:chain_sum"])
     with pytest.raises(DataError, match=r"rldsl\[tasks\]"):
         build.plan_run(build.load_spec("grpo"), cfg)
@@ -268,7 +268,7 @@ def test_a_curriculum_run_logs_levels_and_task_metrics_to_trackers_and_resumes_a
 
 
 def test_an_eval_set_of_a_mix_is_one_set_per_task_and_holds_no_training_question(tokenizer):
-    from rldsl.runtime.run.evaluation import load_generated_sets
+    from rldsl.runtime.run.eval_sets import load_generated_sets
 
     data = rg.generate("reasoning_gym:basic_arithmetic", {"size": 200, "seed": 0, "max_digits": 1,
                                                           "allow_parentheses": False, "operators": ["+"]},
@@ -305,21 +305,21 @@ def test_the_demo_teacher_is_exact_without_drops_and_its_mode_makes_both_mistake
 
 def test_without_model_path_the_embedded_arithmetic_model_is_warm_started_for_its_own_data(monkeypatch, tmp_path):
     from rldsl.runtime.errors import RunError
-    from rldsl.runtime.run import build
+    from rldsl.runtime.run import sources
     from rldsl.runtime.toy import basic_arithmetic
 
     asked = []
     monkeypatch.setattr(basic_arithmetic, "arithmetic_warm_start",
                         lambda settings, **kw: asked.append(settings) or tmp_path)
     cfg = load_config("examples/reasoning_gym.toml")
-    assert build.model_folder(cfg)[0] == tmp_path
+    assert sources.model_folder(cfg)[0] == tmp_path
     (settings,) = asked
     assert dict(settings.options)["operators"] == ("+",) and settings.size == 4000 and settings.data_seed == 0
     assert settings.answer_format == "plain"
     with pytest.raises(RunError, match="no embedded model for reasoning_gym:spell_backward"):
-        build.model_folder(load_config(None, ["data.path=reasoning_gym:spell_backward"]))
+        sources.model_folder(load_config(None, ["data.path=reasoning_gym:spell_backward"]))
     with pytest.raises(RunError, match="min_terms = max_terms = 2"):
-        build.model_folder(load_config("examples/reasoning_gym.toml", ['data.options={"max_terms": 3}']))
+        sources.model_folder(load_config("examples/reasoning_gym.toml", ['data.options={"max_terms": 3}']))
 
 
 def test_the_answer_format_reaches_the_default_reward_and_the_run_says_so():
@@ -334,9 +334,9 @@ def test_the_answer_format_reaches_the_default_reward_and_the_run_says_so():
 
 
 def test_an_unknown_answer_format_fails_before_any_model_loads(monkeypatch):
-    from rldsl.runtime.run import build
+    from rldsl.runtime.run import build, sources
 
-    monkeypatch.setattr(build, "model_folder", lambda cfg: pytest.fail("a model was looked for"))
+    monkeypatch.setattr(sources, "model_folder", lambda cfg: pytest.fail("a model was looked for"))
     cfg = load_config(None, ["data.path=reasoning_gym:chain_sum", "reward.name=reasoning_gym(answer_format=xml)"])
     with pytest.raises(ConfigError, match="answer_format must be one of tag, plain, got 'xml'"):
         build.plan_run(build.load_spec("grpo"), cfg)

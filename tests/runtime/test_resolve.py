@@ -110,7 +110,8 @@ def test_the_default_reward_is_settled_once_before_the_reward_is_built(tmp_path,
     real = resolve.default_reward
     monkeypatch.setattr(resolve, "default_reward", lambda cfg: calls.append(cfg) or real(cfg))
     built = []
-    monkeypatch.setattr(build, "reward_fn", lambda cfg: built.append(cfg.reward.name) or recipe.reward_fn(cfg))
+    real_fn = resolve.reward_fn
+    monkeypatch.setattr(resolve, "reward_fn", lambda cfg: built.append(cfg.reward.name) or real_fn(cfg))
     plan = build.plan_run(build.load_spec("grpo"), load_config(None, [f"out={tmp_path}"]))
     assert len(calls) == 1 and built == ["addition"] and plan.reward.spec == plan.cfg.reward.name == "addition"
     with pytest.raises(ValueError, match="settle_reward"):

@@ -30,6 +30,7 @@ import torch
 from rldsl.runtime.records import checkpoint as ckpt
 from rldsl.runtime.records.checkpoint import read_weights
 from rldsl.runtime.run import loop
+from rldsl.runtime.run import schedule
 from rldsl.runtime.config import RunConfig, load_config
 from rldsl.runtime.models.lora import merged_weights
 from rldsl.runtime.records.metrics import read_metrics
@@ -106,14 +107,14 @@ def lora_run(vllm_model_dir, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RLDSL_COMPILE", "0")
         mp.syspath_prepend(str(HERE))
-        real_step = loop.train_step
+        real_step = schedule.train_step
 
         def checked_step(s, step, producer=None):
             m = real_step(s, step, producer)  # ends with the weight sync
             diffs.append(max_difference(s.rollouts.engine.read_weights(), merged_weights(s.trainers.policy)))
             return m
 
-        mp.setattr(loop, "train_step", checked_step)
+        mp.setattr(schedule, "train_step", checked_step)
         run = loop.train("grpo_tis", config(vllm_model_dir, tmp_path_factory.mktemp("lora") / "run", *LORA))
     return run, diffs
 
@@ -180,7 +181,7 @@ def _name(process) -> str:
 
 def test_ray_rollout_worker_run_syncs_exact_weights_each_step(vllm_model_dir, tmp_path, monkeypatch):
     import ray
-    real_save = loop.save
+    real_save = schedule.save
     diffs: list[float] = []
 
     def checked_save(s, step, producer=None):
@@ -189,7 +190,7 @@ def test_ray_rollout_worker_run_syncs_exact_weights_each_step(vllm_model_dir, tm
         diffs.append(max_difference(engine, read_weights(path / "policy")))
         return path
 
-    monkeypatch.setattr(loop, "save", checked_save)
+    monkeypatch.setattr(schedule, "save", checked_save)
     run = loop.train("grpo", config(vllm_model_dir, tmp_path / "run", "distributed.rollout_workers=1",
                                     "checkpoint.every=1", "distributed.sync_timeout=300",
                                     "distributed.collective_timeout=300"))

@@ -26,6 +26,7 @@ import torch
 
 from rldsl.runtime.records import checkpoint as ckpt
 from rldsl.runtime.run import loop
+from rldsl.runtime.run import step as run_step
 from rldsl.runtime.config import RunConfig, load_config
 from rldsl.runtime.errors import WorkerError
 from rldsl.runtime.records.metrics import read_metrics
@@ -208,7 +209,7 @@ def test_lora_on_two_trainer_ranks_matches_one_process(ray_cluster, model_dir, t
         out.mkdir()
         s = build_run("grpo", config(model_dir, out, trainers, workers, **over), out)
         try:
-            metrics = [loop.train_step(s, step) for step in range(2)]
+            metrics = [run_step.train_step(s, step) for step in range(2)]
             if name == "one":
                 weights = merged_weights(s.trainers.trainer.policy)
                 state = {k: v.detach().clone() for k, v in s.trainers.trainer.policy.state_dict().items()}

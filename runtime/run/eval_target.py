@@ -1,0 +1,63 @@
+"""What ``rldsl eval`` evaluates: a run folder's checkpoint (exported to a model folder; the run's
+config, so that its episodes run as they trained) or a Hugging Face model folder (the default
+config), loaded with its tokenizer and its multi-turn episode runner, if any.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from torch import nn
+
+from ...errors import UsageError
+from ..config import RunConfig
+from ..models.loading import load_policy, load_tokenizer
+from ..records.export import export_run
+from ..records.run_dir import CONFIG_FILE, load_run_config
+from ..resolve import check_episode_template, check_tools
+from ..rollout.runners import episode_runner
+
+
+@dataclass
+class EvalTarget:
+    """An evaluation target, opened by :func:`open_target` (its config read and checked, nothing
+    loaded) and loaded by :meth:`load`. ``is_run``: a run folder (``cfg`` is its saved config);
+    ``episodes``: the multi-turn runner (``run(engine, prompts, answers, params)``), None for
+    single-turn completions."""
+
+    path: Path
+    cfg: RunConfig
+    is_run: bool
+    tokenizer: Any = None
+    model: nn.Module | None = None
+    episodes: Any = None
+
+    def load(self, step: Optional[int] = None) -> "EvalTarget":
+        """The model (float32) and tokenizer: a run's checkpoint of ``step`` (else its newest),
+        exported to a model folder, or the model folder itself; the episode runner, if any."""
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = export_run(self.path, Path(tmp) / "model", step) if self.is_run else self.path
+            if not (folder / "config.json").is_file():
+                raise UsageError(f"{folder} is not a Hugging Face model folder (no config.json) nor a run "
+                                 "folder with checkpoints")
+            self.tokenizer = load_tokenizer(folder)
+            check_episode_template(self.cfg, self.tokenizer)
+            self.model = load_policy(folder, "float32")
+            self.episodes = episode_runner(self.cfg, folder)  # None: single-turn completions
+        return self
+
+
+def open_target(target: Path, *, tools: Optional[str] = None, env: Optional[str] = None) -> EvalTarget:
+    """``target`` -- a run folder or a model folder -- with the config it is evaluated under;
+    ``tools`` / ``env`` replace the run's own; a tool that does not import fails here, before
+    any model loads."""
+    if not target.exists():
+        raise UsageError(f"{target} does not exist (give a run folder or a Hugging Face model folder)")
+    is_run = (target / "checkpoints").is_dir() and (target / CONFIG_FILE).is_file()
+    cfg = load_run_config(target) if is_run else RunConfig()
+    if tools is not None or env is not None:  # the flags replace the run's own
+        cfg.rollout.tools, cfg.rollout.env = tools, env
+    check_tools(cfg)
+    return EvalTarget(target, cfg, is_run)

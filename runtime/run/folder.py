@@ -1,0 +1,99 @@
+"""A run's folder: a new run's created (the resolved config and the spec written before any
+model loads), a stopped or killed one reopened to resume (its newest whole checkpoint, or from
+step 0 when it holds none), its metrics logger and trackers opened, and the line that says how
+to continue after a failure.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import RunConfig
+from ..errors import RunError
+from ..records import checkpoint as ckpt
+from ..records.metrics import MetricsLogger
+from ..records.run_dir import (METRICS_FILE, SPEC_FILE, load_run_config, run_dir_of, save_config,
+                               save_parent_specs)
+from ..records.samples import SAMPLES_FILE
+from ..records.trackers import open_trackers
+from .plan import Plan, load_spec, plan_run
+
+
+@dataclass
+class Opened:
+    """A run folder opened for training. ``resume_from``: the checkpoint to restore (None: the run
+    starts at step 0); ``resumed``: the run continues an earlier one (its records and trackers
+    go on from the checkpoint's step); ``notes``: what opening it found, for the log."""
+
+    plan: Plan
+    run_dir: Path
+    resume_from: Path | None = None
+    resumed: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def open_run(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = None) -> Opened:
+    """A new run of ``spec`` under ``cfg`` in the folder its config names (refused if that folder
+    holds a run already), or the run folder ``resume`` reopened with its saved spec (and its
+    saved config unless ``cfg`` is given). Every check runs here, before any model loads."""
+    if resume is not None:
+        run_dir = Path(resume)
+        if not run_dir.is_dir():
+            raise RunError(f"no run folder {run_dir} to resume")
+        saved = load_run_config(run_dir)
+        spec_file = run_dir / SPEC_FILE
+        plan = plan_run(load_spec(str(spec_file), spec_file.read_text(encoding="utf-8")),
+                        saved if cfg is None else cfg)
+        if plan.cfg != saved:
+            save_config(plan.cfg, run_dir)  # config.json shows what actually runs
+        resume_from, notes = ckpt.newest_loadable(run_dir)
+        if resume_from is None:
+            return Opened(plan, run_dir, None, False, notes + start_again(run_dir))
+        return Opened(plan, run_dir, resume_from, True, notes)
+    cfg = cfg or RunConfig()
+    algo = load_spec(spec)  # the one parse of the run
+    run_dir = run_dir_of(cfg, algo.name)
+    if (run_dir / METRICS_FILE).exists() or ckpt.latest_checkpoint(run_dir) is not None:
+        raise RunError(f"{run_dir} already holds a run: resume it with `rldsl run --resume {run_dir}` "
+                       f"or choose another --out")
+    plan = plan_run(algo, cfg)  # every check before a model loads
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(plan.cfg, run_dir, algo.source)  # the resolved config: what runs
+    save_parent_specs(run_dir, algo.parent_sources)
+    return Opened(plan, run_dir)
+
+
+def start_again(run_dir: Path) -> list[str]:
+    """A run resumed without a complete checkpoint (killed before its first one was written)
+    starts again from step 0 with its saved config: the records of the killed attempt go (the
+    run writes them again). Returns the lines telling the user so."""
+    for name in (METRICS_FILE, SAMPLES_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            (run_dir / name).unlink()
+    ckpt.remove_checkpoints_after(run_dir, -1)  # damaged ones, if any (listed in the notes)
+    ckpt.clean_incomplete(run_dir)
+    return [f"{run_dir} holds no complete checkpoint (the run stopped before its first one was "
+            f"written): starting it again from step 0 with its saved config"]
+
+
+def open_logger(cfg: RunConfig, run_dir: Path, start: int, resumed: bool) -> MetricsLogger:
+    """The run's metrics logger (metrics.jsonl, TensorBoard, the progress display) with the
+    trackers ``log.report_to`` names; a resumed run's go on from step ``start``."""
+    resume_step = start if resumed else None
+    trackers = open_trackers(cfg.log.report_to, run_dir, config=cfg.model_dump(mode="json"),
+                             spec_text=(run_dir / SPEC_FILE).read_text(encoding="utf-8"),
+                             project=cfg.log.project, resume_step=resume_step)
+    return MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard, total_steps=cfg.train.steps,
+                         progress=cfg.log.progress, print_every=cfg.log.every,
+                         resume_step=resume_step, trackers=trackers)
+
+
+def resume_hint(run_dir: Path) -> str:
+    """How to continue a run that failed (an actor died or timed out): the checkpoints on disk
+    are complete."""
+    last = ckpt.latest_checkpoint(run_dir)
+    if last is not None:
+        return (f"the run folder holds complete checkpoint {last.name}: continue with "
+                f"`rldsl run --resume {run_dir}` (--trainers may differ)")
+    return f"no checkpoint was written yet: `rldsl run --resume {run_dir}` starts it again from step 0"

@@ -1,0 +1,55 @@
+"""Planning a run: everything checked and settled before any model loads (:func:`plan_run`),
+cheapest first, so that a mistake costs seconds, not a model load. The result is a
+:class:`~rldsl.runtime.run.state.Plan`; run/build.py loads its models.
+"""
+from __future__ import annotations
+
+import rldsl
+
+from ..config import MODEL_RUN_DEFAULTS, RunConfig
+from ..resolve import check_group_size, check_settings, check_tools, resolve, settled_reward
+from ..train.inputs import check_rollout_inputs
+from .eval_sets import eval_sets_of
+from .sources import examples_of, model_of, prompts_of
+from .state import Plan
+
+
+def load_spec(spec: str, spec_text: str | None = None) -> rldsl.Algorithm:
+    """The run's spec, parsed once: ``spec_text`` (named ``spec``) when given, else the file or
+    library name ``spec``."""
+    return rldsl.loads(spec_text, spec) if spec_text is not None else rldsl.load(spec)
+
+
+def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
+    """Everything checked and settled before a model loads (runtime/resolve.py), cheapest first:
+    the device, engine and trackers; the reward, named once (a server's address, a reward model's
+    folder); the tools; the data's fields; the model folder, its tokenizer and the model's context;
+    then the resolved config, the group-size check and the rollout-stage inputs the spec reads.
+    A mistake in any of them fails in seconds, never after a model load."""
+    check_settings(algo, cfg)
+    cfg, reward, reward_note = settled_reward(cfg)  # the task's own reward when none is named
+    check_tools(cfg)
+    notes: list[str] = []
+    rows = examples_of(cfg, notes.append)
+    path, label, tok = model_of(algo, cfg)
+    source, held = prompts_of(cfg, tok, rows=rows)
+    eval_sets = eval_sets_of(cfg, tok, reward, [e.reward_prompt for e in source.examples])
+    resolved, more = resolve(cfg, path, tok, [e.prompt for e in source.examples + held]
+                             + [e.prompt for s in eval_sets for e in s.examples], label)
+    warnings = check_group_size(algo, resolved)
+    # the rollout-stage inputs the spec reads can be made in this run (per-turn rewards need a
+    # reward term that gives them, and turns)
+    check_rollout_inputs(algo, [(t.name, t.weight) for t in reward.terms],
+                         resolved.rollout.env is not None or resolved.rollout.tools is not None)
+    return Plan(resolved, algo, path, tok, source, held, reward, notes + [reward_note] + more, warnings, eval_sets)
+
+
+def optimizer_note(cfg: RunConfig) -> str:
+    """The run-start line naming the optimizer settings and where their defaults come from."""
+    t = cfg.train
+    note = f"optimizer: AdamW lr {t.lr:g}, betas ({t.betas[0]:g}, {t.betas[1]:g})"
+    if cfg.model.path is None:
+        return note + " (the toy's tuned defaults)"
+    if t.lr == MODEL_RUN_DEFAULTS["train.lr"] and tuple(t.betas) == MODEL_RUN_DEFAULTS["train.betas"]:
+        return note + " (defaults for a user's model, as TRL and verl; set train.lr / train.betas to change)"
+    return note

@@ -1,0 +1,84 @@
+"""What a run is made of: a :class:`Plan` (everything settled before a model loads: run/plan.py
+makes it) and a :class:`Run` (its models loaded and its two sides started: run/build.py makes it).
+Every module of a step reads the run through these two records.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import rldsl
+from rldsl.errors import SpecWarning
+
+from ..batch import StepRollout
+from ..config import RunConfig
+from ..data.datasets import Example, PromptSource, rollout_prompts
+from ..rewards.functions import RewardFn
+from ..rollout.producer import Produced, RolloutProducer
+from ..workers.base import Rollouts, Trainers
+from .eval_sets import EvalSet
+
+#: The asynchronous producer of a run's step batches (rollout/producer.py; run/rollouts.py starts it)
+StepProducer = RolloutProducer[StepRollout]
+
+
+@dataclass
+class Plan:
+    """A run settled before any model loads; made by :func:`plan_run`, built by :func:`build`.
+
+    ``cfg`` is resolved and frozen: what config.json records and what runs. ``notes`` and
+    ``warnings`` (the spec's run-start warnings) are printed when the run starts.
+    """
+
+    cfg: RunConfig
+    algo: rldsl.Algorithm
+    model_path: Path
+    tokenizer: Any
+    source: PromptSource
+    heldout: list[Example]
+    reward: RewardFn
+    notes: list[str] = field(default_factory=list)
+    warnings: list[SpecWarning] = field(default_factory=list)
+    eval_sets: list[EvalSet] = field(default_factory=list)
+
+
+@dataclass
+class Run:
+    """Everything one training run is made of; built by :func:`build` (or :func:`build_run`).
+
+    The step talks to ``rollouts`` and ``trainers`` only (workers/base.py): in process
+    (``LocalRollouts`` / ``LocalTrainers``) or on Ray actors (``RayRollouts`` / ``RayTrainers``).
+    ``tokenizer`` (the driver's copy) is saved with every checkpoint.
+    """
+
+    cfg: RunConfig
+    algo: rldsl.Algorithm
+    fn: rldsl.CompiledAlgorithm
+    run_dir: Path
+    tokenizer: Any
+    source: PromptSource
+    heldout: list[Example]
+    rollouts: Rollouts
+    trainers: Trainers
+    reward: RewardFn  # the run's reward (the rollout workers score with their own copies of it)
+    warn: Callable[[str], None] = print
+    notes: list[str] = field(default_factory=list)
+    warnings: list[SpecWarning] = field(default_factory=list)
+    eval_sets: list[EvalSet] = field(default_factory=list)
+    queued: list[Produced[StepRollout]] = field(default_factory=list)  # restored batches of an asynchronous run
+
+    @property
+    def episodes(self) -> bool:
+        """Whether samples are multi-turn episodes (rollout.tools / rollout.env / rollout.agent)."""
+        r = self.cfg.rollout
+        return r.tools is not None or r.env is not None or r.agent is not None
+
+    def rollout_prompts(self, examples: Sequence[Example]) -> list[str | tuple]:
+        """What the rollouts start from (``data.rollout_prompts``)."""
+        return rollout_prompts(examples, self.episodes)
+
+    def close(self) -> None:
+        """Stop the actors of a distributed run (nothing to do for a one-process run)."""
+        self.rollouts.close()
+        self.trainers.close()
