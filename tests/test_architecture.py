@@ -323,7 +323,6 @@ OVER_THE_LIMIT = {
     "rldsl.runtime.train.trainer": 11,
     "rldsl.runtime.recipe": 10,
     "rldsl.runtime.run.evaluation": 10,
-    "rldsl.runtime.toy.tasks": 10,  # the task table: each task's prompts, tokenizer and warm start
     "rldsl.runtime.workers.fsdp": 10,
     "rldsl.runtime.workers.local": 9,
 }
