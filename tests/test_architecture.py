@@ -320,7 +320,6 @@ OVER_THE_LIMIT = {
     "rldsl.runtime.run.build": 16,
     "rldsl.runtime.workers.ray": 14,
     "rldsl.runtime.run.eval_command": 12,  # rldsl eval's body: a checkpoint, an engine, episodes
-    "rldsl.runtime.train.trainer": 11,
     "rldsl.runtime.recipe": 10,
     "rldsl.runtime.run.evaluation": 10,
     "rldsl.runtime.workers.fsdp": 10,
