@@ -317,8 +317,6 @@ MAX_RUNTIME_IMPORTS = 8
 #: leaves this table when it reaches the limit (docs/architecture.md says how to get there)
 OVER_THE_LIMIT = {
     "rldsl.runtime.workers.ray": 14,
-    "rldsl.runtime.train.trainer": 11,
-    "rldsl.runtime.toy.tasks": 10,  # the task table: each task's prompts, tokenizer and warm start
     "rldsl.runtime.workers.fsdp": 10,
     "rldsl.runtime.workers.local": 9,
 }

@@ -1,56 +1,23 @@
-"""The built-in tasks' prompts and embedded models, one row per ``data.task`` (the defaults a
+"""The built-in tasks, one row per ``data.task``: each task's module declares its prompts and
+embedded model (toy/warmup.py ``ADDITION``, toy/tool_warmup.py ``CALCULATOR``; the defaults a
 task fills into the config -- max_new_tokens, reward, tools -- are its row of
 ``config.BUILTIN_TASKS``). ``rldsl run`` without ``--data`` reads its task here; nothing else
 names a task.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..config import BUILTIN_TASKS, DataConfig, RunConfig
 from ..data.reasoning_gym import is_reasoning_gym
 from ..errors import ConfigError
 from .basic_arithmetic import embedded_model as arithmetic_model
-from .calculator import SumTask
-from .model import build_tokenizer, vllm_variant_config
-from .task import AdditionTask
-from .tool_model import build_tool_tokenizer, tool_model_config
-from .tool_warmup import tool_warm_start
-from .warmup import warm_start
+from .builtin import BuiltinTask
+from .tool_warmup import CALCULATOR
+from .warmup import ADDITION
 
-
-@dataclass(frozen=True)
-class BuiltinTask:
-    """``prompts()``: the task; ``model(vllm)``: (the warm-started model folder, a label),
-    the head-dim-32 variant when ``vllm`` (vLLM's CPU attention refuses head dim 24);
-    ``tokenizer()``: the embedded model's tokenizer (the task's prompts are written in its vocabulary)."""
-
-    name: str
-    prompts: Callable[[], AdditionTask | SumTask]  # heldout_examples(), prompt_source(seed)
-    model: Callable[[bool], tuple[Path, str]]
-    tokenizer: Callable[[], Any]
-
-
-def _toy_model(vllm: bool) -> tuple[Path, str]:
-    if vllm:
-        return (Path(warm_start(model_config=vllm_variant_config(), verbose=True)),
-                "embedded toy model, head-dim-32 variant for vLLM (warm-started)")
-    return Path(warm_start(verbose=True)), "embedded toy model (warm-started)"
-
-
-def _tool_model(vllm: bool) -> tuple[Path, str]:
-    if vllm:  # head dim 32, as the toy's vLLM variant
-        return (Path(tool_warm_start(model_config=tool_model_config(num_attention_heads=3), verbose=True)),
-                "embedded tool-use model, head-dim-32 variant for vLLM (warm-started)")
-    return Path(tool_warm_start(verbose=True)), "embedded tool-use model (warm-started)"
-
-
-TASKS: dict[str, BuiltinTask] = {t.name: t for t in (
-    BuiltinTask("addition", AdditionTask, _toy_model, build_tokenizer),
-    BuiltinTask("calculator", SumTask, _tool_model, build_tool_tokenizer),
-)}
+TASKS: dict[str, BuiltinTask] = {t.name: t for t in (ADDITION, CALCULATOR)}
 assert set(TASKS) == set(BUILTIN_TASKS), "a built-in task needs a row in both tables"
 
 

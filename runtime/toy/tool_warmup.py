@@ -22,6 +22,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ..models.loading import quiet_transformers
+from .builtin import BuiltinTask
 from .calculator import SumTask, TeacherMix, calculator, teacher_trace
 from .tool_model import CHAT_TEMPLATE, HERMES_TOKENS, TOOL_CHARACTERS, build_tool_tokenizer, tool_model_config
 from ...cache import cache_dir
@@ -121,6 +122,19 @@ def tool_warm_start(config: ToolWarmStartConfig | None = None, *, model_config: 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def embedded_model(vllm: bool) -> tuple[Path, str]:
+    """(folder, label) of the calculator task's embedded model, warm-started on first use; for
+    vLLM the variant of head dim 32, as the toy's."""
+    if vllm:
+        return (Path(tool_warm_start(model_config=tool_model_config(num_attention_heads=3), verbose=True)),
+                "embedded tool-use model, head-dim-32 variant for vLLM (warm-started)")
+    return Path(tool_warm_start(verbose=True)), "embedded tool-use model (warm-started)"
+
+
+#: The built-in task ``calculator`` (``data.task``): its prompts, model and tokenizer
+CALCULATOR = BuiltinTask("calculator", SumTask, embedded_model, build_tool_tokenizer)
 
 
 def _train(config: ToolWarmStartConfig, model_config: LlamaConfig, tokenizer: PreTrainedTokenizerFast,

@@ -27,7 +27,8 @@ from ..data.datasets import Example
 from ..models.loading import quiet_transformers
 from ..rollout.engines.base import SamplingParams
 from ..rollout.engines.hf import HFEngine
-from .model import CHARACTERS, build_tokenizer, tiny_config
+from .builtin import BuiltinTask
+from .model import CHARACTERS, build_tokenizer, tiny_config, vllm_variant_config
 from .task import AdditionTask, carry_free_sum, teacher_answer
 
 #: Bumped whenever the warm-start recipe changes meaning: it is part of the cache key.
@@ -103,6 +104,19 @@ def warm_start(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def embedded_model(vllm: bool) -> tuple[Path, str]:
+    """(folder, label) of the addition task's embedded model, warm-started on first use; the
+    head-dim-32 variant (``model.vllm_variant_config``) for vLLM."""
+    if vllm:
+        return (Path(warm_start(model_config=vllm_variant_config(), verbose=True)),
+                "embedded toy model, head-dim-32 variant for vLLM (warm-started)")
+    return Path(warm_start(verbose=True)), "embedded toy model (warm-started)"
+
+
+#: The built-in task ``addition`` (``data.task``, the default): its prompts, model and tokenizer
+ADDITION = BuiltinTask("addition", AdditionTask, embedded_model, build_tokenizer)
 
 
 def _answer_batch(

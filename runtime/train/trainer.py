@@ -1,17 +1,17 @@
 """The trainer: old/reference logprobs, advantages and minibatch updates with the compiled loss.
 
 Every formula comes from the :class:`rldsl.CompiledAlgorithm` (``estimate`` and ``loss``);
-this module only moves tensors: it builds the model inputs, recomputes logprobs with the
-memory-lean selective log-softmax, splits the batch into minibatches of whole prompt
-groups with exact global denominators, clips gradients and steps the optimizers.
+this module only moves tensors: it picks the no-grad forwards the algorithm needs, splits the
+batch into minibatches of whole prompt groups with exact global denominators, clips gradients
+and steps the optimizers. The forwards themselves (memory-lean logprobs, values, the teacher's,
+micro-batches, token counts) are train/passes.py's, the parts a run's config makes of a
+trainer train/parts.py's.
 
 Shapes: B = P*G rows, Tp prompt tokens (left padded), Tr response tokens (right padded),
 L = Tp + Tr.
 """
 from __future__ import annotations
 
-import contextlib
-import copy
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -22,17 +22,14 @@ from torch import Tensor, nn
 
 from rldsl import CompiledAlgorithm
 
-from ..batch import RolloutBatch, group_rows, model_inputs
+from ..batch import RolloutBatch, group_rows
 from ..config import RunConfig
 from ..records.metrics import CRITIC_GRAD_NORM, GRAD_NORM, LOSS, OPTIMIZER_STEPS, SKIPPED_NONFINITE, SKIPPED_ZERO_ADV
-from ..models.loading import autocast_dtype, backbone
 from . import inputs as producers
-from .logprobs import token_logprobs
-from .teachers import RemoteTeacher, TeacherForward, teacher_of, teacher_topk, vocabulary_jsd
-from .microbatch import combine_metrics, plan, row_tokens, trim, widen
-from .optim import build_optimizer, build_scheduler, lr_factor
-from .throughput import ModelDims, TokenCount
-from .value_model import ValueModel
+from .microbatch import combine_metrics, row_tokens, trim
+from .parts import trainer_parts
+from .passes import ForwardPasses
+from .teachers import RemoteTeacher, TeacherForward, vocabulary_jsd
 
 
 # ----------------------------------------------------------------------------- batches
@@ -64,18 +61,9 @@ def _rows(t: Tensor | None, idx: Tensor) -> Tensor | None:
 
 # ----------------------------------------------------------------------------- trainer
 
-def logits_chunk(cfg: RunConfig) -> int:
-    """Tokens per LM-head chunk (``train.logits_chunk``): 1024 by default, 256 under gradient
-    checkpointing -- there the blocks keep almost nothing and the chunk's two [C, V] float32
-    buffers are a large part of what is left (bench/README.md, ``bench/memory.py``)."""
-    t = cfg.train
-    if t.logits_chunk is not None:
-        return t.logits_chunk
-    return 256 if t.gradient_checkpointing or cfg.distributed.activation_checkpointing else 1024
-
-
-class Trainer:
-    """Owns the policy (and reference, critic), their optimizers, and one update step.
+class Trainer(ForwardPasses):
+    """Owns the policy (and reference, critic), their optimizers, and one update step; the
+    forwards it runs are its base's (:class:`~.passes.ForwardPasses`, train/passes.py).
 
     The trainer is a plain object with tensor-in/metrics-out methods so that it can live in
     its own process (a Ray actor) in the distributed runtime.
@@ -92,13 +80,12 @@ class Trainer:
                  reference_off: Callable[[], Any] | None = None,
                  packing: bool = False, packing_row_tokens: int | None = None,
                  compile_policy: bool = False, teacher: nn.Module | RemoteTeacher | None = None):
-        self.fn = fn
-        # a distill spec's teacher: a model (frozen, eval) on the policy's device, or a remote one
-        # (a Ray actor, a server: train/teachers.py) that returns its logprobs
-        self.teacher = teacher
-        self.policy = policy
+        super().__init__(fn, policy, critic=critic, teacher=teacher, temperature=temperature,
+                         logprob_chunk=logprob_chunk, max_tokens_per_microbatch=max_tokens_per_microbatch,
+                         autocast_dtype=autocast_dtype, packing=packing, packing_row_tokens=packing_row_tokens,
+                         compile_policy=compile_policy)
         self.reference = reference
-        self.critic = critic
+        self.reference_off = reference_off  # LoRA: the reference is the policy with adapters off
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.critic_optimizer = critic_optimizer
@@ -106,26 +93,10 @@ class Trainer:
         self.minibatches = minibatches
         self.grad_clip = grad_clip
         self.skip_zero_advantage = skip_zero_advantage
-        self.logprob_chunk = logprob_chunk
-        # the rollout's sampling temperature: old, new and reference logprobs and the entropy
-        # are those of softmax(z / T), the distribution the engine sampled from
-        self.temperature = float(temperature)
         # the critic follows the policy's LR schedule: lr_c(step) = critic base lr x factor(step)
         self.critic_lr_factor = critic_lr_factor
         self.critic_base_lrs = [g["lr"] for g in critic_optimizer.param_groups] if critic_optimizer else []
         self._set_critic_lr(0)
-        self.max_tokens_per_microbatch = max_tokens_per_microbatch
-        self.autocast_dtype = autocast_dtype
-        self.reference_off = reference_off  # LoRA: the reference is the policy with adapters off
-        self.packing = packing  # padding-free forwards (train/packing.py)
-        self.packing_row_tokens = packing_row_tokens
-        # what the forwards pushed since the last report, per phase (train/throughput.py)
-        self.counts: dict[str, TokenCount] = {"logprobs": TokenCount(), "update": TokenCount()}
-        self._dims: dict[int, ModelDims] = {}
-        self._waste = False  # the forwards now running are discarded copies (zero weight)
-        # model.compile: a torch.compile'd view of the policy's body (the module itself is untouched,
-        # so copies of it -- reference, critic, engine -- stay eager)
-        self._compiled_body = torch.compile(backbone(policy), dynamic=True) if compile_policy else None
         algo = fn.algorithm
         if algo.uses_reference and reference is None and reference_off is None:
             raise ValueError(f"{algo.name} has a KL term: the trainer needs a reference model")
@@ -139,7 +110,8 @@ class Trainer:
                     prepare: Callable[[nn.Module, nn.Module | None, nn.Module | None], None] | None = None,
                     reference_off: Callable[[], Any] | None = None, tokenizer: Any = None,
                     **kwargs: Any) -> "Trainer":
-        """The trainer of ``policy`` for a run: reference and critic copies, optimizers, LR schedule.
+        """The trainer of ``policy`` for a run: reference and critic copies, optimizers, LR schedule
+        (train/parts.py).
 
         ``prepare(policy, reference, critic)``, if given, runs after the copies are made and
         before the optimizers are built (the sharded trainer shards the modules there).
@@ -148,172 +120,11 @@ class Trainer:
         constructor (a subclass's own arguments). A spec that reads a teacher gets the run's
         (``teacher=`` overrides it); ``tokenizer``, the policy's, checks a teacher server's.
         """
-        algo = fn.algorithm
-        reference = None
-        if algo.uses_teacher and "teacher" not in kwargs:  # the run's teacher (train/teachers.py)
-            kwargs["teacher"] = teacher_of(cfg, policy, tokenizer, fn.data.teacher_topk or 0, logits_chunk(cfg),
-                                           algo.name)
-        if algo.uses_reference and reference_off is None:
-            reference = copy.deepcopy(policy).eval()
-            for p in reference.parameters():
-                p.requires_grad_(False)
-        critic = critic_opt = None
-        if algo.uses_critic:
-            critic = ValueModel(policy).to(cfg.device)
-        if prepare is not None:
-            prepare(policy, reference, critic)
-        t = cfg.train
-        if critic is not None:
-            critic_opt = build_optimizer(critic.parameters(), t, lr=t.critic_lr or t.lr)
-        optimizer = build_optimizer([p for p in policy.parameters() if p.requires_grad], t)
-        return cls(fn, policy, optimizer=optimizer, scheduler=build_scheduler(optimizer, t),
-                   reference=reference, critic=critic, critic_optimizer=critic_opt,
-                   ppo_epochs=t.ppo_epochs, minibatches=t.minibatches, grad_clip=t.grad_clip,
-                   skip_zero_advantage=t.skip_zero_advantage,
-                   temperature=scoring_temperature(cfg.rollout.temperature),
-                   critic_lr_factor=(lambda step: lr_factor(step, t)) if critic_opt is not None else None,
-                   max_tokens_per_microbatch=t.max_tokens_per_microbatch,
-                   logprob_chunk=logits_chunk(cfg),
-                   autocast_dtype=autocast_dtype(cfg.model.dtype), reference_off=reference_off,
-                   packing=t.packing, packing_row_tokens=t.packing_row_tokens,
-                   compile_policy=cfg.model.compile, **kwargs)
+        parts = trainer_parts(cfg, fn, policy, prepare=prepare, reference_off=reference_off, tokenizer=tokenizer,
+                              teacher="teacher" not in kwargs)
+        return cls(fn, policy, **parts, **kwargs)
 
-    # -- logprobs
-
-    # the sharded trainer (workers/fsdp.py) runs it under the FSDP root's hooks
-    _token_logprobs = staticmethod(token_logprobs)
-
-    def _logprobs(self, model: nn.Module, batch: RolloutBatch, *, grad: bool,
-                  entropy: bool, groups: bool = True, sum_pi_squared: bool = False,
-                  gather_ids: Tensor | None = None, hidden: bool = False) -> tuple[Tensor, ...]:
-        """(logprobs, entropy or None) [b, Tr], and sum_v pi_v^2 [b, Tr] with ``sum_pi_squared``;
-        with ``gather_ids`` [b, Tr, J] also the logprobs of those tokens [b, Tr, J]; with
-        ``hidden`` also the hidden states [b*Tr, H] the head ran on, last."""
-        ids, attn, pos = model_inputs(batch)
-        Tr = batch.response_ids.shape[1]
-        extra: dict[str, Any] = {"with_sum_pi_squared": True} if sum_pi_squared else {}
-        if model is self.policy and self._compiled_body is not None:
-            extra["body"] = self._compiled_body
-        if gather_ids is not None:
-            extra["gather_ids"] = gather_ids
-        if hidden:
-            extra["return_hidden"] = True
-        count = TokenCount()
-        with torch.set_grad_enabled(grad), self._autocast(model):
-            out = self._token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
-                                       entropy_grad=grad and self.fn.algorithm.uses_entropy,
-                                       chunk_size=self.logprob_chunk,
-                                       group_size=batch.group_size if groups else None,
-                                       temperature=self.temperature, packing=self.packing,
-                                       packing_row_tokens=self.packing_row_tokens, count=count, **extra)
-        self._tally("update" if grad else "logprobs", count, model, backward=grad)
-        return out
-
-    def _tally(self, phase: str, count: TokenCount, model: nn.Module, backward: bool) -> None:
-        """Add one forward's tokens and FLOPs to its phase's count."""
-        dims = self._dims.get(id(model))
-        if dims is None:
-            dims = self._dims[id(model)] = ModelDims.of(model)
-        self.counts[phase].merge(count, dims, backward, waste=self._waste)
-
-    @contextlib.contextmanager
-    def _discarded(self, flag: bool) -> Any:
-        """Count the forwards inside as padding when ``flag`` (a zero-weighted copy)."""
-        before, self._waste = self._waste, self._waste or flag
-        try:
-            yield
-        finally:
-            self._waste = before
-
-    def _perf_metrics(self, phase: str) -> dict[str, float]:
-        """``perf/<phase>_*`` of the forwards since the last report (every rank's), then reset:
-        real and computed tokens, model FLOPs, and the balance of real tokens over micro-batches
-        and ranks (the largest over the mean; 1 = even)."""
-        c = self.counts[phase]
-        self.counts[phase] = TokenCount()
-        forwards = [n for n in c.per_forward]
-        micro = max(forwards) / (sum(forwards) / len(forwards)) if forwards and sum(forwards) else 1.0
-        real, computed, padding, flops, rank_imbalance, micro = self._all_ranks(
-            float(c.real), float(c.computed), float(c.padding), c.flops, micro)
-        return {f"perf/{phase}_tokens": real, f"perf/{phase}_computed_tokens": computed,
-                f"perf/{phase}_padding_tokens": padding, f"perf/{phase}_flops": flops, f"perf/{phase}_token_imbalance": rank_imbalance,
-                f"perf/{phase}_microbatch_imbalance": micro}
-
-    def _all_ranks(self, real: float, computed: float, padding: float, flops: float,
-                   micro: float) -> tuple[float, float, float, float, float, float]:
-        """(real, computed, padding, flops summed over ranks, the largest rank's real tokens over
-        the mean, the largest micro-batch imbalance); on one rank its own, imbalance 1."""
-        return real, computed, padding, flops, 1.0, micro
-
-    def _autocast(self, model: nn.Module) -> Any:
-        """Mixed precision: the forwards compute in ``autocast_dtype`` (parameters, gradients
-        and optimizer state stay float32); a no-op without it."""
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        device = next(model.parameters()).device
-        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
-
-    def _values(self, batch: RolloutBatch, tr: int) -> Tensor:
-        """The critic's values [b, tr] (float32)."""
-        ids, attn, pos = model_inputs(batch)
-        count = TokenCount()
-        grad = torch.is_grad_enabled()
-        with self._autocast(self.critic):
-            out = self.critic(ids, attn, pos, tr, packing=self.packing,
-                              packing_row_tokens=self.packing_row_tokens, count=count).float()
-        self._tally("update" if grad else "logprobs", count, self.critic, backward=grad)
-        return out
-
-    # -- micro-batches (train/microbatch.py)
-
-    def _microbatches(self, batch: RolloutBatch) -> tuple[list[tuple[Tensor, float]], bool]:
-        """([(row indices, weight)], whole groups) of the forwards over ``batch``: one with
-        every row when there is no token budget. Weight 0 marks a padding copy that only keeps
-        the ranks' collectives in step (its result is discarded)."""
-        B = len(batch)
-        if not self.max_tokens_per_microbatch or B == 0:
-            return [(torch.arange(B), 1.0)], True
-        whole = producers.whole_groups(self.fn.algorithm["aggregation"].spec.facts.needs)  # e.g. prompt_mean
-        rows, by_group = plan(batch, self.max_tokens_per_microbatch, whole_groups=whole)
-        n = self._microbatch_count(len(rows))
-        if n != len(rows):
-            rows, by_group = plan(batch, self.max_tokens_per_microbatch, whole_groups=whole, min_bins=n)
-        first = next(r for r in rows if len(r))
-        return [(r, 1.0) if len(r) else (first, 0.0) for r in rows], by_group
-
-    def _microbatch_count(self, local: int) -> int:
-        """The number of micro-batches every rank runs (the largest rank's; here its own)."""
-        return local
-
-    def _per_microbatch(self, model: nn.Module, batch: RolloutBatch, what: str) -> Tensor:
-        """Old/reference logprobs (``what="logprobs"``) or critic values (``"critic"``) [B, Tr] of
-        every row, computed micro-batch by micro-batch (no grad). ``"logprobs+sum_pi_squared"``:
-        the old logprobs and sum_v pi_v^2 stacked, [2, B, Tr], from the same forwards."""
-        mbs, by_group = self._microbatches(batch)
-        B, Tr = batch.response_ids.shape
-        out: Tensor | None = None
-        for rows, weight in mbs:
-            if not self.max_tokens_per_microbatch:
-                sub, tr = batch, Tr
-            else:
-                sub, tr = trim(batch.select(rows))
-            with self._discarded(weight == 0.0):
-                if what == "critic":
-                    parts = [self._values(sub, tr)]
-                elif what == "logprobs+sum_pi_squared":
-                    lp, _, spp = self._logprobs(model, sub, grad=False, entropy=False, groups=by_group,
-                                                sum_pi_squared=True)
-                    parts = [lp, spp]
-                else:
-                    parts = [self._logprobs(model, sub, grad=False, entropy=False, groups=by_group)[0]]
-            if weight == 0.0:
-                continue
-            if out is None:
-                out = parts[0].new_zeros((len(parts), B, Tr))
-            for k, t in enumerate(parts):
-                out[k, rows.to(out.device)] = widen(t, Tr)
-        assert out is not None
-        return out if what == "logprobs+sum_pi_squared" else out[0]
+    # -- estimate
 
     @torch.no_grad()
     def estimate(self, rollout: RolloutBatch, rewards: Tensor) -> TrainBatch:
@@ -332,46 +143,6 @@ class Trainer:
             metrics["rollout_logprob_diff"] = float((rollout.logprobs - old).abs()[valid].mean())
         return TrainBatch(rollout, rewards, old, est.mask, est.advantages, est.returns, ref,
                           values, metrics, self._teacher_forward(rollout))
-
-    def _teacher_forward(self, rollout: RolloutBatch) -> TeacherForward | None:
-        """The teacher's logprobs of the sampled tokens and, for a top-k divergence, its k largest
-        logprobs and their ids [B, Tr, k], for a JSD over the vocabulary its last hidden states
-        [B, Tr, H_t]; micro-batch by micro-batch, no grad, at the rollout temperature; None when
-        the spec reads no teacher."""
-        if self.teacher is None or not self.fn.algorithm.uses_teacher:
-            return None
-        k, jsd = self.fn.data.teacher_topk, self.fn.data.jsd_beta is not None
-        if k is None and not jsd and isinstance(self.teacher, nn.Module):
-            return TeacherForward(self._per_microbatch(self.teacher, rollout, "logprobs"), None, None)
-        mbs, by_group = self._microbatches(rollout)
-        B, Tr = rollout.response_ids.shape
-        dev = rollout.response_mask.device
-        lp = torch.zeros(B, Tr, device=dev)
-        top = torch.full((B, Tr, k or 0), -math.inf, device=dev)
-        ids = torch.zeros(B, Tr, k or 0, dtype=torch.long, device=dev)
-        hidden = None
-        for rows, weight in mbs:
-            sub, tr = (rollout, Tr) if not self.max_tokens_per_microbatch else trim(rollout.select(rows))
-            out = self._teacher_topk(sub, k or 0, by_group, jsd)
-            if weight == 0.0:
-                continue
-            r = rows.to(dev)
-            lp[r, :tr], top[r, :tr], ids[r, :tr] = out[0].float(), out[1].float(), out[2]
-            if jsd:
-                if hidden is None:
-                    hidden = out[3].new_zeros((B, Tr, out[3].shape[-1]))
-                hidden[r, :tr] = out[3]
-        return TeacherForward(lp, top if k else None, ids if k else None, hidden)
-
-    def _teacher_topk(self, batch: RolloutBatch, k: int, groups: bool, hidden: bool) -> tuple[Tensor, ...]:
-        """(logprobs [b, Tr], top-k logprobs, ids [b, Tr, k][, hidden]) of the teacher over ``batch``:
-        its forward here, or the remote teacher's answer."""
-        assert self.teacher is not None
-        group_size = batch.group_size if groups else None
-        if not isinstance(self.teacher, nn.Module):
-            return self.teacher.topk(batch, k, self.temperature, group_size, hidden)
-        return teacher_topk(self.teacher, batch, k, temperature=self.temperature, chunk=self.logprob_chunk,
-                            group_size=group_size, autocast=self._autocast(self.teacher), hidden=hidden)
 
     def _divergence(self, hidden: Tensor, batch: TrainBatch, rows: Tensor, tr: int) -> Tensor:
         """The generalized JSD [b, tr] of the policy (``hidden`` [b*tr, H], with gradient) from the
@@ -607,11 +378,6 @@ class Trainer:
         f = self.critic_lr_factor(step)
         for g, base in zip(self.critic_optimizer.param_groups, self.critic_base_lrs):
             g["lr"] = base * f
-
-
-def scoring_temperature(rollout_temperature: float) -> float:
-    """The temperature the trainer scores a rollout at: the sampling one, 1 for greedy (T = 0)."""
-    return float(rollout_temperature) if rollout_temperature > 0 else 1.0
 
 
 def _has_dropout(model: nn.Module) -> bool:

@@ -94,7 +94,7 @@ def test_sequence_level_ratio_meets_per_token_trust_regions() -> None:
 
 def test_a_group_reading_aggregation_makes_the_trainer_keep_groups_whole() -> None:
     algo = rldsl.load("tests/specs/formula/loss_slots.rl")
-    # runtime/train/trainer.py reads exactly this fact to split micro-batches at group bounds
+    # runtime/train/passes.py reads exactly this fact to split micro-batches at group bounds
     assert "group_size" in algo["aggregation"].spec.facts.needs
 
 

@@ -49,7 +49,7 @@ def test_gradient_checkpointing_same_gradients(tiny_model, tokenizer) -> None:
 def test_logits_chunk_shrinks_under_checkpointing_and_leaves_the_gradients(tiny_model, tokenizer) -> None:
     """train.logits_chunk: 1024 by default, 256 with gradient checkpointing, a set value wins;
     the LM head's chunk size does not change the update (here 3 tokens per chunk)."""
-    from rldsl.runtime.train.trainer import logits_chunk
+    from rldsl.runtime.train.parts import logits_chunk
     assert logits_chunk(load_config(None, [])) == 1024
     assert logits_chunk(load_config(None, ["train.gradient_checkpointing=true"])) == 256
     assert logits_chunk(load_config(None, ["distributed.activation_checkpointing=true"])) == 256

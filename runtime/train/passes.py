@@ -1,0 +1,240 @@
+"""The forwards a trainer runs over a rollout: a model's logprobs (with entropy, top-k gathers,
+hidden states) and the critic's values under autocast, micro-batch by micro-batch within
+``train.max_tokens_per_microbatch`` (train/microbatch.py), the no-grad passes over every row
+(old / reference logprobs, values), the teacher's forward, and the tokens and FLOPs they
+pushed (train/throughput.py), reported as ``perf/<phase>_*``.
+
+:class:`ForwardPasses` is the base of train/trainer.py's ``Trainer``, which decides which passes
+an algorithm needs and runs its estimate and update on them. ``_token_logprobs``,
+``_microbatch_count`` and ``_all_ranks`` are the data-parallel hooks of these passes (identities
+on one rank; the sharded trainer, workers/fsdp.py, overrides them).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rldsl import CompiledAlgorithm
+
+from ..batch import RolloutBatch, model_inputs
+from ..models.loading import backbone
+from . import inputs as producers
+from .logprobs import token_logprobs
+from .microbatch import plan, trim, widen
+from .teachers import RemoteTeacher, TeacherForward, teacher_topk
+from .throughput import ModelDims, TokenCount
+
+
+class ForwardPasses:
+    """The forwards of ``policy`` (and critic, teacher, or any model given) over rollout batches,
+    their micro-batches, and their token counts per phase (``"logprobs"``: no grad, ``"update"``)."""
+
+    def __init__(self, fn: CompiledAlgorithm, policy: nn.Module, *, critic: nn.Module | None = None,
+                 teacher: nn.Module | RemoteTeacher | None = None, temperature: float = 1.0,
+                 logprob_chunk: int = 1024, max_tokens_per_microbatch: int | None = None,
+                 autocast_dtype: torch.dtype | None = None, packing: bool = False,
+                 packing_row_tokens: int | None = None, compile_policy: bool = False):
+        self.fn = fn
+        self.policy = policy
+        self.critic = critic
+        # a distill spec's teacher: a model (frozen, eval) on the policy's device, or a remote one
+        # (a Ray actor, a server: train/teachers.py) that returns its logprobs
+        self.teacher = teacher
+        # the rollout's sampling temperature: old, new and reference logprobs and the entropy
+        # are those of softmax(z / T), the distribution the engine sampled from
+        self.temperature = float(temperature)
+        self.logprob_chunk = logprob_chunk
+        self.max_tokens_per_microbatch = max_tokens_per_microbatch
+        self.autocast_dtype = autocast_dtype
+        self.packing = packing  # padding-free forwards (train/packing.py)
+        self.packing_row_tokens = packing_row_tokens
+        # what the forwards pushed since the last report, per phase (train/throughput.py)
+        self.counts: dict[str, TokenCount] = {"logprobs": TokenCount(), "update": TokenCount()}
+        self._dims: dict[int, ModelDims] = {}
+        self._waste = False  # the forwards now running are discarded copies (zero weight)
+        # model.compile: a torch.compile'd view of the policy's body (the module itself is untouched,
+        # so copies of it -- reference, critic, engine -- stay eager)
+        self._compiled_body = torch.compile(backbone(policy), dynamic=True) if compile_policy else None
+
+    # -- logprobs
+
+    # the sharded trainer (workers/fsdp.py) runs it under the FSDP root's hooks
+    _token_logprobs = staticmethod(token_logprobs)
+
+    def _logprobs(self, model: nn.Module, batch: RolloutBatch, *, grad: bool,
+                  entropy: bool, groups: bool = True, sum_pi_squared: bool = False,
+                  gather_ids: Tensor | None = None, hidden: bool = False) -> tuple[Tensor, ...]:
+        """(logprobs, entropy or None) [b, Tr], and sum_v pi_v^2 [b, Tr] with ``sum_pi_squared``;
+        with ``gather_ids`` [b, Tr, J] also the logprobs of those tokens [b, Tr, J]; with
+        ``hidden`` also the hidden states [b*Tr, H] the head ran on, last."""
+        ids, attn, pos = model_inputs(batch)
+        Tr = batch.response_ids.shape[1]
+        extra: dict[str, Any] = {"with_sum_pi_squared": True} if sum_pi_squared else {}
+        if model is self.policy and self._compiled_body is not None:
+            extra["body"] = self._compiled_body
+        if gather_ids is not None:
+            extra["gather_ids"] = gather_ids
+        if hidden:
+            extra["return_hidden"] = True
+        count = TokenCount()
+        with torch.set_grad_enabled(grad), self._autocast(model):
+            out = self._token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
+                                       entropy_grad=grad and self.fn.algorithm.uses_entropy,
+                                       chunk_size=self.logprob_chunk,
+                                       group_size=batch.group_size if groups else None,
+                                       temperature=self.temperature, packing=self.packing,
+                                       packing_row_tokens=self.packing_row_tokens, count=count, **extra)
+        self._tally("update" if grad else "logprobs", count, model, backward=grad)
+        return out
+
+    def _tally(self, phase: str, count: TokenCount, model: nn.Module, backward: bool) -> None:
+        """Add one forward's tokens and FLOPs to its phase's count."""
+        dims = self._dims.get(id(model))
+        if dims is None:
+            dims = self._dims[id(model)] = ModelDims.of(model)
+        self.counts[phase].merge(count, dims, backward, waste=self._waste)
+
+    @contextlib.contextmanager
+    def _discarded(self, flag: bool) -> Any:
+        """Count the forwards inside as padding when ``flag`` (a zero-weighted copy)."""
+        before, self._waste = self._waste, self._waste or flag
+        try:
+            yield
+        finally:
+            self._waste = before
+
+    def _perf_metrics(self, phase: str) -> dict[str, float]:
+        """``perf/<phase>_*`` of the forwards since the last report (every rank's), then reset:
+        real and computed tokens, model FLOPs, and the balance of real tokens over micro-batches
+        and ranks (the largest over the mean; 1 = even)."""
+        c = self.counts[phase]
+        self.counts[phase] = TokenCount()
+        forwards = [n for n in c.per_forward]
+        micro = max(forwards) / (sum(forwards) / len(forwards)) if forwards and sum(forwards) else 1.0
+        real, computed, padding, flops, rank_imbalance, micro = self._all_ranks(
+            float(c.real), float(c.computed), float(c.padding), c.flops, micro)
+        return {f"perf/{phase}_tokens": real, f"perf/{phase}_computed_tokens": computed,
+                f"perf/{phase}_padding_tokens": padding, f"perf/{phase}_flops": flops,
+                f"perf/{phase}_token_imbalance": rank_imbalance, f"perf/{phase}_microbatch_imbalance": micro}
+
+    def _all_ranks(self, real: float, computed: float, padding: float, flops: float,
+                   micro: float) -> tuple[float, float, float, float, float, float]:
+        """(real, computed, padding, flops summed over ranks, the largest rank's real tokens over
+        the mean, the largest micro-batch imbalance); on one rank its own, imbalance 1."""
+        return real, computed, padding, flops, 1.0, micro
+
+    def _autocast(self, model: nn.Module) -> Any:
+        """Mixed precision: the forwards compute in ``autocast_dtype`` (parameters, gradients
+        and optimizer state stay float32); a no-op without it."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        device = next(model.parameters()).device
+        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
+
+    def _values(self, batch: RolloutBatch, tr: int) -> Tensor:
+        """The critic's values [b, tr] (float32)."""
+        ids, attn, pos = model_inputs(batch)
+        count = TokenCount()
+        grad = torch.is_grad_enabled()
+        with self._autocast(self.critic):
+            out = self.critic(ids, attn, pos, tr, packing=self.packing,
+                              packing_row_tokens=self.packing_row_tokens, count=count).float()
+        self._tally("update" if grad else "logprobs", count, self.critic, backward=grad)
+        return out
+
+    # -- micro-batches (train/microbatch.py)
+
+    def _microbatches(self, batch: RolloutBatch) -> tuple[list[tuple[Tensor, float]], bool]:
+        """([(row indices, weight)], whole groups) of the forwards over ``batch``: one with
+        every row when there is no token budget. Weight 0 marks a padding copy that only keeps
+        the ranks' collectives in step (its result is discarded)."""
+        B = len(batch)
+        if not self.max_tokens_per_microbatch or B == 0:
+            return [(torch.arange(B), 1.0)], True
+        whole = producers.whole_groups(self.fn.algorithm["aggregation"].spec.facts.needs)  # e.g. prompt_mean
+        rows, by_group = plan(batch, self.max_tokens_per_microbatch, whole_groups=whole)
+        n = self._microbatch_count(len(rows))
+        if n != len(rows):
+            rows, by_group = plan(batch, self.max_tokens_per_microbatch, whole_groups=whole, min_bins=n)
+        first = next(r for r in rows if len(r))
+        return [(r, 1.0) if len(r) else (first, 0.0) for r in rows], by_group
+
+    def _microbatch_count(self, local: int) -> int:
+        """The number of micro-batches every rank runs (the largest rank's; here its own)."""
+        return local
+
+    def _per_microbatch(self, model: nn.Module, batch: RolloutBatch, what: str) -> Tensor:
+        """Old/reference logprobs (``what="logprobs"``) or critic values (``"critic"``) [B, Tr] of
+        every row, computed micro-batch by micro-batch (no grad). ``"logprobs+sum_pi_squared"``:
+        the old logprobs and sum_v pi_v^2 stacked, [2, B, Tr], from the same forwards."""
+        mbs, by_group = self._microbatches(batch)
+        B, Tr = batch.response_ids.shape
+        out: Tensor | None = None
+        for rows, weight in mbs:
+            if not self.max_tokens_per_microbatch:
+                sub, tr = batch, Tr
+            else:
+                sub, tr = trim(batch.select(rows))
+            with self._discarded(weight == 0.0):
+                if what == "critic":
+                    parts = [self._values(sub, tr)]
+                elif what == "logprobs+sum_pi_squared":
+                    lp, _, spp = self._logprobs(model, sub, grad=False, entropy=False, groups=by_group,
+                                                sum_pi_squared=True)
+                    parts = [lp, spp]
+                else:
+                    parts = [self._logprobs(model, sub, grad=False, entropy=False, groups=by_group)[0]]
+            if weight == 0.0:
+                continue
+            if out is None:
+                out = parts[0].new_zeros((len(parts), B, Tr))
+            for k, t in enumerate(parts):
+                out[k, rows.to(out.device)] = widen(t, Tr)
+        assert out is not None
+        return out if what == "logprobs+sum_pi_squared" else out[0]
+
+    # -- the teacher (train/teachers.py)
+
+    def _teacher_forward(self, rollout: RolloutBatch) -> TeacherForward | None:
+        """The teacher's logprobs of the sampled tokens and, for a top-k divergence, its k largest
+        logprobs and their ids [B, Tr, k], for a JSD over the vocabulary its last hidden states
+        [B, Tr, H_t]; micro-batch by micro-batch, no grad, at the rollout temperature; None when
+        the spec reads no teacher."""
+        if self.teacher is None or not self.fn.algorithm.uses_teacher:
+            return None
+        k, jsd = self.fn.data.teacher_topk, self.fn.data.jsd_beta is not None
+        if k is None and not jsd and isinstance(self.teacher, nn.Module):
+            return TeacherForward(self._per_microbatch(self.teacher, rollout, "logprobs"), None, None)
+        mbs, by_group = self._microbatches(rollout)
+        B, Tr = rollout.response_ids.shape
+        dev = rollout.response_mask.device
+        lp = torch.zeros(B, Tr, device=dev)
+        top = torch.full((B, Tr, k or 0), -math.inf, device=dev)
+        ids = torch.zeros(B, Tr, k or 0, dtype=torch.long, device=dev)
+        hidden = None
+        for rows, weight in mbs:
+            sub, tr = (rollout, Tr) if not self.max_tokens_per_microbatch else trim(rollout.select(rows))
+            out = self._teacher_topk(sub, k or 0, by_group, jsd)
+            if weight == 0.0:
+                continue
+            r = rows.to(dev)
+            lp[r, :tr], top[r, :tr], ids[r, :tr] = out[0].float(), out[1].float(), out[2]
+            if jsd:
+                if hidden is None:
+                    hidden = out[3].new_zeros((B, Tr, out[3].shape[-1]))
+                hidden[r, :tr] = out[3]
+        return TeacherForward(lp, top if k else None, ids if k else None, hidden)
+
+    def _teacher_topk(self, batch: RolloutBatch, k: int, groups: bool, hidden: bool) -> tuple[Tensor, ...]:
+        """(logprobs [b, Tr], top-k logprobs, ids [b, Tr, k][, hidden]) of the teacher over ``batch``:
+        its forward here, or the remote teacher's answer."""
+        assert self.teacher is not None
+        group_size = batch.group_size if groups else None
+        if not isinstance(self.teacher, nn.Module):
+            return self.teacher.topk(batch, k, self.temperature, group_size, hidden)
+        return teacher_topk(self.teacher, batch, k, temperature=self.temperature, chunk=self.logprob_chunk,
+                            group_size=group_size, autocast=self._autocast(self.teacher), hidden=hidden)
