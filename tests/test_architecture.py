@@ -318,7 +318,6 @@ MAX_RUNTIME_IMPORTS = 8
 OVER_THE_LIMIT = {
     "rldsl.runtime.run.loop": 14,  # the loop: resume, trackers, evaluation, checkpoints around run/step.py
     "rldsl.runtime.run.build": 16,
-    "rldsl.runtime.workers.ray": 14,
     "rldsl.runtime.run.eval_command": 12,  # rldsl eval's body: a checkpoint, an engine, episodes
     "rldsl.runtime.train.trainer": 11,
     "rldsl.runtime.recipe": 10,

@@ -1,5 +1,5 @@
 """The rollout side in the calling process (no Ray): an engine, the reward and the multi-turn
-episodes, if any. A Ray rollout actor (ray.py) wraps a ``LocalRollouts``; the trainer
+episodes, if any. A Ray rollout actor (rollout_actor.py) wraps a ``LocalRollouts``; the trainer
 side in this process is local_trainers.py."""
 from __future__ import annotations
 
