@@ -323,7 +323,6 @@ OVER_THE_LIMIT = {
     "rldsl.runtime.recipe": 10,
     "rldsl.runtime.run.evaluation": 10,
     "rldsl.runtime.toy.tasks": 10,  # the task table: each task's prompts, tokenizer and warm start
-    "rldsl.runtime.workers.fsdp": 10,
 }
 #: Runtime modules allowed an import inside a function, and why (never to dodge a cycle: the
 #: cycle checks count these imports too)

@@ -6,7 +6,7 @@
   naming it; the payload every actor starts from.
 - trainer_actor.py / ray_trainers.py: N ``TrainerWorker`` actors, each one rank of a
   ``torch.distributed`` group holding a :class:`~rldsl.runtime.workers.fsdp.ShardedTrainer`
-  (fsdp.start_rank starts it), and ``RayTrainers``, which drives them from the driver. Checkpoints:
+  (fsdp_rank.py starts it), and ``RayTrainers``, which drives them from the driver. Checkpoints:
   the driver writes them from the gathered full states, in the one-process format
   (full_state.py), so a run resumes on any number of ranks.
 - rollout_actor.py / ray_rollouts.py: M ``RolloutWorker`` actors, each an engine and the reward,

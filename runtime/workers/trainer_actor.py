@@ -1,5 +1,5 @@
 """A trainer rank on a Ray actor: ``TrainerWorker`` starts one rank of the FSDP2 group
-(fsdp.py: gloo on CPU, nccl on GPU) and runs its calls; ``RayTrainers`` (ray_trainers.py)
+(fsdp_rank.py: gloo on CPU, nccl on GPU) and runs its calls; ``RayTrainers`` (ray_trainers.py)
 drives N of them. The group's store serves on the socket rank 0 bound on 127.0.0.1, or on its
 node's address when the ranks span nodes, never on every interface.
 """
@@ -13,7 +13,8 @@ from torch import Tensor
 
 from ..batch import RolloutBatch
 from ..train.trainer import TrainBatch
-from .fsdp import ShardedTrainer, start_rank
+from .fsdp import ShardedTrainer
+from .fsdp_rank import start_rank
 from .ray_cluster import actor_config
 
 
