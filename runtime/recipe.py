@@ -1,6 +1,6 @@
 """The run recipe: how the policy, the rollout engine and the reward are built from a resolved
-config -- one function each, used by a one-process run (build.py), a trainer rank
-(workers/fsdp.py) and a rollout actor (workers/ray.py) alike.
+config -- one function each, used by a one-process run (run/build.py, workers/start.py), a
+trainer rank (workers/fsdp_rank.py) and a rollout actor (workers/rollout_actor.py) alike.
 
 The trainer itself is ``Trainer.from_config`` (train/trainer.py; ``ShardedTrainer`` on a rank).
 """

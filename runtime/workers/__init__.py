@@ -1,2 +1,3 @@
-"""Where engines and trainers run: the interface (base.py), in process (local.py), sharded
-with FSDP2 (fsdp.py), on Ray actors (ray.py)."""
+"""Where engines and trainers run: the interface (base.py), the factory (start.py), in process
+(local.py, local_trainers.py), sharded with FSDP2 (fsdp.py, fsdp_rank.py), on Ray actors (ray.py
+and the modules it names)."""

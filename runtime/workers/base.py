@@ -4,7 +4,8 @@ workers stand behind each.
 The loop (loop.py) never touches an engine, a reward function or a trainer directly: it
 asks ``rollouts`` for scored samples and ``trainers`` for old logprobs and advantages,
 updates, weights and checkpoint state. Implementations: in the driver process
-(local.py) and on Ray actors (ray.py); the step is written once for both.
+(local.py, local_trainers.py) and on Ray actors (ray_rollouts.py, ray_trainers.py); the step
+is written once for both.
 """
 from __future__ import annotations
 

@@ -8,11 +8,10 @@ skip decisions; each rank's loss gets the all-reduced denominator and FSDP reduc
 gradients as a plain sum. A rank without a group runs a zero-weighted copy so the
 collectives stay in step. Why each step is exact: docs/runtime.md, "Trainer ranks".
 
-Nothing here knows Ray: :func:`start_rank` needs only a rendezvous address.
+Nothing here knows Ray, nor the run's config: fsdp_rank.py starts a rank from both.
 """
 from __future__ import annotations
 
-import datetime
 import types
 from typing import Any
 
@@ -20,15 +19,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-import rldsl
-
 from ..batch import RolloutBatch
-from ..config import RunConfig
 from ..models.lora import lora_scalings, merge_state
 from ..records.metrics import REPLICATED, SUMMED
 from ..models.loading import with_tied
-from ..recipe import master_policy, trainable
-from ..records.rng import seed_all
 from ..train.logprobs import token_logprobs
 from ..train.microbatch import rank_groups, row_tokens
 from ..train.trainer import TrainBatch, Trainer
@@ -268,37 +262,3 @@ class ShardedTrainer(Trainer):
                 raise ValueError("the checkpoint holds no scheduler state")
             self.scheduler.load_state_dict(state["scheduler"])
         self.fn.load_state_dict(state.get("algorithm") or {})
-
-
-def start_rank(cfg: RunConfig, algo: rldsl.Algorithm, compile: bool, *, rank: int, world: int,
-               device: torch.device, host: str, port: int, listen_fd: int | None = None) -> ShardedTrainer:
-    """Join the process group at ``host:port``, load the policy and shard it: this rank's trainer.
-
-    ``listen_fd`` (rank 0): a socket already bound to ``host:port`` and listening, on which the
-    group's store serves; without it torch's store listens on every interface of the machine.
-    ``cfg.model.path`` must be a model folder (the driver warm-starts the toy model first).
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    timeout = datetime.timedelta(seconds=cfg.distributed.collective_timeout)
-    store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout,
-                          master_listen_fd=listen_fd if rank == 0 else None)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-    mesh = init_device_mesh(device.type, (world,))
-    seed_all(cfg.seed)
-    fn = rldsl.compile(algo, compile=compile)
-    policy, reference_off = trainable(  # adapters train, the base is frozen; FSDP2 shards both kinds
-        cfg, master_policy(cfg, cfg.model.path, device),
-        checkpointing=cfg.distributed.activation_checkpointing or cfg.train.gradient_checkpointing)
-    mp = cfg.distributed.mixed_precision
-    mixed = mp == "bf16" or (mp == "auto" and (device.type == "cuda" or cfg.model.dtype != "float32"))
-
-    def prepare(policy: nn.Module, reference: nn.Module | None, critic: nn.Module | None) -> None:
-        for module, logprobs in ((policy, True), (reference, True), (critic, False)):
-            if module is not None:
-                shard_module(module, mesh, mixed_precision=mixed, gloo=backend == "gloo")
-                if logprobs:
-                    attach_logprobs(module)
-
-    return ShardedTrainer.from_config(cfg, fn, policy, prepare=prepare, reference_off=reference_off,
-                                      rank=rank, world=world, device=device)

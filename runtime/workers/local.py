@@ -1,5 +1,6 @@
-"""The rollout and trainer sides in the calling process (no Ray): an engine and the reward,
-a :class:`~rldsl.runtime.train.trainer.Trainer`. A Ray rollout actor wraps a ``LocalRollouts``."""
+"""The rollout side in the calling process (no Ray): an engine, the reward and the multi-turn
+episodes, if any. A Ray rollout actor (rollout_actor.py) wraps a ``LocalRollouts``; the trainer
+side in this process is local_trainers.py."""
 from __future__ import annotations
 
 import time
@@ -8,14 +9,11 @@ from typing import Any, Callable, Iterable
 import torch
 
 from ..batch import RolloutBatch, repeat_each
-from ..records.checkpoint import Checkpoint, load_weights
 from ..rollout.engines.base import RolloutEngine, SamplingParams
 from ..rollout.episodes.rollout import EpisodeRunner
-from ..models.lora import merged_weights
 from ..rollout.partial import generate_in_segments
 from ..rewards.functions import RewardFn, RewardResult, unscored
-from ..train.trainer import TrainBatch, Trainer
-from .base import Generation, TrainerState
+from .base import Generation
 
 
 class LocalRollouts:
@@ -65,51 +63,3 @@ class LocalRollouts:
             close = getattr(owner, "close", None)
             if callable(close):
                 close()
-
-
-class LocalTrainers:
-    """One :class:`Trainer` (policy, reference, critic, optimizers) in this process."""
-
-    world_size = 1
-
-    def __init__(self, trainer: Trainer):
-        self.trainer = trainer
-
-    @property
-    def policy(self) -> torch.nn.Module:
-        return self.trainer.policy
-
-    def estimate(self, rollout: RolloutBatch, rewards: torch.Tensor) -> TrainBatch:
-        return self.trainer.estimate(rollout, rewards)
-
-    def update(self, estimated: TrainBatch, seed: int) -> dict[str, float]:
-        m = self.trainer.update(estimated, torch.Generator().manual_seed(seed))
-        self.trainer.step_schedule()
-        return m
-
-    @property
-    def lr(self) -> float:
-        return float(self.trainer.optimizer.param_groups[0]["lr"])
-
-    def weights(self) -> Iterable[tuple[str, torch.Tensor]]:
-        return ((k, v.detach()) for k, v in merged_weights(self.policy).items())  # LoRA merged
-
-    def checkpoint_state(self) -> TrainerState:
-        t = self.trainer
-        return TrainerState(t.policy, t.optimizer, t.scheduler, t.critic, t.critic_optimizer,
-                            t.fn.state_dict())
-
-    def load_checkpoint(self, c: Checkpoint) -> None:
-        t = self.trainer
-        load_weights(t.policy, c.policy_path)
-        if t.critic is not None and c.critic_path is not None:
-            load_weights(t.critic, c.critic_path)
-        t.fn.load_state_dict(c.extra.get("algorithm", {}))
-        c.restore(optimizer=t.optimizer, scheduler=t.scheduler, critic_optimizer=t.critic_optimizer,
-                  rng=False)
-
-    def close(self) -> None:
-        """Stop the teacher's own actor, if it has one (``teacher.actor``)."""
-        close = getattr(self.trainer.teacher, "close", None)
-        if callable(close):
-            close()

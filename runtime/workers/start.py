@@ -10,12 +10,12 @@ from typing import Any
 import rldsl
 
 from ..config import RunConfig
-from ..recipe import episode_runner, master_policy, rollout_engine, trainable
+from ..recipe import episode_runner, master_policy, rollout_engine
 from ..rewards.functions import RewardFn
 from ..rollout.episodes.tools import SHARED_RUNNER
-from ..train.trainer import Trainer
 from .base import Rollouts, Trainers
-from .local import LocalRollouts, LocalTrainers
+from .local import LocalRollouts
+from .local_trainers import LocalTrainers
 
 
 def start_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledAlgorithm, model_path: Path,
@@ -34,8 +34,7 @@ def start_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledAlgor
         return start_ray_workers(cfg, algo, fn, model_path, tokenizer.pad_token_id)
     policy = master_policy(cfg, model_path, cfg.device)
     engine_model = copy.deepcopy(policy)  # before LoRA: the engine samples from plain weights
-    policy, reference_off = trainable(cfg, policy, checkpointing=cfg.train.gradient_checkpointing)
-    trainer = Trainer.from_config(cfg, fn, policy, reference_off=reference_off, tokenizer=tokenizer)
+    trainers = LocalTrainers.from_config(cfg, fn, policy, tokenizer=tokenizer)
     rollouts = LocalRollouts(rollout_engine(cfg, model_path, cfg.device, model=engine_model, tokenizer=tokenizer),
                              reward, episode_runner(cfg, model_path))
-    return rollouts, LocalTrainers(trainer)
+    return rollouts, trainers

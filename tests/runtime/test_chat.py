@@ -212,7 +212,7 @@ def test_ray_rollouts_hand_each_worker_its_chunk_of_reward_prompts() -> None:
     from rldsl.runtime.batch import RolloutBatch
     from rldsl.runtime.rewards.functions import RewardResult
     from rldsl.runtime.workers.base import Generation
-    from rldsl.runtime.workers.ray import RayRollouts
+    from rldsl.runtime.workers.ray_rollouts import RayRollouts
 
     calls = []
 

@@ -137,7 +137,7 @@ def test_distributed_checkpoint_gather_rebuilds_lora_policy_and_critic(model_dir
     """The Ray driver saves the ranks' gathered full states through modules rebuilt on the meta
     device: under LoRA they carry the adapter layers (policy and a ppo critic), so the saved
     tensors are exactly the gathered ones, under the one-process names."""
-    from rldsl.runtime.workers.ray import RayTrainers
+    from rldsl.runtime.workers.ray_trainers import RayTrainers
     (tmp_path / "run").mkdir()
     cfg = lora_config(model_dir, tmp_path / "run")
     s = build_run("ppo", cfg, tmp_path / "run")

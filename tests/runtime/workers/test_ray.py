@@ -148,7 +148,7 @@ def test_two_trainer_run_resumes_on_one_trainer(ray_cluster, model_dir, tmp_path
 
 
 def test_a_call_past_its_timeout_names_the_worker(ray_cluster):
-    from rldsl.runtime.workers.ray import RayCluster
+    from rldsl.runtime.workers.ray_cluster import RayCluster
     cluster = RayCluster(RunConfig(), cpus_needed=1)  # Ray is up already: reused, not owned
     assert not cluster.owns
     slow = ray.remote(lambda s: time.sleep(s)).remote(30)  # a lambda: pickled by value

@@ -1,0 +1,85 @@
+"""A trainer rank on a Ray actor: ``TrainerWorker`` starts one rank of the FSDP2 group
+(fsdp_rank.py: gloo on CPU, nccl on GPU) and runs its calls; ``RayTrainers`` (ray_trainers.py)
+drives N of them. The group's store serves on the socket rank 0 bound on 127.0.0.1, or on its
+node's address when the ranks span nodes, never on every interface.
+"""
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..batch import RolloutBatch
+from ..train.trainer import TrainBatch
+from .fsdp import ShardedTrainer
+from .fsdp_rank import start_rank
+from .ray_cluster import actor_config
+
+
+class TrainerWorker:
+    """One trainer rank (a Ray actor): FSDP2-sharded policy, reference, critic and optimizers."""
+
+    def __init__(self, rank: int, world: int, payload: dict[str, Any]):
+        self.cfg = actor_config(payload)
+        self.rank, self.world, self.payload = rank, world, payload
+        if self.cfg.device == "cuda":
+            torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
+            self.device = torch.device("cuda", 0)
+        else:
+            self.device = torch.device("cpu")
+        self.trainer: ShardedTrainer | None = None
+        self.pending: TrainBatch | None = None
+        self.listener: socket.socket | None = None  # rank 0: where the group's store serves
+
+    def node(self) -> str:
+        import ray
+        return ray.get_runtime_context().get_node_id()
+
+    def rendezvous(self, local: bool) -> tuple[str, int]:
+        """Rank 0: the group's address, a port bound and held here until the store serves on it
+        (never a port probed and let go, which another process may take meanwhile). ``local``:
+        every rank is on this node, so the store listens on 127.0.0.1, else on the node's address;
+        never on every interface."""
+        import ray
+        host = "127.0.0.1" if local else ray.util.get_node_ip_address()
+        self.listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        return host, int(self.listener.getsockname()[1])
+
+    def setup(self, host: str, port: int) -> int:
+        """Join the process group, load and shard the models; returns the parameter count."""
+        fd = self.listener.fileno() if self.listener is not None else None
+        self.trainer = start_rank(self.cfg, self.payload["algorithm"], self.payload["compile"],
+                                  rank=self.rank, world=self.world, device=self.device, host=host, port=port,
+                                  listen_fd=fd)
+        return sum(p.numel() for p in self.trainer.policy.parameters())
+
+    def estimate(self, data: tuple[RolloutBatch, Tensor]) -> dict[str, float]:
+        rollout, rewards = data
+        assert self.trainer is not None
+        self.pending = self.trainer.estimate(rollout.to(self.device), rewards.to(self.device))
+        return self.pending.metrics
+
+    def update(self, seed: int) -> dict[str, Any]:
+        t = self.trainer
+        assert t is not None and self.pending is not None, "update() before estimate()"
+        m = t.update(self.pending, torch.Generator().manual_seed(seed))
+        t.step_schedule()
+        self.pending = None
+        return {"metrics": m, "lr": float(t.optimizer.param_groups[0]["lr"])}
+
+    def full_weights(self) -> tuple[None, dict[str, Tensor] | None]:
+        """(status, full state dict on rank 0): a collective over the ranks."""
+        assert self.trainer is not None
+        return None, self.trainer.full_weights()
+
+    def checkpoint_state(self) -> dict[str, Any] | None:
+        """Full (unsharded) model and optimizer states, on rank 0: a collective over the ranks."""
+        assert self.trainer is not None
+        return self.trainer.full_state()
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Load full states (a checkpoint of any number of ranks) into this rank's shards."""
+        assert self.trainer is not None
+        self.trainer.load_full_state(state)
