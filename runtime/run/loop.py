@@ -22,18 +22,17 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 from ..config import RunConfig
 from ..errors import WorkerError
-from .build import Run, build
+from .build import build
 from .checkpointing import restore
 from .folder import open_logger, open_run, resume_hint
 from .plan import optimizer_note
-from .schedule import run_steps
+from .schedule import run_steps, stop_quietly
 
 
 # ----------------------------------------------------------------------------- the run
@@ -72,17 +71,6 @@ def _interrupt_guard() -> Iterator[dict[str, bool]]:
             signal.signal(sig, current)
 
 
-def _shut_down(s: Run, quiet: bool) -> None:
-    """Stop the run's workers. ``quiet`` (an error is on its way out): an error while stopping is
-    printed, never raised, so it cannot hide the one that stopped the run."""
-    try:
-        s.close()
-    except Exception as exc:  # noqa: BLE001 - reported
-        if not quiet:
-            raise
-        print(f"while stopping the run: {type(exc).__name__}: {exc}", file=sys.stderr)
-
-
 def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = None,
           stop_after: int | None = None) -> Path:
     """Run (or resume) training; returns the run folder.
@@ -114,5 +102,5 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
     except WorkerError as exc:  # an actor died or timed out: the checkpoints on disk are complete
         raise WorkerError(f"{exc}\n{resume_hint(run_dir)}") from None
     finally:
-        _shut_down(s, quiet=failed)
+        stop_quietly(s.close, quiet=failed)  # the workers
     return run_dir

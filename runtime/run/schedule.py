@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import Callable
 
 from .. import faults
 from ..errors import RewardError
@@ -71,14 +72,15 @@ def run_steps(s: Run, logger: MetricsLogger, stop: dict[str, bool], start: int, 
         raise
     finally:
         if producer is not None:
-            _stop_producer(producer, quiet=failed)
+            stop_quietly(producer.close, quiet=failed)
 
 
-def _stop_producer(producer: StepProducer, quiet: bool) -> None:
-    """Stop the producer. ``quiet`` (an error is on its way out): an error while stopping is
-    printed, never raised, so it cannot hide the one that stopped the run."""
+def stop_quietly(close: Callable[[], None], quiet: bool) -> None:
+    """Stop something of the run (``close()``: the producer, the workers). ``quiet`` (an error is
+    on its way out): an error while stopping is printed, never raised, so it cannot hide the one
+    that stopped the run."""
     try:
-        producer.close()
+        close()
     except Exception as exc:  # noqa: BLE001 - reported
         if not quiet:
             raise
