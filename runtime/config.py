@@ -168,7 +168,8 @@ class ModelConfig(_Section):
     compile: bool = Field(
         default=False,
         description="torch.compile the policy's transformer body for the trainer's forwards "
-                    "(update, old and reference logprobs; dynamic shapes). It changes floating-point "
+                    "(update, old and reference logprobs) and the HF engine's sampler (dynamic "
+                    "shapes). It changes floating-point "
                     "results slightly (logprobs within 1e-4 of eager, tested), so it is off by "
                     "default; what it buys: docs/runtime.md, \"Packed forwards\".")
 

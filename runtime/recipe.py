@@ -63,4 +63,5 @@ def rollout_engine(cfg: RunConfig, path: Path | str, device: str, *, model: nn.M
     if model is None:
         model = load_policy(Path(path), cfg.model.dtype)
     model = model.to(getattr(torch, cfg.model.dtype)).eval()
-    return HFEngine(model, tokenizer if tokenizer is not None else load_tokenizer(Path(path)), device=device)
+    return HFEngine(model, tokenizer if tokenizer is not None else load_tokenizer(Path(path)), device=device,
+                    compile=cfg.model.compile)

@@ -26,7 +26,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from ...batch import RolloutBatch, position_ids_from_mask, repeat_each
-from ...models.loading import cache_keyword, plain_kv_cache, tensors_by_name
+from ...models.loading import backbone, cache_keyword, plain_kv_cache, tensors_by_name
 from .kv_cache import preallocated_cache
 from .base import (SamplingParams, check_request, cut_at_first_stop, left_pad, special_token_ids,
                    stop_token_ids)
@@ -44,6 +44,7 @@ class HFEngine:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         device: str | torch.device = "cpu",
+        compile: bool = False,
     ) -> None:
         self.pad_id, self.eos_id = special_token_ids(tokenizer, "HFEngine")
         self.device = torch.device(device)
@@ -55,6 +56,10 @@ class HFEngine:
         self._sampler_ok: bool | None = None  # decided on first use (_cached_sampling_ok)
         self._cache_kw: str | None = None  # the forward's cache keyword, found with it
         self._keep_last = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        # model.compile: the KV-cached sampler runs the model's body through torch.compile (dynamic
+        # shapes: the batch shrinks as rows finish, the cache grows), installed on first use of
+        # the sampler on this engine's own model (never a trainer's module): _cached_sampling_ok
+        self._compile = compile
 
     # ------------------------------------------------------------------ generate
     @torch.no_grad()
@@ -128,6 +133,9 @@ class HFEngine:
             self._cache_kw = cache_keyword(self.model)
             self._sampler_ok = default_cache and plain_kv_cache(self.model) \
                 and "position_ids" in params and self._cache_kw is not None
+            if self._sampler_ok and self._compile:
+                body = backbone(self.model)
+                body.forward = torch.compile(body.forward, dynamic=True)  # the weights stay the module's
             if not self._sampler_ok:
                 warnings.warn(
                     f"HFEngine: {type(self.model).__name__} does not take a plain KV cache through "

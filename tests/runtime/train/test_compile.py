@@ -37,3 +37,36 @@ def test_compiled_body_logprobs_within_1e4_of_eager(tiny_model, tokenizer) -> No
             compiled = token_logprobs(tiny_model, ids, mask, 6, packing=packing, body=t._compiled_body)
         for a, b in zip(eager, compiled):
             torch.testing.assert_close(b[m], a[m], atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow  # compiling the sampler's forwards takes ~20-60 s
+def test_compiled_sampler_draws_the_eager_tokens_and_follows_weight_syncs(tiny_model, tiny_model_factory,
+                                                                         tokenizer) -> None:
+    """model.compile in the HF engine: greedy answers equal eager's, logprobs within 1e-4, also after
+    update_weights (the compiled graphs read the engine's parameters, not copies of them); the
+    module handed in for training is never compiled."""
+    import copy
+
+    from rldsl.runtime.rollout.engines.base import SamplingParams
+    from rldsl.runtime.rollout.engines.hf import HFEngine
+
+    eager = HFEngine(copy.deepcopy(tiny_model), tokenizer)
+    compiled = HFEngine(copy.deepcopy(tiny_model), tokenizer, compile=True)
+    greedy = SamplingParams.greedy(6)
+    sampled = SamplingParams(n=3, temperature=1.0, top_p=1.0, max_new_tokens=6, seed=5)
+
+    def same(params: SamplingParams) -> torch.Tensor:
+        a, b = eager.generate(PROMPTS, params), compiled.generate(PROMPTS, params)
+        assert torch.equal(a.response_ids, b.response_ids)
+        torch.testing.assert_close(b.logprobs, a.logprobs, atol=1e-4, rtol=0)
+        return a.logprobs
+
+    before = same(greedy)
+    same(sampled)
+    body = backbone(compiled.model)
+    assert "forward" in vars(body) and "forward" not in vars(backbone(tiny_model))  # the engine's copy only
+    other = tiny_model_factory(tokenizer, seed=1).state_dict()
+    eager.update_weights(other.items())
+    compiled.update_weights(other.items())
+    after = same(greedy)
+    assert after.shape != before.shape or not torch.allclose(after, before)  # the sync changed the samples
