@@ -8,13 +8,12 @@ the trainer's forwards), at bench/step_phases.py's sizes, on one thread.
 The model: step_phases.py's random-init Llama of that size (toy tokenizer); P prompts of the
 addition task x G samples, temperature 1, the size's answer length (or --max-new-tokens).
 Reports the median seconds of --repeats generations each after one warm-up (the compiled
-side's warm-up is its compilation, reported apart), the graphs compiled, and whether the
+side's first call is its compilation, reported apart), the graphs compiled, and whether the
 compiled side drew the same tokens (same seed) and how far its logprobs are from eager's.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -25,16 +24,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
+from packing import timed  # noqa: E402  (one warm-up call, then the median of the repeats)
 from step_phases import SIZES, make_model  # noqa: E402
-
-
-def timed(fn, repeats: int) -> float:
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
 
 
 def main() -> None:
