@@ -11,8 +11,11 @@ P = 8 prompts of the addition task x G = 8 samples, answers drawn as in
 ``step_phases.py --lengths lognormal`` (bench/forced_lengths.py: log-normal, median N / 8,
 between 2 and the limit N). Padded = the trainer's default path (the shared-prompt forward
 when it applies); packed = ``train.packing`` with rows of at most the longest sequence.
-Reports the median seconds of ``--repeats`` runs after one warm-up, the tokens each path
-computed, and the largest difference of their logprobs. ``--compile`` adds the packed path
+The rows of a group share their prompt, so packed takes shared-prompt rows (each prompt once
+per packed row); ``plain`` is the packed path with every sample's prompt in its own sequence,
+what packing computed before shared-prompt rows. Reports the median seconds of ``--repeats``
+runs after one warm-up, the tokens each path computed, and the largest difference of their
+logprobs. ``--compile`` adds the packed path
 through a ``torch.compile``d body (what ``model.compile = true`` runs: dynamic shapes), its
 compile time (the first calls, with and without grad) and its largest logprob difference from
 eager.
@@ -20,6 +23,7 @@ eager.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -72,9 +76,9 @@ def main() -> None:
     from rldsl.runtime.train.logprobs import token_logprobs
     from rldsl.runtime.train.throughput import TokenCount
     extra = " compiled s | compiled / padded | compile s | compiled logprob diff |" if a.compile else ""
-    print("| size | answers (mean / max) | pass | padded s | packed s | packed / padded | tokens computed "
-          "(padded / packed) | max logprob diff |" + extra)
-    print("|---" * (8 + 4 * a.compile) + "|")
+    print("| size | answers (mean / max) | pass | padded s | plain packed s | packed s | packed / padded | "
+          "packed / plain | tokens computed (padded / plain / packed) | max logprob diff |" + extra)
+    print("|---" * (10 + 4 * a.compile) + "|")
     with tempfile.TemporaryDirectory() as tmp:
         for size in a.sizes.split(","):
             folder = make_model(size, Path(tmp) / size)
@@ -84,17 +88,19 @@ def main() -> None:
             counts = {}
             body = torch.compile(backbone(model), dynamic=True) if a.compile else None
 
-            def run(packing: bool, grad: bool, compiled: bool = False):
-                counts[packing] = TokenCount()
-                with torch.set_grad_enabled(grad):
+            def run(packing: bool, grad: bool, compiled: bool = False, plain: bool = False):
+                key = "plain" if plain else packing
+                counts[key] = TokenCount()
+                with torch.set_grad_enabled(grad), plain_rows(plain):
                     lp, ent = token_logprobs(model, ids, mask, Tr, group_size=G, packing=packing,
-                                             count=counts[packing], **({"body": body} if compiled else {}))
+                                             count=counts[key], **({"body": body} if compiled else {}))
                     if grad:
                         ((lp * m).sum() + (ent * m).sum()).backward()
                         model.zero_grad(set_to_none=True)
                 return lp.detach()
 
             diff = float((run(True, False) - run(False, False))[m].abs().max())
+            diff = max(diff, float((run(True, False, plain=True) - run(False, False))[m].abs().max()))
             compile_s = {}
             if a.compile:
                 for grad in (True, False):  # the first calls compile (a graph with and without grad)
@@ -105,14 +111,30 @@ def main() -> None:
             lengths = m.sum(1).float()
             for grad, name in ((True, "forward + backward"), (False, "forward (no grad)")):
                 padded = timed(lambda: run(False, grad), a.repeats)
+                plain = timed(lambda: run(True, grad, plain=True), a.repeats)
                 packed = timed(lambda: run(True, grad), a.repeats)
                 cells = ""
                 if a.compile:
                     compiled = timed(lambda: run(True, grad, compiled=True), a.repeats)
                     cells = f" {compiled:.3f} | {compiled / padded:.2f}x | {compile_s[grad]:.1f} | {cdiff:.1e} |"
-                print(f"| {size} | {lengths.mean():.1f} / {int(lengths.max())} | {name} | {padded:.3f} | {packed:.3f} | "
-                      f"{packed / padded:.2f}x | {counts[False].computed} / {counts[True].computed} | {diff:.1e} |"
-                      + cells, flush=True)
+                print(f"| {size} | {lengths.mean():.1f} / {int(lengths.max())} | {name} | {padded:.3f} | {plain:.3f} | "
+                      f"{packed:.3f} | {packed / padded:.2f}x | {packed / plain:.2f}x | {counts[False].computed} / "
+                      f"{counts['plain'].computed} / {counts[True].computed} | {diff:.1e} |" + cells, flush=True)
+
+
+@contextlib.contextmanager
+def plain_rows(on: bool):
+    """Packed forwards without shared-prompt rows while ``on`` (the layout before them)."""
+    from rldsl.runtime.train import packing
+    if not on:
+        yield
+        return
+    saved = packing.shared_packing_supported
+    packing.shared_packing_supported = lambda body: False
+    try:
+        yield
+    finally:
+        packing.shared_packing_supported = saved
 
 
 if __name__ == "__main__":

@@ -513,8 +513,10 @@ class TrainConfig(_Section):
         description="Padding-free forwards (update, old and reference logprobs, critic): the "
                     "real tokens of several sequences laid end to end in one row, positions "
                     "restarting at each, attention kept within each (docs/runtime.md, "
-                    "\"Packed forwards\"), wherever that computes fewer tokens than the padded "
-                    "or shared-prompt forward. Same results as padded rows up to float rounding; a "
+                    "\"Packed forwards\"); rows of one prompt's samples hold that prompt once "
+                    "per packed row (shared-prompt rows, their own attention mask); taken wherever "
+                    "that computes fewer tokens than the padded or shared-prompt forward. Same "
+                    "results as padded rows up to float rounding; a "
                     "model whose attention ignores restarting positions runs padded, with one "
                     "warning; false: always padded.")
     packing_row_tokens: int | None = Field(

@@ -36,9 +36,11 @@ Its speed and memory: bench/README.md.
 
 Packed rows (``packing=True``): the real tokens of the B rows laid end to end in rows of
 at most ``packing_row_tokens`` tokens, positions restarting at every sequence, no padding through the
-layers (train/packing.py), and the LM head run on the real response tokens only. Taken when
-the model keeps packed sequences apart (checked once) and it pushes fewer tokens than the
-shared-prompt forward would; results on padding positions are then 0.
+layers (train/packing.py), and the LM head run on the real response tokens only; rows that
+share their prompt by groups may hold each prompt once per packed row (shared-prompt rows, a
+tree mask). The layout pushing the fewest tokens is taken among those the model keeps apart
+(checked once each), unless the shared-prompt forward pushes no more; results on padding
+positions are then 0.
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ from transformers import PreTrainedModel
 
 from ..batch import position_ids_from_mask
 from ..models.loading import backbone, cache_keyword, plain_kv_cache
-from .packing import PackedRows, packed_hidden, packed_rows, packing_supported
+from .packing import PackedRows, packed_hidden, packed_layout, same_prompts
 from .throughput import TokenCount
 
 
@@ -128,13 +130,7 @@ def _shared_prompt_applies(model: PreTrainedModel, input_ids: torch.Tensor, atte
                            Tr: int, G: int | None) -> bool:
     """The shared-prompt forward is exact here: the rows come in groups of G with identical
     prompts (ids and mask), no layer is checkpointed and the cache has full-attention layers only."""
-    B, T = input_ids.shape
-    if G is None or G < 2 or B % G:
-        return False
-    Tp = T - Tr
-    prompt = torch.cat([input_ids[:, :Tp], attention_mask[:, :Tp].to(input_ids.dtype)], dim=1)
-    prompt = prompt.view(B // G, G, 2 * Tp)  # [P, G, 2*Tp] ids and mask of each group's rows
-    if not bool((prompt == prompt[:, :1]).all()):
+    if not same_prompts(input_ids, attention_mask, Tr, G):
         return False
     if torch.is_grad_enabled() and model.training and any(getattr(m, "gradient_checkpointing", False)
                                                           for m in model.modules()):
@@ -144,10 +140,11 @@ def _shared_prompt_applies(model: PreTrainedModel, input_ids: torch.Tensor, atte
 
 def _packed_layout(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    Tr: int, row_tokens: int | None, group_size: int | None) -> PackedRows | None:
-    """The packed layout when it is exact, the model keeps packed sequences apart, and it pushes
-    fewer tokens than the shared-prompt forward (when that one applies); else None."""
-    rows = packed_rows(input_ids, attention_mask, Tr, row_tokens)
-    if rows is None or not packing_supported(backbone(model)):
+    """The packed layout that pushes the fewest tokens -- shared-prompt rows (each group's prompt
+    once per row) or plain ones -- among those exact here and taken by the model; None when
+    there is none, or when the padded shared-prompt forward pushes no more tokens."""
+    rows = packed_layout(backbone(model), input_ids, attention_mask, Tr, row_tokens, group_size)
+    if rows is None:
         return None
     B, T = input_ids.shape
     if _shared_prompt_applies(model, input_ids, attention_mask, Tr, group_size) and \
@@ -441,7 +438,9 @@ def token_logprobs(
     if count is not None:
         lengths = attention_mask.long().sum(1) - 1  # [B] tokens fed: the last predicts nothing
         distinct = None
-        if packed is None and computed != B * (T - 1):  # the shared prompt ran once per group
+        if packed is not None and packed.placed is not None:  # each prompt once per row holding it
+            distinct = computed - packed.filler
+        elif packed is None and computed != B * (T - 1):  # the shared prompt ran once per group
             prompt = attention_mask[:, : T - Tr].long().sum(1)  # [B]
             distinct = int(lengths.sum() - prompt.sum() + prompt[::group_size].sum())
         count.add(lengths.tolist(), computed, distinct)

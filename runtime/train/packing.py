@@ -19,12 +19,23 @@ On CPU the masked attention is still computed over the whole packed row (S x S s
 head), which is why rows are bounded: ``row_tokens`` near the longest sequence keeps the
 attention cost near the padded forward's while the linear layers see only real tokens.
 
+Shared prompts (:func:`shared_packed_rows`): when the G rows of each group share one prompt,
+a row holds a group's prompt once and several of its responses after it, each response
+attending to the prompt and to itself only -- a tree, not a chain -- so the prompt is pushed
+once per row that holds the group instead of once per sample. Restarting positions cannot say
+that, so these rows carry their own 4D attention mask (boolean for sdpa, additive for eager);
+responses count positions on from the prompt's length as in the padded row. Taken for models
+whose attention takes such a mask and whose layers all attend over the whole context (a sliding
+window would be bypassed by a custom mask), checked once per model like the plain layout.
+
 Not every architecture takes packed rows (OPT's learned positions ignore ``position_ids``):
 :func:`packing_supported` checks each model once on two short sequences, and a model that
 fails falls back to padded forwards with one warning.
 """
 from __future__ import annotations
 
+import heapq
+import math
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -32,6 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..models.loading import plain_kv_cache
 from .microbatch import pack
 
 
@@ -46,6 +58,10 @@ class PackedRows:
     out           [M]     flat index into [B*Tr] where its result goes
     lengths       [B]     tokens of each sequence fed to the model: n_b - 1 (its last token
                           predicts nothing, as in the padded forward)
+    allowed       [R, 1, S, S]  shared-prompt rows only: query i may attend to key j (None:
+                          the model finds the sequences from the restarting positions)
+    placed                shared-prompt rows only: the real tokens laid in them (each
+                          prompt counted once per row that holds it)
     """
 
     input_ids: Tensor
@@ -54,6 +70,13 @@ class PackedRows:
     target: Tensor
     out: Tensor
     lengths: list[int]
+    allowed: Tensor | None = None
+    placed: int | None = None  # real tokens laid in the rows (None: sum(lengths))
+
+    @property
+    def filler(self) -> int:
+        """Computed tokens that are no sequence's (the rows' tails)."""
+        return self.computed_tokens - (sum(self.lengths) if self.placed is None else self.placed)
 
     @property
     def computed_tokens(self) -> int:
@@ -78,46 +101,79 @@ def packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_tokens: 
     B, T = input_ids.shape
     Tr = num_response_tokens
     mask = attention_mask.bool()
-    n = mask.long().sum(1)  # [B] real tokens
-    first = mask.long().argmax(1)  # [B] first real column
-    cols = torch.arange(T, device=mask.device)
-    last = torch.where(mask, cols, -1).amax(1)  # [B] last real column
-    if bool((n == 0).any()) or bool((last - first + 1 != n).any()) or bool((first >= T - Tr).any()):
+    runs = _real_runs(mask, Tr)
+    if runs is None:
         return None
-    lengths = (n - 1).tolist()  # the last token of a sequence predicts nothing: not fed
-    firsts = first.tolist()
+    firsts, ns = runs
+    lengths = [x - 1 for x in ns]  # the last token of a sequence predicts nothing: not fed
     bins = pack(lengths, max(row_tokens or max(lengths), 1))
     loads = [sum(lengths[b] for b in rows) for rows in bins]
     S = max(max(loads), 1)
     R = len(bins)
     dev = input_ids.device
-    src, dst = [], []          # token copies: padded [B*T] -> packed [R*S]
-    pred, tgt, out = [], [], []  # response tokens
-    positions = torch.empty(R * S, dtype=torch.long, device=dev)
+    src: list[int] = []  # per token of the packed [R*S], in order: its index in the padded [B*T] (-1: filler)
+    positions: list[int] = []
+    pred: list[int] = []  # per real response token: its predictor, target and output index
+    tgt: list[int] = []
+    out: list[int] = []
+    c0 = T - Tr  # the first response column
     for r, rows in enumerate(bins):
         offset = r * S
         for b in rows:
             nb, fb = lengths[b], firsts[b]
-            src.append(torch.arange(b * T + fb, b * T + fb + nb, device=dev))
-            dst.append(torch.arange(offset, offset + nb, device=dev))
-            positions[offset:offset + nb] = torch.arange(nb, device=dev)
+            src.extend(range(b * T + fb, b * T + fb + nb))
+            positions.extend(range(nb))
             # response columns c in [T - Tr, fb + nb]: the state at column c - 1 predicts token c
-            c0 = T - Tr
             k = fb + nb + 1 - c0  # real response tokens of row b
             if k > 0:
-                pred.append(torch.arange(offset + c0 - 1 - fb, offset + c0 - 1 - fb + k, device=dev))
-                tgt.append(torch.arange(b * T + c0, b * T + c0 + k, device=dev))
-                out.append(torch.arange(b * Tr, b * Tr + k, device=dev))
+                pred.extend(range(offset + c0 - 1 - fb, offset + c0 - 1 - fb + k))
+                tgt.extend(range(b * T + c0, b * T + c0 + k))
+                out.extend(range(b * Tr, b * Tr + k))
             offset += nb
         fill = (r + 1) * S - offset  # filler: one more "sequence" starting at position 0
-        positions[offset:offset + fill] = torch.arange(fill, device=dev)
-    src_i, dst_i = torch.cat(src), torch.cat(dst)
-    ids = input_ids.new_full((R * S,), _filler_id(input_ids, mask))
-    ids[dst_i] = input_ids.reshape(-1)[src_i]
-    empty = torch.zeros(0, dtype=torch.long, device=dev)
-    return PackedRows(ids.view(R, S), positions.view(R, S),
-                      torch.cat(pred) if pred else empty, torch.cat(tgt) if tgt else empty,
-                      torch.cat(out) if out else empty, lengths)
+        src.extend([-1] * fill)
+        positions.extend(range(fill))
+    return PackedRows(_gather_ids(input_ids, mask, src).view(R, S),
+                      torch.tensor(positions, dtype=torch.long, device=dev).view(R, S),
+                      *(torch.tensor(x, dtype=torch.long, device=dev) for x in (pred, tgt, out)), lengths)
+
+
+def _gather_ids(input_ids: Tensor, mask: Tensor, src: list[int]) -> Tensor:
+    """[len(src)]: the padded ids at the flat indices ``src``, the filler id where it is -1."""
+    index = torch.tensor(src, dtype=torch.long, device=input_ids.device)
+    filler = torch.full_like(index, _filler_id(input_ids, mask), dtype=input_ids.dtype)
+    return torch.where(index >= 0, input_ids.reshape(-1)[index.clamp(min=0)], filler)
+
+
+def packed_layout(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_response_tokens: int,
+                  row_tokens: int | None = None, group_size: int | None = None) -> PackedRows | None:
+    """The packed rows of a forward of the transformer ``body``: shared-prompt rows when the rows
+    share prompts by ``group_size`` and that pushes fewer tokens, else plain rows; None when
+    neither is exact here or taken by the model."""
+    # both one-off checks at the first packed forward, whatever its rows: each runs forwards
+    # of its own, which the ranks of an FSDP group must all run, in the same order
+    plain_ok, tree_ok = packing_supported(body), shared_packing_supported(body)
+    rows = packed_rows(input_ids, attention_mask, num_response_tokens, row_tokens)
+    if rows is None:
+        return None
+    if tree_ok:
+        shared = shared_packed_rows(input_ids, attention_mask, num_response_tokens, group_size, row_tokens)
+        if shared is not None and shared.computed_tokens < rows.computed_tokens:
+            return shared  # (its own mask: taken also by a model that ignores restarting positions)
+    return rows if plain_ok else None
+
+
+def _real_runs(mask: Tensor, num_response_tokens: int) -> tuple[list[int], list[int]] | None:
+    """(first real column, real tokens) of each row of ``mask`` [B, T], or None unless each row's
+    real tokens are one run that starts before the response columns."""
+    T = mask.shape[1]
+    n = mask.long().sum(1)  # [B] real tokens
+    first = mask.long().argmax(1)  # [B] first real column
+    last = torch.where(mask, torch.arange(T, device=mask.device), -1).amax(1)  # [B] last real column
+    if bool((n == 0).any()) or bool((last - first + 1 != n).any()) or \
+            bool((first >= T - num_response_tokens).any()):
+        return None
+    return first.tolist(), n.tolist()
 
 
 def _filler_id(input_ids: Tensor, mask: Tensor) -> int:
@@ -128,10 +184,211 @@ def _filler_id(input_ids: Tensor, mask: Tensor) -> int:
 def packed_hidden(body: nn.Module, rows: PackedRows) -> Tensor:
     """States [M, H] predicting each real response token, from one packed forward of the
     transformer ``body`` (``models.loading.backbone`` of a causal LM)."""
+    mask = None if rows.allowed is None else _attention_mask(body, rows.allowed)
     out = body(input_ids=rows.input_ids, position_ids=rows.position_ids,
-                          attention_mask=None, use_cache=False)
+               attention_mask=mask, use_cache=False)
     h = out.last_hidden_state  # [R, S, H]
     return h.reshape(-1, h.shape[-1]).index_select(0, rows.predictor)  # [M, H]
+
+
+# ----------------------------------------------------------------------------- shared prompts
+
+def same_prompts(input_ids: Tensor, attention_mask: Tensor, num_response_tokens: int,
+                 group_size: int | None) -> bool:
+    """Whether the rows come in groups of ``group_size`` (at least 2) whose prompts -- the
+    columns before the last ``num_response_tokens`` -- are identical, ids and mask."""
+    B, T = input_ids.shape
+    G = group_size
+    if G is None or G < 2 or B % G:
+        return False
+    Tp = T - num_response_tokens
+    prompt = torch.cat([input_ids[:, :Tp], attention_mask[:, :Tp].to(input_ids.dtype)], dim=1)
+    prompt = prompt.view(B // G, G, 2 * Tp)  # [P, G, 2*Tp] ids and mask of each group's rows
+    return bool((prompt == prompt[:, :1]).all())
+
+
+def shared_packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_tokens: int,
+                       group_size: int | None, row_tokens: int | None = None) -> PackedRows | None:
+    """The packed layout with each group's prompt once per row that holds the group (module
+    docstring), or None when it would not be exact: rows not in groups of identical prompts,
+    or a row whose real tokens are not one run starting in the prompt.
+
+    Each response b of a group with a prompt of p real tokens and k_b real response tokens
+    feeds k_b - 1 tokens (its first token is predicted by the prompt's last state, its last
+    predicts nothing). Responses go largest first to the row where they add the fewest tokens
+    -- one that already holds their group's prompt, else one with room for prompt and response,
+    else a new row -- rows of at most ``row_tokens`` tokens (None: the longest sequence's length,
+    as for the plain layout). In a row, each group's prompt comes first, then its responses.
+    """
+    if not same_prompts(input_ids, attention_mask, num_response_tokens, group_size):
+        return None
+    B, T = input_ids.shape
+    Tr, G = num_response_tokens, int(group_size)  # type: ignore[arg-type]
+    Tp = T - Tr
+    mask = attention_mask.bool()
+    runs = _real_runs(mask, Tr)
+    if runs is None:
+        return None
+    firsts, ns = runs
+    prompt_len = [Tp - f for f in firsts]  # [B] real prompt tokens (equal within a group)
+    k = [ns[b] - prompt_len[b] for b in range(B)]  # [B] real response tokens
+    cap = max(row_tokens or max(x - 1 for x in ns), 1)
+    rows, loads = _shared_bins([b for b in range(B) if k[b] > 0], [x - 1 for x in k], prompt_len, G, cap)
+    if not rows:
+        return None
+    S, R = max(max(loads), 1), len(rows)
+    # per token of the packed [R*S], in order: where its id comes from (-1: filler), its position
+    src: list[int] = []
+    pos: list[int] = []
+    runs: list[tuple[int, int, int, int, int]] = []  # causal runs: row, start, length, its prompt (start, end)
+    pred: list[int] = []  # per real response token: its predictor, target and output index
+    tgt: list[int] = []
+    out: list[int] = []
+    for r, held in enumerate(rows):
+        offset = 0
+        for g in sorted(held):
+            b0 = held[g][0]
+            p = prompt_len[b0]
+            src.extend(range(b0 * T + firsts[b0], b0 * T + Tp))  # the prompt, once
+            pos.extend(range(p))
+            runs.append((r, offset, p, offset, offset))
+            last_prompt, seg_start = len(src) - 1, offset
+            offset += p
+            for b in sorted(held[g]):
+                fed = k[b] - 1
+                src.extend(range(b * T + Tp, b * T + Tp + fed))  # response b: tokens 0 .. k_b - 2
+                pos.extend(range(p, p + fed))
+                runs.append((r, offset, fed, seg_start, seg_start + p))
+                pred.append(last_prompt)
+                pred.extend(range(len(src) - fed, len(src)))
+                tgt.extend(range(b * T + Tp, b * T + Tp + k[b]))
+                out.extend(range(b * Tr, b * Tr + k[b]))
+                offset += fed
+        fill = S - offset  # filler: a causal run of its own
+        src.extend([-1] * fill)
+        pos.extend(range(fill))
+        runs.append((r, offset, fill, offset, offset))
+    dev = input_ids.device
+    idx = [torch.tensor(x, dtype=torch.long, device=dev) for x in (pred, tgt, out)]
+    return PackedRows(_gather_ids(input_ids, mask, src).view(R, S),
+                      torch.tensor(pos, dtype=torch.long, device=dev).view(R, S), *idx,
+                      [x - 1 for x in ns], _tree_mask(runs, R, S, dev), len(src) - src.count(-1))
+
+
+Bins = tuple[list[dict[int, list[int]]], list[int]]  # per row: group -> its responses there; its tokens
+
+
+def _shared_bins(units: list[int], fed: list[int], prompt_len: list[int], G: int, cap: int) -> Bins:
+    """Responses ``units`` into rows of at most ``cap`` tokens (a row of one response may exceed
+    it), each row holding each of its groups' prompts once: two assignments, the one computing
+    fewer tokens (rows x the fullest row) kept -- :func:`_filled_bins` shares prompts the most,
+    :func:`_balanced_bins` evens the rows out (less filler)."""
+    tries = [_filled_bins(units, fed, prompt_len, G, cap), _balanced_bins(units, fed, prompt_len, G, cap)]
+    return min(tries, key=lambda t: len(t[1]) * max(t[1], default=0))
+
+
+def _filled_bins(units: list[int], fed: list[int], prompt_len: list[int], G: int, cap: int) -> Bins:
+    """Largest response first, into the lightest row holding its group's prompt where it fits
+    (adding ``fed`` tokens), else the lightest row with room for prompt and response, else a
+    new row."""
+    rows: list[dict[int, list[int]]] = []
+    loads: list[int] = []
+    of_group: dict[int, list[int]] = {}  # group -> the rows holding its prompt
+    lightest: list[tuple[int, int]] = []  # heap of (load, row); stale entries skipped
+    for b in sorted(units, key=lambda b: (-fed[b], b)):
+        g = b // G
+        fits = [r for r in of_group.get(g, ()) if loads[r] + fed[b] <= cap]
+        if fits:
+            r = min(fits, key=lambda r: (loads[r], r))
+            loads[r] += fed[b]
+        else:
+            while lightest and lightest[0][0] != loads[lightest[0][1]]:
+                heapq.heappop(lightest)
+            if lightest and lightest[0][0] + prompt_len[b] + fed[b] <= cap:
+                r = lightest[0][1]
+            else:
+                r = len(rows)
+                rows.append({})
+                loads.append(0)
+            loads[r] += prompt_len[b] + fed[b]
+            of_group.setdefault(g, []).append(r)
+        rows[r].setdefault(g, []).append(b)
+        heapq.heappush(lightest, (loads[r], r))
+    return rows, loads
+
+
+def _balanced_bins(units: list[int], fed: list[int], prompt_len: list[int], G: int, cap: int) -> Bins:
+    """For k rows: largest response first, each into the row whose load after it is the least
+    (``microbatch.pack``'s balanced assignment, a row holding the group's prompt adding ``fed``
+    tokens, any other the prompt too). k starts at the tokens with each prompt once over ``cap``
+    and grows (at least to the last try's tokens over ``cap``) until no row of two or more
+    responses exceeds ``cap``."""
+    order = sorted(units, key=lambda b: (-fed[b], b))
+    first = {b // G: b for b in units}
+    k = max(1, math.ceil((sum(fed[b] for b in units) + sum(prompt_len[b] for b in first.values())) / cap))
+    while True:
+        rows: list[dict[int, list[int]]] = [{} for _ in range(k)]
+        loads = [0] * k
+        of_group: dict[int, list[int]] = {}
+        lightest = [(0, r) for r in range(k)]
+        for b in order:
+            g = b // G
+            while lightest[0][0] != loads[lightest[0][1]]:
+                heapq.heappop(lightest)
+            r, add = lightest[0][1], prompt_len[b] + fed[b]
+            held = min(of_group.get(g, ()), key=lambda r: (loads[r], r), default=None)
+            if held is not None and loads[held] + fed[b] <= loads[r] + add:
+                r, add = held, fed[b]
+            else:
+                of_group.setdefault(g, []).append(r)
+            rows[r].setdefault(g, []).append(b)
+            loads[r] += add
+            heapq.heappush(lightest, (loads[r], r))
+        if k >= len(units) or all(load <= cap or sum(map(len, row.values())) < 2
+                                  for row, load in zip(rows, loads)):
+            kept = [i for i in range(k) if rows[i]]
+            return [rows[i] for i in kept], [loads[i] for i in kept]
+        k = max(k + 1, math.ceil(sum(loads) / cap))
+
+
+def _tree_mask(runs: list[tuple[int, int, int, int, int]], R: int, S: int, device: torch.device) -> Tensor:
+    """[R, 1, S, S] (True: attend). Each run (row, start, n, prompt start, prompt end) is n
+    tokens attending causally among themselves and to every token of their prompt (an empty
+    range for a prompt itself or filler). Small masks are computed in a few whole-tensor
+    comparisons; large ones written block by block, touching only the allowed entries."""
+    if R * S * S > _WHOLE_MASK_ELEMENTS:
+        allowed = torch.zeros(R, S, S, dtype=torch.bool, device=device)
+        tri = torch.ones(S, S, dtype=torch.bool, device=device).tril()
+        for r, a, n, p0, p1 in runs:
+            allowed[r, a:a + n, a:a + n] = tri[:n, :n]
+            allowed[r, a:a + n, p0:p1] = True
+        return allowed[:, None]
+    own, p0, p1 = [0] * (R * S), [0] * (R * S), [0] * (R * S)  # per query: its run's start, its prompt
+    for r, a, n, start, end in runs:
+        at = r * S + a
+        own[at:at + n], p0[at:at + n], p1[at:at + n] = [a] * n, [start] * n, [end] * n
+    q = torch.tensor([own, p0, p1], dtype=torch.long, device=device).view(3, R, S, 1)
+    k = torch.arange(S, device=device)
+    allowed = (k >= q[0]) | ((k >= q[1]) & (k < q[2]))  # [R, S(q), S(k)]
+    return (allowed & torch.ones(S, S, dtype=torch.bool, device=device).tril())[:, None]
+
+
+#: above this many entries _tree_mask writes blocks instead of comparing whole tensors
+_WHOLE_MASK_ELEMENTS = 1 << 22
+
+
+def _attention_mask(body: nn.Module, allowed: Tensor) -> Tensor:
+    """The 4D mask the body's attention takes: boolean (True: attend) for sdpa, additive
+    (0 or the dtype's lowest) for eager."""
+    if _attention_kind(body) == "sdpa":
+        return allowed
+    dtype = next(body.parameters()).dtype
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)
+
+
+def _attention_kind(body: nn.Module) -> str | None:
+    return getattr(getattr(body, "config", None), "_attn_implementation", None)
 
 
 # ----------------------------------------------------------------------------- support check
@@ -154,7 +411,8 @@ def packing_supported(body: nn.Module) -> bool:
     name = type(body).__name__
     if not ok:  # once per model: the check is cached above
         warnings.warn(f"train.packing: {name} does not keep packed sequences apart (its attention or "
-                      "positions ignore restarting position ids); its forwards run padded", stacklevel=3)
+                      "positions ignore restarting position ids); its forwards run padded (shared-prompt "
+                      "rows excepted: they carry their own mask)", stacklevel=3)
     return ok
 
 
@@ -179,3 +437,47 @@ def _states_agree(body: nn.Module) -> bool:
     ref = torch.cat([ha, hb])
     tol = (1e-4 if param.dtype == torch.float32 else 5e-2) * (1.0 + float(ref.abs().max()))
     return bool(torch.isfinite(both).all()) and float((both - ref).abs().max()) <= tol
+
+
+_TREE_CHECKED: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
+
+
+def shared_packing_supported(body: nn.Module) -> bool:
+    """Whether the transformer ``body`` takes shared-prompt rows exactly, checked once per
+    module: its attention is sdpa or eager (a custom 4D mask), every layer attends over the
+    whole context, and a prompt with two responses in one row gives each response's states as
+    its own forward does. No warning when not: the plain packed layout is then taken."""
+    known = _TREE_CHECKED.get(body)
+    if known is not None:
+        return known
+    ok = _attention_kind(body) in ("sdpa", "eager") and plain_kv_cache(body) and _tree_agrees(body)
+    _TREE_CHECKED[body] = ok
+    return ok
+
+
+def _tree_agrees(body: nn.Module) -> bool:
+    param = next(body.parameters())
+    dev = param.device
+    vocab = int(getattr(body.config, "vocab_size", 8) or 8)
+    prompt = (torch.arange(5, device=dev) * 5 + 3) % vocab
+    one = (torch.arange(4, device=dev) * 7 + 11) % vocab
+    two = (torch.arange(3, device=dev) * 3 + 2) % vocab
+    was = body.training
+    body.eval()
+    try:
+        with torch.no_grad(), torch.autocast(device_type=dev.type, enabled=False):
+            def run(ids: Tensor, pos: Tensor, mask: Tensor | None = None) -> Tensor:
+                return body(input_ids=ids[None], position_ids=pos[None], attention_mask=mask,
+                            use_cache=False).last_hidden_state[0].float()
+            h1 = run(torch.cat([prompt, one]), torch.arange(9, device=dev))
+            h2 = run(torch.cat([prompt, two]), torch.arange(8, device=dev))
+            allowed = _tree_mask([(0, 0, 5, 0, 0), (0, 5, 4, 0, 5), (0, 9, 3, 0, 5)], 1, 12, dev)  # prompt, 2 branches
+            tree = run(torch.cat([prompt, one, two]), torch.cat([torch.arange(9, device=dev), 5 + torch.arange(3, device=dev)]),
+                       _attention_mask(body, allowed))
+    except (RuntimeError, ValueError, TypeError):  # an attention that refuses a 4D mask
+        return False
+    finally:
+        body.train(was)
+    ref = torch.cat([h1, h2[5:]])
+    tol = (1e-4 if param.dtype == torch.float32 else 5e-2) * (1.0 + float(ref.abs().max()))
+    return bool(torch.isfinite(tree).all()) and float((tree - ref).abs().max()) <= tol

@@ -141,8 +141,8 @@ class ForwardPasses:
         count = TokenCount()
         grad = torch.is_grad_enabled()
         with self._autocast(self.critic):
-            out = self.critic(ids, attn, pos, tr, packing=self.packing,
-                              packing_row_tokens=self.packing_row_tokens, count=count).float()
+            out = self.critic(ids, attn, pos, tr, packing=self.packing, packing_row_tokens=self.packing_row_tokens,
+                              group_size=batch.group_size, count=count).float()
         self._tally("update" if grad else "logprobs", count, self.critic, backward=grad)
         return out
 

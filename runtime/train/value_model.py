@@ -6,7 +6,7 @@ import copy
 from torch import Tensor, nn
 
 from ..models.loading import backbone
-from .packing import packed_hidden, packed_rows, packing_supported
+from .packing import packed_hidden, packed_layout
 from .throughput import TokenCount
 
 
@@ -27,14 +27,16 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                 num_response: int, *, packing: bool = False, packing_row_tokens: int | None = None,
-                count: TokenCount | None = None) -> Tensor:
-        """``packing``: one packed forward (train/packing.py) when exact and supported; values
+                group_size: int | None = None, count: TokenCount | None = None) -> Tensor:
+        """``packing``: one packed forward (train/packing.py) when exact and supported, each
+        group's prompt once per packed row when the rows share prompts by ``group_size``; values
         on padding are then 0. ``count``: adds the real and computed tokens to it."""
         B, L = input_ids.shape
-        rows = packed_rows(input_ids, attention_mask, num_response, packing_row_tokens) if packing else None
-        if rows is not None and packing_supported(self.body):
+        rows = packed_layout(self.body, input_ids, attention_mask, num_response, packing_row_tokens,
+                             group_size) if packing else None
+        if rows is not None:
             if count is not None:
-                count.add(rows.lengths, rows.computed_tokens)
+                count.add(rows.lengths, rows.computed_tokens, rows.computed_tokens - rows.filler)
             v = self.head(packed_hidden(self.body, rows)).squeeze(-1).float()  # [M]
             return rows.scatter(v, B, num_response)  # [B, Tr]
         if count is not None:

@@ -12,7 +12,7 @@ import rldsl
 from rldsl.runtime.config import RunConfig
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
-from rldsl.runtime.train.packing import packing_supported
+from rldsl.runtime.train.packing import packing_supported, shared_packing_supported
 from rldsl.runtime.train.trainer import Trainer
 
 PROMPTS = ["1+2=", "33+44=", "(5)*6-7=", "9="]
@@ -43,7 +43,8 @@ def _trainer(fn, model) -> Trainer:
 class ForwardCounter:
     def __init__(self, model):
         self.n = 0
-        packing_supported(model.get_decoder())  # train.packing's one-off check of the model, not counted
+        packing_supported(model.get_decoder())  # train.packing's one-off checks of the model, not counted
+        shared_packing_supported(model.get_decoder())
         model.get_decoder().register_forward_hook(self)  # token_logprobs runs the decoder, then lm_head in chunks
 
     def __call__(self, *args):

@@ -17,7 +17,7 @@ from rldsl.runtime.models.loading import backbone
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.train.logprobs import token_logprobs
-from rldsl.runtime.train.packing import packed_rows, packing_supported
+from rldsl.runtime.train.packing import packed_rows, packing_supported, shared_packed_rows, shared_packing_supported
 from rldsl.runtime.train.throughput import TokenCount
 from rldsl.runtime.train.trainer import Trainer
 from tiny_archs import ARCHS, SCALED, build
@@ -117,8 +117,101 @@ def test_logprobs_entropy_and_gradients_equal_padded(models, tokenizer, name) ->
         assert c0.padding == c0.computed - c0.real and c1.padding == c1.computed - c1.real
 
 
+def test_shared_layout_lays_each_prompt_once_per_row_and_responses_after_it(tokenizer) -> None:
+    """Groups of 2 rows per prompt: the prompt once per row holding the group, positions going
+    on from it into each response, every response attending to the prompt and itself only."""
+    ids, mask, Tr, m = _batch(tokenizer)
+    B, T = ids.shape
+    prompt_len = mask[:, :-Tr].sum(1).tolist()
+    for row_tokens in (None, 12):
+        rows = shared_packed_rows(ids, mask, Tr, 2, row_tokens)
+        assert rows is not None and rows.allowed is not None
+        R, S = rows.input_ids.shape
+        plain = packed_rows(ids, mask, Tr, row_tokens)
+        assert rows.placed < sum(rows.lengths) and rows.computed_tokens <= plain.computed_tokens
+        flat_ids, flat_pos = rows.input_ids.reshape(-1), rows.position_ids.reshape(-1)
+        allowed = rows.allowed[:, 0]  # [R, S, S]
+        assert rows.predictor.numel() == int(m.sum())
+        # each predictor holds the token before its target, at the position before the target's
+        assert torch.equal(flat_ids[rows.predictor], ids.reshape(-1)[rows.target - 1])
+        target_pos = torch.tensor([prompt_len[int(t) // T] + int(t) % T - (T - Tr) for t in rows.target])
+        assert torch.equal(flat_pos[rows.predictor], target_pos - 1)
+        # what a response's last predictor attends to is its prompt, then its own tokens, in order
+        for b in range(B):
+            idx = (rows.out // Tr == b).nonzero().squeeze(1)
+            if idx.numel() == 0:
+                continue
+            last = int(rows.predictor[idx[-1]])
+            r, q = divmod(last, S)
+            seen = rows.input_ids[r][allowed[r, q]].tolist()
+            assert seen == ids[b][mask[b].bool()].tolist()[:-1]
+        # rows never exceed the cap unless one prompt + response does on its own
+        cap = row_tokens or max(rows.lengths)
+        assert S <= max(cap, max(prompt_len) + max(LENGTHS) - 1)
+    assert shared_packed_rows(ids, mask, Tr, None) is None  # no groups
+    other = ids.clone()
+    other[1, -Tr - 1] = (other[1, -Tr - 1] + 1) % len(tokenizer)  # row 1's prompt differs from row 0's
+    assert shared_packed_rows(other, mask, Tr, 2) is None
+
+
+def test_shared_rows_mask_is_the_same_written_whole_or_by_blocks(tokenizer, monkeypatch) -> None:
+    """Large masks are written block by block, small ones compared whole: the same mask, and
+    each query sees exactly its prompt and its own response so far."""
+    from rldsl.runtime.train import packing
+    ids, mask, Tr, _ = _batch(tokenizer)
+    whole = shared_packed_rows(ids, mask, Tr, 2, 20)
+    monkeypatch.setattr(packing, "_WHOLE_MASK_ELEMENTS", 0)
+    blocks = shared_packed_rows(ids, mask, Tr, 2, 20)
+    assert torch.equal(whole.allowed, blocks.allowed) and torch.equal(whole.input_ids, blocks.input_ids)
+    allowed = whole.allowed[:, 0]
+    pos = whole.position_ids
+    # a query never sees a later key, and sees keys of positions 0 .. its own exactly once each
+    assert not bool((allowed & ~torch.ones_like(allowed[0]).tril()).any())
+    for r in range(allowed.shape[0]):
+        for q in range(allowed.shape[1]):
+            assert sorted(pos[r][allowed[r, q]].tolist()) == list(range(int(pos[r, q]) + 1))
+
+
+@pytest.mark.parametrize("name", ARCHS + SCALED)
+def test_shared_prompt_rows_equal_padded(models, tokenizer, name) -> None:
+    """Shared-prompt rows (groups of 2 rows per prompt): logprobs, entropies and gradients
+    within 1e-5 of the padded forward's for every architecture that takes them; the others
+    (sliding windows) take the plain layout, still equal."""
+    tol = 1e-5
+    model = models(name)
+    ids, mask, Tr, m = _batch(tokenizer)
+    w = torch.randn(m.shape, generator=torch.Generator().manual_seed(1)) * m
+    takes = shared_packing_supported(backbone(model))
+    # gemma: sliding windows, which a custom mask would bypass; OPT takes them (its own mask,
+    # not restarting positions, keeps the responses apart)
+    assert takes == (name not in ("gemma2", "gemma3")), name
+
+    def run(packing: bool, row_tokens: int | None):
+        model.zero_grad(set_to_none=True)
+        count = TokenCount()
+        logp, ent = token_logprobs(model, ids, mask, Tr, entropy_grad=True, temperature=0.7, group_size=2,
+                                   packing=packing, packing_row_tokens=row_tokens, count=count)
+        ((logp * w).sum() + (ent * w).sum()).backward()
+        return logp, ent, [p.grad.clone() for p in model.parameters() if p.grad is not None], count
+
+    lp0, e0, g0, c0 = run(False, None)
+    for row_tokens in (None, 20):  # both push fewer tokens than the padded shared-prompt forward
+        lp1, e1, g1, c1 = run(True, row_tokens)
+        torch.testing.assert_close(lp1[m], lp0[m], atol=tol, rtol=0)
+        torch.testing.assert_close(e1[m], e0[m], atol=tol, rtol=0)
+        assert float(lp1.detach()[~m].abs().max()) == 0.0
+        scale = max(float(a.abs().max()) for a in g0)
+        for a, b in zip(g0, g1, strict=True):  # (a key bias's gradient is 0 up to rounding: OPT)
+            torch.testing.assert_close(b, a, atol=tol * max(float(a.abs().max()), 1e-3 * scale), rtol=0)
+        assert c1.real == c0.real == int(mask.sum()) - len(mask)
+        if takes:  # each prompt once per row holding its group: fewer than the plain layout
+            shared = shared_packed_rows(ids, mask, Tr, 2, row_tokens)
+            assert c1.computed == shared.computed_tokens < packed_rows(ids, mask, Tr, row_tokens).computed_tokens
+            assert c1.padding == shared.filler
+
+
 def test_architecture_that_ignores_positions_falls_back_once(models, tokenizer) -> None:
-    model = models("opt")
+    model = copy.deepcopy(models("opt"))  # a model not checked yet (the checks are kept per model)
     ids, mask, Tr, m = _batch(tokenizer)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -239,5 +332,7 @@ def test_packing_taken_when_checkpointing_rules_out_the_shared_prompt(tiny_model
     count = TokenCount()
     lp, _ = token_logprobs(model, ids, mask, 2, group_size=4, packing=True, packing_row_tokens=100,
                            count=count)
-    assert count.computed == count.real < 4 * (ids.shape[1] - 1)  # one packed row, no padding
+    prompt = int(enc["attention_mask"][0].sum())
+    # one packed row, the prompt once (shared-prompt rows), then row 0's first response token
+    assert count.computed == prompt + 1 and count.padding == 0 and count.real == 4 * prompt + 1
     lp.sum().backward()
