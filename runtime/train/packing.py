@@ -28,9 +28,11 @@ responses count positions on from the prompt's length as in the padded row. Take
 whose attention takes such a mask and whose layers all attend over the whole context (a sliding
 window would be bypassed by a custom mask), checked once per model like the plain layout.
 
-Not every architecture takes packed rows (OPT's learned positions ignore ``position_ids``):
-:func:`packing_supported` checks each model once on two short sequences, and a model that
-fails falls back to padded forwards with one warning.
+Not every architecture takes plain packed rows (OPT builds its causal mask without the
+position ids, so it never sees where a packed sequence restarts): :func:`packing_supported`
+checks each model once on two short sequences, and a model that fails falls back to padded
+forwards with one warning -- or to shared-prompt rows, whose own mask it does take.
+:func:`packed_layout` picks the layout of a forward.
 """
 from __future__ import annotations
 
@@ -215,10 +217,9 @@ def shared_packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_t
 
     Each response b of a group with a prompt of p real tokens and k_b real response tokens
     feeds k_b - 1 tokens (its first token is predicted by the prompt's last state, its last
-    predicts nothing). Responses go largest first to the row where they add the fewest tokens
-    -- one that already holds their group's prompt, else one with room for prompt and response,
-    else a new row -- rows of at most ``row_tokens`` tokens (None: the longest sequence's length,
-    as for the plain layout). In a row, each group's prompt comes first, then its responses.
+    predicts nothing). Responses are assigned to rows of at most ``row_tokens`` tokens (None:
+    the longest sequence's length, as for the plain layout) by :func:`_shared_bins`; in a row,
+    each group's prompt comes first, then its responses.
     """
     if not same_prompts(input_ids, attention_mask, num_response_tokens, group_size):
         return None
@@ -226,10 +227,10 @@ def shared_packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_t
     Tr, G = num_response_tokens, int(group_size)  # type: ignore[arg-type]
     Tp = T - Tr
     mask = attention_mask.bool()
-    runs = _real_runs(mask, Tr)
-    if runs is None:
+    real = _real_runs(mask, Tr)
+    if real is None:
         return None
-    firsts, ns = runs
+    firsts, ns = real
     prompt_len = [Tp - f for f in firsts]  # [B] real prompt tokens (equal within a group)
     k = [ns[b] - prompt_len[b] for b in range(B)]  # [B] real response tokens
     cap = max(row_tokens or max(x - 1 for x in ns), 1)
