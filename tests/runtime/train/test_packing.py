@@ -172,13 +172,19 @@ def test_shared_rows_mask_is_the_same_written_whole_or_by_blocks(tokenizer, monk
             assert sorted(pos[r][allowed[r, q]].tolist()) == list(range(int(pos[r, q]) + 1))
 
 
-@pytest.mark.parametrize("name", ARCHS + SCALED)
+@pytest.mark.parametrize("name", ARCHS + SCALED + ("llama-eager",))
 def test_shared_prompt_rows_equal_padded(models, tokenizer, name) -> None:
     """Shared-prompt rows (groups of 2 rows per prompt): logprobs, entropies and gradients
     within 1e-5 of the padded forward's for every architecture that takes them; the others
-    (sliding windows) take the plain layout, still equal."""
+    (sliding windows) take the plain layout, still equal. ``llama-eager``: eager attention,
+    which takes the tree as an additive mask (sdpa: a boolean one)."""
     tol = 1e-5
-    model = models(name)
+    if name == "llama-eager":
+        model = copy.deepcopy(models("llama"))
+        model.set_attn_implementation("eager")
+        assert backbone(model).config._attn_implementation == "eager"
+    else:
+        model = models(name)
     ids, mask, Tr, m = _batch(tokenizer)
     w = torch.randn(m.shape, generator=torch.Generator().manual_seed(1)) * m
     takes = shared_packing_supported(backbone(model))
