@@ -438,8 +438,8 @@ def token_logprobs(
     if count is not None:
         lengths = attention_mask.long().sum(1) - 1  # [B] tokens fed: the last predicts nothing
         distinct = None
-        if packed is not None and packed.placed is not None:  # each prompt once per row holding it
-            distinct = computed - packed.filler
+        if packed is not None:  # (shared-prompt rows: each prompt once per row holding it)
+            distinct = packed.placed
         elif packed is None and computed != B * (T - 1):  # the shared prompt ran once per group
             prompt = attention_mask[:, : T - Tr].long().sum(1)  # [B]
             distinct = int(lengths.sum() - prompt.sum() + prompt[::group_size].sum())

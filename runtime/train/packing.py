@@ -60,10 +60,10 @@ class PackedRows:
     out           [M]     flat index into [B*Tr] where its result goes
     lengths       [B]     tokens of each sequence fed to the model: n_b - 1 (its last token
                           predicts nothing, as in the padded forward)
+    placed                the real tokens laid in the rows: sum(lengths), or fewer in
+                          shared-prompt rows (each prompt once per row that holds it)
     allowed       [R, 1, S, S]  shared-prompt rows only: query i may attend to key j (None:
                           the model finds the sequences from the restarting positions)
-    placed                shared-prompt rows only: the real tokens laid in them (each
-                          prompt counted once per row that holds it)
     """
 
     input_ids: Tensor
@@ -72,13 +72,13 @@ class PackedRows:
     target: Tensor
     out: Tensor
     lengths: list[int]
+    placed: int
     allowed: Tensor | None = None
-    placed: int | None = None  # real tokens laid in the rows (None: sum(lengths))
 
     @property
     def filler(self) -> int:
         """Computed tokens that are no sequence's (the rows' tails)."""
-        return self.computed_tokens - (sum(self.lengths) if self.placed is None else self.placed)
+        return self.computed_tokens - self.placed
 
     @property
     def computed_tokens(self) -> int:
@@ -137,7 +137,8 @@ def packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_tokens: 
         positions.extend(range(fill))
     return PackedRows(_gather_ids(input_ids, mask, src).view(R, S),
                       torch.tensor(positions, dtype=torch.long, device=dev).view(R, S),
-                      *(torch.tensor(x, dtype=torch.long, device=dev) for x in (pred, tgt, out)), lengths)
+                      *(torch.tensor(x, dtype=torch.long, device=dev) for x in (pred, tgt, out)), lengths,
+                      sum(lengths))
 
 
 def _gather_ids(input_ids: Tensor, mask: Tensor, src: list[int]) -> Tensor:
@@ -273,7 +274,7 @@ def shared_packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_t
     idx = [torch.tensor(x, dtype=torch.long, device=dev) for x in (pred, tgt, out)]
     return PackedRows(_gather_ids(input_ids, mask, src).view(R, S),
                       torch.tensor(pos, dtype=torch.long, device=dev).view(R, S), *idx,
-                      [x - 1 for x in ns], _tree_mask(runs, R, S, dev), len(src) - src.count(-1))
+                      [x - 1 for x in ns], len(src) - src.count(-1), _tree_mask(runs, R, S, dev))
 
 
 Bins = tuple[list[dict[int, list[int]]], list[int]]  # per row: group -> its responses there; its tokens
@@ -418,26 +419,40 @@ def packing_supported(body: nn.Module) -> bool:
 
 
 def _states_agree(body: nn.Module) -> bool:
+    def build(run, tokens, arange):  # two sequences, packed in one row and each on its own
+        a, b = tokens(7, 5, 3), tokens(5, 7, 11)
+        ref = torch.cat([run(a, arange(7)), run(b, arange(5))])
+        return ref, run(torch.cat([a, b]), torch.cat([arange(7), arange(5)]))
+    return _forwards_agree(body, build)
+
+
+def _forwards_agree(body: nn.Module, build) -> bool:
+    """``build(run, tokens, arange)`` -> (reference states, packed states) from forwards of the
+    body (``run(ids, positions, mask=None)``: one row, eval mode, no gradient, autocast off;
+    ``tokens(n, step, start)``: n distinct ids); True when the packed ones are finite and agree."""
     param = next(body.parameters())
     dev = param.device
     vocab = int(getattr(body.config, "vocab_size", 8) or 8)
-    a = (torch.arange(7, device=dev) * 5 + 3) % vocab  # two sequences of distinct tokens
-    b = (torch.arange(5, device=dev) * 7 + 11) % vocab
+
+    def tokens(n: int, step: int, start: int) -> Tensor:
+        return (torch.arange(n, device=dev) * step + start) % vocab
+
+    def arange(n: int) -> Tensor:
+        return torch.arange(n, device=dev)
+
+    def run(ids: Tensor, pos: Tensor, mask: Tensor | None = None) -> Tensor:
+        return body(input_ids=ids[None], position_ids=pos[None], attention_mask=mask,
+                    use_cache=False).last_hidden_state[0].float()
+
     was = body.training
     body.eval()
     try:
         with torch.no_grad(), torch.autocast(device_type=dev.type, enabled=False):
-            def run(ids: Tensor, pos: Tensor) -> Tensor:
-                return body(input_ids=ids[None], position_ids=pos[None], attention_mask=None,
-                            use_cache=False).last_hidden_state[0].float()
-            ha = run(a, torch.arange(7, device=dev))
-            hb = run(b, torch.arange(5, device=dev))
-            both = run(torch.cat([a, b]), torch.cat([torch.arange(7, device=dev), torch.arange(5, device=dev)]))
+            ref, packed = build(run, tokens, arange)
     finally:
         body.train(was)
-    ref = torch.cat([ha, hb])
     tol = (1e-4 if param.dtype == torch.float32 else 5e-2) * (1.0 + float(ref.abs().max()))
-    return bool(torch.isfinite(both).all()) and float((both - ref).abs().max()) <= tol
+    return bool(torch.isfinite(packed).all()) and float((packed - ref).abs().max()) <= tol
 
 
 _TREE_CHECKED: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
@@ -457,28 +472,13 @@ def shared_packing_supported(body: nn.Module) -> bool:
 
 
 def _tree_agrees(body: nn.Module) -> bool:
-    param = next(body.parameters())
-    dev = param.device
-    vocab = int(getattr(body.config, "vocab_size", 8) or 8)
-    prompt = (torch.arange(5, device=dev) * 5 + 3) % vocab
-    one = (torch.arange(4, device=dev) * 7 + 11) % vocab
-    two = (torch.arange(3, device=dev) * 3 + 2) % vocab
-    was = body.training
-    body.eval()
+    def build(run, tokens, arange):  # a prompt and two responses: in one row, and each on its own
+        prompt, one, two = tokens(5, 5, 3), tokens(4, 7, 11), tokens(3, 3, 2)
+        ref = torch.cat([run(torch.cat([prompt, one]), arange(9)), run(torch.cat([prompt, two]), arange(8))[5:]])
+        allowed = _tree_mask([(0, 0, 5, 0, 0), (0, 5, 4, 0, 5), (0, 9, 3, 0, 5)], 1, 12, prompt.device)
+        return ref, run(torch.cat([prompt, one, two]), torch.cat([arange(9), 5 + arange(3)]),
+                        _attention_mask(body, allowed))
     try:
-        with torch.no_grad(), torch.autocast(device_type=dev.type, enabled=False):
-            def run(ids: Tensor, pos: Tensor, mask: Tensor | None = None) -> Tensor:
-                return body(input_ids=ids[None], position_ids=pos[None], attention_mask=mask,
-                            use_cache=False).last_hidden_state[0].float()
-            h1 = run(torch.cat([prompt, one]), torch.arange(9, device=dev))
-            h2 = run(torch.cat([prompt, two]), torch.arange(8, device=dev))
-            allowed = _tree_mask([(0, 0, 5, 0, 0), (0, 5, 4, 0, 5), (0, 9, 3, 0, 5)], 1, 12, dev)  # prompt, 2 branches
-            tree = run(torch.cat([prompt, one, two]), torch.cat([torch.arange(9, device=dev), 5 + torch.arange(3, device=dev)]),
-                       _attention_mask(body, allowed))
+        return _forwards_agree(body, build)
     except (RuntimeError, ValueError, TypeError):  # an attention that refuses a 4D mask
         return False
-    finally:
-        body.train(was)
-    ref = torch.cat([h1, h2[5:]])
-    tol = (1e-4 if param.dtype == torch.float32 else 5e-2) * (1.0 + float(ref.abs().max()))
-    return bool(torch.isfinite(tree).all()) and float((tree - ref).abs().max()) <= tol

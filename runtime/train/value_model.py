@@ -36,7 +36,7 @@ class ValueModel(nn.Module):
                              group_size) if packing else None
         if rows is not None:
             if count is not None:
-                count.add(rows.lengths, rows.computed_tokens, rows.computed_tokens - rows.filler)
+                count.add(rows.lengths, rows.computed_tokens, rows.placed)
             v = self.head(packed_hidden(self.body, rows)).squeeze(-1).float()  # [M]
             return rows.scatter(v, B, num_response)  # [B, Tr]
         if count is not None:
