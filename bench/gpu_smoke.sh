@@ -20,11 +20,16 @@
 #      (padding-free) forwards, LoRA, gradient checkpointing, a ChatML template; prints the
 #      run's perf/padding_ratio and perf/mfu (against the GPU's bf16 peak); exports it and
 #      reloads the export;
-#   7. prints a PASS/FAIL line per check and exits non-zero if any check failed or any step
+#   7. times packed against padded training forwards on the GPU (bench/packing.py --device
+#      cuda): float32 at mid (their logprobs must agree to 1e-4), bfloat16 autocast at mid,
+#      large and xl (Qwen2-0.5B's width and depth, answers up to 1024 tokens);
+#   8. prints a PASS/FAIL line per check and exits non-zero if any check failed or any step
 #      crashed. "SMOKE TEST PASSED" is printed only when every check passed.
 #
 # Knobs (environment): SMOKE_DTYPE=float32|bfloat16 (default float32: the tightest
-# comparison), SMOKE_GPU_MEM=0.3 (vLLM gpu_memory_utilization), SMOKE_TP=1.
+# comparison), SMOKE_GPU_MEM=0.3 (vLLM gpu_memory_utilization), SMOKE_TP=1,
+# SMOKE_SKIP_VLLM=1 (a machine without vLLM: steps 2-5 are not run, and the last line says so
+# instead of "SMOKE TEST PASSED"), SMOKE_SKIP_BENCH=1 (step 7 not run).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -59,8 +64,12 @@ for name in ("vllm", "torch", "transformers", "rldsl"):
         print(f"   {name} NOT INSTALLED")
 PYEOF
 
-echo "== smoke test"
 set +e
+if [[ "${SMOKE_SKIP_VLLM:-0}" == "1" ]]; then
+    echo "== vLLM engine checks NOT run (SMOKE_SKIP_VLLM=1)"
+    status=0
+else
+echo "== smoke test"
 "$PY" - <<'PYEOF'
 import copy
 import os
@@ -198,6 +207,7 @@ print(f"\n{len(results) - len(failed)}/{len(results)} checks passed" +
 sys.exit(1 if failed else 0)
 PYEOF
 status=$?
+fi
 
 echo "== real-model path: random-init Qwen2 ~0.5B, bf16, token-budget micro-batches, LoRA, export"
 "$PY" - <<'PYEOF'
@@ -276,8 +286,32 @@ sys.exit(1 if failed else 0)
 PYEOF
 status2=$?
 if [[ $status -eq 0 && $status2 -ne 0 ]]; then status=$status2; fi
+
+if [[ "${SMOKE_SKIP_BENCH:-0}" != "1" ]]; then
+    echo "== packed vs padded training forwards on the GPU (bench/packing.py)"
+    # float32: the packed logprobs must equal the padded ones (last column) to 1e-4
+    "$PY" "$REPO/bench/packing.py" --device cuda --dtype float32 --sizes mid --repeats 3 2>&1 \
+        | grep -E '^(device|\|)' | tee /tmp/rldsl-smoke-fp32.txt
+    status3=${PIPESTATUS[0]}
+    worst=$(awk -F'|' '/^\| mid/ {print $11}' /tmp/rldsl-smoke-fp32.txt | sort -g | tail -1)
+    if [[ $status3 -eq 0 ]] && awk -v d="${worst:-nan}" 'BEGIN {exit !(d + 0 == d && d < 1e-4)}'; then
+        echo "[PASS] packed logprobs equal padded on CUDA (float32): max |d| $worst (< 1e-4)"
+    else
+        echo "[FAIL] packed logprobs on CUDA (float32): exit $status3, max |d| ${worst:-none}"
+        [[ $status -eq 0 ]] && status=1
+    fi
+    "$PY" "$REPO/bench/packing.py" --device cuda --dtype bfloat16 --sizes mid,large,xl --repeats 5 2>&1 \
+        | grep -E '^(device|\||Traceback|[A-Za-z]*Error)'
+    status4=${PIPESTATUS[0]}
+    if [[ $status4 -ne 0 ]]; then
+        echo "[FAIL] bench/packing.py bfloat16 exited $status4"
+        [[ $status -eq 0 ]] && status=1
+    fi
+fi
 set -e
-if [[ $status -eq 0 ]]; then
+if [[ $status -eq 0 && "${SMOKE_SKIP_VLLM:-0}" == "1" ]]; then
+    echo "SMOKE TEST PASSED WITHOUT ITS vLLM CHECKS (SMOKE_SKIP_VLLM=1): the vLLM engine was not tried"
+elif [[ $status -eq 0 ]]; then
     echo "SMOKE TEST PASSED"
 else
     echo "SMOKE TEST FAILED (exit status $status): see the lines above" >&2

@@ -82,11 +82,12 @@ def digit_parity(prompt: str, completion: str, answer: str) -> float:
     return float(sum(c.isdigit() for c in completion) % 2)
 
 
-def make_model(size: str, folder: Path) -> Path:
+def make_model(size: str, folder: Path, dims: tuple | None = None) -> Path:
+    """The random-init Llama of ``size`` (``dims``, as SIZES' rows, for another), saved to ``folder``."""
     import torch
     from transformers import LlamaForCausalLM
     from rldsl.runtime import toy
-    hidden, layers, heads, new, _, _ = SIZES[size]
+    hidden, layers, heads, new, _, _ = dims or SIZES[size]
     tok = toy.build_tokenizer()
     cfg = toy.tiny_config(tok, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                           intermediate_size=4 * hidden, max_position_embeddings=new + 32)

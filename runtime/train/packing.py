@@ -160,8 +160,9 @@ def packed_layout(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, nu
     if rows is None:
         return None
     if tree_ok:
-        shared = shared_packed_rows(input_ids, attention_mask, num_response_tokens, group_size, row_tokens)
-        if shared is not None and shared.computed_tokens < rows.computed_tokens:
+        shared = shared_packed_rows(input_ids, attention_mask, num_response_tokens, group_size, row_tokens,
+                                    fewer_than=rows.computed_tokens)
+        if shared is not None:
             return shared  # (its own mask: taken also by a model that ignores restarting positions)
     return rows if plain_ok else None
 
@@ -211,10 +212,12 @@ def same_prompts(input_ids: Tensor, attention_mask: Tensor, num_response_tokens:
 
 
 def shared_packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_tokens: int,
-                       group_size: int | None, row_tokens: int | None = None) -> PackedRows | None:
+                       group_size: int | None, row_tokens: int | None = None,
+                       fewer_than: int | None = None) -> PackedRows | None:
     """The packed layout with each group's prompt once per row that holds the group (module
     docstring), or None when it would not be exact: rows not in groups of identical prompts,
-    or a row whose real tokens are not one run starting in the prompt.
+    or a row whose real tokens are not one run starting in the prompt; also None, before any
+    tensor is built, when it would compute ``fewer_than`` tokens or more.
 
     Each response b of a group with a prompt of p real tokens and k_b real response tokens
     feeds k_b - 1 tokens (its first token is predicted by the prompt's last state, its last
@@ -239,6 +242,8 @@ def shared_packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_t
     if not rows:
         return None
     S, R = max(max(loads), 1), len(rows)
+    if fewer_than is not None and R * S >= fewer_than:
+        return None
     # per token of the packed [R*S], in order: where its id comes from (-1: filler), its position
     src: list[int] = []
     pos: list[int] = []

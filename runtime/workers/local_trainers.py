@@ -38,7 +38,9 @@ class LocalTrainers:
         return self.trainer.policy
 
     def estimate(self, rollout: RolloutBatch, rewards: torch.Tensor) -> TrainBatch:
-        return self.trainer.estimate(rollout, rewards)
+        # engines hand back CPU tensors; the trainer works where the policy lives (a GPU, say)
+        device = next(self.trainer.policy.parameters()).device
+        return self.trainer.estimate(rollout.to(device), rewards.to(device))
 
     def update(self, estimated: TrainBatch, seed: int) -> dict[str, float]:
         m = self.trainer.update(estimated, torch.Generator().manual_seed(seed))
