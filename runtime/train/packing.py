@@ -113,7 +113,7 @@ def packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_tokens: 
     S = max(max(loads), 1)
     R = len(bins)
     dev = input_ids.device
-    src: list[int] = []  # per token of the packed [R*S], in order: its index in the padded [B*T] (-1: filler)
+    src: list[int] = []  # per token of the packed [R*S], in order: its index in the padded [B*T]
     positions: list[int] = []
     pred: list[int] = []  # per real response token: its predictor, target and output index
     tgt: list[int] = []
@@ -133,19 +133,17 @@ def packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_tokens: 
                 out.extend(range(b * Tr, b * Tr + k))
             offset += nb
         fill = (r + 1) * S - offset  # filler: one more "sequence" starting at position 0
-        src.extend([-1] * fill)
+        src.extend([src[0]] * fill)  # any real token's id: the filler's states are never read
         positions.extend(range(fill))
-    return PackedRows(_gather_ids(input_ids, mask, src).view(R, S),
-                      torch.tensor(positions, dtype=torch.long, device=dev).view(R, S),
-                      *(torch.tensor(x, dtype=torch.long, device=dev) for x in (pred, tgt, out)), lengths,
-                      sum(lengths))
+    src_t, pos_t, *idx = _long_tensors(dev, src, positions, pred, tgt, out)
+    return PackedRows(input_ids.reshape(-1)[src_t].view(R, S), pos_t.view(R, S), *idx, lengths, sum(lengths))
 
 
-def _gather_ids(input_ids: Tensor, mask: Tensor, src: list[int]) -> Tensor:
-    """[len(src)]: the padded ids at the flat indices ``src``, the filler id where it is -1."""
-    index = torch.tensor(src, dtype=torch.long, device=input_ids.device)
-    filler = torch.full_like(index, _filler_id(input_ids, mask), dtype=input_ids.dtype)
-    return torch.where(index >= 0, input_ids.reshape(-1)[index.clamp(min=0)], filler)
+def _long_tensors(device: torch.device, *lists: list[int]) -> list[Tensor]:
+    """The lists as long tensors on ``device``, moved there in one copy (a layout's indices:
+    one host-to-device transfer per forward instead of one per index)."""
+    flat = torch.tensor([x for xs in lists for x in xs], dtype=torch.long)
+    return list(flat.to(device).split([len(xs) for xs in lists]))
 
 
 def packed_layout(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_response_tokens: int,
@@ -178,11 +176,6 @@ def _real_runs(mask: Tensor, num_response_tokens: int) -> tuple[list[int], list[
             bool((first >= T - num_response_tokens).any()):
         return None
     return first.tolist(), n.tolist()
-
-
-def _filler_id(input_ids: Tensor, mask: Tensor) -> int:
-    """A token id for the filler (any id of the batch: its states are never read)."""
-    return int(input_ids[mask][0]) if bool(mask.any()) else 0
 
 
 def packed_hidden(body: nn.Module, rows: PackedRows) -> Tensor:
@@ -244,13 +237,14 @@ def shared_packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_t
     S, R = max(max(loads), 1), len(rows)
     if fewer_than is not None and R * S >= fewer_than:
         return None
-    # per token of the packed [R*S], in order: where its id comes from (-1: filler), its position
+    # per token of the packed [R*S], in order: where its id comes from, its position
     src: list[int] = []
     pos: list[int] = []
     runs: list[tuple[int, int, int, int, int]] = []  # causal runs: row, start, length, its prompt (start, end)
     pred: list[int] = []  # per real response token: its predictor, target and output index
     tgt: list[int] = []
     out: list[int] = []
+    filler = 0
     for r, held in enumerate(rows):
         offset = 0
         for g in sorted(held):
@@ -272,14 +266,15 @@ def shared_packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_t
                 out.extend(range(b * Tr, b * Tr + k[b]))
                 offset += fed
         fill = S - offset  # filler: a causal run of its own
-        src.extend([-1] * fill)
+        src.extend([src[0]] * fill)  # any real token's id: the filler's states are never read
         pos.extend(range(fill))
         runs.append((r, offset, fill, offset, offset))
+        filler += fill
     dev = input_ids.device
-    idx = [torch.tensor(x, dtype=torch.long, device=dev) for x in (pred, tgt, out)]
-    return PackedRows(_gather_ids(input_ids, mask, src).view(R, S),
-                      torch.tensor(pos, dtype=torch.long, device=dev).view(R, S), *idx,
-                      [x - 1 for x in ns], len(src) - src.count(-1), _tree_mask(runs, R, S, dev))
+    queries = _tree_queries(runs, R, S)
+    src_t, pos_t, *idx, q = _long_tensors(dev, src, pos, pred, tgt, out, queries or [])
+    return PackedRows(input_ids.reshape(-1)[src_t].view(R, S), pos_t.view(R, S), *idx,
+                      [x - 1 for x in ns], R * S - filler, _tree_mask(runs, R, S, dev, q if queries else None))
 
 
 Bins = tuple[list[dict[int, list[int]]], list[int]]  # per row: group -> its responses there; its tokens
@@ -358,11 +353,25 @@ def _balanced_bins(units: list[int], fed: list[int], prompt_len: list[int], G: i
         k = max(k + 1, math.ceil(sum(loads) / cap))
 
 
-def _tree_mask(runs: list[tuple[int, int, int, int, int]], R: int, S: int, device: torch.device) -> Tensor:
+def _tree_queries(runs: list[tuple[int, int, int, int, int]], R: int, S: int) -> list[int] | None:
+    """Per query of the [R, S] rows: its run's start, its prompt's start and end, flattened
+    [3 * R * S] (what :func:`_tree_mask` compares whole); None for a mask it writes by blocks."""
+    if R * S * S > _WHOLE_MASK_ELEMENTS:
+        return None
+    own, p0, p1 = [0] * (R * S), [0] * (R * S), [0] * (R * S)
+    for r, a, n, start, end in runs:
+        at = r * S + a
+        own[at:at + n], p0[at:at + n], p1[at:at + n] = [a] * n, [start] * n, [end] * n
+    return own + p0 + p1
+
+
+def _tree_mask(runs: list[tuple[int, int, int, int, int]], R: int, S: int, device: torch.device,
+               queries: Tensor | None = None) -> Tensor:
     """[R, 1, S, S] (True: attend). Each run (row, start, n, prompt start, prompt end) is n
     tokens attending causally among themselves and to every token of their prompt (an empty
     range for a prompt itself or filler). Small masks are computed in a few whole-tensor
-    comparisons; large ones written block by block, touching only the allowed entries."""
+    comparisons (``queries``: :func:`_tree_queries` as a tensor on ``device``, when already
+    moved there); large ones written block by block, touching only the allowed entries."""
     if R * S * S > _WHOLE_MASK_ELEMENTS:
         allowed = torch.zeros(R, S, S, dtype=torch.bool, device=device)
         tri = torch.ones(S, S, dtype=torch.bool, device=device).tril()
@@ -370,11 +379,9 @@ def _tree_mask(runs: list[tuple[int, int, int, int, int]], R: int, S: int, devic
             allowed[r, a:a + n, a:a + n] = tri[:n, :n]
             allowed[r, a:a + n, p0:p1] = True
         return allowed[:, None]
-    own, p0, p1 = [0] * (R * S), [0] * (R * S), [0] * (R * S)  # per query: its run's start, its prompt
-    for r, a, n, start, end in runs:
-        at = r * S + a
-        own[at:at + n], p0[at:at + n], p1[at:at + n] = [a] * n, [start] * n, [end] * n
-    q = torch.tensor([own, p0, p1], dtype=torch.long, device=device).view(3, R, S, 1)
+    if queries is None:
+        queries = _long_tensors(device, _tree_queries(runs, R, S) or [])[0]
+    q = queries.view(3, R, S, 1)
     k = torch.arange(S, device=device)
     allowed = (k >= q[0]) | ((k >= q[1]) & (k < q[2]))  # [R, S(q), S(k)]
     return (allowed & torch.ones(S, S, dtype=torch.bool, device=device).tril())[:, None]
