@@ -106,8 +106,9 @@ def main() -> None:
             folder = make_model(size, Path(tmp) / size, dims)
             model = AutoModelForCausalLM.from_pretrained(folder).to(dev)
             tok = AutoTokenizer.from_pretrained(folder)
+            P, G = (dims[4], dims[5]) if size == "xl" else (8, 8)  # 8 x 8 at every CPU size (docstring)
             ids, mask, Tr, m, G = (t.to(dev) if isinstance(t, torch.Tensor) else t
-                                   for t in rows(tok, dims[3], P=dims[4], G=dims[5]))
+                                   for t in rows(tok, dims[3], P=P, G=G))
             counts = {}
             body = torch.compile(backbone(model), dynamic=True) if a.compile else None
 
