@@ -40,6 +40,24 @@ def test_floor_counts_every_linear_weight_of_the_model(step_phases, tmp_path) ->
     assert flops["generate"] == pytest.approx(2 * linear * (P * Tp + P * G * (new - 1)))
 
 
+def test_gemm_floor_runs_the_products_the_floor_counts(step_phases, tmp_path, monkeypatch) -> None:
+    # bench/gemm_floor.py's bare products: the same weights as step_phases' N, each multiplied
+    # three times (forward, input gradient, weight gradient), 2 M k n flops apiece = 6 N M
+    import torch
+    from transformers import AutoModelForCausalLM
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # sys.path restored after (the script adds bench/ too)
+    gemm_floor = _bench_module("gemm_floor")
+    folder = step_phases.make_model("tiny", tmp_path / "tiny")
+    shapes = gemm_floor.linear_shapes(AutoModelForCausalLM.from_pretrained(folder))
+    assert sum(k * n for k, n in shapes) == step_phases.matmul_flops("tiny", folder)["N"]
+    seen = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: seen.append((a.shape, b.shape)) or real_mm(a, b))
+    gemm_floor.products(shapes, 5)()
+    assert len(seen) == 3 * len(shapes)
+    assert sum(2 * a[0] * a[1] * b[1] for a, b in seen) == 6 * 5 * sum(k * n for k, n in shapes)
+
+
 def test_floor_line_says_when_the_target_is_out_of_reach(step_phases) -> None:
     flops = {"N": 1e6, "Tp": 7.0, "update": 3e9, "generate": 1e9}  # 4 s at 1 GFLOP/s
     slow_trl = {"rldsl": {"step_s": 8.0}, "trl": {"step_s": 10.0}}
