@@ -35,18 +35,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from packing import rows  # noqa: E402
+from packing import rows, timed  # noqa: E402
 from step_phases import BETAS, CLIP, EPS, LR, SIZES, SPEC, make_model, matmul_peak  # noqa: E402
-
-
-def median_s(fn, repeats: int) -> float:
-    fn()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
 
 
 def linear_shapes(model) -> list[tuple[int, int]]:
@@ -133,14 +123,14 @@ def main() -> None:
             count = TokenCount()
             step(count)
             computed = count.computed
-            fwd_bwd = median_s(step, a.repeats)
+            fwd_bwd = timed(step, a.repeats)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-            opt_s = median_s(opt.step, a.repeats)  # on the last step's gradients
+            opt_s = timed(opt.step, a.repeats)  # on the last step's gradients
             update = trainer_update(Path(tmp) / size, Path(tmp) / f"{size}-run", ids, mask, Tr, G, a.repeats)
             best = rate = max(best, matmul_peak([size]))  # again after the size: a rate drawn low once must not flatter
             floor = 6 * N * real / rate
-            at_real = median_s(products(shapes, real), a.repeats)
-            at_computed = median_s(products(shapes, computed), a.repeats)
+            at_real = timed(products(shapes, real), a.repeats)
+            at_computed = timed(products(shapes, computed), a.repeats)
             print(f"| {size} | {real} | {computed} | {rate / 1e9:.1f} | {floor:.3f} | {at_real:.3f} ({at_real / floor:.2f}x) | "
                   f"{at_computed:.3f} ({at_computed / floor:.2f}x) | {fwd_bwd:.3f} ({fwd_bwd / floor:.2f}x) | "
                   f"{fwd_bwd - at_computed:.3f} ({(fwd_bwd - at_computed) / floor:.2f}x) | "

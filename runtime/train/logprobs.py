@@ -440,7 +440,7 @@ def token_logprobs(
         distinct = None
         if packed is not None:  # (shared-prompt rows: each prompt once per row holding it)
             distinct = packed.placed
-        elif packed is None and computed != B * (T - 1):  # the shared prompt ran once per group
+        elif computed != B * (T - 1):  # the shared prompt ran once per group
             prompt = attention_mask[:, : T - Tr].long().sum(1)  # [B]
             distinct = int(lengths.sum() - prompt.sum() + prompt[::group_size].sum())
         count.add(lengths.tolist(), computed, distinct)
