@@ -137,6 +137,10 @@ def run_command(
     resume: Annotated[Optional[Path], typer.Option(
         "--resume", metavar="DIR", help="Continue the run in DIR from its newest "
                                         "checkpoint, with its saved config.")] = None,
+    restart: Annotated[bool, typer.Option(
+        "--restart", help="With --resume DIR: start that run again from step 0 with its saved "
+                          "config, whatever its checkpoints; its records and checkpoints are moved "
+                          "to DIR/previous/N, not deleted.")] = False,
     trainers: Annotated[Optional[int], typer.Option(
         "--trainers", metavar="N", min=1,
         help="Trainer ranks (FSDP2 over Ray actors; distributed.trainers); may differ on "
@@ -170,6 +174,9 @@ def run_command(
              "device": device, "log.tensorboard": tensorboard,
              "distributed.trainers": trainers, "distributed.rollout_workers": rollout_workers,
              "distributed.gpus_per_worker": gpus_per_worker, "distributed.ray_address": ray_address}
+    if restart and resume is None:
+        raise ConfigError("--restart starts a run folder again from step 0: give the folder with "
+                          "--resume DIR")
     spec, cfg = build_run_config(spec, config=config, overrides=set_, resume=resume, flags=flags)
     try:
         from .run.loop import train
@@ -178,7 +185,7 @@ def run_command(
                            f"({exc})") from exc
 
     try:
-        train(spec, cfg, resume=resume)
+        train(spec, cfg, resume=resume, restart=restart)
     except KeyboardInterrupt:
         if traceback:
             raise

@@ -16,11 +16,17 @@ fsynced, the folder is renamed to ``step-N`` with ``os.replace`` (atomic), then
 ``latest`` is replaced atomically and checkpoints beyond ``keep_last`` are removed.
 
 Reading trusts only folders named ``step-N`` holding a valid ``COMPLETE`` marker whose
-files all exist with the sizes it records; anything else (``.tmp-*`` leftovers of a crash, a
-folder without its marker) is ignored, and removed by the next save or by
-:func:`clean_incomplete`. A resume reads every file once more against the SHA-256 the marker
-recorded at write (:func:`newest_loadable`): a damaged newest checkpoint (a flipped byte, a cut
-or missing file) is passed over for the one before it, with a note saying so.
+files all exist with the sizes it records. ``.tmp-*`` / ``.old-*`` leftovers of a crash are
+removed by the next save or by :func:`clean_incomplete`; a ``step-N`` folder that fails its
+marker is damaged (the writes above never leave one) and is *set aside* as
+``damaged-step-N``, never deleted. A resume reads every file once more against the SHA-256
+the marker recorded at write (:func:`inspect_checkpoints`, :func:`newest_loadable`): a
+checkpoint whose damage lies only in files a resume does not read (the tokenizer files and
+``config.json`` beside the weights) is still resumed from, exactly, saying so; a damaged
+newest checkpoint (a flipped byte, a cut or missing file in the weights, ``optimizer.pt``
+or ``state.pt``) is passed over for the one before it, with a note, and set aside; when
+every checkpoint is damaged the run folder is left as it is and the resume refused
+(run/folder.py).
 
 The ``.pt`` files are loaded with ``torch.load(weights_only=True)``: they hold only
 tensors and plain Python values, so loading never runs pickled code. ``extra_state`` is
@@ -55,9 +61,14 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "clean_incomplete",
-    "remove_checkpoints_after",
+    "set_aside_after",
     "load_weights",
     "newest_loadable",
+    "resume_notes",
+    "inspect_checkpoints",
+    "Inspection",
+    "set_aside",
+    "read_on_resume",
     "verify_checkpoint",
     "read_weights",
     "saveable",
@@ -332,87 +343,174 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
     return found[-1] if found else None
 
 
-def verify_checkpoint(path: str | os.PathLike[str]) -> str | None:
-    """Why checkpoint folder ``path`` cannot be trusted (a missing marker or file, a file whose
-    size or SHA-256 differs from what the write recorded), or None when it is whole. Reads
-    every file once. Checkpoints written before checksums were recorded are checked by their
-    marker only."""
-    path = Path(path)
+def read_on_resume(rel: str) -> bool:
+    """Whether a resume reads file ``rel`` of a checkpoint (relative to its folder): the
+    weights (``*.safetensors`` of the policy and the critic), ``optimizer.pt`` and ``state.pt``.
+    The tokenizer files and ``config.json`` / ``generation_config.json`` beside the weights are
+    written for people and for ``from_pretrained``; a resume takes them from the model source."""
+    return rel in (OPTIMIZER_FILE, STATE_FILE) or rel.endswith(".safetensors")
+
+
+@dataclass
+class Inspection:
+    """What :func:`inspect_checkpoints` found in one ``step-N`` folder. ``marker``: why its
+    ``COMPLETE`` marker cannot be trusted (None when it can: then ``damaged`` lists each file
+    that is missing, of another size or of another SHA-256 than at write, as (file, what), and
+    ``intact`` the files that match)."""
+
+    path: Path
+    marker: str | None = None
+    damaged: list[tuple[str, str]] = field(default_factory=list)
+    intact: list[str] = field(default_factory=list)
+
+    @property
+    def whole(self) -> bool:
+        return self.marker is None and not self.damaged
+
+    @property
+    def resumable(self) -> bool:
+        """Exactly resumable: whole, or damaged only in files a resume does not read."""
+        return self.marker is None and not any(read_on_resume(rel) for rel, _ in self.damaged)
+
+    def problem(self) -> str | None:
+        """One line: what is damaged (every damaged file), or None when whole."""
+        if self.marker is not None:
+            return self.marker
+        return "; ".join(f"{rel} {what}" for rel, what in self.damaged) or None
+
+
+def _inspect(path: Path) -> Inspection:
     try:
         info = json.loads((path / COMPLETE_MARKER).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return f"no {COMPLETE_MARKER} marker"
+        return Inspection(path, f"no {COMPLETE_MARKER} marker")
     except (OSError, ValueError) as exc:
-        return f"an unreadable {COMPLETE_MARKER} marker ({exc})"
+        return Inspection(path, f"an unreadable {COMPLETE_MARKER} marker ({exc})")
     if not isinstance(info, dict) or info.get("step") != _step_of(path):
-        return f"a {COMPLETE_MARKER} marker of another step"
-    files = info.get("files", [])
-    for rel in files:
+        return Inspection(path, f"a {COMPLETE_MARKER} marker of another step")
+    found = Inspection(path)
+    recorded, sizes = info.get("sha256", {}), info.get("bytes", {})
+    present = []
+    for rel in info.get("files", []):
         f = path / rel
         if not f.is_file():
-            return f"{rel} is missing"
-        size = info.get("bytes", {}).get(rel)
-        if size is not None and f.stat().st_size != size:
-            return f"{rel} has {f.stat().st_size} bytes, {size} when written"
-    recorded = info.get("sha256", {})
-    checked = [rel for rel in files if rel in recorded]
-    for rel, digest in zip(checked, _sha256_all([path / rel for rel in checked])):
-        if digest != recorded[rel]:
-            return f"{rel} differs from what was written (SHA-256 mismatch)"
-    return None
+            found.damaged.append((rel, "is missing"))
+        elif sizes.get(rel) is not None and f.stat().st_size != sizes[rel]:
+            found.damaged.append((rel, f"has {f.stat().st_size} bytes, {sizes[rel]} when written"))
+        else:
+            present.append(rel)
+    checked = [rel for rel in present if rel in recorded]
+    digests = dict(zip(checked, _sha256_all([path / rel for rel in checked])))
+    for rel in present:
+        if rel in digests and digests[rel] != recorded[rel]:
+            found.damaged.append((rel, "differs from what was written (SHA-256 mismatch)"))
+        else:
+            found.intact.append(rel)
+    return found
 
 
-def newest_loadable(run_dir: str | os.PathLike[str]) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint of the run that :func:`verify_checkpoint` finds whole (None if
-    there is none), and a note for each newer ``step-N`` folder passed over as damaged."""
+def verify_checkpoint(path: str | os.PathLike[str]) -> str | None:
+    """Why checkpoint folder ``path`` cannot be trusted (a missing marker or file, a file whose
+    size or SHA-256 differs from what the write recorded: every such file, ``;``-separated), or
+    None when it is whole. Reads every file once. Checkpoints written before checksums were
+    recorded are checked by their marker only."""
+    return _inspect(Path(path)).problem()
+
+
+def _step_folders(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Every ``step-N`` folder of the run, whatever its state, newest first."""
     root = _checkpoints_dir(run_dir)
-    folders = sorted(((_step_of(p), p) for p in root.iterdir() if _step_of(p) is not None and p.is_dir()),
-                     reverse=True) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    return [p for _, p in sorted(((_step_of(p), p) for p in root.iterdir()
+                                  if _step_of(p) is not None and p.is_dir()), reverse=True)]
+
+
+def inspect_checkpoints(run_dir: str | os.PathLike[str]) -> list[Inspection]:
+    """Every ``step-N`` folder of the run inspected, newest first, down to the newest one that
+    is exactly resumable (included; every file read once)."""
+    found = []
+    for path in _step_folders(run_dir):
+        found.append(_inspect(path))
+        if found[-1].resumable:
+            break
+    return found
+
+
+def resume_notes(found: list[Inspection]) -> tuple[Path | None, list[str]]:
+    """From :func:`inspect_checkpoints`' findings: the checkpoint a resume continues from exactly
+    (None if there is none) and a note for each newer ``step-N`` folder passed over as damaged
+    (and for damage the resume does not read)."""
     notes: list[str] = []
-    for _, path in folders:
-        problem = verify_checkpoint(path)
-        if problem is None:
-            if notes:
-                notes.append(f"resuming from {path.name} instead")
-            return path, notes
-        notes.append(f"checkpoint {path.name} is damaged ({problem}): not resumed from")
+    for f in found:
+        if f.resumable:
+            if f.damaged:
+                notes.append(f"checkpoint {f.path.name}: {f.problem()}; a resume does not read "
+                             f"{'it' if len(f.damaged) == 1 else 'them'} (the tokenizer and the model's "
+                             f"config come from the model source): resuming from it, exactly")
+            elif notes:
+                notes.append(f"resuming from {f.path.name} instead")
+            return f.path, notes
+        notes.append(f"checkpoint {f.path.name} is damaged ({f.problem()}): not resumed from; "
+                     f"kept as damaged-{f.path.name}")
     return None, notes
 
 
-def clean_incomplete(run_dir: str | os.PathLike[str]) -> list[Path]:
-    """Remove what interrupted saves left behind; return the removed paths.
+def newest_loadable(run_dir: str | os.PathLike[str]) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint of the run a resume can continue from exactly: whole, or damaged
+    only in files a resume does not read (None if there is none); and the notes of
+    :func:`resume_notes`."""
+    return resume_notes(inspect_checkpoints(run_dir))
 
-    That is ``.tmp-*`` and ``.old-*`` folders and ``step-N`` folders without a valid
-    marker. Complete checkpoints are never touched.
-    """
+
+def set_aside(path: str | os.PathLike[str]) -> Path:
+    """Move a damaged ``step-N`` folder to ``damaged-step-N`` beside it (``-2``, ``-3``, ... when
+    taken), out of every listing and never deleted; returns the new path."""
+    path = Path(path)
+    target = path.with_name(f"damaged-{path.name}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"damaged-{path.name}-{n}")
+    os.replace(path, target)
+    fsync_dir(path.parent)
+    return target
+
+
+def clean_incomplete(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Remove what interrupted saves left behind (``.tmp-*`` and ``.old-*`` folders); return
+    the removed paths. A ``step-N`` folder without a valid marker is damaged, not a leftover
+    (saves rename whole folders): it is set aside as ``damaged-step-N``, not removed. Complete
+    checkpoints are never touched."""
     root = _checkpoints_dir(run_dir)
     removed: list[Path] = []
     if not root.is_dir():
         return removed
     for path in sorted(root.iterdir()):
-        stale = path.name.startswith((".tmp-", ".old-")) or (
-            _step_of(path) is not None and _read_marker(path) is None)
-        if stale:
+        if path.name.startswith((".tmp-", ".old-")):
             _remove(path)
             removed.append(path)
+        elif _step_of(path) is not None and path.is_dir() and _read_marker(path) is None:
+            set_aside(path)
     return removed
 
 
-def remove_checkpoints_after(run_dir: str | os.PathLike[str], step: int) -> list[Path]:
-    """Delete complete checkpoints newer than ``step`` (resuming from an earlier one
-    abandons them); return the removed paths. ``latest`` is rewritten to match."""
-    removed = []
-    for path in list_checkpoints(run_dir):
+def set_aside_after(run_dir: str | os.PathLike[str], step: int) -> list[Path]:
+    """Set aside (``damaged-step-N``) every checkpoint newer than ``step``: a resume from an
+    earlier one passes over only damaged ones. Returns their old paths. ``latest`` is rewritten
+    to match."""
+    moved = []
+    for path in _step_folders(run_dir):
         if (_step_of(path) or 0) > step:
-            _remove(path)
-            removed.append(path)
+            set_aside(path)
+            moved.append(path)
     remaining = list_checkpoints(run_dir)
     latest = _checkpoints_dir(run_dir) / LATEST_FILE
     if remaining:
         write_text_atomic(latest, remaining[-1].name + "\n")
     elif latest.exists():
         latest.unlink()
-    return removed
+    return moved
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:

@@ -6,6 +6,7 @@ Layout of a run folder (the names below are the only place they are spelled)::
         config.json        the resolved RunConfig (JSON round-trips None exactly; TOML cannot)
         spec.rl            the spec the run trains, and <parent>.rl for each spec it extends
         metrics.jsonl      one JSON object per step (metrics.py)
+        samples.jsonl      the sampled completions and their rewards (samples.py)
         tb/                TensorBoard events (log.tensorboard, or "tensorboard" in log.report_to)
         trackers.json      the run ids of log.report_to's trackers, so a resume continues them
         wandb/, mlruns/    W&B's local files and MLflow's default file store (log.report_to)
@@ -13,6 +14,10 @@ Layout of a run folder (the names below are the only place they are spelled)::
         checkpoints/       see checkpoint.py
             step-N/  policy/  critic/  optimizer.pt  state.pt  COMPLETE
             latest
+            damaged-step-N/  a checkpoint found damaged at a resume: set aside, never deleted
+        previous/N/        what an earlier attempt left when the run started again from step 0
+                           (killed before its first checkpoint, or --restart): its metrics,
+                           samples, checkpoints, TensorBoard events and tracker ids
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ from ..errors import ConfigError
 CONFIG_FILE = "config.json"
 SPEC_FILE = "spec.rl"
 METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+PREVIOUS_DIR = "previous"
 TENSORBOARD_DIR = "tb"
 TRACKERS_FILE = "trackers.json"  # the tracker run ids a resumed run continues (log.report_to)
 CURVES_FILE = "curves.png"
@@ -76,6 +83,27 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 # ----------------------------------------------------------------------------- config and spec
+
+def keep_aside(run_dir: str | os.PathLike[str]) -> Path | None:
+    """Move what a run's attempt wrote (metrics, samples, checkpoints, TensorBoard events,
+    tracker ids) into ``previous/N/`` of its folder (N = 1, 2, ...), for a run that starts
+    again from step 0; returns that folder, or None when there was nothing to move."""
+    run_dir = Path(run_dir)
+    names = [n for n in (METRICS_FILE, SAMPLES_FILE, CHECKPOINTS_DIR, TENSORBOARD_DIR, TRACKERS_FILE)
+             if (run_dir / n).exists()]
+    if not names:
+        return None
+    n = 1
+    while (run_dir / PREVIOUS_DIR / str(n)).exists():
+        n += 1
+    kept = run_dir / PREVIOUS_DIR / str(n)
+    kept.mkdir(parents=True)
+    for name in names:
+        os.replace(run_dir / name, kept / name)
+    fsync_dir(kept)
+    fsync_dir(run_dir)
+    return kept
+
 
 def save_config(cfg: RunConfig, run_dir: str | os.PathLike[str], spec_text: str | None = None) -> Path:
     """Write ``<run_dir>/config.json`` (exact round-trip) and ``<run_dir>/spec.rl``.

@@ -19,9 +19,7 @@ from typing import Any
 import torch
 
 from ..batch import RolloutBatch
-from .run_dir import write_text_atomic
-
-SAMPLES_FILE = "samples.jsonl"
+from .run_dir import SAMPLES_FILE, write_text_atomic
 
 
 def sample_rows(step: int, batch: RolloutBatch, rewards: torch.Tensor, advantages: torch.Tensor | None,

@@ -53,14 +53,15 @@ def save(s: Run, step: int, producer: RolloutProducer[StepRollout] | None = None
 
 def restore(s: Run, path: Path) -> int:
     """Load checkpoint ``path``; returns its step (and keeps the batches an asynchronous run had
-    generated ahead in ``s.queued``). What the run folder holds after that step goes: newer
-    (damaged) checkpoints, sample rows."""
+    generated ahead in ``s.queued``). What the run folder holds after that step: newer (damaged)
+    checkpoints are set aside as ``damaged-step-N``, the sample rows of later steps go (the run
+    writes them again)."""
     c = ckpt.load_checkpoint(path)
     s.trainers.load_checkpoint(c)  # weights, critic, algorithm state, optimizers, scheduler
     s.source.load_state_dict(c.extra["data"])
     s.queued = restored_queue(c.extra)
     s.rollouts.load_weights(s.trainers.weights(), c.step)
     restore_rng(c.rng)  # last: no draw between the restore and the next step
-    ckpt.remove_checkpoints_after(s.run_dir, c.step)  # newer, damaged ones (passed over, said)
+    ckpt.set_aside_after(s.run_dir, c.step)  # newer, damaged ones (passed over, said): kept aside
     truncate_samples(s.run_dir, c.step)  # the sample rows of steps after it are written again
     return c.step

@@ -72,16 +72,19 @@ def _interrupt_guard() -> Iterator[dict[str, bool]]:
 
 
 def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = None,
-          stop_after: int | None = None) -> Path:
+          stop_after: int | None = None, restart: bool = False) -> Path:
     """Run (or resume) training; returns the run folder.
 
     ``stop_after``: stop (with a checkpoint) once this many steps are done in total — used by
     tests to interrupt a run at a known point. ``resume``: continue that run folder from its
-    newest whole checkpoint (a damaged newer one is passed over, saying so); a folder with none
-    (the run was killed before its first one) starts again from step 0 with its saved config.
+    newest whole checkpoint (a damaged newer one is passed over, saying so, and set aside); a
+    folder with none (the run was killed before its first one) starts again from step 0 with its
+    saved config; one whose every checkpoint is damaged is refused (RunError), untouched.
+    ``restart`` (with ``resume``): start that folder again from step 0 whatever it holds (its
+    records and checkpoints moved to ``previous/N/``).
     Ctrl-C / SIGTERM: see :func:`_interrupt_guard`.
     """
-    opened = open_run(spec, cfg, resume)  # every check before a model loads (run/plan.py)
+    opened = open_run(spec, cfg, resume, restart=restart)  # every check before a model loads (run/plan.py)
     run_dir, cfg = opened.run_dir, opened.plan.cfg
     s = build(opened.plan, run_dir)
     failed = True

@@ -1,7 +1,9 @@
 """A damaged newest checkpoint (a flipped byte, a cut file, a missing file) is detected by the
-checksums recorded at write and --resume falls back to the one before, saying so; a disk that
-fills up during a checkpoint write stops the run with a clear error and leaves the previous
-checkpoint loadable."""
+checksums recorded at write and --resume falls back to the one before, saying so and keeping the
+damaged one aside; a run whose only checkpoint is damaged is refused (exit 2), its folder
+untouched, until ``--restart`` starts it over with its records kept; damage a resume does not
+read (the tokenizer files) is resumed from, exactly; a disk that fills up during a checkpoint
+write stops the run with a clear error and leaves the previous checkpoint loadable."""
 from __future__ import annotations
 
 import shutil
@@ -59,6 +61,61 @@ def test_a_damaged_newest_checkpoint_is_passed_over_for_the_previous_one(whole_r
     assert step_numbers(run) == [1, 2, 3, 4]
     assert steps_of(run) == steps_of(whole_run) and samples_of(run) == samples_of(whole_run)
     assert_same_weights(final_weights(run), final_weights(whole_run))  # steps 3-4 done again, exactly
+    assert ckpt.verify_checkpoint(run / "checkpoints" / "damaged-step-4") is not None  # kept, not deleted
+
+
+def _files(run: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(run)): f.read_bytes() for f in sorted(run.rglob("*")) if f.is_file()}
+
+
+def test_a_run_whose_only_checkpoint_is_damaged_is_refused_untouched_until_restart(whole_run, tmp_path):
+    """One checkpoint kept (step-4), a byte of its weights flipped: `--resume` exits 2 naming it,
+    what is damaged and what is intact, and changes nothing; `--restart` starts again from step 0
+    (the same weights as the uninterrupted run) with the earlier records kept in previous/1."""
+    run = tmp_path / "run"
+    shutil.copytree(whole_run, run)
+    shutil.rmtree(run / "checkpoints" / "step-2")  # as checkpoint.keep_last=1 leaves it
+    _flip_last_byte(run / "checkpoints" / "step-4" / "policy" / "model.safetensors")
+    before = _files(run)
+    res = subprocess.run([sys.executable, "-m", "rldsl.cli", "run", "--resume", str(run), "--steps", "4"],
+                         env=child_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    err = res.stderr
+    assert f"{run} cannot be resumed: every checkpoint it holds is damaged" in err, err
+    assert "step-4: policy/model.safetensors differs from what was written (SHA-256 mismatch)" in err, err
+    assert "intact: optimizer.pt, state.pt and the tokenizer and config files" in err, err
+    assert f"`rldsl run --resume {run} --restart`" in err, err
+    assert "starting it again" not in res.stdout + err
+    assert _files(run) == before  # records, config and the damaged checkpoint as they were
+
+    loop.train("grpo", resume=run, restart=True)
+    kept = run / "previous" / "1"
+    assert _files(kept) == {f: b for f, b in before.items()
+                                                        if f.startswith(("metrics", "samples", "checkpoints", "trackers", "tb/"))}
+    assert step_numbers(run) == [1, 2, 3, 4] and steps_of(run) == steps_of(whole_run)
+    assert_same_weights(final_weights(run), final_weights(whole_run))
+
+
+def test_restart_needs_a_run_folder(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "rldsl.cli", "run", "grpo", "--restart"], env=child_env(),
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 2 and "--restart starts a run folder again from step 0" in res.stderr, res.stderr
+
+
+def test_damage_a_resume_does_not_read_is_resumed_from_exactly(whole_run, tmp_path, capsys):
+    """step-2's tokenizer.json damaged, step-4 gone: the resume continues from step-2 (it takes the
+    tokenizer from the model source), says so, and ends with the uninterrupted run's weights."""
+    run = tmp_path / "run"
+    shutil.copytree(whole_run, run)
+    shutil.rmtree(run / "checkpoints" / "step-4")
+    spoiled = run / "checkpoints" / "step-2" / "policy" / "tokenizer.json"
+    _flip_last_byte(spoiled)
+    loop.train("grpo", resume=run)
+    out = capsys.readouterr().out
+    assert ("checkpoint step-2: policy/tokenizer.json differs from what was written (SHA-256 mismatch); "
+            "a resume does not read it") in out and "resuming from it, exactly" in out
+    assert step_numbers(run) == [1, 2, 3, 4] and steps_of(run) == steps_of(whole_run)
+    assert_same_weights(final_weights(run), final_weights(whole_run))
 
 
 def test_checkpoints_record_the_size_and_sha256_of_every_file(whole_run):

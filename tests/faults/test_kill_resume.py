@@ -47,6 +47,8 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_step_0(model_dir,
     res = rldsl(["run", "--resume", str(run)])
     assert res.returncode == 0, res.stderr[-3000:]
     assert "holds no complete checkpoint" in res.stdout and "starting it again from step 0" in res.stdout
+    assert f"the earlier attempt's records are kept in {run / 'previous' / '1'}" in res.stdout
+    assert step_numbers(run / "previous" / "1") == [1]  # the killed attempt's records: kept, not deleted
     ref = reference()
     assert_whole(run, ref)
     assert_same_weights(final_weights(run), final_weights(ref))

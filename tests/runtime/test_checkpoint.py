@@ -11,7 +11,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llam
                           PreTrainedTokenizerFast)
 
 from rldsl.runtime.records.checkpoint import (clean_incomplete, latest_checkpoint, list_checkpoints,
-                                      load_checkpoint, load_weights, remove_checkpoints_after,
+                                      load_checkpoint, load_weights, set_aside_after,
                                       save_checkpoint)
 from rldsl.runtime.records.rng import capture_rng, restore_rng
 from rldsl.runtime.records.run_dir import COMPLETE_MARKER, LATEST_FILE
@@ -151,7 +151,9 @@ def test_interrupted_saves_are_ignored_and_cleaned(tmp_path):
         load_checkpoint(root / "step-7")
 
     save(tmp_path, 10, model, opt, sched)
-    assert sorted(p.name for p in root.iterdir()) == [LATEST_FILE, "step-10", "step-5"]
+    # the crash leftovers go; step folders that fail their marker are damaged: set aside, kept
+    assert sorted(p.name for p in root.iterdir()) == ["damaged-step-7", "damaged-step-8", LATEST_FILE,
+                                                      "step-10", "step-5"]
     assert (root / LATEST_FILE).read_text() == "step-10\n"
     assert clean_incomplete(tmp_path) == []
 
@@ -172,13 +174,15 @@ def test_keep_last_rotates_old_checkpoints(tmp_path):
     assert (tmp_path / "checkpoints" / LATEST_FILE).read_text() == "step-40\n"
 
 
-def test_resaving_a_step_replaces_it_and_later_ones_can_be_dropped(tmp_path):
+def test_resaving_a_step_replaces_it_and_later_ones_can_be_set_aside(tmp_path):
     model, opt, sched = make_run()
     for step in (1, 2, 3):
         save(tmp_path, step, model, opt, sched, extra_state={"tag": "first"})
-    removed = remove_checkpoints_after(tmp_path, 1)
-    assert [p.name for p in removed] == ["step-2", "step-3"]
+    moved = set_aside_after(tmp_path, 1)
+    assert [p.name for p in moved] == ["step-3", "step-2"]
     assert (tmp_path / "checkpoints" / LATEST_FILE).read_text() == "step-1\n"
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-1"]
+    assert {"damaged-step-2", "damaged-step-3"} <= {p.name for p in (tmp_path / "checkpoints").iterdir()}
     save(tmp_path, 1, model, opt, sched, extra_state={"tag": "second"})
     assert load_checkpoint(tmp_path).extra == {"tag": "second"}
 
