@@ -249,7 +249,7 @@ def samples_command(
         reward = "failed" if r["reward"] is None else f"{r['reward']:.3g}"
         advantage = "-" if r["advantage"] is None else f"{r['advantage']:+.3f}"
         if "messages" in r:
-            turns = [m for m in r["messages"] if m.get("role") not in ("system", "user")] or r["messages"]
+            turns = [m for m in r["messages"] if m.get("role") not in ("system", "user", "prompt")] or r["messages"]
             shown = "\n".join(("* " if m.get("trained") else "  ") + f"[{m.get('role')}"
                                + (f" {m['name']}" if m.get("name") else "") + f"] {cut(_message_text(m))}"
                                for m in turns)

@@ -47,6 +47,17 @@ def default_system_prompt() -> str:
     return SYSTEM_PROMPTS["default"]
 
 
+def row_system_prompt(path: str | None, given: str | None) -> str | None:
+    """The system prompt of a row of data ``path``: the one decision every rollout path reads
+    (single-turn prompts, the tools / env / agent episodes' ``row["system"]``, evaluation sets).
+    ``given`` (``data.system_prompt``) when set, ``""`` meaning none; unset, reasoning-gym's
+    default for reasoning-gym data (the one asking for the ``<answer>`` tags its reward reads),
+    none for any other data."""
+    if given is None:
+        return default_system_prompt() if is_reasoning_gym(path) else None
+    return given or None
+
+
 def is_reasoning_gym(path: str | None) -> bool:
     """Whether ``data.path`` names reasoning-gym tasks."""
     return isinstance(path, str) and path.startswith(PREFIX)

@@ -541,7 +541,8 @@ def with_answer_format(spec: str, answer_format: str) -> str:
 
 @dataclass
 class RewardResult:
-    """rewards [B] fp32 (NaN on skipped samples), each reward's raw values [B], the failures."""
+    """rewards [B] fp64 (NaN on skipped samples: each value as the verifiers returned it, the
+    weighted sum in Python's float arithmetic), each reward's raw values [B] fp64, the failures."""
 
     rewards: torch.Tensor
     components: dict[str, torch.Tensor]
@@ -574,7 +575,7 @@ def correct(rewards: torch.Tensor, above: float = CORRECT_ABOVE) -> torch.Tensor
 
 def unscored(B: int) -> RewardResult:
     """The result of samples nobody scored (``Rollouts.generate(score=False)``): NaN rewards."""
-    return RewardResult(torch.full((B,), float("nan")), {}, 0)
+    return RewardResult(torch.full((B,), float("nan"), dtype=torch.float64), {}, 0)
 
 
 class EnvironmentReward:
@@ -710,12 +711,14 @@ class RewardFn:
         prompts = batch.prompts if prompts is None else prompts
         if len(prompts) != B:
             raise ValueError(f"batch has {B} completions but {len(prompts)} reward prompts")
-        total = torch.zeros(B, dtype=torch.float32)  # [B]
+        # float64: a verifier's value as it returned it (0.2 stays 0.2 in samples.jsonl and the
+        # metrics); the trainer takes the rewards as float32 (Trainer.estimate)
+        total = torch.zeros(B, dtype=torch.float64)  # [B]
         components: dict[str, torch.Tensor] = {}
         errors: list[str] = []
         steps: dict[str, list] = {}
         for term in self.terms:
-            values = torch.empty(B, dtype=torch.float32)  # [B]
+            values = torch.empty(B, dtype=torch.float64)  # [B]
             # a batch term (server, judge, reward model) gets all B samples in one call
             if isinstance(term.fn, EnvironmentReward):
                 scores = term.fn.score_episodes(batch.episodes, list(batch.finish_reason))
@@ -754,7 +757,7 @@ class RewardFn:
         return {**self.__dict__, "_pool": None}
 
     def __call__(self, batch: RolloutBatch) -> torch.Tensor:
-        """[B] fp32 rewards (NaN where a reward failed and ``on_error="skip"``)."""
+        """[B] fp64 rewards (NaN where a reward failed and ``on_error="skip"``)."""
         return self.score(batch).rewards
 
     def __repr__(self) -> str:

@@ -81,8 +81,7 @@ def load_generated_sets(path: str, reward: RewardFn, tokenizer: Any, *, options:
     by_task, line = rg.generate_eval(path, options, run_seed=seed, count=count, exclude=exclude)
     if note is not None:
         note(line)
-    if system_prompt is None:
-        system_prompt = rg.default_system_prompt()
+    system_prompt = rg.row_system_prompt(path, system_prompt)
     sets: list[EvalSet] = []
     for task, rows in by_task.items():
         label = (name or set_name(path.replace(":", "_"), taken)) if len(by_task) == 1 else task

@@ -119,7 +119,7 @@ def prompts_of(cfg: RunConfig, tokenizer: Any = None, warn: Callable[[str], None
     if tokenizer is not None:
         d = cfg.data
         render = partial(render_prompt, tokenizer=tokenizer, mode=d.chat_template,
-                         kwargs=d.chat_template_kwargs, system_prompt=system_prompt(cfg))
+                         kwargs=d.chat_template_kwargs, system_prompt=rg.row_system_prompt(d.path, d.system_prompt))
         train, held = [render(e) for e in train], [render(e) for e in held]
     if generated is not None:
         d = cfg.data
@@ -131,9 +131,3 @@ def prompts_of(cfg: RunConfig, tokenizer: Any = None, warn: Callable[[str], None
         return source, held
     return PromptSource(train, seed=cfg.seed, name=Path(cfg.data.path).name if cfg.data.path else cfg.rollout.env), held
 
-
-def system_prompt(cfg: RunConfig) -> str | None:
-    """``data.system_prompt``; null for reasoning-gym data means reasoning-gym's default one."""
-    if cfg.data.system_prompt is None and is_reasoning_gym(cfg.data.path):
-        return rg.default_system_prompt()
-    return cfg.data.system_prompt

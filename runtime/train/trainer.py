@@ -128,7 +128,9 @@ class Trainer(ForwardPasses):
 
     @torch.no_grad()
     def estimate(self, rollout: RolloutBatch, rewards: Tensor) -> TrainBatch:
-        """Old (and reference) logprobs, values, and the algorithm's advantages for a rollout."""
+        """Old (and reference) logprobs, values, and the algorithm's advantages for a rollout;
+        ``rewards`` are taken as float32 (the verifiers' float64 values are the records')."""
+        rewards = rewards.to(torch.float32)
         self.policy.eval()
         forwards = producers.Forwards(*self._recompute(rollout))
         old, ref, values = forwards.old_logprobs, forwards.ref_logprobs, forwards.values

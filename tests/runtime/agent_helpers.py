@@ -130,3 +130,48 @@ async def weather_agent(client, row: dict) -> None:
     from real_tools import get_weather
 
     await tool_loop(client, row, get_weather, max_calls=2)
+
+
+def opening(row: dict) -> list[dict]:
+    """The row's messages as an agent sends them: its system prompt (``row["system"]``) first."""
+    prompt = row["prompt"]
+    return ([{"role": "system", "content": row["system"]}] if row.get("system") else []) + (
+        [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt))
+
+
+async def system_chat(client, row: dict) -> float:
+    """One chat call on the row's messages, its system prompt first (docs/agents.md)."""
+    await client.chat.completions.create(model=row["model"], messages=opening(row), max_tokens=4)
+    return 1.0
+
+
+#: What text_completions puts between its two calls: a user turn of the tool template.
+USER_TURN = "\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"
+
+
+async def text_completions(client, row: dict) -> float:
+    """A text-completions agent on the tool model: renders the row's messages with the chat
+    template itself and sends the text to /v1/completions; then continues exactly (docs/agents.md):
+    the prompt's ids + the sampled ids (the logprobs' tokens, as ids) + a user turn's ids, as ids."""
+    from rldsl.runtime.toy.tool_model import build_tool_tokenizer
+
+    tok = build_tool_tokenizer()
+    text = tok.apply_chat_template(opening(row), tokenize=False, add_generation_prompt=True)
+    r = await client.completions.create(model=row["model"], prompt=text, max_tokens=8, logprobs=1)
+    sampled = tok.convert_tokens_to_ids(r.choices[0].logprobs.tokens)
+    ids = tok(text, add_special_tokens=False)["input_ids"] + sampled + tok(USER_TURN, add_special_tokens=False)["input_ids"]
+    await client.completions.create(model=row["model"], prompt=ids, max_tokens=8)
+    return 1.0
+
+
+async def token_route(client, row: dict) -> float:
+    """A verifiers-style agent: prime-rl's renderers (verifiers 0.4's training client) render the
+    row's messages client-side and post the ids to /inference/v1/generate."""
+    import renderers
+    from renderers.client import generate
+
+    from rldsl.runtime.toy.tool_model import build_tool_tokenizer
+
+    await generate(client=client, renderer=renderers.DefaultRenderer(build_tool_tokenizer()), messages=opening(row),
+                   model=row["model"], sampling_params={"max_tokens": 8, "temperature": 1.0})
+    return 1.0

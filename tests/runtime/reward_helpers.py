@@ -42,6 +42,11 @@ def quarter(prompt: str, completion: str, answer: str) -> float:
     return 0.25
 
 
+def fifth(prompt: str, completion: str, answer: str) -> float:
+    """0.2 for everything: reasoning-gym's partial credit, a value float32 cannot hold."""
+    return 0.2
+
+
 def slow_parity(prompt: str, completion: str, answer: str) -> float:
     """``parity`` after 20 ms: a reward slow enough that scoring takes longer than generating."""
     time.sleep(0.02)

@@ -358,6 +358,43 @@ def test_a_sync_agent_gets_the_base_url(tok, model) -> None:
     assert all(e["agent"]["calls"] == 1 and e["env_reward"] == 1.0 for e in batch.episodes)
 
 
+@pytest.mark.parametrize("agent", ["text_completions", "token_route", "sync_agent"])
+def test_text_and_token_calls_keep_what_the_model_wrote_in_samples(tok, agent, tmp_path) -> None:
+    """samples.jsonl of an agent whose calls go through /v1/completions or the token route
+    (verifiers' training client): the completion is the sampled text; the messages are the row's
+    (its system prompt first) when the template renders them to the ids sent, else the prompt text
+    the engine saw, then each call's sampled text (assistant) and the ids put between two calls
+    (environment), decoded."""
+    from agent_helpers import USER_TURN
+
+    from rldsl.runtime.records.samples import append_samples, read_samples, sample_rows
+
+    if agent == "token_route":
+        pytest.importorskip("renderers")
+    runner = _runner(agent, system_prompt="You add.")
+    try:
+        batch = runner.run(Scripted(tok, ["12", "345"]), ["1+2="], ["3"], SamplingParams(n=1, max_new_tokens=8, seed=0))
+    finally:
+        runner.close()
+    append_samples(tmp_path, sample_rows(1, batch, torch.ones(len(batch)), None, None, 1))
+    _, (rec,) = read_samples(tmp_path)
+    assert rec["agent"]["error"] is None and {c["route"] for c in rec["agent"]["calls"]} == {
+        "text_completions": {"completions"}, "token_route": {"generate"}, "sync_agent": {"generate"}}[agent]
+    opening = [{"role": "system", "content": "You add.", "trained": False},
+               {"role": "user", "content": "1+2=", "trained": False}]
+    said = [{"role": "assistant", "content": "12", "trained": True}]
+    if agent == "text_completions":  # two calls, one row: the second continues the first's ids exactly
+        assert rec["agent"]["rows"] == 1 and len(rec["agent"]["calls"]) == 2
+        assert rec["completion"] == "345"
+        assert rec["messages"] == opening + said + [{"role": "environment", "content": USER_TURN, "trained": False},
+                                                    {"role": "assistant", "content": "345", "trained": True}]
+    elif agent == "token_route":
+        assert rec["completion"] == "12" and rec["messages"] == opening + said
+    else:  # token ids of its own, not the row's messages: the prompt as the engine saw it
+        assert rec["completion"] == "12"
+        assert rec["messages"] == [{"role": "prompt", "content": tok.decode([3, 4, 5]), "trained": False}] + said
+
+
 def test_an_idle_connection_stays_open_for_the_episodes_next_call(tok) -> None:
     """The endpoint keeps an episode's idle connection open for longer than the episode may last:
     a client that sends its next call on the same connection after idling past uvicorn's own

@@ -287,6 +287,42 @@ def test_an_eval_set_of_a_mix_is_one_set_per_task_and_holds_no_training_question
     assert all(e.prompt == e.reward_prompt for e in single[0].examples)
 
 
+@pytest.mark.parametrize("kind", ["tools", "env", "agent"])
+def test_multi_turn_episodes_open_with_reasoning_gyms_system_prompt(real_model, monkeypatch, kind):
+    """--tools, --env and --agent on reasoning-gym data: the model sees reasoning-gym's system
+    prompt (the one asking for the <answer> tags its reward reads) as single-turn runs do -- not
+    the chat template's default system turn (Qwen2.5's "You are Qwen, ..."); an environment's
+    reset (a ToolEnv's, here) and an agent get it as row["system"]. data.system_prompt set still
+    wins."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rldsl.runtime.rollout.engines.base import SamplingParams
+    from rldsl.runtime.rollout.engines.hf import HFEngine
+    from rldsl.runtime.rollout.runners import episode_runner
+
+    if kind == "agent":
+        pytest.importorskip("openai")
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # episode_helpers, agent_helpers
+    folder = real_model("qwen2.5")
+    tok = AutoTokenizer.from_pretrained(folder)
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(folder).eval(), tok)
+    rollout = {"tools": "rollout.tools=real_tools:get_weather", "env": "rollout.env=episode_helpers:CalcEnv",
+               "agent": "rollout.agent=agent_helpers:system_chat"}[kind]
+    for given, want in ((None, rg.default_system_prompt()), ("Be brief.", "Be brief.")):
+        cfg = load_config(None, ["data.path=reasoning_gym:basic_arithmetic", rollout, "rollout.max_turns=1",
+                                 *([f"data.system_prompt={given}"] if given else [])])
+        runner = episode_runner(cfg, folder)
+        try:
+            batch = runner.run(engine, ["What is 1 + 2?"], ["3"], SamplingParams(n=1, max_new_tokens=2, seed=0))
+        finally:
+            getattr(runner, "close", lambda: None)()
+        seen = tok.decode(batch.prompt_ids[0][batch.prompt_mask[0].bool()].tolist())  # what the engine saw
+        assert f"<|im_start|>system\n{want}" in seen and "You are Qwen" not in seen
+        assert batch.episodes[0]["messages"][0] == {"role": "system", "content": want}
+
+
 def test_the_demo_teacher_is_exact_without_drops_and_its_mode_makes_both_mistakes():
     import random
 

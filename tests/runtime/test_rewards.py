@@ -271,10 +271,10 @@ def test_weighted_sum_with_user_functions(user_module) -> None:
     batch = make_batch(["3", "12345", "7"], ["3", "5", "7"], finish=["stop", "stop", "length"])
     result = RewardFn("addition=0.5, my_rewards_mod:length=2, my_rewards_mod:stops=-1, my_rewards_mod:kw").score(batch)
     # addition: [1, 0, 0]; length: [.1, .5, .1]; stops: [1, 1, -1]; kw: [.5, .5, 0]
-    expected = torch.tensor([0.5 + 0.2 - 1 + 0.5, 0 + 1.0 - 1 + 0.5, 0 + 0.2 + 1 + 0])
+    expected = torch.tensor([0.5 + 0.2 - 1 + 0.5, 0 + 1.0 - 1 + 0.5, 0 + 0.2 + 1 + 0], dtype=torch.float64)
     torch.testing.assert_close(result.rewards, expected)
-    assert result.rewards.dtype == torch.float32 and result.num_errors == 0
-    torch.testing.assert_close(result.components["addition"], torch.tensor([1.0, 0.0, 0.0]))
+    assert result.rewards.dtype == torch.float64 and result.num_errors == 0  # the values as returned
+    torch.testing.assert_close(result.components["addition"], torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
     assert user_module.calls == ["stop", "stop", "length"]  # finish_reason passed by keyword
 
 

@@ -59,18 +59,23 @@ def test_resume_drops_later_samples(tmp_path) -> None:
 
 def test_each_reward_term_is_logged_and_kept_per_sample(model_dir, tmp_path) -> None:
     """rewards/<term>/mean and /std (TRL's names) per step, each term's value per sample in
-    samples.jsonl; the weighted sum is the sample's reward."""
+    samples.jsonl as the verifier returned it (0.2 is 0.2, not float32's 0.20000000298); the
+    weighted sum is the sample's reward, exactly."""
     cfg = load_config(None, [f"model.path={model_dir}", f"out={tmp_path / 'run'}",
                              "rollout.prompts_per_step=2", "rollout.n=4", "train.steps=2",
                              "eval.every=0", "eval.samples=0", "data.eval_size=4", "checkpoint.every=0",
                              "log.progress=false", "log.samples_per_step=2"],
-                      flags={"reward.name": "reward_helpers:parity=0.25,reward_helpers:answer_prefix=0.75"})
+                      flags={"reward.name": "reward_helpers:parity=0.25,reward_helpers:answer_prefix=0.75,"
+                                            "reward_helpers:fifth"})
     run = loop.train("grpo", cfg)
     lines = [json.loads(l) for l in (run / SAMPLES_FILE).read_text().splitlines()]
     assert len(lines) == 16
     for r in lines:
-        assert set(r["rewards"]) == {"parity", "answer_prefix"}
-        assert r["reward"] == pytest.approx(0.25 * r["rewards"]["parity"] + 0.75 * r["rewards"]["answer_prefix"])
+        assert set(r["rewards"]) == {"parity", "answer_prefix", "fifth"}
+        assert r["rewards"]["fifth"] == 0.2
+        # answer_prefix's value as returned: k / len(answer), thirds among them
+        assert any(r["rewards"]["answer_prefix"] == k / m for m in range(1, 5) for k in range(m + 1)), r
+        assert r["reward"] == 0.25 * r["rewards"]["parity"] + 0.75 * r["rewards"]["answer_prefix"] + 0.2
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     for step in (1, 2):
         m = next(x for x in metrics if x["step"] == step)

@@ -30,6 +30,7 @@ from typing import Any, AsyncIterator, Callable
 
 from ...config import env_library
 from ...data.datasets import Example
+from ...data.reasoning_gym import row_system_prompt
 from ...errors import ConfigError
 from . import vf_harness
 from .runner import AGENTS_EXTRA, AgentRunner, load_agent, served_name
@@ -326,7 +327,8 @@ def agent_runner(cfg: Any, model_path: str | Path, model_context: int | None) ->
         return AgentRunner(load_agent(r.agent), model_name=served_name(model_path), max_calls=r.max_turns,
                            max_parallel=r.agent_max_parallel_calls, timeout_s=r.agent_timeout_s,
                            concurrency=r.agent_concurrency, context=model_context,
-                           tool_parser=r.tool_parser, system_prompt=cfg.data.system_prompt,
+                           tool_parser=r.tool_parser,
+                           system_prompt=row_system_prompt(cfg.data.path, cfg.data.system_prompt),
                            chat_template_kwargs=cfg.data.chat_template_kwargs)
     if env_library(r.env) is not None:
         return environment_runner(cfg, model_path, model_context)
@@ -348,7 +350,8 @@ def environment_runner(cfg: Any, model_path: str | Path, model_context: int | No
     return EnvironmentRunner(agent, context, model_name=name, max_calls=r.max_turns,
                              max_parallel=r.agent_max_parallel_calls, timeout_s=r.agent_timeout_s,
                              concurrency=r.agent_concurrency, context=model_context,
-                             tool_parser=r.tool_parser, system_prompt=cfg.data.system_prompt,
+                             tool_parser=r.tool_parser,
+                             system_prompt=row_system_prompt(cfg.data.path, cfg.data.system_prompt),
                              chat_template_kwargs=cfg.data.chat_template_kwargs)
 
 

@@ -6,9 +6,10 @@ calls turned into training rows (records.py) and its return value into the episo
 
 ``client`` is bound to the episode's base URL (server.py); ``row`` holds ``prompt`` (the row's
 own, untemplated: a string or messages), ``answer``, ``model`` (the served model's name) and
-``system`` when ``data.system_prompt`` is set. An agent that raises, runs past
-``rollout.agent_timeout_s`` or never calls the model ends its episode with the error recorded;
-the ``env`` reward term then reports it to ``reward.on_error``.
+``system``, the row's system prompt, when it has one (``data.system_prompt``; unset,
+reasoning-gym's default on reasoning-gym data: data/reasoning_gym.py ``row_system_prompt``). An
+agent that raises, runs past ``rollout.agent_timeout_s`` or never calls the model ends its
+episode with the error recorded; the ``env`` reward term then reports it to ``reward.on_error``.
 """
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ class AgentRunner:
         self.max_calls, self.max_parallel = max_calls, max_parallel
         self.timeout_s, self.concurrency = timeout_s, concurrency
         self.context, self.tool_parser = context, tool_parser
-        self.system_prompt = system_prompt  # data.system_prompt: row["system"]
+        self.system_prompt = system_prompt  # row["system"] (data/reasoning_gym.py row_system_prompt)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.version = 0  # the policy version the engine holds (optimizer steps): the next calls'
         # (0: the model folder's weights; a resumed run loads its checkpoint's first)
@@ -178,10 +179,9 @@ class AgentRunner:
                 else list(row_in["prompt"]))
             summary = episode_summary(calls, rows, error)
             row_of = {k: j for j, r in enumerate(rows) for k in r.calls}
-            # the episode's final answer (what a reward on the answer reads, the same on every row)
-            chats = [c.messages for c in calls if c.messages is not None]
-            answers = [m for m in (chats[-1] if chats else []) if m.get("role") == "assistant"]
-            final = (answers[-1].get("content") or "") if answers else ""
+            # the episode's final answer (what a reward on the answer reads, the same on every row):
+            # its last call's reply (a chat call's message, a text or token call's text)
+            final = _reply_text(calls[-1]) if calls else ""
             info = {"env_reward": None if error else reward, "agent": summary,
                     "error": error,
                     "calls": [{"route": c.route, "row": row_of.get(k), "prompt_tokens": len(c.prompt_ids),
@@ -194,12 +194,53 @@ class AgentRunner:
             for k in range(K):
                 row = rows[k] if k < len(rows) else Row(rows[0].prompt_ids)  # padding: nothing trained
                 text = tokenizer.decode(row.prompt_ids, skip_special_tokens=False)  # what the engine saw
-                # the row's conversation: that of its last chat call (a prefix break's own)
-                chat = [calls[c].messages for c in row.calls if calls[c].messages is not None]
-                messages = chat[-1] if chat else opening
+                messages = row_messages(tokenizer, calls, row, opening, self.chat_template_kwargs) \
+                    if row.calls else opening
                 entries.append((row, dict(info, messages=messages, row=k,
                                           **({"padding": True} if k >= len(rows) else {})), text, final))
         return _rows_batch(tokenizer, entries, G * K)
+
+
+def _reply_text(call: Call) -> str:
+    """What a call answered: a chat call's assistant message content, else the completion's text."""
+    if call.messages is not None:
+        return call.messages[-1].get("content") or ""
+    return call.text
+
+
+def row_messages(tokenizer: Any, calls: list[Call], row: Row, opening: list[dict],
+                 chat_template_kwargs: dict | None = None) -> list[dict]:
+    """A training row's conversation, as samples.jsonl keeps it: that of its last chat call (the
+    request's messages and the reply; a prefix break's own), then the calls after it. A text or
+    token call (``/v1/completions``, ``/inference/v1/generate``) has no messages: the row starts
+    with its ``opening`` messages (the row's system prompt and prompt, as the agent got them) when
+    the chat template renders them to exactly the ids its first call sent, else with one
+    ``prompt`` message, the text the engine saw; each call then adds the text the environment put
+    between it and the call before (an ``environment`` message: those ids decoded, special tokens
+    kept) and its completion's text (an ``assistant`` message)."""
+    chat = [k for k in row.calls if calls[k].messages is not None]
+    if chat:
+        messages, rest = list(calls[chat[-1]].messages), [k for k in row.calls if k > chat[-1]]
+        end = len(calls[chat[-1]].prompt_ids) + len(calls[chat[-1]].completion_ids)
+    else:
+        first = calls[row.calls[0]]
+        try:
+            rendered = tokenizer.apply_chat_template(opening, tokenize=False, add_generation_prompt=True,
+                                                     **dict(chat_template_kwargs or {}))
+            same = tokenizer(rendered, add_special_tokens=False)["input_ids"] == first.prompt_ids
+        except Exception:  # noqa: BLE001 - no chat template (a base model's text agent): not the opening
+            same = False
+        messages = list(opening) if same else [
+            {"role": "prompt", "content": tokenizer.decode(first.prompt_ids, skip_special_tokens=False)}]
+        rest, end = row.calls, len(first.prompt_ids)
+    for k in rest:
+        c = calls[k]
+        if len(c.prompt_ids) > end:
+            messages.append({"role": "environment",
+                             "content": tokenizer.decode(c.prompt_ids[end:], skip_special_tokens=False)})
+        messages.append({"role": "assistant", "content": c.text})
+        end = len(c.prompt_ids) + len(c.completion_ids)
+    return messages
 
 
 def _rows_batch(tokenizer: Any, entries: list[tuple[Row, dict, str, str]], group_size: int) -> RolloutBatch:

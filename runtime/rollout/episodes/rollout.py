@@ -10,6 +10,7 @@ import torch
 
 from ...batch import RolloutBatch
 from ...config import RunConfig
+from ...data.reasoning_gym import row_system_prompt
 from ..engines.base import SamplingParams
 from ...errors import EnvironmentFailed
 from .env import Environment, ToolEnv, env_reset, env_step, load_env
@@ -176,7 +177,8 @@ class EpisodeRunner:
         return cls(load_tools(r.tools) if r.tools else [], parser=r.tool_parser, max_turns=r.max_turns,
                    max_tool_calls=r.max_tool_calls, timeout_s=r.tool_timeout_s,
                    max_output_chars=r.tool_max_output_chars, context=context,
-                   env_class=load_env(r.env) if r.env else None, system_prompt=cfg.data.system_prompt,
+                   env_class=load_env(r.env) if r.env else None,
+                   system_prompt=row_system_prompt(cfg.data.path, cfg.data.system_prompt),
                    chat_template_kwargs=cfg.data.chat_template_kwargs)
 
     def __init__(self, tools: list, *, parser: str = "hermes", max_turns: int = 4, max_tool_calls: int = 4,
@@ -191,7 +193,7 @@ class EpisodeRunner:
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
         self.context = context
-        self.system_prompt = system_prompt  # data.system_prompt: each row's "system"
+        self.system_prompt = system_prompt  # each row's "system" (data/reasoning_gym.py row_system_prompt)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})  # data.chat_template_kwargs
 
     def new_env(self) -> Environment:
