@@ -557,7 +557,8 @@ class RewardResult:
         return {labels[name]: values for name, values in self.components.items()}
 
     def error_warning(self, step: int) -> str:
-        """The warning of step ``step`` about the samples whose reward failed (``reward.on_error=skip``)."""
+        """The warning of step ``step`` (numbered as metrics.jsonl logs it, from 1) about the samples
+        whose reward failed (``reward.on_error=skip``)."""
         return f"step {step}: {self.num_errors} sample(s) skipped (reward failed); first:\n{self.first_error}"
 
 
