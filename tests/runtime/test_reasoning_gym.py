@@ -278,8 +278,10 @@ def test_an_eval_set_of_a_mix_is_one_set_per_task_and_holds_no_training_question
                                options={}, seed=0, count=30, exclude=[e.prompt for e in data.train])
     assert sorted(s.name for s in sets) == ["basic_arithmetic", "spell_backward"]
     assert sum(len(s.examples) for s in sets) == 30
+    system = rg.default_system_prompt()
+    assert system.endswith(".\n")  # reasoning-gym's own ends in a newline: still one blank line below
     for s in sets:  # the plain format with reasoning-gym's default system prompt (no chat template)
-        assert all(e.prompt == rg.default_system_prompt() + "\n\n" + e.reward_prompt for e in s.examples)
+        assert all(e.prompt == system[:-1] + "\n\n" + e.reward_prompt for e in s.examples)
         assert {rg.task_of(e.reward_prompt) for e in s.examples} == {s.name}
     single = load_generated_sets("reasoning_gym:basic_arithmetic", fn, tokenizer, options={}, seed=0, count=5,
                                  system_prompt="")
