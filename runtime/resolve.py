@@ -35,8 +35,7 @@ from .errors import ConfigError, RunError
 from .models.loading import load_tokenizer, model_context
 from .records.trackers import check_trackers
 from .rewards.functions import RewardFn, with_answer_format
-from .rollout.runners import (CALCULATOR_TOOLS, check_episode_template, check_tools,  # noqa: F401 (their old home)
-                              default_tools)
+from .rollout.runners import check_episode_template, check_tools, default_tools  # noqa: F401 (their old home)
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).
 GROUP_OF_ONE_RULE = "group-of-one"

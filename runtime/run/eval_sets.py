@@ -39,22 +39,22 @@ def set_name(path: str | Path, taken: Sequence[str] = ()) -> str:
     return out
 
 
-def evaluate_set(generate: Generate, s: EvalSet, *, n: int, temperature: float, top_p: float,
-                 max_new_tokens: int, seed: int | None, episodes: bool = False) -> dict[str, float]:
-    """The metrics of one set (module doc) under ``eval/<name>/``, its answers scored here.
-    ``episodes``: ``generate`` runs multi-turn episodes (:func:`scored_here`)."""
-    sampled = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                             seed=seed) if n >= 1 else None
-    a = answer_set(scored_here(generate, s.reward, episodes), s.examples, max_new_tokens=max_new_tokens,
+def evaluate_set(generate: Generate, s: EvalSet, cfg: RunConfig, *, n: int, seed: int,
+                 episodes: bool = False) -> dict[str, float]:
+    """The metrics of one set (module doc) under ``eval/<name>/``, its answers scored here: greedy,
+    and ``n`` samples each as ``cfg`` samples an evaluation (``SamplingParams.for_evaluation``;
+    none with ``n`` = 0). ``episodes``: ``generate`` runs multi-turn episodes (:func:`scored_here`)."""
+    sampled = SamplingParams.for_evaluation(cfg, n, seed) if n >= 1 else None
+    a = answer_set(scored_here(generate, s.reward, episodes), s.examples, max_new_tokens=cfg.max_new_tokens,
                    sampled=sampled)
     return set_metrics(s.name, a, s.reward)
 
 
-def evaluate_sets(generate: Generate, sets: Sequence[EvalSet], **kwargs: Any) -> dict[str, float]:
+def evaluate_sets(generate: Generate, sets: Sequence[EvalSet], cfg: RunConfig, **kwargs: Any) -> dict[str, float]:
     """Every set's metrics, one dict."""
     out: dict[str, float] = {}
     for s in sets:
-        out.update(evaluate_set(generate, s, **kwargs))
+        out.update(evaluate_set(generate, s, cfg, **kwargs))
     return out
 
 

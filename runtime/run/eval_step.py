@@ -7,7 +7,8 @@ from ..records.rng import step_seed
 from ..rollout.engines.base import SamplingParams
 from ..rollout.producer import RolloutProducer, snapshot
 from .state import Run
-from .evaluation import answer_set, heldout_metrics, scored_by, scored_here, set_metrics, unscored_by
+from .eval_sets import evaluate_sets
+from .evaluation import answer_set, heldout_metrics, scored_by, unscored_by
 
 
 def evaluate(s: Run, step: int) -> dict[str, float]:
@@ -16,11 +17,9 @@ def evaluate(s: Run, step: int) -> dict[str, float]:
     cfg = s.cfg
     out: dict[str, float] = {}
     n = cfg.eval.samples if cfg.eval.n is None else cfg.eval.n
-    for es in s.eval_sets:  # scored here, each by its own reward
-        sampled = SamplingParams.for_evaluation(cfg, n, step_seed(cfg.seed, step, 0, "eval sets")) if n else None
-        a = answer_set(scored_here(unscored_by(s.rollouts), es.reward, s.episodes), es.examples,
-                       max_new_tokens=cfg.max_new_tokens, sampled=sampled)
-        out.update(set_metrics(es.name, a, es.reward))
+    # scored here, each by its own reward
+    out.update(evaluate_sets(unscored_by(s.rollouts), s.eval_sets, cfg, n=n,
+                             seed=step_seed(cfg.seed, step, 0, "eval sets"), episodes=s.episodes))
     if s.heldout:
         out.update(evaluate_heldout(s, step))
     return out

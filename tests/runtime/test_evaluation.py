@@ -63,7 +63,8 @@ def test_set_metrics_recomputed_from_the_generated_samples(tiny_model, tokenizer
         seen.append(batch)
         return batch
 
-    m = evaluate_set(generate, s, n=4, temperature=1.0, top_p=1.0, max_new_tokens=5, seed=3)
+    cfg = load_config(None, ["rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.max_new_tokens=5"])
+    m = evaluate_set(generate, s, cfg, n=4, seed=3)
     greedy, sampled = seen
     parity = lambda c: float(len(c) % 2)  # noqa: E731 - the reward, independently
     assert m["eval/sums_test/greedy_acc"] == pytest.approx(sum(parity(c) for c in greedy.completions) / 6)
