@@ -3,12 +3,13 @@ the one evaluator (run/evaluation.py); an asynchronous run evaluates the trainer
 from __future__ import annotations
 
 from ..batch import StepRollout
+from ..data.reasoning_gym import task_of
 from ..records.rng import step_seed
 from ..rollout.engines.base import SamplingParams
 from ..rollout.producer import RolloutProducer, snapshot
 from .state import Run
 from .eval_sets import evaluate_sets
-from .evaluation import answer_set, heldout_metrics, scored_by, unscored_by
+from .evaluation import answer_set, heldout_metrics, heldout_task_metrics, scored_by, unscored_by
 
 
 def evaluate(s: Run, step: int) -> dict[str, float]:
@@ -36,7 +37,9 @@ def evaluate_heldout(s: Run, step: int) -> dict[str, float]:
     if a.failed:
         s.warn(f"step {step}: evaluation: {a.failed} held-out sample(s) whose reward failed "
                f"(counted as not correct in the accuracy, left out of the mean reward)")
-    return heldout_metrics(a, s.reward, cfg.rollout.tool_parser)
+    # generated data (reasoning-gym, one task or a mix): each task's split too
+    tasks = [task_of(e.reward_prompt) for e in s.heldout]
+    return heldout_metrics(a, s.reward, cfg.rollout.tool_parser) | heldout_task_metrics(a, s.reward, tasks)
 
 
 def evaluate_current(s: Run, step: int, producer: RolloutProducer[StepRollout] | None) -> dict[str, float]:
