@@ -44,6 +44,9 @@ class Param:
     ``runtime`` params shape the generated code (e.g. where a KL term goes) instead of
     being passed to the component function. ``stages`` maps each choice to the stage the
     component then acts in (kl ``where=reward`` moves it from the loss to the advantage).
+    ``when``: ``(param, value)``, the parameter is read only when that other parameter has that
+    value (a distill component's ``clip_low`` with ``mode=policy_gradient``); elsewhere it is
+    ignored, and ``rldsl explain`` leaves it out.
     """
 
     kind: str
@@ -56,10 +59,15 @@ class Param:
     choices: tuple[str, ...] = ()
     runtime: bool = False
     stages: dict[str, str] | None = None
+    when: tuple[str, Any] | None = None
 
     @property
     def required(self) -> bool:
         return self.default is REQUIRED
+
+    def used(self, values: dict[str, Any]) -> bool:
+        """Whether the component reads it with these parameter values (``when``)."""
+        return self.when is None or values.get(self.when[0]) == self.when[1]
 
     def describe(self) -> str:
         """e.g. ``float > 0, default 0.2``."""
@@ -73,6 +81,8 @@ class Param:
             parts.append("optional")
         else:
             parts.append(f"default {format_value(self.default)}")
+        if self.when is not None:
+            parts.append(f"read only with {self.when[0]}={format_value(self.when[1])}")
         return ", ".join(parts)
 
     def check(self, value: Any) -> str | None:
@@ -484,6 +494,10 @@ def _add(slot: str, key: str, fn: Callable | None, doc: str, kw: dict[str, Any])
     if key in REGISTRY[slot]:
         raise ValueError(f"{where} is registered twice")
     params, given = _split(where, kw)
+    for name, p in params.items():
+        if p.when is not None and (p.when[0] not in params or params[p.when[0]].check(p.when[1])):
+            raise ValueError(f"{where}: parameter {name} is read when {p.when[0]}={p.when[1]!r}, "
+                             "which is not a value of a parameter of the component")
     s = SLOTS[slot]
     if fn is not None:
         if s.args is None:

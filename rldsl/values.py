@@ -58,7 +58,11 @@ class SlotValue(BaseModel):
         return self.spec.stage(self.params)
 
     def __str__(self) -> str:
-        given = {k: v for k, v in self.params.items() if v is not None}
+        """``component(k=v, ...)``: every parameter with a value that the component reads with
+        these values (one it ignores, e.g. ``clip_low`` with ``mode=supervised``, left out)."""
+        params = self.spec.params
+        given = {k: v for k, v in self.params.items()
+                 if v is not None and (k not in params or params[k].used(self.params))}
         if not given:
             return self.component
         return f"{self.component}(" + ", ".join(f"{k}={format_value(v)}" for k, v in given.items()) + ")"

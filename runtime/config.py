@@ -50,6 +50,8 @@ __all__ = [
     "DATA_MAX_NEW_TOKENS",
     "CALCULATOR_MAX_NEW_TOKENS",
     "TaskDefaults",
+    "ADDITION_TASK",
+    "CALCULATOR_TASK",
     "BUILTIN_TASKS",
     "config_keys",
     "config_reference",
@@ -73,13 +75,13 @@ class TaskDefaults:
     tools: str | None = None
 
 
-#: The built-in tasks, one row each (a new task: a row here and one in runtime/toy/tasks.py)
-BUILTIN_TASKS: dict[str, TaskDefaults] = {t.name: t for t in (
-    TaskDefaults("addition", TOY_MAX_NEW_TOKENS, reward="addition"),
-    # the episode's final message, scored as the addition task's
-    TaskDefaults("calculator", CALCULATOR_MAX_NEW_TOKENS, reward="addition",
-                 tools="rldsl.runtime.toy.calculator:calculator"),
-)}
+#: The built-in tasks, one row each (a new task: a row here and one in runtime/toy/tasks.py). The
+#: rows own the tasks' names: every other module refers to a task by its row.
+ADDITION_TASK = TaskDefaults("addition", TOY_MAX_NEW_TOKENS, reward="addition")
+# the episode's final message, scored as the addition task's
+CALCULATOR_TASK = TaskDefaults("calculator", CALCULATOR_MAX_NEW_TOKENS, reward="addition",
+                               tools="rldsl.runtime.toy.calculator:calculator")
+BUILTIN_TASKS: dict[str, TaskDefaults] = {t.name: t for t in (ADDITION_TASK, CALCULATOR_TASK)}
 
 #: The libraries whose environments ``rollout.env`` may name as ``<library>:<target>``
 #: (rollout/agents/environments.py).
@@ -274,9 +276,9 @@ class DataConfig(_Section):
                     "200 for the built-in task, one tenth of a data file's rows (at most "
                     "200; none below 10 rows).")
     task: Literal[tuple(BUILTIN_TASKS)] = Field(  # type: ignore[valid-type]
-        default="addition",
-        description="The built-in task when path is null: 'addition' (2-digit a+b=, the "
-                    "embedded toy model) or 'calculator' (a+b+c= of 2-digit numbers with a "
+        default=ADDITION_TASK.name,
+        description=f"The built-in task when path is null: '{ADDITION_TASK.name}' (2-digit a+b=, the "
+                    f"embedded toy model) or '{CALCULATOR_TASK.name}' (a+b+c= of 2-digit numbers with a "
                     "calculator tool, its own embedded model warm-started on the call format: "
                     "docs/tool_use.md); its defaults fill in the tools, the reward and "
                     "max_new_tokens.")
@@ -382,7 +384,7 @@ class RolloutConfig(_Section):
         default=None, ge=1,
         description=f"Most tokens generated per completion; null = the task's default: "
                     f"{TOY_MAX_NEW_TOKENS} for the built-in addition task (sum + EOS), "
-                    f"{CALCULATOR_MAX_NEW_TOKENS} per turn for data.task=calculator, "
+                    f"{CALCULATOR_MAX_NEW_TOKENS} per turn for data.task={CALCULATOR_TASK.name}, "
                     f"{DATA_MAX_NEW_TOKENS} for a data file or a verifiers taskset; clipped to the model's context. "
                     f"The run's config.json records the value used.")
     tools: str | None = Field(
@@ -390,7 +392,7 @@ class RolloutConfig(_Section):
         description="Tools the model may call, 'module:function[,module:function]' (typed, "
                     "with a Google-style docstring): each completion becomes a multi-turn "
                     "episode (docs/tool_use.md); null = single-turn completions (data.task="
-                    "calculator fills in its calculator).")
+                    f"{CALCULATOR_TASK.name} fills in its calculator).")
     env: str | None = Field(
         default=None,
         description="A multi-turn environment, 'module:Class' (or path/to/file.py:Class): one "

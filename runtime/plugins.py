@@ -74,8 +74,30 @@ def load_object(ref: str, kind: Kind) -> object:
     module_ref, attr = split_reference(ref, kind)
     module = load_module(ref, module_ref, kind)
     if not hasattr(module, attr):
-        raise kind.error(f"{kind.name} {ref!r}: {module_ref} has no {attr!r}")
+        raise missing(ref, kind, module_ref, module, attr)
     return getattr(module, attr)
+
+
+def load_function(ref: str, kind: Kind) -> object:
+    """The function ``ref`` names: :func:`load_object`, and an error saying what the module has
+    when the name is not a callable there."""
+    module_ref, attr = split_reference(ref, kind)
+    module = load_module(ref, module_ref, kind)
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise missing(ref, kind, module_ref, module, attr)
+    return fn
+
+
+def missing(ref: str, kind: Kind, module_ref: str, module: ModuleType, attr: str) -> ConfigError:
+    """The error of a reference whose module has no ``attr`` (of the kind's sort): what the module
+    has of that sort, e.g. ``agent 'agents:nosuch': module 'agents' (FILE) has no function
+    'nosuch'; its functions: solve, chat``."""
+    where = getattr(module, "__file__", None) or module_ref
+    classes = kind.names == "Class"
+    what, found = ("class", classes_of(module)) if classes else ("function", functions_of(module))
+    return kind.error(f"{kind.name} {ref!r}: module {module_ref!r} ({where}) has no {what} {attr!r}; "
+                      f"its {'classes' if classes else 'functions'}: " + (", ".join(found) or "none"))
 
 
 def functions_of(module: ModuleType) -> list[str]:
@@ -83,6 +105,12 @@ def functions_of(module: ModuleType) -> list[str]:
     return sorted(n for n, v in vars(module).items()
                   if callable(v) and not n.startswith("_") and not isinstance(v, type)
                   and getattr(v, "__module__", None) == module.__name__)
+
+
+def classes_of(module: ModuleType) -> list[str]:
+    """The public classes a module defines itself (for "its classes: ..." in a message)."""
+    return sorted(n for n, v in vars(module).items()
+                  if isinstance(v, type) and not n.startswith("_") and v.__module__ == module.__name__)
 
 
 def loaded_files() -> dict[str, str]:

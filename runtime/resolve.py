@@ -18,6 +18,7 @@ loads the models afterwards.
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,7 @@ from .errors import ConfigError, RunError
 from .models.loading import load_tokenizer, model_context
 from .records.trackers import check_trackers
 from .rewards.functions import RewardFn, with_answer_format
-from .rollout.runners import (CALCULATOR_TOOLS, check_episode_template, check_tools,  # noqa: F401 (their old home)
-                              default_tools)
+from .rollout.runners import check_episode_template, check_tools, default_tools  # noqa: F401 (their old home)
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).
 GROUP_OF_ONE_RULE = "group-of-one"
@@ -143,14 +143,25 @@ def check_teacher(algo: Algorithm, cfg: RunConfig, student: Path, tokenizer: Any
     if any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         t_tok = load_tokenizer(folder)
         if t_tok.get_vocab() != tokenizer.get_vocab():
-            diff = sorted(set(t_tok.get_vocab().items()) ^ set(tokenizer.get_vocab().items()))[:3]
             raise ConfigError(f"teacher.path={path}: its tokenizer maps tokens to other ids than the "
-                              f"policy's (e.g. {diff}): a teacher scores the policy's token ids, so "
-                              "both need one vocabulary")
+                              f"policy's ({vocab_difference(tokenizer.get_vocab(), t_tok.get_vocab())}): a "
+                              "teacher scores the policy's token ids, so both need one vocabulary")
     k = algo_topk(algo)
     if k is not None and k > t_v:
         raise ConfigError(f"{algo.name}: top-k of {k} tokens per position, but the teacher's "
                           f"vocabulary has {t_v}: lower k")
+
+
+def vocab_difference(policy: dict[str, int], teacher: dict[str, int], most: int = 3) -> str:
+    """The first ``most`` tokens whose ids differ, each saying which side has which id, e.g.
+    ``'0' is policy id 4, teacher id 5; 'x' is policy id 9, not in the teacher's vocabulary``."""
+    def side(name: str, vocab: dict[str, int], token: str) -> str:
+        return f"{name} id {vocab[token]}" if token in vocab else f"not in the {name}'s vocabulary"
+
+    differ = sorted((t for t in policy.keys() | teacher.keys() if policy.get(t) != teacher.get(t)),
+                    key=lambda t: (min(policy.get(t, math.inf), teacher.get(t, math.inf)), t))
+    shown = [f"{t!r} is {side('policy', policy, t)}, {side('teacher', teacher, t)}" for t in differ[:most]]
+    return "; ".join(shown) + (f"; {len(differ) - most} more" if len(differ) > most else "")
 
 
 def algo_topk(algo: Algorithm) -> int | None:

@@ -395,6 +395,48 @@ def test_runtime_imports_inside_functions_only_where_a_reason_is_given():
     assert lazy == [], "import at module level (a cycle it would close is the real problem)"
 
 
+def _strings_and_calls(path: Path) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(string constants that are not docstrings, names called) of a module, with their lines."""
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    strings = [(n.value, n.lineno) for n in ast.walk(tree)
+               if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+    calls = [(n.func.id if isinstance(n.func, ast.Name) else n.func.attr, n.lineno) for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute))]
+    return strings, calls
+
+
+#: Where a built-in task's name may be written besides its row in config.BUILTIN_TASKS, and why
+TASK_NAME_ELSEWHERE = {("rewards/functions.py", "addition"): "the built-in reward of the same name"}
+
+
+def test_a_built_in_task_is_named_by_its_row_only():
+    """docs/architecture.md: "nothing else names a task" -- every other module refers to the row."""
+    from rldsl.runtime.config import BUILTIN_TASKS
+
+    found = []
+    for path in sorted(RUNTIME[1].rglob("*.py")):
+        rel = path.relative_to(RUNTIME[1]).as_posix()
+        if rel == "config.py":
+            continue
+        found += [f"{rel}:{line}: {text!r}" for text, line in _strings_and_calls(path)[0]
+                  if text in BUILTIN_TASKS and (rel, text) not in TASK_NAME_ELSEWHERE]
+    assert found == [], "refer to the task's row (config.ADDITION_TASK, config.CALCULATOR_TASK)"
+
+
+def test_sampling_parameters_are_made_by_the_engines_factories():
+    """SamplingParams are built in one place (rollout/engines/base.py: greedy, for_rollout,
+    for_evaluation): no module builds them by hand."""
+    found = []
+    for path in sorted(RUNTIME[1].rglob("*.py")):
+        rel = path.relative_to(RUNTIME[1]).as_posix()
+        if rel != "rollout/engines/base.py":
+            found += [f"{rel}:{line}" for name, line in _strings_and_calls(path)[1] if name == "SamplingParams"]
+    assert found == [], "use SamplingParams.greedy / for_rollout / for_evaluation"
+
+
 # ----------------------------------------------------------------------------- the checker
 
 @pytest.fixture

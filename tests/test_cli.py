@@ -67,6 +67,22 @@ def test_explain_shows_slots_formulas_and_objective():
     assert "minimised:" in out and "token_mean" in out
 
 
+def test_explain_and_list_leave_out_the_parameters_a_component_ignores():
+    """A supervised distill component reads no clip: explain shows clip_low / clip_high / clip_c
+    only with mode=policy_gradient; list says when they are read."""
+    gkd = runner.invoke(app, ["explain", "gkd"]).output
+    assert "jsd(beta=0.5, temperature=1.0, mode=supervised, coef=1.0, task=false)" in gkd
+    assert "clip_" not in gkd
+    opd = runner.invoke(app, ["explain", "opd"]).output
+    assert "reverse_kl(estimator=k1, mode=policy_gradient, coef=1.0, task=false, clip_low=0.2, clip_high=0.2, " \
+           "clip_c=3.0)" in opd
+    listed = " ".join(runner.invoke(app, ["list", "distill"]).output.split())
+    for name in ("clip_low", "clip_high", "clip_c"):
+        assert listed.count(f"{name}: float") == 3  # reverse_kl, forward_kl_topk, jsd
+        assert all("read only with mode=policy_gradient" in line.split(" — ")[0]
+                   for line in listed.split(f"{name}: float")[1:])
+
+
 def test_explain_code_is_the_generated_source():
     res = runner.invoke(app, ["explain", "--code", "cispo"])
     assert res.exit_code == 0

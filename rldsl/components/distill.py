@@ -37,12 +37,12 @@ MODE = dict(
     coef=Float(1.0, "weight of the distillation term (verl distillation_loss_coef)", ge=0, runtime=True),
     task=Bool(True, "keep the spec's policy loss of the task reward (verl use_task_rewards)", runtime=True),
     max_clamp=Float(None, "d is clamped to [-max_clamp, max_clamp] (verl loss_max_clamp)", gt=0, runtime=True),
-    clip_low=Float(0.2, "policy_gradient: the ratio may fall to 1 - clip_low (verl clip_ratio_low)",
-                   gt=0, lt=1, runtime=True),
-    clip_high=Float(0.2, "policy_gradient: the ratio may rise to 1 + clip_high (verl clip_ratio_high)",
-                    gt=0, runtime=True),
-    clip_c=Float(3.0, "policy_gradient: dual-clip bound for negative advantages (verl's default 3.0)",
-                 gt=1, runtime=True),
+    clip_low=Float(0.2, "the ratio may fall to 1 - clip_low (verl clip_ratio_low)",
+                   gt=0, lt=1, runtime=True, when=("mode", "policy_gradient")),
+    clip_high=Float(0.2, "the ratio may rise to 1 + clip_high (verl clip_ratio_high)",
+                    gt=0, runtime=True, when=("mode", "policy_gradient")),
+    clip_c=Float(3.0, "dual-clip bound for negative advantages (verl's default 3.0)",
+                 gt=1, runtime=True, when=("mode", "policy_gradient")),
 )
 SCALE = {"scale": "coef"}
 

@@ -272,7 +272,9 @@ def render_prompt(example: Example, tokenizer: Any, *, mode: str = "auto",
     if not use:
         if isinstance(source, str) and not system_prompt:
             return example
-        text = "\n\n".join(m["content"] for m in messages)
+        # one blank line between two messages: a content's own trailing newlines (reasoning-gym's
+        # system prompt ends in one) add none
+        text = "\n\n".join([m["content"].rstrip("\n") for m in messages[:-1]] + [messages[-1]["content"]])
     else:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                              **(kwargs or {}))

@@ -33,7 +33,7 @@ from .run_dir import METRICS_FILE, write_text_atomic
 from .trackers import TensorBoardTracker, Tracker, numeric
 
 __all__ = [
-    "REWARD", "GREEDY_ACC", "SAMPLED_ACC", "EVAL_FAILED", "RESPONSE_LENGTH", "ENTROPY", "CLIP_FRACTION", "STEP_TIME",
+    "REWARD", "GREEDY_ACC", "SAMPLED_ACC", "EVAL_FAILED", "HELDOUT_TASKS", "RESPONSE_LENGTH", "ENTROPY", "CLIP_FRACTION", "STEP_TIME",
     "ACCURACY", "TRUNCATED_FRACTION", "LR", "TOKENS_PER_S", "REWARD_ERRORS",
     "REWARD_TERM_MEAN", "REWARD_TERM_STD",
     "TOOL_CALLS_PER_EPISODE", "TOOL_CALLS_WELL_FORMED", "TOOL_CALL_ERRORS",
@@ -57,6 +57,9 @@ REWARD = "reward_mean"                # mean verifier reward of the step's rollo
 GREEDY_ACC = "eval/greedy_acc"        # held-out accuracy, greedy (steps with an evaluation)
 SAMPLED_ACC = "eval/sampled_acc"      # held-out accuracy, sampled at the rollout temperature
 EVAL_FAILED = "eval/failed"           # held-out samples whose reward failed (NaN), greedy + sampled
+# the held-out split per task (generated data, data/reasoning_gym.py):
+# eval/heldout/<task>/greedy_acc, greedy_reward, sampled_acc, sampled_reward
+HELDOUT_TASKS = "eval/heldout"
 RESPONSE_LENGTH = "response_length"   # mean completion length in tokens
 ENTROPY = "entropy"                   # mean per-token policy entropy (the compiled loss's)
 CLIP_FRACTION = "clip_fraction"       # fraction of clipped tokens (the compiled loss's)

@@ -45,17 +45,35 @@ def _labels(folders: Sequence[Path]) -> list[str]:
             for f, n in zip(folders, names)]
 
 
-def _series(records: Sequence[dict[str, Any]], key: str, smooth: float) -> tuple[list[int], list[float]]:
-    xs, ys = [], []
+def _series(records: Sequence[dict[str, Any]], key: str, smooth: float,
+            gaps: bool = False) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``key``, an EMA with ``smooth``. ``gaps``: a step without a value is a
+    NaN point between the first and the last value (the line breaks there: a mix's task without
+    rows at that step); else it is skipped."""
+    xs: list[int] = []
+    ys: list[float] = []
     ema: float | None = None
     for record in records:
         value = record.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if gaps and xs:
+                xs.append(record["step"])
+                ys.append(math.nan)
             continue
         ema = float(value) if ema is None or smooth <= 0 else smooth * ema + (1 - smooth) * value
         xs.append(record["step"])
         ys.append(ema)
+    while ys and math.isnan(ys[-1]):
+        xs.pop()
+        ys.pop()
     return xs, ys
+
+
+def _isolated(ys: Sequence[float]) -> bool:
+    """Whether a value has no value beside it (a line would not show it: it needs a marker)."""
+    def at(i: int) -> bool:
+        return 0 <= i < len(ys) and not math.isnan(ys[i])
+    return any(at(i) and not at(i - 1) and not at(i + 1) for i in range(len(ys)))
 
 
 Line = tuple[str, str, str, list[int], list[float]]  # label, concept (metrics.Metric), style, steps, values
@@ -87,7 +105,8 @@ def collect_panels(labels: Sequence[str], histories: Sequence[Sequence[dict[str,
 
 
 #: Metrics logged per task by generated data (data/reasoning_gym.py): a panel each, a line per
-#: (run, task) -- "task/<task>/acc" and "curriculum/<task>/<attribute>".
+#: (run, task) -- "task/<task>/acc" and "curriculum/<task>/<attribute>". A step where a task had no
+#: rows (a mix draws its tasks at random) breaks the task's line.
 FAMILIES = (("per-task accuracy (rollouts, full credit)", "accuracy", "task/", "/acc"),
             ("curriculum levels", "level", "curriculum/", ""))
 
@@ -101,7 +120,7 @@ def _family_panels(labels: Sequence[str], histories: Sequence[Sequence[dict[str,
         for label, records in zip(labels, histories):
             keys = sorted({k for r in records for k in r if k.startswith(prefix) and k.endswith(suffix)})
             for key in keys:
-                xs, ys = _series(records, key, 0.0 if prefix == "curriculum/" else smooth)
+                xs, ys = _series(records, key, 0.0 if prefix == "curriculum/" else smooth, gaps=True)
                 name = key[len(prefix):len(key) - len(suffix)]
                 if xs:
                     lines.append((f"{label}: {name}" if len(labels) > 1 else name, concept, "-", xs, ys))
@@ -156,7 +175,7 @@ def plot_runs(run_dirs: Sequence[str | os.PathLike[str]], out_png: str | os.Path
         for label, concept, style, xs, ys in lines:
             name = label if concept != METRICS[SAMPLED_ACC].concept else f"{label} (sampled)"
             ax.plot(xs, ys, style, color=color_of[label], label=name, linewidth=1.4,
-                    marker="o" if metric_by_concept(concept).sparse or len(xs) == 1 else None, markersize=3)
+                    marker="o" if metric_by_concept(concept).sparse or _isolated(ys) else None, markersize=3)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)

@@ -386,13 +386,7 @@ def resolve_reward(name: str) -> RewardCallable:
             "'module:function' or 'path/to/file.py:function'"
         )
     else:
-        module_ref, attr = plugins.split_reference(base, plugins.REWARD)
-        module = plugins.load_module(base, module_ref, plugins.REWARD)
-        fn = getattr(module, attr, None)
-        if not callable(fn):
-            where = getattr(module, "__file__", None) or module_ref
-            raise RewardSpecError(f"reward {base!r}: module {module_ref!r} ({where}) has no function "
-                                  f"{attr!r}; its functions: " + (", ".join(plugins.functions_of(module)) or "none"))
+        fn = plugins.load_function(base, plugins.REWARD)
     if not options:
         return fn
     known = _options_of(fn)
@@ -558,7 +552,8 @@ class RewardResult:
         return {labels[name]: values for name, values in self.components.items()}
 
     def error_warning(self, step: int) -> str:
-        """The warning of step ``step`` about the samples whose reward failed (``reward.on_error=skip``)."""
+        """The warning of step ``step`` (numbered as metrics.jsonl logs it, from 1) about the samples
+        whose reward failed (``reward.on_error=skip``)."""
         return f"step {step}: {self.num_errors} sample(s) skipped (reward failed); first:\n{self.first_error}"
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..config import BUILTIN_TASKS, RunConfig, env_library
+from ..config import RunConfig, env_library
 from ..errors import ConfigError
 from ..models.loading import model_context
 from .agents.environments import agent_runner, check_agent, verifiers_examples
@@ -15,13 +15,9 @@ from .episodes.env import load_env
 from .episodes.rollout import EpisodeRunner
 from .episodes.tools import SHARED_RUNNER, load_tools
 
-#: The tools data.task=calculator fills in (runtime/toy/calculator.py).
-CALCULATOR_TOOLS = BUILTIN_TASKS["calculator"].tools
-
-
 def default_tools(cfg: RunConfig) -> str | None:
-    """``rollout.tools``, else the calculator for data.task=calculator (without an environment of
-    its own), else None."""
+    """``rollout.tools``, else the built-in task's tools (the calculator's; without an environment
+    of its own), else None."""
     task = cfg.builtin_task
     if cfg.rollout.tools is None and cfg.rollout.env is None and cfg.rollout.agent is None and task is not None:
         return task.tools

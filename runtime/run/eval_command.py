@@ -10,6 +10,7 @@ from typing import Optional, Sequence
 import typer
 
 from ..batch import RolloutBatch
+from ..config import load_config
 from ..rewards.functions import RewardFn
 from ..rollout.engines.base import SamplingParams
 from ..rollout.engines.hf import HFEngine
@@ -30,23 +31,21 @@ def evaluate_target(target: Path, data: Sequence[Path], reward: Optional[str] = 
     cfg = t.cfg
     reward_fn = RewardFn(reward or (cfg.reward.name if t.is_run and cfg.reward.name else default_reward(data)),
                          on_error="skip")  # a reward that does not import fails before the model loads
+    r = cfg.rollout  # the run's sampling (a model folder: the defaults), as the flags change it
+    cfg = load_config(base=cfg, flags={
+        "rollout.temperature": temperature, "rollout.top_p": top_p,
+        "rollout.max_new_tokens": max_new_tokens or (r.max_new_tokens if t.is_run and r.max_new_tokens else 256)})
     t.load(step)
     sets = command_sets(data, cfg, reward_fn, t.tokenizer, note=typer.echo)
     engine = HFEngine(t.model, t.tokenizer)
     episodes = t.episodes
-    r = cfg.rollout
 
     def generate(prompts: list, answers: list[str], params: SamplingParams) -> RolloutBatch:
         if episodes is None:
             return engine.generate(prompts, params)
         return episodes.run(engine, prompts, answers, params)
 
-    metrics = evaluate_sets(
-        generate, sets, episodes=episodes is not None, n=n,
-        temperature=temperature if temperature is not None else r.temperature,
-        top_p=top_p if top_p is not None else r.top_p,
-        max_new_tokens=max_new_tokens or (r.max_new_tokens if t.is_run and r.max_new_tokens else 256),
-        seed=seed)
+    metrics = evaluate_sets(generate, sets, cfg, episodes=episodes is not None, n=n, seed=seed)
     for s in sets:
         typer.echo(f"{s.name} ({len(s.examples)} prompts)")
         for key, value in metrics.items():

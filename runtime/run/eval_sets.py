@@ -12,6 +12,8 @@ from typing import Any, Callable, Sequence
 from ..config import EvalSetConfig, RunConfig
 from ..data import reasoning_gym as rg
 from ..data.datasets import Example, load_examples, render_prompt
+from ..errors import ConfigError
+from ..records.metrics import HELDOUT_TASKS
 from ..rewards.functions import RewardFn
 from ..rollout.engines.base import SamplingParams
 from .evaluation import Generate, answer_set, scored_here, set_metrics
@@ -39,22 +41,22 @@ def set_name(path: str | Path, taken: Sequence[str] = ()) -> str:
     return out
 
 
-def evaluate_set(generate: Generate, s: EvalSet, *, n: int, temperature: float, top_p: float,
-                 max_new_tokens: int, seed: int | None, episodes: bool = False) -> dict[str, float]:
-    """The metrics of one set (module doc) under ``eval/<name>/``, its answers scored here.
-    ``episodes``: ``generate`` runs multi-turn episodes (:func:`scored_here`)."""
-    sampled = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                             seed=seed) if n >= 1 else None
-    a = answer_set(scored_here(generate, s.reward, episodes), s.examples, max_new_tokens=max_new_tokens,
+def evaluate_set(generate: Generate, s: EvalSet, cfg: RunConfig, *, n: int, seed: int,
+                 episodes: bool = False) -> dict[str, float]:
+    """The metrics of one set (module doc) under ``eval/<name>/``, its answers scored here: greedy,
+    and ``n`` samples each as ``cfg`` samples an evaluation (``SamplingParams.for_evaluation``;
+    none with ``n`` = 0). ``episodes``: ``generate`` runs multi-turn episodes (:func:`scored_here`)."""
+    sampled = SamplingParams.for_evaluation(cfg, n, seed) if n >= 1 else None
+    a = answer_set(scored_here(generate, s.reward, episodes), s.examples, max_new_tokens=cfg.max_new_tokens,
                    sampled=sampled)
     return set_metrics(s.name, a, s.reward)
 
 
-def evaluate_sets(generate: Generate, sets: Sequence[EvalSet], **kwargs: Any) -> dict[str, float]:
+def evaluate_sets(generate: Generate, sets: Sequence[EvalSet], cfg: RunConfig, **kwargs: Any) -> dict[str, float]:
     """Every set's metrics, one dict."""
     out: dict[str, float] = {}
     for s in sets:
-        out.update(evaluate_set(generate, s, **kwargs))
+        out.update(evaluate_set(generate, s, cfg, **kwargs))
     return out
 
 
@@ -74,17 +76,17 @@ def load_eval_set(path: str | Path, reward: RewardFn, tokenizer: Any, *, prompt_
 def load_generated_sets(path: str, reward: RewardFn, tokenizer: Any, *, options: dict[str, Any], seed: int,
                         count: int, exclude: Sequence[str] = (), chat_template: str = "auto",
                         chat_template_kwargs: dict[str, Any] | None = None, system_prompt: str | None = None,
-                        name: str | None = None, taken: Sequence[str] = (),
-                        note: Callable[[str], None] | None = None) -> list[EvalSet]:
-    """The evaluation sets of ``reasoning_gym:`` data: one set per task (a mix gives a row per task;
-    a single task is named ``name`` or after the path), rendered as training renders them."""
+                        name: str | None = None, note: Callable[[str], None] | None = None) -> list[EvalSet]:
+    """The evaluation sets of ``reasoning_gym:`` data: one set per task, a single task or a mix alike,
+    named after the task (``eval/<task>/...``; with ``name``, ``eval/<name>/<task>/...``), rendered
+    as training renders them."""
     by_task, line = rg.generate_eval(path, options, run_seed=seed, count=count, exclude=exclude)
     if note is not None:
         note(line)
     system_prompt = rg.row_system_prompt(path, system_prompt)
     sets: list[EvalSet] = []
     for task, rows in by_task.items():
-        label = (name or set_name(path.replace(":", "_"), taken)) if len(by_task) == 1 else task
+        label = f"{name}/{task}" if name else task
         rendered = [render_prompt(e, tokenizer, mode=chat_template, kwargs=chat_template_kwargs,
                                   system_prompt=system_prompt) for e in rows]
         sets.append(EvalSet(label, rendered, reward))
@@ -103,25 +105,40 @@ def eval_sets_of(cfg: RunConfig, tokenizer: Any, run_reward: RewardFn,
         reward = RewardFn(entry.reward, on_error=cfg.reward.on_error) if own else run_reward
         if rg.is_reasoning_gym(entry.path):
             options = dict(d.options) if entry.path == d.path else {}  # the training data's options
-            for s in load_generated_sets(entry.path, reward, tokenizer, options=options, seed=cfg.seed,
-                                         count=200 if d.eval_size is None else max(d.eval_size, 1),
-                                         exclude=training, chat_template=d.chat_template,
-                                         chat_template_kwargs=d.chat_template_kwargs,
-                                         system_prompt=d.system_prompt, name=entry.name,
-                                         taken=[x.name for x in sets]):
-                if s.name in [x.name for x in sets]:
-                    raise ValueError(f"eval.data: two sets are named {s.name!r}; give them different names")
-                s.own_reward = own
-                sets.append(s)
-            continue
-        s = load_eval_set(entry.path, reward, tokenizer, prompt_key=d.prompt_key, answer_key=d.answer_key,
-                          chat_template=d.chat_template, chat_template_kwargs=d.chat_template_kwargs,
-                          system_prompt=d.system_prompt, name=entry.name, taken=[x.name for x in sets])
-        if s.name in [x.name for x in sets]:
-            raise ValueError(f"eval.data: two sets are named {s.name!r}; give them different names")
-        s.own_reward = own
-        sets.append(s)
+            new = load_generated_sets(entry.path, reward, tokenizer, options=options, seed=cfg.seed,
+                                      count=200 if d.eval_size is None else max(d.eval_size, 1),
+                                      exclude=training, chat_template=d.chat_template,
+                                      chat_template_kwargs=d.chat_template_kwargs,
+                                      system_prompt=d.system_prompt, name=entry.name)
+        else:
+            new = [load_eval_set(entry.path, reward, tokenizer, prompt_key=d.prompt_key, answer_key=d.answer_key,
+                                 chat_template=d.chat_template, chat_template_kwargs=d.chat_template_kwargs,
+                                 system_prompt=d.system_prompt, name=entry.name, taken=taken(sets))]
+        for s in new:
+            s.own_reward = own
+        add_sets(sets, new, "eval.data")
     return sets
+
+
+#: The set name the held-out split's per-task metrics take (``eval/heldout/<task>/...``)
+HELDOUT = HELDOUT_TASKS.removeprefix("eval/")
+
+
+def taken(sets: Sequence[EvalSet]) -> list[str]:
+    """The names a new set's file name may not become: the sets' and the held-out split's."""
+    return [s.name for s in sets] + [HELDOUT]
+
+
+def add_sets(sets: list[EvalSet], new: Sequence[EvalSet], where: str) -> None:
+    """``sets`` += ``new``; a ConfigError when two sets would log under one name, or one under the
+    held-out split's per-task metrics (``eval/heldout/...``)."""
+    for s in new:
+        if s.name in [x.name for x in sets]:
+            raise ConfigError(f"{where}: two sets are named {s.name!r}; give them different names")
+        if s.name.split("/")[0] == HELDOUT:
+            raise ConfigError(f"{where}: the set {s.name!r} would log under {HELDOUT_TASKS}/, the held-out "
+                              "split's per-task metrics; give it another name")
+        sets.append(s)
 
 
 def default_reward(paths: Sequence[str | Path]) -> str:
@@ -139,17 +156,15 @@ def command_sets(paths: Sequence[str | Path], cfg: RunConfig, reward: RewardFn, 
     for path in paths:
         if rg.is_reasoning_gym(str(path)):  # generated; the run's options when it is the run's data
             own = str(path) == d.path  # then none of the run's training questions either
-            sets += load_generated_sets(str(path), reward, tokenizer, options=dict(d.options) if own else {},
-                                        seed=cfg.seed, count=200 if d.eval_size is None else d.eval_size,
-                                        exclude=[e["question"] for e in rg.training_entries(
-                                            d.path, d.options, run_seed=cfg.seed)] if own else (),
-                                        chat_template=d.chat_template,
-                                        chat_template_kwargs=d.chat_template_kwargs,
-                                        system_prompt=d.system_prompt, taken=[s.name for s in sets],
-                                        note=note)
+            add_sets(sets, load_generated_sets(
+                str(path), reward, tokenizer, options=dict(d.options) if own else {},
+                seed=cfg.seed, count=200 if d.eval_size is None else d.eval_size,
+                exclude=[e["question"] for e in rg.training_entries(d.path, d.options, run_seed=cfg.seed)]
+                if own else (), chat_template=d.chat_template, chat_template_kwargs=d.chat_template_kwargs,
+                system_prompt=d.system_prompt, note=note), "--data")
             continue
-        sets.append(load_eval_set(path, reward, tokenizer, prompt_key=d.prompt_key,
-                                  answer_key=d.answer_key, chat_template=d.chat_template,
-                                  chat_template_kwargs=d.chat_template_kwargs,
-                                  system_prompt=d.system_prompt, taken=[s.name for s in sets]))
+        add_sets(sets, [load_eval_set(path, reward, tokenizer, prompt_key=d.prompt_key,
+                                      answer_key=d.answer_key, chat_template=d.chat_template,
+                                      chat_template_kwargs=d.chat_template_kwargs,
+                                      system_prompt=d.system_prompt, taken=taken(sets))], "--data")
     return sets

@@ -3,11 +3,13 @@ the one evaluator (run/evaluation.py); an asynchronous run evaluates the trainer
 from __future__ import annotations
 
 from ..batch import StepRollout
+from ..data.reasoning_gym import task_of
 from ..records.rng import step_seed
 from ..rollout.engines.base import SamplingParams
 from ..rollout.producer import RolloutProducer, snapshot
 from .state import Run
-from .evaluation import answer_set, heldout_metrics, scored_by, scored_here, set_metrics, unscored_by
+from .eval_sets import evaluate_sets
+from .evaluation import answer_set, heldout_metrics, heldout_task_metrics, scored_by, unscored_by
 
 
 def evaluate(s: Run, step: int) -> dict[str, float]:
@@ -16,11 +18,9 @@ def evaluate(s: Run, step: int) -> dict[str, float]:
     cfg = s.cfg
     out: dict[str, float] = {}
     n = cfg.eval.samples if cfg.eval.n is None else cfg.eval.n
-    for es in s.eval_sets:  # scored here, each by its own reward
-        sampled = SamplingParams.for_evaluation(cfg, n, step_seed(cfg.seed, step, 0, "eval sets")) if n else None
-        a = answer_set(scored_here(unscored_by(s.rollouts), es.reward, s.episodes), es.examples,
-                       max_new_tokens=cfg.max_new_tokens, sampled=sampled)
-        out.update(set_metrics(es.name, a, es.reward))
+    # scored here, each by its own reward
+    out.update(evaluate_sets(unscored_by(s.rollouts), s.eval_sets, cfg, n=n,
+                             seed=step_seed(cfg.seed, step, 0, "eval sets"), episodes=s.episodes))
     if s.heldout:
         out.update(evaluate_heldout(s, step))
     return out
@@ -37,7 +37,9 @@ def evaluate_heldout(s: Run, step: int) -> dict[str, float]:
     if a.failed:
         s.warn(f"step {step}: evaluation: {a.failed} held-out sample(s) whose reward failed "
                f"(counted as not correct in the accuracy, left out of the mean reward)")
-    return heldout_metrics(a, s.reward, cfg.rollout.tool_parser)
+    # generated data (reasoning-gym, one task or a mix): each task's split too
+    tasks = [task_of(e.reward_prompt) for e in s.heldout]
+    return heldout_metrics(a, s.reward, cfg.rollout.tool_parser) | heldout_task_metrics(a, s.reward, tasks)
 
 
 def evaluate_current(s: Run, step: int, producer: RolloutProducer[StepRollout] | None) -> dict[str, float]:

@@ -15,7 +15,8 @@ and top-p); per set, under ``eval/<set>/``:
 
 "Correct" is what the set's reward calls correct (``RewardFn.correct``: reward > 0.5, a binary
 reward's 1), as for the held-out accuracy and the training accuracy. The held-out split is
-evaluated by the same :func:`answer_set`, its metrics named as :func:`heldout_metrics` says.
+evaluated by the same :func:`answer_set`, its metrics named as :func:`heldout_metrics` says (and
+per task, generated data's, as :func:`heldout_task_metrics` says).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from ..data.datasets import Example, rollout_prompts
 from ..rollout.engines.base import SamplingParams
 from ..rollout.tool_metrics import tool_call_metrics
 from ..rollout.agents.runner import agent_metrics
-from ..records.metrics import EVAL_FAILED, GREEDY_ACC, SAMPLED_ACC
+from ..records.metrics import EVAL_FAILED, GREEDY_ACC, HELDOUT_TASKS, SAMPLED_ACC
 from ..rewards.functions import RewardFn
 from ..workers.base import Rollouts
 
@@ -158,4 +159,25 @@ def heldout_metrics(a: Answers, reward: RewardFn, tool_parser: str) -> dict[str,
         out[acc_key] = float(reward.correct(r).float().mean())
         out[reward_key] = _mean_finite(r)
     out[EVAL_FAILED] = float(a.failed)
+    return out
+
+
+def heldout_task_metrics(a: Answers, reward: RewardFn, tasks: Sequence[str | None]) -> dict[str, float]:
+    """The held-out split's accuracy and mean reward per task (``tasks[p]``: prompt p's task, None
+    for a row of none), as :func:`heldout_metrics` names them for the whole split, under
+    ``eval/heldout/<task>/``: ``greedy_acc``, ``greedy_reward`` and, sampled, ``sampled_acc``,
+    ``sampled_reward``."""
+    P = len(a.greedy_rewards)
+    if len(tasks) != P:
+        raise ValueError(f"{len(tasks)} tasks for {P} held-out prompts")
+    n = len(a.sampled_rewards) // P if a.sampled_rewards is not None else 0
+    out: dict[str, float] = {}
+    for task in sorted({t for t in tasks if t is not None}):
+        rows = [p for p, t in enumerate(tasks) if t == task]
+        modes = [("greedy", a.greedy_rewards[rows])]
+        if n:
+            modes.append(("sampled", a.sampled_rewards[[p * n + j for p in rows for j in range(n)]]))
+        for mode, r in modes:
+            out[f"{HELDOUT_TASKS}/{task}/{mode}_acc"] = float(reward.correct(r).float().mean())
+            out[f"{HELDOUT_TASKS}/{task}/{mode}_reward"] = _mean_finite(r)
     return out

@@ -42,14 +42,15 @@ def rollout_step(s: Run, step: int) -> StepRollout:
     used = 0
     # the inputs the algorithm reads that the rollout makes (ReMax's greedy rewards, GDPO's [B, K] rewards)
     producers = rollout_inputs.rollout_producers(s.fn.algorithm)
+    logged = step + 1  # the step's number in metrics.jsonl and the console (``step`` counts from 0)
     side = rollout_inputs.RolloutSide(s.rollouts.generate, [(t.name, t.weight) for t in s.reward.terms],
-                                      cfg.max_new_tokens, s.warn, step, s.episodes, s.tokenizer) if producers else None
+                                      cfg.max_new_tokens, s.warn, logged, s.episodes, s.tokenizer) if producers else None
     timed_inputs: dict[str, float] = {p.time_metric: 0.0 for p in producers if p.time_metric}
     for r in range(rounds):
         used = r + 1
         examples = s.source.next_batch(P)
         reward_prompts = [e.reward_prompt for e in examples]  # rewards: the untemplated prompt
-        faults.at("generate", step + 1)
+        faults.at("generate", logged)
         gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],
                                   SamplingParams.for_rollout(cfg, step_seed(cfg.seed, step, r)), reward_prompts)
         batch, scored = gen.batch, gen.scored
@@ -59,7 +60,7 @@ def rollout_step(s: Run, step: int) -> StepRollout:
             if p.time_metric:
                 timed_inputs[p.time_metric] += t
         if scored.num_errors:  # reward.on_error=skip: the samples skipped, said
-            s.warn(scored.error_warning(step))
+            s.warn(scored.error_warning(logged))
         reward_errors += scored.num_errors
         m[time_key("rollout")] += gen.generate_s
         m[time_key("reward")] += gen.reward_s
@@ -81,7 +82,7 @@ def rollout_step(s: Run, step: int) -> StepRollout:
     if rounds > 1:
         m["informative_groups"] = float(n_kept)
         if n_kept < P:
-            s.warn(f"step {step}: dynamic sampling found {n_kept} informative group(s) of {P} in "
+            s.warn(f"step {logged}: dynamic sampling found {n_kept} informative group(s) of {P} in "
                    f"{rounds} rounds; "
                    + (f"training on those {n_kept} only (a smaller batch)" if n_kept else
                       "training on the last round's groups, all with zero advantage"))
@@ -137,7 +138,7 @@ class StepRollouts:
             scored = s.rollouts.score(made.batch, repeat_each(made.reward_prompts, made.batch.group_size))
         made.batch.reward_terms = scored.labelled_terms()
         if scored.num_errors:
-            s.warn(scored.error_warning(made.step))
+            s.warn(scored.error_warning(made.step + 1))
         m.update({"sampling_rounds": 1.0, REWARD_ERRORS: float(scored.num_errors)})
         return dataclasses.replace(made, rewards=scored.rewards, metrics=m)
 

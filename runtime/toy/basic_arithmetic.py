@@ -187,7 +187,7 @@ def _rows(tokenizer: PreTrainedTokenizerFast, prompts: list[str], targets: list[
 
 def greedy(engine: HFEngine, prompts: list[str], max_new_tokens: int = 24) -> list[str | None]:
     """Greedy completions; None where no EOS came within ``max_new_tokens``."""
-    batch = engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens))
+    batch = engine.generate(prompts, SamplingParams.greedy(max_new_tokens))
     return [c if f == "stop" else None for c, f in zip(batch.completions, batch.finish_reason)]
 
 

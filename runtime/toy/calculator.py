@@ -17,10 +17,6 @@ from dataclasses import dataclass
 
 from ..data.datasets import Example, PromptSource
 
-#: The tool's name, as the model calls it and the chat template lists it.
-TOOL_NAME = "calculator"
-#: The ``--tools`` / ``rollout.tools`` spec of the calculator.
-TOOL_SPEC = f"{__name__}:calculator"
 
 _EXPRESSION = re.compile(r"\s*[+-]?\s*\d+(?:\s*[+-]\s*\d+)*\s*")
 _TERM = re.compile(r"([+-]?)\s*(\d+)")
@@ -49,6 +45,10 @@ def calculator(expression: str) -> str:
             raise ValueError(f"a number longer than {MAX_DIGITS} digits")
         total += -int(digits) if sign == "-" else int(digits)
     return str(total)
+
+
+#: The tool's name, as the model calls it and the chat template lists it: its function's.
+TOOL_NAME = calculator.__name__
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, PreTrainedTokenizerFast
 
+from .calculator import TOOL_NAME
 from .model import tiny_config
 
 TOOL_SPECIAL_TOKENS = ("<pad>", "<|im_end|>", "<unk>")
@@ -21,7 +22,7 @@ HERMES_TOKENS = (
     "<|im_start|>", "system\n", "user\n", "assistant\n",
     "<tools>", "</tools>",
     "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-    '{"name": "calculator", "arguments": {"expression": "', '"}}',
+    f'{{"name": "{TOOL_NAME}", "arguments": {{"expression": "', '"}}',
 )
 TOOL_CHARACTERS = "0123456789+-*/=,.:;()[]{}<>\"'_ \nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from ..config import CALCULATOR_TASK
 from ..models.loading import quiet_transformers
 from .builtin import BuiltinTask
 from .calculator import SumTask, TeacherMix, calculator, teacher_trace
@@ -134,7 +135,7 @@ def embedded_model(vllm: bool) -> tuple[Path, str]:
 
 
 #: The built-in task ``calculator`` (``data.task``): its prompts, model and tokenizer
-CALCULATOR = BuiltinTask("calculator", SumTask, embedded_model, build_tool_tokenizer)
+CALCULATOR = BuiltinTask(CALCULATOR_TASK.name, SumTask, embedded_model, build_tool_tokenizer)
 
 
 def _train(config: ToolWarmStartConfig, model_config: LlamaConfig, tokenizer: PreTrainedTokenizerFast,

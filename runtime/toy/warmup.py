@@ -23,6 +23,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ...cache import cache_dir
+from ..config import ADDITION_TASK
 from ..data.datasets import Example
 from ..models.loading import quiet_transformers
 from ..rollout.engines.base import SamplingParams
@@ -116,7 +117,7 @@ def embedded_model(vllm: bool) -> tuple[Path, str]:
 
 
 #: The built-in task ``addition`` (``data.task``, the default): its prompts, model and tokenizer
-ADDITION = BuiltinTask("addition", AdditionTask, embedded_model, build_tokenizer)
+ADDITION = BuiltinTask(ADDITION_TASK.name, AdditionTask, embedded_model, build_tokenizer)
 
 
 def _answer_batch(

@@ -50,7 +50,7 @@ class RolloutSide:
     reward_terms: list[tuple[str, float]]  # the reward spec's (function name, weight) terms, in order
     max_new_tokens: int
     warn: Callable[[str], None]
-    step: int
+    step: int  # the step's number in its warnings: as metrics.jsonl logs it (from 1)
     episodes: bool = False  # multi-turn episodes: generate starts from the rows' own prompts
     tokenizer: Any = None  # the policy's: where a process reward's steps end in its tokens
 

@@ -99,7 +99,8 @@ def test_a_teacher_with_another_vocabulary_is_refused(model_dir, tmp_path, token
     (other / "tokenizer.json").write_text(json.dumps(vocab))
     model = tiny_model_factory(tokenizer, seed=1)
     model.save_pretrained(other)
-    with pytest.raises(ConfigError, match="its tokenizer maps tokens to other ids than the policy's"):
+    with pytest.raises(ConfigError, match=r"its tokenizer maps tokens to other ids than the policy's \('0' is "
+                                          r"policy id (\d+), teacher id (\d+); '1' is policy id \2, teacher id \1\)"):
         loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.path": other}))
 
 

@@ -97,6 +97,17 @@ def test_no_informative_group_keeps_the_last_round_with_zero_advantages(tiny_mod
     assert any("zero advantage" in w for w in warnings)
 
 
+def test_the_step_warnings_name_the_step_as_metrics_jsonl_logs_it(tiny_model, tokenizer):
+    """rollout_step(step=1) is the second step, logged as step 2 in metrics.jsonl: its warnings
+    (failed rewards skipped, dynamic sampling short of groups) say "step 2", never "step 1"."""
+    s, warnings = _run(tiny_model, tokenizer, "grpo", [[[1, NAN, 0, 0]] + [[0, 1, 0, 0]] * 3])
+    run_rollouts.rollout_step(s, step=1)
+    assert [w.splitlines()[0] for w in warnings] == ["step 2: 1 sample(s) skipped (reward failed); first:"]
+    s, warnings = _run(tiny_model, tokenizer, "dapo", [[[1] * G] * 4] * 10)
+    run_rollouts.rollout_step(s, step=1)
+    assert warnings and all(w.startswith("step 2: dynamic sampling") for w in warnings)
+
+
 def test_pass_rate_cap_retires_at_the_cap_and_ignores_failed_rewards():
     """p >= cap retires (ScaleRL's rule); a NaN reward is left out, never counted as 0."""
     fn = rldsl.compile(rldsl.load("grpo"), compile=False)

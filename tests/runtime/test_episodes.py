@@ -154,7 +154,7 @@ def test_load_env_checks_the_class() -> None:
         load_env("episode_helpers:not_a_class")
     with pytest.raises(ConfigError, match="environment 'no_such_module:Env': cannot import"):
         load_env("no_such_module:Env")
-    with pytest.raises(ConfigError, match="has no 'Missing'"):
+    with pytest.raises(ConfigError, match="has no class 'Missing'; its classes: "):
         load_env("episode_helpers:Missing")
     with pytest.raises(ConfigError, match="exclusive"):
         check_tools(load_config(None, ["rollout.env=episode_helpers:Nudge", "rollout.tools=tool_helpers:where"]))

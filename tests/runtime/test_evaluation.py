@@ -63,7 +63,8 @@ def test_set_metrics_recomputed_from_the_generated_samples(tiny_model, tokenizer
         seen.append(batch)
         return batch
 
-    m = evaluate_set(generate, s, n=4, temperature=1.0, top_p=1.0, max_new_tokens=5, seed=3)
+    cfg = load_config(None, ["rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.max_new_tokens=5"])
+    m = evaluate_set(generate, s, cfg, n=4, seed=3)
     greedy, sampled = seen
     parity = lambda c: float(len(c) % 2)  # noqa: E731 - the reward, independently
     assert m["eval/sums_test/greedy_acc"] == pytest.approx(sum(parity(c) for c in greedy.completions) / 6)
@@ -205,3 +206,40 @@ def test_held_out_and_eval_sets_are_one_evaluator_and_one_rule_of_correctness():
     assert held["eval/greedy_reward"] == 1.0
     assert sets["eval/s/reward"] == held["eval/sampled_reward"] == pytest.approx(1.25 / 3)
     assert sets["eval/s/failed"] == held["eval/failed"] == 2.0
+
+
+def test_the_held_out_split_of_generated_data_is_also_split_by_task():
+    """A reasoning-gym mix's held-out rows: eval/heldout/<task>/... per task, from the very answers
+    of eval/greedy_acc and eval/sampled_acc (run/eval_step.py asks each row's task)."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("reasoning_gym")
+    from rldsl.runtime.data import reasoning_gym as rg
+    from rldsl.runtime.run import eval_step
+
+    held = rg.generate("reasoning_gym:basic_arithmetic=1,spell_backward=1", {"size": 4, "seed": 0},
+                       run_seed=0, heldout=6).heldout
+    tasks = [rg.task_of(e.reward_prompt) for e in held]
+    assert set(tasks) == {"basic_arithmetic", "spell_backward"}
+    # greedy: right on basic_arithmetic, wrong on spell_backward; sampled (n=2): one of two right
+    greedy = torch.tensor([1.0 if t == "basic_arithmetic" else 0.0 for t in tasks])
+    sampled = torch.tensor([[1.0, 0.0] for _ in tasks]).view(-1)
+
+    def generate(prompts, answers, params, reward_prompts):
+        B = len(prompts) * params.n
+        batch = SimpleNamespace(response_mask=torch.ones(B, 2), truncated=torch.zeros(B, dtype=torch.bool),
+                                episodes=[], completions=[""] * B)
+        return SimpleNamespace(batch=batch, scored=SimpleNamespace(rewards=greedy if params.n == 1 else sampled))
+
+    cfg = load_config(None, ["data.path=reasoning_gym:basic_arithmetic=1,spell_backward=1", "eval.samples=2"])
+    s = SimpleNamespace(cfg=cfg, heldout=held, rollouts=SimpleNamespace(generate=generate), episodes=False,
+                        reward=RewardFn("exact"), warn=lambda m: None)
+    m = eval_step.evaluate_heldout(s, 1)
+    assert m["eval/greedy_acc"] == pytest.approx(float(greedy.mean())) and m["eval/sampled_acc"] == 0.5
+    assert m["eval/heldout/basic_arithmetic/greedy_acc"] == 1.0 == m["eval/heldout/basic_arithmetic/greedy_reward"]
+    assert m["eval/heldout/spell_backward/greedy_acc"] == 0.0
+    for t in ("basic_arithmetic", "spell_backward"):
+        assert m[f"eval/heldout/{t}/sampled_acc"] == 0.5 == m[f"eval/heldout/{t}/sampled_reward"]
+    # data without tasks (a data file): no per-task metrics
+    from rldsl.runtime.run.evaluation import Answers, heldout_task_metrics
+    assert heldout_task_metrics(Answers(None, torch.tensor([1.0, 0.0])), RewardFn("exact"), [None, None]) == {}

@@ -109,3 +109,21 @@ def test_perf_panels_only_when_asked(tmp_path):
                       "model FLOPs utilisation"]
     out = plot_runs([run], tmp_path / "perf.png", perf=True)
     assert png_size(out) == (1320, 748)  # 4 panels: 2 x 2
+
+
+def test_a_task_line_breaks_at_the_steps_where_the_task_had_no_rows(tmp_path):
+    """A mix draws its tasks at random: task/<task>/acc is missing at a step where the task had no
+    rows, and the task's line breaks there (a NaN point) instead of joining its neighbours."""
+    import math
+
+    from rldsl.runtime.records.metrics import read_metrics
+
+    run = tmp_path / "mix"
+    write_run(run, [{"step": s, "reward_mean": 0.5, "task/a/acc": 0.5, **({"task/b/acc": 1.0} if s != 3 else {})}
+                    for s in range(1, 6)] + [{"step": 6, "reward_mean": 0.5, "task/a/acc": 0.5}])
+    panels = {title: lines for title, _, lines in collect_panels(["mix"], [read_metrics(run / "metrics.jsonl")])}
+    (a, b) = panels["per-task accuracy (rollouts, full credit)"]
+    assert a[0] == "a" and a[3] == [1, 2, 3, 4, 5, 6] and a[4] == [0.5] * 6
+    assert b[0] == "b" and b[3] == [1, 2, 3, 4, 5]  # no point after its last value
+    assert b[4][:2] == [1.0, 1.0] and math.isnan(b[4][2]) and b[4][3:] == [1.0, 1.0]
+    assert not plot_module._isolated(b[4]) and plot_module._isolated([math.nan, 1.0, math.nan, 1.0, 1.0])

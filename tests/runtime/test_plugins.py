@@ -11,6 +11,7 @@ import pytest
 from rldsl.runtime import plugins
 from rldsl.runtime.errors import ConfigError, RewardSpecError
 from rldsl.runtime.rewards.functions import RewardFn
+from rldsl.runtime.rollout.agents.runner import load_agent
 from rldsl.runtime.rollout.episodes.env import load_env
 from rldsl.runtime.rollout.episodes.tools import ToolRunner, load_tools
 
@@ -99,3 +100,20 @@ def test_errors_name_the_kind_that_failed(beside: Path, kind: plugins.Kind, load
     with pytest.raises(wrong) as err:
         load("no_such_plugin_module:f")
     assert f"{kind.flag} path/to/no_such_plugin_module.py:f" in str(err.value)
+
+
+@pytest.mark.parametrize("kind, load", [
+    (plugins.REWARD, lambda ref: RewardFn(ref)),
+    (plugins.TOOL, load_tools),
+    (plugins.ENVIRONMENT, load_env),
+    (plugins.AGENT, load_agent),
+])
+def test_a_missing_name_is_refused_with_what_the_module_has(beside: Path, kind: plugins.Kind, load) -> None:
+    """Every kind says what the module holds of what it looks for (one message, plugins.missing)."""
+    (beside / "plugin_has.py").write_text(TOOL + ENV + "\nasync def solve(client, row):\n    return 1.0\n")
+    with pytest.raises(ConfigError) as err:
+        load("plugin_has:nosuch")
+    has = ("class 'nosuch'; its classes: Echo" if kind is plugins.ENVIRONMENT else
+           "function 'nosuch'; its functions: add, solve")
+    assert str(err.value) == (f"{kind.name} 'plugin_has:nosuch': module 'plugin_has' ({beside / 'plugin_has.py'}) "
+                              f"has no {has}")

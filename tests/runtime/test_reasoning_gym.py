@@ -278,13 +278,37 @@ def test_an_eval_set_of_a_mix_is_one_set_per_task_and_holds_no_training_question
                                options={}, seed=0, count=30, exclude=[e.prompt for e in data.train])
     assert sorted(s.name for s in sets) == ["basic_arithmetic", "spell_backward"]
     assert sum(len(s.examples) for s in sets) == 30
+    system = rg.default_system_prompt()
+    assert system.endswith(".\n")  # reasoning-gym's own ends in a newline: still one blank line below
     for s in sets:  # the plain format with reasoning-gym's default system prompt (no chat template)
-        assert all(e.prompt == rg.default_system_prompt() + "\n\n" + e.reward_prompt for e in s.examples)
+        assert all(e.prompt == system[:-1] + "\n\n" + e.reward_prompt for e in s.examples)
         assert {rg.task_of(e.reward_prompt) for e in s.examples} == {s.name}
     single = load_generated_sets("reasoning_gym:basic_arithmetic", fn, tokenizer, options={}, seed=0, count=5,
                                  system_prompt="")
-    assert [s.name for s in single] == ["reasoning_gym_basic_arithmetic"]
+    assert [s.name for s in single] == ["basic_arithmetic"]  # one rule: eval/<task>/..., single or mixed
     assert all(e.prompt == e.reward_prompt for e in single[0].examples)
+    named = load_generated_sets("reasoning_gym:basic_arithmetic=1,spell_backward=1", fn, tokenizer, options={},
+                                seed=0, count=6, name="hard")
+    assert sorted(s.name for s in named) == ["hard/basic_arithmetic", "hard/spell_backward"]
+
+
+def test_eval_sets_that_would_log_under_one_name_are_refused(tokenizer, tmp_path):
+    """A task in two eval.data sets, or a set named like the held-out split's per-task metrics
+    (eval/heldout/<task>/...), is a ConfigError before any model loads; a file's name steps aside."""
+    from rldsl.runtime.run.eval_sets import eval_sets_of
+
+    def sets(*entries: str):
+        (tmp_path / "run.toml").write_text("".join(f"[[eval.data]]\n{e}\n" for e in entries))
+        cfg = load_config(tmp_path / "run.toml", ["data.eval_size=4"])
+        return eval_sets_of(cfg, tokenizer, RewardFn("reasoning_gym"))
+
+    with pytest.raises(ConfigError, match="eval.data: two sets are named 'chain_sum'"):
+        sets('path = "reasoning_gym:chain_sum"', 'path = "reasoning_gym:chain_sum=1,spell_backward=1"')
+    with pytest.raises(ConfigError, match="would log under eval/heldout/"):
+        sets('path = "reasoning_gym:chain_sum"\nname = "heldout"')
+    (tmp_path / "heldout.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    assert [s.name for s in sets(f'path = "{tmp_path / "heldout.jsonl"}"', 'path = "reasoning_gym:chain_sum"')] \
+        == ["heldout_2", "chain_sum"]
 
 
 @pytest.mark.parametrize("kind", ["tools", "env", "agent"])

@@ -27,12 +27,7 @@ def load_tools(spec: str) -> list[Callable]:
     cannot be described)."""
     out = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
-        module_ref, attr = plugins.split_reference(part, plugins.TOOL)
-        module = plugins.load_module(part, module_ref, plugins.TOOL)
-        fn = getattr(module, attr, None)
-        if not callable(fn):
-            raise ConfigError(f"tool {part!r}: {module_ref} has no function {attr}; its functions: "
-                              + (", ".join(plugins.functions_of(module)) or "none"))
+        fn = plugins.load_function(part, plugins.TOOL)
         tool_schema(fn)
         out.append(fn)
     return out
