@@ -208,6 +208,32 @@ def test_a_real_template_and_bpe_keep_the_sampled_ids_not_their_reencoding(real_
     assert "<tool_response>\n46\n</tool_response>" in qwen.decode(second[len(first) + len(odd) + 1:])
 
 
+
+def test_tool_calls_marked_by_special_tokens_come_back_as_tool_calls() -> None:
+    """A tokenizer that declares <tool_call> and </tool_call> special tokens (the real-shaped
+    Qwen2.5 fixture, special_tool_markers): the chat route reads the call from the sampled ids
+    decoded with the markers kept (and without the stop token), as vLLM's server does with tools,
+    and returns it as `tool_calls`; decoded without the special tokens the call was returned as
+    plain content, the agent never ran its tool and scored 0."""
+    import real_model as fixture
+
+    qwen = fixture.build_tokenizer("qwen2.5", special_tool_markers=True)
+    call = hermes_call("calculator", {"expression": "12+34"})
+    assert "<tool_call>" not in qwen.decode(qwen(call)["input_ids"], skip_special_tokens=True)
+    engine = Scripted(qwen, [call, "46"])
+    runner = _runner("calc_agent", context=4096)
+    try:
+        batch = runner.run(engine, ["12+34="], ["46"], SamplingParams(n=1, max_new_tokens=60))
+    finally:
+        runner.close()
+    info = batch.episodes[0]
+    assert info["error"] is None and info["env_reward"] == 1.0 and info["agent"]["calls"] == 2
+    assert [c["finish_reason"] for c in info["calls"]] == ["tool_calls", "stop"]
+    assert [m["role"] for m in info["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert info["messages"][1]["tool_calls"][0]["function"] == {"name": "calculator",
+                                                               "arguments": {"expression": "12+34"}}
+    assert info["messages"][3]["content"] == "46" and batch.completions == ["46"]  # no <|im_end|>
+
 def test_a_template_that_rerenders_history_gives_separate_rows(tok) -> None:
     """A template that drops an earlier turn's reasoning block cannot be extended: the next call
     is rendered whole, becomes a row of its own with the exact prompt the engine saw (never the

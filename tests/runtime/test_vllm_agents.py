@@ -12,6 +12,7 @@ official ``openai`` client against the endpoint, vLLM sampling behind it.
   its calls are the rows, each recording the policy version that sampled it.
 - A verifiers environment on the vLLM engine: its training client's token route, its rubric.
 - An OpenEnv environment on the vLLM engine: openenv-core's own server, its rewards.
+- Tool calls whose markers are special tokens are read from vLLM's samples (a built-in tools episode).
 Run alone: ``make test-vllm`` (or ``.venv-vllm/bin/python -m pytest -m vllm``).
 """
 from __future__ import annotations
@@ -158,6 +159,26 @@ def test_tool_calls_are_read_by_vllms_own_parser(setup, monkeypatch) -> None:
     # the agent answered the call by the id it was given: vLLM's (make_tool_call_id), not rldsl's
     assert tool[0]["tool_call_id"].startswith("chatcmpl-tool-")
 
+
+
+def test_tool_calls_marked_by_special_tokens_are_parsed_on_the_vllm_engine(tmp_path) -> None:
+    """<tool_call> and </tool_call> special tokens (the real-shaped Qwen2.5 fixture with
+    special_tool_markers), the vLLM engine: the model's calls are read, the tool runs, a second
+    turn follows (test_real_model.special_marker_episode, the HF engine's test too)."""
+    import real_model as fixture
+    from test_real_model import SPECIAL_MARKER_CALL, special_marker_episode
+
+    from rldsl.runtime.rollout.engines.vllm import VLLMEngine
+
+    tok = fixture.build_tokenizer("qwen2.5", special_tool_markers=True)
+    fixture.scripted_model("qwen2.5", tok, SPECIAL_MARKER_CALL).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    engine = VLLMEngine(tmp_path, dtype="float32", gpu_memory_utilization=0.1, enforce_eager=True,
+                        max_model_len=512)
+    try:
+        special_marker_episode(engine)
+    finally:
+        engine.close()
 
 class _Scripted:
     """Answers call k of the episode with ``turns[k]`` + EOS (logprob -0.25 a token)."""

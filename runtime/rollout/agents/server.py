@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..engines.base import SamplingParams
-from ..episodes.parsers import ToolCall, parse_tool_calls
+from ..episodes.parsers import ToolCall, parse_tool_calls, text_for_tools
 from ..episodes.rollout import env_delta
 from ...errors import RequestRefused
 from . import vllm_tools
@@ -342,17 +342,25 @@ class PolicyServer:
         return results
 
     def _finish(self, ids: list[int], lps: list[float], stopped: bool, stops: list[str],
-                stop_ids: set[int]) -> tuple[list[int], list[float], str, str]:
+                stop_ids: set[int], tools: bool = False) -> tuple[list[int], list[float], str, str]:
         """(ids, logprobs) cut after the first request stop (a ``stop`` string or a
-        ``stop_token_ids`` id), the text returned (without the stop string) and the finish reason."""
+        ``stop_token_ids`` id), the text returned (without the stop string) and the finish reason.
+        ``tools``: the text keeps its special tokens but the stop token (parsers.text_for_tools:
+        a tool parser's markers may be special tokens), as vLLM's server decodes a request with tools."""
         for t, i in enumerate(ids):
             if i in stop_ids:
                 ids, lps, stopped = ids[:t + 1], lps[:t + 1], True
                 break
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+
+        def decode(part: list[int], last: bool) -> str:
+            if tools:
+                return text_for_tools(self.tokenizer, part, stopped and last)
+            return self.tokenizer.decode(part, skip_special_tokens=True)
+
+        text = decode(ids, True)
         if stops and any(s in text for s in stops):
             for t in range(1, len(ids) + 1):  # the first token whose text completes a stop string
-                part = self.tokenizer.decode(ids[:t], skip_special_tokens=True)
+                part = decode(ids[:t], t == len(ids))
                 hits = [part.find(s) for s in stops if s in part]
                 if hits:
                     return ids[:t], lps[:t], part[:min(hits)], "stop"
@@ -463,8 +471,9 @@ class PolicyServer:
         want_lp = bool(body.get("logprobs"))
         choices = []
         completion_tokens = 0
+        with_tools = bool(tools) and body.get("tool_choice") != "none"
         for k, (ids, lps, stopped) in enumerate(await self._sample(log, prompt, max_tokens, n)):
-            ids, lps, text, finish = self._finish(ids, lps, stopped, stops, set())
+            ids, lps, text, finish = self._finish(ids, lps, stopped, stops, set(), with_tools)
             message = self._reply(text, tools, body)
             if message.get("tool_calls") and finish == "stop":
                 finish = "tool_calls"

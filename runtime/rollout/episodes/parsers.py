@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -69,3 +69,14 @@ TOOL_CALL_PARSERS: dict[str, Callable[[str], list[ToolCall | ToolCallError]]] = 
 def parse_tool_calls(name: str, text: str) -> list[ToolCall | ToolCallError]:
     """The calls in ``text`` read by the parser ``name`` (a key of ``TOOL_CALL_PARSERS``)."""
     return TOOL_CALL_PARSERS[name](text)
+
+
+def text_for_tools(tokenizer: Any, ids: list[int], stopped: bool) -> str:
+    """A model turn's text as the tool parser reads it: ``ids`` decoded with the special tokens
+    kept -- a tokenizer may declare the parser's markers special (Hermes-style ``<tool_call>``;
+    Mistral's ``[TOOL_CALLS]`` and Llama 3.1's ``<|python_tag|>`` are, by design), and decoding
+    with ``skip_special_tokens=True`` would drop them and with them the call -- but without the
+    stop token that ended the turn (``stopped``: the last id is one). vLLM's server decodes a
+    request with tools the same way (its ``hermes`` parser turns ``skip_special_tokens`` off;
+    its detokenizer leaves the stop token out)."""
+    return tokenizer.decode(ids[:-1] if stopped and ids else ids, skip_special_tokens=False)

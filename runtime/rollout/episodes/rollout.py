@@ -14,6 +14,7 @@ from ...data.reasoning_gym import row_system_prompt
 from ..engines.base import SamplingParams
 from ...errors import EnvironmentFailed
 from .env import Environment, ToolEnv, env_reset, env_step, load_env
+from .parsers import text_for_tools
 from .tools import load_tools, tool_schema
 
 
@@ -63,10 +64,13 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
     environment); ``response_mask`` = 1 on the model's tokens only; ``response_attention`` = 1
     on every real token; ``logprobs`` = the engine's, 0 off the model's tokens;
     ``finish_reason``: "stop" when the environment ended the episode, "length" when a turn hit
-    max_new_tokens, the context is full or max_turns ran out; ``completions`` = the last
-    assistant message; ``episodes`` = each episode's messages, its ``step_rewards`` (``[position,
-    reward]`` of each step that returned a reward, the position the last response token of the
-    model's turn it answered) and ``env_reward``, their sum (None when no step returned one)."""
+    max_new_tokens, the context is full or max_turns ran out; ``completions`` = the last turn
+    as the engine decoded it (no special tokens: what rewards read); ``episodes`` = each
+    episode's messages, its ``step_rewards`` (``[position, reward]`` of each step that returned
+    a reward, the position the last response token of the model's turn it answered) and
+    ``env_reward``, their sum (None when no step returned one).
+    With tools, an assistant message is its turn's text with the special tokens kept but the stop
+    token (parsers.text_for_tools: the tool parser's markers may be special tokens)."""
     kwargs = dict(chat_template_kwargs or {})
     G = params.n
     B = len(rows) * G
@@ -84,6 +88,7 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
     mask: list[list[int]] = [[] for _ in range(B)]
     lps: list[list[float]] = [[] for _ in range(B)]
     finish = ["length"] * B
+    finals = [""] * B  # each episode's last turn as the engine decoded it (its completion)
     steps: list[list[list[float]]] = [[] for _ in range(B)]  # [position, reward] of each rewarded turn
     live = list(range(B))
     one = replace(params, n=1)
@@ -105,9 +110,14 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
             resp[i] += toks
             mask[i] += [1] * len(toks)
             lps[i] += out.logprobs[r][m].tolist()
-            message = {"role": "assistant", "content": out.completions[r]}
+            # with tools, the turn's text keeps its special tokens but the stop (the parser's markers
+            # may be special tokens); the completion rewards read stays the engine's, without them
+            stopped = out.finish_reason[r] == "stop"
+            message = {"role": "assistant", "content": text_for_tools(tokenizer, toks, stopped)
+                       if schemas[i] else out.completions[r]}
+            finals[i] = out.completions[r]
             convs[i].append(message)
-            if out.finish_reason[r] != "stop":
+            if not stopped:
                 finish[i] = "length"
                 continue
             result = env_step(envs[i], message)
@@ -131,12 +141,12 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
                 continue
             still.append(i)
         live = still
-    return _batch(tokenizer, prompt_ids, prompt_text, resp, mask, lps, finish, convs, steps, G)
+    return _batch(tokenizer, prompt_ids, prompt_text, resp, mask, lps, finish, convs, finals, steps, G)
 
 
 def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], resp: list[list[int]],
            mask: list[list[int]], lps: list[list[float]], finish: list[str], convs: list[list[dict]],
-           steps: list[list[list[float]]], G: int) -> RolloutBatch:
+           finals: list[str], steps: list[list[list[float]]], G: int) -> RolloutBatch:
     pad = tokenizer.pad_token_id
     B = len(resp)
     Tp = max(len(p) for p in prompt_ids)
@@ -157,10 +167,8 @@ def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], 
             r_mask[i, :n] = torch.tensor(mask[i])
             r_attn[i, :n] = 1
             logprobs[i, :n] = torch.tensor(lps[i])
-    completions = [next((m.get("content") or "" for m in reversed(c) if m["role"] == "assistant"), "")
-                   for c in convs]
     return RolloutBatch(p_ids, p_mask, r_ids, r_mask, logprobs, finish,
-                        [prompt_text[i // G] for i in range(B)], completions, G,
+                        [prompt_text[i // G] for i in range(B)], finals, G,
                         response_attention=r_attn,
                         episodes=[{"messages": c, "env_reward": sum(r for _, r in st) if st else None,
                                    "step_rewards": st} for c, st in zip(convs, steps)])
