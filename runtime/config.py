@@ -415,6 +415,15 @@ class RolloutConfig(_Section):
                                                "the episode ends with an error (rollout.agent).")
     agent_concurrency: int = Field(default=64, ge=1,
                                    description="Agent episodes run at once (rollout.agent).")
+    env_concurrency: int | None = Field(
+        default=None, ge=1,
+        description="Sessions open at once on the OpenEnv server of rollout.env = openenv:... "
+                    "(per rollout process); more episodes wait for a free one before their time "
+                    "limit starts. null = rollout.agent_concurrency, lowered to the server's own "
+                    "limit (its max_concurrent_envs, 1 by default in openenv-core; the server states "
+                    "it only when it refuses a session). Either way, never above the server's limit "
+                    "once stated; a refused session is retried with back-off, for up to "
+                    "rollout.agent_timeout_s (docs/agents.md).")
     agent_max_parallel_calls: int = Field(default=4, ge=1,
                                           description="Model calls one agent episode may have in flight "
                                                       "at once; more are answered 429 (rollout.agent).")

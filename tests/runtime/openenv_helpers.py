@@ -1,6 +1,7 @@
 """OpenEnv environments for the tests, served by openenv-core 0.3's own server (`create_app`)
-in a subprocess of their own: `python openenv_helpers.py KIND` binds 127.0.0.1 on a free port,
-prints it, and serves until killed. KIND:
+in a subprocess of their own: `python openenv_helpers.py KIND [SESSIONS]` binds 127.0.0.1 on a free
+port, prints it, and serves until killed. SESSIONS: the server's ``max_concurrent_envs`` (64 unless
+given; ``default``: none passed, openenv-core's own default of one session at once). KIND:
 
 - ``text``: reset asks "12+34="; each reply (the action's ``message``) gets reward 1.0 when it is
   "46", else 0.25; done after the right answer or two replies.
@@ -9,6 +10,11 @@ prints it, and serves until killed. KIND:
 - ``dies``: as ``text``, but the server process exits on the first reply (an environment that
   dies mid-episode).
 - ``hangs``: as ``text``, but the first reply never gets an answer.
+
+The text environments count their sessions (those reset and not yet closed: now and at most at
+once) and the WebSocket connections the server was asked for (refused ones included); ``GET
+/test/sessions`` answers the counts, ``DELETE /test/sessions`` starts them again from the sessions
+live now.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,16 +38,35 @@ class SumObservation(Observation):
     prompt: str = ""
 
 
+#: sessions reset and not closed ("live"), the most at once ("peak"), all reset ("opened"), and the
+#: WebSocket connections asked for ("connections"; the refused ones included)
+COUNTS = {"live": 0, "peak": 0, "opened": 0, "connections": 0}
+_counts_lock = threading.Lock()
+
+
 class SumEnv(Environment):
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self) -> None:
         super().__init__()
         self._state = State(step_count=0)
+        self._live = False
 
     def reset(self, seed=None, episode_id=None, **kwargs) -> SumObservation:
         self._state = State(step_count=0)
+        with _counts_lock:
+            if not self._live:
+                self._live = True
+                COUNTS["live"] += 1
+                COUNTS["opened"] += 1
+                COUNTS["peak"] = max(COUNTS["peak"], COUNTS["live"])
         return SumObservation(prompt="12+34=", done=False, reward=None)
+
+    def close(self) -> None:
+        with _counts_lock:
+            if self._live:
+                self._live = False
+                COUNTS["live"] -= 1
 
     def step(self, action: SumAction, timeout_s=None, **kwargs) -> SumObservation:
         if KIND == "dies":
@@ -94,16 +120,18 @@ def _mcp_env_class():
 
 
 KIND = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else "text"
+SESSIONS = sys.argv[2] if __name__ == "__main__" and len(sys.argv) > 2 else "64"
 
 
 class Server:
-    """An environment server in a subprocess (``with Server("text") as url:``), killed on exit."""
+    """An environment server in a subprocess (``with Server("text") as url:``), killed on exit;
+    ``sessions``: its ``max_concurrent_envs`` ("default": openenv-core's own)."""
 
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
+    def __init__(self, kind: str, sessions: int | str = 64) -> None:
+        self.kind, self.sessions = kind, str(sessions)
 
     def __enter__(self) -> str:
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), self.kind],
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), self.kind, self.sessions],
                                      stdout=subprocess.PIPE, text=True)
         port = self.proc.stdout.readline().strip()  # printed once the socket is bound and listening
         if not port.isdigit():
@@ -121,16 +149,41 @@ def main() -> None:
     from openenv.core.env_server.http_server import create_app
     from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
+    limit = {} if SESSIONS == "default" else {"max_concurrent_envs": int(SESSIONS)}
     if KIND == "mcp":
-        app = create_app(_mcp_env_class(), CallToolAction, CallToolObservation, max_concurrent_envs=64)
+        app = create_app(_mcp_env_class(), CallToolAction, CallToolObservation, **limit)
     else:
-        app = create_app(SumEnv, SumAction, SumObservation, max_concurrent_envs=64)
+        app = create_app(SumEnv, SumAction, SumObservation, **limit)
+
+    @app.get("/test/sessions")
+    def sessions() -> dict:
+        with _counts_lock:
+            return dict(COUNTS)
+
+    @app.delete("/test/sessions")
+    def zero_sessions() -> dict:
+        with _counts_lock:
+            COUNTS.update(peak=COUNTS["live"], opened=0, connections=0)
+            return dict(COUNTS)
+
+    app = _counting_connections(app)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     print(sock.getsockname()[1], flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="on"))
     server.run(sockets=[sock])
+
+
+def _counting_connections(app):
+    """``app`` counting the WebSocket sessions it is asked for (``COUNTS["connections"]``)."""
+    async def counted(scope, receive, send):
+        if scope["type"] == "websocket" and scope["path"] == "/ws":
+            with _counts_lock:
+                COUNTS["connections"] += 1
+        await app(scope, receive, send)
+
+    return counted
 
 
 if __name__ == "__main__":

@@ -104,14 +104,15 @@ def test_a_missing_library_names_the_extra_before_the_model_loads(monkeypatch, l
 # -------------------------------------------------------------------------------- OpenEnv
 @pytest.fixture()
 def openenv_server():
-    """``openenv_server(kind)`` -> the URL of a server of openenv_helpers.py, killed after the test."""
+    """``openenv_server(kind, sessions=64)`` -> the URL of a server of openenv_helpers.py (``sessions``:
+    its max_concurrent_envs, "default" for openenv-core's own), killed after the test."""
     pytest.importorskip("openenv")
     from contextlib import ExitStack
 
     from openenv_helpers import Server
 
     with ExitStack() as stack:
-        yield lambda kind: stack.enter_context(Server(kind))
+        yield lambda kind, sessions=64: stack.enter_context(Server(kind, sessions))
 
 
 @pytest.mark.slow
@@ -195,6 +196,140 @@ def test_a_server_that_dies_or_hangs_mid_episode_gives_failed_episodes(tool_mode
         runner.close()
     assert time.monotonic() - start < 30
     assert len(batch) == 2 and all(error in e["error"] for e in batch.episodes), [e["error"] for e in batch.episodes]
+
+
+@pytest.fixture(scope="module")
+def limited_server():
+    """``limited_server(sessions)`` -> the URL of a text environment server whose session limit is
+    ``sessions`` ("default": openenv-core's own, one), started once for the module (a server takes
+    seconds to start), its session counts zeroed for each test."""
+    pytest.importorskip("openenv")
+    from contextlib import ExitStack
+
+    import httpx
+
+    with ExitStack() as stack:
+        urls: dict = {}
+
+        def get(sessions: int | str) -> str:
+            from openenv_helpers import Server
+
+            if sessions not in urls:
+                urls[sessions] = stack.enter_context(Server("text", sessions))
+            httpx.delete(f"{urls[sessions]}/test/sessions", timeout=5).raise_for_status()
+            return urls[sessions]
+
+        yield get
+
+
+def _stand_in_runner(url: str, *extra: str):
+    """The environment runner of ``openenv:<url>`` and a stand-in policy that answers "46" (the
+    text environment's answer: reward 1.0, done after one reply)."""
+    from test_agents import Scripted
+
+    from rldsl.runtime.rollout.agents.environments import environment_runner
+    from rldsl.runtime.toy.tool_model import build_tool_tokenizer
+
+    cfg = load_config(None, [f"rollout.env=openenv:{url}", *extra])
+    return environment_runner(cfg, "toy", 128), Scripted(build_tool_tokenizer(), ["46"])
+
+
+def _episodes(runner, policy, n: int = 8) -> list[dict]:
+    from rldsl.runtime.rollout.engines.base import SamplingParams
+
+    return runner.run(policy, ["12+34="], ["46"], SamplingParams(n=n, max_new_tokens=8, seed=0)).episodes
+
+
+def _sessions(url: str) -> dict:
+    """The test server's session counts (openenv_helpers.py)."""
+    import httpx
+
+    return httpx.get(f"{url}/test/sessions", timeout=5).json()
+
+
+@pytest.mark.parametrize("sessions, limit", [("default", 1), (4, 4)], ids=["openenv-core's default", "4 sessions"])
+def test_an_openenv_server_with_a_session_limit_plays_every_episode(limited_server, sessions, limit) -> None:
+    """openenv-core's server with its own default session limit (one; max_concurrent_envs not
+    passed), and one allowing 4: 8 episodes at once (rollout.agent_concurrency 64) all complete.
+    The sessions past the limit are refused (CAPACITY_REACHED) and retried; the first refusal
+    tells the runner the server's limit, which it keeps to from then on: a second batch asks for
+    no more sessions at once than the server allows."""
+    url = limited_server(sessions)
+    runner, policy = _stand_in_runner(url, "rollout.agent_timeout_s=30")
+    try:
+        first = _episodes(runner, policy)
+        counts = _sessions(url)
+        assert [e["error"] for e in first] == [None] * 8
+        assert [e["env_reward"] for e in first] == [1.0] * 8
+        assert counts["opened"] == 8 and counts["peak"] == limit
+        assert counts["connections"] > 8  # refused ones, retried
+        assert runner.sessions.limit == runner.sessions.server_limit == limit
+
+        runner.sessions.peak = 0
+        second = _episodes(runner, policy)
+    finally:
+        runner.close()
+    assert [e["error"] for e in second] == [None] * 8
+    assert runner.sessions.peak == limit  # sessions asked for at once: the server's limit, no more
+    assert _sessions(url)["opened"] == 16
+
+
+def test_rollout_env_concurrency_caps_the_sessions_asked_for(limited_server) -> None:
+    """rollout.env_concurrency = 2 against a server allowing 4: never more than 2 sessions at once,
+    none refused."""
+    url = limited_server(4)
+    runner, policy = _stand_in_runner(url, "rollout.env_concurrency=2")
+    try:
+        episodes = _episodes(runner, policy)
+    finally:
+        runner.close()
+    assert [e["error"] for e in episodes] == [None] * 8
+    assert _sessions(url) == {"live": 0, "peak": 2, "opened": 8, "connections": 8}
+    assert runner.sessions.peak == 2
+
+
+@pytest.mark.parametrize("held_s", [0.5, None], ids=["released after 0.5 s", "never released"])
+def test_a_session_refused_while_another_client_holds_the_server_is_retried(limited_server, held_s) -> None:
+    """Another client holds the only session of a server with openenv-core's default limit: the
+    episodes' sessions are refused and retried with back-off; once it lets go they play. Held
+    past rollout.agent_timeout_s (2 s) of retries, each episode ends with an error naming the
+    server's limit and rollout.env_concurrency, in bounded time."""
+    import threading
+    import time
+    from contextlib import ExitStack
+
+    from websockets.sync.client import connect
+
+    url = limited_server("default")
+    with ExitStack() as connections:
+        for _ in range(20):  # the previous test's last session may still be closing
+            holder = connections.enter_context(connect(url.replace("http://", "ws://") + "/ws", open_timeout=5))
+            holder.send(json.dumps({"type": "reset", "data": {}}))
+            if json.loads(holder.recv(timeout=5))["type"] == "observation":
+                break
+            holder.close()
+            time.sleep(0.1)
+        assert _sessions(url)["live"] == 1  # the server's one session, taken
+        if held_s is not None:
+            threading.Timer(held_s, holder.close).start()
+        runner, policy = _stand_in_runner(url, "rollout.agent_timeout_s=2")
+        start = time.monotonic()
+        try:
+            episodes = _episodes(runner, policy, n=2)
+        finally:
+            runner.close()
+    assert time.monotonic() - start < 20
+    counts = _sessions(url)
+    if held_s is not None:
+        assert [e["error"] for e in episodes] == [None, None]
+        assert counts["opened"] == 3 and counts["connections"] > 3  # refused, then retried
+    else:
+        assert counts["opened"] == 1
+        for e in episodes:
+            assert "refused the session" in e["error"] and "CAPACITY_REACHED" in e["error"], e["error"]
+            assert "still refused after 2 s of retries" in e["error"]
+            assert "it allows 1 at once (its max_concurrent_envs)" in e["error"]
+            assert "rollout.env_concurrency" in e["error"]
 
 
 def test_a_verifiers_episode_that_fails_or_hangs_is_recorded(tool_model) -> None:

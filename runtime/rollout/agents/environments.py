@@ -18,13 +18,16 @@ it has none), each model reply is sent as the action's one text field (read from
 environment (``MCPToolClient``): its tools (``list_tools``) are offered to the model as
 function tools, each tool call is a ``CallToolAction`` step whose result is the tool message;
 a reply without tool calls ends the episode. The reward is the sum of the rewards the
-environment reported (None when it reported none).
+environment reported (None when it reported none). The sessions open at once are held to the
+server's limit (:class:`SessionGate`).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
@@ -33,7 +36,7 @@ from ...data.datasets import Example
 from ...data.reasoning_gym import row_system_prompt
 from ...errors import ConfigError
 from . import vf_harness
-from .runner import AGENTS_EXTRA, AgentRunner, load_agent, served_name
+from .runner import AGENTS_EXTRA, AgentRunner, EpisodeRefused, load_agent, served_name
 
 #: The module each library needs.
 MODULES = {"verifiers": ("verifiers", "renderers"), "openenv": ("openenv",)}
@@ -42,6 +45,9 @@ MODULES = {"verifiers": ("verifiers", "renderers"), "openenv": ("openenv",)}
 ENDPOINT_KEY_VAR = "RLDSL_ENDPOINT_API_KEY"
 #: Seconds to wait for an OpenEnv server to answer ``/health`` before the run starts.
 HEALTH_TIMEOUT_S = 5.0
+#: The back-off before retrying a refused OpenEnv session: the first pause, doubled after each
+#: refusal up to the last (seconds).
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.05, 2.0
 
 
 def _target(spec: str) -> str:
@@ -228,7 +234,7 @@ def openenv_agent(spec: str, *, timeout_s: float, max_calls: int) -> Callable:
         rewards: list[float] = []
         async with _session(cls(base_url=target.url, connect_timeout_s=min(HEALTH_TIMEOUT_S, timeout_s),
                                 message_timeout_s=timeout_s)) as env:
-            result = await env.reset()
+            result = await _reset(env, target.url)
             _add(rewards, result.reward)
             opening = observation_text(result.observation) or row["prompt"]
             messages = ([{"role": "system", "content": row["system"]}] if row.get("system") else []) + (
@@ -270,6 +276,117 @@ async def _session(env: Any) -> AsyncIterator[Any]:
         yield env
     finally:
         await env.close()
+
+
+#: openenv-core's refusal: ``SessionCapacityError``'s message, sent as a CAPACITY_REACHED error.
+CAPACITY = re.compile(r"(\d+)/(\d+) sessions active")
+
+
+async def _reset(env: Any, url: str) -> Any:
+    """``env.reset()``, the session's first message; :class:`EpisodeRefused` when the server refused
+    the session. openenv-core's server accepts the WebSocket, answers a full server with a
+    CAPACITY_REACHED error (``max_sessions``: its limit) and closes it: the client raises that
+    error, or ``ConnectionClosedOK`` when the close came first (the error is then still buffered)."""
+    from websockets.exceptions import ConnectionClosed
+
+    try:
+        return await env.reset()
+    except RuntimeError as e:
+        if "CAPACITY_REACHED" not in str(e):
+            raise
+        m = CAPACITY.search(str(e))
+        raise EpisodeRefused(f"the OpenEnv server at {url} refused the session: {e}",
+                             int(m.group(2)) if m else None) from None
+    except ConnectionClosed as e:
+        error = await _buffered_error(env)
+        if (error or {}).get("code") != "CAPACITY_REACHED":
+            if error:
+                raise RuntimeError(f"Server error: {error.get('message')} (code: {error.get('code')})") from e
+            raise
+        limit = error.get("max_sessions")
+        raise EpisodeRefused(f"the OpenEnv server at {url} refused the session: {error.get('message')} "
+                             "(code: CAPACITY_REACHED)", limit if isinstance(limit, int) else None) from None
+
+
+async def _buffered_error(env: Any) -> dict | None:
+    """The error message the server sent before closing the session, when it sent one."""
+    ws = getattr(env, "_ws", None)  # openenv-core 0.3's EnvClient connection
+    try:
+        message = json.loads(await asyncio.wait_for(ws.recv(), timeout=1.0))
+    except Exception:  # noqa: BLE001 - none buffered (or no connection): the close stands alone
+        return None
+    return message.get("data") if isinstance(message, dict) and message.get("type") == "error" else None
+
+
+class SessionGate:
+    """The OpenEnv sessions of a runner's episodes: at most ``limit`` open at once. ``limit``:
+    ``rollout.env_concurrency``, else ``rollout.agent_concurrency``; lowered to the server's own
+    limit once it states it -- openenv-core states it (``max_concurrent_envs``, 1 by default) only
+    in refusing a session, no route reports it -- so the first refusal sets it.
+
+    An episode waits for a free session before its time limit starts; a refused one (the server
+    full: the limit just learned, a session the server has not yet closed, other clients' sessions)
+    gives its place back and starts again, after a back-off from ``BACKOFF_FIRST_S`` doubling to
+    ``BACKOFF_MAX_S``, for up to ``wait_s`` of back-off in all; then it ends with an error naming
+    both limits."""
+
+    def __init__(self, configured: int | None, fallback: int, wait_s: float) -> None:
+        self.configured, self.wait_s = configured, wait_s
+        self.limit = configured or fallback
+        self.server_limit: int | None = None  # as the server stated it
+        self.peak = 0  # the most sessions this gate let open at once
+
+    def refused(self, limit: int | None) -> None:
+        if limit is not None and limit >= 1:
+            self.server_limit = limit
+            self.limit = min(self.limit, limit)
+
+    def room(self) -> "_Room":
+        """The gate in one batch's event loop."""
+        return _Room(self)
+
+    def gave_up(self, refusal: EpisodeRefused, waited: float) -> str:
+        server = (f"it allows {self.server_limit} at once (its max_concurrent_envs)" if self.server_limit
+                  else "it did not say how many it allows")
+        ours = (f"rollout.env_concurrency = {self.configured}" if self.configured
+                else "rollout.env_concurrency is unset: the server's limit")
+        return (f"{refusal} -- still refused after {waited:g} s of retries (rollout.agent_timeout_s): {server}; "
+                f"this run opens at most {self.limit} ({ours}); other clients' sessions may be keeping it full")
+
+
+class _Room:
+    def __init__(self, gate: SessionGate) -> None:
+        self.gate, self.active = gate, 0
+        self.changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[None]:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.active < self.gate.limit)
+            self.active += 1
+            self.gate.peak = max(self.gate.peak, self.active)
+        try:
+            yield
+        finally:
+            async with self.changed:
+                self.active -= 1
+                self.changed.notify_all()
+
+    async def run(self, start: Callable[[], Any]) -> Any:
+        """``start()``'s outcome, started once a session is free, again after each refusal."""
+        waited, pause = 0.0, BACKOFF_FIRST_S
+        while True:
+            async with self._session():
+                try:
+                    return await start()
+                except EpisodeRefused as e:
+                    refusal = e
+                    self.gate.refused(e.limit)  # before the place is given back
+            if waited >= self.gate.wait_s:
+                return [], None, self.gate.gave_up(refusal, waited)
+            step = min(pause, self.gate.wait_s - waited)
+            await asyncio.sleep(step)
+            waited, pause = waited + step, min(2 * pause, BACKOFF_MAX_S)
 
 
 def _add(rewards: list[float], reward: Any) -> None:
@@ -345,9 +462,11 @@ def environment_runner(cfg: Any, model_path: str | Path, model_context: int | No
         agent, context = verifiers_agent(r.env, model_path=model_path, model_name=name, tool_parser=r.tool_parser,
                                          timeout_s=r.agent_timeout_s,
                                          chat_template_kwargs=cfg.data.chat_template_kwargs)
-    else:
+    sessions = None
+    if env_library(r.env) != "verifiers":
         agent = openenv_agent(r.env, timeout_s=r.agent_timeout_s, max_calls=r.max_turns)
-    return EnvironmentRunner(agent, context, model_name=name, max_calls=r.max_turns,
+        sessions = SessionGate(r.env_concurrency, r.agent_concurrency, wait_s=r.agent_timeout_s)
+    return EnvironmentRunner(agent, context, sessions=sessions, model_name=name, max_calls=r.max_turns,
                              max_parallel=r.agent_max_parallel_calls, timeout_s=r.agent_timeout_s,
                              concurrency=r.agent_concurrency, context=model_context,
                              tool_parser=r.tool_parser,
@@ -358,20 +477,34 @@ def environment_runner(cfg: Any, model_path: str | Path, model_context: int | No
 class EnvironmentRunner(AgentRunner):
     """An ``AgentRunner`` whose batches run inside the environment's own context (verifiers'
     shared tool servers); when that context fails to start, every episode of the batch ends
-    with its error (the run goes on)."""
+    with its error (the run goes on). With ``sessions`` (OpenEnv), each episode waits for a free
+    session first, and a refused one starts again (:class:`SessionGate`)."""
 
     subject = "the environment's episode"
 
-    def __init__(self, agent: Callable, batch_context: Callable | None, **kw: Any) -> None:
+    def __init__(self, agent: Callable, batch_context: Callable | None, sessions: SessionGate | None = None,
+                 **kw: Any) -> None:
         super().__init__(agent, **kw)
         self.batch_context = batch_context
+        self.sessions = sessions
 
     async def _episodes(self, rows: list[dict], server: Any) -> list:
         if self.batch_context is None:
-            return await super()._episodes(rows, server)
+            return await self._gated(rows, server)
         try:
             async with self.batch_context():
-                return await super()._episodes(rows, server)
+                return await self._gated(rows, server)
         except Exception as e:  # noqa: BLE001 - the environment's own start-up failed
             error = f"the environment failed to start: {type(e).__name__}: {e}"
             return [([], None, error) for _ in rows]
+
+    async def _gated(self, rows: list[dict], server: Any) -> list:
+        if self.sessions is None:
+            return await super()._episodes(rows, server)
+        limit, room = asyncio.Semaphore(self.concurrency), self.sessions.room()
+
+        async def episode(row: dict) -> Any:
+            async with limit:  # rollout.agent_concurrency, then a free session, then the timed episode
+                return await room.run(lambda: self._episode(row, server, contextlib.nullcontext()))
+
+        return await asyncio.gather(*(episode(row) for row in rows))

@@ -59,6 +59,17 @@ def load_agent(spec: str) -> Callable:
     return fn
 
 
+class EpisodeRefused(Exception):
+    """Raised by an agent before its episode began, when its environment had no room for it (an
+    OpenEnv server at its session limit): the episode did not happen, and the runner that runs
+    such agents starts it again once there is room (``EnvironmentRunner``, environments.py).
+    ``limit``: the sessions the environment said it allows at once (None when it did not say)."""
+
+    def __init__(self, message: str, limit: int | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 class AgentRunner:
     """Runs ``agent`` once per sample (``params.n`` per prompt) against a :class:`PolicyServer`
     started on first use, and turns the recorded calls into a :class:`RolloutBatch`.
@@ -148,6 +159,8 @@ class AgentRunner:
                 reward = await asyncio.wait_for(work, timeout=self.timeout_s)
             except asyncio.TimeoutError:
                 error = f"{self.subject} ran past its time limit of {self.timeout_s:g} s (rollout.agent_timeout_s)"
+            except EpisodeRefused:
+                raise  # not begun: its runner starts it again
             except Exception as e:  # noqa: BLE001 - the agent's own failure ends its episode only
                 error = f"{self.subject} raised {type(e).__name__}: {e}"
             finally:
