@@ -62,6 +62,13 @@ async def raises(client, row: dict) -> float:
     raise KeyError("the agent broke")
 
 
+async def returns_text(client, row: dict) -> str:
+    """Calls the model, then returns its reward as text: refused, as a reward function's text is."""
+    await client.chat.completions.create(model=row["model"], messages=[{"role": "user", "content": "1"}],
+                                         max_tokens=2)
+    return "1.0"
+
+
 async def hangs(client, row: dict) -> float:
     await asyncio.Event().wait()  # never set
     return 1.0
