@@ -63,9 +63,8 @@ async def raises(client, row: dict) -> float:
 
 
 async def returns_text(client, row: dict) -> str:
-    """Calls the model, then returns its reward as text: refused, as a reward function's text is."""
-    await client.chat.completions.create(model=row["model"], messages=[{"role": "user", "content": "1"}],
-                                         max_tokens=2)
+    """Returns its reward as text: refused, as a reward function's text is (the value is checked
+    before whether the agent called the model)."""
     return "1.0"
 
 
