@@ -41,9 +41,10 @@ OpenAI-compatible API (:mod:`.reward_remote`), a sequence-classification reward 
 (:mod:`.reward_model`). docs/rewards.md has their options and the server protocol.
 
 Errors: a reward function that raises, or returns something that is not a finite
-number (values.py ``reward_value``, the one check of every reward value; text is refused), raises ``RewardError`` naming the reward, the sample index, the prompt and the
-completion. With ``on_error="skip"`` the sample gets a NaN reward instead (the trainer
-masks NaN-reward samples) and the count is reported in ``RewardResult.num_errors``.
+number (values.py ``reward_value``, the one check of every reward value; text is refused),
+raises ``RewardError`` naming the reward, the sample index, the prompt and the completion.
+With ``on_error="skip"`` the sample gets a NaN reward instead (the trainer masks NaN-reward
+samples) and the count is reported in ``RewardResult.num_errors``.
 """
 from __future__ import annotations
 
