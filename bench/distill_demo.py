@@ -99,8 +99,9 @@ def plot(runs: dict[str, list[Path]], teacher_acc: float, out: Path) -> None:
 
 def table(runs: dict[str, list[Path]]) -> str:
     lines = ["| spec | seed | greedy acc, step 0 -> last (steps) | acc at half the steps | mean acc over the evaluations after step 0 "
-             "| training s (sum of steps) | median s / step | median logprobs s / step (the teacher's forward in opd) | whole command |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| training s (sum of steps) | median s / step | median logprobs s / step | of which the teacher's forward "
+             "(median time/teacher_s) | whole command |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, folders in runs.items():
         for f in folders:
             if not (f / "metrics.jsonl").is_file():
@@ -109,11 +110,13 @@ def table(runs: dict[str, list[Path]]) -> str:
             recs = [r for r in read_metrics(f) if "step_s" in r]
             med = statistics.median(r["step_s"] for r in recs)
             lp = statistics.median(r.get("time/logprobs_s", 0.0) for r in recs)
+            teacher = [r["time/teacher_s"] for r in recs if "time/teacher_s" in r]  # runs with a teacher only
+            tf = f"{statistics.median(teacher):.3f}" if teacher else "-"
             h = len(acc) // 2
             wall = json.loads((f / "demo_wall_s.json").read_text())["wall_s"] if (f / "demo_wall_s.json").is_file() else float("nan")
             seed = json.loads((f / "config.json").read_text()).get("seed")
             lines.append(f"| {name} | {seed} | {acc[0]:.3f} -> {acc[-1]:.3f} ({steps[-1]}) | {acc[h]:.3f} (step {steps[h]}) "
-                         f"| {statistics.mean(acc[1:]):.3f} | {secs[-1]:.0f} | {med:.2f} | {lp:.3f} | {wall:.0f} s |")
+                         f"| {statistics.mean(acc[1:]):.3f} | {secs[-1]:.0f} | {med:.2f} | {lp:.3f} | {tf} | {wall:.0f} s |")
     return "\n".join(lines)
 
 

@@ -139,7 +139,7 @@ def _distill_context(algo: Algorithm) -> dict[str, Any]:
     if d.spec.off or d.formula is not None:
         return {"distill_on": False, "distill_task": True}
     p = d.params
-    return {"distill_on": True, "distill_task": bool(p["task"]),
+    return {"distill_on": True, "distill_task": algo.task_loss,
             "distill_pg": p["mode"] == "policy_gradient", "distill_coef": literal(p["coef"]),
             "distill_max_clamp": None if p["max_clamp"] is None else literal(p["max_clamp"]),
             "distill_low": literal(p["clip_low"]), "distill_high": literal(p["clip_high"]),

@@ -223,6 +223,8 @@ def group_of_one(algo: Algorithm, run: RunFacts) -> Iterator[Finding]:
     if run.group_size != 1:
         return
     for v in algo.active():
+        if not algo.task_loss and registry.SLOTS[v.slot].task_only:
+            continue  # distillation alone (distill task=false): the advantages reach no term of the loss
         if v.spec.flag("per_group", v.params):
             yield Finding(v, None, f"{v.slot} {v.component} compares the samples of a prompt's group, "
                                    "but rollout.n=1: every group has one sample",

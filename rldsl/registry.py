@@ -233,6 +233,9 @@ class Slot:
     ``keyword_inputs``: a component of the slot takes the inputs it ``needs`` as keyword
     arguments named by their ``arg`` (after the slot's arguments), so each component reads
     only its own inputs (``distill``: a teacher's sampled-token or top-k logprobs).
+    ``task_only``: what the slot makes reaches the loss only through the policy loss of the
+    task's advantages, which a ``distill`` with ``task=false`` drops (``Algorithm.task_loss``):
+    the baseline and the normalizer, not a filter (its mask holds for every term).
     """
 
     name: str
@@ -243,6 +246,7 @@ class Slot:
     multi: bool = False
     declares: tuple[str, ...] = ()
     keyword_inputs: bool = False  # its components get the inputs they need as keywords (by ``arg``)
+    task_only: bool = False       # acts only through the task's policy loss (the advantages)
 
     def __post_init__(self) -> None:
         signature_args(self.signature)  # a malformed signature fails at import
@@ -266,10 +270,10 @@ SLOTS: dict[str, Slot] = {s.name: s for s in [
          "reward transforms applied before the advantage", multi=True),
     Slot("baseline", "advantage", "none",
          "(batch) -> (advantages [B, T], returns [B, T])",
-         "b subtracted from the reward (or GAE with a critic); returns are value targets"),
+         "b subtracted from the reward (or GAE with a critic); returns are value targets", task_only=True),
     Slot("normalizer", "advantage", "none",
          "(adv [B, T], batch) -> adv [B, T]",
-         "divides (r - b); or whitens token advantages"),
+         "divides (r - b); or whitens token advantages", task_only=True),
     Slot("filter", "advantage", "none",
          "(batch) -> keep [B]",
          "samples removed from the loss (masked, never dropped from metrics)", multi=True),

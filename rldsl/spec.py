@@ -86,6 +86,13 @@ class Algorithm(BaseModel):
         return None if kl.spec.off else ("loss" if kl.stage == "loss" else "reward")
 
     @property
+    def task_loss(self) -> bool:
+        """The loss has the policy loss of the task's advantages: false only when a ``distill``
+        component drops it (``task=false``: distillation alone, the generated loss's ``distill_task``)."""
+        d = self["distill"]
+        return d.spec.off or d.formula is not None or bool(d.params["task"])
+
+    @property
     def uses_entropy(self) -> bool:
         return not self["entropy"].spec.off
 

@@ -122,6 +122,7 @@ PHASES = (
     "reward",        # scoring the samples
     "greedy",        # ReMax's greedy baseline: its generation and scoring
     "logprobs",      # the trainer's estimate: old / reference logprobs, values, advantages
+    "teacher",       # of the estimate (time/logprobs_s), the teacher's forward (a spec with a teacher only)
     "update",        # the minibatch updates and the LR-schedule step
     "sync",          # the new weights to the engine(s) (an asynchronous run: published)
     "trainer_wait",  # an asynchronous run: the trainer waiting for the step's batch

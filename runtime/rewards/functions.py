@@ -41,9 +41,10 @@ OpenAI-compatible API (:mod:`.reward_remote`), a sequence-classification reward 
 (:mod:`.reward_model`). docs/rewards.md has their options and the server protocol.
 
 Errors: a reward function that raises, or returns something that is not a finite
-number, raises ``RewardError`` naming the reward, the sample index, the prompt and the
-completion. With ``on_error="skip"`` the sample gets a NaN reward instead (the trainer
-masks NaN-reward samples) and the count is reported in ``RewardResult.num_errors``.
+number (values.py ``reward_value``, the one check of every reward value; text is refused),
+raises ``RewardError`` naming the reward, the sample index, the prompt and the completion.
+With ``on_error="skip"`` the sample gets a NaN reward instead (the trainer masks NaN-reward
+samples) and the count is reported in ``RewardResult.num_errors``.
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ from .. import plugins
 from ..errors import RewardError, RewardSpecError
 from .model import reward_model_term
 from .remote import JudgeReward, ServerReward
+from .values import reward_value
 from ..data.reasoning_gym import reasoning_gym_reward
 
 RewardCallable = Callable[..., float]
@@ -598,7 +600,7 @@ class EnvironmentReward:
                 out.append(ValueError("the agent returned None: give the episode's reward another way "
                                       "(--reward with terms on the final answer) or return a number"))
             elif e.get("env_reward") is not None:
-                out.append(_finite(e["env_reward"]))
+                out.append(_finite(e["env_reward"], "the episode's environment"))
             elif finish == "length":
                 out.append(0.0)
             else:
@@ -630,7 +632,7 @@ class RewardTerm:
         sample; the values come back in row order)."""
         if self.batched:
             values = self.fn.score_batch(prompts, completions, answers, finish_reasons)
-            return [v if isinstance(v, BaseException) else _finite(v) for v in values]
+            return [v if isinstance(v, BaseException) else _finite(v, "the batch term") for v in values]
         rows = list(zip(prompts, completions, answers, finish_reasons))
         if pool is not None and len(rows) > 1:
             return [f.result() for f in [pool.submit(self._value_or_error, *r) for r in rows]]
@@ -649,26 +651,20 @@ class RewardTerm:
             value = self.fn(prompt, completion, answer, finish_reason=finish_reason)
         else:
             value = self.fn(prompt, completion, answer)
-        number = _finite(value)
+        number = _finite(value, "the function")
         if isinstance(number, BaseException):
             raise number
         return number
 
 
-def _finite(value: object) -> float | BaseException:
-    """``value`` as a finite float, or the ValueError saying it is not one (returned, not raised,
-    for a batch; ``RewardTerm.__call__`` raises it)."""
-    if isinstance(value, (str, bytes)):  # float("1.0") would read it: text is not a score
-        return ValueError(f"returned {value!r} (a {type(value).__name__}), not a number")
+def _finite(value: object, source: str) -> float | BaseException:
+    """``value`` as a finite float (:func:`.values.reward_value`, the one check of a reward value),
+    or the ValueError saying it is not one (returned, not raised, for a batch; ``RewardTerm.__call__``
+    raises it)."""
     try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        error: BaseException = ValueError(f"returned {value!r}, not a number")
-    else:
-        if _math.isfinite(number):
-            return number
-        error = ValueError(f"returned a non-finite value {number}")
-    return error
+        return reward_value(value, source)
+    except ValueError as e:
+        return e
 
 
 class RewardFn:
@@ -721,7 +717,8 @@ class RewardFn:
                 detail = term.fn.score_steps(list(prompts), list(batch.completions), list(batch.answers),
                                              list(batch.finish_reason))
                 steps[term.name] = [None if isinstance(d, BaseException) else d for d in detail]
-                scores = [d if isinstance(d, BaseException) else _finite(sum(v for _, v in d)) for d in detail]
+                scores = [d if isinstance(d, BaseException) else _finite(sum(v for _, v in d), "its steps' sum")
+                          for d in detail]
             else:
                 scores = term.score_batch(list(prompts), list(batch.completions), list(batch.answers),
                                           list(batch.finish_reason), self._threads())

@@ -43,6 +43,7 @@ from typing import Any, Sequence
 from urllib.parse import urlsplit
 
 from ..errors import RewardError, RewardSpecError
+from .values import reward_value
 
 Score = float | BaseException  # one sample's reward, or why it has none
 
@@ -120,14 +121,6 @@ def post_json(url: str, body: dict[str, Any], http: Http, what: str,
     raise error(f"{what} {url} failed after {tries} tr{'y' if tries == 1 else 'ies'}: {last}")
 
 
-def _number(value: Any, where: str) -> Score:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return ValueError(f"{where} is {value!r}, not a number")
-    if not math.isfinite(value):
-        return ValueError(f"{where} is non-finite ({value})")
-    return float(value)
-
-
 # --------------------------------------------------------------------------- reward server
 class ServerReward:
     """``http://HOST:PORT/PATH``: a reward server, sent the batch in chunks of ``batch_size``
@@ -165,7 +158,10 @@ class ServerReward:
             if value is None and i < len(errors) and errors[i]:
                 out.append(RuntimeError(f"the server says: {errors[i]}"))
             else:
-                out.append(_number(value, "the server's reward"))
+                try:
+                    out.append(reward_value(value, f"reward server {self.url}"))
+                except ValueError as e:
+                    out.append(e)
         return out
 
     def score_batch(self, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[str],

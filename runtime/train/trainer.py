@@ -25,6 +25,7 @@ from rldsl import CompiledAlgorithm
 from ..batch import RolloutBatch, group_rows
 from ..config import RunConfig
 from ..records.metrics import CRITIC_GRAD_NORM, GRAD_NORM, LOSS, OPTIMIZER_STEPS, SKIPPED_NONFINITE, SKIPPED_ZERO_ADV
+from ..records.metrics import timed
 from . import inputs as producers
 from .microbatch import combine_metrics, row_tokens, trim
 from .parts import trainer_parts
@@ -143,8 +144,14 @@ class Trainer(ForwardPasses):
         if old is not None and valid.any():
             # train/inference mismatch: engine logprobs vs recomputed ones (both at the rollout T)
             metrics["rollout_logprob_diff"] = float((rollout.logprobs - old).abs()[valid].mean())
+        teacher = None
+        if self.teacher is not None and self.fn.algorithm.uses_teacher:
+            with timed(metrics, "teacher"):  # time/teacher_s: in-process, an actor or a server alike
+                teacher = self._teacher_forward(rollout)
+                if teacher is not None and teacher.logprobs.is_cuda:  # its kernels, not their launch
+                    torch.cuda.synchronize(teacher.logprobs.device)
         return TrainBatch(rollout, rewards, old, est.mask, est.advantages, est.returns, ref,
-                          values, metrics, self._teacher_forward(rollout))
+                          values, metrics, teacher)
 
     def _divergence(self, hidden: Tensor, batch: TrainBatch, rows: Tensor, tr: int) -> Tensor:
         """The generalized JSD [b, tr] of the policy (``hidden`` [b*tr, H], with gradient) from the

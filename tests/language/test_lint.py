@@ -92,6 +92,13 @@ def test_run_rules() -> None:
     assert [w.rule for w in lint.check_run(_spec("  correction reject(stat=seq_mean_k3, high=0.01)\n"), exact)] == \
         ["correction-on-exact-engine"]
     assert rules("reinforce", one) == [] and rules("ppo", one) == []  # no group statistic
+    # distillation alone (distill task=false): grpo's baseline and std feed no term of the loss;
+    # a task term beside the distillation reads them; a zero-variance filter masks every term
+    assert rules("gkd", one) == rules("opd", one) == rules("distill_topk", one) == []
+    assert rules("grpo_distill", one) == ["group-of-one", "group-of-one"]
+    alone = "  distill jsd(task=false)\n"
+    assert [w.rule for w in lint.check_run(_spec(alone + "  filter zero_variance\n"), one)] == ["group-of-one"]
+    assert [w.rule for w in lint.check_run(_spec(alone.replace("false", "true")), one)] == ["group-of-one"] * 2
     (w,) = [w for w in lint.check_run(rldsl.load("dr_grpo"), RUN)]
     assert "token_sum_norm(max_tokens=4096) is not the run's generation budget rollout.max_new_tokens=1024" \
         in w.render() and "--set rollout.max_new_tokens=4096" in w.render()

@@ -62,6 +62,12 @@ async def raises(client, row: dict) -> float:
     raise KeyError("the agent broke")
 
 
+async def returns_text(client, row: dict) -> str:
+    """Returns its reward as text: refused, as a reward function's text is (the value is checked
+    before whether the agent called the model)."""
+    return "1.0"
+
+
 async def hangs(client, row: dict) -> float:
     await asyncio.Event().wait()  # never set
     return 1.0

@@ -53,6 +53,11 @@ class StepAnswersNonsense(StepRaises):
         return "not a step result"
 
 
+class StepRewardsText(StepRaises):
+    def step(self, assistant_message: dict):
+        return [], "1.0", True  # text that reads as a number: still not a score
+
+
 class NeedsArguments:
     def __init__(self, level: int) -> None:
         self.level = level

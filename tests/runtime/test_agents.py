@@ -266,6 +266,7 @@ def test_a_template_that_rerenders_history_gives_separate_rows(tok) -> None:
     ("hangs_sync", "the agent ran past its time limit of 1 s"),
     ("never_calls", "the agent made no call to the model"),
     ("wrong_model", "model 'gpt-4o' is not served here: this endpoint serves 'toy'"),
+    ("returns_text", "the agent returned '1.0' (a str), not a number: text is not a score"),
 ])
 def test_a_bad_agent_ends_its_own_episode_with_a_recorded_error(tok, model, agent, error) -> None:
     runner = _runner(agent, timeout_s=1.0)

@@ -46,6 +46,7 @@ def test_distillation_specs_train_three_steps_with_the_warm_model_teaching(name,
     for r in recs:
         assert r["optimizer_steps"] == 1 and math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"])
         assert r["distill/divergence"] > 0  # a random student is far from the warm teacher
+        assert 0 < r["time/teacher_s"] < r["time/logprobs_s"]  # the teacher's share of the estimate
     assert len(seen) == 3
     for t in seen:  # B = 16 rows; the teacher's logprobs of the sampled tokens are logprobs
         assert t is not None and t.logprobs.shape[0] == 16 and bool((t.logprobs <= 0).all())

@@ -153,6 +153,7 @@ def test_three_steps_with_the_teacher_on_a_ray_actor(name, k, model_dir, teacher
     recs = steps_of(run)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["distill/divergence"] > 0 and math.isfinite(r["grad_norm"]) for r in recs)
+    assert all(0 < r["time/teacher_s"] < r["time/logprobs_s"] for r in recs)  # the actor's calls, timed
     _same_as_in_process(seen, teacher_dir, 16 if k else 0, atol=1e-6, hidden=name == "gkd")
 
 
@@ -201,6 +202,7 @@ def test_three_steps_with_the_teacher_behind_a_server(k, model_dir, teacher_dir,
     recs = steps_of(run)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["distill/divergence"] > 0 for r in recs)
+    assert all(0 < r["time/teacher_s"] < r["time/logprobs_s"] for r in recs)  # the server's answers, timed
     _same_as_in_process(seen, teacher_dir, k, atol=1e-5)
 
 

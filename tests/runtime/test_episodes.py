@@ -162,7 +162,9 @@ def test_load_env_checks_the_class() -> None:
 
 
 @pytest.mark.parametrize("name, message", [("StepRaises", "StepRaises.step raised KeyError: 'the world broke'"),
-                                           ("StepAnswersNonsense", "must return \\(messages, reward, done\\)")])
+                                           ("StepAnswersNonsense", "must return \\(messages, reward, done\\)"),
+                                           ("StepRewardsText", "environment StepRewardsText.step returned '1.0' "
+                                                               "\\(a str\\), not a number: text is not a score")])
 def test_a_broken_environment_is_a_clear_run_error(tok, name, message) -> None:
     runner = EpisodeRunner([], env_class=load_env(f"episode_helpers:{name}"), max_turns=3)
     engine = ScriptedEngine(tok, ["1", "2", "3"])

@@ -185,6 +185,22 @@ def test_group_statistics_with_one_sample_are_refused_unless_allowed(model_dir, 
     assert plan.cfg.rollout.n == 1
 
 
+def test_distillation_alone_needs_no_groups_a_task_term_beside_it_does(model_dir, tmp_path, no_model_load):
+    """gkd (distill jsd, task=false: TRL's rollout.n=1) has grpo's group baseline and std, but no term
+    of its loss reads the advantages: it plans with n=1, no allow flag, no warning. grpo_distill
+    keeps GRPO's task term, so n=1 is refused as for grpo."""
+    def cfg(*extra):
+        return run_config(model_dir, tmp_path / "run", "rollout.n=1", f"teacher.path={model_dir}", *extra)
+
+    for name in ("gkd", "opd", "distill_topk"):
+        plan = build.plan_run(build.load_spec(name), cfg())
+        assert plan.cfg.rollout.n == 1 and "group-of-one" not in {w.rule for w in plan.warnings}, name
+    with pytest.raises(ConfigError, match="baseline group_mean compares the samples of a prompt's group, "
+                                          "but rollout.n=1.*every advantage is 0"):
+        build.plan_run(build.load_spec("grpo_distill"), cfg())
+    assert no_model_load == []
+
+
 def test_allow_zero_advantages_starts_the_run_with_the_warning(model_dir, tmp_path):
     plan = build.plan_run(build.load_spec("grpo"),
                           run_config(model_dir, tmp_path / "run", "rollout.n=1", "train.allow_zero_advantages=true",

@@ -72,6 +72,8 @@ class Recorder:
                 if self.mode == "junk":
                     return JSONResponse({"rewards": ["high"] + [None] * (n - 1),
                                          "errors": [None, "no verdict"] + [None] * (n - 2)})
+                if self.mode == "numeric_text":  # text that reads as a number, a JSON bool, a number
+                    return JSONResponse({"rewards": (["1.0", True, 0.5] * n)[:n]})
                 if self.mode == "nolist":
                     return JSONResponse({"result": "fine"})
                 # OpenRLHF's fields must be there too
@@ -172,6 +174,18 @@ def test_non_numbers_are_per_sample_errors():
         out = RewardFn(url + "/score", on_error="skip").score(batch_of(["a", "b", "c"], ["", "", ""]))
         assert out.num_errors == 3 and "not a number" in out.first_error
         with pytest.raises(RewardError, match="no verdict|not a number"):
+            RewardFn(url + "/score").score(batch_of(["a", "b", "c"], ["", "", ""]))
+
+
+def test_text_from_a_server_is_refused_as_a_functions_text_is():
+    """The one check of a reward value (rewards/values.py): text, even "1.0", is not a score; a
+    JSON bool is 1 or 0, as a Python function's bool is."""
+    with BackgroundServer(Recorder(mode="numeric_text").app()) as url:
+        out = RewardFn(url + "/score", on_error="skip").score(batch_of(["a", "b", "c"], ["", "", ""]))
+        assert out.num_errors == 1 and out.rewards.tolist()[1:] == [1.0, 0.5]
+        assert f"reward server {url}/score returned '1.0' (a str), not a number: text is not a score" \
+            in out.first_error
+        with pytest.raises(RewardError, match="returned '1.0' \\(a str\\), not a number"):
             RewardFn(url + "/score").score(batch_of(["a", "b", "c"], ["", "", ""]))
 
 

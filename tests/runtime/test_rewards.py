@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 import textwrap
 import time
@@ -295,6 +296,30 @@ def test_bad_return_values_raise(user_module, name, match) -> None:
     batch = make_batch(["bad"], [""])
     with pytest.raises(RewardError, match=match):
         RewardFn(f"my_rewards_mod:{name}")(batch)
+
+
+def test_one_check_of_a_reward_value_accepts_numbers_and_refuses_text() -> None:
+    """rewards/values.py reward_value, what docs/rewards.md lists: every path that produces a
+    reward (functions, the env term's environments and agents, reward servers) calls it."""
+    import numpy as np
+
+    from rldsl.runtime.rewards.values import reward_value
+
+    accepted = [(1, 1.0), (0.25, 0.25), (True, 1.0), (False, 0.0), (np.float32(0.5), 0.5), (np.int64(2), 2.0),
+                (np.bool_(True), 1.0), (torch.tensor(0.75), 0.75)]
+    for value, number in accepted:
+        got = reward_value(value, "x")
+        assert got == number and type(got) is float, value
+    text = "not a number: text is not a score"
+    refused = [("1.0", text), (b"1", text), (np.str_("1"), text), (None, "not a number"), ([1.0], "not a number"),
+               (torch.ones(2), "not a number"), (1j, "not a number")]
+    for value, why in refused:
+        said = f"the agent returned {value!r} (a {type(value).__name__}), {why}"
+        with pytest.raises(ValueError, match=f"^{re.escape(said)}$"):
+            reward_value(value, "the agent")
+    for value in (float("nan"), float("inf"), np.float32("-inf")):
+        with pytest.raises(ValueError, match=f"^the agent returned a non-finite value {float(value)}$"):
+            reward_value(value, "the agent")
 
 
 def test_skip_gives_nan_and_counts(user_module) -> None:

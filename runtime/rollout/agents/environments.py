@@ -35,6 +35,7 @@ from ...config import env_library
 from ...data.datasets import Example
 from ...data.reasoning_gym import row_system_prompt
 from ...errors import ConfigError
+from ...rewards.values import reward_value
 from . import vf_harness
 from .runner import AGENTS_EXTRA, AgentRunner, EpisodeRefused, load_agent, served_name
 
@@ -155,7 +156,7 @@ def verifiers_agent(spec: str, *, model_path: str | Path, model_name: str, tool_
         errors += [f"{e.type}: {e.message}" for t in episode.traces for e in t.errors]
         if errors or not episode.ok or any(r is None for t in episode.traces for r in t.rewards.values()):
             raise RuntimeError(f"the verifiers episode failed: {'; '.join(errors) or 'its rubric did not run'}")
-        return float(sum(t.reward for t in episode.traces))
+        return sum(reward_value(t.reward, "the verifiers rubric") for t in episode.traces)
 
     return agent, env.serving
 
@@ -390,8 +391,8 @@ class _Room:
 
 
 def _add(rewards: list[float], reward: Any) -> None:
-    if reward is not None:
-        rewards.append(float(reward))
+    if reward is not None:  # the one check of a reward value: text is refused
+        rewards.append(reward_value(reward, "the OpenEnv environment's step"))
 
 
 async def _tools(env: Any) -> list[dict]:

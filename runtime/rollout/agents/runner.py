@@ -25,6 +25,7 @@ from ... import plugins
 from ...batch import RolloutBatch
 from ...errors import ConfigError
 from ...records.metrics import AGENT_CALLS, AGENT_ERRORS, AGENT_PREFIX_BREAKS, AGENT_ROWS_PER_EPISODE
+from ...rewards.values import reward_value
 from ..engines.base import SamplingParams
 from .records import Call, Row, episode_rows, episode_summary
 
@@ -169,9 +170,9 @@ class AgentRunner:
                     await client.close()
             if error is None and reward is not None:
                 try:
-                    reward = float(reward)
-                except (TypeError, ValueError):
-                    error = f"the agent returned {reward!r:.100}, not a number or None"
+                    reward = reward_value(reward, self.subject)  # the one check: text is refused
+                except ValueError as e:
+                    error = f"{e} (return a number, or None for no reward)"
             if error is None and not log.calls:
                 error = f"{self.subject} made no call to the model" + (
                     f" that was answered (refused: {', '.join(sorted(set(log.refused)))})" if log.refused else "")

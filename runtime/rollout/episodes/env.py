@@ -8,6 +8,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from ... import plugins
 from ...errors import ConfigError, EnvironmentFailed
+from ...rewards.values import reward_value
 
 from .parsers import ToolCall, ToolCallError, parse_tool_calls
 from .tools import SHARED_RUNNER, ToolResult, ToolRunner
@@ -80,10 +81,9 @@ def env_step(env: Any, message: dict) -> StepResult:
                                 f"StepResult, got {result!r:.200}")
     if result.reward is not None:
         try:
-            result.reward = float(result.reward)
-        except (TypeError, ValueError):
-            raise EnvironmentFailed(f"environment {name}.step returned the reward {result.reward!r:.100}, "
-                                    "not a number") from None
+            result.reward = reward_value(result.reward, f"environment {name}.step")  # the one check
+        except ValueError as e:
+            raise EnvironmentFailed(f"{e} (a step's reward is a number, or None for none)") from None
     if not all(isinstance(m, dict) and "role" in m for m in result.messages):
         raise EnvironmentFailed(f"environment {name}.step returned messages that are not "
                                 f"{{'role': ..., 'content': ...}} dicts: {result.messages!r:.200}")
