@@ -1,5 +1,8 @@
-"""Wall time of the language commands (`rldsl --help`, list, check, explain, translate), each the
-best of N fresh processes, beside Python's own start and `import torch` for scale.
+"""Wall time of the language commands (`rldsl --help`, list, check, explain, translate) and of
+`rldsl run` rejecting a typo (a missing data file, an unknown reasoning-gym task, an agent that
+does not import, a missing teacher folder, the reasoning_gym reward on other data: each exits 2
+before torch or transformers load), each the best of N fresh processes, beside Python's own start
+and `import torch` for scale.
 
     .venv/bin/python bench/cli_startup.py            # 7 runs of each
     .venv/bin/python bench/cli_startup.py --runs 15 --json cli.json
@@ -14,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,11 +35,24 @@ COMMANDS = {
     "rldsl translate tests/translate/trl_grpo.yaml": RLDSL + ["translate", "tests/translate/trl_grpo.yaml"],
 }
 
+#: `rldsl run` with a typo, exit code 2 (the run folder, never made, is under a temporary folder)
+TYPOS = {
+    "rldsl run grpo --data nosuch.jsonl": ["grpo", "--data", "nosuch.jsonl"],
+    "rldsl run grpo --data reasoning_gym:spel_backward": ["grpo", "--data", "reasoning_gym:spel_backward"],
+    "rldsl run grpo --agent nosuch_agent:agent": ["grpo", "--agent", "nosuch_agent:agent"],
+    "rldsl run gkd --set teacher.path=nosuch_teacher": ["gkd", "--set", "teacher.path=nosuch_teacher"],
+    "rldsl run grpo --reward reasoning_gym --data rows.jsonl": ["grpo", "--reward", "reasoning_gym", "--data",
+                                                                "{tmp}/rows.jsonl"],
+}
 
-def wall(cmd: list[str], env: dict[str, str]) -> float:
+
+def wall(cmd: list[str], env: dict[str, str], code: int = 0) -> float:
     t = time.perf_counter()
-    subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - t
+    rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+    elapsed = time.perf_counter() - t
+    if rc != code:
+        raise SystemExit(f"{' '.join(cmd)}: exit code {rc}, expected {code}")
+    return elapsed
 
 
 def main() -> None:
@@ -46,12 +63,20 @@ def main() -> None:
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as a user's machine runs it: bytecode is cached
     results = {}
-    print(f"{'command':<48} {'best s':>7} {'median s':>9}")
-    for name, cmd in COMMANDS.items():
-        wall(cmd, env)  # warm: bytecode, grammar tables, the page cache
-        times = sorted(wall(cmd, env) for _ in range(args.runs))
+    print(f"{'command':<58} {'best s':>7} {'median s':>9}")
+    tmp = Path(tempfile.mkdtemp(prefix="cli_startup-"))
+    (tmp / "rows.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n', encoding="utf-8")
+    out = tmp / "run"
+    commands = {name: (cmd, 0) for name, cmd in COMMANDS.items()}
+    commands.update({name: (RLDSL + ["run", *[x.format(tmp=tmp) for x in a], "--out", str(out)], 2)
+                     for name, a in TYPOS.items()})
+    for name, (cmd, code) in commands.items():
+        wall(cmd, env, code)  # warm: bytecode, grammar tables, reasoning-gym's task names, the page cache
+        times = sorted(wall(cmd, env, code) for _ in range(args.runs))
+        if out.exists():
+            raise SystemExit(f"{name}: a rejected run made its folder {out}")
         results[name] = {"best_s": times[0], "median_s": times[len(times) // 2], "runs": times}
-        print(f"{name:<48} {times[0]:7.3f} {times[len(times) // 2]:9.3f}", flush=True)
+        print(f"{name:<58} {times[0]:7.3f} {times[len(times) // 2]:9.3f}", flush=True)
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     if args.json:

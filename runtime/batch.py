@@ -11,8 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import torch
-import torch.nn.functional as F
+from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from rldsl.inputs import INPUTS
 
@@ -119,10 +118,10 @@ class RolloutBatch:
         Tr = max(b.response_ids.shape[1] for b in batches)
 
         def left(t: torch.Tensor, n: int, v: int) -> torch.Tensor:
-            return F.pad(t, (n - t.shape[1], 0), value=v)
+            return torch.nn.functional.pad(t, (n - t.shape[1], 0), value=v)
 
         def right(t: torch.Tensor, n: int, v: float) -> torch.Tensor:
-            return F.pad(t, (0, n - t.shape[1]), value=v)
+            return torch.nn.functional.pad(t, (0, n - t.shape[1]), value=v)
 
         return RolloutBatch(
             prompt_ids=torch.cat([left(b.prompt_ids, Tp, pad_id) for b in batches]),

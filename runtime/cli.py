@@ -309,13 +309,17 @@ def reward_command(
     finish_reason: Annotated[str, typer.Option(
         "--finish-reason", metavar="stop|length",
         help="Why generation ended: 'stop' (EOS) or 'length' (cut off at max_new_tokens).")] = "stop",
+    task: Annotated[Optional[str], typer.Option(
+        "--task", metavar="NAME",
+        help="reasoning_gym: the reasoning-gym task whose verifier scores the row (--prompt: its "
+             "question).")] = None,
     traceback: Annotated[bool, typer.Option(
         "--traceback", help="Show Python tracebacks on errors.")] = False,
 ) -> None:
     """Print the reward a verifier gives one completion (and, for math/gsm8k, the answer it found and why)."""
     from .rewards.cli import show_reward
 
-    show_reward(name, completion, answer, prompt, finish_reason, traceback)
+    show_reward(name, completion, answer, prompt, finish_reason, traceback, task)
 
 
 @reports_errors

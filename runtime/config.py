@@ -897,7 +897,7 @@ def _parse_override(key: str, raw: str, annotation: Any, source: str) -> Any:
     """Turn the text of ``--set key=raw`` into a value of the field's type.
 
     ``null``/``none`` give None; lists and tuples take ``a,b`` or ``[a, b]``; tables a JSON
-    object; quotes
+    object (a key inside a table, ``data.options.size=64``: :func:`_set_in_table`); quotes
     around a string are removed; everything else is converted by pydantic (``1e-4`` ->
     float, ``8`` -> int, ``true``/``false`` -> bool).
     """
@@ -934,6 +934,56 @@ def _set(tree: dict[str, Any], key: str, value: Any) -> None:
     for part in parents:
         tree = tree.setdefault(part, {})
     tree[leaf] = value
+
+
+def _table_of(key: str) -> str | None:
+    """The table option (a ``dict`` field such as ``data.options``) that dotted ``key`` sets a
+    key inside (``data.options.size``, ``data.options.chain_sum.min_terms``), or None."""
+    parts = key.split(".")
+    for n in range(len(parts) - 1, 0, -1):
+        head = ".".join(parts[:n])
+        if head in _LEAVES:
+            annotation = _LEAVES[head].annotation
+            inner = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
+            return head if any(get_origin(a) is dict or a is dict for a in [annotation, *inner]) else None
+    return None
+
+
+def _parse_table_value(raw: str) -> Any:
+    """A value inside a table option, as TOML or JSON writes it: ``64``, ``0.5``, ``true``,
+    ``"text"``, ``[1, 2]``, ``{"a": 1}``; anything else is the text itself (``words``)."""
+    text = raw.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+            return text[1:-1]
+        return text
+
+
+def _set_in_table(tree: dict[str, Any], table: str, inner: str, value: Any, source: str) -> None:
+    """``--set TABLE.a.b=value``: key ``a.b`` inside the table option ``table`` set, its other
+    keys kept (``--set 'TABLE={...}'`` replaces the whole table)."""
+    *parents, leaf = table.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    node = tree.get(leaf)
+    if node is None:
+        node = tree[leaf] = {}
+    path = inner.split(".")
+    for i, part in enumerate(path[:-1]):
+        child = node.get(part) if isinstance(node, dict) else None
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            raise ConfigError(f"{table}.{'.'.join(path[:i + 1])} is {child!r}, not a table ({source}): "
+                              f"set it whole, e.g. --set '{table}.{'.'.join(path[:i + 1])}={{...}}'")
+        node = child
+    if not isinstance(node, dict):
+        raise ConfigError(f"{table} is not a table ({source})")
+    node[path[-1]] = value
 
 
 def _flatten_file(data: Mapping[str, Any], source: str, prefix: str = "") -> Iterable[tuple[str, Any]]:
@@ -979,6 +1029,11 @@ def load_config(toml_path: str | os.PathLike[str] | None = None,
         source = f"--set {item}"
         if not sep or not key:
             raise ConfigError(f"--set expects key=value, got {item!r} (e.g. --set train.lr=1e-4)")
+        table = _table_of(key)
+        if table is not None:  # a key inside a table option: data.options.size=64
+            _set_in_table(tree, table, key[len(table) + 1:], _parse_table_value(raw), source)
+            sources[table] = source
+            continue
         info = _check_leaf(key, source)
         _set(tree, key, _parse_override(key, raw, info.annotation, source))
         sources[key] = source

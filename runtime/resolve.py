@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
+from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from rldsl import lint
 from rldsl.inputs import INPUTS
@@ -94,10 +94,10 @@ def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
         rg.check_config(cfg)
 
 
-def check_teacher(algo: Algorithm, cfg: RunConfig, student: Path, tokenizer: Any) -> None:
-    """A spec that distills has a teacher, and the teacher shares the policy's vocabulary and has
-    the top-k tokens the spec asks for; said before any model loads (reads config.json and the
-    tokenizer only)."""
+def check_teacher_settings(algo: Algorithm, cfg: RunConfig) -> None:
+    """A spec that distills has a teacher (``teacher.path`` a model folder, or ``teacher.url``
+    with the settings a server allows), and a spec that does not has none; reads no model file
+    and imports neither torch nor transformers (:func:`check_teacher` then reads the folder)."""
     path, url = cfg.teacher.path, cfg.teacher.url
     key = "teacher.url" if url is not None else "teacher.path"
     readers = [f"{v.slot} {v.component}" for v in algo.active()
@@ -133,6 +133,17 @@ def check_teacher(algo: Algorithm, cfg: RunConfig, student: Path, tokenizer: Any
     if not (folder / "config.json").is_file():
         raise ConfigError(f"teacher.path={path}: " + ("not found" if not folder.exists() else
                                                       "not a Hugging Face model folder (no config.json)"))
+
+
+def check_teacher(algo: Algorithm, cfg: RunConfig, student: Path, tokenizer: Any) -> None:
+    """A spec that distills has a teacher (:func:`check_teacher_settings`), and the teacher shares
+    the policy's vocabulary and has the top-k tokens the spec asks for; said before any model
+    loads (reads config.json and the tokenizer only)."""
+    check_teacher_settings(algo, cfg)
+    path = cfg.teacher.path
+    if path is None:  # no teacher, or a server's (checked when the trainer is built)
+        return
+    folder = Path(path)
     from transformers import AutoConfig
     t_cfg, s_cfg = AutoConfig.from_pretrained(str(folder)), AutoConfig.from_pretrained(str(student))
     t_v = t_cfg.get_text_config().vocab_size
@@ -245,10 +256,11 @@ def reward_fn(cfg: RunConfig) -> RewardFn:
 def settled_reward(cfg: RunConfig) -> tuple[RunConfig, RewardFn, str]:
     """(the config with its reward named, the reward built from it, the run-start line naming it):
     the default reward resolved once, before anything is built; an unknown name, a module that
-    does not import or a reasoning-gym answer format nobody knows fails here."""
+    does not import, a reasoning-gym answer format nobody knows or ``reasoning_gym`` on other data
+    than reasoning-gym's fails here."""
     cfg, note = settle_reward(cfg)
     reward = reward_fn(cfg)
-    rg.check_reward(reward)
+    rg.check_reward(reward, cfg.data.path)
     return cfg, reward, note
 
 

@@ -325,6 +325,10 @@ RUNTIME_LAZY_IMPORTS = {
     "rldsl.runtime.recipe": "an engine's packages (vLLM, transformers' generation) load only for the engine a run uses",
     "rldsl.runtime.workers.start": "Ray is imported only by the runs that use it",
     "rldsl.runtime.rollout.agents.runner": "the endpoint's web server (starlette, uvicorn: the agents extra) loads only when an agent runs",
+    "rldsl.runtime.run.loop": "`rldsl run` checks everything that needs no weights before torch loads (run/build.py)",
+    "rldsl.runtime.run.plan": "as run.loop: the rollout-stage inputs (torch) are checked after the cheap checks",
+    "rldsl.runtime.run.sources": "as run.loop: the toy's model (transformers, torch) loads only when a run builds it",
+    "rldsl.runtime.rewards.functions": "a reward model (torch, transformers) loads only for an rm: reward",
 }
 
 

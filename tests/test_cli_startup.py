@@ -108,3 +108,53 @@ def test_torch_is_imported_at_the_first_tensor_operation():
             "x = torch.zeros(3)\n"
             "print(float(ops.masked_sum(x, torch.ones(3))), ops.torch is torch)")
     assert _printed_by(code) == ["0.0", "True"]
+
+
+TYPO_SCRIPT = r"""
+import json, sys
+from pathlib import Path
+from typer.testing import CliRunner
+from rldsl.cli import app
+
+tmp = Path(sys.argv[1])
+(tmp / "rows.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+cases = {
+    "missing data file": ["--data", str(tmp / "nosuch.jsonl")],
+    "unknown reasoning-gym task": ["--data", "reasoning_gym:spel_backward"],
+    "bad agent": ["--agent", "nosuch_agent_module:agent"],
+    "bad teacher": ["--set", "teacher.path=" + str(tmp / "nosuch_teacher")],
+    "reasoning_gym reward on other data": ["--reward", "reasoning_gym", "--data", str(tmp / "rows.jsonl")],
+}
+found = {}
+for i, (case, args) in enumerate(cases.items()):
+    out = tmp / f"run{i}"
+    spec = "gkd" if case == "bad teacher" else "grpo"
+    r = CliRunner().invoke(app, ["run", spec, "--out", str(out), *args])
+    found[case] = {"code": r.exit_code, "output": r.output, "folder": out.exists()}
+print(json.dumps({"cases": found, "modules": sorted(sys.modules)}))
+"""
+
+
+def test_run_rejects_a_typo_before_torch_loads(tmp_path):
+    """`rldsl run` checks what needs no weights before it imports torch or transformers: a missing
+    data file, an unknown reasoning-gym task, an agent that does not import, a teacher folder that
+    does not exist and the reasoning_gym reward on other data each exit 2 with the reason, create
+    no run folder and load neither (bench/cli_startup.py times them: about a second)."""
+    import importlib.util
+
+    out = subprocess.run([sys.executable, "-c", TYPO_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                         cwd=REPO, timeout=300, check=True)
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    expected = {
+        "missing data file": "nosuch.jsonl: no such file or folder",
+        "unknown reasoning-gym task": ("unknown reasoning-gym task 'spel_backward'"
+                                       if importlib.util.find_spec("reasoning_gym") else "reasoning-gym"),
+        "bad agent": "cannot import module 'nosuch_agent_module'",
+        "bad teacher": "nosuch_teacher: not found",
+        "reasoning_gym reward on other data": "reward 'reasoning_gym' scores rows of reasoning-gym data",
+    }
+    for case, message in expected.items():
+        got = data["cases"][case]
+        assert (got["code"], got["folder"]) == (2, False), (case, got)
+        assert message in got["output"], (case, got["output"])
+    assert not [m for m in data["modules"] if m.split(".")[0] in ("torch", "transformers")]

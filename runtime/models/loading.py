@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-import torch
-from torch import nn
+from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from ..errors import RunError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def load_policy(path: Path, dtype: str) -> nn.Module:

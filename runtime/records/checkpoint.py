@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-import torch
+
+from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from .. import faults
 from ..errors import CheckpointWriteError
@@ -85,13 +86,10 @@ def _checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:
     return Path(run_dir) / CHECKPOINTS_DIR
 
 
-_PLAIN = (type(None), bool, int, float, str, bytes, torch.Tensor, torch.Size, torch.dtype,
-          torch.device)
-
-
 def _check_plain(obj: Any, where: str = "extra_state") -> None:
     """Raise TypeError unless ``obj`` is made of values ``torch.load(weights_only=True)`` reads."""
-    if isinstance(obj, _PLAIN):
+    if isinstance(obj, (type(None), bool, int, float, str, bytes, torch.Tensor, torch.Size, torch.dtype,
+                        torch.device)):
         return
     if isinstance(obj, (list, tuple)):
         for i, item in enumerate(obj):

@@ -12,7 +12,7 @@ import random
 from typing import Any, Mapping
 
 import numpy as np
-import torch
+from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 
 def seed_all(seed: int) -> None:

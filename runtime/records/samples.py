@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
+from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from ..batch import RolloutBatch
 from .run_dir import SAMPLES_FILE, write_text_atomic

@@ -60,12 +60,11 @@ from pathlib import Path
 from typing import Callable, Literal, Sequence
 from urllib.parse import urlsplit
 
-import torch
+from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from ..batch import RolloutBatch
 from .. import plugins
 from ..errors import RewardError, RewardSpecError
-from .model import reward_model_term
 from .remote import JudgeReward, ServerReward
 from .values import reward_value
 from ..data.reasoning_gym import reasoning_gym_reward
@@ -420,6 +419,8 @@ def batch_reward(base: str, options: dict[str, bool | int | float | str]) -> Rew
     elif base.startswith("judge:"):
         make, target = JudgeReward, base[len("judge:"):]
     elif base.startswith("rm:"):
+        from .model import reward_model_term  # torch: imported when a reward model is named
+
         make, target = reward_model_term, base[len("rm:"):]
     elif base == "env":
         if options:

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import torch
+from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from ..batch import RolloutBatch, repeat_each
 from ..data.datasets import Example, rollout_prompts
@@ -58,7 +58,7 @@ def k_values(n: int) -> list[int]:
 #: (prompts as ``data.rollout_prompts`` gives them, the rows' answers, params) -> the samples
 Generate = Callable[[list[str | tuple], list[str], SamplingParams], RolloutBatch]
 #: (examples, params) -> (the samples, [P * n] their rewards, NaN where the reward failed)
-Answer = Callable[[Sequence[Example], SamplingParams], tuple[RolloutBatch, torch.Tensor]]
+Answer = Callable[[Sequence[Example], SamplingParams], tuple[RolloutBatch, "torch.Tensor"]]
 
 
 def score_rows(reward: RewardFn, batch: RolloutBatch, examples: Sequence[Example], n: int) -> torch.Tensor:

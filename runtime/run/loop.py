@@ -28,11 +28,17 @@ from typing import Any, Iterator
 
 from ..config import RunConfig
 from ..errors import WorkerError
-from .build import build
-from .checkpointing import restore
 from .folder import open_logger, open_run, resume_hint
 from .plan import optimizer_note
-from .schedule import run_steps, stop_quietly
+
+
+def build(plan: Any, run_dir: Path) -> Any:
+    """run/build.py's :func:`~rldsl.runtime.run.build.build`, imported once a run is planned:
+    this module (what ``rldsl run`` imports) imports no torch, so every check that needs no
+    weights (run/plan.py) runs before torch and transformers load."""
+    from .build import build as build_run
+
+    return build_run(plan, run_dir)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -87,6 +93,8 @@ def train(spec: str, cfg: RunConfig | None = None, resume: str | Path | None = N
     opened = open_run(spec, cfg, resume, restart=restart)  # every check before a model loads (run/plan.py)
     run_dir, cfg = opened.run_dir, opened.plan.cfg
     s = build(opened.plan, run_dir)
+    from .checkpointing import restore  # torch: imported by build() already
+    from .schedule import run_steps, stop_quietly
     failed = True
     try:
         start = restore(s, opened.resume_from) if opened.resume_from is not None else 0

@@ -7,10 +7,10 @@ from __future__ import annotations
 import rldsl
 
 from ..config import MODEL_RUN_DEFAULTS, RunConfig
-from ..resolve import check_group_size, check_settings, check_tools, resolve, settled_reward
-from ..train.inputs import check_rollout_inputs
+from ..resolve import (check_group_size, check_settings, check_teacher_settings, check_tools, resolve,
+                       settled_reward)
 from .eval_sets import eval_sets_of
-from .sources import examples_of, model_of, prompts_of
+from .sources import examples_of, model_folder, model_of, prompts_of
 from .state import Plan
 
 
@@ -21,16 +21,26 @@ def load_spec(spec: str, spec_text: str | None = None) -> rldsl.Algorithm:
 
 
 def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
-    """Everything checked and settled before a model loads (runtime/resolve.py), cheapest first:
-    the device, engine and trackers; the reward, named once (a server's address, a reward model's
-    folder); the tools; the data's fields; the model folder, its tokenizer and the model's context;
-    then the resolved config, the group-size check and the rollout-stage inputs the spec reads.
-    A mistake in any of them fails in seconds, never after a model load."""
+    """Everything checked and settled before a model loads (runtime/resolve.py), cheapest first.
+    First what needs neither torch nor transformers (this module and the ones it imports load
+    neither: ``rldsl run`` rejects a typo in about a second, tests/test_cli_startup.py): the
+    device, engine and trackers; the reward, named once (a server's address, a reward model's
+    folder; reasoning_gym only on reasoning-gym data); the tools, environment or agent; the
+    teacher's settings; the model folder; the data's files, fields and reasoning-gym tasks.
+    Then the model's tokenizer and context, a teacher's vocabulary, the resolved config, the
+    group-size check and the rollout-stage inputs the spec reads. A mistake in any of them fails
+    in seconds, never after a model load."""
     check_settings(algo, cfg)
     cfg, reward, reward_note = settled_reward(cfg)  # the task's own reward when none is named
     check_tools(cfg)
+    check_teacher_settings(algo, cfg)
+    if cfg.model.path is not None:
+        model_folder(cfg)  # a user's model folder exists (the toy's is built by model_of)
     notes: list[str] = []
     rows = examples_of(cfg, notes.append)
+    # -- from here on the tokenizer (transformers) and, for the toy's warm start, torch
+    from ..train.inputs import check_rollout_inputs  # torch (the compiled algorithm's inputs)
+
     path, label, tok = model_of(algo, cfg)
     source, held = prompts_of(cfg, tok, rows=rows)
     eval_sets = eval_sets_of(cfg, tok, reward, [e.reward_prompt for e in source.examples])

@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
+from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 import rldsl
 
@@ -22,13 +22,14 @@ from ..errors import RunError
 from ..models.loading import load_tokenizer
 from ..resolve import check_teacher
 from ..rollout.runners import check_episode_template, environment_rows
-from ..toy.tasks import builtin_task, check_builtin_task, embedded_model
 
 
 def model_folder(cfg: RunConfig) -> tuple[Path, str]:
     """(the policy's HF folder, a label for messages); the embedded toy model is warm-started
     on first use and read from its cache afterwards."""
     if cfg.model.path is None:
+        from ..toy.tasks import embedded_model  # torch, transformers: the toy is built here
+
         torch.set_num_threads(cfg.threads)  # a warm start trains here, before build() sets the run's threads
         return embedded_model(cfg)
     path = Path(cfg.model.path)
@@ -43,6 +44,8 @@ def model_of(algo: rldsl.Algorithm, cfg: RunConfig) -> tuple[Path, str, Any]:
     """(the policy's model folder, a label for messages, its tokenizer), checked against what the
     run asks of them: the toy's task only on the toy's tokenizer unless asked for, a distill
     spec's teacher (set, same vocabulary, k <= V), a chat template for multi-turn episodes."""
+    from ..toy.tasks import check_builtin_task
+
     path, label = model_folder(cfg)  # the toy model is warm-started here, once
     tok = load_tokenizer(path)
     check_builtin_task(cfg, tok)  # a user's model with no data: not the toy's task by default
@@ -107,6 +110,8 @@ def prompts_of(cfg: RunConfig, tokenizer: Any = None, warn: Callable[[str], None
     Data-file prompts are rendered for the model (``data.render_prompt``: chat template,
     system prompt) when a tokenizer is given. ``rows``: what :func:`examples_of` read already.
     """
+    from ..toy.tasks import builtin_task
+
     task = builtin_task(cfg)
     if task is not None:
         prompts = task.prompts()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-import torch
+from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from ..batch import RolloutBatch
 from ..records.checkpoint import Checkpoint

@@ -64,6 +64,21 @@ def test_set_accepts_brackets_quotes_and_spaces():
     assert cfg.seed == 7
 
 
+def test_set_a_key_inside_a_table_option():
+    """`--set data.options.size=64` is `--set 'data.options={"size": 64}'`; keys of a mix's task
+    tables and of other table options too, the table's other keys kept (issue 45)."""
+    dotted = load_config(overrides=["data.path=reasoning_gym:chain_sum", "data.options.size=64"])
+    whole = load_config(overrides=["data.path=reasoning_gym:chain_sum", 'data.options={"size": 64}'])
+    assert dotted == whole and dotted.data.options == {"size": 64}
+    cfg = load_config(overrides=['data.options={"seed": 3}', "data.options.chain_sum.min_terms=2",
+                                 "data.options.flag=true", "data.options.word=abc", "data.options.rate=0.5",
+                                 "data.chat_template_kwargs.enable_thinking=false"])
+    assert cfg.data.options == {"seed": 3, "chain_sum": {"min_terms": 2}, "flag": True, "word": "abc", "rate": 0.5}
+    assert cfg.data.chat_template_kwargs == {"enable_thinking": False}
+    with pytest.raises(ConfigError, match="not a table"):
+        load_config(overrides=["data.options.size=64", "data.options.size.x=1"])
+
+
 def test_later_set_wins():
     assert load_config(overrides=["seed=1", "seed=2"]).seed == 2
 

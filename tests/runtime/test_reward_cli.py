@@ -106,3 +106,29 @@ def test_installed_command(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines()[0] == "reward: 1"
     assert "why:          equal numbers" in res.stdout
+
+
+def test_reasoning_gym_scores_a_row_of_the_task_named(app):
+    """`rldsl reward reasoning_gym --task NAME` scores offline with the task's own verifier: the
+    value reasoning-gym's score_answer gives the generated row (partial credit kept); a task whose
+    verifier reads the row's metadata is refused by name, as is a reasoning_gym reward without
+    --task (exit 2, issue 45)."""
+    pytest.importorskip("reasoning_gym")
+    from reasoning_gym.factory import create_dataset
+    from reasoning_gym.utils import extract_answer
+
+    ds = create_dataset("spell_backward", size=3, seed=5)
+    for entry in ds:
+        completion = f"<answer>{entry['answer'][:-1]}x</answer>"  # the last letter wrong
+        expected = ds.score_answer(extract_answer(completion), entry)
+        r = invoke(app, "reasoning_gym", "--task", "spell_backward", "--prompt", entry["question"],
+                   "--completion", completion, "--answer", entry["answer"])
+        assert r.exit_code == 0, r.output
+        assert 0 < expected < 1 and r.output.strip() == f"reward: {expected:g}"
+    r = invoke(app, "reasoning_gym", "--task", "number_sorting", "--completion", "<answer>[1]</answer>",
+               "--answer", "['1']")
+    assert r.exit_code == 2 and "reads the generated row's metadata (keys direction)" in r.output
+    r = invoke(app, "reasoning_gym", "--completion", "x", "--answer", "y")
+    assert r.exit_code == 2 and "--task NAME" in r.output
+    r = invoke(app, "reasoning_gym", "--task", "spel_backward", "--completion", "x", "--answer", "y")
+    assert r.exit_code == 2 and "unknown reasoning-gym task 'spel_backward'" in r.output

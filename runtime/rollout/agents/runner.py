@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import torch
+from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from ... import plugins
 from ...batch import RolloutBatch

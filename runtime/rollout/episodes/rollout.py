@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Sequence
 
-import torch
+from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from ...batch import RolloutBatch
 from ...config import RunConfig

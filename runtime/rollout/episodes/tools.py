@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from multiprocessing import connection
 from typing import Callable
 
-from transformers.utils import get_json_schema
-
 from ... import plugins
 from ...errors import ConfigError
 from . import tool_worker
@@ -35,6 +33,8 @@ def load_tools(spec: str) -> list[Callable]:
 
 def tool_schema(fn: Callable) -> dict:
     """The JSON schema of ``fn`` from its type hints and Google-style docstring."""
+    from transformers.utils import get_json_schema  # transformers: imported when a run has tools
+
     try:
         return get_json_schema(fn)
     except Exception as e:  # transformers raises its own TypeError subclasses
