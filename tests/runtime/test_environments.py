@@ -186,7 +186,9 @@ def test_a_server_that_dies_or_hangs_mid_episode_gives_failed_episodes(tool_mode
     from rldsl.runtime.rollout.engines.hf import HFEngine
 
     url = openenv_server(kind)
-    cfg = load_config(None, [f"rollout.env=openenv:{url}", "rollout.agent_timeout_s=3"])
+    # the hanging server must meet the 3 s limit; the dying one ends the episode by itself, so its
+    # limit is one a loaded machine's model call cannot reach (else the error would be the limit's)
+    cfg = load_config(None, [f"rollout.env=openenv:{url}", f"rollout.agent_timeout_s={3 if kind == 'hangs' else 60}"])
     runner = environment_runner(cfg, tool_model, 256)
     engine = HFEngine(LlamaForCausalLM.from_pretrained(tool_model).eval(), AutoTokenizer.from_pretrained(tool_model))
     start = time.monotonic()
