@@ -399,9 +399,9 @@ def test_a_trust_region_bound_from_the_sorted_tokens_of_the_batch(seed: int) -> 
 
 @needs_compile
 def test_order_operations_compiled_equal_eager(compiled_algorithm, eager_algorithm) -> None:
-    for spec in (ALL_OPS, BUDGET):
+    for spec, shapes in ((ALL_OPS, [(12, 6, 1)]), (BUDGET, [(8, 10, 0), (12, 6, 1)])):
         comp, eager = compiled_algorithm(spec), eager_algorithm(spec)
-        for B, T, seed in [(8, 10, 0), (12, 6, 1)]:
+        for B, T, seed in shapes:
             b = _batch(B, T, seed)
             b = {k: v.float() for k, v in b.items()}
             b["mask"][2] = 0  # an empty row
@@ -465,3 +465,23 @@ def test_loss_formulas_reading_the_batch_are_named_for_the_runtime() -> None:
     ref_halves = sum(budget_loss_ref(b["logp"][s], b["old"][s], adv[s], b["mask"][s]) * b["mask"][s].sum()
                      for s in (slice(0, 4), slice(4, 8))) / b["mask"].sum()
     torch.testing.assert_close(halves, ref_halves, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec", [GFPO, QUANTILE_OF_G], ids=lambda s: Path(s).stem)
+def test_advantage_stage_order_statistics_are_the_same_with_1_and_4_micro_batches(spec: str) -> None:
+    """Computed once over the whole batch in estimate(), then the loss over 4 micro-batches with
+    the summed denominator: the same loss and gradient as one call on the whole batch."""
+    fn = rldsl.compile(rldsl.load(spec), compile=False)
+    b = _batch(16, 7, seed=5, lengths=TIED)
+    est = fn.estimate(b["r"], 4, b["mask"])
+    adv, mask = est.advantages.double(), est.mask.double()
+    whole, gw = _loss_and_grad(fn, b["logp"], b["old"], b["ref"], adv, mask, 4)
+    parts = [slice(i, i + 4) for i in range(0, 16, 4)]
+    total = sum(fn.denominator(mask[s], 4) for s in parts)
+    torch.testing.assert_close(total, fn.denominator(mask, 4))
+    lp = b["logp"].clone().requires_grad_(True)
+    split = sum(fn.loss(lp[s], b["old"][s], adv[s], mask[s], ref_logprobs=b["ref"][s], group_size=4,
+                        denominator=total).loss for s in parts)
+    (gs,) = torch.autograd.grad(split, lp)
+    torch.testing.assert_close(split, whole, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gs, gw, rtol=1e-12, atol=1e-12)
