@@ -173,9 +173,10 @@ REDUCTIONS = ("sum", "mean", "std", "max", "min", "quantile")
 SCOPES = {"seq": "over each sequence's tokens: [B, T] -> [B]",
           "group": "over the sequences of each prompt's group: [B] -> [B] (every member gets it)",
           "batch": "over the batch: [B] -> [] (rows), [B, T] -> [] (tokens)"}
-# order operations: name -> (arity, what it gives at a valid entry i). Entries are taken in their scope's order: a sequence's
-# tokens by position, a group's rows by row, the batch's rows by row ([B]) or its tokens row by row
-# ([B, T]); padding (mask 0, a row without a real reward / without tokens) never takes part.
+# order operations: name -> (arity, what it gives at a valid entry i). Entries are taken in
+# their scope's order: a sequence's tokens by position, a group's rows by row, the batch's rows
+# by row ([B]) or its tokens row by row ([B, T]); padding (mask 0, a row without a real reward /
+# without tokens) never takes part.
 ORDER = {
     "sort": (1, "x's valid entries sorted ascending, the i-th smallest at the i-th valid entry; "
                 "0 on padding"),
