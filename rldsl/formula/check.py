@@ -72,6 +72,14 @@ class Formula:
             t.op == "call" and lang.FUNCTIONS[t.name].scope == "group"
             for name in self.order for t in _walk_typed(self.typed[name]))
 
+    @property
+    def batch_wide(self) -> bool:
+        """Reads a ``batch_*`` function (a reduction or an order operation): its value depends on
+        every row given to the stage's function. In ``loss()`` that is the rows of one call, so
+        such a loss formula is batch-wide only when ``loss()`` receives the whole batch."""
+        return any(t.op == "call" and lang.FUNCTIONS[t.name].scope == "batch"
+                   for name in self.order for t in _walk_typed(self.typed[name]))
+
 
 def _walk_typed(t: Typed):  # noqa: ANN202
     yield t
@@ -282,6 +290,8 @@ class _Checker:
                 return None
         if f.kind == "reduce":
             return self.reduce(e, f, targs)
+        if f.kind == "order":
+            return self.order(e, f, targs)
         rank = max(a.rank for a in targs)
         consts = [a.const for a in targs]
         const = None
@@ -319,15 +329,51 @@ class _Checker:
             return None
         if len(args) == 2:
             q = args[1]
-            if q.const is None or not (0.0 <= float(q.const) <= 1.0):
-                self.add(f"{f.name}'s level q must be a constant between 0 and 1", q.node.span,
-                         hint=f"e.g. {f.name}(x, 0.9)")
+            if q.rank > 0:
+                self.add(f"{f.name}'s level q must be one number [], got {_shape(q.rank)}", q.node.span,
+                         hint=f"e.g. {f.name}(x, 0.9) or {f.name}(x, 1 - 1 / G); reduce it first, "
+                              "e.g. batch_mean(...)")
+                return None
+            if q.const is not None and not (0.0 <= float(q.const) <= 1.0):
+                self.add(f"{f.name}'s level q must be between 0 and 1, got {_num(q.const)}", q.node.span,
+                         hint=f"e.g. {f.name}(x, 0.9); a level that is an expression is clamped to [0, 1]")
                 return None
         rank = 0 if f.scope == "batch" else 1
         return Typed(e, "num", rank, None, "call", f.name, args)
 
+    def order(self, e: Call, f: lang.Function, args: tuple[Typed, ...]) -> Typed | None:
+        """An order operation keeps its argument's shape in its scope: seq -> [B, T], group ->
+        [B] (a [B, T] argument is an error), batch -> [B] or [B, T]; topk_mask's k is one number."""
+        x = args[0]
+        if f.scope == "group" and x.rank > 1:
+            self.add(f"{f.name} orders one value per sequence [B], got {_shape(x.rank)}", x.node.span,
+                     hint=f"reduce each sequence's tokens first, e.g. {f.name}(seq_mean(...)); "
+                          f"seq_{f.name[len('group_'):]} orders a sequence's tokens, "
+                          f"batch_{f.name[len('group_'):]} the batch's")
+            return None
+        if len(args) == 2:
+            k = args[1]
+            if k.rank > 0:
+                self.add(f"{f.name}'s k must be one number [], got {_shape(k.rank)}", k.node.span,
+                         hint=f"e.g. {f.name}(x, 2) or {f.name}(x, G / 2); k counts the entries kept")
+                return None
+            if k.const is not None and float(k.const) < 0:
+                self.add(f"{f.name}'s k must be >= 0, got {_num(k.const)}", k.node.span,
+                         hint="k counts the entries kept")
+                return None
+        rank = {"seq": 2, "group": 1}.get(f.scope, max(x.rank, 1))
+        kind = "bool" if len(args) == 2 else "num"
+        return Typed(e, kind, rank, None, "call", f.name, args)
+
     def unknown_function(self, e: Call) -> None:
         name = e.func
+        if name in lang.UNSCOPED_ORDER:
+            op = {"argsort": "rank", "topk": "topk_mask", "cumulative_sum": "cumsum", "sorted": "sort",
+                  "order": "rank"}.get(name, name)
+            self.add(f"{name}(...) over every entry would order padding", e.span,
+                     hint=f"order operations are masked and say what they order: seq_{op} (each "
+                          f"sequence's tokens), group_{op} (each group's sequences), batch_{op} (the batch)")
+            return
         base = name[:-1] if name.endswith("s") and name[:-1] in lang.UNSCOPED else name
         if base in lang.UNSCOPED or (name in ("max", "min") and len(e.args) == 1):
             r = {"avg": "mean", "var": "std", "median": "quantile", "count": "sum"}.get(base, base)
@@ -345,7 +391,8 @@ class _Checker:
             hint = f"'{name}' is a value, not a function"
         self.add(f"unknown function '{name}'", e.func_span,
                  hint=hint or "functions: " + ", ".join(n for n in lang.FUNCTIONS if "_" not in n or n == "sg") +
-                 " and the masked reductions seq_/group_/batch_ + sum, mean, std, max, min, quantile")
+                 " and the masked reductions seq_/group_/batch_ + sum, mean, std, max, min, quantile"
+                 " and order operations seq_/group_/batch_ + sort, rank, cumsum, topk_mask")
 
 
 def _compare(op: str, a: float | bool, b: float | bool) -> bool:

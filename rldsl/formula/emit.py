@@ -141,10 +141,10 @@ class _Emitter:
             if a.const is not None and b.const is not None:  # give the constants the stage's dtype
                 y = f"fx.scalar({y}, mask)"
             return f"torch.where({x}, {y}, {z})", _ATOM
-        # masked reductions
+        # masked reductions and order operations (a quantile's level q, topk_mask's k: [])
         x = args[0]
         xs = self.code(x)[0]
-        q = f"{_literal(args[1].const)}, " if len(args) == 2 else ""  # type: ignore[arg-type]
+        q = f"{self.code(args[1])[0]}, " if len(args) == 2 else ""
         if f.scope == "seq":
             return f"{f.code}({xs}, {q}mask)", _ATOM
         if f.scope == "group":

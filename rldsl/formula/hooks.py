@@ -103,6 +103,15 @@ def denominator(v: SlotValue, mask: Any, group_size: int) -> Any:
     return _DENOMINATORS[source](mask, group_size)
 
 
+def batch_wide_loss(slots: dict[str, list[SlotValue]]) -> list[str]:
+    """The loss-stage slots (of an algorithm's ``slots``) holding a formula that reads a
+    ``batch_*`` function: their values depend on every row one ``loss()`` call receives, so they
+    are statistics of the whole batch only when the runtime gives ``loss()`` the whole batch in
+    one call (docs/formulas.md, "Order operations")."""
+    return [slot for slot, values in slots.items() for v in values
+            if v.formula is not None and v.formula.spec.stage == "loss" and v.formula.batch_wide]
+
+
 def function(v: SlotValue) -> Callable[..., dict[str, Any]]:
     """The formula of slot value ``v`` as a plain function (see :func:`emit.function_source`)."""
     return load_function(emit.function_source(v.formula), "formula")

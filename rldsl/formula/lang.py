@@ -155,6 +155,8 @@ class Function:
     where       — where(condition, a, b)
     sg          — stop-gradient (the value, no gradient)
     reduce      — a masked reduction over tokens (seq), a group's sequences (group) or the batch
+    order       — a masked order operation (sort, rank, cumsum, topk_mask) over the same scopes;
+                  it keeps its argument's shape (seq: [B, T], group: [B], batch: [B] or [B, T])
     """
 
     name: str
@@ -171,6 +173,22 @@ REDUCTIONS = ("sum", "mean", "std", "max", "min", "quantile")
 SCOPES = {"seq": "over each sequence's tokens: [B, T] -> [B]",
           "group": "over the sequences of each prompt's group: [B] -> [B] (every member gets it)",
           "batch": "over the batch: [B] -> [] (rows), [B, T] -> [] (tokens)"}
+# order operations: name -> (arity, what it gives at a valid entry i). Entries are taken in
+# their scope's order: a sequence's tokens by position, a group's rows by row, the batch's rows
+# by row ([B]) or its tokens row by row ([B, T]); padding (mask 0, a row without a real reward /
+# without tokens) never takes part.
+ORDER = {
+    "sort": (1, "x's valid entries sorted ascending, the i-th smallest at the i-th valid entry; "
+                "0 on padding"),
+    "rank": (1, "#{j valid: x_j < x_i, or x_j = x_i and j before i}: 0 = smallest, ties broken by "
+                "position (stable); 0 on padding"),
+    "cumsum": (1, "sum of x_j over the valid entries j up to and including i; 0 on padding"),
+    "topk_mask": (2, "rank(-x) < k: the k largest valid entries (ties: the earlier one), k [] any "
+                     "number expression; false on padding"),
+}
+ORDER_SCOPES = {"seq": "over each sequence's tokens: [B, T] -> [B, T]",
+                "group": "over the sequences of each prompt's group: [B] -> [B]",
+                "batch": "over the batch: [B] -> [B] (rows), [B, T] -> [B, T] (tokens)"}
 
 FUNCTIONS: dict[str, Function] = {}
 for _n, _c in _ELEMENTWISE.items():
@@ -186,11 +204,17 @@ for _s in SCOPES:
         FUNCTIONS[_n] = Function(_n, "reduce", (2,) if _r == "quantile" else (1,),
                                  f"{_n}(x{', q' if _r == 'quantile' else ''}): masked {_r} {SCOPES[_s]}",
                                  f"fx.{_n}", _s)
+for _s in ORDER_SCOPES:
+    for _r, (_k, _doc) in ORDER.items():
+        _n = f"{_s}_{_r}"
+        FUNCTIONS[_n] = Function(_n, "order", (_k,), f"{_n}(x{', k' if _k == 2 else ''}): {_doc}; "
+                                 f"{ORDER_SCOPES[_s]}", f"fx.{_n}", _s)
 
 # names that are not functions but look like one: the advice to give instead of "unknown"
 ALIASES = {"stop_gradient": "sg", "detach": "sg", "stopgrad": "sg", "clip": "clamp", "minimum": "min",
            "maximum": "max", "sgn": "sign", "ln": "log", "exp2": None, "pow": None}
 UNSCOPED = set(REDUCTIONS) | {"avg", "var", "median", "count"}
+UNSCOPED_ORDER = set(ORDER) | {"argsort", "topk", "cumulative_sum", "sorted", "order"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -218,8 +242,18 @@ def input_table() -> str:
 def function_table() -> str:
     """Markdown: the closed set of functions."""
     rows = ["| function | meaning |", "|---|---|"]
-    rows += [f"| `{f.name}` | {f.doc} |" for f in FUNCTIONS.values() if f.kind != "reduce"]
+    rows += [f"| `{f.name}` | {f.doc} |" for f in FUNCTIONS.values() if f.kind not in ("reduce", "order")]
     for scope, doc in SCOPES.items():
         names = ", ".join(f"`{scope}_{r}`" + ("(x, q)" if r == "quantile" else "") for r in REDUCTIONS)
         rows.append(f"| {names} | masked, {doc} |")
+    for scope, doc in ORDER_SCOPES.items():
+        names = ", ".join(f"`{scope}_{r}`" + ("(x, k)" if k == 2 else "") for r, (k, _) in ORDER.items())
+        rows.append(f"| {names} | masked order operations, {doc} (table below) |")
+    return "\n".join(rows)
+
+
+def order_table() -> str:
+    """Markdown: what each order operation computes (the same in every scope)."""
+    rows = ["| operation | value at a valid entry i |", "|---|---|"]
+    rows += [f"| `*_{r}`" + ("(x, k)" if k == 2 else "(x)") + f" | {doc} |" for r, (k, doc) in ORDER.items()]
     return "\n".join(rows)

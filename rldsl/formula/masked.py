@@ -8,7 +8,12 @@ least one token). Padding may hold anything (even inf): it is selected away with
 - an empty reduction gives 0 (sum, mean, max, min, quantile) and std 1;
 - std is Bessel's (N - 1), and 1 with fewer than two entries (verl's singleton rule);
 - a constant argument is spread over the entries first, so ``seq_sum(1)`` is L and
-  ``group_sum(1)`` the number of valid members of the group.
+  ``group_sum(1)`` the number of valid members of the group;
+- a quantile level may be an expression (a 0-dim tensor): it is clamped to [0, 1] and carries
+  no gradient.
+
+The order operations (sort, rank, cumsum, topk_mask; below) keep their argument's shape and
+give 0 (false) on padding; ties are broken by position, as a stable sort.
 
 ``rows`` and ``valid`` are float 0/1 tensors of the stage's dtype: they also give constants
 their dtype and device.
@@ -58,7 +63,15 @@ def _moments(x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return mean, torch.sqrt(var)
 
 
-def _reduce(x: Tensor, v: Tensor, how: str, q: float = 0.5) -> Tensor:
+def _level(q: Tensor | float, x: Tensor) -> Tensor | float:
+    """A quantile level: a checked constant as is; an expression (of G, B, T, parameters, ...) as a
+    0-dim tensor of ``x``'s dtype clamped to [0, 1], without gradient."""
+    if isinstance(q, (int, float)):
+        return float(q)
+    return q.detach().to(x.dtype).clamp(0.0, 1.0)
+
+
+def _reduce(x: Tensor, v: Tensor, how: str, q: Tensor | float = 0.5) -> Tensor:
     """Reduce the last dim of ``x`` over the entries where ``v`` (bool) holds (keepdim)."""
     x = torch.where(v, x, torch.zeros_like(x))  # first: inf / NaN padding reaches no value or gradient
     if how == "sum":
@@ -72,11 +85,11 @@ def _reduce(x: Tensor, v: Tensor, how: str, q: float = 0.5) -> Tensor:
     elif how == "min":
         m = torch.where(v, x, torch.full_like(x, torch.inf)).amin(-1, keepdim=True)
     else:  # quantile, linear interpolation (torch.quantile's default)
-        m = torch.where(v, x, torch.full_like(x, torch.nan)).nanquantile(q, dim=-1, keepdim=True)
+        m = torch.where(v, x, torch.full_like(x, torch.nan)).nanquantile(_level(q, x), dim=-1, keepdim=True)
     return torch.where(has, m, torch.zeros_like(m))
 
 
-def _seq(x: Tensor | float, mask: Tensor, how: str, q: float = 0.5) -> Tensor:
+def _seq(x: Tensor | float, mask: Tensor, how: str, q: Tensor | float = 0.5) -> Tensor:
     """Over each row's tokens: -> [B]."""
     x = _as(x, mask)
     if x.dim() == 1:
@@ -84,14 +97,14 @@ def _seq(x: Tensor | float, mask: Tensor, how: str, q: float = 0.5) -> Tensor:
     return _reduce(x.expand_as(mask), mask > 0, how, q).squeeze(-1)
 
 
-def _group(x: Tensor | float, rows: Tensor, G: int, how: str, q: float = 0.5) -> Tensor:
+def _group(x: Tensor | float, rows: Tensor, G: int, how: str, q: Tensor | float = 0.5) -> Tensor:
     """Over each group's valid rows: [B] -> [B] (every member gets its group's value)."""
     g = group_view(_as(x, rows).expand_as(rows), G)  # [P, G]
     out = _reduce(g, group_view(rows > 0, G), how, q)  # [P, 1]
     return out.expand_as(g).reshape(-1)
 
 
-def _batch(x: Tensor | float, valid: Tensor, how: str, q: float = 0.5) -> Tensor:
+def _batch(x: Tensor | float, valid: Tensor, how: str, q: Tensor | float = 0.5) -> Tensor:
     """Over the batch's valid entries (``valid``: rows [B] or the token mask [B, T]): -> []."""
     x = _as(x, valid)
     if x.dim() == 1 and valid.dim() == 2:
@@ -121,7 +134,7 @@ def seq_min(x: Tensor | float, mask: Tensor) -> Tensor:
     return _seq(x, mask, "min")
 
 
-def seq_quantile(x: Tensor | float, q: float, mask: Tensor) -> Tensor:
+def seq_quantile(x: Tensor | float, q: Tensor | float, mask: Tensor) -> Tensor:
     return _seq(x, mask, "quantile", q)
 
 
@@ -145,7 +158,7 @@ def group_min(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
     return _group(x, rows, G, "min")
 
 
-def group_quantile(x: Tensor | float, q: float, rows: Tensor, G: int) -> Tensor:
+def group_quantile(x: Tensor | float, q: Tensor | float, rows: Tensor, G: int) -> Tensor:
     return _group(x, rows, G, "quantile", q)
 
 
@@ -169,5 +182,126 @@ def batch_min(x: Tensor | float, valid: Tensor) -> Tensor:
     return _batch(x, valid, "min")
 
 
-def batch_quantile(x: Tensor | float, q: float, valid: Tensor) -> Tensor:
+def batch_quantile(x: Tensor | float, q: Tensor | float, valid: Tensor) -> Tensor:
     return _batch(x, valid, "quantile", q)
+
+
+# ---------------------------------------------------------------------------------------
+# Order operations: sort, rank, cumsum, topk_mask over the last dim at the valid entries.
+#
+# Entries are taken in position order (a sequence's tokens, a group's rows, the batch's rows or
+# its tokens row by row). Padding never takes part and gets 0 (false for topk_mask). Ties are
+# broken by position, as a stable sort does: of two equal values the earlier one ranks lower,
+# and topk_mask (the largest k, i.e. rank(-x) < k) prefers the earlier one too.
+
+
+def _permutation(key: Tensor, v: Tensor) -> Tensor:
+    """The stable ascending order of ``key`` over the last dim with every valid entry before the
+    padding: indices [..., N]. Two stable sorts (by value, then valid-first), so a valid inf never
+    changes places with padding."""
+    by_value = torch.sort(key.detach(), dim=-1, stable=True).indices
+    pad = (~v).to(torch.int32).gather(-1, by_value)
+    by_pad = torch.sort(pad, dim=-1, stable=True).indices
+    return by_value.gather(-1, by_pad)
+
+
+def _order(x: Tensor, v: Tensor, how: str, k: Tensor | float = 0.0) -> Tensor:
+    """Order operation ``how`` over the last dim of ``x`` at the entries where ``v`` (bool) holds."""
+    zero = torch.zeros_like(x)
+    x = torch.where(v, x, zero)  # first: inf / NaN padding reaches no value or gradient
+    if how == "cumsum":
+        return torch.where(v, x.cumsum(-1), zero)
+    idx = _permutation(-x if how == "topk_mask" else x, v)
+    if how == "sort":  # the i-th valid entry (in position order) gets the i-th smallest value
+        ordinal = (v.to(torch.int64).cumsum(-1) - 1).clamp_min(0)
+        return torch.where(v, x.gather(-1, idx).gather(-1, ordinal), zero)
+    rank = idx.argsort(dim=-1).to(x.dtype)  # the inverse permutation: valid entries rank 0..n-1
+    if how == "rank":
+        return torch.where(v, rank, zero)
+    kk = k if isinstance(k, (int, float)) else k.detach().to(x.dtype)
+    return v & (rank < kk)
+
+
+def _seq_order(x: Tensor | float, mask: Tensor, how: str, k: Tensor | float = 0.0) -> Tensor:
+    """Over each row's tokens: -> [B, T]."""
+    x = _as(x, mask)
+    if x.dim() == 1:
+        x = x.unsqueeze(-1)
+    return _order(x.expand_as(mask), mask > 0, how, k)
+
+
+def _group_order(x: Tensor | float, rows: Tensor, G: int, how: str, k: Tensor | float = 0.0) -> Tensor:
+    """Over each group's valid rows: [B] -> [B]."""
+    g = group_view(_as(x, rows).expand_as(rows), G)  # [P, G]
+    return _order(g, group_view(rows > 0, G), how, k).reshape(-1)
+
+
+def _batch_order(x: Tensor | float, valid: Tensor, how: str, k: Tensor | float = 0.0) -> Tensor:
+    """Over the batch's valid entries (``valid``: rows [B] or the token mask [B, T], read row by
+    row): -> ``valid``'s shape."""
+    x = _as(x, valid)
+    if x.dim() == 1 and valid.dim() == 2:
+        x = x.unsqueeze(-1)
+    return _order(x.expand_as(valid).reshape(-1), valid.reshape(-1) > 0, how, k).reshape(valid.shape)
+
+
+# The order operations of the formula language (lang.ORDER): scope_operation(x[, k], valid ...).
+
+def seq_sort(x: Tensor | float, mask: Tensor) -> Tensor:
+    """out[b, t] = the i-th smallest of row b's valid x, where t is row b's i-th valid token."""
+    return _seq_order(x, mask, "sort")
+
+
+def seq_rank(x: Tensor | float, mask: Tensor) -> Tensor:
+    """out[b, t] = #{valid s: x[b, s] < x[b, t], or x[b, s] = x[b, t] and s < t}."""
+    return _seq_order(x, mask, "rank")
+
+
+def seq_cumsum(x: Tensor | float, mask: Tensor) -> Tensor:
+    """out[b, t] = sum over valid s <= t of x[b, s]."""
+    return _seq_order(x, mask, "cumsum")
+
+
+def seq_topk_mask(x: Tensor | float, k: Tensor | float, mask: Tensor) -> Tensor:
+    """out[b, t] = valid and seq_rank(-x)[b, t] < k: the k largest of each row (earlier first on ties)."""
+    return _seq_order(x, mask, "topk_mask", k)
+
+
+def group_sort(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+    """out[i] = the j-th smallest of i's group's valid x, where i is the group's j-th valid row."""
+    return _group_order(x, rows, G, "sort")
+
+
+def group_rank(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+    """out[i] = #{valid j in i's group: x_j < x_i, or x_j = x_i and j < i}."""
+    return _group_order(x, rows, G, "rank")
+
+
+def group_cumsum(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+    """out[i] = sum over the valid rows j <= i of i's group of x_j."""
+    return _group_order(x, rows, G, "cumsum")
+
+
+def group_topk_mask(x: Tensor | float, k: Tensor | float, rows: Tensor, G: int) -> Tensor:
+    """out[i] = valid and group_rank(-x)[i] < k: the k largest of each group (earlier first on ties)."""
+    return _group_order(x, rows, G, "topk_mask", k)
+
+
+def batch_sort(x: Tensor | float, valid: Tensor) -> Tensor:
+    """The batch's valid entries sorted ascending, the j-th smallest at the j-th valid entry (row by row)."""
+    return _batch_order(x, valid, "sort")
+
+
+def batch_rank(x: Tensor | float, valid: Tensor) -> Tensor:
+    """#{valid j: x_j < x_i, or x_j = x_i and j before i (row by row)}, over the whole batch."""
+    return _batch_order(x, valid, "rank")
+
+
+def batch_cumsum(x: Tensor | float, valid: Tensor) -> Tensor:
+    """The sum of x over the batch's valid entries up to and including i (row by row)."""
+    return _batch_order(x, valid, "cumsum")
+
+
+def batch_topk_mask(x: Tensor | float, k: Tensor | float, valid: Tensor) -> Tensor:
+    """valid and batch_rank(-x) < k: the k largest entries of the batch (earlier first on ties)."""
+    return _batch_order(x, valid, "topk_mask", k)

@@ -119,7 +119,7 @@ def test_the_docs_hold_the_language_tables() -> None:
     from rldsl.formula import lang
 
     doc = (ROOT / "docs" / "formulas.md").read_text(encoding="utf-8")
-    for table in (lang.slot_table(), lang.input_table(), lang.function_table()):
+    for table in (lang.slot_table(), lang.input_table(), lang.function_table(), lang.order_table()):
         assert table in doc, "docs/formulas.md is out of date: paste the table from rldsl.formula.lang"
 
 

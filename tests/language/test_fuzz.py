@@ -164,14 +164,19 @@ def _expr(depth: int = 3) -> st.SearchStrategy[str]:
 def _typed(names: tuple[str, ...], kind: str, depth: int) -> st.SearchStrategy[str]:
     """Mostly well-formed expressions over ``names``: many pass the checker and reach the code."""
     if kind == "bool":
-        return st.tuples(_typed(names, "num", depth), st.sampled_from(["<", "<=", ">", ">=", "==", "!="]),
-                         _typed(names, "num", depth)).map(lambda t: f"{t[0]} {t[1]} {t[2]}")
+        topk = sorted(n for n, f in lang.FUNCTIONS.items() if f.kind == "order" and f.arity == (2,))
+        return st.one_of(
+            st.tuples(_typed(names, "num", depth), st.sampled_from(["<", "<=", ">", ">=", "==", "!="]),
+                      _typed(names, "num", depth)).map(lambda t: f"{t[0]} {t[1]} {t[2]}"),
+            st.tuples(st.sampled_from(topk), _typed(names, "num", depth),
+                      st.sampled_from(["0", "1", "2", "G / 2", "B"])).map(lambda t: f"{t[0]}({t[1]}, {t[2]})"))
     leaf = st.sampled_from(names + ("0", "1", "0.5", "2", "1e-6"))
     if depth == 0:
         return leaf
     sub = _typed(names, "num", depth - 1)
     reductions = sorted(n for n, f in lang.FUNCTIONS.items() if f.kind == "reduce" and f.arity == (1,))
     quantiles = sorted(n for n, f in lang.FUNCTIONS.items() if f.kind == "reduce" and f.arity == (2,))
+    orders = sorted(n for n, f in lang.FUNCTIONS.items() if f.kind == "order" and f.arity == (1,))
     return st.one_of(
         leaf,
         st.tuples(sub, st.sampled_from(["+", "-", "*", "/", "^"]), sub).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
@@ -181,8 +186,9 @@ def _typed(names: tuple[str, ...], kind: str, depth: int) -> st.SearchStrategy[s
         st.tuples(sub, sub, sub).map(lambda t: f"clamp({t[0]}, {t[1]}, {t[2]})"),
         st.tuples(_typed(names, "bool", depth - 1), sub, sub).map(lambda t: f"where({t[0]}, {t[1]}, {t[2]})"),
         st.tuples(st.sampled_from(reductions), sub).map(lambda t: f"{t[0]}({t[1]})"),
-        st.tuples(st.sampled_from(quantiles), sub, st.sampled_from(["0", "0.25", "1"])).map(
+        st.tuples(st.sampled_from(quantiles), sub, st.sampled_from(["0", "0.25", "1", "1 - 1 / G"])).map(
             lambda t: f"{t[0]}({t[1]}, {t[2]})"),
+        st.tuples(st.sampled_from(orders), sub).map(lambda t: f"{t[0]}({t[1]})"),
         sub.map(lambda x: f"-{x}"))
 
 
