@@ -102,3 +102,15 @@ class RequestRefused(Exception):
         """The OpenAI-style error body."""
         return {"error": {"message": self.message, "type": "invalid_request_error" if self.status < 500
                           else "server_error", "param": self.param, "code": self.code}}
+
+
+class EpisodeRefused(Exception):
+    """Not a run error: raised by an agent before its episode began, when its environment had no
+    room for it (an OpenEnv server at its session limit): the episode did not happen, and the
+    runner that runs such agents starts it again once there is room (``EnvironmentRunner``,
+    rollout/agents/environments.py).
+    ``limit``: the sessions the environment said it allows at once (None when it did not say)."""
+
+    def __init__(self, message: str, limit: int | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit

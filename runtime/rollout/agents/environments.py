@@ -34,10 +34,10 @@ from typing import Any, AsyncIterator, Callable
 from ...config import env_library
 from ...data.datasets import Example
 from ...data.reasoning_gym import row_system_prompt
-from ...errors import ConfigError
+from ...errors import ConfigError, EpisodeRefused
 from ...rewards.values import reward_value
 from . import vf_harness
-from .runner import AGENTS_EXTRA, AgentRunner, EpisodeRefused, load_agent, served_name
+from .runner import AGENTS_EXTRA, AgentRunner, load_agent, served_name
 
 #: The module each library needs.
 MODULES = {"verifiers": ("verifiers", "renderers"), "openenv": ("openenv",)}

@@ -23,7 +23,7 @@ from rldsl.lazy_torch import torch  # imported at the first tensor operation: `r
 
 from ... import plugins
 from ...batch import RolloutBatch
-from ...errors import ConfigError
+from ...errors import ConfigError, EpisodeRefused
 from ...records.metrics import AGENT_CALLS, AGENT_ERRORS, AGENT_PREFIX_BREAKS, AGENT_ROWS_PER_EPISODE
 from ...rewards.values import reward_value
 from ..engines.base import SamplingParams
@@ -58,17 +58,6 @@ def load_agent(spec: str) -> Callable:
             raise ConfigError(f"rollout.agent needs the {module!r} package, which is not installed: "
                               f"{AGENTS_EXTRA}") from None
     return fn
-
-
-class EpisodeRefused(Exception):
-    """Raised by an agent before its episode began, when its environment had no room for it (an
-    OpenEnv server at its session limit): the episode did not happen, and the runner that runs
-    such agents starts it again once there is room (``EnvironmentRunner``, environments.py).
-    ``limit``: the sessions the environment said it allows at once (None when it did not say)."""
-
-    def __init__(self, message: str, limit: int | None = None) -> None:
-        super().__init__(message)
-        self.limit = limit
 
 
 class AgentRunner:
