@@ -1,7 +1,7 @@
 """The tool-use demo's figures (docs/tool_use.md): before/after RL of each run folder of
 `rldsl run algorithms/lite_ppo.rl --set data.task=calculator --set seed=S ...`.
 
-    python bench/tool_demo.py runs/seed1 runs/seed2 runs/seed3
+    python demos/tool_use.py runs/seed1 runs/seed2 runs/seed3
 
 prints one markdown row per run: held-out greedy and sampled accuracy, well-formed tool-call
 rate and calls per episode (greedy / sampled episodes) at the first and the last evaluation,

@@ -1,9 +1,9 @@
 """The tool-use demo as an --agent against the built-in tool episodes (docs/agents.md,
 "Measured: an agent learns like the built-in episodes").
 
-    python bench/agent_demo.py runs/agent_demo            # both commands, seeds 1 2 3, one at a time
-    python bench/agent_demo.py runs/agent_demo --steps 20 # shorter runs (docs/agents.md's table)
-    python bench/agent_demo.py runs/agent_demo --table    # the table of runs already made
+    python demos/agent.py runs/agent_demo            # both commands, seeds 1 2 3, one at a time
+    python demos/agent.py runs/agent_demo --steps 20 # shorter runs (docs/agents.md's table)
+    python demos/agent.py runs/agent_demo --table    # the table of runs already made
 
 For each seed S it runs, one after the other (built-in first, then the agent, so the two of a
 seed share the machine's load):

@@ -8,7 +8,7 @@ must be 0), the seconds of training work redone (the redone steps' ``step_s``), 
 recovery time (from the resume command's start to its first step starting: process start,
 model build, checkpoint check and load). Every run is also checked: each step logged once.
 
-    python bench/faults.py [--steps 8] [--every 3] [--only NAME ...]
+    python demos/faults.py [--steps 8] [--every 3] [--only NAME ...]
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """On-policy distillation against RL on the embedded task (docs/distillation.md, "A CPU demo").
 
-    python bench/distill_demo.py [--root runs/distill_demo] [--steps 150] [--seeds 1 2 3]
+    python demos/distill.py [--root runs/distill_demo] [--steps 150] [--seeds 1 2 3]
 
 1. The teacher: `rldsl run lite_ppo --seed 0 --steps TEACHER_STEPS` from the embedded warm start
    (held-out greedy accuracy ~0.27 -> ~0.9); its final checkpoint's policy folder is the teacher.
