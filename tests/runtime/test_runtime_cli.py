@@ -29,6 +29,10 @@ class FakeLoop(list):
 
     error: BaseException | None = None
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.restarts: list[bool] = []  # train()'s restart= of each call
+
 
 @pytest.fixture
 def calls(monkeypatch) -> FakeLoop:
@@ -36,8 +40,9 @@ def calls(monkeypatch) -> FakeLoop:
     recorded = FakeLoop()
     fake = types.ModuleType("rldsl.runtime.run.loop")
 
-    def train(spec, cfg, resume=None):
+    def train(spec, cfg, resume=None, restart=False):
         recorded.append((spec, cfg, resume))
+        recorded.restarts.append(restart)
         if recorded.error is not None:
             raise recorded.error
 
@@ -117,6 +122,13 @@ def test_resume_uses_the_saved_config(app, calls, tmp_path):
     assert cfg.train.steps == 200 and cfg.train.lr == 1e-4 and cfg.seed == 5
     assert cfg.out == str(run)
     assert load_run_config(run) == saved  # the command itself writes nothing
+    assert calls.restarts == [False]
+
+    result = invoke(app, "run", "--resume", run, "--restart")  # start the folder over: passed on
+    assert result.exit_code == 0, result.output
+    assert calls.restarts == [False, True] and calls[-1][2] == run
+    result = invoke(app, "run", "grpo", "--restart")
+    assert result.exit_code == 2 and "--restart starts a run folder again from step 0" in result.stderr
 
     result = invoke(app, "run", "--resume", run, "--config", tmp_path / "x.toml")
     assert result.exit_code == 2 and "--config cannot be combined with --resume" in result.stderr
