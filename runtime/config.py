@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
 from typing import Any, Iterable, Literal, Mapping, Sequence, Union, get_args, get_origin
@@ -49,7 +48,6 @@ __all__ = [
     "TOY_MAX_NEW_TOKENS",
     "DATA_MAX_NEW_TOKENS",
     "CALCULATOR_MAX_NEW_TOKENS",
-    "TaskDefaults",
     "ADDITION_TASK",
     "CALCULATOR_TASK",
     "BUILTIN_TASKS",
@@ -63,25 +61,11 @@ DATA_MAX_NEW_TOKENS = 1024
 CALCULATOR_MAX_NEW_TOKENS = 24  # per turn of the tool-use demo: a Hermes call is 6 tokens + the expression
 
 
-@dataclass(frozen=True)
-class TaskDefaults:
-    """What a built-in task (``data.task``, when ``data.path`` is null) fills into a config:
-    its ``max_new_tokens``, its reward and its tools. Its prompts and its embedded model are
-    runtime/toy/tasks.py's row of the same name."""
-
-    name: str
-    max_new_tokens: int
-    reward: str
-    tools: str | None = None
-
-
-#: The built-in tasks, one row each (a new task: a row here and one in runtime/toy/tasks.py). The
-#: rows own the tasks' names: every other module refers to a task by its row.
-ADDITION_TASK = TaskDefaults("addition", TOY_MAX_NEW_TOKENS, reward="addition")
-# the episode's final message, scored as the addition task's
-CALCULATOR_TASK = TaskDefaults("calculator", CALCULATOR_MAX_NEW_TOKENS, reward="addition",
-                               tools="rldsl.runtime.toy.calculator:calculator")
-BUILTIN_TASKS: dict[str, TaskDefaults] = {t.name: t for t in (ADDITION_TASK, CALCULATOR_TASK)}
+#: The built-in tasks ``data.task`` names (their prompts, defaults and embedded models: their rows of
+#: the sources table, runtime/toy/sources.py). Every other module refers to a task by its name here.
+ADDITION_TASK = "addition"
+CALCULATOR_TASK = "calculator"
+BUILTIN_TASKS = (ADDITION_TASK, CALCULATOR_TASK)
 
 #: The libraries whose environments ``rollout.env`` may name as ``<library>:<target>``
 #: (rollout/agents/environments.py).
@@ -275,10 +259,10 @@ class DataConfig(_Section):
         description="Number of held-out prompts used for evaluation; null = automatic: "
                     "200 for the built-in task, one tenth of a data file's rows (at most "
                     "200; none below 10 rows).")
-    task: Literal[tuple(BUILTIN_TASKS)] = Field(  # type: ignore[valid-type]
-        default=ADDITION_TASK.name,
-        description=f"The built-in task when path is null: '{ADDITION_TASK.name}' (2-digit a+b=, the "
-                    f"embedded toy model) or '{CALCULATOR_TASK.name}' (a+b+c= of 2-digit numbers with a "
+    task: Literal[BUILTIN_TASKS] = Field(  # type: ignore[valid-type]
+        default=ADDITION_TASK,
+        description=f"The built-in task when path is null: '{ADDITION_TASK}' (2-digit a+b=, the "
+                    f"embedded toy model) or '{CALCULATOR_TASK}' (a+b+c= of 2-digit numbers with a "
                     "calculator tool, its own embedded model warm-started on the call format: "
                     "docs/tool_use.md); its defaults fill in the tools, the reward and "
                     "max_new_tokens.")
@@ -384,7 +368,7 @@ class RolloutConfig(_Section):
         default=None, ge=1,
         description=f"Most tokens generated per completion; null = the task's default: "
                     f"{TOY_MAX_NEW_TOKENS} for the built-in addition task (sum + EOS), "
-                    f"{CALCULATOR_MAX_NEW_TOKENS} per turn for data.task={CALCULATOR_TASK.name}, "
+                    f"{CALCULATOR_MAX_NEW_TOKENS} per turn for data.task={CALCULATOR_TASK}, "
                     f"{DATA_MAX_NEW_TOKENS} for a data file or a verifiers taskset; clipped to the model's context. "
                     f"The run's config.json records the value used.")
     tools: str | None = Field(
@@ -392,7 +376,7 @@ class RolloutConfig(_Section):
         description="Tools the model may call, 'module:function[,module:function]' (typed, "
                     "with a Google-style docstring): each completion becomes a multi-turn "
                     "episode (docs/tool_use.md); null = single-turn completions (data.task="
-                    f"{CALCULATOR_TASK.name} fills in its calculator).")
+                    f"{CALCULATOR_TASK} fills in its calculator).")
     env: str | None = Field(
         default=None,
         description="A multi-turn environment, 'module:Class' (or path/to/file.py:Class): one "
@@ -746,19 +730,12 @@ class RunConfig(_Section):
 
     @property
     def max_new_tokens(self) -> int:
-        """``rollout.max_new_tokens``, or the task's default when it is null."""
-        if self.rollout.max_new_tokens is not None:
-            return self.rollout.max_new_tokens
-        task = self.builtin_task
-        return DATA_MAX_NEW_TOKENS if task is None else task.max_new_tokens
-
-    @property
-    def builtin_task(self) -> TaskDefaults | None:
-        """The built-in task's row (``data.task``), None with a data file or a verifiers taskset (its
-        tasks are the rows)."""
-        if self.data.path is not None or env_library(self.rollout.env) == "verifiers":
-            return None
-        return BUILTIN_TASKS[self.data.task]
+        """``rollout.max_new_tokens`` of a resolved config (resolve.py fills in the source's default
+        when it is null: ``data.sources.max_new_tokens``)."""
+        if self.rollout.max_new_tokens is None:
+            raise ValueError("rollout.max_new_tokens is unset: resolve the config first, or read "
+                             "rldsl.runtime.data.sources.max_new_tokens(cfg)")
+        return self.rollout.max_new_tokens
 
 
 # ----------------------------------------------------------------------------- keys

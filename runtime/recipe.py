@@ -18,7 +18,7 @@ from .rollout.engines.base import RolloutEngine
 from .models.lora import adapters_disabled, apply_lora
 from .models.loading import enable_gradient_checkpointing, load_policy, load_tokenizer, master_dtype
 from .resolve import reward_fn  # noqa: F401 (the run's reward: resolve.py builds it once the name is settled)
-from .rollout.runners import environment_rows, episode_runner  # noqa: F401 (the episodes beside the engine)
+from .rollout.runners import episode_runner  # noqa: F401 (the episodes beside the engine)
 
 
 def with_lora(cfg: RunConfig, policy: nn.Module) -> tuple[nn.Module, Any]:

@@ -28,14 +28,14 @@ from rldsl import lint
 from rldsl.inputs import INPUTS
 from rldsl import Algorithm
 
-from .config import RunConfig, env_library
+from .config import RunConfig
 from .data import reasoning_gym as rg
-from .data.reasoning_gym import is_reasoning_gym
+from .data.sources import default_reward, default_tools, max_new_tokens, reward_origin, source_of
 from .errors import ConfigError, RunError
 from .models.loading import load_tokenizer, model_context
-from .records.trackers import check_trackers
 from .rewards.functions import RewardFn, with_answer_format
-from .rollout.runners import check_episode_template, check_tools, default_tools  # noqa: F401 (their old home)
+from .rollout.runners import check_episode_template, check_tools  # noqa: F401 (their old home)
+from .toy import sources as task_sources  # noqa: F401 (the built-in tasks' rows of the sources table)
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).
 GROUP_OF_ONE_RULE = "group-of-one"
@@ -84,14 +84,14 @@ def check_async(algo: Algorithm, cfg: RunConfig) -> None:
 
 def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
     """The checks that need the config alone, cheapest first: the device, the engine, an
-    asynchronous run's limits, the trackers ``log.report_to`` names (installed), reasoning-gym's
-    task names and options."""
+    asynchronous run's limits, what the prompt source needs of the config (reasoning-gym's: one
+    process, no data.eval_path). (The trackers ``log.report_to`` names: run/plan.py.)"""
     check_device(cfg)
     check_engine(cfg)
     check_async(algo, cfg)
-    check_trackers(cfg.log.report_to)
-    if is_reasoning_gym(cfg.data.path):
-        rg.check_config(cfg)
+    check = source_of(cfg).check
+    if check is not None:
+        check(cfg)
 
 
 def check_teacher_settings(algo: Algorithm, cfg: RunConfig) -> None:
@@ -188,7 +188,7 @@ def run_facts(cfg: RunConfig) -> lint.RunFacts:
     """What the run-start warnings check the spec against. The HF engine samples from a copy of
     the policy in the trainer's dtype: with float32 its logprobs are the trainer's own (exact);
     in bf16/fp16 (or with vLLM) they differ, which is what a correction is for."""
-    return lint.RunFacts(group_size=cfg.rollout.n, max_new_tokens=cfg.max_new_tokens,
+    return lint.RunFacts(group_size=cfg.rollout.n, max_new_tokens=max_new_tokens(cfg),
                          engine=cfg.rollout.engine,
                          exact_logprobs=cfg.rollout.engine == "hf" and cfg.model.dtype == "float32"
                          and cfg.rollout.max_staleness == 0,  # stale samples: the engine's logprobs differ
@@ -214,33 +214,13 @@ def settle_reward(cfg: RunConfig) -> tuple[RunConfig, str]:
     run-start line naming it): the default reward resolved once, before the reward is built."""
     if cfg.reward.name is not None:
         return cfg, f"reward: {reward_spec(cfg)}"
-    if cfg.rollout.agent is not None:
-        task = "an agent: its return value"
-    elif env_library(cfg.rollout.env) is not None:
-        task = f"an environment of {env_library(cfg.rollout.env)}: its own reward"
-    elif cfg.data.path is None:
-        task = f"the built-in {cfg.data.task} task"
-    else:
-        task = "reasoning-gym data" if is_reasoning_gym(cfg.data.path) else "a data file"
     settled = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"name": default_reward(cfg)})})
-    return settled, f"reward: {reward_spec(settled)} (the default for {task}; choose one with --reward)"
-
-
-def default_reward(cfg: RunConfig) -> str:
-    """The task's own reward: the built-in task's (``addition``: exactly the answer, then EOS;
-    for ``calculator`` the episode's final message), ``exact`` for a data file,
-    ``reasoning_gym`` for reasoning-gym data, ``env`` (the agent's return value) with
-    ``rollout.agent`` or an environment of verifiers / OpenEnv."""
-    if cfg.rollout.agent is not None or env_library(cfg.rollout.env) is not None:
-        return "env"
-    task = cfg.builtin_task
-    if task is not None:
-        return task.reward
-    return "reasoning_gym" if is_reasoning_gym(cfg.data.path) else "exact"
+    return settled, (f"reward: {reward_spec(settled)} (the default for {reward_origin(cfg)}; "
+                     "choose one with --reward)")
 
 
 def reward_spec(cfg: RunConfig) -> str:
-    """The reward the run scores with: ``reward.name`` (else :func:`default_reward`), with
+    """The reward the run scores with: ``reward.name`` (else the source's, data/sources.py ``default_reward``), with
     ``reward.answer_format`` given to its ``reasoning_gym`` terms."""
     return with_answer_format(cfg.reward.name or default_reward(cfg), cfg.reward.answer_format)
 
@@ -292,11 +272,11 @@ def microbatch_note(cfg: RunConfig, longest_prompt: int) -> str | None:
     prompt plus ``max_new_tokens``): a row is never split, so each such row is a forward of
     its own -- correct, but several times slower than the budget suggests."""
     budget = cfg.train.max_tokens_per_microbatch
-    row = longest_prompt + cfg.max_new_tokens
+    row = longest_prompt + max_new_tokens(cfg)
     if budget is None or budget >= row:
         return None
     return (f"train.max_tokens_per_microbatch={budget} is smaller than one row (up to {longest_prompt} "
-            f"prompt + {cfg.max_new_tokens} new tokens = {row}): a row is never split, so every row "
+            f"prompt + {max_new_tokens(cfg)} new tokens = {row}): a row is never split, so every row "
             f"longer than {budget} tokens gets a forward of its own (slow). Set it to at least {row}, "
             f"or null for one forward per minibatch")
 
@@ -307,8 +287,8 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
             model_label: str | None = None) -> tuple[RunConfig, list[str]]:
     """(the config that runs, frozen; the notes to print at the start of the run).
 
-    Fills in what the config leaves to the task -- ``reward.name`` (:func:`settle_reward`, unless
-    settled already), ``rollout.max_new_tokens`` (``RunConfig.max_new_tokens``) and the tools --
+    Fills in what the config leaves to its prompt source (data/sources.py) -- ``reward.name``
+    (:func:`settle_reward`, unless settled already), ``rollout.max_new_tokens`` and the tools --
     and clips ``max_new_tokens``
     to the context of the model at ``model_path`` (its config.json; ``prompts`` are the
     rendered prompts, tokenized with ``tokenizer``). Call it before ``config.json`` is written:
@@ -319,7 +299,7 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
         cfg, note = settle_reward(cfg)
         notes.append(note)
     longest = max((len(ids) for ids in tokenizer(prompts)["input_ids"]), default=0)
-    max_new, clipped = fit_context(cfg.max_new_tokens, model_context(model_path), longest,
+    max_new, clipped = fit_context(max_new_tokens(cfg), model_context(model_path), longest,
                                    model_label or str(model_path))
     if clipped:
         notes.append(clipped)

@@ -299,10 +299,12 @@ def test_moved_modules_keep_their_old_import_paths():
 #: only rooms of lower rows (and itself). A top-level file is a room of its own.
 LAYOUT_ORDER = (
     ("errors", "faults"),
-    ("config", "plugins", "batch", "data", "models"),
+    ("config", "plugins", "batch", "models"),
+    ("data",),
     ("rewards", "records"),
     ("rollout",),
-    ("resolve", "toy", "train"),
+    ("toy",),
+    ("resolve", "train"),
     ("recipe",),
     ("workers",),
     ("run",),
@@ -327,7 +329,7 @@ RUNTIME_LAZY_IMPORTS = {
     "rldsl.runtime.rollout.agents.runner": "the endpoint's web server (starlette, uvicorn: the agents extra) loads only when an agent runs",
     "rldsl.runtime.run.loop": "`rldsl run` checks everything that needs no weights before torch loads (run/build.py)",
     "rldsl.runtime.run.plan": "as run.loop: the rollout-stage inputs (torch) are checked after the cheap checks",
-    "rldsl.runtime.run.sources": "as run.loop: the toy's model (transformers, torch) loads only when a run builds it",
+    "rldsl.runtime.toy.sources": "as run.loop: a built-in task's model (transformers, torch) loads only when a run builds it",
     "rldsl.runtime.rewards.functions": "a reward model (torch, transformers) loads only for an rm: reward",
 }
 
@@ -412,8 +414,9 @@ def _strings_and_calls(path: Path) -> tuple[list[tuple[str, int]], list[tuple[st
     return strings, calls
 
 
-#: Where a built-in task's name may be written besides its row in config.BUILTIN_TASKS, and why
-TASK_NAME_ELSEWHERE = {("rewards/functions.py", "addition"): "the built-in reward of the same name"}
+#: Where a built-in task's name may be written besides config.BUILTIN_TASKS, and why
+TASK_NAME_ELSEWHERE = {("rewards/functions.py", "addition"): "the built-in reward of the same name",
+                       ("toy/sources.py", "addition"): "that reward, the default the built-in tasks score with"}
 
 
 def test_a_built_in_task_is_named_by_its_row_only():
@@ -467,3 +470,12 @@ def test_checker_sees_function_level_cycles_and_private_names(toy_package, monke
 
 if __name__ == "__main__":
     print(report())
+
+
+def test_the_sources_table_imports_neither_the_toy_nor_the_rollouts():
+    """data/sources.py is the table; the built-in tasks (toy/) and a verifiers taskset (rollout/)
+    register their rows with it, as components register with the language's registry."""
+    package, folder = RUNTIME
+    mods = modules_of(package, folder)
+    targets = {i.target for i in imports_of(f"{package}.data.sources", folder / "data" / "sources.py", set(mods))}
+    assert targets and not [t for t in targets if room_of(t) in ("toy", "rollout")]

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from .datasets import Example, PromptSource
+from .sources import HELDOUT_ROWS, Rows, Source, heldout_count, register
 from ..errors import ConfigError, DataError
 
 PREFIX = "reasoning_gym:"
@@ -642,10 +643,12 @@ def check_config(cfg: Any) -> None:
 EVAL_SEED_OFFSET = 2 * HELDOUT_SEED_OFFSET
 
 
-def generate_eval(path: str, options: Mapping[str, Any], *, run_seed: int, count: int,
+def generate_eval(path: str, options: Mapping[str, Any], *, run_seed: int, count: int | None,
                   exclude: Iterable[str] = ()) -> tuple[dict[str, list[Example]], str]:
-    """An evaluation set of ``count`` rows of ``path`` from a third seed, none of them in ``exclude``
-    (the run's training questions), split by task: (task -> its rows, a note)."""
+    """An evaluation set of ``count`` rows of ``path`` (None: ``sources.HELDOUT_ROWS``) from a third
+    seed, none of them in ``exclude`` (the run's training questions), split by task: (task -> its
+    rows, a note)."""
+    count = HELDOUT_ROWS if count is None else count
     tasks = parse_tasks(path)
     opts = read_options(options, [n for n, _ in tasks], run_seed)
     seed = opts.seed + EVAL_SEED_OFFSET
@@ -656,3 +659,27 @@ def generate_eval(path: str, options: Mapping[str, Any], *, run_seed: int, count
     note = (f"{path}: {count} evaluation rows from seed {seed} ({dropped} dropped: a training question "
             "or a repeat)")
     return {t: rows for t, rows in by_task.items() if rows}, note
+
+
+# ----------------------------------------------------------------------------- its row of the sources table
+
+def _rows(cfg: Any) -> Rows:
+    """The generated rows of ``data.path`` (a missing package, a bad name or option fails here)."""
+    generated = generate(cfg.data.path, cfg.data.options, run_seed=cfg.seed, heldout=heldout_count(cfg))
+    return Rows(generated.train, generated.heldout, list(generated.notes), data=generated)
+
+
+def _prompts(cfg: Any, rows: Rows, train: list[Example], held: list[Example],
+             render: Callable[[Example], Example] | None) -> ReasoningGymSource:
+    d = cfg.data
+    curriculum = CurriculumSettings(d.curriculum_window, d.curriculum_raise, d.curriculum_lower) \
+        if d.curriculum else None
+    return ReasoningGymSource(rows.data, train, seed=cfg.seed, name=d.path, curriculum=curriculum,
+                              heldout_questions=[e.reward_prompt for e in held], render=render)
+
+
+#: reasoning-gym data (``data.path = "reasoning_gym:NAME"``): generated rows, scored by each row's
+#: own task's verifier, with reasoning-gym's system prompt
+SOURCE = register(Source("reasoning_gym", "reasoning-gym data", claims=lambda cfg: is_reasoning_gym(cfg.data.path),
+                         rows=_rows, reward="reasoning_gym", prompts=_prompts,
+                         system_prompt=default_system_prompt, check=check_config, precedence=1))

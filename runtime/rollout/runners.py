@@ -1,6 +1,7 @@
 """What a run's rollouts are made of beside the engine: its multi-turn episodes (an agent's
-endpoint, tool calls, an environment) or none, the tools a built-in task fills in, the rows an
-environment brings, and their checks before any model loads (resolve.py and run/ call them).
+endpoint, tool calls, an environment) or none, and their checks before any model loads
+(resolve.py and run/ call them); a verifiers taskset's row of the sources table (its tasks are
+the run's rows: data/sources.py).
 """
 from __future__ import annotations
 
@@ -8,20 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig, env_library
+from ..data.sources import Rows, Source, default_tools, register, split_rows
 from ..errors import ConfigError
 from ..models.loading import model_context
 from .agents.environments import agent_runner, check_agent, verifiers_examples
 from .episodes.env import load_env
 from .episodes.rollout import EpisodeRunner
 from .episodes.tools import SHARED_RUNNER, load_tools
-
-def default_tools(cfg: RunConfig) -> str | None:
-    """``rollout.tools``, else the built-in task's tools (the calculator's; without an environment
-    of its own), else None."""
-    task = cfg.builtin_task
-    if cfg.rollout.tools is None and cfg.rollout.env is None and cfg.rollout.agent is None and task is not None:
-        return task.tools
-    return cfg.rollout.tools
 
 
 def check_tools(cfg: RunConfig) -> None:
@@ -55,12 +49,15 @@ def check_episode_template(cfg: RunConfig, tokenizer: Any) -> None:
                           "(tokenizer.chat_template in tokenizer_config.json or chat_template.jinja)")
 
 
-def environment_rows(cfg: RunConfig) -> list[Any] | None:
-    """The rows an environment brings with it: a verifiers taskset's tasks (``rollout.env =
-    verifiers:...``, ``data.path`` unset), else None (the rows are the data's)."""
-    if cfg.data.path is None and env_library(cfg.rollout.env) == "verifiers":
-        return verifiers_examples(cfg.rollout.env)
-    return None
+def _taskset_rows(cfg: RunConfig) -> Rows:
+    return split_rows(cfg, verifiers_examples(cfg.rollout.env))
+
+
+#: A verifiers taskset (``rollout.env = verifiers:...``, ``data.path`` unset): its tasks are the
+#: rows (held out as a data file's), scored by the environment's own reward
+TASKSET = register(Source("verifiers", "a verifiers taskset",
+                          claims=lambda cfg: cfg.data.path is None and env_library(cfg.rollout.env) == "verifiers",
+                          rows=_taskset_rows, reward="env", precedence=1))
 
 
 def episode_runner(cfg: RunConfig, model_path: str | Path) -> Any:

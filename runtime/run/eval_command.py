@@ -10,12 +10,13 @@ from typing import Optional, Sequence
 import typer
 
 from ..batch import RolloutBatch
-from ..config import load_config
-from ..rewards.functions import RewardFn
-from ..rollout.engines.base import SamplingParams
-from ..rollout.engines.hf import HFEngine
-from .eval_sets import command_sets, default_reward, evaluate_sets
-from .eval_target import open_target
+from ..config import RunConfig, load_config
+from ..data.sources import default_reward
+from ..recipe import rollout_engine
+from ..resolve import reward_fn
+from ..rollout.engines.base import RolloutEngine, SamplingParams
+from .eval_sets import EvalSet, command_sets, evaluate_sets
+from .eval_target import EvalTarget, open_target
 
 
 def evaluate_target(target: Path, data: Sequence[Path], reward: Optional[str] = None, n: int = 8,
@@ -26,18 +27,31 @@ def evaluate_target(target: Path, data: Sequence[Path], reward: Optional[str] = 
     """``rldsl eval`` (its options: rldsl/runtime/cli.py): evaluate a run's checkpoint or a model
     folder on the sets in ``data`` and print (and with ``out`` write) the metrics. A run with tools or
     an environment is evaluated as it trained, in multi-turn episodes (its rollout.* settings;
-    ``tools`` / ``env`` replace the run's own)."""
+    ``tools`` / ``env`` replace the run's own). The reward and the engine are built by the run's
+    recipe (recipe.py: ``reward.answer_format``, ``rollout.engine``, ``model.dtype``,
+    ``model.compile`` apply as in training)."""
     t = open_target(target, tools=tools, env=env)
     cfg = t.cfg
-    reward_fn = RewardFn(reward or (cfg.reward.name if t.is_run and cfg.reward.name else default_reward(data)),
-                         on_error="skip")  # a reward that does not import fails before the model loads
     r = cfg.rollout  # the run's sampling (a model folder: the defaults), as the flags change it
     cfg = load_config(base=cfg, flags={
+        "reward.name": reward or (cfg.reward.name if t.is_run and cfg.reward.name
+                                  else default_reward(cfg, [str(p) for p in data])),
+        "reward.on_error": "skip",
         "rollout.temperature": temperature, "rollout.top_p": top_p,
         "rollout.max_new_tokens": max_new_tokens or (r.max_new_tokens if t.is_run and r.max_new_tokens else 256)})
-    t.load(step)
-    sets = command_sets(data, cfg, reward_fn, t.tokenizer, note=typer.echo)
-    engine = HFEngine(t.model, t.tokenizer)
+    scorer = reward_fn(cfg)  # a reward that does not import fails before the model loads
+    try:
+        t.load(step)
+        sets = command_sets(data, cfg, scorer, t.tokenizer, note=typer.echo)
+        engine = rollout_engine(cfg, t.folder, cfg.device, model=t.model, tokenizer=t.tokenizer)
+        _report(t, cfg, sets, engine, n, seed, out)
+    finally:
+        t.close()
+
+
+def _report(t: EvalTarget, cfg: RunConfig, sets: list[EvalSet], engine: RolloutEngine, n: int, seed: int,
+            out: Optional[Path]) -> None:
+    """Evaluate ``sets`` with ``engine`` (and the target's episodes) and print / write the metrics."""
     episodes = t.episodes
 
     def generate(prompts: list, answers: list[str], params: SamplingParams) -> RolloutBatch:

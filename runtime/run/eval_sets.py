@@ -74,7 +74,7 @@ def load_eval_set(path: str | Path, reward: RewardFn, tokenizer: Any, *, prompt_
 
 
 def load_generated_sets(path: str, reward: RewardFn, tokenizer: Any, *, options: dict[str, Any], seed: int,
-                        count: int, exclude: Sequence[str] = (), chat_template: str = "auto",
+                        count: int | None, exclude: Sequence[str] = (), chat_template: str = "auto",
                         chat_template_kwargs: dict[str, Any] | None = None, system_prompt: str | None = None,
                         name: str | None = None, note: Callable[[str], None] | None = None) -> list[EvalSet]:
     """The evaluation sets of ``reasoning_gym:`` data: one set per task, a single task or a mix alike,
@@ -106,7 +106,7 @@ def eval_sets_of(cfg: RunConfig, tokenizer: Any, run_reward: RewardFn,
         if rg.is_reasoning_gym(entry.path):
             options = dict(d.options) if entry.path == d.path else {}  # the training data's options
             new = load_generated_sets(entry.path, reward, tokenizer, options=options, seed=cfg.seed,
-                                      count=200 if d.eval_size is None else max(d.eval_size, 1),
+                                      count=None if d.eval_size is None else max(d.eval_size, 1),
                                       exclude=training, chat_template=d.chat_template,
                                       chat_template_kwargs=d.chat_template_kwargs,
                                       system_prompt=d.system_prompt, name=entry.name)
@@ -141,12 +141,6 @@ def add_sets(sets: list[EvalSet], new: Sequence[EvalSet], where: str) -> None:
         sets.append(s)
 
 
-def default_reward(paths: Sequence[str | Path]) -> str:
-    """``rldsl eval``'s reward when none is named: ``reasoning_gym`` for reasoning-gym sets only,
-    else ``exact``."""
-    return "reasoning_gym" if all(rg.is_reasoning_gym(str(p)) for p in paths) else "exact"
-
-
 def command_sets(paths: Sequence[str | Path], cfg: RunConfig, reward: RewardFn, tokenizer: Any,
                  note: Callable[[str], None] | None = None) -> list[EvalSet]:
     """``rldsl eval``'s sets: each path read and rendered as the run (``cfg``) renders its prompts;
@@ -158,7 +152,7 @@ def command_sets(paths: Sequence[str | Path], cfg: RunConfig, reward: RewardFn, 
             own = str(path) == d.path  # then none of the run's training questions either
             add_sets(sets, load_generated_sets(
                 str(path), reward, tokenizer, options=dict(d.options) if own else {},
-                seed=cfg.seed, count=200 if d.eval_size is None else d.eval_size,
+                seed=cfg.seed, count=d.eval_size,
                 exclude=[e["question"] for e in rg.training_entries(d.path, d.options, run_seed=cfg.seed)]
                 if own else (), chat_template=d.chat_template, chat_template_kwargs=d.chat_template_kwargs,
                 system_prompt=d.system_prompt, note=note), "--data")

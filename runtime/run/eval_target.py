@@ -24,8 +24,9 @@ from ..rollout.runners import episode_runner
 class EvalTarget:
     """An evaluation target, opened by :func:`open_target` (its config read and checked, nothing
     loaded) and loaded by :meth:`load`. ``is_run``: a run folder (``cfg`` is its saved config);
-    ``episodes``: the multi-turn runner (``run(engine, prompts, answers, params)``), None for
-    single-turn completions."""
+    ``folder``: the model folder (a run's checkpoint exported to a temporary one, kept until
+    :meth:`close`: a vLLM engine loads it); ``episodes``: the multi-turn runner (``run(engine,
+    prompts, answers, params)``), None for single-turn completions."""
 
     path: Path
     cfg: RunConfig
@@ -33,20 +34,33 @@ class EvalTarget:
     tokenizer: Any = None
     model: nn.Module | None = None
     episodes: Any = None
+    folder: Path | None = None
+    _tmp: Any = None
 
     def load(self, step: Optional[int] = None) -> "EvalTarget":
-        """The model (float32) and tokenizer: a run's checkpoint of ``step`` (else its newest),
-        exported to a model folder, or the model folder itself; the episode runner, if any."""
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = export_run(self.path, Path(tmp) / "model", step) if self.is_run else self.path
-            if not (folder / "config.json").is_file():
-                raise UsageError(f"{folder} is not a Hugging Face model folder (no config.json) nor a run "
-                                 "folder with checkpoints")
-            self.tokenizer = load_tokenizer(folder)
-            check_episode_template(self.cfg, self.tokenizer)
-            self.model = load_policy(folder, "float32")
-            self.episodes = episode_runner(self.cfg, folder)  # None: single-turn completions
+        """The model (float32; the engine casts it to ``model.dtype``) and tokenizer: a run's
+        checkpoint of ``step`` (else its newest), exported to a model folder, or the model folder
+        itself; the episode runner, if any."""
+        if self.is_run:
+            self._tmp = tempfile.TemporaryDirectory()
+            self.folder = export_run(self.path, Path(self._tmp.name) / "model", step)
+        else:
+            self.folder = self.path
+        folder = self.folder
+        if not (folder / "config.json").is_file():
+            raise UsageError(f"{folder} is not a Hugging Face model folder (no config.json) nor a run "
+                             "folder with checkpoints")
+        self.tokenizer = load_tokenizer(folder)
+        check_episode_template(self.cfg, self.tokenizer)
+        self.model = load_policy(folder, "float32")
+        self.episodes = episode_runner(self.cfg, folder)  # None: single-turn completions
         return self
+
+    def close(self) -> None:
+        """Remove the exported model folder, if any."""
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
 
 
 def open_target(target: Path, *, tools: Optional[str] = None, env: Optional[str] = None) -> EvalTarget:

@@ -10,6 +10,8 @@ from ..config import MODEL_RUN_DEFAULTS, RunConfig
 from ..resolve import (check_group_size, check_settings, check_teacher_settings, check_tools, resolve,
                        settled_reward)
 from .eval_sets import eval_sets_of
+from ..data.sources import source_of
+from ..records.trackers import check_trackers
 from .sources import examples_of, model_folder, model_of, prompts_of
 from .state import Plan
 
@@ -31,27 +33,30 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     group-size check and the rollout-stage inputs the spec reads. A mistake in any of them fails
     in seconds, never after a model load."""
     check_settings(algo, cfg)
+    check_trackers(cfg.log.report_to)  # installed
     cfg, reward, reward_note = settled_reward(cfg)  # the task's own reward when none is named
     check_tools(cfg)
     check_teacher_settings(algo, cfg)
+    source = source_of(cfg)  # where the prompts come from (data/sources.py), asked once
     if cfg.model.path is not None:
-        model_folder(cfg)  # a user's model folder exists (the toy's is built by model_of)
+        model_folder(cfg, source)  # a user's model folder exists (the toy's is built by model_of)
     notes: list[str] = []
-    rows = examples_of(cfg, notes.append)
+    rows = examples_of(cfg, notes.append, source)
     # -- from here on the tokenizer (transformers) and, for the toy's warm start, torch
     from ..train.inputs import check_rollout_inputs  # torch (the compiled algorithm's inputs)
 
-    path, label, tok = model_of(algo, cfg)
-    source, held = prompts_of(cfg, tok, rows=rows)
-    eval_sets = eval_sets_of(cfg, tok, reward, [e.reward_prompt for e in source.examples])
-    resolved, more = resolve(cfg, path, tok, [e.prompt for e in source.examples + held]
+    path, label, tok = model_of(algo, cfg, source)
+    prompts, held = prompts_of(cfg, tok, rows=rows, source=source)
+    eval_sets = eval_sets_of(cfg, tok, reward, [e.reward_prompt for e in prompts.examples])
+    resolved, more = resolve(cfg, path, tok, [e.prompt for e in prompts.examples + held]
                              + [e.prompt for s in eval_sets for e in s.examples], label)
     warnings = check_group_size(algo, resolved)
     # the rollout-stage inputs the spec reads can be made in this run (per-turn rewards need a
     # reward term that gives them, and turns)
     check_rollout_inputs(algo, [(t.name, t.weight) for t in reward.terms],
                          resolved.rollout.env is not None or resolved.rollout.tools is not None)
-    return Plan(resolved, algo, path, tok, source, held, reward, notes + [reward_note] + more, warnings, eval_sets)
+    return Plan(resolved, algo, path, tok, source, prompts, held, reward, notes + [reward_note] + more, warnings,
+                eval_sets)
 
 
 def optimizer_note(cfg: RunConfig) -> str:

@@ -1,8 +1,8 @@
 """What a run reads before it builds anything: the policy's model folder and tokenizer (the
-embedded toy's, warm-started on first use, or the user's) and the data's prompts -- a data file,
-reasoning-gym's generated rows, an environment's rows or a built-in task -- split into training
-and held-out rows and rendered for the model. A missing file or field fails here, before any
-model loads.
+source's embedded model, warm-started on first use, or the user's) and the data's prompts, read
+and split by the run's prompt source (data/sources.py: a data file, reasoning-gym's generated
+rows, a verifiers taskset's tasks or a built-in task) and rendered for the model. A missing file
+or field fails here, before any model loads.
 """
 from __future__ import annotations
 
@@ -14,24 +14,24 @@ from rldsl.lazy_torch import torch  # imported at the first tensor operation: `r
 
 import rldsl
 
-from ..config import RunConfig
-from ..data import reasoning_gym as rg
-from ..data.datasets import Example, PromptSource, load_examples, render_prompt, split_heldout
-from ..data.reasoning_gym import is_reasoning_gym
-from ..errors import RunError
+from ..config import DataConfig, RunConfig
+from ..data.datasets import Example, PromptSource, render_prompt
+from ..data.sources import SOURCES, Rows, Source, source_of, system_prompt
+from ..errors import ConfigError, RunError
 from ..models.loading import load_tokenizer
 from ..resolve import check_teacher
-from ..rollout.runners import check_episode_template, environment_rows
+from ..rollout.runners import check_episode_template
 
 
-def model_folder(cfg: RunConfig) -> tuple[Path, str]:
-    """(the policy's HF folder, a label for messages); the embedded toy model is warm-started
-    on first use and read from its cache afterwards."""
+def model_folder(cfg: RunConfig, source: Source | None = None) -> tuple[Path, str]:
+    """(the policy's HF folder, a label for messages); without ``model.path``, the source's
+    embedded model (another data file's: the default task's), warm-started on first use and read
+    from its cache afterwards."""
     if cfg.model.path is None:
-        from ..toy.tasks import embedded_model  # torch, transformers: the toy is built here
-
+        source = source or source_of(cfg)
+        embedded = source.model or SOURCES[DataConfig().task].model
         torch.set_num_threads(cfg.threads)  # a warm start trains here, before build() sets the run's threads
-        return embedded_model(cfg)
+        return embedded(cfg)
     path = Path(cfg.model.path)
     if not path.exists():
         raise RunError(f"model folder not found: {path}")
@@ -40,99 +40,60 @@ def model_folder(cfg: RunConfig) -> tuple[Path, str]:
     return path, str(path)
 
 
-def model_of(algo: rldsl.Algorithm, cfg: RunConfig) -> tuple[Path, str, Any]:
+def model_of(algo: rldsl.Algorithm, cfg: RunConfig, source: Source | None = None) -> tuple[Path, str, Any]:
     """(the policy's model folder, a label for messages, its tokenizer), checked against what the
-    run asks of them: the toy's task only on the toy's tokenizer unless asked for, a distill
-    spec's teacher (set, same vocabulary, k <= V), a chat template for multi-turn episodes."""
-    from ..toy.tasks import check_builtin_task
-
-    path, label = model_folder(cfg)  # the toy model is warm-started here, once
+    run asks of them: a built-in task only on its embedded model's tokenizer unless asked for, a
+    distill spec's teacher (set, same vocabulary, k <= V), a chat template for multi-turn episodes."""
+    source = source or source_of(cfg)
+    path, label = model_folder(cfg, source)  # the embedded model is warm-started here, once
     tok = load_tokenizer(path)
-    check_builtin_task(cfg, tok)  # a user's model with no data: not the toy's task by default
+    check_task_vocabulary(cfg, tok, source)  # a user's model with no data: not the toy's task by default
     check_teacher(algo, cfg, path, tok)
     check_episode_template(cfg, tok)
     return path, label, tok
 
 
-def heldout_size(cfg: RunConfig, rows: int) -> tuple[int, str | None]:
-    """(held-out rows to split off a data file of ``rows`` rows, a line for the log or None).
-
-    ``data.eval_size`` when set (an error if it leaves nothing to train on), else one tenth
-    of the rows, at most 200, none below 10 rows: a small dataset starts without flags.
-    """
-    if cfg.data.eval_size is not None:
-        if cfg.data.eval_size >= rows:
-            raise RunError(f"data.eval_size={cfg.data.eval_size} holds out every one of the {rows} "
-                           "rows: lower it (or set data.eval_path, or 0 for no evaluation)")
-        return cfg.data.eval_size, None
-    k = min(200, rows // 10)
-    if k == 0:
-        return 0, f"{rows} rows: no held-out split (set data.eval_path or data.eval_size to evaluate)"
-    return k, f"held out {k} of {rows} rows for evaluation (data.eval_size to change)"
+def check_task_vocabulary(cfg: RunConfig, tokenizer: Any, source: Source) -> None:
+    """A user's model (``model.path``) with no ``data.path`` would train on the built-in task
+    (``data.task``: the embedded model's toy arithmetic, written in its character vocabulary):
+    refused with a ConfigError naming data.path, unless ``data.task`` is set explicitly or the model
+    has the embedded model's tokenizer (a copy of the toy, as the tests' models are)."""
+    if cfg.model.path is None or source.tokenizer is None or "task" in cfg.data.model_fields_set:
+        return
+    if tokenizer.get_vocab() == source.tokenizer().get_vocab():
+        return
+    raise ConfigError(f"data.path is not set: the model {cfg.model.path} would train on the built-in "
+                      f"'{cfg.data.task}' task, the embedded toy model's arithmetic. Give your prompts with "
+                      f"--data FILE (data.path), or --set data.task={cfg.data.task} to train on the built-in "
+                      f"task anyway")
 
 
-def examples_of(cfg: RunConfig, warn: Callable[[str], None] | None = None
-                ) -> tuple[list[Example], list[Example]] | rg.GeneratedData | None:
-    """(training rows, held-out rows) of ``data.path`` as read (unrendered), the generated rows of
-    reasoning-gym tasks, or None for the built-in task. A missing file or field fails here,
-    before any model is read."""
-    examples = environment_rows(cfg)  # a verifiers taskset's tasks
-    if examples is not None:
-        k, note = heldout_size(cfg, len(examples))
-        if note and warn is not None:
+def examples_of(cfg: RunConfig, warn: Callable[[str], None] | None = None,
+                source: Source | None = None) -> Rows:
+    """The source's training and held-out rows as read (unrendered); its notes go to ``warn``. A
+    missing file, field or package fails here, before any model is read."""
+    rows = (source or source_of(cfg)).rows(cfg)
+    if warn is not None:
+        for note in rows.notes:
             warn(note)
-        return split_heldout(examples, k, seed=cfg.seed)
-    if cfg.data.path is None:
-        return None
-    if is_reasoning_gym(cfg.data.path):  # generated: a missing package, a bad name or option fails here
-        generated = rg.generate(cfg.data.path, cfg.data.options, run_seed=cfg.seed,
-                                heldout=200 if cfg.data.eval_size is None else cfg.data.eval_size)
-        if warn is not None:
-            for note in generated.notes:
-                warn(note)
-        return generated
-    examples = load_examples(cfg.data.path, prompt_field=cfg.data.prompt_key,
-                             answer_field=cfg.data.answer_key)
-    if cfg.data.eval_path:
-        return examples, load_examples(cfg.data.eval_path, prompt_field=cfg.data.prompt_key,
-                                       answer_field=cfg.data.answer_key)
-    k, note = heldout_size(cfg, len(examples))
-    if note and warn is not None:
-        warn(note)
-    return split_heldout(examples, k, seed=cfg.seed)
+    return rows
 
 
 def prompts_of(cfg: RunConfig, tokenizer: Any = None, warn: Callable[[str], None] | None = None,
-               rows: tuple[list[Example], list[Example]] | None = None
-               ) -> tuple[PromptSource, list[Example]]:
-    """(training prompts, held-out prompts): the data file, or the built-in addition task.
+               rows: Rows | None = None, source: Source | None = None) -> tuple[PromptSource, list[Example]]:
+    """(training prompts, held-out prompts) of the run's source.
 
-    Data-file prompts are rendered for the model (``data.render_prompt``: chat template,
-    system prompt) when a tokenizer is given. ``rows``: what :func:`examples_of` read already.
+    A source's rows are rendered for the model (``data.render_prompt``: chat template, system
+    prompt) when a tokenizer is given, a built-in task's never (its prompts are in its model's
+    format). ``rows``: what :func:`examples_of` read already.
     """
-    from ..toy.tasks import builtin_task
-
-    task = builtin_task(cfg)
-    if task is not None:
-        prompts = task.prompts()
-        size = 200 if cfg.data.eval_size is None else cfg.data.eval_size
-        held = prompts.heldout_examples()[:size] if size else []
-        return prompts.prompt_source(cfg.seed), held
-    rows = rows if rows is not None else examples_of(cfg, warn)
-    generated = rows if isinstance(rows, rg.GeneratedData) else None
-    train, held = (generated.train, generated.heldout) if generated is not None else rows  # type: ignore[misc]
-    if tokenizer is not None:
+    source = source or source_of(cfg)
+    rows = rows if rows is not None else examples_of(cfg, warn, source)
+    train, held = rows.train, rows.heldout
+    render = None
+    if tokenizer is not None and source.rendered:
         d = cfg.data
         render = partial(render_prompt, tokenizer=tokenizer, mode=d.chat_template,
-                         kwargs=d.chat_template_kwargs, system_prompt=rg.row_system_prompt(d.path, d.system_prompt))
+                         kwargs=d.chat_template_kwargs, system_prompt=system_prompt(cfg))
         train, held = [render(e) for e in train], [render(e) for e in held]
-    if generated is not None:
-        d = cfg.data
-        curriculum = rg.CurriculumSettings(d.curriculum_window, d.curriculum_raise,
-                                           d.curriculum_lower) if d.curriculum else None
-        source = rg.ReasoningGymSource(generated, train, seed=cfg.seed, name=cfg.data.path, curriculum=curriculum,
-                                       heldout_questions=[e.reward_prompt for e in held],
-                                       render=render if tokenizer is not None else None)
-        return source, held
-    return PromptSource(train, seed=cfg.seed, name=Path(cfg.data.path).name if cfg.data.path else cfg.rollout.env), held
-
+    return source.prompts(cfg, rows, train, held, render), held

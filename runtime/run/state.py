@@ -14,6 +14,7 @@ from rldsl.errors import SpecWarning
 from ..batch import StepRollout
 from ..config import RunConfig
 from ..data.datasets import Example, PromptSource, rollout_prompts
+from ..data.sources import Source
 from ..rewards.functions import RewardFn
 from ..rollout.producer import Produced, RolloutProducer
 from ..workers.base import Rollouts, Trainers
@@ -27,15 +28,17 @@ StepProducer = RolloutProducer[StepRollout]
 class Plan:
     """A run settled before any model loads; made by :func:`plan_run`, built by :func:`build`.
 
-    ``cfg`` is resolved and frozen: what config.json records and what runs. ``notes`` and
-    ``warnings`` (the spec's run-start warnings) are printed when the run starts.
+    ``cfg`` is resolved and frozen: what config.json records and what runs. ``source``: where
+    its prompts come from (data/sources.py), asked once; ``prompts``: its training prompts.
+    ``notes`` and ``warnings`` (the spec's run-start warnings) are printed when the run starts.
     """
 
     cfg: RunConfig
     algo: rldsl.Algorithm
     model_path: Path
     tokenizer: Any
-    source: PromptSource
+    source: Source
+    prompts: PromptSource
     heldout: list[Example]
     reward: RewardFn
     notes: list[str] = field(default_factory=list)

@@ -21,9 +21,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from ..config import CALCULATOR_TASK
 from ..models.loading import quiet_transformers
-from .builtin import BuiltinTask
 from .calculator import SumTask, TeacherMix, calculator, teacher_trace
 from .tool_model import CHAT_TEMPLATE, HERMES_TOKENS, TOOL_CHARACTERS, build_tool_tokenizer, tool_model_config
 from ...cache import cache_dir
@@ -133,9 +131,6 @@ def embedded_model(vllm: bool) -> tuple[Path, str]:
                 "embedded tool-use model, head-dim-32 variant for vLLM (warm-started)")
     return Path(tool_warm_start(verbose=True)), "embedded tool-use model (warm-started)"
 
-
-#: The built-in task ``calculator`` (``data.task``): its prompts, model and tokenizer
-CALCULATOR = BuiltinTask(CALCULATOR_TASK.name, SumTask, embedded_model, build_tool_tokenizer)
 
 
 def _train(config: ToolWarmStartConfig, model_config: LlamaConfig, tokenizer: PreTrainedTokenizerFast,

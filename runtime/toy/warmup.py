@@ -23,12 +23,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ...cache import cache_dir
-from ..config import ADDITION_TASK
 from ..data.datasets import Example
 from ..models.loading import quiet_transformers
 from ..rollout.engines.base import SamplingParams
 from ..rollout.engines.hf import HFEngine
-from .builtin import BuiltinTask
 from .model import CHARACTERS, build_tokenizer, tiny_config, vllm_variant_config
 from .task import AdditionTask, carry_free_sum, teacher_answer
 
@@ -115,9 +113,6 @@ def embedded_model(vllm: bool) -> tuple[Path, str]:
                 "embedded toy model, head-dim-32 variant for vLLM (warm-started)")
     return Path(warm_start(verbose=True)), "embedded toy model (warm-started)"
 
-
-#: The built-in task ``addition`` (``data.task``, the default): its prompts, model and tokenizer
-ADDITION = BuiltinTask(ADDITION_TASK.name, AdditionTask, embedded_model, build_tokenizer)
 
 
 def _answer_batch(

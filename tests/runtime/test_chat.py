@@ -11,7 +11,8 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers, decoders, proce
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from rldsl.runtime import toy
-from rldsl.runtime.run.sources import heldout_size, prompts_of
+from rldsl.runtime.data.sources import heldout_size
+from rldsl.runtime.run.sources import prompts_of
 from rldsl.runtime.config import load_config
 from rldsl.runtime.data.datasets import Example, load_examples, render_prompt
 from rldsl.runtime.rollout.engines.base import SamplingParams

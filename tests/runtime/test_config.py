@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from rldsl.runtime.config import RunConfig, config_keys, config_reference, load_config
+from rldsl.runtime.data.sources import max_new_tokens
 from rldsl.runtime.errors import ConfigError
 from rldsl.runtime.records.run_dir import CONFIG_FILE, SPEC_FILE, load_run_config, save_config
 
@@ -16,7 +17,7 @@ def test_defaults_are_the_toy_study_settings():
     assert cfg.model.path is None and cfg.data.path is None and cfg.reward.name is None
     assert (cfg.rollout.prompts_per_step, cfg.rollout.n) == (16, 8)
     assert (cfg.rollout.temperature, cfg.rollout.top_p) == (1.0, 1.0)
-    assert cfg.rollout.max_new_tokens is None and cfg.max_new_tokens == 4
+    assert cfg.rollout.max_new_tokens is None and max_new_tokens(cfg) == 4
     t = cfg.train
     assert (t.lr, t.betas, t.weight_decay, t.grad_clip) == (3e-4, (0.9, 0.99), 0.0, 1.0)
     assert (t.ppo_epochs, t.minibatches, t.lr_schedule, t.warmup_steps) == (1, 1, "constant", 0)
@@ -36,8 +37,11 @@ def test_every_key_is_documented():
 
 
 def test_max_new_tokens_default_follows_the_task():
-    assert load_config(overrides=["data.path=train.jsonl"]).max_new_tokens == 1024
+    assert max_new_tokens(load_config(overrides=["data.path=train.jsonl"])) == 1024
+    assert max_new_tokens(load_config(overrides=["rollout.max_new_tokens=7"])) == 7
     assert load_config(overrides=["rollout.max_new_tokens=7"]).max_new_tokens == 7
+    with pytest.raises(ValueError, match="resolve the config first"):  # null until resolve fills it in
+        RunConfig().max_new_tokens
 
 
 def test_set_values_are_parsed_by_field_type():
@@ -208,19 +212,21 @@ def test_assignment_is_validated():
 
 
 def test_built_in_tasks_are_one_table():
-    """Each built-in task is a row of config.BUILTIN_TASKS (what it fills in) and of toy/tasks.TASKS
-    (its prompts and model); data.task accepts exactly those names and no module tests a task's name."""
+    """Each built-in task is one row of the sources table (toy/sources.py: what it fills in, its
+    prompts and model); data.task accepts exactly the names config.BUILTIN_TASKS gives them and no
+    module tests a task's name."""
     import re
     from pathlib import Path
 
     from rldsl.runtime.config import BUILTIN_TASKS, DataConfig
-    from rldsl.runtime.toy.tasks import TASKS
+    from rldsl.runtime.data.sources import SOURCES, source_of
+    from rldsl.runtime.toy.sources import CALCULATOR
 
-    assert set(TASKS) == set(BUILTIN_TASKS) == {"addition", "calculator"}
+    assert set(BUILTIN_TASKS) == {"addition", "calculator"} <= set(SOURCES)
     assert set(DataConfig.model_fields["task"].annotation.__args__) == set(BUILTIN_TASKS)
     calc = load_config(None, ["data.task=calculator"])
-    assert calc.max_new_tokens == BUILTIN_TASKS["calculator"].max_new_tokens
-    assert load_config(None, ["data.path=x.jsonl"]).builtin_task is None
+    assert source_of(calc) is CALCULATOR and max_new_tokens(calc) == CALCULATOR.max_new_tokens
+    assert source_of(load_config(None, ["data.path=x.jsonl"])).name == "file"
     runtime = Path(__file__).resolve().parents[2] / "runtime"
     branches = [f"{p.relative_to(runtime)}:{n}" for p in runtime.rglob("*.py")
                 for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)

@@ -6,6 +6,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from rldsl.runtime.resolve import fit_context, model_context, resolve
 from rldsl.runtime.config import ConfigError, load_config
+from rldsl.runtime.data.sources import max_new_tokens
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def test_default_max_new_tokens_is_clipped_to_the_context_with_one_note(gpt2_64,
     data = tmp_path / "train.jsonl"
     data.write_text('{"prompt": "1+2=", "answer": "3"}\n')
     cfg = load_config(None, [f"model.path={gpt2_64}", f"data.path={data}"])
-    assert cfg.max_new_tokens == 1024  # the default for a user's model and data
+    assert max_new_tokens(cfg) == 1024  # the default for a user's model and data
     prompts = ["1+2=", "12+34=", "99+99="]  # longest: <bos> + 6 characters = 7 tokens
     resolved, notes = resolve(cfg, gpt2_64, tokenizer, prompts)
     assert resolved.rollout.max_new_tokens == 64 - 7 and cfg.rollout.max_new_tokens is None  # a copy

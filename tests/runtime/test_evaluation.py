@@ -231,7 +231,8 @@ def test_the_held_out_split_of_generated_data_is_also_split_by_task():
                                 episodes=[], completions=[""] * B)
         return SimpleNamespace(batch=batch, scored=SimpleNamespace(rewards=greedy if params.n == 1 else sampled))
 
-    cfg = load_config(None, ["data.path=reasoning_gym:basic_arithmetic=1,spell_backward=1", "eval.samples=2"])
+    cfg = load_config(None, ["data.path=reasoning_gym:basic_arithmetic=1,spell_backward=1", "eval.samples=2",
+                             "rollout.max_new_tokens=8"])  # a run's config is resolved (resolve.py fills it in)
     s = SimpleNamespace(cfg=cfg, heldout=held, rollouts=SimpleNamespace(generate=generate), episodes=False,
                         reward=RewardFn("exact"), warn=lambda m: None)
     m = eval_step.evaluate_heldout(s, 1)

@@ -222,7 +222,7 @@ def test_a_microbatch_budget_smaller_than_a_row_is_reported_with_the_numbers(mod
     plan = build.plan_run(build.load_spec("grpo"),
                           run_config(model_dir, tmp_path / "run", f"data.path={data}", "rollout.max_new_tokens=8",
                                      "train.max_tokens_per_microbatch=6"))
-    longest = max(len(tokenizer(e.prompt)["input_ids"]) for e in plan.source.examples)
+    longest = max(len(tokenizer(e.prompt)["input_ids"]) for e in plan.prompts.examples)
     row = longest + 8
     (note,) = [n for n in plan.notes if "max_tokens_per_microbatch" in n]
     assert note.startswith(f"train.max_tokens_per_microbatch=6 is smaller than one row (up to {longest} "

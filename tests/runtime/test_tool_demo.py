@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from transformers.utils import get_json_schema
 
-from rldsl.runtime.config import CALCULATOR_MAX_NEW_TOKENS, CALCULATOR_TASK, load_config
+from rldsl.runtime.config import CALCULATOR_MAX_NEW_TOKENS, load_config
+from rldsl.runtime.data.sources import default_tools, max_new_tokens
 from rldsl.runtime.rollout.episodes.parsers import ToolCall, parse_tool_calls
 from rldsl.runtime.rollout.episodes.tools import load_tools
-from rldsl.runtime.resolve import default_tools
+from rldsl.runtime.toy.sources import CALCULATOR
 from rldsl.runtime.toy import calculator as calc
 from rldsl.runtime.toy import tool_warmup
 from rldsl.runtime.toy.calculator import SumTask, TeacherMix, calculator, carry_free, teacher_trace
@@ -95,9 +96,9 @@ def test_hermes_call_round_trips_through_tokens(tok) -> None:
 
 
 def test_the_task_fills_in_the_calculator() -> None:
-    assert load_tools(CALCULATOR_TASK.tools) == [calc.calculator] and calc.TOOL_NAME == "calculator"
+    assert load_tools(CALCULATOR.tools) == [calc.calculator] and calc.TOOL_NAME == "calculator"
     cfg = load_config(None, ["data.task=calculator"])
-    assert default_tools(cfg) == CALCULATOR_TASK.tools and cfg.max_new_tokens == CALCULATOR_MAX_NEW_TOKENS
+    assert default_tools(cfg) == CALCULATOR.tools and max_new_tokens(cfg) == CALCULATOR_MAX_NEW_TOKENS
     assert default_tools(load_config(None, [])) is None
     assert default_tools(load_config(None, ["data.task=calculator", "rollout.tools=m:f"])) == "m:f"
     example = load_config(Path(__file__).parents[2] / "examples" / "tool_use.toml", [])

@@ -1,0 +1,195 @@
+"""Where a run's prompts come from: one table of prompt sources, a :class:`Source` per kind.
+
+Every kind of source -- a data file, reasoning-gym's generated tasks, a built-in task, a
+verifiers taskset -- answers the same questions here and nowhere else: its rows and held-out
+split, its default reward, tools, system prompt and ``max_new_tokens``, the checks it needs
+before anything loads and (for a built-in task) its embedded model. The data file is this
+module's own row; the others register theirs as components register with the language's
+registry: reasoning-gym in data/reasoning_gym.py, the built-in tasks in toy/sources.py, a
+verifiers taskset in rollout/runners.py (this module imports neither toy/ nor rollout/).
+
+:func:`source_of` answers "which source is this run's" once; run/plan.py asks it and carries
+the answer (``Plan.source``), as it carries the reward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..config import DATA_MAX_NEW_TOKENS, RunConfig, env_library
+from ..errors import ConfigError, RunError
+from .datasets import Example, PromptSource, load_examples, split_heldout
+
+#: Held-out rows when ``data.eval_size`` is unset: all of a source that draws its own (a built-in
+#: task's, reasoning-gym's), at most this many of the rows split off a data file or a taskset
+HELDOUT_ROWS = 200
+
+Render = Callable[[Example], Example]
+
+
+@dataclass
+class Rows:
+    """A source's rows as read (unrendered): ``train`` and ``heldout``, the ``notes`` the run
+    prints about them, and ``data``, what the source keeps for its prompts (reasoning-gym's
+    generated data, a built-in task's prompt source)."""
+
+    train: list[Example]
+    heldout: list[Example]
+    notes: list[str] = field(default_factory=list)
+    data: Any = None
+
+
+def _no_system_prompt() -> str | None:
+    return None
+
+
+def _plain_prompts(cfg: RunConfig, rows: Rows, train: list[Example], held: list[Example],
+                   render: Render | None) -> PromptSource:
+    return PromptSource(train, seed=cfg.seed, name=Path(cfg.data.path).name if cfg.data.path else cfg.rollout.env)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One kind of prompt source, a row of the table.
+
+    ``claims(cfg)``: whether a run's config reads its prompts from this kind (of several that
+    claim it, the one of highest ``precedence``); ``rows(cfg)``: its :class:`Rows`, read before
+    any model loads (a missing file, field or package fails there); ``prompts(cfg, rows, train,
+    held, render)``: the run's training :class:`PromptSource` from the rows (``train`` / ``held``
+    rendered with ``render`` when ``rendered`` and a tokenizer is given); ``what``: the source in
+    the run-start line that names the default reward. ``reward``, ``tools``, ``max_new_tokens``,
+    ``system_prompt()``: the defaults it fills into a run that leaves them unset. ``check(cfg)``:
+    what it needs of the config, checked first. ``model(cfg)`` -> (folder, label) and
+    ``tokenizer()``: the embedded model a run without ``model.path`` trains (a built-in task's),
+    and its tokenizer (the task's prompts are written in its vocabulary).
+    """
+
+    name: str
+    what: str
+    claims: Callable[[RunConfig], bool]
+    rows: Callable[[RunConfig], Rows]
+    reward: str
+    prompts: Callable[[RunConfig, Rows, list[Example], list[Example], Render | None], PromptSource] = _plain_prompts
+    max_new_tokens: int = DATA_MAX_NEW_TOKENS
+    tools: str | None = None
+    system_prompt: Callable[[], str | None] = _no_system_prompt
+    rendered: bool = True
+    check: Callable[[RunConfig], None] | None = None
+    model: Callable[[RunConfig], tuple[Path, str]] | None = None
+    tokenizer: Callable[[], Any] | None = None
+    precedence: int = 0
+
+
+#: The table: source name -> its row (a module registers its kinds when imported)
+SOURCES: dict[str, Source] = {}
+
+
+def register(source: Source) -> Source:
+    """Add (or replace) ``source``'s row in the table; returns it."""
+    SOURCES[source.name] = source
+    return source
+
+
+def source_of(cfg: RunConfig) -> Source:
+    """The run's source: of the rows that claim ``cfg``, the one of highest precedence."""
+    claimed = [s for s in SOURCES.values() if s.claims(cfg)]
+    if not claimed:
+        raise ConfigError(f"no prompt source reads data.path={cfg.data.path!r} / data.task={cfg.data.task!r} "
+                          f"(the table holds: {', '.join(SOURCES)}); the built-in tasks register theirs in "
+                          "rldsl.runtime.toy.sources")
+    return max(claimed, key=lambda s: s.precedence)
+
+
+def with_data(cfg: RunConfig, path: str | Path) -> RunConfig:
+    """``cfg`` reading ``path`` (an evaluation set's source is asked as a run's)."""
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(path)})})
+
+
+def default_reward(cfg: RunConfig, data: Sequence[str | Path] = ()) -> str:
+    """The reward a run scores with when it names none: ``env`` (the agent's return value, the
+    environment's own reward) with ``rollout.agent`` or an environment of verifiers / OpenEnv,
+    else its source's. ``data``: the sets ``rldsl eval`` reads instead of the run's own -- the
+    reward their sources share, else a data file's."""
+    if data:
+        rewards = {source_of(with_data(cfg, p)).reward for p in data}
+        return rewards.pop() if len(rewards) == 1 else FILE.reward
+    if cfg.rollout.agent is not None or env_library(cfg.rollout.env) is not None:
+        return "env"
+    return source_of(cfg).reward
+
+
+def reward_origin(cfg: RunConfig) -> str:
+    """Whose default :func:`default_reward` is, for the run-start line."""
+    if cfg.rollout.agent is not None:
+        return "an agent: its return value"
+    if env_library(cfg.rollout.env) is not None:
+        return f"an environment of {env_library(cfg.rollout.env)}: its own reward"
+    return source_of(cfg).what
+
+
+def max_new_tokens(cfg: RunConfig) -> int:
+    """``rollout.max_new_tokens``, else the source's default."""
+    return cfg.rollout.max_new_tokens if cfg.rollout.max_new_tokens is not None else source_of(cfg).max_new_tokens
+
+
+def default_tools(cfg: RunConfig) -> str | None:
+    """``rollout.tools``, else the source's tools (the calculator task's) when the run has no
+    environment or agent of its own, else None."""
+    r = cfg.rollout
+    if r.tools is None and r.env is None and r.agent is None:
+        return source_of(cfg).tools
+    return r.tools
+
+
+def system_prompt(cfg: RunConfig, path: str | Path | None = None) -> str | None:
+    """The system prompt of the rows of ``path`` (default: the run's data): ``data.system_prompt``
+    when set (``""`` meaning none), else the source's own (reasoning-gym's asks for the
+    ``<answer>`` tags its reward reads; the others have none)."""
+    given = cfg.data.system_prompt
+    if given is not None:
+        return given or None
+    return source_of(cfg if path is None else with_data(cfg, path)).system_prompt()
+
+
+def heldout_count(cfg: RunConfig) -> int:
+    """Held-out rows of a source that draws its own: ``data.eval_size``, else :data:`HELDOUT_ROWS`."""
+    return HELDOUT_ROWS if cfg.data.eval_size is None else cfg.data.eval_size
+
+
+def heldout_size(cfg: RunConfig, rows: int) -> tuple[int, str | None]:
+    """(held-out rows to split off a data file of ``rows`` rows, a line for the log or None).
+
+    ``data.eval_size`` when set (an error if it leaves nothing to train on), else one tenth
+    of the rows, at most :data:`HELDOUT_ROWS`, none below 10 rows: a small dataset starts without flags.
+    """
+    if cfg.data.eval_size is not None:
+        if cfg.data.eval_size >= rows:
+            raise RunError(f"data.eval_size={cfg.data.eval_size} holds out every one of the {rows} "
+                           "rows: lower it (or set data.eval_path, or 0 for no evaluation)")
+        return cfg.data.eval_size, None
+    k = min(HELDOUT_ROWS, rows // 10)
+    if k == 0:
+        return 0, f"{rows} rows: no held-out split (set data.eval_path or data.eval_size to evaluate)"
+    return k, f"held out {k} of {rows} rows for evaluation (data.eval_size to change)"
+
+
+def split_rows(cfg: RunConfig, examples: list[Example]) -> Rows:
+    """``examples`` split into training and held-out rows (:func:`heldout_size`, seeded by the run)."""
+    k, note = heldout_size(cfg, len(examples))
+    train, held = split_heldout(examples, k, seed=cfg.seed)
+    return Rows(train, held, [note] if note else [])
+
+
+def _file_rows(cfg: RunConfig) -> Rows:
+    d = cfg.data
+    examples = load_examples(d.path, prompt_field=d.prompt_key, answer_field=d.answer_key)
+    if d.eval_path:
+        return Rows(examples, load_examples(d.eval_path, prompt_field=d.prompt_key, answer_field=d.answer_key))
+    return split_rows(cfg, examples)
+
+
+#: A data file (``data.path``: .jsonl, .json, .parquet, a datasets folder): its rows, scored by
+#: ``exact`` match of the answer
+FILE = register(Source("file", "a data file", claims=lambda cfg: cfg.data.path is not None,
+                       rows=_file_rows, reward="exact"))

@@ -1,0 +1,90 @@
+"""The table of prompt sources (runtime/data/sources.py): every kind answers the same questions
+through its row, a new kind is one registered row, and ``rldsl eval`` builds its reward and
+engine with the run's recipe."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rldsl.runtime.config import load_config
+from rldsl.runtime.data.datasets import Example
+from rldsl.runtime.data.sources import (HELDOUT_ROWS, SOURCES, Rows, Source, default_reward, default_tools,
+                                        heldout_count, max_new_tokens, register, reward_origin, source_of,
+                                        system_prompt)
+from rldsl.runtime.run import eval_command
+from rldsl.runtime.run.sources import prompts_of
+
+
+@pytest.mark.parametrize("overrides, kind, reward, tokens, tools", [
+    ([], "addition", "addition", 4, None),
+    (["data.task=calculator"], "calculator", "addition", 24, "rldsl.runtime.toy.calculator:calculator"),
+    (["data.task=calculator", "rollout.tools=m:f"], "calculator", "addition", 24, "m:f"),
+    (["data.path=train.jsonl"], "file", "exact", 1024, None),
+    (["data.path=reasoning_gym:leg_counting"], "reasoning_gym", "reasoning_gym", 1024, None),
+    (["rollout.env=verifiers:sum"], "verifiers", "env", 1024, None),  # its tasks are the rows
+    (["rollout.env=openenv:x"], "addition", "env", 4, None),  # an environment's own reward, the task's rows
+    (["data.path=train.jsonl", "rollout.agent=m:f"], "file", "env", 1024, None),  # the agent's return value
+])
+def test_every_kind_answers_through_its_row(overrides, kind, reward, tokens, tools):
+    cfg = load_config(None, overrides)
+    assert (source_of(cfg).name, default_reward(cfg), max_new_tokens(cfg), default_tools(cfg)) == \
+        (kind, reward, tokens, tools)
+
+
+def test_the_held_out_size_and_the_system_prompt_are_said_once():
+    assert heldout_count(load_config(None, [])) == HELDOUT_ROWS == 200
+    assert heldout_count(load_config(None, ["data.eval_size=7"])) == 7
+    assert system_prompt(load_config(None, ["data.path=a.jsonl"])) is None
+    assert system_prompt(load_config(None, ["data.path=a.jsonl", "data.system_prompt=Be brief."])) == "Be brief."
+    assert system_prompt(load_config(None, ["data.path=reasoning_gym:x", "data.system_prompt="])) is None
+
+
+def test_rldsl_evals_default_reward_is_the_sets_sources_shared_one():
+    cfg = load_config(None, [])
+    assert default_reward(cfg, ["reasoning_gym:a", "reasoning_gym:b"]) == "reasoning_gym"
+    assert default_reward(cfg, ["reasoning_gym:a", "b.jsonl"]) == "exact"
+    assert default_reward(cfg, ["b.jsonl"]) == "exact"
+
+
+def test_a_new_kind_of_source_is_one_registered_row(monkeypatch):
+    """What a new kind declares reaches the run: its rows and held-out split, reward, tools,
+    max_new_tokens, system prompt, and the run-start line naming its reward."""
+    monkeypatch.setitem(SOURCES, "demo", None)  # the row leaves the table after the test
+    rows = [Example(id=i, prompt=f"q{i}", answer=str(i)) for i in range(3)]
+    register(Source("demo", "demo rows", claims=lambda cfg: (cfg.data.path or "").startswith("demo:"),
+                    rows=lambda cfg: Rows(rows[:2], rows[2:], ["2 demo rows"]), reward="contains",
+                    max_new_tokens=9, tools="m:f", system_prompt=lambda: "Think.", precedence=1))
+    cfg = load_config(None, ["data.path=demo:x"])
+    assert source_of(cfg).name == "demo" and reward_origin(cfg) == "demo rows"
+    assert (default_reward(cfg), max_new_tokens(cfg), default_tools(cfg), system_prompt(cfg)) == \
+        ("contains", 9, "m:f", "Think.")
+    notes: list[str] = []
+    source, held = prompts_of(cfg, None, notes.append)
+    assert [e.prompt for e in source.examples] == ["q0", "q1"] and [e.prompt for e in held] == ["q2"]
+    assert notes == ["2 demo rows"] and source.name == "demo:x"
+
+
+def test_rldsl_eval_builds_its_reward_and_engine_with_the_recipe(model_dir, tmp_path, monkeypatch):
+    """`rldsl eval` scores with the recipe's reward (resolve.reward_fn: reward.answer_format and
+    reward.workers apply) and samples with the recipe's engine (recipe.rollout_engine:
+    rollout.engine, model.dtype, model.compile apply), not a reward and an HF engine of its own."""
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+1=", "answer": str(a + 1)}) + "\n" for a in (10, 20)))
+    built: dict[str, object] = {}
+    real_engine, real_reward = eval_command.rollout_engine, eval_command.reward_fn
+
+    def engine(cfg, path, device, **kw):
+        built["engine"] = (cfg.rollout.engine, cfg.model.compile, device, str(path))
+        return real_engine(cfg, path, device, **kw)
+
+    def reward(cfg):
+        built["reward"] = cfg.reward.name
+        return real_reward(cfg)
+
+    monkeypatch.setattr(eval_command, "rollout_engine", engine)
+    monkeypatch.setattr(eval_command, "reward_fn", reward)
+    out = tmp_path / "metrics.json"
+    eval_command.evaluate_target(model_dir, [data], n=0, max_new_tokens=2, out=out)
+    assert built == {"engine": ("hf", False, "cpu", str(model_dir)), "reward": "exact"}
+    assert "eval/eval/greedy_acc" in json.loads(out.read_text())
