@@ -106,7 +106,7 @@ def _describe(term: str) -> str:
 
 
 def _expected(names: set[str] | frozenset[str]) -> str:
-    words = sorted({_describe(t) for t in names if not t.startswith("__")})
+    words = sorted({_describe(t) for t in names if not t.startswith("__") and t not in formula_syntax.UNMENTIONED})
     if not words:
         return ""
     if len(words) > 4:
@@ -161,7 +161,7 @@ def _syntax_error(exc: UnexpectedInput, file: str, source: str) -> SpecError:
         line, col = _end(source)
     elif tok.type == "_NL" and 1 <= line <= len(lines := source_lines(source)):
         col = len(lines[line - 1]) + 1  # just after the line's text (a comment may hold a '\r')
-    accepts = exc.accepts or exc.expected
+    accepts = formula_syntax.shown(set(exc.accepts or exc.expected))
     # before the header, blank lines are allowed too; "expected 'algorithm'" is what helps
     exp = _expected(accepts - {"_NL"} if "ALGORITHM" in accepts else accepts)
     length = len(str(tok)) if tok.type not in ("$END", "_NL") else 1

@@ -19,7 +19,7 @@ from typing import Callable
 
 from ..errors import ErrorList, Span, did_you_mean
 from . import lang
-from .nodes import ARITHMETIC, Binary, Binding, Call, Define, Expr, Name, Neg, Num, literal_number, walk
+from .nodes import ARITHMETIC, Binary, Binding, Call, Define, Expr, List, Name, Neg, Num, Tuple, literal_number, walk
 from .render import number, render
 
 _BINDING_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
@@ -31,7 +31,10 @@ class Typed:
     value when it has one, and its checked parts.
 
     op: "const" (a number or a parameter, folded), "input", "ref" (another binding), "call",
-    "neg", "operator"; ``name``: the input, parameter, binding, function or operator.
+    "neg", "operator", "search" (bisect / first_of: args are its bounds or its candidates, one
+    after the other, then its condition; ``index``: which of the line's names this binding is),
+    "bound" (the searched variable, inside the search's condition); ``name``: the input,
+    parameter, binding, function or operator.
     """
 
     node: Expr
@@ -41,6 +44,7 @@ class Typed:
     op: str
     name: str = ""
     args: tuple["Typed", ...] = ()
+    index: int = 0
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,8 @@ class _Checker:
         self.outputs = {o.name: o for o in self.spec.outputs}
         self.bindings: dict[str, Binding] = {}
         self.typed: dict[str, Typed] = {}
+        self.current: Binding | None = None  # the binding being checked
+        self.bound: frozenset[str] = frozenset()  # the searched variables, inside a search's condition
 
     # -- names --------------------------------------------------------------------------
 
@@ -162,7 +168,10 @@ class _Checker:
         """What a name means here: "param", "input", "binding" or "unknown".
 
         A slot input always means the input, also when an output has its name (a
-        normalizer's ``A = A / s`` reads the incoming A)."""
+        normalizer's ``A = A / s`` reads the incoming A); inside a search's condition the
+        binding's own names are the searched variable ("bound")."""
+        if name in self.bound:
+            return "bound"
         if name in self.params:
             return "param"
         if name in self.inputs:
@@ -201,6 +210,8 @@ class _Checker:
             return Typed(e, "num", 0, value, "const")
         if isinstance(e, Name):
             what = self.resolve(e.name)
+            if what == "bound":
+                return Typed(e, "num", 0, None, "bound", e.name)
             if what == "param":
                 return Typed(e, "num", 0, self.params[e.name], "const", e.name)
             if what == "input":
@@ -219,6 +230,14 @@ class _Checker:
             return self.folded(Typed(e, "num", x.rank, None if x.const is None else -x.const, "neg", "-", (x,)))
         if isinstance(e, Binary):
             return self.binary(e)
+        if isinstance(e, List):
+            self.add("a list [...] is only the candidates of a search", e.span,
+                     hint="x = first_of([c1, c2, ...], cond): the first candidate at which cond holds")
+            return None
+        if isinstance(e, Tuple):
+            self.add("a tuple (a, b) is only a candidate of a search that binds several names", e.span,
+                     hint="a, b = first_of([(a1, b1), (a2, b2)], cond)")
+            return None
         assert isinstance(e, Call)
         return self.call(e)
 
@@ -273,6 +292,8 @@ class _Checker:
         if f is None or (f.kind == "minmax" and n == 1):
             self.unknown_function(e)
             return None
+        if f.kind == "search":
+            return self.search(e, f)
         if n not in f.arity:
             want = f.arity[0]
             self.add(f"{f.name} takes {want} argument{'s' if want != 1 else ''}, got {n}", e.span,
@@ -365,6 +386,130 @@ class _Checker:
         kind = "bool" if len(args) == 2 else "num"
         return Typed(e, kind, rank, None, "call", f.name, args)
 
+    # -- bounded searches -----------------------------------------------------------------
+
+    def scalar(self, t: Typed | None, what: str, hint: str) -> bool:
+        """``t`` is one number []: a search's bound, step count or candidate."""
+        if t is None or not self.number(t, what):
+            return False
+        if t.rank > 0:
+            self.add(f"{what} must be one number [], got {_shape(t.rank)}", t.node.span,
+                     hint=hint)
+            return False
+        return True
+
+    def search(self, e: Call, f: lang.Function) -> Typed | None:
+        """``x = bisect(lo, hi, steps, cond)`` / ``x = first_of([c1, ...], cond)``: the binding's
+        name(s) are the searched variable(s), visible in cond only; everything else is one number
+        [] and the number of steps is a constant (the bound of the search)."""
+        cur = self.current
+        usage = ("x = bisect(lo, hi, steps, cond): e.g. t = bisect(0, 1, 30, batch_mean(where(v > t, 1, 0)) <= 0.1)"
+                 if f.name == "bisect" else
+                 "x = first_of([c1, c2, ...], cond): e.g. eps = first_of([0.3, 0.2, 0.1], batch_mean(where("
+                 "abs(rho - 1) > eps, 1, 0)) <= 0.1)")
+        if cur is None or cur.expr is not e:
+            self.add(f"{f.name}(...) must be the whole right side of a binding", e.span,
+                     hint="the binding's name is the searched variable: write it on a line of its own, "
+                          f"then use its name; {usage}")
+            return None
+        names = cur.names
+        want = f.arity[0]
+        if len(e.args) != want:
+            what = ("lo, hi, a constant number of steps and a condition" if f.name == "bisect" else
+                    "the list of candidates and a condition")
+            self.add(f"{f.name} takes {want} arguments ({what}), got {len(e.args)}", e.span,
+                     hint="a search is bounded: " + usage)
+            return None
+        if f.name == "bisect":
+            if len(names) > 1:
+                self.add("bisect searches one number: bind one name", e.span, hint=usage)
+                return None
+            lo, hi, steps = (self.expr(a) for a in e.args[:3])
+            ok = all([self.scalar(lo, "bisect's lo", _REDUCE_FIRST + "batch_min(...)"),
+                      self.scalar(hi, "bisect's hi", _REDUCE_FIRST + "batch_max(...)"),
+                      self.steps(steps)])
+            if not ok:
+                return None
+            assert lo is not None and hi is not None and steps is not None
+            if lo.const is not None and hi.const is not None and float(lo.const) > float(hi.const):
+                self.add(f"bisect's bracket is empty: lo {_num(lo.const)} is above hi {_num(hi.const)}", e.span,
+                         hint=usage)
+                return None
+            bounds: tuple[Typed, ...] = (lo, hi, steps)
+        else:
+            got = self.candidates(e.args[0], names, usage)
+            if got is None:
+                return None
+            bounds = got
+        self.bound = frozenset(names)
+        try:
+            cond = self.expr(e.args[-1])
+        finally:
+            self.bound = frozenset()
+        if cond is None:
+            return None
+        if cond.kind != "bool":
+            self.add(f"{f.name}'s condition must be a comparison (true/false), got a number", cond.node.span,
+                     hint=usage)
+            return None
+        if cond.rank > 0:
+            self.add(f"{f.name}'s condition must be one true/false [], got {_shape(cond.rank)}", cond.node.span,
+                     hint="a search decides one number for the batch: reduce the condition's values first, "
+                          "e.g. batch_mean(where(..., 1, 0)) <= 0.1")
+            return None
+        if not any(t.op == "bound" for t in _walk_typed(cond)):
+            self.add(f"{f.name}'s condition does not read {' or '.join(repr(n) for n in names)}", cond.node.span,
+                     hint="the binding's name is the value tried: the condition says when it is good enough")
+            return None
+        return Typed(e, "num", 0, None, "search", f.name, bounds + (cond,), names.index(cur.name))
+
+    def steps(self, t: Typed | None) -> bool:
+        if not self.scalar(t, "bisect's step count", "the number of steps is a constant, e.g. 30"):
+            return False
+        assert t is not None
+        if t.const is None:
+            self.add("bisect's step count must be a constant: a search runs a fixed number of steps", t.node.span,
+                     hint="e.g. bisect(lo, hi, 30, cond): each step halves the bracket")
+            return False
+        n = float(t.const)
+        if not n.is_integer() or not 1 <= n <= lang.MAX_STEPS:
+            self.add(f"bisect's step count must be a whole number from 1 to {lang.MAX_STEPS}, got {_num(n)}",
+                     t.node.span, hint=f"{lang.MAX_STEPS} halvings reach a float64's resolution")
+            return False
+        return True
+
+    def candidates(self, node: Expr, names: tuple[str, ...], usage: str) -> tuple[Typed, ...] | None:
+        """The candidates of a first_of, one after the other (each tuple's numbers in order)."""
+        if not isinstance(node, List):
+            self.add("first_of's first argument must be the list of candidates [c1, c2, ...]", node.span,
+                     hint="the list bounds the search: " + usage)
+            return None
+        if not 1 <= len(node.items) <= lang.MAX_STEPS:
+            self.add(f"first_of takes 1 to {lang.MAX_STEPS} candidates, got {len(node.items)}", node.span,
+                     hint=usage)
+            return None
+        out: list[Typed] = []
+        for item in node.items:
+            if len(names) > 1:
+                if not isinstance(item, Tuple) or len(item.items) != len(names):
+                    self.add(f"each candidate is a tuple of {len(names)} numbers ({', '.join(names)})", item.span,
+                             hint=f"{', '.join(names)} = first_of([(...), (...)], cond)")
+                    return None
+                parts = item.items
+            elif isinstance(item, Tuple):
+                self.add("a tuple candidate binds several names", item.span,
+                         hint=f"write `a, b = first_of([(a1, b1), ...], cond)`; here the line binds {names[0]}")
+                return None
+            else:
+                parts = (item,)
+            for p in parts:
+                t = self.expr(p)
+                if not self.scalar(t, "a candidate", _REDUCE_FIRST + "batch_mean(...)"):
+                    return None
+                assert t is not None
+                out.append(t)
+        return tuple(out)
+
     def unknown_function(self, e: Call) -> None:
         name = e.func
         if name in lang.UNSCOPED_ORDER:
@@ -393,6 +538,9 @@ class _Checker:
                  hint=hint or "functions: " + ", ".join(n for n in lang.FUNCTIONS if "_" not in n or n == "sg") +
                  " and the masked reductions seq_/group_/batch_ + sum, mean, std, max, min, quantile"
                  " and order operations seq_/group_/batch_ + sort, rank, cumsum, topk_mask")
+
+
+_REDUCE_FIRST = "a search decides one number for the batch; reduce it first, e.g. "
 
 
 def _compare(op: str, a: float | bool, b: float | bool) -> bool:
@@ -466,6 +614,11 @@ def check_use(slot: str, define: Define, args: tuple, use_span: Span, file: str,
         if b.name in lang.FUNCTIONS:
             add(f"'{b.name}' is a function; a binding cannot take its name", b.name_span)
             continue
+        if b.targets and not (isinstance(b.expr, Call) and b.expr.func == "first_of"):
+            add(f"only a search over candidate tuples binds several names ({', '.join(b.targets)})",
+                b.expr.span, hint=f"{', '.join(b.targets)} = first_of([(...), (...)], cond); "
+                "otherwise one `name = expression` per line")
+            continue
         if b.name in spec.inputs and b.name not in outputs:
             add(f"'{b.name}' is an input of {slot}; a binding cannot take its name", b.name_span,
                 hint="choose another name")
@@ -530,7 +683,9 @@ def check_use(slot: str, define: Define, args: tuple, use_span: Span, file: str,
         return None
     before = add.count
     for name in order:
+        checker.current = checker.bindings[name]
         t = checker.expr(checker.bindings[name].expr)
+        checker.current = None
         if t is not None:
             checker.typed[name] = t
     if add.count != before:
@@ -575,7 +730,13 @@ def _order(c: _Checker, outputs: list[str], add: _Reporter) -> list[str] | None:
 
     def deps(name: str) -> list[str]:
         out = []
-        for n in walk(c.bindings[name].expr):
+        b = c.bindings[name]
+        searched: set[int] = set()  # the searched names inside a search's condition: not references
+        if isinstance(b.expr, Call) and b.expr.args and getattr(lang.FUNCTIONS.get(b.expr.func), "kind", "") == "search":
+            searched = {id(n) for n in walk(b.expr.args[-1]) if isinstance(n, Name) and n.name in b.names}
+        for n in walk(b.expr):
+            if id(n) in searched:
+                continue
             if isinstance(n, Name) and n.name in c.bindings and c.resolve(n.name) == "binding":
                 if n.name == name:
                     add(f"'{name}' is defined in terms of itself", n.span)

@@ -65,6 +65,7 @@ def text(f: Formula, values: bool = True) -> str:
     by_name = {b.name: b for b in f.define.bindings}
     outs = [render_binding(by_name[o], subs) for o in f.outputs]
     rest = [render_binding(by_name[n], subs) for n in f.order if n not in f.outputs]
+    rest = list(dict.fromkeys(r for r in rest if r not in outs))  # a search binding several names: one line
     return ";  ".join(outs) + (",  with " + ";  ".join(rest) if rest else "")
 
 

@@ -32,7 +32,7 @@ CODE_WORDS = frozenset({"torch", "fx", "where", "clamp", "minimum", "maximum", "
                         "unsqueeze", "sum", "to", "dtype", "shape", "mask", "batch", "valid_rows",
                         "group_size", "spread", "scalar", "size", "keep", "per_token", "returns", "adv", "r", "values",
                         "w", "rho", "logp", "old_logp", "ref_logp", "rollout_logp", "ent", "log_ratio", "pg", "kl_t",
-                        "weights", "count", "formula"}
+                        "weights", "count", "formula", "lambda"}
                        | {f.code.split(".")[-1] for f in lang.FUNCTIONS.values() if f.code})
 # words of the comments the emitter writes itself (besides the formula, rendered from the tree)
 COMMENT_WORDS = frozenset({"rows", "with", "tokens", "a", "real", "reward", "formula", "B", "T"}
@@ -88,7 +88,7 @@ class _Emitter:
             return text, (_NEG if text.startswith("-") else _ATOM)
         if t.op == "input":
             return self.input(t.name), _ATOM
-        if t.op == "ref":
+        if t.op in ("ref", "bound"):
             return self.vars[t.name], _ATOM
         if t.op == "neg":
             x, p = self.code(t.args[0])
@@ -152,6 +152,21 @@ class _Emitter:
         valid = "mask" if x.rank == 2 else self.rows()
         return f"{f.code}({xs}, {q}{valid})", _ATOM
 
+    def search(self, t: Typed, names: tuple[str, ...]) -> str:
+        """A search as one call: ``fx.bisect(lo, hi, steps, lambda x: cond, mask)`` or
+        ``fx.first_of((c1, c2, ...), lambda x: cond, mask)`` (tuples for several names); the
+        lambda's parameters are the variables the line assigns (``self.vars``)."""
+        *bounds, cond = t.args
+        params = ", ".join(self.vars[n] for n in names)
+        test = f"lambda {params}: {self.code(cond)[0]}"
+        if t.name == "bisect":
+            lo, hi, steps = bounds
+            return f"fx.bisect({self.code(lo)[0]}, {self.code(hi)[0]}, {int(steps.const)}, {test}, mask)"
+        width = len(names)
+        items = [", ".join(self.code(c)[0] for c in bounds[i:i + width]) for i in range(0, len(bounds), width)]
+        cands = ", ".join(f"({x})" for x in items) if width > 1 else ", ".join(items)
+        return f"fx.first_of(({cands}{',' if len(items) == 1 else ''}), {test}, mask)"
+
     def part(self, t: Typed) -> tuple[str, int, float | bool | None]:
         """(code, rank, constant) of a checked expression, for min / max / clamp."""
         return self.code(t)[0], t.rank, t.const
@@ -198,6 +213,18 @@ class _Emitter:
         for name in f.order:
             t = f.typed[name]
             comment = f"{render_binding(bindings[name])}  {lang.SHAPES[t.rank]}"
+            if t.op == "search":  # one line assigns every name of the search, then the outputs among them
+                names = bindings[name].names
+                if name not in self.vars:
+                    for other in names:
+                        n += 1
+                        self.vars[other] = f"{self.prefix}_{n}"
+                    body.append(f"{', '.join(self.vars[o] for o in names)} = {self.search(t, names)}  # {comment}")
+                if name in outputs:
+                    out = outputs[name]
+                    body.append(out.statement.format(x=self.output_value(t, out, self.vars[name])) +
+                                f"  # {name}  {lang.SHAPES[out.rank]}")
+                continue
             code = self.code(t)[0]
             if name in outputs and name not in referenced:
                 out = outputs[name]

@@ -132,10 +132,11 @@ def text(v: SlotValue, values: bool = True) -> str:
 
 
 def bindings(v: SlotValue) -> dict[str, str]:
-    """Each computed binding as text, parameters by name (what a formula-vs-formula diff compares)."""
+    """Each computed binding as text, parameters by name (what a formula-vs-formula diff compares);
+    a search that binds several names is one entry, named ``a, b`` as its line."""
     f: Formula = v.formula
     by_name = {b.name: b for b in f.define.bindings}
-    return {n: render(by_name[n].expr) for n in f.order}
+    return {", ".join(by_name[n].names): render(by_name[n].expr) for n in f.order}
 
 
 def diff_slots(va: list[SlotValue], vb: list[SlotValue]) -> dict[str, Any] | None:

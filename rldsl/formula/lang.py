@@ -157,6 +157,8 @@ class Function:
     reduce      — a masked reduction over tokens (seq), a group's sequences (group) or the batch
     order       — a masked order operation (sort, rank, cumsum, topk_mask) over the same scopes;
                   it keeps its argument's shape (seq: [B, T], group: [B], batch: [B] or [B, T])
+    search      — a bounded search (bisect, first_of): the whole right side of a binding, whose
+                  name(s) are the searched variable(s), visible in its condition (SEARCHES)
     """
 
     name: str
@@ -190,6 +192,20 @@ ORDER_SCOPES = {"seq": "over each sequence's tokens: [B, T] -> [B, T]",
                 "group": "over the sequences of each prompt's group: [B] -> [B]",
                 "batch": "over the batch: [B] -> [B] (rows), [B, T] -> [B, T] (tokens)"}
 
+# bounded searches: name -> (arity, what the binding `x = name(...)` gets). The binding's name is
+# the searched variable: inside the condition it is the value tried, after the line the one found.
+# Every search runs a fixed number of steps (a constant): compiled to a loop over a constant.
+MAX_STEPS = 64
+SEARCHES = {
+    "bisect": (4, "x = bisect(lo, hi, steps, cond): the bracket [a, b] = [lo, hi] halved `steps` times "
+                  "(m = (a + b) / 2; b = m where cond holds at x = m, else a = m), then b: the smallest x "
+                  "in (lo, hi] where a condition false below a threshold holds, to (hi - lo) / 2^steps; hi "
+                  "when it holds nowhere. lo, hi, cond []; steps a constant whole number 1..64; no gradient"),
+    "first_of": (2, "x = first_of([c1, c2, ...], cond): the first candidate c_i at which cond holds, the "
+                    "last when none does; `a, b = first_of([(a1, b1), (a2, b2), ...], cond)` searches pairs "
+                    "(any width). Candidates and cond [] (1..64 candidates); no gradient"),
+}
+
 FUNCTIONS: dict[str, Function] = {}
 for _n, _c in _ELEMENTWISE.items():
     FUNCTIONS[_n] = Function(_n, "elementwise", (1,), f"{_n}(x), elementwise", _c)
@@ -210,8 +226,12 @@ for _s in ORDER_SCOPES:
         FUNCTIONS[_n] = Function(_n, "order", (_k,), f"{_n}(x{', k' if _k == 2 else ''}): {_doc}; "
                                  f"{ORDER_SCOPES[_s]}", f"fx.{_n}", _s)
 
+for _n, (_k, _doc) in SEARCHES.items():
+    FUNCTIONS[_n] = Function(_n, "search", (_k,), _doc, f"fx.{_n}")
+
 # names that are not functions but look like one: the advice to give instead of "unknown"
-ALIASES = {"stop_gradient": "sg", "detach": "sg", "stopgrad": "sg", "clip": "clamp", "minimum": "min",
+ALIASES = {"bisection": "bisect", "binary_search": "bisect", "first": "first_of", "find": "first_of",
+           "stop_gradient": "sg", "detach": "sg", "stopgrad": "sg", "clip": "clamp", "minimum": "min",
            "maximum": "max", "sgn": "sign", "ln": "log", "exp2": None, "pow": None}
 UNSCOPED = set(REDUCTIONS) | {"avg", "var", "median", "count"}
 UNSCOPED_ORDER = set(ORDER) | {"argsort", "topk", "cumulative_sum", "sorted", "order"}
@@ -242,13 +262,14 @@ def input_table() -> str:
 def function_table() -> str:
     """Markdown: the closed set of functions."""
     rows = ["| function | meaning |", "|---|---|"]
-    rows += [f"| `{f.name}` | {f.doc} |" for f in FUNCTIONS.values() if f.kind not in ("reduce", "order")]
+    rows += [f"| `{f.name}` | {f.doc} |" for f in FUNCTIONS.values() if f.kind not in ("reduce", "order", "search")]
     for scope, doc in SCOPES.items():
         names = ", ".join(f"`{scope}_{r}`" + ("(x, q)" if r == "quantile" else "") for r in REDUCTIONS)
         rows.append(f"| {names} | masked, {doc} |")
     for scope, doc in ORDER_SCOPES.items():
         names = ", ".join(f"`{scope}_{r}`" + ("(x, k)" if k == 2 else "") for r, (k, _) in ORDER.items())
         rows.append(f"| {names} | masked order operations, {doc} (table below) |")
+    rows += [f"| `{n}` | bounded search: {doc} (Bounded searches, below) |" for n, (_, doc) in SEARCHES.items()]
     return "\n".join(rows)
 
 

@@ -305,3 +305,37 @@ def batch_cumsum(x: Tensor | float, valid: Tensor) -> Tensor:
 def batch_topk_mask(x: Tensor | float, k: Tensor | float, valid: Tensor) -> Tensor:
     """valid and batch_rank(-x) < k: the k largest entries of the batch (earlier first on ties)."""
     return _batch_order(x, valid, "topk_mask", k)
+
+
+# The bounded searches of the formula language (lang.SEARCHES). ``cond`` is the condition the
+# generated code writes as a lambda of the searched variable(s): it returns a 0-dim true/false
+# tensor. Both run a fixed number of steps (a constant of the spec), so torch.compile unrolls
+# them; the values found carry no gradient (a search decides, it does not differentiate).
+
+def bisect(lo: Tensor | float, hi: Tensor | float, steps: int, cond, like: Tensor) -> Tensor:  # noqa: ANN001
+    """Bisection on a scalar: a, b = lo, hi; ``steps`` times m = (a + b) / 2 (in ``like``'s dtype),
+    then b = m where cond(m) holds, else a = m; the result is b.
+
+    b is always hi or a midpoint where cond held, a is lo or one where it failed: for a condition
+    false below a threshold x* and true from it on, x* <= b <= x* + (hi - lo) / 2^steps. hi when
+    cond holds at no midpoint; lo + (hi - lo) / 2^steps when it holds at all of them."""
+    a = _as(lo, like).detach()
+    b = _as(hi, like).detach()
+    for _ in range(steps):
+        m = (a + b) / 2
+        ok = cond(m)
+        a, b = torch.where(ok, a, m), torch.where(ok, m, b)
+    return b
+
+
+def first_of(candidates: tuple, cond, like: Tensor) -> Tensor | tuple[Tensor, ...]:  # noqa: ANN001
+    """The first candidate at which ``cond`` holds, the last when none does. A candidate is a
+    number (cond takes it) or a tuple of numbers (cond takes them as its arguments; the result
+    is a tuple). Every candidate's condition is computed (a fixed count), then
+    out = where(ok_1, c_1, where(ok_2, c_2, ... c_n))."""
+    pairs = [tuple(_as(x, like).detach() for x in (c if isinstance(c, tuple) else (c,))) for c in candidates]
+    oks = [cond(*c) for c in pairs[:-1]]
+    out = pairs[-1]
+    for c, ok in zip(reversed(pairs[:-1]), reversed(oks)):
+        out = tuple(torch.where(ok, x, y) for x, y in zip(c, out))
+    return out if isinstance(candidates[0], tuple) else out[0]

@@ -56,7 +56,23 @@ class Binary:
     span: Span
 
 
-Expr = Union[Num, Name, Call, Neg, Binary]
+@dataclass(frozen=True)
+class List:
+    """``[a, b, ...]``: the candidates of a ``first_of`` search (nowhere else)."""
+
+    items: tuple["Expr", ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Tuple:
+    """``(a, b, ...)``: one candidate of a ``first_of`` search that binds several names."""
+
+    items: tuple["Expr", ...]
+    span: Span
+
+
+Expr = Union[Num, Name, Call, Neg, Binary, List, Tuple]
 
 ARITHMETIC = ("+", "-", "*", "/", "^")
 COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
@@ -64,11 +80,19 @@ COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
 
 @dataclass(frozen=True)
 class Binding:
-    """``name = expr`` on one line of a define block."""
+    """``name = expr`` on one line of a define block. A line ``a, b = first_of(...)`` binds
+    several names: it becomes one Binding per name, each with the line's names as ``targets``
+    (and the same ``expr``)."""
 
     name: str
     name_span: Span
     expr: Expr
+    targets: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names the line binds (the variables a search binds: visible in its condition)."""
+        return self.targets or (self.name,)
 
 
 @dataclass(frozen=True)
@@ -83,8 +107,8 @@ class Define:
 
 def children(e: Expr) -> tuple[Expr, ...]:
     """The direct sub-expressions of ``e``."""
-    if isinstance(e, Call):
-        return e.args
+    if isinstance(e, (Call, List, Tuple)):
+        return e.args if isinstance(e, Call) else e.items
     if isinstance(e, Neg):
         return (e.operand,)
     if isinstance(e, Binary):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .nodes import Binary, Binding, Call, Expr, Name, Neg, Num
+from .nodes import Binary, Binding, Call, Expr, List, Name, Neg, Num, Tuple
 
 _PREC = {"<": 1, "<=": 1, ">": 1, ">=": 1, "==": 1, "!=": 1, "+": 2, "-": 2, "*": 3, "/": 3, "^": 5}
 _NEG = 4
@@ -31,6 +31,10 @@ def _r(e: Expr, values: Mapping[str, float]) -> tuple[str, int]:
         return e.name, _ATOM
     if isinstance(e, Call):
         return f"{e.func}(" + ", ".join(_r(a, values)[0] for a in e.args) + ")", _ATOM
+    if isinstance(e, List):
+        return "[" + ", ".join(_r(a, values)[0] for a in e.items) + "]", _ATOM
+    if isinstance(e, Tuple):
+        return "(" + ", ".join(_r(a, values)[0] for a in e.items) + ")", _ATOM
     if isinstance(e, Neg):
         inner, p = _r(e.operand, values)
         return "-" + (inner if p > _NEG else f"({inner})"), _NEG
@@ -48,4 +52,4 @@ def _r(e: Expr, values: Mapping[str, float]) -> tuple[str, int]:
 
 
 def binding(b: Binding, values: Mapping[str, float] | None = None) -> str:
-    return f"{b.name} = {render(b.expr, values)}"
+    return f"{', '.join(b.names)} = {render(b.expr, values)}"

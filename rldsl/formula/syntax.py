@@ -11,12 +11,14 @@ from typing import Any
 from lark import Token, v_args
 
 from ..errors import Span, source_lines
-from .nodes import Binary, Binding, Call, Define, Name, Neg, Num
+from .nodes import Binary, Binding, Call, Define, List, Name, Neg, Num, Tuple
 
 # terminals that only occur in formulas (outside a define they are "unexpected characters")
 OPERATOR_TERMINALS = {"PLUS": "+", "MINUS": "-", "STAR": "*", "SLASH": "/", "CIRCUMFLEX": "^",
-                      "COMPARE": None}
+                      "COMPARE": None, "LSQB": "[", "RSQB": "]"}
 FORMULA_TERMINALS = set(OPERATOR_TERMINALS) | {"NUMBER", "END"}
+# terminals an "expected ..." message leaves out: a list only holds a search's candidates
+UNMENTIONED = frozenset({"LSQB"})
 TERMINAL_WORDS = {"NUMBER": "a number", "COMPARE": "a comparison", "END": "'end'", "DEFINE": "'define'"}
 
 
@@ -33,11 +35,21 @@ class FormulaNodes:
 
     def define(self, items: list[Any]) -> tuple[str, Define]:
         name = items[0]
-        bindings = tuple(b for b in items[1:] if isinstance(b, Binding))
+        bindings = tuple(b for group in items[1:] if isinstance(group, tuple) for b in group)
         return "define", Define(str(name), self._tspan(name), bindings, self._tspan(name))
 
-    def binding(self, items: list[Any]) -> Binding:
-        return Binding(str(items[0]), self._tspan(items[0]), items[1])
+    def binding(self, items: list[Any]) -> tuple[Binding, ...]:
+        names, expr = items[:-1], items[-1]
+        targets = tuple(str(n) for n in names) if len(names) > 1 else ()
+        return tuple(Binding(str(n), self._tspan(n), expr, targets) for n in names)
+
+    @v_args(meta=True)
+    def f_list(self, meta: Any, items: list[Any]) -> List:
+        return List(tuple(i for i in items if i is not None), self._span(meta))
+
+    @v_args(meta=True)
+    def f_tuple(self, meta: Any, items: list[Any]) -> Tuple:
+        return Tuple(tuple(items), self._span(meta))
 
     @v_args(meta=True)
     def f_number(self, meta: Any, items: list[Token]) -> Num:
@@ -87,6 +99,12 @@ class FormulaNodes:
 # Syntax errors
 
 
+def shown(accepts: set[str]) -> set[str]:
+    """The terminals a syntax error names: after a binding's name, '=' (the ',' of a search that
+    binds several names, `a, b = first_of(...)`, is left out)."""
+    return {"EQUAL"} if accepts == {"COMMA", "EQUAL"} else accepts
+
+
 def in_define(source: str, line: int) -> bool:
     """Whether ``line`` (1-based) lies inside a ``define`` block (after `define`, before `end`)."""
     inside = False
@@ -105,6 +123,8 @@ def outside_operator(tok: Token, accepts: set[str]) -> str | None:
     """The character of a formula operator met where no formula can be: reported as before
     formulas existed, as an unexpected character."""
     if tok.type in OPERATOR_TERMINALS and not (accepts & FORMULA_TERMINALS):
+        return str(tok)[:1]
+    if tok.type in ("LSQB", "RSQB") and tok.type not in accepts:  # a list stands only as a search's candidates
         return str(tok)[:1]
     return None
 
