@@ -50,6 +50,8 @@ class TrainBatch:
     old_values: Tensor | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     teacher: "TeacherForward | None" = None  # the teacher's forward, when the spec reads it
+    # the old policy's entropy, when the spec reads it (None: exactly on-policy, the update's own)
+    old_entropy: Tensor | None = None
 
     @property
     def group_size(self) -> int:
@@ -151,7 +153,7 @@ class Trainer(ForwardPasses):
                 if teacher is not None and teacher.logprobs.is_cuda:  # its kernels, not their launch
                     torch.cuda.synchronize(teacher.logprobs.device)
         return TrainBatch(rollout, rewards, old, est.mask, est.advantages, est.returns, ref,
-                          values, metrics, teacher)
+                          values, metrics, teacher, old_entropy=forwards.old_entropy)
 
     def _divergence(self, hidden: Tensor, batch: TrainBatch, rows: Tensor, tr: int) -> Tensor:
         """The generalized JSD [b, tr] of the policy (``hidden`` [b*tr, H], with gradient) from the
@@ -167,22 +169,27 @@ class Trainer(ForwardPasses):
                                self.logprob_chunk)
         return d.view(-1, tr).float()
 
-    def _recompute(self, rollout: RolloutBatch) -> tuple[Tensor | None, Tensor | None, Tensor | None,
-                                                          Tensor | None]:
-        """Old logprobs, reference logprobs, values and sum_v pi_v^2 [B, Tr] of every row (no grad).
+    def _recompute(self, rollout: RolloutBatch) -> tuple[Tensor | None, ...]:
+        """Old logprobs, reference logprobs, values, sum_v pi_v^2 and the old policy's entropy
+        [B, Tr] of every row (no grad).
 
         Old logprobs are None when the update is exactly on-policy (:meth:`_old_is_current`):
-        the update then uses its own logprobs, detached, instead of a separate forward.
-        sum_v pi_v^2 of the old policy comes from the old-logprob forward, and only when the
-        spec needs it (`baseline optimal_token`); else None.
+        the update then uses its own logprobs, detached, instead of a separate forward (and its
+        own entropy as the old one). The statistics of the old policy (sum_v pi_v^2 of `baseline
+        optimal_token`, the entropy a formula reads as ``old_ent``) come from the old-logprob
+        forward, and only when the spec reads them; else None.
         """
         algo = self.fn.algorithm
-        old = spp = None
-        if producers.old_policy_statistics(algo):
-            both = self._per_microbatch(self.policy, rollout, "logprobs+sum_pi_squared")  # [2, B, Tr]
-            spp = both[1]
+        old = None
+        stats: dict[str, Tensor] = {}
+        wanted = producers.old_policy_statistics(algo)
+        # exactly on-policy, a statistic only the loss reads is the update forward's own (detached)
+        now = set(algo.needs("advantage")) & set(wanted)
+        if wanted and (now or not self._old_is_current()):
+            made = self._per_microbatch(self.policy, rollout, "logprobs", tuple(wanted))  # [1 + k, B, Tr]
+            stats = dict(zip(wanted, made[1:]))
             if not algo.old_from_rollout:  # bypass: pi_old stays the engine's
-                old = both[0]
+                old = made[0]
         elif algo.old_from_rollout:
             pass  # correction bypass: pi_old is the engine's logprobs, which the loss reads itself
         elif not self._old_is_current():
@@ -196,7 +203,8 @@ class Trainer(ForwardPasses):
         values = None
         if algo.uses_critic:
             values = self._per_microbatch(self.critic, rollout, "critic")
-        return old, ref, values, spp
+        # in the order of producers.Forwards: its statistics fields follow OLD_POLICY_STATISTICS
+        return (old, ref, values) + tuple(stats.get(s) for s in producers.OLD_POLICY_STATISTICS)
 
     # -- update
 
