@@ -84,3 +84,13 @@ def test_on_policy_old_ent_is_the_update_forwards_own(rollout, monkeypatch):
     assert tb.old_logprobs is None and tb.old_entropy is None  # no old forward ran
     trainer.update(tb)
     assert len(seen) == 1 and torch.equal(seen[0]["old_entropy"], seen[0]["entropy"])
+
+
+def test_the_update_entropy_carries_its_gradient_where_a_loss_formula_reads_it():
+    from rldsl.runtime.train import inputs as producers
+
+    bonus = rldsl.loads("algorithm b extends grpo\n  define ent_bonus\n    l = -w * A - 0.01 * ent\n  end\n"
+                        "  objective ent_bonus\n", "b.rl")
+    assert producers.entropy_grad(bonus)  # ent is a value of its loss: d loss / d ent reaches the policy
+    assert not producers.entropy_grad(rldsl.load("grpo"))
+    assert producers.entropy_grad(rldsl.load(str(ROOT / "algorithms" / "examples" / "entropy_advantage.rl")))
