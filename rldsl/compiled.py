@@ -335,7 +335,7 @@ class CompiledAlgorithm:
              entropy_coef: Tensor | float | None = None,
              teacher_logprobs: Tensor | None = None, teacher_topk_logprobs: Tensor | None = None,
              topk_logprobs: Tensor | None = None, divergence: Tensor | None = None,
-             **more: Tensor) -> LossOutput:
+             old_entropy: Tensor | None = None, **more: Tensor) -> LossOutput:
         """Per-token tensors [B, T] -> the scalar loss to minimise, value loss and metrics.
 
         ``entropy_coef``: the coefficient of ``entropy adaptive`` for this optimizer step
@@ -355,6 +355,9 @@ class CompiledAlgorithm:
         [B, T, J] (the policy's logprobs of the teacher's top-k tokens, with gradient) and
         ``divergence`` [B, T] (the generalized JSD from the teacher over the vocabulary, with
         gradient): what a ``distill`` component reads (docs/distillation.md).
+
+        ``old_entropy``: the old policy's per-token entropy [B, T] (from the forward that made
+        ``old_logprobs``), read by a formula as ``old_ent`` (Entropy-Ratio Clipping).
         """
         algo = self.algorithm
         given = self._given("loss", {**locals(), **self._more("loss", "loss", more)})

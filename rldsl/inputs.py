@@ -109,6 +109,9 @@ class Input:
 
 
 _LOSS_SLOTS = ("ratio", "trust_region", "objective", "selection")
+#: the loss slots whose formulas run inside loss() on the policy's per-token values (the
+#: aggregation's also runs in denominator(), which has only the mask)
+_POLICY_SLOTS = ("ratio", "trust_region", "objective", "kl", "selection", "entropy")
 
 # The order of this table is the order of the extra arguments of the generated functions.
 INPUTS: dict[str, Input] = {i.name: i for i in [
@@ -129,7 +132,10 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("ref_logprobs", ("advantage", "loss"), "[B, T]", "float32", "reference-policy logprobs",
           "reference", arg="ref_logp", always=("advantage", "loss"), formula="ref_logp", slots=("kl",)),
     Input("entropy", ("loss",), "[B, T]", "float32", "per-token entropy of the policy",
-          "update", arg="ent", always=("loss",), formula="ent", slots=("selection", "entropy")),
+          "update", arg="ent", always=("loss",), formula="ent", slots=_POLICY_SLOTS),
+    Input("old_entropy", ("loss",), "[B, T]", "float32",
+          "per-token entropy of the old policy (from the forward that makes the old logprobs)",
+          "policy", arg="old_ent", formula="old_ent", slots=_POLICY_SLOTS),
     Input("rollout_logprobs", ("advantage", "loss"), "[B, T]", "float32",
           "the inference engine's logprobs of the sampled tokens (estimate: a correction's rejections)",
           "engine", arg="rollout_logp", formula="rollout_logp", slots=("correction",) + _LOSS_SLOTS),

@@ -62,6 +62,7 @@ class Forwards(NamedTuple):
     ref_logprobs: Tensor | None
     values: Tensor | None
     sum_pi_squared: Tensor | None
+    old_entropy: Tensor | None = None  # the old policy's entropy, from the old-logprob forward
 
 
 @dataclass(frozen=True)
@@ -99,11 +100,25 @@ def whole_groups(needs: tuple[str, ...]) -> bool:
     return any(table.INPUTS[x].whole_groups for x in needs)
 
 
-def old_policy_statistics(algo: Algorithm) -> bool:
-    """The advantage reads a statistic of the old policy beyond its logprobs (sum_pi_squared):
-    the old-logprob forward also returns it."""
-    return any(table.INPUTS[x].source == "policy" and "advantage" not in table.INPUTS[x].always
-               for x in algo.needs("advantage"))
+#: the statistics of the old policy beyond its logprobs that the old-logprob forward also returns:
+#: input -> the keyword of ``token_logprobs`` that makes it (train/logprobs.py)
+OLD_POLICY_STATISTICS = {"sum_pi_squared": "with_sum_pi_squared", "old_entropy": "with_entropy"}
+
+
+def old_policy_statistics(algo: Algorithm) -> list[str]:
+    """The statistics of the old policy beyond its logprobs that the algorithm reads, in any stage
+    (keys of ``OLD_POLICY_STATISTICS``, in its order): the old-logprob forward also returns them,
+    from the same logits (e.g. ``sum_pi_squared`` of `baseline optimal_token`, ``old_entropy`` of
+    a formula reading ``old_ent``)."""
+    reads = set(algo.needs())
+    return [x for x in OLD_POLICY_STATISTICS if x in reads]
+
+
+def entropy_grad(algo: Algorithm) -> bool:
+    """The update's entropy carries its gradient into the loss: the entropy slot is on, or a
+    formula of the loss reads ``ent`` (it may use it as a value, not only in a comparison)."""
+    return algo.uses_entropy or any(v.formula is not None and "entropy" in v.spec.facts.needs
+                                    for v in algo.active("loss"))
 
 
 # ----------------------------------------------------------------------------- rollout stage
@@ -298,6 +313,9 @@ UPDATE: dict[str, Callable[[Trainer, Micro], Any]] = {
     "old_values": lambda tr, m: m.cols(m.batch.old_values),
     "ref_logprobs": lambda tr, m: m.cols(m.batch.ref_logprobs),
     "entropy": lambda tr, m: m.entropy,
+    # exactly on-policy (no old forward ran): the old policy is the current one at this forward
+    "old_entropy": lambda tr, m: (m.cols(m.batch.old_entropy) if m.batch.old_entropy is not None
+                                  else m.entropy.detach()),
     "rollout_logprobs": lambda tr, m: m.sub.logprobs[:, :m.tr],
     "entropy_coef": lambda tr, m: m.entropy_coef,
     "teacher_logprobs": lambda tr, m: m.cols(m.batch.teacher.logprobs),

@@ -83,7 +83,7 @@ class ForwardPasses:
         count = TokenCount()
         with torch.set_grad_enabled(grad), self._autocast(model):
             out = self._token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
-                                       entropy_grad=grad and self.fn.algorithm.uses_entropy,
+                                       entropy_grad=grad and producers.entropy_grad(self.fn.algorithm),
                                        chunk_size=self.logprob_chunk,
                                        group_size=batch.group_size if groups else None,
                                        temperature=self.temperature, packing=self.packing,
@@ -167,12 +167,15 @@ class ForwardPasses:
         """The number of micro-batches every rank runs (the largest rank's; here its own)."""
         return local
 
-    def _per_microbatch(self, model: nn.Module, batch: RolloutBatch, what: str) -> Tensor:
+    def _per_microbatch(self, model: nn.Module, batch: RolloutBatch, what: str,
+                        statistics: tuple[str, ...] = ()) -> Tensor:
         """Old/reference logprobs (``what="logprobs"``) or critic values (``"critic"``) [B, Tr] of
-        every row, computed micro-batch by micro-batch (no grad). ``"logprobs+sum_pi_squared"``:
-        the old logprobs and sum_v pi_v^2 stacked, [2, B, Tr], from the same forwards."""
+        every row, computed micro-batch by micro-batch (no grad). With ``statistics`` (keys of
+        ``inputs.OLD_POLICY_STATISTICS``: sum_v pi_v^2, the entropy) the logprobs and each
+        statistic stacked, [1 + len(statistics), B, Tr], from the same forwards."""
         mbs, by_group = self._microbatches(batch)
         B, Tr = batch.response_ids.shape
+        flags = [producers.OLD_POLICY_STATISTICS[s] for s in statistics]
         out: Tensor | None = None
         for rows, weight in mbs:
             if not self.max_tokens_per_microbatch:
@@ -182,12 +185,11 @@ class ForwardPasses:
             with self._discarded(weight == 0.0):
                 if what == "critic":
                     parts = [self._values(sub, tr)]
-                elif what == "logprobs+sum_pi_squared":
-                    lp, _, spp = self._logprobs(model, sub, grad=False, entropy=False, groups=by_group,
-                                                sum_pi_squared=True)
-                    parts = [lp, spp]
                 else:
-                    parts = [self._logprobs(model, sub, grad=False, entropy=False, groups=by_group)[0]]
+                    lp, ent, *more = self._logprobs(model, sub, grad=False, entropy="with_entropy" in flags,
+                                                    groups=by_group, sum_pi_squared="with_sum_pi_squared" in flags)
+                    made = {"with_entropy": ent, "with_sum_pi_squared": more[0] if more else None}
+                    parts = [lp] + [made[f] for f in flags]
             if weight == 0.0:
                 continue
             if out is None:
@@ -195,7 +197,7 @@ class ForwardPasses:
             for k, t in enumerate(parts):
                 out[k, rows.to(out.device)] = widen(t, Tr)
         assert out is not None
-        return out if what == "logprobs+sum_pi_squared" else out[0]
+        return out if statistics else out[0]
 
     # -- the teacher (train/teachers.py)
 

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from rldsl import CompiledAlgorithm
+from rldsl.formula.hooks import batch_wide_loss
 
 from ..batch import RolloutBatch, group_rows
 from ..config import RunConfig
@@ -50,6 +51,8 @@ class TrainBatch:
     old_values: Tensor | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     teacher: "TeacherForward | None" = None  # the teacher's forward, when the spec reads it
+    # the old policy's entropy, when the spec reads it (None: exactly on-policy, the update's own)
+    old_entropy: Tensor | None = None
 
     @property
     def group_size(self) -> int:
@@ -99,6 +102,9 @@ class Trainer(ForwardPasses):
         self.critic_base_lrs = [g["lr"] for g in critic_optimizer.param_groups] if critic_optimizer else []
         self._set_critic_lr(0)
         algo = fn.algorithm
+        # the loss slots whose formula reads a batch_* statistic (rldsl.formula.hooks): loss()
+        # gets the whole minibatch in every call (docs/formulas.md, "The batch")
+        self._batch_wide = bool(batch_wide_loss(algo.slots))
         if algo.uses_reference and reference is None and reference_off is None:
             raise ValueError(f"{algo.name} has a KL term: the trainer needs a reference model")
         if algo.uses_critic and (critic is None or critic_optimizer is None):
@@ -151,7 +157,7 @@ class Trainer(ForwardPasses):
                 if teacher is not None and teacher.logprobs.is_cuda:  # its kernels, not their launch
                     torch.cuda.synchronize(teacher.logprobs.device)
         return TrainBatch(rollout, rewards, old, est.mask, est.advantages, est.returns, ref,
-                          values, metrics, teacher)
+                          values, metrics, teacher, old_entropy=forwards.old_entropy)
 
     def _divergence(self, hidden: Tensor, batch: TrainBatch, rows: Tensor, tr: int) -> Tensor:
         """The generalized JSD [b, tr] of the policy (``hidden`` [b*tr, H], with gradient) from the
@@ -167,22 +173,27 @@ class Trainer(ForwardPasses):
                                self.logprob_chunk)
         return d.view(-1, tr).float()
 
-    def _recompute(self, rollout: RolloutBatch) -> tuple[Tensor | None, Tensor | None, Tensor | None,
-                                                          Tensor | None]:
-        """Old logprobs, reference logprobs, values and sum_v pi_v^2 [B, Tr] of every row (no grad).
+    def _recompute(self, rollout: RolloutBatch) -> tuple[Tensor | None, ...]:
+        """Old logprobs, reference logprobs, values, sum_v pi_v^2 and the old policy's entropy
+        [B, Tr] of every row (no grad).
 
         Old logprobs are None when the update is exactly on-policy (:meth:`_old_is_current`):
-        the update then uses its own logprobs, detached, instead of a separate forward.
-        sum_v pi_v^2 of the old policy comes from the old-logprob forward, and only when the
-        spec needs it (`baseline optimal_token`); else None.
+        the update then uses its own logprobs, detached, instead of a separate forward (and its
+        own entropy as the old one). The statistics of the old policy (sum_v pi_v^2 of `baseline
+        optimal_token`, the entropy a formula reads as ``old_ent``) come from the old-logprob
+        forward, and only when the spec reads them; else None.
         """
         algo = self.fn.algorithm
-        old = spp = None
-        if producers.old_policy_statistics(algo):
-            both = self._per_microbatch(self.policy, rollout, "logprobs+sum_pi_squared")  # [2, B, Tr]
-            spp = both[1]
+        old = None
+        stats: dict[str, Tensor] = {}
+        wanted = producers.old_policy_statistics(algo)
+        # exactly on-policy, a statistic only the loss reads is the update forward's own (detached)
+        now = set(algo.needs("advantage")) & set(wanted)
+        if wanted and (now or not self._old_is_current()):
+            made = self._per_microbatch(self.policy, rollout, "logprobs", tuple(wanted))  # [1 + k, B, Tr]
+            stats = dict(zip(wanted, made[1:]))
             if not algo.old_from_rollout:  # bypass: pi_old stays the engine's
-                old = both[0]
+                old = made[0]
         elif algo.old_from_rollout:
             pass  # correction bypass: pi_old is the engine's logprobs, which the loss reads itself
         elif not self._old_is_current():
@@ -196,7 +207,8 @@ class Trainer(ForwardPasses):
         values = None
         if algo.uses_critic:
             values = self._per_microbatch(self.critic, rollout, "critic")
-        return old, ref, values, spp
+        # in the order of producers.Forwards: its statistics fields follow OLD_POLICY_STATISTICS
+        return (old, ref, values) + tuple(stats.get(s) for s in producers.OLD_POLICY_STATISTICS)
 
     # -- update
 
@@ -257,6 +269,9 @@ class Trainer(ForwardPasses):
         Tr = sub.response_ids.shape[1]
         ent_coef = fn.entropy_coef()  # `entropy adaptive`: the same coefficient for every micro-batch
         parts: list[tuple[dict[str, float], float, bool]] = []
+        # a loss formula reading a batch_* statistic: each micro-batch's loss() call gets the
+        # whole minibatch, the other micro-batches' values from a no-grad pass before this step
+        whole = self._whole_minibatch(batch, sub, rows, mbs, by_group) if self._batch_wide and len(mbs) > 1 else None
         for mb, weight in mbs:
             w = share * weight
             r = rows[mb]
@@ -265,13 +280,20 @@ class Trainer(ForwardPasses):
             else:
                 part, tr = sub, Tr
             with self._discarded(w == 0.0):
-                m = self._micro_step(batch, part, r, tr, denom, vdenom, w, by_group, ent_coef)
+                fwd = self._update_forward(batch, part, r, tr, by_group)
+                if whole is None:
+                    m = self._loss_backward(batch, part, r, tr, fwd, denom, vdenom, w, ent_coef)
+                else:
+                    m = self._loss_backward(batch, sub, rows, Tr, _put(whole, mb, fwd), denom, vdenom, w, ent_coef)
             if m is None:
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.critic_optimizer is not None:
                     self.critic_optimizer.zero_grad(set_to_none=True)
                 return None
-            parts.append((m, float(batch.mask[r].sum()) if w else 0.0, bool(w)))
+            if whole is None:
+                parts.append((m, float(batch.mask[r].sum()) if w else 0.0, bool(w)))
+            elif not parts:  # every call gave the whole minibatch's loss and metrics: keep one
+                parts.append((m, float(batch.mask[rows].sum()) if share else 0.0, bool(share)))
         params = [p for p in self.policy.parameters() if p.grad is not None]
         gnorm = _clip(params, self.grad_clip)
         cnorm = None
@@ -295,27 +317,56 @@ class Trainer(ForwardPasses):
             metrics.update(fn.update_entropy_coef(metrics["entropy"]))
         return metrics
 
-    def _micro_step(self, batch: TrainBatch, sub: RolloutBatch, rows: Tensor, tr: int, denom: Tensor,
-                    vdenom: Tensor | None, weight: float, groups: bool,
-                    entropy_coef: Tensor | None = None) -> dict[str, float] | None:
-        """Forward and backward of one micro-batch (rows of ``batch``, trimmed to ``tr``
-        response columns), its loss over the minibatch's denominator, scaled by ``weight``;
-        None (and no backward) when the loss is not finite on some rank."""
-        fn = self.fn
-        algo = fn.algorithm
-
+    def _update_forward(self, batch: TrainBatch, sub: RolloutBatch, rows: Tensor, tr: int,
+                        groups: bool) -> dict[str, Tensor | None]:
+        """The policy's (and critic's) forward of one micro-batch (rows of ``batch``, trimmed to
+        ``tr`` response columns), with gradient unless under ``torch.no_grad()``: its logprobs,
+        entropy, top-k logprobs of the teacher's tokens, divergence and values [b, tr(, J)]."""
         teacher_ids = None
         if batch.teacher is not None and batch.teacher.topk_ids is not None:
             teacher_ids = batch.teacher.topk_ids[rows][:, :tr].to(sub.response_ids.device)
         jsd = self.fn.data.jsd_beta is not None and batch.teacher is not None
-        logp, ent, *more = self._logprobs(self.policy, sub, grad=True, entropy=True, groups=groups,
-                                          gather_ids=teacher_ids, hidden=jsd)
-        topk = more[0] if teacher_ids is not None else None
-        divergence = self._divergence(more[-1], batch, rows, tr) if jsd else None
-        values = None
-        if algo.uses_critic:
-            values = self._values(sub, tr)
-        micro = producers.Micro(batch, sub, rows, tr, ent, values, entropy_coef, topk, divergence)
+        logp, ent, *more = self._logprobs(self.policy, sub, grad=torch.is_grad_enabled(), entropy=True,
+                                          groups=groups, gather_ids=teacher_ids, hidden=jsd)
+        return {"logp": logp, "ent": ent,
+                "topk": more[0] if teacher_ids is not None else None,
+                "divergence": self._divergence(more[-1], batch, rows, tr) if jsd else None,
+                "values": self._values(sub, tr) if self.fn.algorithm.uses_critic else None}
+
+    def _whole_minibatch(self, batch: TrainBatch, sub: RolloutBatch, rows: Tensor,
+                         mbs: list[tuple[Tensor, float]], groups: bool) -> dict[str, Tensor | None]:
+        """The update forward's values [n, Tr(, J)] of every row of the minibatch ``sub`` (rows
+        ``rows`` of ``batch``), micro-batch by micro-batch, without gradient: the current policy
+        before this optimizer step, what each micro-batch's whole-minibatch loss() call reads for
+        the rows of the others (docs/formulas.md, "The batch")."""
+        Tr = sub.response_ids.shape[1]
+        out: dict[str, Tensor | None] = {}
+        with torch.no_grad():
+            for mb, weight in mbs:
+                part, tr = trim(sub.select(mb)) if self.max_tokens_per_microbatch else (sub, Tr)
+                with self._discarded(weight == 0.0):
+                    fwd = self._update_forward(batch, part, rows[mb], tr, groups)
+                for k, t in fwd.items():
+                    if t is None:
+                        out[k] = None
+                        continue
+                    if out.get(k) is None:
+                        out[k] = t.new_zeros((len(rows), Tr) + tuple(t.shape[2:]))
+                    out[k][mb.to(t.device), :tr] = t  # type: ignore[index]
+        return out
+
+    def _loss_backward(self, batch: TrainBatch, sub: RolloutBatch, rows: Tensor, tr: int,
+                       fwd: dict[str, Tensor | None], denom: Tensor, vdenom: Tensor | None, weight: float,
+                       entropy_coef: Tensor | None = None) -> dict[str, float] | None:
+        """The loss of rows ``rows`` of ``batch`` (``sub``, trimmed to ``tr`` response columns)
+        from the update forward's values ``fwd``, over the minibatch's denominator, and its
+        backward scaled by ``weight``; None (and no backward) when the loss is not finite on
+        some rank."""
+        fn = self.fn
+        logp = fwd["logp"]
+        assert logp is not None
+        micro = producers.Micro(batch, sub, rows, tr, fwd["ent"], fwd["values"], entropy_coef, fwd["topk"],
+                                fwd["divergence"])
         old = micro.cols(batch.old_logprobs) if batch.old_logprobs is not None else logp.detach()
         mask = micro.cols(batch.mask)
         out = fn.loss(logp, old, micro.cols(batch.advantages), mask, denominator=denom,
@@ -387,6 +438,22 @@ class Trainer(ForwardPasses):
         f = self.critic_lr_factor(step)
         for g, base in zip(self.critic_optimizer.param_groups, self.critic_base_lrs):
             g["lr"] = base * f
+
+
+def _put(whole: dict[str, Tensor | None], mb: Tensor, fwd: dict[str, Tensor | None]) -> dict[str, Tensor | None]:
+    """The minibatch's values ``whole`` with the rows ``mb`` (positions in it) replaced by one
+    micro-batch's forward ``fwd`` [b, tr(, J)], which carries the gradient: the other rows are
+    constants here, their gradient comes from their own micro-batch's call."""
+    out: dict[str, Tensor | None] = {}
+    for k, t in fwd.items():
+        w = whole.get(k)
+        if t is None or w is None:
+            out[k] = t if w is None else w
+            continue
+        merged = w.clone()
+        merged[mb.to(w.device), :t.shape[1]] = t.to(w.dtype)
+        out[k] = merged
+    return out
 
 
 def _has_dropout(model: nn.Module) -> bool:

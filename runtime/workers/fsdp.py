@@ -19,7 +19,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rldsl.formula.hooks import batch_wide_loss
+
 from ..batch import RolloutBatch
+from ..errors import ConfigError
 from ..models.lora import lora_scalings, merge_state
 from ..records.metrics import REPLICATED, SUMMED
 from ..models.loading import with_tied
@@ -108,6 +111,12 @@ class ShardedTrainer(Trainer):
     def __init__(self, *args: Any, rank: int, world: int, device: torch.device, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.rank, self.world, self.device = rank, world, device
+        if self._batch_wide and world > 1:
+            raise ConfigError(
+                f"{self.fn.algorithm.name}: a loss formula reads a batch_* statistic (slots "
+                f"{', '.join(batch_wide_loss(self.fn.algorithm.slots))}); on several trainer ranks each rank's "
+                "loss() would see only its own rows, and the whole-batch path (docs/formulas.md, \"The batch\") "
+                "runs on one rank only: train with one trainer rank, or compute the statistic in the advantage stage")
 
     # -- forward
 
