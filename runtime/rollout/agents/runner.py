@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -188,7 +187,11 @@ class AgentRunner:
         per_episode = [episode_rows(o.calls) for o in outcomes]
         K = max(1, max(len(r) for r in per_episode))
         pad = tokenizer.pad_token_id
-        samples: list[_Sample] = []
+        # the batch's columns: each row, its episode, the prompt text the engine saw, its completion
+        rows_out: list[Row] = []
+        episodes: list[Episode] = []
+        prompts: list[str] = []
+        completions: list[str] = []
         for e, (o, rows) in enumerate(zip(outcomes, per_episode)):
             row_in = rows_in[e // G]
             opening = ([{"role": "system", "content": row_in["system"]}] if row_in.get("system") else []) + (
@@ -211,21 +214,12 @@ class AgentRunner:
                 text = tokenizer.decode(row.prompt_ids, skip_special_tokens=False)  # what the engine saw
                 messages = row_messages(tokenizer, o.calls, row, opening, self.chat_template_kwargs) \
                     if row.calls else opening
-                episode = Episode(messages, o.reward, error=o.error,
-                                  agent=AgentRow(k, made, k >= len(rows), breaks, calls))
-                samples.append(_Sample(row, episode, text, final))
-        return _rows_batch(tokenizer, samples, G * K)
-
-
-@dataclass
-class _Sample:
-    """One row of an agent's batch: its ids, its episode, the prompt text the engine saw, the
-    episode's final answer (its completion)."""
-
-    row: Row
-    episode: Episode
-    prompt: str
-    completion: str
+                rows_out.append(row)
+                episodes.append(Episode(messages, o.reward, error=o.error,
+                                        agent=AgentRow(k, made, k >= len(rows), breaks, calls)))
+                prompts.append(text)
+                completions.append(final)
+        return _rows_batch(tokenizer, rows_out, episodes, prompts, completions, G * K)
 
 
 def _reply_text(call: Call) -> str:
@@ -270,19 +264,21 @@ def row_messages(tokenizer: Any, calls: list[Call], row: Row, opening: list[dict
     return messages
 
 
-def _rows_batch(tokenizer: Any, samples: list[_Sample], group_size: int) -> RolloutBatch:
+def _rows_batch(tokenizer: Any, rows: list[Row], episodes: list[Episode], prompts: list[str],
+                completions: list[str], group_size: int) -> RolloutBatch:
+    """The batch of ``rows``, each with its episode, the prompt text the engine saw and the
+    episode's final answer."""
     pad = tokenizer.pad_token_id
-    B = len(samples)
-    Tp = max(len(s.row.prompt_ids) for s in samples)
-    Tr = max(1, max(len(s.row.response_ids) for s in samples))
+    B = len(rows)
+    Tp = max(len(r.prompt_ids) for r in rows)
+    Tr = max(1, max(len(r.response_ids) for r in rows))
     p_ids = torch.full((B, Tp), pad, dtype=torch.long)  # [B, Tp]
     p_mask = torch.zeros((B, Tp), dtype=torch.long)  # [B, Tp]
     r_ids = torch.full((B, Tr), pad, dtype=torch.long)  # [B, Tr]
     r_mask = torch.zeros((B, Tr), dtype=torch.long)  # [B, Tr]
     r_attn = torch.zeros((B, Tr), dtype=torch.long)  # [B, Tr]
     logprobs = torch.zeros((B, Tr), dtype=torch.float32)  # [B, Tr]
-    for i, s in enumerate(samples):
-        row = s.row
+    for i, row in enumerate(rows):
         p = row.prompt_ids
         p_ids[i, Tp - len(p):] = torch.tensor(p)
         p_mask[i, Tp - len(p):] = 1
@@ -292,10 +288,9 @@ def _rows_batch(tokenizer: Any, samples: list[_Sample], group_size: int) -> Roll
             r_mask[i, :n] = torch.tensor(row.mask)
             r_attn[i, :n] = 1
             logprobs[i, :n] = torch.tensor(row.logprobs, dtype=torch.float32)
-    finish = [s.row.finish_reason if s.row.response_ids and not s.episode.error else "length" for s in samples]
-    return RolloutBatch(p_ids, p_mask, r_ids, r_mask, logprobs, finish, [s.prompt for s in samples],
-                        [s.completion for s in samples], group_size, response_attention=r_attn,
-                        episodes=[s.episode for s in samples])
+    finish = [r.finish_reason if r.response_ids and not e.error else "length" for r, e in zip(rows, episodes)]
+    return RolloutBatch(p_ids, p_mask, r_ids, r_mask, logprobs, finish, prompts, completions, group_size,
+                        response_attention=r_attn, episodes=episodes)
 
 
 def _in_thread(fn: Callable, *args: Any) -> asyncio.Future:
