@@ -86,6 +86,11 @@ def test_verifiers_rows_are_the_tasksets_tasks() -> None:
 
     rows = verifiers_examples("verifiers:vf_sum_single")
     assert [(r.prompt, r.answer) for r in rows[:2]] == [("1+2=", "0"), ("2+3=", "1")]
+    # the episode gets the row's task, by its index, under that name (an agent's row has answer)
+    from rldsl.runtime.rollout.agents.environments import environment_runner
+
+    runner = environment_runner(load_config(None, ["rollout.env=verifiers:vf_sum_single"]), "models/tiny", None)
+    assert runner.row(rows[1].prompt, rows[1].answer) == {"prompt": "2+3=", "task": "1", "model": "tiny"}
     with pytest.raises(ConfigError, match="takes its rows from the taskset"):
         check_tools(load_config(None, ["rollout.env=verifiers:vf_sum_single", "data.path=x.jsonl"]))
     with pytest.raises(ConfigError, match="cannot be loaded.*no_such_taskset"):
