@@ -1,5 +1,6 @@
 """``RolloutBatch``: what the engines return and the trainer consumes, and its operations;
-``StepRollout``: one training step's batch with its rewards, from generation to the optimizer.
+``Episode``: one row's multi-turn episode (``RolloutBatch.episodes``); ``StepRollout``: one
+training step's batch with its rewards, from generation to the optimizer.
 
 Shapes: P prompts x G samples per prompt, B = P*G rows, groups contiguous
 (rows g*G .. g*G+G-1 answer prompt g). Tp = prompt length (left padded),
@@ -9,11 +10,91 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from rldsl.inputs import INPUTS
+
+
+@dataclass
+class AgentRow:
+    """What an agent's episode (``rollout.agent``, ``rollout.env = verifiers:|openenv:``) adds to
+    a row's :class:`Episode`: an agent's episode is made of its recorded model calls, which make
+    one training row or several (runtime/rollout/agents/records.py).
+
+    row             which of the episode's rows this one is (0-based); the metrics count an
+                    episode once, on its row 0
+    rows            the rows the episode's calls made (0 when no call was answered)
+    padding         an empty row added so that every episode of the batch has as many rows
+                    (loss mask 0: nothing trained)
+    prefix_breaks   the episode's calls that could not continue an earlier call's ids
+    calls           each model call of the episode, in order, as samples.jsonl keeps it:
+                    ``route`` ("chat" | "completions" | "generate"), ``row`` (the row holding
+                    it; None when none does), ``prompt_tokens``, ``completion_ids``,
+                    ``finish_reason``, ``version`` (the policy version that sampled it),
+                    ``bridged`` (a chat call whose prompt continued an earlier call's ids)
+    """
+
+    row: int = 0
+    rows: int = 0
+    padding: bool = False
+    prefix_breaks: int = 0
+    calls: list[dict] = field(default_factory=list)
+
+    @property
+    def versions(self) -> list[int]:
+        """The policy versions that sampled the episode's calls, ascending."""
+        return sorted({c["version"] for c in self.calls})
+
+
+@dataclass
+class Episode:
+    """One row's multi-turn episode (``RolloutBatch.episodes``: one per row, in row order):
+    built by the episode runner (runtime/rollout/episodes/rollout.py: tools, ``rollout.env``) or
+    an agent's runner (runtime/rollout/agents/runner.py: ``rollout.agent``, verifiers, OpenEnv);
+    read by the ``env`` reward term (rewards/functions.py), per-turn rewards (train/inputs.py),
+    the tool-call and agent metrics, and samples.jsonl (records/samples.py).
+
+    messages        the conversation as samples.jsonl keeps it: the opening messages, then the
+                    model's turns (``assistant``) and what the environment answered (``tool``,
+                    ``user``; an agent's text calls: ``environment``)
+    env_reward      the environment's reward: the sum of its steps' rewards (None: it gave
+                    none), an agent's return value (None: it returned None, or failed)
+    step_rewards    [position, reward] of each turn the environment rewarded, the position the
+                    response token that ended the turn (``rewards dense``); None for an agent's
+                    episode, which has one reward and no turns of its own
+    error           why an agent's episode failed (None: it did not): the ``env`` term reports
+                    it to ``reward.on_error``
+    agent           an agent's episode: which of its rows this is, its calls; None otherwise
+    """
+
+    messages: list[dict] = field(default_factory=list)
+    env_reward: float | None = None
+    step_rewards: list[list[float]] | None = None
+    error: str | None = None
+    agent: AgentRow | None = None
+
+    def plain(self) -> dict[str, Any]:
+        """The episode as plain values (what a checkpoint keeps; ``torch.load(weights_only=True)``
+        reads only those): the dict an episode was before it had a type, read back by
+        :meth:`from_plain`."""
+        if self.agent is None:
+            return {"messages": self.messages, "env_reward": self.env_reward, "step_rewards": self.step_rewards}
+        a = self.agent
+        return {"env_reward": self.env_reward, "error": self.error, "calls": a.calls, "messages": self.messages,
+                "row": a.row, "agent": {"calls": len(a.calls), "prefix_breaks": a.prefix_breaks, "rows": a.rows,
+                                        "error": self.error, "versions": a.versions},
+                **({"padding": True} if a.padding else {})}
+
+    @classmethod
+    def from_plain(cls, d: dict[str, Any]) -> "Episode":
+        """The episode of :meth:`plain`'s dict."""
+        agent = d.get("agent")
+        return cls(list(d.get("messages", [])), d.get("env_reward"), d.get("step_rewards"), d.get("error"),
+                   None if agent is None else AgentRow(d.get("row", 0), agent.get("rows", 0),
+                                                       bool(d.get("padding")), agent.get("prefix_breaks", 0),
+                                                       list(d.get("calls", []))))
 
 
 @dataclass
@@ -38,6 +119,7 @@ class RolloutBatch:
                     reward_components [B, K] and reward_weights [K] (GDPO), dense_rewards
                     [B, Tr]. Rows are selected and concatenated for the inputs whose shape
                     starts with B ([B, T] ones padded on the right with 0).
+    episodes        B x :class:`Episode`, each row's multi-turn episode (empty: single-turn)
     reward_terms    each reward term's value [B] by its label (``rewards.functions.term_labels``;
                     NaN where that term failed), set where the batch is scored: the step's
                     ``rewards/<term>/mean|std`` metrics and samples.jsonl read them
@@ -54,10 +136,10 @@ class RolloutBatch:
     group_size: int
     answers: list[str] = field(default_factory=list)
     inputs: dict[str, torch.Tensor] = field(default_factory=dict)
-    # multi-turn episodes (runtime/episodes/): 1 on every real response token, model and
+    # multi-turn episodes (runtime/rollout/episodes/, agents/): 1 on every real response token, model and
     # environment (response_mask stays the loss mask: the model's tokens); None = response_mask
     response_attention: torch.Tensor | None = None
-    episodes: list[dict] = field(default_factory=list)  # each episode's messages, for samples
+    episodes: list[Episode] = field(default_factory=list)  # multi-turn: each row's episode
     # partial rollouts (runtime/rollout/partial.py): the policy version that sampled each response token,
     # -1 on padding; None = one version for the whole batch
     token_versions: torch.Tensor | None = None

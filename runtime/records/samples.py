@@ -43,20 +43,20 @@ def sample_rows(step: int, batch: RolloutBatch, rewards: torch.Tensor, advantage
         if batch.reward_terms:  # each term's value (its label: rewards/<term>/mean in the metrics)
             out[-1]["rewards"] = {k: _number(v[i]) for k, v in batch.reward_terms.items()}
         if batch.episodes:  # a multi-turn episode: its messages (roles, tool calls, results)
-            out[-1]["messages"] = episode_messages(batch.episodes[i].get("messages", []))
-            out[-1]["env_reward"] = batch.episodes[i].get("env_reward")
+            episode = batch.episodes[i]
+            out[-1]["messages"] = episode_messages(episode.messages)
+            out[-1]["env_reward"] = episode.env_reward
             attn = batch.attention[i]
             out[-1]["trained_tokens"] = lengths[i]  # the loss mask: the model's own tokens
             out[-1]["environment_tokens"] = int(attn.sum()) - lengths[i]  # tool results, turn markers
-            episode = batch.episodes[i]
-            if "agent" in episode:  # rollout.agent: its calls (ids sampled = trained) and its row
+            agent = episode.agent
+            if agent is not None:  # rollout.agent: its calls (ids sampled = trained) and its row
                 p_ids = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
                 r_attn = batch.response_attention[i].bool() if batch.response_attention is not None \
                     else batch.response_mask[i].bool()
                 n_resp = int(r_attn.sum())
-                out[-1]["agent"] = {"row": episode.get("row", 0), "padding": bool(episode.get("padding")),
-                                    "error": episode.get("error"), "calls": episode.get("calls", []),
-                                    **{k: episode["agent"][k] for k in ("prefix_breaks", "rows")},
+                out[-1]["agent"] = {"row": agent.row, "padding": agent.padding, "error": episode.error,
+                                    "calls": agent.calls, "prefix_breaks": agent.prefix_breaks, "rows": agent.rows,
                                     # the row as trained: its ids, and 1 where the loss is taken
                                     "ids": p_ids + batch.response_ids[i, :n_resp].tolist(),
                                     "trained": [0] * len(p_ids) + batch.response_mask[i, :n_resp].long().tolist()}

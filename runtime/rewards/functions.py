@@ -62,7 +62,7 @@ from urllib.parse import urlsplit
 
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
-from ..batch import RolloutBatch
+from ..batch import Episode, RolloutBatch
 from .. import plugins
 from ..errors import RewardError, RewardSpecError
 from .remote import JudgeReward, ServerReward
@@ -588,20 +588,20 @@ class EnvironmentReward:
     def __repr__(self) -> str:
         return "EnvironmentReward()"
 
-    def score_episodes(self, episodes: list[dict], finish_reasons: list[str]) -> list[float | BaseException]:
+    def score_episodes(self, episodes: list[Episode], finish_reasons: list[str]) -> list[float | BaseException]:
         B = len(finish_reasons)
         if len(episodes) != B:
             return [ValueError("the 'env' reward needs multi-turn episodes (rollout.tools, rollout.env "
                                "or rollout.agent)")] * B
         out: list[float | BaseException] = []
         for e, finish in zip(episodes, finish_reasons):
-            if e.get("error"):  # an agent episode that failed (rollout.agent): reward.on_error decides
-                out.append(RuntimeError(e["error"]))
-            elif "agent" in e and e.get("env_reward") is None:
+            if e.error:  # an agent episode that failed (rollout.agent): reward.on_error decides
+                out.append(RuntimeError(e.error))
+            elif e.agent is not None and e.env_reward is None:
                 out.append(ValueError("the agent returned None: give the episode's reward another way "
                                       "(--reward with terms on the final answer) or return a number"))
-            elif e.get("env_reward") is not None:
-                out.append(_finite(e["env_reward"], "the episode's environment"))
+            elif e.env_reward is not None:
+                out.append(_finite(e.env_reward, "the episode's environment"))
             elif finish == "length":
                 out.append(0.0)
             else:

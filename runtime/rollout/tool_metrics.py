@@ -18,9 +18,9 @@ def tool_call_metrics(batch: RolloutBatch, parser: str = "hermes", prefix: str =
     if not batch.episodes:
         return {}
     calls = well = results = errors = 0
-    episodes = [e for e in batch.episodes if e.get("row", 0) == 0]  # an agent's episode once, not per row
+    episodes = [e for e in batch.episodes if e.agent is None or e.agent.row == 0]  # an agent's once, not per row
     for episode in episodes:
-        for m in episode.get("messages", []):
+        for m in episode.messages:
             if m.get("role") == "assistant":
                 parsed = parse_tool_calls(parser, m.get("content") or "")
                 structured = m.get("tool_calls") or []  # an agent's calls, read by the endpoint already

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..batch import RolloutBatch, StepRollout
+from ..batch import Episode, RolloutBatch, StepRollout
 from ..records import checkpoint as ckpt
 from ..records.rng import restore_rng
 from ..records.samples import truncate_samples
@@ -25,12 +25,19 @@ def _extra_state(s: Run, step: int, algorithm: dict[str, Any],
 
 
 def _plain_batch(batch: RolloutBatch) -> dict[str, Any]:
-    return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+    """The batch's fields as plain values (tensors, lists, dicts: what ``torch.load(weights_only=True)``
+    reads), its episodes as dicts (``Episode.plain``); :func:`_batch_of` reads it back."""
+    plain = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+    return {**plain, "episodes": [e.plain() for e in batch.episodes]}
+
+
+def _batch_of(plain: dict[str, Any]) -> RolloutBatch:
+    return RolloutBatch(**{**plain, "episodes": [Episode.from_plain(e) for e in plain.get("episodes", [])]})
 
 
 def restored_queue(extra: dict[str, Any]) -> list[Produced[StepRollout]]:
     """The batches a checkpoint of an asynchronous run had generated ahead (scored)."""
-    return [Produced(q["step"], q["version"], StepRollout(q["step"], RolloutBatch(**q["batch"]), q["ids"], [],
+    return [Produced(q["step"], q["version"], StepRollout(q["step"], _batch_of(q["batch"]), q["ids"], [],
                                                           q["rewards"], q["metrics"]))
             for q in extra.get("queued", [])]
 

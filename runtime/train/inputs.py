@@ -166,7 +166,7 @@ def per_turn_rewards(side: RolloutSide, batch: RolloutBatch, scored: RewardResul
         kind = gives_turn_rewards(name)
         for i in range(B):
             if kind == "turns":
-                steps = batch.episodes[i].get("step_rewards") if i < len(batch.episodes) else None
+                steps = batch.episodes[i].step_rewards if i < len(batch.episodes) else None
                 if steps is None:
                     raise RunError(
                         f"step {side.step}: the spec reads per-turn rewards (rewards dense) but sample {i} has "

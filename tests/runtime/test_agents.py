@@ -123,7 +123,7 @@ def test_openai_client_three_calls_with_tools_recorded_exactly(tok, model) -> No
     assert batch.group_size == 2 and len(engine.seen) == 6
     for i in range(2):
         info = batch.episodes[i]
-        assert info["agent"]["calls"] == 3 and info["agent"]["rows"] == 1 and info["env_reward"] == 0.5
+        assert len(info.agent.calls) == 3 and info.agent.rows == 1 and info.env_reward == 0.5
         prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
         n = int(batch.response_attention[i].sum())
         ids, mask = batch.response_ids[i, :n].tolist(), batch.response_mask[i, :n].tolist()
@@ -157,19 +157,19 @@ def test_tool_calls_come_back_as_tool_calls_and_the_next_call_is_bridged(tok) ->
     finally:
         runner.close()
     info = batch.episodes[0]
-    assert info["error"] is None and info["env_reward"] == 1.0 and info["agent"]["calls"] == 2
-    assert info["agent"]["rows"] == 1
+    assert info.error is None and info.env_reward == 1.0 and len(info.agent.calls) == 2
+    assert info.agent.rows == 1
     first, second = engine.prompts
     said = tok(call, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert second[:len(first) + len(said)] == first + said
     assert tok.decode(second[len(first) + len(said):]) == \
         "\n<|im_start|>user\n<tool_response>\n46\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-    roles = [m["role"] for m in info["messages"]]
+    roles = [m["role"] for m in info.messages]
     assert roles == ["user", "assistant", "tool", "assistant"]
     from rldsl.runtime.rollout.tool_metrics import tool_call_metrics
     assert tool_call_metrics(batch) == {"tool_calls/per_episode": 1.0, "tool_calls/well_formed": 1.0,
                                         "tool_calls/errors": 0.0}
-    assert info["messages"][1]["tool_calls"][0]["function"] == {"name": "calculator",
+    assert info.messages[1]["tool_calls"][0]["function"] == {"name": "calculator",
                                                                "arguments": {"expression": "12+34"}}
 
 
@@ -202,7 +202,7 @@ def test_a_real_template_and_bpe_keep_the_sampled_ids_not_their_reencoding(real_
     finally:
         runner.close()
     info = batch.episodes[0]
-    assert info["error"] is None and info["agent"]["rows"] == 1 and info["env_reward"] == 1.0
+    assert info.error is None and info.agent.rows == 1 and info.env_reward == 1.0
     first, second = engine.prompts
     assert second[:len(first) + len(odd) + 1] == first + odd + [qwen.eos_token_id]
     assert "<tool_response>\n46\n</tool_response>" in qwen.decode(second[len(first) + len(odd) + 1:])
@@ -227,12 +227,12 @@ def test_tool_calls_marked_by_special_tokens_come_back_as_tool_calls() -> None:
     finally:
         runner.close()
     info = batch.episodes[0]
-    assert info["error"] is None and info["env_reward"] == 1.0 and info["agent"]["calls"] == 2
-    assert [c["finish_reason"] for c in info["calls"]] == ["tool_calls", "stop"]
-    assert [m["role"] for m in info["messages"]] == ["user", "assistant", "tool", "assistant"]
-    assert info["messages"][1]["tool_calls"][0]["function"] == {"name": "calculator",
+    assert info.error is None and info.env_reward == 1.0 and len(info.agent.calls) == 2
+    assert [c["finish_reason"] for c in info.agent.calls] == ["tool_calls", "stop"]
+    assert [m["role"] for m in info.messages] == ["user", "assistant", "tool", "assistant"]
+    assert info.messages[1]["tool_calls"][0]["function"] == {"name": "calculator",
                                                                "arguments": {"expression": "12+34"}}
-    assert info["messages"][3]["content"] == "46" and batch.completions == ["46"]  # no <|im_end|>
+    assert info.messages[3]["content"] == "46" and batch.completions == ["46"]  # no <|im_end|>
 
 def test_a_template_that_rerenders_history_gives_separate_rows(tok) -> None:
     """A template that drops an earlier turn's reasoning block cannot be extended: the next call
@@ -249,7 +249,8 @@ def test_a_template_that_rerenders_history_gives_separate_rows(tok) -> None:
     finally:
         runner.close()
     info = batch.episodes[0]
-    assert info["agent"] == {"calls": 2, "prefix_breaks": 1, "rows": 2, "error": None, "versions": [0]}
+    assert (len(info.agent.calls), info.agent.prefix_breaks, info.agent.rows, info.error, info.agent.versions) \
+        == (2, 1, 2, None, [0])
     assert batch.group_size == 2 and agent_metrics(batch)["agent/prefix_breaks"] == 1.0
     for r, seen in enumerate(engine.prompts):
         assert batch.prompt_ids[r][batch.prompt_mask[r].bool()].tolist() == seen
@@ -276,7 +277,7 @@ def test_a_bad_agent_ends_its_own_episode_with_a_recorded_error(tok, model, agen
         batch = runner.run(HFEngine(model, tok), ["1+2="], ["3"], SamplingParams(n=2, max_new_tokens=4, seed=0))
     finally:
         runner.close()
-    assert len(batch) == 2 and all(error in e["error"] for e in batch.episodes)
+    assert len(batch) == 2 and all(error in e.error for e in batch.episodes)
     assert batch.finish_reason == ["length", "length"]
     with pytest.raises(Exception, match="reward"):  # reward.on_error=raise names the failure
         RewardFn("env").score(batch)
@@ -292,8 +293,8 @@ def test_limits_are_clamped_or_refused(tok, model) -> None:
     runner = _runner("floods", max_parallel=2, max_calls=5)
     try:
         batch = runner.run(engine, ["1+2="], ["3"], SamplingParams(n=1, max_new_tokens=4, seed=0))
-        assert batch.episodes[0]["error"] is None and 1 <= batch.episodes[0]["env_reward"] <= 5
-        assert 1 <= batch.episodes[0]["agent"]["calls"] <= 5
+        assert batch.episodes[0].error is None and 1 <= batch.episodes[0].env_reward <= 5
+        assert 1 <= len(batch.episodes[0].agent.calls) <= 5
 
         async def direct(log_url: str) -> None:
             client = openai.AsyncOpenAI(base_url=log_url, api_key="x", max_retries=0)
@@ -383,8 +384,8 @@ def test_a_sync_agent_gets_the_base_url(tok, model) -> None:
         batch = runner.run(HFEngine(model, tok), ["x"], [""], SamplingParams(n=2, max_new_tokens=3, seed=0))
     finally:
         runner.close()
-    assert [e["error"] for e in batch.episodes] == [None, None]
-    assert all(e["agent"]["calls"] == 1 and e["env_reward"] == 1.0 for e in batch.episodes)
+    assert [e.error for e in batch.episodes] == [None, None]
+    assert all(len(e.agent.calls) == 1 and e.env_reward == 1.0 for e in batch.episodes)
 
 
 @pytest.mark.parametrize("agent", ["text_completions", "token_route", "sync_agent"])
@@ -465,7 +466,7 @@ def test_an_idle_connection_stays_open_for_the_episodes_next_call(tok) -> None:
     finally:
         runner.close()
     info = batch.episodes[0]
-    assert info["error"] is None and info["env_reward"] == 1.0 and info["agent"]["calls"] == 2
+    assert info.error is None and info.env_reward == 1.0 and len(info.agent.calls) == 2
     assert seen == {"hung_up": False}
     assert keep_alive > runner.timeout_s  # the server never closes a live episode's connection
 
@@ -477,8 +478,8 @@ def test_a_streaming_chat_call_is_answered_and_recorded(tok, model) -> None:
     finally:
         runner.close()
     info = batch.episodes[0]
-    assert info["error"] is None and info["env_reward"] == 1.0 and info["agent"]["calls"] == 1
-    assert info["messages"][-1]["content"] == batch.completions[0]
+    assert info.error is None and info.env_reward == 1.0 and len(info.agent.calls) == 1
+    assert info.messages[-1]["content"] == batch.completions[0]
 
 
 def test_stop_strings_n_and_stop_token_ids_cut_the_record_too(tok) -> None:

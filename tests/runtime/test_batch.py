@@ -54,3 +54,33 @@ def test_to_the_same_device_is_the_batch_itself_and_repeat_each() -> None:
     b = make(2, 2)
     assert b.to("cpu") is b
     assert repeat_each(["x", "y"], 3) == ["x", "x", "x", "y", "y", "y"]
+
+
+def test_a_checkpoint_keeps_queued_episodes_as_plain_values(tmp_path) -> None:
+    """An asynchronous run's checkpoint keeps the batches generated ahead as plain values (what
+    ``torch.load(weights_only=True)`` reads): a tool episode and an agent's padding row come back
+    equal, stored as the dicts episodes were before they had a type (older checkpoints read too)."""
+    from types import SimpleNamespace
+
+    from rldsl.runtime.batch import AgentRow, Episode, StepRollout
+    from rldsl.runtime.rollout.producer import Produced
+    from rldsl.runtime.run.checkpointing import _extra_state, restored_queue
+
+    call = {"route": "chat", "row": 0, "prompt_tokens": 3, "completion_ids": [5, 6], "finish_reason": "stop",
+            "version": 2, "bridged": False}
+    b = make(2, 3, P=1, G=2)
+    b.episodes = [Episode([{"role": "user", "content": "1+2="}, {"role": "assistant", "content": "3"}], 1.0,
+                          [[1, 0.5], [2, 0.5]]),
+                  Episode([{"role": "user", "content": "1+2="}], None, error="the agent raised KeyError: 'x'",
+                          agent=AgentRow(row=1, rows=1, padding=True, prefix_breaks=0, calls=[call]))]
+    queued = [Produced(4, 2, StepRollout(4, b, [7], ["1+2="], torch.tensor([1.0, float("nan")]), {"sampling_rounds": 1.0}))]
+    extra = _extra_state(SimpleNamespace(source=SimpleNamespace(state_dict=dict)), 4, {}, queued)
+    assert extra["queued"][0]["batch"]["episodes"] == [
+        {"messages": b.episodes[0].messages, "env_reward": 1.0, "step_rewards": [[1, 0.5], [2, 0.5]]},
+        {"env_reward": None, "error": "the agent raised KeyError: 'x'", "calls": [call], "messages": b.episodes[1].messages,
+         "row": 1, "agent": {"calls": 1, "prefix_breaks": 0, "rows": 1, "error": "the agent raised KeyError: 'x'",
+                             "versions": [2]}, "padding": True}]
+    torch.save(extra, tmp_path / "extra.pt")
+    (back,) = restored_queue(torch.load(tmp_path / "extra.pt", weights_only=True))
+    assert (back.step, back.version, back.value.prompt_ids) == (4, 2, [7])
+    assert back.value.batch.episodes == b.episodes and back.value.batch.completions == b.completions

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rldsl
-from rldsl.runtime.batch import RolloutBatch
+from rldsl.runtime.batch import AgentRow, Episode, RolloutBatch
 from rldsl.runtime.errors import ConfigError, RunError
 from rldsl.runtime.rewards.functions import RewardFn
 from rldsl.runtime.rollout.engines.base import SamplingParams
@@ -55,8 +55,8 @@ def test_turn_rewards_land_on_the_last_token_of_their_turn(tok):
     ends = [t for t in range(n) if mask[t] == 1 and (t + 1 == n or mask[t + 1] == 0)]
     assert len(ends) == 3 and all(batch.response_ids[0, t] == tok.eos_token_id for t in ends)
     ep = batch.episodes[0]
-    assert ep["step_rewards"] == [[ends[0], 0.5], [ends[2], 2.0]]  # the second turn had none
-    assert ep["env_reward"] == 2.5  # the env term: their sum
+    assert ep.step_rewards == [[ends[0], 0.5], [ends[2], 2.0]]  # the second turn had none
+    assert ep.env_reward == 2.5  # the env term: their sum
     batch.answers = ["6", "6"]
     scored = RewardFn("env=2,exact=0.5").score(batch)
     assert scored.rewards.tolist() == [5.5, 5.5]  # 2 * 2.5 + 0.5 * exact("6" is the answer)
@@ -100,7 +100,7 @@ def test_dense_rewards_without_turns_are_refused():
     scored = RewardFn("exact").score(RolloutBatch(**{**single.__dict__, "answers": ["c"]}))
     with pytest.raises(RunError, match="sample 0 has no turns with rewards of their own \\(a single-turn sample\\)"):
         producers.per_turn_rewards(_side([("env", 1.0)]), single, scored, [])
-    agent = RolloutBatch(**{**single.__dict__, "episodes": [{"messages": [], "env_reward": 1.0, "agent": {}}]})
+    agent = RolloutBatch(**{**single.__dict__, "episodes": [Episode([], 1.0, agent=AgentRow())]})
     with pytest.raises(RunError, match="an agent's episode gives one reward"):
         producers.per_turn_rewards(_side([("env", 1.0)]), agent, scored, [])
 

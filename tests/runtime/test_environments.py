@@ -86,6 +86,11 @@ def test_verifiers_rows_are_the_tasksets_tasks() -> None:
 
     rows = verifiers_examples("verifiers:vf_sum_single")
     assert [(r.prompt, r.answer) for r in rows[:2]] == [("1+2=", "0"), ("2+3=", "1")]
+    # the episode gets the row's task, by its index, under that name (an agent's row has answer)
+    from rldsl.runtime.rollout.agents.environments import environment_runner
+
+    runner = environment_runner(load_config(None, ["rollout.env=verifiers:vf_sum_single"]), "models/tiny", None)
+    assert runner.row(rows[1].prompt, rows[1].answer) == {"prompt": "2+3=", "task": "1", "model": "tiny"}
     with pytest.raises(ConfigError, match="takes its rows from the taskset"):
         check_tools(load_config(None, ["rollout.env=verifiers:vf_sum_single", "data.path=x.jsonl"]))
     with pytest.raises(ConfigError, match="cannot be loaded.*no_such_taskset"):
@@ -197,7 +202,7 @@ def test_a_server_that_dies_or_hangs_mid_episode_gives_failed_episodes(tool_mode
     finally:
         runner.close()
     assert time.monotonic() - start < 30
-    assert len(batch) == 2 and all(error in e["error"] for e in batch.episodes), [e["error"] for e in batch.episodes]
+    assert len(batch) == 2 and all(error in e.error for e in batch.episodes), [e.error for e in batch.episodes]
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +241,7 @@ def _stand_in_runner(url: str, *extra: str):
     return environment_runner(cfg, "toy", 128), Scripted(build_tool_tokenizer(), ["46"])
 
 
-def _episodes(runner, policy, n: int = 8) -> list[dict]:
+def _episodes(runner, policy, n: int = 8) -> list:
     from rldsl.runtime.rollout.engines.base import SamplingParams
 
     return runner.run(policy, ["12+34="], ["46"], SamplingParams(n=n, max_new_tokens=8, seed=0)).episodes
@@ -261,8 +266,8 @@ def test_an_openenv_server_with_a_session_limit_plays_every_episode(limited_serv
     try:
         first = _episodes(runner, policy)
         counts = _sessions(url)
-        assert [e["error"] for e in first] == [None] * 8
-        assert [e["env_reward"] for e in first] == [1.0] * 8
+        assert [e.error for e in first] == [None] * 8
+        assert [e.env_reward for e in first] == [1.0] * 8
         assert counts["opened"] == 8 and counts["peak"] == limit
         assert counts["connections"] > 8  # refused ones, retried
         assert runner.sessions.limit == runner.sessions.server_limit == limit
@@ -271,7 +276,7 @@ def test_an_openenv_server_with_a_session_limit_plays_every_episode(limited_serv
         second = _episodes(runner, policy)
     finally:
         runner.close()
-    assert [e["error"] for e in second] == [None] * 8
+    assert [e.error for e in second] == [None] * 8
     assert runner.sessions.peak == limit  # sessions asked for at once: the server's limit, no more
     assert _sessions(url)["opened"] == 16
 
@@ -285,7 +290,7 @@ def test_rollout_env_concurrency_caps_the_sessions_asked_for(limited_server) -> 
         episodes = _episodes(runner, policy)
     finally:
         runner.close()
-    assert [e["error"] for e in episodes] == [None] * 8
+    assert [e.error for e in episodes] == [None] * 8
     assert _sessions(url) == {"live": 0, "peak": 2, "opened": 8, "connections": 8}
     assert runner.sessions.peak == 2
 
@@ -323,15 +328,15 @@ def test_a_session_refused_while_another_client_holds_the_server_is_retried(limi
     assert time.monotonic() - start < 20
     counts = _sessions(url)
     if held_s is not None:
-        assert [e["error"] for e in episodes] == [None, None]
+        assert [e.error for e in episodes] == [None, None]
         assert counts["opened"] == 3 and counts["connections"] > 3  # refused, then retried
     else:
         assert counts["opened"] == 1
         for e in episodes:
-            assert "refused the session" in e["error"] and "CAPACITY_REACHED" in e["error"], e["error"]
-            assert "still refused after 2 s of retries" in e["error"]
-            assert "it allows 1 at once (its max_concurrent_envs)" in e["error"]
-            assert "rollout.env_concurrency" in e["error"]
+            assert "refused the session" in e.error and "CAPACITY_REACHED" in e.error, e.error
+            assert "still refused after 2 s of retries" in e.error
+            assert "it allows 1 at once (its max_concurrent_envs)" in e.error
+            assert "rollout.env_concurrency" in e.error
 
 
 def test_a_verifiers_episode_that_fails_or_hangs_is_recorded(tool_model) -> None:
@@ -355,7 +360,7 @@ def test_a_verifiers_episode_that_fails_or_hangs_is_recorded(tool_model) -> None
     finally:
         runner.close()
     assert time.monotonic() - start < 60
-    first, second = (e["error"] for e in batch.episodes)
+    first, second = (e.error for e in batch.episodes)
     assert "the verifiers episode failed" in first and "the rubric broke" in first
     assert "ran past its time limit of 20 s" in second
 
@@ -381,7 +386,7 @@ def test_verifiers_renders_a_released_template_to_the_ids_the_engine_saw(real_mo
     finally:
         runner.close()
     (episode,) = batch.episodes
-    assert episode["error"] is None and episode["env_reward"] in (0.25, 1.0)
+    assert episode.error is None and episode.env_reward in (0.25, 1.0)
     prompt = batch.prompt_ids[0][batch.prompt_mask[0].bool()].tolist()
     assert prompt == tok.apply_chat_template([{"role": "user", "content": "1+2="}], add_generation_prompt=True,
                                              tokenize=True, return_dict=False)

@@ -120,8 +120,8 @@ def test_a_three_turn_episode_token_by_token(tok) -> None:
         assert batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist() == prompt
         whole = tok.decode(prompt + expected_ids, skip_special_tokens=False)
         assert whole + "\n" == tok.apply_chat_template(conv, tokenize=False)
-        assert batch.episodes[i]["env_reward"] == 1.0
-        assert [m["role"] for m in batch.episodes[i]["messages"]] == [m["role"] for m in conv]
+        assert batch.episodes[i].env_reward == 1.0
+        assert [m["role"] for m in batch.episodes[i].messages] == [m["role"] for m in conv]
     # turn k is sampled from exactly the ids so far: prompt + the previous turns' ids, no re-encoding
     assert engine.calls[1] == [prompt + said[0] + gap1] * 2
     assert engine.calls[2] == [prompt + expected_ids[:-len(said[2])]] * 2
@@ -138,7 +138,7 @@ def test_max_turns_ends_an_episode_that_is_not_done(tok) -> None:
     batch = run_episodes(engine, tok, [{"prompt": "x", "answer": ""}], [Nudge()], SamplingParams(n=1),
                          max_turns=2)
     assert batch.finish_reason == ["length"] and len(engine.calls) == 2
-    assert batch.episodes[0]["env_reward"] is None
+    assert batch.episodes[0].env_reward is None
 
 
 # ------------------------------------------------------------------------------ environments

@@ -230,7 +230,7 @@ def special_marker_episode(engine) -> None:
                                                     SamplingParams(n=2, max_new_tokens=16, seed=0))
     said = tok(SPECIAL_MARKER_CALL, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     for i in range(2):
-        messages = batch.episodes[i]["messages"]
+        messages = batch.episodes[i].messages
         assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "tool"]
         assert messages[1]["content"] == messages[3]["content"] == SPECIAL_MARKER_CALL
         assert all(m["name"] == "where" and not m["content"].startswith("error") for m in messages[2::2])

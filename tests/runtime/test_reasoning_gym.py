@@ -344,7 +344,7 @@ def test_multi_turn_episodes_open_with_reasoning_gyms_system_prompt(real_model, 
             getattr(runner, "close", lambda: None)()
         seen = tok.decode(batch.prompt_ids[0][batch.prompt_mask[0].bool()].tolist())  # what the engine saw
         assert f"<|im_start|>system\n{want}" in seen and "You are Qwen" not in seen
-        assert batch.episodes[0]["messages"][0] == {"role": "system", "content": want}
+        assert batch.episodes[0].messages[0] == {"role": "system", "content": want}
 
 
 def test_the_demo_teacher_is_exact_without_drops_and_its_mode_makes_both_mistakes():

@@ -34,11 +34,11 @@ def test_episodes_are_token_in_token_out(tool_model) -> None:
     assert batch.response_attention is not None and len(batch.episodes) == 8
     # the loss mask sits inside the attention; tool + template tokens are attended, not trained
     assert bool((batch.response_mask <= batch.response_attention).all())
-    calls = [i for i, ep in enumerate(batch.episodes) if any(m["role"] == "tool" for m in ep["messages"])]
+    calls = [i for i, ep in enumerate(batch.episodes) if any(m["role"] == "tool" for m in ep.messages)]
     assert calls, "the warm-started model made no tool call"
     eos = tok.eos_token_id
     for i in calls:
-        ep = batch.episodes[i]["messages"]
+        ep = batch.episodes[i].messages
         n = int(batch.response_attention[i].sum())
         ids = batch.response_ids[i, :n]
         model_ids = ids[batch.response_mask[i, :n].bool()].tolist()

@@ -101,15 +101,15 @@ def test_a_three_call_tool_agent_is_recorded_exactly_from_vllm(setup) -> None:
     assert len(first) == 2 and first[0][1] != first[1][1]
     for i in range(2):
         info = batch.episodes[i]
-        assert info["agent"]["calls"] == 3 and info["agent"]["rows"] == 1 and info["env_reward"] == 0.5
-        assert info["agent"]["versions"] == [3] and all(c["version"] == 3 for c in info["calls"])
-        assert [c["bridged"] for c in info["calls"]] == [False, True, True]
+        assert len(info.agent.calls) == 3 and info.agent.rows == 1 and info.env_reward == 0.5
+        assert info.agent.versions == [3] and all(c["version"] == 3 for c in info.agent.calls)
+        assert [c["bridged"] for c in info.agent.calls] == [False, True, True]
         prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
         n = int(batch.response_attention[i].sum())
         ids, mask = batch.response_ids[i, :n].tolist(), batch.response_mask[i, :n].tolist()
         whole = prompt + ids
         mine = []
-        for c in info["calls"]:  # each recorded call is one of vLLM's, exactly
+        for c in info.agent.calls:  # each recorded call is one of vLLM's, exactly
             match = [v for v in vllm_calls if whole[:len(v[0])] == v[0] and v[1][:len(c["completion_ids"])]
                      == c["completion_ids"] and len(v[0]) == c["prompt_tokens"]]
             assert len(match) == 1, c
@@ -149,12 +149,12 @@ def test_tool_calls_are_read_by_vllms_own_parser(setup, monkeypatch) -> None:
     finally:
         runner.close()
     info = batch.episodes[0]
-    assert info["error"] is None and info["env_reward"] == 1.0
-    assert [c["bridged"] for c in info["calls"]] == [False, True] and info["agent"]["rows"] == 1
-    assistant = [m for m in info["messages"] if m["role"] == "assistant"]
+    assert info.error is None and info.env_reward == 1.0
+    assert [c["bridged"] for c in info.agent.calls] == [False, True] and info.agent.rows == 1
+    assistant = [m for m in info.messages if m["role"] == "assistant"]
     assert assistant[0]["tool_calls"][0]["function"] == {"name": "calculator",
                                                          "arguments": {"expression": "12+34+5"}}
-    tool = [m for m in info["messages"] if m["role"] == "tool"]
+    tool = [m for m in info.messages if m["role"] == "tool"]
     assert [m["content"] for m in tool] == ["51"]
     # the agent answered the call by the id it was given: vLLM's (make_tool_call_id), not rldsl's
     assert tool[0]["tool_call_id"].startswith("chatcmpl-tool-")

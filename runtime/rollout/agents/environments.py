@@ -6,7 +6,7 @@ its return value -- the environment's own reward -- is the ``env`` reward term. 
 "Environments from other libraries".
 
 verifiers: the run's rows are the taskset's tasks (:func:`verifiers_examples`; a row's
-``answer`` is its task's index); an episode is ``Env.run_episode`` of that task with verifiers'
+``answer`` is its task's index, which the agent gets as ``row["task"]``); an episode is ``Env.run_episode`` of that task with verifiers'
 training client (``TrainClientConfig``: it renders the chat to ids with the model folder's
 tokenizer and posts them to the episode's ``/inference/v1/generate``), the harness verifiers'
 own chat program run with this Python (vf_harness.py), the reward the trace's rubric total.
@@ -29,7 +29,7 @@ import functools
 import json
 import re
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from ...config import env_library
 from ...data.datasets import Example
@@ -37,6 +37,7 @@ from ...data.reasoning_gym import row_system_prompt
 from ...errors import ConfigError, EpisodeRefused
 from ...rewards.values import reward_value
 from . import vf_harness
+from .records import Outcome
 from .runner import AGENTS_EXTRA, AgentRunner, load_agent, served_name
 
 #: The module each library needs.
@@ -147,7 +148,7 @@ def verifiers_agent(spec: str, *, model_path: str | Path, model_name: str, tool_
                                      **dict(chat_template_kwargs or {}))
 
     async def agent(client: Any, row: dict) -> float:
-        task = tasks[int(row["answer"])]
+        task = tasks[int(row["task"])]
         ctx = vf.ModelContext(model=model_name, client=vf.TrainClientConfig(
             base_url=str(client.base_url).rstrip("/"), renderer=renderer, renderer_model_name=str(model_path),
             api_key_var=ENDPOINT_KEY_VAR, timeout={"connect": min(30.0, timeout_s)}))
@@ -373,7 +374,7 @@ class _Room:
                 self.active -= 1
                 self.changed.notify_all()
 
-    async def run(self, start: Callable[[], Any]) -> Any:
+    async def run(self, start: Callable[[], Any]) -> Outcome:
         """``start()``'s outcome, started once a session is free, again after each refusal."""
         waited, pause = 0.0, BACKOFF_FIRST_S
         while True:
@@ -384,7 +385,7 @@ class _Room:
                     refusal = e
                     self.gate.refused(e.limit)  # before the place is given back
             if waited >= self.gate.wait_s:
-                return [], None, self.gate.gave_up(refusal, waited)
+                return Outcome(error=self.gate.gave_up(refusal, waited))
             step = min(pause, self.gate.wait_s - waited)
             await asyncio.sleep(step)
             waited, pause = waited + step, min(2 * pause, BACKOFF_MAX_S)
@@ -467,7 +468,8 @@ def environment_runner(cfg: Any, model_path: str | Path, model_context: int | No
     if env_library(r.env) != "verifiers":
         agent = openenv_agent(r.env, timeout_s=r.agent_timeout_s, max_calls=r.max_turns)
         sessions = SessionGate(r.env_concurrency, r.agent_concurrency, wait_s=r.agent_timeout_s)
-    return EnvironmentRunner(agent, context, sessions=sessions, model_name=name, max_calls=r.max_turns,
+    return EnvironmentRunner(agent, context, sessions=sessions, tasks=env_library(r.env) == "verifiers",
+                             model_name=name, max_calls=r.max_turns,
                              max_parallel=r.agent_max_parallel_calls, timeout_s=r.agent_timeout_s,
                              concurrency=r.agent_concurrency, context=model_context,
                              tool_parser=r.tool_parser,
@@ -479,17 +481,26 @@ class EnvironmentRunner(AgentRunner):
     """An ``AgentRunner`` whose batches run inside the environment's own context (verifiers'
     shared tool servers); when that context fails to start, every episode of the batch ends
     with its error (the run goes on). With ``sessions`` (OpenEnv), each episode waits for a free
-    session first, and a refused one starts again (:class:`SessionGate`)."""
+    session first, and a refused one starts again (:class:`SessionGate`). With ``tasks``
+    (verifiers), a row points at a task: the agent's row has ``task``, the task's index (the
+    data row's ``answer``: :func:`verifiers_examples`), where an agent's has ``answer``."""
 
     subject = "the environment's episode"
 
     def __init__(self, agent: Callable, batch_context: Callable | None, sessions: SessionGate | None = None,
-                 **kw: Any) -> None:
+                 tasks: bool = False, **kw: Any) -> None:
         super().__init__(agent, **kw)
         self.batch_context = batch_context
         self.sessions = sessions
+        self.tasks = tasks
 
-    async def _episodes(self, rows: list[dict], server: Any) -> list:
+    def row(self, prompt: str | Sequence[dict], answer: str) -> dict:
+        row = super().row(prompt, answer)
+        if self.tasks:
+            row["task"] = row.pop("answer")
+        return row
+
+    async def _episodes(self, rows: list[dict], server: Any) -> list[Outcome]:
         if self.batch_context is None:
             return await self._gated(rows, server)
         try:
@@ -497,14 +508,14 @@ class EnvironmentRunner(AgentRunner):
                 return await self._gated(rows, server)
         except Exception as e:  # noqa: BLE001 - the environment's own start-up failed
             error = f"the environment failed to start: {type(e).__name__}: {e}"
-            return [([], None, error) for _ in rows]
+            return [Outcome(error=error) for _ in rows]
 
-    async def _gated(self, rows: list[dict], server: Any) -> list:
+    async def _gated(self, rows: list[dict], server: Any) -> list[Outcome]:
         if self.sessions is None:
             return await super()._episodes(rows, server)
         limit, room = asyncio.Semaphore(self.concurrency), self.sessions.room()
 
-        async def episode(row: dict) -> Any:
+        async def episode(row: dict) -> Outcome:
             async with limit:  # rollout.agent_concurrency, then a free session, then the timed episode
                 return await room.run(lambda: self._episode(row, server, contextlib.nullcontext()))
 

@@ -11,7 +11,6 @@ re-tokenised here: rows are made of recorded ids only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass
@@ -77,7 +76,11 @@ def prefix_breaks(rows: list[Row]) -> int:
     return max(0, len(rows) - 1)
 
 
-def episode_summary(calls: list[Call], rows: list[Row], error: str | None) -> dict[str, Any]:
-    """What samples.jsonl and the metrics keep of an episode's calls."""
-    return {"calls": len(calls), "prefix_breaks": prefix_breaks(rows), "rows": len(rows), "error": error,
-            "versions": sorted({c.version for c in calls})}
+@dataclass
+class Outcome:
+    """How one agent episode ended: the model calls the endpoint recorded, what the agent
+    returned (its reward, checked: a number or None) and why it failed (None: it did not)."""
+
+    calls: list[Call] = field(default_factory=list)
+    reward: float | None = None
+    error: str | None = None

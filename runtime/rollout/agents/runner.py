@@ -22,12 +22,12 @@ from typing import Any, Callable, Sequence
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from ... import plugins
-from ...batch import RolloutBatch
+from ...batch import AgentRow, Episode, RolloutBatch
 from ...errors import ConfigError, EpisodeRefused
 from ...records.metrics import AGENT_CALLS, AGENT_ERRORS, AGENT_PREFIX_BREAKS, AGENT_ROWS_PER_EPISODE
 from ...rewards.values import reward_value
 from ..engines.base import SamplingParams
-from .records import Call, Row, episode_rows, episode_summary
+from .records import Call, Outcome, Row, episode_rows, prefix_breaks
 
 #: How much longer than an episode's time limit the endpoint keeps an idle connection open: no
 #: live episode's connection is ever closed under it (server.py, PolicyServer.start).
@@ -118,19 +118,22 @@ class AgentRunner:
         server = self._server(engine)
         server.use(engine, params, self.version)
         G = params.n
-        rows = [{"prompt": p if isinstance(p, str) else [dict(m) for m in p], "answer": a, "model": self.model_name,
-                 **({"system": self.system_prompt} if self.system_prompt else {})}
-                for p, a in zip(prompts, answers)]
+        rows = [self.row(p, a) for p, a in zip(prompts, answers)]
         outcomes = asyncio.run(self._episodes([rows[i // G] for i in range(len(rows) * G)], server))
         batch = self.batch(engine.tokenizer, rows, outcomes, G)
         batch.answers = [answers[i // batch.group_size] for i in range(len(batch))]
         return batch
 
-    async def _episodes(self, rows: list[dict], server: Any) -> list[tuple[list[Call], Any, str | None]]:
+    def row(self, prompt: str | Sequence[dict], answer: str) -> dict:
+        """What the agent gets of one data row (the module's docstring)."""
+        return {"prompt": prompt if isinstance(prompt, str) else [dict(m) for m in prompt], "answer": answer,
+                "model": self.model_name, **({"system": self.system_prompt} if self.system_prompt else {})}
+
+    async def _episodes(self, rows: list[dict], server: Any) -> list[Outcome]:
         limit = asyncio.Semaphore(self.concurrency)
         return await asyncio.gather(*(self._episode(row, server, limit) for row in rows))
 
-    async def _episode(self, row: dict, server: Any, limit: asyncio.Semaphore) -> tuple[list[Call], Any, str | None]:
+    async def _episode(self, row: dict, server: Any, limit: asyncio.Semaphore) -> Outcome:
         async with limit:
             log = server.open_episode(self.timeout_s)
             url = server.episode_url(log.id)
@@ -165,31 +168,32 @@ class AgentRunner:
             if error is None and not log.calls:
                 error = f"{self.subject} made no call to the model" + (
                     f" that was answered (refused: {', '.join(sorted(set(log.refused)))})" if log.refused else "")
-            return log.calls, reward, error
+            return Outcome(log.calls, None if error else reward, error)
 
     # ------------------------------------------------------------------ rows
-    def batch(self, tokenizer: Any, rows_in: list[dict], outcomes: list[tuple[list[Call], Any, str | None]],
-              G: int) -> RolloutBatch:
+    def batch(self, tokenizer: Any, rows_in: list[dict], outcomes: list[Outcome], G: int) -> RolloutBatch:
         """The rows of every episode (``rows_in``: each prompt's row as the agent got it)."""
-        per_episode = [episode_rows(calls) for calls, _, _ in outcomes]
+        per_episode = [episode_rows(o.calls) for o in outcomes]
         K = max(1, max(len(r) for r in per_episode))
         pad = tokenizer.pad_token_id
-        entries: list[tuple[Row, dict, str, str]] = []
-        for e, ((calls, reward, error), rows) in enumerate(zip(outcomes, per_episode)):
+        # the batch's columns: each row, its episode, the prompt text the engine saw, its completion
+        rows_out: list[Row] = []
+        episodes: list[Episode] = []
+        prompts: list[str] = []
+        completions: list[str] = []
+        for e, (o, rows) in enumerate(zip(outcomes, per_episode)):
             row_in = rows_in[e // G]
             opening = ([{"role": "system", "content": row_in["system"]}] if row_in.get("system") else []) + (
                 [{"role": "user", "content": row_in["prompt"]}] if isinstance(row_in["prompt"], str)
                 else list(row_in["prompt"]))
-            summary = episode_summary(calls, rows, error)
             row_of = {k: j for j, r in enumerate(rows) for k in r.calls}
             # the episode's final answer (what a reward on the answer reads, the same on every row):
             # its last call's reply (a chat call's message, a text or token call's text)
-            final = _reply_text(calls[-1]) if calls else ""
-            info = {"env_reward": None if error else reward, "agent": summary,
-                    "error": error,
-                    "calls": [{"route": c.route, "row": row_of.get(k), "prompt_tokens": len(c.prompt_ids),
-                               "completion_ids": c.completion_ids, "finish_reason": c.finish_reason,
-                               "version": c.version, "bridged": c.bridged} for k, c in enumerate(calls)]}
+            final = _reply_text(o.calls[-1]) if o.calls else ""
+            calls = [{"route": c.route, "row": row_of.get(k), "prompt_tokens": len(c.prompt_ids),
+                      "completion_ids": c.completion_ids, "finish_reason": c.finish_reason,
+                      "version": c.version, "bridged": c.bridged} for k, c in enumerate(o.calls)]
+            made, breaks = len(rows), prefix_breaks(rows)
             if not rows:  # no call answered: an empty row, the opening messages rendered as its prompt
                 text = tokenizer.apply_chat_template(opening, tokenize=False, add_generation_prompt=True,
                                                      **self.chat_template_kwargs)
@@ -197,11 +201,14 @@ class AgentRunner:
             for k in range(K):
                 row = rows[k] if k < len(rows) else Row(rows[0].prompt_ids)  # padding: nothing trained
                 text = tokenizer.decode(row.prompt_ids, skip_special_tokens=False)  # what the engine saw
-                messages = row_messages(tokenizer, calls, row, opening, self.chat_template_kwargs) \
+                messages = row_messages(tokenizer, o.calls, row, opening, self.chat_template_kwargs) \
                     if row.calls else opening
-                entries.append((row, dict(info, messages=messages, row=k,
-                                          **({"padding": True} if k >= len(rows) else {})), text, final))
-        return _rows_batch(tokenizer, entries, G * K)
+                rows_out.append(row)
+                episodes.append(Episode(messages, o.reward, error=o.error,
+                                        agent=AgentRow(k, made, k >= len(rows), breaks, calls)))
+                prompts.append(text)
+                completions.append(final)
+        return _rows_batch(tokenizer, rows_out, episodes, prompts, completions, G * K)
 
 
 def _reply_text(call: Call) -> str:
@@ -246,20 +253,21 @@ def row_messages(tokenizer: Any, calls: list[Call], row: Row, opening: list[dict
     return messages
 
 
-def _rows_batch(tokenizer: Any, entries: list[tuple[Row, dict, str, str]], group_size: int) -> RolloutBatch:
-    """``entries``: (row, its episode record, the prompt text, the episode's final answer)."""
+def _rows_batch(tokenizer: Any, rows: list[Row], episodes: list[Episode], prompts: list[str],
+                completions: list[str], group_size: int) -> RolloutBatch:
+    """The batch of ``rows``, each with its episode, the prompt text the engine saw and the
+    episode's final answer."""
     pad = tokenizer.pad_token_id
-    B = len(entries)
-    Tp = max(len(r.prompt_ids) for r, _, _, _ in entries)
-    Tr = max(1, max(len(r.response_ids) for r, _, _, _ in entries))
+    B = len(rows)
+    Tp = max(len(r.prompt_ids) for r in rows)
+    Tr = max(1, max(len(r.response_ids) for r in rows))
     p_ids = torch.full((B, Tp), pad, dtype=torch.long)  # [B, Tp]
     p_mask = torch.zeros((B, Tp), dtype=torch.long)  # [B, Tp]
     r_ids = torch.full((B, Tr), pad, dtype=torch.long)  # [B, Tr]
     r_mask = torch.zeros((B, Tr), dtype=torch.long)  # [B, Tr]
     r_attn = torch.zeros((B, Tr), dtype=torch.long)  # [B, Tr]
     logprobs = torch.zeros((B, Tr), dtype=torch.float32)  # [B, Tr]
-    finish, completions, prompts, episodes = [], [], [], []
-    for i, (row, info, prompt, final) in enumerate(entries):
+    for i, row in enumerate(rows):
         p = row.prompt_ids
         p_ids[i, Tp - len(p):] = torch.tensor(p)
         p_mask[i, Tp - len(p):] = 1
@@ -269,10 +277,7 @@ def _rows_batch(tokenizer: Any, entries: list[tuple[Row, dict, str, str]], group
             r_mask[i, :n] = torch.tensor(row.mask)
             r_attn[i, :n] = 1
             logprobs[i, :n] = torch.tensor(row.logprobs, dtype=torch.float32)
-        finish.append(row.finish_reason if n and not info.get("error") else "length")
-        completions.append(final)
-        prompts.append(prompt)
-        episodes.append(info)
+    finish = [r.finish_reason if r.response_ids and not e.error else "length" for r, e in zip(rows, episodes)]
     return RolloutBatch(p_ids, p_mask, r_ids, r_mask, logprobs, finish, prompts, completions, group_size,
                         response_attention=r_attn, episodes=episodes)
 
@@ -305,14 +310,14 @@ def agent_metrics(batch: RolloutBatch, prefix: str = "") -> dict[str, float]:
     """``agent/calls`` (model calls per episode), ``agent/prefix_breaks`` (calls of the batch that
     could not continue an earlier call's ids), ``agent/rows_per_episode``, ``agent/errors`` (the
     fraction of episodes that ended with an error). Empty unless the batch is an agent's."""
-    heads = [e["agent"] for e in batch.episodes if "agent" in e and e.get("row") == 0]
+    heads = [e for e in batch.episodes if e.agent is not None and e.agent.row == 0]
     if not heads:
         return {}
     n = len(heads)
-    return {prefix + AGENT_CALLS: sum(h["calls"] for h in heads) / n,
-            prefix + AGENT_PREFIX_BREAKS: float(sum(h["prefix_breaks"] for h in heads)),
-            prefix + AGENT_ROWS_PER_EPISODE: sum(max(1, h["rows"]) for h in heads) / n,
-            prefix + AGENT_ERRORS: sum(h["error"] is not None for h in heads) / n}
+    return {prefix + AGENT_CALLS: sum(len(h.agent.calls) for h in heads) / n,
+            prefix + AGENT_PREFIX_BREAKS: float(sum(h.agent.prefix_breaks for h in heads)),
+            prefix + AGENT_ROWS_PER_EPISODE: sum(max(1, h.agent.rows) for h in heads) / n,
+            prefix + AGENT_ERRORS: sum(h.error is not None for h in heads) / n}
 
 
 def served_name(model_path: str | Path) -> str:

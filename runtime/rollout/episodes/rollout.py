@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
-from ...batch import RolloutBatch
+from ...batch import Episode, RolloutBatch
 from ...config import RunConfig
 from ...data.reasoning_gym import row_system_prompt
 from ..engines.base import SamplingParams
@@ -170,8 +170,8 @@ def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], 
     return RolloutBatch(p_ids, p_mask, r_ids, r_mask, logprobs, finish,
                         [prompt_text[i // G] for i in range(B)], finals, G,
                         response_attention=r_attn,
-                        episodes=[{"messages": c, "env_reward": sum(r for _, r in st) if st else None,
-                                   "step_rewards": st} for c, st in zip(convs, steps)])
+                        episodes=[Episode(c, sum(r for _, r in st) if st else None, st)
+                                  for c, st in zip(convs, steps)])
 
 
 class EpisodeRunner:
