@@ -200,9 +200,10 @@ def test_a_process_reward_scores_each_step_where_it_ends(prm_dir):
             want[i, int(e) - 1] += 0.5 * v  # one character per token: step end e is token e - 1
     torch.testing.assert_close(dense, want)
     # a dense spec puts nothing else anywhere: the steps sum to the reward
-    est = rldsl.compile(rldsl.loads(DENSE), compile=False).estimate(0.5 * scored.rewards, 1,
-                                                                     batch.response_mask.float(), dense_rewards=dense)
-    torch.testing.assert_close(est.advantages[:, 0], 0.5 * scored.rewards)
+    rewards = 0.5 * scored.rewards.float()  # as the trainer takes them (Trainer.estimate: float32)
+    est = rldsl.compile(rldsl.loads(DENSE), compile=False).estimate(rewards, 1, batch.response_mask.float(),
+                                                                     dense_rewards=dense)
+    torch.testing.assert_close(est.advantages[:, 0], rewards)
 
 
 def test_a_step_separator_never_found_is_an_error(prm_dir):

@@ -52,7 +52,9 @@ def test_episodes_are_token_in_token_out(tool_model) -> None:
                 turns.append(cur)
                 cur = []
         turns += [cur] if cur else []
-        assert [tok.decode(t, skip_special_tokens=True) for t in turns] == said
+        # (a tools episode's message is the text its parser read: special tokens kept, the EOS that
+        # ended the turn left out -- docs/runtime.md)
+        assert [tok.decode(t[:-1] if t[-1] == eos else t, skip_special_tokens=False) for t in turns] == said
         # the environment's tokens are the template's delta: tool result in a user turn
         tool_text = tok.decode(env_ids, skip_special_tokens=False)
         result = next(m["content"] for m in ep if m["role"] == "tool")
