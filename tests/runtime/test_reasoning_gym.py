@@ -77,14 +77,15 @@ def test_each_row_of_a_mix_is_scored_by_its_own_task():
 
 def test_a_verifier_that_raises_follows_reward_on_error(monkeypatch):
     data = rg.generate("reasoning_gym:basic_arithmetic", {"size": 2, "seed": 0}, run_seed=0, heldout=0)
-    scorer, _ = rg.ENTRIES.get(data.train[0].reward_prompt)
 
     def broken(answer, entry):
         if answer == "boom":
             raise ValueError("strange completion")
         return 1.0
 
-    monkeypatch.setattr(scorer, "score_answer", broken)
+    # each row's own scorer: a row whose question an earlier test generated too keeps that one's
+    for e in data.train:
+        monkeypatch.setattr(rg.ENTRIES.get(e.reward_prompt)[0], "score_answer", broken)
     completions = ["<answer>boom</answer>", "<answer>1</answer>"]
     skipped = score("reasoning_gym", data.train, completions, on_error="skip")
     assert skipped.num_errors == 1 and math.isnan(skipped.rewards[0]) and skipped.rewards[1] == 1.0
