@@ -4,31 +4,20 @@ or several -- equal to the entropy computed directly from the policy before the 
 on-policy (no old forward) it is the update forward's own entropy."""
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
 import torch
 
 import rldsl
-from rldsl.runtime.rollout.engines.base import SamplingParams
-from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.train.logprobs import token_logprobs
 from rldsl.runtime.train.microbatch import row_tokens
 from rldsl.runtime.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
 ERC = ROOT / "algorithms" / "examples" / "erc.rl"
-PROMPTS = ["1+2=", "33+44=", "(5)*6-7=", "9="]
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
 
-
-@pytest.fixture()
-def rollout(tiny_model, tokenizer):
-    model = copy.deepcopy(tiny_model)
-    batch = HFEngine(model, tokenizer).generate(
-        PROMPTS, SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=3))
-    return model, batch
 
 
 def _spied_trainer(model, batch, monkeypatch, **kw):

@@ -2,7 +2,6 @@
 when the algorithm reads it, one producer per input, and rollout-made inputs ride along the batch."""
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,10 @@ import rldsl
 from rldsl import inputs as table
 from rldsl.runtime.batch import RolloutBatch
 from rldsl.runtime.config import RunConfig
-from rldsl.runtime.rollout.engines.base import SamplingParams
-from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.train import inputs as producers
 from rldsl.runtime.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
-PROMPTS = ["1+2=", "33+44=", "(5)*6-7=", "9="]
 
 
 def test_wanted_is_what_the_call_always_takes_and_what_the_algorithm_reads():
@@ -48,13 +44,6 @@ def test_rollout_inputs_are_selected_and_concatenated_by_rows():
     assert both.inputs["reward_components"][:, 0].tolist() == [4.0, 6.0, 0.0, 2.0]
     assert both.inputs["reward_weights"].tolist() == [1.0, 0.5]
 
-
-@pytest.fixture()
-def rollout(tiny_model, tokenizer):
-    model = copy.deepcopy(tiny_model)
-    batch = HFEngine(model, tokenizer).generate(
-        PROMPTS, SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=3))
-    return model, batch
 
 
 @pytest.mark.parametrize("spec", ["grpo_plain", "vespo_is"])
