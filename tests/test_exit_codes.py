@@ -71,7 +71,7 @@ def fake_train(monkeypatch):
     box = types.SimpleNamespace(error=None, before=None)
     fake = types.ModuleType("rldsl.runtime.run.loop")
 
-    def train(spec, cfg, resume=None):
+    def train(spec, cfg, resume=None, restart=False):
         if box.before is not None:
             box.before(cfg)
         raise box.error

@@ -86,7 +86,8 @@ def test_formula_specs_train_a_step(spec: str) -> None:
     lp = b["logp"].clone().requires_grad_(True)
     out = fn.loss(lp, b["old"], est.advantages, est.mask, ref_logprobs=b["ref"], entropy=b["ent"],
                   group_size=G, rollout_logprobs=b["old"] - 0.1,  # the engine's: read by vespo_is
-                  teacher_logprobs=b["old"] - 0.3)  # a teacher's: read by opd_formula
+                  teacher_logprobs=b["old"] - 0.3,  # a teacher's: read by opd_formula
+                  old_entropy=b["ent"] * 1.1)  # the old policy's: read by erc (ratios inside its band)
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(lp.grad).all() and lp.grad.abs().sum() > 0
     assert (lp.grad[est.mask == 0] == 0).all(), "padding gets no gradient"

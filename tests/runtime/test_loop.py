@@ -340,14 +340,15 @@ def test_a_warm_start_trains_with_the_runs_threads(monkeypatch):
     threads: it must train with `threads` (1) already, not torch's default of one per core (two
     spinning OpenMP threads on a loaded 2-core machine ran a 3-minute warm start for over an hour)."""
     from rldsl.runtime.run import sources
+    from rldsl.runtime.toy import tool_warmup
 
     seen = []
 
-    def fake(cfg):
+    def fake(vllm):
         seen.append(torch.get_num_threads())
         return Path("unused"), "unused"
 
-    monkeypatch.setattr(sources, "embedded_model", fake)
+    monkeypatch.setattr(tool_warmup, "embedded_model", fake)  # the calculator task's warm start
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
