@@ -115,7 +115,7 @@ def test_the_default_reward_is_settled_once_before_the_reward_is_built(tmp_path,
     plan = build.plan_run(build.load_spec("grpo"), load_config(None, [f"out={tmp_path}"]))
     assert len(calls) == 1 and built == ["addition"] and plan.reward.spec == plan.cfg.reward.name == "addition"
     with pytest.raises(ValueError, match="settle_reward"):
-        recipe.reward_fn(load_config(None, []))
+        real_fn(load_config(None, []))
 
 
 def test_the_spec_is_parsed_once_per_run(model_dir, tmp_path, monkeypatch):
