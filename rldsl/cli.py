@@ -279,7 +279,7 @@ def list_lines(slot: Optional[str] = None) -> list[list[tuple[str, str]]]:
 @reports_errors
 def list_components(slot: Optional[str] = typer.Argument(None, help="only this slot")) -> None:
     """The components of each slot with their parameters and formulas, and the algorithm library."""
-    from .errors import did_you_mean
+    from .suggest import did_you_mean
     if slot is not None and slot not in registry.SLOTS:
         hint = did_you_mean(slot, registry.SLOTS)
         raise UsageError(f"unknown slot {slot!r}" + (f"; {hint}" if hint else ""))

@@ -15,8 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .suggest import did_you_mean  # noqa: F401 - the spec errors' hints are made there
-
 
 @dataclass(frozen=True)
 class Span:

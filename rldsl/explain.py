@@ -15,7 +15,8 @@ from . import registry
 from .formula import hooks as formula_hooks
 from .inputs import INPUTS
 from .registry import format_value
-from .spec import Algorithm, SlotValue
+from .spec import Algorithm
+from .values import SlotValue
 
 Segment = tuple[str, str]  # (literal text, rich style or "")
 Line = list[Segment]

@@ -22,7 +22,8 @@ from .errors import Span, SpecWarning
 from .inputs import INPUTS
 from .registry import format_value
 if TYPE_CHECKING:  # spec.py imports torch (formula hooks); `rldsl check --help` lists the rules without it
-    from .spec import Algorithm, SlotValue
+    from .spec import Algorithm
+    from .values import SlotValue
 
 
 @dataclass(frozen=True)

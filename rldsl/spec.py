@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator
 from pydantic import BaseModel, ConfigDict
 
 from . import registry
-from .errors import ErrorList, Span, SpecError, SpecErrors, did_you_mean
+from .errors import ErrorList, Span, SpecError, SpecErrors
+from .suggest import did_you_mean
 from .formula import hooks as formula_hooks
 from .inputs import INPUTS
 from .parser import ArgNode, ComponentNode, SpecFile, Word, parse

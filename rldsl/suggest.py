@@ -1,7 +1,7 @@
 """Did-you-mean suggestions: the one place a misspelt name is matched against the valid ones.
 
-Used by the spec errors (rldsl/errors.py, formula/hooks.py) and the runtime's config keys
-(runtime/config.py). Imports nothing of the package, so any module may use it.
+Used by the spec errors (spec.py, formula/check.py, formula/hooks.py, translate.py) and the
+runtime's config keys (runtime/config.py). Imports nothing of the package, so any module may use it.
 """
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ from typing import Any, Iterable
 
 from . import registry
 from .config_files import read_config_file, to_toml, toml_value
-from .errors import TranslateError, did_you_mean
+from .errors import TranslateError
+from .suggest import did_you_mean
 from .registry import format_value
 from .spec import library, load, loads
 

@@ -1,5 +1,6 @@
-"""The run recipe: how the policy, the rollout engine and the reward are built from a resolved
-config -- one function each, used by a one-process run (run/build.py, workers/start.py), a
+"""The run recipe: how the policy and the rollout engine are built from a resolved config (the
+reward: ``resolve.reward_fn``; the episodes beside the engine: ``rollout/runners.episode_runner``)
+-- one function each, used by a one-process run (run/build.py, workers/start.py), a
 trainer rank (workers/fsdp_rank.py) and a rollout actor (workers/rollout_actor.py) alike.
 
 The trainer itself is ``Trainer.from_config`` (train/trainer.py; ``ShardedTrainer`` on a rank).
@@ -17,8 +18,6 @@ from .config import RunConfig
 from .rollout.engines.base import RolloutEngine
 from .models.lora import adapters_disabled, apply_lora
 from .models.loading import enable_gradient_checkpointing, load_policy, load_tokenizer, master_dtype
-from .resolve import reward_fn  # noqa: F401 (the run's reward: resolve.py builds it once the name is settled)
-from .rollout.runners import episode_runner  # noqa: F401 (the episodes beside the engine)
 
 
 def with_lora(cfg: RunConfig, policy: nn.Module) -> tuple[nn.Module, Any]:

@@ -34,8 +34,10 @@ from .data.sources import default_reward, default_tools, max_new_tokens, reward_
 from .errors import ConfigError, RunError
 from .models.loading import load_tokenizer, model_context
 from .rewards.functions import RewardFn, with_answer_format
-from .rollout.runners import check_episode_template, check_tools  # noqa: F401 (their old home)
-from .toy import sources as task_sources  # noqa: F401 (the built-in tasks' rows of the sources table)
+# source_of() reads the table of prompt sources: importing these modules registers their rows
+# (a verifiers taskset's; the built-in tasks') before the first run is resolved
+from .rollout import runners as _registers_verifiers_tasksets  # noqa: F401
+from .toy import sources as _registers_builtin_tasks  # noqa: F401
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).
 GROUP_OF_ONE_RULE = "group-of-one"

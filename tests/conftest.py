@@ -65,7 +65,7 @@ def real_model(tmp_path_factory) -> Callable[..., Path]:
     session; ``real_model("llama3.1")`` the other family; ``warm=True`` -> its tool warm start
     (calls get_weather; cached on disk under the rldsl cache folder, by a hash of its settings)."""
     import real_model as fixture
-    from rldsl.runtime.toy.warmup import cache_dir
+    from rldsl.cache import cache_dir
 
     built: dict[tuple[str, bool], Path] = {}
 

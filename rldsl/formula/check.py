@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import ErrorList, Span, did_you_mean
+from ..errors import ErrorList, Span
+from ..suggest import did_you_mean
 from . import lang
 from .nodes import ARITHMETIC, Binary, Binding, Call, Define, Expr, List, Name, Neg, Num, Tuple, literal_number, walk
 from .render import number, render

@@ -6,7 +6,8 @@ writes ``report.md``, ``results.csv`` and the figures, ``command.py`` runs the
 ``rldsl ablate`` command (declared in rldsl/runtime/cli.py).
 """
 from .command import ablate
-from .grid import GridError, build_study, parse_vary
+from ..errors import GridError
+from .grid import build_study, parse_vary
 from .report import run_numbers, write_report
 
 __all__ = ["ablate", "GridError", "build_study", "parse_vary", "run_numbers", "write_report"]

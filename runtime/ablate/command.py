@@ -22,7 +22,8 @@ from rldsl.errors import Interrupted, RunFailed, UsageError
 from rich.live import Live
 from rich.table import Table
 
-from .grid import CELLS_DIR, GridError, Study, Variant, build_study, read_grid_file, write_cells
+from ..errors import GridError
+from .grid import CELLS_DIR, Study, Variant, build_study, read_grid_file, write_cells
 from .report import STUDY_FILE, load_study_file, write_report
 from .runner import (Cell, CellStatus, LocalExecutor, RayExecutor, default_jobs, run_cells,
                      unfinished)

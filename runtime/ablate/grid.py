@@ -28,7 +28,8 @@ from typing import Any, Sequence
 
 from rldsl import registry
 from rldsl.config_files import read_config_file
-from rldsl.errors import SpecError, did_you_mean
+from rldsl.errors import SpecError
+from rldsl.suggest import did_you_mean
 from rldsl.explain import diff as explain_diff
 from rldsl.spec import Algorithm, library, load, loads
 from ..errors import GridError

@@ -16,8 +16,7 @@ from ..config import RunConfig
 from ..models.loading import load_policy, load_tokenizer
 from ..records.export import export_run
 from ..records.run_dir import CONFIG_FILE, load_run_config
-from ..resolve import check_episode_template, check_tools
-from ..rollout.runners import episode_runner
+from ..rollout.runners import check_episode_template, check_tools, episode_runner
 
 
 @dataclass

@@ -17,7 +17,8 @@ from ..records.metrics import MetricsLogger
 from ..records.run_dir import (METRICS_FILE, SPEC_FILE, keep_aside, load_run_config, run_dir_of,
                                save_config, save_parent_specs)
 from ..records.trackers import open_trackers
-from .plan import Plan, load_spec, plan_run
+from .plan import load_spec, plan_run
+from .state import Plan
 
 
 @dataclass

@@ -7,8 +7,8 @@ from __future__ import annotations
 import rldsl
 
 from ..config import MODEL_RUN_DEFAULTS, RunConfig
-from ..resolve import (check_group_size, check_settings, check_teacher_settings, check_tools, resolve,
-                       settled_reward)
+from ..resolve import check_group_size, check_settings, check_teacher_settings, resolve, settled_reward
+from ..rollout.runners import check_tools
 from .eval_sets import eval_sets_of
 from ..data.sources import source_of
 from ..records.trackers import check_trackers

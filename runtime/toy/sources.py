@@ -37,7 +37,7 @@ def _addition_model(cfg: RunConfig) -> tuple[Path, str]:
 
 
 def _addition_tokenizer() -> Any:
-    from .warmup import build_tokenizer
+    from .model import build_tokenizer
     return build_tokenizer()
 
 
@@ -47,7 +47,7 @@ def _calculator_model(cfg: RunConfig) -> tuple[Path, str]:
 
 
 def _calculator_tokenizer() -> Any:
-    from .tool_warmup import build_tool_tokenizer
+    from .tool_model import build_tool_tokenizer
     return build_tool_tokenizer()
 
 

@@ -14,9 +14,11 @@ from torch import Tensor
 
 from ..batch import RolloutBatch
 from ..errors import ConfigError
-from ..recipe import episode_runner, reward_fn, rollout_engine
+from ..recipe import rollout_engine
+from ..resolve import reward_fn
 from ..rewards.functions import RewardResult
 from ..rollout.engines.base import SamplingParams
+from ..rollout.runners import episode_runner
 from .base import Generation
 from .local import LocalRollouts
 from .ray_cluster import actor_config

@@ -10,9 +10,10 @@ from typing import Any
 import rldsl
 
 from ..config import RunConfig
-from ..recipe import episode_runner, master_policy, rollout_engine
+from ..recipe import master_policy, rollout_engine
 from ..rewards.functions import RewardFn
 from ..rollout.episodes.tools import SHARED_RUNNER
+from ..rollout.runners import episode_runner
 from .base import Rollouts, Trainers
 from .local import LocalRollouts
 from .local_trainers import LocalTrainers

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from rldsl.runtime.checkpoint import latest_checkpoint, read_weights
-from rldsl.runtime.metrics import read_metrics
-from rldsl.runtime.samples import SAMPLES_FILE
+from rldsl.runtime.records.checkpoint import latest_checkpoint, read_weights
+from rldsl.runtime.records.metrics import read_metrics
+from rldsl.runtime.records.run_dir import SAMPLES_FILE
 
 HERE = Path(__file__).parent
 TIMING = ("time/", "step_s", "tokens_per_s")
@@ -208,7 +208,7 @@ def free_port() -> int:
 
 
 class SlowFirstServer:
-    """A reward server (the protocol of runtime/reward_remote.py) on 127.0.0.1 whose first answer
+    """A reward server (the protocol of runtime/rewards/remote.py) on 127.0.0.1 whose first answer
     comes ``delay`` s late — past the client's time-out — and every later one at once:
     ``with SlowFirstServer(3.0) as url:``; ``bodies``: the requests it got, in order."""
 

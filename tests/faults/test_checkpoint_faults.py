@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rldsl.runtime import checkpoint as ckpt
-from rldsl.runtime import loop
+from rldsl.runtime.records import checkpoint as ckpt
+from rldsl.runtime.run import loop
 from rldsl.runtime.config import load_config
 
 from fault_helpers import BASE, assert_same_weights, child_env, final_weights, samples_of, step_numbers, steps_of
@@ -150,7 +150,7 @@ def test_a_full_disk_during_a_checkpoint_write_stops_the_run_and_keeps_the_previ
     args = [sys.executable, "-m", "rldsl.cli", "run", "grpo", "--model", str(model_dir), "--out", str(run)]
     for s in (*BASE, "train.steps=3"):
         args += ["--set", s]
-    check = (f"from rldsl.runtime.checkpoint import load_checkpoint, latest_checkpoint, verify_checkpoint\n"
+    check = (f"from rldsl.runtime.records.checkpoint import load_checkpoint, latest_checkpoint, verify_checkpoint\n"
              f"p = latest_checkpoint({str(run)!r}); c = load_checkpoint(p)\n"
              f"print('newest', p.name, c.step, verify_checkpoint(p))\n"
              f"import os; print('left', sorted(os.listdir({str(run / 'checkpoints')!r})))")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rldsl.runtime.checkpoint import latest_checkpoint
+from rldsl.runtime.records.checkpoint import latest_checkpoint
 
 from fault_helpers import (assert_same_weights, final_weights, rldsl, run_args, samples_of,
                            step_numbers, steps_of)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rldsl.runtime import loop
+from rldsl.runtime.run import loop
 from rldsl.runtime.run import schedule
 from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import WorkerError

@@ -6,9 +6,9 @@ import socket
 import time
 import urllib.request
 
-from rldsl.runtime import loop
+from rldsl.runtime.run import loop
 from rldsl.runtime.config import load_config
-from rldsl.runtime.metrics import read_metrics
+from rldsl.runtime.records.metrics import read_metrics
 
 from fault_helpers import (BASE, Forked, SlowFirstServer, child_env, free_port, log_dir, parity, run_args,
                            samples_of, start, step_numbers, wait_held)

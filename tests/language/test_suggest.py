@@ -20,7 +20,8 @@ def test_close_matches_best_first_and_the_sentence():
 
 
 def test_a_misspelt_slot_a_misspelt_define_and_a_misspelt_config_key_share_the_wording():
-    from rldsl.runtime.config import ConfigError, load_config
+    from rldsl.runtime.config import load_config
+    from rldsl.runtime.errors import ConfigError
     with pytest.raises(SpecError) as slot:
         rldsl.loads("algorithm a extends grpo\n  baselin    group_mean\n", "a.rl")
     assert slot.value.hint == "did you mean one of 'baseline', 'selection'?"

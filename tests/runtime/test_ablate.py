@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 
 import rldsl
 from rldsl.explain import diff
-from rldsl.runtime.ablate.grid import (GridError, build_study, parse_vary, read_grid_file,
-                                       write_cells)
+from rldsl.runtime.ablate.grid import build_study, parse_vary, read_grid_file, write_cells
 from rldsl.runtime.ablate.report import run_numbers, window
 from rldsl.runtime.ablate.runner import cell_state
 from rldsl.runtime.cli import register
+from rldsl.runtime.errors import GridError
 
 runner = CliRunner()
 

@@ -14,7 +14,7 @@ from transformers import LlamaForCausalLM
 from rldsl.runtime.batch import RolloutBatch, model_inputs
 from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import ConfigError
-from rldsl.runtime.resolve import check_tools
+from rldsl.runtime.rollout.runners import check_tools
 from rldsl.runtime.rewards.functions import RewardFn
 from rldsl.runtime.rollout.agents.records import Call, episode_rows
 from rldsl.runtime.rollout.agents.runner import AgentRunner, agent_metrics, load_agent
@@ -532,7 +532,7 @@ def test_an_agent_starts_from_the_rows_own_prompts() -> None:
     """Like an environment, an agent gets the row's prompt untemplated (a data file's chat
     template is the endpoint's to apply, with the agent's tools), not the rendered text."""
     from rldsl.runtime.data.datasets import Example
-    from rldsl.runtime.run.build import Run
+    from rldsl.runtime.run.state import Run
 
     run = object.__new__(Run)
     run.cfg = load_config(None, ["rollout.agent=agent_helpers:calc_agent"])

@@ -4,8 +4,10 @@ from __future__ import annotations
 import pytest
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from rldsl.runtime.resolve import fit_context, model_context, resolve
-from rldsl.runtime.config import ConfigError, load_config
+from rldsl.runtime.resolve import fit_context, resolve
+from rldsl.runtime.config import load_config
+from rldsl.runtime.errors import ConfigError
+from rldsl.runtime.models.loading import model_context
 from rldsl.runtime.data.sources import max_new_tokens
 
 

@@ -17,7 +17,7 @@ from rldsl.runtime.rollout.episodes.env import StepResult, load_env
 from rldsl.runtime.rollout.episodes.rollout import EpisodeRunner, run_episodes
 from rldsl.runtime.rollout.episodes.tools import ToolRunner, tool_schema
 from rldsl.runtime.errors import ConfigError, EnvironmentFailed
-from rldsl.runtime.resolve import check_tools
+from rldsl.runtime.rollout.runners import check_tools
 from rldsl.runtime.rewards.functions import RewardFn
 from rldsl.runtime.toy.tool_model import build_tool_tokenizer
 
@@ -221,7 +221,7 @@ def test_a_tool_has_no_network_no_run_folder_and_an_empty_working_folder(tmp_pat
 
 def test_episodes_need_a_chat_template_and_say_so_before_the_model_loads(model_dir, tmp_path, monkeypatch) -> None:
     """The toy tokenizer has no chat template: a --tools run is refused while planning (exit 2)."""
-    from rldsl.runtime.run.build import load_spec, plan_run
+    from rldsl.runtime.run.plan import load_spec, plan_run
 
     monkeypatch.setattr("rldsl.runtime.models.loading.load_policy",
                         lambda *a, **k: pytest.fail("the model was loaded"))

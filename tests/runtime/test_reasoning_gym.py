@@ -159,13 +159,14 @@ def test_mix_weights_must_be_positive_numbers(path):
 
 
 def test_missing_reasoning_gym_names_the_extra_before_any_model_loads(monkeypatch, tmp_path):
-    from rldsl.runtime.run import build, sources
+    from rldsl.runtime.run import sources
+    from rldsl.runtime.run.plan import load_spec, plan_run
 
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import fails
     monkeypatch.setattr(sources, "model_folder", lambda cfg: pytest.fail("a model was looked for"))
     cfg = load_config(None, ["data.path=reasoning_gym:chain_sum"])
     with pytest.raises(DataError, match=r"rldsl\[tasks\]"):
-        build.plan_run(build.load_spec("grpo"), cfg)
+        plan_run(load_spec("grpo"), cfg)
 
 
 def test_curriculum_needs_reasoning_gym_data():
@@ -395,12 +396,13 @@ def test_the_answer_format_reaches_the_default_reward_and_the_run_says_so():
 
 
 def test_an_unknown_answer_format_fails_before_any_model_loads(monkeypatch):
-    from rldsl.runtime.run import build, sources
+    from rldsl.runtime.run import sources
+    from rldsl.runtime.run.plan import load_spec, plan_run
 
     monkeypatch.setattr(sources, "model_folder", lambda cfg: pytest.fail("a model was looked for"))
     cfg = load_config(None, ["data.path=reasoning_gym:chain_sum", "reward.name=reasoning_gym(answer_format=xml)"])
     with pytest.raises(ConfigError, match="answer_format must be one of tag, plain, got 'xml'"):
-        build.plan_run(build.load_spec("grpo"), cfg)
+        plan_run(load_spec("grpo"), cfg)
 
 
 @pytest.mark.slow

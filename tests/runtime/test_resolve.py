@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 import rldsl.spec
 from rldsl.cli import app
-from rldsl.runtime.run import build
 from rldsl.runtime.run import loop
 from rldsl.runtime import recipe
 from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import ConfigError, DataError, RunError
 from rldsl.runtime.records.run_dir import load_run_config
+from rldsl.runtime.run.plan import load_spec, plan_run
 
 HERE = Path(__file__).parent
 runner = CliRunner()
@@ -97,7 +97,7 @@ def test_the_saved_config_is_the_config_that_ran(gpt2_64, tmp_path, monkeypatch,
 
 
 def test_the_toy_run_records_its_reward(tmp_path):
-    plan = build.plan_run(build.load_spec("grpo"), load_config(None, [f"out={tmp_path}"]))
+    plan = plan_run(load_spec("grpo"), load_config(None, [f"out={tmp_path}"]))
     assert plan.cfg.reward.name == "addition" and plan.cfg.rollout.max_new_tokens == 4
     assert plan.cfg.is_frozen and "reward: addition (the default for the built-in addition task" in plan.notes[0]
 
@@ -112,10 +112,10 @@ def test_the_default_reward_is_settled_once_before_the_reward_is_built(tmp_path,
     built = []
     real_fn = resolve.reward_fn
     monkeypatch.setattr(resolve, "reward_fn", lambda cfg: built.append(cfg.reward.name) or real_fn(cfg))
-    plan = build.plan_run(build.load_spec("grpo"), load_config(None, [f"out={tmp_path}"]))
+    plan = plan_run(load_spec("grpo"), load_config(None, [f"out={tmp_path}"]))
     assert len(calls) == 1 and built == ["addition"] and plan.reward.spec == plan.cfg.reward.name == "addition"
     with pytest.raises(ValueError, match="settle_reward"):
-        recipe.reward_fn(load_config(None, []))
+        real_fn(load_config(None, []))
 
 
 def test_the_spec_is_parsed_once_per_run(model_dir, tmp_path, monkeypatch):
@@ -180,7 +180,7 @@ def test_group_statistics_with_one_sample_are_refused_unless_allowed(model_dir, 
     assert "rollout.n=1" in msg and "every advantage is 0" in msg and "train.allow_zero_advantages=true" in msg
     assert no_model_load == []
     # a spec without group statistics starts with n=1 (plan only: no model is needed to decide)
-    plan = build.plan_run(build.load_spec("reinforce"),
+    plan = plan_run(load_spec("reinforce"),
                           run_config(model_dir, tmp_path / "r2", "rollout.n=1", "reward.name=reward_helpers:parity"))
     assert plan.cfg.rollout.n == 1
 
@@ -193,16 +193,16 @@ def test_distillation_alone_needs_no_groups_a_task_term_beside_it_does(model_dir
         return run_config(model_dir, tmp_path / "run", "rollout.n=1", f"teacher.path={model_dir}", *extra)
 
     for name in ("gkd", "opd", "distill_topk"):
-        plan = build.plan_run(build.load_spec(name), cfg())
+        plan = plan_run(load_spec(name), cfg())
         assert plan.cfg.rollout.n == 1 and "group-of-one" not in {w.rule for w in plan.warnings}, name
     with pytest.raises(ConfigError, match="baseline group_mean compares the samples of a prompt's group, "
                                           "but rollout.n=1.*every advantage is 0"):
-        build.plan_run(build.load_spec("grpo_distill"), cfg())
+        plan_run(load_spec("grpo_distill"), cfg())
     assert no_model_load == []
 
 
 def test_allow_zero_advantages_starts_the_run_with_the_warning(model_dir, tmp_path):
-    plan = build.plan_run(build.load_spec("grpo"),
+    plan = plan_run(load_spec("grpo"),
                           run_config(model_dir, tmp_path / "run", "rollout.n=1", "train.allow_zero_advantages=true",
                                      "reward.name=reward_helpers:parity"))
     assert {w.rule for w in plan.warnings} == {"group-of-one"}  # baseline and normalizer
@@ -219,7 +219,7 @@ def test_the_checks_run_in_the_cli_with_exit_code_and_no_load(model_dir, tmp_pat
 
 def test_a_microbatch_budget_smaller_than_a_row_is_reported_with_the_numbers(model_dir, tmp_path, tokenizer):
     data = data_file(tmp_path / "d.jsonl")
-    plan = build.plan_run(build.load_spec("grpo"),
+    plan = plan_run(load_spec("grpo"),
                           run_config(model_dir, tmp_path / "run", f"data.path={data}", "rollout.max_new_tokens=8",
                                      "train.max_tokens_per_microbatch=6"))
     longest = max(len(tokenizer(e.prompt)["input_ids"]) for e in plan.prompts.examples)
@@ -227,14 +227,14 @@ def test_a_microbatch_budget_smaller_than_a_row_is_reported_with_the_numbers(mod
     (note,) = [n for n in plan.notes if "max_tokens_per_microbatch" in n]
     assert note.startswith(f"train.max_tokens_per_microbatch=6 is smaller than one row (up to {longest} "
                            f"prompt + 8 new tokens = {row})") and f"at least {row}" in note
-    fits = build.plan_run(build.load_spec("grpo"),
+    fits = plan_run(load_spec("grpo"),
                           run_config(model_dir, tmp_path / "run", f"data.path={data}", "rollout.max_new_tokens=8",
                                      f"train.max_tokens_per_microbatch={row}"))
     assert not [n for n in fits.notes if "max_tokens_per_microbatch" in n]
 
 
 def test_a_chosen_reward_is_named_at_start(model_dir, tmp_path):
-    plan = build.plan_run(build.load_spec("grpo"),
+    plan = plan_run(load_spec("grpo"),
                           run_config(model_dir, tmp_path / "run", "reward.name=reward_helpers:parity"))
     assert "reward: reward_helpers:parity" in plan.notes
 
@@ -245,7 +245,7 @@ def test_a_broken_model_config_is_a_sentence_before_the_weights_load(model_dir, 
     shutil.copytree(model_dir, broken)
     (broken / "config.json").write_text("{not json")
     with pytest.raises(RunError, match=r"broken.*config.json' is not a valid JSON file"):
-        build.plan_run(build.load_spec("grpo"), run_config(broken, tmp_path / "run"))
+        plan_run(load_spec("grpo"), run_config(broken, tmp_path / "run"))
     assert no_model_load == []
 
 
@@ -262,8 +262,8 @@ def test_a_users_model_without_data_does_not_fall_back_to_the_builtin_task(model
     algo = rldsl.spec.load("grpo")
     with pytest.raises(ConfigError, match=r"data.path is not set: the model .*other would train on the built-in "
                                           r"'addition' task.*--data FILE \(data.path\).*--set data.task=addition"):
-        build.plan_run(algo, load_config(None, [f"model.path={other}"]))
+        plan_run(algo, load_config(None, [f"model.path={other}"]))
     res = CliRunner().invoke(app, ["run", "grpo", "--model", str(other), "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and "error: data.path is not set" in res.output, res.output
-    build.plan_run(algo, load_config(None, [f"model.path={other}", "data.task=addition"]))  # asked for: runs
-    build.plan_run(algo, load_config(None, [f"model.path={model_dir}"]))  # the toy's tokenizer
+    plan_run(algo, load_config(None, [f"model.path={other}", "data.task=addition"]))  # asked for: runs
+    plan_run(algo, load_config(None, [f"model.path={model_dir}"]))  # the toy's tokenizer

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from rldsl.cli import app
 from rldsl.runtime.run import loop
 from rldsl.runtime.config import load_config
-from rldsl.runtime.records.samples import SAMPLES_FILE, read_samples, truncate_samples
+from rldsl.runtime.records.run_dir import SAMPLES_FILE
+from rldsl.runtime.records.samples import read_samples, truncate_samples
 
 HERE = Path(__file__).parent
 

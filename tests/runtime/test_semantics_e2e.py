@@ -122,7 +122,7 @@ def test_short_context_model_with_long_max_new_tokens(tokenizer, tmp_path, capsy
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from rldsl.runtime.run import loop
-    from rldsl.runtime.config import ConfigError
+    from rldsl.runtime.errors import ConfigError
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2,
                                        n_positions=16, bos_token_id=1, eos_token_id=2, pad_token_id=0))

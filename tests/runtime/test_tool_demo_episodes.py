@@ -9,9 +9,10 @@ import pytest
 from rldsl.runtime.config import load_config
 from rldsl.runtime.rollout.episodes.env import ToolEnv
 from rldsl.runtime.rollout.episodes.parsers import ToolCall, ToolCallError, parse_tool_calls
-from rldsl.runtime.rollout.episodes.tools import TRUNCATED, ToolRunner, load_tools
+from rldsl.runtime.rollout.episodes.tool_worker import TRUNCATED
+from rldsl.runtime.rollout.episodes.tools import ToolRunner, load_tools
 from rldsl.runtime.errors import ConfigError
-from rldsl.runtime.resolve import check_tools
+from rldsl.runtime.rollout.runners import check_tools
 from rldsl.runtime.toy.calculator import calculator, hermes_call
 
 HERE = Path(__file__).parent

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rldsl.runtime.rollout.episodes.env import ToolEnv
-from rldsl.runtime.rollout.episodes.tools import TRUNCATED, ToolRunner
+from rldsl.runtime.rollout.episodes.tool_worker import TRUNCATED
+from rldsl.runtime.rollout.episodes.tools import ToolRunner
 
 HERE = Path(__file__).parent
 

@@ -16,7 +16,6 @@ from typing import Callable
 from ... import plugins
 from ...errors import ConfigError
 from . import tool_worker
-from .tool_worker import TRUNCATED  # noqa: F401 (the marker after a cut result, for callers)
 
 
 def load_tools(spec: str) -> list[Callable]:
