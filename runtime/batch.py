@@ -123,6 +123,10 @@ class RolloutBatch:
     reward_terms    each reward term's value [B] by its label (``rewards.functions.term_labels``;
                     NaN where that term failed), set where the batch is scored: the step's
                     ``rewards/<term>/mean|std`` metrics and samples.jsonl read them
+    teacher_prompt_ids  B x the token ids of the row's privileged teacher prompt
+                    (``teacher.context_key``: its prompt with a data column in it), set where the
+                    batch is made (run/rollouts.py); the teacher scores the same response tokens
+                    after it (train/teachers.py ``privileged``); empty = the row's own prompt
     """
 
     prompt_ids: torch.Tensor
@@ -144,6 +148,8 @@ class RolloutBatch:
     # -1 on padding; None = one version for the whole batch
     token_versions: torch.Tensor | None = None
     reward_terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    # a privileged teacher's prompt of each row (teacher.context_key), as token ids; empty = none
+    teacher_prompt_ids: list[list[int]] = field(default_factory=list)
 
     @property
     def attention(self) -> torch.Tensor:
@@ -171,7 +177,8 @@ class RolloutBatch:
                             None if self.response_attention is None else self.response_attention[rows],
                             [self.episodes[i] for i in keep] if self.episodes else [],
                             None if self.token_versions is None else self.token_versions[rows],
-                            {k: v[rows] for k, v in self.reward_terms.items()})
+                            {k: v[rows] for k, v in self.reward_terms.items()},
+                            [self.teacher_prompt_ids[i] for i in keep] if self.teacher_prompt_ids else [])
 
     def select_groups(self, groups: Sequence[int]) -> "RolloutBatch":
         """The batch of whole prompt groups (group g = rows g*G .. g*G+G-1)."""
@@ -226,6 +233,8 @@ class RolloutBatch:
             torch.cat([right(b.token_versions, Tr, -1) for b in batches]),
             reward_terms={k: torch.cat([b.reward_terms[k] for b in batches]) for k in batches[0].reward_terms
                           if all(k in b.reward_terms for b in batches)},
+            teacher_prompt_ids=sum((b.teacher_prompt_ids for b in batches), [])
+            if all(b.teacher_prompt_ids for b in batches) else [],
         )
 
 

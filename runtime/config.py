@@ -199,12 +199,44 @@ class TeacherConfig(_Section):
                                          "one request to teacher.url may take.")
     rows_per_request: int = Field(default=16, ge=1,
                                   description="Sequences in one request to teacher.url.")
+    self: bool = Field(
+        default=False,
+        description="Self-distillation: the teacher is the current policy itself (no gradient "
+                    "flows through it), scoring the sampled responses after a privileged prompt "
+                    "(teacher.context_key, which it needs). Not with teacher.path / url / ema.")
+    ema: float | None = Field(
+        default=None, gt=0.0, lt=1.0,
+        description="Self-distillation from an EMA copy of the policy: a no-grad copy updated "
+                    "after each optimizer step as ema = decay*ema + (1-decay)*policy, with this "
+                    "decay in (0, 1); saved in checkpoints and restored. Not with teacher.path / "
+                    "url / self.")
+    context_key: str | None = Field(
+        default=None,
+        description="A data column (data.path) whose value the teacher sees and the policy does "
+                    "not: each row's prompt is rebuilt with it by teacher.context_template, and the "
+                    "teacher scores the same sampled response tokens after that prompt. null = the "
+                    "teacher sees the policy's prompt.")
+    context_template: str = Field(
+        default="{prompt}\n\nReference solution:\n{context}",
+        description="How the teacher's prompt is built from the row's prompt ({prompt}; of a chat, "
+                    "the last user message's content) and its teacher.context_key value ({context}); "
+                    "the result is rendered as the policy's prompt is (chat template, system prompt).")
 
     @model_validator(mode="after")
     def _one_teacher(self) -> "TeacherConfig":
-        if self.path is not None and self.url is not None:
-            raise ValueError("teacher.path and teacher.url are both set: give one (a model folder, "
-                             "or a server that scores it)")
+        given = [k for k, on in (("teacher.path", self.path is not None), ("teacher.url", self.url is not None),
+                                 ("teacher.self", self.self), ("teacher.ema", self.ema is not None)) if on]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} are both set: give one teacher (a model folder, a server "
+                             "that scores it, the policy itself or its EMA copy)")
+        if "{prompt}" not in self.context_template or "{context}" not in self.context_template:
+            raise ValueError(f"teacher.context_template={self.context_template!r} must contain {{prompt}} and "
+                             "{context}")
+        try:
+            self.context_template.format(prompt="", context="")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"teacher.context_template={self.context_template!r}: {e!r} (only {{prompt}} and "
+                             "{context} are filled; write a literal brace as {{ or }})") from None
         if self.actor and self.path is None:
             raise ValueError("teacher.actor=true runs the model of teacher.path on a Ray actor, and "
                              "teacher.path is not set")

@@ -97,27 +97,42 @@ def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
 
 
 def check_teacher_settings(algo: Algorithm, cfg: RunConfig) -> None:
-    """A spec that distills has a teacher (``teacher.path`` a model folder, or ``teacher.url``
-    with the settings a server allows), and a spec that does not has none; reads no model file
+    """A spec that distills has a teacher (``teacher.path`` a model folder, ``teacher.url``
+    with the settings a server allows, ``teacher.self`` on a privileged context from a data
+    column, or ``teacher.ema``), and a spec that does not has none; reads no model file
     and imports neither torch nor transformers (:func:`check_teacher` then reads the folder)."""
-    path, url = cfg.teacher.path, cfg.teacher.url
-    key = "teacher.url" if url is not None else "teacher.path"
+    t = cfg.teacher
+    path, url = t.path, t.url
+    given = [k for k, on in (("teacher.path", path is not None), ("teacher.url", url is not None),
+                             ("teacher.self", t.self), ("teacher.ema", t.ema is not None),
+                             ("teacher.context_key", t.context_key is not None)) if on]
+    key = given[0] if given else "teacher.path"
     readers = [f"{v.slot} {v.component}" for v in algo.active()
                if any(INPUTS[x].teacher for x in v.spec.facts.needs)]
     if not algo.uses_teacher:
-        if path is not None or url is not None:
+        if given:
             raise ConfigError(f"{key} is set but {algo.name} reads no teacher (no distill slot): "
                               f"drop {key}, or add e.g. `distill reverse_kl` to the spec")
         return
-    if path is None and url is None:
+    if path is None and url is None and not t.self and t.ema is None:
         raise ConfigError(f"{algo.name}: {', '.join(readers)} learns from a teacher, and teacher.path is "
-                          "not set (nor teacher.url): give teacher.path=<an HF model folder with the policy's "
-                          "vocabulary>, or teacher.url=<an OpenAI-compatible server of it that returns prompt "
-                          "logprobs, e.g. vLLM's>")
+                          "not set (nor teacher.url, teacher.self, teacher.ema): give teacher.path=<an HF model "
+                          "folder with the policy's vocabulary>, teacher.url=<an OpenAI-compatible server of it "
+                          "that returns prompt logprobs, e.g. vLLM's>, or teacher.self=true with "
+                          "teacher.context_key=<a data column> (the policy itself on a privileged prompt)")
+    if t.self and t.context_key is None:
+        raise ConfigError("teacher.self=true: the teacher is the policy itself, and without teacher.context_key "
+                          "it sees the policy's own prompt (it would teach nothing): give teacher.context_key="
+                          "<a data column, e.g. solution> that the teacher's prompt adds")
+    if t.context_key is not None and cfg.data.path is None:
+        raise ConfigError(f"teacher.context_key={t.context_key}: the teacher's context is a column of a data "
+                          "file, and data.path is not set (a built-in task's rows have no such column)")
     if cfg.distributed.uses_ray:
         raise ConfigError(f"a teacher ({key}) runs in the trainer's process for now (an actor or a server: "
                           "called from it): it does not run with distributed.trainers > 1, rollout workers or a "
                           "Ray address")
+    if path is None and url is None:  # the policy itself, or its EMA copy: nothing to read
+        return
     if url is not None:  # a server returns logprobs only (an actor returns its hidden states too)
         jsd = sorted({v.component for v in algo.active() if v.spec.facts.plan.get("jsd_beta") is not None})
         if jsd:

@@ -24,6 +24,7 @@ position is (epoch, index into that permutation); ``state_dict()`` /
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass
@@ -41,6 +42,10 @@ class Example:
     prompt: str
     answer: str
     source: str | tuple = ""  # the row's prompt before any template ("" = same as prompt)
+    # a privileged teacher's prompt (teacher.context_key): the row's prompt with its context column
+    # in it (with_context), before any template, and that prompt rendered for the model; "" = none
+    teacher_source: str | tuple = ""
+    teacher_prompt: str = ""
 
     @property
     def reward_prompt(self) -> str:
@@ -54,6 +59,22 @@ class Example:
     def row_prompt(self) -> str | tuple:
         """The row's own prompt, untemplated: a string, or its messages."""
         return self.source if self.source else self.prompt
+
+
+#: teacher.context_template's default: the row's prompt, then its context column
+CONTEXT_TEMPLATE = "{prompt}\n\nReference solution:\n{context}"
+
+
+def with_context(prompt: str | tuple, context: str, template: str = CONTEXT_TEMPLATE) -> str | tuple:
+    """The privileged teacher's prompt of a row (teacher.context_key): ``template`` filled with
+    ``{prompt}`` = the row's prompt and ``{context}`` = its context column; of a chat, the last
+    user message's content is filled in (the other messages are kept as they are)."""
+    if isinstance(prompt, str):
+        return template.format(prompt=prompt, context=context)
+    messages = [dict(m) for m in prompt]
+    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=len(messages) - 1)
+    messages[last]["content"] = template.format(prompt=messages[last]["content"], context=context)
+    return tuple(messages)
 
 
 def rollout_prompts(examples: Iterable[Example], episodes: bool) -> list[str | tuple]:
@@ -179,9 +200,15 @@ def load_examples(
     prompt_field: str = "prompt",
     answer_field: str | None = "answer",
     split: str = "train",
+    context_field: str | None = None,
+    context_template: str = CONTEXT_TEMPLATE,
 ) -> list[Example]:
     """Read prompts (and answers) from ``path``: ``.jsonl``, ``.json``, ``.parquet`` or a
     datasets folder.
+
+    ``context_field`` (the config's ``teacher.context_key``): a column each row must have (a
+    string or a number) that a privileged teacher sees: ``Example.teacher_source`` is the row's
+    prompt with it (:func:`with_context` by ``context_template``), the policy's prompt unchanged.
 
     ``prompt_field`` / ``answer_field`` are the config's ``data.prompt_key`` /
     ``data.answer_key``; at their defaults the standard conversational columns are found
@@ -206,7 +233,8 @@ def load_examples(
             row = {**row, prompt_field: chat_prompt}
             if answer_field == "answer" and row.get("answer") is None and chat_answer is not None:
                 row["answer"] = chat_answer
-        wanted = [prompt_field] + ([answer_field] if answer_field is not None else [])
+        wanted = ([prompt_field] + ([answer_field] if answer_field is not None else [])
+                  + ([context_field] if context_field is not None else []))
         missing = [f for f in wanted if f not in row or row[f] is None]
         if missing:
             raise DataError(
@@ -222,10 +250,19 @@ def load_examples(
                 f"{where}: field {answer_field!r} must be a string or a number, "
                 f"got {type(answer).__name__}"
             )
+        teacher: str | tuple = ""
+        if context_field is not None:
+            context = row[context_field]
+            if isinstance(context, (list, dict)):
+                raise DataError(f"{where}: field {context_field!r} (teacher.context_key) must be a string or a "
+                                f"number, got {type(context).__name__}")
+            teacher = with_context(prompt, str(context), context_template)
         if isinstance(prompt, str):
-            examples.append(Example(id=len(examples), prompt=prompt, answer=str(answer)))
+            examples.append(Example(id=len(examples), prompt=prompt, answer=str(answer), teacher_source=teacher,
+                                    teacher_prompt=teacher if isinstance(teacher, str) else ""))
         else:  # rendered by apply_chat_template once the tokenizer is known
-            examples.append(Example(id=len(examples), prompt="", answer=str(answer), source=prompt))
+            examples.append(Example(id=len(examples), prompt="", answer=str(answer), source=prompt,
+                                    teacher_source=teacher))
     if not examples:
         raise DataError(f"{path}: no rows")
     return examples
@@ -269,9 +306,14 @@ def render_prompt(example: Example, tokenizer: Any, *, mode: str = "auto",
     if mode == "on" and not has_chat_template(tokenizer):
         raise DataError("data.chat_template=on but the tokenizer has no chat template "
                         "(use data.chat_template=off, or a model folder whose tokenizer has one)")
+    teacher = example.teacher_prompt
+    if example.teacher_source:  # a privileged teacher's prompt, rendered the same way
+        ts = example.teacher_source
+        teacher = render_prompt(Example(example.id, ts if isinstance(ts, str) else "", example.answer, ts), tokenizer,
+                                mode=mode, kwargs=kwargs, system_prompt=system_prompt).prompt
     if not use:
         if isinstance(source, str) and not system_prompt:
-            return example
+            return dataclasses.replace(example, teacher_prompt=teacher)
         # one blank line between two messages: a content's own trailing newlines (reasoning-gym's
         # system prompt ends in one) add none
         text = "\n\n".join([m["content"].rstrip("\n") for m in messages[:-1]] + [messages[-1]["content"]])
@@ -281,7 +323,8 @@ def render_prompt(example: Example, tokenizer: Any, *, mode: str = "auto",
         bos = getattr(tokenizer, "bos_token", None)
         if bos and text.startswith(bos) and _adds_bos(tokenizer):
             text = text[len(bos):]
-    return Example(id=example.id, prompt=text, answer=example.answer, source=source)
+    return Example(id=example.id, prompt=text, answer=example.answer, source=source,
+                   teacher_source=example.teacher_source, teacher_prompt=teacher)
 
 
 def _adds_bos(tokenizer: Any) -> bool:

@@ -183,7 +183,9 @@ def split_rows(cfg: RunConfig, examples: list[Example]) -> Rows:
 
 def _file_rows(cfg: RunConfig) -> Rows:
     d = cfg.data
-    examples = load_examples(d.path, prompt_field=d.prompt_key, answer_field=d.answer_key)
+    t = cfg.teacher  # a privileged teacher's context column (the held-out rows of data.eval_path need none)
+    examples = load_examples(d.path, prompt_field=d.prompt_key, answer_field=d.answer_key,
+                             context_field=t.context_key, context_template=t.context_template)
     if d.eval_path:
         return Rows(examples, load_examples(d.eval_path, prompt_field=d.prompt_key, answer_field=d.answer_key))
     return split_rows(cfg, examples)

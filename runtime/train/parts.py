@@ -51,6 +51,8 @@ def trainer_parts(cfg: RunConfig, fn: CompiledAlgorithm, policy: nn.Module, *,
     reference = None
     if algo.uses_teacher and teacher:
         out["teacher"] = teacher_of(cfg, policy, tokenizer, fn.data.teacher_topk or 0, logits_chunk(cfg), algo.name)
+        if cfg.teacher.ema is not None:
+            out["teacher_ema"] = cfg.teacher.ema
     if algo.uses_reference and reference_off is None:
         reference = copy.deepcopy(policy).eval()
         for p in reference.parameters():

@@ -25,7 +25,7 @@ from ..models.loading import backbone
 from . import inputs as producers
 from .logprobs import token_logprobs
 from .microbatch import plan, trim, widen
-from .teachers import RemoteTeacher, TeacherForward, teacher_topk
+from .teachers import RemoteTeacher, TeacherForward, privileged, teacher_topk
 from .throughput import ModelDims, TokenCount
 
 
@@ -204,10 +204,12 @@ class ForwardPasses:
     def _teacher_forward(self, rollout: RolloutBatch) -> TeacherForward | None:
         """The teacher's logprobs of the sampled tokens and, for a top-k divergence, its k largest
         logprobs and their ids [B, Tr, k], for a JSD over the vocabulary its last hidden states
-        [B, Tr, H_t]; micro-batch by micro-batch, no grad, at the rollout temperature; None when
-        the spec reads no teacher."""
+        [B, Tr, H_t]; micro-batch by micro-batch, no grad, at the rollout temperature, after each
+        row's privileged prompt where the batch has one (``teacher_prompt_ids``); None when the
+        spec reads no teacher."""
         if self.teacher is None or not self.fn.algorithm.uses_teacher:
             return None
+        rollout = privileged(rollout)  # teacher.context_key: each row's privileged prompt, same response
         k, jsd = self.fn.data.teacher_topk, self.fn.data.jsd_beta is not None
         if k is None and not jsd and isinstance(self.teacher, nn.Module):
             return TeacherForward(self._per_microbatch(self.teacher, rollout, "logprobs"), None, None)

@@ -12,6 +12,14 @@ token [B, Tr] and, for a top-k divergence, its k largest logprobs and their ids 
   to ``/v1/completions`` with ``prompt_logprobs=k`` (vLLM's extension: at each prompt position
   the logprob of the token there and of the k most likely ones, with their ranks), ``max_tokens=1``.
 
+- ``teacher.self``: the policy itself, no gradient (its forward in the trainer, under no_grad,
+  before the step's update); ``teacher.ema``: a frozen copy of the policy updated after each
+  optimizer step as ema = decay*ema + (1-decay)*policy (:func:`ema_update`), saved in checkpoints.
+
+With ``teacher.context_key`` the teacher (any of them) scores the same sampled response tokens
+after a privileged prompt: each row's prompt with a data column in it (data/datasets.py
+``with_context``), carried by the batch as ``teacher_prompt_ids`` (:func:`privileged`).
+
 A divergence over the whole vocabulary (``distill jsd``) reads the teacher's last hidden states
 [B, Tr, H_t] and LM head in the trainer, chunk by chunk against the student's (train/divergence.py):
 the actor returns the hidden states with the logprobs, and its LM head (V x H_t, the one piece of
@@ -26,6 +34,8 @@ and returns k logprobs per position.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import json
 import math
 import threading
@@ -97,6 +107,43 @@ def head_parts(model: nn.Module) -> tuple[Tensor, Tensor | None, dict[str, float
                if getattr(model.config, a, None) is not None}
     bias = head.bias.detach().cpu() if getattr(head, "bias", None) is not None else None
     return head.weight.detach().cpu(), bias, numbers
+
+
+def privileged(batch: RolloutBatch) -> RolloutBatch:
+    """The batch the teacher scores: each row's privileged prompt (``teacher_prompt_ids``,
+    left padded) before the same response tokens; ``batch`` itself when it has none. The
+    response columns are unchanged, so the teacher's [B, Tr] numbers line up with the policy's."""
+    rows = batch.teacher_prompt_ids
+    if not rows:
+        return batch
+    if len(rows) != len(batch):
+        raise ValueError(f"{len(rows)} teacher prompts for {len(batch)} rows")
+    Tp = max(len(r) for r in rows)
+    dev = batch.prompt_ids.device
+    ids = torch.zeros(len(rows), Tp, dtype=batch.prompt_ids.dtype, device=dev)
+    mask = torch.zeros(len(rows), Tp, dtype=batch.prompt_mask.dtype, device=dev)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, Tp - len(r):] = torch.tensor(r, dtype=ids.dtype, device=dev)
+            mask[i, Tp - len(r):] = 1
+    return dataclasses.replace(batch, prompt_ids=ids, prompt_mask=mask, teacher_prompt_ids=[])
+
+
+def ema_copy(policy: nn.Module) -> nn.Module:
+    """The EMA teacher at the start (``teacher.ema``): a frozen copy of ``policy``, eval mode."""
+    ema = copy.deepcopy(policy).eval()
+    for p in ema.parameters():
+        p.requires_grad_(False)
+    return ema
+
+
+@torch.no_grad()
+def ema_update(ema: nn.Module, policy: nn.Module, decay: float) -> None:
+    """ema = decay * ema + (1 - decay) * policy, parameter by parameter (the buffers copied)."""
+    for e, p in zip(ema.parameters(), policy.parameters(), strict=True):
+        e.mul_(decay).add_(p.detach().to(e.dtype), alpha=1.0 - decay)
+    for e, b in zip(ema.buffers(), policy.buffers(), strict=True):
+        e.copy_(b)
 
 
 def teacher_topk(model: nn.Module, batch: RolloutBatch, k: int, *, temperature: float, chunk: int,
@@ -373,8 +420,15 @@ def teacher_of(cfg: RunConfig, policy: nn.Module, tokenizer: Any, k: int, chunk:
     - ``teacher.url``: the server's client, checked (``check_server``) against the policy's
       ``tokenizer`` and the top-``k`` of ``spec``; ids beyond ``policy``'s vocabulary are refused.
 
+    - ``teacher.self``: ``policy`` itself (its forwards run without gradient);
+    - ``teacher.ema``: a frozen copy of ``policy`` (:func:`ema_copy`; the trainer updates it).
+
     resolve.check_teacher has checked the keys and the folder before any model loaded."""
     t = cfg.teacher
+    if t.self:
+        return policy
+    if t.ema is not None:
+        return ema_copy(policy)
     if t.url is not None:
         server = TeacherServer(t.url, model=t.model, timeout_s=t.timeout_s, rows_per_request=t.rows_per_request,
                                vocab_size=int(policy.get_output_embeddings().weight.shape[0]))

@@ -31,7 +31,7 @@ from . import inputs as producers
 from .microbatch import combine_metrics, row_tokens, trim
 from .parts import trainer_parts
 from .passes import ForwardPasses
-from .teachers import RemoteTeacher, TeacherForward, vocabulary_jsd
+from .teachers import RemoteTeacher, TeacherForward, ema_update, vocabulary_jsd
 
 
 # ----------------------------------------------------------------------------- batches
@@ -83,12 +83,18 @@ class Trainer(ForwardPasses):
                  autocast_dtype: torch.dtype | None = None,
                  reference_off: Callable[[], Any] | None = None,
                  packing: bool = False, packing_row_tokens: int | None = None,
-                 compile_policy: bool = False, teacher: nn.Module | RemoteTeacher | None = None):
+                 compile_policy: bool = False, teacher: nn.Module | RemoteTeacher | None = None,
+                 teacher_ema: float | None = None):
         super().__init__(fn, policy, critic=critic, teacher=teacher, temperature=temperature,
                          logprob_chunk=logprob_chunk, max_tokens_per_microbatch=max_tokens_per_microbatch,
                          autocast_dtype=autocast_dtype, packing=packing, packing_row_tokens=packing_row_tokens,
                          compile_policy=compile_policy)
         self.reference = reference
+        # teacher.ema: the teacher is a frozen copy of the policy, moved toward it after each
+        # optimizer step by this decay (train/teachers.py ema_update)
+        self.teacher_ema = teacher_ema
+        if teacher_ema is not None and not isinstance(teacher, nn.Module):
+            raise ValueError("teacher_ema needs the teacher's module (a copy of the policy)")
         self.reference_off = reference_off  # LoRA: the reference is the policy with adapters off
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -305,6 +311,9 @@ class Trainer(ForwardPasses):
                 self.critic_optimizer.zero_grad(set_to_none=True)
             return None
         self.optimizer.step()
+        if self.teacher_ema is not None:  # teacher.ema: ema = decay*ema + (1-decay)*policy
+            assert isinstance(self.teacher, nn.Module)
+            ema_update(self.teacher, self.policy, self.teacher_ema)
         if self.critic_optimizer is not None:
             self.critic_optimizer.step()
         metrics = combine_metrics([(m, t) for m, t, real in parts if real]
@@ -421,6 +430,25 @@ class Trainer(ForwardPasses):
     def _reduce_metrics(self, metrics: dict[str, float], mask: Tensor, share: float) -> dict[str, float]:
         """Metrics of the whole minibatch from each rank's own."""
         return metrics
+
+    def teacher_state(self) -> dict[str, Tensor] | None:
+        """The EMA teacher's weights (``teacher.ema``) as a checkpoint keeps them (CPU copies);
+        None for any other teacher."""
+        if self.teacher_ema is None:
+            return None
+        assert isinstance(self.teacher, nn.Module)
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.teacher.state_dict().items()}
+
+    def load_teacher_state(self, state: dict[str, Tensor] | None) -> None:
+        """Restore :meth:`teacher_state`'s weights; a checkpoint without them (saved with no
+        ``teacher.ema``) starts the EMA teacher from the restored policy."""
+        if self.teacher_ema is None:
+            return
+        assert isinstance(self.teacher, nn.Module)
+        if state is None:
+            self.teacher.load_state_dict(self.policy.state_dict())
+        else:
+            self.teacher.load_state_dict(state)
 
     def step_schedule(self) -> None:
         """Advance the LR schedule once per training step (also when the update was skipped)."""

@@ -36,7 +36,8 @@ class TrainerState:
 
     ``policy`` / ``critic``: modules to save (``save_pretrained``); ``optimizer``,
     ``scheduler``, ``critic_optimizer``: objects with ``state_dict()``; ``algorithm``: the
-    compiled algorithm's own state (e.g. an EMA baseline).
+    compiled algorithm's own state (e.g. an EMA baseline); ``teacher``: the EMA teacher's
+    weights (``teacher.ema``), None without one.
     """
 
     policy: Any
@@ -45,6 +46,7 @@ class TrainerState:
     critic: Any = None
     critic_optimizer: Any = None
     algorithm: dict[str, torch.Tensor] = field(default_factory=dict)
+    teacher: dict[str, torch.Tensor] | None = None
 
 
 class Rollouts(Protocol):

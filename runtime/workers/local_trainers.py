@@ -57,7 +57,7 @@ class LocalTrainers:
     def checkpoint_state(self) -> TrainerState:
         t = self.trainer
         return TrainerState(t.policy, t.optimizer, t.scheduler, t.critic, t.critic_optimizer,
-                            t.fn.state_dict())
+                            t.fn.state_dict(), t.teacher_state())
 
     def load_checkpoint(self, c: Checkpoint) -> None:
         t = self.trainer
@@ -65,6 +65,7 @@ class LocalTrainers:
         if t.critic is not None and c.critic_path is not None:
             load_weights(t.critic, c.critic_path)
         t.fn.load_state_dict(c.extra.get("algorithm", {}))
+        t.load_teacher_state(c.extra.get("teacher_ema"))  # teacher.ema: its weights (after the policy's)
         c.restore(optimizer=t.optimizer, scheduler=t.scheduler, critic_optimizer=t.critic_optimizer,
                   rng=False)
 

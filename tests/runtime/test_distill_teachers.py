@@ -229,7 +229,7 @@ def _free_port():
 def test_no_teacher_is_refused_naming_both_keys(model_dir, tmp_path, monkeypatch):
     _no_model_load(monkeypatch)
     with pytest.raises(ConfigError, match=r"opd: distill reverse_kl learns from a teacher, and teacher.path is not "
-                                          r"set \(nor teacher.url\): give teacher.path=.*or teacher.url="):
+                                          r"set \(nor teacher.url, teacher.self, teacher.ema\): give teacher.path=.*teacher.url="):
         loop.train("opd", quick_config(model_dir, tmp_path / "run"))
     with pytest.raises(ConfigError, match="teacher.url is set but grpo reads no teacher"):
         loop.train("grpo", quick_config(model_dir, tmp_path / "run", **{"teacher.url": "http://127.0.0.1:9/v1"}))
