@@ -5,14 +5,12 @@ trainer gets one :class:`~rldsl.runtime.batch.StepRollout` per step."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from .. import faults
 from ..batch import RolloutBatch, StepRollout, group_rows, repeat_each
-from ..data.datasets import Example
-from ..errors import RunError
 from ..records.metrics import REWARD_ERRORS, time_key, timed
 from ..records.rng import step_seed
 from ..rollout.engines.base import SamplingParams
@@ -57,7 +55,7 @@ def rollout_step(s: Run, step: int) -> StepRollout:
                                   SamplingParams.for_rollout(cfg, step_seed(cfg.seed, step, r)), reward_prompts)
         batch, scored = gen.batch, gen.scored
         batch.reward_terms = scored.labelled_terms()
-        teacher_prompts(s, batch, examples)
+        rollout_inputs.teacher_prompts(s.cfg, s.tokenizer, batch, examples)
         for p in producers:
             batch, t = p.make(side, batch, scored, examples)
             if p.time_metric:
@@ -97,20 +95,6 @@ def rollout_step(s: Run, step: int) -> StepRollout:
                        torch.cat([k.scored for k in kept]), m)
 
 
-def teacher_prompts(s: Run, batch: RolloutBatch, examples: Sequence[Example]) -> None:
-    """A privileged teacher's prompts (``teacher.context_key``) on ``batch``: each row's example's
-    ``teacher_prompt`` (its prompt with the context column, rendered as the policy's is),
-    tokenized as the engines tokenize a prompt; nothing without ``teacher.context_key``."""
-    if s.cfg.teacher.context_key is None:
-        return
-    missing = [e.id for e in examples if not e.teacher_prompt]
-    if missing:
-        raise RunError(f"teacher.context_key={s.cfg.teacher.context_key}: the prompts of rows {missing[:5]} have "
-                       "no teacher prompt (their source has no such column)")
-    ids = s.tokenizer([e.teacher_prompt for e in examples])["input_ids"]
-    batch.teacher_prompt_ids = repeat_each([list(map(int, i)) for i in ids], batch.group_size)
-
-
 def _select_groups(made: StepRollout, groups: list[int]) -> StepRollout:
     """The rollout of the given prompt groups (their rows, rewards and prompts)."""
     return StepRollout(made.step, made.batch.select_groups(groups), [made.prompt_ids[g] for g in groups],
@@ -144,7 +128,7 @@ class StepRollouts:
         gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],
                                   SamplingParams.for_rollout(cfg, step_seed(cfg.seed, step, 0)),
                                   reward_prompts, score=False)
-        teacher_prompts(s, gen.batch, examples)
+        rollout_inputs.teacher_prompts(s.cfg, s.tokenizer, gen.batch, examples)
         return StepRollout(step, gen.batch, [e.id for e in examples], reward_prompts,
                            metrics={time_key("rollout"): gen.generate_s})
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -27,7 +27,7 @@ from torch import Tensor
 from rldsl import Algorithm, CompiledAlgorithm
 from rldsl import inputs as table
 
-from ..batch import RolloutBatch
+from ..batch import RolloutBatch, repeat_each
 from ..data.datasets import Example, rollout_prompts
 from ..errors import ConfigError, RunError
 from ..rewards.functions import RewardResult, gives_turn_rewards
@@ -332,3 +332,17 @@ def loss_inputs(trainer: Trainer, micro: Micro, device: torch.device) -> dict[st
         v = UPDATE[name](trainer, micro)
         out[name] = v.to(device) if isinstance(v, Tensor) else v
     return out
+
+
+def teacher_prompts(cfg: Any, tokenizer: Any, batch: RolloutBatch, examples: Sequence[Example]) -> None:
+    """A privileged teacher's prompts (``teacher.context_key``) on ``batch``: each row's example's
+    ``teacher_prompt`` (its prompt with the context column, rendered as the policy's is),
+    tokenized as the engines tokenize a prompt; nothing without ``teacher.context_key``."""
+    if cfg.teacher.context_key is None:
+        return
+    missing = [e.id for e in examples if not e.teacher_prompt]
+    if missing:
+        raise RunError(f"teacher.context_key={cfg.teacher.context_key}: the prompts of rows {missing[:5]} have "
+                       "no teacher prompt (their source has no such column)")
+    ids = tokenizer([e.teacher_prompt for e in examples])["input_ids"]
+    batch.teacher_prompt_ids = repeat_each([list(map(int, i)) for i in ids], batch.group_size)
