@@ -84,3 +84,15 @@ def test_several_trainer_ranks_refuse_a_batch_wide_loss(tiny_model):
     with pytest.raises(ConfigError, match="trust_region.*one trainer rank"):
         ShardedTrainer(fn, tiny_model, optimizer=opt, rank=0, world=2, device=torch.device("cpu"))
     ShardedTrainer(fn, tiny_model, optimizer=opt, rank=0, world=1, device=torch.device("cpu"))
+
+
+def test_several_trainer_ranks_are_refused_before_a_model_loads():
+    from rldsl.runtime.config import load_config
+    from rldsl.runtime.errors import ConfigError
+    from rldsl.runtime.resolve import check_settings
+
+    algo = rldsl.load(BUDGET)
+    check_settings(algo, load_config(None, []))
+    with pytest.raises(ConfigError, match="distributed.trainers = 2 ranks.*one trainer rank"):
+        check_settings(algo, load_config(None, ["distributed.trainers=2"]))
+    check_settings(rldsl.load("grpo"), load_config(None, ["distributed.trainers=2"]))
