@@ -153,7 +153,7 @@ class CompiledAlgorithm:
         detached unless the update's own forward makes it (source ``update``: its gradient
         reaches the loss); an absent one with default ``ones`` is ones of its shape. A number
         ([]) takes ``like``'s dtype and device (a new value does not recompile);
-        advantage-stage tensors are float32."""
+        advantage-stage float tensors are float32 (an int one keeps its dtype)."""
         out: list[Any] = []
         for i in self._extra_inputs[stage]:
             x = given.get(i.name)
@@ -171,8 +171,8 @@ class CompiledAlgorithm:
                 raise ValueError(f"{self.algorithm.name}: {problem}")
             if i.finite and not bool(torch.isfinite(x).all()):
                 raise ValueError(f"{self.algorithm.name}: {i.name} must be finite numbers; got {x.tolist()}")
-            if stage == "advantage":
-                x = x.detach().to(device=like.device, dtype=torch.float32)
+            if stage == "advantage":  # an int input (group_keys: hashes) keeps its integers
+                x = x.detach().to(device=like.device, dtype=torch.float32 if i.dtype == "float32" else x.dtype)
             # the update's own forward (source "update") carries the gradient into the loss
             out.append(x if i.source == "update" else x.detach())
         return tuple(out)
