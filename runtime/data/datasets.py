@@ -41,6 +41,18 @@ class Example:
     prompt: str
     answer: str
     source: str | tuple = ""  # the row's prompt before any template ("" = same as prompt)
+    # the row's other columns with a plain value (str, number, bool): (name, value) pairs in the
+    # file's order; what a spec's group_by=FIELD reads (e.g. a ``role`` column)
+    fields: tuple = ()
+
+    def field(self, name: str) -> Any:
+        """The value of the row's column ``name``; a DataError naming the columns it has."""
+        for k, v in self.fields:
+            if k == name:
+                return v
+        have = ", ".join(repr(k) for k, _ in self.fields) or "none"
+        raise DataError(f"prompt {self.id}: no column {name!r} with a plain value (str, number, bool) for "
+                        f"group_by={name} (its columns: {have})")
 
     @property
     def reward_prompt(self) -> str:
@@ -222,10 +234,13 @@ def load_examples(
                 f"{where}: field {answer_field!r} must be a string or a number, "
                 f"got {type(answer).__name__}"
             )
+        fields = tuple((k, v) for k, v in row.items()  # plain columns: what group_by=FIELD reads
+                       if k not in (prompt_field, answer_field) and isinstance(v, (str, int, float, bool)))
         if isinstance(prompt, str):
-            examples.append(Example(id=len(examples), prompt=prompt, answer=str(answer)))
+            examples.append(Example(id=len(examples), prompt=prompt, answer=str(answer), fields=fields))
         else:  # rendered by apply_chat_template once the tokenizer is known
-            examples.append(Example(id=len(examples), prompt="", answer=str(answer), source=prompt))
+            examples.append(Example(id=len(examples), prompt="", answer=str(answer), source=prompt,
+                                    fields=fields))
     if not examples:
         raise DataError(f"{path}: no rows")
     return examples
@@ -281,7 +296,7 @@ def render_prompt(example: Example, tokenizer: Any, *, mode: str = "auto",
         bos = getattr(tokenizer, "bos_token", None)
         if bos and text.startswith(bos) and _adds_bos(tokenizer):
             text = text[len(bos):]
-    return Example(id=example.id, prompt=text, answer=example.answer, source=source)
+    return Example(id=example.id, prompt=text, answer=example.answer, source=source, fields=example.fields)
 
 
 def _adds_bos(tokenizer: Any) -> bool:
