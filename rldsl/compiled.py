@@ -187,7 +187,8 @@ class CompiledAlgorithm:
                  sum_pi_squared: Tensor | None = None,
                  reward_components: Tensor | None = None,
                  reward_weights: Tensor | None = None,
-                 dense_rewards: Tensor | None = None, **more: Tensor) -> Estimate:
+                 dense_rewards: Tensor | None = None,
+                 group_keys: Tensor | None = None, **more: Tensor) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
 
         ``reward_baselines`` [B]: the reward of a greedy rollout of each row's prompt
@@ -200,6 +201,9 @@ class CompiledAlgorithm:
         ``dense_rewards`` [B, T]: each turn's (or step's) reward on the response token that ends
         it, read by ``rewards dense`` (the token rewards become them, the rest of each row's
         reward on its last token) and by formulas that read ``r_dense``.
+
+        ``group_keys`` [B] int: each row's key of the data field a component's ``group_by=FIELD``
+        names (equal values, equal keys), read by the components that group by it.
 
         With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
         its rejections leave ``est.mask`` (denominator included) and its metrics join
