@@ -39,8 +39,8 @@ REQUIRED: Any = _Required()
 class Param:
     """A typed component parameter.
 
-    kind: "float" | "int" | "bool" | "choice". ``default`` is REQUIRED, None (optional,
-    absent unless given) or a value. Bounds are inclusive (ge/le) or exclusive (gt/lt).
+    kind: "float" | "int" | "bool" | "choice" | "field" (a data field's name). ``default`` is
+    REQUIRED, None (optional, absent unless given) or a value. Bounds are inclusive (ge/le) or exclusive (gt/lt).
     ``runtime`` params shape the generated code (e.g. where a KL term goes) instead of
     being passed to the component function. ``stages`` maps each choice to the stage the
     component then acts in (kl ``where=reward`` moves it from the loss to the advantage).
