@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -42,10 +42,11 @@ class Example:
     answer: str
     source: str | tuple = ""  # the row's prompt before any template ("" = same as prompt)
     # the row's other columns with a plain value (str, number, bool): (name, value) pairs in the
-    # file's order; what a spec's group_by=FIELD reads (e.g. a ``role`` column)
-    fields: tuple = ()
+    # file's order; what a spec's group_by=FIELD reads (e.g. a ``role`` column). Not part of the
+    # prompt's identity (equality, hash)
+    fields: tuple = field(default=(), compare=False)
 
-    def field(self, name: str) -> Any:
+    def column(self, name: str) -> Any:
         """The value of the row's column ``name``; a DataError naming the columns it has."""
         for k, v in self.fields:
             if k == name:

@@ -210,7 +210,7 @@ def field_keys(side: RolloutSide, batch: RolloutBatch, scored: RewardResult,
     if len(prompts) * batch.group_size != batch.response_ids.shape[0]:
         raise RunError(f"group_keys: {batch.response_ids.shape[0]} rows are not {len(prompts)} prompts x "
                        f"{batch.group_size} rows each")
-    keys = torch.tensor([field_key(e.field(side.group_by)) for e in prompts], dtype=torch.int64)  # [P]
+    keys = torch.tensor([field_key(e.column(side.group_by)) for e in prompts], dtype=torch.int64)  # [P]
     return _with(batch, group_keys=keys.repeat_interleave(batch.group_size).to(batch.response_ids.device)), 0.0
 
 

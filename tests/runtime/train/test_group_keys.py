@@ -31,9 +31,9 @@ def test_a_dataset_column_reaches_the_prompt_and_survives_rendering(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     ex = load_examples(path)
     assert ex[0].fields == (("role", "solver"), ("level", 3))  # plain values only: no list column
-    assert render_prompt(ex[1], None, mode="off", system_prompt="S").field("role") == "critic"
+    assert render_prompt(ex[1], None, mode="off", system_prompt="S").column("role") == "critic"
     with pytest.raises(DataError, match="no column 'task'.*'role', 'level'"):
-        ex[0].field("task")
+        ex[0].column("task")
 
 
 def _batch(B: int, G: int) -> RolloutBatch:
