@@ -101,6 +101,16 @@ def test_ema_keyed_state_dict_round_trip_is_bit_exact():
         assert torch.equal(t, fresh.state_dict()[name]), name
 
 
+def test_explain_says_what_the_groups_are():
+    from rldsl import explain
+    algo = spec_fn("baseline group_mean(group_by=role)\nnormalizer group_std\nobjective reinforce").algorithm
+    notes = {v.slot: explain.fact_notes(v.spec, v.params) for v in algo.active()}
+    assert "groups: the rows with the same role (across prompts)" in notes["baseline"]
+    assert "needs group_keys=" in notes["baseline"]
+    assert not any(n.startswith("groups") for n in notes["normalizer"])  # a prompt's group: no note
+    assert str(algo["baseline"]) == "group_mean(singleton=zero, group_by=role)"
+
+
 def _load_error(text: str) -> SpecError:
     with pytest.raises(SpecError) as info:
         rldsl.loads(text, filename="g.rl")
