@@ -50,6 +50,14 @@ def _where(algo: Algorithm, v: SlotValue) -> str:
     return f"{v.slot} {v.component}  inherited, parent spec line {v.origin.line}"
 
 
+def _literal_choices(p: registry.Param, value: object) -> tuple[str, ...]:
+    """The strings a parameter's literal may be: its choices, or the field a ``field`` one names
+    (checked a name by the spec checker; ``literal`` refuses any non-identifier). A ``field``
+    parameter not given is left out of the call (the function's default None), so the code of
+    a spec without ``group_by`` is what it was."""
+    return (value,) if p.kind == "field" and isinstance(value, str) else p.choices
+
+
 def _call(algo: Algorithm, v: SlotValue) -> _Call:
     if v.formula is not None:  # a component written in the spec
         if not IDENT.fullmatch(v.component):
@@ -57,8 +65,9 @@ def _call(algo: Algorithm, v: SlotValue) -> _Call:
         return _Call(v.component, "", _where(algo, v), False,
                      formula_hooks.code(algo.slots[v.slot], v, _where(algo, v)))
     comp = registry.get(v.slot, v.component)
-    args = "".join(f", {k}={literal(val, comp.params[k].choices)}"
-                   for k, val in comp.fn_params(v.params).items())
+    args = "".join(f", {k}={literal(val, _literal_choices(comp.params[k], val))}"
+                   for k, val in comp.fn_params(v.params).items()
+                   if val is not None or comp.params[k].kind != "field")  # no group_by: code unchanged
     if registry.SLOTS[v.slot].keyword_inputs:  # the inputs it reads, as keywords
         for x in comp.facts.needs:
             arg = inputs.INPUTS[x].arg

@@ -153,7 +153,7 @@ class CompiledAlgorithm:
         detached unless the update's own forward makes it (source ``update``: its gradient
         reaches the loss); an absent one with default ``ones`` is ones of its shape. A number
         ([]) takes ``like``'s dtype and device (a new value does not recompile);
-        advantage-stage tensors are float32."""
+        advantage-stage float tensors are float32 (an int one keeps its dtype)."""
         out: list[Any] = []
         for i in self._extra_inputs[stage]:
             x = given.get(i.name)
@@ -171,8 +171,8 @@ class CompiledAlgorithm:
                 raise ValueError(f"{self.algorithm.name}: {problem}")
             if i.finite and not bool(torch.isfinite(x).all()):
                 raise ValueError(f"{self.algorithm.name}: {i.name} must be finite numbers; got {x.tolist()}")
-            if stage == "advantage":
-                x = x.detach().to(device=like.device, dtype=torch.float32)
+            if stage == "advantage":  # an int input (group_keys: hashes) keeps its integers
+                x = x.detach().to(device=like.device, dtype=torch.float32 if i.dtype == "float32" else x.dtype)
             # the update's own forward (source "update") carries the gradient into the loss
             out.append(x if i.source == "update" else x.detach())
         return tuple(out)
@@ -187,7 +187,8 @@ class CompiledAlgorithm:
                  sum_pi_squared: Tensor | None = None,
                  reward_components: Tensor | None = None,
                  reward_weights: Tensor | None = None,
-                 dense_rewards: Tensor | None = None, **more: Tensor) -> Estimate:
+                 dense_rewards: Tensor | None = None,
+                 group_keys: Tensor | None = None, **more: Tensor) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
 
         ``reward_baselines`` [B]: the reward of a greedy rollout of each row's prompt
@@ -200,6 +201,9 @@ class CompiledAlgorithm:
         ``dense_rewards`` [B, T]: each turn's (or step's) reward on the response token that ends
         it, read by ``rewards dense`` (the token rewards become them, the rest of each row's
         reward on its last token) and by formulas that read ``r_dense``.
+
+        ``group_keys`` [B] int: each row's key of the data field a component's ``group_by=FIELD``
+        names (equal values, equal keys), read by the components that group by it.
 
         With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
         its rejections leave ``est.mask`` (denominator included) and its metrics join

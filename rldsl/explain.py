@@ -69,6 +69,9 @@ def fact_notes(comp: registry.Component, values: dict[str, Any] | None = None) -
     for field, p in f.plan.items():
         val = format_value(values[p]) if values is not None else p
         notes.append(f"carried out by the runtime: data.{field} = {val}")
+    for k, p in comp.params.items():  # group_by=FIELD: the groups its formula's g(i) means
+        if p.kind == "field" and values is not None and values.get(k) is not None:
+            notes.append(f"groups: the rows with the same {values[k]} (across prompts)")
     if values is not None and comp.stage(values) != registry.SLOTS[comp.slot].stage:
         notes.append(f"acts in the {comp.stage(values)} stage")
     return notes

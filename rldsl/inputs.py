@@ -153,6 +153,10 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("reward_weights", ("advantage",), "[K]", "float32",
           "each reward function's weight (rewards are the weighted sum of reward_components)",
           "rollout", batch="reward_weights", default="ones", finite=True),
+    Input("group_keys", ("advantage",), "[B]", "int",
+          "each row's key for a component's group_by=FIELD: equal for rows whose data field FIELD has "
+          "equal values, the same value in every step (a stable hash of the value)", "rollout",
+          batch="group_keys"),
     Input("dense_rewards", ("advantage",), "[B, T]", "float32",
           "each turn's (or step's) reward on the response token that ends it, weighted as its reward "
           "term; 0 elsewhere", "rollout", formula="r_dense", slots=("shaping", "baseline", "normalizer", "filter")),

@@ -57,6 +57,39 @@ def moments(x: Tensor, valid: Tensor, unbiased: bool = True) -> tuple[Tensor, Te
     return mean, std, k
 
 
+def keyed_groups(keys: Tensor) -> tuple[Tensor, int]:
+    """[B] int keys -> (the group of each row [B] long, 0 .. K-1 in ascending key order; K).
+
+    The groups of ``group_by=FIELD``: rows with equal keys (``group_keys``) form one group,
+    wherever they are in the batch (across prompts)."""
+    uniq, inv = torch.unique(keys.reshape(-1), sorted=True, return_inverse=True)
+    return inv, int(uniq.numel())
+
+
+def keyed_sum(x: Tensor, group: Tensor, k: int) -> Tensor:
+    """[B] -> [K]: the sum of ``x`` over each group's rows, added in row order (deterministic:
+    a one-hot reduction, no atomics)."""
+    onehot = (group.unsqueeze(-1) == torch.arange(k, device=group.device)).to(x.dtype)  # [B, K]
+    return (onehot * x.unsqueeze(-1)).sum(0)
+
+
+def keyed_moments(x: Tensor, valid: Tensor, keys: Tensor,
+                  unbiased: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`moments` of ``x`` [B] over the groups of ``keys`` [B], given back per row [B]:
+    each row's group mean, std and count of valid rows (std 1 with fewer than 2 when
+    ``unbiased``, as ``moments``)."""
+    group, k = keyed_groups(keys)
+    v = valid.to(x.dtype)
+    n = keyed_sum(v, group, k)  # [K]
+    mean = keyed_sum(x * v, group, k) / n.clamp_min(1)
+    ss = keyed_sum(((x - mean[group]) * v) ** 2, group, k)
+    denom = (n - 1) if unbiased else n
+    std = torch.sqrt(ss / denom.clamp_min(1))
+    if unbiased:
+        std = torch.where(n < 2, torch.ones_like(std), std)
+    return mean[group], std[group], n[group]
+
+
 def masked_whiten(x: Tensor, mask: Tensor, eps: float, shift_mean: bool = True) -> Tensor:
     """``x`` [B, T] whitened over the tokens where ``mask`` is 1 (verl's masked_whiten).
 

@@ -18,7 +18,7 @@ import inspect
 import math
 import re
 import types
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
 from .inputs import INPUTS
@@ -39,14 +39,18 @@ REQUIRED: Any = _Required()
 class Param:
     """A typed component parameter.
 
-    kind: "float" | "int" | "bool" | "choice". ``default`` is REQUIRED, None (optional,
-    absent unless given) or a value. Bounds are inclusive (ge/le) or exclusive (gt/lt).
+    kind: "float" | "int" | "bool" | "choice" | "field" (a data field's name). ``default`` is
+    REQUIRED, None (optional, absent unless given) or a value. Bounds are inclusive (ge/le) or exclusive (gt/lt).
     ``runtime`` params shape the generated code (e.g. where a KL term goes) instead of
     being passed to the component function. ``stages`` maps each choice to the stage the
     component then acts in (kl ``where=reward`` moves it from the loss to the advantage).
     ``when``: ``(param, value)``, the parameter is read only when that other parameter has that
     value (a distill component's ``clip_low`` with ``mode=policy_gradient``); elsewhere it is
     ignored, and ``rldsl explain`` leaves it out.
+    ``needs``: inputs (inputs.INPUTS) the component reads only when the parameter is given (not
+    None): ``group_by=role`` reads ``group_keys``; :meth:`Component.given` adds them to its facts.
+    A ``field`` parameter names a data field (a word: ``group_by=role``); given, the component
+    compares the rows that share the field's value instead of a prompt's group (no ``per_group``).
     """
 
     kind: str
@@ -60,6 +64,7 @@ class Param:
     runtime: bool = False
     stages: dict[str, str] | None = None
     when: tuple[str, Any] | None = None
+    needs: tuple[str, ...] = ()
 
     @property
     def required(self) -> bool:
@@ -71,7 +76,7 @@ class Param:
 
     def describe(self) -> str:
         """e.g. ``float > 0, default 0.2``."""
-        parts = [self.kind if self.kind != "choice" else "|".join(self.choices)]
+        parts = [{"choice": "|".join(self.choices), "field": "a data field's name"}.get(self.kind, self.kind)]
         for sym, v in (("> ", self.gt), (">= ", self.ge), ("< ", self.lt), ("<= ", self.le)):
             if v is not None:
                 parts.append(f"{sym}{format_value(v)}")
@@ -98,6 +103,8 @@ class Param:
                     return f"must be {sym} {format_value(bound)}, got {format_value(value)}"
         if self.kind == "choice" and value not in self.choices:
             return "must be one of " + ", ".join(repr(c) for c in self.choices)
+        if self.kind == "field" and not (isinstance(value, str) and FIELD_NAME.fullmatch(value)):
+            return f"must name a data field (letters, digits, '_'), got {format_value(value)}"
         return None
 
 
@@ -115,6 +122,14 @@ def Bool(default: Any = REQUIRED, doc: str = "", **kw: Any) -> Param:
 
 def Choice(choices: tuple[str, ...], default: Any = REQUIRED, doc: str = "", **kw: Any) -> Param:
     return Param("choice", default, doc, choices=tuple(choices), **kw)
+
+
+def Field(doc: str = "", **kw: Any) -> Param:
+    """An optional parameter naming a data field (``group_by=role``); None: not given."""
+    return Param("field", None, doc, **kw)
+
+
+FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def format_value(v: Any) -> str:
@@ -377,12 +392,32 @@ class Component:
         """The parameters passed to the component function (runtime ones left out)."""
         return {k: v for k, v in values.items() if not self.params[k].runtime}
 
+    def given(self, values: dict[str, Any]) -> "Component":
+        """The component with these parameter values: the inputs of its parameters' ``needs`` join
+        its facts' for each parameter given, and a ``field`` parameter given (``group_by``) turns
+        ``per_group`` off (it no longer compares a prompt's group)."""
+        extra = tuple(x for k, p in self.params.items() if values.get(k) is not None for x in p.needs)
+        regrouped = any(p.kind == "field" and values.get(k) is not None for k, p in self.params.items())
+        return self if not extra and not regrouped else _given(self, extra, regrouped)
+
     def formula_with(self, values: dict[str, Any]) -> str:
         """The formula with parameter values substituted for ``{name}`` placeholders."""
         def sub(m: re.Match[str]) -> str:
             v = values.get(m.group(1))
             return format_value(v) if v is not None else m.group(0)
         return re.sub(r"\{(\w+)\}", sub, self.formula)
+
+
+_GIVEN: dict[tuple[str, str, tuple[str, ...], bool], Component] = {}
+
+
+def _given(comp: Component, extra: tuple[str, ...], regrouped: bool) -> Component:
+    key = (comp.slot, comp.name, extra, regrouped)
+    if key not in _GIVEN:
+        facts = replace(comp.facts, needs=tuple(dict.fromkeys(comp.facts.needs + extra)),
+                        per_group=False if regrouped else comp.facts.per_group)
+        _GIVEN[key] = replace(comp, facts=facts)
+    return _GIVEN[key]
 
 
 _SECTION = re.compile(r"^\s*(formula|source|shapes|edge cases):\s*(.*)$")
@@ -428,6 +463,10 @@ def _split(where: str, kw: dict[str, Any]) -> tuple[dict[str, Param], dict[str, 
 
 def _check_facts(slot: Slot, where: str, params: dict[str, Param], given: dict[str, Any]) -> Facts:
     facts = Facts(**given)
+    for k, p in params.items():
+        for x in p.needs:
+            if x not in INPUTS:
+                raise ValueError(f"{where}: parameter {k!r} needs {x!r}, which is not an input")
     for k in ("needs", "provides"):
         for x in getattr(facts, k):
             if x not in INPUTS:

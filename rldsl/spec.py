@@ -63,6 +63,12 @@ class Algorithm(BaseModel):
         return list(dict.fromkeys(x for v in self.active(stage) for x in v.spec.facts.needs))
 
     @property
+    def group_by(self) -> str | None:
+        """The data field its components group rows by (``group_by=FIELD``; one per spec), whose
+        values the runtime turns into the ``group_keys`` input; None when none does."""
+        return next(iter(_group_fields(self.active())), None)
+
+    @property
     def uses_critic(self) -> bool:
         return not self["critic"].spec.off
 
@@ -157,6 +163,12 @@ def _convert(arg: ArgNode, p: registry.Param, errors: ErrorList) -> tuple[bool, 
         hint = "write true or false" + (" (lower case)" if v.lower() in ("true", "false") else "")
         errors.add(f"argument '{name}' takes true or false, got {v!r}", span, hint=hint)
         return False, None
+    if p.kind == "field":
+        if arg.kind == "word":
+            return True, v
+        errors.add(f"argument '{name}' takes the name of a data field, got {v!r}", span,
+                   hint=f"e.g. {name}=role (a column of the dataset)")
+        return False, None
     # choice
     if arg.kind == "word" and v in p.choices:
         return True, next(c for c in p.choices if c == v)  # the registry's own string
@@ -172,7 +184,8 @@ def _a(word: str) -> str:
 
 def _kind_words(p: registry.Param) -> str:
     return {"float": "a number", "int": "a whole number", "bool": "true or false",
-            "choice": "one of " + ", ".join(repr(c) for c in p.choices)}[p.kind]
+            "choice": "one of " + ", ".join(repr(c) for c in p.choices),
+            "field": "the name of a data field"}[p.kind]
 
 
 def _check_component(slot: str, node: ComponentNode, algorithm: str,
@@ -358,6 +371,27 @@ def _provided_inputs(slots):  # type: ignore[no-untyped-def]
             yield v.slot, f"{_a(v.slot)} is only used by " + \
                 " or ".join(f"{c.slot} '{c.name}'" for c in readers), \
                 "use " + " or ".join(_use(c) for c in readers) + f", or remove the {v.slot} line"
+
+
+def _group_fields(active: list[SlotValue]) -> dict[str, SlotValue]:
+    """Each data field named by a ``field`` parameter (``group_by=role``), with its first user."""
+    out: dict[str, SlotValue] = {}
+    for v in active:
+        for k, p in v.spec.params.items():
+            if p.kind == "field" and v.params.get(k) is not None:
+                out.setdefault(str(v.params[k]), v)
+    return out
+
+
+@rule
+def _one_group_field(slots):  # type: ignore[no-untyped-def]
+    """Every ``group_by`` of a spec names the same data field: one ``group_keys`` input."""
+    fields = _group_fields(_active(slots))
+    if len(fields) > 1:
+        (f0, v0), *rest = fields.items()
+        for f, v in rest:
+            yield v.slot, f"{v.slot} '{v.component}' groups by '{f}' but {v0.slot} '{v0.component}' " \
+                f"by '{f0}': a spec groups by one data field", f"use group_by={f0} in both"
 
 
 @rule

@@ -50,7 +50,7 @@ class SlotValue(BaseModel):
         none: it answers with an entry derived from its checked tree (formula/component.py)."""
         if self.formula is not None:
             return formula_component.component(self.formula)
-        return registry.get(self.slot, self.component)
+        return registry.get(self.slot, self.component).given(self.params)
 
     @property
     def stage(self) -> str:

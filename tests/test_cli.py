@@ -96,7 +96,7 @@ def test_explain_json():
     assert d["name"] == "maxrl" and d["extends"] == ["grpo"]
     rows = {r["slot"]: r for r in d["slots"]}
     assert rows["normalizer"]["component"] == "success_rate"
-    assert rows["normalizer"]["params"] == {"eps": 1e-06}
+    assert rows["normalizer"]["params"] == {"eps": 1e-06, "group_by": None}
     assert rows["rewards"]["component"] == "binary"
 
 

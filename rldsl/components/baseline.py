@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..lazy_torch import torch
-from ..ops import AdvantageBatch, group_view, masked_whiten, moments
-from ..registry import Bool, Choice, Float, Requires, register
+from ..ops import AdvantageBatch, group_view, keyed_groups, keyed_moments, keyed_sum, masked_whiten, moments
+from ..registry import Bool, Choice, Field, Float, Requires, register
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -18,6 +18,21 @@ if TYPE_CHECKING:
 def _broadcast(a: Tensor, batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     adv = a.unsqueeze(-1) * batch.mask  # [B, T]
     return adv, adv
+
+
+def GroupBy(what: str = "compare") -> Field:
+    """The ``group_by`` parameter of the components that compare a group's samples."""
+    return Field(f"a data field: {what} the rows with the same value of it (across prompts) instead "
+                 "of a prompt's G samples (the runtime's group_keys input)", needs=("group_keys",))
+
+
+def _shifted(r: Tensor, keys: Tensor) -> Tensor:
+    """``r`` minus the reward of its key-group's first row: a constant group gives exactly 0."""
+    group, k = keyed_groups(keys)
+    rows = torch.arange(r.shape[0], device=r.device)
+    first = torch.full((k,), r.shape[0], dtype=rows.dtype, device=r.device).scatter_reduce(
+        0, group, rows, reduce="amin")  # [K] first row of each group
+    return r - r[first[group]]
 
 
 @register("baseline", off=True)
@@ -44,17 +59,25 @@ def batch_mean(batch: AdvantageBatch) -> tuple[Tensor, Tensor]:
     return _broadcast(d - mean, batch)
 
 
-@register("baseline", decay=Float(0.9, "weight of the previous average", ge=0, lt=1))
-def ema(batch: AdvantageBatch, decay: float) -> tuple[Tensor, Tensor]:
+@register("baseline", decay=Float(0.9, "weight of the previous average", ge=0, lt=1),
+          group_by=GroupBy("keep one average for"))
+def ema(batch: AdvantageBatch, decay: float, group_by: str | None = None) -> tuple[Tensor, Tensor]:
     """Exponential moving average of past batch-mean rewards (state kept across steps).
 
     formula: A_i = r_i - b_{k-1};  b_k = {decay} b_{k-1} + (1 - {decay}) mean(r)
-    source: REINFORCE with a running-average baseline (Williams 1992; Sutton & Barto 13.4)
+    source: REINFORCE with a running-average baseline (Williams 1992; Sutton & Barto 13.4);
+      with group_by, one average per value of the field: per-role baselines of multi-agent and
+      self-play training (e.g. MARFT, SPIRAL's role-conditioned advantage estimation)
     shapes: r [B] -> A [B, T]
     edge cases: the first batch uses b_0 = mean(r) of that batch (A has zero mean);
-      the state is saved in checkpoints through CompiledAlgorithm.state_dict().
+      with group_by=FIELD: b_k(v) = {decay} b_{k-1}(v) + (1 - {decay}) mean_{j: FIELD_j = v} r_j and
+      A_i = r_i - b_{k-1}(FIELD_i), a value first seen starting from its own batch mean, a value
+      absent from a batch keeping its average; rows whose reward failed leave every mean.
+      The state is saved in checkpoints through CompiledAlgorithm.state_dict().
     """
     r = batch.rewards
+    if group_by is not None:
+        return _broadcast(r - _keyed_ema(batch, decay), batch)
     mean = moments(r, batch.valid_rows)[0].reshape(())
     prev = batch.state.get("ema_baseline")
     b = mean.detach() if prev is None else prev.to(r)
@@ -62,13 +85,39 @@ def ema(batch: AdvantageBatch, decay: float) -> tuple[Tensor, Tensor]:
     return _broadcast(r - b, batch)
 
 
+def _keyed_ema(batch: AdvantageBatch, decay: float) -> Tensor:
+    """[B] each row's previous average b_{k-1}(key); moves the state (``ema_keys`` [K] int64 in
+    ascending order, ``ema_values`` [K]) to b_k."""
+    r, keys = batch.rewards.detach(), batch.group_keys.to(torch.int64)
+    uniq = torch.unique(keys, sorted=True)  # [K]
+    group, k = keyed_groups(keys)
+    v = batch.valid_rows.to(r.dtype)
+    n = keyed_sum(v, group, k)  # [K]
+    mean = keyed_sum(r * v, group, k) / n.clamp_min(1)  # [K]
+    old_keys = batch.state.get("ema_keys", torch.zeros(0, dtype=torch.int64)).to(keys.device)
+    old = batch.state.get("ema_values", torch.zeros(0, dtype=r.dtype)).to(r)
+    match = uniq.unsqueeze(-1) == old_keys.unsqueeze(0)  # [K, K_old]
+    seen = match.any(-1)
+    prev = torch.where(seen, old[match.to(torch.int64).argmax(-1)] if old.numel() else mean, mean)  # [K]
+    new = torch.where(n > 0, decay * prev + (1 - decay) * mean, prev)
+    keep = ~(old_keys.unsqueeze(-1) == uniq.unsqueeze(0)).any(-1)  # old keys absent from this batch
+    scored = seen | (n > 0)  # a key never scored gets no average
+    all_keys = torch.cat([old_keys[keep], uniq[scored]])
+    order = torch.argsort(all_keys)
+    batch.state["ema_keys"] = all_keys[order]
+    batch.state["ema_values"] = torch.cat([old[keep], new[scored]])[order].detach()
+    return prev[group]
+
+
 SINGLETON = ("zero", "reward")
 
 
 @register("baseline", per_group=True,
           singleton=Choice(SINGLETON, "zero",
-                           "a group of one: A = 0 (TRL) or A = r (verl grpo: its mean is taken as 0)"))
-def group_mean(batch: AdvantageBatch, singleton: str = "zero") -> tuple[Tensor, Tensor]:
+                           "a group of one: A = 0 (TRL) or A = r (verl grpo: its mean is taken as 0)"),
+          group_by=GroupBy())
+def group_mean(batch: AdvantageBatch, singleton: str = "zero",
+               group_by: str | None = None) -> tuple[Tensor, Tensor]:
     """Mean reward of the G responses to the same prompt.
 
     formula: A_i = r_i - mean_{j in g(i)} r_j
@@ -77,7 +126,16 @@ def group_mean(batch: AdvantageBatch, singleton: str = "zero") -> tuple[Tensor, 
     shapes: r [B] -> A [B, T], groups contiguous (B = P*G)
     edge cases: a group of one is its own mean: A = 0 (TRL also gives 0); singleton=reward
       gives verl's grpo / reinforce_plus_plus_baseline / gpg rule (mean taken as 0: A = r).
+      group_by=FIELD: g(i) is every row of the batch whose FIELD equals row i's (across
+      prompts, any size); rows whose reward failed leave the mean; a row with no other scorable
+      row in its group is a group of one.
     """
+    if group_by is not None:
+        keys = batch.group_keys
+        d = _shifted(batch.rewards, keys)  # [B]; exactly 0 for a constant group
+        mean, _, n = keyed_moments(d, batch.valid_rows, keys)
+        alone = batch.rewards if singleton == "reward" else torch.zeros_like(d)
+        return _broadcast(torch.where(n > 1, d - mean, alone), batch)
     if singleton == "reward" and batch.group_size == 1:
         return _broadcast(batch.rewards, batch)
     r = group_view(batch.rewards, batch.group_size)  # [P, G]
@@ -91,8 +149,9 @@ def group_mean(batch: AdvantageBatch, singleton: str = "zero") -> tuple[Tensor, 
 @register("baseline", per_group=True,
           singleton=Choice(("zero", "reward"), "zero",
                            "advantage of a sample with no scorable other in its group: 0 (TRL) "
-                           "or its own reward (verl rloo)"))
-def leave_one_out(batch: AdvantageBatch, singleton: str) -> tuple[Tensor, Tensor]:
+                           "or its own reward (verl rloo)"),
+          group_by=GroupBy())
+def leave_one_out(batch: AdvantageBatch, singleton: str, group_by: str | None = None) -> tuple[Tensor, Tensor]:
     """Mean reward of the other G-1 responses to the same prompt.
 
     formula: A_i = r_i - (1/(G-1)) sum_{j in g(i), j != i} r_j  =  G/(G-1) (r_i - mean_g r)
@@ -103,8 +162,18 @@ def leave_one_out(batch: AdvantageBatch, singleton: str) -> tuple[Tensor, Tensor
       A sample with no scorable other (a group of one, or the only scorable sample of its
       group) has no baseline: A = 0 with singleton=zero (TRL: advantages 0 when
       num_generations is 1; no gradient from an unbaselined reward), A = r with
-      singleton=reward (verl rloo; verl's rloo_vectorized gives 0).
+      singleton=reward (verl rloo; verl's rloo_vectorized gives 0). group_by=FIELD: g(i) is
+      every row whose FIELD equals row i's (across prompts, any size).
     """
+    if group_by is not None:
+        keys, v = batch.group_keys, batch.valid_rows
+        d = _shifted(batch.rewards, keys)  # [B]
+        group, n_groups = keyed_groups(keys)
+        k = keyed_sum(v.to(d.dtype), group, n_groups)[group]  # [B] valid members (K)
+        total = keyed_sum(d * v.to(d.dtype), group, n_groups)[group]  # [B]
+        others = (total - d) / (k - 1).clamp_min(1)
+        alone = batch.rewards if singleton == "reward" else torch.zeros_like(d)
+        return _broadcast(torch.where(k > 1, d - others, alone), batch)
     G = batch.group_size
     r, v = group_view(batch.rewards, G), group_view(batch.valid_rows, G)  # [P, G]
     d = r - r[:, :1]  # shifted by one member so a constant group gives exactly 0

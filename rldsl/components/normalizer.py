@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..ops import AdvantageBatch, group_view, masked_whiten, moments
+from ..ops import AdvantageBatch, group_view, keyed_moments, masked_whiten, moments
 from ..registry import Bool, Float, Requires, register
+from .baseline import GroupBy
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -27,8 +28,10 @@ def none(adv: Tensor, batch: AdvantageBatch) -> Tensor:
 
 @register("normalizer", per_group=True, roles={"denominator_eps": "eps"},
           eps=Float(1e-6, "added to the std (verl, ROLL 1e-6; TRL 1e-4)", ge=0),
-          unbiased=Bool(True, "Bessel (N-1) std, as verl, TRL and ROLL"))
-def group_std(adv: Tensor, batch: AdvantageBatch, eps: float, unbiased: bool) -> Tensor:
+          unbiased=Bool(True, "Bessel (N-1) std, as verl, TRL and ROLL"),
+          group_by=GroupBy("take the std of"))
+def group_std(adv: Tensor, batch: AdvantageBatch, eps: float, unbiased: bool,
+              group_by: str | None = None) -> Tensor:
     """Divide by the std of the rewards of the prompt's group.
 
     formula: A_i = (r_i - b_i) / (std_{j in g(i)} r_j + {eps})
@@ -36,7 +39,11 @@ def group_std(adv: Tensor, batch: AdvantageBatch, eps: float, unbiased: bool) ->
       TRL scale_rewards="group" (Bessel, eps=1e-4)
     shapes: [B, T] -> [B, T]
     edge cases: zero-variance groups give A = 0 (the numerator is 0); a group of one uses std 1.
+      group_by=FIELD: g(i) is every row whose FIELD equals row i's (across prompts, any size).
     """
+    if group_by is not None:
+        _, s, _ = keyed_moments(batch.rewards, batch.valid_rows, batch.group_keys, unbiased)  # [B]
+        return adv / (s + eps).unsqueeze(-1)
     G = batch.group_size
     r, v = group_view(batch.rewards, G), group_view(batch.valid_rows, G)  # [P, G]
     _, s, _ = moments(r, v, unbiased)  # [P, 1]
@@ -60,8 +67,9 @@ def batch_std(adv: Tensor, batch: AdvantageBatch, eps: float, unbiased: bool) ->
 
 @register("normalizer", per_group=True,
           requires=Requires("rewards", "binary", "the success rate is the mean of 0/1 rewards"),
-          eps=Float(1e-6, "added to the success rate", gt=0))
-def success_rate(adv: Tensor, batch: AdvantageBatch, eps: float) -> Tensor:
+          eps=Float(1e-6, "added to the success rate", gt=0),
+          group_by=GroupBy("take the success rate of"))
+def success_rate(adv: Tensor, batch: AdvantageBatch, eps: float, group_by: str | None = None) -> Tensor:
     """Divide by the group's success rate (mean binary reward): MaxRL's p-normalisation.
 
     formula: A_i = (r_i - b_i) / (mean_{j in g(i)} r_j + {eps})
@@ -69,7 +77,12 @@ def success_rate(adv: Tensor, batch: AdvantageBatch, eps: float) -> Tensor:
       with b = group_mean: successes get (1-p)/p, failures -1
     shapes: [B, T] -> [B, T]
     edge cases: all-fail and all-pass groups give A = 0; needs `rewards binary`.
+      group_by=FIELD: g(i) is every row whose FIELD equals row i's (rows whose reward failed
+      left out).
     """
+    if group_by is not None:
+        p, _, _ = keyed_moments(batch.rewards, batch.valid_rows, batch.group_keys)  # [B]
+        return adv / (p + eps).unsqueeze(-1)
     r = group_view(batch.rewards, batch.group_size)  # [P, G]
     p = r.mean(dim=1, keepdim=True).expand_as(r).reshape(-1)  # [B]
     return adv / (p + eps).unsqueeze(-1)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -46,6 +46,19 @@ class Example:
     # in it (with_context), before any template, and that prompt rendered for the model; "" = none
     teacher_source: str | tuple = ""
     teacher_prompt: str = ""
+    # the row's other columns with a plain value (str, number, bool): (name, value) pairs in the
+    # file's order; what a spec's group_by=FIELD reads (e.g. a ``role`` column). Not part of the
+    # prompt's identity (equality, hash)
+    fields: tuple = field(default=(), compare=False)
+
+    def column(self, name: str) -> Any:
+        """The value of the row's column ``name``; a DataError naming the columns it has."""
+        for k, v in self.fields:
+            if k == name:
+                return v
+        have = ", ".join(repr(k) for k, _ in self.fields) or "none"
+        raise DataError(f"prompt {self.id}: no column {name!r} with a plain value (str, number, bool) for "
+                        f"group_by={name} (its columns: {have})")
 
     @property
     def reward_prompt(self) -> str:
@@ -257,12 +270,14 @@ def load_examples(
                 raise DataError(f"{where}: field {context_field!r} (teacher.context_key) must be a string or a "
                                 f"number, got {type(context).__name__}")
             teacher = with_context(prompt, str(context), context_template)
+        fields = tuple((k, v) for k, v in row.items()  # plain columns: what group_by=FIELD reads
+                       if k not in (prompt_field, answer_field) and isinstance(v, (str, int, float, bool)))
         if isinstance(prompt, str):
             examples.append(Example(id=len(examples), prompt=prompt, answer=str(answer), teacher_source=teacher,
-                                    teacher_prompt=teacher if isinstance(teacher, str) else ""))
+                                    teacher_prompt=teacher if isinstance(teacher, str) else "", fields=fields))
         else:  # rendered by apply_chat_template once the tokenizer is known
             examples.append(Example(id=len(examples), prompt="", answer=str(answer), source=prompt,
-                                    teacher_source=teacher))
+                                    teacher_source=teacher, fields=fields))
     if not examples:
         raise DataError(f"{path}: no rows")
     return examples
@@ -324,7 +339,7 @@ def render_prompt(example: Example, tokenizer: Any, *, mode: str = "auto",
         if bos and text.startswith(bos) and _adds_bos(tokenizer):
             text = text[len(bos):]
     return Example(id=example.id, prompt=text, answer=example.answer, source=source,
-                   teacher_source=example.teacher_source, teacher_prompt=teacher)
+                   teacher_source=example.teacher_source, teacher_prompt=teacher, fields=example.fields)
 
 
 def _adds_bos(tokenizer: Any) -> bool:

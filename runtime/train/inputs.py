@@ -18,6 +18,8 @@ rldsl/inputs.py and one producer here (docs/components.md).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
@@ -53,6 +55,7 @@ class RolloutSide:
     step: int  # the step's number in its warnings: as metrics.jsonl logs it (from 1)
     episodes: bool = False  # multi-turn episodes: generate starts from the rows' own prompts
     tokenizer: Any = None  # the policy's: where a process reward's steps end in its tokens
+    group_by: str | None = None  # the data field a spec's group_by=FIELD names (Algorithm.group_by)
 
 
 class Forwards(NamedTuple):
@@ -190,6 +193,27 @@ def per_turn_rewards(side: RolloutSide, batch: RolloutBatch, scored: RewardResul
     return _with(batch, dense_rewards=out.to(batch.response_ids.device)), 0.0
 
 
+def field_key(value: Any) -> int:
+    """A stable int64 key of a data field's value: the same in every step, run and process (not
+    Python's salted ``hash``); 1 and "1" differ, 1 and 1.0 and True as JSON does."""
+    text = json.dumps(value, sort_keys=True)
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
+
+
+def field_keys(side: RolloutSide, batch: RolloutBatch, scored: RewardResult,
+               prompts: list[Example]) -> tuple[RolloutBatch, float]:
+    """``group_keys`` [B] int64: the key of each row's value of the data field the spec's
+    ``group_by=FIELD`` names (a column of the dataset row its prompt came from), repeated over
+    the prompt's G samples."""
+    if side.group_by is None:
+        raise RunError("the spec reads group_keys but names no group_by field")
+    if len(prompts) * batch.group_size != batch.response_ids.shape[0]:
+        raise RunError(f"group_keys: {batch.response_ids.shape[0]} rows are not {len(prompts)} prompts x "
+                       f"{batch.group_size} rows each")
+    keys = torch.tensor([field_key(e.column(side.group_by)) for e in prompts], dtype=torch.int64)  # [P]
+    return _with(batch, group_keys=keys.repeat_interleave(batch.group_size).to(batch.response_ids.device)), 0.0
+
+
 def step_tokens(tokenizer: Any, batch: RolloutBatch, row: int, ends: list[int]) -> list[int]:
     """The response position of the token where each step's text ends (``ends``: character
     offsets into the row's completion): the first of its model tokens whose decoded prefix
@@ -259,6 +283,7 @@ ROLLOUT: dict[str, RolloutInputMaker] = {
     "reward_components": _PER_FUNCTION,
     "reward_weights": _PER_FUNCTION,  # made together with the components
     "dense_rewards": RolloutInputMaker(per_turn_rewards, check=check_per_turn_rewards),
+    "group_keys": RolloutInputMaker(field_keys),
 }
 
 
@@ -295,6 +320,7 @@ ESTIMATE: dict[str, Callable[[Trainer, RolloutBatch, Forwards], Any]] = {
     "reward_components": lambda tr, r, f: r.inputs.get("reward_components"),
     "reward_weights": lambda tr, r, f: r.inputs.get("reward_weights"),
     "dense_rewards": lambda tr, r, f: r.inputs.get("dense_rewards"),
+    "group_keys": lambda tr, r, f: r.inputs.get("group_keys"),
 }
 
 

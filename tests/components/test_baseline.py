@@ -178,7 +178,7 @@ def test_leave_one_out_default_is_trl_and_the_spec_names_it():
     from rldsl import registry
     assert registry.get("baseline", "leave_one_out").params["singleton"].default == "zero"
     assert spec_fn("baseline leave_one_out(singleton=reward)").algorithm["baseline"].params == {
-        "singleton": "reward"}
+        "singleton": "reward", "group_by": None}  # every parameter known: group_by not given
 
 
 def test_leave_one_out_zero_variance_group_is_exactly_zero():

@@ -87,7 +87,7 @@ def test_no_trailing_newline(in_root: Path) -> None:
 def test_tabs(in_root: Path) -> None:
     algo = _good("tabs")
     norm = algo["normalizer"]
-    assert (norm.component, norm.params) == ("group_std", {"eps": 1e-6, "unbiased": False})
+    assert (norm.component, norm.params) == ("group_std", {"eps": 1e-6, "unbiased": False, "group_by": None})
     assert (norm.origin.line, norm.origin.column) == (4, 14)  # a tab is one column
     assert algo["objective"].component == "ppo"
 
@@ -112,8 +112,8 @@ def test_negative_number_where_allowed(in_root: Path) -> None:
 
 def test_empty_parens_mean_defaults(in_root: Path) -> None:
     algo = _good("empty_parens")
-    assert algo["baseline"].params == {"singleton": "zero"}
-    assert algo["normalizer"].params == {"eps": 1e-6, "unbiased": True}
+    assert algo["baseline"].params == {"singleton": "zero", "group_by": None}
+    assert algo["normalizer"].params == {"eps": 1e-6, "unbiased": True, "group_by": None}
     assert algo.components("filter") == ["zero_variance", "pass_rate_cap"]
     assert algo["filter"][1].params == {"max": 0.9}
 
