@@ -62,7 +62,9 @@ def test_the_rollout_producer_keys_rows_by_the_fields_value():
 def _trainer(fn: rldsl.CompiledAlgorithm) -> LocalTrainers:
     policy = torch.nn.Linear(2, 1)
     return LocalTrainers(SimpleNamespace(policy=policy, critic=None, critic_optimizer=None, fn=fn, scheduler=None,
-                                         optimizer=torch.optim.SGD(policy.parameters(), lr=0.1)))
+                                         optimizer=torch.optim.SGD(policy.parameters(), lr=0.1),
+                                         teacher_state=lambda: None,  # no teacher.ema teacher
+                                         load_teacher_state=lambda state: None))
 
 
 def _step(fn: rldsl.CompiledAlgorithm, r: list[float], roles: list[str]) -> torch.Tensor:
