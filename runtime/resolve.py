@@ -25,7 +25,6 @@ from typing import Any
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from rldsl import lint
-from rldsl.formula.hooks import batch_wide_loss
 from rldsl.inputs import INPUTS
 from rldsl import Algorithm
 
@@ -92,23 +91,9 @@ def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
     check_device(cfg)
     check_engine(cfg)
     check_async(algo, cfg)
-    check_trainer_ranks(algo, cfg)
     check = source_of(cfg).check
     if check is not None:
         check(cfg)
-
-
-def check_trainer_ranks(algo: Algorithm, cfg: RunConfig) -> None:
-    """A loss formula reading a ``batch_*`` statistic is exact over the whole minibatch on one
-    trainer rank only (docs/formulas.md, "The batch"): several ranks are refused before any model
-    loads (the sharded trainer refuses them too)."""
-    slots = batch_wide_loss(algo.slots)
-    if slots and cfg.distributed.trainers > 1:
-        raise ConfigError(
-            f"{algo.name}: a loss formula reads a batch_* statistic (slots {', '.join(slots)}); on "
-            f"distributed.trainers = {cfg.distributed.trainers} ranks each rank's loss() would see only its own "
-            "rows, and the whole-batch path runs on one rank only: train with one trainer rank, or compute "
-            "the statistic in the advantage stage")
 
 
 def check_teacher_settings(algo: Algorithm, cfg: RunConfig) -> None:

@@ -263,6 +263,7 @@ class Trainer(ForwardPasses):
         fn = self.fn
         algo = fn.algorithm
         G = batch.group_size
+        minibatch = rows
         rows, share = self._local_rows(rows, G, row_tokens(batch.rollout)[rows])
         sub = batch.rollout.select(rows)
         mask = batch.mask[rows]
@@ -276,8 +277,16 @@ class Trainer(ForwardPasses):
         ent_coef = fn.entropy_coef()  # `entropy adaptive`: the same coefficient for every micro-batch
         parts: list[tuple[dict[str, float], float, bool]] = []
         # a loss formula reading a batch_* statistic: each micro-batch's loss() call gets the
-        # whole minibatch, the other micro-batches' values from a no-grad pass before this step
-        whole = self._whole_minibatch(batch, sub, rows, mbs, by_group) if self._batch_wide and len(mbs) > 1 else None
+        # whole minibatch (every rank's rows), the other micro-batches' values from a no-grad
+        # pass before this step, gathered from every rank
+        whole = None
+        if self._batch_wide and (len(mbs) > 1 or self._ranks() > 1):
+            whole, at = self._every_rank(self._whole_minibatch(batch, sub, rows, mbs, by_group),
+                                         minibatch, rows, share)
+            wsub = batch.rollout.select(minibatch)
+            denom = fn.denominator(batch.mask[minibatch], G).to(denom.device)  # = the ranks' sum
+            if vdenom is not None:
+                vdenom = fn.value_denominator(batch.mask[minibatch], G).to(vdenom.device)
         for mb, weight in mbs:
             w = share * weight
             r = rows[mb]
@@ -290,7 +299,8 @@ class Trainer(ForwardPasses):
                 if whole is None:
                     m = self._loss_backward(batch, part, r, tr, fwd, denom, vdenom, w, ent_coef)
                 else:
-                    m = self._loss_backward(batch, sub, rows, Tr, _put(whole, mb, fwd), denom, vdenom, w, ent_coef)
+                    m = self._loss_backward(batch, wsub, minibatch, Tr, _put(whole, at[mb], fwd), denom, vdenom,
+                                            w, ent_coef)
             if m is None:
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.critic_optimizer is not None:
@@ -299,7 +309,7 @@ class Trainer(ForwardPasses):
             if whole is None:
                 parts.append((m, float(batch.mask[r].sum()) if w else 0.0, bool(w)))
             elif not parts:  # every call gave the whole minibatch's loss and metrics: keep one
-                parts.append((m, float(batch.mask[rows].sum()) if share else 0.0, bool(share)))
+                parts.append((m, float(batch.mask[minibatch].sum()), True))
         params = [p for p in self.policy.parameters() if p.grad is not None]
         gnorm = _clip(params, self.grad_clip)
         cnorm = None
@@ -321,7 +331,8 @@ class Trainer(ForwardPasses):
         metrics[GRAD_NORM] = gnorm
         if cnorm is not None:
             metrics[CRITIC_GRAD_NORM] = cnorm
-        metrics = self._reduce_metrics(metrics, mask, share)
+        if whole is None:  # (the whole-minibatch metrics are every rank's already, the same on each)
+            metrics = self._reduce_metrics(metrics, mask, share)
         if ent_coef is not None:  # the step's mean entropy (every micro-batch and rank) moves it
             metrics.update(fn.update_entropy_coef(metrics["entropy"]))
         return metrics
@@ -422,6 +433,16 @@ class Trainer(ForwardPasses):
     def _global_denominator(self, local: Tensor, share: float) -> Tensor:
         """The aggregation count over every rank (docs/api.md, "Denominators")."""
         return local
+
+    def _ranks(self) -> int:
+        """How many trainer ranks share each minibatch."""
+        return 1
+
+    def _every_rank(self, local: dict[str, Tensor | None], minibatch: Tensor, rows: Tensor,
+                    share: float) -> tuple[dict[str, Tensor | None], Tensor]:
+        """The no-grad update values ``local`` of this rank's ``rows`` [n, Tr(, J)] -> those of every
+        row of ``minibatch`` (every rank's), and the positions of ``rows`` in it."""
+        return local, torch.arange(len(rows))
 
     def _all_finite(self, loss: Tensor) -> bool:
         """Whether the loss is finite on every rank (all ranks skip the step together)."""

@@ -19,10 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rldsl.formula.hooks import batch_wide_loss
 
 from ..batch import RolloutBatch
-from ..errors import ConfigError
 from ..models.lora import lora_scalings, merge_state
 from ..records.metrics import REPLICATED, SUMMED
 from ..models.loading import with_tied
@@ -111,12 +109,6 @@ class ShardedTrainer(Trainer):
     def __init__(self, *args: Any, rank: int, world: int, device: torch.device, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.rank, self.world, self.device = rank, world, device
-        if self._batch_wide and world > 1:
-            raise ConfigError(
-                f"{self.fn.algorithm.name}: a loss formula reads a batch_* statistic (slots "
-                f"{', '.join(batch_wide_loss(self.fn.algorithm.slots))}); on several trainer ranks each rank's "
-                "loss() would see only its own rows, and the whole-batch path (docs/formulas.md, \"The batch\") "
-                "runs on one rank only: train with one trainer rank, or compute the statistic in the advantage stage")
 
     # -- forward
 
@@ -170,6 +162,26 @@ class ShardedTrainer(Trainer):
         n = torch.tensor([local], device=self.device)
         dist.all_reduce(n, op=dist.ReduceOp.MAX)
         return int(n.item())
+
+    def _ranks(self) -> int:
+        return self.world
+
+    def _every_rank(self, local: dict[str, Tensor | None], minibatch: Tensor, rows: Tensor,
+                    share: float) -> tuple[dict[str, Tensor | None], Tensor]:
+        """Each rank's rows written into a zero [N, Tr(, J)] buffer, summed over the ranks (each
+        row written by one rank; a rank without groups writes none)."""
+        at = (rows.view(-1, 1) == minibatch.view(1, -1)).int().argmax(1)
+        out: dict[str, Tensor | None] = {}
+        for k, t in local.items():
+            if t is None:
+                out[k] = None
+                continue
+            full = t.new_zeros((len(minibatch),) + tuple(t.shape[1:])).to(self.device)
+            if share:
+                full[at.to(full.device)] = t.to(full.device)
+            dist.all_reduce(full)
+            out[k] = full
+        return out, at
 
     def _global_denominator(self, local: Tensor, share: float) -> Tensor:
         total = (local.detach().float() * share).to(self.device)

@@ -74,25 +74,9 @@ def test_batch_statistics_of_the_loss_are_the_same_with_1_or_4_micro_batches(tin
         torch.testing.assert_close(g_four[name], g, atol=1e-6, rtol=1e-5, msg=name)
 
 
-def test_several_trainer_ranks_refuse_a_batch_wide_loss(tiny_model):
-    """Not yet exact across ranks (each rank's loss() sees its rows): refused, not silently per rank."""
-    from rldsl.runtime.errors import ConfigError
-    from rldsl.runtime.workers.fsdp import ShardedTrainer
-
-    fn = rldsl.compile(rldsl.load(BUDGET), compile=False)
-    opt = torch.optim.SGD(tiny_model.parameters(), lr=0.0)
-    with pytest.raises(ConfigError, match="trust_region.*one trainer rank"):
-        ShardedTrainer(fn, tiny_model, optimizer=opt, rank=0, world=2, device=torch.device("cpu"))
-    ShardedTrainer(fn, tiny_model, optimizer=opt, rank=0, world=1, device=torch.device("cpu"))
-
-
-def test_several_trainer_ranks_are_refused_before_a_model_loads():
+def test_several_trainer_ranks_are_accepted_before_a_model_loads():
+    """Exact across ranks (tests/runtime/workers/test_ray.py): no longer refused."""
     from rldsl.runtime.config import load_config
-    from rldsl.runtime.errors import ConfigError
     from rldsl.runtime.resolve import check_settings
 
-    algo = rldsl.load(BUDGET)
-    check_settings(algo, load_config(None, []))
-    with pytest.raises(ConfigError, match="distributed.trainers = 2 ranks.*one trainer rank"):
-        check_settings(algo, load_config(None, ["distributed.trainers=2"]))
-    check_settings(rldsl.load("grpo"), load_config(None, ["distributed.trainers=2"]))
+    check_settings(rldsl.load(BUDGET), load_config(None, ["distributed.trainers=2"]))

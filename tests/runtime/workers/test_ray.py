@@ -128,6 +128,27 @@ def test_two_trainer_ranks_match_one_trainer(spec, over, ray_cluster, model_dir,
 
 
 @pytest.mark.slow
+def test_a_loss_reading_the_whole_batch_is_the_same_on_two_ranks_and_micro_batches(ray_cluster, model_dir, tmp_path):
+    """A trust region whose bound is a cumulative sum over the batch's sorted tokens (a batch_*
+    statistic inside loss()): one rank, one micro-batch == two FSDP ranks, each with token-budget
+    micro-batches (docs/formulas.md, "The batch"). Per rank, the bound would differ."""
+    spec = str(Path(__file__).resolve().parents[2] / "specs" / "formula" / "order_budget_trust_region.rl")
+    one = loop.train(spec, config(model_dir, tmp_path / "one", **{"train.steps": 2, "train.lr": 3e-3, "train.ppo_epochs": 2}))
+    two = loop.train(spec, config(model_dir, tmp_path / "two", trainers=2, workers=1,
+                                  **{"train.steps": 2, "train.lr": 3e-3, "train.ppo_epochs": 2,
+                                     "train.max_tokens_per_microbatch": 24}))
+    a, b = steps_of(one), steps_of(two)
+    assert [r["step"] for r in b] == [1, 2] and any(r["optimizer_steps"] > 0 for r in a)
+    for ra, rb in zip(a, b):
+        assert ra["reward_mean"] == rb["reward_mean"]
+        for k in ("loss", "pg_loss", "grad_norm", "clip_fraction"):
+            if k in ra:
+                assert math.isclose(ra[k], rb[k], rel_tol=1e-4, abs_tol=TOL), (k, ra[k], rb[k])
+    for step in (1, 2):
+        assert_close(params(one, step), params(two, step))
+
+
+@pytest.mark.slow
 def test_two_trainer_run_resumes_on_one_trainer(ray_cluster, model_dir, tmp_path):
     full = loop.train("lite_ppo", config(model_dir, tmp_path / "full"))
     cut = loop.train("lite_ppo", config(model_dir, tmp_path / "cut", trainers=2, workers=1),
