@@ -31,7 +31,7 @@ from rldsl import inputs as table
 
 from ..batch import RolloutBatch, repeat_each
 from ..data.datasets import Example, rollout_prompts
-from ..errors import ConfigError, RunError
+from ..errors import ConfigError, DataError, RunError
 from ..rewards.functions import RewardResult, gives_turn_rewards
 from ..rollout.engines.base import SamplingParams
 
@@ -202,17 +202,43 @@ def field_key(value: Any) -> int:
 
 def field_keys(side: RolloutSide, batch: RolloutBatch, scored: RewardResult,
                prompts: list[Example]) -> tuple[RolloutBatch, float]:
-    """``group_keys`` [B] int64: the key of each row's value of the data field the spec's
-    ``group_by=FIELD`` names (a column of the dataset row its prompt came from), repeated over
-    the prompt's G samples."""
+    """``group_keys`` [B] int64: the key of each row's value of the field the spec's
+    ``group_by=FIELD`` names. An agent's row takes it from its model calls' request ``metadata``
+    (``metadata={"role": "solver"}``: every call of the row must agree); any other row -- and an
+    agent's row whose calls carry no such key -- from the column FIELD of the dataset row its
+    prompt came from. A padding row of an agent's episode (nothing trained) without either gets
+    the key of no value (null)."""
     if side.group_by is None:
         raise RunError("the spec reads group_keys but names no group_by field")
-    if len(prompts) * batch.group_size != batch.response_ids.shape[0]:
-        raise RunError(f"group_keys: {batch.response_ids.shape[0]} rows are not {len(prompts)} prompts x "
+    B = batch.response_ids.shape[0]
+    if len(prompts) * batch.group_size != B:
+        raise RunError(f"group_keys: {B} rows are not {len(prompts)} prompts x "
                        f"{batch.group_size} rows each")
-    keys = torch.tensor([field_key(e.column(side.group_by)) for e in prompts], dtype=torch.int64)  # [P]
-    return _with(batch, group_keys=keys.repeat_interleave(batch.group_size).to(batch.response_ids.device)), 0.0
-
+    name = side.group_by
+    keys = []
+    for i in range(B):
+        example = prompts[i // batch.group_size]
+        episode = batch.episodes[i] if batch.episodes else None
+        agent = episode.agent if episode is not None else None
+        tagged = sorted({c["metadata"][name] for c in (agent.calls if agent is not None else [])
+                         if c.get("row") == agent.row and name in c.get("metadata", {})}) if agent else []
+        if len(tagged) > 1:
+            raise RunError(f"group_by={name}: sample {i} (prompt {example.id}) is one sequence of model calls "
+                           f"tagged {name}={' and '.join(map(repr, tagged))} in their metadata; a row has one "
+                           f"value: give calls of different {name}s different prompts (each starts its own row)")
+        if tagged:
+            value = tagged[0]
+        elif agent is not None and agent.padding and name not in dict(example.fields):
+            value = None
+        else:
+            try:
+                value = example.column(name)
+            except DataError as e:
+                if agent is None:
+                    raise
+                raise DataError(f"{e}; or tag the agent's model calls with metadata={{{name!r}: ...}}") from None
+        keys.append(field_key(value))
+    return _with(batch, group_keys=torch.tensor(keys, dtype=torch.int64).to(batch.response_ids.device)), 0.0
 
 def step_tokens(tokenizer: Any, batch: RolloutBatch, row: int, ends: list[int]) -> list[int]:
     """The response position of the token where each step's text ends (``ends``: character

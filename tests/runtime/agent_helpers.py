@@ -181,3 +181,29 @@ async def token_route(client, row: dict) -> float:
     await generate(client=client, renderer=renderers.DefaultRenderer(build_tool_tokenizer()), messages=opening(row),
                    model=row["model"], sampling_params={"max_tokens": 8, "temperature": 1.0})
     return 1.0
+
+
+async def two_roles(client, row: dict) -> float:
+    """Self-play in one episode: a proposer call and a solver call on a prompt of its own (two
+    rows), each tagged with its role in the request's metadata."""
+    for role in ("proposer", "solver"):
+        await client.chat.completions.create(
+            model=row["model"], messages=[{"role": "user", "content": f"{role}: {row['prompt']}"}],
+            max_tokens=4, metadata={"role": role})
+    return 1.0
+
+
+async def one_row_two_roles(client, row: dict) -> float:
+    """Two calls of one sequence (the second continues the first) tagged with different roles."""
+    messages = [{"role": "user", "content": row["prompt"]}]
+    for role in ("proposer", "solver"):
+        r = await client.chat.completions.create(model=row["model"], messages=messages, max_tokens=4,
+                                                 metadata={"role": role})
+        messages += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "go on"}]
+    return 1.0
+
+
+async def bad_metadata(client, row: dict) -> float:
+    await client.chat.completions.create(model=row["model"], messages=[{"role": "user", "content": "x"}],
+                                         max_tokens=2, extra_body={"metadata": {"role": 3}})
+    return 1.0

@@ -629,3 +629,41 @@ def test_each_call_records_the_policy_version_that_sampled_it(tool_model, tmp_pa
     for s in samples:
         versions = {c["version"] for c in s["agent"]["calls"]}
         assert versions == {version_for(s["step"] - 1, 1)}, (s["step"], versions)
+
+
+# ------------------------------------------------------------- group_by an agent's role
+def test_an_agents_calls_tagged_with_a_role_group_the_rows_by_it(tok) -> None:
+    """``group_by=role`` on an agent run: each row's key comes from its calls' request metadata
+    (two roles, two rows an episode), the same role in every episode and prompt one key; a row
+    whose calls disagree, and metadata that is not strings, are refused with a clear message."""
+    from rldsl.runtime.data.datasets import Example
+    from rldsl.runtime.errors import RunError
+    from rldsl.runtime.train import inputs as producers
+
+    side = producers.RolloutSide(None, [], 4, print, 1, group_by="role")
+    prompts = [Example(0, "1+1=", "2"), Example(1, "2+2=", "4")]
+    runner = _runner("two_roles")
+    try:
+        batch = runner.run(Scripted(tok, ["7"]), [p.prompt for p in prompts], ["2", "4"], SamplingParams(n=2))
+    finally:
+        runner.close()
+    assert batch.group_size == 4  # 2 episodes x 2 rows per prompt
+    roles = [c["metadata"]["role"] for c in batch.episodes[0].agent.calls]
+    assert roles == ["proposer", "solver"]  # recorded with the calls (samples.jsonl keeps them)
+    keys = producers.field_keys(side, batch, None, prompts)[0].inputs["group_keys"].tolist()
+    want = [producers.field_key("proposer"), producers.field_key("solver")] * 4
+    assert keys == want
+    runner = _runner("one_row_two_roles")
+    try:
+        batch = runner.run(Scripted(tok, ["7"]), ["1+1="], ["2"], SamplingParams(n=1))
+    finally:
+        runner.close()
+    assert batch.episodes[0].agent.rows == 1
+    with pytest.raises(RunError, match="tagged role='proposer' and 'solver'"):
+        producers.field_keys(side, batch, None, prompts[:1])
+    runner = _runner("bad_metadata")
+    try:
+        batch = runner.run(Scripted(tok, ["7"]), ["1+1="], ["2"], SamplingParams(n=1))
+    finally:
+        runner.close()
+    assert "metadata must be an object" in batch.episodes[0].error

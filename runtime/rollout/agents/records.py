@@ -26,6 +26,7 @@ class Call:
     text: str = ""                 # the completion's text as returned
     messages: list[dict] | None = None  # chat: the request's messages and the reply
     bridged: bool = False          # chat: the prompt continued an earlier call's ids
+    metadata: dict[str, str] = field(default_factory=dict)  # the request's ``metadata`` (e.g. the caller's role)
 
 
 @dataclass

@@ -192,7 +192,8 @@ class AgentRunner:
             final = _reply_text(o.calls[-1]) if o.calls else ""
             calls = [{"route": c.route, "row": row_of.get(k), "prompt_tokens": len(c.prompt_ids),
                       "completion_ids": c.completion_ids, "finish_reason": c.finish_reason,
-                      "version": c.version, "bridged": c.bridged} for k, c in enumerate(o.calls)]
+                      "version": c.version, "bridged": c.bridged, **({"metadata": c.metadata} if c.metadata else {})}
+                     for k, c in enumerate(o.calls)]
             made, breaks = len(rows), prefix_breaks(rows)
             if not rows:  # no call answered: an empty row, the opening messages rendered as its prompt
                 text = tokenizer.apply_chat_template(opening, tokenize=False, add_generation_prompt=True,

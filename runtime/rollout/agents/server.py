@@ -391,13 +391,15 @@ class PolicyServer:
         if not isinstance(sp, dict):
             raise RequestRefused(400, "sampling_params must be an object", param="sampling_params")
         max_tokens = self._max_tokens(sp, len(prompt), "max_tokens")
+        meta = _metadata(body)
         n = self._n(sp)
         stops = self._stops(sp)
         stop_ids = {int(i) for i in (sp.get("stop_token_ids") or [])}
         choices = []
         for k, (ids, lps, stopped) in enumerate(await self._sample(log, prompt, max_tokens, n)):
             ids, lps, text, finish = self._finish(ids, lps, stopped, stops, stop_ids)
-            if not self._record(log, Call(list(prompt), ids, lps, self._version, finish, "generate", text)):
+            if not self._record(log, Call(list(prompt), ids, lps, self._version, finish, "generate", text,
+                                          metadata=meta)):
                 continue
             choices.append({"index": k, "token_ids": ids, "text": text, "finish_reason": finish,
                             "logprobs": {"content": [{"token": f"token_id:{i}", "logprob": lp}
@@ -421,6 +423,7 @@ class PolicyServer:
         if body.get("stream"):
             raise RequestRefused(400, "stream is not supported on /v1/completions", param="stream")
         max_tokens = self._max_tokens(body, len(ids), "max_tokens")
+        meta = _metadata(body)
         n = self._n(body)
         stops = self._stops(body)
         want_lp = body.get("logprobs") is not None
@@ -428,7 +431,8 @@ class PolicyServer:
         completion_tokens = 0
         for k, (out, lps, stopped) in enumerate(await self._sample(log, ids, max_tokens, n)):
             out, lps, text, finish = self._finish(out, lps, stopped, stops, set())
-            if not self._record(log, Call(list(ids), out, lps, self._version, finish, "completions", text)):
+            if not self._record(log, Call(list(ids), out, lps, self._version, finish, "completions", text,
+                                          metadata=meta)):
                 continue
             completion_tokens += len(out)
             choice = {"index": k, "text": text, "finish_reason": finish, "logprobs": None}
@@ -466,6 +470,7 @@ class PolicyServer:
                                         f"{type(e).__name__}: {e}", param="messages") from None
             prompt = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         max_tokens = self._max_tokens(body, len(prompt), "max_completion_tokens", "max_tokens")
+        meta = _metadata(body)
         n = self._n(body)
         stops = self._stops(body)
         want_lp = bool(body.get("logprobs"))
@@ -480,7 +485,7 @@ class PolicyServer:
             reply = _template_message(message)
             reply_key = _key(reply)
             call = Call(list(prompt), ids, lps, self._version, finish, "chat", text,
-                        messages=messages + [reply], bridged=bridged)
+                        messages=messages + [reply], bridged=bridged, metadata=meta)
             if not self._record(log, call):
                 continue
             raw_text = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -569,6 +574,20 @@ def _content_text(content: Any) -> str:
     if isinstance(content, list):  # content parts: the text ones, joined
         return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
     return str(content)
+
+
+def _metadata(body: dict) -> dict[str, str]:
+    """A request's ``metadata`` (OpenAI's field: at most 16 string keys of at most 64 characters,
+    string values of at most 512): recorded with each of its calls, where ``group_by=FIELD`` reads a
+    row's field (e.g. ``metadata={"role": "solver"}``: docs/agents.md). Anything else is refused."""
+    meta = body.get("metadata")
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict) or len(meta) > 16 or not all(
+            isinstance(k, str) and 0 < len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in meta.items()):
+        raise RequestRefused(400, "metadata must be an object of at most 16 string keys (1..64 characters) with "
+                                  "string values (at most 512 characters)", param="metadata")
+    return dict(meta)
 
 
 def _template_message(m: dict) -> dict:
