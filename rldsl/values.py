@@ -49,7 +49,7 @@ class SlotValue(BaseModel):
         """Its registry entry (parameters, formula, facts). A formula written in the spec has
         none: it answers with an entry derived from its checked tree (formula/component.py)."""
         if self.formula is not None:
-            return formula_component.component(self.formula)
+            return formula_component.component(self.formula).given(self.params)
         return registry.get(self.slot, self.component).given(self.params)
 
     @property

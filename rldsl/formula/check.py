@@ -62,6 +62,7 @@ class Formula:
     typed: dict[str, Typed] = field(repr=False)
     outputs: tuple[str, ...] = ()      # the slot outputs it binds, in the slot's order
     reads: frozenset[str] = frozenset()  # slot inputs it reads
+    group_by: str | None = None        # the slot line's group_by=FIELD: its group_* functions group by it
 
     @property
     def spec(self) -> lang.FormulaSlot:
@@ -76,6 +77,12 @@ class Formula:
         return "G" in self.reads or any(
             t.op == "call" and lang.FUNCTIONS[t.name].scope == "group"
             for name in self.order for t in _walk_typed(self.typed[name]))
+
+    @property
+    def uses_group_functions(self) -> bool:
+        """Calls a ``group_*`` reduction or order operation (what ``group_by=FIELD`` regroups)."""
+        return any(t.op == "call" and lang.FUNCTIONS[t.name].scope == "group"
+                   for name in self.order for t in _walk_typed(self.typed[name]))
 
     @property
     def batch_wide(self) -> bool:
@@ -118,6 +125,10 @@ class _Reporter:
 
 # ---------------------------------------------------------------------------------------
 # Parameters given on the slot line
+
+
+# the argument of a slot line that regroups a formula's group_* functions by a data field
+GROUP_BY = "group_by"
 
 
 def _override(arg, define: Define, params: dict[str, float], add: _Reporter) -> float | None:  # noqa: ANN001
@@ -634,8 +645,21 @@ def check_use(slot: str, define: Define, args: tuple, use_span: Span, file: str,
             defaults[b.name] = -value if isinstance(b.expr, Neg) else value
     params = dict(defaults)
     seen_args: dict[str, Span] = {}
+    group_by: tuple[str, Span] | None = None
     for arg in args:
         an = arg.name.text
+        if an == GROUP_BY and an not in defaults:
+            if group_by is not None:
+                add(f"argument '{an}' is given twice", arg.name.span)
+            elif arg.kind != "word":
+                add(f"group_by takes the name of a data field, got {arg.value.text!r}", arg.value.span,
+                    hint="e.g. group_by=role")
+            elif spec.stage != "advantage":
+                add(f"group_by groups rows in the advantage stage; {slot} runs in loss()", arg.name.span,
+                    hint="group_by fills " + ", ".join(n for n, s in lang.SLOTS.items() if s.stage == "advantage"))
+            else:
+                group_by = (arg.value.text, arg.name.span)
+            continue
         if an not in defaults:
             if defaults:
                 hint = did_you_mean(an, defaults) or f"{slot} {define.name} takes: " + ", ".join(defaults)
@@ -716,8 +740,13 @@ def check_use(slot: str, define: Define, args: tuple, use_span: Span, file: str,
     if add.count != before:
         return None
     reads = frozenset(t.name for name in order for t in _walk_typed(checker.typed[name]) if t.op == "input")
-    return Formula(define.name, slot, define, file, params, defaults, tuple(order), dict(checker.typed),
-                   tuple(bound), reads)
+    f = Formula(define.name, slot, define, file, params, defaults, tuple(order), dict(checker.typed),
+                tuple(bound), reads, group_by[0] if group_by else None)
+    if group_by is not None and not f.uses_group_functions:
+        add(f"group_by={group_by[0]} changes what group_* functions compare, and define {define.name} calls none",
+            group_by[1], hint="compare rows with group_mean(r), group_std(r), ... or drop group_by")
+        return None
+    return f
 
 
 def _shape_words(rank: int) -> str:

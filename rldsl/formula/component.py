@@ -11,7 +11,7 @@ from __future__ import annotations
 from .. import registry
 from ..inputs import INPUTS
 from . import lang
-from .check import Formula
+from .check import GROUP_BY, Formula
 from .render import binding as render_binding
 
 # formula name -> the optional input (inputs.INPUTS) of estimate()/loss() it comes from
@@ -49,6 +49,9 @@ def component(f: Formula) -> registry.Component:
     if hit is not None:
         return hit
     params = {k: registry.Float(d, f"a parameter of define {f.name}") for k, d in f.defaults.items()}
+    if f.group_by is not None:  # its group_* functions compare the rows with equal keys
+        params[GROUP_BY] = registry.Field(f"the data field define {f.name}'s group_* functions group rows by",
+                                          needs=("group_keys",))
     outs = ", ".join(f"{o.name} {lang.SHAPES[o.rank]}" for o in f.spec.outputs if o.name in f.outputs)
     sections = {"formula": text(f), "source": source(f),
                 "shapes": f"reads {', '.join(sorted(f.reads)) or 'no input'}; binds {outs}"}

@@ -147,8 +147,8 @@ class _Emitter:
         q = f"{self.code(args[1])[0]}, " if len(args) == 2 else ""
         if f.scope == "seq":
             return f"{f.code}({xs}, {q}mask)", _ATOM
-        if f.scope == "group":
-            return f"{f.code}({xs}, {q}{self.rows()}, group_size)", _ATOM
+        if f.scope == "group":  # a prompt's G samples, or (group_by=FIELD) the rows with equal keys
+            return f"{f.code}({xs}, {q}{self.rows()}, {'batch.group_keys' if self.f.group_by else 'group_size'})", _ATOM
         valid = "mask" if x.rank == 2 else self.rows()
         return f"{f.code}({xs}, {q}{valid})", _ATOM
 
@@ -253,7 +253,8 @@ def _walk(t: Typed):  # noqa: ANN202
 
 def lines(f: Formula, where: str, prefix: str | None = None) -> list[str]:
     """The generated lines for formula ``f`` (``where``: the slot/spec-line comment of codegen)."""
-    params = ", ".join(f"{k}={number(v)}" for k, v in f.params.items())
+    params = ", ".join([f"{k}={number(v)}" for k, v in f.params.items()]
+                       + ([f"group_by={f.group_by}"] if f.group_by else []))
     header = f"# {where} (formula" + (f": {params})" if params else ")")
     return _Emitter(f, prefix or f.spec.prefix).lines(header)
 

@@ -19,7 +19,7 @@ from ..parser import ComponentNode, SpecFile
 from ..values import Origin, SlotValue
 from . import component as formula_component
 from . import emit
-from .check import Formula, check_use
+from .check import GROUP_BY, Formula, check_use
 from .nodes import Define
 from .render import render
 
@@ -65,7 +65,10 @@ def slot_value(slot: str, node: ComponentNode, define: Define, algorithm: str, f
     if f is None:
         return None
     origins = {a.name.text: Origin.at(algorithm, a.name.span) for a in node.args}
-    return SlotValue(slot=slot, component=define.name, params=dict(f.params),
+    params: dict = dict(f.params)
+    if f.group_by is not None:
+        params[GROUP_BY] = f.group_by
+    return SlotValue(slot=slot, component=define.name, params=params,
                      origin=Origin.at(algorithm, node.name.span), param_origins=origins, formula=f)
 
 

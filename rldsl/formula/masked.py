@@ -97,8 +97,21 @@ def _seq(x: Tensor | float, mask: Tensor, how: str, q: Tensor | float = 0.5) -> 
     return _reduce(x.expand_as(mask), mask > 0, how, q).squeeze(-1)
 
 
-def _group(x: Tensor | float, rows: Tensor, G: int, how: str, q: Tensor | float = 0.5) -> Tensor:
-    """Over each group's valid rows: [B] -> [B] (every member gets its group's value)."""
+def _members(x: Tensor | float, rows: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+    """``group_by=FIELD``: row i's group is every row j with keys_j = keys_i. Returns x [B] as a
+    [B, B] view whose row i holds every x_j, and [B, B] "j is a valid member of i's group"."""
+    x = _as(x, rows).expand_as(rows)
+    B = x.shape[0]
+    same = keys.reshape(-1, 1) == keys.reshape(1, -1)
+    return x.reshape(1, B).expand(B, B), same & (rows > 0).reshape(1, B)
+
+
+def _group(x: Tensor | float, rows: Tensor, G: int | Tensor, how: str, q: Tensor | float = 0.5) -> Tensor:
+    """Over each group's valid rows: [B] -> [B] (every member gets its group's value). ``G``: the
+    group size (a prompt's samples: consecutive rows), or [B] keys (``group_by``: equal keys)."""
+    if torch.is_tensor(G):  # [B] keys
+        xs, members = _members(x, rows, G)  # [B, B]
+        return _reduce(xs, members, how, q).reshape(-1)
     g = group_view(_as(x, rows).expand_as(rows), G)  # [P, G]
     out = _reduce(g, group_view(rows > 0, G), how, q)  # [P, 1]
     return out.expand_as(g).reshape(-1)
@@ -138,27 +151,27 @@ def seq_quantile(x: Tensor | float, q: Tensor | float, mask: Tensor) -> Tensor:
     return _seq(x, mask, "quantile", q)
 
 
-def group_sum(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+def group_sum(x: Tensor | float, rows: Tensor, G: int | Tensor) -> Tensor:
     return _group(x, rows, G, "sum")
 
 
-def group_mean(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+def group_mean(x: Tensor | float, rows: Tensor, G: int | Tensor) -> Tensor:
     return _group(x, rows, G, "mean")
 
 
-def group_std(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+def group_std(x: Tensor | float, rows: Tensor, G: int | Tensor) -> Tensor:
     return _group(x, rows, G, "std")
 
 
-def group_max(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+def group_max(x: Tensor | float, rows: Tensor, G: int | Tensor) -> Tensor:
     return _group(x, rows, G, "max")
 
 
-def group_min(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+def group_min(x: Tensor | float, rows: Tensor, G: int | Tensor) -> Tensor:
     return _group(x, rows, G, "min")
 
 
-def group_quantile(x: Tensor | float, q: Tensor | float, rows: Tensor, G: int) -> Tensor:
+def group_quantile(x: Tensor | float, q: Tensor | float, rows: Tensor, G: int | Tensor) -> Tensor:
     return _group(x, rows, G, "quantile", q)
 
 
@@ -230,8 +243,12 @@ def _seq_order(x: Tensor | float, mask: Tensor, how: str, k: Tensor | float = 0.
     return _order(x.expand_as(mask), mask > 0, how, k)
 
 
-def _group_order(x: Tensor | float, rows: Tensor, G: int, how: str, k: Tensor | float = 0.0) -> Tensor:
-    """Over each group's valid rows: [B] -> [B]."""
+def _group_order(x: Tensor | float, rows: Tensor, G: int | Tensor, how: str, k: Tensor | float = 0.0) -> Tensor:
+    """Over each group's valid rows: [B] -> [B]. ``G`` as in :func:`_group`; with keys, row i's
+    value is the order operation over i's group (in row order), read at i."""
+    if torch.is_tensor(G):  # [B] keys
+        xs, members = _members(x, rows, G)  # [B, B]
+        return _order(xs, members, how, k).diagonal()
     g = group_view(_as(x, rows).expand_as(rows), G)  # [P, G]
     return _order(g, group_view(rows > 0, G), how, k).reshape(-1)
 
@@ -267,22 +284,22 @@ def seq_topk_mask(x: Tensor | float, k: Tensor | float, mask: Tensor) -> Tensor:
     return _seq_order(x, mask, "topk_mask", k)
 
 
-def group_sort(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+def group_sort(x: Tensor | float, rows: Tensor, G: int | Tensor) -> Tensor:
     """out[i] = the j-th smallest of i's group's valid x, where i is the group's j-th valid row."""
     return _group_order(x, rows, G, "sort")
 
 
-def group_rank(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+def group_rank(x: Tensor | float, rows: Tensor, G: int | Tensor) -> Tensor:
     """out[i] = #{valid j in i's group: x_j < x_i, or x_j = x_i and j < i}."""
     return _group_order(x, rows, G, "rank")
 
 
-def group_cumsum(x: Tensor | float, rows: Tensor, G: int) -> Tensor:
+def group_cumsum(x: Tensor | float, rows: Tensor, G: int | Tensor) -> Tensor:
     """out[i] = sum over the valid rows j <= i of i's group of x_j."""
     return _group_order(x, rows, G, "cumsum")
 
 
-def group_topk_mask(x: Tensor | float, k: Tensor | float, rows: Tensor, G: int) -> Tensor:
+def group_topk_mask(x: Tensor | float, k: Tensor | float, rows: Tensor, G: int | Tensor) -> Tensor:
     """out[i] = valid and group_rank(-x)[i] < k: the k largest of each group (earlier first on ties)."""
     return _group_order(x, rows, G, "topk_mask", k)
 
