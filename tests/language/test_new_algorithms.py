@@ -369,6 +369,41 @@ def test_aspo() -> None:
     _check(fn, b, adv, aspo_reference)
 
 
+# ------------------------------------------------------------------ 9. Archer
+
+
+def archer_reference(logp, ent, old, ref, adv, mask, kl_coef=0.001, q=0.8):  # noqa: ANN001, ANN201
+    """github.com/wizard-III/ArcherCodeR (the fork github.com/Jinxiaolong1129/ArcherCodeR @
+    f646719, its loss code unchanged since the authors' 1bc04d9): verl/workers/actor/dp_actor.py
+    (entropy mask: masked_entropy <= nanquantile(row, 0.8), "high_entropy_mask" True on the low-
+    entropy tokens; KL: agg_loss(kld, high_entropy_mask) * kl_loss_coef + agg_loss(kld,
+    low_entropy_mask) * high_entropy_kl_loss_scale_coef) and verl/trainer/ppo/core_algos.py
+    compute_policy_loss(use_token_entropy_separate=True) and kl_penalty(low_var_kl);
+    scripts/train/run_archer_qwen2.5_1.5b_code.sh: clip 0.2 (low entropy) / 0.5 (high),
+    clip_ratio_c 10, kl_loss_coef 0.001, high_entropy_kl_loss_scale_coef 0, token mean."""
+    response_mask = mask.bool()
+    masked_entropy = torch.where(response_mask, ent.detach(), torch.nan)
+    q80 = torch.nanquantile(masked_entropy, q=q, dim=-1, keepdim=True)
+    high_entropy_mask = (masked_entropy <= q80) & response_mask
+    low_entropy_mask = (masked_entropy > q80) & response_mask
+    ratio = torch.exp(torch.clamp(logp - old, min=-20.0, max=20.0))
+    pg1 = -adv * ratio
+    clip_ratio = torch.where(high_entropy_mask.bool(), torch.clamp(ratio, 1 - 0.2, 1 + 0.2),
+                             torch.clamp(ratio, 1 - 0.5, 1 + 0.5))
+    clip1 = torch.maximum(pg1, -adv * clip_ratio)
+    pg = torch.where(adv < 0, torch.min(-adv * 10.0, clip1), clip1)
+    kl = torch.clamp(ref - logp, min=-20, max=20)
+    kld = torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
+    return (token_mean(pg, mask) + token_mean(kld, high_entropy_mask.to(DT)) * kl_coef
+            + token_mean(kld, low_entropy_mask.to(DT)) * 0.0)
+
+
+def test_archer() -> None:
+    fn, b = _spec("archer"), _batch(10, spread=0.8)
+    adv = _check_adv(fn, b, grpo_adv(b["r"], b["mask"]))
+    _check(fn, b, adv, archer_reference)
+
+
 # ------------------------------------------------------------------ 10. M2PO
 
 
