@@ -461,3 +461,29 @@ def test_m2po_second_moment_trust_region(budget: float, spread: float, bounds: s
     else:
         assert (lo, hi) == (0.0, 100000)
     _check(fn, b, adv, lambda *a: m2po_reference(*a, budget=budget))
+
+
+# ------------------------------------------------------------------ explain A B on the new constructs
+
+
+def test_explain_diffs_the_new_constructs_slot_by_slot() -> None:
+    """`rldsl explain A B` on two of these specs: a first_of search against grpo's registry clip
+    (one binding, its candidates shown), and the sorted-cumsum trust region against itself with
+    another budget and another line."""
+    from rldsl import explain
+
+    d = explain.diff(rldsl.load("grpo"), rldsl.load(EXAMPLES / "bapo.rl"))
+    s = next(x for x in d["slots"] if x["slot"] == "objective")
+    assert s["status"] == "component differs" and s["a"] == "ppo"
+    assert "low, high = first_of([(0.8, 1.2), (0.85, 1.2)" in s["b_formula"]
+    assert {x["slot"] for x in d["slots"] if x["status"] != "same"} == {"trust_region", "objective", "kl",
+                                                                        "aggregation"}
+    a = rldsl.load(EXAMPLES / "m2po.rl")
+    text = (EXAMPLES / "m2po.rl").read_text()
+    b = rldsl.loads(text.replace("budget = 0.04", "budget = 0.1"), filename="b.rl")
+    s = next(x for x in explain.diff(a, b)["slots"] if x["slot"] == "trust_region")
+    assert s["status"] == "params differ" and s["params"] == [{"param": "budget", "a": 0.04, "b": 0.1}]
+    c = rldsl.loads(text.replace("(n - j - 1)", "(n - j)"), filename="c.rl")
+    s = next(x for x in explain.diff(a, c)["slots"] if x["slot"] == "trust_region")
+    assert s["status"] == "formula differs" and [x["binding"] for x in s["bindings"]] == ["k"]
+    assert s["bindings"][0]["a"].startswith("batch_min(where(j < n, where((s - tiny) * (n - j - 1) + c")
