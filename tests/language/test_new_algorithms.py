@@ -1,6 +1,6 @@
 """The language's own test on new algorithms (docs/new_algorithms.md).
 
-Ten RL-for-LLM policy-optimization methods published since June 2025 that the library had no
+Eleven RL-for-LLM policy-optimization methods published since June 2025 that the library had no
 component for, each written as a spec from docs/ alone (algorithms/examples/<name>.rl), checked
 here against an independent reference transcribed from the authors' released code (file and commit
 in each reference's docstring) on one fixed batch: the advantages (estimate(), float32 stage) and
@@ -11,7 +11,7 @@ the entropy gets the entropy's gradient too) to 1e-6. No model, no training: a f
 The batch: 4 prompts x G = 4 answers, right-padded responses of 3..10 tokens over a vocabulary of
 6, binary rewards with a hard group (1 of 4 right), an easy one (3 of 4), a mixed one and one all
 right (zero variance); old and reference logits perturbed from the current ones so that ratios
-fall on both sides of every clip range used.
+fall on both sides of every clip range used (Pass@k Training: the same rows as 2 groups of 8).
 """
 from __future__ import annotations
 
@@ -461,6 +461,71 @@ def test_m2po_second_moment_trust_region(budget: float, spread: float, bounds: s
     else:
         assert (lo, hi) == (0.0, 100000)
     _check(fn, b, adv, lambda *a: m2po_reference(*a, budget=budget))
+
+
+# ------------------------------------------------------------------ 11. Pass@k Training
+
+
+def _comb(N: int, k: int) -> float:
+    """scipy.special.comb(N, k) (exact=False) on integers: 0 where N < 0, k < 0 or k > N."""
+    import math
+
+    return 0.0 if N < 0 or k < 0 or k > N else float(math.comb(N, k))
+
+
+def passk_adv(r, mask, n: int, k: int = 4):  # noqa: ANN001, ANN201
+    """github.com/RUCAIBox/Passk_Training @ c3ba575, code/passk_adv.py calc_adv and
+    compute_advantage (numpy, float64), scipy's comb replaced by the same values (_comb)."""
+    import numpy as np
+
+    out = torch.empty_like(r)
+    for g in range(r.shape[0] // n):
+        val = r[g * n:(g + 1) * n].numpy()
+        c = len(np.where(val == 1)[0])
+        rho = 1 - _comb(n - c, k) / _comb(n, k)
+        sigma = np.sqrt(rho * (1 - rho))
+        adv_p = (1 - rho) / (sigma + 1e-6)
+        adv_n = (1 - rho - _comb(n - c - 1, k - 1) / _comb(n - 1, k - 1)) / (sigma + 1e-6)
+        new_val = np.where(val == 1, adv_p, val)
+        new_val = np.where(new_val == 0, adv_n, new_val)
+        out[g * n:(g + 1) * n] = torch.from_numpy(np.asarray(new_val, dtype=np.float64))
+    return out.unsqueeze(-1) * mask
+
+
+def grpo_loss_reference(logp, ent, old, ref, adv, mask):  # noqa: ANN001, ANN201
+    """grpo.rl's loss (the authors release the advantage only): verl's clip 0.2 without dual
+    clip, k3 KL 0.04 in the loss, each sequence's token mean, then the mean over sequences."""
+    pg = verl_vanilla(logp, old, adv, mask, 0.2, 0.2)
+    x = ref - logp
+    per_token = (pg + 0.04 * (torch.exp(x) - x - 1)) * mask
+    return (per_token.sum(-1) / mask.sum(-1)).mean()
+
+
+@pytest.mark.parametrize("rewards", [[1, 0, 0, 0, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1],
+                                     [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+                                     [0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0]])
+def test_passk_training_analytical_advantage(rewards: list) -> None:
+    """Groups of n = 8 with c = 4, 7, 1, 8, 0 and 4 right answers (k = 4): the closed form's
+    every branch, the ratios that vanish where C(n - c, k) or C(n - c - 1, k - 1) is 0 included."""
+    n = 8
+    fn, b = _spec("passk_training"), _batch(11)
+    b["r"] = torch.tensor(rewards, dtype=DT)
+    want = passk_adv(b["r"], b["mask"], n)
+    est = fn.estimate(b["r"].float(), n, b["mask"].float())
+    torch.testing.assert_close(est.advantages.double(), want, rtol=0, atol=TOL)
+    torch.testing.assert_close(est.mask.double(), b["mask"], rtol=0, atol=0)
+    assert float(want.abs().max()) > 0.1
+    old, ref = _old_ref(b)
+    z = b["z"].clone().requires_grad_(True)
+    logp, _ = _logp_ent(z, b["y"])
+    out = fn.loss(logp, old, want, b["mask"], ref_logprobs=ref, group_size=n)
+    (grad,) = torch.autograd.grad(out.loss, z)
+    z2 = b["z"].clone().requires_grad_(True)
+    lp2, _ = _logp_ent(z2, b["y"])
+    loss_ref = grpo_loss_reference(lp2, None, old, ref, want, b["mask"])
+    (grad_ref,) = torch.autograd.grad(loss_ref, z2)
+    assert abs(float(out.loss.detach()) - float(loss_ref.detach())) < TOL
+    assert float((grad - grad_ref).abs().max()) < TOL
 
 
 # ------------------------------------------------------------------ explain A B on the new constructs
