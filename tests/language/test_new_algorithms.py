@@ -184,7 +184,8 @@ def ce_gppo_reference(logp, ent, old, ref, adv, mask, low=0.2, high=0.2, beta1=0
     """github.com/Kwai-Klear/KlearReasoner @ 3422f6d, verl/trainer/ppo/core_algos.py
     compute_gppo_loss_general_beta (the loss of github.com/Kwai-Klear/CE-GPPO's
     1_5B_perf_run_gppo_v1_beta1_05_beta2_1_ours_math.sh: loss_func gppo_general, beta1 0.5,
-    beta2 1.0, clip 0.2 / 0.2, clip_ratio_c 10, token mean)."""
+    beta2 1.0, clip 0.2 / 0.2, clip_ratio_c 10, token mean). The policy loss only: the script's
+    positive_loss_coeff 0.1 NLL on correct answers is not writable (docs/new_algorithms.md)."""
     ratio = torch.exp(logp - old)
     ratio_detached = ratio.detach()
     low_mask = (ratio < (1 - low)) & (adv < 0)
@@ -201,7 +202,9 @@ def ce_gppo_reference(logp, ent, old, ref, adv, mask, low=0.2, high=0.2, beta1=0
 def gppo_reference(logp, ent, old, ref, adv, mask, low=0.2, high=0.28, c=10.0):  # noqa: ANN001, ANN201
     """github.com/Kwai-Klear/KlearReasoner @ 3422f6d, verl/trainer/ppo/core_algos.py
     compute_gppo_loss (only_high False; recipe/dapo/perf_run_dapo_ours_math.sh: clip 0.2 / 0.28,
-    clip_ratio_c 10, token mean)."""
+    clip_ratio_c 10, token mean); as CE-GPPO, without the script's positive_loss_coeff NLL term.
+    As released the function tests an undefined name `only_higher` (a NameError when called); read
+    here as its parameter only_high = False."""
     ratio = torch.exp(logp - old)
     pg1 = -adv * ratio
     pg2 = -adv * torch.clamp(ratio, (1 - low) / ratio.detach() * ratio, (1 + high) / ratio.detach() * ratio)
