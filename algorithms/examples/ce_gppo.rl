@@ -5,7 +5,8 @@
 # below 1 - eps gets beta1 (1 - eps) times the gradient of log pi, a positive one above 1 + eps
 # beta2 (1 + eps) times it (rho / sg(rho) is 1 with the gradient of log pi); then verl's dual clip
 # (c = 10). beta1 = 0.5, beta2 = 1 and eps 0.2 / 0.2 as the authors' 1.5B run; no overlong
-# penalty (disabled there); GRPO advantages, token mean, dynamic sampling, no KL.
+# penalty (disabled there); GRPO advantages, token mean, dynamic sampling, no KL. NOT written:
+# the run's added NLL on correct answers (positive_loss_coeff 0.1) -- no loss slot reads the reward.
 algorithm ce_gppo extends dapo
   "PPO clip whose clipped tokens keep a scaled gradient (beta1 below, beta2 above), dual clip."
   define gradient_preserving_clip

@@ -4,7 +4,9 @@
 # bounds carry the ratio's gradient -- clamp(rho, (1 - eps_l) rho / sg(rho), (1 + eps_h) rho /
 # sg(rho)) has clip's value, and a clipped token keeps (1 - eps_l) or (1 + eps_h) times the
 # gradient of log pi instead of none; then verl's dual clip (c = 10). eps 0.2 / 0.28 as the
-# authors' math run; GRPO advantages, token mean, no KL, no overlong penalty.
+# authors' math run; GRPO advantages, token mean, no KL, no overlong penalty. NOT written: the
+# run's added NLL on correct answers (positive_loss_coeff 0.1: 0.1 x the token mean of -log pi
+# over the answers whose reward is the correct score) -- no loss slot reads the reward.
 algorithm gppo extends dapo
   "PPO clip with gradient-carrying bounds (clipped tokens keep a bounded gradient), dual clip."
   define gradient_preserving_bounds
