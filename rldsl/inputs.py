@@ -172,6 +172,9 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("divergence", ("loss",), "[B, T]", "float32",
           "the generalized JSD of the policy from the teacher over the whole vocabulary at each response "
           "position (with gradient; the spec's beta and temperature)", "update", arg="jsd", teacher=True),
+    Input("sequence_rewards", ("loss",), "[B]", "float32",
+          "each sequence's reward as estimate() received it (before shaping; 0 for a failed reward, whose "
+          "row has no loss tokens)", "rollout", arg="seq_reward", formula="reward", slots=_POLICY_SLOTS),
 ]}
 
 

@@ -5,8 +5,8 @@
 # below 1 - eps gets beta1 (1 - eps) times the gradient of log pi, a positive one above 1 + eps
 # beta2 (1 + eps) times it (rho / sg(rho) is 1 with the gradient of log pi); then verl's dual clip
 # (c = 10). beta1 = 0.5, beta2 = 1 and eps 0.2 / 0.2 as the authors' 1.5B run; no overlong
-# penalty (disabled there); GRPO advantages, token mean, dynamic sampling, no KL. NOT written:
-# the run's added NLL on correct answers (positive_loss_coeff 0.1) -- no loss slot reads the reward.
+# penalty (disabled there); GRPO advantages, token mean, dynamic sampling, no KL. Plus the run's
+# NLL on correct answers (positive_loss_coeff 0.1), as gppo.rl writes it.
 algorithm ce_gppo extends dapo
   "PPO clip whose clipped tokens keep a scaled gradient (beta1 below, beta2 above), dual clip."
   define gradient_preserving_clip
@@ -15,9 +15,11 @@ algorithm ce_gppo extends dapo
     beta1 = 0.5
     beta2 = 1.0
     c = 10.0
+    nll = 0.1
     g = rho / sg(rho)
     l0 = where(A < 0, where(rho < 1 - low, -beta1 * (1 - low) * g * A, -rho * A), where(A > 0, where(rho > 1 + high, -beta2 * (1 + high) * g * A, -rho * A), -rho * A))
-    l = where(A < 0, min(-A * c, l0), l0)
+    correct = where(reward == 1, 1, 0)
+    l = where(A < 0, min(-A * c, l0), l0) + nll * correct * (-logp) * batch_sum(mask) / max(batch_sum(correct * mask), 1)
   end
   shaping       none
   trust_region  none

@@ -200,7 +200,9 @@ class _Checker:
         known = sorted(self.inputs | set(self.bindings) | set(self.params))
         if name in lang.INPUTS:  # an input of other slots
             others = [s for s, fs in lang.SLOTS.items() if name in fs.inputs]
-            self.add(f"'{name}' is not an input of {self.slot}", node.span,
+            # the sequence reward has a name of its own in the loss slots
+            alias = " (the sequence's reward is `reward` here)" if name == "r" and "reward" in self.spec.inputs else ""
+            self.add(f"'{name}' is not an input of {self.slot}{alias}", node.span,
                      hint=f"{name} is read by " + ", ".join(others) + f" formulas; {self.slot} formulas read: " +
                      ", ".join(self.spec.inputs))
             return

@@ -374,6 +374,7 @@ UPDATE: dict[str, Callable[[Trainer, Micro], Any]] = {
     "teacher_topk_logprobs": lambda tr, m: m.cols(m.batch.teacher.topk_logprobs),
     "topk_logprobs": lambda tr, m: m.topk,
     "divergence": lambda tr, m: m.divergence,
+    "sequence_rewards": lambda tr, m: torch.nan_to_num(m.batch.rewards[m.rows], nan=0.0),
 }
 
 

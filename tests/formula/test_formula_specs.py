@@ -87,7 +87,8 @@ def test_formula_specs_train_a_step(spec: str) -> None:
     out = fn.loss(lp, b["old"], est.advantages, est.mask, ref_logprobs=b["ref"], entropy=b["ent"],
                   group_size=G, rollout_logprobs=b["old"] - 0.1,  # the engine's: read by vespo_is
                   teacher_logprobs=b["old"] - 0.3,  # a teacher's: read by opd_formula
-                  old_entropy=b["ent"] * 1.1)  # the old policy's: read by erc (ratios inside its band)
+                  old_entropy=b["ent"] * 1.1,  # the old policy's: read by erc (ratios inside its band)
+                  sequence_rewards=b["rewards"])  # the sequences' rewards: read by gppo (its NLL on correct ones)
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(lp.grad).all() and lp.grad.abs().sum() > 0
     assert (lp.grad[est.mask == 0] == 0).all(), "padding gets no gradient"

@@ -218,7 +218,8 @@ def _run(v) -> dict:  # noqa: ANN001 - a SlotValue with a formula
         logp = -torch.rand(B, T, generator=g)
         return fn(torch.exp(rand()), torch.exp(rand()), rand(), logp, logp - 0.1, logp + 0.1,
                   torch.rand(B, T, generator=g), mask, G, rollout_logp=logp - 0.2,
-                  teacher_logp=logp - 0.3, old_ent=torch.rand(B, T, generator=g))
+                  teacher_logp=logp - 0.3, old_ent=torch.rand(B, T, generator=g),
+                  seq_reward=torch.randn(B, generator=g))
     r = torch.randn(B, generator=g)
     batch = AdvantageBatch(rewards=r, raw_rewards=r, token_rewards=torch.zeros(B, T), mask=mask,
                            group_size=G, valid=torch.tensor([True, True, False, True]))

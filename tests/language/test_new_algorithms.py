@@ -15,6 +15,7 @@ fall on both sides of every clip range used (Pass@k Training: the same rows as 2
 """
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,8 @@ def _check(fn, b: dict, adv: torch.Tensor, reference, *, ref_kl: bool = False) -
         kw["entropy"] = ent
     if "ref_logprobs" in needs:
         kw["ref_logprobs"] = ref
+    if "sequence_rewards" in needs:
+        kw["sequence_rewards"] = b["r"]
     out = fn.loss(logp, old, adv, b["mask"], group_size=G, **kw)
     (grad,) = torch.autograd.grad(out.loss, z)
     z2 = b["z"].clone().requires_grad_(True)
@@ -180,12 +183,13 @@ def test_qae_quantile_baseline() -> None:
 # ------------------------------------------------------------------ 3. CE-GPPO and 4. GPPO
 
 
-def ce_gppo_reference(logp, ent, old, ref, adv, mask, low=0.2, high=0.2, beta1=0.5, beta2=1.0, c=10.0):  # noqa: ANN001, ANN201
+def ce_gppo_reference(logp, ent, old, ref, adv, mask, low=0.2, high=0.2, beta1=0.5, beta2=1.0, c=10.0,
+                      r=None, positive_loss_coeff=0.1):  # noqa: ANN001, ANN201
     """github.com/Kwai-Klear/KlearReasoner @ 3422f6d, verl/trainer/ppo/core_algos.py
     compute_gppo_loss_general_beta (the loss of github.com/Kwai-Klear/CE-GPPO's
     1_5B_perf_run_gppo_v1_beta1_05_beta2_1_ours_math.sh: loss_func gppo_general, beta1 0.5,
-    beta2 1.0, clip 0.2 / 0.2, clip_ratio_c 10, token mean). The policy loss only: the script's
-    positive_loss_coeff 0.1 NLL on correct answers is not writable (docs/new_algorithms.md)."""
+    beta2 1.0, clip 0.2 / 0.2, clip_ratio_c 10, token mean), plus the script's positive_loss_coeff
+    0.1 NLL on correct answers (:func:`positive_loss`)."""
     ratio = torch.exp(logp - old)
     ratio_detached = ratio.detach()
     low_mask = (ratio < (1 - low)) & (adv < 0)
@@ -196,13 +200,25 @@ def ce_gppo_reference(logp, ent, old, ref, adv, mask, low=0.2, high=0.2, beta1=0
     clip1[high_mask] = -beta2 * (1 + high) / ratio_detached[high_mask] * ratio[high_mask] * adv[high_mask]
     clip1[other_mask] = -ratio[other_mask] * adv[other_mask]
     pg = torch.where(adv < 0, torch.min(-adv * c, clip1), clip1)
-    return token_mean(pg, mask)
+    return token_mean(pg, mask) + positive_loss_coeff * positive_loss(logp, mask, r)
 
 
-def gppo_reference(logp, ent, old, ref, adv, mask, low=0.2, high=0.28, c=10.0):  # noqa: ANN001, ANN201
+def positive_loss(logp, mask, r, correct_score=1.0):  # noqa: ANN001, ANN201
+    """KlearReasoner @ 3422f6d, verl/workers/actor/dp_actor.py update_policy: the answers whose
+    reward (token_level_rewards summed) equals scoring_config.correct_score (1.0,
+    verl/utils/reward_score/reward_config.py); agg_loss(-log_prob over them, token-mean); 0 when
+    none is correct. The scripts add positive_loss_coeff (0.1) times it to the policy loss."""
+    right = r == correct_score
+    if not bool(right.any()):
+        return torch.zeros((), dtype=logp.dtype)
+    return token_mean(-logp[right], mask[right])
+
+
+def gppo_reference(logp, ent, old, ref, adv, mask, low=0.2, high=0.28, c=10.0, r=None,
+                   positive_loss_coeff=0.1):  # noqa: ANN001, ANN201
     """github.com/Kwai-Klear/KlearReasoner @ 3422f6d, verl/trainer/ppo/core_algos.py
     compute_gppo_loss (only_high False; recipe/dapo/perf_run_dapo_ours_math.sh: clip 0.2 / 0.28,
-    clip_ratio_c 10, token mean); as CE-GPPO, without the script's positive_loss_coeff NLL term.
+    clip_ratio_c 10, token mean); as CE-GPPO, with the script's positive_loss_coeff NLL term.
     As released the function tests an undefined name `only_higher` (a NameError when called); read
     here as its parameter only_high = False."""
     ratio = torch.exp(logp - old)
@@ -210,7 +226,7 @@ def gppo_reference(logp, ent, old, ref, adv, mask, low=0.2, high=0.28, c=10.0): 
     pg2 = -adv * torch.clamp(ratio, (1 - low) / ratio.detach() * ratio, (1 + high) / ratio.detach() * ratio)
     clip1 = torch.maximum(pg1, pg2)
     pg = torch.where(adv < 0, torch.min(-adv * c, clip1), clip1)
-    return token_mean(pg, mask)
+    return token_mean(pg, mask) + positive_loss_coeff * positive_loss(logp, mask, r)
 
 
 def _clipped_share(b: dict, low: float, high: float) -> float:
@@ -224,7 +240,9 @@ def test_ce_gppo() -> None:
     fn, b = _spec("ce_gppo"), _batch(3)
     adv = _check_adv(fn, b, grpo_adv(b["r"], b["mask"]))
     assert _clipped_share(b, 0.2, 0.2) > 0.2  # the preserved gradients matter
-    _check(fn, b, adv, ce_gppo_reference)
+    _check(fn, b, adv, partial(ce_gppo_reference, r=b["r"]))
+    # the NLL on correct answers is part of it: without it the spec's loss would be off
+    assert _differs(b, adv, partial(ce_gppo_reference, r=b["r"]), partial(ce_gppo_reference, r=b["r"], positive_loss_coeff=0.0)) > 1e-3
     # against PPO's clip the gradient differs: the clipped tokens keep theirs
     z = b["z"].clone().requires_grad_(True)
     lp, _ = _logp_ent(z, b["y"])
@@ -232,16 +250,17 @@ def test_ce_gppo() -> None:
     (g_ppo,) = torch.autograd.grad(token_mean(verl_vanilla(lp, old, adv, b["mask"], 0.2, 0.2, 10.0), b["mask"]), z)
     z2 = b["z"].clone().requires_grad_(True)
     lp2, _ = _logp_ent(z2, b["y"])
-    (g_ce,) = torch.autograd.grad(ce_gppo_reference(lp2, None, old, None, adv, b["mask"]), z2)
+    (g_ce,) = torch.autograd.grad(ce_gppo_reference(lp2, None, old, None, adv, b["mask"], r=b["r"], positive_loss_coeff=0.0), z2)
     assert float((g_ppo - g_ce).abs().max()) > 1e-3
 
 
 def test_gppo() -> None:
     fn, b = _spec("gppo"), _batch(4)
     adv = _check_adv(fn, b, grpo_adv(b["r"], b["mask"]))
-    _check(fn, b, adv, gppo_reference)
+    _check(fn, b, adv, partial(gppo_reference, r=b["r"]))
+    assert _differs(b, adv, partial(gppo_reference, r=b["r"]), partial(gppo_reference, r=b["r"], positive_loss_coeff=0.0)) > 1e-3
     ppo = lambda lp, e, o, rf, a, m: token_mean(verl_vanilla(lp, o, a, m, 0.2, 0.28, 10.0), m)  # noqa: E731
-    assert _differs(b, adv, gppo_reference, ppo) > 1e-3
+    assert _differs(b, adv, partial(gppo_reference, r=b["r"], positive_loss_coeff=0.0), ppo) > 1e-3
 
 
 # ------------------------------------------------------------------ 5. Delta-L Normalization
