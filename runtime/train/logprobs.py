@@ -143,12 +143,13 @@ def _packed_layout(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
     """The packed layout that pushes the fewest tokens -- shared-prompt rows (each group's prompt
     once per row) or plain ones -- among those exact here and taken by the model; None when
     there is none, or when the padded shared-prompt forward pushes no more tokens."""
-    rows = packed_layout(backbone(model), input_ids, attention_mask, Tr, row_tokens, group_size)
-    if rows is None:
-        return None
     B, T = input_ids.shape
-    if _shared_prompt_applies(model, input_ids, attention_mask, Tr, group_size) and \
-            _shared_prompt_tokens(B, T, Tr, group_size) <= rows.computed_tokens:
+    # the padded shared-prompt forward's tokens, when it is exact here: a packed layout that
+    # cannot push fewer is not built (packed_layout's bound decides before any index is made)
+    shared = _shared_prompt_tokens(B, T, Tr, group_size) \
+        if _shared_prompt_applies(model, input_ids, attention_mask, Tr, group_size) else None
+    rows = packed_layout(backbone(model), input_ids, attention_mask, Tr, row_tokens, group_size, fewer_than=shared)
+    if rows is None or (shared is not None and shared <= rows.computed_tokens):
         return None
     return rows
 
