@@ -69,3 +69,21 @@ def test_layout_not_built_when_shared_prompt_forward_pushes_fewer(tiny_model, mo
             elif not built:
                 skipped += 1
     assert skipped > 0  # the bound did decide some of these without building a layout
+
+
+def test_dropout_read_once_per_policy(tiny_model, monkeypatch) -> None:
+    """_old_is_current reads the policy's dropout once (not at every step) and gives the same
+    answer; a trainer handed another policy reads that one's."""
+    import copy
+
+    from rldsl.runtime.train import trainer as trainer_mod
+    from test_shared_prefix import _trainer
+    calls = []
+    real = trainer_mod._has_dropout
+    monkeypatch.setattr(trainer_mod, "_has_dropout", lambda m: calls.append(m) or real(m))
+    tr = _trainer(copy.deepcopy(tiny_model))
+    assert all(tr._old_is_current() for _ in range(5)) and len(calls) == 1
+    dropped = copy.deepcopy(tiny_model)
+    dropped.config.attention_dropout = 0.1
+    tr.policy = dropped
+    assert not tr._old_is_current() and len(calls) == 2
