@@ -186,12 +186,14 @@ def least_packed_tokens(input_ids: Tensor, attention_mask: Tensor, num_response_
     sum_g (F_g + rows_g x p_g). Filler only adds to either."""
     B, T = input_ids.shape
     Tr = num_response_tokens
+    # read on the host: the rows of a GPU forward come over once, not a sync per question
+    attention_mask = attention_mask.cpu()
     real = _real_runs(attention_mask.bool(), Tr)
     if real is None:
         return math.inf
     firsts, ns = real
     least = float(sum(ns) - B)
-    if group_size is None or not same_prompts(input_ids, attention_mask, Tr, group_size):
+    if group_size is None or not same_prompts(input_ids.cpu(), attention_mask, Tr, group_size):
         return least
     G, Tp = int(group_size), T - Tr
     cap = max(row_tokens or max(x - 1 for x in ns), 1)
