@@ -282,6 +282,7 @@ class Floors:
         or each group's prompt once then its responses on the prompt's KV cache (the layout rldsl
         takes for these rows); both run, the faster kept, so the floor is the least of the two."""
         import torch
+        from rldsl.runtime.models.loading import backbone
         from rldsl.runtime.train.logprobs import _shared_prompt_hidden
         head = model.get_output_embeddings()
         best, out = float("inf"), None
@@ -290,8 +291,8 @@ class Floors:
             with self.auto():
                 h = _shared_prompt_hidden(model, ids, attn, Tr, G) if shared else None
                 if h is None:
-                    h = model.model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1],
-                                    position_ids=pos[:, :-1], use_cache=False).last_hidden_state[:, T - Tr - 1:]
+                    h = backbone(model)(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], position_ids=pos[:, :-1],
+                                        use_cache=False).last_hidden_state[:, T - Tr - 1:]
                 z = head(h).float()
             lp = torch.log_softmax(z, -1).gather(-1, ids[:, T - Tr:, None]).squeeze(-1)
             took = self._now() - t0
@@ -340,7 +341,8 @@ def bare_sampling(model, r, auto) -> None:
     generated column: the sampler's work with nothing around it."""
     import torch
     from rldsl.runtime.batch import position_ids_from_mask
-    ids, attn = r.prompt_ids, r.prompt_mask
+    dev = next(model.parameters()).device  # the engine hands back CPU tensors
+    ids, attn = r.prompt_ids.to(dev), r.prompt_mask.to(dev)
     pos = position_ids_from_mask(attn)
     with torch.no_grad(), auto():
         o = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
