@@ -45,6 +45,7 @@ positions are then 0.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -135,7 +136,19 @@ def _shared_prompt_applies(model: PreTrainedModel, input_ids: torch.Tensor, atte
     if torch.is_grad_enabled() and model.training and any(getattr(m, "gradient_checkpointing", False)
                                                           for m in model.modules()):
         return False  # a checkpointed layer runs without a cache (transformers drops it, with a warning)
-    return cache_keyword(backbone(model)) is not None and plain_kv_cache(model)
+    return _takes_plain_cache(model)
+
+
+# whether a model's body takes a KV cache and that cache is plain: fixed by its class and config,
+# read once per model (a signature inspection and a cache built from the config), not per forward
+_PLAIN_CACHE: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
+
+
+def _takes_plain_cache(model: PreTrainedModel) -> bool:
+    known = _PLAIN_CACHE.get(model)
+    if known is None:
+        known = _PLAIN_CACHE[model] = cache_keyword(backbone(model)) is not None and plain_kv_cache(model)
+    return known
 
 
 def _packed_layout(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,

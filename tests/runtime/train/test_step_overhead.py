@@ -87,3 +87,21 @@ def test_dropout_read_once_per_policy(tiny_model, monkeypatch) -> None:
     dropped.config.attention_dropout = 0.1
     tr.policy = dropped
     assert not tr._old_is_current() and len(calls) == 2
+
+
+def test_plain_cache_read_once_per_model(tiny_model, tokenizer, monkeypatch) -> None:
+    """_shared_prompt_applies reads whether the model takes a plain KV cache once per model (it
+    ran at every forward, twice), with the same answer, per model: a sliding-window model's own."""
+    import copy
+
+    from rldsl.runtime.models.loading import plain_kv_cache
+    from tiny_archs import build
+    calls = []
+    monkeypatch.setattr(lp, "plain_kv_cache", lambda m: calls.append(m) or plain_kv_cache(m))
+    ids, mask, Tr, G = _rows(0, pad=tiny_model.config.pad_token_id or 0)
+    model = copy.deepcopy(tiny_model)
+    assert all(lp._shared_prompt_applies(model, ids, mask, Tr, G) for _ in range(4)) and len(calls) == 1
+    windowed = build("gemma2", tokenizer)  # sliding-window layers: no plain cache
+    assert not plain_kv_cache(windowed)
+    assert not lp._shared_prompt_applies(windowed, ids, mask, Tr, G) and not lp._shared_prompt_applies(windowed, ids, mask, Tr, G)
+    assert len(calls) == 2
