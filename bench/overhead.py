@@ -41,16 +41,17 @@ How it is measured
 The compute floor of each phase (same run, same tensors: the batches of the timed steps)
     rollout       a bare sampling loop on the engine's model: one prefill of the B rows, then
                   one cached forward and ``torch.multinomial`` per generated column
-    old logprobs  one no-grad forward of the padded [B, T] rows and the gathered log-softmax
-                  (only when rldsl ran one)
+    old logprobs  one no-grad forward and the gathered log-softmax (only when rldsl ran one)
     update        a copy of the policy and an optimizer of the same class and settings: the
-                  padded forward and the gathered log-softmax (forward), the token-mean PPO
-                  term (loss), backward, clip + step + zero_grad (optimizer)
+                  forward and the gathered log-softmax (forward), the token-mean PPO term
+                  (loss), backward, clip + step + zero_grad (optimizer)
     sync          ``load_state_dict`` of the policy's tensors into the engine's model
+    A forward's floor is the faster of two bare forwards of the rows: padded, and each group's
+    prompt once, its responses on the prompt's KV cache (the layout rldsl takes for short answers).
     Rewards, estimate and record have no separate floor (a few list and element-wise ops): their
     ratio column reads "-". The floor is the least this step's phases could take with this model
-    in eager PyTorch; it is not a lower bound for a different layout (rldsl's shared-prompt
-    forward pushes fewer tokens than the padded one, so a ratio below 1 is possible).
+    in eager PyTorch, not a lower bound for every layout: rldsl's sampler drops finished rows and
+    its chunked head skips the full [B, T, V] log-softmax, so a ratio below 1 is possible.
 
 What it prints: per phase, rldsl's median seconds, the floor's and their ratio; the update's
 ratio to its floor; per round rldsl's median step over TRL's, their median (the figure) and the
