@@ -45,6 +45,7 @@ positions are then 0.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -135,7 +136,19 @@ def _shared_prompt_applies(model: PreTrainedModel, input_ids: torch.Tensor, atte
     if torch.is_grad_enabled() and model.training and any(getattr(m, "gradient_checkpointing", False)
                                                           for m in model.modules()):
         return False  # a checkpointed layer runs without a cache (transformers drops it, with a warning)
-    return cache_keyword(backbone(model)) is not None and plain_kv_cache(model)
+    return _takes_plain_cache(model)
+
+
+# whether a model's body takes a KV cache and that cache is plain: fixed by its class and config,
+# read once per model (a signature inspection and a cache built from the config), not per forward
+_PLAIN_CACHE: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
+
+
+def _takes_plain_cache(model: PreTrainedModel) -> bool:
+    known = _PLAIN_CACHE.get(model)
+    if known is None:
+        known = _PLAIN_CACHE[model] = cache_keyword(backbone(model)) is not None and plain_kv_cache(model)
+    return known
 
 
 def _packed_layout(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -143,12 +156,13 @@ def _packed_layout(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
     """The packed layout that pushes the fewest tokens -- shared-prompt rows (each group's prompt
     once per row) or plain ones -- among those exact here and taken by the model; None when
     there is none, or when the padded shared-prompt forward pushes no more tokens."""
-    rows = packed_layout(backbone(model), input_ids, attention_mask, Tr, row_tokens, group_size)
-    if rows is None:
-        return None
     B, T = input_ids.shape
-    if _shared_prompt_applies(model, input_ids, attention_mask, Tr, group_size) and \
-            _shared_prompt_tokens(B, T, Tr, group_size) <= rows.computed_tokens:
+    # the padded shared-prompt forward's tokens, when it is exact here: a packed layout that
+    # cannot push fewer is not built (packed_layout's bound decides before any index is made)
+    shared = _shared_prompt_tokens(B, T, Tr, group_size) \
+        if _shared_prompt_applies(model, input_ids, attention_mask, Tr, group_size) else None
+    rows = packed_layout(backbone(model), input_ids, attention_mask, Tr, row_tokens, group_size, fewer_than=shared)
+    if rows is None or (shared is not None and shared <= rows.computed_tokens):
         return None
     return rows
 

@@ -147,13 +147,19 @@ def _long_tensors(device: torch.device, *lists: list[int]) -> list[Tensor]:
 
 
 def packed_layout(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_response_tokens: int,
-                  row_tokens: int | None = None, group_size: int | None = None) -> PackedRows | None:
+                  row_tokens: int | None = None, group_size: int | None = None,
+                  fewer_than: int | None = None) -> PackedRows | None:
     """The packed rows of a forward of the transformer ``body``: shared-prompt rows when the rows
     share prompts by ``group_size`` and that pushes fewer tokens, else plain rows; None when
-    neither is exact here or taken by the model."""
+    neither is exact here or taken by the model. With ``fewer_than`` (the tokens another layout
+    pushes), also None -- before any layout is built -- when no packed layout can push fewer:
+    :func:`least_packed_tokens` is at least that."""
     # both one-off checks at the first packed forward, whatever its rows: each runs forwards
     # of its own, which the ranks of an FSDP group must all run, in the same order
     plain_ok, tree_ok = packing_supported(body), shared_packing_supported(body)
+    if fewer_than is not None and least_packed_tokens(input_ids, attention_mask, num_response_tokens,
+                                                      row_tokens, group_size if tree_ok else None) >= fewer_than:
+        return None
     rows = packed_rows(input_ids, attention_mask, num_response_tokens, row_tokens)
     if rows is None:
         return None
@@ -163,6 +169,43 @@ def packed_layout(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, nu
         if shared is not None:
             return shared  # (its own mask: taken also by a model that ignores restarting positions)
     return rows if plain_ok else None
+
+
+def least_packed_tokens(input_ids: Tensor, attention_mask: Tensor, num_response_tokens: int,
+                        row_tokens: int | None = None, group_size: int | None = None) -> float:
+    """A lower bound on the tokens any packed layout of these rows computes (:func:`packed_rows`,
+    and :func:`shared_packed_rows` when ``group_size`` is given), from the real-token counts
+    alone: no layout is built. inf when neither layout is exact here.
+
+    Plain rows place every sequence whole: at least sum_b (n_b - 1). Shared-prompt rows place
+    each response's k_b - 1 fed tokens and, in every row holding a group g, its prompt of p_g
+    tokens once; a row holding two or more responses holds at most ``cap`` tokens (the row
+    limit, :func:`_shared_bins`), a row holding one holds that response, so a row carries at most
+    U_g = max(cap - p_g, the longest of g's fed responses) of g's response tokens and g's F_g
+    fed tokens need at least ceil(F_g / U_g) rows (1 if all are empty): at least
+    sum_g (F_g + rows_g x p_g). Filler only adds to either."""
+    B, T = input_ids.shape
+    Tr = num_response_tokens
+    # read on the host: the rows of a GPU forward come over once, not a sync per question
+    attention_mask = attention_mask.cpu()
+    real = _real_runs(attention_mask.bool(), Tr)
+    if real is None:
+        return math.inf
+    firsts, ns = real
+    least = float(sum(ns) - B)
+    if group_size is None or not same_prompts(input_ids.cpu(), attention_mask, Tr, group_size):
+        return least
+    G, Tp = int(group_size), T - Tr
+    cap = max(row_tokens or max(x - 1 for x in ns), 1)
+    shared = 0
+    for g in range(B // G):
+        p = Tp - firsts[g * G]
+        fed = [ns[b] - p - 1 for b in range(g * G, (g + 1) * G) if ns[b] - p > 0]
+        if not fed:
+            continue
+        most = max(cap - p, max(fed))
+        shared += sum(fed) + p * (max(1, math.ceil(sum(fed) / most)) if most > 0 else 1)
+    return min(least, float(shared))
 
 
 def _real_runs(mask: Tensor, num_response_tokens: int) -> tuple[list[int], list[int]] | None:

@@ -415,7 +415,12 @@ class Trainer(ForwardPasses):
         if self.ppo_epochs != 1 or self.minibatches != 1 or self.fn.algorithm.kl_in == "reward" \
                 or self._corrects():  # a correction compares pi_old with the engine before the update
             return False
-        return not _has_dropout(self.policy)
+        # whether the policy has active dropout: read once per policy module (a walk over its
+        # modules and its config, which no step changes), not at every step
+        known = getattr(self, "_dropout_of", None)
+        if known is None or known[0] is not self.policy:
+            known = self._dropout_of = (self.policy, _has_dropout(self.policy))
+        return not known[1]
 
     def _corrects(self) -> bool:
         """The spec reads the engine's logprobs (a correction): pi_old is compared with them."""
