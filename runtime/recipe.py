@@ -1,5 +1,5 @@
 """The run recipe: how the policy and the rollout engine are built from a resolved config (the
-reward: ``resolve.reward_fn``; the episodes beside the engine: ``rollout/runners.episode_runner``)
+reward: ``resolve.reward_fn``; the episodes beside the engine: ``rollout/multi_turn.episode_runner``)
 -- one function each, used by a one-process run (run/build.py, workers/start.py), a
 trainer rank (workers/fsdp_rank.py) and a rollout actor (workers/rollout_actor.py) alike.
 

@@ -37,7 +37,7 @@ from .models.loading import load_tokenizer, model_context
 from .rewards.functions import RewardFn, with_answer_format
 # source_of() reads the table of prompt sources: importing these modules registers their rows
 # (a verifiers taskset's; the built-in tasks') before the first run is resolved
-from .rollout import runners as _registers_verifiers_tasksets  # noqa: F401
+from .rollout import multi_turn as _registers_verifiers_tasksets  # noqa: F401
 from .toy import sources as _registers_builtin_tasks  # noqa: F401
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).

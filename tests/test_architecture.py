@@ -529,10 +529,10 @@ MAX_RUNTIME_IMPORTS = 8
 #: recipe.py: reward_fn, episode_runner; toy/warmup.py and tool_warmup.py: the toy tokenizers):
 #: importing each name from the module that defines it shows their real counts.
 OVER_THE_LIMIT: dict[str, int] = {
-    "rldsl.runtime.run.plan": 9,  # + rollout.runners (check_tools)
+    "rldsl.runtime.run.plan": 9,  # + rollout.multi_turn (check_tools)
     "rldsl.runtime.toy.sources": 10,  # + toy.model, toy.tool_model (the embedded models' tokenizers)
-    "rldsl.runtime.workers.rollout_actor": 10,  # + resolve (reward_fn), rollout.runners (episode_runner)
-    "rldsl.runtime.workers.start": 9,  # + rollout.runners (episode_runner)
+    "rldsl.runtime.workers.rollout_actor": 10,  # + resolve (reward_fn), rollout.multi_turn (episode_runner)
+    "rldsl.runtime.workers.start": 9,  # + rollout.multi_turn (episode_runner)
 }
 #: Runtime modules allowed an import inside a function, and why (never to dodge a cycle: the
 #: cycle checks count these imports too)

@@ -6,7 +6,7 @@ split, its default reward, tools, system prompt and ``max_new_tokens``, the chec
 before anything loads and (for a built-in task) its embedded model. The data file is this
 module's own row; the others register theirs as components register with the language's
 registry: reasoning-gym in data/reasoning_gym.py, the built-in tasks in toy/sources.py, a
-verifiers taskset in rollout/runners.py (this module imports neither toy/ nor rollout/).
+verifiers taskset in rollout/multi_turn.py (this module imports neither toy/ nor rollout/).
 
 :func:`source_of` answers "which source is this run's" once; run/plan.py asks it and carries
 the answer (``Plan.source``), as it carries the reward.

@@ -42,12 +42,12 @@ def set_name(path: str | Path, taken: Sequence[str] = ()) -> str:
 
 
 def evaluate_set(generate: Generate, s: EvalSet, cfg: RunConfig, *, n: int, seed: int,
-                 episodes: bool = False) -> dict[str, float]:
+                 multi_turn: bool = False) -> dict[str, float]:
     """The metrics of one set (module doc) under ``eval/<name>/``, its answers scored here: greedy,
     and ``n`` samples each as ``cfg`` samples an evaluation (``SamplingParams.for_evaluation``;
-    none with ``n`` = 0). ``episodes``: ``generate`` runs multi-turn episodes (:func:`scored_here`)."""
+    none with ``n`` = 0). ``multi_turn``: ``generate`` runs multi-turn episodes (:func:`scored_here`)."""
     sampled = SamplingParams.for_evaluation(cfg, n, seed) if n >= 1 else None
-    a = answer_set(scored_here(generate, s.reward, episodes), s.examples, max_new_tokens=cfg.max_new_tokens,
+    a = answer_set(scored_here(generate, s.reward, multi_turn), s.examples, max_new_tokens=cfg.max_new_tokens,
                    sampled=sampled)
     return set_metrics(s.name, a, s.reward)
 

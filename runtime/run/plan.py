@@ -8,7 +8,7 @@ import rldsl
 
 from ..config import MODEL_RUN_DEFAULTS, RunConfig
 from ..resolve import check_group_size, check_settings, check_teacher_settings, resolve, settled_reward
-from ..rollout.runners import check_tools
+from ..rollout.multi_turn import check_tools
 from .eval_sets import eval_sets_of
 from ..data.sources import source_of
 from ..records.trackers import check_trackers

@@ -20,7 +20,7 @@ from ..data.sources import SOURCES, Rows, Source, source_of, system_prompt
 from ..errors import ConfigError, RunError
 from ..models.loading import load_tokenizer
 from ..resolve import check_teacher
-from ..rollout.runners import check_episode_template
+from ..rollout.multi_turn import check_episode_template
 
 
 def model_folder(cfg: RunConfig, source: Source | None = None) -> tuple[Path, str]:

@@ -11,8 +11,8 @@ from ..records.metrics import PRODUCER_WAIT, REWARD_HIDDEN, timed
 from ..records.rng import step_seed
 from ..rollout.producer import RolloutProducer, snapshot
 from .state import Run
-from .record import record_step, staleness
-from .rollouts import rollout_step
+from .step_record import record_step, staleness
+from .step_batch import rollout_step
 
 
 def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None = None) -> dict[str, float]:

@@ -18,7 +18,7 @@ from ..recipe import rollout_engine
 from ..resolve import reward_fn
 from ..rewards.functions import RewardResult
 from ..rollout.engines.base import SamplingParams
-from ..rollout.runners import episode_runner
+from ..rollout.multi_turn import episode_runner
 from .base import Generation
 from .local import LocalRollouts
 from .ray_cluster import actor_config

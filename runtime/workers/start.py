@@ -12,8 +12,8 @@ import rldsl
 from ..config import RunConfig
 from ..recipe import master_policy, rollout_engine
 from ..rewards.functions import RewardFn
-from ..rollout.episodes.tools import SHARED_RUNNER
-from ..rollout.runners import episode_runner
+from ..rollout.episodes.tools import SHARED_TOOL_POOL
+from ..rollout.multi_turn import episode_runner
 from .base import Rollouts, Trainers
 from .local import LocalRollouts
 from .local_trainers import LocalTrainers
@@ -29,7 +29,7 @@ def start_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledAlgor
     from the config); otherwise everything lives in this process and Ray is never imported.
     """
     if cfg.rollout.tools is not None or cfg.rollout.env is not None:
-        SHARED_RUNNER.hide(run_dir)
+        SHARED_TOOL_POOL.hide(run_dir)
     if cfg.distributed.uses_ray:
         from .ray import start_ray_workers  # Ray is imported only by the runs that use it
         return start_ray_workers(cfg, algo, fn, model_path, tokenizer.pad_token_id)

@@ -168,7 +168,7 @@ def test_rewards_receive_the_original_prompt_while_the_engine_sees_the_template(
     """Training and evaluation: the engine is fed ``apply_chat_template``'s ids, the reward gets
     the row's own prompt (a messages list as its contents joined by blank lines), never the
     template nor ``data.system_prompt``."""
-    from rldsl.runtime.run import rollouts as run_rollouts
+    from rldsl.runtime.run import step_batch as run_rollouts
     from rldsl.runtime.run.eval_step import evaluate
     from rldsl.runtime.run.build import build_run
     monkeypatch.setenv("RLDSL_COMPILE", "0")

@@ -233,7 +233,7 @@ def test_the_held_out_split_of_generated_data_is_also_split_by_task():
 
     cfg = load_config(None, ["data.path=reasoning_gym:basic_arithmetic=1,spell_backward=1", "eval.samples=2",
                              "rollout.max_new_tokens=8"])  # a run's config is resolved (resolve.py fills it in)
-    s = SimpleNamespace(cfg=cfg, heldout=held, rollouts=SimpleNamespace(generate=generate), episodes=False,
+    s = SimpleNamespace(cfg=cfg, heldout=held, rollouts=SimpleNamespace(generate=generate), multi_turn=False,
                         reward=RewardFn("exact"), warn=lambda m: None)
     m = eval_step.evaluate_heldout(s, 1)
     assert m["eval/greedy_acc"] == pytest.approx(float(greedy.mean())) and m["eval/sampled_acc"] == 0.5

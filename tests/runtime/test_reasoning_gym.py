@@ -326,7 +326,7 @@ def test_multi_turn_episodes_open_with_reasoning_gyms_system_prompt(real_model, 
 
     from rldsl.runtime.rollout.engines.base import SamplingParams
     from rldsl.runtime.rollout.engines.hf import HFEngine
-    from rldsl.runtime.rollout.runners import episode_runner
+    from rldsl.runtime.rollout.multi_turn import episode_runner
 
     if kind == "agent":
         pytest.importorskip("openai")

@@ -37,7 +37,7 @@ from ...data.reasoning_gym import row_system_prompt
 from ...errors import ConfigError, EpisodeRefused
 from ...rewards.values import reward_value
 from . import vf_harness
-from .records import Outcome
+from .calls import Outcome
 from .runner import AGENTS_EXTRA, AgentRunner, load_agent, served_name
 
 #: The module each library needs.

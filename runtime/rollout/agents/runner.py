@@ -1,5 +1,5 @@
 """``rollout.agent``: a user's program run once per sample against the policy's endpoint, its
-calls turned into training rows (records.py) and its return value into the episode's reward.
+calls turned into training rows (calls.py) and its return value into the episode's reward.
 
     async def agent(client: openai.AsyncOpenAI, row: dict) -> float | None   # or
     def agent(base_url: str, row: dict) -> float | None
@@ -27,7 +27,7 @@ from ...errors import ConfigError, EpisodeRefused
 from ...records.metrics import AGENT_CALLS, AGENT_ERRORS, AGENT_PREFIX_BREAKS, AGENT_ROWS_PER_EPISODE
 from ...rewards.values import reward_value
 from ..engines.base import SamplingParams
-from .records import Call, Outcome, Row, episode_rows, prefix_breaks
+from .calls import Call, Outcome, Row, episode_rows, prefix_breaks
 
 #: How much longer than an episode's time limit the endpoint keeps an idle connection open: no
 #: live episode's connection is ever closed under it (server.py, PolicyServer.start).
