@@ -60,7 +60,7 @@ class Run:
     fn: rldsl.CompiledAlgorithm
     run_dir: Path
     tokenizer: Any
-    source: PromptSource
+    prompts: PromptSource  # the training prompts: batches in order, per-task curriculum, retired ones
     heldout: list[Example]
     rollouts: Rollouts
     trainers: Trainers

@@ -49,7 +49,7 @@ def rollout_step(s: Run, step: int) -> StepRollout:
     timed_inputs: dict[str, float] = {p.time_metric: 0.0 for p in producers if p.time_metric}
     for r in range(rounds):
         used = r + 1
-        examples = s.source.next_batch(P)
+        examples = s.prompts.next_batch(P)
         reward_prompts = [e.reward_prompt for e in examples]  # rewards: the untemplated prompt
         faults.at("generate", logged)
         gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],
@@ -123,7 +123,7 @@ class StepRollouts:
         if not self.score_apart:
             return rollout_step(self.s, step)
         s, cfg = self.s, self.s.cfg
-        examples = s.source.next_batch(cfg.rollout.prompts_per_step)
+        examples = s.prompts.next_batch(cfg.rollout.prompts_per_step)
         reward_prompts = [e.reward_prompt for e in examples]
         faults.at("generate", step + 1)
         gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],

@@ -51,7 +51,7 @@ def _run(tiny_model, tokenizer, spec: str, rounds):
     fn = rldsl.compile(algo, compile=False)
     examples = [Example(id=i, prompt=f"{i}+{i}=", answer=str(2 * i)) for i in range(10, 40)]
     warnings: list[str] = []
-    s = SimpleNamespace(cfg=cfg, fn=fn, source=PromptSource(examples, seed=0), tokenizer=tokenizer,
+    s = SimpleNamespace(cfg=cfg, fn=fn, prompts=PromptSource(examples, seed=0), tokenizer=tokenizer,
                         rollouts=ScriptedRollouts(tiny_model, tokenizer, rounds), reward=RewardFn("exact"),
                         warn=warnings.append, multi_turn=False,
                         rollout_prompts=lambda examples: rollout_prompts(examples, False))
