@@ -7,7 +7,7 @@ calls turned into training rows (calls.py) and its return value into the episode
 ``client`` is bound to the episode's base URL (server.py); ``row`` holds ``prompt`` (the row's
 own, untemplated: a string or messages), ``answer``, ``model`` (the served model's name) and
 ``system``, the row's system prompt, when it has one (``data.system_prompt``; unset,
-reasoning-gym's default on reasoning-gym data: data/reasoning_gym.py ``row_system_prompt``). An
+the source's own, reasoning-gym's on reasoning-gym data: data/sources.py ``system_prompt``). An
 agent that raises, runs past ``rollout.agent_timeout_s`` or never calls the model ends its
 episode with the error recorded; the ``env`` reward term then reports it to ``reward.on_error``.
 """
@@ -81,7 +81,7 @@ class AgentRunner:
         self.max_calls, self.max_parallel = max_calls, max_parallel
         self.timeout_s, self.concurrency = timeout_s, concurrency
         self.context, self.tool_parser = context, tool_parser
-        self.system_prompt = system_prompt  # row["system"] (data/reasoning_gym.py row_system_prompt)
+        self.system_prompt = system_prompt  # row["system"] (data/sources.py system_prompt)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.version = 0  # the policy version the engine holds (optimizer steps): the next calls'
         # (0: the model folder's weights; a resumed run loads its checkpoint's first)
