@@ -10,10 +10,9 @@ from typing import Any
 import rldsl
 
 from ..config import RunConfig
-from ..recipe import master_policy, rollout_engine
+from ..recipe import master_policy
 from ..rewards.functions import RewardFn
 from ..rollout.episodes.tools import SHARED_TOOL_POOL
-from ..rollout.multi_turn import episode_runner
 from .base import Rollouts, Trainers
 from .local import LocalRollouts
 from .local_trainers import LocalTrainers
@@ -36,6 +35,6 @@ def start_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledAlgor
     policy = master_policy(cfg, model_path, cfg.device)
     engine_model = copy.deepcopy(policy)  # before LoRA: the engine samples from plain weights
     trainers = LocalTrainers.from_config(cfg, fn, policy, tokenizer=tokenizer)
-    rollouts = LocalRollouts(rollout_engine(cfg, model_path, cfg.device, model=engine_model, tokenizer=tokenizer),
-                             reward, episode_runner(cfg, model_path))
+    rollouts = LocalRollouts.from_config(cfg, model_path, cfg.device, reward=reward, model=engine_model,
+                                         tokenizer=tokenizer)
     return rollouts, trainers
