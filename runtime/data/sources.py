@@ -156,14 +156,18 @@ def default_tools(cfg: RunConfig) -> str | None:
     return r.tools
 
 
-def system_prompt(cfg: RunConfig, path: str | Path | None = None) -> str | None:
-    """The system prompt of the rows of ``path`` (default: the run's data): ``data.system_prompt``
-    when set (``""`` meaning none), else the source's own (reasoning-gym's asks for the
-    ``<answer>`` tags its reward reads; the others have none)."""
+def system_prompt(cfg: RunConfig, path: str | Path | None = None, source: Source | None = None) -> str | None:
+    """The system prompt of the rows of ``path`` (default: the run's data, whose source the plan
+    asked already: ``source``): ``data.system_prompt`` when set (``""`` meaning none), else the
+    source's own (reasoning-gym's asks for the ``<answer>`` tags its reward reads; the others have
+    none). Every rollout path reads it: single-turn prompts, evaluation sets, and the ``system``
+    of the tools' / environments' / agents' rows."""
     given = cfg.data.system_prompt
     if given is not None:
         return given or None
-    return source_of(cfg if path is None else with_data(cfg, path)).system_prompt()
+    if source is None:
+        source = source_of(cfg if path is None else with_data(cfg, path))
+    return source.system_prompt()
 
 
 def heldout_count(cfg: RunConfig) -> int:

@@ -94,6 +94,6 @@ def prompts_of(cfg: RunConfig, tokenizer: Any = None, warn: Callable[[str], None
     if tokenizer is not None and source.rendered:
         d = cfg.data
         render = partial(render_prompt, tokenizer=tokenizer, mode=d.chat_template,
-                         kwargs=d.chat_template_kwargs, system_prompt=system_prompt(cfg))
+                         kwargs=d.chat_template_kwargs, system_prompt=system_prompt(cfg, source=source))
         train, held = [render(e) for e in train], [render(e) for e in held]
     return source.prompts(cfg, rows, train, held, render), held

@@ -88,3 +88,38 @@ def test_rldsl_eval_builds_its_reward_and_engine_with_the_recipe(model_dir, tmp_
     eval_command.evaluate_target(model_dir, [data], n=0, max_new_tokens=2, out=out)
     assert built == {"engine": ("hf", False, "cpu", str(model_dir)), "reward": "exact"}
     assert "eval/eval/greedy_acc" in json.loads(out.read_text())
+
+
+def test_rldsl_eval_of_a_run_samples_with_the_runs_engine_and_compile_settings(model_dir, tmp_path, monkeypatch):
+    """A run folder is evaluated with its own recipe: its config's ``rollout.engine`` and
+    ``model.compile`` (here vllm, compiled: not the defaults, hf and eager) reach the engine
+    ``rldsl eval`` builds. The checkpoint's export is stood in for by the model folder and the
+    engine is stopped before it loads (no vLLM needed): what is checked is what it is asked for."""
+    from rldsl.runtime.models.loading import load_tokenizer
+    from rldsl.runtime.records.run_dir import save_config
+    from rldsl.runtime.run.eval_target import EvalTarget
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    save_config(load_config(None, ["rollout.engine=vllm", "model.compile=true", f"model.path={model_dir}"]), run)
+    data = tmp_path / "eval.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+
+    def exported(self, step=None):  # the run's checkpoint, exported: the model folder stands in
+        self.folder, self.tokenizer = model_dir, load_tokenizer(model_dir)
+        return self
+
+    asked: list[tuple] = []
+
+    class Stop(Exception):
+        pass
+
+    def engine(cfg, path, device, **kw):
+        asked.append((cfg.rollout.engine, cfg.model.compile, str(path)))
+        raise Stop
+
+    monkeypatch.setattr(EvalTarget, "load", exported)
+    monkeypatch.setattr(eval_command, "rollout_engine", engine)
+    with pytest.raises(Stop):
+        eval_command.evaluate_target(run, [data], n=0, max_new_tokens=2)
+    assert asked == [("vllm", True, str(model_dir))]
