@@ -123,3 +123,37 @@ def test_rldsl_eval_of_a_run_samples_with_the_runs_engine_and_compile_settings(m
     with pytest.raises(Stop):
         eval_command.evaluate_target(run, [data], n=0, max_new_tokens=2)
     assert asked == [("vllm", True, str(model_dir))]
+
+
+def test_a_new_kind_of_source_gives_its_eval_sets_and_every_rollout_path_its_system_prompt(monkeypatch, tokenizer):
+    """A kind's ``eval_rows`` makes the evaluation sets of its paths (eval.data, rldsl eval --data)
+    and its system prompt reaches them, the training prompts and the episodes' rows alike: one
+    decision (data/sources.py ``system_prompt``), read by every rollout path."""
+    from rldsl.runtime.rewards.functions import RewardFn
+    from rldsl.runtime.rollout.episodes.runner import EpisodeRunner
+    from rldsl.runtime.run.eval_sets import load_sets
+
+    monkeypatch.setitem(SOURCES, "demo", None)  # the row leaves the table after the test
+    row = [Example(id=0, prompt="q0", answer="0")]
+    asked: list[tuple] = []
+
+    def eval_rows(cfg, path, count, exclude):
+        asked.append((path, count, exclude))
+        return {"easy": row, "hard": row}, f"{path}: two sets"
+
+    register(Source("demo", "demo rows", claims=lambda cfg: (cfg.data.path or "").startswith("demo:"),
+                    rows=lambda cfg: Rows(row, []), reward="exact", system_prompt=lambda: "Think.",
+                    eval_rows=eval_rows, precedence=1))
+    cfg = load_config(None, ["data.chat_template=off"])  # plain format: the system prompt, a blank line, the question
+    notes: list[str] = []
+    sets = load_sets("demo:x", cfg, RewardFn("exact"), tokenizer, count=3, name="d", note=notes.append)
+    assert [s.name for s in sets] == ["d/easy", "d/hard"] and notes == ["demo:x: two sets"]
+    assert asked == [("demo:x", 3, None)]
+    assert [e.prompt for s in sets for e in s.examples] == ["Think.\n\nq0"] * 2
+    training = load_config(None, ["data.path=demo:x", "data.chat_template=off"])
+    source, _ = prompts_of(training, tokenizer)
+    assert [e.prompt for e in source.examples] == ["Think.\n\nq0"]
+    tools = ["data.path=demo:x", "rollout.tools=rldsl.runtime.toy.calculator:calculator"]
+    assert EpisodeRunner.from_config(load_config(None, tools), None).system_prompt == "Think."
+    given = load_config(None, [*tools, "data.system_prompt="])  # set ("": none), it wins
+    assert EpisodeRunner.from_config(given, None).system_prompt is None
