@@ -21,7 +21,7 @@ from rldsl.inputs import INPUTS
 class AgentRow:
     """What an agent's episode (``rollout.agent``, ``rollout.env = verifiers:|openenv:``) adds to
     a row's :class:`Episode`: an agent's episode is made of its recorded model calls, which make
-    one training row or several (runtime/rollout/agents/records.py).
+    one training row or several (runtime/rollout/agents/calls.py).
 
     row             which of the episode's rows this one is (0-based); the metrics count an
                     episode once, on its row 0
@@ -51,7 +51,7 @@ class AgentRow:
 @dataclass
 class Episode:
     """One row's multi-turn episode (``RolloutBatch.episodes``: one per row, in row order):
-    built by the episode runner (runtime/rollout/episodes/rollout.py: tools, ``rollout.env``) or
+    built by the episode runner (runtime/rollout/episodes/runner.py: tools, ``rollout.env``) or
     an agent's runner (runtime/rollout/agents/runner.py: ``rollout.agent``, verifiers, OpenEnv);
     read by the ``env`` reward term (rewards/functions.py), per-turn rewards (train/inputs.py),
     the tool-call and agent metrics, and samples.jsonl (records/samples.py).
@@ -125,7 +125,7 @@ class RolloutBatch:
                     ``rewards/<term>/mean|std`` metrics and samples.jsonl read them
     teacher_prompt_ids  B x the token ids of the row's privileged teacher prompt
                     (``teacher.context_key``: its prompt with a data column in it), set where the
-                    batch is made (run/rollouts.py); the teacher scores the same response tokens
+                    batch is made (run/step_batch.py); the teacher scores the same response tokens
                     after it (train/teachers.py ``privileged``); empty = the row's own prompt
     """
 

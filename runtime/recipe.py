@@ -1,7 +1,8 @@
-"""The run recipe: how the policy and the rollout engine are built from a resolved config (the
-reward: ``resolve.reward_fn``; the episodes beside the engine: ``rollout/runners.episode_runner``)
--- one function each, used by a one-process run (run/build.py, workers/start.py), a
-trainer rank (workers/fsdp_rank.py) and a rollout actor (workers/rollout_actor.py) alike.
+"""The run recipe: how the policy and the rollout side (engine, reward, episodes) are built from
+a resolved config (the reward: ``resolve.reward_fn``; the episodes beside the engine:
+``rollout/multi_turn.episode_runner``) -- one function each, used by a one-process run
+(run/build.py, workers/start.py), a trainer rank (workers/fsdp_rank.py), a rollout actor
+(workers/rollout_actor.py) and ``rldsl eval`` (run/eval_command.py) alike.
 
 The trainer itself is ``Trainer.from_config`` (train/trainer.py; ``ShardedTrainer`` on a rank).
 """
@@ -15,7 +16,10 @@ import torch
 from torch import nn
 
 from .config import RunConfig
+from .resolve import reward_fn
+from .rewards.functions import RewardFn
 from .rollout.engines.base import RolloutEngine
+from .rollout.multi_turn import episode_runner
 from .models.lora import adapters_disabled, apply_lora
 from .models.loading import enable_gradient_checkpointing, load_policy, load_tokenizer, master_dtype
 
@@ -64,3 +68,13 @@ def rollout_engine(cfg: RunConfig, path: Path | str, device: str, *, model: nn.M
     model = model.to(getattr(torch, cfg.model.dtype)).eval()
     return HFEngine(model, tokenizer if tokenizer is not None else load_tokenizer(Path(path)), device=device,
                     compile=cfg.model.compile)
+
+
+def rollout_side(cfg: RunConfig, path: Path | str, device: str, *, reward: RewardFn | None = None,
+                 model: nn.Module | None = None, tokenizer: Any = None,
+                 gpus: float = 0.0) -> tuple[RolloutEngine, RewardFn, Any]:
+    """(engine, reward, episode runner) of the rollout side: :func:`rollout_engine`, ``reward``
+    (else ``resolve.reward_fn``: the config's), and ``rollout/multi_turn.episode_runner`` (None:
+    single-turn completions). ``workers/local.LocalRollouts.from_config`` holds them."""
+    engine = rollout_engine(cfg, path, device, model=model, tokenizer=tokenizer, gpus=gpus)
+    return engine, reward if reward is not None else reward_fn(cfg), episode_runner(cfg, path)

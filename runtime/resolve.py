@@ -36,7 +36,7 @@ from .models.loading import load_tokenizer, model_context
 from .rewards.functions import RewardFn, with_answer_format
 # source_of() reads the table of prompt sources: importing these modules registers their rows
 # (a verifiers taskset's; the built-in tasks') before the first run is resolved
-from .rollout import runners as _registers_verifiers_tasksets  # noqa: F401
+from .rollout.multi_turn import check_tools  # registers the verifiers tasksets' row, too
 from .toy import sources as _registers_builtin_tasks  # noqa: F401
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).
@@ -87,13 +87,16 @@ def check_async(algo: Algorithm, cfg: RunConfig) -> None:
 def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
     """The checks that need the config alone, cheapest first: the device, the engine, an
     asynchronous run's limits, what the prompt source needs of the config (reasoning-gym's: one
-    process, no data.eval_path). (The trackers ``log.report_to`` names: run/plan.py.)"""
+    process, no data.eval_path), the tools, environment or agent (rollout/multi_turn.py
+    ``check_tools``: they import, before any model loads). (The trackers ``log.report_to``
+    names: run/plan.py.)"""
     check_device(cfg)
     check_engine(cfg)
     check_async(algo, cfg)
     check = source_of(cfg).check
     if check is not None:
         check(cfg)
+    check_tools(cfg)
 
 
 def check_teacher_settings(algo: Algorithm, cfg: RunConfig) -> None:

@@ -25,7 +25,7 @@ from rich.table import Table
 from ..errors import GridError
 from .grid import CELLS_DIR, Study, Variant, build_study, read_grid_file, write_cells
 from .report import STUDY_FILE, load_study_file, write_report
-from .runner import (Cell, CellStatus, LocalExecutor, RayExecutor, default_jobs, run_cells,
+from .launch import (Cell, CellStatus, LocalExecutor, RayExecutor, default_jobs, run_cells,
                      unfinished)
 
 __all__ = ["ablate", "STUDIES_DIR"]

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 from ..records.metrics import (CLIP_FRACTION, ENTROPY, GREEDY_ACC, METRICS, RESPONSE_LENGTH, REWARD, SAMPLED_ACC,
                                metric_by_concept, read_metrics)
 from ..records.run_dir import METRICS_FILE
-from .runner import RUNS_DIR, CellStatus, cell_state, read_status
+from .launch import RUNS_DIR, CellStatus, cell_state, read_status
 
 __all__ = ["STUDY_FILE", "REPORT_FILE", "RESULTS_FILE", "FIGURES_DIR", "FIGURES",
            "RunNumbers", "run_numbers", "write_report", "load_study_file"]

@@ -90,12 +90,12 @@ def with_context(prompt: str | tuple, context: str, template: str = CONTEXT_TEMP
     return tuple(messages)
 
 
-def rollout_prompts(examples: Iterable[Example], episodes: bool) -> list[str | tuple]:
+def rollout_prompts(examples: Iterable[Example], multi_turn: bool) -> list[str | tuple]:
     """What the rollouts start from: each example's prompt rendered for the model, or -- for
     multi-turn episodes (rollout.tools / rollout.env / rollout.agent) -- the row's own prompt,
     which the environment's ``reset`` (or the agent) receives and the episode runner renders
     once, with the tools."""
-    return [e.row_prompt if episodes else e.prompt for e in examples]
+    return [e.row_prompt if multi_turn else e.prompt for e in examples]
 
 
 @dataclass

@@ -49,17 +49,6 @@ def default_system_prompt() -> str:
     return SYSTEM_PROMPTS["default"]
 
 
-def row_system_prompt(path: str | None, given: str | None) -> str | None:
-    """The system prompt of a row of data ``path``: the one decision every rollout path reads
-    (single-turn prompts, the tools / env / agent episodes' ``row["system"]``, evaluation sets).
-    ``given`` (``data.system_prompt``) when set, ``""`` meaning none; unset, reasoning-gym's
-    default for reasoning-gym data (the one asking for the ``<answer>`` tags its reward reads),
-    none for any other data."""
-    if given is None:
-        return default_system_prompt() if is_reasoning_gym(path) else None
-    return given or None
-
-
 def is_reasoning_gym(path: str | None) -> bool:
     """Whether ``data.path`` names reasoning-gym tasks."""
     return isinstance(path, str) and path.startswith(PREFIX)
@@ -678,8 +667,20 @@ def _prompts(cfg: Any, rows: Rows, train: list[Example], held: list[Example],
                               heldout_questions=[e.reward_prompt for e in held], render=render)
 
 
+def _eval_rows(cfg: Any, path: str, count: int | None,
+               exclude: Sequence[str] | None) -> tuple[dict[str, list[Example]], str | None]:
+    """An evaluation set of ``path``, one per task (:func:`generate_eval`); the run's own data gets
+    the run's options and, unless ``exclude`` says otherwise, none of its training questions."""
+    d = cfg.data
+    own = path == d.path
+    if exclude is None:
+        exclude = [e["question"] for e in training_entries(d.path, d.options, run_seed=cfg.seed)] if own else ()
+    return generate_eval(path, dict(d.options) if own else {}, run_seed=cfg.seed, count=count, exclude=exclude)
+
+
 #: reasoning-gym data (``data.path = "reasoning_gym:NAME"``): generated rows, scored by each row's
 #: own task's verifier, with reasoning-gym's system prompt
 SOURCE = register(Source("reasoning_gym", "reasoning-gym data", claims=lambda cfg: is_reasoning_gym(cfg.data.path),
                          rows=_rows, reward="reasoning_gym", prompts=_prompts,
-                         system_prompt=default_system_prompt, check=check_config, precedence=1))
+                         system_prompt=default_system_prompt, check=check_config, eval_rows=_eval_rows,
+                         precedence=1))

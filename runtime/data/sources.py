@@ -6,7 +6,7 @@ split, its default reward, tools, system prompt and ``max_new_tokens``, the chec
 before anything loads and (for a built-in task) its embedded model. The data file is this
 module's own row; the others register theirs as components register with the language's
 registry: reasoning-gym in data/reasoning_gym.py, the built-in tasks in toy/sources.py, a
-verifiers taskset in rollout/runners.py (this module imports neither toy/ nor rollout/).
+verifiers taskset in rollout/multi_turn.py (this module imports neither toy/ nor rollout/).
 
 :func:`source_of` answers "which source is this run's" once; run/plan.py asks it and carries
 the answer (``Plan.source``), as it carries the reward.
@@ -26,6 +26,8 @@ from .datasets import Example, PromptSource, load_examples, split_heldout
 HELDOUT_ROWS = 200
 
 Render = Callable[[Example], Example]
+#: ``eval_rows(cfg, path, count, exclude)`` -> (set label -> rows, a note or None): see :class:`Source`
+EvalRows = Callable[[RunConfig, str, "int | None", "Sequence[str] | None"], "tuple[dict[str, list[Example]], str | None]"]
 
 
 @dataclass
@@ -42,6 +44,12 @@ class Rows:
 
 def _no_system_prompt() -> str | None:
     return None
+
+
+def _file_eval_rows(cfg: RunConfig, path: str, count: int | None,
+                    exclude: Sequence[str] | None) -> tuple[dict[str, list[Example]], str | None]:
+    d = cfg.data
+    return {"": load_examples(path, prompt_field=d.prompt_key, answer_field=d.answer_key)}, None
 
 
 def _plain_prompts(cfg: RunConfig, rows: Rows, train: list[Example], held: list[Example],
@@ -62,7 +70,12 @@ class Source:
     ``system_prompt()``: the defaults it fills into a run that leaves them unset. ``check(cfg)``:
     what it needs of the config, checked first. ``model(cfg)`` -> (folder, label) and
     ``tokenizer()``: the embedded model a run without ``model.path`` trains (a built-in task's),
-    and its tokenizer (the task's prompts are written in its vocabulary).
+    and its tokenizer (the task's prompts are written in its vocabulary). ``eval_rows(cfg, path,
+    count, exclude)``: the rows of an evaluation set ``path`` of this kind (``eval.data``, ``rldsl
+    eval --data``) as (set label -> rows, a note or None): one set labelled ``""`` (named after the
+    file), or one per task; ``count`` rows where the source draws its own (None: its default),
+    none of the questions in ``exclude`` (None: the run's training questions when ``path`` is the
+    run's data).
     """
 
     name: str
@@ -78,6 +91,7 @@ class Source:
     check: Callable[[RunConfig], None] | None = None
     model: Callable[[RunConfig], tuple[Path, str]] | None = None
     tokenizer: Callable[[], Any] | None = None
+    eval_rows: EvalRows = _file_eval_rows
     precedence: int = 0
 
 
@@ -142,14 +156,18 @@ def default_tools(cfg: RunConfig) -> str | None:
     return r.tools
 
 
-def system_prompt(cfg: RunConfig, path: str | Path | None = None) -> str | None:
-    """The system prompt of the rows of ``path`` (default: the run's data): ``data.system_prompt``
-    when set (``""`` meaning none), else the source's own (reasoning-gym's asks for the
-    ``<answer>`` tags its reward reads; the others have none)."""
+def system_prompt(cfg: RunConfig, path: str | Path | None = None, source: Source | None = None) -> str | None:
+    """The system prompt of the rows of ``path`` (default: the run's data, whose source the plan
+    asked already: ``source``): ``data.system_prompt`` when set (``""`` meaning none), else the
+    source's own (reasoning-gym's asks for the ``<answer>`` tags its reward reads; the others have
+    none). Every rollout path reads it: single-turn prompts, evaluation sets, and the ``system``
+    of the tools' / environments' / agents' rows."""
     given = cfg.data.system_prompt
     if given is not None:
         return given or None
-    return source_of(cfg if path is None else with_data(cfg, path)).system_prompt()
+    if source is None:
+        source = source_of(cfg if path is None else with_data(cfg, path))
+    return source.system_prompt()
 
 
 def heldout_count(cfg: RunConfig) -> int:

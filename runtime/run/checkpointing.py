@@ -17,7 +17,7 @@ from .state import Run
 def _extra_state(s: Run, step: int, algorithm: dict[str, Any],
                  queued: list[Produced[StepRollout]] | None = None,
                  teacher: dict[str, Any] | None = None) -> dict[str, Any]:
-    extra = {"step": step, "data": s.source.state_dict(), "algorithm": algorithm}
+    extra = {"step": step, "data": s.prompts.state_dict(), "algorithm": algorithm}
     if teacher is not None:  # teacher.ema: the EMA teacher's weights
         extra["teacher_ema"] = teacher
     if queued is not None:  # asynchronous rollouts: the batches generated ahead, as plain values
@@ -68,7 +68,7 @@ def restore(s: Run, path: Path) -> int:
     writes them again)."""
     c = ckpt.load_checkpoint(path)
     s.trainers.load_checkpoint(c)  # weights, critic, algorithm state, optimizers, scheduler
-    s.source.load_state_dict(c.extra["data"])
+    s.prompts.load_state_dict(c.extra["data"])
     s.queued = restored_queue(c.extra)
     s.rollouts.load_weights(s.trainers.weights(), c.step)
     restore_rng(c.rng)  # last: no draw between the restore and the next step

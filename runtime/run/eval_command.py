@@ -52,14 +52,14 @@ def evaluate_target(target: Path, data: Sequence[Path], reward: Optional[str] = 
 def _report(t: EvalTarget, cfg: RunConfig, sets: list[EvalSet], engine: RolloutEngine, n: int, seed: int,
             out: Optional[Path]) -> None:
     """Evaluate ``sets`` with ``engine`` (and the target's episodes) and print / write the metrics."""
-    episodes = t.episodes
+    runner = t.runner
 
     def generate(prompts: list, answers: list[str], params: SamplingParams) -> RolloutBatch:
-        if episodes is None:
+        if runner is None:
             return engine.generate(prompts, params)
-        return episodes.run(engine, prompts, answers, params)
+        return runner.run(engine, prompts, answers, params)
 
-    metrics = evaluate_sets(generate, sets, cfg, episodes=episodes is not None, n=n, seed=seed)
+    metrics = evaluate_sets(generate, sets, cfg, multi_turn=runner is not None, n=n, seed=seed)
     for s in sets:
         typer.echo(f"{s.name} ({len(s.examples)} prompts)")
         for key, value in metrics.items():

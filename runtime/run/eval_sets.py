@@ -1,7 +1,7 @@
 """The evaluation sets: ``eval.data`` during a run and ``rldsl eval`` (run/eval_command.py): each
-a data file (or reasoning-gym's generated rows, one set per task) with its reward (default: the
-run's), read and rendered as training renders its prompts, and evaluated by the one evaluator
-(run/evaluation.py: the metrics under ``eval/<set>/``).
+a data file (or reasoning-gym's generated rows, one set per task), read by its prompt source
+(data/sources.py), with its reward (default: the run's), rendered as training renders its
+prompts, and evaluated by the one evaluator (run/evaluation.py: the metrics under ``eval/<set>/``).
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..config import EvalSetConfig, RunConfig
-from ..data import reasoning_gym as rg
-from ..data.datasets import Example, load_examples, render_prompt
+from ..data.datasets import Example, render_prompt
+from ..data.sources import source_of, system_prompt, with_data
 from ..errors import ConfigError
 from ..records.metrics import HELDOUT_TASKS
 from ..rewards.functions import RewardFn
@@ -42,12 +42,12 @@ def set_name(path: str | Path, taken: Sequence[str] = ()) -> str:
 
 
 def evaluate_set(generate: Generate, s: EvalSet, cfg: RunConfig, *, n: int, seed: int,
-                 episodes: bool = False) -> dict[str, float]:
+                 multi_turn: bool = False) -> dict[str, float]:
     """The metrics of one set (module doc) under ``eval/<name>/``, its answers scored here: greedy,
     and ``n`` samples each as ``cfg`` samples an evaluation (``SamplingParams.for_evaluation``;
-    none with ``n`` = 0). ``episodes``: ``generate`` runs multi-turn episodes (:func:`scored_here`)."""
+    none with ``n`` = 0). ``multi_turn``: ``generate`` runs multi-turn episodes (:func:`scored_here`)."""
     sampled = SamplingParams.for_evaluation(cfg, n, seed) if n >= 1 else None
-    a = answer_set(scored_here(generate, s.reward, episodes), s.examples, max_new_tokens=cfg.max_new_tokens,
+    a = answer_set(scored_here(generate, s.reward, multi_turn), s.examples, max_new_tokens=cfg.max_new_tokens,
                    sampled=sampled)
     return set_metrics(s.name, a, s.reward)
 
@@ -62,58 +62,41 @@ def evaluate_sets(generate: Generate, sets: Sequence[EvalSet], cfg: RunConfig, *
 
 # ----------------------------------------------------------------------------- reading a set
 
-def load_eval_set(path: str | Path, reward: RewardFn, tokenizer: Any, *, prompt_key: str = "prompt",
-                  answer_key: str | None = "answer", chat_template: str = "auto",
-                  chat_template_kwargs: dict[str, Any] | None = None, system_prompt: str | None = None,
-                  name: str | None = None, taken: Sequence[str] = ()) -> EvalSet:
-    """An evaluation set from a data file, its prompts rendered for ``tokenizer`` as training renders them."""
-    examples = load_examples(path, prompt_field=prompt_key, answer_field=answer_key)
-    rendered = [render_prompt(e, tokenizer, mode=chat_template, kwargs=chat_template_kwargs,
-                              system_prompt=system_prompt) for e in examples]
-    return EvalSet(name or set_name(path, taken), rendered, reward)
-
-
-def load_generated_sets(path: str, reward: RewardFn, tokenizer: Any, *, options: dict[str, Any], seed: int,
-                        count: int | None, exclude: Sequence[str] = (), chat_template: str = "auto",
-                        chat_template_kwargs: dict[str, Any] | None = None, system_prompt: str | None = None,
-                        name: str | None = None, note: Callable[[str], None] | None = None) -> list[EvalSet]:
-    """The evaluation sets of ``reasoning_gym:`` data: one set per task, a single task or a mix alike,
-    named after the task (``eval/<task>/...``; with ``name``, ``eval/<name>/<task>/...``), rendered
-    as training renders them."""
-    by_task, line = rg.generate_eval(path, options, run_seed=seed, count=count, exclude=exclude)
-    if note is not None:
+def load_sets(path: str | Path, cfg: RunConfig, reward: RewardFn, tokenizer: Any, *, count: int | None = None,
+              exclude: Sequence[str] | None = None, name: str | None = None, taken: Sequence[str] = (),
+              note: Callable[[str], None] | None = None) -> list[EvalSet]:
+    """The evaluation sets of ``path``, read by its prompt source (data/sources.py ``eval_rows``: a
+    data file is one set named after the file, ``reasoning_gym:`` data one set per task named
+    after the task, a single task or a mix alike; with ``name``: ``name``, ``name/<task>``), and
+    rendered as training renders its prompts, with the rows' system prompt (``system_prompt``).
+    ``count``, ``exclude``: the source's (:class:`~rldsl.runtime.data.sources.Source`)."""
+    d = cfg.data
+    by_set, line = source_of(with_data(cfg, path)).eval_rows(cfg, str(path), count, exclude)
+    if note is not None and line:
         note(line)
-    system_prompt = rg.row_system_prompt(path, system_prompt)
+    system = system_prompt(cfg, path)
     sets: list[EvalSet] = []
-    for task, rows in by_task.items():
-        label = f"{name}/{task}" if name else task
-        rendered = [render_prompt(e, tokenizer, mode=chat_template, kwargs=chat_template_kwargs,
-                                  system_prompt=system_prompt) for e in rows]
-        sets.append(EvalSet(label, rendered, reward))
+    for label, rows in by_set.items():
+        title = (f"{name}/{label}" if name else label) if label else (name or set_name(path, taken))
+        rendered = [render_prompt(e, tokenizer, mode=d.chat_template, kwargs=d.chat_template_kwargs,
+                                  system_prompt=system) for e in rows]
+        sets.append(EvalSet(title, rendered, reward))
     return sets
 
 
 def eval_sets_of(cfg: RunConfig, tokenizer: Any, run_reward: RewardFn,
                  training: Sequence[str] = ()) -> list[EvalSet]:
     """The run's ``eval.data`` sets, read and rendered (a missing file or column fails here,
-    before any model loads), each with its reward (the run's unless it names its own)."""
+    before any model loads), each with its reward (the run's unless it names its own).
+    ``training``: the run's training questions, which no generated set holds."""
     d = cfg.data
     sets: list[EvalSet] = []
     for entry in cfg.eval.data:
         entry = EvalSetConfig(path=entry) if isinstance(entry, str) else entry
         own = entry.reward is not None and entry.reward != run_reward.spec
         reward = RewardFn(entry.reward, on_error=cfg.reward.on_error) if own else run_reward
-        if rg.is_reasoning_gym(entry.path):
-            options = dict(d.options) if entry.path == d.path else {}  # the training data's options
-            new = load_generated_sets(entry.path, reward, tokenizer, options=options, seed=cfg.seed,
-                                      count=None if d.eval_size is None else max(d.eval_size, 1),
-                                      exclude=training, chat_template=d.chat_template,
-                                      chat_template_kwargs=d.chat_template_kwargs,
-                                      system_prompt=d.system_prompt, name=entry.name)
-        else:
-            new = [load_eval_set(entry.path, reward, tokenizer, prompt_key=d.prompt_key, answer_key=d.answer_key,
-                                 chat_template=d.chat_template, chat_template_kwargs=d.chat_template_kwargs,
-                                 system_prompt=d.system_prompt, name=entry.name, taken=taken(sets))]
+        new = load_sets(entry.path, cfg, reward, tokenizer, count=None if d.eval_size is None else max(d.eval_size, 1),
+                        exclude=training, name=entry.name, taken=taken(sets))
         for s in new:
             s.own_reward = own
         add_sets(sets, new, "eval.data")
@@ -145,20 +128,8 @@ def command_sets(paths: Sequence[str | Path], cfg: RunConfig, reward: RewardFn, 
                  note: Callable[[str], None] | None = None) -> list[EvalSet]:
     """``rldsl eval``'s sets: each path read and rendered as the run (``cfg``) renders its prompts;
     reasoning-gym data that is the run's own gets its options and none of its training questions."""
-    d = cfg.data
     sets: list[EvalSet] = []
     for path in paths:
-        if rg.is_reasoning_gym(str(path)):  # generated; the run's options when it is the run's data
-            own = str(path) == d.path  # then none of the run's training questions either
-            add_sets(sets, load_generated_sets(
-                str(path), reward, tokenizer, options=dict(d.options) if own else {},
-                seed=cfg.seed, count=d.eval_size,
-                exclude=[e["question"] for e in rg.training_entries(d.path, d.options, run_seed=cfg.seed)]
-                if own else (), chat_template=d.chat_template, chat_template_kwargs=d.chat_template_kwargs,
-                system_prompt=d.system_prompt, note=note), "--data")
-            continue
-        add_sets(sets, [load_eval_set(path, reward, tokenizer, prompt_key=d.prompt_key,
-                                      answer_key=d.answer_key, chat_template=d.chat_template,
-                                      chat_template_kwargs=d.chat_template_kwargs,
-                                      system_prompt=d.system_prompt, taken=taken(sets))], "--data")
+        add_sets(sets, load_sets(path, cfg, reward, tokenizer, count=cfg.data.eval_size, taken=taken(sets),
+                                 note=note), "--data")
     return sets

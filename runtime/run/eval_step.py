@@ -20,7 +20,7 @@ def evaluate(s: Run, step: int) -> dict[str, float]:
     n = cfg.eval.samples if cfg.eval.n is None else cfg.eval.n
     # scored here, each by its own reward
     out.update(evaluate_sets(unscored_by(s.rollouts), s.eval_sets, cfg, n=n,
-                             seed=step_seed(cfg.seed, step, 0, "eval sets"), episodes=s.episodes))
+                             seed=step_seed(cfg.seed, step, 0, "eval sets"), multi_turn=s.multi_turn))
     if s.heldout:
         out.update(evaluate_heldout(s, step))
     return out
@@ -32,7 +32,7 @@ def evaluate_heldout(s: Run, step: int) -> dict[str, float]:
     cfg = s.cfg
     sampled = SamplingParams.for_evaluation(cfg, cfg.eval.samples, step_seed(cfg.seed, step, 0, "eval")) \
         if cfg.eval.samples else None
-    a = answer_set(scored_by(s.rollouts, s.episodes), s.heldout, max_new_tokens=cfg.max_new_tokens,
+    a = answer_set(scored_by(s.rollouts, s.multi_turn), s.heldout, max_new_tokens=cfg.max_new_tokens,
                    sampled=sampled)
     if a.failed:
         s.warn(f"step {step}: evaluation: {a.failed} held-out sample(s) whose reward failed "

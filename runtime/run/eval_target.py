@@ -16,7 +16,7 @@ from ..config import RunConfig
 from ..models.loading import load_policy, load_tokenizer
 from ..records.export import export_run
 from ..records.run_dir import CONFIG_FILE, load_run_config
-from ..rollout.runners import check_episode_template, check_tools, episode_runner
+from ..rollout.multi_turn import check_episode_template, check_tools, episode_runner
 
 
 @dataclass
@@ -24,7 +24,7 @@ class EvalTarget:
     """An evaluation target, opened by :func:`open_target` (its config read and checked, nothing
     loaded) and loaded by :meth:`load`. ``is_run``: a run folder (``cfg`` is its saved config);
     ``folder``: the model folder (a run's checkpoint exported to a temporary one, kept until
-    :meth:`close`: a vLLM engine loads it); ``episodes``: the multi-turn runner (``run(engine,
+    :meth:`close`: a vLLM engine loads it); ``runner``: the multi-turn runner (``run(engine,
     prompts, answers, params)``), None for single-turn completions."""
 
     path: Path
@@ -32,7 +32,7 @@ class EvalTarget:
     is_run: bool
     tokenizer: Any = None
     model: nn.Module | None = None
-    episodes: Any = None
+    runner: Any = None
     folder: Path | None = None
     _tmp: Any = None
 
@@ -52,7 +52,7 @@ class EvalTarget:
         self.tokenizer = load_tokenizer(folder)
         check_episode_template(self.cfg, self.tokenizer)
         self.model = load_policy(folder, "float32")
-        self.episodes = episode_runner(self.cfg, folder)  # None: single-turn completions
+        self.runner = episode_runner(self.cfg, folder)  # None: single-turn completions
         return self
 
     def close(self) -> None:

@@ -67,13 +67,13 @@ def score_rows(reward: RewardFn, batch: RolloutBatch, examples: Sequence[Example
     return reward.score(batch, repeat_each([e.reward_prompt for e in examples], n)).rewards
 
 
-def scored_here(generate: Generate, reward: RewardFn, episodes: bool = False) -> Answer:
-    """Answers sampled by ``generate`` and scored in this process by ``reward``. ``episodes``:
+def scored_here(generate: Generate, reward: RewardFn, multi_turn: bool = False) -> Answer:
+    """Answers sampled by ``generate`` and scored in this process by ``reward``. ``multi_turn``:
     ``generate`` runs multi-turn episodes, which start from the rows' own prompts
     (``data.rollout_prompts``)."""
     def answer(examples: Sequence[Example], params: SamplingParams) -> tuple[RolloutBatch, torch.Tensor]:
         answers = [e.answer for e in examples]  # an environment's reset reads them
-        batch = generate(rollout_prompts(examples, episodes), answers, params)
+        batch = generate(rollout_prompts(examples, multi_turn), answers, params)
         return batch, score_rows(reward, batch, examples, params.n)
     return answer
 
@@ -85,10 +85,10 @@ def unscored_by(rollouts: Rollouts) -> Generate:
     return generate
 
 
-def scored_by(rollouts: Rollouts, episodes: bool = False) -> Answer:
+def scored_by(rollouts: Rollouts, multi_turn: bool = False) -> Answer:
     """Answers sampled and scored by the run's rollout workers (with the run's reward)."""
     def answer(examples: Sequence[Example], params: SamplingParams) -> tuple[RolloutBatch, torch.Tensor]:
-        g = rollouts.generate(rollout_prompts(examples, episodes), [e.answer for e in examples], params,
+        g = rollouts.generate(rollout_prompts(examples, multi_turn), [e.answer for e in examples], params,
                               [e.reward_prompt for e in examples])
         return g.batch, g.scored.rewards
     return answer

@@ -14,8 +14,8 @@ state are restored from the checkpoint (run/checkpointing.py).
 
 The rooms of a run: run/folder.py (a new or a resumed run folder, its logger), run/plan.py and
 run/build.py (the run planned, then built), run/schedule.py (the steps from the first to a stop),
-run/rollouts.py (the step's batch, now or ahead by the producer), run/step.py (one step),
-run/record.py (its metrics and samples), run/eval_step.py (the evaluations),
+run/step_batch.py (the step's batch, now or ahead by the producer), run/step.py (one step),
+run/step_record.py (its metrics and samples), run/eval_step.py (the evaluations),
 run/checkpointing.py (save, restore), this module (the run, start to end).
 """
 from __future__ import annotations

@@ -8,7 +8,6 @@ import rldsl
 
 from ..config import MODEL_RUN_DEFAULTS, RunConfig
 from ..resolve import check_group_size, check_settings, check_teacher_settings, resolve, settled_reward
-from ..rollout.runners import check_tools
 from .eval_sets import eval_sets_of
 from ..data.sources import source_of
 from ..records.trackers import check_trackers
@@ -26,16 +25,15 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     """Everything checked and settled before a model loads (runtime/resolve.py), cheapest first.
     First what needs neither torch nor transformers (this module and the ones it imports load
     neither: ``rldsl run`` rejects a typo in about a second, tests/test_cli_startup.py): the
-    device, engine and trackers; the reward, named once (a server's address, a reward model's
-    folder; reasoning_gym only on reasoning-gym data); the tools, environment or agent; the
-    teacher's settings; the model folder; the data's files, fields and reasoning-gym tasks.
+    device, engine, the prompt source's needs and the tools, environment or agent
+    (resolve.check_settings); the trackers; the reward, named once (a server's address, a reward
+    model's folder; reasoning_gym only on reasoning-gym data); the teacher's settings; the model folder; the data's files, fields and reasoning-gym tasks.
     Then the model's tokenizer and context, a teacher's vocabulary, the resolved config, the
     group-size check and the rollout-stage inputs the spec reads. A mistake in any of them fails
     in seconds, never after a model load."""
     check_settings(algo, cfg)
     check_trackers(cfg.log.report_to)  # installed
     cfg, reward, reward_note = settled_reward(cfg)  # the task's own reward when none is named
-    check_tools(cfg)
     check_teacher_settings(algo, cfg)
     source = source_of(cfg)  # where the prompts come from (data/sources.py), asked once
     if cfg.model.path is not None:

@@ -14,7 +14,7 @@ from ..errors import RewardError
 from ..records.metrics import REWARD, MetricsLogger
 from .checkpointing import save
 from .eval_step import evaluate, evaluate_current
-from .rollouts import start_producer
+from .step_batch import start_producer
 from .state import Run, StepProducer
 from .step import train_step
 

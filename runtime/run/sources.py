@@ -20,7 +20,7 @@ from ..data.sources import SOURCES, Rows, Source, source_of, system_prompt
 from ..errors import ConfigError, RunError
 from ..models.loading import load_tokenizer
 from ..resolve import check_teacher
-from ..rollout.runners import check_episode_template
+from ..rollout.multi_turn import check_episode_template
 
 
 def model_folder(cfg: RunConfig, source: Source | None = None) -> tuple[Path, str]:
@@ -94,6 +94,6 @@ def prompts_of(cfg: RunConfig, tokenizer: Any = None, warn: Callable[[str], None
     if tokenizer is not None and source.rendered:
         d = cfg.data
         render = partial(render_prompt, tokenizer=tokenizer, mode=d.chat_template,
-                         kwargs=d.chat_template_kwargs, system_prompt=system_prompt(cfg))
+                         kwargs=d.chat_template_kwargs, system_prompt=system_prompt(cfg, source=source))
         train, held = [render(e) for e in train], [render(e) for e in held]
     return source.prompts(cfg, rows, train, held, render), held

@@ -20,7 +20,7 @@ from ..rollout.producer import Produced, RolloutProducer
 from ..workers.base import Rollouts, Trainers
 from .eval_sets import EvalSet
 
-#: The asynchronous producer of a run's step batches (rollout/producer.py; run/rollouts.py starts it)
+#: The asynchronous producer of a run's step batches (rollout/producer.py; run/step_batch.py starts it)
 StepProducer = RolloutProducer[StepRollout]
 
 
@@ -60,7 +60,7 @@ class Run:
     fn: rldsl.CompiledAlgorithm
     run_dir: Path
     tokenizer: Any
-    source: PromptSource
+    prompts: PromptSource  # the training prompts: batches in order, per-task curriculum, retired ones
     heldout: list[Example]
     rollouts: Rollouts
     trainers: Trainers
@@ -72,14 +72,14 @@ class Run:
     queued: list[Produced[StepRollout]] = field(default_factory=list)  # restored batches of an asynchronous run
 
     @property
-    def episodes(self) -> bool:
+    def multi_turn(self) -> bool:
         """Whether samples are multi-turn episodes (rollout.tools / rollout.env / rollout.agent)."""
         r = self.cfg.rollout
         return r.tools is not None or r.env is not None or r.agent is not None
 
     def rollout_prompts(self, examples: Sequence[Example]) -> list[str | tuple]:
         """What the rollouts start from (``data.rollout_prompts``)."""
-        return rollout_prompts(examples, self.episodes)
+        return rollout_prompts(examples, self.multi_turn)
 
     def close(self) -> None:
         """Stop the actors of a distributed run (nothing to do for a one-process run)."""

@@ -11,8 +11,8 @@ from ..records.metrics import PRODUCER_WAIT, REWARD_HIDDEN, timed
 from ..records.rng import step_seed
 from ..rollout.producer import RolloutProducer, snapshot
 from .state import Run
-from .record import record_step, staleness
-from .rollouts import rollout_step
+from .step_record import record_step, staleness
+from .step_batch import rollout_step
 
 
 def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None = None) -> dict[str, float]:
@@ -40,7 +40,7 @@ def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None 
     # PASS-RATE CAP: retire the prompts the spec calls solved
     if s.fn.data.pass_rate_cap is not None:
         m["retired_prompts"] = float(_retire_solved(s, r))
-    m.update(s.source.observe(r.prompt_ids, rewards.view(-1, r.batch.group_size)))  # per-task metrics, curriculum
+    m.update(s.prompts.observe(r.prompt_ids, rewards.view(-1, r.batch.group_size)))  # per-task metrics, curriculum
     # UPDATE: minibatches of the compiled loss, then the LR-schedule step
     faults.at("update", step + 1)
     with timed(m, "update"):
@@ -62,6 +62,6 @@ def _retire_solved(s: Run, r: StepRollout) -> int:
     leave no prompt to train on; returns how many are retired in all."""
     retired = s.fn.data.retire(r.scored.view(-1, r.batch.group_size)).tolist()  # p >= cap
     retire = [pid for pid, done in zip(r.prompt_ids, retired) if done]
-    if retire and len(s.source) - len(set(retire) - s.source.excluded) > 0:
-        s.source.exclude(retire)
-    return len(s.source.excluded)
+    if retire and len(s.prompts) - len(set(retire) - s.prompts.excluded) > 0:
+        s.prompts.exclude(retire)
+    return len(s.prompts.excluded)

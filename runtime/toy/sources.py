@@ -37,8 +37,8 @@ def _addition_model(cfg: RunConfig) -> tuple[Path, str]:
 
 
 def _addition_tokenizer() -> Any:
-    from .model import build_tokenizer
-    return build_tokenizer()
+    from .warmup import embedded_tokenizer
+    return embedded_tokenizer()
 
 
 def _calculator_model(cfg: RunConfig) -> tuple[Path, str]:
@@ -47,8 +47,8 @@ def _calculator_model(cfg: RunConfig) -> tuple[Path, str]:
 
 
 def _calculator_tokenizer() -> Any:
-    from .tool_model import build_tool_tokenizer
-    return build_tool_tokenizer()
+    from .tool_warmup import embedded_tokenizer
+    return embedded_tokenizer()
 
 
 def _arithmetic_model(cfg: RunConfig) -> tuple[Path, str]:

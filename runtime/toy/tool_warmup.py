@@ -132,6 +132,12 @@ def embedded_model(vllm: bool) -> tuple[Path, str]:
     return Path(tool_warm_start(verbose=True)), "embedded tool-use model (warm-started)"
 
 
+def embedded_tokenizer() -> PreTrainedTokenizerFast:
+    """The tokenizer of the calculator task's embedded model (tool_model.py: characters and the
+    Hermes tool-call tokens), built without warm-starting the model."""
+    return build_tool_tokenizer()
+
+
 
 def _train(config: ToolWarmStartConfig, model_config: LlamaConfig, tokenizer: PreTrainedTokenizerFast,
            *, verbose: bool) -> tuple[LlamaForCausalLM, dict]:

@@ -114,6 +114,12 @@ def embedded_model(vllm: bool) -> tuple[Path, str]:
     return Path(warm_start(verbose=True)), "embedded toy model (warm-started)"
 
 
+def embedded_tokenizer() -> PreTrainedTokenizerFast:
+    """The tokenizer of the addition task's embedded model (its character vocabulary, model.py),
+    built without warm-starting the model: what the task's prompts are written in."""
+    return build_tokenizer()
+
+
 
 def _answer_batch(
     tokenizer: PreTrainedTokenizerFast,

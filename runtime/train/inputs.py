@@ -53,7 +53,7 @@ class RolloutSide:
     max_new_tokens: int
     warn: Callable[[str], None]
     step: int  # the step's number in its warnings: as metrics.jsonl logs it (from 1)
-    episodes: bool = False  # multi-turn episodes: generate starts from the rows' own prompts
+    multi_turn: bool = False  # multi-turn episodes: generate starts from the rows' own prompts
     tokenizer: Any = None  # the policy's: where a process reward's steps end in its tokens
     group_by: str | None = None  # the data field a spec's group_by=FIELD names (Algorithm.group_by)
 
@@ -133,7 +133,7 @@ def greedy_baselines(side: RolloutSide, batch: RolloutBatch, scored: RewardResul
     What verl's ReMax trainer does (do_sample=False on a copy of the prompts, the same reward
     function, the reward repeated over the group). Returns the batch and the seconds it took.
     """
-    gen = side.generate(rollout_prompts(prompts, side.episodes), [e.answer for e in prompts],
+    gen = side.generate(rollout_prompts(prompts, side.multi_turn), [e.answer for e in prompts],
                         SamplingParams.greedy(side.max_new_tokens),
                         [e.reward_prompt for e in prompts])
     r = gen.scored.rewards.to(torch.float32)  # [P]

@@ -49,6 +49,16 @@ class TrainerState:
     teacher: dict[str, torch.Tensor] | None = None
 
 
+class EpisodeRunner(Protocol):
+    """What runs a run's multi-turn episodes (rollout/multi_turn.py ``episode_runner``: the
+    tools' and environments' ``EpisodeRunner``, an agent's ``AgentRunner``)."""
+
+    def run(self, engine: Any, prompts: list[str | tuple], answers: list[str],
+            params: SamplingParams) -> RolloutBatch:
+        """``params.n`` episodes per prompt (the rows' own prompts), one batch."""
+        ...
+
+
 class Rollouts(Protocol):
     """Samples and scores prompts; loads the trainers' weights."""
 

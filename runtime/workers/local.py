@@ -1,30 +1,41 @@
 """The rollout side in the calling process (no Ray): an engine, the reward and the multi-turn
-episodes, if any. A Ray rollout actor (rollout_actor.py) wraps a ``LocalRollouts``; the trainer
-side in this process is local_trainers.py."""
+episodes, if any, built by the run's recipe (:meth:`LocalRollouts.from_config`: ``rldsl run``,
+a Ray rollout actor -- rollout_actor.py wraps a ``LocalRollouts`` --, ``rldsl eval``); the
+trainer side in this process is local_trainers.py."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
 
 from ..batch import RolloutBatch, repeat_each
+from ..config import RunConfig
+from ..recipe import rollout_side
 from ..rollout.engines.base import RolloutEngine, SamplingParams
-from ..rollout.episodes.rollout import EpisodeRunner
 from ..rollout.partial import generate_in_segments
 from ..rewards.functions import RewardFn, RewardResult, unscored
-from .base import Generation
+from .base import EpisodeRunner, Generation
 
 
 class LocalRollouts:
     """An engine and a reward function. Both are read at each call: replacing them takes effect."""
 
-    def __init__(self, engine: RolloutEngine, reward: RewardFn, episodes: EpisodeRunner | Any = None):
+    def __init__(self, engine: RolloutEngine, reward: RewardFn, runner: EpisodeRunner | None = None):
         self.engine = engine
         self.reward = reward
-        self.episodes = episodes  # multi-turn episodes (rollout.tools / env / agent), else None
+        self.runner = runner  # multi-turn episodes (rollout.tools / env / agent), else None
         # partial rollouts (rollout.partial): (tokens per segment, refresh() -> version held)
         self.partial: tuple[int, Callable[[], int]] | None = None
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, model_path: Path | str, device: str, *, reward: RewardFn | None = None,
+                    model: Any = None, tokenizer: Any = None, gpus: float = 0.0) -> "LocalRollouts":
+        """The rollout side of a resolved config, its parts built by the recipe (recipe.py
+        ``rollout_side``: the engine, the reward -- ``reward``, else the config's --, the episodes)."""
+        return cls(*rollout_side(cfg, model_path, device, reward=reward, model=model, tokenizer=tokenizer,
+                                 gpus=gpus))
 
     def sample_in_segments(self, tokens: int, refresh: Callable[[], int]) -> None:
         self.partial = (tokens, refresh)
@@ -32,8 +43,8 @@ class LocalRollouts:
     def generate(self, prompts: list[str | tuple], answers: list[str], params: SamplingParams,
                  reward_prompts: list[str] | None = None, score: bool = True) -> Generation:
         t0 = time.perf_counter()
-        if self.episodes is not None:
-            batch = self.episodes.run(self.engine, prompts, answers, params)
+        if self.runner is not None:
+            batch = self.runner.run(self.engine, prompts, answers, params)
         elif self.partial is not None:  # segments, the newest published weights loaded between two
             tokens, refresh = self.partial
             batch = generate_in_segments(self.engine, prompts, params, tokens, refresh)
@@ -53,13 +64,13 @@ class LocalRollouts:
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self.engine.update_weights(weights)
-        loaded = getattr(self.episodes, "weights_loaded", None)
+        loaded = getattr(self.runner, "weights_loaded", None)
         if loaded is not None:  # an agent's endpoint records the policy version of each call
             loaded(version)
 
     def close(self) -> None:
         """Stop the engine's own processes, if it has any (vLLM's), and an agent's endpoint."""
-        for owner in (self.episodes, self.engine):
+        for owner in (self.runner, self.engine):
             close = getattr(owner, "close", None)
             if callable(close):
                 close()

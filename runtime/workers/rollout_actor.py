@@ -14,11 +14,8 @@ from torch import Tensor
 
 from ..batch import RolloutBatch
 from ..errors import ConfigError
-from ..recipe import rollout_engine
-from ..resolve import reward_fn
 from ..rewards.functions import RewardResult
 from ..rollout.engines.base import SamplingParams
-from ..rollout.runners import episode_runner
 from .base import Generation
 from .local import LocalRollouts
 from .ray_cluster import actor_config
@@ -31,8 +28,7 @@ class RolloutWorker:
         cfg = actor_config(payload)
         self.index = index
         gpus = payload["rollout_gpus"]
-        engine = rollout_engine(cfg, cfg.model.path, "cuda" if gpus > 0 else "cpu", gpus=gpus)
-        self.local = LocalRollouts(engine, reward_fn(cfg), episode_runner(cfg, cfg.model.path))
+        self.local = LocalRollouts.from_config(cfg, cfg.model.path, "cuda" if gpus > 0 else "cpu", gpus=gpus)
         self.version = 0  # the weights held: 0 = the model folder's, n = the driver's n-th sync
 
     def ready(self) -> int:

@@ -10,10 +10,9 @@ from typing import Any
 import rldsl
 
 from ..config import RunConfig
-from ..recipe import master_policy, rollout_engine
+from ..recipe import master_policy
 from ..rewards.functions import RewardFn
-from ..rollout.episodes.tools import SHARED_RUNNER
-from ..rollout.runners import episode_runner
+from ..rollout.episodes.tools import SHARED_TOOL_POOL
 from .base import Rollouts, Trainers
 from .local import LocalRollouts
 from .local_trainers import LocalTrainers
@@ -29,13 +28,13 @@ def start_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledAlgor
     from the config); otherwise everything lives in this process and Ray is never imported.
     """
     if cfg.rollout.tools is not None or cfg.rollout.env is not None:
-        SHARED_RUNNER.hide(run_dir)
+        SHARED_TOOL_POOL.hide(run_dir)
     if cfg.distributed.uses_ray:
         from .ray import start_ray_workers  # Ray is imported only by the runs that use it
         return start_ray_workers(cfg, algo, fn, model_path, tokenizer.pad_token_id)
     policy = master_policy(cfg, model_path, cfg.device)
     engine_model = copy.deepcopy(policy)  # before LoRA: the engine samples from plain weights
     trainers = LocalTrainers.from_config(cfg, fn, policy, tokenizer=tokenizer)
-    rollouts = LocalRollouts(rollout_engine(cfg, model_path, cfg.device, model=engine_model, tokenizer=tokenizer),
-                             reward, episode_runner(cfg, model_path))
+    rollouts = LocalRollouts.from_config(cfg, model_path, cfg.device, reward=reward, model=engine_model,
+                                         tokenizer=tokenizer)
     return rollouts, trainers

@@ -74,7 +74,7 @@ def test_a_checkpoint_keeps_queued_episodes_as_plain_values(tmp_path) -> None:
                   Episode([{"role": "user", "content": "1+2="}], None, error="the agent raised KeyError: 'x'",
                           agent=AgentRow(row=1, rows=1, padding=True, prefix_breaks=0, calls=[call]))]
     queued = [Produced(4, 2, StepRollout(4, b, [7], ["1+2="], torch.tensor([1.0, float("nan")]), {"sampling_rounds": 1.0}))]
-    extra = _extra_state(SimpleNamespace(source=SimpleNamespace(state_dict=dict)), 4, {}, queued)
+    extra = _extra_state(SimpleNamespace(prompts=SimpleNamespace(state_dict=dict)), 4, {}, queued)
     assert extra["queued"][0]["batch"]["episodes"] == [
         {"messages": b.episodes[0].messages, "env_reward": 1.0, "step_rewards": [[1, 0.5], [2, 0.5]]},
         {"env_reward": None, "error": "the agent raised KeyError: 'x'", "calls": [call], "messages": b.episodes[1].messages,

@@ -13,7 +13,7 @@ from rldsl.runtime.errors import ConfigError, RewardSpecError
 from rldsl.runtime.rewards.functions import RewardFn
 from rldsl.runtime.rollout.agents.runner import load_agent
 from rldsl.runtime.rollout.episodes.env import load_env
-from rldsl.runtime.rollout.episodes.tools import ToolRunner, load_tools
+from rldsl.runtime.rollout.episodes.tools import ToolPool, load_tools
 
 TOOL = '''
 def add(a: int, b: int) -> int:
@@ -68,7 +68,7 @@ def test_a_tool_loaded_from_a_file_runs_in_the_tool_process(beside: Path) -> Non
     """Tools run in spawned processes, where a module loaded by path is loaded again by name."""
     (beside / "my_tools.py").write_text(TOOL)
     add = load_tools(f"{beside / 'my_tools.py'}:add")[0]
-    runner = ToolRunner()
+    runner = ToolPool()
     try:
         assert runner.run_many([(add, {"a": 2, "b": 3})], timeout_s=60, max_output_chars=100) == ["5"]
     finally:

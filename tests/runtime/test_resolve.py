@@ -83,7 +83,7 @@ def test_the_saved_config_is_the_config_that_ran(gpt2_64, tmp_path, monkeypatch,
     saved = load_run_config(out)
     assert saved == run.cfg
     assert saved.reward.name == "exact"  # not null: the reward that scored the run
-    longest = max(len(ids) for ids in run.tokenizer([e.prompt for e in run.source.examples])["input_ids"])
+    longest = max(len(ids) for ids in run.tokenizer([e.prompt for e in run.prompts.examples])["input_ids"])
     assert saved.rollout.max_new_tokens == 64 - longest  # clipped from the default 1024
     text = capsys.readouterr().out
     assert "reward: exact (the default for a data file; choose one with --reward)" in text

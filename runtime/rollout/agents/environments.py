@@ -33,11 +33,11 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from ...config import env_library
 from ...data.datasets import Example
-from ...data.reasoning_gym import row_system_prompt
+from ...data.sources import system_prompt as source_system_prompt
 from ...errors import ConfigError, EpisodeRefused
 from ...rewards.values import reward_value
 from . import vf_harness
-from .records import Outcome
+from .calls import Outcome
 from .runner import AGENTS_EXTRA, AgentRunner, load_agent, served_name
 
 #: The module each library needs.
@@ -447,7 +447,7 @@ def agent_runner(cfg: Any, model_path: str | Path, model_context: int | None) ->
                            max_parallel=r.agent_max_parallel_calls, timeout_s=r.agent_timeout_s,
                            concurrency=r.agent_concurrency, context=model_context,
                            tool_parser=r.tool_parser,
-                           system_prompt=row_system_prompt(cfg.data.path, cfg.data.system_prompt),
+                           system_prompt=source_system_prompt(cfg),
                            chat_template_kwargs=cfg.data.chat_template_kwargs)
     if env_library(r.env) is not None:
         return environment_runner(cfg, model_path, model_context)
@@ -473,7 +473,7 @@ def environment_runner(cfg: Any, model_path: str | Path, model_context: int | No
                              max_parallel=r.agent_max_parallel_calls, timeout_s=r.agent_timeout_s,
                              concurrency=r.agent_concurrency, context=model_context,
                              tool_parser=r.tool_parser,
-                             system_prompt=row_system_prompt(cfg.data.path, cfg.data.system_prompt),
+                             system_prompt=source_system_prompt(cfg),
                              chat_template_kwargs=cfg.data.chat_template_kwargs)
 
 

@@ -1,5 +1,5 @@
 """``rollout.agent``: a user's program run once per sample against the policy's endpoint, its
-calls turned into training rows (records.py) and its return value into the episode's reward.
+calls turned into training rows (calls.py) and its return value into the episode's reward.
 
     async def agent(client: openai.AsyncOpenAI, row: dict) -> float | None   # or
     def agent(base_url: str, row: dict) -> float | None
@@ -7,7 +7,7 @@ calls turned into training rows (records.py) and its return value into the episo
 ``client`` is bound to the episode's base URL (server.py); ``row`` holds ``prompt`` (the row's
 own, untemplated: a string or messages), ``answer``, ``model`` (the served model's name) and
 ``system``, the row's system prompt, when it has one (``data.system_prompt``; unset,
-reasoning-gym's default on reasoning-gym data: data/reasoning_gym.py ``row_system_prompt``). An
+the source's own, reasoning-gym's on reasoning-gym data: data/sources.py ``system_prompt``). An
 agent that raises, runs past ``rollout.agent_timeout_s`` or never calls the model ends its
 episode with the error recorded; the ``env`` reward term then reports it to ``reward.on_error``.
 """
@@ -27,7 +27,7 @@ from ...errors import ConfigError, EpisodeRefused
 from ...records.metrics import AGENT_CALLS, AGENT_ERRORS, AGENT_PREFIX_BREAKS, AGENT_ROWS_PER_EPISODE
 from ...rewards.values import reward_value
 from ..engines.base import SamplingParams
-from .records import Call, Outcome, Row, episode_rows, prefix_breaks
+from .calls import Call, Outcome, Row, episode_rows, prefix_breaks
 
 #: How much longer than an episode's time limit the endpoint keeps an idle connection open: no
 #: live episode's connection is ever closed under it (server.py, PolicyServer.start).
@@ -81,7 +81,7 @@ class AgentRunner:
         self.max_calls, self.max_parallel = max_calls, max_parallel
         self.timeout_s, self.concurrency = timeout_s, concurrency
         self.context, self.tool_parser = context, tool_parser
-        self.system_prompt = system_prompt  # row["system"] (data/reasoning_gym.py row_system_prompt)
+        self.system_prompt = system_prompt  # row["system"] (data/sources.py system_prompt)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.version = 0  # the policy version the engine holds (optimizer steps): the next calls'
         # (0: the model folder's weights; a resumed run loads its checkpoint's first)

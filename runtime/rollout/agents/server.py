@@ -13,7 +13,7 @@ Every answered choice is recorded (records.Call) with the exact prompt ids the e
 sampled ids, their logprobs and the policy version. A chat call whose messages repeat an earlier
 call of the episode plus the assistant message it returned is *bridged*: its prompt is that
 call's prompt ids + its sampled ids + the chat template's rendering of the new messages (the
-built-in episodes' delta, episodes/rollout.py env_delta) -- the model's tokens are never
+built-in episodes' delta, episodes/runner.py env_delta) -- the model's tokens are never
 re-tokenised. Any other call is rendered whole.
 
 Sampling follows the run, not the request: ``temperature`` and ``top_p`` are the run's (the
@@ -40,10 +40,10 @@ from typing import Any, Callable
 
 from ..engines.base import SamplingParams
 from ..episodes.parsers import ToolCall, parse_tool_calls, text_for_tools
-from ..episodes.rollout import env_delta
+from ..episodes.runner import env_delta
 from ...errors import RequestRefused
 from . import vllm_tools
-from .records import Call
+from .calls import Call
 
 #: Most choices one request may ask for (``n``).
 MAX_N = 16

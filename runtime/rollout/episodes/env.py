@@ -11,7 +11,7 @@ from ...errors import ConfigError, EnvironmentFailed
 from ...rewards.values import reward_value
 
 from .parsers import ToolCall, ToolCallError, parse_tool_calls
-from .tools import SHARED_RUNNER, ToolResult, ToolRunner
+from .tools import SHARED_TOOL_POOL, ToolResult, ToolPool
 
 
 @dataclass
@@ -106,14 +106,14 @@ class ToolEnv:
     comes back as a ``tool`` message."""
 
     def __init__(self, tools: list[Callable], parser: str = "hermes", max_tool_calls: int = 4,
-                 timeout_s: float = 10.0, max_output_chars: int = 1000, runner: ToolRunner | None = None):
+                 timeout_s: float = 10.0, max_output_chars: int = 1000, pool: ToolPool | None = None):
         self.tools = list(tools)
         self.by_name = {t.__name__: t for t in self.tools}
         self.parser = parser
         self.max_tool_calls = max_tool_calls
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
-        self.runner = runner if runner is not None else SHARED_RUNNER
+        self.pool = pool if pool is not None else SHARED_TOOL_POOL
 
     def reset(self, row: dict) -> list[dict]:
         prompt = row["prompt"]
@@ -139,7 +139,7 @@ class ToolEnv:
             else:
                 texts.append(None)
                 jobs.append((self.by_name[c.name], c.arguments))
-        results = iter(self.runner.run_calls(jobs, timeout_s=self.timeout_s,
+        results = iter(self.pool.run_calls(jobs, timeout_s=self.timeout_s,
                                              max_output_chars=self.max_output_chars) if jobs else [])
         names = [c.name if isinstance(c, ToolCall) else "error" for c in calls]
         return StepResult([_tool_message(n, t if t is not None else next(results)) for n, t in zip(names, texts)])

@@ -1,4 +1,4 @@
-"""A tool worker process, run as a script by ``tools.ToolRunner``: standard library only, so it
+"""A tool worker process, run as a script by ``tools.ToolPool``: standard library only, so it
 starts in tens of milliseconds (it never imports rldsl, torch or transformers; a tool imports
 what its own module needs when its first call is read).
 

@@ -94,7 +94,7 @@ class _Worker:
         self.conn.close()
 
 
-class ToolRunner:
+class ToolPool:
     """A bounded pool of spawned worker processes, each running one call at a time.
 
     ``run_many`` runs its calls ``workers`` at a time. Each call's wall-clock limit counts from
@@ -205,10 +205,10 @@ class ToolRunner:
         self._pool = []
 
 
-SHARED_RUNNER = ToolRunner()
-atexit.register(SHARED_RUNNER.close)  # stop the pool before the interpreter tears down
+SHARED_TOOL_POOL = ToolPool()
+atexit.register(SHARED_TOOL_POOL.close)  # stop the pool before the interpreter tears down
 
 
 def run_tool(fn: Callable, arguments: dict, *, timeout_s: float, max_output_chars: int) -> str:
     """One call in a separate process (module docstring)."""
-    return SHARED_RUNNER.run_many([(fn, arguments)], timeout_s=timeout_s, max_output_chars=max_output_chars)[0]
+    return SHARED_TOOL_POOL.run_many([(fn, arguments)], timeout_s=timeout_s, max_output_chars=max_output_chars)[0]

@@ -1,4 +1,4 @@
-"""rldsl ablate: the grid, the cell specs, the runner's decisions, the report, and a real
+"""rldsl ablate: the grid, the cell specs, the launcher's decisions, the report, and a real
 2x2 study on the embedded default (few steps) that resumes and survives failing cells."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import rldsl
 from rldsl.explain import diff
 from rldsl.runtime.ablate.grid import build_study, parse_vary, read_grid_file, write_cells
 from rldsl.runtime.ablate.report import run_numbers, window
-from rldsl.runtime.ablate.runner import cell_state
+from rldsl.runtime.ablate.launch import cell_state
 from rldsl.runtime.cli import register
 from rldsl.runtime.errors import GridError
 
@@ -219,7 +219,7 @@ def test_run_numbers_final_best_threshold_and_end_window():
     assert run_numbers([{"step": 0}], steps=5, threshold=0.5).final_acc is None
 
 
-# ----------------------------------------------------------------------------- the runner
+# ----------------------------------------------------------------------------- the launcher
 
 def _fake_checkpoint(run_dir: Path, step: int) -> None:
     path = run_dir / "checkpoints" / f"step-{step}"
@@ -374,7 +374,7 @@ def test_ray_executor_runs_a_cell_command_as_a_task(tmp_path):
     ray = pytest.importorskip("ray")
     import tempfile
 
-    from rldsl.runtime.ablate.runner import RayExecutor
+    from rldsl.runtime.ablate.launch import RayExecutor
 
     tmp = tempfile.mkdtemp(prefix="rldsl-ray-", dir="/tmp")  # short: Ray's socket paths
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
@@ -399,15 +399,15 @@ def test_ray_executor_runs_a_cell_command_as_a_task(tmp_path):
 
 def _fake_cells(tmp_path, monkeypatch, scripts):
     """Two cells whose `rldsl run` is replaced by the given Python one-liners."""
-    from rldsl.runtime.ablate import runner
+    from rldsl.runtime.ablate import launch
 
     study = build_study("lite_ppo", ["normalizer: group_std | none"], seeds=1, steps=3)
     variants, _ = write_cells(study, tmp_path)
-    cells = [runner.Cell(v, 0, tmp_path) for v in variants]
+    cells = [launch.Cell(v, 0, tmp_path) for v in variants]
     by_spec = {str(c.spec): s for c, s in zip(cells, scripts)}
-    monkeypatch.setattr(runner, "cell_command",
+    monkeypatch.setattr(launch, "cell_command",
                         lambda cell, study, action: [sys.executable, "-c", by_spec[str(cell.spec)]])
-    return runner, study, cells
+    return launch, study, cells
 
 
 def test_a_failing_process_is_recorded_with_its_output_and_the_other_finishes(tmp_path, monkeypatch):

@@ -168,7 +168,7 @@ def test_rewards_receive_the_original_prompt_while_the_engine_sees_the_template(
     """Training and evaluation: the engine is fed ``apply_chat_template``'s ids, the reward gets
     the row's own prompt (a messages list as its contents joined by blank lines), never the
     template nor ``data.system_prompt``."""
-    from rldsl.runtime.run import rollouts as run_rollouts
+    from rldsl.runtime.run import step_batch as run_rollouts
     from rldsl.runtime.run.eval_step import evaluate
     from rldsl.runtime.run.build import build_run
     monkeypatch.setenv("RLDSL_COMPILE", "0")
@@ -194,7 +194,7 @@ def test_rewards_receive_the_original_prompt_while_the_engine_sees_the_template(
     assert len(SEEN) == 6 and sorted({a for _, a in SEEN}) == ["0", "1", "2"]
     for prompt, answer in SEEN:
         assert prompt == original[answer]
-    by_answer = {e.answer: e for e in s.source.examples}
+    by_answer = {e.answer: e for e in s.prompts.examples}
     for r, answer in enumerate(batch.answers):  # the engine: the templated text, system prompt in
         row = CONVERSATIONS[int(answer)]
         messages = [{"role": "user", "content": row}] if isinstance(row, str) else row

@@ -270,14 +270,15 @@ def test_a_curriculum_run_logs_levels_and_task_metrics_to_trackers_and_resumes_a
 
 
 def test_an_eval_set_of_a_mix_is_one_set_per_task_and_holds_no_training_question(tokenizer):
-    from rldsl.runtime.run.eval_sets import load_generated_sets
+    from rldsl.runtime.run.eval_sets import load_sets
 
     data = rg.generate("reasoning_gym:basic_arithmetic", {"size": 200, "seed": 0, "max_digits": 1,
                                                           "allow_parentheses": False, "operators": ["+"]},
                        run_seed=0, heldout=0)
     fn = RewardFn("reasoning_gym")
-    sets = load_generated_sets("reasoning_gym:basic_arithmetic=1,spell_backward=1", fn, tokenizer,
-                               options={}, seed=0, count=30, exclude=[e.prompt for e in data.train])
+    cfg = load_config(None, [])  # another run's data: reasoning-gym's default options
+    sets = load_sets("reasoning_gym:basic_arithmetic=1,spell_backward=1", cfg, fn, tokenizer, count=30,
+                     exclude=[e.prompt for e in data.train])
     assert sorted(s.name for s in sets) == ["basic_arithmetic", "spell_backward"]
     assert sum(len(s.examples) for s in sets) == 30
     system = rg.default_system_prompt()
@@ -285,12 +286,12 @@ def test_an_eval_set_of_a_mix_is_one_set_per_task_and_holds_no_training_question
     for s in sets:  # the plain format with reasoning-gym's default system prompt (no chat template)
         assert all(e.prompt == system[:-1] + "\n\n" + e.reward_prompt for e in s.examples)
         assert {rg.task_of(e.reward_prompt) for e in s.examples} == {s.name}
-    single = load_generated_sets("reasoning_gym:basic_arithmetic", fn, tokenizer, options={}, seed=0, count=5,
-                                 system_prompt="")
+    single = load_sets("reasoning_gym:basic_arithmetic", load_config(None, ["data.system_prompt="]), fn,
+                       tokenizer, count=5)
     assert [s.name for s in single] == ["basic_arithmetic"]  # one rule: eval/<task>/..., single or mixed
     assert all(e.prompt == e.reward_prompt for e in single[0].examples)
-    named = load_generated_sets("reasoning_gym:basic_arithmetic=1,spell_backward=1", fn, tokenizer, options={},
-                                seed=0, count=6, name="hard")
+    named = load_sets("reasoning_gym:basic_arithmetic=1,spell_backward=1", cfg, fn, tokenizer, count=6,
+                      name="hard")
     assert sorted(s.name for s in named) == ["hard/basic_arithmetic", "hard/spell_backward"]
 
 
@@ -326,7 +327,7 @@ def test_multi_turn_episodes_open_with_reasoning_gyms_system_prompt(real_model, 
 
     from rldsl.runtime.rollout.engines.base import SamplingParams
     from rldsl.runtime.rollout.engines.hf import HFEngine
-    from rldsl.runtime.rollout.runners import episode_runner
+    from rldsl.runtime.rollout.multi_turn import episode_runner
 
     if kind == "agent":
         pytest.importorskip("openai")

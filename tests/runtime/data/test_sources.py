@@ -88,3 +88,72 @@ def test_rldsl_eval_builds_its_reward_and_engine_with_the_recipe(model_dir, tmp_
     eval_command.evaluate_target(model_dir, [data], n=0, max_new_tokens=2, out=out)
     assert built == {"engine": ("hf", False, "cpu", str(model_dir)), "reward": "exact"}
     assert "eval/eval/greedy_acc" in json.loads(out.read_text())
+
+
+def test_rldsl_eval_of_a_run_samples_with_the_runs_engine_and_compile_settings(model_dir, tmp_path, monkeypatch):
+    """A run folder is evaluated with its own recipe: its config's ``rollout.engine`` and
+    ``model.compile`` (here vllm, compiled: not the defaults, hf and eager) reach the engine
+    ``rldsl eval`` builds. The checkpoint's export is stood in for by the model folder and the
+    engine is stopped before it loads (no vLLM needed): what is checked is what it is asked for."""
+    from rldsl.runtime.models.loading import load_tokenizer
+    from rldsl.runtime.records.run_dir import save_config
+    from rldsl.runtime.run.eval_target import EvalTarget
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    save_config(load_config(None, ["rollout.engine=vllm", "model.compile=true", f"model.path={model_dir}"]), run)
+    data = tmp_path / "eval.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+
+    def exported(self, step=None):  # the run's checkpoint, exported: the model folder stands in
+        self.folder, self.tokenizer = model_dir, load_tokenizer(model_dir)
+        return self
+
+    asked: list[tuple] = []
+
+    class Stop(Exception):
+        pass
+
+    def engine(cfg, path, device, **kw):
+        asked.append((cfg.rollout.engine, cfg.model.compile, str(path)))
+        raise Stop
+
+    monkeypatch.setattr(EvalTarget, "load", exported)
+    monkeypatch.setattr(eval_command, "rollout_engine", engine)
+    with pytest.raises(Stop):
+        eval_command.evaluate_target(run, [data], n=0, max_new_tokens=2)
+    assert asked == [("vllm", True, str(model_dir))]
+
+
+def test_a_new_kind_of_source_gives_its_eval_sets_and_every_rollout_path_its_system_prompt(monkeypatch, tokenizer):
+    """A kind's ``eval_rows`` makes the evaluation sets of its paths (eval.data, rldsl eval --data)
+    and its system prompt reaches them, the training prompts and the episodes' rows alike: one
+    decision (data/sources.py ``system_prompt``), read by every rollout path."""
+    from rldsl.runtime.rewards.functions import RewardFn
+    from rldsl.runtime.rollout.episodes.runner import EpisodeRunner
+    from rldsl.runtime.run.eval_sets import load_sets
+
+    monkeypatch.setitem(SOURCES, "demo", None)  # the row leaves the table after the test
+    row = [Example(id=0, prompt="q0", answer="0")]
+    asked: list[tuple] = []
+
+    def eval_rows(cfg, path, count, exclude):
+        asked.append((path, count, exclude))
+        return {"easy": row, "hard": row}, f"{path}: two sets"
+
+    register(Source("demo", "demo rows", claims=lambda cfg: (cfg.data.path or "").startswith("demo:"),
+                    rows=lambda cfg: Rows(row, []), reward="exact", system_prompt=lambda: "Think.",
+                    eval_rows=eval_rows, precedence=1))
+    cfg = load_config(None, ["data.chat_template=off"])  # plain format: the system prompt, a blank line, the question
+    notes: list[str] = []
+    sets = load_sets("demo:x", cfg, RewardFn("exact"), tokenizer, count=3, name="d", note=notes.append)
+    assert [s.name for s in sets] == ["d/easy", "d/hard"] and notes == ["demo:x: two sets"]
+    assert asked == [("demo:x", 3, None)]
+    assert [e.prompt for s in sets for e in s.examples] == ["Think.\n\nq0"] * 2
+    training = load_config(None, ["data.path=demo:x", "data.chat_template=off"])
+    source, _ = prompts_of(training, tokenizer)
+    assert [e.prompt for e in source.examples] == ["Think.\n\nq0"]
+    tools = ["data.path=demo:x", "rollout.tools=rldsl.runtime.toy.calculator:calculator"]
+    assert EpisodeRunner.from_config(load_config(None, tools), None).system_prompt == "Think."
+    given = load_config(None, [*tools, "data.system_prompt="])  # set ("": none), it wins
+    assert EpisodeRunner.from_config(given, None).system_prompt is None

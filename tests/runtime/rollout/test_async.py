@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rldsl.runtime.run import loop, rollouts as run_rollouts
+from rldsl.runtime.run import loop, step_batch as run_rollouts
 from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import RunError
 from rldsl.runtime.records.metrics import read_metrics

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import torch
 
 import rldsl
-from rldsl.runtime.run import rollouts as run_rollouts
+from rldsl.runtime.run import step_batch as run_rollouts
 from rldsl.runtime.config import load_config
 from rldsl.runtime.data.datasets import Example, PromptSource, rollout_prompts
 from rldsl.runtime.rollout.engines.base import SamplingParams
@@ -51,9 +51,9 @@ def _run(tiny_model, tokenizer, spec: str, rounds):
     fn = rldsl.compile(algo, compile=False)
     examples = [Example(id=i, prompt=f"{i}+{i}=", answer=str(2 * i)) for i in range(10, 40)]
     warnings: list[str] = []
-    s = SimpleNamespace(cfg=cfg, fn=fn, source=PromptSource(examples, seed=0), tokenizer=tokenizer,
+    s = SimpleNamespace(cfg=cfg, fn=fn, prompts=PromptSource(examples, seed=0), tokenizer=tokenizer,
                         rollouts=ScriptedRollouts(tiny_model, tokenizer, rounds), reward=RewardFn("exact"),
-                        warn=warnings.append, episodes=False,
+                        warn=warnings.append, multi_turn=False,
                         rollout_prompts=lambda examples: rollout_prompts(examples, False))
     return s, warnings
 

@@ -14,7 +14,7 @@ from rldsl.cli import app
 from rldsl.runtime.run import loop
 from rldsl.runtime.config import load_config
 from rldsl.runtime.rollout.engines.hf import HFEngine
-from rldsl.runtime.run.eval_sets import evaluate_set, load_eval_set, set_name
+from rldsl.runtime.run.eval_sets import evaluate_set, load_sets, set_name
 from rldsl.runtime.run.evaluation import k_values, pass_at_k
 from rldsl.runtime.rewards.functions import RewardFn
 
@@ -53,7 +53,7 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
 def test_set_metrics_recomputed_from_the_generated_samples(tiny_model, tokenizer, tmp_path):
     data = write_rows(tmp_path / "sums_test.jsonl", [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(10, 16)])
     reward = RewardFn("reward_helpers:parity")
-    s = load_eval_set(data, reward, tokenizer)
+    [s] = load_sets(data, load_config(None, []), reward, tokenizer)
     assert s.name == "sums_test" and len(s.examples) == 6
     engine = HFEngine(tiny_model, tokenizer)
     seen = []
@@ -233,7 +233,7 @@ def test_the_held_out_split_of_generated_data_is_also_split_by_task():
 
     cfg = load_config(None, ["data.path=reasoning_gym:basic_arithmetic=1,spell_backward=1", "eval.samples=2",
                              "rollout.max_new_tokens=8"])  # a run's config is resolved (resolve.py fills it in)
-    s = SimpleNamespace(cfg=cfg, heldout=held, rollouts=SimpleNamespace(generate=generate), episodes=False,
+    s = SimpleNamespace(cfg=cfg, heldout=held, rollouts=SimpleNamespace(generate=generate), multi_turn=False,
                         reward=RewardFn("exact"), warn=lambda m: None)
     m = eval_step.evaluate_heldout(s, 1)
     assert m["eval/greedy_acc"] == pytest.approx(float(greedy.mean())) and m["eval/sampled_acc"] == 0.5

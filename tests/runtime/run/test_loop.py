@@ -117,7 +117,7 @@ def test_metrics_read_by_progress_summary_and_plot_are_the_ones_a_run_writes(mod
     from rldsl.runtime.records import metrics
     from rldsl.runtime.records import plot
     from rldsl.runtime.ablate.report import FIGURES, run_numbers
-    from rldsl.runtime.ablate.runner import cell_state
+    from rldsl.runtime.ablate.launch import cell_state
     run = loop.train("lite_ppo", quick_config(model_dir, tmp_path / "run", **{"eval.every": 1}))
     records = read_metrics(run / "metrics.jsonl")
     written = set().union(*records)

@@ -16,7 +16,7 @@ from rldsl.runtime.config import load_config
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.rollout.episodes.env import ToolEnv
-from rldsl.runtime.rollout.episodes.rollout import run_episodes
+from rldsl.runtime.rollout.episodes.runner import run_episodes
 from rldsl.runtime.records.metrics import TOOL_CALLS_PER_EPISODE, TOOL_CALLS_WELL_FORMED, read_metrics
 from rldsl.runtime.rollout.tool_metrics import tool_call_metrics
 from rldsl.runtime.toy.calculator import SumTask, calculator

@@ -14,9 +14,9 @@ from transformers import LlamaForCausalLM
 from rldsl.runtime.batch import RolloutBatch, model_inputs
 from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import ConfigError
-from rldsl.runtime.rollout.runners import check_tools
+from rldsl.runtime.rollout.multi_turn import check_tools
 from rldsl.runtime.rewards.functions import RewardFn
-from rldsl.runtime.rollout.agents.records import Call, episode_rows
+from rldsl.runtime.rollout.agents.calls import Call, episode_rows
 from rldsl.runtime.rollout.agents.runner import AgentRunner, agent_metrics, load_agent
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
@@ -538,7 +538,7 @@ def test_an_agent_starts_from_the_rows_own_prompts() -> None:
     run.cfg = load_config(None, ["rollout.agent=agent_helpers:calc_agent"])
     example = Example(id=0, prompt="<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n", answer="3",
                       source="1+2=")
-    assert run.episodes and run.rollout_prompts([example]) == ["1+2="]
+    assert run.multi_turn and run.rollout_prompts([example]) == ["1+2="]
 
 
 def test_a_missing_openai_names_the_extra(monkeypatch) -> None:

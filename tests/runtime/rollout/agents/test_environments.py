@@ -13,7 +13,7 @@ import pytest
 
 from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import ConfigError
-from rldsl.runtime.rollout.runners import check_tools
+from rldsl.runtime.rollout.multi_turn import check_tools
 
 HERE = Path(__file__).parents[2]  # tests/runtime: the helper modules
 pytest.importorskip("openai")

@@ -13,7 +13,7 @@ from rldsl.runtime.batch import AgentRow, Episode, RolloutBatch
 from rldsl.runtime.errors import ConfigError, RunError
 from rldsl.runtime.rewards.functions import RewardFn
 from rldsl.runtime.rollout.engines.base import SamplingParams
-from rldsl.runtime.rollout.episodes.rollout import run_episodes
+from rldsl.runtime.rollout.episodes.runner import run_episodes
 from rldsl.runtime.toy.tool_model import build_tool_tokenizer
 from rldsl.runtime.train import inputs as producers
 
@@ -38,7 +38,7 @@ def tok():
 
 
 def _side(terms, step=1):
-    return producers.RolloutSide(None, terms, 8, lambda m: None, step, episodes=True)
+    return producers.RolloutSide(None, terms, 8, lambda m: None, step, multi_turn=True)
 
 
 def test_turn_rewards_land_on_the_last_token_of_their_turn(tok):

@@ -14,10 +14,10 @@ from rldsl.runtime.batch import RolloutBatch, model_inputs
 from rldsl.runtime.config import load_config
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.episodes.env import StepResult, load_env
-from rldsl.runtime.rollout.episodes.rollout import EpisodeRunner, run_episodes
-from rldsl.runtime.rollout.episodes.tools import ToolRunner, tool_schema
+from rldsl.runtime.rollout.episodes.runner import EpisodeRunner, run_episodes
+from rldsl.runtime.rollout.episodes.tools import ToolPool, tool_schema
 from rldsl.runtime.errors import ConfigError, EnvironmentFailed
-from rldsl.runtime.rollout.runners import check_tools
+from rldsl.runtime.rollout.multi_turn import check_tools
 from rldsl.runtime.rewards.functions import RewardFn
 from rldsl.runtime.toy.tool_model import build_tool_tokenizer
 
@@ -204,7 +204,7 @@ def test_a_tool_has_no_network_no_run_folder_and_an_empty_working_folder(tmp_pat
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "checkpoint.bin").write_text("the run's files")
-    runner = ToolRunner()
+    runner = ToolPool()
     runner.hide(run_dir)
     try:
         out = runner.run_many([(dial, {"port": port}), (where, {}), (peek, {"folder": str(run_dir)}),

@@ -186,7 +186,7 @@ def test_episode_tokens_are_the_models_then_the_templates_delta(family, tmp_path
 
     from rldsl.runtime.rollout.engines.base import SamplingParams
     from rldsl.runtime.models.loading import load_tokenizer
-    from rldsl.runtime.rollout.episodes.rollout import run_episodes
+    from rldsl.runtime.rollout.episodes.runner import run_episodes
 
     fixture.build_tokenizer(family).save_pretrained(tmp_path)
     tok = load_tokenizer(tmp_path)  # as a run loads it: Llama 3.1 pads with its reserved pad token
@@ -222,7 +222,7 @@ def special_marker_episode(engine) -> None:
     from tool_helpers import where
 
     from rldsl.runtime.rollout.engines.base import SamplingParams
-    from rldsl.runtime.rollout.episodes.rollout import EpisodeRunner
+    from rldsl.runtime.rollout.episodes.runner import EpisodeRunner
 
     tok = engine.tokenizer
     assert tok.decode(tok(SPECIAL_MARKER_CALL)["input_ids"], skip_special_tokens=True) == '{"name": "where"}'

@@ -10,9 +10,9 @@ from rldsl.runtime.config import load_config
 from rldsl.runtime.rollout.episodes.env import ToolEnv
 from rldsl.runtime.rollout.episodes.parsers import ToolCall, ToolCallError, parse_tool_calls
 from rldsl.runtime.rollout.episodes.tool_worker import TRUNCATED
-from rldsl.runtime.rollout.episodes.tools import ToolRunner, load_tools
+from rldsl.runtime.rollout.episodes.tools import ToolPool, load_tools
 from rldsl.runtime.errors import ConfigError
-from rldsl.runtime.rollout.runners import check_tools
+from rldsl.runtime.rollout.multi_turn import check_tools
 from rldsl.runtime.toy.calculator import calculator, hermes_call
 
 HERE = Path(__file__).parents[2]  # tests/runtime: the helper modules
@@ -36,7 +36,7 @@ def test_hermes_parser() -> None:
 @pytest.mark.slow
 def test_tools_run_apart_with_limits() -> None:
     from tool_helpers import boom, chatty, opaque, sleepy, structured
-    runner = ToolRunner()
+    runner = ToolPool()
     try:
         out = runner.run_many([(boom, {"x": 1}), (chatty, {"n": 5000}), (structured, {"n": 3}), (opaque, {"n": 1}),
                                (calculator, {"expression": "2*3"}), (calculator, {"expression": "2+3"})],

@@ -10,7 +10,7 @@ import pytest
 
 from rldsl.runtime.rollout.episodes.env import ToolEnv
 from rldsl.runtime.rollout.episodes.tool_worker import TRUNCATED
-from rldsl.runtime.rollout.episodes.tools import ToolRunner
+from rldsl.runtime.rollout.episodes.tools import ToolPool
 
 HERE = Path(__file__).parents[2]  # tests/runtime: the helper modules
 
@@ -22,10 +22,10 @@ def _helpers_importable(monkeypatch):
 
 @pytest.fixture()
 def runner():
-    made: list[ToolRunner] = []
+    made: list[ToolPool] = []
 
-    def make(workers: int) -> ToolRunner:
-        made.append(ToolRunner(workers))
+    def make(workers: int) -> ToolPool:
+        made.append(ToolPool(workers))
         return made[-1]
 
     yield make
@@ -102,7 +102,7 @@ def test_a_tools_output_is_captured_and_cut_not_printed(runner, capfd) -> None:
     max_output_chars of it under "output", the result is the return value."""
     from tool_helpers import loud
 
-    env = ToolEnv([loud], max_output_chars=200, runner=runner(1))
+    env = ToolEnv([loud], max_output_chars=200, pool=runner(1))
     result = env.step({"role": "assistant",
                        "content": '<tool_call>{"name": "loud", "arguments": {"megabytes": 5}}</tool_call>'})
     out, err = capfd.readouterr()

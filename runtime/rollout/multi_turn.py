@@ -14,8 +14,8 @@ from ..errors import ConfigError
 from ..models.loading import model_context
 from .agents.environments import agent_runner, check_agent, verifiers_examples
 from .episodes.env import load_env
-from .episodes.rollout import EpisodeRunner
-from .episodes.tools import SHARED_RUNNER, load_tools
+from .episodes.runner import EpisodeRunner
+from .episodes.tools import SHARED_TOOL_POOL, load_tools
 
 
 def check_tools(cfg: RunConfig) -> None:
@@ -70,5 +70,5 @@ def episode_runner(cfg: RunConfig, model_path: str | Path) -> Any:
         return runner
     if r.tools is None and r.env is None:
         return None
-    SHARED_RUNNER.resize(r.tool_workers)  # this process's tool pool
+    SHARED_TOOL_POOL.resize(r.tool_workers)  # this process's tool pool
     return EpisodeRunner.from_config(cfg, context=model_context(Path(model_path)))

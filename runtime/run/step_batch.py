@@ -44,12 +44,12 @@ def rollout_step(s: Run, step: int) -> StepRollout:
     producers = rollout_inputs.rollout_producers(s.fn.algorithm)
     logged = step + 1  # the step's number in metrics.jsonl and the console (``step`` counts from 0)
     side = rollout_inputs.RolloutSide(s.rollouts.generate, [(t.name, t.weight) for t in s.reward.terms],
-                                      cfg.max_new_tokens, s.warn, logged, s.episodes, s.tokenizer,
+                                      cfg.max_new_tokens, s.warn, logged, s.multi_turn, s.tokenizer,
                                       s.fn.algorithm.group_by) if producers else None
     timed_inputs: dict[str, float] = {p.time_metric: 0.0 for p in producers if p.time_metric}
     for r in range(rounds):
         used = r + 1
-        examples = s.source.next_batch(P)
+        examples = s.prompts.next_batch(P)
         reward_prompts = [e.reward_prompt for e in examples]  # rewards: the untemplated prompt
         faults.at("generate", logged)
         gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],
@@ -123,7 +123,7 @@ class StepRollouts:
         if not self.score_apart:
             return rollout_step(self.s, step)
         s, cfg = self.s, self.s.cfg
-        examples = s.source.next_batch(cfg.rollout.prompts_per_step)
+        examples = s.prompts.next_batch(cfg.rollout.prompts_per_step)
         reward_prompts = [e.reward_prompt for e in examples]
         faults.at("generate", step + 1)
         gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],

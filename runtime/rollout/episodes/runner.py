@@ -10,7 +10,7 @@ from rldsl.lazy_torch import torch  # imported at the first tensor operation: `r
 
 from ...batch import Episode, RolloutBatch
 from ...config import RunConfig
-from ...data.reasoning_gym import row_system_prompt
+from ...data.sources import system_prompt as source_system_prompt
 from ..engines.base import SamplingParams
 from ...errors import EnvironmentFailed
 from .env import Environment, ToolEnv, env_reset, env_step, load_env
@@ -186,7 +186,7 @@ class EpisodeRunner:
                    max_tool_calls=r.max_tool_calls, timeout_s=r.tool_timeout_s,
                    max_output_chars=r.tool_max_output_chars, context=context,
                    env_class=load_env(r.env) if r.env else None,
-                   system_prompt=row_system_prompt(cfg.data.path, cfg.data.system_prompt),
+                   system_prompt=source_system_prompt(cfg),
                    chat_template_kwargs=cfg.data.chat_template_kwargs)
 
     def __init__(self, tools: list, *, parser: str = "hermes", max_turns: int = 4, max_tool_calls: int = 4,
@@ -201,7 +201,7 @@ class EpisodeRunner:
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
         self.context = context
-        self.system_prompt = system_prompt  # each row's "system" (data/reasoning_gym.py row_system_prompt)
+        self.system_prompt = system_prompt  # each row's "system" (data/sources.py system_prompt)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})  # data.chat_template_kwargs
 
     def new_env(self) -> Environment:
