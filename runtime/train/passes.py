@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from rldsl import CompiledAlgorithm
 
 from ..batch import RolloutBatch, model_inputs
+from ..models import moe
 from ..models.loading import backbone
 from . import inputs as producers
 from .logprobs import token_logprobs
@@ -59,6 +60,11 @@ class ForwardPasses:
         # model.compile: a torch.compile'd view of the policy's body (the module itself is untouched,
         # so copies of it -- reference, critic, engine -- stay eager)
         self._compiled_body = torch.compile(backbone(policy), dynamic=True) if compile_policy else None
+        # a mixture-of-experts policy (models/moe.py): the forwards replay the engine's recorded
+        # experts (rollout.routing_replay) and count what the routers did (moe/* metrics)
+        self.moe = moe.is_moe(policy)
+        self.routing_replay = False
+        self.routing_stats = moe.RoutingStats()
 
     # -- logprobs
 
@@ -81,7 +87,9 @@ class ForwardPasses:
         if hidden:
             extra["return_hidden"] = True
         count = TokenCount()
-        with torch.set_grad_enabled(grad), self._autocast(model):
+        if self.moe:
+            extra["routing"] = batch.routed_experts
+        with torch.set_grad_enabled(grad), self._autocast(model), self._routing(model):
             out = self._token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
                                        entropy_grad=grad and producers.entropy_grad(self.fn.algorithm),
                                        chunk_size=self.logprob_chunk,
@@ -90,6 +98,14 @@ class ForwardPasses:
                                        packing_row_tokens=self.packing_row_tokens, count=count, **extra)
         self._tally("update" if grad else "logprobs", count, model, backward=grad)
         return out
+
+    def _routing(self, model: nn.Module) -> Any:
+        """A MoE model's forwards replay the recorded routing (``routing_replay``); the policy's
+        count into ``routing_stats`` (models/moe.py)."""
+        if not self.moe:
+            return contextlib.nullcontext()
+        return moe.routing(model, replay=self.routing_replay,
+                           stats=self.routing_stats if model is self.policy else None)
 
     def _tally(self, phase: str, count: TokenCount, model: nn.Module, backward: bool) -> None:
         """Add one forward's tokens and FLOPs to its phase's count."""
