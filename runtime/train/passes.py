@@ -107,6 +107,14 @@ class ForwardPasses:
         return moe.routing(model, replay=self.routing_replay,
                            stats=self.routing_stats if model is self.policy else None)
 
+    def _routing_metrics(self) -> dict[str, float]:
+        """``moe/*`` of the policy's forwards since the last report (models/moe.py), then reset:
+        estimate() reports its old-logprob forwards', update() its own when estimate ran none."""
+        if not self.moe:
+            return {}
+        stats, self.routing_stats = self.routing_stats, moe.RoutingStats()
+        return stats.metrics()
+
     def _tally(self, phase: str, count: TokenCount, model: nn.Module, backward: bool) -> None:
         """Add one forward's tokens and FLOPs to its phase's count."""
         dims = self._dims.get(id(model))

@@ -135,7 +135,9 @@ class Trainer(ForwardPasses):
         """
         parts = trainer_parts(cfg, fn, policy, prepare=prepare, reference_off=reference_off, tokenizer=tokenizer,
                               teacher="teacher" not in kwargs)
-        return cls(fn, policy, **parts, **kwargs)
+        trainer = cls(fn, policy, **parts, **kwargs)
+        trainer.routing_replay = cfg.rollout.routing_replay  # a MoE policy's forwards (train/passes.py)
+        return trainer
 
     # -- estimate
 
@@ -145,6 +147,7 @@ class Trainer(ForwardPasses):
         ``rewards`` are taken as float32 (the verifiers' float64 values are the records')."""
         rewards = rewards.to(torch.float32)
         self.policy.eval()
+        self._routing_metrics()  # moe/*: this rollout's forwards only
         forwards = producers.Forwards(*self._recompute(rollout))
         old, ref, values = forwards.old_logprobs, forwards.ref_logprobs, forwards.values
         mask = rollout.response_mask.float()
@@ -152,6 +155,7 @@ class Trainer(ForwardPasses):
                                **producers.estimate_inputs(self, rollout, forwards))
         metrics = dict(est.metrics)
         metrics.update(self._perf_metrics("logprobs"))
+        metrics.update(self._routing_metrics())
         valid = mask > 0
         if old is not None and valid.any():
             # train/inference mismatch: engine logprobs vs recomputed ones (both at the rollout T)
@@ -254,6 +258,8 @@ class Trainer(ForwardPasses):
                     sums[k] = sums.get(k, 0.0) + v
         out = {k: v / max(n, 1) for k, v in sums.items()}
         out.update(self._perf_metrics("update"))
+        # moe/*: estimate()'s old-logprob forward reported them; else (on-policy) the update's first
+        out.update({k: v for k, v in self._routing_metrics().items() if k not in batch.metrics})
         out.update({SKIPPED_NONFINITE: float(skipped), SKIPPED_ZERO_ADV: 0.0, OPTIMIZER_STEPS: float(steps)})
         return out
 

@@ -4,14 +4,17 @@ models (tests/fixtures/moe_model.py)."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from rldsl.runtime.config import RunConfig
+from rldsl.runtime.resolve import check_routing_replay
 from rldsl.runtime.batch import RolloutBatch, model_inputs
 from rldsl.runtime.models import moe
-from rldsl.runtime.models.loading import load_tokenizer
+from rldsl.runtime.models.loading import folder_is_moe, load_tokenizer
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.train.logprobs import token_logprobs
@@ -83,8 +86,30 @@ def _move(model, batch: RolloutBatch, lr: float = 1e-2) -> None:
 
 
 def test_config_json_says_moe(moe_model, real_model):
-    assert moe.folder_is_moe(moe_model("qwen3_moe")) and moe.folder_is_moe(moe_model("mixtral"))
-    assert moe.folder_is_moe(real_model("qwen2.5")) is False
+    assert folder_is_moe(moe_model("qwen3_moe")) and folder_is_moe(moe_model("mixtral"))
+    assert folder_is_moe(real_model("qwen2.5")) is False
+
+
+def test_dense_model_with_replay_is_refused_before_it_loads(real_model, moe_model, tmp_path, monkeypatch):
+    """rollout.routing_replay=true on a dense model: exit 2, a clear message, before any model loads
+    (config.json read); on a MoE model the same command gets past the check."""
+    from typer.testing import CliRunner
+
+    from rldsl.cli import app
+    from rldsl.runtime.models import loading
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(loading, "load_policy", no_load)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    args = ["run", "grpo", "--data", str(data), "--out", str(tmp_path / "r"), "--set", "rollout.routing_replay=true",
+            "--set", "log.progress=false", "--model"]
+    res = CliRunner().invoke(app, args + [str(real_model("qwen2.5"))])
+    assert res.exit_code == 2, res.output
+    assert "rollout.routing_replay" in res.output and "dense" in res.output and "Traceback" not in res.output
+    assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True}}),
+                                moe_model("mixtral")) is None
 
 
 @pytest.mark.parametrize("arch", ARCHS)
