@@ -160,3 +160,39 @@ def test_replay_after_the_weights_moved(moe_model, arch):
                                  pad_id=0)
     lp, _ = _logprobs(model, halves, replay=True)
     assert (lp - forced)[valid].abs().max() < 1e-6
+
+
+def test_checkpointed_queue_keeps_the_routing(moe_model):
+    """A rollout held in an asynchronous run's queue goes through a checkpoint with its routing."""
+    from rldsl.runtime.run.checkpointing import _batch_of, _plain_batch
+    _, batch = _rollout(moe_model("mixtral"))
+    back = _batch_of(_plain_batch(batch))
+    assert torch.equal(back.routed_experts, batch.routed_experts)
+
+
+def _run_moe(folder, out, replay: bool) -> list[dict]:
+    from rldsl.runtime.config import load_config
+    from rldsl.runtime.records.metrics import read_metrics
+    from rldsl.runtime.run import loop
+    cfg = load_config(None, [f"model.path={folder}", f"out={out}", "rollout.prompts_per_step=2", "rollout.n=4",
+                             "rollout.max_new_tokens=8", "train.steps=3", "data.task=addition", "eval.every=0",
+                             "checkpoint.every=0", "log.progress=false", "reward.name=reward_helpers:parity",
+                             f"rollout.routing_replay={str(replay).lower()}", "train.lr=1e-2",
+                             "rollout.max_staleness=1", "train.packing=true", "train.max_tokens_per_microbatch=48"])
+    run = loop.train("grpo", cfg)
+    return [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
+
+
+@pytest.mark.slow
+def test_async_packed_run_with_and_without_replay(moe_model, tmp_path):
+    """An asynchronous run (the batch of step s sampled by the policy of s - 1: the routers moved),
+    packed, in token-budget micro-batches: without replay the trainer routes tokens elsewhere than
+    the engine did; with it, nowhere (moe/routing_mismatch), the loads logged every step."""
+    folder = moe_model("qwen3_moe")
+    plain = _run_moe(folder, tmp_path / "plain", replay=False)
+    replayed = _run_moe(folder, tmp_path / "replay", replay=True)
+    for recs in (plain, replayed):
+        assert [r["step"] for r in recs] == [1, 2, 3]
+        assert all({"moe/routing_mismatch", "moe/expert_load_max", "moe/expert_load_cv"} <= set(r) for r in recs)
+    assert max(r["moe/routing_mismatch"] for r in plain[1:]) > 0.1
+    assert all(r["moe/routing_mismatch"] == 0.0 for r in replayed)
