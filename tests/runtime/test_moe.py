@@ -196,3 +196,78 @@ def test_async_packed_run_with_and_without_replay(moe_model, tmp_path):
         assert all({"moe/routing_mismatch", "moe/expert_load_max", "moe/expert_load_cv"} <= set(r) for r in recs)
     assert max(r["moe/routing_mismatch"] for r in plain[1:]) > 0.1
     assert all(r["moe/routing_mismatch"] == 0.0 for r in replayed)
+
+
+def _moe_config(folder, out, **over):
+    from rldsl.runtime.config import load_config
+    sets = [f"model.path={folder}", f"out={out}", "rollout.prompts_per_step=2", "rollout.n=4",
+            "rollout.max_new_tokens=6", "train.steps=3", "data.task=addition", "eval.every=0", "data.eval_size=0",
+            "checkpoint.every=0", "log.progress=false", "reward.name=reward_helpers:parity",
+            "rollout.routing_replay=true", "train.lr=1e-2", "rollout.max_staleness=1"]
+    return load_config(None, sets + [f"{k}={v}" for k, v in over.items()])
+
+
+def _steps(run) -> list[dict]:
+    from rldsl.runtime.records.metrics import read_metrics
+    return [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
+
+
+@pytest.mark.slow
+def test_lora_on_attention_of_a_moe_policy_trains_with_replay(moe_model, tmp_path):
+    """LoRA adapters on the attention projections of a Mixtral policy: they train, the experts and
+    routers stay, the replayed forwards route as the engine did."""
+    pytest.importorskip("peft")
+    from safetensors.torch import load_file
+
+    from rldsl.runtime.run import loop
+    folder = moe_model("mixtral")
+    run = loop.train("grpo", _moe_config(folder, tmp_path / "run", **{
+        "model.lora.rank": 4, "model.lora.target_modules": '["q_proj","k_proj","v_proj","o_proj"]',
+        "checkpoint.every": 3}))
+    recs = _steps(run)
+    assert [r["step"] for r in recs] == [1, 2, 3] and any(r["optimizer_steps"] > 0 for r in recs)
+    assert all(r["moe/routing_mismatch"] == 0.0 for r in recs)
+    state = load_file(str(run / "checkpoints" / "step-3" / "policy" / "model.safetensors"))
+    base = load_file(str(folder / "model.safetensors"))
+    moved = [k for k in state if ".lora_B." in k and bool(state[k].abs().sum() > 0)]
+    assert moved and all("self_attn" in k for k in moved)
+    for k, v in state.items():
+        plain = k.replace("base_model.model.", "").replace(".base_layer.", ".")
+        if "lora" not in k and plain in base:
+            assert torch.equal(v, base[plain]), k
+
+
+@pytest.mark.slow
+def test_resumed_run_with_replay_equals_the_uninterrupted_one(moe_model, tmp_path):
+    """An asynchronous run with replay stopped after step 2 (its queued rollout, routing included,
+    in the checkpoint) and resumed ends with the uninterrupted run's weights and metrics."""
+    from safetensors.torch import load_file
+
+    from rldsl.runtime.records import checkpoint as ckpt
+    from rldsl.runtime.records.metrics import TIMED
+    from rldsl.runtime.run import loop
+    folder = moe_model("qwen3_moe")
+    full = loop.train("grpo", _moe_config(folder, tmp_path / "full", **{"checkpoint.every": 1}))
+    cut = loop.train("grpo", _moe_config(folder, tmp_path / "cut", **{"checkpoint.every": 1}), stop_after=2)
+    assert ckpt.latest_checkpoint(cut).name == "step-2"
+    loop.train(None, resume=cut)
+    a, b = (load_file(str(r / "checkpoints" / "step-3" / "policy" / "model.safetensors")) for r in (full, cut))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith(TIMED)} for r in rs]  # noqa: E731
+    assert strip(_steps(full)) == strip(_steps(cut))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_checkpoint_weights_load_back_into_a_moe_model(moe_model, arch, tmp_path):
+    """save_pretrained writes a MoE's fused experts one tensor per expert (transformers 5's
+    released layout); the checkpoint loader reads them back into the fused in-memory layout."""
+    from rldsl.runtime.records.checkpoint import load_weights
+    model = AutoModelForCausalLM.from_pretrained(moe_model(arch))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    model.save_pretrained(tmp_path / "saved")
+    fresh = AutoModelForCausalLM.from_pretrained(moe_model(arch))
+    load_weights(fresh, tmp_path / "saved")
+    a, b = model.state_dict(), fresh.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
