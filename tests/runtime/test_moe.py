@@ -271,3 +271,40 @@ def test_checkpoint_weights_load_back_into_a_moe_model(moe_model, arch, tmp_path
     load_weights(fresh, tmp_path / "saved")
     a, b = model.state_dict(), fresh.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster for the two-rank case (as tests/runtime/workers/test_ray.py's)."""
+    import logging
+    import shutil
+    import tempfile
+    ray = pytest.importorskip("ray")
+    tmp = tempfile.mkdtemp(prefix="rldsl-ray-", dir="/tmp")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1", _temp_dir=tmp, logging_level=logging.WARNING)
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_two_fsdp_trainer_ranks_with_replay_equal_one_process(ray_cluster, moe_model, tmp_path):
+    """FSDP2 over 2 gloo trainer ranks (Ray actors; the driver's engine records the routing, the rollout
+    travels to the ranks, each replays its rows) = the one-process run: rewards, losses, grad
+    norms and the replayed forward's mismatch (0)."""
+    import math
+
+    from rldsl.runtime.run import loop
+    folder = moe_model("qwen3_moe")
+    common = {"train.minibatches": 2, "rollout.max_staleness": 0, "distributed.sync_timeout": 120,
+              "distributed.collective_timeout": 120, "train.steps": 1}
+    one = _steps(loop.train("grpo", _moe_config(folder, tmp_path / "one", **common)))
+    two = _steps(loop.train("grpo", _moe_config(folder, tmp_path / "two", **common, **{
+        "distributed.trainers": 2})))
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1]
+    for a, b in zip(one, two):
+        assert a["reward_mean"] == b["reward_mean"]
+        assert a["moe/routing_mismatch"] == 0.0 == b["moe/routing_mismatch"]
+        for k in ("loss", "grad_norm"):
+            assert math.isclose(a[k], b[k], rel_tol=1e-4, abs_tol=1e-5), (k, a[k], b[k])
