@@ -339,7 +339,8 @@ class CompiledAlgorithm:
              entropy_coef: Tensor | float | None = None,
              teacher_logprobs: Tensor | None = None, teacher_topk_logprobs: Tensor | None = None,
              topk_logprobs: Tensor | None = None, divergence: Tensor | None = None,
-             old_entropy: Tensor | None = None, **more: Tensor) -> LossOutput:
+             old_entropy: Tensor | None = None, router_aux: Tensor | None = None,
+             **more: Tensor) -> LossOutput:
         """Per-token tensors [B, T] -> the scalar loss to minimise, value loss and metrics.
 
         ``entropy_coef``: the coefficient of ``entropy adaptive`` for this optimizer step
@@ -362,6 +363,9 @@ class CompiledAlgorithm:
 
         ``old_entropy``: the old policy's per-token entropy [B, T] (from the forward that made
         ``old_logprobs``), read by a formula as ``old_ent`` (Entropy-Ratio Clipping).
+
+        ``router_aux``: a mixture-of-experts policy's per-token router load-balancing loss [B, T]
+        (with gradient), what ``router balance`` reads (docs/moe.md).
         """
         algo = self.algorithm
         given = self._given("loss", {**locals(), **self._more("loss", "loss", more)})

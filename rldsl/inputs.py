@@ -172,6 +172,11 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("divergence", ("loss",), "[B, T]", "float32",
           "the generalized JSD of the policy from the teacher over the whole vocabulary at each response "
           "position (with gradient; the spec's beta and temperature)", "update", arg="jsd", teacher=True),
+    Input("router_aux", ("loss",), "[B, T]", "float32",
+          "a mixture-of-experts policy's router load-balancing loss (E sum_e f_e p_e, averaged over the "
+          "MoE layers: f_e the forward's share of top-k picks on expert e, p_e the token's router "
+          "probability) of the token at the position that predicts each response token, with gradient "
+          "to the routers", "update"),
 ]}
 
 

@@ -118,6 +118,8 @@ class RoutingStats:
     mismatched: int = 0
     drift: int = 0
     counts: list[Tensor] = field(default_factory=list)  # per layer [E] of the experts used
+    aux_total: float = 0.0  # the load-balancing loss of each (forward, layer), summed
+    aux_calls: int = 0
 
     def add_counts(self, layer: int, idx: Tensor, experts: int) -> None:
         c = torch.bincount(idx.reshape(-1).long(), minlength=experts).to("cpu", torch.float64)
@@ -128,11 +130,14 @@ class RoutingStats:
     def metrics(self) -> dict[str, float]:
         """``moe/routing_mismatch``, ``moe/router_drift`` (when routing was recorded),
         ``moe/expert_load_max`` (the busiest expert's share times E, the largest over layers; 1 =
-        even) and ``moe/expert_load_cv`` (std / mean of the experts' counts, mean over layers)."""
+        even), ``moe/expert_load_cv`` (std / mean of the experts' counts, mean over layers) and
+        ``moe/aux_loss`` (the routers' load-balancing loss, mean over forwards and layers)."""
         out: dict[str, float] = {}
         if self.recorded:
             out["moe/routing_mismatch"] = self.mismatched / self.recorded
             out["moe/router_drift"] = self.drift / self.recorded
+        if self.aux_calls:
+            out["moe/aux_loss"] = self.aux_total / self.aux_calls
         layers = [c for c in self.counts if float(c.sum()) > 0]
         if layers:
             out["moe/expert_load_max"] = max(float(c.max() / c.mean()) for c in layers)
@@ -146,7 +151,9 @@ class _Feed:
 
     replay: bool = False
     stats: RoutingStats | None = None
-    aux: list[Tensor] | None = None  # router logits [N_real, E] per layer, for the aux loss
+    aux: bool = False  # keep the routers' probabilities with gradient (the aux loss is trained)
+    layers: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # per layer: probs [N, E], picks [E]
+    layers_real: Tensor | None = None  # [N] the real tokens of the call ``layers`` are of
     current: Tensor | None = None  # [N, Y, K] recorded routing of the tokens of this body call
     real: Tensor | None = None  # [N] bool: real tokens (not padding) of this body call
 
@@ -175,8 +182,12 @@ def _gate_hook(module: nn.Module, args: tuple, output: Any) -> Any:
             feed.stats.mismatched += int(used.sum())
     if feed.stats is not None:
         feed.stats.add_counts(layer, idx[real], int(logits.shape[-1]))
-    if feed.aux is not None:
-        feed.aux.append(logits[real])
+    if feed.aux is not None or feed.stats is not None:
+        E = logits.shape[-1]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [N, E]
+        if feed.aux is None:
+            probs = probs.detach()
+        feed.layers.append((probs, torch.bincount(natural[real].reshape(-1), minlength=E)))
     if idx is natural:
         return None
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [N, E]
@@ -184,6 +195,19 @@ def _gate_hook(module: nn.Module, args: tuple, output: Any) -> Any:
     if getattr(module, "norm_topk_prob", True):
         w = w / w.sum(dim=-1, keepdim=True)
     return logits, w.to(weights.dtype), idx
+
+
+def _balance_terms(layers: list[tuple[Tensor, Tensor]], real: Tensor) -> Tensor:
+    """[N] each token's share of the load-balancing loss E sum_e f_e P_e as transformers'
+    ``load_balancing_loss_func`` computes it over the real tokens of all the MoE layers together:
+    f_e the share of the router's own top-k picks on expert e over every layer (no gradient), P_e
+    the mean router probability; a_t = E sum_e f_e p_te averaged over the layers, 0 on tokens that
+    are not real, so the mean of a over the real tokens is that loss."""
+    probs = torch.stack([p for p, _ in layers])  # [Y, N, E]
+    counts = torch.stack([c for _, c in layers]).sum(0).to(probs.dtype)  # [E]
+    Y, _, E = probs.shape
+    f = counts / max(int(real.sum()) * Y, 1)  # [E] (sums to K)
+    return torch.where(real, E * (probs * f).sum(-1).mean(0), 0.0)
 
 
 def install(model: nn.Module) -> _Feed:
@@ -206,14 +230,15 @@ def install(model: nn.Module) -> _Feed:
 def active(model: nn.Module) -> bool:
     """A forward of ``model`` now runs with its routing fed or measured (:func:`routing`)."""
     feed = getattr(model, "_rldsl_moe_feed", None)
-    return feed is not None and (feed.replay or feed.stats is not None or feed.aux is not None)
+    return feed is not None and (feed.replay or feed.stats is not None or feed.aux)
 
 
 @contextlib.contextmanager
 def routing(model: nn.Module, *, replay: bool, stats: RoutingStats | None,
-            aux: list[Tensor] | None = None) -> Iterator[None]:
+            aux: bool = False) -> Iterator[None]:
     """The forwards of ``model`` inside replay the recorded routing (``replay``), count into
-    ``stats`` and keep the router logits in ``aux`` (each body call through :func:`feeding`)."""
+    ``stats`` (the load-balancing loss too) and, with ``aux``, keep the routers' probabilities
+    with gradient for :func:`balance` (each body call through :func:`feeding`)."""
     feed = install(model)
     before = (feed.replay, feed.stats, feed.aux)
     feed.replay, feed.stats, feed.aux = replay, stats, aux
@@ -233,10 +258,27 @@ def feeding(model: nn.Module, recorded: Tensor | None, real: Tensor) -> Iterator
     feed: _Feed = model._rldsl_moe_feed  # type: ignore[attr-defined]
     feed.current = recorded if feed.replay or feed.stats is not None else None
     feed.real = real.reshape(-1).bool()
+    feed.layers, feed.layers_real = [], feed.real
     try:
         yield
+        if feed.stats is not None and feed.layers and bool(feed.real.any()):
+            terms = _balance_terms([(p.detach(), c) for p, c in feed.layers], feed.real)
+            feed.stats.aux_total += float(terms[feed.real].mean())
+            feed.stats.aux_calls += 1
     finally:
         feed.current, feed.real = None, None
+        if not feed.aux:
+            feed.layers, feed.layers_real = [], None
+
+
+def balance(model: nn.Module) -> Tensor | None:
+    """[N] the last body call's per-token load-balancing loss, averaged over the MoE layers (with
+    gradient); None outside :func:`routing` with ``aux``."""
+    feed = getattr(model, "_rldsl_moe_feed", None)
+    if feed is None or not feed.aux or not feed.layers:
+        return None
+    assert feed.layers_real is not None
+    return _balance_terms(feed.layers, feed.layers_real)
 
 
 def load_balancing_loss(logits: list[Tensor], top_k: int) -> Tensor:

@@ -381,6 +381,7 @@ def token_logprobs(
     gather_ids: torch.Tensor | None = None,
     return_hidden: bool = False,
     routing: torch.Tensor | None = None,
+    with_router_aux: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Logprobs (and entropies) of the last ``num_response_tokens`` tokens of each row.
 
@@ -411,6 +412,9 @@ def token_logprobs(
     [B*Tr, H] the head ran on (with gradient), last (a divergence over the vocabulary reads them).
     ``routing`` [B, T, Y, K]: a mixture-of-experts policy's recorded experts of each token,
     replayed or measured inside ``models.moe.routing`` (padded and packed forwards alike).
+    ``with_router_aux``: also return each response token's load-balancing loss [B, Tr] (with
+    gradient; that of the token fed at the position predicting it: ``models.moe.balance``), before
+    the hidden states (inside ``models.moe.routing`` with ``aux``).
     """
     B, T = input_ids.shape
     Tr = num_response_tokens
@@ -428,6 +432,8 @@ def token_logprobs(
                                None if routing is None else routing.reshape(B * T, *routing.shape[2:]),
                                model)  # [M, H] real response tokens only
         targets = input_ids.reshape(-1).index_select(0, packed.target)  # [M]
+        aux = moe.balance(model) if with_router_aux else None  # [R*S]
+        router_aux = None if aux is None else packed.scatter(aux.index_select(0, packed.predictor), B, Tr)
         computed = packed.computed_tokens
     else:
         hidden = None
@@ -444,6 +450,8 @@ def token_logprobs(
                     use_cache=False,
                 )
             hidden = out.last_hidden_state[:, T - Tr - 1 :]  # [B, Tr, H] states predicting the response
+        aux = moe.balance(model) if with_router_aux else None  # [B*(T-1)]
+        router_aux = None if aux is None else aux.view(B, T - 1)[:, T - Tr - 1:]  # [B, Tr]
         hidden = hidden.reshape(B * Tr, -1)  # [B*Tr, H]
         targets = input_ids[:, T - Tr :].reshape(B * Tr)  # [B*Tr]
     if count is not None:
@@ -473,6 +481,8 @@ def token_logprobs(
         out += (spp.view(B, Tr).detach(),)
     if gather_ids is not None:
         out += (extra.view(B, Tr, -1),)
+    if with_router_aux:
+        out += (router_aux if router_aux is not None else logprob.new_zeros(B, Tr),)
     if return_hidden:
         out += (hidden,)
     return out  # type: ignore[return-value]

@@ -73,10 +73,12 @@ class ForwardPasses:
 
     def _logprobs(self, model: nn.Module, batch: RolloutBatch, *, grad: bool,
                   entropy: bool, groups: bool = True, sum_pi_squared: bool = False,
-                  gather_ids: Tensor | None = None, hidden: bool = False) -> tuple[Tensor, ...]:
+                  gather_ids: Tensor | None = None, hidden: bool = False,
+                  router_aux: bool = False) -> tuple[Tensor, ...]:
         """(logprobs, entropy or None) [b, Tr], and sum_v pi_v^2 [b, Tr] with ``sum_pi_squared``;
         with ``gather_ids`` [b, Tr, J] also the logprobs of those tokens [b, Tr, J]; with
-        ``hidden`` also the hidden states [b*Tr, H] the head ran on, last."""
+        ``hidden`` also the hidden states [b*Tr, H] the head ran on, last; with ``router_aux`` each
+        response token's load-balancing loss [b, Tr] (with gradient) before them."""
         ids, attn, pos = model_inputs(batch)
         Tr = batch.response_ids.shape[1]
         extra: dict[str, Any] = {"with_sum_pi_squared": True} if sum_pi_squared else {}
@@ -89,7 +91,9 @@ class ForwardPasses:
         count = TokenCount()
         if self.moe:
             extra["routing"] = batch.routed_experts
-        with torch.set_grad_enabled(grad), self._autocast(model), self._routing(model):
+        if router_aux:
+            extra["with_router_aux"] = True
+        with torch.set_grad_enabled(grad), self._autocast(model), self._routing(model, router_aux):
             out = self._token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
                                        entropy_grad=grad and producers.entropy_grad(self.fn.algorithm),
                                        chunk_size=self.logprob_chunk,
@@ -99,13 +103,14 @@ class ForwardPasses:
         self._tally("update" if grad else "logprobs", count, model, backward=grad)
         return out
 
-    def _routing(self, model: nn.Module) -> Any:
+    def _routing(self, model: nn.Module, aux: bool = False) -> Any:
         """A MoE model's forwards replay the recorded routing (``routing_replay``); the policy's
-        count into ``routing_stats`` (models/moe.py)."""
+        count into ``routing_stats`` and, with ``aux``, keep each token's load-balancing loss
+        (models/moe.py)."""
         if not self.moe:
             return contextlib.nullcontext()
         return moe.routing(model, replay=self.routing_replay,
-                           stats=self.routing_stats if model is self.policy else None)
+                           stats=self.routing_stats if model is self.policy else None, aux=aux)
 
     def _routing_metrics(self) -> dict[str, float]:
         """``moe/*`` of the policy's forwards since the last report (models/moe.py), then reset:

@@ -341,9 +341,10 @@ class Trainer(ForwardPasses):
         if batch.teacher is not None and batch.teacher.topk_ids is not None:
             teacher_ids = batch.teacher.topk_ids[rows][:, :tr].to(sub.response_ids.device)
         jsd = self.fn.data.jsd_beta is not None and batch.teacher is not None
+        aux = producers.reads_router_aux(self.fn.algorithm)
         logp, ent, *more = self._logprobs(self.policy, sub, grad=torch.is_grad_enabled(), entropy=True,
-                                          groups=groups, gather_ids=teacher_ids, hidden=jsd)
-        return {"logp": logp, "ent": ent,
+                                          groups=groups, gather_ids=teacher_ids, hidden=jsd, router_aux=aux)
+        return {"logp": logp, "ent": ent, "router_aux": more[int(teacher_ids is not None)] if aux else None,
                 "topk": more[0] if teacher_ids is not None else None,
                 "divergence": self._divergence(more[-1], batch, rows, tr) if jsd else None,
                 "values": self._values(sub, tr) if self.fn.algorithm.uses_critic else None}
@@ -381,7 +382,7 @@ class Trainer(ForwardPasses):
         logp = fwd["logp"]
         assert logp is not None
         micro = producers.Micro(batch, sub, rows, tr, fwd["ent"], fwd["values"], entropy_coef, fwd["topk"],
-                                fwd["divergence"])
+                                fwd["divergence"], fwd.get("router_aux"))
         old = micro.cols(batch.old_logprobs) if batch.old_logprobs is not None else logp.detach()
         mask = micro.cols(batch.mask)
         out = fn.loss(logp, old, micro.cols(batch.advantages), mask, denominator=denom,

@@ -239,22 +239,27 @@ def test_lora_on_attention_of_a_moe_policy_trains_with_replay(moe_model, tmp_pat
 
 @pytest.mark.slow
 def test_resumed_run_with_replay_equals_the_uninterrupted_one(moe_model, tmp_path):
-    """An asynchronous run with replay stopped after step 2 (its queued rollout, routing included,
-    in the checkpoint) and resumed ends with the uninterrupted run's weights and metrics."""
+    """An asynchronous run with replay and `router balance` (the routers' load-balancing loss, its
+    value logged as moe/aux_loss) stopped after step 2 (its queued rollout, routing included, in the
+    checkpoint) and resumed ends with the uninterrupted run's weights and metrics."""
     from safetensors.torch import load_file
 
     from rldsl.runtime.records import checkpoint as ckpt
     from rldsl.runtime.records.metrics import TIMED
     from rldsl.runtime.run import loop
     folder = moe_model("qwen3_moe")
-    full = loop.train("grpo", _moe_config(folder, tmp_path / "full", **{"checkpoint.every": 1}))
-    cut = loop.train("grpo", _moe_config(folder, tmp_path / "cut", **{"checkpoint.every": 1}), stop_after=2)
+    spec = tmp_path / "grpo_balanced.rl"  # GRPO with the routers' load-balancing loss
+    spec.write_text("algorithm grpo_balanced\n  baseline group_mean\n  normalizer group_std(eps=1e-6)\n"
+                    "  objective ppo\n  trust_region clip(low=0.2, high=0.2)\n  router balance(coef=0.01)\n")
+    full = loop.train(str(spec), _moe_config(folder, tmp_path / "full", **{"checkpoint.every": 1}))
+    cut = loop.train(str(spec), _moe_config(folder, tmp_path / "cut", **{"checkpoint.every": 1}), stop_after=2)
     assert ckpt.latest_checkpoint(cut).name == "step-2"
     loop.train(None, resume=cut)
     a, b = (load_file(str(r / "checkpoints" / "step-3" / "policy" / "model.safetensors")) for r in (full, cut))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith(TIMED)} for r in rs]  # noqa: E731
     assert strip(_steps(full)) == strip(_steps(cut))
+    assert all(r["moe/aux_loss"] > 0 for r in _steps(full))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -308,3 +313,22 @@ def test_two_fsdp_trainer_ranks_with_replay_equal_one_process(ray_cluster, moe_m
         assert a["moe/routing_mismatch"] == 0.0 == b["moe/routing_mismatch"]
         for k in ("loss", "grad_norm"):
             assert math.isclose(a[k], b[k], rel_tol=1e-4, abs_tol=1e-5), (k, a[k], b[k])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_router_aux_is_the_load_balancing_loss(moe_model, arch):
+    """The per-token terms of `router balance` average to transformers' load_balancing_loss_func
+    over the same tokens (one row, no padding), and carry the routers' gradient."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    model = AutoModelForCausalLM.from_pretrained(moe_model(arch))
+    ids = torch.randint(0, 200, (1, 12))
+    attn = torch.ones_like(ids)
+    with moe.routing(model, replay=False, stats=None, aux=True):
+        lp, _, aux = token_logprobs(model, ids, attn, 11, with_router_aux=True)
+    out = model(ids, output_router_logits=True)
+    E, K = model.config.num_local_experts, model.config.num_experts_per_tok
+    # the padded forward feeds ids[:, :-1]: the reference sees those tokens
+    ref = load_balancing_loss_func(tuple(g[:11] for g in out.router_logits), E, K)
+    assert torch.allclose(aux.mean(), ref, atol=1e-6), (float(aux.mean()), float(ref))
+    aux.mean().backward()
+    assert all(g.weight.grad is not None and bool(g.weight.grad.abs().sum() > 0) for g in moe.routers(model))
