@@ -25,7 +25,6 @@ top_k_index, top_k_weights)``.
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -279,30 +278,3 @@ def balance(model: nn.Module) -> Tensor | None:
         return None
     assert feed.layers_real is not None
     return _balance_terms(feed.layers, feed.layers_real)
-
-
-def load_balancing_loss(logits: list[Tensor], top_k: int) -> Tensor:
-    """The routers' auxiliary load-balancing loss (Switch Transformer, as transformers'
-    ``load_balancing_loss_func`` without a mask: the real tokens only are given), over layers:
-    E * sum_e f_e P_e, f_e the share of the top-k picks on expert e, P_e its mean probability,
-    averaged over the layers' tokens together."""
-    z = torch.cat([x.float() for x in logits], dim=0)  # [sum N, E]
-    E = z.shape[-1]
-    probs = torch.softmax(z, dim=-1)
-    picks = F.one_hot(torch.topk(probs, top_k, dim=-1).indices, E).float()  # [N, K, E]
-    tokens_per_expert = picks.mean(dim=0)  # [K, E]
-    prob_per_expert = probs.mean(dim=0)  # [E]
-    return (tokens_per_expert * prob_per_expert[None]).sum() * E
-
-
-def top_k(model: nn.Module) -> int:
-    return int(routers(model)[0].top_k)
-
-
-def mismatch(a: Tensor, b: Tensor) -> float:
-    """The fraction of (token, layer) pairs recorded in both [.., Y, K] whose top-k sets differ."""
-    has = (a >= 0).all(-1) & (b >= 0).all(-1)
-    if not bool(has.any()):
-        return math.nan
-    differs = (a.sort(-1).values != b.sort(-1).values).any(-1)
-    return float(differs[has].float().mean())
