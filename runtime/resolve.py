@@ -316,9 +316,17 @@ def microbatch_note(cfg: RunConfig, longest_prompt: int) -> str | None:
 # ----------------------------------------------------------------------------- resolve
 
 def check_routing_replay(cfg: RunConfig, model_path: Path) -> None:
-    """``rollout.routing_replay`` needs a mixture-of-experts policy: its config.json declares
-    routed experts (docs/moe.md); a dense one is refused before it loads."""
-    if cfg.rollout.routing_replay and folder_is_moe(model_path) is False:
+    """``rollout.routing_replay`` needs a mixture-of-experts policy (its config.json declares
+    routed experts) and an engine that records its routing: the HF engine's single-turn
+    completions (docs/moe.md); anything else is refused before a model loads."""
+    r = cfg.rollout
+    if r.routing_replay and r.engine == "vllm":
+        raise ConfigError("rollout.routing_replay=true: the vLLM engine does not record the experts it routes "
+                          "each token to yet (docs/moe.md): use rollout.engine=hf, or drop rollout.routing_replay")
+    if r.routing_replay and (r.tools is not None or r.env is not None or r.agent is not None):
+        raise ConfigError("rollout.routing_replay=true: multi-turn episodes and agents (rollout.tools, rollout.env, "
+                          "rollout.agent) carry no recorded routing yet (docs/moe.md): drop rollout.routing_replay")
+    if r.routing_replay and folder_is_moe(model_path) is False:
         raise ConfigError(f"rollout.routing_replay=true replays the experts a mixture-of-experts model routed "
                           f"each token to, and the model at {model_path} is dense (its config.json declares no "
                           "experts: num_local_experts / num_experts / n_routed_experts): drop rollout.routing_replay")

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rldsl.runtime.config import RunConfig
+from rldsl.runtime.errors import ConfigError
 from rldsl.runtime.resolve import check_routing_replay
 from rldsl.runtime.batch import RolloutBatch, model_inputs
 from rldsl.runtime.models import moe
@@ -110,6 +111,10 @@ def test_dense_model_with_replay_is_refused_before_it_loads(real_model, moe_mode
     assert "rollout.routing_replay" in res.output and "dense" in res.output and "Traceback" not in res.output
     assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True}}),
                                 moe_model("mixtral")) is None
+    for over, words in (({"engine": "vllm"}, "vLLM engine"), ({"tools": "real_tools:get_weather"}, "multi-turn")):
+        cfg = RunConfig.model_validate({"rollout": {"routing_replay": True, **over}})
+        with pytest.raises(ConfigError, match=words):
+            check_routing_replay(cfg, moe_model("mixtral"))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
