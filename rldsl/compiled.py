@@ -340,6 +340,7 @@ class CompiledAlgorithm:
              teacher_logprobs: Tensor | None = None, teacher_topk_logprobs: Tensor | None = None,
              topk_logprobs: Tensor | None = None, divergence: Tensor | None = None,
              old_entropy: Tensor | None = None, sequence_rewards: Tensor | None = None,
+             router_aux: Tensor | None = None,
              **more: Tensor) -> LossOutput:
         """Per-token tensors [B, T] -> the scalar loss to minimise, value loss and metrics.
 
@@ -366,6 +367,9 @@ class CompiledAlgorithm:
 
         ``sequence_rewards``: each row's reward [B] as ``estimate()`` received it, read by a
         formula as ``reward`` (an NLL on the correct answers, docs/new_algorithms.md).
+
+        ``router_aux``: a mixture-of-experts policy's per-token router load-balancing loss [B, T]
+        (with gradient), what ``router balance`` reads (docs/moe.md).
         """
         algo = self.algorithm
         given = self._given("loss", {**locals(), **self._more("loss", "loss", more)})

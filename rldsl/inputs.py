@@ -175,6 +175,11 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("sequence_rewards", ("loss",), "[B]", "float32",
           "each sequence's reward as estimate() received it (before shaping; 0 for a failed reward, whose "
           "row has no loss tokens)", "rollout", arg="seq_reward", formula="reward", slots=_POLICY_SLOTS),
+    Input("router_aux", ("loss",), "[B, T]", "float32",
+          "a mixture-of-experts policy's router load-balancing loss (E sum_e f_e p_e, averaged over the "
+          "MoE layers: f_e the forward's share of top-k picks on expert e, p_e the token's router "
+          "probability) of the token at the position that predicts each response token, with gradient "
+          "to the routers", "update"),
 ]}
 
 

@@ -127,6 +127,11 @@ class RolloutBatch:
                     (``teacher.context_key``: its prompt with a data column in it), set where the
                     batch is made (run/step_batch.py); the teacher scores the same response tokens
                     after it (train/teachers.py ``privileged``); empty = the row's own prompt
+    routed_experts  [B, Tp + Tr, Y, K] int16 (a mixture-of-experts policy): the experts the engine
+                    routed each token to in each of the Y sparse layers, aligned with
+                    ``model_inputs``' columns; -1 where nothing was recorded (padding, a response's
+                    last token, an engine that cannot record); None = not recorded
+                    (runtime/models/moe.py, ``rollout.routing_replay``)
     """
 
     prompt_ids: torch.Tensor
@@ -150,6 +155,7 @@ class RolloutBatch:
     reward_terms: dict[str, torch.Tensor] = field(default_factory=dict)
     # a privileged teacher's prompt of each row (teacher.context_key), as token ids; empty = none
     teacher_prompt_ids: list[list[int]] = field(default_factory=list)
+    routed_experts: torch.Tensor | None = None
 
     @property
     def attention(self) -> torch.Tensor:
@@ -178,7 +184,9 @@ class RolloutBatch:
                             [self.episodes[i] for i in keep] if self.episodes else [],
                             None if self.token_versions is None else self.token_versions[rows],
                             {k: v[rows] for k, v in self.reward_terms.items()},
-                            [self.teacher_prompt_ids[i] for i in keep] if self.teacher_prompt_ids else [])
+                            [self.teacher_prompt_ids[i] for i in keep] if self.teacher_prompt_ids else [],
+                            None if self.routed_experts is None else self.routed_experts[rows.to(
+                                self.routed_experts.device)])
 
     def select_groups(self, groups: Sequence[int]) -> "RolloutBatch":
         """The batch of whole prompt groups (group g = rows g*G .. g*G+G-1)."""
@@ -235,6 +243,8 @@ class RolloutBatch:
                           if all(k in b.reward_terms for b in batches)},
             teacher_prompt_ids=sum((b.teacher_prompt_ids for b in batches), [])
             if all(b.teacher_prompt_ids for b in batches) else [],
+            routed_experts=None if any(b.routed_experts is None for b in batches) else
+            torch.cat([_pad_routing(b, Tp, Tr) for b in batches]),
         )
 
 
@@ -265,6 +275,15 @@ class StepRollout:
         if self.rewards is None:
             raise ValueError("this rollout is not scored yet")
         return self.rewards
+
+
+def _pad_routing(b: RolloutBatch, Tp: int, Tr: int) -> torch.Tensor:
+    """``b.routed_experts`` [b, Tp_b + Tr_b, Y, K] padded (with -1) to [b, Tp + Tr, Y, K]: on the
+    left of the prompt columns, the right of the response ones."""
+    r = b.routed_experts
+    assert r is not None
+    tp, tr = b.prompt_ids.shape[1], b.response_ids.shape[1]
+    return torch.nn.functional.pad(r, (0, 0, 0, 0, Tp - tp, Tr - tr), value=-1)
 
 
 def _per_row(name: str) -> bool:

@@ -450,6 +450,12 @@ class RolloutConfig(_Section):
     max_tool_calls: int = Field(default=4, ge=1,
                                 description="Most tool calls run per assistant turn; extra ones "
                                             "get an error message.")
+    routing_replay: bool = Field(
+        default=False,
+        description="Mixture-of-experts policies: the trainer's forwards (old-logprob, reference, "
+                    "update) route each token to the experts the engine recorded for it, not to "
+                    "those its router picks now (R3; docs/moe.md). A dense model (its config.json "
+                    "declares no experts) is refused. The moe/* metrics are logged either way.")
     tool_parser: Literal["hermes", "llama3_json"] = Field(
         default="hermes", description="How tool calls are read from the model's text: 'hermes' "
                                       "(<tool_call>{json}</tool_call>, Hermes / Qwen); 'llama3_json' "

@@ -32,7 +32,7 @@ from .config import RunConfig
 from .data import reasoning_gym as rg
 from .data.sources import default_reward, default_tools, max_new_tokens, reward_origin, source_of
 from .errors import ConfigError, RunError
-from .models.loading import load_tokenizer, model_context
+from .models.loading import folder_is_moe, load_tokenizer, model_context
 from .rewards.functions import RewardFn, with_answer_format
 # source_of() reads the table of prompt sources: importing these modules registers their rows
 # (a verifiers taskset's; the built-in tasks') before the first run is resolved
@@ -303,6 +303,23 @@ def microbatch_note(cfg: RunConfig, longest_prompt: int) -> str | None:
 
 # ----------------------------------------------------------------------------- resolve
 
+def check_routing_replay(cfg: RunConfig, model_path: Path) -> None:
+    """``rollout.routing_replay`` needs a mixture-of-experts policy (its config.json declares
+    routed experts) and an engine that records its routing: the HF engine's single-turn
+    completions (docs/moe.md); anything else is refused before a model loads."""
+    r = cfg.rollout
+    if r.routing_replay and r.engine == "vllm":
+        raise ConfigError("rollout.routing_replay=true: the vLLM engine does not record the experts it routes "
+                          "each token to yet (docs/moe.md): use rollout.engine=hf, or drop rollout.routing_replay")
+    if r.routing_replay and (r.tools is not None or r.env is not None or r.agent is not None):
+        raise ConfigError("rollout.routing_replay=true: multi-turn episodes and agents (rollout.tools, rollout.env, "
+                          "rollout.agent) carry no recorded routing yet (docs/moe.md): drop rollout.routing_replay")
+    if r.routing_replay and folder_is_moe(model_path) is False:
+        raise ConfigError(f"rollout.routing_replay=true replays the experts a mixture-of-experts model routed "
+                          f"each token to, and the model at {model_path} is dense (its config.json declares no "
+                          "experts: num_local_experts / num_experts / n_routed_experts): drop rollout.routing_replay")
+
+
 def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str],
             model_label: str | None = None) -> tuple[RunConfig, list[str]]:
     """(the config that runs, frozen; the notes to print at the start of the run).
@@ -314,6 +331,7 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
     rendered prompts, tokenized with ``tokenizer``). Call it before ``config.json`` is written:
     the saved config is then what ran, and resuming from it changes nothing.
     """
+    check_routing_replay(cfg, model_path)
     notes: list[str] = []
     if cfg.reward.name is None:  # plan_run settles it before building the reward; a direct call here
         cfg, note = settle_reward(cfg)

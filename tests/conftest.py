@@ -93,3 +93,19 @@ def tool_model(tmp_path_factory):
     small = tool_model_config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
     torch.set_num_threads(1)
     return tool_warm_start(config, model_config=small, cache=tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="session")
+def moe_model(tmp_path_factory) -> Callable[[str], Path]:
+    """``moe_model("qwen3_moe")`` / ``moe_model("mixtral")`` -> an HF folder of a tiny random
+    mixture-of-experts model (tests/fixtures/moe_model.py), built once per session."""
+    import moe_model as fixture
+
+    built: dict[str, Path] = {}
+
+    def get(arch: str = "qwen3_moe") -> Path:
+        if arch not in built:
+            built[arch] = fixture.build_moe_model(arch, tmp_path_factory.mktemp(f"moe-{arch}"))
+        return built[arch]
+
+    return get

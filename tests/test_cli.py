@@ -216,7 +216,7 @@ def test_explain_diff_is_a_plain_text_diff_with_identical_slots_folded(monkeypat
                 for line in rest:  # a formula over several lines continues under its first line
                     assert any(ln.strip() == line for ln in out), (slot, label, line)
     same = ["rewards", "baseline", "normalizer", "filter", "correction", "ratio", "objective", "distill",
-            "selection", "entropy", "critic"]
+            "selection", "entropy", "router", "critic"]
     assert not any(ln.startswith("= ") and ln.split()[1] in same for ln in out if "not shown" not in ln)
     assert f"= {len(same)} identical slot(s) not shown (--all shows them): {', '.join(same)}" in out
     assert out[-1] == "5 slot(s) differ"

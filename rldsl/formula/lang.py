@@ -138,6 +138,8 @@ NOT_FORMULAS: dict[str, str] = {
     "distill": "its components read the teacher's top-k and vocabulary-wide divergence and carry the "
                "parameters that place it in the loss; a formula reads the teacher's logprobs as "
                "teacher_logp in the objective, kl, ratio, trust_region and selection slots instead",
+    "router": "its one term is the routers' load-balancing loss the trainer's forward makes (a coefficient "
+              "times router_aux); a formula has nothing else to compute from",
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
@@ -182,3 +183,21 @@ def model_context(path: Path) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
+
+
+#: config.json keys that give a mixture-of-experts model its number of routed experts
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def is_moe_config(config: dict[str, Any]) -> bool:
+    """Whether a config.json (as a dict; a VLM's ``text_config`` too) declares routed experts."""
+    parts = [config] + [v for k, v in config.items() if k.endswith("_config") and isinstance(v, dict)]
+    return any(isinstance(p.get(k), int) and p.get(k, 0) > 1 for p in parts for k in EXPERT_KEYS)
+
+
+def folder_is_moe(folder: str | Path) -> bool | None:
+    """Whether the model folder's config.json declares experts; None when there is no config.json."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return None
+    return is_moe_config(json.loads(path.read_text()))

@@ -564,6 +564,11 @@ def load_weights(model: torch.nn.Module, directory: str | os.PathLike[str]) -> N
     state = read_weights(directory)
     own = model.state_dict()
     unexpected = sorted(set(state) - set(own))
+    if unexpected and hasattr(model, "from_pretrained") and (Path(directory) / "config.json").is_file():
+        # transformers 5 saves some modules in their released layout, not their in-memory one
+        # (a MoE's fused experts as one tensor per expert): read the folder through its conversions
+        state = type(model).from_pretrained(str(directory)).state_dict()
+        unexpected = sorted(set(state) - set(own))
     if unexpected:
         raise KeyError(f"{directory} holds weights the model does not have: {unexpected[:5]}"
                        + (" ..." if len(unexpected) > 5 else ""))

@@ -81,6 +81,7 @@ class Micro:
     entropy_coef: Tensor | None  # [] this optimizer step's coefficient
     topk: Tensor | None = None   # [b, tr, J] the update forward's logprobs of the teacher's top-k tokens
     divergence: Tensor | None = None  # [b, tr] the update forward's JSD from the teacher (with gradient)
+    router_aux: Tensor | None = None  # [b, tr] a MoE policy's per-token load-balancing loss (with gradient)
 
     def cols(self, t: Tensor | None) -> Tensor | None:
         """The micro-batch's rows and columns of a [B, Tr] tensor of the step."""
@@ -115,6 +116,12 @@ def old_policy_statistics(algo: Algorithm) -> list[str]:
     a formula reading ``old_ent``)."""
     reads = set(algo.needs())
     return [x for x in OLD_POLICY_STATISTICS if x in reads]
+
+
+def reads_router_aux(algo: Algorithm) -> bool:
+    """The loss reads the routers' load-balancing loss (``router balance``): the update forward
+    keeps it per token (models/moe.py)."""
+    return "router_aux" in algo.needs("loss")
 
 
 def entropy_grad(algo: Algorithm) -> bool:
@@ -375,6 +382,7 @@ UPDATE: dict[str, Callable[[Trainer, Micro], Any]] = {
     "topk_logprobs": lambda tr, m: m.topk,
     "divergence": lambda tr, m: m.divergence,
     "sequence_rewards": lambda tr, m: torch.nan_to_num(m.batch.rewards[m.rows], nan=0.0),
+    "router_aux": lambda tr, m: m.router_aux,
 }
 
 

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from ..batch import position_ids_from_mask
+from ..models import moe
 from ..models.loading import backbone, cache_keyword, plain_kv_cache
 from .packing import PackedRows, packed_hidden, packed_layout, same_prompts
 from .throughput import TokenCount
@@ -130,7 +131,10 @@ def _shared_prompt_tokens(B: int, T: int, Tr: int, G: int | None) -> int:
 def _shared_prompt_applies(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            Tr: int, G: int | None) -> bool:
     """The shared-prompt forward is exact here: the rows come in groups of G with identical
-    prompts (ids and mask), no layer is checkpointed and the cache has full-attention layers only."""
+    prompts (ids and mask), no layer is checkpointed and the cache has full-attention layers only;
+    never while a MoE model's routing is replayed or measured (its records are per row: models/moe.py)."""
+    if moe.active(model):
+        return False
     if not same_prompts(input_ids, attention_mask, Tr, G):
         return False
     if torch.is_grad_enabled() and model.training and any(getattr(m, "gradient_checkpointing", False)
@@ -390,6 +394,8 @@ def token_logprobs(
     body: torch.nn.Module | None = None,
     gather_ids: torch.Tensor | None = None,
     return_hidden: bool = False,
+    routing: torch.Tensor | None = None,
+    with_router_aux: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Logprobs (and entropies) of the last ``num_response_tokens`` tokens of each row.
 
@@ -418,6 +424,11 @@ def token_logprobs(
     [B, Tr, J] fp32 as the last value, with gradient (the policy's logprobs of a teacher's
     top-k tokens), from the same chunks. ``return_hidden``: also return the hidden states
     [B*Tr, H] the head ran on (with gradient), last (a divergence over the vocabulary reads them).
+    ``routing`` [B, T, Y, K]: a mixture-of-experts policy's recorded experts of each token,
+    replayed or measured inside ``models.moe.routing`` (padded and packed forwards alike).
+    ``with_router_aux``: also return each response token's load-balancing loss [B, Tr] (with
+    gradient; that of the token fed at the position predicting it: ``models.moe.balance``), before
+    the hidden states (inside ``models.moe.routing`` with ``aux``).
     """
     B, T = input_ids.shape
     Tr = num_response_tokens
@@ -431,8 +442,12 @@ def token_logprobs(
     packed = _packed_layout(model, input_ids, attention_mask, Tr, packing_row_tokens, group_size) \
         if packing and gather_ids is None and not return_hidden else None
     if packed is not None:
-        hidden = packed_hidden(body if body is not None else backbone(model), packed)  # [M, H] real response tokens only
+        hidden = packed_hidden(body if body is not None else backbone(model), packed,
+                               None if routing is None else routing.reshape(B * T, *routing.shape[2:]),
+                               model)  # [M, H] real response tokens only
         targets = input_ids.reshape(-1).index_select(0, packed.target)  # [M]
+        aux = moe.balance(model) if with_router_aux else None  # [R*S]
+        router_aux = None if aux is None else packed.scatter(aux.index_select(0, packed.predictor), B, Tr)
         computed = packed.computed_tokens
     else:
         hidden = None
@@ -440,13 +455,17 @@ def token_logprobs(
             hidden = _shared_prompt_hidden(model, input_ids, attention_mask, Tr, group_size)
         computed = B * (T - 1) if hidden is None else _shared_prompt_tokens(B, T, Tr, group_size)
         if hidden is None:
-            out = (body if body is not None else backbone(model))(
-                input_ids=input_ids[:, : T - 1],  # the last token predicts nothing
-                attention_mask=attention_mask[:, : T - 1],
-                position_ids=position_ids_from_mask(attention_mask)[:, : T - 1],
-                use_cache=False,
-            )
+            with moe.feeding(model, None if routing is None else routing[:, : T - 1].reshape(
+                    B * (T - 1), *routing.shape[2:]), attention_mask[:, : T - 1]):
+                out = (body if body is not None else backbone(model))(
+                    input_ids=input_ids[:, : T - 1],  # the last token predicts nothing
+                    attention_mask=attention_mask[:, : T - 1],
+                    position_ids=position_ids_from_mask(attention_mask)[:, : T - 1],
+                    use_cache=False,
+                )
             hidden = out.last_hidden_state[:, T - Tr - 1 :]  # [B, Tr, H] states predicting the response
+        aux = moe.balance(model) if with_router_aux else None  # [B*(T-1)]
+        router_aux = None if aux is None else aux.view(B, T - 1)[:, T - Tr - 1:]  # [B, Tr]
         hidden = hidden.reshape(B * Tr, -1)  # [B*Tr, H]
         targets = input_ids[:, T - Tr :].reshape(B * Tr)  # [B*Tr]
     if count is not None:
@@ -476,6 +495,8 @@ def token_logprobs(
         out += (spp.view(B, Tr).detach(),)
     if gather_ids is not None:
         out += (extra.view(B, Tr, -1),)
+    if with_router_aux:
+        out += (router_aux if router_aux is not None else logprob.new_zeros(B, Tr),)
     if return_hidden:
         out += (hidden,)
     return out  # type: ignore[return-value]

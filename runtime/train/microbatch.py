@@ -104,7 +104,8 @@ def trim(batch: RolloutBatch) -> tuple[RolloutBatch, int]:
         batch, prompt_ids=batch.prompt_ids[:, Tp - tp:], prompt_mask=batch.prompt_mask[:, Tp - tp:],
         response_ids=batch.response_ids[:, :tr], response_mask=batch.response_mask[:, :tr],
         logprobs=batch.logprobs[:, :tr],
-        response_attention=None if batch.response_attention is None else batch.response_attention[:, :tr]), tr
+        response_attention=None if batch.response_attention is None else batch.response_attention[:, :tr],
+        routed_experts=None if batch.routed_experts is None else batch.routed_experts[:, Tp - tp:Tp + tr]), tr
 
 
 def widen(t: Tensor, width: int) -> Tensor:

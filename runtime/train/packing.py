@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..models import moe
 from ..models.loading import plain_kv_cache
 from .microbatch import pack
 
@@ -64,6 +65,9 @@ class PackedRows:
                           shared-prompt rows (each prompt once per row that holds it)
     allowed       [R, 1, S, S]  shared-prompt rows only: query i may attend to key j (None:
                           the model finds the sequences from the restarting positions)
+    source        [R*S]   flat index into the padded [B*T] ids of each packed token (filler:
+                          any real token's), to lay per-token records (routed experts) out alike
+    real          [R*S]   bool: the packed token is a sequence's, not filler
     """
 
     input_ids: Tensor
@@ -74,6 +78,8 @@ class PackedRows:
     lengths: list[int]
     placed: int
     allowed: Tensor | None = None
+    source: Tensor | None = None
+    real: Tensor | None = None
 
     @property
     def filler(self) -> int:
@@ -136,7 +142,11 @@ def packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_tokens: 
         src.extend([src[0]] * fill)  # any real token's id: the filler's states are never read
         positions.extend(range(fill))
     src_t, pos_t, *idx = _long_tensors(dev, src, positions, pred, tgt, out)
-    return PackedRows(input_ids.reshape(-1)[src_t].view(R, S), pos_t.view(R, S), *idx, lengths, sum(lengths))
+    real = torch.zeros(R, S, dtype=torch.bool, device=dev)
+    for r, rows in enumerate(bins):
+        real[r, :sum(lengths[b] for b in rows)] = True
+    return PackedRows(input_ids.reshape(-1)[src_t].view(R, S), pos_t.view(R, S), *idx, lengths, sum(lengths),
+                      source=src_t, real=real.view(-1))
 
 
 def _long_tensors(device: torch.device, *lists: list[int]) -> list[Tensor]:
@@ -221,12 +231,18 @@ def _real_runs(mask: Tensor, num_response_tokens: int) -> tuple[list[int], list[
     return first.tolist(), n.tolist()
 
 
-def packed_hidden(body: nn.Module, rows: PackedRows) -> Tensor:
+def packed_hidden(body: nn.Module, rows: PackedRows, routing: Tensor | None = None,
+                  model: nn.Module | None = None) -> Tensor:
     """States [M, H] predicting each real response token, from one packed forward of the
-    transformer ``body`` (``models.loading.backbone`` of a causal LM)."""
+    transformer ``body`` (``models.loading.backbone`` of a causal LM). ``routing`` [B*T, Y, K]:
+    the padded rows' recorded experts, laid out as the packed tokens for ``model``'s routers
+    (models/moe.py)."""
     mask = None if rows.allowed is None else _attention_mask(body, rows.allowed)
-    out = body(input_ids=rows.input_ids, position_ids=rows.position_ids,
-               attention_mask=mask, use_cache=False)
+    assert rows.source is not None and rows.real is not None
+    with moe.feeding(model if model is not None else body,
+                     None if routing is None else routing.index_select(0, rows.source.to(routing.device)), rows.real):
+        out = body(input_ids=rows.input_ids, position_ids=rows.position_ids,
+                   attention_mask=mask, use_cache=False)
     h = out.last_hidden_state  # [R, S, H]
     return h.reshape(-1, h.shape[-1]).index_select(0, rows.predictor)  # [M, H]
 
@@ -288,6 +304,7 @@ def shared_packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_t
     tgt: list[int] = []
     out: list[int] = []
     filler = 0
+    filled: list[bool] = []
     for r, held in enumerate(rows):
         offset = 0
         for g in sorted(held):
@@ -309,6 +326,7 @@ def shared_packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_t
                 out.extend(range(b * Tr, b * Tr + k[b]))
                 offset += fed
         fill = S - offset  # filler: a causal run of its own
+        filled.extend([False] * offset + [True] * fill)
         src.extend([src[0]] * fill)  # any real token's id: the filler's states are never read
         pos.extend(range(fill))
         runs.append((r, offset, fill, offset, offset))
@@ -317,7 +335,8 @@ def shared_packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_t
     queries = _tree_queries(runs, R, S)
     src_t, pos_t, *idx, q = _long_tensors(dev, src, pos, pred, tgt, out, queries or [])
     return PackedRows(input_ids.reshape(-1)[src_t].view(R, S), pos_t.view(R, S), *idx,
-                      [x - 1 for x in ns], R * S - filler, _tree_mask(runs, R, S, dev, q if queries else None))
+                      [x - 1 for x in ns], R * S - filler, _tree_mask(runs, R, S, dev, q if queries else None),
+                      source=src_t, real=~torch.tensor(filled, dtype=torch.bool, device=dev))
 
 
 Bins = tuple[list[dict[int, list[int]]], list[int]]  # per row: group -> its responses there; its tokens

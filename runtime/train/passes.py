@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from rldsl import CompiledAlgorithm
 
 from ..batch import RolloutBatch, model_inputs
+from ..models import moe
 from ..models.loading import backbone
 from . import inputs as producers
 from .logprobs import token_logprobs
@@ -59,6 +60,11 @@ class ForwardPasses:
         # model.compile: a torch.compile'd view of the policy's body (the module itself is untouched,
         # so copies of it -- reference, critic, engine -- stay eager)
         self._compiled_body = torch.compile(backbone(policy), dynamic=True) if compile_policy else None
+        # a mixture-of-experts policy (models/moe.py): the forwards replay the engine's recorded
+        # experts (rollout.routing_replay) and count what the routers did (moe/* metrics)
+        self.moe = moe.is_moe(policy)
+        self.routing_replay = False
+        self.routing_stats = moe.RoutingStats()
 
     # -- logprobs
 
@@ -67,10 +73,12 @@ class ForwardPasses:
 
     def _logprobs(self, model: nn.Module, batch: RolloutBatch, *, grad: bool,
                   entropy: bool, groups: bool = True, sum_pi_squared: bool = False,
-                  gather_ids: Tensor | None = None, hidden: bool = False) -> tuple[Tensor, ...]:
+                  gather_ids: Tensor | None = None, hidden: bool = False,
+                  router_aux: bool = False) -> tuple[Tensor, ...]:
         """(logprobs, entropy or None) [b, Tr], and sum_v pi_v^2 [b, Tr] with ``sum_pi_squared``;
         with ``gather_ids`` [b, Tr, J] also the logprobs of those tokens [b, Tr, J]; with
-        ``hidden`` also the hidden states [b*Tr, H] the head ran on, last."""
+        ``hidden`` also the hidden states [b*Tr, H] the head ran on, last; with ``router_aux`` each
+        response token's load-balancing loss [b, Tr] (with gradient) before them."""
         ids, attn, pos = model_inputs(batch)
         Tr = batch.response_ids.shape[1]
         extra: dict[str, Any] = {"with_sum_pi_squared": True} if sum_pi_squared else {}
@@ -81,7 +89,11 @@ class ForwardPasses:
         if hidden:
             extra["return_hidden"] = True
         count = TokenCount()
-        with torch.set_grad_enabled(grad), self._autocast(model):
+        if self.moe:
+            extra["routing"] = batch.routed_experts
+        if router_aux:
+            extra["with_router_aux"] = True
+        with torch.set_grad_enabled(grad), self._autocast(model), self._routing(model, router_aux):
             out = self._token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
                                        entropy_grad=grad and producers.entropy_grad(self.fn.algorithm),
                                        chunk_size=self.logprob_chunk,
@@ -90,6 +102,23 @@ class ForwardPasses:
                                        packing_row_tokens=self.packing_row_tokens, count=count, **extra)
         self._tally("update" if grad else "logprobs", count, model, backward=grad)
         return out
+
+    def _routing(self, model: nn.Module, aux: bool = False) -> Any:
+        """A MoE model's forwards replay the recorded routing (``routing_replay``); the policy's
+        count into ``routing_stats`` and, with ``aux``, keep each token's load-balancing loss
+        (models/moe.py)."""
+        if not self.moe:
+            return contextlib.nullcontext()
+        return moe.routing(model, replay=self.routing_replay,
+                           stats=self.routing_stats if model is self.policy else None, aux=aux)
+
+    def _routing_metrics(self) -> dict[str, float]:
+        """``moe/*`` of the policy's forwards since the last report (models/moe.py), then reset:
+        estimate() reports its old-logprob forwards', update() its own when estimate ran none."""
+        if not self.moe:
+            return {}
+        stats, self.routing_stats = self.routing_stats, moe.RoutingStats()
+        return stats.metrics()
 
     def _tally(self, phase: str, count: TokenCount, model: nn.Module, backward: bool) -> None:
         """Add one forward's tokens and FLOPs to its phase's count."""

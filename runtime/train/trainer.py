@@ -135,7 +135,9 @@ class Trainer(ForwardPasses):
         """
         parts = trainer_parts(cfg, fn, policy, prepare=prepare, reference_off=reference_off, tokenizer=tokenizer,
                               teacher="teacher" not in kwargs)
-        return cls(fn, policy, **parts, **kwargs)
+        trainer = cls(fn, policy, **parts, **kwargs)
+        trainer.routing_replay = cfg.rollout.routing_replay  # a MoE policy's forwards (train/passes.py)
+        return trainer
 
     # -- estimate
 
@@ -145,6 +147,7 @@ class Trainer(ForwardPasses):
         ``rewards`` are taken as float32 (the verifiers' float64 values are the records')."""
         rewards = rewards.to(torch.float32)
         self.policy.eval()
+        self._routing_metrics()  # moe/*: this rollout's forwards only
         forwards = producers.Forwards(*self._recompute(rollout))
         old, ref, values = forwards.old_logprobs, forwards.ref_logprobs, forwards.values
         mask = rollout.response_mask.float()
@@ -152,6 +155,7 @@ class Trainer(ForwardPasses):
                                **producers.estimate_inputs(self, rollout, forwards))
         metrics = dict(est.metrics)
         metrics.update(self._perf_metrics("logprobs"))
+        metrics.update(self._routing_metrics())
         valid = mask > 0
         if old is not None and valid.any():
             # train/inference mismatch: engine logprobs vs recomputed ones (both at the rollout T)
@@ -254,6 +258,8 @@ class Trainer(ForwardPasses):
                     sums[k] = sums.get(k, 0.0) + v
         out = {k: v / max(n, 1) for k, v in sums.items()}
         out.update(self._perf_metrics("update"))
+        # moe/*: estimate()'s old-logprob forward reported them; else (on-policy) the update's first
+        out.update({k: v for k, v in self._routing_metrics().items() if k not in batch.metrics})
         out.update({SKIPPED_NONFINITE: float(skipped), SKIPPED_ZERO_ADV: 0.0, OPTIMIZER_STEPS: float(steps)})
         return out
 
@@ -346,9 +352,10 @@ class Trainer(ForwardPasses):
         if batch.teacher is not None and batch.teacher.topk_ids is not None:
             teacher_ids = batch.teacher.topk_ids[rows][:, :tr].to(sub.response_ids.device)
         jsd = self.fn.data.jsd_beta is not None and batch.teacher is not None
+        aux = producers.reads_router_aux(self.fn.algorithm)
         logp, ent, *more = self._logprobs(self.policy, sub, grad=torch.is_grad_enabled(), entropy=True,
-                                          groups=groups, gather_ids=teacher_ids, hidden=jsd)
-        return {"logp": logp, "ent": ent,
+                                          groups=groups, gather_ids=teacher_ids, hidden=jsd, router_aux=aux)
+        return {"logp": logp, "ent": ent, "router_aux": more[int(teacher_ids is not None)] if aux else None,
                 "topk": more[0] if teacher_ids is not None else None,
                 "divergence": self._divergence(more[-1], batch, rows, tr) if jsd else None,
                 "values": self._values(sub, tr) if self.fn.algorithm.uses_critic else None}
@@ -386,7 +393,7 @@ class Trainer(ForwardPasses):
         logp = fwd["logp"]
         assert logp is not None
         micro = producers.Micro(batch, sub, rows, tr, fwd["ent"], fwd["values"], entropy_coef, fwd["topk"],
-                                fwd["divergence"])
+                                fwd["divergence"], fwd.get("router_aux"))
         old = micro.cols(batch.old_logprobs) if batch.old_logprobs is not None else logp.detach()
         mask = micro.cols(batch.mask)
         out = fn.loss(logp, old, micro.cols(batch.advantages), mask, denominator=denom,

@@ -18,6 +18,7 @@ Shapes: P prompts, G = ``params.n``, B = P*G, Tp / Tr prompt / response length, 
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
 from typing import Iterable
@@ -26,6 +27,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from ...batch import RolloutBatch, position_ids_from_mask, repeat_each
+from ...models import moe
 from ...models.loading import backbone, cache_keyword, plain_kv_cache, tensors_by_name
 from .kv_cache import preallocated_cache
 from .base import (SamplingParams, check_request, cut_at_first_stop, left_pad, special_token_ids,
@@ -60,6 +62,10 @@ class HFEngine:
         # shapes: the batch shrinks as rows finish, the cache grows), installed on first use of
         # the sampler on this engine's own model (never a trainer's module): _cached_sampling_ok
         self._compile = compile
+        # a mixture-of-experts model: each token's experts are recorded (routed_experts), for the
+        # trainer's routing replay and the moe/* metrics (runtime/models/moe.py)
+        self.record_routing = moe.is_moe(self.model)
+        self._trace: moe.RoutingTrace | None = None
 
     # ------------------------------------------------------------------ generate
     @torch.no_grad()
@@ -98,8 +104,16 @@ class HFEngine:
                 generator.manual_seed(params.seed)
             else:
                 generator.seed()
-            response_ids, logprobs = self._sample(unique_ids, unique_mask, params, generator)
+            trace = moe.RoutingTrace(self.model, prompt_ids.shape[0], unique_ids.shape[1] + params.max_new_tokens) \
+                if self.record_routing else None
+            with trace if trace is not None else contextlib.nullcontext():
+                self._trace = trace
+                try:
+                    response_ids, logprobs = self._sample(unique_ids, unique_mask, params, generator)
+                finally:
+                    self._trace = None
         else:
+            trace = None  # model.generate's forwards: not recorded
             with torch.random.fork_rng(devices=[]):
                 if params.seed is not None:
                     torch.manual_seed(params.seed)
@@ -119,6 +133,7 @@ class HFEngine:
             prompts=repeat_each(prompts, G),
             completions=completions,
             group_size=G,
+            routed_experts=None if trace is None else trace.result(prompt_ids.shape[1] + response_ids.shape[1]),
         )
 
     # ------------------------------------------------------------ the sampler
@@ -181,6 +196,8 @@ class HFEngine:
         kw = self._cache_kw  # "cache" or "past_key_values", as the model's forward names it
         logits = self._logits(input_ids=ids, attention_mask=mask, position_ids=pos,
                               **{kw: cache})  # [P, V]
+        if self._trace is not None:
+            self._trace.prefill(mask, G)
         logits = logits.repeat_interleave(G, dim=0)  # [B, V]
         cache.batch_repeat_interleave(G)
         attn = mask.repeat_interleave(G, dim=0)  # [B, Tp + t] of the rows still running
@@ -209,6 +226,8 @@ class HFEngine:
             attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
             logits = self._logits(input_ids=token[:, None], attention_mask=attn, position_ids=next_pos,
                                   **{kw: cache})
+            if self._trace is not None:
+                self._trace.decode(alive, Tp + t)  # the token sampled at t, fed now
             next_pos = next_pos + 1
         return out_ids[:, :steps], out_lp[:, :steps]
 

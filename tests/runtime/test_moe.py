@@ -1,0 +1,339 @@
+"""Mixture-of-experts policies: the HF engine records each token's experts, the trainer's
+forwards replay them (runtime/models/moe.py, docs/moe.md), on tiny random Qwen3-MoE and Mixtral
+models (tests/fixtures/moe_model.py)."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rldsl.runtime.config import RunConfig
+from rldsl.runtime.errors import ConfigError
+from rldsl.runtime.resolve import check_routing_replay
+from rldsl.runtime.batch import RolloutBatch, model_inputs
+from rldsl.runtime.models import moe
+from rldsl.runtime.models.loading import folder_is_moe, load_tokenizer
+from rldsl.runtime.rollout.engines.base import SamplingParams
+from rldsl.runtime.rollout.engines.hf import HFEngine
+from rldsl.runtime.train.logprobs import token_logprobs
+from rldsl.runtime.train.microbatch import trim
+
+ARCHS = ["qwen3_moe", "mixtral"]
+PROMPTS = ["hello there", "What is the weather in Paris today?", "1+2=", "Tell me the weather in Rome, Cairo"]
+
+
+def _rollout(folder) -> tuple[torch.nn.Module, RolloutBatch]:
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    engine = HFEngine(copy.deepcopy(model), load_tokenizer(folder))
+    batch = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=10, temperature=1.0, seed=0, top_p=1.0))
+    return model, batch
+
+
+def _logprobs(model, batch: RolloutBatch, replay: bool, **kw) -> tuple[torch.Tensor, dict[str, float]]:
+    ids, attn, _ = model_inputs(batch)
+    stats = moe.RoutingStats()
+    with torch.no_grad(), moe.routing(model, replay=replay, stats=stats):
+        lp, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1], routing=batch.routed_experts,
+                               group_size=batch.group_size, **kw)
+    return lp, stats.metrics()
+
+
+def _forced_logprobs(model, batch: RolloutBatch) -> torch.Tensor:
+    """The reference: each row alone, unpadded, its routers' forwards replaced by ones that return
+    the recorded experts (no code of models/moe.py's layout or hooks)."""
+    ids, attn, _ = model_inputs(batch)
+    B, T = ids.shape
+    Tr = batch.response_ids.shape[1]
+    out = torch.zeros(B, Tr)
+    gates = [layer.mlp.gate for layer in model.model.layers]
+    originals = [g.forward for g in gates]
+    try:
+        for b in range(B):
+            real = attn[b].bool()
+            first = int(real.long().argmax())
+            n = int(real.sum())
+            rec = batch.routed_experts[b, first:first + n - 1].long()  # [n - 1, Y, K]
+            for i, g in enumerate(gates):
+                def forward(h, g=g, i=i, rec=rec):
+                    logits = torch.nn.functional.linear(h.reshape(-1, g.hidden_dim), g.weight)
+                    p = torch.softmax(logits.float(), dim=-1)
+                    has = (rec[:, i] >= 0).all(-1, keepdim=True)
+                    idx = torch.where(has, rec[:, i], torch.topk(p, g.top_k, dim=-1).indices)
+                    w = p.gather(-1, idx)
+                    return logits, w / w.sum(-1, keepdim=True), idx
+                g.forward = forward
+            with torch.no_grad():
+                logits = model(ids[b:b + 1, first:first + n - 1]).logits[0].float()  # [n - 1, V]
+            lp = torch.log_softmax(logits, -1).gather(-1, ids[b, first + 1:first + n, None]).squeeze(-1)
+            k = n - (T - Tr - first)  # real response tokens
+            out[b, :k] = lp[-k:]
+    finally:
+        for g, f in zip(gates, originals):
+            g.forward = f
+    return out
+
+
+def _move(model, batch: RolloutBatch, lr: float = 1e-2) -> None:
+    """One Adam step on the batch's logprobs: the routers move."""
+    ids, attn, _ = model_inputs(batch)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    lp, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1])
+    (-(lp * batch.response_mask).sum()).backward()
+    opt.step()
+    model.zero_grad()
+
+
+def test_config_json_says_moe(moe_model, real_model):
+    assert folder_is_moe(moe_model("qwen3_moe")) and folder_is_moe(moe_model("mixtral"))
+    assert folder_is_moe(real_model("qwen2.5")) is False
+
+
+def test_dense_model_with_replay_is_refused_before_it_loads(real_model, moe_model, tmp_path, monkeypatch):
+    """rollout.routing_replay=true on a dense model: exit 2, a clear message, before any model loads
+    (config.json read); on a MoE model the same command gets past the check."""
+    from typer.testing import CliRunner
+
+    from rldsl.cli import app
+    from rldsl.runtime.models import loading
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(loading, "load_policy", no_load)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    args = ["run", "grpo", "--data", str(data), "--out", str(tmp_path / "r"), "--set", "rollout.routing_replay=true",
+            "--set", "log.progress=false", "--model"]
+    res = CliRunner().invoke(app, args + [str(real_model("qwen2.5"))])
+    assert res.exit_code == 2, res.output
+    assert "rollout.routing_replay" in res.output and "dense" in res.output and "Traceback" not in res.output
+    assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True}}),
+                                moe_model("mixtral")) is None
+    for over, words in (({"engine": "vllm"}, "vLLM engine"), ({"tools": "real_tools:get_weather"}, "multi-turn")):
+        cfg = RunConfig.model_validate({"rollout": {"routing_replay": True, **over}})
+        with pytest.raises(ConfigError, match=words):
+            check_routing_replay(cfg, moe_model("mixtral"))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_recorded_routing_is_the_engines(moe_model, arch):
+    """The engine records every fed token (prompt and response, but each response's last token) and
+    padding stays -1; at the engine's weights the trainer routes as recorded and replay is
+    bit-identical to the plain forward."""
+    model, batch = _rollout(moe_model(arch))
+    ids, attn, _ = model_inputs(batch)
+    Y = len(moe.routers(model))
+    r = batch.routed_experts
+    assert r is not None and r.shape == (*ids.shape, Y, 2) and r.dtype == torch.int16
+    fed = attn.bool().clone()
+    lengths = batch.response_mask.sum(1)
+    Tp = batch.prompt_ids.shape[1]
+    fed[torch.arange(len(batch)), Tp + lengths - 1] = False  # the last token is never fed
+    assert bool((r >= 0).all(-1).all(-1).eq(fed).all())
+    plain, metrics = _logprobs(model, batch, replay=False)
+    replayed, replay_metrics = _logprobs(model, batch, replay=True)
+    valid = batch.response_mask.bool()
+    assert torch.equal(plain[valid], replayed[valid])
+    assert metrics["moe/routing_mismatch"] == 0.0 == replay_metrics["moe/routing_mismatch"]
+    assert (plain - batch.logprobs)[valid].abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_replay_after_the_weights_moved(moe_model, arch):
+    """After an Adam step the routing drifts; replayed (padded, packed, micro-batches) = the rows
+    each run alone under the recorded experts to 1e-6, the forward's mismatch 0."""
+    model, batch = _rollout(moe_model(arch))
+    _move(model, batch)
+    plain, before = _logprobs(model, batch, replay=False)
+    assert before["moe/routing_mismatch"] > 0.1
+    replayed, after = _logprobs(model, batch, replay=True)
+    assert after["moe/routing_mismatch"] == 0.0 and after["moe/router_drift"] > 0.1  # the router would move
+    valid = batch.response_mask.bool()
+    forced = _forced_logprobs(model, batch)
+    assert (replayed - forced)[valid].abs().max() < 1e-6
+    assert (plain - forced)[valid].abs().max() > 1e-3  # replay changed them
+    packed, _ = _logprobs(model, batch, replay=True, packing=True)
+    assert (packed - forced)[valid].abs().max() < 1e-6
+    # micro-batches: rows selected, trimmed (columns dropped on both sides), and stacked back
+    for rows in (torch.tensor([1, 5]), torch.tensor([6, 0, 3])):
+        sub, tr = trim(batch.select(rows))
+        lp, _ = _logprobs(model, sub, replay=True)
+        assert (lp - forced[rows, :tr])[sub.response_mask.bool()].abs().max() < 1e-6
+    halves = RolloutBatch.concat([batch.select(torch.arange(0, 4)), trim(batch.select(torch.arange(4, 8)))[0]],
+                                 pad_id=0)
+    lp, _ = _logprobs(model, halves, replay=True)
+    assert (lp - forced)[valid].abs().max() < 1e-6
+
+
+def test_checkpointed_queue_keeps_the_routing(moe_model):
+    """A rollout held in an asynchronous run's queue goes through a checkpoint with its routing."""
+    from rldsl.runtime.run.checkpointing import _batch_of, _plain_batch
+    _, batch = _rollout(moe_model("mixtral"))
+    back = _batch_of(_plain_batch(batch))
+    assert torch.equal(back.routed_experts, batch.routed_experts)
+
+
+def _run_moe(folder, out, replay: bool) -> list[dict]:
+    from rldsl.runtime.config import load_config
+    from rldsl.runtime.records.metrics import read_metrics
+    from rldsl.runtime.run import loop
+    cfg = load_config(None, [f"model.path={folder}", f"out={out}", "rollout.prompts_per_step=2", "rollout.n=4",
+                             "rollout.max_new_tokens=8", "train.steps=3", "data.task=addition", "eval.every=0",
+                             "checkpoint.every=0", "log.progress=false", "reward.name=reward_helpers:parity",
+                             f"rollout.routing_replay={str(replay).lower()}", "train.lr=1e-2",
+                             "rollout.max_staleness=1", "train.packing=true", "train.max_tokens_per_microbatch=48"])
+    run = loop.train("grpo", cfg)
+    return [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
+
+
+@pytest.mark.slow
+def test_async_packed_run_with_and_without_replay(moe_model, tmp_path):
+    """An asynchronous run (the batch of step s sampled by the policy of s - 1: the routers moved),
+    packed, in token-budget micro-batches: without replay the trainer routes tokens elsewhere than
+    the engine did; with it, nowhere (moe/routing_mismatch), the loads logged every step."""
+    folder = moe_model("qwen3_moe")
+    plain = _run_moe(folder, tmp_path / "plain", replay=False)
+    replayed = _run_moe(folder, tmp_path / "replay", replay=True)
+    for recs in (plain, replayed):
+        assert [r["step"] for r in recs] == [1, 2, 3]
+        assert all({"moe/routing_mismatch", "moe/expert_load_max", "moe/expert_load_cv"} <= set(r) for r in recs)
+    assert max(r["moe/routing_mismatch"] for r in plain[1:]) > 0.1
+    assert all(r["moe/routing_mismatch"] == 0.0 for r in replayed)
+
+
+def _moe_config(folder, out, **over):
+    from rldsl.runtime.config import load_config
+    sets = [f"model.path={folder}", f"out={out}", "rollout.prompts_per_step=2", "rollout.n=4",
+            "rollout.max_new_tokens=6", "train.steps=3", "data.task=addition", "eval.every=0", "data.eval_size=0",
+            "checkpoint.every=0", "log.progress=false", "reward.name=reward_helpers:parity",
+            "rollout.routing_replay=true", "train.lr=1e-2", "rollout.max_staleness=1"]
+    return load_config(None, sets + [f"{k}={v}" for k, v in over.items()])
+
+
+def _steps(run) -> list[dict]:
+    from rldsl.runtime.records.metrics import read_metrics
+    return [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
+
+
+@pytest.mark.slow
+def test_lora_on_attention_of_a_moe_policy_trains_with_replay(moe_model, tmp_path):
+    """LoRA adapters on the attention projections of a Mixtral policy: they train, the experts and
+    routers stay, the replayed forwards route as the engine did."""
+    pytest.importorskip("peft")
+    from safetensors.torch import load_file
+
+    from rldsl.runtime.run import loop
+    folder = moe_model("mixtral")
+    run = loop.train("grpo", _moe_config(folder, tmp_path / "run", **{
+        "model.lora.rank": 4, "model.lora.target_modules": '["q_proj","k_proj","v_proj","o_proj"]',
+        "checkpoint.every": 3}))
+    recs = _steps(run)
+    assert [r["step"] for r in recs] == [1, 2, 3] and any(r["optimizer_steps"] > 0 for r in recs)
+    assert all(r["moe/routing_mismatch"] == 0.0 for r in recs)
+    state = load_file(str(run / "checkpoints" / "step-3" / "policy" / "model.safetensors"))
+    base = load_file(str(folder / "model.safetensors"))
+    moved = [k for k in state if ".lora_B." in k and bool(state[k].abs().sum() > 0)]
+    assert moved and all("self_attn" in k for k in moved)
+    for k, v in state.items():
+        plain = k.replace("base_model.model.", "").replace(".base_layer.", ".")
+        if "lora" not in k and plain in base:
+            assert torch.equal(v, base[plain]), k
+
+
+@pytest.mark.slow
+def test_resumed_run_with_replay_equals_the_uninterrupted_one(moe_model, tmp_path):
+    """An asynchronous run with replay and `router balance` (the routers' load-balancing loss, its
+    value logged as moe/aux_loss) stopped after step 2 (its queued rollout, routing included, in the
+    checkpoint) and resumed ends with the uninterrupted run's weights and metrics."""
+    from safetensors.torch import load_file
+
+    from rldsl.runtime.records import checkpoint as ckpt
+    from rldsl.runtime.records.metrics import TIMED
+    from rldsl.runtime.run import loop
+    folder = moe_model("qwen3_moe")
+    spec = tmp_path / "grpo_balanced.rl"  # GRPO with the routers' load-balancing loss
+    spec.write_text("algorithm grpo_balanced\n  baseline group_mean\n  normalizer group_std(eps=1e-6)\n"
+                    "  objective ppo\n  trust_region clip(low=0.2, high=0.2)\n  router balance(coef=0.01)\n")
+    full = loop.train(str(spec), _moe_config(folder, tmp_path / "full", **{"checkpoint.every": 1}))
+    cut = loop.train(str(spec), _moe_config(folder, tmp_path / "cut", **{"checkpoint.every": 1}), stop_after=2)
+    assert ckpt.latest_checkpoint(cut).name == "step-2"
+    loop.train(None, resume=cut)
+    a, b = (load_file(str(r / "checkpoints" / "step-3" / "policy" / "model.safetensors")) for r in (full, cut))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith(TIMED)} for r in rs]  # noqa: E731
+    assert strip(_steps(full)) == strip(_steps(cut))
+    assert all(r["moe/aux_loss"] > 0 for r in _steps(full))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_checkpoint_weights_load_back_into_a_moe_model(moe_model, arch, tmp_path):
+    """save_pretrained writes a MoE's fused experts one tensor per expert (transformers 5's
+    released layout); the checkpoint loader reads them back into the fused in-memory layout."""
+    from rldsl.runtime.records.checkpoint import load_weights
+    model = AutoModelForCausalLM.from_pretrained(moe_model(arch))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    model.save_pretrained(tmp_path / "saved")
+    fresh = AutoModelForCausalLM.from_pretrained(moe_model(arch))
+    load_weights(fresh, tmp_path / "saved")
+    a, b = model.state_dict(), fresh.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster for the two-rank case (as tests/runtime/workers/test_ray.py's)."""
+    import logging
+    import shutil
+    import tempfile
+    ray = pytest.importorskip("ray")
+    tmp = tempfile.mkdtemp(prefix="rldsl-ray-", dir="/tmp")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1", _temp_dir=tmp, logging_level=logging.WARNING)
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_two_fsdp_trainer_ranks_with_replay_equal_one_process(ray_cluster, moe_model, tmp_path):
+    """FSDP2 over 2 gloo trainer ranks (Ray actors; the driver's engine records the routing, the rollout
+    travels to the ranks, each replays its rows) = the one-process run: rewards, losses, grad
+    norms and the replayed forward's mismatch (0)."""
+    import math
+
+    from rldsl.runtime.run import loop
+    folder = moe_model("qwen3_moe")
+    common = {"train.minibatches": 2, "rollout.max_staleness": 0, "distributed.sync_timeout": 120,
+              "distributed.collective_timeout": 120, "train.steps": 1}
+    one = _steps(loop.train("grpo", _moe_config(folder, tmp_path / "one", **common)))
+    two = _steps(loop.train("grpo", _moe_config(folder, tmp_path / "two", **common, **{
+        "distributed.trainers": 2})))
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1]
+    for a, b in zip(one, two):
+        assert a["reward_mean"] == b["reward_mean"]
+        assert a["moe/routing_mismatch"] == 0.0 == b["moe/routing_mismatch"]
+        for k in ("loss", "grad_norm"):
+            assert math.isclose(a[k], b[k], rel_tol=1e-4, abs_tol=1e-5), (k, a[k], b[k])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_router_aux_is_the_load_balancing_loss(moe_model, arch):
+    """The per-token terms of `router balance` average to transformers' load_balancing_loss_func
+    over the same tokens (one row, no padding), and carry the routers' gradient."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    model = AutoModelForCausalLM.from_pretrained(moe_model(arch))
+    ids = torch.randint(0, 200, (1, 12))
+    attn = torch.ones_like(ids)
+    with moe.routing(model, replay=False, stats=None, aux=True):
+        lp, _, aux = token_logprobs(model, ids, attn, 11, with_router_aux=True)
+    out = model(ids, output_router_logits=True)
+    E, K = model.config.num_local_experts, model.config.num_experts_per_tok
+    # the padded forward feeds ids[:, :-1]: the reference sees those tokens
+    ref = load_balancing_loss_func(tuple(g[:11] for g in out.router_logits), E, K)
+    assert torch.allclose(aux.mean(), ref, atol=1e-6), (float(aux.mean()), float(ref))
+    aux.mean().backward()
+    assert all(g.weight.grad is not None and bool(g.weight.grad.abs().sum() > 0) for g in moe.routers(model))
