@@ -93,3 +93,12 @@ def tool_model(tmp_path_factory):
     small = tool_model_config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
     torch.set_num_threads(1)
     return tool_warm_start(config, model_config=small, cache=tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="session")
+def vlm_model(tmp_path_factory) -> Path:
+    """An HF folder of the tiny random Qwen2-VL (tests/fixtures/vlm_model.py: Qwen2-VL's released
+    chat template, a ``Qwen2VLImageProcessorPil`` image processor, no torchvision), built once per
+    session."""
+    import vlm_model as fixture
+    return fixture.build_vlm_model(tmp_path_factory.mktemp("vlm"))

@@ -1,0 +1,146 @@
+"""Training forwards of a vision-language policy: each sequence with its images' pixel values,
+grids and token types, M-RoPE positions per sequence, padded or packed.
+
+A Qwen2-VL-family model places image tokens on a (temporal, height, width) grid: its position
+ids are (3, B, T), and the text after an image resumes at the image's offset + max(h, w) / merge,
+not at its token count. A forward must therefore get ``pixel_values``, ``image_grid_thw`` and
+``mm_token_type_ids`` (without the token types transformers refuses, or -- older releases --
+silently positions the images as text), and positions computed per sequence.
+
+Padded (:func:`padded_inputs`): sequences right-padded in B rows, positions from the model's
+``get_rope_index`` with the attention mask. Packed (:func:`packed_inputs`): the sequences end
+to end in one row, each sequence's ``get_rope_index`` positions concatenated under a leading row
+of per-sequence text positions (0, 1, ... restarting at every sequence: shape (4, 1, S)), from
+which transformers builds the block-diagonal causal mask; pixel values, grids and token types
+concatenated in row order. Letting the model compute positions on a packed row is wrong (the
+second sequence's positions would continue the first's). Both give the same logprobs as
+``generate`` (tests/runtime/test_vlm.py).
+
+Micro-batches (:func:`micro_batches`) split by whole sequences, so a sequence's images always
+travel with it; a micro-batch's ``pixel_values`` are its sequences' patches only.
+
+Shapes: N sequences of n_i tokens (prompt p_i + response r_i), P_i patches of D = C * temporal
+* patch^2 values each, g_i images.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .microbatch import pack
+
+
+@dataclass(frozen=True)
+class VisionSequence:
+    """One prompt and response of a VLM rollout, with its images.
+
+    input_ids          [n]     prompt then response tokens (no padding)
+    mm_token_type_ids  [n]     1 on image tokens, 0 elsewhere
+    pixel_values       [P, D]  the prompt's images' patches, in order (P = 0: no image)
+    image_grid_thw     [g, 3]  each image's (t, h, w) patch grid
+    prompt_len                 p: the response starts at this token
+    images                     where the images came from (paths or "data:" tags), for samples.jsonl
+    """
+
+    input_ids: Tensor
+    mm_token_type_ids: Tensor
+    pixel_values: Tensor
+    image_grid_thw: Tensor
+    prompt_len: int
+    images: tuple[str, ...] = field(default=())
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+def _vision(seqs: Sequence[VisionSequence]) -> dict[str, Tensor]:
+    with_images = [s for s in seqs if s.image_grid_thw.numel()]
+    if not with_images:
+        return {}
+    return {"pixel_values": torch.cat([s.pixel_values for s in with_images]),
+            "image_grid_thw": torch.cat([s.image_grid_thw for s in with_images])}
+
+
+def _rope(model: nn.Module) -> nn.Module:
+    """The module holding ``get_rope_index`` (``Qwen2VLModel``, under the *ForConditionalGeneration)."""
+    inner = getattr(model, "model", model)
+    inner = getattr(inner, "base_model", inner) if not hasattr(inner, "get_rope_index") else inner
+    if not hasattr(inner, "get_rope_index"):
+        inner = model.get_base_model().model  # a peft wrapper
+    return inner
+
+
+def padded_inputs(model: nn.Module, seqs: Sequence[VisionSequence], pad_id: int) -> dict[str, Tensor]:
+    """The N sequences right-padded in [N, T] rows with M-RoPE positions (3, N, T)."""
+    T = max(s.num_tokens for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    types = torch.zeros((len(seqs), T), dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, :s.num_tokens] = s.input_ids
+        types[b, :s.num_tokens] = s.mm_token_type_ids
+        mask[b, :s.num_tokens] = 1
+    vision = _vision(seqs)
+    positions = _positions(model, ids, types, vision.get("image_grid_thw"), mask)
+    return {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": types, "position_ids": positions,
+            **vision}
+
+
+def _positions(model: nn.Module, ids: Tensor, types: Tensor, grid: Tensor | None, mask: Tensor | None) -> Tensor:
+    if grid is None:  # text only: plain positions on all three axes
+        pos = (mask.cumsum(-1) - 1).clamp(min=0) if mask is not None else torch.arange(ids.shape[1]).expand_as(ids)
+        return pos.unsqueeze(0).expand(3, -1, -1)
+    positions, _ = _rope(model).get_rope_index(ids, mm_token_type_ids=types, image_grid_thw=grid,
+                                               attention_mask=mask)
+    return positions
+
+
+def packed_inputs(model: nn.Module, seqs: Sequence[VisionSequence]) -> dict[str, Tensor]:
+    """The N sequences end to end in one row of S = sum n_i tokens: positions (4, 1, S) (text
+    positions restarting per sequence, then each sequence's own M-RoPE positions), no
+    attention mask (transformers finds the sequences from the restarting text positions)."""
+    rows = []
+    for s in seqs:
+        ids = s.input_ids.unsqueeze(0)
+        grid = s.image_grid_thw if s.image_grid_thw.numel() else None
+        rope = _positions(model, ids, s.mm_token_type_ids.unsqueeze(0), grid, None)
+        text = torch.arange(s.num_tokens).view(1, 1, -1)
+        rows.append(torch.cat([text, rope.to(text.dtype)], dim=0))
+    return {"input_ids": torch.cat([s.input_ids for s in seqs]).unsqueeze(0),
+            "mm_token_type_ids": torch.cat([s.mm_token_type_ids for s in seqs]).unsqueeze(0),
+            "position_ids": torch.cat(rows, dim=2), **_vision(seqs)}
+
+
+def _response_logprobs(logits: Tensor, ids: Tensor, start: int, end: int, temperature: float) -> Tensor:
+    """Logprobs of tokens ids[start:end] from the logits predicting them (logits[start-1:end-1])."""
+    pred = logits[start - 1:end - 1].float() / temperature
+    return torch.log_softmax(pred, dim=-1).gather(-1, ids[start:end].unsqueeze(-1)).squeeze(-1)
+
+
+def sequence_logprobs(model: nn.Module, seqs: Sequence[VisionSequence], *, pad_id: int, packed: bool = False,
+                      temperature: float = 1.0) -> list[Tensor]:
+    """Each sequence's response-token logprobs [r_i] under ``model`` (grad as the caller's mode),
+    from one padded or one packed forward."""
+    if packed:
+        inputs = packed_inputs(model, seqs)
+        logits = model(**inputs, use_cache=False).logits[0]
+        out, offset = [], 0
+        for s in seqs:
+            out.append(_response_logprobs(logits[offset:offset + s.num_tokens], s.input_ids, s.prompt_len,
+                                          s.num_tokens, temperature))
+            offset += s.num_tokens
+        return out
+    inputs = padded_inputs(model, seqs, pad_id)
+    logits = model(**inputs, use_cache=False).logits
+    return [_response_logprobs(logits[b], s.input_ids, s.prompt_len, s.num_tokens, temperature)
+            for b, s in enumerate(seqs)]
+
+
+def micro_batches(seqs: Sequence[VisionSequence], token_budget: int) -> list[list[int]]:
+    """Indices of ``seqs`` in micro-batches of at most ``token_budget`` tokens each (a longer
+    sequence alone): whole sequences, each with all its images."""
+    return pack([s.num_tokens for s in seqs], token_budget)
