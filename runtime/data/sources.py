@@ -185,9 +185,11 @@ def _file_rows(cfg: RunConfig) -> Rows:
     d = cfg.data
     t = cfg.teacher  # a privileged teacher's context column (the held-out rows of data.eval_path need none)
     examples = load_examples(d.path, prompt_field=d.prompt_key, answer_field=d.answer_key,
-                             context_field=t.context_key, context_template=t.context_template)
+                             context_field=t.context_key, context_template=t.context_template,
+                             image_field=d.image_key, max_images=d.max_images)
     if d.eval_path:
-        return Rows(examples, load_examples(d.eval_path, prompt_field=d.prompt_key, answer_field=d.answer_key))
+        return Rows(examples, load_examples(d.eval_path, prompt_field=d.prompt_key, answer_field=d.answer_key,
+                                            image_field=d.image_key, max_images=d.max_images))
     return split_rows(cfg, examples)
 
 

@@ -65,9 +65,11 @@ def evaluate_sets(generate: Generate, sets: Sequence[EvalSet], cfg: RunConfig, *
 def load_eval_set(path: str | Path, reward: RewardFn, tokenizer: Any, *, prompt_key: str = "prompt",
                   answer_key: str | None = "answer", chat_template: str = "auto",
                   chat_template_kwargs: dict[str, Any] | None = None, system_prompt: str | None = None,
-                  name: str | None = None, taken: Sequence[str] = ()) -> EvalSet:
+                  name: str | None = None, taken: Sequence[str] = (), image_key: str | None = None,
+                  max_images: int = 8) -> EvalSet:
     """An evaluation set from a data file, its prompts rendered for ``tokenizer`` as training renders them."""
-    examples = load_examples(path, prompt_field=prompt_key, answer_field=answer_key)
+    examples = load_examples(path, prompt_field=prompt_key, answer_field=answer_key, image_field=image_key,
+                             max_images=max_images)
     rendered = [render_prompt(e, tokenizer, mode=chat_template, kwargs=chat_template_kwargs,
                               system_prompt=system_prompt) for e in examples]
     return EvalSet(name or set_name(path, taken), rendered, reward)
@@ -113,7 +115,8 @@ def eval_sets_of(cfg: RunConfig, tokenizer: Any, run_reward: RewardFn,
         else:
             new = [load_eval_set(entry.path, reward, tokenizer, prompt_key=d.prompt_key, answer_key=d.answer_key,
                                  chat_template=d.chat_template, chat_template_kwargs=d.chat_template_kwargs,
-                                 system_prompt=d.system_prompt, name=entry.name, taken=taken(sets))]
+                                 system_prompt=d.system_prompt, name=entry.name, taken=taken(sets),
+                                 image_key=d.image_key, max_images=d.max_images)]
         for s in new:
             s.own_reward = own
         add_sets(sets, new, "eval.data")
@@ -160,5 +163,6 @@ def command_sets(paths: Sequence[str | Path], cfg: RunConfig, reward: RewardFn, 
         add_sets(sets, [load_eval_set(path, reward, tokenizer, prompt_key=d.prompt_key,
                                       answer_key=d.answer_key, chat_template=d.chat_template,
                                       chat_template_kwargs=d.chat_template_kwargs,
-                                      system_prompt=d.system_prompt, taken=taken(sets))], "--data")
+                                      system_prompt=d.system_prompt, taken=taken(sets),
+                                      image_key=d.image_key, max_images=d.max_images)], "--data")
     return sets
