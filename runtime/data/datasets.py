@@ -356,8 +356,10 @@ def render_prompt(example: Example, tokenizer: Any, *, mode: str = "auto",
         bos = getattr(tokenizer, "bos_token", None)
         if bos and text.startswith(bos) and _adds_bos(tokenizer):
             text = text[len(bos):]
-    return Example(id=example.id, prompt=text, answer=example.answer, source=source,
-                   teacher_source=example.teacher_source, teacher_prompt=teacher, fields=example.fields)
+    refs = images.prompt_images(source)  # a prompt with images carries them (data/images.py)
+    return Example(id=example.id, prompt=images.VisionPrompt(text, refs) if refs else text, answer=example.answer,
+                   source=source, teacher_source=example.teacher_source, teacher_prompt=teacher,
+                   fields=example.fields)
 
 
 def _adds_bos(tokenizer: Any) -> bool:

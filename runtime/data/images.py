@@ -7,18 +7,17 @@ data file (or absolute), or a ``data:image/...;base64,...`` URL. ``data.image_ke
 column holding one REF or a list of them: the row's text prompt becomes one user turn with those
 images first, then the text. Paths are resolved against the data file's folder when the file is
 read; :func:`check_images` opens every image's header (no pixels decoded) and counts them
-against ``data.max_images``, raising a ``DataError`` that names the file and the row;
-:func:`load_image` decodes one when a prompt is encoded.
+against ``data.max_images``, raising a ``DataError`` that names the file and the row; the
+pixels are decoded only when a prompt is encoded (models/vision.py ``load_image``).
+A rendered prompt with images is a :class:`VisionPrompt`: its text, carrying its image refs.
 """
 from __future__ import annotations
 
-import base64
-import binascii
-import io
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import DataError
+from ..models.vision import open_image
 
 #: The content-part types a prompt's messages may hold.
 PART_TYPES = ("text", "image", "image_url")
@@ -91,20 +90,6 @@ def prompt_images(source: Any) -> tuple[str, ...]:
                  for p in m["content"] if p.get("type") == "image")
 
 
-def _open(ref: str) -> Any:
-    from PIL import Image
-    if ref.startswith("data:"):
-        head, _, data = ref.partition(",")
-        if ";base64" not in head:
-            raise ValueError("a data: URL must be base64-encoded (data:image/png;base64,...)")
-        try:
-            raw = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError) as e:
-            raise ValueError(f"bad base64 data: {e}") from None
-        return Image.open(io.BytesIO(raw))
-    return Image.open(ref)
-
-
 def _shown(ref: str) -> str:
     return ref if not ref.startswith("data:") else ref[:40] + "..."
 
@@ -120,17 +105,29 @@ def check_images(source: Any, where: str, max_images: int) -> None:
         if not ref.startswith("data:") and not Path(ref).is_file():
             raise DataError(f"{where}: image file {ref} does not exist (paths are relative to the data file)")
         try:
-            with _open(ref) as img:
+            with open_image(ref) as img:
                 img.verify()
         except Exception as e:  # PIL raises several types for a bad file
             raise DataError(f"{where}: image {_shown(ref)} cannot be read as an image: {e}") from None
 
 
-def load_image(ref: str) -> Any:
-    """The image at ``ref`` (a path or a data: URL) decoded, in RGB."""
-    with _open(ref) as img:
-        return img.convert("RGB")
+class VisionPrompt(str):
+    """A rendered prompt (the chat template's text, one ``<|image_pad|>`` per image) that
+    carries its images' refs (``images``), in order: the rollout engine encodes them with the
+    text, the trainer's forwards read their pixels again, samples.jsonl records them. It is a
+    ``str`` everywhere else (rewards, logs); string operations on it return plain strings."""
+
+    images: tuple[str, ...]
+
+    def __new__(cls, text: str, images: Sequence[str]) -> "VisionPrompt":
+        out = super().__new__(cls, text)
+        out.images = tuple(images)
+        return out
+
+    def __reduce__(self):  # pickled to Ray workers with its images
+        return (VisionPrompt, (str(self), self.images))
 
 
-def load_images(refs: Sequence[str]) -> list[Any]:
-    return [load_image(r) for r in refs]
+def images_of(prompt: Any) -> tuple[str, ...]:
+    """The image refs a prompt carries (a :class:`VisionPrompt`'s), else none."""
+    return getattr(prompt, "images", ())

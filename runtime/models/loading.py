@@ -14,12 +14,24 @@ if TYPE_CHECKING:
     from torch import nn
 
 
+def is_vision_folder(path: str | Path) -> bool:
+    """Whether the HF folder at ``path`` holds a vision-language model (its config.json has a
+    ``vision_config``; models/vision.py, docs/vlm.md). Reads config.json only."""
+    import json
+    try:
+        return "vision_config" in json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
 def load_policy(path: Path, dtype: str) -> nn.Module:
-    """The causal LM of an HF folder, in ``dtype`` ("float32", "bfloat16", ...), KV cache on."""
-    from transformers import AutoModelForCausalLM
+    """The causal LM of an HF folder, in ``dtype`` ("float32", "bfloat16", ...), KV cache on;
+    a vision-language folder's image-text-to-text model (``Qwen2VLForConditionalGeneration``)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    auto = AutoModelForImageTextToText if is_vision_folder(path) else AutoModelForCausalLM
     try:
         with quiet_transformers():  # no "Loading weights" bar
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+            model = auto.from_pretrained(str(path), dtype=getattr(torch, dtype))
     except (OSError, ValueError) as e:
         raise RunError(f"could not load the model from {path}: {e}") from None
     model.config.use_cache = True

@@ -11,15 +11,18 @@ patch, mark those tokens in ``mm_token_type_ids`` -- and saves as a release does
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import base64
+import binascii
+import io
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from rldsl.lazy_torch import torch
 
 from ..errors import RunError
-from .loading import load_tokenizer, quiet_transformers
+from .loading import load_tokenizer
 
 if TYPE_CHECKING:
     from torch import nn
@@ -28,30 +31,6 @@ if TYPE_CHECKING:
 IMAGE_TOKEN = "<|image_pad|>"
 #: Module name prefixes of the vision tower in transformers' VLM classes.
 VISION_PREFIXES = ("model.visual.", "visual.")
-
-
-def is_vision_folder(path: str | Path) -> bool:
-    """Whether the HF folder at ``path`` holds a vision-language model (its config.json has a
-    ``vision_config``). Reads config.json only."""
-    config = Path(path) / "config.json"
-    try:
-        return "vision_config" in json.loads(config.read_text())
-    except (OSError, ValueError):
-        return False
-
-
-def load_vision_policy(path: Path, dtype: str) -> nn.Module:
-    """The image-text-to-text model of an HF folder (``Qwen2VLForConditionalGeneration``, ...),
-    in ``dtype``, KV cache on."""
-    from transformers import AutoModelForImageTextToText
-
-    try:
-        with quiet_transformers():
-            model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=getattr(torch, dtype))
-    except (OSError, ValueError) as e:
-        raise RunError(f"could not load the vision-language model from {path}: {e}") from None
-    model.config.use_cache = True
-    return model
 
 
 def freeze_vision(model: nn.Module) -> int:
@@ -79,6 +58,9 @@ class VisionProcessor:
     tokenizer: Any
     image_processor: Any
     merge_size: int
+    # each image's (pixel_values, image_grid_thw) by its ref: the trainer's old, reference and
+    # update forwards of a step read the same images (bounded: cleared when full)
+    _pixels: dict[str, tuple[Any, Any]] = field(default_factory=dict, repr=False)
 
     @property
     def image_token_id(self) -> int:
@@ -94,15 +76,36 @@ class VisionProcessor:
         out = self.image_processor(images=list(images), return_tensors="pt")
         return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
 
+    def image_inputs(self, refs: Sequence[str]) -> dict[str, torch.Tensor]:
+        """``images`` of the images at ``refs`` (paths or data: URLs; data/images.py), each image
+        processed once and kept (the image processor treats every image on its own, so the
+        concatenation equals one call on all of them)."""
+        for ref in refs:
+            if ref not in self._pixels:
+                if len(self._pixels) >= 4096:
+                    self._pixels.clear()
+                out = self.images([load_image(ref)])
+                self._pixels[ref] = (out["pixel_values"], out["image_grid_thw"])
+        return {"pixel_values": torch.cat([self._pixels[r][0] for r in refs]),
+                "image_grid_thw": torch.cat([self._pixels[r][1] for r in refs])}
+
     def encode(self, text: str, images: Sequence[Any]) -> dict[str, torch.Tensor]:
-        """A rendered prompt and its images (in order) as the model's inputs, batch of one:
+        """A rendered prompt and its images (PIL, in order) as the model's inputs, batch of one:
         ``input_ids``, ``attention_mask``, ``mm_token_type_ids`` (1 on image tokens) and, with
         images, ``pixel_values`` and ``image_grid_thw``."""
+        return self.expand(text, self.images(images) if images else {}, len(images))
+
+    def encode_refs(self, text: str, refs: Sequence[str]) -> dict[str, torch.Tensor]:
+        """:meth:`encode` for images given by their refs (paths or data: URLs; pixels kept)."""
+        return self.expand(text, self.image_inputs(refs) if refs else {}, len(refs))
+
+    def expand(self, text: str, vision: dict[str, torch.Tensor], n_images: int) -> dict[str, torch.Tensor]:
+        """The inputs of ``text`` whose ``n_images`` placeholders each become one token per
+        merged patch of its image (``vision``: the images' pixel values and grids)."""
         pieces = text.split(IMAGE_TOKEN)
-        if len(pieces) - 1 != len(images):
-            raise ValueError(f"the prompt has {len(pieces) - 1} image placeholders but {len(images)} images")
-        vision = self.images(images) if images else {}
-        if images:
+        if len(pieces) - 1 != n_images:
+            raise ValueError(f"the prompt has {len(pieces) - 1} image placeholders but {n_images} images")
+        if n_images:
             counts = (vision["image_grid_thw"].prod(-1) // self.merge_size ** 2).tolist()
             text = pieces[0] + "".join(IMAGE_TOKEN * n + p for n, p in zip(counts, pieces[1:]))
         ids = torch.tensor([self.tokenizer(text, add_special_tokens=False)["input_ids"]])
@@ -143,3 +146,46 @@ def load_processor(path: str | Path, tokenizer: Any = None) -> VisionProcessor:
 def _pil_image_processor(path: Path) -> Any:
     from transformers import Qwen2VLImageProcessorPil
     return Qwen2VLImageProcessorPil.from_pretrained(str(path))
+
+
+def open_image(ref: str) -> Any:
+    """The image at ``ref`` (a path, or a ``data:image/...;base64,`` URL) opened lazily (PIL)."""
+    from PIL import Image
+    if ref.startswith("data:"):
+        head, _, data = ref.partition(",")
+        if ";base64" not in head:
+            raise ValueError("a data: URL must be base64-encoded (data:image/png;base64,...)")
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ValueError(f"bad base64 data: {e}") from None
+        return Image.open(io.BytesIO(raw))
+    return Image.open(ref)
+
+
+def load_image(ref: str) -> Any:
+    """The image at ``ref`` (a path or a data: URL) decoded, in RGB."""
+    with open_image(ref) as img:
+        return img.convert("RGB")
+
+
+_PROCESSORS: dict[str, VisionProcessor] = {}
+
+
+def processor_for(model: nn.Module, tokenizer: Any = None) -> VisionProcessor:
+    """The processor of the folder ``model`` was loaded from (``config._name_or_path``), loaded
+    once per process: the engine and the trainer read images with the same one."""
+    path = str(model.config._name_or_path)
+    if path not in _PROCESSORS:
+        _PROCESSORS[path] = load_processor(path, tokenizer)
+    return _PROCESSORS[path]
+
+
+def save_image_processor(model: nn.Module, folder: str | Path) -> None:
+    """Copy the image processor's ``preprocessor_config.json`` of a vision-language ``model``
+    beside its saved weights and tokenizer (checkpoints, exports); nothing for a text model."""
+    src = Path(str(getattr(model.config, "_name_or_path", ""))) / "preprocessor_config.json"
+    if getattr(model.config, "vision_config", None) is not None and src.is_file():
+        dst = Path(folder) / "preprocessor_config.json"
+        if src.resolve() != dst.resolve():
+            shutil.copyfile(src, dst)

@@ -376,6 +376,7 @@ def token_logprobs(
     body: torch.nn.Module | None = None,
     gather_ids: torch.Tensor | None = None,
     return_hidden: bool = False,
+    vision: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Logprobs (and entropies) of the last ``num_response_tokens`` tokens of each row.
 
@@ -404,6 +405,9 @@ def token_logprobs(
     [B, Tr, J] fp32 as the last value, with gradient (the policy's logprobs of a teacher's
     top-k tokens), from the same chunks. ``return_hidden``: also return the hidden states
     [B*Tr, H] the head ran on (with gradient), last (a divergence over the vocabulary reads them).
+    ``vision``: the rows' image inputs of a vision-language policy (train/vision_rows.py
+    ``vision_inputs``: pixel_values, image_grid_thw, mm_token_type_ids [B, T], M-RoPE
+    position_ids [3, B, T]); such a forward runs padded, every row in full.
     """
     B, T = input_ids.shape
     Tr = num_response_tokens
@@ -415,22 +419,27 @@ def token_logprobs(
     head = model.get_output_embeddings()
 
     packed = _packed_layout(model, input_ids, attention_mask, Tr, packing_row_tokens, group_size) \
-        if packing and gather_ids is None and not return_hidden else None
+        if packing and gather_ids is None and not return_hidden and vision is None else None
     if packed is not None:
         hidden = packed_hidden(body if body is not None else backbone(model), packed)  # [M, H] real response tokens only
         targets = input_ids.reshape(-1).index_select(0, packed.target)  # [M]
         computed = packed.computed_tokens
     else:
         hidden = None
-        if group_size is not None and body is None:  # (a KV cache through a compiled body: not tried)
+        if group_size is not None and body is None and vision is None:  # (a KV cache through a compiled body: not tried)
             hidden = _shared_prompt_hidden(model, input_ids, attention_mask, Tr, group_size)
         computed = B * (T - 1) if hidden is None else _shared_prompt_tokens(B, T, Tr, group_size)
         if hidden is None:
+            images = {} if vision is None else {  # the last token is never an image token
+                "pixel_values": vision.get("pixel_values"), "image_grid_thw": vision.get("image_grid_thw"),
+                "mm_token_type_ids": vision["mm_token_type_ids"][:, : T - 1]}
+            positions = position_ids_from_mask(attention_mask) if vision is None else vision["position_ids"]
             out = (body if body is not None else backbone(model))(
                 input_ids=input_ids[:, : T - 1],  # the last token predicts nothing
                 attention_mask=attention_mask[:, : T - 1],
-                position_ids=position_ids_from_mask(attention_mask)[:, : T - 1],
+                position_ids=positions[..., : T - 1],
                 use_cache=False,
+                **images,
             )
             hidden = out.last_hidden_state[:, T - Tr - 1 :]  # [B, Tr, H] states predicting the response
         hidden = hidden.reshape(B * Tr, -1)  # [B*Tr, H]

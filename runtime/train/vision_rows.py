@@ -30,6 +30,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
+from ..data.images import images_of
+from ..models.vision import processor_for
 from .microbatch import pack
 
 
@@ -144,3 +146,23 @@ def micro_batches(seqs: Sequence[VisionSequence], token_budget: int) -> list[lis
     """Indices of ``seqs`` in micro-batches of at most ``token_budget`` tokens each (a longer
     sequence alone): whole sequences, each with all its images."""
     return pack([s.num_tokens for s in seqs], token_budget)
+
+
+def vision_inputs(model: nn.Module, prompts: Sequence[str], input_ids: Tensor,
+                  attention_mask: Tensor) -> dict[str, Tensor] | None:
+    """The image inputs of a trainer forward over B rollout rows (prompt left padded, response
+    right padded: [B, T]) whose prompts carry images (data/images.py ``VisionPrompt``): pixel
+    values and grids in row order, ``mm_token_type_ids`` [B, T], M-RoPE ``position_ids``
+    [3, B, T] over each row's real tokens. None when no prompt has an image."""
+    refs = [images_of(p) for p in prompts]
+    if not any(refs):
+        return None
+    processor = processor_for(model)
+    device = input_ids.device
+    vision = processor.image_inputs([r for row in refs for r in row])
+    types = (input_ids == processor.image_token_id).long()
+    grid = vision["image_grid_thw"].to(device)
+    positions, _ = _rope(model).get_rope_index(input_ids, mm_token_type_ids=types, image_grid_thw=grid,
+                                               attention_mask=attention_mask)
+    return {"pixel_values": vision["pixel_values"].to(device), "image_grid_thw": grid,
+            "mm_token_type_ids": types, "position_ids": positions}

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import vlm_model as fixture
-from rldsl.runtime.models.vision import (IMAGE_TOKEN, freeze_vision, is_vision_folder, language_lora_targets,
-                                         load_processor, load_vision_policy)
+from rldsl.runtime.models.loading import is_vision_folder, load_policy
+from rldsl.runtime.models.vision import IMAGE_TOKEN, freeze_vision, language_lora_targets, load_processor
 from rldsl.runtime.train.vision_rows import (VisionSequence, micro_batches, packed_inputs, padded_inputs,
                                              sequence_logprobs)
 
@@ -21,7 +21,7 @@ QUESTIONS = ["What colour is the square?", "Where is the box?", "Describe it.", 
 @pytest.fixture(scope="module")
 def policy(vlm_model):
     torch.manual_seed(0)
-    return load_vision_policy(vlm_model, "float32").eval(), load_processor(vlm_model)
+    return load_policy(vlm_model, "float32").eval(), load_processor(vlm_model)
 
 
 def _messages(question: str, n_images: int) -> list[dict]:
@@ -119,7 +119,7 @@ def test_micro_batches_keep_sequences_whole_with_their_images(policy):
 
 
 def test_freeze_vision_and_language_only_lora(policy, vlm_model):
-    model = load_vision_policy(vlm_model, "float32")
+    model = load_policy(vlm_model, "float32")
     frozen = freeze_vision(model)
     vision = [n for n, _ in model.named_parameters() if ".visual." in f".{n}"]
     assert vision and frozen == sum(p.numel() for n, p in model.named_parameters() if n in vision)
@@ -130,3 +130,36 @@ def test_freeze_vision_and_language_only_lora(policy, vlm_model):
     hit = [n for n in names if pattern.match(n)]
     assert hit and not any("visual" in n for n in hit)
     assert any(n.endswith("self_attn.q_proj") for n in hit)
+
+
+def test_hf_engine_rollout_and_trainer_logprobs_agree(policy, tmp_path):
+    """The HF engine samples from prompts carrying images (VisionPrompt); the trainer's padded
+    forward (token_logprobs with vision_inputs: pixels, grids, token types, M-RoPE positions)
+    recomputes the engine's logprobs; the batch's prompt ids are the expanded ones."""
+    from rldsl.runtime.batch import model_inputs
+    from rldsl.runtime.data.images import VisionPrompt
+    from rldsl.runtime.rollout.engines.base import SamplingParams
+    from rldsl.runtime.rollout.engines.hf import HFEngine
+    from rldsl.runtime.train.logprobs import token_logprobs
+    from rldsl.runtime.train.vision_rows import vision_inputs
+    model, processor = policy
+    paths = fixture.images(tmp_path, 3)
+    fixture.image(9, (112, 56)).save(tmp_path / "wide.png")
+    prompts = [VisionPrompt(processor.render(_messages(QUESTIONS[0], 1)), [str(paths[0])]),
+               VisionPrompt(processor.render(_messages(QUESTIONS[1], 2)), [str(tmp_path / "wide.png"), str(paths[2])]),
+               processor.render(_messages("No picture.", 0))]
+    engine = HFEngine(model, processor.tokenizer)
+    batch = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=5, temperature=1.0, seed=3))
+    assert batch.prompts[2].images == batch.prompts[3].images == (str(tmp_path / "wide.png"), str(paths[2]))
+    image_id = processor.image_token_id
+    assert (batch.prompt_ids[0] == image_id).sum() == 4 and (batch.prompt_ids[2] == image_id).sum() == 8 + 4
+    assert (batch.prompt_ids[4] == image_id).sum() == 0
+    ids, attn, _ = model_inputs(batch)
+    vision = vision_inputs(model, batch.prompts, ids, attn)
+    assert vision["pixel_values"].shape[0] == 2 * (16 + 32 + 16)  # each row's own images, G=2 rows each
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1], vision=vision)
+        wrong, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1])  # text positions, no pixels
+    m = batch.response_mask.bool()
+    assert (lp[m] - batch.logprobs[m]).abs().max() < 1e-5
+    assert (wrong[m] - batch.logprobs[m]).abs().max() > 1e-3  # the images matter

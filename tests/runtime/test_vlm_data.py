@@ -14,7 +14,8 @@ import vlm_model as fixture
 from rldsl.cli import app
 from rldsl.errors import EXIT_BAD_INPUT
 from rldsl.runtime.data.datasets import load_examples, render_prompt
-from rldsl.runtime.data.images import load_image, prompt_images
+from rldsl.runtime.data.images import prompt_images
+from rldsl.runtime.models.vision import load_image
 from rldsl.runtime.errors import DataError
 
 
@@ -50,7 +51,11 @@ def test_image_parts_resolve_against_the_data_file(data, tmp_path, monkeypatch) 
     assert ex[0].reward_prompt == "What colour?"  # rewards see the text, as before
     assert load_image(url).tobytes() == fixture.image(1).tobytes()
     tok = fixture.build_vlm_tokenizer()  # Qwen2-VL's released template renders the parts
-    assert "<|vision_start|><|image_pad|><|vision_end|>What colour?" in render_prompt(ex[0], tok).prompt
+    rendered = render_prompt(ex[0], tok).prompt
+    assert "<|vision_start|><|image_pad|><|vision_end|>What colour?" in rendered
+    assert rendered.images == (str(data / "images" / "0000.png"),)  # the prompt carries its images
+    import pickle
+    assert pickle.loads(pickle.dumps(rendered)).images == rendered.images  # to Ray workers too
 
 
 def test_image_key_beside_a_text_prompt(data) -> None:
