@@ -11,7 +11,7 @@ prompts. Logprobs are those of the raw logits at temperature tau, as for text pr
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -20,12 +20,9 @@ from ...data.images import images_of
 from ...models.vision import processor_for
 from .base import SamplingParams, left_pad
 
-if TYPE_CHECKING:
-    from .hf import HFEngine
 
-
-def generate_with_images(engine: HFEngine, prompts: list[str], params: SamplingParams) -> RolloutBatch:
-    """``engine.generate`` for prompts some of which carry images."""
+def generate_with_images(engine: Any, prompts: list[str], params: SamplingParams) -> RolloutBatch:
+    """``engine.generate`` (an ``HFEngine``) for prompts some of which carry images."""
     processor = processor_for(engine.model, engine.tokenizer)
     encoded = [processor.encode_refs(str(p), images_of(p)) for p in prompts]
     ids, mask = left_pad([e["input_ids"][0].tolist() for e in encoded], engine.pad_id)  # [P, Tp]
