@@ -184,8 +184,9 @@ def processor_for(model: nn.Module, tokenizer: Any = None) -> VisionProcessor:
 def save_image_processor(model: nn.Module, folder: str | Path) -> None:
     """Copy the image processor's ``preprocessor_config.json`` of a vision-language ``model``
     beside its saved weights and tokenizer (checkpoints, exports); nothing for a text model."""
-    src = Path(str(getattr(model.config, "_name_or_path", ""))) / "preprocessor_config.json"
-    if getattr(model.config, "vision_config", None) is not None and src.is_file():
+    config = getattr(model, "config", None)
+    src = Path(str(getattr(config, "_name_or_path", "") or "")) / "preprocessor_config.json"
+    if getattr(config, "vision_config", None) is not None and src.is_file():
         dst = Path(folder) / "preprocessor_config.json"
         if src.resolve() != dst.resolve():
             shutil.copyfile(src, dst)
