@@ -163,3 +163,16 @@ def test_hf_engine_rollout_and_trainer_logprobs_agree(policy, tmp_path):
     m = batch.response_mask.bool()
     assert (lp[m] - batch.logprobs[m]).abs().max() < 1e-5
     assert (wrong[m] - batch.logprobs[m]).abs().max() > 1e-3  # the images matter
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_trainable_freezes_the_vision_tower_by_default(vlm_model, freeze):
+    from rldsl.runtime.config import RunConfig
+    from rldsl.runtime.recipe import trainable
+    cfg = RunConfig()
+    assert cfg.model.freeze_vision is True  # the default
+    cfg.model.freeze_vision = freeze
+    policy, _ = trainable(cfg, load_policy(vlm_model, "float32"), checkpointing=False)
+    vision = [p.requires_grad for n, p in policy.named_parameters() if n.startswith("model.visual.")]
+    language = [p.requires_grad for n, p in policy.named_parameters() if n.startswith("model.language_model.")]
+    assert vision and all(language) and all(not v for v in vision) == freeze and all(vision) != freeze
