@@ -55,6 +55,7 @@ from ..batch import position_ids_from_mask
 from ..models.loading import backbone, cache_keyword, plain_kv_cache
 from .packing import PackedRows, packed_hidden, packed_layout, same_prompts
 from .throughput import TokenCount
+from .vision_rows import packed_vision_hidden
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
@@ -426,9 +427,15 @@ def token_logprobs(
         computed = packed.computed_tokens
     else:
         hidden = None
-        if group_size is not None and body is None and vision is None:  # (a KV cache through a compiled body: not tried)
+        if vision is not None and packing and gather_ids is None and not return_hidden:  # a VLM's packed rows
+            merge = model.config.vision_config.spatial_merge_size
+            hidden, computed = packed_vision_hidden(body if body is not None else backbone(model), input_ids,
+                                                    attention_mask, Tr, vision, merge, packing_row_tokens)
+        elif group_size is not None and body is None and vision is None:  # (a KV cache through a compiled body: not tried)
             hidden = _shared_prompt_hidden(model, input_ids, attention_mask, Tr, group_size)
-        computed = B * (T - 1) if hidden is None else _shared_prompt_tokens(B, T, Tr, group_size)
+            computed = B * (T - 1) if hidden is None else _shared_prompt_tokens(B, T, Tr, group_size)
+        else:
+            computed = B * (T - 1)
         if hidden is None:
             images = {} if vision is None else {  # the last token is never an image token
                 "pixel_values": vision.get("pixel_values"), "image_grid_thw": vision.get("image_grid_thw"),
@@ -449,7 +456,7 @@ def token_logprobs(
         distinct = None
         if packed is not None:  # (shared-prompt rows: each prompt once per row holding it)
             distinct = packed.placed
-        elif computed != B * (T - 1):  # the shared prompt ran once per group
+        elif computed != B * (T - 1) and vision is None:  # the shared prompt ran once per group
             prompt = attention_mask[:, : T - Tr].long().sum(1)  # [B]
             distinct = int(lengths.sum() - prompt.sum() + prompt[::group_size].sum())
         count.add(lengths.tolist(), computed, distinct)

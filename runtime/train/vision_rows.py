@@ -166,3 +166,68 @@ def vision_inputs(model: nn.Module, prompts: Sequence[str], input_ids: Tensor,
                                                attention_mask=attention_mask)
     return {"pixel_values": vision["pixel_values"].to(device), "image_grid_thw": grid,
             "mm_token_type_ids": types, "position_ids": positions}
+
+
+def packed_vision_hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, num_response_tokens: int,
+                         vision: dict[str, Tensor], merge_size: int, row_tokens: int | None = None
+                         ) -> tuple[Tensor, int]:
+    """The backbone's last hidden states [B, Tr, H] predicting the response tokens of B padded
+    rows (prompt left padded, response right padded), computed on packed rows: each row's real
+    tokens (one contiguous run) end to end, at most ``row_tokens`` tokens a packed row (whole
+    sequences; None: one row), with the positions ``vision`` holds for them (``vision_inputs``:
+    each sequence's own M-RoPE positions) under per-sequence text positions, (4, 1, S), and each
+    packed row's pixel values and grids (its sequences', in order). Zeros where a row has no
+    response token. Also returns the tokens computed (sum of the packed rows' lengths)."""
+    B, T = input_ids.shape
+    Tr = num_response_tokens
+    lengths = attention_mask.long().sum(1).tolist()  # [B] real tokens a row
+    prompt_len = attention_mask[:, : T - Tr].long().sum(1).tolist()  # [B]
+    starts = [T - Tr - p for p in prompt_len]  # each row's first real token
+    types = vision["mm_token_type_ids"]
+    image_tokens = types.sum(1).tolist()  # [B]
+    grids = vision["image_grid_thw"] if "image_grid_thw" in vision else None
+    # each row's images (grids) and patches, in row order: a grid is (t, h, w) -> t*h*w patches,
+    # t*h*w / merge^2 tokens
+    per_grid_tokens = (grids.prod(-1) // merge_size ** 2).tolist() if grids is not None else []
+    grid_rows, g = [], 0
+    for n in image_tokens:
+        take = 0
+        while n > 0:
+            n -= per_grid_tokens[g + take]
+            take += 1
+        grid_rows.append((g, g + take))
+        g += take
+    patch_start = [0] + (grids.prod(-1).cumsum(0).tolist() if grids is not None else [])
+    hidden_out = None
+    computed = 0
+    for rows in pack(lengths, row_tokens or sum(lengths)):
+        if not rows:
+            continue
+        ids, text, rope, tt, pix, grid = [], [], [], [], [], []
+        for b in rows:
+            s, n = starts[b], lengths[b]
+            ids.append(input_ids[b, s:s + n])
+            text.append(torch.arange(n, device=input_ids.device))
+            rope.append(vision["position_ids"][:, b, s:s + n])
+            tt.append(types[b, s:s + n])
+            g0, g1 = grid_rows[b]
+            if g1 > g0:
+                grid.append(grids[g0:g1])
+                pix.append(vision["pixel_values"][patch_start[g0]:patch_start[g1]])
+        S = sum(lengths[b] for b in rows)
+        computed += S
+        images = {"pixel_values": torch.cat(pix), "image_grid_thw": torch.cat(grid)} if grid else {}
+        positions = torch.cat([torch.cat(text).view(1, -1), torch.cat(rope, dim=1).to(torch.long)],
+                              dim=0).unsqueeze(1)  # (4, 1, S)
+        hidden = body(input_ids=torch.cat(ids).view(1, S), position_ids=positions,
+                      mm_token_type_ids=torch.cat(tt).view(1, S), use_cache=False, **images).last_hidden_state[0]
+        if hidden_out is None:
+            hidden_out = hidden.new_zeros(B, Tr, hidden.shape[-1])
+        offset = 0
+        for b in rows:
+            r = lengths[b] - prompt_len[b]  # real response tokens
+            if r > 0:  # token j of the response is predicted by the state before it
+                first = offset + prompt_len[b] - 1
+                hidden_out[b, :r] = hidden[first:first + r]
+            offset += lengths[b]
+    return hidden_out, computed

@@ -141,6 +141,7 @@ def test_hf_engine_rollout_and_trainer_logprobs_agree(policy, tmp_path):
     from rldsl.runtime.rollout.engines.base import SamplingParams
     from rldsl.runtime.rollout.engines.hf import HFEngine
     from rldsl.runtime.train.logprobs import token_logprobs
+    from rldsl.runtime.train.throughput import TokenCount
     from rldsl.runtime.train.vision_rows import vision_inputs
     model, processor = policy
     paths = fixture.images(tmp_path, 3)
@@ -160,8 +161,15 @@ def test_hf_engine_rollout_and_trainer_logprobs_agree(policy, tmp_path):
     with torch.no_grad():
         lp, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1], vision=vision)
         wrong, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1])  # text positions, no pixels
+        count = TokenCount()
+        packed, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1], vision=vision, packing=True,
+                                   count=count)
+        rows2, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1], vision=vision, packing=True,
+                                  packing_row_tokens=int(attn.sum(1).max()) + 1)  # several packed rows
     m = batch.response_mask.bool()
     assert (lp[m] - batch.logprobs[m]).abs().max() < 1e-5
+    assert (packed[m] - lp[m]).abs().max() < 1e-6 and (rows2[m] - lp[m]).abs().max() < 1e-6  # packed == padded
+    assert count.computed == int(attn.sum()) < attn.numel()  # the packed rows hold real tokens only
     assert (wrong[m] - batch.logprobs[m]).abs().max() > 1e-3  # the images matter
 
 
