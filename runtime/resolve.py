@@ -101,14 +101,13 @@ def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
 
 def check_vision(algo: Algorithm, cfg: RunConfig) -> None:
     """A vision-language policy (``--model`` folder with a ``vision_config``) runs where its images
-    reach every forward (docs/vlm.md, "What is not supported yet"): the HF engine, one process,
+    reach every forward (docs/vlm.md, "What is not supported yet"): the HF or vLLM engine, one process,
     single-turn rollouts, a spec without a critic or a teacher. Anything else is refused here,
     before any model loads, rather than silently training without the pictures."""
     if cfg.model.path is None or not is_vision_folder(cfg.model.path):
         return
     r, d = cfg.rollout, cfg.distributed
     refused = [what for what, on in (
-        ("rollout.engine=vllm (vLLM needs torchvision to load Qwen2-VL here)", r.engine == "vllm"),
         ("rollout.tools / rollout.env / rollout.agent (multi-turn episodes with images)",
          r.tools is not None or r.env is not None or r.agent is not None),
         ("rollout.partial=true", r.partial),
@@ -119,8 +118,8 @@ def check_vision(algo: Algorithm, cfg: RunConfig) -> None:
     ) if on]
     if refused:
         raise ConfigError(f"{cfg.model.path} is a vision-language model; its images do not reach the forwards of: "
-                          f"{'; '.join(refused)}. Use the HF engine in one process with single-turn rollouts "
-                          "(docs/vlm.md, \"What is not supported yet\")")
+                          f"{'; '.join(refused)}. Train in one process with single-turn rollouts "
+                          "(docs/vlm.md, \"Engines and trainers\")")
 
 
 def check_trainer_ranks(algo: Algorithm, cfg: RunConfig) -> None:
