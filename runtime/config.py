@@ -151,6 +151,10 @@ class ModelConfig(_Section):
                     "pitfall 7).")
     lora: LoraConfig = Field(default_factory=LoraConfig,
                              description="LoRA adapters (model.lora.rank > 0).")
+    freeze_vision: bool = Field(
+        default=True,
+        description="A vision-language policy's vision tower is not trained (LoRA adapters go on "
+                    "its language model only); false trains it too (docs/vlm.md).")
     compile: bool = Field(
         default=False,
         description="torch.compile the policy's transformer body for the trainer's forwards "
@@ -281,6 +285,15 @@ class DataConfig(_Section):
         default="answer",
         description="Record field holding the reference answer the reward checks; null = "
                     "the records have no reference answers.")
+    image_key: str | None = Field(
+        default=None,
+        description="Record field holding a text prompt's images: a path (relative to the data "
+                    "file) or a data: URL, or a list of them; they go first in the user turn. "
+                    "null = images only as image parts of a 'messages' chat (docs/vlm.md).")
+    max_images: int = Field(
+        default=8, ge=1,
+        description="Most images a prompt may hold; a row with more is refused (exit 2) before "
+                    "any model loads, as are missing and unreadable images (docs/vlm.md).")
     eval_path: str | None = Field(
         default=None,
         description="Held-out prompts (same formats and fields as path); null = split "

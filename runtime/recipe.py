@@ -22,6 +22,7 @@ from .rollout.engines.base import RolloutEngine
 from .rollout.multi_turn import episode_runner
 from .models.lora import adapters_disabled, apply_lora
 from .models.loading import enable_gradient_checkpointing, load_policy, load_tokenizer, master_dtype
+from .models.vision import freeze_vision
 
 
 def with_lora(cfg: RunConfig, policy: nn.Module) -> tuple[nn.Module, Any]:
@@ -45,7 +46,9 @@ def trainable(cfg: RunConfig, policy: nn.Module, *,
     """(the policy to train, ``reference_off`` or None): LoRA adapters added when the config asks
     (the base is frozen; the reference is the policy with its adapters off, ``reference_off()``:
     no second copy), and the blocks' activations recomputed in the backward pass when
-    ``checkpointing``."""
+    ``checkpointing``; a vision-language policy's vision tower frozen (``model.freeze_vision``)."""
+    if cfg.model.freeze_vision:  # a vision-language policy's vision tower (nothing for a text model)
+        freeze_vision(policy)
     policy, wrapped = with_lora(cfg, policy)
     reference_off = partial(adapters_disabled, wrapped) if wrapped is not None else None
     if checkpointing:

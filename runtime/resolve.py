@@ -32,7 +32,7 @@ from .config import RunConfig
 from .data import reasoning_gym as rg
 from .data.sources import default_reward, default_tools, max_new_tokens, reward_origin, source_of
 from .errors import ConfigError, RunError
-from .models.loading import folder_is_moe, load_tokenizer, model_context
+from .models.loading import folder_is_moe, is_vision_folder, load_tokenizer, model_context
 from .rewards.functions import RewardFn, with_answer_format
 # source_of() reads the table of prompt sources: importing these modules registers their rows
 # (a verifiers taskset's; the built-in tasks') before the first run is resolved
@@ -93,10 +93,34 @@ def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
     check_device(cfg)
     check_engine(cfg)
     check_async(algo, cfg)
+    check_vision(algo, cfg)
     check = source_of(cfg).check
     if check is not None:
         check(cfg)
     check_tools(cfg)
+
+
+def check_vision(algo: Algorithm, cfg: RunConfig) -> None:
+    """A vision-language policy (``--model`` folder with a ``vision_config``) runs where its images
+    reach every forward (docs/vlm.md, "What is not supported yet"): the HF or vLLM engine, one process,
+    single-turn rollouts, a spec without a critic or a teacher. Anything else is refused here,
+    before any model loads, rather than silently training without the pictures."""
+    if cfg.model.path is None or not is_vision_folder(cfg.model.path):
+        return
+    r, d = cfg.rollout, cfg.distributed
+    refused = [what for what, on in (
+        ("rollout.tools / rollout.env / rollout.agent (multi-turn episodes with images)",
+         r.tools is not None or r.env is not None or r.agent is not None),
+        ("rollout.partial=true", r.partial),
+        (f"distributed.trainers={d.trainers} (FSDP2 ranks)", d.trainers > 1),
+        (f"distributed.rollout_workers={d.rollout_workers} (Ray workers)", d.rollout_workers > 0),
+        (f"{algo.name}'s critic (a value model)", algo.uses_critic),
+        (f"{algo.name}'s teacher", algo.uses_teacher),
+    ) if on]
+    if refused:
+        raise ConfigError(f"{cfg.model.path} is a vision-language model; its images do not reach the forwards of: "
+                          f"{'; '.join(refused)}. Train in one process with single-turn rollouts "
+                          "(docs/vlm.md, \"Engines and trainers\")")
 
 
 def check_teacher_settings(algo: Algorithm, cfg: RunConfig) -> None:

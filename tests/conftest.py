@@ -109,3 +109,12 @@ def moe_model(tmp_path_factory) -> Callable[[str], Path]:
         return built[arch]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def vlm_model(tmp_path_factory) -> Path:
+    """An HF folder of the tiny random Qwen2-VL (tests/fixtures/vlm_model.py: Qwen2-VL's released
+    chat template, a ``Qwen2VLImageProcessorPil`` image processor, no torchvision), built once per
+    session."""
+    import vlm_model as fixture
+    return fixture.build_vlm_model(tmp_path_factory.mktemp("vlm"))

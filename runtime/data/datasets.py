@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from ..errors import DataError
+from . import images
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Example:
         string as it is, a messages list as its contents joined by blank lines (roles
         dropped; ``data.system_prompt`` is not part of the row). docs/rewards.md."""
         src = self.row_prompt
-        return src if isinstance(src, str) else "\n\n".join(m["content"] for m in src)
+        return src if isinstance(src, str) else "\n\n".join(images.content_text(m["content"]) for m in src)
 
     @property
     def row_prompt(self) -> str | tuple:
@@ -187,7 +188,7 @@ def _text_of(value: Any) -> str | None:
     return None
 
 
-def conversational_row(row: dict[str, Any], where: str) -> tuple[Any, str | None] | None:
+def conversational_row(row: dict[str, Any], where: str, base: Path | None = None) -> tuple[Any, str | None] | None:
     """(prompt, answer found in the chat or None) for a row in a standard conversational
     format with no ``prompt`` column of its own (a ``messages`` chat), or for TRL's
     prompt-completion rows; None when the row is in neither."""
@@ -197,7 +198,7 @@ def conversational_row(row: dict[str, Any], where: str) -> tuple[Any, str | None
     messages = row.get("messages")
     if messages is None:
         return None
-    messages = list(_messages(messages, f"{where}: field 'messages'"))
+    messages = list(_messages(messages, f"{where}: field 'messages'", base))
     last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
     if last is None:  # no assistant turn: the whole chat is the prompt
         return tuple(messages), None
@@ -215,6 +216,8 @@ def load_examples(
     split: str = "train",
     context_field: str | None = None,
     context_template: str = CONTEXT_TEMPLATE,
+    image_field: str | None = None,
+    max_images: int = 8,
 ) -> list[Example]:
     """Read prompts (and answers) from ``path``: ``.jsonl``, ``.json``, ``.parquet`` or a
     datasets folder.
@@ -230,6 +233,11 @@ def load_examples(
     field, or a prompt that is not a string, raises ``DataError`` naming the file, the row
     (1-based; the line for .jsonl), the fields the row has and the ``--set`` keys that choose
     the columns. ``split`` picks the split of a saved ``DatasetDict`` (or of a .json object).
+
+    Images (docs/vlm.md, data/images.py): user turns may hold image parts, and ``image_field``
+    (``data.image_key``) names a column of image paths beside a text prompt; paths are resolved
+    against the file's folder, and every image is checked (exists, reads as an image, at most
+    ``max_images`` per row: ``data.max_images``) here, before any model loads.
     """
     path = Path(path)
     unit = "line" if path.suffix == ".jsonl" else "row"
@@ -240,7 +248,7 @@ def load_examples(
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected an object with fields, got {type(row).__name__}")
         columns = list(row)  # as in the file, for the messages below
-        found = conversational_row(row, where) if detect else None
+        found = conversational_row(row, where, path.parent) if detect else None
         if found is not None:
             chat_prompt, chat_answer = found
             row = {**row, prompt_field: chat_prompt}
@@ -256,7 +264,13 @@ def load_examples(
             )
         prompt = row[prompt_field]
         if not isinstance(prompt, str):
-            prompt = _messages(prompt, f"{where}: field {prompt_field!r}")
+            prompt = _messages(prompt, f"{where}: field {prompt_field!r}", path.parent)
+        if image_field is not None:
+            if row.get(image_field) is None:
+                raise DataError(f"{where}: missing field {image_field!r} (data.image_key; the row has: "
+                                f"{', '.join(map(repr, columns))})")
+            prompt = images.with_image_column(prompt, row[image_field], where, path.parent, image_field)
+        images.check_images(prompt, where, max_images)
         answer = row[answer_field] if answer_field is not None else ""
         if isinstance(answer, (list, dict)):
             raise DataError(
@@ -283,17 +297,20 @@ def load_examples(
     return examples
 
 
-def _messages(value: Any, where: str) -> tuple:
-    """A conversational prompt as a tuple of {"role", "content"} dicts (hashable container)."""
+def _messages(value: Any, where: str, base: Path | None = None) -> tuple:
+    """A conversational prompt as a tuple of {"role", "content"} dicts (hashable container); a
+    content may be a list of text and image parts (data/images.py; paths resolved against ``base``)."""
     if hasattr(value, "tolist"):  # a numpy array from parquet
         value = value.tolist()
     ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-        for m in value)
-    if not ok:
+        isinstance(m, dict) and isinstance(m.get("role"), str) for m in value)
+    contents = [m["content"] if isinstance(m["content"], str)
+                else images.parts(m["content"], where, base or Path.cwd()) for m in value] if ok else []
+    if not ok or any(c is None for c in contents):
         raise DataError(f"{where} must be a string or a non-empty list of "
-                        f'{{"role": ..., "content": ...}} messages, got {str(value)[:80]!r}')
-    return tuple({"role": m["role"], "content": m["content"]} for m in value)
+                        f'{{"role": ..., "content": ...}} messages (a content: a string, or a list of '
+                        f'text and image parts), got {str(value)[:80]!r}')
+    return tuple({"role": m["role"], "content": c} for m, c in zip(value, contents))
 
 
 def has_chat_template(tokenizer: Any) -> bool:
@@ -331,15 +348,18 @@ def render_prompt(example: Example, tokenizer: Any, *, mode: str = "auto",
             return dataclasses.replace(example, teacher_prompt=teacher)
         # one blank line between two messages: a content's own trailing newlines (reasoning-gym's
         # system prompt ends in one) add none
-        text = "\n\n".join([m["content"].rstrip("\n") for m in messages[:-1]] + [messages[-1]["content"]])
+        text = "\n\n".join([images.content_text(m["content"]).rstrip("\n") for m in messages[:-1]]
+                           + [images.content_text(messages[-1]["content"])])
     else:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                              **(kwargs or {}))
         bos = getattr(tokenizer, "bos_token", None)
         if bos and text.startswith(bos) and _adds_bos(tokenizer):
             text = text[len(bos):]
-    return Example(id=example.id, prompt=text, answer=example.answer, source=source,
-                   teacher_source=example.teacher_source, teacher_prompt=teacher, fields=example.fields)
+    refs = images.prompt_images(source)  # a prompt with images carries them (data/images.py)
+    return Example(id=example.id, prompt=images.VisionPrompt(text, refs) if refs else text, answer=example.answer,
+                   source=source, teacher_source=example.teacher_source, teacher_prompt=teacher,
+                   fields=example.fields)
 
 
 def _adds_bos(tokenizer: Any) -> bool:

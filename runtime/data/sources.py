@@ -49,7 +49,8 @@ def _no_system_prompt() -> str | None:
 def _file_eval_rows(cfg: RunConfig, path: str, count: int | None,
                     exclude: Sequence[str] | None) -> tuple[dict[str, list[Example]], str | None]:
     d = cfg.data
-    return {"": load_examples(path, prompt_field=d.prompt_key, answer_field=d.answer_key)}, None
+    return {"": load_examples(path, prompt_field=d.prompt_key, answer_field=d.answer_key, image_field=d.image_key,
+                              max_images=d.max_images)}, None
 
 
 def _plain_prompts(cfg: RunConfig, rows: Rows, train: list[Example], held: list[Example],
@@ -203,9 +204,11 @@ def _file_rows(cfg: RunConfig) -> Rows:
     d = cfg.data
     t = cfg.teacher  # a privileged teacher's context column (the held-out rows of data.eval_path need none)
     examples = load_examples(d.path, prompt_field=d.prompt_key, answer_field=d.answer_key,
-                             context_field=t.context_key, context_template=t.context_template)
+                             context_field=t.context_key, context_template=t.context_template,
+                             image_field=d.image_key, max_images=d.max_images)
     if d.eval_path:
-        return Rows(examples, load_examples(d.eval_path, prompt_field=d.prompt_key, answer_field=d.answer_key))
+        return Rows(examples, load_examples(d.eval_path, prompt_field=d.prompt_key, answer_field=d.answer_key,
+                                            image_field=d.image_key, max_images=d.max_images))
     return split_rows(cfg, examples)
 
 

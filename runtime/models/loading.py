@@ -15,12 +15,24 @@ if TYPE_CHECKING:
     from torch import nn
 
 
+def is_vision_folder(path: str | Path) -> bool:
+    """Whether the HF folder at ``path`` holds a vision-language model (its config.json has a
+    ``vision_config``; models/vision.py, docs/vlm.md). Reads config.json only."""
+    import json
+    try:
+        return "vision_config" in json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
 def load_policy(path: Path, dtype: str) -> nn.Module:
-    """The causal LM of an HF folder, in ``dtype`` ("float32", "bfloat16", ...), KV cache on."""
-    from transformers import AutoModelForCausalLM
+    """The causal LM of an HF folder, in ``dtype`` ("float32", "bfloat16", ...), KV cache on;
+    a vision-language folder's image-text-to-text model (``Qwen2VLForConditionalGeneration``)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    auto = AutoModelForImageTextToText if is_vision_folder(path) else AutoModelForCausalLM
     try:
         with quiet_transformers():  # no "Loading weights" bar
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+            model = auto.from_pretrained(str(path), dtype=getattr(torch, dtype))
     except (OSError, ValueError) as e:
         raise RunError(f"could not load the model from {path}: {e}") from None
     model.config.use_cache = True
@@ -72,12 +84,13 @@ def load_tokenizer(path: Path) -> Any:
 def policy_on_meta(path: str | Path, state: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
     """The HF model of a folder's config built on the meta device (no weights read), holding
     ``state`` (assigned, not copied) when given."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
     config = AutoConfig.from_pretrained(str(path))
+    auto = AutoModelForImageTextToText if is_vision_folder(path) else AutoModelForCausalLM
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = auto.from_config(config)
     if state is not None:
-        model.load_state_dict(with_tied(state, model), assign=True)
+        model.load_state_dict(with_tied(own_names(state, model), model), assign=True)
         model.tie_weights()
     return model
 
@@ -135,6 +148,25 @@ def with_tied(state: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, 
             for n in names:
                 out.setdefault(n, out[have[0]])
     return out
+
+
+def own_names(state: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """``state`` (a saved folder's tensors) under ``model``'s own names. ``save_pretrained`` writes
+    some architectures under their released checkpoint names (transformers' conversion mapping:
+    Qwen2-VL's language model as ``model.*``, its vision tower as ``visual.*``, where the module
+    holds ``model.language_model.*`` and ``model.visual.*``); those names are mapped back. A
+    name the model has is kept as it is."""
+    own = model.state_dict()
+    if set(state) <= set(own):
+        return dict(state)
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+        saved = revert_weight_conversion(model, dict(own))  # own tensors under their saved names
+    except (ImportError, AttributeError, TypeError, ValueError):  # transformers 4.x: names are saved as they are
+        return dict(state)
+    by_id = {id(v): k for k, v in own.items()}
+    names = {s: s if s in own else by_id[id(v)] for s, v in saved.items() if s in own or id(v) in by_id}
+    return {names.get(k, k): v for k, v in state.items()}
 
 
 def tensors_by_name(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import RunError
+from .vision import language_lora_targets
 
 ADAPTER = "default"
 
@@ -35,6 +36,12 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float,
     ``PeftModel`` wrapper, kept for ``disable_adapter``)."""
     peft = require_peft()
     targets: Any = "all-linear" if target_modules in ("all-linear", ["all-linear"]) else list(target_modules)
+    if getattr(getattr(model, "config", None), "vision_config", None) is not None:  # a VLM: its language model only
+        if targets == "all-linear":
+            head = model.get_output_embeddings()
+            targets = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                              if isinstance(m, nn.Linear) and m is not head and ".visual." not in f".{n}."})
+        targets = language_lora_targets(model, targets)
     config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
                              task_type="CAUSAL_LM")
     try:

@@ -50,7 +50,8 @@ from rldsl.lazy_torch import torch  # imported at the first tensor operation: `r
 
 from .. import faults
 from ..errors import CheckpointWriteError
-from ..models.loading import quiet_transformers, with_tied
+from ..models.loading import own_names, quiet_transformers, with_tied
+from ..models.vision import save_image_processor
 from .rng import capture_rng, restore_rng
 from .run_dir import (CHECKPOINTS_DIR, COMPLETE_MARKER, CRITIC_DIR, LATEST_FILE, OPTIMIZER_FILE,
                       POLICY_DIR, STATE_FILE, fsync_dir, fsync_tree, write_text_atomic)
@@ -190,6 +191,7 @@ def _write(tmp: Path, step: int, rng: dict[str, Any], extra: dict[str, Any], *, 
     if tokenizer is not None:
         with quiet_transformers():
             tokenizer.save_pretrained(tmp / POLICY_DIR)
+    save_image_processor(policy, tmp / POLICY_DIR)  # a vision-language policy's (models/vision.py)
     if critic is not None:
         _save_module(critic, tmp / CRITIC_DIR)
     # through Python file objects: a failed write is then an OSError (torch's own writer
@@ -561,7 +563,7 @@ def load_weights(model: torch.nn.Module, directory: str | os.PathLike[str]) -> N
     only for tied parameters (e.g. ``lm_head.weight`` sharing the embedding); any other
     missing or unexpected key raises KeyError.
     """
-    state = read_weights(directory)
+    state = own_names(read_weights(directory), model)
     own = model.state_dict()
     unexpected = sorted(set(state) - set(own))
     if unexpected and hasattr(model, "from_pretrained") and (Path(directory) / "config.json").is_file():

@@ -9,7 +9,7 @@ from pathlib import Path
 from .checkpoint import list_checkpoints, load_weights, read_weights
 from ..errors import RunError
 from ..models.lora import apply_lora, merged_weights
-from ..models.loading import policy_on_meta, quiet_transformers
+from ..models.loading import is_vision_folder, policy_on_meta, quiet_transformers
 from .run_dir import POLICY_DIR, load_run_config
 
 
@@ -29,7 +29,7 @@ def checkpoint_of(run_dir: Path, step: int | None) -> Path:
 
 def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
     """Write the policy of a run's checkpoint to ``out`` as a plain HF folder; returns ``out``."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
     run_dir, out = Path(run_dir), Path(out)
     if out.exists() and any(out.iterdir()):
         raise RunError(f"{out} exists and is not empty: choose another --out")
@@ -37,7 +37,8 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     state = read_weights(src)
     if any(".lora_" in k for k in state):
         lo = load_run_config(run_dir).model.lora
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(src)))
+        auto = AutoModelForImageTextToText if is_vision_folder(src) else AutoModelForCausalLM
+        model = auto.from_config(AutoConfig.from_pretrained(str(src)))
         model, _ = apply_lora(model, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
                               target_modules=lo.target_modules)
         load_weights(model, src)
@@ -47,6 +48,7 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     with quiet_transformers():  # no "Writing model shards" bar
         plain.save_pretrained(out)
         AutoTokenizer.from_pretrained(str(src)).save_pretrained(out)
-    if (src / "generation_config.json").is_file():
-        shutil.copy(src / "generation_config.json", out / "generation_config.json")
+    for name in ("generation_config.json", "preprocessor_config.json"):  # (the latter: a VLM's image processor)
+        if (src / name).is_file():
+            shutil.copy(src / name, out / name)
     return out

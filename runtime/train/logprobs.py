@@ -57,6 +57,7 @@ from ..models import moe
 from ..models.loading import backbone, cache_keyword, plain_kv_cache
 from .packing import PackedRows, packed_hidden, packed_layout, same_prompts
 from .throughput import TokenCount
+from .vision_rows import packed_vision_hidden
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
@@ -396,6 +397,7 @@ def token_logprobs(
     return_hidden: bool = False,
     routing: torch.Tensor | None = None,
     with_router_aux: bool = False,
+    vision: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Logprobs (and entropies) of the last ``num_response_tokens`` tokens of each row.
 
@@ -429,6 +431,9 @@ def token_logprobs(
     ``with_router_aux``: also return each response token's load-balancing loss [B, Tr] (with
     gradient; that of the token fed at the position predicting it: ``models.moe.balance``), before
     the hidden states (inside ``models.moe.routing`` with ``aux``).
+    ``vision``: the rows' image inputs of a vision-language policy (train/vision_rows.py
+    ``vision_inputs``: pixel_values, image_grid_thw, mm_token_type_ids [B, T], M-RoPE
+    position_ids [3, B, T]); such a forward runs padded, every row in full.
     """
     B, T = input_ids.shape
     Tr = num_response_tokens
@@ -440,7 +445,7 @@ def token_logprobs(
     head = model.get_output_embeddings()
 
     packed = _packed_layout(model, input_ids, attention_mask, Tr, packing_row_tokens, group_size) \
-        if packing and gather_ids is None and not return_hidden else None
+        if packing and gather_ids is None and not return_hidden and vision is None else None
     if packed is not None:
         hidden = packed_hidden(body if body is not None else backbone(model), packed,
                                None if routing is None else routing.reshape(B * T, *routing.shape[2:]),
@@ -451,17 +456,28 @@ def token_logprobs(
         computed = packed.computed_tokens
     else:
         hidden = None
-        if group_size is not None and body is None:  # (a KV cache through a compiled body: not tried)
+        if vision is not None and packing and gather_ids is None and not return_hidden:  # a VLM's packed rows
+            merge = model.config.vision_config.spatial_merge_size
+            hidden, computed = packed_vision_hidden(body if body is not None else backbone(model), input_ids,
+                                                    attention_mask, Tr, vision, merge, packing_row_tokens)
+        elif group_size is not None and body is None and vision is None:  # (a KV cache through a compiled body: not tried)
             hidden = _shared_prompt_hidden(model, input_ids, attention_mask, Tr, group_size)
-        computed = B * (T - 1) if hidden is None else _shared_prompt_tokens(B, T, Tr, group_size)
+            computed = B * (T - 1) if hidden is None else _shared_prompt_tokens(B, T, Tr, group_size)
+        else:
+            computed = B * (T - 1)
         if hidden is None:
+            images = {} if vision is None else {  # the last token is never an image token
+                "pixel_values": vision.get("pixel_values"), "image_grid_thw": vision.get("image_grid_thw"),
+                "mm_token_type_ids": vision["mm_token_type_ids"][:, : T - 1]}
+            positions = position_ids_from_mask(attention_mask) if vision is None else vision["position_ids"]
             with moe.feeding(model, None if routing is None else routing[:, : T - 1].reshape(
                     B * (T - 1), *routing.shape[2:]), attention_mask[:, : T - 1]):
                 out = (body if body is not None else backbone(model))(
                     input_ids=input_ids[:, : T - 1],  # the last token predicts nothing
                     attention_mask=attention_mask[:, : T - 1],
-                    position_ids=position_ids_from_mask(attention_mask)[:, : T - 1],
+                    position_ids=positions[..., : T - 1],
                     use_cache=False,
+                    **images,
                 )
             hidden = out.last_hidden_state[:, T - Tr - 1 :]  # [B, Tr, H] states predicting the response
         aux = moe.balance(model) if with_router_aux else None  # [B*(T-1)]
@@ -473,7 +489,7 @@ def token_logprobs(
         distinct = None
         if packed is not None:  # (shared-prompt rows: each prompt once per row holding it)
             distinct = packed.placed
-        elif computed != B * (T - 1):  # the shared prompt ran once per group
+        elif computed != B * (T - 1) and vision is None:  # the shared prompt ran once per group
             prompt = attention_mask[:, : T - Tr].long().sum(1)  # [B]
             distinct = int(lengths.sum() - prompt.sum() + prompt[::group_size].sum())
         count.add(lengths.tolist(), computed, distinct)

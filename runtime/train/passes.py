@@ -28,6 +28,7 @@ from .logprobs import token_logprobs
 from .microbatch import plan, trim, widen
 from .teachers import RemoteTeacher, TeacherForward, privileged, teacher_topk
 from .throughput import ModelDims, TokenCount
+from .vision_rows import vision_inputs
 
 
 class ForwardPasses:
@@ -88,6 +89,9 @@ class ForwardPasses:
             extra["gather_ids"] = gather_ids
         if hidden:
             extra["return_hidden"] = True
+        vision = vision_inputs(model, batch.prompts, ids, attn)  # a VLM's rows with images: padded, in full
+        if vision is not None:
+            extra["vision"], groups = vision, False
         count = TokenCount()
         if self.moe:
             extra["routing"] = batch.routed_experts

@@ -29,6 +29,8 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from ...batch import RolloutBatch, position_ids_from_mask, repeat_each
 from ...models import moe
 from ...models.loading import backbone, cache_keyword, plain_kv_cache, tensors_by_name
+from ...data.images import images_of
+from .hf_vision import generate_with_images
 from .kv_cache import preallocated_cache
 from .base import (SamplingParams, check_request, cut_at_first_stop, left_pad, special_token_ids,
                    stop_token_ids)
@@ -70,8 +72,11 @@ class HFEngine:
     # ------------------------------------------------------------------ generate
     @torch.no_grad()
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
-        """Sample ``params.n`` completions per prompt (groups contiguous)."""
+        """Sample ``params.n`` completions per prompt (groups contiguous); prompts with images
+        (a vision-language policy: data/images.py ``VisionPrompt``) go through hf_vision.py."""
         check_request(prompts, params)
+        if any(images_of(p) for p in prompts):
+            return generate_with_images(self, prompts, params)
         enc = self.tokenizer(
             prompts, return_tensors="pt", padding=True, padding_side="left"
         )
@@ -91,14 +96,15 @@ class HFEngine:
         return self._generate_padded(ids.to(self.device), mask.to(self.device), prompts, params)
 
     def _generate_padded(self, unique_ids: torch.Tensor, unique_mask: torch.Tensor, prompts: list[str],
-                         params: SamplingParams) -> RolloutBatch:
-        """Sample for P left-padded prompts ids / mask [P, Tp]."""
+                         params: SamplingParams, **vision: torch.Tensor) -> RolloutBatch:
+        """Sample for P left-padded prompts ids / mask [P, Tp]; ``vision``: the B rows' image
+        inputs (pixel_values, image_grid_thw, mm_token_type_ids [B, Tp]), through ``generate``."""
         G = params.n
         prompt_ids = unique_ids.repeat_interleave(G, dim=0)  # [B, Tp]
         prompt_mask = unique_mask.repeat_interleave(G, dim=0)  # [B, Tp]
 
         self.model.eval()
-        if self._cached_sampling_ok():
+        if not vision and self._cached_sampling_ok():
             generator = torch.Generator(device=self.device)  # the stream torch.manual_seed(seed) gives
             if params.seed is not None:
                 generator.manual_seed(params.seed)
@@ -117,7 +123,7 @@ class HFEngine:
             with torch.random.fork_rng(devices=[]):
                 if params.seed is not None:
                     torch.manual_seed(params.seed)
-                response_ids, logprobs = self._generate_hf(prompt_ids, prompt_mask, params)
+                response_ids, logprobs = self._generate_hf(prompt_ids, prompt_mask, params, **vision)
 
         response_ids, response_mask, finished = cut_at_first_stop(response_ids, self.stop_ids, self.pad_id)
         logprobs = logprobs.masked_fill(response_mask == 0, 0.0)  # [B, Tr]
@@ -232,7 +238,7 @@ class HFEngine:
         return out_ids[:, :steps], out_lp[:, :steps]
 
     def _generate_hf(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                     params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+                     params: SamplingParams, **vision: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The same with ``model.generate`` (models whose cache the sampler cannot drive)."""
         greedy = params.temperature == 0
         tau = 1.0 if greedy else float(params.temperature)
@@ -258,7 +264,7 @@ class HFEngine:
         self.model.generation_config = GenerationConfig()
         try:
             out = self.model.generate(
-                input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config
+                input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config, **vision
             )
         finally:
             self.model.generation_config = checkpoint_defaults

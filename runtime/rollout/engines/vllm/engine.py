@@ -25,6 +25,7 @@ from ..base import SamplingParams, check_request, generation_config_eos_ids, spe
 from .convert import outputs_to_rollout_batch, to_vllm_sampling_kwargs
 from .weights import (bucket_by_bytes, call_with_timeout, materialize, pack_bucket, to_vllm_weight_names,
                       unpack_bucket)
+from .vision import has_images, install_vision_shim, vision_request
 from .worker import layerwise_reload_api
 
 #: Qualified name handed to vLLM as ``worker_extension_cls``.
@@ -100,6 +101,7 @@ class VLLMEngine:
         weight_sync_timeout: seconds each weight-sync RPC may take (None = wait forever).
         strict_weight_sync: raise if an update leaves some parameter unwritten.
         engine_kwargs: more ``vllm.LLM`` / ``EngineArgs`` keyword arguments.
+        max_images: a vision-language model's images per prompt (``data.max_images``; docs/vlm.md).
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class VLLMEngine:
         weight_sync_timeout: float | None = 600.0,
         strict_weight_sync: bool = True,
         engine_kwargs: dict[str, Any] | None = None,
+        max_images: int = 8,
     ) -> None:
         vllm = import_vllm()  # first: a clear error before anything else is touched
         from transformers import AutoConfig, AutoTokenizer
@@ -150,6 +153,9 @@ class VLLMEngine:
         )
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        if getattr(hf_config, "vision_config", None) is not None:  # a vision-language model (docs/vlm.md)
+            install_vision_shim()
+            kwargs["limit_mm_per_prompt"] = {"image": max_images, "video": 0}
         kwargs.update(engine_kwargs or {})
         if on_cpu and layerwise_reload_api() is None:
             raise VLLMUnavailableError(
@@ -204,6 +210,9 @@ class VLLMEngine:
         self._check_weights_complete()
         check_request(prompts, params)
         ids = self.tokenizer(list(prompts))["input_ids"]  # HFEngine's tokenization, unpadded
+        if has_images(prompts):  # a vision-language policy's prompts (vision.py)
+            return self._generate_tokens(ids, prompts, params,
+                                         [vision_request(p, i) for p, i in zip(prompts, ids)])
         return self._generate_tokens(ids, prompts, params)
 
     def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams,
@@ -218,11 +227,13 @@ class VLLMEngine:
             raise ValueError("generate_ids() needs at least one token in every prompt")
         return self._generate_tokens(prompt_ids, prompts, params)
 
-    def _generate_tokens(self, ids: list[list[int]], prompts: list[str], params: SamplingParams) -> RolloutBatch:
+    def _generate_tokens(self, ids: list[list[int]], prompts: list[str], params: SamplingParams,
+                         requests: list[dict[str, Any]] | None = None) -> RolloutBatch:
         kwargs = to_vllm_sampling_kwargs(params)
         G = params.n
         self.wake_up()
-        requests = [{"prompt_token_ids": list(map(int, p))} for p in ids]
+        if requests is None:
+            requests = [{"prompt_token_ids": list(map(int, p))} for p in ids]
         if kwargs["n"] != G:  # greedy: vLLM allows n = 1 only, so send each prompt G times
             requests = repeat_each(requests, G)
         if kwargs.get("seed") is not None and len(requests) > 1:
@@ -392,5 +403,5 @@ def engine_from_config(cfg: RunConfig, model: str | os.PathLike, *, on_gpu: bool
     CPU), the policy's dtype, the run's seed, ``distributed.sync_timeout`` per weight RPC."""
     return VLLMEngine(model, tensor_parallel_size=tensor_parallel_size, dtype=cfg.model.dtype,
                       seed=cfg.seed, weight_sync_timeout=cfg.distributed.sync_timeout,
-                      **cfg.rollout.vllm.engine_settings(on_gpu))
+                      max_images=cfg.data.max_images, **cfg.rollout.vllm.engine_settings(on_gpu))
 

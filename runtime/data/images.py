@@ -1,0 +1,133 @@
+"""Prompts with images (docs/vlm.md): image parts in a ``messages`` chat, or ``data.image_key``
+beside a text prompt; where each image is, checked before any model loads, and read lazily.
+
+An image part is ``{"type": "image", "image": REF}`` (also ``{"type": "image_url", "image_url":
+{"url": REF}}``, the OpenAI shape) in a user turn's content list; REF is a path relative to the
+data file (or absolute), or a ``data:image/...;base64,...`` URL. ``data.image_key`` names a
+column holding one REF or a list of them: the row's text prompt becomes one user turn with those
+images first, then the text. Paths are resolved against the data file's folder when the file is
+read; :func:`check_images` opens every image's header (no pixels decoded) and counts them
+against ``data.max_images``, raising a ``DataError`` that names the file and the row; the
+pixels are decoded only when a prompt is encoded (models/vision.py ``load_image``).
+A rendered prompt with images is a :class:`VisionPrompt`: its text, carrying its image refs.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import DataError
+from ..models.vision import open_image
+
+#: The content-part types a prompt's messages may hold.
+PART_TYPES = ("text", "image", "image_url")
+
+
+def _ref(part: dict, where: str) -> str:
+    value = part.get("image") if part.get("type") == "image" else part.get("image_url")
+    if isinstance(value, dict):
+        value = value.get("url")
+    if not isinstance(value, str) or not value:
+        raise DataError(f"{where}: an image part needs a path or a data: URL, got {str(part)[:80]!r}")
+    return value
+
+
+def resolve(ref: str, base: Path) -> str:
+    """A data: URL as it is; a path made absolute against ``base`` (the data file's folder)."""
+    if ref.startswith("data:"):
+        return ref
+    path = Path(ref).expanduser()
+    return str(path if path.is_absolute() else (base / path).resolve())
+
+
+def parts(content: Any, where: str, base: Path) -> tuple[dict, ...] | None:
+    """A message's content list as normalised parts (``{"type": "text", "text": ...}`` and
+    ``{"type": "image", "image": RESOLVED}``), or None when ``content`` is not a list of parts."""
+    if hasattr(content, "tolist"):
+        content = content.tolist()
+    if not isinstance(content, (list, tuple)) or not content:
+        return None
+    out = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") not in PART_TYPES:
+            return None
+        if part["type"] == "text":
+            if not isinstance(part.get("text"), str):
+                return None
+            out.append({"type": "text", "text": part["text"]})
+        else:
+            out.append({"type": "image", "image": resolve(_ref(part, where), base)})
+    return tuple(out)
+
+
+def with_image_column(prompt: Any, refs: Any, where: str, base: Path, key: str) -> tuple[dict, ...]:
+    """A text prompt and its ``data.image_key`` column as one user turn: the images, then the text."""
+    if hasattr(refs, "tolist"):
+        refs = refs.tolist()
+    refs = [refs] if isinstance(refs, str) else refs
+    if not isinstance(refs, (list, tuple)) or not all(isinstance(r, str) and r for r in refs):
+        raise DataError(f"{where}: field {key!r} (data.image_key) must be an image path, a data: URL "
+                        f"or a list of them, got {str(refs)[:80]!r}")
+    if not isinstance(prompt, str):
+        raise DataError(f"{where}: data.image_key needs a text prompt; a messages prompt holds its images "
+                        "as image parts in its user turns (docs/vlm.md)")
+    content = [{"type": "image", "image": resolve(r, base)} for r in refs] + [{"type": "text", "text": prompt}]
+    return ({"role": "user", "content": tuple(content)},)
+
+
+def content_text(content: Any) -> str:
+    """A message's text: a string as it is, a list of parts as its text parts joined."""
+    if isinstance(content, str):
+        return content
+    return "".join(p["text"] for p in content if p.get("type") == "text")
+
+
+def prompt_images(source: Any) -> tuple[str, ...]:
+    """The image refs of a prompt's messages, in order (none for a text prompt)."""
+    if isinstance(source, str):
+        return ()
+    return tuple(p["image"] for m in source if not isinstance(m["content"], str)
+                 for p in m["content"] if p.get("type") == "image")
+
+
+def _shown(ref: str) -> str:
+    return ref if not ref.startswith("data:") else ref[:40] + "..."
+
+
+def check_images(source: Any, where: str, max_images: int) -> None:
+    """Every image of a prompt exists and reads as an image (header verified, no pixels
+    decoded), and there are at most ``max_images``; else a DataError naming ``where``."""
+    refs = prompt_images(source)
+    if len(refs) > max_images:
+        raise DataError(f"{where}: {len(refs)} images, more than data.max_images={max_images} "
+                        "(raise it, or drop images from the row)")
+    for ref in refs:
+        if not ref.startswith("data:") and not Path(ref).is_file():
+            raise DataError(f"{where}: image file {ref} does not exist (paths are relative to the data file)")
+        try:
+            with open_image(ref) as img:
+                img.verify()
+        except Exception as e:  # PIL raises several types for a bad file
+            raise DataError(f"{where}: image {_shown(ref)} cannot be read as an image: {e}") from None
+
+
+class VisionPrompt(str):
+    """A rendered prompt (the chat template's text, one ``<|image_pad|>`` per image) that
+    carries its images' refs (``images``), in order: the rollout engine encodes them with the
+    text, the trainer's forwards read their pixels again, samples.jsonl records them. It is a
+    ``str`` everywhere else (rewards, logs); string operations on it return plain strings."""
+
+    images: tuple[str, ...]
+
+    def __new__(cls, text: str, images: Sequence[str]) -> "VisionPrompt":
+        out = super().__new__(cls, text)
+        out.images = tuple(images)
+        return out
+
+    def __reduce__(self):  # pickled to Ray workers with its images
+        return (VisionPrompt, (str(self), self.images))
+
+
+def images_of(prompt: Any) -> tuple[str, ...]:
+    """The image refs a prompt carries (a :class:`VisionPrompt`'s), else none."""
+    return getattr(prompt, "images", ())

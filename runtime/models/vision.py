@@ -1,0 +1,192 @@
+"""Vision-language policies (Qwen2-VL family): telling one from a text model, loading it, its
+processor, and freezing its vision tower.
+
+The processor is built from the folder's image processor and tokenizer, never through
+``AutoProcessor``: transformers' Qwen2-VL processor insists on a video processor, and video
+processors need torchvision (not installable on the CPU torch: PyPI's wheels are CUDA builds).
+:class:`VisionProcessor` does what ``Qwen2VLProcessor`` does for images -- render the chat
+template, run the image processor, expand each ``<|image_pad|>`` into one token per merged
+patch, mark those tokens in ``mm_token_type_ids`` -- and saves as a release does
+(``preprocessor_config.json`` beside the tokenizer files and chat template).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from rldsl.lazy_torch import torch
+
+from ..errors import RunError
+from .loading import load_tokenizer
+
+if TYPE_CHECKING:
+    from torch import nn
+
+#: The placeholder a Qwen2-VL chat template writes for an image part.
+IMAGE_TOKEN = "<|image_pad|>"
+#: Module name prefixes of the vision tower in transformers' VLM classes.
+VISION_PREFIXES = ("model.visual.", "visual.")
+
+
+def freeze_vision(model: nn.Module) -> int:
+    """``requires_grad=False`` on every vision-tower parameter (``model.freeze_vision``);
+    returns how many parameters were frozen."""
+    frozen = 0
+    for name, p in model.named_parameters():
+        if name.startswith(VISION_PREFIXES):
+            p.requires_grad_(False)
+            frozen += p.numel()
+    return frozen
+
+
+def language_lora_targets(model: nn.Module, names: Sequence[str]) -> str:
+    """A peft ``target_modules`` regex matching the linear layers ``names`` (``q_proj``, ...) of
+    the language model only, never the vision tower's."""
+    alts = "|".join(sorted(set(names)))
+    return rf"^(?!.*\bvisual\b).*\.({alts})$"
+
+
+@dataclass
+class VisionProcessor:
+    """The tokenizer and image processor of a Qwen2-VL-family folder, used together."""
+
+    tokenizer: Any
+    image_processor: Any
+    merge_size: int
+    # each image's (pixel_values, image_grid_thw) by its ref: the trainer's old, reference and
+    # update forwards of a step read the same images (bounded: cleared when full)
+    _pixels: dict[str, tuple[Any, Any]] = field(default_factory=dict, repr=False)
+
+    @property
+    def image_token_id(self) -> int:
+        return self.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """The chat template's text, one ``<|image_pad|>`` per image part."""
+        return self.tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    def images(self, images: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """``pixel_values`` (patches x C*temporal*patch^2) and ``image_grid_thw`` (images x 3)."""
+        out = self.image_processor(images=list(images), return_tensors="pt")
+        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+    def image_inputs(self, refs: Sequence[str]) -> dict[str, torch.Tensor]:
+        """``images`` of the images at ``refs`` (paths or data: URLs; data/images.py), each image
+        processed once and kept (the image processor treats every image on its own, so the
+        concatenation equals one call on all of them)."""
+        for ref in refs:
+            if ref not in self._pixels:
+                if len(self._pixels) >= 4096:
+                    self._pixels.clear()
+                out = self.images([load_image(ref)])
+                self._pixels[ref] = (out["pixel_values"], out["image_grid_thw"])
+        return {"pixel_values": torch.cat([self._pixels[r][0] for r in refs]),
+                "image_grid_thw": torch.cat([self._pixels[r][1] for r in refs])}
+
+    def encode(self, text: str, images: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """A rendered prompt and its images (PIL, in order) as the model's inputs, batch of one:
+        ``input_ids``, ``attention_mask``, ``mm_token_type_ids`` (1 on image tokens) and, with
+        images, ``pixel_values`` and ``image_grid_thw``."""
+        return self.expand(text, self.images(images) if images else {}, len(images))
+
+    def encode_refs(self, text: str, refs: Sequence[str]) -> dict[str, torch.Tensor]:
+        """:meth:`encode` for images given by their refs (paths or data: URLs; pixels kept)."""
+        return self.expand(text, self.image_inputs(refs) if refs else {}, len(refs))
+
+    def expand(self, text: str, vision: dict[str, torch.Tensor], n_images: int) -> dict[str, torch.Tensor]:
+        """The inputs of ``text`` whose ``n_images`` placeholders each become one token per
+        merged patch of its image (``vision``: the images' pixel values and grids)."""
+        pieces = text.split(IMAGE_TOKEN)
+        if len(pieces) - 1 != n_images:
+            raise ValueError(f"the prompt has {len(pieces) - 1} image placeholders but {n_images} images")
+        if n_images:
+            counts = (vision["image_grid_thw"].prod(-1) // self.merge_size ** 2).tolist()
+            text = pieces[0] + "".join(IMAGE_TOKEN * n + p for n, p in zip(counts, pieces[1:]))
+        ids = torch.tensor([self.tokenizer(text, add_special_tokens=False)["input_ids"]])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                "mm_token_type_ids": (ids == self.image_token_id).long(), **vision}
+
+    def save_pretrained(self, folder: str | Path) -> None:
+        """Write the tokenizer (with its chat template) and ``preprocessor_config.json``."""
+        self.tokenizer.save_pretrained(str(folder))
+        self.image_processor.save_pretrained(str(folder))
+
+
+def load_processor(path: str | Path, tokenizer: Any = None) -> VisionProcessor:
+    """The :class:`VisionProcessor` of a VLM folder: its ``preprocessor_config.json`` read by the
+    PIL image processor of its family (no torchvision), and its tokenizer (``tokenizer`` when
+    the caller loaded it already)."""
+    from transformers import AutoImageProcessor
+
+    path = Path(path)
+    if not (path / "preprocessor_config.json").is_file():
+        raise RunError(f"{path} is a vision-language model without preprocessor_config.json: save its "
+                       "image processor beside the tokenizer (docs/vlm.md)")
+    try:
+        image_processor = AutoImageProcessor.from_pretrained(str(path), backend="pil")
+    except (OSError, ValueError, TypeError, ImportError):
+        try:
+            image_processor = _pil_image_processor(path)
+        except (OSError, ValueError, ImportError) as e:
+            raise RunError(f"could not load the image processor of {path}: {e}") from None
+    tok = tokenizer if tokenizer is not None else load_tokenizer(path)
+    if IMAGE_TOKEN not in tok.get_vocab():
+        raise RunError(f"the tokenizer of {path} has no {IMAGE_TOKEN} token: only Qwen2-VL-family "
+                       "vision-language models are supported (docs/vlm.md)")
+    merge = int(getattr(image_processor, "merge_size", None) or 2)
+    return VisionProcessor(tok, image_processor, merge)
+
+
+def _pil_image_processor(path: Path) -> Any:
+    from transformers import Qwen2VLImageProcessorPil
+    return Qwen2VLImageProcessorPil.from_pretrained(str(path))
+
+
+def open_image(ref: str) -> Any:
+    """The image at ``ref`` (a path, or a ``data:image/...;base64,`` URL) opened lazily (PIL)."""
+    from PIL import Image
+    if ref.startswith("data:"):
+        head, _, data = ref.partition(",")
+        if ";base64" not in head:
+            raise ValueError("a data: URL must be base64-encoded (data:image/png;base64,...)")
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ValueError(f"bad base64 data: {e}") from None
+        return Image.open(io.BytesIO(raw))
+    return Image.open(ref)
+
+
+def load_image(ref: str) -> Any:
+    """The image at ``ref`` (a path or a data: URL) decoded, in RGB."""
+    with open_image(ref) as img:
+        return img.convert("RGB")
+
+
+_PROCESSORS: dict[str, VisionProcessor] = {}
+
+
+def processor_for(model: nn.Module, tokenizer: Any = None) -> VisionProcessor:
+    """The processor of the folder ``model`` was loaded from (``config._name_or_path``), loaded
+    once per process: the engine and the trainer read images with the same one."""
+    path = str(model.config._name_or_path)
+    if path not in _PROCESSORS:
+        _PROCESSORS[path] = load_processor(path, tokenizer)
+    return _PROCESSORS[path]
+
+
+def save_image_processor(model: nn.Module, folder: str | Path) -> None:
+    """Copy the image processor's ``preprocessor_config.json`` of a vision-language ``model``
+    beside its saved weights and tokenizer (checkpoints, exports); nothing for a text model."""
+    config = getattr(model, "config", None)
+    src = Path(str(getattr(config, "_name_or_path", "") or "")) / "preprocessor_config.json"
+    if getattr(config, "vision_config", None) is not None and src.is_file():
+        dst = Path(folder) / "preprocessor_config.json"
+        if src.resolve() != dst.resolve():
+            shutil.copyfile(src, dst)
