@@ -21,8 +21,7 @@ from .rewards.functions import RewardFn
 from .rollout.engines.base import RolloutEngine
 from .rollout.multi_turn import episode_runner
 from .models.lora import adapters_disabled, apply_lora
-from .models.loading import enable_gradient_checkpointing, load_policy, load_tokenizer, master_dtype
-from .models.vision import freeze_vision
+from .models.loading import enable_gradient_checkpointing, freeze_vision, load_policy, load_tokenizer, master_dtype
 
 
 def with_lora(cfg: RunConfig, policy: nn.Module) -> tuple[nn.Module, Any]:

@@ -233,3 +233,18 @@ def folder_is_moe(folder: str | Path) -> bool | None:
     if not path.is_file():
         return None
     return is_moe_config(json.loads(path.read_text()))
+
+
+#: Module name prefixes of the vision tower in transformers' VLM classes.
+VISION_PREFIXES = ("model.visual.", "visual.")
+
+
+def freeze_vision(model: nn.Module) -> int:
+    """``requires_grad=False`` on every vision-tower parameter (``model.freeze_vision``);
+    returns how many parameters were frozen."""
+    frozen = 0
+    for name, p in model.named_parameters():
+        if name.startswith(VISION_PREFIXES):
+            p.requires_grad_(False)
+            frozen += p.numel()
+    return frozen

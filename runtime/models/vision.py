@@ -27,21 +27,9 @@ from .loading import load_tokenizer
 if TYPE_CHECKING:
     from torch import nn
 
+
 #: The placeholder a Qwen2-VL chat template writes for an image part.
 IMAGE_TOKEN = "<|image_pad|>"
-#: Module name prefixes of the vision tower in transformers' VLM classes.
-VISION_PREFIXES = ("model.visual.", "visual.")
-
-
-def freeze_vision(model: nn.Module) -> int:
-    """``requires_grad=False`` on every vision-tower parameter (``model.freeze_vision``);
-    returns how many parameters were frozen."""
-    frozen = 0
-    for name, p in model.named_parameters():
-        if name.startswith(VISION_PREFIXES):
-            p.requires_grad_(False)
-            frozen += p.numel()
-    return frozen
 
 
 def language_lora_targets(model: nn.Module, names: Sequence[str]) -> str:

@@ -377,6 +377,12 @@ def response_hidden(model: PreTrainedModel, input_ids: torch.Tensor, attention_m
     return hidden
 
 
+def compiled_body(model: PreTrainedModel) -> torch.nn.Module:
+    """The model's backbone under ``torch.compile`` (dynamic shapes), for ``token_logprobs(body=...)``
+    (``model.compile``)."""
+    return torch.compile(backbone(model), dynamic=True)
+
+
 def token_logprobs(
     model: PreTrainedModel,
     input_ids: torch.Tensor,

@@ -22,9 +22,8 @@ from rldsl import CompiledAlgorithm
 
 from ..batch import RolloutBatch, model_inputs
 from ..models import moe
-from ..models.loading import backbone
 from . import inputs as producers
-from .logprobs import token_logprobs
+from .logprobs import compiled_body, token_logprobs
 from .microbatch import plan, trim, widen
 from .teachers import RemoteTeacher, TeacherForward, privileged, teacher_topk
 from .throughput import ModelDims, TokenCount
@@ -60,7 +59,7 @@ class ForwardPasses:
         self._waste = False  # the forwards now running are discarded copies (zero weight)
         # model.compile: a torch.compile'd view of the policy's body (the module itself is untouched,
         # so copies of it -- reference, critic, engine -- stay eager)
-        self._compiled_body = torch.compile(backbone(policy), dynamic=True) if compile_policy else None
+        self._compiled_body = compiled_body(policy) if compile_policy else None
         # a mixture-of-experts policy (models/moe.py): the forwards replay the engine's recorded
         # experts (rollout.routing_replay) and count what the routers did (moe/* metrics)
         self.moe = moe.is_moe(policy)

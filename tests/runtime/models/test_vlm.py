@@ -11,7 +11,8 @@ import torch
 
 import vlm_model as fixture
 from rldsl.runtime.models.loading import is_vision_folder, load_policy
-from rldsl.runtime.models.vision import IMAGE_TOKEN, freeze_vision, language_lora_targets, load_processor
+from rldsl.runtime.models.loading import freeze_vision
+from rldsl.runtime.models.vision import IMAGE_TOKEN, language_lora_targets, load_processor
 from rldsl.runtime.train.vision_rows import (VisionSequence, micro_batches, packed_inputs, padded_inputs,
                                              sequence_logprobs)
 
