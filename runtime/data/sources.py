@@ -13,6 +13,9 @@ the answer (``Plan.source``), as it carries the reward.
 """
 from __future__ import annotations
 
+import importlib
+import sys
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -106,8 +109,21 @@ def register(source: Source) -> Source:
     return source
 
 
+#: The modules that register the built-in kinds (named, not imported: this module imports neither
+#: toy/ nor rollout/); :func:`source_of` imports them once, so the table is whole whoever asks first
+#: (a run imports them anyway through resolve.py; a lone caller such as a test might not).
+BUILT_IN = ("rldsl.runtime.data.reasoning_gym", "rldsl.runtime.toy.sources", "rldsl.runtime.rollout.multi_turn")
+
+
+def _built_in() -> None:
+    for name in BUILT_IN:
+        if name not in sys.modules:
+            importlib.import_module(name)
+
+
 def source_of(cfg: RunConfig) -> Source:
     """The run's source: of the rows that claim ``cfg``, the one of highest precedence."""
+    _built_in()
     claimed = [s for s in SOURCES.values() if s.claims(cfg)]
     if not claimed:
         raise ConfigError(f"no prompt source reads data.path={cfg.data.path!r} / data.task={cfg.data.task!r} "
