@@ -692,6 +692,18 @@ class DistributedConfig(_Section):
         default=600.0, gt=0.0,
         description="Seconds the weight sync (gather on the trainers, load on every rollout "
                     "actor) may take.")
+    weight_sync: Literal["object_store", "collective"] = Field(
+        default="object_store",
+        description="How a weight sync reaches the rollout workers: 'object_store' = trainer rank 0 "
+                    "gathers the full state dict and every worker reads it from Ray's object store "
+                    "(the fastest measured on one CPU machine, docs/scaling.md); 'collective' = the "
+                    "trainer ranks gather it bucket by bucket and rank 0 broadcasts each bucket to "
+                    "every worker over a process group made for the sync (gloo on CPU, NCCL on GPU), "
+                    "loaded in place as it arrives: host memory bounded by sync_bucket_mb, not the model.")
+    sync_bucket_mb: float = Field(
+        default=256.0, gt=0.0,
+        description="weight_sync='collective': the most MiB one broadcast bucket holds (a larger "
+                    "tensor is a bucket of its own).")
     call_timeout: float | None = Field(
         default=None, gt=0.0,
         description="Seconds any other actor call (rollout, score, update, checkpoint) may "

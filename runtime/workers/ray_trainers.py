@@ -36,6 +36,7 @@ class RayTrainers:
         self.world_size = len(actors)
         self.names = [f"trainer rank {r}" for r in range(len(actors))]
         self._lr = cfg.train.lr
+        self.collective: Any = None  # a CollectiveSync (ray.py sets it) with weight_sync = "collective"
 
     def start(self) -> list[tuple[str, Any]]:
         """Rendezvous and begin loading (returns the calls to wait for)."""
@@ -65,7 +66,11 @@ class RayTrainers:
         return self._lr
 
     def weights(self) -> Any:
-        """An ObjectRef to the full state dict (rank 0), gathered within ``sync_timeout``."""
+        """An ObjectRef to the full state dict (rank 0), gathered within ``sync_timeout``; with
+        ``distributed.weight_sync = "collective"`` the ``CollectiveSync`` handle (nothing moves
+        until the rollouts push it)."""
+        if self.collective is not None:
+            return self.collective
         calls = [(name, a.full_weights.options(num_returns=2).remote())
                  for name, a in zip(self.names, self.actors)]
         self.cluster.wait([(name, refs[0]) for name, refs in calls], self.cfg.distributed.sync_timeout,

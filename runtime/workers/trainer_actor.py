@@ -16,6 +16,7 @@ from ..train.trainer import TrainBatch
 from .fsdp import ShardedTrainer
 from .fsdp_rank import start_rank
 from .ray_cluster import actor_config
+from .sync_buckets import SyncGroup, as_plain, send_buckets, sync_plan
 
 
 class TrainerWorker:
@@ -32,6 +33,9 @@ class TrainerWorker:
         self.trainer: ShardedTrainer | None = None
         self.pending: TrainBatch | None = None
         self.listener: socket.socket | None = None  # rank 0: where the group's store serves
+        self.sync_listener: socket.socket | None = None  # rank 0: where the weight-sync group's store serves
+        self.sync_group: SyncGroup | None = None  # rank 0, distributed.weight_sync = "collective"
+        self.plan: list | None = None
 
     def node(self) -> str:
         import ray
@@ -73,6 +77,41 @@ class TrainerWorker:
         """(status, full state dict on rank 0): a collective over the ranks."""
         assert self.trainer is not None
         return None, self.trainer.full_weights()
+
+    # -- the collective weight sync (sync_buckets.py; collective_sync.py drives it)
+
+    def sync_plan(self, max_bytes: int) -> list:
+        """The bucket plan (every rank computes the same); rank 0's answer goes to the rollout workers."""
+        assert self.trainer is not None
+        self.plan = sync_plan(self.trainer.policy, max_bytes)
+        return as_plain(self.plan)
+
+    def sync_listen(self, local: bool) -> tuple[str, int]:
+        """Rank 0: a socket for the weight-sync group's store, bound on 127.0.0.1 (or this node's
+        address when ``local`` is false) and held until the store serves on it."""
+        import ray
+        host = "127.0.0.1" if local else ray.util.get_node_ip_address()
+        self.sync_listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        return host, int(self.sync_listener.getsockname()[1])
+
+    def sync_join(self, host: str, port: int, world: int, generation: int) -> int:
+        """Rank 0: (re)join the weight-sync group as its rank 0 (the previous one is dropped)."""
+        assert self.sync_listener is not None
+        listener, self.sync_listener = self.sync_listener, None
+        if self.sync_group is not None:
+            self.sync_group.close()
+        self.sync_group = SyncGroup(host, port, 0, world, self.cfg.distributed.sync_timeout, self.device,
+                                    generation, f"trainer rank {self.rank}", listen_fd=listener.fileno())
+        self._sync_socket = listener  # the store serves on it: kept open with the group
+        return generation
+
+    def sync_send(self, generation: int) -> tuple[int, str | None]:
+        """Every rank: gather the buckets; rank 0 broadcasts them. (bytes sent, error or None)."""
+        assert self.trainer is not None and self.plan is not None
+        group = self.sync_group if self.rank == 0 else None
+        if group is not None and group.generation != generation:
+            return 0, f"trainer rank 0 holds weight-sync group {group.generation}, not {generation}"
+        return send_buckets(self.trainer.policy, self.plan, group, self.device)
 
     def checkpoint_state(self) -> dict[str, Any] | None:
         """Full (unsharded) model and optimizer states, on rank 0: a collective over the ranks."""
