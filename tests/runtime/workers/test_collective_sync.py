@@ -98,3 +98,21 @@ def test_a_stuck_sync_fails_within_sync_timeout_naming_side_and_bucket():
     with pytest.raises(WeightSyncError, match=r"trainer rank 0: .*bucket 2 of 2 .*sync_timeout=1 s"):
         trainer.broadcast(torch.zeros(bucket_bytes(plan[1]), dtype=torch.uint8), "bucket 2 of 2")
     assert (datetime.datetime.now() - start).total_seconds() < 10
+
+
+def test_collective_sync_is_refused_where_it_cannot_run():
+    """One process (no rollout worker to broadcast to) and an asynchronous run (it loads
+    published older versions) are refused from the config alone, exit code 2."""
+    import rldsl
+    from rldsl.runtime.config import load_config
+    from rldsl.runtime.errors import ConfigError
+    from rldsl.runtime.resolve import check_settings
+
+    grpo = rldsl.load("grpo")
+    check_settings(grpo, load_config(None, ["distributed.weight_sync=collective", "distributed.rollout_workers=2"]))
+    with pytest.raises(ConfigError, match="rollout_workers >= 1") as e:
+        check_settings(grpo, load_config(None, ["distributed.weight_sync=collective"]))
+    assert e.value.exit_code == 2
+    with pytest.raises(ConfigError, match="max_staleness=1"):
+        check_settings(grpo, load_config(None, ["distributed.weight_sync=collective", "distributed.rollout_workers=1",
+                                                "rollout.max_staleness=1"]))
