@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
+from .. import faults
 from ..config import RunConfig
-from ..errors import WeightSyncError, WorkerError
+from ..errors import WorkerError
 from .ray_cluster import RayCluster
 from .rollout_actor import RolloutWorker
 from .sync_buckets import SyncGroup, from_plain, receive_buckets
@@ -52,7 +53,13 @@ class CollectiveRolloutWorker(RolloutWorker):
         group = self.sync_group
         if group is None or group.generation != generation:
             return None
-        self.local.load_weights(receive_buckets(group, self.plan), policy_version)
+        def buckets() -> Any:
+            for i, (name, tensor) in enumerate(receive_buckets(group, self.plan)):
+                if i == len(self.plan[0]):  # the first bucket handed to the engine
+                    faults.at("sync_bucket", policy_version)
+                yield name, tensor
+
+        self.local.load_weights(buckets(), policy_version)
         self.version = version
         return version
 
@@ -86,6 +93,18 @@ class CollectiveSync:
         c.wait(calls, 2 * d.sync_timeout, "forming the weight-sync group")
         self.formed = True
 
+    def _dead_worker(self, rollouts: Any) -> str | None:
+        """After a failed sync: the first rollout worker that died in it (the broadcast to it failed
+        first, or its death was reported second), or None when every one answers."""
+        for name, actor in zip(rollouts.names, rollouts.actors):
+            try:
+                self.cluster.wait([(name, actor.ready.remote())], self.cfg.distributed.sync_timeout,
+                                  "a liveness check after a failed weight sync")
+            except WorkerError as e:
+                if getattr(e, "died", None) is not None:
+                    return e.died
+        return None
+
     def push(self, rollouts: Any, version: int, policy_version: int) -> None:
         """One sync to every rollout worker of ``rollouts`` (a RayRollouts): its weights ``version``
         (the driver's sync count) and ``policy_version``. A rollout worker that dies or was
@@ -99,18 +118,16 @@ class CollectiveSync:
                       for name, a in zip(rollouts.names, rollouts.actors)]
             results = c.wait(calls, 2 * d.sync_timeout, "the weight sync (collective)")
         except WorkerError as e:
-            dead = getattr(e, "died", None)
+            dead = getattr(e, "died", None) or self._dead_worker(rollouts)
             if dead not in rollouts.names:
                 raise
             self.formed = False
             rollouts._restarted(rollouts.names.index(dead), str(e))  # forms the group again and pushes
             return
-        sent, error = results[0]
+        sent, _ = results[0]
         stale = [w for w, r in enumerate(results[len(self.trainers):]) if r is None]
         if stale:
             self.formed = False
             rollouts._restarted(stale[0], f"{rollouts.names[stale[0]]} was restarted by Ray before the weight sync")
             return
-        if error is not None:
-            raise WeightSyncError(error)
         self.bytes = sent

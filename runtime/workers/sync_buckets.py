@@ -58,7 +58,7 @@ def bucket_bytes(bucket: list[Entry]) -> int:
 
 def bucket_label(i: int, plan: list[list[Entry]]) -> str:
     b = plan[i]
-    return f"bucket {i + 1} of {len(plan)} ({b[0].name} .. {b[-1].name}, {bucket_bytes(b) / 2**20:.1f} MiB)"
+    return f"bucket {i + 1} of {len(plan)} ({b[0].name} .. {b[-1].name}, {bucket_bytes(b) / 2**20:.3g} MiB)"
 
 
 def sharded_state(policy: nn.Module) -> dict[str, Tensor]:
@@ -156,7 +156,7 @@ def send_buckets(policy: nn.Module, plan: list[list[Entry]], group: SyncGroup | 
     """The trainer side: every trainer rank gathers each bucket's shards (FSDP2 all-gathers, in the
     plan's order); rank 0 (the one with a ``group``) merges LoRA modules and broadcasts the bucket.
     A failed broadcast does not stop the gathers (the other ranks are still in them): the ranks
-    stay in step and rank 0 answers (bytes sent, the error) instead of raising."""
+    stay in step, and rank 0 raises the broadcast's error once they are done. (bytes sent, None)."""
     state = sharded_state(policy)
     scalings = lora_scalings(policy) if group is not None else {}
     sent, error = 0, None
@@ -181,6 +181,8 @@ def send_buckets(policy: nn.Module, plan: list[list[Entry]], group: SyncGroup | 
             sent += buf.numel()
         except WeightSyncError as err:
             error = str(err)
+    if error is not None:  # raised once every rank is through its gathers
+        raise WeightSyncError(error)
     return sent, error
 
 

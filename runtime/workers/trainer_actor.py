@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ..batch import RolloutBatch
+from ..errors import WeightSyncError
 from ..train.trainer import TrainBatch
 from .fsdp import ShardedTrainer
 from .fsdp_rank import start_rank
@@ -106,11 +107,11 @@ class TrainerWorker:
         return generation
 
     def sync_send(self, generation: int) -> tuple[int, str | None]:
-        """Every rank: gather the buckets; rank 0 broadcasts them. (bytes sent, error or None)."""
+        """Every rank: gather the buckets; rank 0 broadcasts them. (bytes sent, None)."""
         assert self.trainer is not None and self.plan is not None
         group = self.sync_group if self.rank == 0 else None
         if group is not None and group.generation != generation:
-            return 0, f"trainer rank 0 holds weight-sync group {group.generation}, not {generation}"
+            raise WeightSyncError(f"trainer rank 0 holds weight-sync group {group.generation}, not {generation}")
         return send_buckets(self.trainer.policy, self.plan, group, self.device)
 
     def checkpoint_state(self) -> dict[str, Any] | None:
