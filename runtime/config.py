@@ -691,7 +691,9 @@ class DistributedConfig(_Section):
     sync_timeout: float = Field(
         default=600.0, gt=0.0,
         description="Seconds the weight sync (gather on the trainers, load on every rollout "
-                    "actor) may take.")
+                    "actor) may take; with weight_sync='collective': each bucket's broadcast (a late "
+                    "one fails naming its side and bucket; the driver waits at most twice this for "
+                    "the whole sync).")
     weight_sync: Literal["object_store", "collective"] = Field(
         default="object_store",
         description="How a weight sync reaches the rollout workers: 'object_store' = trainer rank 0 "
