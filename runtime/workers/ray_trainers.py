@@ -36,6 +36,7 @@ class RayTrainers:
         self.world_size = len(actors)
         self.names = [f"trainer rank {r}" for r in range(len(actors))]
         self._lr = cfg.train.lr
+        self._bytes = 0
         self.collective: Any = None  # a CollectiveSync (ray.py sets it) with weight_sync = "collective"
 
     def start(self) -> list[tuple[str, Any]]:
@@ -73,9 +74,14 @@ class RayTrainers:
             return self.collective
         calls = [(name, a.full_weights.options(num_returns=2).remote())
                  for name, a in zip(self.names, self.actors)]
-        self.cluster.wait([(name, refs[0]) for name, refs in calls], self.cfg.distributed.sync_timeout,
-                          "the weight sync (gather)")
+        self._bytes = self.cluster.wait([(name, refs[0]) for name, refs in calls], self.cfg.distributed.sync_timeout,
+                                        "the weight sync (gather)")[0]
         return calls[0][1][1]
+
+    @property
+    def sync_bytes(self) -> int:
+        """The bytes the last weight sync sent to each rollout worker (``sync/bytes``)."""
+        return self.collective.bytes if self.collective is not None else self._bytes
 
     def checkpoint_state(self) -> TrainerState:
         return trainer_state(self.cfg, self.model_path, self._all("checkpoint_state", what="the checkpoint gather")[0])

@@ -178,7 +178,7 @@ def send_buckets(policy: nn.Module, plan: list[list[Entry]], group: SyncGroup | 
         del tensors
         try:
             group.broadcast(buf, bucket_label(i, plan))
-            sent += buf.numel()
+            sent += sum(e.nbytes for e in bucket)
         except WeightSyncError as err:
             error = str(err)
     if error is not None:  # raised once every rank is through its gathers

@@ -74,10 +74,11 @@ class TrainerWorker:
         self.pending = None
         return {"metrics": m, "lr": float(t.optimizer.param_groups[0]["lr"])}
 
-    def full_weights(self) -> tuple[None, dict[str, Tensor] | None]:
-        """(status, full state dict on rank 0): a collective over the ranks."""
+    def full_weights(self) -> tuple[int | None, dict[str, Tensor] | None]:
+        """(its bytes, full state dict) on rank 0, (None, None) elsewhere: a collective over the ranks."""
         assert self.trainer is not None
-        return None, self.trainer.full_weights()
+        state = self.trainer.full_weights()
+        return (None if state is None else sum(v.numel() * v.element_size() for v in state.values())), state
 
     # -- the collective weight sync (sync_buckets.py; collective_sync.py drives it)
 

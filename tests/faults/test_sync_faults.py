@@ -55,6 +55,10 @@ def test_a_rollout_worker_killed_mid_sync_is_restarted_and_synced_again(ray_clus
     assert step_numbers(run) == step_numbers(ref) == [1, 2]
     text = [[(r["step"], r["completion"], r["reward"]) for r in samples_of(x)] for x in (run, ref)]
     assert text[0] == text[1]  # step 2 sampled from the weights synced again after the restart
+    # sync/bytes: the collective path sends what the one-process run copies into its engine
+    from fault_helpers import steps_of
+    sent = [(r["sync/bytes"], q["sync/bytes"]) for r, q in zip(steps_of(run), steps_of(ref))]
+    assert all(x == y > 0 for x, y in sent), sent
     a, b = final_weights(run), final_weights(ref)
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 

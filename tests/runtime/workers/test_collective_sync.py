@@ -47,6 +47,8 @@ def test_collective_sync_leaves_every_engine_equal_to_the_trainers(ray_cluster, 
     base = None
     for m, trainer, engines in syncs:
         assert m["time/sync_s"] > 0
+        names = [n for bucket in plan for n, _, _ in bucket]
+        assert m["sync/bytes"] == sum(trainer[n].numel() * trainer[n].element_size() for n in names)
         for engine in engines:
             common = engine.keys() & trainer.keys()
             assert len(common) >= len(trainer) - 1  # (lm_head may be tied to the embedding)
