@@ -25,6 +25,19 @@ from .rollout_actor import RolloutWorker
 from .sync_buckets import SyncGroup, from_plain, receive_buckets
 
 
+def weight_sync_path(cfg: RunConfig) -> str:
+    """``distributed.weight_sync`` resolved: 'auto' is 'collective' where it was measured faster
+    and is tested (a synchronous CPU run, hf engine, full weights: docs/scaling.md, section 6),
+    else 'object_store'."""
+    chosen = cfg.distributed.weight_sync
+    if chosen != "auto":
+        return chosen
+    r = cfg.rollout
+    tested = (cfg.device == "cpu" and r.engine == "hf" and cfg.model.lora.rank == 0
+              and r.max_staleness == 0 and not r.partial)
+    return "collective" if tested else "object_store"
+
+
 class CollectiveRolloutWorker(RolloutWorker):
     """A rollout worker that also joins the weight-sync group and loads broadcast buckets."""
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import rldsl
 
 from ..config import RunConfig
-from .collective_sync import CollectiveRolloutWorker, CollectiveSync
+from .collective_sync import CollectiveRolloutWorker, CollectiveSync, weight_sync_path
 from .ray_cluster import RayCluster, actor_payload
 from .ray_rollouts import RayRollouts
 from .ray_trainers import RayTrainers
@@ -48,7 +48,7 @@ def start_ray_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledA
         trainers = RayTrainers(cluster, cfg, [
             cluster.spawn(TrainerWorker, r, d.trainers, payload, num_cpus=cfg.threads, num_gpus=trainer_gpus)
             for r in range(d.trainers)], str(model_path))
-        collective = d.weight_sync == "collective"
+        collective = weight_sync_path(cfg) == "collective"
         payload["sync_timeout"] = d.sync_timeout
         rollouts = RayRollouts(cluster, cfg, [
             cluster.spawn(CollectiveRolloutWorker if collective else RolloutWorker, w, payload, num_cpus=cfg.threads, num_gpus=payload["rollout_gpus"],

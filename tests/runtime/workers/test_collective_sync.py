@@ -112,9 +112,24 @@ def test_collective_sync_is_refused_where_it_cannot_run():
 
     grpo = rldsl.load("grpo")
     check_settings(grpo, load_config(None, ["distributed.weight_sync=collective", "distributed.rollout_workers=2"]))
+    check_settings(grpo, load_config(None, ["distributed.rollout_workers=1", "rollout.max_staleness=1"]))  # auto
     with pytest.raises(ConfigError, match="rollout_workers >= 1") as e:
         check_settings(grpo, load_config(None, ["distributed.weight_sync=collective"]))
     assert e.value.exit_code == 2
     with pytest.raises(ConfigError, match="max_staleness=1"):
         check_settings(grpo, load_config(None, ["distributed.weight_sync=collective", "distributed.rollout_workers=1",
                                                 "rollout.max_staleness=1"]))
+
+
+def test_auto_picks_the_collective_sync_only_where_it_was_measured_faster_and_is_tested():
+    from rldsl.runtime.config import load_config
+    from rldsl.runtime.workers.collective_sync import weight_sync_path
+
+    def path(*sets: str) -> str:
+        return weight_sync_path(load_config(None, ["distributed.rollout_workers=1", *sets]))
+
+    assert path() == "collective"
+    for other in (["rollout.max_staleness=1"], ["rollout.engine=vllm"], ["model.lora.rank=4"], ["device=cuda"]):
+        assert path(*other) == "object_store", other
+    assert path("distributed.weight_sync=object_store") == "object_store"
+    assert path("device=cuda", "distributed.weight_sync=collective") == "collective"
