@@ -2,8 +2,8 @@
 driver: :class:`CollectiveSync` is what ``RayTrainers.weights()`` answers; ``RayRollouts.load_weights``
 calls its ``push``, which forms the sync's process group (trainer rank 0 and every rollout worker,
 sync_buckets.py) the first time and after a rollout worker was restarted, then runs one sync: every
-trainer rank gathers the buckets, rank 0 broadcasts them, every :class:`CollectiveRolloutWorker`
-loads them into its engine in place as they arrive.
+trainer rank gathers the buckets, rank 0 broadcasts them, every rollout worker (this module's
+:class:`RolloutWorker`, a rollout_actor.py one that joins the group) loads them into its engine in place as they arrive.
 
 Fails loudly: every broadcast waits at most ``distributed.sync_timeout`` and raises naming its side
 and bucket; the driver waits for the whole sync at most twice that (so the waiting side reports
@@ -21,7 +21,7 @@ from .. import faults
 from ..config import RunConfig
 from ..errors import WorkerError
 from .ray_cluster import RayCluster
-from .rollout_actor import RolloutWorker
+from . import rollout_actor
 from .sync_buckets import SyncGroup, from_plain, receive_buckets
 
 
@@ -38,8 +38,10 @@ def weight_sync_path(cfg: RunConfig) -> str:
     return "collective" if tested else "object_store"
 
 
-class CollectiveRolloutWorker(RolloutWorker):
-    """A rollout worker that also joins the weight-sync group and loads broadcast buckets."""
+class RolloutWorker(rollout_actor.RolloutWorker):
+    """A rollout worker that also joins the weight-sync group and loads broadcast buckets. (Named
+    as the plain one: Ray's process title and actor listings read ``ray::RolloutWorker`` on
+    either path.)"""
 
     def __init__(self, index: int, payload: dict[str, Any]):
         super().__init__(index, payload)
@@ -118,11 +120,14 @@ class CollectiveSync:
                     return e.died
         return None
 
-    def push(self, rollouts: Any, version: int, policy_version: int) -> None:
+    def push(self, rollouts: Any, version: int, policy_version: int, reform: bool = False) -> None:
         """One sync to every rollout worker of ``rollouts`` (a RayRollouts): its weights ``version``
         (the driver's sync count) and ``policy_version``. A rollout worker that dies or was
-        restarted is restarted by ``rollouts`` (counted against max_restarts), which pushes again."""
+        restarted is restarted by ``rollouts`` (counted against max_restarts), which pushes again
+        with ``reform``: the group is formed again first (the restarted process is not in it)."""
         d, c = self.cfg.distributed, self.cluster
+        if reform:
+            self.formed = False
         try:
             if not self.formed:
                 self._form(rollouts)

@@ -24,7 +24,8 @@ from pathlib import Path
 import rldsl
 
 from ..config import RunConfig
-from .collective_sync import CollectiveRolloutWorker, CollectiveSync, weight_sync_path
+from . import collective_sync
+from .collective_sync import CollectiveSync, weight_sync_path
 from .ray_cluster import RayCluster, actor_payload
 from .ray_rollouts import RayRollouts
 from .ray_trainers import RayTrainers
@@ -51,7 +52,7 @@ def start_ray_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledA
         collective = weight_sync_path(cfg) == "collective"
         payload["sync_timeout"] = d.sync_timeout
         rollouts = RayRollouts(cluster, cfg, [
-            cluster.spawn(CollectiveRolloutWorker if collective else RolloutWorker, w, payload, num_cpus=cfg.threads, num_gpus=payload["rollout_gpus"],
+            cluster.spawn(collective_sync.RolloutWorker if collective else RolloutWorker, w, payload, num_cpus=cfg.threads, num_gpus=payload["rollout_gpus"],
                           max_restarts=d.max_restarts) for w in range(m)], pad_id)
         calls = rollouts.start() + trainers.start()
         cluster.wait(calls, d.call_timeout, "start-up")  # a stuck rendezvous fails by the collective timeout

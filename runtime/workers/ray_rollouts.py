@@ -94,7 +94,7 @@ class RayRollouts:
                         raise
                     time.sleep(0.2)
             if self.weights is not None and hasattr(self.weights, "push"):  # the collective sync
-                self.weights.push(self, self.version, self.policy_version)  # (forms its group again)
+                self.weights.push(self, self.version, self.policy_version, reform=True)  # a new process
             elif self.weights is not None:
                 self.cluster.wait([(name, actor.update_weights.remote(self.weights, self.version,
                                                                          self.policy_version))],

@@ -99,12 +99,13 @@ class TrainerWorker:
     def sync_join(self, host: str, port: int, world: int, generation: int) -> int:
         """Rank 0: (re)join the weight-sync group as its rank 0 (the previous one is dropped)."""
         assert self.sync_listener is not None
-        listener, self.sync_listener = self.sync_listener, None
+        # the store owns the socket from now on: detached, so that Python never closes its fd
+        # (once this group is dropped, that fd number may be the next group's socket)
+        fd, self.sync_listener = self.sync_listener.detach(), None
         if self.sync_group is not None:
             self.sync_group.close()
         self.sync_group = SyncGroup(host, port, 0, world, self.cfg.distributed.sync_timeout, self.device,
-                                    generation, f"trainer rank {self.rank}", listen_fd=listener.fileno())
-        self._sync_socket = listener  # the store serves on it: kept open with the group
+                                    generation, f"trainer rank {self.rank}", listen_fd=fd)
         return generation
 
     def sync_send(self, generation: int) -> tuple[int, str | None]:
