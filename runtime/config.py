@@ -710,7 +710,25 @@ class DistributedConfig(_Section):
     sync_timeout: float = Field(
         default=600.0, gt=0.0,
         description="Seconds the weight sync (gather on the trainers, load on every rollout "
-                    "actor) may take.")
+                    "actor) may take; with weight_sync='collective': each bucket's broadcast (a late "
+                    "one fails naming its side and bucket; the driver waits at most twice this for "
+                    "the whole sync).")
+    weight_sync: Literal["auto", "object_store", "collective"] = Field(
+        default="auto",
+        description="How a weight sync reaches the rollout workers: 'object_store' = trainer rank 0 "
+                    "gathers the full state dict and every worker reads it from Ray's object store; "
+                    "'collective' = the "
+                    "trainer ranks gather it bucket by bucket and rank 0 broadcasts each bucket to "
+                    "every worker over a process group made for the sync (gloo on CPU, NCCL on GPU), "
+                    "loaded in place as it arrives: host memory bounded by sync_bucket_mb, not the model; "
+                    "'auto' = the faster one measured for the setting (docs/scaling.md, section 6): "
+                    "'collective' for a synchronous run on CPU with the hf engine and full weights, "
+                    "else 'object_store' (the settings the collective path is not yet tested or "
+                    "measured in: GPU, vllm, LoRA; an asynchronous run needs 'object_store').")
+    sync_bucket_mb: float = Field(
+        default=256.0, gt=0.0,
+        description="weight_sync='collective': the most MiB one broadcast bucket holds (a larger "
+                    "tensor is a bucket of its own).")
     call_timeout: float | None = Field(
         default=None, gt=0.0,
         description="Seconds any other actor call (rollout, score, update, checkpoint) may "

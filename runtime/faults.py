@@ -13,10 +13,15 @@ environment of the run's processes (Ray actors inherit it)::
                 of their own; elsewhere scoring is part of ``generate``)
     update      the trainer's update, before the optimizer steps
     sync        the weight sync (or an asynchronous run's publication) after the update
+    sync_bucket the collective weight sync (distributed.weight_sync = "collective") in a rollout
+                worker's process, its first bucket loaded and the next not yet received (step N:
+                the sync after step N's update); Ray actors are given the driver's RLDSL_FAULT*
+                variables when they start
     checkpoint  a checkpoint write: every file written, the folder not yet renamed
     step        between two steps: the step's metrics logged, before the next one starts
 
-Every point is in the driver process; to fault a Ray actor, hold the run and kill the actor.
+Every point but ``sync_bucket`` is in the driver process; to fault a Ray actor there, hold the run
+and kill the actor.
 
 ``step``: the step being worked on, 1-based as metrics.jsonl numbers them (the batch of step
 N; checkpoint ``step-N``; ``step@N`` is right after step N). ``action``:
@@ -42,7 +47,7 @@ from dataclasses import dataclass
 FAULT = "RLDSL_FAULT"
 HELD = "RLDSL_FAULT_HELD"
 ONCE = "RLDSL_FAULT_ONCE"
-PHASES = ("generate", "score", "update", "sync", "checkpoint", "step")
+PHASES = ("generate", "score", "update", "sync", "sync_bucket", "checkpoint", "step")
 ACTIONS = ("kill", "interrupt", "hold")
 
 

@@ -94,6 +94,7 @@ def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
     check_engine(cfg)
     check_async(algo, cfg)
     check_vision(algo, cfg)
+    check_weight_sync(cfg)
     check = source_of(cfg).check
     if check is not None:
         check(cfg)
@@ -121,6 +122,23 @@ def check_vision(algo: Algorithm, cfg: RunConfig) -> None:
         raise ConfigError(f"{cfg.model.path} is a vision-language model; its images do not reach the forwards of: "
                           f"{'; '.join(refused)}. Train in one process with single-turn rollouts "
                           "(docs/vlm.md, \"Engines and trainers\")")
+
+
+def check_weight_sync(cfg: RunConfig) -> None:
+    """``distributed.weight_sync = "collective"`` broadcasts to rollout workers on Ray, the
+    weights of the moment: not in one process, nor with weights published ahead (an asynchronous
+    run's producer loads a version after the trainer has moved on)."""
+    d = cfg.distributed
+    if d.weight_sync != "collective":
+        return
+    if not d.uses_ray:
+        raise ConfigError("distributed.weight_sync='collective' broadcasts the weights to rollout workers on Ray: "
+                          "set distributed.rollout_workers >= 1 (or distributed.trainers > 1), or keep "
+                          "'object_store' (a one-process run copies the weights in place)")
+    if cfg.rollout.max_staleness > 0:
+        raise ConfigError(f"distributed.weight_sync='collective' sends the trainers' current weights, and "
+                          f"rollout.max_staleness={cfg.rollout.max_staleness} loads published older versions: "
+                          "use distributed.weight_sync='object_store' for an asynchronous run")
 
 
 def check_teacher_settings(algo: Algorithm, cfg: RunConfig) -> None:

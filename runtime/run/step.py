@@ -52,6 +52,9 @@ def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None 
             s.rollouts.load_weights(s.trainers.weights(), step + 1)
         else:
             producer.publish(step + 1, snapshot(s.trainers.weights()))
+    sent = getattr(s.trainers, "sync_bytes", None)  # the weights' bytes sent to each engine
+    if sent is not None:
+        m["sync/bytes"] = float(sent)
     # RECORD: the step's metrics and samples
     record_step(s, r, tb, um, m, time.perf_counter() - t_start)
     return m

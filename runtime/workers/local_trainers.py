@@ -52,7 +52,9 @@ class LocalTrainers:
         return float(self.trainer.optimizer.param_groups[0]["lr"])
 
     def weights(self) -> Iterable[tuple[str, torch.Tensor]]:
-        return ((k, v.detach()) for k, v in merged_weights(self.policy).items())  # LoRA merged
+        merged = merged_weights(self.policy)  # LoRA merged
+        self.sync_bytes = sum(v.numel() * v.element_size() for v in merged.values())  # sync/bytes
+        return ((k, v.detach()) for k, v in merged.items())
 
     def checkpoint_state(self) -> TrainerState:
         t = self.trainer

@@ -13,6 +13,9 @@
   and ``RayRollouts``, which splits each round's prompts into M chunks, restarts a dead actor
   (``distributed.max_restarts``) with the weights it last held, and syncs weights from the
   trainers' gathered state.
+- collective_sync.py / sync_buckets.py: ``distributed.weight_sync = "collective"``: trainer rank 0
+  broadcasts the weights bucket by bucket to every rollout worker over a process group made for
+  the sync.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from pathlib import Path
 import rldsl
 
 from ..config import RunConfig
+from . import collective_sync
+from .collective_sync import CollectiveSync, weight_sync_path
 from .ray_cluster import RayCluster, actor_payload
 from .ray_rollouts import RayRollouts
 from .ray_trainers import RayTrainers
@@ -44,11 +49,18 @@ def start_ray_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledA
         trainers = RayTrainers(cluster, cfg, [
             cluster.spawn(TrainerWorker, r, d.trainers, payload, num_cpus=cfg.threads, num_gpus=trainer_gpus)
             for r in range(d.trainers)], str(model_path))
+        collective = weight_sync_path(cfg) == "collective"
+        payload["sync_timeout"] = d.sync_timeout
         rollouts = RayRollouts(cluster, cfg, [
-            cluster.spawn(RolloutWorker, w, payload, num_cpus=cfg.threads, num_gpus=payload["rollout_gpus"],
+            cluster.spawn(collective_sync.RolloutWorker if collective else RolloutWorker, w, payload, num_cpus=cfg.threads, num_gpus=payload["rollout_gpus"],
                           max_restarts=d.max_restarts) for w in range(m)], pad_id)
         calls = rollouts.start() + trainers.start()
         cluster.wait(calls, d.call_timeout, "start-up")  # a stuck rendezvous fails by the collective timeout
+        if collective:
+            nodes = cluster.wait([(n, a.node.remote()) for n, a in zip(trainers.names, trainers.actors)]
+                                 + [(n, a.node.remote()) for n, a in zip(rollouts.names, rollouts.actors)],
+                                 d.call_timeout, "start-up")
+            trainers.collective = CollectiveSync(cluster, cfg, trainers.actors, local=len(set(nodes)) == 1)
     except BaseException:
         cluster.close()
         raise

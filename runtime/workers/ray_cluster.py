@@ -18,7 +18,7 @@ import torch
 import rldsl
 
 from ..config import RunConfig
-from ..errors import ConfigError, RewardError, WorkerError
+from ..errors import ConfigError, RewardError, WeightSyncError, WorkerError
 from ..models.loading import disable_transformers_progress
 
 
@@ -27,13 +27,14 @@ from ..models.loading import disable_transformers_progress
 def actor_payload(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledAlgorithm,
                   model_path: Path) -> dict[str, Any]:
     """What every actor is started with: the resolved config (its model the absolute ``model_path``),
-    the algorithm, the rollout actors' GPUs, the driver's import path."""
+    the algorithm, the rollout actors' GPUs, the driver's import path and fault injection."""
     d = cfg.distributed
     actor_cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
         update={"path": os.path.abspath(str(model_path))})})
     gpus = d.gpus_per_worker if d.gpus_per_worker is not None else (1.0 if cfg.device == "cuda" else 0.0)
     return {"config": actor_cfg.model_dump_json(), "algorithm": algo, "compile": fn.compiled,
             "rollout_gpus": gpus,
+            "faults": {k: v for k, v in os.environ.items() if k.startswith("RLDSL_FAULT")},  # faults.py
             "sys_path": [os.getcwd() if p == "" else os.path.abspath(p) for p in sys.path]}
 
 
@@ -42,6 +43,7 @@ def actor_config(payload: dict[str, Any]) -> RunConfig:
     for entry in payload["sys_path"]:  # appended: the actor's own entries keep precedence
         if entry not in sys.path:
             sys.path.append(entry)
+    os.environ.update(payload.get("faults", {}))  # the driver's fault injection (tests), faults.py
     cfg = RunConfig.model_validate_json(payload["config"]).frozen()  # resolved by the driver
     torch.set_num_threads(cfg.threads)
     disable_transformers_progress(errors_only=True)
@@ -113,7 +115,8 @@ class RayCluster:
                 if isinstance(cause, (RewardError, ConfigError)):  # worded for the user already
                     raise type(cause)(f"{names[ref]}: {cause}") from None
                 hint = ""
-                if "timed out" in str(cause).lower() and names[ref].startswith("trainer"):
+                if ("timed out" in str(cause).lower() and names[ref].startswith("trainer")
+                        and not isinstance(cause, WeightSyncError)):  # (names its bucket and timeout)
                     hint = ("\n(a collective waited longer than distributed.collective_timeout: "
                             "another trainer rank is stuck or gone)")
                 raise WorkerError(f"{names[ref]} failed during {what}: {type(cause).__name__}: "

@@ -2,7 +2,9 @@
 round into M contiguous chunks that M ``RolloutWorker`` actors (rollout_actor.py) sample *and
 score*. With M > 1, chunk w samples with ``step_seed(round seed, w, 0, "chunk")``:
 reproducible for a given M, not the samples of M = 1. Weight sync: every actor loads the
-trainers' gathered state from Ray's object store, within ``distributed.sync_timeout``.
+trainers' gathered state from Ray's object store, within ``distributed.sync_timeout``, or (with
+``distributed.weight_sync = "collective"``) the buckets trainer rank 0 broadcasts
+(collective_sync.py).
 
 Faults: a rollout actor that dies is restarted (``distributed.max_restarts`` times each; Ray
 runs its ``__init__`` again): it is given the weights it last held and the call is made again
@@ -91,7 +93,9 @@ class RayRollouts:
                     if not getattr(e, "restarting", False) or time.monotonic() > deadline:
                         raise
                     time.sleep(0.2)
-            if self.weights is not None:
+            if self.weights is not None and hasattr(self.weights, "push"):  # the collective sync
+                self.weights.push(self, self.version, self.policy_version, reform=True)  # a new process
+            elif self.weights is not None:
                 self.cluster.wait([(name, actor.update_weights.remote(self.weights, self.version,
                                                                          self.policy_version))],
                                   d.sync_timeout, "the weight sync after its restart")
@@ -142,8 +146,11 @@ class RayRollouts:
 
     def load_weights(self, weights: Any, version: int) -> None:
         """Every actor loads the trainers' full state dict (an ObjectRef), policy ``version``,
-        within ``sync_timeout``."""
+        within ``sync_timeout``; a ``CollectiveSync`` handle runs the collective sync instead."""
         self.version, self.weights, self.policy_version = self.version + 1, weights, version
+        if hasattr(weights, "push"):  # distributed.weight_sync = "collective" (collective_sync.py)
+            weights.push(self, self.version, version)
+            return
         self._run("the weight sync", self.cfg.distributed.sync_timeout,
                   lambda w: self.actors[w].update_weights.remote(self.weights, self.version, self.policy_version))
 

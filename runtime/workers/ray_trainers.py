@@ -36,6 +36,8 @@ class RayTrainers:
         self.world_size = len(actors)
         self.names = [f"trainer rank {r}" for r in range(len(actors))]
         self._lr = cfg.train.lr
+        self._bytes = 0
+        self.collective: Any = None  # a CollectiveSync (ray.py sets it) with weight_sync = "collective"
 
     def start(self) -> list[tuple[str, Any]]:
         """Rendezvous and begin loading (returns the calls to wait for)."""
@@ -65,12 +67,21 @@ class RayTrainers:
         return self._lr
 
     def weights(self) -> Any:
-        """An ObjectRef to the full state dict (rank 0), gathered within ``sync_timeout``."""
+        """An ObjectRef to the full state dict (rank 0), gathered within ``sync_timeout``; with
+        ``distributed.weight_sync = "collective"`` the ``CollectiveSync`` handle (nothing moves
+        until the rollouts push it)."""
+        if self.collective is not None:
+            return self.collective
         calls = [(name, a.full_weights.options(num_returns=2).remote())
                  for name, a in zip(self.names, self.actors)]
-        self.cluster.wait([(name, refs[0]) for name, refs in calls], self.cfg.distributed.sync_timeout,
-                          "the weight sync (gather)")
+        self._bytes = self.cluster.wait([(name, refs[0]) for name, refs in calls], self.cfg.distributed.sync_timeout,
+                                        "the weight sync (gather)")[0]
         return calls[0][1][1]
+
+    @property
+    def sync_bytes(self) -> int:
+        """The bytes the last weight sync sent to each rollout worker (``sync/bytes``)."""
+        return self.collective.bytes if self.collective is not None else self._bytes
 
     def checkpoint_state(self) -> TrainerState:
         return trainer_state(self.cfg, self.model_path, self._all("checkpoint_state", what="the checkpoint gather")[0])

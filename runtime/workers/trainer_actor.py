@@ -12,10 +12,12 @@ import torch
 from torch import Tensor
 
 from ..batch import RolloutBatch
+from ..errors import WeightSyncError
 from ..train.trainer import TrainBatch
 from .fsdp import ShardedTrainer
 from .fsdp_rank import start_rank
 from .ray_cluster import actor_config
+from .sync_buckets import SyncGroup, as_plain, send_buckets, sync_plan
 
 
 class TrainerWorker:
@@ -32,6 +34,9 @@ class TrainerWorker:
         self.trainer: ShardedTrainer | None = None
         self.pending: TrainBatch | None = None
         self.listener: socket.socket | None = None  # rank 0: where the group's store serves
+        self.sync_listener: socket.socket | None = None  # rank 0: where the weight-sync group's store serves
+        self.sync_group: SyncGroup | None = None  # rank 0, distributed.weight_sync = "collective"
+        self.plan: list | None = None
 
     def node(self) -> str:
         import ray
@@ -69,10 +74,47 @@ class TrainerWorker:
         self.pending = None
         return {"metrics": m, "lr": float(t.optimizer.param_groups[0]["lr"])}
 
-    def full_weights(self) -> tuple[None, dict[str, Tensor] | None]:
-        """(status, full state dict on rank 0): a collective over the ranks."""
+    def full_weights(self) -> tuple[int | None, dict[str, Tensor] | None]:
+        """(its bytes, full state dict) on rank 0, (None, None) elsewhere: a collective over the ranks."""
         assert self.trainer is not None
-        return None, self.trainer.full_weights()
+        state = self.trainer.full_weights()
+        return (None if state is None else sum(v.numel() * v.element_size() for v in state.values())), state
+
+    # -- the collective weight sync (sync_buckets.py; collective_sync.py drives it)
+
+    def sync_plan(self, max_bytes: int) -> list:
+        """The bucket plan (every rank computes the same); rank 0's answer goes to the rollout workers."""
+        assert self.trainer is not None
+        self.plan = sync_plan(self.trainer.policy, max_bytes)
+        return as_plain(self.plan)
+
+    def sync_listen(self, local: bool) -> tuple[str, int]:
+        """Rank 0: a socket for the weight-sync group's store, bound on 127.0.0.1 (or this node's
+        address when ``local`` is false) and held until the store serves on it."""
+        import ray
+        host = "127.0.0.1" if local else ray.util.get_node_ip_address()
+        self.sync_listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        return host, int(self.sync_listener.getsockname()[1])
+
+    def sync_join(self, host: str, port: int, world: int, generation: int) -> int:
+        """Rank 0: (re)join the weight-sync group as its rank 0 (the previous one is dropped)."""
+        assert self.sync_listener is not None
+        # the store owns the socket from now on: detached, so that Python never closes its fd
+        # (once this group is dropped, that fd number may be the next group's socket)
+        fd, self.sync_listener = self.sync_listener.detach(), None
+        if self.sync_group is not None:
+            self.sync_group.close()
+        self.sync_group = SyncGroup(host, port, 0, world, self.cfg.distributed.sync_timeout, self.device,
+                                    generation, f"trainer rank {self.rank}", listen_fd=fd)
+        return generation
+
+    def sync_send(self, generation: int) -> tuple[int, str | None]:
+        """Every rank: gather the buckets; rank 0 broadcasts them. (bytes sent, None)."""
+        assert self.trainer is not None and self.plan is not None
+        group = self.sync_group if self.rank == 0 else None
+        if group is not None and group.generation != generation:
+            raise WeightSyncError(f"trainer rank 0 holds weight-sync group {group.generation}, not {generation}")
+        return send_buckets(self.trainer.policy, self.plan, group, self.device)
 
     def checkpoint_state(self) -> dict[str, Any] | None:
         """Full (unsharded) model and optimizer states, on rank 0: a collective over the ranks."""
