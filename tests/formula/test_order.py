@@ -6,7 +6,6 @@ they make writable (issue 47 item 1), each against a hand-written torch referenc
 stable argsort, value and gradient to 1e-6, eager and compiled."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -27,9 +26,7 @@ SETTINGS = settings(max_examples=60, deadline=None)
 OPS = ["sort", "rank", "cumsum", "topk_mask"]
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-needs_compile = pytest.mark.skipif(
-    os.environ.get("RLDSL_COMPILE", "1").strip().lower() in ("0", "false", "no", "off", ""),
-    reason="RLDSL_COMPILE disables torch.compile")
+needs_compile = pytest.mark.compile  # compiled where RLDSL_COMPILE allows it, else skipped (tests/conftest.py)
 
 T_ = True
 F_ = False

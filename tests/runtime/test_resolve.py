@@ -23,12 +23,6 @@ HERE = Path(__file__).parent
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def _eager_and_helpers(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(HERE))
-
-
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Loading weights fails the test: a check that needs no model must come first."""

@@ -289,7 +289,6 @@ def _csv(folder: Path) -> dict[str, dict[str, str]]:
 
 def test_a_2x2_study_runs_resumes_and_survives_failing_cells(app, tmp_path, monkeypatch):
     """The embedded default, 2 steps, one seed: (reinforce, clip) is an invalid spec."""
-    monkeypatch.setenv("RLDSL_COMPILE", "0")  # the cells inherit it: eager losses, fast start
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)  # the study folder is elsewhere: cells run from another directory

@@ -3,7 +3,6 @@ engine gets merged weights, checkpoints resume exactly, export gives a plain HF 
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,14 +22,6 @@ from rldsl.runtime.models.lora import (adapters_disabled, apply_lora, lora_layer
 from rldsl.runtime.errors import RunError  # noqa: E402
 from rldsl.runtime.records.metrics import read_metrics  # noqa: E402
 from rldsl.runtime.records.metrics import TIMED  # noqa: E402
-
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 def lora_config(model_dir, out, **over):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -13,14 +12,6 @@ from rldsl.runtime.run import loop
 from rldsl.runtime.config import load_config
 from rldsl.runtime.records.run_dir import SAMPLES_FILE
 from rldsl.runtime.records.samples import read_samples, truncate_samples
-
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 def test_run_writes_samples_and_the_command_shows_them(model_dir, tmp_path) -> None:

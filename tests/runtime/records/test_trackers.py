@@ -18,21 +18,18 @@ from rldsl.runtime.records.trackers import TRACKERS, TrackerNames, check_tracker
 from tracker_readers import (assert_same, jsonl_history, mlflow_history, renamed, tensorboard_history,
                              trackio_history, wandb_history)
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
 ALL = list(TRACKERS)
 
 
 @pytest.fixture(autouse=True)
 def _local_trackers(monkeypatch, tmp_path):
     """Offline / local modes only, every tracker file under tmp_path."""
-    monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
 
 
 def test_every_tracker_gets_every_metric_and_a_resume_continues_its_run(tmp_path):
@@ -108,7 +105,7 @@ def test_unknown_or_missing_tracker_fails_before_the_run(monkeypatch, tmp_path, 
 
 
 # ------------------------------------------------------------------------------- names
-DOCS = HERE.parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 #: user-chosen parts of metric names, as awkward as a user may make them: eval set names (a file
 #: stem or `name =`) and reward term labels (docs/rewards.md)
 USER_PARTS = ["wtest", "gsm8k-test", "math 500", "v1.2", "2024_set", "a:b", "..", "é", "server_127.0.0.1",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from rldsl.runtime.run import loop
@@ -15,11 +14,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "components"))
 import peer_refs as R  # noqa: E402
 
 TWO = "reward_helpers:parity=1.0,reward_helpers:answer_prefix=0.5"
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
 
 
 def _spy(monkeypatch) -> list:

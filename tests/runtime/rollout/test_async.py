@@ -17,14 +17,7 @@ from rldsl import lint
 import rldsl
 from rldsl.runtime.records.metrics import TIMED
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
 TIMING = TIMED
-
-
-@pytest.fixture(autouse=True)
-def _eager_and_helpers(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 def config(model_dir: Path, out: Path, **over):

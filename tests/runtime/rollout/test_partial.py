@@ -19,7 +19,6 @@ from rldsl.runtime.errors import ConfigError
 from rldsl.runtime.records.metrics import read_metrics
 from rldsl.runtime.rollout.partial import generate_in_segments, segment_seed
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
 PROMPTS = ["1+2=", "33+44="]
 
 
@@ -73,12 +72,6 @@ def _config(model_dir: Path, out: Path, *extra: str):
                               "train.steps=5", "eval.every=0", "data.eval_size=4", "eval.samples=0",
                               "checkpoint.every=0", "log.progress=false", "reward.name=reward_helpers:parity",
                               "rollout.max_new_tokens=8", "train.lr=0.01", *extra])
-
-
-@pytest.fixture(autouse=True)
-def _eager_and_helpers(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 def test_a_partial_run_logs_token_level_staleness(model_dir, tmp_path) -> None:

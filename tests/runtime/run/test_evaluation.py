@@ -18,14 +18,7 @@ from rldsl.runtime.run.eval_sets import evaluate_set, load_eval_set, set_name
 from rldsl.runtime.run.evaluation import k_values, pass_at_k
 from rldsl.runtime.rewards.functions import RewardFn
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def _helpers(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
 
 
 def brute_pass_at_k(outcomes: list[bool], k: int) -> float:

@@ -24,15 +24,8 @@ from rldsl.runtime.errors import RunError
 from rldsl.runtime.records.metrics import read_metrics
 from rldsl.runtime.records.metrics import TIMED
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
-REPO = HERE.parent.parent
+REPO = Path(__file__).resolve().parents[3]
 TIMING = TIMED
-
-
-@pytest.fixture(autouse=True)
-def _eager_and_helpers(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")  # compiled == eager is tested in tests/components
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 def quick_config(model_dir: Path, out: Path, **over) -> RunConfig:
@@ -319,13 +312,13 @@ def test_existing_run_folder_is_not_overwritten(model_dir, tmp_path):
 # ----------------------------------------------------------------------------- the demo
 
 @pytest.mark.slow
+@pytest.mark.compile  # the demo as a user runs it: compiled losses
 def test_demo_learns(tmp_path):
     """`rldsl run algorithms/lite_ppo.rl` on the embedded default: held-out greedy accuracy +30 points."""
-    env = {k: v for k, v in os.environ.items() if k != "RLDSL_COMPILE"}
     t0 = time.time()
     res = subprocess.run([sys.executable, "-m", "rldsl.cli", "run", str(REPO / "algorithms" / "lite_ppo.rl"),
                           "--out", str(tmp_path / "demo"), "--set", "log.progress=false"],
-                         env=env, capture_output=True, text=True, cwd=tmp_path)
+                         capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     evals = [r for r in read_metrics(tmp_path / "demo" / "metrics.jsonl") if "eval/greedy_acc" in r]
     first, last = evals[0], evals[-1]

@@ -3,16 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 from rldsl.runtime.run import loop
 from rldsl.runtime.config import load_config
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
 
 
 def _config(model_dir: Path, out: Path, *extra: str):

@@ -27,14 +27,7 @@ import torch
 from rldsl.runtime.records.metrics import read_metrics
 from tiny_archs import ARCHS, save
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
 TEMPERATURES = (0.5, 0.7, 1.0, 1.3)
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 def _config(model_dir: Path, out: Path, **over):

@@ -17,11 +17,6 @@ SPEC = """algorithm adaptive_test
 """
 
 
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-
-
 def _trl(records, init, lo, hi, delta, target):
     """TRL's controller fed with the logged per-step entropies (one optimizer step per step)."""
     coef, out = init, []

@@ -25,11 +25,6 @@ from rldsl.runtime.train.trainer import Trainer
 from test_loop import quick_config, steps_of
 
 
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-
-
 @pytest.fixture(scope="module")
 def teacher_dir():
     from rldsl.runtime.toy import warm_start

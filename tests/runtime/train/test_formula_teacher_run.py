@@ -18,7 +18,6 @@ SPEC = str(Path(__file__).resolve().parents[3] / "algorithms" / "examples" / "op
 
 
 def test_a_teacher_formula_trains_three_steps(model_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
     seen = []
     est = Trainer.estimate
 

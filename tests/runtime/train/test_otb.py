@@ -2,7 +2,6 @@
 which reaches estimate(); specs that do not need it never compute it."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from rldsl.compiled import CompiledAlgorithm
@@ -15,11 +14,6 @@ SPEC = """algorithm otb extends grpo
   baseline      optimal_token
   normalizer    none
 """
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
 
 
 def _spy(monkeypatch):

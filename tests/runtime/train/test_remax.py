@@ -2,17 +2,11 @@
 reaches estimate() as reward_baselines; specs that do not need it never pay for it."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from rldsl.runtime.run import loop
 from rldsl.runtime.workers.local import LocalRollouts
 from test_loop import quick_config, steps_of
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
 
 
 def _spy(monkeypatch):

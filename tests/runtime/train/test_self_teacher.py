@@ -25,11 +25,6 @@ from rldsl.runtime.train.trainer import Trainer
 from test_loop import quick_config, steps_of, without_timing
 
 
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-
-
 def _direct(policy, prompt: list[int], response: list[int], temperature: float = 1.0) -> torch.Tensor:
     """The reference: the policy's no-grad logprobs of ``response`` after ``prompt``, one
     unpadded row, read off the full logits."""

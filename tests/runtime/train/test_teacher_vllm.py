@@ -43,11 +43,6 @@ def vllm_python() -> str | None:
     return str(Path(cand).absolute()) if cand and Path(cand).is_file() else None
 
 
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-
-
 @pytest.fixture(scope="module")
 def teacher_64(tmp_path_factory):
     from transformers import LlamaForCausalLM
