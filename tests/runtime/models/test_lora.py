@@ -15,21 +15,19 @@ from rldsl.runtime.records import checkpoint as ckpt  # noqa: E402
 from rldsl.runtime.run import loop  # noqa: E402
 from rldsl.runtime.run import step as run_step  # noqa: E402
 from rldsl.runtime.run.build import build_run  # noqa: E402
-from rldsl.runtime.config import load_config  # noqa: E402
 from rldsl.runtime.records.export import export_run  # noqa: E402
 from rldsl.runtime.models.lora import (adapters_disabled, apply_lora, lora_layers, lora_scalings,  # noqa: E402
                                 merge_state, merged_weights)
 from rldsl.runtime.errors import RunError  # noqa: E402
 from rldsl.runtime.records.metrics import read_metrics  # noqa: E402
 from rldsl.runtime.records.metrics import TIMED  # noqa: E402
+from small_run import small_run  # noqa: E402
 
 
 def lora_config(model_dir, out, **over):
-    sets = [f"model.path={model_dir}", f"out={out}", "rollout.prompts_per_step=4", "rollout.n=4",
-            "train.steps=3", "eval.every=0", "eval.samples=0", "data.eval_size=4", "checkpoint.every=0",
-            "log.progress=false", "reward.name=reward_helpers:parity", "model.lora.rank=4",
-            "train.lr=1e-2"]
-    return load_config(None, sets + [f"{k}={v}" for k, v in over.items()])
+    """Rank-4 adapters at lr 1e-2: adapters that move in 3 steps."""
+    return small_run(model_dir, out, "eval.samples=0", "data.eval_size=4", "model.lora.rank=4", "train.lr=1e-2",
+                     **over)
 
 
 def test_merged_weights_and_adapters_off(tiny_model) -> None:

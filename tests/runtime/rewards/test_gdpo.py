@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from rldsl.runtime.run import loop
-from test_loop import quick_config, steps_of
+from small_run import small_run, steps_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "components"))
 import peer_refs as R  # noqa: E402
@@ -32,7 +32,7 @@ def _spy(monkeypatch) -> list:
 
 def test_gdpo_trains_on_two_reward_functions_normalised_one_by_one(model_dir, tmp_path, monkeypatch):
     seen = _spy(monkeypatch)
-    run = loop.train("gdpo", quick_config(model_dir, tmp_path / "run", **{"reward.name": TWO}))
+    run = loop.train("gdpo", small_run(model_dir, tmp_path / "run", **{"reward.name": TWO}))
     recs = steps_of(run)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert any(r.get("optimizer_steps", 0) > 0 for r in recs)
@@ -53,6 +53,6 @@ def test_gdpo_trains_on_two_reward_functions_normalised_one_by_one(model_dir, tm
 
 def test_specs_without_gdpo_get_no_per_function_rewards(model_dir, tmp_path, monkeypatch):
     seen = _spy(monkeypatch)
-    loop.train("grpo", quick_config(model_dir, tmp_path / "run", **{"reward.name": TWO}))
+    loop.train("grpo", small_run(model_dir, tmp_path / "run", **{"reward.name": TWO}))
     assert [s[0].inputs.get("reward_components") for s in seen] == [None, None, None]
 

@@ -9,23 +9,22 @@ from pathlib import Path
 import pytest
 
 from rldsl.runtime.run import loop, rollouts as run_rollouts
-from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import RunError
 from rldsl.runtime.records.metrics import read_metrics
 from rldsl.runtime.resolve import run_facts
 from rldsl import lint
 import rldsl
 from rldsl.runtime.records.metrics import TIMED
+from small_run import small_run
 
 TIMING = TIMED
 
 
 def config(model_dir: Path, out: Path, **over):
-    sets = [f"model.path={model_dir}", f"out={out}", "rollout.prompts_per_step=4", "rollout.n=4",
-            "train.steps=5", "eval.every=0", "data.eval_size=4", "eval.samples=0", "checkpoint.every=0",
-            "log.progress=false", "reward.name=reward_helpers:parity", "rollout.max_new_tokens=4",
-            "train.minibatches=2"]
-    return load_config(None, sets + [f"{k}={v}" for k, v in over.items()])
+    """5 steps (a policy lag of 1 or 2 shows over several), 2 minibatches (an old policy apart
+    from the current one), 4 tokens an answer."""
+    return small_run(model_dir, out, "train.steps=5", "data.eval_size=4", "eval.samples=0",
+                     "rollout.max_new_tokens=4", "train.minibatches=2", **over)
 
 
 def steps(run: Path) -> list[dict]:

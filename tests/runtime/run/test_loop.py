@@ -19,29 +19,12 @@ from rldsl.cli import app
 from rldsl.runtime.records import checkpoint as ckpt
 from rldsl.runtime.run import loop
 from rldsl.runtime.run import schedule
-from rldsl.runtime.config import RunConfig, load_config
+from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import RunError
 from rldsl.runtime.records.metrics import read_metrics
-from rldsl.runtime.records.metrics import TIMED
+from small_run import small_run, steps_of, without_timing
 
 REPO = Path(__file__).resolve().parents[3]
-TIMING = TIMED
-
-
-def quick_config(model_dir: Path, out: Path, **over) -> RunConfig:
-    sets = [f"model.path={model_dir}", f"out={out}", "rollout.prompts_per_step=4", "rollout.n=4",
-            "train.steps=3", "eval.every=0", "eval.samples=2", "data.eval_size=8",
-            "checkpoint.every=0", "log.progress=false", "reward.name=reward_helpers:parity"]
-    sets += [f"{k}={v}" for k, v in over.items()]
-    return load_config(None, sets)
-
-
-def steps_of(run: Path) -> list[dict]:
-    return [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
-
-
-def without_timing(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in records]
 
 
 @pytest.mark.parametrize("name", sorted(rldsl.library()))
@@ -50,7 +33,7 @@ def test_every_library_algorithm_trains(name, model_dir, tmp_path):
     if rldsl.load(name).uses_teacher:  # a distillation spec: the embedded warm model teaches
         from rldsl.runtime.toy import warm_start
         over["teacher.path"] = warm_start()
-    run = loop.train(name, quick_config(model_dir, tmp_path / "run", **over))
+    run = loop.train(name, small_run(model_dir, tmp_path / "run", **over))
     recs = steps_of(run)
     assert [r["step"] for r in recs] == [1, 2, 3]
     updated = [r for r in recs if r.get("optimizer_steps", 0) > 0]
@@ -85,9 +68,9 @@ def _params(run: Path) -> dict[str, torch.Tensor]:
 
 
 def test_interrupted_and_resumed_equals_uninterrupted(model_dir, tmp_path):
-    cfg = quick_config(model_dir, tmp_path / "full", **{"train.steps": 6, "checkpoint.every": 2})
+    cfg = small_run(model_dir, tmp_path / "full", **{"train.steps": 6, "checkpoint.every": 2})
     full = loop.train("grpo", cfg)
-    cfg2 = quick_config(model_dir, tmp_path / "cut", **{"train.steps": 6, "checkpoint.every": 2})
+    cfg2 = small_run(model_dir, tmp_path / "cut", **{"train.steps": 6, "checkpoint.every": 2})
     cut = loop.train("grpo", cfg2, stop_after=3)
     assert ckpt.latest_checkpoint(cut).name == "step-3"
     assert len(steps_of(cut)) == 3
@@ -111,7 +94,7 @@ def test_metrics_read_by_progress_summary_and_plot_are_the_ones_a_run_writes(mod
     from rldsl.runtime.records import plot
     from rldsl.runtime.ablate.report import FIGURES, run_numbers
     from rldsl.runtime.ablate.runner import cell_state
-    run = loop.train("lite_ppo", quick_config(model_dir, tmp_path / "run", **{"eval.every": 1}))
+    run = loop.train("lite_ppo", small_run(model_dir, tmp_path / "run", **{"eval.every": 1}))
     records = read_metrics(run / "metrics.jsonl")
     written = set().union(*records)
     assert set(metrics.METRICS) <= written and set(metrics.KEY_METRICS) == set(metrics.METRICS)
@@ -129,7 +112,7 @@ def test_user_model_jsonl_and_module_reward(model_dir, tmp_path):
     data = tmp_path / "train.jsonl"
     rows = [{"question": f"{a}+{b}=", "solution": str(a + b)} for a in range(10, 30) for b in range(3)]
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    cfg = quick_config(model_dir, tmp_path / "run", **{
+    cfg = small_run(model_dir, tmp_path / "run", **{
         "data.path": data, "data.prompt_key": "question", "data.answer_key": "solution",
         "reward.name": "reward_helpers:answer_prefix=0.5,reward_helpers:parity=0.5",
         "rollout.max_new_tokens": 4, "data.eval_size": 6, "eval.every": 3})
@@ -165,7 +148,7 @@ def test_dataset_rows_without_fields(model_dir, tmp_path):
 
 
 def test_reward_that_raises_stops_the_run_with_the_sample(model_dir, tmp_path):
-    cfg = quick_config(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
+    cfg = small_run(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
                                                        "rollout.temperature": 3.0})
     from rldsl.runtime.errors import RewardError
     with pytest.raises(RewardError) as e:
@@ -175,7 +158,7 @@ def test_reward_that_raises_stops_the_run_with_the_sample(model_dir, tmp_path):
 
 
 def test_reward_errors_skipped_when_configured(model_dir, tmp_path):
-    cfg = quick_config(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
+    cfg = small_run(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
                                                        "reward.on_error": "skip",
                                                        "rollout.temperature": 3.0})
     run = loop.train("grpo", cfg)
@@ -207,7 +190,7 @@ def test_nan_loss_skips_the_step_and_keeps_weights(model_dir, tmp_path, monkeypa
         return m
 
     monkeypatch.setattr(schedule, "train_step", spy)
-    loop.train("lite_ppo", quick_config(model_dir, tmp_path / "run"))
+    loop.train("lite_ppo", small_run(model_dir, tmp_path / "run"))
     m, before, after = snapshots[1]
     assert m["skipped_nonfinite"] == 1.0 and m["optimizer_steps"] == 0.0
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -237,7 +220,7 @@ def test_ctrl_c_finishes_the_step_then_writes_a_checkpoint(model_dir, tmp_path, 
         return real_step(s, step, producer)
 
     monkeypatch.setattr(schedule, "train_step", interrupt)
-    cfg = quick_config(model_dir, tmp_path / "run", **{"train.steps": 5})
+    cfg = small_run(model_dir, tmp_path / "run", **{"train.steps": 5})
     with pytest.raises(KeyboardInterrupt):
         loop.train("lite_ppo", cfg)
     assert ckpt.latest_checkpoint(tmp_path / "run").name == "step-3"
@@ -255,7 +238,7 @@ def test_a_second_ctrl_c_stops_mid_step_without_a_checkpoint(model_dir, tmp_path
         return real_step(s, step, producer)
 
     monkeypatch.setattr(schedule, "train_step", interrupt)
-    cfg = quick_config(model_dir, tmp_path / "run", **{"train.steps": 5, "checkpoint.every": 1})
+    cfg = small_run(model_dir, tmp_path / "run", **{"train.steps": 5, "checkpoint.every": 1})
     with pytest.raises(KeyboardInterrupt):
         loop.train("lite_ppo", cfg)
     assert ckpt.latest_checkpoint(tmp_path / "run").name == "step-2"
@@ -283,9 +266,9 @@ def test_ctrl_c_names_the_resume_command_once(model_dir, tmp_path, monkeypatch):
 
 
 def test_eval_every_0_switches_evaluation_off_and_n_at_least_steps_evaluates_at_both_ends(model_dir, tmp_path):
-    off = loop.train("lite_ppo", quick_config(model_dir, tmp_path / "off", **{"eval.every": 0}))
+    off = loop.train("lite_ppo", small_run(model_dir, tmp_path / "off", **{"eval.every": 0}))
     assert [r for r in read_metrics(off / "metrics.jsonl") if any(k.startswith("eval/") for k in r)] == []
-    ends = loop.train("lite_ppo", quick_config(model_dir, tmp_path / "ends", **{"eval.every": 3}))
+    ends = loop.train("lite_ppo", small_run(model_dir, tmp_path / "ends", **{"eval.every": 3}))
     assert [r["step"] for r in read_metrics(ends / "metrics.jsonl") if "eval/greedy_acc" in r] == [0, 3]
 
 
@@ -303,7 +286,7 @@ def test_a_run_whose_every_reward_is_skipped_stops_after_max_skipped_steps(model
 
 
 def test_existing_run_folder_is_not_overwritten(model_dir, tmp_path):
-    cfg = quick_config(model_dir, tmp_path / "run")
+    cfg = small_run(model_dir, tmp_path / "run")
     loop.train("lite_ppo", cfg)
     with pytest.raises(RunError, match="already holds a run"):
         loop.train("lite_ppo", cfg)
