@@ -112,6 +112,7 @@ def test_the_default_reward_is_settled_once_before_the_reward_is_built(tmp_path,
         real_fn(load_config(None, []))
 
 
+@pytest.mark.slow
 def test_the_spec_is_parsed_once_per_run(model_dir, tmp_path, monkeypatch):
     parses = []
     real = rldsl.spec.resolve

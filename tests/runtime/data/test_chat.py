@@ -142,6 +142,7 @@ def test_small_dataset_defaults(tmp_path) -> None:
         prompts_of(load_config(None, [f"data.path={path}", "data.eval_size=64"]))
 
 
+@pytest.mark.slow
 def test_64_row_dataset_runs_with_default_split(model_dir, tmp_path, capsys) -> None:
     from rldsl.runtime.run import loop
     from rldsl.runtime.records.metrics import read_metrics

@@ -70,6 +70,7 @@ def test_merge_state_equals_peft_merge(tiny_model) -> None:
         merge_state(state, scalings)
 
 
+@pytest.mark.slow
 def test_lora_run_trains_adapters_syncs_merged_weights_and_exports(model_dir, tmp_path) -> None:
     (tmp_path / "run").mkdir()
     s = build_run("grpo", lora_config(model_dir, tmp_path / "run"), tmp_path / "run")
@@ -92,6 +93,7 @@ def test_lora_run_trains_adapters_syncs_merged_weights_and_exports(model_dir, tm
     assert moved  # the engine samples from base + adapters
 
 
+@pytest.mark.slow
 def test_lora_checkpoint_resumes_exactly_and_exports(model_dir, tmp_path) -> None:
     full = loop.train("grpo", lora_config(model_dir, tmp_path / "full", **{"checkpoint.every": 2, "train.steps": 4}))
     cut = loop.train("grpo", lora_config(model_dir, tmp_path / "cut", **{"checkpoint.every": 2, "train.steps": 4}),

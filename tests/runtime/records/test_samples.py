@@ -14,6 +14,7 @@ from rldsl.runtime.records.run_dir import SAMPLES_FILE
 from rldsl.runtime.records.samples import read_samples, truncate_samples
 
 
+@pytest.mark.slow
 def test_run_writes_samples_and_the_command_shows_them(model_dir, tmp_path) -> None:
     cfg = load_config(None, [f"model.path={model_dir}", f"out={tmp_path / 'run'}",
                              "rollout.prompts_per_step=4", "rollout.n=4", "train.steps=2",
@@ -49,6 +50,7 @@ def test_resume_drops_later_samples(tmp_path) -> None:
         read_samples(tmp_path / "missing")
 
 
+@pytest.mark.slow
 def test_each_reward_term_is_logged_and_kept_per_sample(model_dir, tmp_path) -> None:
     """rewards/<term>/mean and /std (TRL's names) per step, each term's value per sample in
     samples.jsonl as the verifier returned it (0.2 is 0.2, not float32's 0.20000000298); the

@@ -74,6 +74,7 @@ def test_every_tracker_gets_every_metric_and_a_resume_continues_its_run(tmp_path
     assert spec == "algorithm mine extends grpo\n"
 
 
+@pytest.mark.slow
 def test_a_training_run_reports_to_trackers_and_resumes_them(model_dir, tmp_path):
     sets = [f"model.path={model_dir}", f"out={tmp_path / 'run'}", "rollout.prompts_per_step=4",
             "rollout.n=4", "train.steps=3", "eval.every=0", "checkpoint.every=1", "log.progress=false",
@@ -168,6 +169,7 @@ def test_names_that_one_rule_makes_equal_stay_apart():
         ["eval/a_at_b/x", "eval/a_at_b/x_2", "eval/a_at_b/x"]
 
 
+@pytest.mark.slow
 def test_a_run_with_eval_sets_and_reward_terms_reaches_every_tracker(model_dir, tmp_path):
     """Every metrics.jsonl name of a real run (eval/<set>/pass@k, rewards/<term>/...) arrives at
     each tracker under its rule's name (MLflow refused `@`: the run crashed at step 0)."""

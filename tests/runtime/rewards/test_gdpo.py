@@ -2,16 +2,12 @@
 function ([B, K]) with the spec's weights; the scalar reward stays their weighted sum."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import pytest
 import torch
 
+import peer_refs as R
 from rldsl.runtime.run import loop
 from small_run import small_run, steps_of
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "components"))
-import peer_refs as R  # noqa: E402
 
 TWO = "reward_helpers:parity=1.0,reward_helpers:answer_prefix=0.5"
 
@@ -30,6 +26,7 @@ def _spy(monkeypatch) -> list:
     return seen
 
 
+@pytest.mark.slow
 def test_gdpo_trains_on_two_reward_functions_normalised_one_by_one(model_dir, tmp_path, monkeypatch):
     seen = _spy(monkeypatch)
     run = loop.train("gdpo", small_run(model_dir, tmp_path / "run", **{"reward.name": TWO}))
@@ -51,6 +48,7 @@ def test_gdpo_trains_on_two_reward_functions_normalised_one_by_one(model_dir, tm
         torch.testing.assert_close(adv.double().cpu() * m, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_specs_without_gdpo_get_no_per_function_rewards(model_dir, tmp_path, monkeypatch):
     seen = _spy(monkeypatch)
     loop.train("grpo", small_run(model_dir, tmp_path / "run", **{"reward.name": TWO}))

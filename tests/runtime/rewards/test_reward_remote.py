@@ -334,6 +334,7 @@ def test_reward_model_actor_checks_the_folder_at_start_up(model_dir, tmp_path):
 
 
 # ------------------------------------------------------------------------------ in a run
+@pytest.mark.slow
 def test_a_run_trains_on_a_reward_server(model_dir, tmp_path):
     """3 steps of grpo scored by `rldsl serve-reward reward_helpers:parity` on 127.0.0.1; the
     rewards equal the function's own on the logged samples."""

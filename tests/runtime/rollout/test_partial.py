@@ -73,6 +73,7 @@ def _config(model_dir: Path, out: Path, *extra: str):
                      "rollout.max_new_tokens=8", "train.lr=0.01", *extra)
 
 
+@pytest.mark.slow
 def test_a_partial_run_logs_token_level_staleness(model_dir, tmp_path) -> None:
     run = loop.train("grpo_tis", _config(model_dir, tmp_path / "p", "rollout.max_staleness=2",
                                          "rollout.partial=true", "rollout.partial_tokens=2"))

@@ -27,6 +27,7 @@ from small_run import small_run, steps_of, without_timing
 REPO = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(rldsl.library()))
 def test_every_library_algorithm_trains(name, model_dir, tmp_path):
     over = {}
@@ -67,6 +68,7 @@ def _params(run: Path) -> dict[str, torch.Tensor]:
     return load_file(str(ckpt.latest_checkpoint(run) / "policy" / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_interrupted_and_resumed_equals_uninterrupted(model_dir, tmp_path):
     cfg = small_run(model_dir, tmp_path / "full", **{"train.steps": 6, "checkpoint.every": 2})
     full = loop.train("grpo", cfg)
@@ -86,6 +88,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(model_dir, tmp_path):
 # step (injected, not raced), the weights bit for bit the uninterrupted run's
 
 
+@pytest.mark.slow
 def test_metrics_read_by_progress_summary_and_plot_are_the_ones_a_run_writes(model_dir, tmp_path):
     """One spelling per metric: every name of metrics.METRICS is written by a step, and the
     progress line, the summary, the plot, the study report and the ablation runner read
@@ -108,6 +111,7 @@ def test_metrics_read_by_progress_summary_and_plot_are_the_ones_a_run_writes(mod
     assert cell_state(run, 3) == ("done", 3)  # the runner's reader sees the last step
 
 
+@pytest.mark.slow
 def test_user_model_jsonl_and_module_reward(model_dir, tmp_path):
     data = tmp_path / "train.jsonl"
     rows = [{"question": f"{a}+{b}=", "solution": str(a + b)} for a in range(10, 30) for b in range(3)]
@@ -147,6 +151,7 @@ def test_dataset_rows_without_fields(model_dir, tmp_path):
     assert "Traceback" not in res.output
 
 
+@pytest.mark.slow
 def test_reward_that_raises_stops_the_run_with_the_sample(model_dir, tmp_path):
     cfg = small_run(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
                                                        "rollout.temperature": 3.0})
@@ -157,6 +162,7 @@ def test_reward_that_raises_stops_the_run_with_the_sample(model_dir, tmp_path):
     assert "explode" in msg and "sample" in msg and "ZeroDivisionError" in msg and "completion" in msg
 
 
+@pytest.mark.slow
 def test_reward_errors_skipped_when_configured(model_dir, tmp_path):
     cfg = small_run(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
                                                        "reward.on_error": "skip",
@@ -168,6 +174,7 @@ def test_reward_errors_skipped_when_configured(model_dir, tmp_path):
     assert all(math.isfinite(r["reward_mean"]) for r in recs if r["reward_errors"] < 16)
 
 
+@pytest.mark.slow
 def test_nan_loss_skips_the_step_and_keeps_weights(model_dir, tmp_path, monkeypatch):
     real = rldsl.CompiledAlgorithm.loss
     calls = {"n": 0}
@@ -208,6 +215,7 @@ def ctrl_c_delivered():
     signal.signal(signal.SIGINT, inherited)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ctrl_c_delivered")
 def test_ctrl_c_finishes_the_step_then_writes_a_checkpoint(model_dir, tmp_path, monkeypatch):
     """Ctrl-C during step 3 (a real SIGINT): the step is finished, logged and saved as step-3 —
@@ -227,6 +235,7 @@ def test_ctrl_c_finishes_the_step_then_writes_a_checkpoint(model_dir, tmp_path, 
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]  # eval.every=0: no evaluation record at step 0
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ctrl_c_delivered")
 def test_a_second_ctrl_c_stops_mid_step_without_a_checkpoint(model_dir, tmp_path, monkeypatch):
     real_step = schedule.train_step
@@ -245,6 +254,7 @@ def test_a_second_ctrl_c_stops_mid_step_without_a_checkpoint(model_dir, tmp_path
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ctrl_c_delivered")
 def test_ctrl_c_names_the_resume_command_once(model_dir, tmp_path, monkeypatch):
     real_step = schedule.train_step
@@ -265,6 +275,7 @@ def test_ctrl_c_names_the_resume_command_once(model_dir, tmp_path, monkeypatch):
     assert res.output.endswith(f"interrupted; continue from checkpoint step-3 with:\nrldsl run --resume {run}\n")
 
 
+@pytest.mark.slow
 def test_eval_every_0_switches_evaluation_off_and_n_at_least_steps_evaluates_at_both_ends(model_dir, tmp_path):
     off = loop.train("lite_ppo", small_run(model_dir, tmp_path / "off", **{"eval.every": 0}))
     assert [r for r in read_metrics(off / "metrics.jsonl") if any(k.startswith("eval/") for k in r)] == []
@@ -272,6 +283,7 @@ def test_eval_every_0_switches_evaluation_off_and_n_at_least_steps_evaluates_at_
     assert [r["step"] for r in read_metrics(ends / "metrics.jsonl") if "eval/greedy_acc" in r] == [0, 3]
 
 
+@pytest.mark.slow
 def test_a_run_whose_every_reward_is_skipped_stops_after_max_skipped_steps(model_dir, tmp_path):
     run = tmp_path / "run"
     (tmp_path / "down.py").write_text("def down(prompt, completion, answer):\n    raise ConnectionError('API down')\n")
@@ -285,6 +297,7 @@ def test_a_run_whose_every_reward_is_skipped_stops_after_max_skipped_steps(model
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
 
 
+@pytest.mark.slow
 def test_existing_run_folder_is_not_overwritten(model_dir, tmp_path):
     cfg = small_run(model_dir, tmp_path / "run")
     loop.train("lite_ppo", cfg)

@@ -26,6 +26,7 @@ def _trl(records, init, lo, hi, delta, target):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", [100.0, 0.0])
 def test_coefficient_follows_trl_and_survives_a_resume(model_dir, tmp_path, target):
     spec = tmp_path / "adaptive_test.rl"

@@ -23,6 +23,7 @@ def teacher_dir():
     return warm_start()  # the embedded warm model: the toy's vocabulary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["opd", "distill_topk", "grpo_distill", "gkd"])
 def test_distillation_specs_train_three_steps_with_the_warm_model_teaching(name, model_dir, teacher_dir,
                                                                           tmp_path, monkeypatch):
@@ -56,6 +57,7 @@ def test_distillation_specs_train_three_steps_with_the_warm_model_teaching(name,
         assert 0 < recs[0]["distill/teacher_mass"] <= 1 + 1e-6
 
 
+@pytest.mark.slow
 def test_a_teacher_equal_to_the_student_gives_zero_divergence(model_dir, tmp_path):
     run = loop.train("opd", small_run(model_dir, tmp_path / "run", **{"teacher.path": model_dir}))
     recs = steps_of(run)

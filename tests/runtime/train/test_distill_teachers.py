@@ -183,6 +183,7 @@ def test_the_copied_lm_head_gives_the_in_process_teachers_jsd(teacher_dir, token
 TOPK4 = 'algorithm topk4 extends distill_topk\n  "Top-4 forward KL."\n  distill forward_kl_topk(k=4, task=false)\n'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [0, 4])
 def test_three_steps_with_the_teacher_behind_a_server(k, model_dir, teacher_dir, tmp_path, monkeypatch):
     """teacher.url: every row goes to /v1/completions as a token-id prompt; the teacher's logprobs

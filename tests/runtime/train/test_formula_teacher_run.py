@@ -17,6 +17,7 @@ from small_run import small_run, steps_of
 SPEC = str(Path(__file__).resolve().parents[3] / "algorithms" / "examples" / "opd_formula.rl")
 
 
+@pytest.mark.slow
 def test_a_teacher_formula_trains_three_steps(model_dir, tmp_path, monkeypatch):
     seen = []
     est = Trainer.estimate

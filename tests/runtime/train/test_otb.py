@@ -2,6 +2,7 @@
 which reaches estimate(); specs that do not need it never compute it."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rldsl.compiled import CompiledAlgorithm
@@ -37,6 +38,7 @@ def _spy(monkeypatch):
     return flags, seen
 
 
+@pytest.mark.slow
 def test_otb_trains_three_steps_with_sum_pi_squared(model_dir, tmp_path, monkeypatch):
     flags, seen = _spy(monkeypatch)
     spec = tmp_path / "otb.rl"
@@ -52,6 +54,7 @@ def test_otb_trains_three_steps_with_sum_pi_squared(model_dir, tmp_path, monkeyp
         assert s.shape[0] == 16 and bool(((s >= 0) & (s <= 1 + 1e-6)).all())
 
 
+@pytest.mark.slow
 def test_specs_without_it_never_compute_sum_pi_squared(model_dir, tmp_path, monkeypatch):
     flags, seen = _spy(monkeypatch)
     loop.train("grpo", small_run(model_dir, tmp_path / "run"))

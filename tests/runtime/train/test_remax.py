@@ -2,6 +2,7 @@
 reaches estimate() as reward_baselines; specs that do not need it never pay for it."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rldsl.runtime.run import loop
@@ -31,6 +32,7 @@ def _spy(monkeypatch):
     return calls, seen
 
 
+@pytest.mark.slow
 def test_remax_generates_one_greedy_response_per_prompt_per_step(model_dir, tmp_path, monkeypatch):
     calls, seen = _spy(monkeypatch)
     run = loop.train("remax", small_run(model_dir, tmp_path / "run"))
@@ -49,6 +51,7 @@ def test_remax_generates_one_greedy_response_per_prompt_per_step(model_dir, tmp_
     assert all(r["time/greedy_s"] >= 0 for r in recs)
 
 
+@pytest.mark.slow
 def test_specs_without_a_greedy_baseline_do_not_generate_one(model_dir, tmp_path, monkeypatch):
     calls, seen = _spy(monkeypatch)
     run = loop.train("grpo", small_run(model_dir, tmp_path / "run"))

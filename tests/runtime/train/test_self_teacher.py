@@ -152,6 +152,7 @@ def test_the_ema_teacher_moves_toward_the_policy_after_each_optimizer_step(tiny_
 
 # ------------------------------------------------------------------------------ runs
 
+@pytest.mark.slow
 def test_a_run_with_a_self_teacher_scores_each_rows_solution_prompt(model_dir, tmp_path, monkeypatch):
     """teacher.self + teacher.context_key: every step's teacher logprobs are the current policy's
     on the row's prompt rebuilt with its `solution` column (teacher.context_template)."""
@@ -184,6 +185,7 @@ def test_a_run_with_a_self_teacher_scores_each_rows_solution_prompt(model_dir, t
             torch.testing.assert_close(teacher.logprobs[b, :n], want[b], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_an_ema_teacher_resumes_exactly(model_dir, tmp_path):
     """teacher.ema: the EMA copy is saved with each checkpoint, so a run cut and resumed gives
     the same steps (its distill divergence reads the restored EMA teacher). grpo_distill: the task

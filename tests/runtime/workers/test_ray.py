@@ -167,6 +167,7 @@ def test_cli_flags_select_the_distributed_runtime(tmp_path):
     assert load_config(None, ["distributed.rollout_workers=1"]).distributed.uses_ray
 
 
+@pytest.mark.slow
 def test_one_trainer_run_never_imports_ray(model_dir, tmp_path):
     code = ("import sys\n"
             "from rldsl.runtime.run import loop\n"

@@ -163,6 +163,7 @@ def test_an_openenv_server_down_at_start_is_refused_before_the_model_loads() -> 
         check_tools(load_config(None, ["rollout.env=openenv:localhost:8000"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, error", [("dies", "the environment's episode raised ConnectionClosedError"),
                                          ("hangs", "the environment's episode ran past its time limit of 3 s")])
 def test_a_server_that_dies_or_hangs_mid_episode_gives_failed_episodes(tool_model, openenv_server, kind,
@@ -326,6 +327,7 @@ def test_a_session_refused_while_another_client_holds_the_server_is_retried(limi
             assert "rollout.env_concurrency" in e.error
 
 
+@pytest.mark.slow
 def test_a_verifiers_episode_that_fails_or_hangs_is_recorded(tool_model) -> None:
     """A rubric that raises (task 0) ends its episode with verifiers' error recorded; one that never
     returns (task 1) is cut at rollout.agent_timeout_s; the batch is still made."""
