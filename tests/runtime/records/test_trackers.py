@@ -32,6 +32,7 @@ def _local_trackers(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
+@pytest.mark.slow
 def test_every_tracker_gets_every_metric_and_a_resume_continues_its_run(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

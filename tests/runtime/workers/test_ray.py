@@ -140,6 +140,7 @@ def test_two_trainer_run_resumes_on_one_trainer(ray_cluster, model_dir, tmp_path
 # tests/faults/test_ray_workers.py; a run resumed on another topology: below
 
 
+@pytest.mark.slow
 def test_a_call_past_its_timeout_names_the_worker(ray_cluster):
     from rldsl.runtime.workers.ray_cluster import RayCluster
     cluster = RayCluster(RunConfig(), cpus_needed=1)  # Ray is up already: reused, not owned

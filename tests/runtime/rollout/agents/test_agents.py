@@ -417,6 +417,7 @@ def test_text_and_token_calls_keep_what_the_model_wrote_in_samples(tok, agent, t
         assert rec["messages"] == [{"role": "prompt", "content": tok.decode([3, 4, 5]), "trained": False}] + said
 
 
+@pytest.mark.slow
 def test_an_idle_connection_stays_open_for_the_episodes_next_call(tok) -> None:
     """The endpoint keeps an episode's idle connection open for longer than the episode may last:
     a client that sends its next call on the same connection after idling past uvicorn's own

@@ -242,6 +242,7 @@ def _sessions(url: str) -> dict:
     return httpx.get(f"{url}/test/sessions", timeout=5).json()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sessions, limit", [("default", 1), (4, 4)], ids=["openenv-core's default", "4 sessions"])
 def test_an_openenv_server_with_a_session_limit_plays_every_episode(limited_server, sessions, limit) -> None:
     """openenv-core's server with its own default session limit (one; max_concurrent_envs not
