@@ -47,6 +47,7 @@ def run(fn, b):
     return out, g_lp, g_v
 
 
+@pytest.mark.slow  # a torch.compile of each library algorithm: seconds apiece, a minute or more in all
 @pytest.mark.compile
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_compiled_equals_eager(name, compiled_algorithm, eager_algorithm):
@@ -74,6 +75,7 @@ def test_compiled_equals_eager(name, compiled_algorithm, eager_algorithm):
             assert torch.count_nonzero(gc[list(empty)]) == 0
 
 
+@pytest.mark.slow  # a torch.compile of scalerl (shared with the test above when both run)
 @pytest.mark.compile
 def test_compiled_denominator_for_micro_batches(compiled_algorithm, eager_algorithm):
     """scalerl (prompt_mean): two compiled micro-batches with the summed denominator = the whole."""

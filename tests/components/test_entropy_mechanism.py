@@ -197,6 +197,7 @@ def test_kl_cov_edges_are_finite():
 
 # ---------------------------------------------------------------- compiled == eager
 
+@pytest.mark.slow  # torch.compile of the spec: tens of seconds on a busy 2-core machine
 @pytest.mark.compile
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_clip_cov_kl_cov_and_bypass_compiled_equal_eager():

@@ -13,6 +13,7 @@ from peer_cases import loss_batch
 pytestmark = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
     pytest.mark.compile,
+    pytest.mark.slow,  # torch.compile of each spec: tens of seconds on a busy 2-core machine
 ]
 
 SPECS = {

@@ -59,6 +59,7 @@ def test_grpo_as_formulas_equals_grpo(seed: int, empty: tuple) -> None:
     assert float(ours.denominator(m, G)) == float(theirs.denominator(m, G))
 
 
+@pytest.mark.slow  # torch.compile of the spec: tens of seconds on a busy 2-core machine
 @needs_compile
 @pytest.mark.parametrize("spec", [GRPO_FORMULAS, LOSS_SLOTS], ids=lambda s: Path(s).stem)
 def test_compiled_equals_eager(spec: str, compiled_algorithm, eager_algorithm) -> None:

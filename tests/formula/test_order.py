@@ -394,6 +394,7 @@ def test_a_trust_region_bound_from_the_sorted_tokens_of_the_batch(seed: int) -> 
     assert 0 < int(cut.sum()) < int((b["mask"] > 0).sum()), "the budget stops some tokens' gradient"
 
 
+@pytest.mark.slow  # torch.compile of the spec: tens of seconds on a busy 2-core machine
 @needs_compile
 def test_order_operations_compiled_equal_eager(compiled_algorithm, eager_algorithm) -> None:
     for spec, shapes in ((ALL_OPS, [(12, 6, 1)]), (BUDGET, [(8, 10, 0), (12, 6, 1)])):

@@ -222,6 +222,7 @@ def test_a_bisection_decided_at_a_boundary_is_exact_and_deterministic(dtype: tor
     assert torch.equal(_eps(fn, v2), want)
 
 
+@pytest.mark.slow  # torch.compile of the spec: tens of seconds on a busy 2-core machine
 @needs_compile
 def test_searches_compiled_equal_eager() -> None:
     """torch.compile unrolls the searches' loops over constants: the same losses and gradients,
