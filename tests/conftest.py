@@ -1,19 +1,17 @@
-"""Shared fixtures. torch.compile costs seconds per algorithm, so compiled algorithms are
-built once per test session and shared by every test that asks for them."""
+"""Shared fixtures. Every test runs eagerly (``RLDSL_COMPILE=0``, for the processes it starts
+too) unless it is marked ``compile``; torch.compile costs seconds per algorithm, so the compiled
+algorithms of the tests that ask for them are built once per session and shared. The folders of
+pyproject's ``pythonpath`` are importable in every test and in the processes tests start."""
 from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
 import rldsl
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-sys.path.insert(0, str(FIXTURES))  # real_model, real_tools (also for the tool processes)
 
 #: Set by `make test-vllm` (and so by `make test` and CI): a missing vLLM fails the
 #: real-vLLM tests instead of skipping them.
@@ -30,6 +28,56 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if os.environ.get(REQUIRE_VLLM) == "1":
         pytest.fail(f"{REQUIRE_VLLM}=1 but {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+#: RLDSL_COMPILE as the suite was started: what a test marked ``compile`` runs with.
+STARTED_WITH = os.environ.get("RLDSL_COMPILE")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """For the whole session (collection, session and module fixtures, every process a test starts:
+    tool workers, ``rldsl`` commands, Ray actors, environment servers): algorithms run eagerly
+    (compiled == eager is tested by the tests marked ``compile``; a torch.compile costs seconds),
+    and pyproject's ``pythonpath`` folders are importable as they are in the tests."""
+    os.environ["RLDSL_COMPILE"] = "0"
+    folders = [str(p) for p in config.getini("pythonpath")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(folders + [p for p in [os.environ.get("PYTHONPATH")] if p])
+
+
+@pytest.fixture(autouse=True)
+def _compile_when_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked ``compile`` runs with RLDSL_COMPILE as the suite was started (unset:
+    compiled), it and its function-scoped fixtures; where that turns torch.compile off, it is
+    skipped with the reason. Every other test stays eager."""
+    if request.node.get_closest_marker("compile") is None:
+        return
+    if STARTED_WITH is None:
+        monkeypatch.delenv("RLDSL_COMPILE")
+    else:
+        monkeypatch.setenv("RLDSL_COMPILE", STARTED_WITH)
+    from rldsl.compiled import compile_enabled
+
+    if not compile_enabled():
+        pytest.skip(f"RLDSL_COMPILE={STARTED_WITH} turns torch.compile off")
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama (hidden 32, 2 layers, 2 heads, seed 0) with the toy tokenizer, saved as a
+    user model folder: the model of most runs in the suite."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from rldsl.runtime import toy
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = toy.build_tokenizer()
+    config = toy.tiny_config(tokenizer, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                             intermediate_size=64)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
 
 
 @pytest.fixture(scope="session")

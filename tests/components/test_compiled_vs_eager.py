@@ -3,7 +3,6 @@ wrt logprobs and values, on random batches (two shapes, a fully masked row, an a
 Compiled objects come from the session fixture (torch.compile costs seconds per algorithm)."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -48,8 +47,8 @@ def run(fn, b):
     return out, g_lp, g_v
 
 
-@pytest.mark.skipif(os.environ.get("RLDSL_COMPILE", "1").strip().lower() in ("0", "false", "no", "off", ""),
-                    reason="RLDSL_COMPILE disables torch.compile")
+@pytest.mark.slow  # a torch.compile of each library algorithm: seconds apiece, a minute or more in all
+@pytest.mark.compile
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_compiled_equals_eager(name, compiled_algorithm, eager_algorithm):
     comp, eager = compiled_algorithm(name), eager_algorithm(name)
@@ -76,6 +75,8 @@ def test_compiled_equals_eager(name, compiled_algorithm, eager_algorithm):
             assert torch.count_nonzero(gc[list(empty)]) == 0
 
 
+@pytest.mark.slow  # a torch.compile of scalerl (shared with the test above when both run)
+@pytest.mark.compile
 def test_compiled_denominator_for_micro_batches(compiled_algorithm, eager_algorithm):
     """scalerl (prompt_mean): two compiled micro-batches with the summed denominator = the whole."""
     comp, eager = compiled_algorithm("scalerl"), eager_algorithm("scalerl")

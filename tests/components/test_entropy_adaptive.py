@@ -66,6 +66,7 @@ def test_the_coefficient_sequence_equals_trl(seed):
     assert 0.0 in applied[1:] and any(a > 0 for a in applied) and moved > 0
 
 
+@pytest.mark.compile
 def test_the_loss_term_is_trls_token_mean_bonus_and_a_new_coefficient_does_not_recompile():
     g = torch.Generator().manual_seed(0)
     B, T = 4, 6

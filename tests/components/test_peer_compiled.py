@@ -3,7 +3,6 @@ specs gspo ... vespo are covered by test_compiled_vs_eager.py): the straight-thr
 DRO objective, the product ratio under the soft gate and token_sum. Each spec is compiled once."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -13,8 +12,8 @@ from peer_cases import loss_batch
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
-    pytest.mark.skipif(os.environ.get("RLDSL_COMPILE", "1").strip().lower() in ("0", "false", "no", "off", ""),
-                       reason="RLDSL_COMPILE disables torch.compile"),
+    pytest.mark.compile,
+    pytest.mark.slow,  # torch.compile of each spec: tens of seconds on a busy 2-core machine
 ]
 
 SPECS = {
@@ -31,7 +30,7 @@ def _text(name: str) -> str:
     return f'algorithm {name}\n  "compiled == eager"\n{body}\n'
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()  # function scope: built after the compile marker is applied (rldsl caches the compiled losses)
 def pairs():
     out = {}
     for name in SPECS:

@@ -12,7 +12,8 @@ import rldsl
 from component_refs import assert_close, lists, random_batch
 
 # torch.compile itself warns that torch.jit.script_method is deprecated
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+              pytest.mark.compile]
 
 SPEC = """\
 algorithm loo_trunc
@@ -24,7 +25,7 @@ algorithm loo_trunc
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()  # function scope: built after the compile marker is applied (rldsl caches the compiled loss)
 def fn():
     return rldsl.compile(rldsl.loads(SPEC, filename="loo_trunc.rl"), compile=True)
 

@@ -41,7 +41,7 @@ def run_args(model_dir: Path, out: Path, *sets: str) -> list[str]:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "RLDSL_COMPILE": "0", "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = dict(os.environ)  # eager, and this folder importable: tests/conftest.py
     env.update(extra)
     return env
 

@@ -24,10 +24,8 @@ from fault_helpers import BASE, assert_same_weights, child_env, final_weights, s
 def whole_run(model_dir, tmp_path_factory) -> Path:
     """4 steps, checkpoints step-2 and step-4."""
     out = tmp_path_factory.mktemp("whole") / "run"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RLDSL_COMPILE", "0")
-        return loop.train("grpo", load_config(None, [f"model.path={model_dir}", f"out={out}", *BASE,
-                                                     "train.steps=4", "checkpoint.every=2"]))
+    return loop.train("grpo", load_config(None, [f"model.path={model_dir}", f"out={out}", *BASE,
+                                                 "train.steps=4", "checkpoint.every=2"]))
 
 
 def _flip_last_byte(f: Path) -> None:

@@ -2,7 +2,6 @@
 they re-express, compiled == eager, the examples, denominators and the loss's requirements."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,7 @@ EXAMPLES = sorted(str(p) for p in (ROOT / "algorithms" / "examples").glob("*.rl"
 G = 4
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-needs_compile = pytest.mark.skipif(
-    os.environ.get("RLDSL_COMPILE", "1").strip().lower() in ("0", "false", "no", "off", ""),
-    reason="RLDSL_COMPILE disables torch.compile")
+needs_compile = pytest.mark.compile  # compiled where RLDSL_COMPILE allows it, else skipped (tests/conftest.py)
 
 
 def batch(B: int, T: int, seed: int, dtype=torch.float64, empty: tuple[int, ...] = ()) -> dict:
@@ -62,6 +59,7 @@ def test_grpo_as_formulas_equals_grpo(seed: int, empty: tuple) -> None:
     assert float(ours.denominator(m, G)) == float(theirs.denominator(m, G))
 
 
+@pytest.mark.slow  # torch.compile of the spec: tens of seconds on a busy 2-core machine
 @needs_compile
 @pytest.mark.parametrize("spec", [GRPO_FORMULAS, LOSS_SLOTS], ids=lambda s: Path(s).stem)
 def test_compiled_equals_eager(spec: str, compiled_algorithm, eager_algorithm) -> None:

@@ -6,7 +6,6 @@ they make writable (issue 47 item 1), each against a hand-written torch referenc
 stable argsort, value and gradient to 1e-6, eager and compiled."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -27,9 +26,7 @@ SETTINGS = settings(max_examples=60, deadline=None)
 OPS = ["sort", "rank", "cumsum", "topk_mask"]
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-needs_compile = pytest.mark.skipif(
-    os.environ.get("RLDSL_COMPILE", "1").strip().lower() in ("0", "false", "no", "off", ""),
-    reason="RLDSL_COMPILE disables torch.compile")
+needs_compile = pytest.mark.compile  # compiled where RLDSL_COMPILE allows it, else skipped (tests/conftest.py)
 
 T_ = True
 F_ = False
@@ -397,6 +394,7 @@ def test_a_trust_region_bound_from_the_sorted_tokens_of_the_batch(seed: int) -> 
     assert 0 < int(cut.sum()) < int((b["mask"] > 0).sum()), "the budget stops some tokens' gradient"
 
 
+@pytest.mark.slow  # torch.compile of the spec: tens of seconds on a busy 2-core machine
 @needs_compile
 def test_order_operations_compiled_equal_eager(compiled_algorithm, eager_algorithm) -> None:
     for spec, shapes in ((ALL_OPS, [(12, 6, 1)]), (BUDGET, [(8, 10, 0), (12, 6, 1)])):

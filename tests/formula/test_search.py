@@ -6,7 +6,6 @@ references, value and gradient to 1e-6; the bisection decided exactly at a bound
 with the reference's arithmetic, eager and compiled; the checks, explain and the diff."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -26,9 +25,7 @@ BISECT = str(SPECS / "search_bisect_bound.rl")
 CANDIDATES = [(0.05, 0.08), (0.1, 0.15), (0.2, 0.28), (0.3, 0.4)]  # as search_clip_pairs.rl
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-needs_compile = pytest.mark.skipif(
-    os.environ.get("RLDSL_COMPILE", "1").strip().lower() in ("0", "false", "no", "off", ""),
-    reason="RLDSL_COMPILE disables torch.compile")
+needs_compile = pytest.mark.compile  # compiled where RLDSL_COMPILE allows it, else skipped (tests/conftest.py)
 
 
 # ---------------------------------------------------------------- hand-computed values
@@ -225,6 +222,7 @@ def test_a_bisection_decided_at_a_boundary_is_exact_and_deterministic(dtype: tor
     assert torch.equal(_eps(fn, v2), want)
 
 
+@pytest.mark.slow  # torch.compile of the spec: tens of seconds on a busy 2-core machine
 @needs_compile
 def test_searches_compiled_equal_eager() -> None:
     """torch.compile unrolls the searches' loops over constants: the same losses and gradients,

@@ -58,12 +58,3 @@ def _unpadded_logits(model: LlamaForCausalLM, prompt_ids, prompt_mask, response_
     return out
 
 
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory, tokenizer):
-    """A tiny random Llama with the toy tokenizer, saved as a user model folder."""
-    path = tmp_path_factory.mktemp("tiny-model")
-    make_tiny_model(tokenizer, seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-

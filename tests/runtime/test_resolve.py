@@ -23,12 +23,6 @@ HERE = Path(__file__).parent
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def _eager_and_helpers(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(HERE))
-
-
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Loading weights fails the test: a check that needs no model must come first."""
@@ -118,6 +112,7 @@ def test_the_default_reward_is_settled_once_before_the_reward_is_built(tmp_path,
         real_fn(load_config(None, []))
 
 
+@pytest.mark.slow
 def test_the_spec_is_parsed_once_per_run(model_dir, tmp_path, monkeypatch):
     parses = []
     real = rldsl.spec.resolve

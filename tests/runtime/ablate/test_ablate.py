@@ -287,9 +287,9 @@ def _csv(folder: Path) -> dict[str, dict[str, str]]:
         return {row["variant"]: row for row in csv.DictReader(f)}
 
 
+@pytest.mark.slow
 def test_a_2x2_study_runs_resumes_and_survives_failing_cells(app, tmp_path, monkeypatch):
     """The embedded default, 2 steps, one seed: (reinforce, clip) is an invalid spec."""
-    monkeypatch.setenv("RLDSL_COMPILE", "0")  # the cells inherit it: eager losses, fast start
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)  # the study folder is elsewhere: cells run from another directory
@@ -370,6 +370,7 @@ def test_a_2x2_study_runs_resumes_and_survives_failing_cells(app, tmp_path, monk
     assert grid["steps"] == 2 and grid["seeds"] == 1 and "eval.samples=0" in grid["set"]
 
 
+@pytest.mark.slow
 def test_ray_executor_runs_a_cell_command_as_a_task(tmp_path):
     ray = pytest.importorskip("ray")
     import tempfile

@@ -142,10 +142,10 @@ def test_small_dataset_defaults(tmp_path) -> None:
         prompts_of(load_config(None, [f"data.path={path}", "data.eval_size=64"]))
 
 
-def test_64_row_dataset_runs_with_default_split(model_dir, tmp_path, monkeypatch, capsys) -> None:
+@pytest.mark.slow
+def test_64_row_dataset_runs_with_default_split(model_dir, tmp_path, capsys) -> None:
     from rldsl.runtime.run import loop
     from rldsl.runtime.records.metrics import read_metrics
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
     path = write_jsonl(tmp_path / "small.jsonl", [{"prompt": f"{i}+1=", "answer": i + 1} for i in range(64)])
     cfg = load_config(None, [f"model.path={model_dir}", f"data.path={path}", f"out={tmp_path / 'run'}",
                              "train.steps=1", "rollout.max_new_tokens=4", "log.progress=false"])
@@ -164,14 +164,13 @@ def recording_reward(prompt: str, completion: str, answer: str) -> float:
     return float(len(completion) % 2)
 
 
-def test_rewards_receive_the_original_prompt_while_the_engine_sees_the_template(tmp_path, monkeypatch) -> None:
+def test_rewards_receive_the_original_prompt_while_the_engine_sees_the_template(tmp_path) -> None:
     """Training and evaluation: the engine is fed ``apply_chat_template``'s ids, the reward gets
     the row's own prompt (a messages list as its contents joined by blank lines), never the
     template nor ``data.system_prompt``."""
     from rldsl.runtime.run import step_batch as run_rollouts
     from rldsl.runtime.run.eval_step import evaluate
     from rldsl.runtime.run.build import build_run
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
     tok = chat_tokenizer()
     torch.manual_seed(0)
     model_dir = tmp_path / "chat-model"

@@ -315,7 +315,7 @@ def test_eval_sets_that_would_log_under_one_name_are_refused(tokenizer, tmp_path
 
 
 @pytest.mark.parametrize("kind", ["tools", "env", "agent"])
-def test_multi_turn_episodes_open_with_reasoning_gyms_system_prompt(real_model, monkeypatch, kind):
+def test_multi_turn_episodes_open_with_reasoning_gyms_system_prompt(real_model, kind):
     """--tools, --env and --agent on reasoning-gym data: the model sees reasoning-gym's system
     prompt (the one asking for the <answer> tags its reward reads) as single-turn runs do -- not
     the chat template's default system turn (Qwen2.5's "You are Qwen, ..."); an environment's
@@ -331,7 +331,6 @@ def test_multi_turn_episodes_open_with_reasoning_gyms_system_prompt(real_model, 
 
     if kind == "agent":
         pytest.importorskip("openai")
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))  # episode_helpers, agent_helpers
     folder = real_model("qwen2.5")
     tok = AutoTokenizer.from_pretrained(folder)
     engine = HFEngine(AutoModelForCausalLM.from_pretrained(folder).eval(), tok)

@@ -3,7 +3,6 @@ engine gets merged weights, checkpoints resume exactly, export gives a plain HF 
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,29 +15,19 @@ from rldsl.runtime.records import checkpoint as ckpt  # noqa: E402
 from rldsl.runtime.run import loop  # noqa: E402
 from rldsl.runtime.run import step as run_step  # noqa: E402
 from rldsl.runtime.run.build import build_run  # noqa: E402
-from rldsl.runtime.config import load_config  # noqa: E402
 from rldsl.runtime.records.export import export_run  # noqa: E402
 from rldsl.runtime.models.lora import (adapters_disabled, apply_lora, lora_layers, lora_scalings,  # noqa: E402
                                 merge_state, merged_weights)
 from rldsl.runtime.errors import RunError  # noqa: E402
 from rldsl.runtime.records.metrics import read_metrics  # noqa: E402
 from rldsl.runtime.records.metrics import TIMED  # noqa: E402
-
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(HERE))
+from small_run import small_run  # noqa: E402
 
 
 def lora_config(model_dir, out, **over):
-    sets = [f"model.path={model_dir}", f"out={out}", "rollout.prompts_per_step=4", "rollout.n=4",
-            "train.steps=3", "eval.every=0", "eval.samples=0", "data.eval_size=4", "checkpoint.every=0",
-            "log.progress=false", "reward.name=reward_helpers:parity", "model.lora.rank=4",
-            "train.lr=1e-2"]
-    return load_config(None, sets + [f"{k}={v}" for k, v in over.items()])
+    """Rank-4 adapters at lr 1e-2: adapters that move in 3 steps."""
+    return small_run(model_dir, out, "eval.samples=0", "data.eval_size=4", "model.lora.rank=4", "train.lr=1e-2",
+                     **over)
 
 
 def test_merged_weights_and_adapters_off(tiny_model) -> None:
@@ -81,6 +70,7 @@ def test_merge_state_equals_peft_merge(tiny_model) -> None:
         merge_state(state, scalings)
 
 
+@pytest.mark.slow
 def test_lora_run_trains_adapters_syncs_merged_weights_and_exports(model_dir, tmp_path) -> None:
     (tmp_path / "run").mkdir()
     s = build_run("grpo", lora_config(model_dir, tmp_path / "run"), tmp_path / "run")
@@ -103,6 +93,7 @@ def test_lora_run_trains_adapters_syncs_merged_weights_and_exports(model_dir, tm
     assert moved  # the engine samples from base + adapters
 
 
+@pytest.mark.slow
 def test_lora_checkpoint_resumes_exactly_and_exports(model_dir, tmp_path) -> None:
     full = loop.train("grpo", lora_config(model_dir, tmp_path / "full", **{"checkpoint.every": 2, "train.steps": 4}))
     cut = loop.train("grpo", lora_config(model_dir, tmp_path / "cut", **{"checkpoint.every": 2, "train.steps": 4}),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -14,15 +13,8 @@ from rldsl.runtime.config import load_config
 from rldsl.runtime.records.run_dir import SAMPLES_FILE
 from rldsl.runtime.records.samples import read_samples, truncate_samples
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
 
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(HERE))
-
-
+@pytest.mark.slow
 def test_run_writes_samples_and_the_command_shows_them(model_dir, tmp_path) -> None:
     cfg = load_config(None, [f"model.path={model_dir}", f"out={tmp_path / 'run'}",
                              "rollout.prompts_per_step=4", "rollout.n=4", "train.steps=2",
@@ -58,6 +50,7 @@ def test_resume_drops_later_samples(tmp_path) -> None:
         read_samples(tmp_path / "missing")
 
 
+@pytest.mark.slow
 def test_each_reward_term_is_logged_and_kept_per_sample(model_dir, tmp_path) -> None:
     """rewards/<term>/mean and /std (TRL's names) per step, each term's value per sample in
     samples.jsonl as the verifier returned it (0.2 is 0.2, not float32's 0.20000000298); the

@@ -18,23 +18,21 @@ from rldsl.runtime.records.trackers import TRACKERS, TrackerNames, check_tracker
 from tracker_readers import (assert_same, jsonl_history, mlflow_history, renamed, tensorboard_history,
                              trackio_history, wandb_history)
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
 ALL = list(TRACKERS)
 
 
 @pytest.fixture(autouse=True)
 def _local_trackers(monkeypatch, tmp_path):
     """Offline / local modes only, every tracker file under tmp_path."""
-    monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
 
 
+@pytest.mark.slow
 def test_every_tracker_gets_every_metric_and_a_resume_continues_its_run(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -77,6 +75,7 @@ def test_every_tracker_gets_every_metric_and_a_resume_continues_its_run(tmp_path
     assert spec == "algorithm mine extends grpo\n"
 
 
+@pytest.mark.slow
 def test_a_training_run_reports_to_trackers_and_resumes_them(model_dir, tmp_path):
     sets = [f"model.path={model_dir}", f"out={tmp_path / 'run'}", "rollout.prompts_per_step=4",
             "rollout.n=4", "train.steps=3", "eval.every=0", "checkpoint.every=1", "log.progress=false",
@@ -108,7 +107,7 @@ def test_unknown_or_missing_tracker_fails_before_the_run(monkeypatch, tmp_path, 
 
 
 # ------------------------------------------------------------------------------- names
-DOCS = HERE.parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 #: user-chosen parts of metric names, as awkward as a user may make them: eval set names (a file
 #: stem or `name =`) and reward term labels (docs/rewards.md)
 USER_PARTS = ["wtest", "gsm8k-test", "math 500", "v1.2", "2024_set", "a:b", "..", "é", "server_127.0.0.1",
@@ -171,6 +170,7 @@ def test_names_that_one_rule_makes_equal_stay_apart():
         ["eval/a_at_b/x", "eval/a_at_b/x_2", "eval/a_at_b/x"]
 
 
+@pytest.mark.slow
 def test_a_run_with_eval_sets_and_reward_terms_reaches_every_tracker(model_dir, tmp_path):
     """Every metrics.jsonl name of a real run (eval/<set>/pass@k, rewards/<term>/...) arrives at
     each tracker under its rule's name (MLflow refused `@`: the run crashed at step 0)."""

@@ -2,24 +2,14 @@
 function ([B, K]) with the spec's weights; the scalar reward stays their weighted sum."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+import peer_refs as R
 from rldsl.runtime.run import loop
-from test_loop import quick_config, steps_of
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "components"))
-import peer_refs as R  # noqa: E402
+from small_run import small_run, steps_of
 
 TWO = "reward_helpers:parity=1.0,reward_helpers:answer_prefix=0.5"
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
 
 
 def _spy(monkeypatch) -> list:
@@ -36,9 +26,10 @@ def _spy(monkeypatch) -> list:
     return seen
 
 
+@pytest.mark.slow
 def test_gdpo_trains_on_two_reward_functions_normalised_one_by_one(model_dir, tmp_path, monkeypatch):
     seen = _spy(monkeypatch)
-    run = loop.train("gdpo", quick_config(model_dir, tmp_path / "run", **{"reward.name": TWO}))
+    run = loop.train("gdpo", small_run(model_dir, tmp_path / "run", **{"reward.name": TWO}))
     recs = steps_of(run)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert any(r.get("optimizer_steps", 0) > 0 for r in recs)
@@ -57,8 +48,9 @@ def test_gdpo_trains_on_two_reward_functions_normalised_one_by_one(model_dir, tm
         torch.testing.assert_close(adv.double().cpu() * m, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_specs_without_gdpo_get_no_per_function_rewards(model_dir, tmp_path, monkeypatch):
     seen = _spy(monkeypatch)
-    loop.train("grpo", quick_config(model_dir, tmp_path / "run", **{"reward.name": TWO}))
+    loop.train("grpo", small_run(model_dir, tmp_path / "run", **{"reward.name": TWO}))
     assert [s[0].inputs.get("reward_components") for s in seen] == [None, None, None]
 

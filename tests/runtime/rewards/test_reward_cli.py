@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import typer
@@ -11,7 +10,6 @@ from typer.testing import CliRunner
 
 from rldsl.runtime.cli import register
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
 runner = CliRunner()
 
 
@@ -61,8 +59,7 @@ def test_gsm8k_takes_the_gold_after_hashes(app):
                                          "  gold answer:  \"72\""]
 
 
-def test_weighted_sum_with_a_user_function(app, monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
+def test_weighted_sum_with_a_user_function(app):
     r = invoke(app, "math=0.5,reward_helpers:answer_prefix=2", "--completion", "The answer is 42",
                "--answer", "4", "--prompt", "what is 2+2?")
     assert r.exit_code == 0, r.output
@@ -92,8 +89,7 @@ def test_bad_input_exits_2(app, args, message):
     assert message in r.output
 
 
-def test_a_failing_reward_exits_1(app, monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
+def test_a_failing_reward_exits_1(app):
     r = invoke(app, "reward_helpers:explode", "--completion", "1 boom", "--answer", "1")
     assert r.exit_code == 1
     assert "error: reward 'reward_helpers:explode' failed: ZeroDivisionError: boom" in r.output

@@ -9,7 +9,6 @@ import socket
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,13 +22,6 @@ from rldsl.runtime.errors import RewardError, RewardSpecError
 from rldsl.runtime.rewards.remote import JudgeReward, ServerReward, parse_judge_score
 from rldsl.runtime.rewards.server import BackgroundServer, make_app
 from rldsl.runtime.rewards.functions import RewardFn
-
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
-
-
-@pytest.fixture(autouse=True)
-def _helpers_on_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 def batch_of(completions: list[str], answers: list[str], prompts: list[str] | None = None) -> RolloutBatch:
@@ -342,7 +334,8 @@ def test_reward_model_actor_checks_the_folder_at_start_up(model_dir, tmp_path):
 
 
 # ------------------------------------------------------------------------------ in a run
-def test_a_run_trains_on_a_reward_server(model_dir, tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_a_run_trains_on_a_reward_server(model_dir, tmp_path):
     """3 steps of grpo scored by `rldsl serve-reward reward_helpers:parity` on 127.0.0.1; the
     rewards equal the function's own on the logged samples."""
     from rldsl.runtime.run import loop
@@ -350,7 +343,6 @@ def test_a_run_trains_on_a_reward_server(model_dir, tmp_path, monkeypatch):
     from rldsl.runtime.records.metrics import read_metrics
     from reward_helpers import parity
 
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
     with BackgroundServer(make_app("reward_helpers:parity")) as url:
         cfg = load_config(None, [f"model.path={model_dir}", f"out={tmp_path / 'run'}", "rollout.prompts_per_step=4",
                                  "rollout.n=4", "train.steps=3", "eval.every=0", "checkpoint.every=0",

@@ -9,30 +9,22 @@ from pathlib import Path
 import pytest
 
 from rldsl.runtime.run import loop, step_batch as run_rollouts
-from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import RunError
 from rldsl.runtime.records.metrics import read_metrics
 from rldsl.runtime.resolve import run_facts
 from rldsl import lint
 import rldsl
 from rldsl.runtime.records.metrics import TIMED
+from small_run import small_run
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
 TIMING = TIMED
 
 
-@pytest.fixture(autouse=True)
-def _eager_and_helpers(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(HERE))
-
-
 def config(model_dir: Path, out: Path, **over):
-    sets = [f"model.path={model_dir}", f"out={out}", "rollout.prompts_per_step=4", "rollout.n=4",
-            "train.steps=5", "eval.every=0", "data.eval_size=4", "eval.samples=0", "checkpoint.every=0",
-            "log.progress=false", "reward.name=reward_helpers:parity", "rollout.max_new_tokens=4",
-            "train.minibatches=2"]
-    return load_config(None, sets + [f"{k}={v}" for k, v in over.items()])
+    """5 steps (a policy lag of 1 or 2 shows over several), 2 minibatches (an old policy apart
+    from the current one), 4 tokens an answer."""
+    return small_run(model_dir, out, "train.steps=5", "data.eval_size=4", "eval.samples=0",
+                     "rollout.max_new_tokens=4", "train.minibatches=2", **over)
 
 
 def steps(run: Path) -> list[dict]:
@@ -40,6 +32,7 @@ def steps(run: Path) -> list[dict]:
             for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
 
 
+@pytest.mark.slow
 def test_k0_is_the_synchronous_loop(model_dir, tmp_path):
     a = loop.train("grpo", config(model_dir, tmp_path / "a"))
     b = loop.train("grpo", config(model_dir, tmp_path / "b", **{"rollout.max_staleness": 0}))
@@ -47,6 +40,7 @@ def test_k0_is_the_synchronous_loop(model_dir, tmp_path):
     assert not any(k.startswith("async/") for r in steps(a) for k in r)
 
 
+@pytest.mark.slow
 def test_k1_trains_on_batches_exactly_one_version_old(model_dir, tmp_path):
     fast = {"train.lr": 0.01}  # updates large enough that consecutive policies differ clearly
     sync = steps(loop.train("grpo_tis", config(model_dir, tmp_path / "sync", **fast)))
@@ -69,6 +63,7 @@ def test_k1_trains_on_batches_exactly_one_version_old(model_dir, tmp_path):
     assert all(r["time/trainer_wait_s"] >= 0 and r["time/producer_wait_s"] >= 0 for r in full)
 
 
+@pytest.mark.slow
 def test_k1_kill_and_resume_continues_exactly(model_dir, tmp_path):
     over = {"rollout.max_staleness": 1, "checkpoint.every": 2}
     whole = steps(loop.train("grpo_tis", config(model_dir, tmp_path / "whole", **over)))
@@ -78,6 +73,7 @@ def test_k1_kill_and_resume_continues_exactly(model_dir, tmp_path):
     assert resumed == whole
 
 
+@pytest.mark.slow
 def test_a_failing_producer_stops_the_run_with_its_error(model_dir, tmp_path):
     cfg = config(model_dir, tmp_path / "run", **{"rollout.max_staleness": 1,
                                                  "reward.name": "reward_helpers:explode", "rollout.temperature": 3.0})
@@ -105,6 +101,7 @@ def _spec_file(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_slow_reward_is_scored_while_the_next_batch_is_generated(model_dir, tmp_path, monkeypatch):
     """K = 1 with a reward of 20 ms a sample (16 a step): the scoring shows in time/reward_s, and
     part of it ran while the engine generated the next batch (time/reward_hidden_s > 0); the

@@ -12,14 +12,13 @@ import torch
 
 from rldsl.runtime.run import loop
 from rldsl.runtime.batch import model_inputs
-from rldsl.runtime.config import load_config
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.errors import ConfigError
 from rldsl.runtime.records.metrics import read_metrics
 from rldsl.runtime.rollout.partial import generate_in_segments, segment_seed
+from small_run import small_run
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
 PROMPTS = ["1+2=", "33+44="]
 
 
@@ -69,18 +68,12 @@ def test_segments_switch_versions_and_keep_each_versions_logprobs(tokenizer, tin
 
 
 def _config(model_dir: Path, out: Path, *extra: str):
-    return load_config(None, [f"model.path={model_dir}", f"out={out}", "rollout.prompts_per_step=4", "rollout.n=4",
-                              "train.steps=5", "eval.every=0", "data.eval_size=4", "eval.samples=0",
-                              "checkpoint.every=0", "log.progress=false", "reward.name=reward_helpers:parity",
-                              "rollout.max_new_tokens=8", "train.lr=0.01", *extra])
+    """5 steps, 8 tokens an answer (room for segments), lr 0.01 (versions that differ)."""
+    return small_run(model_dir, out, "train.steps=5", "data.eval_size=4", "eval.samples=0",
+                     "rollout.max_new_tokens=8", "train.lr=0.01", *extra)
 
 
-@pytest.fixture(autouse=True)
-def _eager_and_helpers(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(HERE))
-
-
+@pytest.mark.slow
 def test_a_partial_run_logs_token_level_staleness(model_dir, tmp_path) -> None:
     run = loop.train("grpo_tis", _config(model_dir, tmp_path / "p", "rollout.max_staleness=2",
                                          "rollout.partial=true", "rollout.partial_tokens=2"))

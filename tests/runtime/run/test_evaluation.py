@@ -18,14 +18,7 @@ from rldsl.runtime.run.eval_sets import evaluate_set, load_sets, set_name
 from rldsl.runtime.run.evaluation import k_values, pass_at_k
 from rldsl.runtime.rewards.functions import RewardFn
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def _helpers(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
 
 
 def brute_pass_at_k(outcomes: list[bool], k: int) -> float:
@@ -94,6 +87,7 @@ def test_eval_command_on_a_model_folder(model_dir, tmp_path):
         assert f"{name} (" in res.output and "pass@2" in res.output
 
 
+@pytest.mark.slow
 def test_eval_command_on_a_run_uses_its_checkpoint_and_reward(model_dir, tmp_path):
     cfg = load_config(None, [f"model.path={model_dir}", f"out={tmp_path / 'run'}", "rollout.prompts_per_step=2",
                              "rollout.n=2", "train.steps=1", "eval.every=0", "checkpoint.every=1",
@@ -108,6 +102,7 @@ def test_eval_command_on_a_run_uses_its_checkpoint_and_reward(model_dir, tmp_pat
     assert 0.0 <= metrics["eval/t/pass@2"] <= 1.0
 
 
+@pytest.mark.slow
 def test_eval_and_export_show_no_transformers_progress_bars(model_dir, tmp_path, capfd):
     """`rldsl eval` and `rldsl export` load and write models without transformers' "Loading
     weights" / "Writing model shards" bars (with transformers' bars switched on, its default)."""
@@ -144,6 +139,7 @@ def test_eval_command_bad_input(model_dir, tmp_path):
     assert res.exit_code == 2 and "no config.json" in res.output
 
 
+@pytest.mark.slow
 def test_a_run_evaluates_its_eval_sets_with_their_own_rewards(model_dir, tmp_path):
     from rldsl.runtime.records.metrics import read_metrics
     a = write_rows(tmp_path / "a.jsonl", [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(4)])

@@ -16,12 +16,7 @@ REPO = Path(__file__).resolve().parents[3]
 SPECS = sorted((REPO / "algorithms" / "examples").glob("*.rl")) + [REPO / "tests" / "specs" / "formula" / "loss_slots.rl"]
 
 
-@pytest.fixture(autouse=True)
-def _eager_and_helpers(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")  # compiled == eager is tested in tests/formula
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
 def test_a_formula_spec_trains(spec: Path, model_dir: Path, tmp_path: Path) -> None:
     sets = [f"model.path={model_dir}", f"out={tmp_path / 'run'}", "rollout.prompts_per_step=4", "rollout.n=4",

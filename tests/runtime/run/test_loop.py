@@ -19,45 +19,22 @@ from rldsl.cli import app
 from rldsl.runtime.records import checkpoint as ckpt
 from rldsl.runtime.run import loop
 from rldsl.runtime.run import schedule
-from rldsl.runtime.config import RunConfig, load_config
+from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import RunError
 from rldsl.runtime.records.metrics import read_metrics
-from rldsl.runtime.records.metrics import TIMED
+from small_run import small_run, steps_of, without_timing
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
-REPO = HERE.parent.parent
-TIMING = TIMED
+REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(autouse=True)
-def _eager_and_helpers(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")  # compiled == eager is tested in tests/components
-    monkeypatch.syspath_prepend(str(HERE))
-
-
-def quick_config(model_dir: Path, out: Path, **over) -> RunConfig:
-    sets = [f"model.path={model_dir}", f"out={out}", "rollout.prompts_per_step=4", "rollout.n=4",
-            "train.steps=3", "eval.every=0", "eval.samples=2", "data.eval_size=8",
-            "checkpoint.every=0", "log.progress=false", "reward.name=reward_helpers:parity"]
-    sets += [f"{k}={v}" for k, v in over.items()]
-    return load_config(None, sets)
-
-
-def steps_of(run: Path) -> list[dict]:
-    return [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
-
-
-def without_timing(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in records]
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(rldsl.library()))
 def test_every_library_algorithm_trains(name, model_dir, tmp_path):
     over = {}
     if rldsl.load(name).uses_teacher:  # a distillation spec: the embedded warm model teaches
         from rldsl.runtime.toy import warm_start
         over["teacher.path"] = warm_start()
-    run = loop.train(name, quick_config(model_dir, tmp_path / "run", **over))
+    run = loop.train(name, small_run(model_dir, tmp_path / "run", **over))
     recs = steps_of(run)
     assert [r["step"] for r in recs] == [1, 2, 3]
     updated = [r for r in recs if r.get("optimizer_steps", 0) > 0]
@@ -91,10 +68,11 @@ def _params(run: Path) -> dict[str, torch.Tensor]:
     return load_file(str(ckpt.latest_checkpoint(run) / "policy" / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_interrupted_and_resumed_equals_uninterrupted(model_dir, tmp_path):
-    cfg = quick_config(model_dir, tmp_path / "full", **{"train.steps": 6, "checkpoint.every": 2})
+    cfg = small_run(model_dir, tmp_path / "full", **{"train.steps": 6, "checkpoint.every": 2})
     full = loop.train("grpo", cfg)
-    cfg2 = quick_config(model_dir, tmp_path / "cut", **{"train.steps": 6, "checkpoint.every": 2})
+    cfg2 = small_run(model_dir, tmp_path / "cut", **{"train.steps": 6, "checkpoint.every": 2})
     cut = loop.train("grpo", cfg2, stop_after=3)
     assert ckpt.latest_checkpoint(cut).name == "step-3"
     assert len(steps_of(cut)) == 3
@@ -110,6 +88,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(model_dir, tmp_path):
 # step (injected, not raced), the weights bit for bit the uninterrupted run's
 
 
+@pytest.mark.slow
 def test_metrics_read_by_progress_summary_and_plot_are_the_ones_a_run_writes(model_dir, tmp_path):
     """One spelling per metric: every name of metrics.METRICS is written by a step, and the
     progress line, the summary, the plot, the study report and the ablation runner read
@@ -118,7 +97,7 @@ def test_metrics_read_by_progress_summary_and_plot_are_the_ones_a_run_writes(mod
     from rldsl.runtime.records import plot
     from rldsl.runtime.ablate.report import FIGURES, run_numbers
     from rldsl.runtime.ablate.launch import cell_state
-    run = loop.train("lite_ppo", quick_config(model_dir, tmp_path / "run", **{"eval.every": 1}))
+    run = loop.train("lite_ppo", small_run(model_dir, tmp_path / "run", **{"eval.every": 1}))
     records = read_metrics(run / "metrics.jsonl")
     written = set().union(*records)
     assert set(metrics.METRICS) <= written and set(metrics.KEY_METRICS) == set(metrics.METRICS)
@@ -132,11 +111,12 @@ def test_metrics_read_by_progress_summary_and_plot_are_the_ones_a_run_writes(mod
     assert cell_state(run, 3) == ("done", 3)  # the runner's reader sees the last step
 
 
+@pytest.mark.slow
 def test_user_model_jsonl_and_module_reward(model_dir, tmp_path):
     data = tmp_path / "train.jsonl"
     rows = [{"question": f"{a}+{b}=", "solution": str(a + b)} for a in range(10, 30) for b in range(3)]
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    cfg = quick_config(model_dir, tmp_path / "run", **{
+    cfg = small_run(model_dir, tmp_path / "run", **{
         "data.path": data, "data.prompt_key": "question", "data.answer_key": "solution",
         "reward.name": "reward_helpers:answer_prefix=0.5,reward_helpers:parity=0.5",
         "rollout.max_new_tokens": 4, "data.eval_size": 6, "eval.every": 3})
@@ -171,8 +151,9 @@ def test_dataset_rows_without_fields(model_dir, tmp_path):
     assert "Traceback" not in res.output
 
 
+@pytest.mark.slow
 def test_reward_that_raises_stops_the_run_with_the_sample(model_dir, tmp_path):
-    cfg = quick_config(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
+    cfg = small_run(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
                                                        "rollout.temperature": 3.0})
     from rldsl.runtime.errors import RewardError
     with pytest.raises(RewardError) as e:
@@ -181,8 +162,9 @@ def test_reward_that_raises_stops_the_run_with_the_sample(model_dir, tmp_path):
     assert "explode" in msg and "sample" in msg and "ZeroDivisionError" in msg and "completion" in msg
 
 
+@pytest.mark.slow
 def test_reward_errors_skipped_when_configured(model_dir, tmp_path):
-    cfg = quick_config(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
+    cfg = small_run(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:explode",
                                                        "reward.on_error": "skip",
                                                        "rollout.temperature": 3.0})
     run = loop.train("grpo", cfg)
@@ -192,6 +174,7 @@ def test_reward_errors_skipped_when_configured(model_dir, tmp_path):
     assert all(math.isfinite(r["reward_mean"]) for r in recs if r["reward_errors"] < 16)
 
 
+@pytest.mark.slow
 def test_nan_loss_skips_the_step_and_keeps_weights(model_dir, tmp_path, monkeypatch):
     real = rldsl.CompiledAlgorithm.loss
     calls = {"n": 0}
@@ -214,7 +197,7 @@ def test_nan_loss_skips_the_step_and_keeps_weights(model_dir, tmp_path, monkeypa
         return m
 
     monkeypatch.setattr(schedule, "train_step", spy)
-    loop.train("lite_ppo", quick_config(model_dir, tmp_path / "run"))
+    loop.train("lite_ppo", small_run(model_dir, tmp_path / "run"))
     m, before, after = snapshots[1]
     assert m["skipped_nonfinite"] == 1.0 and m["optimizer_steps"] == 0.0
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -232,6 +215,7 @@ def ctrl_c_delivered():
     signal.signal(signal.SIGINT, inherited)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ctrl_c_delivered")
 def test_ctrl_c_finishes_the_step_then_writes_a_checkpoint(model_dir, tmp_path, monkeypatch):
     """Ctrl-C during step 3 (a real SIGINT): the step is finished, logged and saved as step-3 —
@@ -244,13 +228,14 @@ def test_ctrl_c_finishes_the_step_then_writes_a_checkpoint(model_dir, tmp_path, 
         return real_step(s, step, producer)
 
     monkeypatch.setattr(schedule, "train_step", interrupt)
-    cfg = quick_config(model_dir, tmp_path / "run", **{"train.steps": 5})
+    cfg = small_run(model_dir, tmp_path / "run", **{"train.steps": 5})
     with pytest.raises(KeyboardInterrupt):
         loop.train("lite_ppo", cfg)
     assert ckpt.latest_checkpoint(tmp_path / "run").name == "step-3"
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]  # eval.every=0: no evaluation record at step 0
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ctrl_c_delivered")
 def test_a_second_ctrl_c_stops_mid_step_without_a_checkpoint(model_dir, tmp_path, monkeypatch):
     real_step = schedule.train_step
@@ -262,13 +247,14 @@ def test_a_second_ctrl_c_stops_mid_step_without_a_checkpoint(model_dir, tmp_path
         return real_step(s, step, producer)
 
     monkeypatch.setattr(schedule, "train_step", interrupt)
-    cfg = quick_config(model_dir, tmp_path / "run", **{"train.steps": 5, "checkpoint.every": 1})
+    cfg = small_run(model_dir, tmp_path / "run", **{"train.steps": 5, "checkpoint.every": 1})
     with pytest.raises(KeyboardInterrupt):
         loop.train("lite_ppo", cfg)
     assert ckpt.latest_checkpoint(tmp_path / "run").name == "step-2"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ctrl_c_delivered")
 def test_ctrl_c_names_the_resume_command_once(model_dir, tmp_path, monkeypatch):
     real_step = schedule.train_step
@@ -289,13 +275,15 @@ def test_ctrl_c_names_the_resume_command_once(model_dir, tmp_path, monkeypatch):
     assert res.output.endswith(f"interrupted; continue from checkpoint step-3 with:\nrldsl run --resume {run}\n")
 
 
+@pytest.mark.slow
 def test_eval_every_0_switches_evaluation_off_and_n_at_least_steps_evaluates_at_both_ends(model_dir, tmp_path):
-    off = loop.train("lite_ppo", quick_config(model_dir, tmp_path / "off", **{"eval.every": 0}))
+    off = loop.train("lite_ppo", small_run(model_dir, tmp_path / "off", **{"eval.every": 0}))
     assert [r for r in read_metrics(off / "metrics.jsonl") if any(k.startswith("eval/") for k in r)] == []
-    ends = loop.train("lite_ppo", quick_config(model_dir, tmp_path / "ends", **{"eval.every": 3}))
+    ends = loop.train("lite_ppo", small_run(model_dir, tmp_path / "ends", **{"eval.every": 3}))
     assert [r["step"] for r in read_metrics(ends / "metrics.jsonl") if "eval/greedy_acc" in r] == [0, 3]
 
 
+@pytest.mark.slow
 def test_a_run_whose_every_reward_is_skipped_stops_after_max_skipped_steps(model_dir, tmp_path):
     run = tmp_path / "run"
     (tmp_path / "down.py").write_text("def down(prompt, completion, answer):\n    raise ConnectionError('API down')\n")
@@ -309,8 +297,9 @@ def test_a_run_whose_every_reward_is_skipped_stops_after_max_skipped_steps(model
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
 
 
+@pytest.mark.slow
 def test_existing_run_folder_is_not_overwritten(model_dir, tmp_path):
-    cfg = quick_config(model_dir, tmp_path / "run")
+    cfg = small_run(model_dir, tmp_path / "run")
     loop.train("lite_ppo", cfg)
     with pytest.raises(RunError, match="already holds a run"):
         loop.train("lite_ppo", cfg)
@@ -319,13 +308,13 @@ def test_existing_run_folder_is_not_overwritten(model_dir, tmp_path):
 # ----------------------------------------------------------------------------- the demo
 
 @pytest.mark.slow
+@pytest.mark.compile  # the demo as a user runs it: compiled losses
 def test_demo_learns(tmp_path):
     """`rldsl run algorithms/lite_ppo.rl` on the embedded default: held-out greedy accuracy +30 points."""
-    env = {k: v for k, v in os.environ.items() if k != "RLDSL_COMPILE"}
     t0 = time.time()
     res = subprocess.run([sys.executable, "-m", "rldsl.cli", "run", str(REPO / "algorithms" / "lite_ppo.rl"),
                           "--out", str(tmp_path / "demo"), "--set", "log.progress=false"],
-                         env=env, capture_output=True, text=True, cwd=tmp_path)
+                         capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     evals = [r for r in read_metrics(tmp_path / "demo" / "metrics.jsonl") if "eval/greedy_acc" in r]
     first, last = evals[0], evals[-1]

@@ -3,23 +3,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 from rldsl.runtime.run import loop
-from rldsl.runtime.config import load_config
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
+from small_run import small_run
 
 
 def _config(model_dir: Path, out: Path, *extra: str):
-    return load_config(None, [f"model.path={model_dir}", f"out={out}", "rollout.prompts_per_step=2",
-                              "train.steps=0", "eval.every=0", "eval.samples=0", "data.eval_size=2",
-                              "checkpoint.every=0", "log.progress=false",
-                              "reward.name=reward_helpers:parity", *extra])
+    """No step: the warnings print before the first."""
+    return small_run(model_dir, out, "rollout.prompts_per_step=2", "rollout.n=8", "train.steps=0", "eval.samples=0",
+                     "data.eval_size=2", *extra)
 
 
 def test_run_start_prints_the_warnings_of_the_spec_and_of_the_config(model_dir, tmp_path, capsys):

@@ -26,25 +26,15 @@ import torch
 
 from rldsl.runtime.records.metrics import read_metrics
 from tiny_archs import ARCHS, save
+from small_run import small_run
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
 TEMPERATURES = (0.5, 0.7, 1.0, 1.3)
 
 
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(HERE))
-
-
 def _config(model_dir: Path, out: Path, **over):
-    from rldsl.runtime.config import load_config
-    sets = [f"model.path={model_dir}", f"out={out}", "rollout.prompts_per_step=4", "rollout.n=4",
-            "train.steps=2", "eval.every=0", "data.eval_size=0", "checkpoint.every=0",
-            "log.progress=false", "reward.name=reward_helpers:parity",
-            "train.minibatches=2",  # off-policy: the old logprobs come from a separate forward
-            "rollout.max_new_tokens=6"]
-    return load_config(None, sets + [f"{k}={v}" for k, v in over.items()])
+    return small_run(model_dir, out, "train.steps=2", "data.eval_size=0",
+                     "train.minibatches=2",  # off-policy: the old logprobs come from a separate forward
+                     "rollout.max_new_tokens=6", **over)
 
 
 def _diffs(run: Path) -> list[float]:

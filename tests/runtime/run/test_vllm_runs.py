@@ -38,7 +38,6 @@ from rldsl.runtime.records.metrics import TIMED
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-HERE = Path(__file__).parents[1]  # tests/runtime: the helper modules
 TIMING = TIMED
 #: Settings every run here shares; the engine gets a small KV cache and no torch.compile.
 COMMON = ["rollout.engine=vllm", "rollout.prompts_per_step=4", "rollout.n=4", "train.steps=3",
@@ -61,12 +60,6 @@ def vllm_model_dir(tmp_path_factory):
     LlamaForCausalLM(config).save_pretrained(path)
     tok.save_pretrained(path)
     return path
-
-
-@pytest.fixture(autouse=True)
-def _env(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(HERE))  # reward_helpers, for this process and Ray's actors
 
 
 def config(model_dir: Path, out: Path, *extra: str) -> RunConfig:
@@ -105,8 +98,6 @@ def lora_run(vllm_model_dir, tmp_path_factory):
     in-process run, LoRA, grpo_tis. Also the reference of the resume test."""
     diffs: list[float] = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RLDSL_COMPILE", "0")
-        mp.syspath_prepend(str(HERE))
         real_step = schedule.train_step
 
         def checked_step(s, step, producer=None):
@@ -136,7 +127,7 @@ def test_killed_run_resumes_exactly(lora_run, vllm_model_dir, tmp_path):
     checkpoint; --resume finishes it with the metrics and weights of the uninterrupted run."""
     import psutil
     full, _ = lora_run
-    env = {**os.environ, "RLDSL_COMPILE": "0", "PYTHONPATH": str(HERE)}
+    env = dict(os.environ)
     rldsl_bin = [sys.executable, "-m", "rldsl.cli"]
     cut = tmp_path / "cut"
     # the run hangs in the reward of step 3 (after 2 steps x 16 samples): killed there, not raced

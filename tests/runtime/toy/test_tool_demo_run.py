@@ -76,8 +76,7 @@ def test_episodes_are_token_in_token_out(tool_model) -> None:
 
 
 @pytest.mark.slow
-def test_calculator_task_run_end_to_end(tool_model, tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
+def test_calculator_task_run_end_to_end(tool_model, tmp_path) -> None:
     cfg = load_config(None, [f"model.path={tool_model}", f"out={tmp_path / 'run'}", "data.task=calculator",
                              "rollout.prompts_per_step=4", "rollout.n=4", "train.steps=2", "eval.every=2",
                              "eval.samples=1", "data.eval_size=8", "checkpoint.every=0", "log.progress=false"])
@@ -108,12 +107,10 @@ def _env_config(tool_model: Path, out: Path, *extra: str):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["one process", "async K=1", "ray rollout worker", "lora + micro-batches"])
-def test_an_environment_class_trains_on_its_own_reward(tool_model, tmp_path, monkeypatch, mode) -> None:
+def test_an_environment_class_trains_on_its_own_reward(tool_model, tmp_path, mode) -> None:
     """--env episode_helpers:CalcEnv with --reward env: the environment's end-of-episode reward is
     what the run trains on, in one process, asynchronously and on a Ray rollout actor; samples.jsonl
     shows the episode with its trained turns."""
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
     extra = {"one process": (), "async K=1": ("rollout.max_staleness=1", "correction=none"),
              "ray rollout worker": ("distributed.rollout_workers=1",),
              "lora + micro-batches": ("model.lora.rank=4", "train.max_tokens_per_microbatch=64")}[mode]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rldsl.runtime.run import loop
-from test_loop import quick_config, steps_of, without_timing
+from small_run import small_run, steps_of, without_timing
 
 SPEC = """algorithm adaptive_test
   "GRPO with TRL's adaptive entropy coefficient."
@@ -15,11 +15,6 @@ SPEC = """algorithm adaptive_test
   entropy       adaptive(init=0.01, min=0.0, max=0.035, delta=0.01, target={target})
   aggregation   token_mean
 """
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
 
 
 def _trl(records, init, lo, hi, delta, target):
@@ -31,16 +26,17 @@ def _trl(records, init, lo, hi, delta, target):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", [100.0, 0.0])
 def test_coefficient_follows_trl_and_survives_a_resume(model_dir, tmp_path, target):
     spec = tmp_path / "adaptive_test.rl"
     spec.write_text(SPEC.format(target=target))
     over = {"train.steps": 5, "checkpoint.every": 2}
-    full = loop.train(str(spec), quick_config(model_dir, tmp_path / "full", **over))
+    full = loop.train(str(spec), small_run(model_dir, tmp_path / "full", **over))
     recs = steps_of(full)
     coefs = [r["entropy_coef"] for r in recs]
     assert coefs == pytest.approx(_trl(recs, 0.01, 0.0, 0.035, 0.01, target), abs=1e-12)
     assert coefs == pytest.approx([0.02, 0.03, 0.035, 0.035, 0.035] if target else [0.0] * 5, abs=1e-12)
-    cut = loop.train(str(spec), quick_config(model_dir, tmp_path / "cut", **over), stop_after=3)
+    cut = loop.train(str(spec), small_run(model_dir, tmp_path / "cut", **over), stop_after=3)
     loop.train(str(spec), resume=cut)
     assert without_timing(steps_of(cut)) == without_timing(recs)

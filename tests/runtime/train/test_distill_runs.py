@@ -15,12 +15,7 @@ from rldsl.runtime.errors import ConfigError
 from rldsl.runtime.run import loop
 from rldsl.runtime.toy import warm_start
 from rldsl.runtime.train.trainer import Trainer
-from test_loop import quick_config, steps_of
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
+from small_run import small_run, steps_of
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +23,7 @@ def teacher_dir():
     return warm_start()  # the embedded warm model: the toy's vocabulary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["opd", "distill_topk", "grpo_distill", "gkd"])
 def test_distillation_specs_train_three_steps_with_the_warm_model_teaching(name, model_dir, teacher_dir,
                                                                           tmp_path, monkeypatch):
@@ -40,7 +36,7 @@ def test_distillation_specs_train_three_steps_with_the_warm_model_teaching(name,
         return out
 
     monkeypatch.setattr(Trainer, "estimate", estimate)
-    run = loop.train(name, quick_config(model_dir, tmp_path / "run", **{"teacher.path": teacher_dir}))
+    run = loop.train(name, small_run(model_dir, tmp_path / "run", **{"teacher.path": teacher_dir}))
     recs = steps_of(run)
     assert [r["step"] for r in recs] == [1, 2, 3]
     for r in recs:
@@ -61,8 +57,9 @@ def test_distillation_specs_train_three_steps_with_the_warm_model_teaching(name,
         assert 0 < recs[0]["distill/teacher_mass"] <= 1 + 1e-6
 
 
+@pytest.mark.slow
 def test_a_teacher_equal_to_the_student_gives_zero_divergence(model_dir, tmp_path):
-    run = loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.path": model_dir}))
+    run = loop.train("opd", small_run(model_dir, tmp_path / "run", **{"teacher.path": model_dir}))
     recs = steps_of(run)
     assert len(recs) == 3
     for r in recs:  # zero advantages, zero gradient: the student stays the teacher
@@ -76,13 +73,13 @@ def test_no_teacher_is_refused_before_the_model_loads(model_dir, tmp_path, monke
     monkeypatch.setattr("rldsl.runtime.workers.start.master_policy", no_load)
     with pytest.raises(ConfigError, match=r"opd: distill reverse_kl learns from a teacher, and teacher.path "
                                           r"is not set"):
-        loop.train("opd", quick_config(model_dir, tmp_path / "run"))
+        loop.train("opd", small_run(model_dir, tmp_path / "run"))
     with pytest.raises(ConfigError, match="teacher.path is set but grpo reads no teacher"):
-        loop.train("grpo", quick_config(model_dir, tmp_path / "run", **{"teacher.path": model_dir}))
+        loop.train("grpo", small_run(model_dir, tmp_path / "run", **{"teacher.path": model_dir}))
     with pytest.raises(ConfigError, match="teacher.path=.*nowhere: not found"):
-        loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.path": tmp_path / "nowhere"}))
+        loop.train("opd", small_run(model_dir, tmp_path / "run", **{"teacher.path": tmp_path / "nowhere"}))
     with pytest.raises(ConfigError, match="runs in the trainer's process for now"):
-        loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.path": model_dir,
+        loop.train("opd", small_run(model_dir, tmp_path / "run", **{"teacher.path": model_dir,
                                                                        "distributed.trainers": 2}))
 
 
@@ -92,7 +89,7 @@ def test_a_teacher_with_another_vocabulary_is_refused(model_dir, tmp_path, token
     model.resize_token_embeddings(len(tokenizer) + 5)
     model.save_pretrained(other)
     with pytest.raises(ConfigError, match=r"vocabulary of 28 tokens and the policy 23"):
-        loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.path": other}))
+        loop.train("opd", small_run(model_dir, tmp_path / "run", **{"teacher.path": other}))
     tokenizer.save_pretrained(other)
     vocab = json.loads((other / "tokenizer.json").read_text())
     m = vocab["model"]["vocab"]
@@ -102,7 +99,7 @@ def test_a_teacher_with_another_vocabulary_is_refused(model_dir, tmp_path, token
     model.save_pretrained(other)
     with pytest.raises(ConfigError, match=r"its tokenizer maps tokens to other ids than the policy's \('0' is "
                                           r"policy id (\d+), teacher id (\d+); '1' is policy id \2, teacher id \1\)"):
-        loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.path": other}))
+        loop.train("opd", small_run(model_dir, tmp_path / "run", **{"teacher.path": other}))
 
 
 def test_top_k_beyond_the_vocabulary_is_refused(model_dir, teacher_dir, tmp_path):
@@ -110,7 +107,7 @@ def test_top_k_beyond_the_vocabulary_is_refused(model_dir, teacher_dir, tmp_path
     spec.write_text('algorithm big_k extends distill_topk\n  "k beyond the toy vocabulary"\n'
                     '  distill forward_kl_topk(k=64, task=false)\n')
     with pytest.raises(ConfigError, match="top-k of 64 tokens per position, but the teacher's vocabulary has 23"):
-        loop.train(str(spec), quick_config(model_dir, tmp_path / "run", **{"teacher.path": teacher_dir}))
+        loop.train(str(spec), small_run(model_dir, tmp_path / "run", **{"teacher.path": teacher_dir}))
 
 
 def test_the_updates_divergence_is_the_jsd_of_the_full_logits(model_dir, teacher_dir, tmp_path, tokenizer):

@@ -22,12 +22,7 @@ from rldsl.runtime.rewards.server import BackgroundServer
 from rldsl.runtime.run import loop
 from rldsl.runtime.train.teachers import TeacherActor, TeacherHead, head_parts, teacher_topk, vocabulary_jsd
 from rldsl.runtime.train.trainer import Trainer
-from test_loop import quick_config, steps_of
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
+from small_run import small_run, steps_of
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +138,7 @@ def test_three_steps_with_the_teacher_on_a_ray_actor(name, k, model_dir, teacher
 
     monkeypatch.setattr(TeacherActor, "topk", traced)
     try:
-        run = loop.train(name, quick_config(model_dir, tmp_path / "run", **{"teacher.path": teacher_dir,
+        run = loop.train(name, small_run(model_dir, tmp_path / "run", **{"teacher.path": teacher_dir,
                                                                           "teacher.actor": "true"}))
         teacher = seen[0][2]  # the trainer's teacher: the actor's client; its actor started, then
         assert isinstance(teacher, TeacherActor) and started and all(started)  # stopped with the run
@@ -188,6 +183,7 @@ def test_the_copied_lm_head_gives_the_in_process_teachers_jsd(teacher_dir, token
 TOPK4 = 'algorithm topk4 extends distill_topk\n  "Top-4 forward KL."\n  distill forward_kl_topk(k=4, task=false)\n'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [0, 4])
 def test_three_steps_with_the_teacher_behind_a_server(k, model_dir, teacher_dir, tmp_path, monkeypatch):
     """teacher.url: every row goes to /v1/completions as a token-id prompt; the teacher's logprobs
@@ -198,7 +194,7 @@ def test_three_steps_with_the_teacher_behind_a_server(k, model_dir, teacher_dir,
         spec = str(tmp_path / "topk4.rl")
         (tmp_path / "topk4.rl").write_text(TOPK4)
     with BackgroundServer(stand_in_app(teacher_dir)) as url:
-        run = loop.train(spec, quick_config(model_dir, tmp_path / "run", **{"teacher.url": url + "/v1"}))
+        run = loop.train(spec, small_run(model_dir, tmp_path / "run", **{"teacher.url": url + "/v1"}))
     recs = steps_of(run)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["distill/divergence"] > 0 for r in recs)
@@ -230,16 +226,16 @@ def test_no_teacher_is_refused_naming_both_keys(model_dir, tmp_path, monkeypatch
     _no_model_load(monkeypatch)
     with pytest.raises(ConfigError, match=r"opd: distill reverse_kl learns from a teacher, and teacher.path is not "
                                           r"set \(nor teacher.url, teacher.self, teacher.ema\): give teacher.path=.*teacher.url="):
-        loop.train("opd", quick_config(model_dir, tmp_path / "run"))
+        loop.train("opd", small_run(model_dir, tmp_path / "run"))
     with pytest.raises(ConfigError, match="teacher.url is set but grpo reads no teacher"):
-        loop.train("grpo", quick_config(model_dir, tmp_path / "run", **{"teacher.url": "http://127.0.0.1:9/v1"}))
+        loop.train("grpo", small_run(model_dir, tmp_path / "run", **{"teacher.url": "http://127.0.0.1:9/v1"}))
 
 
 def test_teacher_keys_that_contradict_each_other_are_refused(model_dir, tmp_path):
     with pytest.raises(ConfigError, match="teacher.path and teacher.url are both set"):
-        quick_config(model_dir, tmp_path, **{"teacher.path": model_dir, "teacher.url": "http://127.0.0.1:9/v1"})
+        small_run(model_dir, tmp_path, **{"teacher.path": model_dir, "teacher.url": "http://127.0.0.1:9/v1"})
     with pytest.raises(ConfigError, match="teacher.actor=true runs the model of teacher.path.*not set"):
-        quick_config(model_dir, tmp_path, **{"teacher.actor": "true"})
+        small_run(model_dir, tmp_path, **{"teacher.actor": "true"})
 
 
 def test_a_teacher_server_cannot_give_a_jsd_over_the_vocabulary(model_dir, tmp_path, monkeypatch):
@@ -247,19 +243,19 @@ def test_a_teacher_server_cannot_give_a_jsd_over_the_vocabulary(model_dir, tmp_p
     with pytest.raises(ConfigError, match=r"gkd: distill jsd reads the teacher's hidden states and LM head, and "
                                           r"teacher.url returns logprobs only: give teacher.path \(in the trainer's "
                                           r"process, or on a Ray actor with teacher.actor=true\)"):
-        loop.train("gkd", quick_config(model_dir, tmp_path / "run", **{"teacher.url": "http://127.0.0.1:9/v1"}))
+        loop.train("gkd", small_run(model_dir, tmp_path / "run", **{"teacher.url": "http://127.0.0.1:9/v1"}))
 
 
 def test_a_teacher_server_that_is_down_is_refused_at_start(model_dir, tmp_path, monkeypatch):
     url = f"http://127.0.0.1:{_free_port()}/v1"
     with pytest.raises(ConfigError, match=rf"teacher.url={url} is not reachable .*is the server running"):
-        loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.url": url}))
+        loop.train("opd", small_run(model_dir, tmp_path / "run", **{"teacher.url": url}))
 
 
 def test_a_server_teacher_needs_temperature_one(model_dir, tmp_path, monkeypatch):
     _no_model_load(monkeypatch)
     with pytest.raises(ConfigError, match=r"prompt logprobs are at temperature 1 .*rollout.temperature=0.7"):
-        loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.url": "http://127.0.0.1:9/v1",
+        loop.train("opd", small_run(model_dir, tmp_path / "run", **{"teacher.url": "http://127.0.0.1:9/v1",
                                                                      "rollout.temperature": 0.7}))
 
 
@@ -270,17 +266,17 @@ def test_top_k_beyond_what_the_server_returns_is_refused_at_start(model_dir, tea
     with BackgroundServer(stand_in_app(teacher_dir, max_logprobs=5)) as url:
         with pytest.raises(ConfigError, match=r"topk4: the teacher server does not return top-8 prompt logprobs: "
                                               r".*HTTP 400.*greater than max allowed: 5"):
-            loop.train(spec, quick_config(model_dir, tmp_path / "run", **{"teacher.url": url + "/v1"}))
+            loop.train(spec, small_run(model_dir, tmp_path / "run", **{"teacher.url": url + "/v1"}))
     with BackgroundServer(stand_in_app(teacher_dir, fault="few")) as url:
         with pytest.raises(ConfigError, match=r"returned 3 top logprobs at a position and the spec asks for k=4"):
-            loop.train(_spec(tmp_path), quick_config(model_dir, tmp_path / "run", **{"teacher.url": url + "/v1"}))
+            loop.train(_spec(tmp_path), small_run(model_dir, tmp_path / "run", **{"teacher.url": url + "/v1"}))
 
 
 def test_a_server_with_another_tokenizer_is_refused_at_start(model_dir, teacher_dir, tmp_path, monkeypatch):
     with BackgroundServer(stand_in_app(teacher_dir, fault="tokenizer")) as url:
         with pytest.raises(ConfigError, match=r"serves 'teacher' with another tokenizer than the policy's: .*a "
                                               r"teacher scores the policy's token ids"):
-            loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.url": url + "/v1"}))
+            loop.train("opd", small_run(model_dir, tmp_path / "run", **{"teacher.url": url + "/v1"}))
 
 
 def _rollout(tok):

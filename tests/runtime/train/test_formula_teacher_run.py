@@ -12,13 +12,13 @@ from rldsl.runtime.errors import ConfigError
 from rldsl.runtime.run import loop
 from rldsl.runtime.toy import warm_start
 from rldsl.runtime.train.trainer import Trainer
-from test_loop import quick_config, steps_of
+from small_run import small_run, steps_of
 
 SPEC = str(Path(__file__).resolve().parents[3] / "algorithms" / "examples" / "opd_formula.rl")
 
 
+@pytest.mark.slow
 def test_a_teacher_formula_trains_three_steps(model_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
     seen = []
     est = Trainer.estimate
 
@@ -28,10 +28,10 @@ def test_a_teacher_formula_trains_three_steps(model_dir, tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(Trainer, "estimate", estimate)
-    run = loop.train(SPEC, quick_config(model_dir, tmp_path / "run", **{"teacher.path": warm_start()}))
+    run = loop.train(SPEC, small_run(model_dir, tmp_path / "run", **{"teacher.path": warm_start()}))
     recs = steps_of(run)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in recs)
     assert len(seen) == 3 and all(t is not None and bool((t.logprobs <= 0).all()) for t in seen)
     with pytest.raises(ConfigError, match="objective opd_pg learns from a teacher, and teacher.path is not set"):
-        loop.train(SPEC, quick_config(model_dir, tmp_path / "run2"))
+        loop.train(SPEC, small_run(model_dir, tmp_path / "run2"))

@@ -8,18 +8,13 @@ import torch
 from rldsl.compiled import CompiledAlgorithm
 from rldsl.runtime.run import loop
 from rldsl.runtime.train import trainer as tr
-from test_loop import quick_config, steps_of
+from small_run import small_run, steps_of
 
 SPEC = """algorithm otb extends grpo
   "verl adv_estimator=optimal_token_baseline"
   baseline      optimal_token
   normalizer    none
 """
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
 
 
 def _spy(monkeypatch):
@@ -43,11 +38,12 @@ def _spy(monkeypatch):
     return flags, seen
 
 
+@pytest.mark.slow
 def test_otb_trains_three_steps_with_sum_pi_squared(model_dir, tmp_path, monkeypatch):
     flags, seen = _spy(monkeypatch)
     spec = tmp_path / "otb.rl"
     spec.write_text(SPEC, encoding="utf-8")
-    run = loop.train(str(spec), quick_config(model_dir, tmp_path / "run"))
+    run = loop.train(str(spec), small_run(model_dir, tmp_path / "run"))
     recs = steps_of(run)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in recs)
@@ -58,8 +54,9 @@ def test_otb_trains_three_steps_with_sum_pi_squared(model_dir, tmp_path, monkeyp
         assert s.shape[0] == 16 and bool(((s >= 0) & (s <= 1 + 1e-6)).all())
 
 
+@pytest.mark.slow
 def test_specs_without_it_never_compute_sum_pi_squared(model_dir, tmp_path, monkeypatch):
     flags, seen = _spy(monkeypatch)
-    loop.train("grpo", quick_config(model_dir, tmp_path / "run"))
+    loop.train("grpo", small_run(model_dir, tmp_path / "run"))
     assert flags and not any(flags)
     assert seen and all(s is None for s in seen)

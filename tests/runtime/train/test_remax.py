@@ -7,12 +7,7 @@ import torch
 
 from rldsl.runtime.run import loop
 from rldsl.runtime.workers.local import LocalRollouts
-from test_loop import quick_config, steps_of
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
+from small_run import small_run, steps_of
 
 
 def _spy(monkeypatch):
@@ -37,9 +32,10 @@ def _spy(monkeypatch):
     return calls, seen
 
 
+@pytest.mark.slow
 def test_remax_generates_one_greedy_response_per_prompt_per_step(model_dir, tmp_path, monkeypatch):
     calls, seen = _spy(monkeypatch)
-    run = loop.train("remax", quick_config(model_dir, tmp_path / "run"))
+    run = loop.train("remax", small_run(model_dir, tmp_path / "run"))
     recs = steps_of(run)
     assert [r["step"] for r in recs] == [1, 2, 3]
     sampled = [c for c in calls if c[1] == 4]  # the training rollouts (rollout.n=4)
@@ -55,9 +51,10 @@ def test_remax_generates_one_greedy_response_per_prompt_per_step(model_dir, tmp_
     assert all(r["time/greedy_s"] >= 0 for r in recs)
 
 
+@pytest.mark.slow
 def test_specs_without_a_greedy_baseline_do_not_generate_one(model_dir, tmp_path, monkeypatch):
     calls, seen = _spy(monkeypatch)
-    run = loop.train("grpo", quick_config(model_dir, tmp_path / "run"))
+    run = loop.train("grpo", small_run(model_dir, tmp_path / "run"))
     train_prompts = [c[0] for c in calls if c[1] == 4]
     assert len(train_prompts) == 3
     assert not [c for c in calls if c[2] == 0 and c[0] in train_prompts]

@@ -22,12 +22,7 @@ from rldsl.runtime.run import loop
 from rldsl.runtime.toy import build_tokenizer
 from rldsl.runtime.train.teachers import ema_copy, privileged
 from rldsl.runtime.train.trainer import Trainer
-from test_loop import quick_config, steps_of, without_timing
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
+from small_run import small_run, steps_of, without_timing
 
 
 def _direct(policy, prompt: list[int], response: list[int], temperature: float = 1.0) -> torch.Tensor:
@@ -157,6 +152,7 @@ def test_the_ema_teacher_moves_toward_the_policy_after_each_optimizer_step(tiny_
 
 # ------------------------------------------------------------------------------ runs
 
+@pytest.mark.slow
 def test_a_run_with_a_self_teacher_scores_each_rows_solution_prompt(model_dir, tmp_path, monkeypatch):
     """teacher.self + teacher.context_key: every step's teacher logprobs are the current policy's
     on the row's prompt rebuilt with its `solution` column (teacher.context_template)."""
@@ -173,7 +169,7 @@ def test_a_run_with_a_self_teacher_scores_each_rows_solution_prompt(model_dir, t
         return out
 
     monkeypatch.setattr(Trainer, "estimate", estimate)
-    cfg = quick_config(model_dir, tmp_path / "run", **{"data.path": data, "data.eval_size": 0,
+    cfg = small_run(model_dir, tmp_path / "run", **{"data.path": data, "data.eval_size": 0,
                                                        "teacher.self": "true", "teacher.context_key": "solution",
                                                        "teacher.context_template": "{context}:{prompt}"})
     run = loop.train("opd", cfg)
@@ -189,17 +185,18 @@ def test_a_run_with_a_self_teacher_scores_each_rows_solution_prompt(model_dir, t
             torch.testing.assert_close(teacher.logprobs[b, :n], want[b], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_an_ema_teacher_resumes_exactly(model_dir, tmp_path):
     """teacher.ema: the EMA copy is saved with each checkpoint, so a run cut and resumed gives
     the same steps (its distill divergence reads the restored EMA teacher). grpo_distill: the task
     reward moves the policy, and the EMA teacher lags it."""
     over = {"train.steps": 4, "checkpoint.every": 2, "teacher.ema": 0.5, "train.lr": 0.05}
-    full = loop.train("grpo_distill", quick_config(model_dir, tmp_path / "full", **over))
+    full = loop.train("grpo_distill", small_run(model_dir, tmp_path / "full", **over))
     recs = steps_of(full)
     assert [r["step"] for r in recs] == [1, 2, 3, 4]
     assert recs[0]["distill/divergence"] == pytest.approx(0.0, abs=1e-6)  # the EMA starts as the policy
     assert recs[3]["distill/divergence"] > 1e-6  # and lags it
-    cut = loop.train("grpo_distill", quick_config(model_dir, tmp_path / "cut", **over), stop_after=3)
+    cut = loop.train("grpo_distill", small_run(model_dir, tmp_path / "cut", **over), stop_after=3)
     loop.train("grpo_distill", resume=cut)
     # perf/logprobs_*: the teacher's forward is counted in the next step's report, which a resumed
     # process does not have (so with teacher.path too); every other number is the same
@@ -217,20 +214,20 @@ def test_self_teacher_settings_are_refused_before_a_model_loads(model_dir, tmp_p
         raise AssertionError("a model was loaded")
     monkeypatch.setattr("rldsl.runtime.workers.start.master_policy", no_load)
     with pytest.raises(ConfigError, match=r"teacher.self=true: .*without teacher.context_key"):
-        loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.self": "true"}))
+        loop.train("opd", small_run(model_dir, tmp_path / "run", **{"teacher.self": "true"}))
     with pytest.raises(ConfigError, match=r"teacher.context_key=solution: .*data.path is not set"):
-        loop.train("opd", quick_config(model_dir, tmp_path / "run", **{"teacher.self": "true",
+        loop.train("opd", small_run(model_dir, tmp_path / "run", **{"teacher.self": "true",
                                                                        "teacher.context_key": "solution"}))
     with pytest.raises(ConfigError, match="teacher.ema is set but grpo reads no teacher"):
-        loop.train("grpo", quick_config(model_dir, tmp_path / "run", **{"teacher.ema": 0.9}))
+        loop.train("grpo", small_run(model_dir, tmp_path / "run", **{"teacher.ema": 0.9}))
     with pytest.raises(ConfigError, match="teacher.self is set but grpo reads no teacher"):
-        loop.train("grpo", quick_config(model_dir, tmp_path / "run", **{"teacher.self": "true"}))
+        loop.train("grpo", small_run(model_dir, tmp_path / "run", **{"teacher.self": "true"}))
     with pytest.raises(ConfigError, match="teacher.path and teacher.self are both set"):
-        quick_config(model_dir, tmp_path, **{"teacher.path": model_dir, "teacher.self": "true"})
+        small_run(model_dir, tmp_path, **{"teacher.path": model_dir, "teacher.self": "true"})
     with pytest.raises(ConfigError, match="teacher.url and teacher.ema are both set"):
-        quick_config(model_dir, tmp_path, **{"teacher.url": "http://127.0.0.1:9/v1", "teacher.ema": 0.9})
+        small_run(model_dir, tmp_path, **{"teacher.url": "http://127.0.0.1:9/v1", "teacher.ema": 0.9})
     for bad in ("0", "1", "1.5"):
         with pytest.raises(ConfigError, match="teacher.ema"):
-            quick_config(model_dir, tmp_path, **{"teacher.ema": bad})
+            small_run(model_dir, tmp_path, **{"teacher.ema": bad})
     with pytest.raises(ConfigError, match=r"teacher.context_template='\{prompt\}' must contain"):
-        quick_config(model_dir, tmp_path, **{"teacher.context_template": "{prompt}"})
+        small_run(model_dir, tmp_path, **{"teacher.context_template": "{prompt}"})

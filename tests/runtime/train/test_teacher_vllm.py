@@ -26,7 +26,7 @@ import torch
 from rldsl.runtime.errors import ConfigError
 from rldsl.runtime.run import loop
 from test_distill_teachers import TOPK4, _capture, _same_as_in_process
-from test_loop import quick_config, steps_of
+from small_run import small_run, steps_of
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +41,6 @@ def vllm_python() -> str | None:
     cand = os.environ.get("RLDSL_VLLM_PYTHON")  # relative to where pytest started: made absolute here,
     # since the server starts in a folder of its own
     return str(Path(cand).absolute()) if cand and Path(cand).is_file() else None
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +114,7 @@ def test_three_steps_with_vllm_as_the_teacher(k, vllm_server, teacher_64, model_
     if k:
         spec = str(tmp_path / "topk4.rl")
         (tmp_path / "topk4.rl").write_text(TOPK4)
-    run = loop.train(spec, quick_config(model_dir, tmp_path / "run", **{"teacher.url": vllm_server}))
+    run = loop.train(spec, small_run(model_dir, tmp_path / "run", **{"teacher.url": vllm_server}))
     recs = steps_of(run)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["distill/divergence"] > 0 for r in recs)
@@ -130,5 +125,5 @@ def test_top_k_beyond_vllms_max_logprobs_is_refused_at_start(vllm_server, model_
     (tmp_path / "topk16.rl").write_text(TOPK4.replace("k=4", "k=16"))
     with pytest.raises(ConfigError, match=r"topk4: the teacher server does not return top-16 prompt logprobs: "
                                           r".*HTTP 400.*greater than max allowed: 8"):
-        loop.train(str(tmp_path / "topk16.rl"), quick_config(model_dir, tmp_path / "run",
+        loop.train(str(tmp_path / "topk16.rl"), small_run(model_dir, tmp_path / "run",
                                                               **{"teacher.url": vllm_server}))

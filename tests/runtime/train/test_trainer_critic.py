@@ -12,8 +12,7 @@ from rldsl.runtime.train.trainer import Trainer
 
 
 @pytest.fixture
-def ppo_trainer(tiny_model_factory, tokenizer, monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
+def ppo_trainer(tiny_model_factory, tokenizer):
     cfg = load_config(None, ["train.lr=1e-3", "train.critic_lr=4e-3", "train.warmup_steps=3",
                              "train.steps=6"])
     fn = rldsl.compile(rldsl.load("ppo"), compile=False)

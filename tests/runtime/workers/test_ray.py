@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -53,12 +52,6 @@ def ray_cluster():
     yield
     ray.shutdown()
     shutil.rmtree(tmp, ignore_errors=True)
-
-
-@pytest.fixture(autouse=True)
-def _eager(monkeypatch):
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    monkeypatch.syspath_prepend(str(HERE))  # the actors get the driver's sys.path
 
 
 def config(model_dir: Path, out: Path, trainers: int = 1, workers: int = 0, **over) -> RunConfig:
@@ -168,6 +161,7 @@ def test_two_trainer_run_resumes_on_one_trainer(ray_cluster, model_dir, tmp_path
 # tests/faults/test_ray_workers.py; a run resumed on another topology: below
 
 
+@pytest.mark.slow
 def test_a_call_past_its_timeout_names_the_worker(ray_cluster):
     from rldsl.runtime.workers.ray_cluster import RayCluster
     cluster = RayCluster(RunConfig(), cpus_needed=1)  # Ray is up already: reused, not owned
@@ -195,6 +189,7 @@ def test_cli_flags_select_the_distributed_runtime(tmp_path):
     assert load_config(None, ["distributed.rollout_workers=1"]).distributed.uses_ray
 
 
+@pytest.mark.slow
 def test_one_trainer_run_never_imports_ray(model_dir, tmp_path):
     code = ("import sys\n"
             "from rldsl.runtime.run import loop\n"
@@ -205,7 +200,7 @@ def test_one_trainer_run_never_imports_ray(model_dir, tmp_path):
             "loop.train('lite_ppo', cfg)\n"
             "assert 'ray' not in sys.modules, 'ray was imported'\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "RLDSL_COMPILE": "0"}, timeout=300)
+                         timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
 
 

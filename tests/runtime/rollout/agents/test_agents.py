@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,12 +23,6 @@ from rldsl.runtime.toy.calculator import hermes_call
 from rldsl.runtime.toy.tool_model import CHAT_TEMPLATE, build_tool_tokenizer, tool_model_config
 
 openai = pytest.importorskip("openai")
-HERE = Path(__file__).parents[2]  # tests/runtime: the helper modules
-
-
-@pytest.fixture(autouse=True)
-def _helpers_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +199,6 @@ def test_a_real_template_and_bpe_keep_the_sampled_ids_not_their_reencoding(real_
     first, second = engine.prompts
     assert second[:len(first) + len(odd) + 1] == first + odd + [qwen.eos_token_id]
     assert "<tool_response>\n46\n</tool_response>" in qwen.decode(second[len(first) + len(odd) + 1:])
-
 
 
 def test_tool_calls_marked_by_special_tokens_come_back_as_tool_calls() -> None:
@@ -425,6 +417,7 @@ def test_text_and_token_calls_keep_what_the_model_wrote_in_samples(tok, agent, t
         assert rec["messages"] == [{"role": "prompt", "content": tok.decode([3, 4, 5]), "trained": False}] + said
 
 
+@pytest.mark.slow
 def test_an_idle_connection_stays_open_for_the_episodes_next_call(tok) -> None:
     """The endpoint keeps an episode's idle connection open for longer than the episode may last:
     a client that sends its next call on the same connection after idling past uvicorn's own
@@ -551,14 +544,13 @@ def test_a_missing_openai_names_the_extra(monkeypatch) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["one process", "async K=1", "ray rollout worker", "lora + micro-batches",
                                   "ray + async K=1 + lora + micro-batches"])
-def test_an_agent_trains_on_its_own_reward(tool_model, tmp_path, monkeypatch, mode) -> None:
+def test_an_agent_trains_on_its_own_reward(tool_model, tmp_path, mode) -> None:
     """--agent agent_helpers:calc_agent (an openai-client tool loop) on the calculator task: the
     agent's return value is the reward (the default with an agent), the calls are the rows, the
     metrics count them, samples.jsonl shows each episode's messages."""
     from rldsl.runtime.records.metrics import read_metrics
     from rldsl.runtime.run import loop
 
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
     extra = {"one process": (), "async K=1": ("rollout.max_staleness=1",),
              "ray rollout worker": ("distributed.rollout_workers=1",),
              "lora + micro-batches": ("model.lora.rank=4", "train.max_tokens_per_microbatch=64"),
@@ -608,7 +600,7 @@ def test_an_agent_trains_on_its_own_reward(tool_model, tmp_path, monkeypatch, mo
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 1], ids=["one process", "ray rollout worker"])
-def test_each_call_records_the_policy_version_that_sampled_it(tool_model, tmp_path, monkeypatch, workers) -> None:
+def test_each_call_records_the_policy_version_that_sampled_it(tool_model, tmp_path, workers) -> None:
     """An asynchronous run (max_staleness=1) evaluating after every step: the batch of step s is
     sampled by policy version max(0, s - 1) (the weights after that many optimizer steps), and
     every call of it records that version -- not the number of weight loads, which the held-out
@@ -616,7 +608,6 @@ def test_each_call_records_the_policy_version_that_sampled_it(tool_model, tmp_pa
     from rldsl.runtime.rollout.producer import version_for
     from rldsl.runtime.run import loop
 
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
     cfg = load_config(None, [f"model.path={tool_model}", f"out={tmp_path / 'run'}", "data.task=calculator",
                              "rollout.agent=agent_helpers:calc_agent", "rollout.prompts_per_step=2",
                              "rollout.n=2", "train.steps=4", "eval.every=1", "eval.samples=0",

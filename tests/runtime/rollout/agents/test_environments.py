@@ -6,7 +6,6 @@ dying mid-episode -- a clear error before the model loads, or a recorded failed 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -15,16 +14,7 @@ from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import ConfigError
 from rldsl.runtime.rollout.multi_turn import check_tools
 
-HERE = Path(__file__).parents[2]  # tests/runtime: the helper modules
 pytest.importorskip("openai")
-
-
-@pytest.fixture(autouse=True)
-def _helpers_importable(monkeypatch):
-    """The test environments import by name, here and in the subprocesses verifiers starts (its
-    chat program, its tool servers: `python -m vf_sum_tools`)."""
-    monkeypatch.syspath_prepend(str(HERE))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
 
 
 def _train(tool_model: Path, out: Path, env: str, *extra: str) -> Path:
@@ -57,14 +47,13 @@ RAY_LORA_MICRO = ("distributed.rollout_workers=1", "model.lora.rank=4", "train.m
     ("vf_sum_tools", {0.125, 0.5, 1.0}, ()),
     ("vf_sum_tools", {0.125, 0.5, 1.0}, RAY_LORA_MICRO)],
     ids=["single-turn", "single-turn async", "tools", "tools on a ray rollout worker, lora, micro-batches"])
-def test_a_verifiers_environment_trains_with_its_own_rubric(tool_model, tmp_path, monkeypatch, taskset, rewards,
+def test_a_verifiers_environment_trains_with_its_own_rubric(tool_model, tmp_path, taskset, rewards,
                                                             extra) -> None:
     """--env verifiers:<taskset>: the taskset's tasks are the rows, verifiers' training client
     sends token ids to the endpoint (route "generate"), the rubric's reward (values no rldsl reward
     gives) reaches metrics and samples; the tool env's calls are bridged by verifiers' renderer
     into one row per episode."""
     pytest.importorskip("verifiers")
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
     run = _train(tool_model, tmp_path / "run", f"verifiers:{taskset}", *extra)
     steps, samples = _records(run)
     assert len(steps) == 1 and steps[0]["reward_errors"] == 0 and steps[0]["agent/errors"] == 0
@@ -122,12 +111,11 @@ def openenv_server():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [(), RAY_LORA_MICRO], ids=["one process", "ray rollout worker, lora, micro-batches"])
-def test_an_openenv_text_environment_trains_with_its_own_reward(tool_model, tmp_path, monkeypatch,
+def test_an_openenv_text_environment_trains_with_its_own_reward(tool_model, tmp_path,
                                                                 openenv_server, extra) -> None:
     """--env openenv:<url>: the reset observation is the user message (after data.system_prompt),
     each reply is sent as the action's one text field (`message`, from /schema), the environment's
     rewards (1.0 / 0.25 a reply, summed) are the episode's reward; replies until `done` (two here)."""
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
     url = openenv_server("text")
     run = _train(tool_model, tmp_path / "run", f"openenv:{url}", "data.task=calculator", "data.system_prompt=Sum.",
                  *extra)
@@ -142,12 +130,11 @@ def test_an_openenv_text_environment_trains_with_its_own_reward(tool_model, tmp_
 
 
 @pytest.mark.slow
-def test_an_openenv_mcp_environment_calls_its_tools_through_mcp(tool_model, tmp_path, monkeypatch,
+def test_an_openenv_mcp_environment_calls_its_tools_through_mcp(tool_model, tmp_path,
                                                                openenv_server) -> None:
     """--env openenv:mcp@<url>: the environment's MCP tools are the model's tools (rendered by the
     chat template), each call runs as a CallToolAction step, its result is the tool message and
     its reward counts; the row's prompt opens the episode (the reset observation has no text)."""
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
     url = openenv_server("mcp")
     run = _train(tool_model, tmp_path / "run", f"openenv:mcp@{url}", "data.task=calculator")
     steps, samples = _records(run)
@@ -176,6 +163,7 @@ def test_an_openenv_server_down_at_start_is_refused_before_the_model_loads() -> 
         check_tools(load_config(None, ["rollout.env=openenv:localhost:8000"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, error", [("dies", "the environment's episode raised ConnectionClosedError"),
                                          ("hangs", "the environment's episode ran past its time limit of 3 s")])
 def test_a_server_that_dies_or_hangs_mid_episode_gives_failed_episodes(tool_model, openenv_server, kind,
@@ -254,6 +242,7 @@ def _sessions(url: str) -> dict:
     return httpx.get(f"{url}/test/sessions", timeout=5).json()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sessions, limit", [("default", 1), (4, 4)], ids=["openenv-core's default", "4 sessions"])
 def test_an_openenv_server_with_a_session_limit_plays_every_episode(limited_server, sessions, limit) -> None:
     """openenv-core's server with its own default session limit (one; max_concurrent_envs not
@@ -339,6 +328,7 @@ def test_a_session_refused_while_another_client_holds_the_server_is_retried(limi
             assert "rollout.env_concurrency" in e.error
 
 
+@pytest.mark.slow
 def test_a_verifiers_episode_that_fails_or_hangs_is_recorded(tool_model) -> None:
     """A rubric that raises (task 0) ends its episode with verifiers' error recorded; one that never
     returns (task 1) is cut at rollout.agent_timeout_s; the batch is still made."""

@@ -32,19 +32,13 @@ from rldsl.runtime.train.logprobs import token_logprobs
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 pytest.importorskip("openai")
 
-HERE = Path(__file__).parents[2]  # tests/runtime: the helper modules
 #: |vLLM logprob - trainer logprob| per token, float32 on both sides (engines/test_vllm_real.py
 #: measures 2.6e-6 on a model of this size; a wrong temperature or stale weights give 0.1-1).
 LOGPROB_TOL = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def _helpers_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))  # agent_helpers
-
-
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+def vllm_tool_model(tmp_path_factory):
     """(folder, model, tokenizer): the tool tokenizer and chat template on a random-init float32
     Llama with head dim 64 (vLLM's CPU attention refuses the tool model's 24)."""
     from transformers import LlamaForCausalLM
@@ -62,11 +56,11 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def setup(model_dir):
+def setup(vllm_tool_model):
     """(engine, model, tokenizer, vLLM's outputs as the engine got them): the module's engine."""
     from rldsl.runtime.rollout.engines.vllm import VLLMEngine
 
-    path, model, tok = model_dir
+    path, model, tok = vllm_tool_model
     engine = VLLMEngine(path, dtype="float32", gpu_memory_utilization=0.1, enforce_eager=True,
                         max_model_len=128)
     seen: list = []
@@ -160,7 +154,6 @@ def test_tool_calls_are_read_by_vllms_own_parser(setup, monkeypatch) -> None:
     assert tool[0]["tool_call_id"].startswith("chatcmpl-tool-")
 
 
-
 def test_tool_calls_marked_by_special_tokens_are_parsed_on_the_vllm_engine(tmp_path) -> None:
     """<tool_call> and </tool_call> special tokens (the real-shaped Qwen2.5 fixture with
     special_tool_markers), the vLLM engine: the model's calls are read, the tool runs, a second
@@ -199,7 +192,7 @@ class _Scripted:
                             [self.tokenizer.decode(ids, skip_special_tokens=True)] * B, params.n)
 
 
-def test_an_agent_run_on_the_vllm_engine(model_dir, tmp_path, monkeypatch) -> None:
+def test_an_agent_run_on_the_vllm_engine(vllm_tool_model, tmp_path) -> None:
     """``rldsl run`` with rollout.engine=vllm and an agent, asynchronous (max_staleness=1): the
     run's own vLLM engine serves the endpoint, every step trains on the agent's calls, and each
     call records the policy version that sampled it (step s: max(0, s - 1))."""
@@ -209,8 +202,7 @@ def test_an_agent_run_on_the_vllm_engine(model_dir, tmp_path, monkeypatch) -> No
     from rldsl.runtime.records.metrics import read_metrics
     from rldsl.runtime.run import loop
 
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    cfg = load_config(None, [f"model.path={model_dir[0]}", f"out={tmp_path / 'run'}", "data.task=calculator",
+    cfg = load_config(None, [f"model.path={vllm_tool_model[0]}", f"out={tmp_path / 'run'}", "data.task=calculator",
                              "rollout.engine=vllm", "rollout.vllm.gpu_memory_utilization=0.1",
                              "rollout.vllm.max_model_len=128", "rollout.agent=agent_helpers:three_calls",
                              "rollout.prompts_per_step=2", "rollout.n=2", "train.steps=3", "eval.every=0",
@@ -226,7 +218,7 @@ def test_an_agent_run_on_the_vllm_engine(model_dir, tmp_path, monkeypatch) -> No
         assert sum(s["agent"]["trained"]) == sum(len(c["completion_ids"]) for c in s["agent"]["calls"])
 
 
-def _env_run(model_dir, out: Path, env: str, *extra: str) -> tuple[list[dict], list[dict]]:
+def _env_run(vllm_tool_model, out: Path, env: str, *extra: str) -> tuple[list[dict], list[dict]]:
     """A 2-step run of ``rollout.env=ENV`` with rollout.engine=vllm: (step records, samples)."""
     import json
 
@@ -234,7 +226,7 @@ def _env_run(model_dir, out: Path, env: str, *extra: str) -> tuple[list[dict], l
     from rldsl.runtime.records.metrics import read_metrics
     from rldsl.runtime.run import loop
 
-    cfg = load_config(None, [f"model.path={model_dir[0]}", f"out={out}", f"rollout.env={env}",
+    cfg = load_config(None, [f"model.path={vllm_tool_model[0]}", f"out={out}", f"rollout.env={env}",
                              "rollout.engine=vllm", "rollout.vllm.gpu_memory_utilization=0.1",
                              "rollout.vllm.max_model_len=128", "rollout.prompts_per_step=2", "rollout.n=2",
                              "train.steps=2", "eval.every=0", "data.eval_size=0", "checkpoint.every=0",
@@ -249,17 +241,12 @@ def _env_run(model_dir, out: Path, env: str, *extra: str) -> tuple[list[dict], l
     return steps, samples
 
 
-def test_a_verifiers_environment_on_the_vllm_engine(model_dir, tmp_path, monkeypatch) -> None:
+def test_a_verifiers_environment_on_the_vllm_engine(vllm_tool_model, tmp_path) -> None:
     """``rollout.env=verifiers:vf_sum_single`` with rollout.engine=vllm: verifiers' own training
     client renders each chat to ids and calls the token route of the endpoint that the run's vLLM
     engine serves; its rubric's rewards (0.25 or 1.0, values no rldsl reward gives) are the rows'
     rewards, every sampled token vLLM's."""
-    import os
-
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
-    # verifiers starts programs of its own that import the taskset by name
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
-    _, samples = _env_run(model_dir, tmp_path / "run", "verifiers:vf_sum_single")
+    _, samples = _env_run(vllm_tool_model, tmp_path / "run", "verifiers:vf_sum_single")
     assert {s["reward"] for s in samples} <= {0.25, 1.0}
     for s in samples:
         assert s["env_reward"] == s["reward"] and s["agent"]["error"] is None
@@ -267,7 +254,7 @@ def test_a_verifiers_environment_on_the_vllm_engine(model_dir, tmp_path, monkeyp
         assert sum(s["agent"]["trained"]) == sum(len(c["completion_ids"]) for c in s["agent"]["calls"])
 
 
-def test_an_openenv_environment_on_the_vllm_engine(model_dir, tmp_path, monkeypatch) -> None:
+def test_an_openenv_environment_on_the_vllm_engine(vllm_tool_model, tmp_path) -> None:
     """``rollout.env=openenv:<url>`` with rollout.engine=vllm: openenv-core's own server (started
     here on 127.0.0.1, tests/runtime/openenv_helpers.py) asks "12+34=", each reply of the episode is
     an action, the environment's rewards (1.0 for "46", else 0.25, two replies at most) are the
@@ -277,9 +264,8 @@ def test_an_openenv_environment_on_the_vllm_engine(model_dir, tmp_path, monkeypa
     pytest.importorskip("openenv")
     from openenv_helpers import Server
 
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
     with Server("text") as url:
-        _, samples = _env_run(model_dir, tmp_path / "run", f"openenv:{url}", "data.task=calculator")
+        _, samples = _env_run(vllm_tool_model, tmp_path / "run", f"openenv:{url}", "data.task=calculator")
     for s in samples:
         assert s["reward"] in (0.5, 1.0, 1.25) and s["env_reward"] == s["reward"] and s["agent"]["error"] is None
         assert [m["role"] for m in s["messages"]][:2] == ["user", "assistant"]

@@ -669,6 +669,7 @@ def test_toy_variant_for_vllm_has_a_head_dim_vllm_cpu_takes():
     assert shapes(LlamaForCausalLM(c)) == shapes(LlamaForCausalLM(base))  # same weights' shapes
 
 
+@pytest.mark.slow
 def test_vllm_tests_skip_without_vllm_and_fail_when_required():
     """Where vLLM is absent a `vllm`-marked test is skipped with the reason, or fails under
     RLDSL_REQUIRE_VLLM=1 (make test-vllm, CI): a missing vLLM is never a silent skip there."""

@@ -17,7 +17,7 @@ from rldsl.runtime.rollout.episodes.runner import run_episodes
 from rldsl.runtime.toy.tool_model import build_tool_tokenizer
 from rldsl.runtime.train import inputs as producers
 
-HERE = Path(__file__).parents[2]  # tests/runtime: the helper modules
+SPECS = Path(__file__).resolve().parents[3] / "specs"  # tests/specs
 
 DENSE = """
 algorithm reinforce_dense extends reinforce
@@ -25,11 +25,6 @@ algorithm reinforce_dense extends reinforce
   rewards   dense
   baseline  return_to_go(gamma=1.0)
 """
-
-
-@pytest.fixture(autouse=True)
-def _helpers_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +101,7 @@ def test_dense_rewards_without_turns_are_refused():
 
 
 @pytest.mark.slow
-def test_a_three_step_run_of_token_level_gae_on_env_step_rewards(tmp_path, monkeypatch):
+def test_a_three_step_run_of_token_level_gae_on_env_step_rewards(tmp_path):
     """rollout.env=CalcSteps (0.25 for each tool-calling turn, 1 for a right final answer) with
     --reward env and a `rewards dense` PPO spec (GAE with a critic on the token rewards): three
     steps of tests/specs/good/ppo_turns.rl, the per-turn rewards reach the advantage, the loss and value loss are finite."""
@@ -120,13 +115,12 @@ def test_a_three_step_run_of_token_level_gae_on_env_step_rewards(tmp_path, monke
     from rldsl.runtime.toy.tool_model import tool_model_config
     from rldsl.runtime.toy.tool_warmup import ToolWarmStartConfig, tool_warm_start
 
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
     torch.set_num_threads(1)
     small = tool_model_config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
     model = tool_warm_start(ToolWarmStartConfig(steps=120, batch_size=16, lr=3e-3, mix=TeacherMix(call=1.0),
                                                 task=SumTask(num_train=500, num_validation=10)),
                             model_config=small, cache=tmp_path / "cache")
-    spec = HERE.parent / "specs" / "good" / "ppo_turns.rl"  # rewards dense on ppo
+    spec = SPECS / "good" / "ppo_turns.rl"  # rewards dense on ppo
     cfg = load_config(None, [f"model.path={model}", f"out={tmp_path / 'run'}", "data.task=calculator",
                              "rollout.env=episode_helpers:CalcSteps", "reward.name=env",
                              "rollout.prompts_per_step=2", "rollout.n=2", "train.steps=3", "eval.every=0",
@@ -232,7 +226,7 @@ def test_a_dense_run_without_per_turn_rewards_is_refused_before_the_model_loads(
     from rldsl.runtime.config import load_config
     from rldsl.runtime.run import loop
 
-    spec = str(HERE.parent / "specs" / "good" / "ppo_turns.rl")
+    spec = str(SPECS / "good" / "ppo_turns.rl")
     loaded = []
     monkeypatch.setattr(loop, "build", lambda *a, **k: loaded.append(1))  # never reached
     base = [f"out={tmp_path / 'run'}", "train.steps=1", "log.progress=false"]

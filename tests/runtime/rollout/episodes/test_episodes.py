@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,13 +19,6 @@ from rldsl.runtime.errors import ConfigError, EnvironmentFailed
 from rldsl.runtime.rollout.multi_turn import check_tools
 from rldsl.runtime.rewards.functions import RewardFn
 from rldsl.runtime.toy.tool_model import build_tool_tokenizer
-
-HERE = Path(__file__).parents[2]  # tests/runtime: the helper modules
-
-
-@pytest.fixture(autouse=True)
-def _helpers_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,6 @@ from rldsl.runtime.config import load_config
 from rldsl.runtime.rollout.episodes.parsers import ToolCall, parse_tool_calls
 
 FAMILIES = sorted(fixture.FAMILIES)
-HERE = Path(__file__).parents[2]  # tests/runtime: the helper modules
-
-
-@pytest.fixture(autouse=True)
-def _helpers_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
-    monkeypatch.setenv("RLDSL_COMPILE", "0")
 
 
 def test_the_templates_are_the_released_ones() -> None:
@@ -206,7 +199,6 @@ def test_episode_tokens_are_the_models_then_the_templates_delta(family, tmp_path
     after = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
     assert tok.decode(gap) in after and after.endswith(tok.decode(gap))  # the delta: closing, user turn, next header
     assert "and tomorrow?" in tok.decode(gap)
-
 
 
 #: A Hermes call whose tokens (fixture.scripted_model) all differ; ``where`` takes no argument.

@@ -2,7 +2,6 @@
 (errors, time limit, output limit, non-text results), ToolEnv and the config check."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -14,13 +13,6 @@ from rldsl.runtime.rollout.episodes.tools import ToolPool, load_tools
 from rldsl.runtime.errors import ConfigError
 from rldsl.runtime.rollout.multi_turn import check_tools
 from rldsl.runtime.toy.calculator import calculator, hermes_call
-
-HERE = Path(__file__).parents[2]  # tests/runtime: the helper modules
-
-
-@pytest.fixture(autouse=True)
-def _helpers_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 def test_hermes_parser() -> None:

@@ -4,20 +4,12 @@ tool's printed output captured and cut instead of reaching the console."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
 from rldsl.runtime.rollout.episodes.env import ToolEnv
 from rldsl.runtime.rollout.episodes.tool_worker import TRUNCATED
 from rldsl.runtime.rollout.episodes.tools import ToolPool
-
-HERE = Path(__file__).parents[2]  # tests/runtime: the helper modules
-
-
-@pytest.fixture(autouse=True)
-def _helpers_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 @pytest.fixture()
