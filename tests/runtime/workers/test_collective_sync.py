@@ -19,7 +19,7 @@ from rldsl.runtime.errors import WeightSyncError
 from rldsl.runtime.run import step as run_step
 from rldsl.runtime.workers.sync_buckets import Entry, SyncGroup, bucket_bytes, receive_buckets
 
-from test_ray import _eager, config, ray_cluster  # noqa: F401 - the module's fixtures
+from test_ray import config, ray_cluster  # noqa: F401 - the module's fixtures
 
 ray = pytest.importorskip("ray")
 
