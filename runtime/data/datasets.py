@@ -303,7 +303,7 @@ def _messages(value: Any, where: str, base: Path | None = None) -> tuple:
     if hasattr(value, "tolist"):  # a numpy array from parquet
         value = value.tolist()
     ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) for m in value)
+        isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in value)
     contents = [m["content"] if isinstance(m["content"], str)
                 else images.parts(m["content"], where, base or Path.cwd()) for m in value] if ok else []
     if not ok or any(c is None for c in contents):

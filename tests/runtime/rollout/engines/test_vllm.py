@@ -656,7 +656,7 @@ def test_engine_from_config_passes_the_run_settings(monkeypatch):
     engine_module.engine_from_config(cfg, "/m", on_gpu=False)
     assert seen == {"model": "/m", "tensor_parallel_size": 1, "dtype": "float32", "seed": 7,
                     "weight_sync_timeout": 42.0, "gpu_memory_utilization": 0.1, "enforce_eager": True,
-                    "max_model_len": 96, "engine_kwargs": {}}
+                    "max_model_len": 96, "engine_kwargs": {}, "max_images": 8}
 
 
 def test_toy_variant_for_vllm_has_a_head_dim_vllm_cpu_takes():
