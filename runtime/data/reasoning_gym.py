@@ -683,4 +683,4 @@ def _eval_rows(cfg: Any, path: str, count: int | None,
 SOURCE = register(Source("reasoning_gym", "reasoning-gym data", claims=lambda cfg: is_reasoning_gym(cfg.data.path),
                          rows=_rows, reward="reasoning_gym", prompts=_prompts,
                          system_prompt=default_system_prompt, check=check_config, eval_rows=_eval_rows,
-                         precedence=1))
+                         task_of=task_of, precedence=1))

@@ -49,6 +49,10 @@ def _no_system_prompt() -> str | None:
     return None
 
 
+def _no_task(prompt: str) -> str | None:
+    return None
+
+
 def _file_eval_rows(cfg: RunConfig, path: str, count: int | None,
                     exclude: Sequence[str] | None) -> tuple[dict[str, list[Example]], str | None]:
     d = cfg.data
@@ -79,7 +83,9 @@ class Source:
     eval --data``) as (set label -> rows, a note or None): one set labelled ``""`` (named after the
     file), or one per task; ``count`` rows where the source draws its own (None: its default),
     none of the questions in ``exclude`` (None: the run's training questions when ``path`` is the
-    run's data).
+    run's data). ``task_of(prompt)``: the task a held-out row's prompt (its reward prompt) belongs
+    to, by which the held-out metrics are also split (``eval/heldout/<task>/...``); None for every
+    row of a kind without tasks.
     """
 
     name: str
@@ -96,6 +102,7 @@ class Source:
     model: Callable[[RunConfig], tuple[Path, str]] | None = None
     tokenizer: Callable[[], Any] | None = None
     eval_rows: EvalRows = _file_eval_rows
+    task_of: Callable[[str], str | None] = _no_task
     precedence: int = 0
 
 

@@ -3,7 +3,7 @@ the one evaluator (run/evaluation.py); an asynchronous run evaluates the trainer
 from __future__ import annotations
 
 from ..batch import StepRollout
-from ..data.reasoning_gym import task_of
+from ..data.sources import source_of
 from ..records.rng import step_seed
 from ..rollout.engines.base import SamplingParams
 from ..rollout.producer import RolloutProducer, snapshot
@@ -37,7 +37,8 @@ def evaluate_heldout(s: Run, step: int) -> dict[str, float]:
     if a.failed:
         s.warn(f"step {step}: evaluation: {a.failed} held-out sample(s) whose reward failed "
                f"(counted as not correct in the accuracy, left out of the mean reward)")
-    # generated data (reasoning-gym, one task or a mix): each task's split too
+    # a source with tasks (reasoning-gym, one task or a mix): each task's split too
+    task_of = source_of(cfg).task_of
     tasks = [task_of(e.reward_prompt) for e in s.heldout]
     return heldout_metrics(a, s.reward, cfg.rollout.tool_parser) | heldout_task_metrics(a, s.reward, tasks)
 

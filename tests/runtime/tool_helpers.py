@@ -135,3 +135,33 @@ def loud(megabytes: int) -> str:
         sys.stdout.write(line)
     print("a warning", file=sys.stderr)
     return "done"
+
+
+#: A Hermes call whose tokens (fixture.scripted_model) all differ; ``where`` takes no argument.
+SPECIAL_MARKER_CALL = '<tool_call>{"name": "where"}</tool_call>'
+
+
+def special_marker_episode(engine) -> None:
+    """A tools episode of ``engine``, whose model (scripted_model, ``special_tool_markers``
+    tokenizer) answers every turn with SPECIAL_MARKER_CALL: the call is parsed, the tool runs, a
+    second turn follows; the messages keep the markers, the completion rewards read (the last
+    turn, as the engine decoded it) has none. Decoded without the special tokens, the markers
+    were gone: no call, the episode ended after its first turn (and scored nothing), silently."""
+    from rldsl.runtime.rollout.engines.base import SamplingParams
+    from rldsl.runtime.rollout.episodes.runner import EpisodeRunner
+
+    tok = engine.tokenizer
+    assert tok.decode(tok(SPECIAL_MARKER_CALL)["input_ids"], skip_special_tokens=True) == '{"name": "where"}'
+    batch = EpisodeRunner([where], max_turns=2).run(engine, ["Where are you?"], [""],
+                                                    SamplingParams(n=2, max_new_tokens=16, seed=0))
+    said = tok(SPECIAL_MARKER_CALL, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    for i in range(2):
+        messages = batch.episodes[i].messages
+        assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "tool"]
+        assert messages[1]["content"] == messages[3]["content"] == SPECIAL_MARKER_CALL
+        assert all(m["name"] == "where" and not m["content"].startswith("error") for m in messages[2::2])
+        assert batch.finish_reason[i] == "length"  # out of turns with the call unanswered
+        assert batch.completions[i] == '{"name": "where"}'
+        n = int(batch.response_attention[i].sum())
+        ids, mask = batch.response_ids[i, :n].tolist(), batch.response_mask[i, :n].tolist()
+        assert ids[:len(said)] == said and ids[-len(said):] == said and sum(mask) == 2 * len(said)

@@ -157,9 +157,9 @@ def test_tool_calls_are_read_by_vllms_own_parser(setup, monkeypatch) -> None:
 def test_tool_calls_marked_by_special_tokens_are_parsed_on_the_vllm_engine(tmp_path) -> None:
     """<tool_call> and </tool_call> special tokens (the real-shaped Qwen2.5 fixture with
     special_tool_markers), the vLLM engine: the model's calls are read, the tool runs, a second
-    turn follows (test_real_model.special_marker_episode, the HF engine's test too)."""
+    turn follows (tool_helpers.special_marker_episode, the HF engine's test too)."""
     import real_model as fixture
-    from test_real_model import SPECIAL_MARKER_CALL, special_marker_episode
+    from tool_helpers import SPECIAL_MARKER_CALL, special_marker_episode
 
     from rldsl.runtime.rollout.engines.vllm import VLLMEngine
 

@@ -11,6 +11,7 @@ import pytest
 
 import real_model as fixture
 from real_tools import WEATHER
+from tool_helpers import SPECIAL_MARKER_CALL, special_marker_episode
 from rldsl.runtime.run import loop
 from rldsl.runtime.config import load_config
 from rldsl.runtime.rollout.episodes.parsers import ToolCall, parse_tool_calls
@@ -199,38 +200,6 @@ def test_episode_tokens_are_the_models_then_the_templates_delta(family, tmp_path
     after = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
     assert tok.decode(gap) in after and after.endswith(tok.decode(gap))  # the delta: closing, user turn, next header
     assert "and tomorrow?" in tok.decode(gap)
-
-
-#: A Hermes call whose tokens (fixture.scripted_model) all differ; ``where`` takes no argument.
-SPECIAL_MARKER_CALL = '<tool_call>{"name": "where"}</tool_call>'
-
-
-def special_marker_episode(engine) -> None:
-    """A tools episode of ``engine``, whose model (scripted_model, ``special_tool_markers``
-    tokenizer) answers every turn with SPECIAL_MARKER_CALL: the call is parsed, the tool runs, a
-    second turn follows; the messages keep the markers, the completion rewards read (the last
-    turn, as the engine decoded it) has none. Decoded without the special tokens, the markers
-    were gone: no call, the episode ended after its first turn (and scored nothing), silently."""
-    from tool_helpers import where
-
-    from rldsl.runtime.rollout.engines.base import SamplingParams
-    from rldsl.runtime.rollout.episodes.runner import EpisodeRunner
-
-    tok = engine.tokenizer
-    assert tok.decode(tok(SPECIAL_MARKER_CALL)["input_ids"], skip_special_tokens=True) == '{"name": "where"}'
-    batch = EpisodeRunner([where], max_turns=2).run(engine, ["Where are you?"], [""],
-                                                    SamplingParams(n=2, max_new_tokens=16, seed=0))
-    said = tok(SPECIAL_MARKER_CALL, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    for i in range(2):
-        messages = batch.episodes[i].messages
-        assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "tool"]
-        assert messages[1]["content"] == messages[3]["content"] == SPECIAL_MARKER_CALL
-        assert all(m["name"] == "where" and not m["content"].startswith("error") for m in messages[2::2])
-        assert batch.finish_reason[i] == "length"  # out of turns with the call unanswered
-        assert batch.completions[i] == '{"name": "where"}'
-        n = int(batch.response_attention[i].sum())
-        ids, mask = batch.response_ids[i, :n].tolist(), batch.response_mask[i, :n].tolist()
-        assert ids[:len(said)] == said and ids[-len(said):] == said and sum(mask) == 2 * len(said)
 
 
 def test_tool_calls_marked_by_special_tokens_are_parsed_on_the_hf_engine() -> None:
