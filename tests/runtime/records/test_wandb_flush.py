@@ -10,6 +10,7 @@ from tracker_readers import wandb_history
 wandb = pytest.importorskip("wandb")
 
 
+@pytest.mark.slow  # wandb's own service process (docs/testing.md, the slow marker)
 def test_every_step_is_in_the_offline_file_after_teardown(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

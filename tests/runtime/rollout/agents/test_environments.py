@@ -69,6 +69,7 @@ def test_a_verifiers_environment_trains_with_its_own_rubric(tool_model, tmp_path
         assert any(len(s["agent"]["calls"]) == 2 for s in samples)  # the call, then the answer
 
 
+@pytest.mark.slow  # a server held for seconds (docs/testing.md, the slow marker)
 def test_verifiers_rows_are_the_tasksets_tasks() -> None:
     pytest.importorskip("verifiers")
     from rldsl.runtime.rollout.agents.environments import verifiers_examples
@@ -270,6 +271,7 @@ def test_an_openenv_server_with_a_session_limit_plays_every_episode(limited_serv
     assert _sessions(url)["opened"] == 16
 
 
+@pytest.mark.slow  # a server held for seconds (docs/testing.md, the slow marker)
 def test_rollout_env_concurrency_caps_the_sessions_asked_for(limited_server) -> None:
     """rollout.env_concurrency = 2 against a server allowing 4: never more than 2 sessions at once,
     none refused."""
@@ -284,6 +286,7 @@ def test_rollout_env_concurrency_caps_the_sessions_asked_for(limited_server) -> 
     assert runner.sessions.peak == 2
 
 
+@pytest.mark.slow  # a server held for seconds (docs/testing.md, the slow marker)
 @pytest.mark.parametrize("held_s", [0.5, None], ids=["released after 0.5 s", "never released"])
 def test_a_session_refused_while_another_client_holds_the_server_is_retried(limited_server, held_s) -> None:
     """Another client holds the only session of a server with openenv-core's default limit: the
