@@ -136,11 +136,14 @@ class CollectiveSync:
                       for name, a in zip(rollouts.names, rollouts.actors)]
             results = c.wait(calls, 2 * d.sync_timeout, "the weight sync (collective)")
         except WorkerError as e:
-            dead = getattr(e, "died", None) or self._dead_worker(rollouts)
+            died = getattr(e, "died", None)
+            dead = died or self._dead_worker(rollouts)
             if dead not in rollouts.names:
                 raise
             self.formed = False
-            rollouts._restarted(rollouts.names.index(dead), str(e))  # forms the group again and pushes
+            # whichever side's failure the driver heard first, the cause named is the dead worker
+            why = str(e) if died else f"{dead} died during the weight sync (collective); before that, {e}"
+            rollouts._restarted(rollouts.names.index(dead), why)  # forms the group again and pushes
             return
         sent, _ = results[0]
         stale = [w for w, r in enumerate(results[len(self.trainers):]) if r is None]

@@ -133,3 +133,33 @@ def test_auto_picks_the_collective_sync_only_where_it_was_measured_faster_and_is
         assert path(*other) == "object_store", other
     assert path("distributed.weight_sync=object_store") == "object_store"
     assert path("device=cuda", "distributed.weight_sync=collective") == "collective"
+
+
+@pytest.mark.parametrize("first", ["the trainer's broadcast", "the worker's death"])
+def test_a_worker_killed_mid_sync_is_named_whichever_failure_the_driver_hears_first(first):
+    """A rollout worker killed mid-broadcast: the trainer's broadcast fails too, and which of the
+    two the driver hears first is a race. The restart's message names the dead worker either way
+    (CI heard the trainer first once, and the message said the trainer failed)."""
+    from types import SimpleNamespace
+
+    from rldsl.runtime.config import load_config
+    from rldsl.runtime.errors import WorkerError
+    from rldsl.runtime.workers.collective_sync import CollectiveSync
+
+    def wait(calls, timeout, what):
+        if first == "the worker's death":
+            err = WorkerError(f"rollout worker 0 died during {what}: killed")
+            err.died = "rollout worker 0"
+        else:
+            err = WorkerError(f"trainer rank 0 failed during {what}: WeightSyncError: bucket 1 of 2")
+        raise err
+
+    stub = SimpleNamespace(remote=lambda *a: None)
+    sync = CollectiveSync(SimpleNamespace(wait=wait), load_config(None, []), [SimpleNamespace(sync_send=stub)], True)
+    sync.formed = True
+    sync._dead_worker = lambda rollouts: "rollout worker 0"  # the liveness check after the failure
+    said = []
+    rollouts = SimpleNamespace(names=["rollout worker 0"], actors=[SimpleNamespace(sync_receive=stub)],
+                               _restarted=lambda w, why: said.append((w, why)))
+    sync.push(rollouts, 1, 1)
+    assert said and said[0][0] == 0 and said[0][1].startswith("rollout worker 0 died during the weight sync")
