@@ -142,9 +142,7 @@ def packed_rows(input_ids: Tensor, attention_mask: Tensor, num_response_tokens: 
         src.extend([src[0]] * fill)  # any real token's id: the filler's states are never read
         positions.extend(range(fill))
     src_t, pos_t, *idx = _long_tensors(dev, src, positions, pred, tgt, out)
-    real = torch.zeros(R, S, dtype=torch.bool, device=dev)
-    for r, rows in enumerate(bins):
-        real[r, :sum(lengths[b] for b in rows)] = True
+    real = (torch.arange(S) < torch.tensor(loads)[:, None]).to(dev)  # [R, S] a sequence's token, not filler
     return PackedRows(input_ids.reshape(-1)[src_t].view(R, S), pos_t.view(R, S), *idx, lengths, sum(lengths),
                       source=src_t, real=real.view(-1))
 
@@ -221,6 +219,7 @@ def least_packed_tokens(input_ids: Tensor, attention_mask: Tensor, num_response_
 def _real_runs(mask: Tensor, num_response_tokens: int) -> tuple[list[int], list[int]] | None:
     """(first real column, real tokens) of each row of ``mask`` [B, T], or None unless each row's
     real tokens are one run that starts before the response columns."""
+    mask = mask.cpu()  # one copy from a GPU, then every question below is answered on the host
     T = mask.shape[1]
     n = mask.long().sum(1)  # [B] real tokens
     first = mask.long().argmax(1)  # [B] first real column
