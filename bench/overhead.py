@@ -368,6 +368,11 @@ def spread(xs: list[float]) -> float:
     return (xs[(9 * len(xs)) // 10 if len(xs) > 9 else -1] - xs[len(xs) // 10]) / statistics.median(xs)
 
 
+def floor_sum(st: dict) -> float:
+    """The compute floor of one step: its phases' floors (rewards, estimate and record have none)."""
+    return sum(v for k, v in st["floors"].items() if k in PHASES and v == v)
+
+
 def report(rounds: list[dict], warmup: int, device: str) -> dict:
     """Print the tables; returns the summary."""
     runs = [r["rldsl"] for r in rounds]
@@ -400,19 +405,25 @@ def report(rounds: list[dict], warmup: int, device: str) -> dict:
           f"floor ({floors['update']:.4f} s: forward {floors['forward']:.4f}, loss {floors['loss']:.4f}, "
           f"backward {floors['backward']:.4f}, optimizer {floors['optimizer']:.4f})")
     spreads = [spread([st["step_s"] for st in run["steps"][warmup:]]) for run in runs]
+    # the work itself varies from step to step (sampled lengths): the step over its own floor
+    # (the sum of its phases' floors, measured on that step's batch) is the framework's share alone
+    own = [spread([st["step_s"] / floor_sum(st) for st in run["steps"][warmup:]]) for run in runs]
     for k, run in enumerate(runs):
         xs = [st["step_s"] for st in run["steps"][warmup:]]
         print(f"run {k}: rldsl's steps {min(xs):.4f}-{max(xs):.4f} s, median {med(xs):.4f}, "
-              f"spread (p90 - p10) / median {spreads[k]:.0%}")
+              f"spread (p90 - p10) / median {spreads[k]:.0%}; of step / its floor {own[k]:.0%}")
     summary = {"rldsl_step_s": step_med, "phases": host, "floors": floors,
-               "update_over_floor": host["update"] / floors["update"], "spreads": spreads}
+               "update_over_floor": host["update"] / floors["update"], "spreads": spreads,
+               "spreads_over_floor": own}
     if "trl" in rounds[0]:
         ratios = []
         for k, rd in enumerate(rounds):
             a = med([st["step_s"] for st in rd["rldsl"]["steps"][warmup:]])
             b = med(rd["trl"]["step_s"][warmup:])
             ratios.append(a / b)
-            print(f"round {k}: rldsl {a:.4f} s/step, TRL {b:.4f} s/step, rldsl / TRL {a / b:.3f}")
+            print(f"round {k}: rldsl {a:.4f} s/step, TRL {b:.4f} s/step, rldsl / TRL {a / b:.3f}; "
+                  f"spread of TRL's steps {spread(rd['trl']['step_s'][warmup:]):.0%} (the machine's and the "
+                  "work's share of rldsl's)")
         print(f"\nrldsl / TRL, median of {len(ratios)} rounds: {med(ratios):.3f} "
               f"(rounds {', '.join(f'{x:.3f}' for x in ratios)})")
         summary.update(ratio_rounds=ratios, ratio=med(ratios))
