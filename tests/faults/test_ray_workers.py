@@ -3,11 +3,8 @@ given the weights it held and asked again, so the run ends as an uninterrupted o
 restarts left, the run stops with a clear error whose resume command works."""
 from __future__ import annotations
 
-import logging
 import os
-import shutil
 import signal
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import WorkerError
 
 from fault_helpers import BASE, final_weights, samples_of, step_numbers, steps_of
+from local_ray import local_ray
 
 #: metrics that depend on the samples only
 SAMPLED = ("reward_mean", "accuracy", "response_length", "truncated_fraction", "reward_errors")
@@ -29,12 +27,8 @@ psutil = pytest.importorskip("psutil")
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    tmp = tempfile.mkdtemp(prefix="rldsl-ray-", dir="/tmp")  # short: Ray's socket paths
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             _node_ip_address="127.0.0.1", _temp_dir=tmp, logging_level=logging.WARNING)
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with local_ray(2):
+        yield
 
 
 def config(model_dir: Path, out: Path, *sets: str):

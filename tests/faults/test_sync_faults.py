@@ -6,10 +6,7 @@ bucket, and the resume command.
 """
 from __future__ import annotations
 
-import logging
 import re
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +18,7 @@ from rldsl.runtime.errors import WorkerError
 from rldsl.runtime.run import loop
 
 from fault_helpers import BASE, final_weights, samples_of, step_numbers
+from local_ray import local_ray
 
 ray = pytest.importorskip("ray")
 
@@ -30,12 +28,8 @@ SYNC = ["distributed.rollout_workers=1", "distributed.weight_sync=collective", "
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    tmp = tempfile.mkdtemp(prefix="rldsl-ray-", dir="/tmp")  # short: Ray's socket paths
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             _node_ip_address="127.0.0.1", _temp_dir=tmp, logging_level=logging.WARNING)
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with local_ray(2):
+        yield
 
 
 def config(model_dir: Path, out: Path, *sets: str):

@@ -15,10 +15,7 @@ engines' stop ids, the context clip, model-run defaults).
 from __future__ import annotations
 
 import json
-import logging
 import math
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +24,7 @@ import torch
 from rldsl.runtime.records.metrics import read_metrics
 from tiny_archs import ARCHS, save
 from small_run import small_run
+from local_ray import local_ray
 
 TEMPERATURES = (0.5, 0.7, 1.0, 1.3)
 
@@ -54,13 +52,9 @@ def test_trainer_logprobs_equal_the_engines_at_the_rollout_temperature(T, model_
 @pytest.fixture(scope="module")
 def ray_cluster():
     """One local Ray cluster for the distributed cases (short temp path: Ray's socket names)."""
-    ray = pytest.importorskip("ray")
-    tmp = tempfile.mkdtemp(prefix="rldsl-ray-", dir="/tmp")
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             _node_ip_address="127.0.0.1", _temp_dir=tmp, logging_level=logging.WARNING)
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
+    pytest.importorskip("ray")
+    with local_ray(4):
+        yield
 
 
 @pytest.mark.slow

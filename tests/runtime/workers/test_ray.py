@@ -11,12 +11,9 @@ sides of every comparison run the same code.
 """
 from __future__ import annotations
 
-import logging
 import math
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +28,7 @@ from rldsl.runtime.errors import WorkerError
 from rldsl.runtime.records.metrics import read_metrics
 from rldsl.runtime.records.run_dir import load_run_config
 from rldsl.runtime.records.metrics import TIMED
+from local_ray import local_ray
 
 ray = pytest.importorskip("ray")
 
@@ -46,12 +44,8 @@ def mixed_reward(prompt: str, completion: str, answer: str) -> float:
 @pytest.fixture(scope="module")
 def ray_cluster():
     """One local Ray cluster for the module (runs reuse it; each run kills its own actors)."""
-    tmp = tempfile.mkdtemp(prefix="rldsl-ray-", dir="/tmp")  # short: Ray's socket paths
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             _node_ip_address="127.0.0.1", _temp_dir=tmp, logging_level=logging.WARNING)
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with local_ray(4):
+        yield
 
 
 def config(model_dir: Path, out: Path, trainers: int = 1, workers: int = 0, **over) -> RunConfig:
