@@ -652,11 +652,12 @@ def test_engine_from_config_passes_the_run_settings(monkeypatch):
     seen = {}
     monkeypatch.setattr(engine_module, "VLLMEngine", lambda model, **kw: seen.update(model=model, **kw))
     cfg = load_config(None, ["rollout.engine=vllm", "seed=7", "distributed.sync_timeout=42",
-                             "rollout.vllm.max_model_len=96"])
-    engine_module.engine_from_config(cfg, "/m", on_gpu=False)
+                             "rollout.vllm.max_model_len=96", "rollout.routing_replay=true"])
+    engine_module.engine_from_config(cfg, "/m", on_gpu=False, tokenizer="tok")
     assert seen == {"model": "/m", "tensor_parallel_size": 1, "dtype": "float32", "seed": 7,
                     "weight_sync_timeout": 42.0, "gpu_memory_utilization": 0.1, "enforce_eager": True,
-                    "max_model_len": 96, "engine_kwargs": {}, "max_images": 8}
+                    "max_model_len": 96, "engine_kwargs": {}, "max_images": 8, "record_routing": True,
+                    "tokenizer": "tok"}
 
 
 def test_toy_variant_for_vllm_has_a_head_dim_vllm_cpu_takes():
