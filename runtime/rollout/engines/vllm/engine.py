@@ -187,6 +187,8 @@ class VLLMEngine:
                 kwargs["enable_return_routed_experts"] = True
             else:  # captured: a prompt block served from the prefix cache would not be routed
                 kwargs["enable_prefix_caching"] = False
+                if not on_cpu:  # the step's host-side input ids must be final when its forward runs
+                    kwargs["async_scheduling"] = False
         kwargs.update(engine_kwargs or {})
         if record_routing and not returned and kwargs.get("enable_prefix_caching"):
             raise ValueError("record_routing=True captures the routing of every computed token: "
