@@ -63,7 +63,8 @@ def rollout_engine(cfg: RunConfig, path: Path | str, device: str, *, model: nn.M
     if cfg.rollout.engine == "vllm":  # its own process(es), loading the folder; synced in place
         from .rollout.engines.vllm import engine_from_config
         return engine_from_config(cfg, path, on_gpu=device == "cuda" or gpus > 0,
-                                  tensor_parallel_size=max(1, int(gpus)))
+                                  tensor_parallel_size=max(1, int(gpus)),
+                                  tokenizer=load_tokenizer(Path(path)))  # a pad-less family's reserved pad
     from .rollout.engines.hf import HFEngine
     if model is None:
         model = load_policy(Path(path), cfg.model.dtype)

@@ -347,12 +347,15 @@ def microbatch_note(cfg: RunConfig, longest_prompt: int) -> str | None:
 
 def check_routing_replay(cfg: RunConfig, model_path: Path) -> None:
     """``rollout.routing_replay`` needs a mixture-of-experts policy (its config.json declares
-    routed experts) and an engine that records its routing: the HF engine's single-turn
-    completions (docs/moe.md); anything else is refused before a model loads."""
+    routed experts) and an engine that records its routing: single-turn completions of the HF
+    engine or of the vLLM engine, the latter with prefix caching off (a cached prompt block is not
+    computed, so its routing is not captured; docs/moe.md); anything else is refused before a model
+    loads."""
     r = cfg.rollout
-    if r.routing_replay and r.engine == "vllm":
-        raise ConfigError("rollout.routing_replay=true: the vLLM engine does not record the experts it routes "
-                          "each token to yet (docs/moe.md): use rollout.engine=hf, or drop rollout.routing_replay")
+    if r.routing_replay and r.engine == "vllm" and r.vllm.engine_kwargs.get("enable_prefix_caching"):
+        raise ConfigError("rollout.routing_replay=true with rollout.engine=vllm records the experts of every token "
+                          "vLLM computes, and prefix caching skips the cached prompt blocks (docs/moe.md): drop "
+                          "rollout.vllm.engine_kwargs.enable_prefix_caching (the engine turns it off)")
     if r.routing_replay and (r.tools is not None or r.env is not None or r.agent is not None):
         raise ConfigError("rollout.routing_replay=true: multi-turn episodes and agents (rollout.tools, rollout.env, "
                           "rollout.agent) carry no recorded routing yet (docs/moe.md): drop rollout.routing_replay")

@@ -21,6 +21,8 @@ from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.train.logprobs import token_logprobs
 from rldsl.runtime.train.microbatch import trim
 
+from moe_helpers import forced_logprobs, move, routed_logprobs
+
 ARCHS = ["qwen3_moe", "mixtral"]
 PROMPTS = ["hello there", "What is the weather in Paris today?", "1+2=", "Tell me the weather in Rome, Cairo"]
 
@@ -30,60 +32,6 @@ def _rollout(folder) -> tuple[torch.nn.Module, RolloutBatch]:
     engine = HFEngine(copy.deepcopy(model), load_tokenizer(folder))
     batch = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=10, temperature=1.0, seed=0, top_p=1.0))
     return model, batch
-
-
-def _logprobs(model, batch: RolloutBatch, replay: bool, **kw) -> tuple[torch.Tensor, dict[str, float]]:
-    ids, attn, _ = model_inputs(batch)
-    stats = moe.RoutingStats()
-    with torch.no_grad(), moe.routing(model, replay=replay, stats=stats):
-        lp, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1], routing=batch.routed_experts,
-                               group_size=batch.group_size, **kw)
-    return lp, stats.metrics()
-
-
-def _forced_logprobs(model, batch: RolloutBatch) -> torch.Tensor:
-    """The reference: each row alone, unpadded, its routers' forwards replaced by ones that return
-    the recorded experts (no code of models/moe.py's layout or hooks)."""
-    ids, attn, _ = model_inputs(batch)
-    B, T = ids.shape
-    Tr = batch.response_ids.shape[1]
-    out = torch.zeros(B, Tr)
-    gates = [layer.mlp.gate for layer in model.model.layers]
-    originals = [g.forward for g in gates]
-    try:
-        for b in range(B):
-            real = attn[b].bool()
-            first = int(real.long().argmax())
-            n = int(real.sum())
-            rec = batch.routed_experts[b, first:first + n - 1].long()  # [n - 1, Y, K]
-            for i, g in enumerate(gates):
-                def forward(h, g=g, i=i, rec=rec):
-                    logits = torch.nn.functional.linear(h.reshape(-1, g.hidden_dim), g.weight)
-                    p = torch.softmax(logits.float(), dim=-1)
-                    has = (rec[:, i] >= 0).all(-1, keepdim=True)
-                    idx = torch.where(has, rec[:, i], torch.topk(p, g.top_k, dim=-1).indices)
-                    w = p.gather(-1, idx)
-                    return logits, w / w.sum(-1, keepdim=True), idx
-                g.forward = forward
-            with torch.no_grad():
-                logits = model(ids[b:b + 1, first:first + n - 1]).logits[0].float()  # [n - 1, V]
-            lp = torch.log_softmax(logits, -1).gather(-1, ids[b, first + 1:first + n, None]).squeeze(-1)
-            k = n - (T - Tr - first)  # real response tokens
-            out[b, :k] = lp[-k:]
-    finally:
-        for g, f in zip(gates, originals):
-            g.forward = f
-    return out
-
-
-def _move(model, batch: RolloutBatch, lr: float = 1e-2) -> None:
-    """One Adam step on the batch's logprobs: the routers move."""
-    ids, attn, _ = model_inputs(batch)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    lp, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1])
-    (-(lp * batch.response_mask).sum()).backward()
-    opt.step()
-    model.zero_grad()
 
 
 def test_config_json_says_moe(moe_model, real_model):
@@ -111,7 +59,10 @@ def test_dense_model_with_replay_is_refused_before_it_loads(real_model, moe_mode
     assert "rollout.routing_replay" in res.output and "dense" in res.output and "Traceback" not in res.output
     assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True}}),
                                 moe_model("mixtral")) is None
-    for over, words in (({"engine": "vllm"}, "vLLM engine"), ({"tools": "real_tools:get_weather"}, "multi-turn")):
+    assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True, "engine": "vllm"}}),
+                                moe_model("mixtral")) is None
+    for over, words in (({"engine": "vllm", "vllm": {"engine_kwargs": {"enable_prefix_caching": True}}},
+                         "prefix caching"), ({"tools": "real_tools:get_weather"}, "multi-turn")):
         cfg = RunConfig.model_validate({"rollout": {"routing_replay": True, **over}})
         with pytest.raises(ConfigError, match=words):
             check_routing_replay(cfg, moe_model("mixtral"))
@@ -132,8 +83,8 @@ def test_recorded_routing_is_the_engines(moe_model, arch):
     Tp = batch.prompt_ids.shape[1]
     fed[torch.arange(len(batch)), Tp + lengths - 1] = False  # the last token is never fed
     assert bool((r >= 0).all(-1).all(-1).eq(fed).all())
-    plain, metrics = _logprobs(model, batch, replay=False)
-    replayed, replay_metrics = _logprobs(model, batch, replay=True)
+    plain, metrics = routed_logprobs(model, batch, replay=False)
+    replayed, replay_metrics = routed_logprobs(model, batch, replay=True)
     valid = batch.response_mask.bool()
     assert torch.equal(plain[valid], replayed[valid])
     assert metrics["moe/routing_mismatch"] == 0.0 == replay_metrics["moe/routing_mismatch"]
@@ -145,25 +96,25 @@ def test_replay_after_the_weights_moved(moe_model, arch):
     """After an Adam step the routing drifts; replayed (padded, packed, micro-batches) = the rows
     each run alone under the recorded experts to 1e-6, the forward's mismatch 0."""
     model, batch = _rollout(moe_model(arch))
-    _move(model, batch)
-    plain, before = _logprobs(model, batch, replay=False)
+    move(model, batch)
+    plain, before = routed_logprobs(model, batch, replay=False)
     assert before["moe/routing_mismatch"] > 0.1
-    replayed, after = _logprobs(model, batch, replay=True)
+    replayed, after = routed_logprobs(model, batch, replay=True)
     assert after["moe/routing_mismatch"] == 0.0 and after["moe/router_drift"] > 0.1  # the router would move
     valid = batch.response_mask.bool()
-    forced = _forced_logprobs(model, batch)
+    forced = forced_logprobs(model, batch)
     assert (replayed - forced)[valid].abs().max() < 1e-6
     assert (plain - forced)[valid].abs().max() > 1e-3  # replay changed them
-    packed, _ = _logprobs(model, batch, replay=True, packing=True)
+    packed, _ = routed_logprobs(model, batch, replay=True, packing=True)
     assert (packed - forced)[valid].abs().max() < 1e-6
     # micro-batches: rows selected, trimmed (columns dropped on both sides), and stacked back
     for rows in (torch.tensor([1, 5]), torch.tensor([6, 0, 3])):
         sub, tr = trim(batch.select(rows))
-        lp, _ = _logprobs(model, sub, replay=True)
+        lp, _ = routed_logprobs(model, sub, replay=True)
         assert (lp - forced[rows, :tr])[sub.response_mask.bool()].abs().max() < 1e-6
     halves = RolloutBatch.concat([batch.select(torch.arange(0, 4)), trim(batch.select(torch.arange(4, 8)))[0]],
                                  pad_id=0)
-    lp, _ = _logprobs(model, halves, replay=True)
+    lp, _ = routed_logprobs(model, halves, replay=True)
     assert (lp - forced)[valid].abs().max() < 1e-6
 
 

@@ -12,7 +12,11 @@ trainer cannot tell vLLM from the transformers engine:
   ("stop" for a stop string, "length"); any other reason ("abort", "error") raises;
 - ``logprobs``: with ``logprobs_mode="processed_logprobs"`` and ``logprobs=0`` vLLM returns
   ``log_softmax(top_p(z / tau))[y]``; with ``top_p = 1`` that is the transformers engine's
-  quantity, with ``top_p < 1`` it is renormalized over the nucleus (docs/runtime.md).
+  quantity, with ``top_p < 1`` it is renormalized over the nucleus (docs/runtime.md);
+- ``routed_experts`` (a mixture-of-experts model, ``rollout.routing_replay``): the experts of
+  every fed token, captured in the workers (routing.py) or returned by vLLM, laid out as the
+  transformers engine records them (runtime/models/moe.py): the prompt right-aligned in the Tp
+  columns, the response from column Tp, -1 on padding and on each response's last token.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import torch
 
 from ....batch import RolloutBatch, repeat_each
 from ..base import SamplingParams, cut_at_first_stop
+from .weights import unpack_bucket
 
 
 def to_vllm_sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
@@ -153,4 +158,98 @@ def _sampled_logprobs(position_logprobs: Any, ids: list[int], *, row: int) -> li
         if tok not in entry:
             raise ValueError(f"row {row}, position {t}: no logprob for sampled token {tok}")
         out.append(float(entry[tok].logprob))
+    return out
+
+
+# --------------------------------------------------------------- routed experts (routing.py)
+#: One request's record from the workers: (token ids [n] int64, experts [n, Y, K] int16), both in
+#: position order 0..n-1 (every fed token of the request).
+Record = tuple[torch.Tensor, torch.Tensor]
+
+#: The parts of a request's captured rows in routing.py's ``pack_captured``.
+CAPTURED_PARTS = ("positions", "tokens", "experts")
+
+
+def unpack_captured(payload: bytes) -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Inverse of routing.py's ``pack_captured``."""
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in unpack_bucket(payload):
+        rid, _, part = name.rpartition("/")
+        parts.setdefault(rid, {})[part] = t
+    return [(rid, *(p[part] for part in CAPTURED_PARTS)) for rid, p in parts.items()]  # type: ignore[misc]
+
+
+def by_position(captured: Sequence[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]) -> list[Record]:
+    """Each request's rows (routing.py's ``RoutingCapture.take``) in position order 0..n-1, the last
+    computation of a position kept; raises if a position is missing (a prefix-cached block)."""
+    out: list[Record] = []
+    for rid, positions, tokens, experts in captured:
+        n = int(positions.max()) + 1
+        last = torch.full((n,), -1, dtype=torch.int64)  # the last row that computed each position
+        last.scatter_reduce_(0, positions, torch.arange(len(positions)), reduce="amax")
+        if bool((last < 0).any()):
+            raise RuntimeError(f"routing capture: request {rid} has positions never computed "
+                               f"({int((last < 0).sum())} of {n}); prefix caching must be off while routing is recorded")
+        out.append((tokens[last], experts[last]))
+    return out
+
+
+def _place(batch: RolloutBatch, row: int, experts: torch.Tensor, out: torch.Tensor) -> None:
+    """Lay one row's experts of its fed tokens (prompt then response, [n, Y, K]) into
+    ``out`` [B, Tp + Tr, Y, K]: the prompt right-aligned in the Tp columns, the response from
+    column Tp, only the response tokens before the last valid one (the HF engine's records)."""
+    Tp = batch.prompt_ids.shape[1]
+    n_prompt = int(batch.prompt_mask[row].sum())
+    fed_response = max(int(batch.response_mask[row].sum()) - 1, 0)
+    out[row, Tp - n_prompt:Tp] = experts[:n_prompt]
+    out[row, Tp:Tp + fed_response] = experts[n_prompt:n_prompt + fed_response]
+
+
+def fed_tokens(request_output: Any, completion: Any) -> tuple[int, ...]:
+    """The tokens vLLM fed through the model for one completion: its prompt and all its
+    tokens but the last (which no forward sees)."""
+    return tuple(int(t) for t in request_output.prompt_token_ids) + \
+        tuple(int(t) for t in completion.token_ids)[:-1]
+
+
+def _rows(request_outputs: Sequence[Any]) -> list[tuple[Any, Any]]:
+    """(request output, completion) per batch row, in convert.py's order."""
+    return [(ro, c) for ro in request_outputs for c in sorted(ro.outputs, key=lambda c: c.index)]
+
+
+def layout_captured(request_outputs: Sequence[Any], records: Sequence[Record], batch: RolloutBatch) -> torch.Tensor:
+    """``routed_experts`` [B, Tp + Tr, Y, K] (int16, -1 where nothing was fed or recorded) of a
+    batch made from ``request_outputs`` (convert.py), from the workers' per-request records:
+    each row takes the record whose fed tokens are its own (equal rows -- a greedy group -- take
+    one each)."""
+    if not records:
+        raise RuntimeError("routing capture: vLLM recorded no routing for this call")
+    Y, K = records[0][1].shape[1:]
+    pool: dict[tuple[int, ...], list[torch.Tensor]] = {}
+    for tokens, experts in records:
+        pool.setdefault(tuple(tokens.tolist()), []).append(experts)
+    out = torch.full((len(batch), batch.prompt_ids.shape[1] + batch.response_ids.shape[1], Y, K), -1,
+                     dtype=torch.int16)
+    for b, (ro, c) in enumerate(_rows(request_outputs)):
+        found = pool.get(fed_tokens(ro, c))
+        if not found:
+            raise RuntimeError(f"routing capture: no recorded request fed the tokens of row {b} "
+                               f"({len(fed_tokens(ro, c))} tokens); {len(records)} requests recorded")
+        _place(batch, b, found.pop(), out)
+    return out
+
+
+def layout_returned(request_outputs: Sequence[Any], batch: RolloutBatch, layer_ids: Sequence[int]) -> torch.Tensor:
+    """``routed_experts`` [B, Tp + Tr, Y, K] from vLLM's ``CompletionOutput.routed_experts``
+    [fed tokens, all layers, K] (the MoE layers ``layer_ids`` kept). Unrun: no GPU here."""
+    rows = _rows(request_outputs)
+    firsts = [torch.as_tensor(c.routed_experts) for _, c in rows]
+    K = int(firsts[0].shape[-1])
+    out = torch.full((len(batch), batch.prompt_ids.shape[1] + batch.response_ids.shape[1], len(layer_ids), K), -1,
+                     dtype=torch.int16)
+    for b, ((ro, c), got) in enumerate(zip(rows, firsts)):
+        n = len(fed_tokens(ro, c))
+        if got.shape[0] < n:
+            raise RuntimeError(f"vLLM returned routed_experts for {got.shape[0]} tokens of row {b}, which fed {n}")
+        _place(batch, b, got[:n][:, list(layer_ids)].to(torch.int16), out)
     return out

@@ -12,6 +12,7 @@ docs/runtime.md, "The vLLM engine".
 from __future__ import annotations
 
 import gc
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable
@@ -22,7 +23,8 @@ from ....batch import RolloutBatch, repeat_each
 from ....config import RunConfig
 from ....errors import VLLMUnavailableError, WeightSyncError, WeightSyncTimeout
 from ..base import SamplingParams, check_request, generation_config_eos_ids, special_token_ids
-from .convert import outputs_to_rollout_batch, to_vllm_sampling_kwargs
+from .convert import (by_position, layout_captured, layout_returned, outputs_to_rollout_batch, to_vllm_sampling_kwargs,
+                      unpack_captured)
 from .weights import (bucket_by_bytes, call_with_timeout, materialize, pack_bucket, to_vllm_weight_names,
                       unpack_bucket)
 from .vision import has_images, install_vision_shim, vision_request
@@ -58,6 +60,17 @@ def sleep_mode_available() -> bool:
     return bool(available()) if callable(available) else not current_platform.is_cpu()
 
 
+def returned_routing_available(llm_init: Callable[..., Any], on_cpu: bool) -> bool:
+    """Whether vLLM returns the routed experts itself: its ``LLM`` takes
+    ``enable_return_routed_experts`` and it runs on a GPU (on the CPU build the option needs
+    Model Runner V2, which needs Triton: refused)."""
+    try:
+        params = inspect.signature(llm_init).parameters
+    except (TypeError, ValueError):
+        return False
+    return not on_cpu and "enable_return_routed_experts" in params
+
+
 def import_vllm() -> Any:
     """Import vLLM, or raise ``VLLMUnavailableError`` with install instructions."""
     try:
@@ -83,7 +96,9 @@ class VLLMEngine:
 
     Args:
         model: folder (or hub name) of an HF causal LM: config, weights, tokenizer.
-        tokenizer: tokenizer folder if it is not ``model``.
+        tokenizer: tokenizer folder if it is not ``model``, or a loaded HF tokenizer (the run's:
+            models/loading.py ``load_tokenizer`` gives a pad-less one -- Llama 3, Mixtral -- the pad
+            token its vocabulary reserves); vLLM reads ``model``'s own then (it is handed token ids).
         tensor_parallel_size: GPUs per engine (vLLM ``tensor_parallel_size``).
         gpu_memory_utilization: fraction of each GPU vLLM may take (weights + KV cache).
             Colocated with a trainer, leave the trainer its share. On CPU: the share of
@@ -102,13 +117,17 @@ class VLLMEngine:
         strict_weight_sync: raise if an update leaves some parameter unwritten.
         engine_kwargs: more ``vllm.LLM`` / ``EngineArgs`` keyword arguments.
         max_images: a vision-language model's images per prompt (``data.max_images``; docs/vlm.md).
+        record_routing: a mixture-of-experts model's batches carry ``routed_experts``, the experts
+            vLLM routed each token to (``rollout.routing_replay``; routing.py, docs/moe.md):
+            returned by vLLM where it can (GPU builds), else captured in the workers, with prefix
+            caching off.
     """
 
     def __init__(
         self,
         model: str | os.PathLike,
         *,
-        tokenizer: str | os.PathLike | None = None,
+        tokenizer: str | os.PathLike | Any = None,
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.5,
         dtype: str = "auto",
@@ -122,6 +141,7 @@ class VLLMEngine:
         strict_weight_sync: bool = True,
         engine_kwargs: dict[str, Any] | None = None,
         max_images: int = 8,
+        record_routing: bool = False,
     ) -> None:
         vllm = import_vllm()  # first: a clear error before anything else is touched
         from transformers import AutoConfig, AutoTokenizer
@@ -135,8 +155,9 @@ class VLLMEngine:
                 "enable_sleep_mode=False; sleep() then raises and wake_up() does nothing."
             )
         on_cpu = vllm_on_cpu()
-        model, tok_path = str(model), str(tokenizer if tokenizer is not None else model)
-        hf_tokenizer = AutoTokenizer.from_pretrained(tok_path)
+        loaded = tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike))
+        model, tok_path = str(model), str(tokenizer if tokenizer is not None and not loaded else model)
+        hf_tokenizer = tokenizer if loaded else AutoTokenizer.from_pretrained(tok_path)
         hf_config = AutoConfig.from_pretrained(model)
         text_config = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
         kwargs: dict[str, Any] = dict(
@@ -156,7 +177,22 @@ class VLLMEngine:
         if getattr(hf_config, "vision_config", None) is not None:  # a vision-language model (docs/vlm.md)
             install_vision_shim()
             kwargs["limit_mm_per_prompt"] = {"image": max_images, "video": 0}
+        returned = False
+        if record_routing:
+            if not any(getattr(text_config, k, None) for k in ("num_local_experts", "num_experts", "n_routed_experts")):
+                raise ValueError(f"record_routing=True: {model} is not a mixture-of-experts model (its config declares "
+                                 "no num_local_experts / num_experts / n_routed_experts)")
+            returned = returned_routing_available(vllm.LLM.__init__, on_cpu)
+            if returned:
+                kwargs["enable_return_routed_experts"] = True
+            else:  # captured: a prompt block served from the prefix cache would not be routed
+                kwargs["enable_prefix_caching"] = False
+                if not on_cpu:  # the step's host-side input ids must be final when its forward runs
+                    kwargs["async_scheduling"] = False
         kwargs.update(engine_kwargs or {})
+        if record_routing and not returned and kwargs.get("enable_prefix_caching"):
+            raise ValueError("record_routing=True captures the routing of every computed token: "
+                             "engine_kwargs may not turn prefix caching on (cached prompt blocks are not computed)")
         if on_cpu and layerwise_reload_api() is None:
             raise VLLMUnavailableError(
                 f"vLLM {getattr(vllm, '__version__', '?')} runs on the CPU but has no layerwise "
@@ -179,6 +215,9 @@ class VLLMEngine:
                 strict_weight_sync=strict_weight_sync,
             ),
         )
+        if record_routing:
+            self.record_routing = "returned" if returned else "captured"
+            self._moe_layers = self._rpc("rldsl_routing_layers", weight_sync_timeout, "listing the MoE layers")[0]
 
     def _attach(
         self,
@@ -202,6 +241,8 @@ class VLLMEngine:
         self._broken: str | None = None  # set when a weight sync timed out
         self._incomplete: str | None = None  # set while the weights are a mix of two versions
         self.model_dtype = _engine_dtype(llm)
+        self.record_routing: str | None = None  # "returned" / "captured" (record_routing=True)
+        self._moe_layers: list[int] = []
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
@@ -243,10 +284,23 @@ class VLLMEngine:
                              for i in range(len(requests))]
         else:
             sampling = self._sampling_params_cls(**kwargs)
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        return outputs_to_rollout_batch(
+        if self.record_routing != "captured":
+            outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        else:
+            timeout = self.options.weight_sync_timeout
+            self._rpc("rldsl_routing_begin", timeout, "starting the routing capture")
+            try:
+                outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+            finally:
+                captured = self._rpc("rldsl_routing_take", timeout, "taking the captured routing")[0]
+        batch = outputs_to_rollout_batch(
             outputs, self.tokenizer, prompts, G, self.pad_id, self.eos_id, self.stop_ids
         )
+        if self.record_routing == "captured":
+            batch.routed_experts = layout_captured(outputs, by_position(unpack_captured(captured)), batch)
+        elif self.record_routing == "returned":
+            batch.routed_experts = layout_returned(outputs, batch, self._moe_layers)
+        return batch
 
     # -------------------------------------------------------------- weight sync
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -398,10 +452,12 @@ def _engine_dtype(llm: Any) -> torch.dtype | None:
 
 
 def engine_from_config(cfg: RunConfig, model: str | os.PathLike, *, on_gpu: bool,
-                       tensor_parallel_size: int = 1) -> VLLMEngine:
+                       tensor_parallel_size: int = 1, tokenizer: Any = None) -> VLLMEngine:
     """The ``VLLMEngine`` a run asks for: ``rollout.vllm.*`` (nulls resolved for a GPU or the
-    CPU), the policy's dtype, the run's seed, ``distributed.sync_timeout`` per weight RPC."""
-    return VLLMEngine(model, tensor_parallel_size=tensor_parallel_size, dtype=cfg.model.dtype,
+    CPU), the policy's dtype, the run's seed, ``distributed.sync_timeout`` per weight RPC, the
+    routing recorded with ``rollout.routing_replay``; ``tokenizer``: the run's loaded one."""
+    return VLLMEngine(model, tokenizer=tokenizer, tensor_parallel_size=tensor_parallel_size, dtype=cfg.model.dtype,
                       seed=cfg.seed, weight_sync_timeout=cfg.distributed.sync_timeout,
-                      max_images=cfg.data.max_images, **cfg.rollout.vllm.engine_settings(on_gpu))
+                      max_images=cfg.data.max_images, record_routing=cfg.rollout.routing_replay,
+                      **cfg.rollout.vllm.engine_settings(on_gpu))
 

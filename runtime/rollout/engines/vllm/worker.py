@@ -31,6 +31,7 @@ from typing import Any, Iterator
 
 import torch
 
+from .routing import RoutingWorkerMixin
 from .weights import pack_bucket, unpack_bucket
 
 
@@ -45,13 +46,14 @@ def layerwise_reload_api() -> tuple[Any, Any] | None:
     return initialize_layerwise_reload, finalize_layerwise_reload
 
 
-class RldslWorkerExtension:
+class RldslWorkerExtension(RoutingWorkerMixin):
     """Methods vLLM mixes into each of its workers (``worker_extension_cls``).
 
     Called through ``LLM.collective_rpc("rldsl_...")``. Inside a worker ``self`` is vLLM's
     worker: ``self.model_runner`` holds the model, ``self.vllm_config`` its configuration.
     Every name starts with ``rldsl_`` so it cannot clash with the worker's own attributes
-    (vLLM asserts that).
+    (vLLM asserts that). The ``rldsl_routing_*`` methods (routing.py) record the experts of a
+    mixture-of-experts model.
     """
 
     def rldsl_begin_weight_update(self) -> bool:

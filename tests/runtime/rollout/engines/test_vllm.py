@@ -652,11 +652,12 @@ def test_engine_from_config_passes_the_run_settings(monkeypatch):
     seen = {}
     monkeypatch.setattr(engine_module, "VLLMEngine", lambda model, **kw: seen.update(model=model, **kw))
     cfg = load_config(None, ["rollout.engine=vllm", "seed=7", "distributed.sync_timeout=42",
-                             "rollout.vllm.max_model_len=96"])
-    engine_module.engine_from_config(cfg, "/m", on_gpu=False)
+                             "rollout.vllm.max_model_len=96", "rollout.routing_replay=true"])
+    engine_module.engine_from_config(cfg, "/m", on_gpu=False, tokenizer="tok")
     assert seen == {"model": "/m", "tensor_parallel_size": 1, "dtype": "float32", "seed": 7,
                     "weight_sync_timeout": 42.0, "gpu_memory_utilization": 0.1, "enforce_eager": True,
-                    "max_model_len": 96, "engine_kwargs": {}, "max_images": 8}
+                    "max_model_len": 96, "engine_kwargs": {}, "max_images": 8, "record_routing": True,
+                    "tokenizer": "tok"}
 
 
 def test_toy_variant_for_vllm_has_a_head_dim_vllm_cpu_takes():
@@ -688,3 +689,18 @@ def test_vllm_tests_skip_without_vllm_and_fail_when_required():
     assert "make test-vllm" in plain
     assert required_code == 1 and "1 error" in required, required[-2000:]  # setup fails
     assert "RLDSL_REQUIRE_VLLM=1 but vLLM is not installed" in required
+
+
+def test_a_run_hands_the_vllm_engine_its_tokenizer_with_a_pad(monkeypatch, real_model):
+    """A pad-less family (Llama 3, Mixtral): the run's vLLM engine gets the run's tokenizer, whose pad
+    is the token the vocabulary reserves (models/loading.py), not one without a pad, which
+    ``VLLMEngine`` refuses (recorded, not built: vLLM is not needed here)."""
+    from rldsl.runtime import recipe
+    from rldsl.runtime.config import load_config
+    from rldsl.runtime.rollout.engines import vllm as vllm_package
+    seen = {}
+    monkeypatch.setattr(vllm_package, "engine_from_config", lambda cfg, path, **kw: seen.update(kw))
+    folder = real_model("llama3.1")
+    recipe.rollout_engine(load_config(None, ["rollout.engine=vllm"]), folder, "cpu")
+    tok = seen["tokenizer"]
+    assert tok.pad_token == "<|finetune_right_pad_id|>" and tok.pad_token_id != tok.eos_token_id
