@@ -320,6 +320,21 @@ def test_two_fsdp_trainer_ranks_with_replay_equal_one_process(ray_cluster, moe_m
             assert math.isclose(a[k], b[k], rel_tol=1e-4, abs_tol=1e-5), (k, a[k], b[k])
 
 
+@pytest.mark.slow
+def test_ray_rollout_worker_routing_is_replayed(ray_cluster, moe_model, tmp_path):
+    """A rollout worker on a Ray actor (its own HF engine) records the routing; it comes back with
+    the rollout and the trainer replays it: the replayed forward's mismatch is 0 while the router
+    would have moved (asynchronous: each batch sampled one step behind)."""
+    from rldsl.runtime.run import loop
+    run = loop.train("grpo", _moe_config(moe_model("qwen3_moe"), tmp_path / "ray", **{
+        "train.steps": 2, "distributed.rollout_workers": 1, "distributed.sync_timeout": 120,
+        "distributed.collective_timeout": 120}))
+    recs = _steps(run)
+    assert [r["step"] for r in recs] == [1, 2]
+    assert all(r["moe/routing_mismatch"] == 0.0 for r in recs)  # recorded (else no metric) and replayed
+    assert recs[1]["moe/router_drift"] > 0.0  # the weights had moved since the worker sampled
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_router_aux_is_the_load_balancing_loss(moe_model, arch):
     """The per-token terms of `router balance` average to transformers' load_balancing_loss_func
