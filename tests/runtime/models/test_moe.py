@@ -111,10 +111,13 @@ def test_dense_model_with_replay_is_refused_before_it_loads(real_model, moe_mode
     assert "rollout.routing_replay" in res.output and "dense" in res.output and "Traceback" not in res.output
     assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True}}),
                                 moe_model("mixtral")) is None
-    for over, words in (({"engine": "vllm"}, "vLLM engine"), ({"tools": "real_tools:get_weather"}, "multi-turn")):
+    for over, words in (({"engine": "vllm"}, "vLLM engine"), ({"agent": "agent_helpers:calc_agent"}, "agent")):
         cfg = RunConfig.model_validate({"rollout": {"routing_replay": True, **over}})
         with pytest.raises(ConfigError, match=words):
             check_routing_replay(cfg, moe_model("mixtral"))
+    for over in ({"tools": "real_tools:get_weather"}, {"env": "episode_helpers:Nudge"}):  # episodes record
+        assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True, **over}}),
+                                    moe_model("mixtral")) is None
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -352,3 +355,86 @@ def test_router_aux_is_the_load_balancing_loss(moe_model, arch):
     assert torch.allclose(aux.mean(), ref, atol=1e-6), (float(aux.mean()), float(ref))
     aux.mean().backward()
     assert all(g.weight.grad is not None and bool(g.weight.grad.abs().sum() > 0) for g in moe.routers(model))
+
+
+class ToolReplies:
+    """An environment that answers each of the model's first two turns with a tool result (the
+    chat template's tool-response markup: prompt tokens of the next turn), and ends on the third."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def reset(self, row: dict) -> list[dict]:
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, assistant_message: dict):
+        self.turns += 1
+        if self.turns == 3:
+            return [], 1.0, True
+        return [{"role": "tool", "name": "get_weather", "content": f"sunny, {20 + self.turns} C"}], None, False
+
+
+def _short_turns(folder, out):
+    """The model folder with every other token id an end of turn (its generation_config's EOS
+    ids): the random model's turns stop after a few tokens, so its episodes go on to the tools."""
+    import shutil
+
+    from transformers import GenerationConfig
+    shutil.copytree(folder, out)
+    cfg = json.loads((out / "config.json").read_text())
+    GenerationConfig(eos_token_id=list(range(1, cfg["vocab_size"], 2)), pad_token_id=cfg["pad_token_id"],
+                     bos_token_id=cfg["bos_token_id"]).save_pretrained(out)
+    return out
+
+
+def _episodes(folder) -> tuple[torch.nn.Module, RolloutBatch]:
+    from rldsl.runtime.rollout.episodes.runner import run_episodes
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    engine = HFEngine(copy.deepcopy(model), load_tokenizer(folder))
+    rows = [{"prompt": p, "answer": ""} for p in PROMPTS[:3]]
+    params = SamplingParams(n=2, max_new_tokens=8, temperature=1.0, seed=0, top_p=1.0)
+    batch = run_episodes(engine, engine.tokenizer, rows, [ToolReplies() for _ in range(6)], params, max_turns=3)
+    return model, batch
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tool_episode_routing_is_recorded_and_replayed(moe_model, arch, tmp_path):
+    """A three-turn episode (tool results between the turns): every token fed is recorded -- the
+    model's as sampled, the tool results' in the next turn's prefill -- laid out as the trainer's
+    columns; at the engine's weights the trainer routes as recorded; after an Adam step the replayed
+    logprobs equal the rows run alone under the recorded experts (1e-6), the mismatch 0."""
+    model, batch = _episodes(_short_turns(moe_model(arch), tmp_path / "m"))
+    ids, attn, _ = model_inputs(batch)
+    r = batch.routed_experts
+    assert r is not None and r.shape[:2] == ids.shape and r.dtype == torch.int16
+    observed = (batch.response_attention - batch.response_mask).sum(1)
+    assert bool((observed > 0).all())  # tool results between the turns, in every episode
+    fed = attn.bool().clone()
+    Tp = batch.prompt_ids.shape[1]
+    fed[torch.arange(len(batch)), Tp + batch.response_attention.sum(1) - 1] = False  # the last token
+    assert bool((r >= 0).all(-1).all(-1).eq(fed).all())
+    plain, metrics = _logprobs(model, batch, replay=False)
+    valid = batch.response_mask.bool()
+    assert metrics["moe/routing_mismatch"] == 0.0
+    assert (plain - batch.logprobs)[valid].abs().max() < 1e-5
+    _move(model, batch)
+    plain, before = _logprobs(model, batch, replay=False)
+    replayed, after = _logprobs(model, batch, replay=True)
+    packed, _ = _logprobs(model, batch, replay=True, packing=True)
+    assert before["moe/routing_mismatch"] > 0.1 and after["moe/routing_mismatch"] == 0.0
+    forced = _forced_logprobs(model, batch)
+    assert (replayed - forced)[valid].abs().max() < 1e-6 and (packed - forced)[valid].abs().max() < 1e-6
+    assert (plain - forced)[valid].abs().max() > 1e-3
+
+
+@pytest.mark.slow
+def test_episode_run_with_replay(moe_model, tmp_path):
+    """rollout.env episodes of a MoE policy train with replay: asynchronous (the routers moved since
+    the sampling), the replayed forward's mismatch 0."""
+    from rldsl.runtime.run import loop
+    run = loop.train("grpo", _moe_config(_short_turns(moe_model("qwen3_moe"), tmp_path / "m"), tmp_path / "env", **{
+        "train.steps": 2, "rollout.env": f"{__name__}:ToolReplies", "rollout.max_turns": 3}))
+    recs = _steps(run)
+    assert [r["step"] for r in recs] == [1, 2]
+    assert all(r["moe/routing_mismatch"] == 0.0 for r in recs)
+    assert recs[1]["moe/router_drift"] > 0.0
