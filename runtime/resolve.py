@@ -365,6 +365,23 @@ def check_routing_replay(cfg: RunConfig, model_path: Path) -> None:
                           "experts: num_local_experts / num_experts / n_routed_experts): drop rollout.routing_replay")
 
 
+#: the names transformers 5 gives a mixture-of-experts layer's fused expert parameters
+FUSED_EXPERT_NAMES = ("gate_up_proj", "down_proj")
+
+
+def check_expert_lora(cfg: RunConfig, model_path: Path) -> None:
+    """LoRA on a mixture-of-experts model's fused expert parameters (``model.lora.target_modules``
+    naming ``gate_up_proj`` / ``down_proj``: models/lora.py) is merged by the module in one
+    process; the FSDP2 trainers' sync merges Linear adapters only: refused before a model loads."""
+    lo = cfg.model.lora
+    names = sorted(set(lo.target_modules) & set(FUSED_EXPERT_NAMES))
+    if lo.rank and names and cfg.distributed.trainers > 1 and folder_is_moe(model_path):
+        raise ConfigError(f"model.lora.target_modules {names} adapt the fused expert parameters of the "
+                          f"mixture-of-experts model at {model_path}, whose adapters are merged in one process "
+                          f"only (docs/moe.md): with distributed.trainers={cfg.distributed.trainers} adapt the "
+                          "attention (q_proj, k_proj, v_proj, o_proj), or train in one process")
+
+
 def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str],
             model_label: str | None = None) -> tuple[RunConfig, list[str]]:
     """(the config that runs, frozen; the notes to print at the start of the run).
@@ -377,6 +394,7 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
     the saved config is then what ran, and resuming from it changes nothing.
     """
     check_routing_replay(cfg, model_path)
+    check_expert_lora(cfg, model_path)
     notes: list[str] = []
     if cfg.reward.name is None:  # plan_run settles it before building the reward; a direct call here
         cfg, note = settle_reward(cfg)

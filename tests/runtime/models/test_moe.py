@@ -438,3 +438,73 @@ def test_episode_run_with_replay(moe_model, tmp_path):
     assert [r["step"] for r in recs] == [1, 2]
     assert all(r["moe/routing_mismatch"] == 0.0 for r in recs)
     assert recs[1]["moe/router_drift"] > 0.0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lora_on_fused_experts_merges_into_the_plain_model(moe_model, arch):
+    """`gate_up_proj` / `down_proj` in model.lora.target_modules adapt the fused expert parameters
+    (peft's target_parameters): the merged weights, loaded into the plain model, give the adapted
+    model's logits; with the adapters off it is the base model."""
+    pytest.importorskip("peft")
+    from rldsl.runtime.models.lora import adapters_disabled, apply_lora, merged_weights
+    base = AutoModelForCausalLM.from_pretrained(moe_model(arch)).eval()
+    plain = copy.deepcopy(base)
+    model, wrapped = apply_lora(copy.deepcopy(base), rank=4, alpha=8.0, dropout=0.0,
+                                target_modules=["q_proj", "gate_up_proj", "down_proj"])
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert any("mlp.experts" in n for n in trainable) and any("q_proj" in n for n in trainable)
+    assert not any(n.endswith(("gate_up_proj", "down_proj")) for n in trainable)  # base experts frozen
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.1)
+    merged = merged_weights(model)
+    assert merged.keys() == plain.state_dict().keys()
+    plain.load_state_dict(merged)
+    ids = torch.randint(0, 200, (2, 12))
+    with torch.no_grad():
+        adapted, ref = model(ids).logits, plain(ids).logits
+        with adapters_disabled(wrapped):
+            off = model(ids).logits
+    assert (adapted - ref).abs().max() < 1e-5
+    assert (adapted - off).abs().max() > 1e-2 and (off - base(ids).logits).abs().max() < 1e-6
+
+
+def test_expert_lora_with_fsdp_trainers_is_refused(moe_model, real_model):
+    """The FSDP2 trainers' sync merges Linear adapters only: fused-expert targets with
+    distributed.trainers > 1 are refused before a model loads (a dense model's down_proj is not)."""
+    from rldsl.runtime.resolve import check_expert_lora
+    over = {"model": {"lora": {"rank": 4, "target_modules": ["q_proj", "down_proj"]}}, "distributed": {"trainers": 2}}
+    with pytest.raises(ConfigError, match="fused expert parameters"):
+        check_expert_lora(RunConfig.model_validate(over), moe_model("qwen3_moe"))
+    assert check_expert_lora(RunConfig.model_validate(over), real_model("qwen2.5")) is None
+    over["distributed"]["trainers"] = 1
+    assert check_expert_lora(RunConfig.model_validate(over), moe_model("qwen3_moe")) is None
+
+
+@pytest.mark.slow
+def test_lora_on_fused_experts_trains_with_replay(moe_model, tmp_path):
+    """LoRA on a Qwen3-MoE's fused experts and attention: the expert adapters train, the base experts
+    stay, the engine samples with the merged weights (the trainer's logprobs are the engine's at step
+    1) and the replayed forwards route as the engine did."""
+    pytest.importorskip("peft")
+    from safetensors.torch import load_file
+
+    from rldsl.runtime.run import loop
+    folder = moe_model("qwen3_moe")
+    run = loop.train("grpo", _moe_config(folder, tmp_path / "run", **{
+        "model.lora.rank": 4, "model.lora.target_modules": '["q_proj","gate_up_proj","down_proj"]',
+        "checkpoint.every": 3}))
+    recs = _steps(run)
+    assert [r["step"] for r in recs] == [1, 2, 3] and any(r["optimizer_steps"] > 0 for r in recs)
+    assert all(r["moe/routing_mismatch"] == 0.0 for r in recs)
+    assert recs[0]["rollout_logprob_diff"] < 1e-4
+    state = load_file(str(run / "checkpoints" / "step-3" / "policy" / "model.safetensors"))
+    moved = [k for k in state if ".lora_B." in k and bool(state[k].abs().sum() > 0)]
+    assert any("mlp.experts" in k for k in moved)
+    fresh = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    experts = [k for k in state if k.endswith(("gate_up_proj", "down_proj"))]
+    assert len(experts) == 4
+    for k in experts:
+        plain = k.replace("base_model.model.", "").replace(".base_layer", "")
+        assert torch.equal(state[k], fresh[plain]), k
