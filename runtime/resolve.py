@@ -347,18 +347,13 @@ def microbatch_note(cfg: RunConfig, longest_prompt: int) -> str | None:
 
 def check_routing_replay(cfg: RunConfig, model_path: Path) -> None:
     """``rollout.routing_replay`` needs a mixture-of-experts policy (its config.json declares
-    routed experts) and an engine that records its routing: the HF engine's single-turn
-    completions and its multi-turn episodes (rollout.tools, rollout.env; docs/moe.md); anything
-    else is refused before a model loads."""
+    routed experts) and an engine that records its routing: the HF engine (single-turn
+    completions, multi-turn episodes and agents' calls alike; docs/moe.md); anything else is
+    refused before a model loads."""
     r = cfg.rollout
     if r.routing_replay and r.engine == "vllm":
         raise ConfigError("rollout.routing_replay=true: the vLLM engine does not record the experts it routes "
                           "each token to yet (docs/moe.md): use rollout.engine=hf, or drop rollout.routing_replay")
-    if r.routing_replay and r.agent is not None:
-        raise ConfigError("rollout.routing_replay=true: an agent's episodes (rollout.agent) carry no recorded "
-                          "routing yet -- the OpenAI-compatible endpoint's calls keep their token ids and logprobs "
-                          "but not the experts the engine routed them to (docs/moe.md): drop "
-                          "rollout.routing_replay, or use rollout.tools / rollout.env episodes")
     if r.routing_replay and folder_is_moe(model_path) is False:
         raise ConfigError(f"rollout.routing_replay=true replays the experts a mixture-of-experts model routed "
                           f"each token to, and the model at {model_path} is dense (its config.json declares no "

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
-from ...batch import Episode, RolloutBatch
+from ...batch import Episode, RolloutBatch, first_records, routing_columns, sequence_routing
 from ...config import RunConfig
 from ...data.sources import system_prompt as source_system_prompt
 from ..engines.base import SamplingParams
@@ -74,7 +74,7 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
     ``routed_experts`` (a mixture-of-experts policy on an engine that records its routing): each
     token's experts as first recorded -- the first prompt's in the first prefill, the model's
     tokens as they were sampled, the environment's (and each turn's last sampled token, which
-    its own turn never feeds) in the next turn's prefill (:func:`_turn_routing`); -1 on tokens
+    its own turn never feeds) in the next turn's prefill (``batch.first_records``); -1 on tokens
     no turn fed (padding, the last token, an observation after which the context was full); None
     when a turn came back without routing."""
     kwargs = dict(chat_template_kwargs or {})
@@ -117,7 +117,9 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
             m = out.response_mask[r].bool()
             toks = out.response_ids[r][m].tolist()
             if recorded:
-                routes[i] = _turn_routing(routes[i], out, r, len(prompt_ids[i // G]) + len(resp[i]), len(toks))
+                now = sequence_routing(out, r, len(prompt_ids[i // G]) + len(resp[i]), len(toks))
+                assert now is not None
+                routes[i] = first_records(routes[i], now)
             resp[i] += toks
             mask[i] += [1] * len(toks)
             lps[i] += out.logprobs[r][m].tolist()
@@ -156,24 +158,6 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
                   routes if recorded else None)
 
 
-def _turn_routing(before: "torch.Tensor | None", out: RolloutBatch, r: int, fed: int,
-                  sampled: int) -> "torch.Tensor":
-    """An episode's recorded experts [fed + sampled, Y, K] after a turn: row ``r`` of the turn's
-    batch ``out`` was fed the episode's ``fed`` tokens so far (its prompt, left padded) and sampled
-    ``sampled``. Tokens recorded before keep their record (the routing their turn sampled with);
-    the rest -- the environment's tokens since, the previous turn's last token, the new ones --
-    take this turn's."""
-    assert out.routed_experts is not None
-    Tp = out.prompt_ids.shape[1]
-    rec = out.routed_experts[r]  # [Tp + Tr, Y, K]
-    now = torch.cat([rec[Tp - fed:Tp], rec[Tp:Tp + sampled]])
-    if before is not None:
-        k = before.shape[0]
-        kept = (before >= 0).all(-1).all(-1)  # [k]
-        now[:k] = torch.where(kept[:, None, None], before, now[:k])
-    return now
-
-
 def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], resp: list[list[int]],
            mask: list[list[int]], lps: list[list[float]], finish: list[str], convs: list[list[dict]],
            finals: list[str], steps: list[list[list[float]]], G: int,
@@ -198,14 +182,7 @@ def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], 
             r_mask[i, :n] = torch.tensor(mask[i])
             r_attn[i, :n] = 1
             logprobs[i, :n] = torch.tensor(lps[i])
-    routed = None
-    if routes is not None and all(x is not None for x in routes):
-        Y, K = routes[0].shape[1:]  # type: ignore[union-attr]
-        routed = torch.full((B, Tp + Tr, Y, K), -1, dtype=routes[0].dtype)  # type: ignore[union-attr]
-        for i, rec in enumerate(routes):
-            assert rec is not None
-            p = len(prompt_ids[i // G])
-            routed[i, Tp - p:Tp - p + rec.shape[0]] = rec  # the prompt, then the response columns
+    routed = None if routes is None else routing_columns(routes, [len(prompt_ids[i // G]) for i in range(B)], Tp, Tr)
     return RolloutBatch(p_ids, p_mask, r_ids, r_mask, logprobs, finish,
                         [prompt_text[i // G] for i in range(B)], finals, G,
                         response_attention=r_attn, routed_experts=routed,

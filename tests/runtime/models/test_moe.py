@@ -111,11 +111,11 @@ def test_dense_model_with_replay_is_refused_before_it_loads(real_model, moe_mode
     assert "rollout.routing_replay" in res.output and "dense" in res.output and "Traceback" not in res.output
     assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True}}),
                                 moe_model("mixtral")) is None
-    for over, words in (({"engine": "vllm"}, "vLLM engine"), ({"agent": "agent_helpers:calc_agent"}, "agent")):
-        cfg = RunConfig.model_validate({"rollout": {"routing_replay": True, **over}})
-        with pytest.raises(ConfigError, match=words):
-            check_routing_replay(cfg, moe_model("mixtral"))
-    for over in ({"tools": "real_tools:get_weather"}, {"env": "episode_helpers:Nudge"}):  # episodes record
+    cfg = RunConfig.model_validate({"rollout": {"routing_replay": True, "engine": "vllm"}})
+    with pytest.raises(ConfigError, match="vLLM engine"):
+        check_routing_replay(cfg, moe_model("mixtral"))
+    for over in ({"tools": "real_tools:get_weather"}, {"env": "episode_helpers:Nudge"},
+                 {"agent": "agent_helpers:calc_agent"}):  # episodes and agents record
         assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True, **over}}),
                                     moe_model("mixtral")) is None
 
@@ -404,11 +404,18 @@ def test_tool_episode_routing_is_recorded_and_replayed(moe_model, arch, tmp_path
     columns; at the engine's weights the trainer routes as recorded; after an Adam step the replayed
     logprobs equal the rows run alone under the recorded experts (1e-6), the mismatch 0."""
     model, batch = _episodes(_short_turns(moe_model(arch), tmp_path / "m"))
+    _check_episode_routing(model, batch)
+
+
+def _check_episode_routing(model, batch: RolloutBatch) -> None:
+    """Every token fed is recorded (padding and each row's last token are not), laid out as the
+    trainer's columns; at the engine's weights the trainer routes as recorded; after an Adam step
+    the replayed logprobs (padded, packed) equal the rows run alone under the recorded experts."""
     ids, attn, _ = model_inputs(batch)
     r = batch.routed_experts
     assert r is not None and r.shape[:2] == ids.shape and r.dtype == torch.int16
     observed = (batch.response_attention - batch.response_mask).sum(1)
-    assert bool((observed > 0).all())  # tool results between the turns, in every episode
+    assert bool((observed > 0).all())  # the environment's tokens between the turns, in every row
     fed = attn.bool().clone()
     Tp = batch.prompt_ids.shape[1]
     fed[torch.arange(len(batch)), Tp + batch.response_attention.sum(1) - 1] = False  # the last token
@@ -425,6 +432,26 @@ def test_tool_episode_routing_is_recorded_and_replayed(moe_model, arch, tmp_path
     forced = _forced_logprobs(model, batch)
     assert (replayed - forced)[valid].abs().max() < 1e-6 and (packed - forced)[valid].abs().max() < 1e-6
     assert (plain - forced)[valid].abs().max() > 1e-3
+
+
+@pytest.mark.slow  # an endpoint and its client: ~10-25 s on two shared cores
+def test_agent_calls_routing_is_recorded_and_replayed(moe_model):
+    """An agent's three chat calls with tools through the OpenAI-compatible endpoint (HF engine):
+    each call's prefill and samples are recorded, stitched into the episode's row as the built-in
+    episodes' are, and replayed."""
+    pytest.importorskip("openai")
+    pytest.importorskip("starlette")
+    from rldsl.runtime.rollout.agents.runner import AgentRunner, load_agent
+    folder = moe_model("qwen3_moe")
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    engine = HFEngine(copy.deepcopy(model), load_tokenizer(folder))
+    runner = AgentRunner(load_agent("agent_helpers:three_calls"), model_name="moe", context=512)
+    try:
+        batch = runner.run(engine, PROMPTS[:2], ["", ""], SamplingParams(n=2, max_new_tokens=8, seed=3))
+    finally:
+        runner.close()
+    assert all(e.agent.rows == 1 and len(e.agent.calls) == 3 for e in batch.episodes)
+    _check_episode_routing(model, batch)
 
 
 @pytest.mark.slow
