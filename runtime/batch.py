@@ -286,6 +286,48 @@ def _pad_routing(b: RolloutBatch, Tp: int, Tr: int) -> torch.Tensor:
     return torch.nn.functional.pad(r, (0, 0, 0, 0, Tp - tp, Tr - tr), value=-1)
 
 
+def sequence_routing(batch: RolloutBatch, row: int, fed: int, sampled: int) -> "torch.Tensor | None":
+    """[fed + sampled, Y, K] the recorded experts of row ``row`` of an engine's batch as one
+    sequence: its ``fed`` prompt tokens (left padded) then its first ``sampled`` response tokens;
+    None when the batch carries no routing. Multi-turn episodes and agents stitch these per turn
+    (:func:`first_records`) and lay them out with :func:`routing_columns`."""
+    if batch.routed_experts is None:
+        return None
+    Tp = batch.prompt_ids.shape[1]
+    rec = batch.routed_experts[row]  # [Tp + Tr, Y, K]
+    return torch.cat([rec[Tp - fed:Tp], rec[Tp:Tp + sampled]])
+
+
+def first_records(before: "torch.Tensor | None", now: "torch.Tensor") -> "torch.Tensor":
+    """A sequence's routing after one more engine call on it: ``now`` [n, Y, K] (the call's
+    prefill and samples), whose first tokens keep the record ``before`` [k <= n, Y, K] gave them
+    where it has one -- the routing under which the following tokens were sampled; the rest (the
+    environment's tokens since, the previous call's last token, no forward fed it) take ``now``'s."""
+    if before is None:
+        return now
+    k = before.shape[0]
+    kept = (before >= 0).all(-1).all(-1)  # [k]
+    out = now.clone()
+    out[:k] = torch.where(kept[:, None, None], before, now[:k])
+    return out
+
+
+def routing_columns(records: Sequence["torch.Tensor | None"], prompt_lengths: Sequence[int], Tp: int,
+                    Tr: int) -> "torch.Tensor | None":
+    """``routed_experts`` [B, Tp + Tr, Y, K] of rows whose sequences' records (prompt then response
+    tokens, [n_b, Y, K]; None: a row nothing was sampled for, all -1) start at column Tp -
+    prompt_lengths[b]; None when no row has a record."""
+    known = [r for r in records if r is not None]
+    if not known:
+        return None
+    Y, K = known[0].shape[1:]
+    out = torch.full((len(records), Tp + Tr, Y, K), -1, dtype=known[0].dtype)
+    for b, (rec, p) in enumerate(zip(records, prompt_lengths)):
+        if rec is not None:
+            out[b, Tp - p:Tp - p + rec.shape[0]] = rec
+    return out
+
+
 def _per_row(name: str) -> bool:
     """Input ``name`` has one entry per row (its shape starts with B): select and concat it by rows."""
     return INPUTS[name].dims[:1] == ("B",)

@@ -132,7 +132,8 @@ class LoraConfig(_Section):
     target_modules: list[str] = Field(
         default_factory=lambda: ["all-linear"],
         description="Module names that get adapters; 'all-linear' = every linear layer but "
-                    "the output head.")
+                    "the output head. On a mixture-of-experts model, 'gate_up_proj' / 'down_proj' "
+                    "adapt the fused expert parameters (peft target_parameters; docs/moe.md).")
 
 
 class ModelConfig(_Section):

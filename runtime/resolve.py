@@ -347,22 +347,40 @@ def microbatch_note(cfg: RunConfig, longest_prompt: int) -> str | None:
 
 def check_routing_replay(cfg: RunConfig, model_path: Path) -> None:
     """``rollout.routing_replay`` needs a mixture-of-experts policy (its config.json declares
-    routed experts) and an engine that records its routing: single-turn completions of the HF
-    engine or of the vLLM engine, the latter with prefix caching off (a cached prompt block is not
-    computed, so its routing is not captured; docs/moe.md); anything else is refused before a model
-    loads."""
+    routed experts) and an engine that records its routing: the HF engine (single-turn
+    completions, multi-turn episodes and agents' calls alike) or the vLLM engine's single-turn
+    completions, with prefix caching off (a cached prompt block is not computed, so its routing is
+    not captured; docs/moe.md); anything else is refused before a model loads."""
     r = cfg.rollout
     if r.routing_replay and r.engine == "vllm" and r.vllm.engine_kwargs.get("enable_prefix_caching"):
         raise ConfigError("rollout.routing_replay=true with rollout.engine=vllm records the experts of every token "
                           "vLLM computes, and prefix caching skips the cached prompt blocks (docs/moe.md): drop "
                           "rollout.vllm.engine_kwargs.enable_prefix_caching (the engine turns it off)")
-    if r.routing_replay and (r.tools is not None or r.env is not None or r.agent is not None):
-        raise ConfigError("rollout.routing_replay=true: multi-turn episodes and agents (rollout.tools, rollout.env, "
-                          "rollout.agent) carry no recorded routing yet (docs/moe.md): drop rollout.routing_replay")
+    if r.routing_replay and r.engine == "vllm" and (r.tools is not None or r.env is not None or r.agent is not None):
+        raise ConfigError("rollout.routing_replay=true: with rollout.engine=vllm only single-turn completions carry "
+                          "their recorded routing; multi-turn episodes and agents (rollout.tools, rollout.env, "
+                          "rollout.agent) record theirs on the HF engine (docs/moe.md): use rollout.engine=hf")
     if r.routing_replay and folder_is_moe(model_path) is False:
         raise ConfigError(f"rollout.routing_replay=true replays the experts a mixture-of-experts model routed "
                           f"each token to, and the model at {model_path} is dense (its config.json declares no "
                           "experts: num_local_experts / num_experts / n_routed_experts): drop rollout.routing_replay")
+
+
+#: the names transformers 5 gives a mixture-of-experts layer's fused expert parameters
+FUSED_EXPERT_NAMES = ("gate_up_proj", "down_proj")
+
+
+def check_expert_lora(cfg: RunConfig, model_path: Path) -> None:
+    """LoRA on a mixture-of-experts model's fused expert parameters (``model.lora.target_modules``
+    naming ``gate_up_proj`` / ``down_proj``: models/lora.py) is merged by the module in one
+    process; the FSDP2 trainers' sync merges Linear adapters only: refused before a model loads."""
+    lo = cfg.model.lora
+    names = sorted(set(lo.target_modules) & set(FUSED_EXPERT_NAMES))
+    if lo.rank and names and cfg.distributed.trainers > 1 and folder_is_moe(model_path):
+        raise ConfigError(f"model.lora.target_modules {names} adapt the fused expert parameters of the "
+                          f"mixture-of-experts model at {model_path}, whose adapters are merged in one process "
+                          f"only (docs/moe.md): with distributed.trainers={cfg.distributed.trainers} adapt the "
+                          "attention (q_proj, k_proj, v_proj, o_proj), or train in one process")
 
 
 def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str],
@@ -377,6 +395,7 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
     the saved config is then what ran, and resuming from it changes nothing.
     """
     check_routing_replay(cfg, model_path)
+    check_expert_lora(cfg, model_path)
     notes: list[str] = []
     if cfg.reward.name is None:  # plan_run settles it before building the reward; a direct call here
         cfg, note = settle_reward(cfg)

@@ -7,10 +7,19 @@ replaces each targeted ``nn.Linear`` in place by a LoRA layer (``base_layer`` + 
 frozen. Checkpoints hold that model's state (base and adapter tensors) and resume exactly.
 
     W_merged = W + (alpha / r) * B @ A          (peft's ``get_delta_weight``; no rsLoRA)
+
+A mixture-of-experts model of transformers 5 holds each sparse layer's experts fused, as 3-D
+parameters of one module (``mlp.experts.gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I]), not
+as Linear layers. A ``target_modules`` name that is such a parameter's (``gate_up_proj``,
+``down_proj``) adapts it through peft's ``target_parameters`` (a ``ParamWrapper``: one LoRA pair
+of rank r per expert, its delta ``get_delta_weight`` [E, ...]); its merge is done by the module
+(:func:`merged_weights`, one process) -- the tensor formula of :func:`merge_state`, which the
+FSDP2 trainers' sync uses, covers Linear adapters only.
 """
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -42,13 +51,35 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float,
             targets = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                               if isinstance(m, nn.Linear) and m is not head and ".visual." not in f".{n}."})
         targets = language_lora_targets(model, targets)
+    params: list[str] = []
+    if targets != "all-linear":
+        params = fused_expert_parameters(model, targets)
+        linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+        names = {p.rsplit(".", 1)[-1] for p in params}
+        targets = [t for t in targets if t not in names or t in linear] or None
+        if params and dropout:
+            raise RunError(f"model.lora.dropout={dropout}: LoRA on fused expert parameters ({sorted(names)}) "
+                           "has no dropout in peft (its update is folded into the weights): set it to 0")
     config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
-                             task_type="CAUSAL_LM")
+                             target_parameters=params or None, task_type="CAUSAL_LM")
     try:
         wrapped = peft.get_peft_model(model, config)
     except ValueError as e:
         raise RunError(f"model.lora: {e}") from None
     return wrapped.get_base_model(), wrapped
+
+
+def fused_expert_parameters(model: nn.Module, names: list[str]) -> list[str]:
+    """The full names of the 3-D parameters (fused experts, ``experts.gate_up_proj``) of
+    ``model`` whose own name is one of ``names``: the ``target_parameters`` they make."""
+    return [f"{m_name}.{p_name}" for m_name, m in model.named_modules() if not isinstance(m, nn.Linear)
+            for p_name, p in m.named_parameters(recurse=False) if p.ndim == 3 and p_name in names]
+
+
+def _plain_name(key: str) -> str:
+    """A state-dict key of a model with LoRA layers under the plain model's name (every
+    ``base_layer`` level dropped: fused-expert adapters nest one per parameter)."""
+    return re.sub(r"(\.base_layer)+\.", ".", key)
 
 
 def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
@@ -69,9 +100,10 @@ def merged_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     layers = lora_layers(model)
     if not layers:
         return dict(state)
-    out = {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
+    out = {_plain_name(k): v for k, v in state.items() if ".lora_" not in k}
     for name, layer in layers.items():
-        key = f"{name}.weight"
+        # a Linear's weight, or the fused-expert parameter a ParamWrapper adapts
+        key = _plain_name(f"{name}.{getattr(layer, 'parameter_name', 'weight')}")
         delta = sum((layer.get_delta_weight(a) for a in layer.active_adapters), torch.zeros_like(out[key]))
         out[key] = out[key] + delta.to(out[key].dtype)
     return out
@@ -84,6 +116,11 @@ def lora_scalings(model: nn.Module) -> dict[str, tuple[float, bool]]:
     out: dict[str, tuple[float, bool]] = {}
     for name, layer in lora_layers(model).items():
         active = list(layer.active_adapters)
+        if getattr(layer, "parameter_name", None) is not None:
+            raise RunError(f"LoRA on the fused expert parameter {_plain_name(name + '.' + layer.parameter_name)}: "
+                           "its adapters are merged in one process only, not by the FSDP2 trainers' sync "
+                           "(distributed.trainers > 1): adapt the attention / Linear layers, or train in one "
+                           "process")
         if active != [ADAPTER] or ADAPTER not in getattr(layer, "lora_A", {}):
             raise RunError(f"LoRA layer {name}: only the single adapter {ADAPTER!r} of a linear "
                            f"layer is merged (found adapters {active})")

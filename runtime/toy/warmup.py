@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaForCausalLM, PretrainedConfig, PreTrainedTokenizerFast
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from ...cache import cache_dir
 from ..data.datasets import Example
@@ -50,7 +51,7 @@ class WarmStartConfig:
     task: AdditionTask = field(default_factory=AdditionTask)
 
 
-def warm_start_key(config: WarmStartConfig, model_config: LlamaConfig) -> str:
+def warm_start_key(config: WarmStartConfig, model_config: PretrainedConfig) -> str:
     """A short hash of the model config, the task, the warm-start settings and the version."""
     blob = json.dumps(
         {
@@ -68,7 +69,7 @@ def warm_start_key(config: WarmStartConfig, model_config: LlamaConfig) -> str:
 def warm_start(
     config: WarmStartConfig | None = None,
     *,
-    model_config: LlamaConfig | None = None,
+    model_config: PretrainedConfig | None = None,
     cache: str | os.PathLike | None = None,
     verbose: bool = False,
 ) -> Path:
@@ -77,6 +78,8 @@ def warm_start(
     The folder holds ``save_pretrained`` output of the model and the tokenizer plus
     ``warm_start.json`` (settings, steps, seconds, validation accuracy). Loading:
     ``LlamaForCausalLM.from_pretrained(path)``, ``PreTrainedTokenizerFast.from_pretrained(path)``.
+    ``model_config`` may be another causal LM's config on the toy's vocabulary (demos/moe.py's
+    mixture-of-experts model): that model is trained the same way, under its own cache key.
     """
     config = config if config is not None else WarmStartConfig()
     tokenizer = build_tokenizer()
@@ -157,11 +160,11 @@ def padded_rows(rows: list[list[int]], label_rows: list[list[int]], pad_id: int
 
 def _train_warm_start(
     config: WarmStartConfig,
-    model_config: LlamaConfig,
+    model_config: PretrainedConfig,
     tokenizer: PreTrainedTokenizerFast,
     *,
     verbose: bool,
-) -> tuple[LlamaForCausalLM, dict]:
+) -> tuple[torch.nn.Module, dict]:
     task = config.task
     # The stopping rule reads only the validation slice of the training pairs, which the
     # supervised steps never see; the held-out prompts are never read here.
@@ -175,7 +178,8 @@ def _train_warm_start(
     rng = random.Random(config.seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        model = LlamaForCausalLM(model_config)
+        # the toy's Llama, or another causal LM on the toy's vocabulary (demos/moe.py: a MoE)
+        model = MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config)](model_config)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.99), weight_decay=0.0)
     reached_at: int | None = None  # step at which the teacher's mode was learned

@@ -11,6 +11,9 @@ re-tokenised here: rows are made of recorded ids only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from ...batch import first_records
 
 
 @dataclass
@@ -27,6 +30,9 @@ class Call:
     messages: list[dict] | None = None  # chat: the request's messages and the reply
     bridged: bool = False          # chat: the prompt continued an earlier call's ids
     metadata: dict[str, str] = field(default_factory=dict)  # the request's ``metadata`` (e.g. the caller's role)
+    # a mixture-of-experts policy: the experts of the prompt and completion ids [len(prompt_ids) +
+    # len(completion_ids), Y, K] (-1 on the last id: no forward fed it); None = not recorded
+    routed_experts: Any = None
 
 
 @dataclass
@@ -40,6 +46,7 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     calls: list[int] = field(default_factory=list)  # indices of the calls it holds
     finish_reason: str = "length"
+    routed_experts: Any = None  # [len(ids), Y, K] each token's first record (batch.first_records)
 
     @property
     def ids(self) -> list[int]:
@@ -49,7 +56,8 @@ class Row:
 def episode_rows(calls: list[Call]) -> list[Row]:
     """The rows of an episode's calls, in call order. A call joins the row whose ids (prompt +
     response so far) its prompt ids start with (the longest such row, when several do: ``n`` > 1
-    or parallel calls); otherwise it starts a new row."""
+    or parallel calls); otherwise it starts a new row. A row's routing keeps each token's first
+    record: the model's ids as sampled, the environment's from the next call's prefill."""
     rows: list[Row] = []
     for k, c in enumerate(calls):
         best: Row | None = None
@@ -68,6 +76,8 @@ def episode_rows(calls: list[Call]) -> list[Row]:
         best.mask += [0] * len(gap) + [1] * len(c.completion_ids)
         best.logprobs += [0.0] * len(gap) + list(c.logprobs)
         best.calls.append(k)
+        if c.routed_experts is not None:
+            best.routed_experts = first_records(best.routed_experts, c.routed_experts)
         best.finish_reason = "length" if c.finish_reason == "length" else "stop"
     return rows
 

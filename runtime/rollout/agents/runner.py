@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from ... import plugins
-from ...batch import AgentRow, Episode, RolloutBatch
+from ...batch import AgentRow, Episode, RolloutBatch, routing_columns
 from ...errors import ConfigError, EpisodeRefused
 from ...records.metrics import AGENT_CALLS, AGENT_ERRORS, AGENT_PREFIX_BREAKS, AGENT_ROWS_PER_EPISODE
 from ...rewards.values import reward_value
@@ -279,8 +279,13 @@ def _rows_batch(tokenizer: Any, rows: list[Row], episodes: list[Episode], prompt
             r_attn[i, :n] = 1
             logprobs[i, :n] = torch.tensor(row.logprobs, dtype=torch.float32)
     finish = [r.finish_reason if r.response_ids and not e.error else "length" for r, e in zip(rows, episodes)]
+    # a MoE policy's routing: each row's calls' records (a row without calls: -1); none when a
+    # call came back without one
+    recorded = all(r.routed_experts is not None for r in rows if r.calls)
+    routed = routing_columns([r.routed_experts if r.calls else None for r in rows],
+                             [len(r.prompt_ids) for r in rows], Tp, Tr) if recorded else None
     return RolloutBatch(p_ids, p_mask, r_ids, r_mask, logprobs, finish, prompts, completions, group_size,
-                        response_attention=r_attn, episodes=episodes)
+                        response_attention=r_attn, episodes=episodes, routed_experts=routed)
 
 
 def _in_thread(fn: Callable, *args: Any) -> asyncio.Future:

@@ -38,6 +38,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from ...batch import sequence_routing
 from ..engines.base import SamplingParams
 from ..episodes.parsers import ToolCall, parse_tool_calls, text_for_tools
 from ..episodes.runner import env_delta
@@ -85,6 +86,12 @@ class _Job:
     n: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+
+
+def _cut(routed: Any, n: int) -> Any:
+    """A choice's recorded experts [len(prompt) + len(ids), Y, K] for its first ``n`` tokens (the
+    ids a request's stop cut after), or None."""
+    return None if routed is None else routed[:n]
 
 
 class PolicyServer:
@@ -274,8 +281,9 @@ class PolicyServer:
 
     # ---------------------------------------------------------------- sampling
     async def _sample(self, log: EpisodeLog, prompt_ids: list[int], max_tokens: int,
-                      n: int) -> list[tuple[list[int], list[float], bool]]:
-        """``n`` choices for one prompt: (sampled ids, logprobs, stopped by a stop token)."""
+                      n: int) -> list[tuple[list[int], list[float], bool, Any]]:
+        """``n`` choices for one prompt: (sampled ids, logprobs, stopped by a stop token, the
+        recorded experts of the prompt and sampled ids [len(prompt) + len(ids), Y, K] or None)."""
         with self._lock:
             if log.accepted >= self.max_calls:
                 log.refused.append("call limit")
@@ -327,7 +335,7 @@ class PolicyServer:
                     j.loop.call_soon_threadsafe(_settle, j.future, results[k * n:(k + 1) * n], None)
 
     def _run_engine(self, prompt_ids: list[list[int]], max_tokens: int,
-                    n: int) -> list[tuple[list[int], list[float], bool]]:
+                    n: int) -> list[tuple[list[int], list[float], bool, Any]]:
         assert self._params is not None and self._engine is not None, "use(engine, params, version) first"
         base = self._params
         seed = None if base.seed is None else (base.seed * 1_000_003 + next(self._seeds)) % 2**63
@@ -338,7 +346,8 @@ class PolicyServer:
         for r in range(len(prompt_ids) * n):
             m = out.response_mask[r].bool()
             ids = out.response_ids[r][m].tolist()
-            results.append((ids, out.logprobs[r][m].tolist(), out.finish_reason[r] == "stop"))
+            results.append((ids, out.logprobs[r][m].tolist(), out.finish_reason[r] == "stop",
+                            sequence_routing(out, r, len(prompt_ids[r // n]), len(ids))))
         return results
 
     def _finish(self, ids: list[int], lps: list[float], stopped: bool, stops: list[str],
@@ -396,10 +405,10 @@ class PolicyServer:
         stops = self._stops(sp)
         stop_ids = {int(i) for i in (sp.get("stop_token_ids") or [])}
         choices = []
-        for k, (ids, lps, stopped) in enumerate(await self._sample(log, prompt, max_tokens, n)):
+        for k, (ids, lps, stopped, routed) in enumerate(await self._sample(log, prompt, max_tokens, n)):
             ids, lps, text, finish = self._finish(ids, lps, stopped, stops, stop_ids)
             if not self._record(log, Call(list(prompt), ids, lps, self._version, finish, "generate", text,
-                                          metadata=meta)):
+                                          metadata=meta, routed_experts=_cut(routed, len(prompt) + len(ids)))):
                 continue
             choices.append({"index": k, "token_ids": ids, "text": text, "finish_reason": finish,
                             "logprobs": {"content": [{"token": f"token_id:{i}", "logprob": lp}
@@ -429,10 +438,10 @@ class PolicyServer:
         want_lp = body.get("logprobs") is not None
         choices = []
         completion_tokens = 0
-        for k, (out, lps, stopped) in enumerate(await self._sample(log, ids, max_tokens, n)):
+        for k, (out, lps, stopped, routed) in enumerate(await self._sample(log, ids, max_tokens, n)):
             out, lps, text, finish = self._finish(out, lps, stopped, stops, set())
             if not self._record(log, Call(list(ids), out, lps, self._version, finish, "completions", text,
-                                          metadata=meta)):
+                                          metadata=meta, routed_experts=_cut(routed, len(ids) + len(out)))):
                 continue
             completion_tokens += len(out)
             choice = {"index": k, "text": text, "finish_reason": finish, "logprobs": None}
@@ -477,7 +486,7 @@ class PolicyServer:
         choices = []
         completion_tokens = 0
         with_tools = bool(tools) and body.get("tool_choice") != "none"
-        for k, (ids, lps, stopped) in enumerate(await self._sample(log, prompt, max_tokens, n)):
+        for k, (ids, lps, stopped, routed) in enumerate(await self._sample(log, prompt, max_tokens, n)):
             ids, lps, text, finish = self._finish(ids, lps, stopped, stops, set(), with_tools)
             message = self._reply(text, tools, body)
             if message.get("tool_calls") and finish == "stop":
@@ -485,7 +494,8 @@ class PolicyServer:
             reply = _template_message(message)
             reply_key = _key(reply)
             call = Call(list(prompt), ids, lps, self._version, finish, "chat", text,
-                        messages=messages + [reply], bridged=bridged, metadata=meta)
+                        messages=messages + [reply], bridged=bridged, metadata=meta,
+                        routed_experts=_cut(routed, len(prompt) + len(ids)))
             if not self._record(log, call):
                 continue
             raw_text = self.tokenizer.decode(ids, skip_special_tokens=True)

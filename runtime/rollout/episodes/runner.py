@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
-from ...batch import Episode, RolloutBatch
+from ...batch import Episode, RolloutBatch, first_records, routing_columns, sequence_routing
 from ...config import RunConfig
 from ...data.sources import system_prompt as source_system_prompt
 from ..engines.base import SamplingParams
@@ -70,7 +70,13 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
     a reward, the position the last response token of the model's turn it answered) and
     ``env_reward``, their sum (None when no step returned one).
     With tools, an assistant message is its turn's text with the special tokens kept but the stop
-    token (parsers.text_for_tools: the tool parser's markers may be special tokens)."""
+    token (parsers.text_for_tools: the tool parser's markers may be special tokens).
+    ``routed_experts`` (a mixture-of-experts policy on an engine that records its routing): each
+    token's experts as first recorded -- the first prompt's in the first prefill, the model's
+    tokens as they were sampled, the environment's (and each turn's last sampled token, which
+    its own turn never feeds) in the next turn's prefill (``batch.first_records``); -1 on tokens
+    no turn fed (padding, the last token, an observation after which the context was full); None
+    when a turn came back without routing."""
     kwargs = dict(chat_template_kwargs or {})
     G = params.n
     B = len(rows) * G
@@ -92,6 +98,8 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
     steps: list[list[list[float]]] = [[] for _ in range(B)]  # [position, reward] of each rewarded turn
     live = list(range(B))
     one = replace(params, n=1)
+    routes: list[torch.Tensor | None] = [None] * B  # each episode's recorded experts [fed tokens, Y, K]
+    recorded = True
     for turn in range(max_turns):
         if not live:
             break
@@ -104,9 +112,14 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
                                       replace(one, seed=_turn_seed(params.seed, turn)))
             rows_of = live
         still = []
+        recorded = recorded and out.routed_experts is not None
         for r, i in enumerate(rows_of):
             m = out.response_mask[r].bool()
             toks = out.response_ids[r][m].tolist()
+            if recorded:
+                now = sequence_routing(out, r, len(prompt_ids[i // G]) + len(resp[i]), len(toks))
+                assert now is not None
+                routes[i] = first_records(routes[i], now)
             resp[i] += toks
             mask[i] += [1] * len(toks)
             lps[i] += out.logprobs[r][m].tolist()
@@ -141,12 +154,14 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
                 continue
             still.append(i)
         live = still
-    return _batch(tokenizer, prompt_ids, prompt_text, resp, mask, lps, finish, convs, finals, steps, G)
+    return _batch(tokenizer, prompt_ids, prompt_text, resp, mask, lps, finish, convs, finals, steps, G,
+                  routes if recorded else None)
 
 
 def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], resp: list[list[int]],
            mask: list[list[int]], lps: list[list[float]], finish: list[str], convs: list[list[dict]],
-           finals: list[str], steps: list[list[list[float]]], G: int) -> RolloutBatch:
+           finals: list[str], steps: list[list[list[float]]], G: int,
+           routes: "list[torch.Tensor | None] | None" = None) -> RolloutBatch:
     pad = tokenizer.pad_token_id
     B = len(resp)
     Tp = max(len(p) for p in prompt_ids)
@@ -167,9 +182,10 @@ def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], 
             r_mask[i, :n] = torch.tensor(mask[i])
             r_attn[i, :n] = 1
             logprobs[i, :n] = torch.tensor(lps[i])
+    routed = None if routes is None else routing_columns(routes, [len(prompt_ids[i // G]) for i in range(B)], Tp, Tr)
     return RolloutBatch(p_ids, p_mask, r_ids, r_mask, logprobs, finish,
                         [prompt_text[i // G] for i in range(B)], finals, G,
-                        response_attention=r_attn,
+                        response_attention=r_attn, routed_experts=routed,
                         episodes=[Episode(c, sum(r for _, r in st) if st else None, st)
                                   for c, st in zip(convs, steps)])
 

@@ -62,10 +62,14 @@ def test_dense_model_with_replay_is_refused_before_it_loads(real_model, moe_mode
     assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True, "engine": "vllm"}}),
                                 moe_model("mixtral")) is None
     for over, words in (({"engine": "vllm", "vllm": {"engine_kwargs": {"enable_prefix_caching": True}}},
-                         "prefix caching"), ({"tools": "real_tools:get_weather"}, "multi-turn")):
+                         "prefix caching"), ({"engine": "vllm", "tools": "real_tools:get_weather"}, "multi-turn")):
         cfg = RunConfig.model_validate({"rollout": {"routing_replay": True, **over}})
         with pytest.raises(ConfigError, match=words):
             check_routing_replay(cfg, moe_model("mixtral"))
+    for over in ({"tools": "real_tools:get_weather"}, {"env": "episode_helpers:Nudge"},
+                 {"agent": "agent_helpers:calc_agent"}):  # episodes and agents record on the HF engine
+        assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True, **over}}),
+                                    moe_model("mixtral")) is None
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -271,6 +275,21 @@ def test_two_fsdp_trainer_ranks_with_replay_equal_one_process(ray_cluster, moe_m
             assert math.isclose(a[k], b[k], rel_tol=1e-4, abs_tol=1e-5), (k, a[k], b[k])
 
 
+@pytest.mark.slow
+def test_ray_rollout_worker_routing_is_replayed(ray_cluster, moe_model, tmp_path):
+    """A rollout worker on a Ray actor (its own HF engine) records the routing; it comes back with
+    the rollout and the trainer replays it: the replayed forward's mismatch is 0 while the router
+    would have moved (asynchronous: each batch sampled one step behind)."""
+    from rldsl.runtime.run import loop
+    run = loop.train("grpo", _moe_config(moe_model("qwen3_moe"), tmp_path / "ray", **{
+        "train.steps": 2, "distributed.rollout_workers": 1, "distributed.sync_timeout": 120,
+        "distributed.collective_timeout": 120}))
+    recs = _steps(run)
+    assert [r["step"] for r in recs] == [1, 2]
+    assert all(r["moe/routing_mismatch"] == 0.0 for r in recs)  # recorded (else no metric) and replayed
+    assert recs[1]["moe/router_drift"] > 0.0  # the weights had moved since the worker sampled
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_router_aux_is_the_load_balancing_loss(moe_model, arch):
     """The per-token terms of `router balance` average to transformers' load_balancing_loss_func
@@ -288,3 +307,183 @@ def test_router_aux_is_the_load_balancing_loss(moe_model, arch):
     assert torch.allclose(aux.mean(), ref, atol=1e-6), (float(aux.mean()), float(ref))
     aux.mean().backward()
     assert all(g.weight.grad is not None and bool(g.weight.grad.abs().sum() > 0) for g in moe.routers(model))
+
+
+class ToolReplies:
+    """An environment that answers each of the model's first two turns with a tool result (the
+    chat template's tool-response markup: prompt tokens of the next turn), and ends on the third."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def reset(self, row: dict) -> list[dict]:
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, assistant_message: dict):
+        self.turns += 1
+        if self.turns == 3:
+            return [], 1.0, True
+        return [{"role": "tool", "name": "get_weather", "content": f"sunny, {20 + self.turns} C"}], None, False
+
+
+def _short_turns(folder, out):
+    """The model folder with every other token id an end of turn (its generation_config's EOS
+    ids): the random model's turns stop after a few tokens, so its episodes go on to the tools."""
+    import shutil
+
+    from transformers import GenerationConfig
+    shutil.copytree(folder, out)
+    cfg = json.loads((out / "config.json").read_text())
+    GenerationConfig(eos_token_id=list(range(1, cfg["vocab_size"], 2)), pad_token_id=cfg["pad_token_id"],
+                     bos_token_id=cfg["bos_token_id"]).save_pretrained(out)
+    return out
+
+
+def _episodes(folder) -> tuple[torch.nn.Module, RolloutBatch]:
+    from rldsl.runtime.rollout.episodes.runner import run_episodes
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    engine = HFEngine(copy.deepcopy(model), load_tokenizer(folder))
+    rows = [{"prompt": p, "answer": ""} for p in PROMPTS[:3]]
+    params = SamplingParams(n=2, max_new_tokens=8, temperature=1.0, seed=0, top_p=1.0)
+    batch = run_episodes(engine, engine.tokenizer, rows, [ToolReplies() for _ in range(6)], params, max_turns=3)
+    return model, batch
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tool_episode_routing_is_recorded_and_replayed(moe_model, arch, tmp_path):
+    """A three-turn episode (tool results between the turns): every token fed is recorded -- the
+    model's as sampled, the tool results' in the next turn's prefill -- laid out as the trainer's
+    columns; at the engine's weights the trainer routes as recorded; after an Adam step the replayed
+    logprobs equal the rows run alone under the recorded experts (1e-6), the mismatch 0."""
+    model, batch = _episodes(_short_turns(moe_model(arch), tmp_path / "m"))
+    _check_episode_routing(model, batch)
+
+
+def _check_episode_routing(model, batch: RolloutBatch) -> None:
+    """Every token fed is recorded (padding and each row's last token are not), laid out as the
+    trainer's columns; at the engine's weights the trainer routes as recorded; after an Adam step
+    the replayed logprobs (padded, packed) equal the rows run alone under the recorded experts."""
+    ids, attn, _ = model_inputs(batch)
+    r = batch.routed_experts
+    assert r is not None and r.shape[:2] == ids.shape and r.dtype == torch.int16
+    observed = (batch.response_attention - batch.response_mask).sum(1)
+    assert bool((observed > 0).all())  # the environment's tokens between the turns, in every row
+    fed = attn.bool().clone()
+    Tp = batch.prompt_ids.shape[1]
+    fed[torch.arange(len(batch)), Tp + batch.response_attention.sum(1) - 1] = False  # the last token
+    assert bool((r >= 0).all(-1).all(-1).eq(fed).all())
+    plain, metrics = _logprobs(model, batch, replay=False)
+    valid = batch.response_mask.bool()
+    assert metrics["moe/routing_mismatch"] == 0.0
+    assert (plain - batch.logprobs)[valid].abs().max() < 1e-5
+    _move(model, batch)
+    plain, before = _logprobs(model, batch, replay=False)
+    replayed, after = _logprobs(model, batch, replay=True)
+    packed, _ = _logprobs(model, batch, replay=True, packing=True)
+    assert before["moe/routing_mismatch"] > 0.1 and after["moe/routing_mismatch"] == 0.0
+    forced = _forced_logprobs(model, batch)
+    assert (replayed - forced)[valid].abs().max() < 1e-6 and (packed - forced)[valid].abs().max() < 1e-6
+    assert (plain - forced)[valid].abs().max() > 1e-3
+
+
+@pytest.mark.slow  # an endpoint and its client: ~10-25 s on two shared cores
+def test_agent_calls_routing_is_recorded_and_replayed(moe_model):
+    """An agent's three chat calls with tools through the OpenAI-compatible endpoint (HF engine):
+    each call's prefill and samples are recorded, stitched into the episode's row as the built-in
+    episodes' are, and replayed."""
+    pytest.importorskip("openai")
+    pytest.importorskip("starlette")
+    from rldsl.runtime.rollout.agents.runner import AgentRunner, load_agent
+    folder = moe_model("qwen3_moe")
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    engine = HFEngine(copy.deepcopy(model), load_tokenizer(folder))
+    runner = AgentRunner(load_agent("agent_helpers:three_calls"), model_name="moe", context=512)
+    try:
+        batch = runner.run(engine, PROMPTS[:2], ["", ""], SamplingParams(n=2, max_new_tokens=8, seed=3))
+    finally:
+        runner.close()
+    assert all(e.agent.rows == 1 and len(e.agent.calls) == 3 for e in batch.episodes)
+    _check_episode_routing(model, batch)
+
+
+@pytest.mark.slow
+def test_episode_run_with_replay(moe_model, tmp_path):
+    """rollout.env episodes of a MoE policy train with replay: asynchronous (the routers moved since
+    the sampling), the replayed forward's mismatch 0."""
+    from rldsl.runtime.run import loop
+    run = loop.train("grpo", _moe_config(_short_turns(moe_model("qwen3_moe"), tmp_path / "m"), tmp_path / "env", **{
+        "train.steps": 2, "rollout.env": f"{__name__}:ToolReplies", "rollout.max_turns": 3}))
+    recs = _steps(run)
+    assert [r["step"] for r in recs] == [1, 2]
+    assert all(r["moe/routing_mismatch"] == 0.0 for r in recs)
+    assert recs[1]["moe/router_drift"] > 0.0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lora_on_fused_experts_merges_into_the_plain_model(moe_model, arch):
+    """`gate_up_proj` / `down_proj` in model.lora.target_modules adapt the fused expert parameters
+    (peft's target_parameters): the merged weights, loaded into the plain model, give the adapted
+    model's logits; with the adapters off it is the base model."""
+    pytest.importorskip("peft")
+    from rldsl.runtime.models.lora import adapters_disabled, apply_lora, merged_weights
+    base = AutoModelForCausalLM.from_pretrained(moe_model(arch)).eval()
+    plain = copy.deepcopy(base)
+    model, wrapped = apply_lora(copy.deepcopy(base), rank=4, alpha=8.0, dropout=0.0,
+                                target_modules=["q_proj", "gate_up_proj", "down_proj"])
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert any("mlp.experts" in n for n in trainable) and any("q_proj" in n for n in trainable)
+    assert not any(n.endswith(("gate_up_proj", "down_proj")) for n in trainable)  # base experts frozen
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.1)
+    merged = merged_weights(model)
+    assert merged.keys() == plain.state_dict().keys()
+    plain.load_state_dict(merged)
+    ids = torch.randint(0, 200, (2, 12))
+    with torch.no_grad():
+        adapted, ref = model(ids).logits, plain(ids).logits
+        with adapters_disabled(wrapped):
+            off = model(ids).logits
+    assert (adapted - ref).abs().max() < 1e-5
+    assert (adapted - off).abs().max() > 1e-2 and (off - base(ids).logits).abs().max() < 1e-6
+
+
+def test_expert_lora_with_fsdp_trainers_is_refused(moe_model, real_model):
+    """The FSDP2 trainers' sync merges Linear adapters only: fused-expert targets with
+    distributed.trainers > 1 are refused before a model loads (a dense model's down_proj is not)."""
+    from rldsl.runtime.resolve import check_expert_lora
+    over = {"model": {"lora": {"rank": 4, "target_modules": ["q_proj", "down_proj"]}}, "distributed": {"trainers": 2}}
+    with pytest.raises(ConfigError, match="fused expert parameters"):
+        check_expert_lora(RunConfig.model_validate(over), moe_model("qwen3_moe"))
+    assert check_expert_lora(RunConfig.model_validate(over), real_model("qwen2.5")) is None
+    over["distributed"]["trainers"] = 1
+    assert check_expert_lora(RunConfig.model_validate(over), moe_model("qwen3_moe")) is None
+
+
+@pytest.mark.slow
+def test_lora_on_fused_experts_trains_with_replay(moe_model, tmp_path):
+    """LoRA on a Qwen3-MoE's fused experts and attention: the expert adapters train, the base experts
+    stay, the engine samples with the merged weights (the trainer's logprobs are the engine's at step
+    1) and the replayed forwards route as the engine did."""
+    pytest.importorskip("peft")
+    from safetensors.torch import load_file
+
+    from rldsl.runtime.run import loop
+    folder = moe_model("qwen3_moe")
+    run = loop.train("grpo", _moe_config(folder, tmp_path / "run", **{
+        "model.lora.rank": 4, "model.lora.target_modules": '["q_proj","gate_up_proj","down_proj"]',
+        "checkpoint.every": 3}))
+    recs = _steps(run)
+    assert [r["step"] for r in recs] == [1, 2, 3] and any(r["optimizer_steps"] > 0 for r in recs)
+    assert all(r["moe/routing_mismatch"] == 0.0 for r in recs)
+    assert recs[0]["rollout_logprob_diff"] < 1e-4
+    state = load_file(str(run / "checkpoints" / "step-3" / "policy" / "model.safetensors"))
+    moved = [k for k in state if ".lora_B." in k and bool(state[k].abs().sum() > 0)]
+    assert any("mlp.experts" in k for k in moved)
+    fresh = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    experts = [k for k in state if k.endswith(("gate_up_proj", "down_proj"))]
+    assert len(experts) == 4
+    for k in experts:
+        plain = k.replace("base_model.model.", "").replace(".base_layer", "")
+        assert torch.equal(state[k], fresh[plain]), k
