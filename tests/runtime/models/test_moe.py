@@ -372,16 +372,16 @@ def _check_episode_routing(model, batch: RolloutBatch) -> None:
     Tp = batch.prompt_ids.shape[1]
     fed[torch.arange(len(batch)), Tp + batch.response_attention.sum(1) - 1] = False  # the last token
     assert bool((r >= 0).all(-1).all(-1).eq(fed).all())
-    plain, metrics = _logprobs(model, batch, replay=False)
+    plain, metrics = routed_logprobs(model, batch, replay=False)
     valid = batch.response_mask.bool()
     assert metrics["moe/routing_mismatch"] == 0.0
     assert (plain - batch.logprobs)[valid].abs().max() < 1e-5
-    _move(model, batch)
-    plain, before = _logprobs(model, batch, replay=False)
-    replayed, after = _logprobs(model, batch, replay=True)
-    packed, _ = _logprobs(model, batch, replay=True, packing=True)
+    move(model, batch)
+    plain, before = routed_logprobs(model, batch, replay=False)
+    replayed, after = routed_logprobs(model, batch, replay=True)
+    packed, _ = routed_logprobs(model, batch, replay=True, packing=True)
     assert before["moe/routing_mismatch"] > 0.1 and after["moe/routing_mismatch"] == 0.0
-    forced = _forced_logprobs(model, batch)
+    forced = forced_logprobs(model, batch)
     assert (replayed - forced)[valid].abs().max() < 1e-6 and (packed - forced)[valid].abs().max() < 1e-6
     assert (plain - forced)[valid].abs().max() > 1e-3
 
