@@ -105,14 +105,16 @@ def check_vision(algo: Algorithm, cfg: RunConfig) -> None:
     """A vision-language policy (``--model`` folder with a ``vision_config``) runs where its images
     reach every forward (docs/vlm.md, "Engines and trainers"): the HF or vLLM engine, one process or
     FSDP2 trainer ranks and Ray rollout workers (the prompts carry their image refs), single-turn
-    rollouts, a spec without a critic or a teacher. Anything else is refused here, before any
+    rollouts, multi-turn episodes and agents on the HF engine, a spec without a critic or a
+    teacher. Anything else is refused here, before any
     model loads, rather than silently training without the pictures."""
     if cfg.model.path is None or not is_vision_folder(cfg.model.path):
         return
     r, d = cfg.rollout, cfg.distributed
     refused = [what for what, on in (
-        ("rollout.tools / rollout.env / rollout.agent (multi-turn episodes with images)",
-         r.tools is not None or r.env is not None or r.agent is not None),
+        ("rollout.tools / rollout.env / rollout.agent on the vLLM engine (its token-in/token-out turns "
+         "take no images yet; rollout.engine='hf' does)",
+         r.engine == "vllm" and (r.tools is not None or r.env is not None or r.agent is not None)),
         ("rollout.partial=true", r.partial),
         (f"{algo.name}'s critic (a value model)", algo.uses_critic),
         (f"{algo.name}'s teacher", algo.uses_teacher),

@@ -27,6 +27,7 @@ class Call:
     messages: list[dict] | None = None  # chat: the request's messages and the reply
     bridged: bool = False          # chat: the prompt continued an earlier call's ids
     metadata: dict[str, str] = field(default_factory=dict)  # the request's ``metadata`` (e.g. the caller's role)
+    images: list[str] = field(default_factory=list)  # chat: the images its prompt ids hold, in order (data: URLs)
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     calls: list[int] = field(default_factory=list)  # indices of the calls it holds
     finish_reason: str = "length"
+    images: list[str] = field(default_factory=list)  # the images its ids hold, in order (a VLM's)
 
     @property
     def ids(self) -> list[int]:
@@ -68,6 +70,7 @@ def episode_rows(calls: list[Call]) -> list[Row]:
         best.mask += [0] * len(gap) + [1] * len(c.completion_ids)
         best.logprobs += [0.0] * len(gap) + list(c.logprobs)
         best.calls.append(k)
+        best.images = list(c.images)  # a continuing call's prompt holds the row's ids, so its images too
         best.finish_reason = "length" if c.finish_reason == "length" else "stop"
     return rows
 

@@ -55,7 +55,7 @@ def env_delta(tokenizer: Any, messages: list[dict], new: list[dict], schemas: li
 
 def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequence[Environment],
                  params: SamplingParams, *, max_turns: int, context: int | None = None,
-                 chat_template_kwargs: dict | None = None) -> RolloutBatch:
+                 chat_template_kwargs: dict | None = None, processor: Any = None) -> RolloutBatch:
     """``params.n`` episodes per row (groups contiguous; ``envs`` has one per episode). A row is
     what ``reset`` receives: ``prompt`` (the data row's own, untemplated: a string or messages),
     ``answer``, and ``system`` when set; the chat template is applied here, once, with the tools.
@@ -70,7 +70,11 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
     a reward, the position the last response token of the model's turn it answered) and
     ``env_reward``, their sum (None when no step returned one).
     With tools, an assistant message is its turn's text with the special tokens kept but the stop
-    token (parsers.text_for_tools: the tool parser's markers may be special tokens)."""
+    token (parsers.text_for_tools: the tool parser's markers may be special tokens).
+    ``processor``: a vision-language policy's (models/vision.py): image parts in any message (the
+    first user turn's, an environment's later ones) become their expanded image tokens, and each
+    row's prompt is a ``VisionPrompt`` carrying every image its tokens hold, in order (the
+    engine's next turns and the trainer's forwards read their pixels)."""
     kwargs = dict(chat_template_kwargs or {})
     G = params.n
     B = len(rows) * G
@@ -82,8 +86,15 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
         convs.append(list(env_reset(env, dict(rows[i // G]))))
         tools = getattr(env, "tools", None)
         schemas.append([tool_schema(t) for t in tools] if tools else None)
-    prompt_text = [_render(tokenizer, convs[p * G], schemas[p * G], True, kwargs) for p in range(len(rows))]
-    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompt_text]
+    prompt_text: list[str] = [_render(tokenizer, convs[p * G], schemas[p * G], True, kwargs) for p in range(len(rows))]
+    # each episode's images so far, in token order (a vision-language policy's: docs/vlm.md)
+    images: list[list[str]] = [processor.message_images(convs[i]) if processor is not None else []
+                               for i in range(B)]
+    if processor is not None:
+        prompt_text = [processor.prompt(t, images[p * G]) for p, t in enumerate(prompt_text)]
+        prompt_ids = [processor.ids(str(t), images[p * G]) for p, t in enumerate(prompt_text)]
+    else:
+        prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompt_text]
     resp: list[list[int]] = [[] for _ in range(B)]
     mask: list[list[int]] = [[] for _ in range(B)]
     lps: list[list[float]] = [[] for _ in range(B)]
@@ -101,7 +112,9 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
             rows_of = list(range(B))
         else:
             out = engine.generate_ids([prompt_ids[i // G] + resp[i] for i in live],
-                                      replace(one, seed=_turn_seed(params.seed, turn)))
+                                      replace(one, seed=_turn_seed(params.seed, turn)),
+                                      prompts=[processor.prompt(prompt_text[i // G], images[i]) for i in live]
+                                      if any(images[i] for i in live) else None)
             rows_of = live
         still = []
         for r, i in enumerate(rows_of):
@@ -130,9 +143,14 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
             if turn == max_turns - 1:
                 finish[i] = "length"  # out of turns with the environment still waiting
                 continue
-            delta = tokenizer(env_delta(tokenizer, convs[i][:len(convs[i]) - len(result.messages)],
-                                        result.messages, schemas[i], True, kwargs),
-                              add_special_tokens=False)["input_ids"]
+            text = env_delta(tokenizer, convs[i][:len(convs[i]) - len(result.messages)],
+                             result.messages, schemas[i], True, kwargs)
+            if processor is not None:  # the environment's images, expanded, join the episode's
+                new = processor.message_images(result.messages)
+                delta = processor.ids(text, new)
+                images[i] += new
+            else:
+                delta = tokenizer(text, add_special_tokens=False)["input_ids"]
             resp[i] += delta
             mask[i] += [0] * len(delta)
             lps[i] += [0.0] * len(delta)
@@ -141,12 +159,14 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
                 continue
             still.append(i)
         live = still
-    return _batch(tokenizer, prompt_ids, prompt_text, resp, mask, lps, finish, convs, finals, steps, G)
+    return _batch(tokenizer, prompt_ids, prompt_text, resp, mask, lps, finish, convs, finals, steps, G,
+                  images, processor)
 
 
 def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], resp: list[list[int]],
            mask: list[list[int]], lps: list[list[float]], finish: list[str], convs: list[list[dict]],
-           finals: list[str], steps: list[list[list[float]]], G: int) -> RolloutBatch:
+           finals: list[str], steps: list[list[list[float]]], G: int,
+           images: list[list[str]] | None = None, processor: Any = None) -> RolloutBatch:
     pad = tokenizer.pad_token_id
     B = len(resp)
     Tp = max(len(p) for p in prompt_ids)
@@ -168,7 +188,8 @@ def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], 
             r_attn[i, :n] = 1
             logprobs[i, :n] = torch.tensor(lps[i])
     return RolloutBatch(p_ids, p_mask, r_ids, r_mask, logprobs, finish,
-                        [prompt_text[i // G] for i in range(B)], finals, G,
+                        [processor.prompt(prompt_text[i // G], images[i]) if images and images[i]
+                         else prompt_text[i // G] for i in range(B)], finals, G,
                         response_attention=r_attn,
                         episodes=[Episode(c, sum(r for _, r in st) if st else None, st)
                                   for c, st in zip(convs, steps)])
@@ -223,4 +244,5 @@ class EpisodeRunner:
                  **({"system": self.system_prompt} if self.system_prompt else {})}
                 for p, a in zip(prompts, answers)]
         return run_episodes(engine, engine.tokenizer, rows, envs, params, max_turns=self.max_turns,
-                            context=self.context, chat_template_kwargs=self.chat_template_kwargs)
+                            context=self.context, chat_template_kwargs=self.chat_template_kwargs,
+                            processor=getattr(engine, "vision_processor", None))
