@@ -103,24 +103,25 @@ def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
 
 def check_vision(algo: Algorithm, cfg: RunConfig) -> None:
     """A vision-language policy (``--model`` folder with a ``vision_config``) runs where its images
-    reach every forward (docs/vlm.md, "What is not supported yet"): the HF or vLLM engine, one process,
-    single-turn rollouts, a spec without a critic or a teacher. Anything else is refused here,
-    before any model loads, rather than silently training without the pictures."""
+    reach every forward (docs/vlm.md, "Engines and trainers"): the HF or vLLM engine, one process or
+    FSDP2 trainer ranks and Ray rollout workers (the prompts carry their image refs), single-turn
+    rollouts, multi-turn episodes and agents on the HF engine, a spec without a critic or a
+    teacher. Anything else is refused here, before any
+    model loads, rather than silently training without the pictures."""
     if cfg.model.path is None or not is_vision_folder(cfg.model.path):
         return
     r, d = cfg.rollout, cfg.distributed
     refused = [what for what, on in (
-        ("rollout.tools / rollout.env / rollout.agent (multi-turn episodes with images)",
-         r.tools is not None or r.env is not None or r.agent is not None),
+        ("rollout.tools / rollout.env / rollout.agent on the vLLM engine (its token-in/token-out turns "
+         "take no images yet; rollout.engine='hf' does)",
+         r.engine == "vllm" and (r.tools is not None or r.env is not None or r.agent is not None)),
         ("rollout.partial=true", r.partial),
-        (f"distributed.trainers={d.trainers} (FSDP2 ranks)", d.trainers > 1),
-        (f"distributed.rollout_workers={d.rollout_workers} (Ray workers)", d.rollout_workers > 0),
         (f"{algo.name}'s critic (a value model)", algo.uses_critic),
         (f"{algo.name}'s teacher", algo.uses_teacher),
     ) if on]
     if refused:
         raise ConfigError(f"{cfg.model.path} is a vision-language model; its images do not reach the forwards of: "
-                          f"{'; '.join(refused)}. Train in one process with single-turn rollouts "
+                          f"{'; '.join(refused)}. Leave them out of a vision-language run "
                           "(docs/vlm.md, \"Engines and trainers\")")
 
 

@@ -166,3 +166,19 @@ def vlm_model(tmp_path_factory) -> Path:
     session."""
     import vlm_model as fixture
     return fixture.build_vlm_model(tmp_path_factory.mktemp("vlm"))
+
+
+@pytest.fixture(scope="session")
+def vlm_family_model(tmp_path_factory) -> Callable[[str], Path]:
+    """``vlm_family_model("qwen2_5_vl")`` / ``vlm_family_model("qwen3_vl")`` -> an HF folder of a
+    tiny random Qwen2.5-VL / Qwen3-VL (tests/fixtures/vlm_families.py), built once per session."""
+    import vlm_families as fixture
+
+    built: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = fixture.build_family_model(family, tmp_path_factory.mktemp(family))
+        return built[family]
+
+    return get

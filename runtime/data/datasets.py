@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from ..errors import DataError
+from ..models.vision import VisionPrompt
 from . import images
 
 
@@ -357,7 +358,7 @@ def render_prompt(example: Example, tokenizer: Any, *, mode: str = "auto",
         if bos and text.startswith(bos) and _adds_bos(tokenizer):
             text = text[len(bos):]
     refs = images.prompt_images(source)  # a prompt with images carries them (data/images.py)
-    return Example(id=example.id, prompt=images.VisionPrompt(text, refs) if refs else text, answer=example.answer,
+    return Example(id=example.id, prompt=VisionPrompt(text, refs) if refs else text, answer=example.answer,
                    source=source, teacher_source=example.teacher_source, teacher_prompt=teacher,
                    fields=example.fields)
 

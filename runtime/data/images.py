@@ -9,7 +9,8 @@ images first, then the text. Paths are resolved against the data file's folder w
 read; :func:`check_images` opens every image's header (no pixels decoded) and counts them
 against ``data.max_images``, raising a ``DataError`` that names the file and the row; the
 pixels are decoded only when a prompt is encoded (models/vision.py ``load_image``).
-A rendered prompt with images is a :class:`VisionPrompt`: its text, carrying its image refs.
+A rendered prompt with images is a ``VisionPrompt`` (models/vision.py): its text, carrying its
+image refs.
 """
 from __future__ import annotations
 
@@ -17,17 +18,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import DataError
-from ..models.vision import open_image
+from ..models.vision import open_image, part_image
 
 #: The content-part types a prompt's messages may hold.
 PART_TYPES = ("text", "image", "image_url")
 
 
 def _ref(part: dict, where: str) -> str:
-    value = part.get("image") if part.get("type") == "image" else part.get("image_url")
-    if isinstance(value, dict):
-        value = value.get("url")
-    if not isinstance(value, str) or not value:
+    value = part_image(part)
+    if value is None:
         raise DataError(f"{where}: an image part needs a path or a data: URL, got {str(part)[:80]!r}")
     return value
 
@@ -111,23 +110,6 @@ def check_images(source: Any, where: str, max_images: int) -> None:
             raise DataError(f"{where}: image {_shown(ref)} cannot be read as an image: {e}") from None
 
 
-class VisionPrompt(str):
-    """A rendered prompt (the chat template's text, one ``<|image_pad|>`` per image) that
-    carries its images' refs (``images``), in order: the rollout engine encodes them with the
-    text, the trainer's forwards read their pixels again, samples.jsonl records them. It is a
-    ``str`` everywhere else (rewards, logs); string operations on it return plain strings."""
-
-    images: tuple[str, ...]
-
-    def __new__(cls, text: str, images: Sequence[str]) -> "VisionPrompt":
-        out = super().__new__(cls, text)
-        out.images = tuple(images)
-        return out
-
-    def __reduce__(self):  # pickled to Ray workers with its images
-        return (VisionPrompt, (str(self), self.images))
-
-
 def images_of(prompt: Any) -> tuple[str, ...]:
-    """The image refs a prompt carries (a :class:`VisionPrompt`'s), else none."""
+    """The image refs a prompt carries (a ``VisionPrompt``'s: models/vision.py), else none."""
     return getattr(prompt, "images", ())

@@ -7,7 +7,9 @@ processors need torchvision (not installable on the CPU torch: PyPI's wheels are
 :class:`VisionProcessor` does what ``Qwen2VLProcessor`` does for images -- render the chat
 template, run the image processor, expand each ``<|image_pad|>`` into one token per merged
 patch, mark those tokens in ``mm_token_type_ids`` -- and saves as a release does
-(``preprocessor_config.json`` beside the tokenizer files and chat template).
+(``preprocessor_config.json`` beside the tokenizer files and chat template). A rendered prompt
+that carries its images' refs is a :class:`VisionPrompt` (data files, multi-turn episodes and
+agents make them; every engine and trainer forward reads their pixels from the refs).
 """
 from __future__ import annotations
 
@@ -37,6 +39,36 @@ def language_lora_targets(model: nn.Module, names: Sequence[str]) -> str:
     the language model only, never the vision tower's."""
     alts = "|".join(sorted(set(names)))
     return rf"^(?!.*\bvisual\b).*\.({alts})$"
+
+
+class VisionPrompt(str):
+    """A rendered prompt (the chat template's text, one ``<|image_pad|>`` per image) that
+    carries its images' refs (``images``), in order: the rollout engine encodes them with the
+    text, the trainer's forwards read their pixels again, samples.jsonl records them. It is a
+    ``str`` everywhere else (rewards, logs); string operations on it return plain strings."""
+
+    images: tuple[str, ...]
+
+    def __new__(cls, text: str, images: Sequence[str]) -> "VisionPrompt":
+        out = super().__new__(cls, text)
+        out.images = tuple(images)
+        return out
+
+    def __reduce__(self):  # pickled to Ray workers with its images
+        return (VisionPrompt, (str(self), self.images))
+
+
+#: The content-part types that hold an image: ``{"type": "image", "image": REF}`` (transformers')
+#: and ``{"type": "image_url", "image_url": {"url": REF}}`` (OpenAI's).
+IMAGE_PARTS = ("image", "image_url")
+
+
+def part_image(part: dict) -> str | None:
+    """The ref of an image content part (a path or a data: URL), None when it names none."""
+    value = part.get("image") if part.get("type") == "image" else part.get("image_url")
+    if isinstance(value, dict):
+        value = value.get("url")
+    return value if isinstance(value, str) and value else None
 
 
 @dataclass
@@ -86,6 +118,33 @@ class VisionProcessor:
     def encode_refs(self, text: str, refs: Sequence[str]) -> dict[str, torch.Tensor]:
         """:meth:`encode` for images given by their refs (paths or data: URLs; pixels kept)."""
         return self.expand(text, self.image_inputs(refs) if refs else {}, len(refs))
+
+    @staticmethod
+    def message_images(messages: Sequence[dict]) -> list[str]:
+        """The image refs of chat ``messages`` in order: every image part (IMAGE_PARTS) of a list
+        content, whatever turn holds it (a multi-turn episode's, an agent's messages)."""
+        out = []
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, (list, tuple)):
+                for p in content:
+                    if isinstance(p, dict) and p.get("type") in IMAGE_PARTS:
+                        ref = part_image(p)
+                        if ref is None:
+                            raise ValueError(f"an image part needs a path or a data: URL, got {str(p)[:80]!r}")
+                        out.append(ref)
+        return out
+
+    @staticmethod
+    def prompt(text: str, refs: Sequence[str]) -> "VisionPrompt":
+        """``text`` carrying the images ``refs`` (:class:`VisionPrompt`)."""
+        return VisionPrompt(str(text), refs)
+
+    def ids(self, text: str, refs: Sequence[str]) -> list[int]:
+        """The token ids of ``text`` (a rendered prompt, or a turn's delta) whose ``<|image_pad|>``
+        placeholders, one per image of ``refs`` in order, are expanded (a multi-turn episode's or
+        an agent's tokens, appended token-in/token-out)."""
+        return self.encode_refs(text, refs)["input_ids"][0].tolist()
 
     def expand(self, text: str, vision: dict[str, torch.Tensor], n_images: int) -> dict[str, torch.Tensor]:
         """The inputs of ``text`` whose ``n_images`` placeholders each become one token per
@@ -167,6 +226,15 @@ def processor_for(model: nn.Module, tokenizer: Any = None) -> VisionProcessor:
     if path not in _PROCESSORS:
         _PROCESSORS[path] = load_processor(path, tokenizer)
     return _PROCESSORS[path]
+
+
+def model_processor(model: Any) -> VisionProcessor | None:
+    """The processor of a vision-language ``model`` (an engine's policy), None for a text model
+    or no model (an engine that holds none in this process, vLLM's)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "vision_config", None) is None:
+        return None
+    return processor_for(model)
 
 
 def save_image_processor(model: nn.Module, folder: str | Path) -> None:

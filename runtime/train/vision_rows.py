@@ -151,7 +151,7 @@ def micro_batches(seqs: Sequence[VisionSequence], token_budget: int) -> list[lis
 def vision_inputs(model: nn.Module, prompts: Sequence[str], input_ids: Tensor,
                   attention_mask: Tensor) -> dict[str, Tensor] | None:
     """The image inputs of a trainer forward over B rollout rows (prompt left padded, response
-    right padded: [B, T]) whose prompts carry images (data/images.py ``VisionPrompt``): pixel
+    right padded: [B, T]) whose prompts carry images (models/vision.py ``VisionPrompt``): pixel
     values and grids in row order, ``mm_token_type_ids`` [B, T], M-RoPE ``position_ids``
     [3, B, T] over each row's real tokens. None when no prompt has an image."""
     refs = [images_of(p) for p in prompts]

@@ -33,6 +33,7 @@ class Call:
     # a mixture-of-experts policy: the experts of the prompt and completion ids [len(prompt_ids) +
     # len(completion_ids), Y, K] (-1 on the last id: no forward fed it); None = not recorded
     routed_experts: Any = None
+    images: list[str] = field(default_factory=list)  # chat: the images its prompt ids hold, in order (data: URLs)
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Row:
     calls: list[int] = field(default_factory=list)  # indices of the calls it holds
     finish_reason: str = "length"
     routed_experts: Any = None  # [len(ids), Y, K] each token's first record (batch.first_records)
+    images: list[str] = field(default_factory=list)  # the images its ids hold, in order (a VLM's)
 
     @property
     def ids(self) -> list[int]:
@@ -78,6 +80,7 @@ def episode_rows(calls: list[Call]) -> list[Row]:
         best.calls.append(k)
         if c.routed_experts is not None:
             best.routed_experts = first_records(best.routed_experts, c.routed_experts)
+        best.images = list(c.images)  # a continuing call's prompt holds the row's ids, so its images too
         best.finish_reason = "length" if c.finish_reason == "length" else "stop"
     return rows
 

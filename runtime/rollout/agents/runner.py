@@ -86,6 +86,7 @@ class AgentRunner:
         self.version = 0  # the policy version the engine holds (optimizer steps): the next calls'
         # (0: the model folder's weights; a resumed run loads its checkpoint's first)
         self.server: Any = None
+        self.processor: Any = None  # a vision-language policy's (models/vision.py): the engine's
         self._lock = threading.Lock()
 
     def weights_loaded(self, version: int) -> None:
@@ -102,11 +103,13 @@ class AgentRunner:
             if self.server is None:
                 from .server import PolicyServer
 
+                self.processor = getattr(engine, "vision_processor", None)
                 self.server = PolicyServer(engine.tokenizer, model_name=self.model_name, context=self.context,
                                            max_calls=self.max_calls, max_parallel=self.max_parallel,
                                            tool_parser=self.tool_parser,
                                            chat_template_kwargs=self.chat_template_kwargs,
-                                           keep_alive_s=self.timeout_s + KEEP_ALIVE_MARGIN_S)
+                                           keep_alive_s=self.timeout_s + KEEP_ALIVE_MARGIN_S,
+                                           processor=self.processor)
                 self.server.start()
             return self.server
 
@@ -198,18 +201,28 @@ class AgentRunner:
             if not rows:  # no call answered: an empty row, the opening messages rendered as its prompt
                 text = tokenizer.apply_chat_template(opening, tokenize=False, add_generation_prompt=True,
                                                      **self.chat_template_kwargs)
-                rows = [Row(tokenizer(text, add_special_tokens=False)["input_ids"] or [pad])]
+                if self.processor is not None:  # its images expanded (a vision-language policy's)
+                    refs = self.processor.message_images(opening)
+                    rows = [Row(self.processor.ids(text, refs), images=refs)]
+                else:
+                    rows = [Row(tokenizer(text, add_special_tokens=False)["input_ids"] or [pad])]
             for k in range(K):
-                row = rows[k] if k < len(rows) else Row(rows[0].prompt_ids)  # padding: nothing trained
+                # padding: nothing trained; its prompt is the first row's first call's, with its images
+                row = rows[k] if k < len(rows) else Row(rows[0].prompt_ids, images=_prompt_images(o.calls, rows[0]))
                 text = tokenizer.decode(row.prompt_ids, skip_special_tokens=False)  # what the engine saw
                 messages = row_messages(tokenizer, o.calls, row, opening, self.chat_template_kwargs) \
                     if row.calls else opening
                 rows_out.append(row)
                 episodes.append(Episode(messages, o.reward, error=o.error,
                                         agent=AgentRow(k, made, k >= len(rows), breaks, calls)))
-                prompts.append(text)
+                prompts.append(self.processor.prompt(text, row.images) if row.images else text)
                 completions.append(final)
         return _rows_batch(tokenizer, rows_out, episodes, prompts, completions, G * K)
+
+
+def _prompt_images(calls: list[Call], row: Row) -> list[str]:
+    """The images of a row's prompt ids: its first call's (none for a row made of no call)."""
+    return list(calls[row.calls[0]].images) if row.calls else list(row.images)
 
 
 def _reply_text(call: Call) -> str:

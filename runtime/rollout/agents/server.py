@@ -16,6 +16,13 @@ call's prompt ids + its sampled ids + the chat template's rendering of the new m
 built-in episodes' delta, episodes/runner.py env_delta) -- the model's tokens are never
 re-tokenised. Any other call is rendered whole.
 
+Images (a vision-language policy, docs/vlm.md): a chat message's content may hold ``image_url``
+parts whose URL is a ``data:image/...;base64,`` URL, as OpenAI's chat API takes them; an http(s)
+URL is refused (400: the endpoint fetches nothing). Each image becomes its expanded image tokens
+in the prompt ids, and the call records the images its prompt ids hold (``Call.images``, in
+order; a bridged call's are the earlier call's then the new messages'). Token and text routes
+take no images (prompt ids holding image tokens are refused).
+
 Sampling follows the run, not the request: ``temperature`` and ``top_p`` are the run's (the
 trainer recomputes logprobs at the run's temperature); ``max_tokens`` is clamped to the run's
 ``max_new_tokens`` and to the room left in the model's context; ``stop`` strings and
@@ -39,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ...batch import sequence_routing
+from ...models.vision import IMAGE_TOKEN, VisionPrompt, VisionProcessor, open_image
 from ..engines.base import SamplingParams
 from ..episodes.parsers import ToolCall, parse_tool_calls, text_for_tools
 from ..episodes.runner import env_delta
@@ -62,6 +70,7 @@ class _Turn:
     raw_text: str              # the sampled ids decoded (what the template puts in the turn)
     stopped: bool              # the sampled ids end with the tokenizer's EOS
     ids: list[int]             # prompt ids + sampled ids
+    images: list[str] = field(default_factory=list)  # the images those ids hold, in order
 
 
 @dataclass
@@ -86,6 +95,7 @@ class _Job:
     n: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+    images: list[str] = field(default_factory=list)  # the images the prompt ids hold (data: URLs)
 
 
 def _cut(routed: Any, n: int) -> Any:
@@ -105,8 +115,10 @@ class PolicyServer:
 
     def __init__(self, tokenizer: Any, *, model_name: str, context: int | None, max_calls: int,
                  max_parallel: int, tool_parser: str = "hermes", chat_template_kwargs: dict | None = None,
-                 keep_alive_s: float = 3600.0) -> None:
+                 keep_alive_s: float = 3600.0, processor: Any = None) -> None:
         self.tokenizer = tokenizer
+        # a vision-language policy's processor (models/vision.py): chat calls may send images
+        self.processor = processor
         self.keep_alive_s = keep_alive_s
         self.model_name = model_name
         self.context = context
@@ -281,7 +293,7 @@ class PolicyServer:
 
     # ---------------------------------------------------------------- sampling
     async def _sample(self, log: EpisodeLog, prompt_ids: list[int], max_tokens: int,
-                      n: int) -> list[tuple[list[int], list[float], bool, Any]]:
+                      n: int, images: list[str] | None = None) -> list[tuple[list[int], list[float], bool, Any]]:
         """``n`` choices for one prompt: (sampled ids, logprobs, stopped by a stop token, the
         recorded experts of the prompt and sampled ids [len(prompt) + len(ids), Y, K] or None)."""
         with self._lock:
@@ -299,7 +311,7 @@ class PolicyServer:
         try:
             loop = asyncio.get_running_loop()
             future = loop.create_future()
-            self._jobs.put(_Job(list(prompt_ids), max_tokens, n, loop, future))
+            self._jobs.put(_Job(list(prompt_ids), max_tokens, n, loop, future, list(images or [])))
             return await future
         finally:
             with self._lock:
@@ -326,7 +338,8 @@ class PolicyServer:
                 groups.setdefault((j.max_tokens, j.n), []).append(j)
             for (max_tokens, n), group in groups.items():
                 try:
-                    results = self._run_engine([j.prompt_ids for j in group], max_tokens, n)
+                    results = self._run_engine([j.prompt_ids for j in group], max_tokens, n,
+                                               [j.images for j in group])
                 except BaseException as e:  # noqa: BLE001 - every waiting request gets the error
                     for j in group:
                         j.loop.call_soon_threadsafe(_settle, j.future, None, e)
@@ -334,14 +347,18 @@ class PolicyServer:
                 for k, j in enumerate(group):
                     j.loop.call_soon_threadsafe(_settle, j.future, results[k * n:(k + 1) * n], None)
 
-    def _run_engine(self, prompt_ids: list[list[int]], max_tokens: int,
-                    n: int) -> list[tuple[list[int], list[float], bool, Any]]:
+    def _run_engine(self, prompt_ids: list[list[int]], max_tokens: int, n: int,
+                    images: list[list[str]] | None = None) -> list[tuple[list[int], list[float], bool, Any]]:
         assert self._params is not None and self._engine is not None, "use(engine, params, version) first"
         base = self._params
         seed = None if base.seed is None else (base.seed * 1_000_003 + next(self._seeds)) % 2**63
         params = replace(base, n=n, max_new_tokens=max_tokens, seed=seed,
                          min_new_tokens=min(base.min_new_tokens, max_tokens))
-        out = self._engine.generate_ids(prompt_ids, params)
+        prompts = None
+        if images and any(images):  # each prompt carries its images (the engine reads their pixels)
+            prompts = [VisionPrompt(self.tokenizer.decode(ids, skip_special_tokens=False), refs)
+                       for ids, refs in zip(prompt_ids, images)]
+        out = self._engine.generate_ids(prompt_ids, params, prompts=prompts)
         results = []
         for r in range(len(prompt_ids) * n):
             m = out.response_mask[r].bool()
@@ -396,6 +413,7 @@ class PolicyServer:
         if any(not 0 <= i < vocab for i in prompt):
             raise RequestRefused(400, f"token_ids holds ids outside the vocabulary (0..{vocab - 1})",
                                param="token_ids")
+        self._no_image_tokens(prompt, "token_ids")
         sp = body.get("sampling_params") or {}
         if not isinstance(sp, dict):
             raise RequestRefused(400, "sampling_params must be an object", param="sampling_params")
@@ -429,6 +447,7 @@ class PolicyServer:
                                     "per request)", param="prompt")
         if not ids:
             raise RequestRefused(400, "the prompt is empty", param="prompt")
+        self._no_image_tokens(ids, "prompt")
         if body.get("stream"):
             raise RequestRefused(400, "stream is not supported on /v1/completions", param="stream")
         max_tokens = self._max_tokens(body, len(ids), "max_tokens")
@@ -466,10 +485,10 @@ class PolicyServer:
         if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
             raise RequestRefused(400, "tools must be a list of {'type': 'function', 'function': {...}}",
                                param="tools")
-        messages = [_template_message(m) for m in raw]
+        messages = [_template_message(m, self.processor is not None) for m in raw]
         keys = [_key(m) for m in messages]
         tools_key = json.dumps(tools, sort_keys=True)
-        prompt, bridged = self._bridge(log, messages, keys, tools, tools_key)
+        prompt, bridged, images = self._bridge(log, messages, keys, tools, tools_key)
         if prompt is None:
             try:
                 text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
@@ -477,7 +496,8 @@ class PolicyServer:
             except Exception as e:  # a template that cannot render these messages
                 raise RequestRefused(400, f"the chat template cannot render these messages: "
                                         f"{type(e).__name__}: {e}", param="messages") from None
-            prompt = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            images = VisionProcessor.message_images(messages)
+            prompt = self._ids(text, images)
         max_tokens = self._max_tokens(body, len(prompt), "max_completion_tokens", "max_tokens")
         meta = _metadata(body)
         n = self._n(body)
@@ -486,7 +506,7 @@ class PolicyServer:
         choices = []
         completion_tokens = 0
         with_tools = bool(tools) and body.get("tool_choice") != "none"
-        for k, (ids, lps, stopped, routed) in enumerate(await self._sample(log, prompt, max_tokens, n)):
+        for k, (ids, lps, stopped, routed) in enumerate(await self._sample(log, prompt, max_tokens, n, images)):
             ids, lps, text, finish = self._finish(ids, lps, stopped, stops, set(), with_tools)
             message = self._reply(text, tools, body)
             if message.get("tool_calls") and finish == "stop":
@@ -494,7 +514,7 @@ class PolicyServer:
             reply = _template_message(message)
             reply_key = _key(reply)
             call = Call(list(prompt), ids, lps, self._version, finish, "chat", text,
-                        messages=messages + [reply], bridged=bridged, metadata=meta,
+                        messages=messages + [reply], bridged=bridged, metadata=meta, images=list(images),
                         routed_experts=_cut(routed, len(prompt) + len(ids)))
             if not self._record(log, call):
                 continue
@@ -502,7 +522,8 @@ class PolicyServer:
             with self._lock:
                 # the template's own end of turn follows unless the model sampled the EOS itself
                 log.turns.append(_Turn(keys, messages, tools_key, reply_key, raw_text,
-                                       bool(ids) and ids[-1] == self.tokenizer.eos_token_id, list(prompt) + ids))
+                                       bool(ids) and ids[-1] == self.tokenizer.eos_token_id, list(prompt) + ids,
+                                       list(images)))
             completion_tokens += len(ids)
             choice: dict = {"index": k, "message": message, "finish_reason": finish, "logprobs": None}
             if want_lp:
@@ -538,11 +559,29 @@ class PolicyServer:
                      "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]}
         return {"role": "assistant", "content": text}
 
+    def _ids(self, text: str, images: list[str]) -> list[int]:
+        """The token ids of a rendered chat (or a delta): its images' placeholders expanded."""
+        if self.processor is None:
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        try:
+            return self.processor.ids(text, images)
+        except ValueError as e:  # an image part the template did not render as an image
+            raise RequestRefused(400, f"the messages' images do not match the chat template's image "
+                                    f"placeholders: {e}", param="messages") from None
+
+    def _no_image_tokens(self, ids: list[int], param: str) -> None:
+        """Token and text prompts carry no images: ids holding image tokens are refused."""
+        if self.processor is not None and self.processor.image_token_id in ids:
+            raise RequestRefused(400, f"the prompt holds {IMAGE_TOKEN} tokens, but only chat calls take "
+                                    "images: send them as image_url parts to /v1/chat/completions",
+                                 param=param)
+
     def _bridge(self, log: EpisodeLog, messages: list[dict], keys: list[tuple], tools: list | None,
-                tools_key: str) -> tuple[list[int] | None, bool]:
+                tools_key: str) -> tuple[list[int] | None, bool, list[str]]:
         """The prompt ids of a chat call that continues an earlier call of the episode (its messages,
-        then the reply it got, then new messages): that call's ids + the template's delta; None
-        when no earlier call fits or the template cannot be extended."""
+        then the reply it got, then new messages): that call's ids + the template's delta, and the
+        images those ids hold (the earlier call's, then the new messages'); None when no earlier
+        call fits or the template cannot be extended."""
         with self._lock:
             turns = list(log.turns)
         for turn in reversed(turns):
@@ -558,8 +597,9 @@ class PolicyServer:
                 delta = env_delta(self.tokenizer, history, tail, tools, turn.stopped, self.template_kwargs)
             except Exception:  # the template renders the history differently: render it whole
                 continue
-            return turn.ids + self.tokenizer(delta, add_special_tokens=False)["input_ids"], True
-        return None, False
+            new = VisionProcessor.message_images(tail)
+            return turn.ids + self._ids(delta, new), True, turn.images + new
+        return None, False, []
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
@@ -600,10 +640,43 @@ def _metadata(body: dict) -> dict[str, str]:
     return dict(meta)
 
 
-def _template_message(m: dict) -> dict:
-    """A request message as the chat template takes it: string content, tool calls with their
-    arguments as objects."""
-    out: dict = {"role": m["role"], "content": _content_text(m.get("content"))}
+def _image_part(part: dict, vision: bool) -> dict:
+    """An ``image_url`` content part checked (a data: URL of a readable image), as the chat
+    template takes it: ``{"type": "image", "image": URL}``."""
+    if not vision:
+        raise RequestRefused(400, "the served model is a text model: it takes no image_url parts",
+                             param="messages")
+    value = part.get("image_url")
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise RequestRefused(400, "an image_url part needs {'url': 'data:image/...;base64,...'}", param="messages")
+    if url.startswith(("http://", "https://")):
+        raise RequestRefused(400, "image_url: http(s) URLs are not fetched (the endpoint reaches no network): "
+                                  "send the image inline as a data: URL (data:image/png;base64,...)",
+                             param="messages")
+    if not url.startswith("data:image/"):
+        raise RequestRefused(400, f"image_url must be a data:image/...;base64 URL, got {url[:40]!r}",
+                             param="messages")
+    try:
+        with open_image(url) as img:
+            img.verify()
+    except Exception as e:  # noqa: BLE001 - PIL raises several types for bad bytes
+        raise RequestRefused(400, f"image_url: the data: URL is not a readable image: {e}",
+                             param="messages") from None
+    return {"type": "image", "image": url}
+
+
+def _template_message(m: dict, vision: bool = False) -> dict:
+    """A request message as the chat template takes it: string content (a list of text and
+    ``{"type": "image", "image": URL}`` parts when it has ``image_url`` parts), tool calls with
+    their arguments as objects."""
+    content = m.get("content")
+    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image_url" for p in content):
+        parts = [_image_part(p, vision) if p.get("type") == "image_url" else {"type": "text", "text": p.get("text", "")}
+                 for p in content if isinstance(p, dict) and p.get("type") in ("image_url", "text")]
+        out: dict = {"role": m["role"], "content": parts}
+    else:
+        out = {"role": m["role"], "content": _content_text(content)}
     calls = []
     for tc in m.get("tool_calls") or []:
         f = tc.get("function", tc) if isinstance(tc, dict) else {}
@@ -626,7 +699,10 @@ def _key(m: dict) -> tuple:
     """What makes two messages the same for bridging: role, text, tool calls (name, arguments)."""
     calls = tuple((tc["function"]["name"], json.dumps(tc["function"]["arguments"], sort_keys=True))
                   for tc in m.get("tool_calls", []))
-    return m["role"], m.get("content") or "", calls
+    content = m.get("content") or ""
+    if isinstance(content, list):  # text and image parts: the texts and the images' URLs
+        content = tuple((p["type"], p.get("text") or p.get("image")) for p in content)
+    return m["role"], content, calls
 
 
 def _chunks(response: dict) -> list[dict]:

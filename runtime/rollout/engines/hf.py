@@ -30,7 +30,7 @@ from ...batch import RolloutBatch, position_ids_from_mask, repeat_each
 from ...models import moe
 from ...models.loading import backbone, cache_keyword, plain_kv_cache, tensors_by_name
 from ...data.images import images_of
-from .hf_vision import generate_with_images
+from .hf_vision import engine_processor, generate_ids_with_images, generate_with_images
 from .kv_cache import preallocated_cache
 from .base import (SamplingParams, check_request, cut_at_first_stop, left_pad, special_token_ids,
                    stop_token_ids)
@@ -73,7 +73,7 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
         """Sample ``params.n`` completions per prompt (groups contiguous); prompts with images
-        (a vision-language policy: data/images.py ``VisionPrompt``) go through hf_vision.py."""
+        (a vision-language policy: models/vision.py ``VisionPrompt``) go through hf_vision.py."""
         check_request(prompts, params)
         if any(images_of(p) for p in prompts):
             return generate_with_images(self, prompts, params)
@@ -82,6 +82,12 @@ class HFEngine:
         )
         return self._generate_padded(enc["input_ids"].to(self.device),  # [P, Tp]
                                      enc["attention_mask"].to(self.device), prompts, params)
+
+    @property
+    def vision_processor(self) -> Any:
+        """A vision-language policy's processor (models/vision.py; None for a text model): what
+        multi-turn episodes and agents expand their messages' images with (docs/vlm.md)."""
+        return engine_processor(self)
 
     @torch.no_grad()
     def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams,
@@ -92,6 +98,8 @@ class HFEngine:
         if prompts is None:
             prompts = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=False)
         check_request(prompts, params)
+        if any(images_of(p) for p in prompts):  # ids with their images' tokens (hf_vision.py)
+            return generate_ids_with_images(self, prompt_ids, prompts, params)
         ids, mask = left_pad(prompt_ids, self.pad_id)
         return self._generate_padded(ids.to(self.device), mask.to(self.device), prompts, params)
 

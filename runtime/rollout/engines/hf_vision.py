@@ -1,6 +1,6 @@
 """The HF engine's generation for prompts with images (a vision-language policy; docs/vlm.md).
 
-Each prompt is a ``VisionPrompt`` (data/images.py): the chat template's text with one
+Each prompt is a ``VisionPrompt`` (models/vision.py): the chat template's text with one
 ``<|image_pad|>`` per image, and its images' refs. The policy's processor (models/vision.py)
 expands each placeholder into one token per merged patch and computes the pixel values; the P
 prompts are left padded, repeated G times, their images' pixel values and grids laid out in row
@@ -17,8 +17,13 @@ import torch
 
 from ...batch import RolloutBatch
 from ...data.images import images_of
-from ...models.vision import processor_for
+from ...models.vision import model_processor, processor_for
 from .base import SamplingParams, left_pad
+
+
+def engine_processor(engine: Any) -> Any:
+    """The processor of the engine's policy when it is a vision-language model, else None."""
+    return model_processor(engine.model)
 
 
 def generate_with_images(engine: Any, prompts: list[str], params: SamplingParams) -> RolloutBatch:
@@ -36,3 +41,33 @@ def generate_with_images(engine: Any, prompts: list[str], params: SamplingParams
         vision["image_grid_thw"] = torch.cat([e["image_grid_thw"] for e in with_images]).to(engine.device)
     return engine._generate_padded(ids.to(engine.device), mask.to(engine.device), prompts, params, **vision)
 
+
+
+def generate_ids_with_images(engine: Any, prompt_ids: list[list[int]], prompts: list[str],
+                             params: SamplingParams) -> RolloutBatch:
+    """``engine.generate_ids`` (an ``HFEngine``) for prompt ids whose image tokens are expanded
+    already (a multi-turn episode's or an agent's turn: docs/vlm.md), each prompt carrying the refs
+    of the images those tokens stand for, in order (``prompts``: ``VisionPrompt``)."""
+    processor = processor_for(engine.model, engine.tokenizer)
+    ids, mask = left_pad(prompt_ids, engine.pad_id)  # [P, Tp]
+    types = (ids == processor.image_token_id).long()  # [P, Tp]
+    G = params.n
+    pixels, grids = [], []
+    for p, row in zip(prompts, types):
+        refs = images_of(p)
+        if not refs:
+            if int(row.sum()):
+                raise ValueError("a prompt holds image tokens but no images")
+            continue
+        vision = processor.image_inputs(refs)
+        want = int((vision["image_grid_thw"].prod(-1) // processor.merge_size ** 2).sum())
+        if want != int(row.sum()):
+            raise ValueError(f"a prompt holds {int(row.sum())} image tokens but its {len(refs)} images "
+                             f"make {want}")
+        pixels += [vision["pixel_values"]] * G
+        grids += [vision["image_grid_thw"]] * G
+    extra = {"mm_token_type_ids": types.repeat_interleave(G, dim=0).to(engine.device)}
+    if grids:
+        extra["pixel_values"] = torch.cat(pixels).to(engine.device)
+        extra["image_grid_thw"] = torch.cat(grids).to(engine.device)
+    return engine._generate_padded(ids.to(engine.device), mask.to(engine.device), prompts, params, **extra)

@@ -55,7 +55,7 @@ def env_delta(tokenizer: Any, messages: list[dict], new: list[dict], schemas: li
 
 def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequence[Environment],
                  params: SamplingParams, *, max_turns: int, context: int | None = None,
-                 chat_template_kwargs: dict | None = None) -> RolloutBatch:
+                 chat_template_kwargs: dict | None = None, processor: Any = None) -> RolloutBatch:
     """``params.n`` episodes per row (groups contiguous; ``envs`` has one per episode). A row is
     what ``reset`` receives: ``prompt`` (the data row's own, untemplated: a string or messages),
     ``answer``, and ``system`` when set; the chat template is applied here, once, with the tools.
@@ -76,7 +76,11 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
     tokens as they were sampled, the environment's (and each turn's last sampled token, which
     its own turn never feeds) in the next turn's prefill (``batch.first_records``); -1 on tokens
     no turn fed (padding, the last token, an observation after which the context was full); None
-    when a turn came back without routing."""
+    when a turn came back without routing.
+    ``processor``: a vision-language policy's (models/vision.py): image parts in any message (the
+    first user turn's, an environment's later ones) become their expanded image tokens, and each
+    row's prompt is a ``VisionPrompt`` carrying every image its tokens hold, in order (the
+    engine's next turns and the trainer's forwards read their pixels)."""
     kwargs = dict(chat_template_kwargs or {})
     G = params.n
     B = len(rows) * G
@@ -88,8 +92,15 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
         convs.append(list(env_reset(env, dict(rows[i // G]))))
         tools = getattr(env, "tools", None)
         schemas.append([tool_schema(t) for t in tools] if tools else None)
-    prompt_text = [_render(tokenizer, convs[p * G], schemas[p * G], True, kwargs) for p in range(len(rows))]
-    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompt_text]
+    prompt_text: list[str] = [_render(tokenizer, convs[p * G], schemas[p * G], True, kwargs) for p in range(len(rows))]
+    # each episode's images so far, in token order (a vision-language policy's: docs/vlm.md)
+    images: list[list[str]] = [processor.message_images(convs[i]) if processor is not None else []
+                               for i in range(B)]
+    if processor is not None:
+        prompt_text = [processor.prompt(t, images[p * G]) for p, t in enumerate(prompt_text)]
+        prompt_ids = [processor.ids(str(t), images[p * G]) for p, t in enumerate(prompt_text)]
+    else:
+        prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompt_text]
     resp: list[list[int]] = [[] for _ in range(B)]
     mask: list[list[int]] = [[] for _ in range(B)]
     lps: list[list[float]] = [[] for _ in range(B)]
@@ -109,7 +120,9 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
             rows_of = list(range(B))
         else:
             out = engine.generate_ids([prompt_ids[i // G] + resp[i] for i in live],
-                                      replace(one, seed=_turn_seed(params.seed, turn)))
+                                      replace(one, seed=_turn_seed(params.seed, turn)),
+                                      prompts=[processor.prompt(prompt_text[i // G], images[i]) for i in live]
+                                      if any(images[i] for i in live) else None)
             rows_of = live
         still = []
         recorded = recorded and out.routed_experts is not None
@@ -143,9 +156,14 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
             if turn == max_turns - 1:
                 finish[i] = "length"  # out of turns with the environment still waiting
                 continue
-            delta = tokenizer(env_delta(tokenizer, convs[i][:len(convs[i]) - len(result.messages)],
-                                        result.messages, schemas[i], True, kwargs),
-                              add_special_tokens=False)["input_ids"]
+            text = env_delta(tokenizer, convs[i][:len(convs[i]) - len(result.messages)],
+                             result.messages, schemas[i], True, kwargs)
+            if processor is not None:  # the environment's images, expanded, join the episode's
+                new = processor.message_images(result.messages)
+                delta = processor.ids(text, new)
+                images[i] += new
+            else:
+                delta = tokenizer(text, add_special_tokens=False)["input_ids"]
             resp[i] += delta
             mask[i] += [0] * len(delta)
             lps[i] += [0.0] * len(delta)
@@ -155,13 +173,14 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
             still.append(i)
         live = still
     return _batch(tokenizer, prompt_ids, prompt_text, resp, mask, lps, finish, convs, finals, steps, G,
-                  routes if recorded else None)
+                  routes if recorded else None, images, processor)
 
 
 def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], resp: list[list[int]],
            mask: list[list[int]], lps: list[list[float]], finish: list[str], convs: list[list[dict]],
            finals: list[str], steps: list[list[list[float]]], G: int,
-           routes: "list[torch.Tensor | None] | None" = None) -> RolloutBatch:
+           routes: "list[torch.Tensor | None] | None" = None, images: list[list[str]] | None = None,
+           processor: Any = None) -> RolloutBatch:
     pad = tokenizer.pad_token_id
     B = len(resp)
     Tp = max(len(p) for p in prompt_ids)
@@ -184,7 +203,8 @@ def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], 
             logprobs[i, :n] = torch.tensor(lps[i])
     routed = None if routes is None else routing_columns(routes, [len(prompt_ids[i // G]) for i in range(B)], Tp, Tr)
     return RolloutBatch(p_ids, p_mask, r_ids, r_mask, logprobs, finish,
-                        [prompt_text[i // G] for i in range(B)], finals, G,
+                        [processor.prompt(prompt_text[i // G], images[i]) if images and images[i]
+                         else prompt_text[i // G] for i in range(B)], finals, G,
                         response_attention=r_attn, routed_experts=routed,
                         episodes=[Episode(c, sum(r for _, r in st) if st else None, st)
                                   for c, st in zip(convs, steps)])
@@ -239,4 +259,5 @@ class EpisodeRunner:
                  **({"system": self.system_prompt} if self.system_prompt else {})}
                 for p, a in zip(prompts, answers)]
         return run_episodes(engine, engine.tokenizer, rows, envs, params, max_turns=self.max_turns,
-                            context=self.context, chat_template_kwargs=self.chat_template_kwargs)
+                            context=self.context, chat_template_kwargs=self.chat_template_kwargs,
+                            processor=getattr(engine, "vision_processor", None))

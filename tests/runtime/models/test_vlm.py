@@ -138,7 +138,7 @@ def test_hf_engine_rollout_and_trainer_logprobs_agree(policy, tmp_path):
     forward (token_logprobs with vision_inputs: pixels, grids, token types, M-RoPE positions)
     recomputes the engine's logprobs; the batch's prompt ids are the expanded ones."""
     from rldsl.runtime.batch import model_inputs
-    from rldsl.runtime.data.images import VisionPrompt
+    from rldsl.runtime.models.vision import VisionPrompt
     from rldsl.runtime.rollout.engines.base import SamplingParams
     from rldsl.runtime.rollout.engines.hf import HFEngine
     from rldsl.runtime.train.logprobs import token_logprobs

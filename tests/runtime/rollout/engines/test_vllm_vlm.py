@@ -10,9 +10,8 @@ import torch
 
 import vlm_model as fixture
 from rldsl.runtime.batch import model_inputs
-from rldsl.runtime.data.images import VisionPrompt
 from rldsl.runtime.models.loading import load_policy
-from rldsl.runtime.models.vision import load_processor
+from rldsl.runtime.models.vision import VisionPrompt, load_processor
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.train.logprobs import token_logprobs
 from rldsl.runtime.train.vision_rows import vision_inputs
