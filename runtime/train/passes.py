@@ -88,7 +88,7 @@ class ForwardPasses:
             extra["gather_ids"] = gather_ids
         if hidden:
             extra["return_hidden"] = True
-        vision = vision_inputs(model, batch.prompts, ids, attn)  # a VLM's rows with images: padded, in full
+        vision = vision_inputs(model, batch.prompts, ids, attn, Tr)  # a VLM's rows with images: padded, in full
         if vision is not None:
             extra["vision"], groups = vision, False
         count = TokenCount()

@@ -149,11 +149,16 @@ def micro_batches(seqs: Sequence[VisionSequence], token_budget: int) -> list[lis
 
 
 def vision_inputs(model: nn.Module, prompts: Sequence[str], input_ids: Tensor,
-                  attention_mask: Tensor) -> dict[str, Tensor] | None:
+                  attention_mask: Tensor, response_tokens: int = 0) -> dict[str, Tensor] | None:
     """The image inputs of a trainer forward over B rollout rows (prompt left padded, response
-    right padded: [B, T]) whose prompts carry images (data/images.py ``VisionPrompt``): pixel
-    values and grids in row order, ``mm_token_type_ids`` [B, T], M-RoPE ``position_ids``
-    [3, B, T] over each row's real tokens. None when no prompt has an image."""
+    right padded: [B, T], the last ``response_tokens`` columns the responses) whose prompts carry
+    images (data/images.py ``VisionPrompt``): pixel values and grids in row order,
+    ``mm_token_type_ids`` [B, T], M-RoPE ``position_ids`` [3, B, T] over each row's real tokens.
+    None when no prompt has an image.
+
+    Only the prompts' image placeholders are image tokens: a response may hold the placeholder id
+    too (a policy can sample any token), which the engine fed back as a text token -- its own
+    embedding at the next text position -- and so does the forward (:func:`vision_embeds`)."""
     refs = [images_of(p) for p in prompts]
     if not any(refs):
         return None
@@ -161,6 +166,7 @@ def vision_inputs(model: nn.Module, prompts: Sequence[str], input_ids: Tensor,
     device = input_ids.device
     vision = processor.image_inputs([r for row in refs for r in row])
     types = (input_ids == processor.image_token_id).long()
+    types[:, input_ids.shape[1] - response_tokens:] = 0  # a sampled placeholder is text
     grid = vision["image_grid_thw"].to(device)
     positions, _ = _rope(model).get_rope_index(input_ids, mm_token_type_ids=types, image_grid_thw=grid,
                                                attention_mask=attention_mask)
@@ -219,8 +225,9 @@ def packed_vision_hidden(body: nn.Module, input_ids: Tensor, attention_mask: Ten
         images = {"pixel_values": torch.cat(pix), "image_grid_thw": torch.cat(grid)} if grid else {}
         positions = torch.cat([torch.cat(text).view(1, -1), torch.cat(rope, dim=1).to(torch.long)],
                               dim=0).unsqueeze(1)  # (4, 1, S)
-        hidden = body(input_ids=torch.cat(ids).view(1, S), position_ids=positions,
-                      mm_token_type_ids=torch.cat(tt).view(1, S), use_cache=False, **images).last_hidden_state[0]
+        row_types = torch.cat(tt).view(1, S)
+        hidden = body(inputs_embeds=vision_embeds(body, torch.cat(ids).view(1, S), row_types, **images),
+                      position_ids=positions, mm_token_type_ids=row_types, use_cache=False).last_hidden_state[0]
         if hidden_out is None:
             hidden_out = hidden.new_zeros(B, Tr, hidden.shape[-1])
         offset = 0
@@ -231,3 +238,22 @@ def packed_vision_hidden(body: nn.Module, input_ids: Tensor, attention_mask: Ten
                 hidden_out[b, :r] = hidden[first:first + r]
             offset += lengths[b]
     return hidden_out, computed
+
+
+def vision_embeds(body: nn.Module, input_ids: Tensor, mm_token_type_ids: Tensor, pixel_values: Tensor | None = None,
+                  image_grid_thw: Tensor | None = None) -> Tensor:
+    """The input embeddings [B, T, H] of a forward of the backbone ``body`` (a Qwen2-VL-family
+    ``model.model``): each token's embedding, the images' features (the vision tower's, merged)
+    on the tokens ``mm_token_type_ids`` marks, in order -- what the model's forward does with
+    ``pixel_values``, except that it takes every placeholder id for an image token and refuses a
+    row whose response holds one (:func:`vision_inputs`)."""
+    inner = getattr(body, "_orig_mod", body)  # a compiled body's module
+    embeds = inner.get_input_embeddings()(input_ids)
+    if pixel_values is None:
+        return embeds
+    features = inner.get_image_features(pixel_values, image_grid_thw, return_dict=True).pooler_output
+    features = torch.cat(list(features), dim=0).to(embeds.device, embeds.dtype)
+    mask = mm_token_type_ids == 1
+    if int(mask.sum()) != features.shape[0]:
+        raise ValueError(f"{int(mask.sum())} image tokens but {features.shape[0]} image features")
+    return embeds.masked_scatter(mask.unsqueeze(-1).expand_as(embeds), features)
