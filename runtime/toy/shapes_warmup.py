@@ -1,11 +1,18 @@
 """The shapes task's embedded model (toy/shapes.py): a tiny Qwen2-VL built here -- a word-level
 tokenizer holding Qwen2-VL's special tokens and chat template, a ``Qwen2VLForConditionalGeneration``
 (text hidden 64, 2 layers, M-RoPE sections [4, 6, 6]; vision depth 1, embed 32, patch 14, merge 2)
-and a ``Qwen2VLImageProcessorPil`` -- with a cached warm start: supervised training on scenes of
-the training side drawn from the warm start's own seed, stopped as soon as the greedy accuracy on
-a validation slice of them reaches ``target`` (the held-out scenes are never read here). The
-model then answers some pictures right and many wrong: RL has room to raise it. The folder is
-cached under the rldsl cache folder by a hash of every setting (as toy/warmup.py's).
+and a ``Qwen2VLImageProcessorPil`` -- with a cached warm start.
+
+The warm start is supervised training on scenes of the training side drawn from its own seed
+(the held-out scenes are never read here), on the answers of a teacher with a flaw RL can fix
+(as the toy's carry-dropping teacher, toy/warmup.py): asked a colour, it names the colour's twin
+(red/orange, blue/purple, green/yellow) with probability ``confuse``; it gets the side right.
+Training stops once the model has learned the teacher -- its greedy answer is the teacher's most
+likely one on ``mode_target`` of a validation slice -- and settles. The model then reads the
+pictures (to tell a colour from its twin it must see it) but names the twin's colour more often
+than the true one: greedy colour answers mostly wrong, sampled ones right about 1 - ``confuse``
+of the time, so that most groups have mixed rewards. The folder is cached under the rldsl cache
+folder by a hash of every setting.
 """
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -30,7 +37,7 @@ from ..models.vision import VisionProcessor
 from .shapes import COLOURS, IMAGE_SIZE, QUESTIONS, SHAPES, SHAPES_VERSION, SIDES, WARM_SEED, examples, scenes
 
 #: Bumped whenever the model or the recipe changes meaning: part of the cache key.
-WARM_START_VERSION = 1
+WARM_START_VERSION = 2  # 2: a teacher that confuses each colour with its twin
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
            "<|image_pad|>", "<|video_pad|>", "<unk>")
 #: Qwen2-VL's released chat template (its image part: <|vision_start|><|image_pad|><|vision_end|>;
@@ -106,9 +113,27 @@ class ShapesWarmStart:
     validation_scenes: int = 200
     batch_size: int = 32
     lr: float = 3e-3
-    max_steps: int = 600
-    eval_every: int = 10
-    target: float = 0.45  # stop at this validation greedy accuracy
+    max_steps: int = 1500
+    eval_every: int = 20
+    confuse: float = 0.6  # the teacher names a colour's twin with this probability
+    mode_target: float = 0.8  # learned the teacher: greedy == its most likely answer on this share
+    settle_steps: int = 100  # then this many more steps, the learning rate decaying to 0
+
+
+#: each colour's twin, which the warm start's teacher names instead with probability ``confuse``
+TWINS = {"red": "orange", "orange": "red", "blue": "purple", "purple": "blue", "green": "yellow", "yellow": "green"}
+
+
+def teacher_answer(ex: Any, confuse: float, rng: random.Random) -> str:
+    """The flawed teacher's answer to a row: a colour's twin with probability ``confuse``."""
+    if dict(ex.fields).get("question") == "colour" and rng.random() < confuse:
+        return TWINS[ex.answer]
+    return ex.answer
+
+
+def teacher_mode(ex: Any, confuse: float) -> str:
+    """The teacher's most likely answer to a row."""
+    return TWINS[ex.answer] if dict(ex.fields).get("question") == "colour" and confuse > 0.5 else ex.answer
 
 
 def warm_start_key(config: ShapesWarmStart) -> str:
@@ -174,27 +199,34 @@ def _train(config: ShapesWarmStart, verbose: bool) -> tuple[Qwen2VLForConditiona
         model = Qwen2VLForConditionalGeneration(model_config(tok))
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.99), weight_decay=0.0)
     rng = random.Random(config.seed)
+    modes = [replace(ex, answer=teacher_mode(ex, config.confuse)) for ex in validation]
     history: list[dict] = []
     t0 = time.perf_counter()
-    accuracy, step = 0.0, 0
-    while step < config.max_steps:
+    accuracy, mode, step, end, reached = 0.0, 0.0, 0, config.max_steps, None
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda k: 1.0 if reached is None else max(0.0, 1.0 - (k - reached) / config.settle_steps))
+    while step < end:
         model.train()
-        loss = model(**_rows(processor, rng.sample(train, config.batch_size))).loss
+        batch = [replace(ex, answer=teacher_answer(ex, config.confuse, rng)) for ex in rng.sample(train, config.batch_size)]
+        loss = model(**_rows(processor, batch)).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        sched.step()
         step += 1
-        if step % config.eval_every == 0:
+        if step % config.eval_every == 0 or step == end:
             accuracy = greedy_accuracy(model, processor, validation)
-            history.append({"step": step, "loss": round(loss.item(), 4), "accuracy": accuracy,
+            mode = greedy_accuracy(model, processor, modes)
+            history.append({"step": step, "loss": round(loss.item(), 4), "accuracy": accuracy, "teacher_mode": mode,
                             "seconds": round(time.perf_counter() - t0, 2)})
             if verbose:
                 print("shapes warm start", history[-1], flush=True)
-            if accuracy >= config.target:
-                break
+            if reached is None and mode >= config.mode_target:
+                reached, end = step, min(config.max_steps, step + config.settle_steps)
     model.eval()
     report = {"settings": asdict(config), "version": WARM_START_VERSION, "steps": step,
-              "seconds": round(time.perf_counter() - t0, 2), "validation_accuracy": accuracy, "history": history}
+              "seconds": round(time.perf_counter() - t0, 2), "validation_accuracy": accuracy,
+              "validation_teacher_mode": mode, "reached_target_at": reached, "history": history}
     return model, processor, report
 
 

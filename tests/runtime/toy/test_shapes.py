@@ -136,3 +136,19 @@ def test_warm_start_is_cached_and_the_demo_config_does_a_step(tmp_path, monkeypa
     assert any("eval/heldout/colour/greedy_acc" in r for r in records)
     sample = json.loads((run / "samples.jsonl").read_text().splitlines()[0])
     assert sample["images"] and Path(sample["images"][0]).is_file()
+
+
+def test_the_warm_start_teacher_confuses_colours_with_their_twins_only():
+    import random
+
+    from rldsl.runtime.toy.shapes_warmup import TWINS, teacher_answer, teacher_mode
+    rows = shapes.examples(shapes.train_scenes(0, 400))
+    rng = random.Random(0)
+    said = [(ex, teacher_answer(ex, 0.6, rng)) for ex in rows]
+    colour = [(ex, a) for ex, a in said if dict(ex.fields)["question"] == "colour"]
+    assert all(a == ex.answer for ex, a in said if dict(ex.fields)["question"] == "side")
+    assert all(a in (ex.answer, TWINS[ex.answer]) for ex, a in colour)
+    assert 0.5 < sum(a != ex.answer for ex, a in colour) / len(colour) < 0.7
+    assert {teacher_mode(ex, 0.6) for ex, _ in colour} <= set(TWINS) and all(
+        teacher_mode(ex, 0.6) == TWINS[ex.answer] for ex, _ in colour)
+    assert sorted(TWINS) == sorted(shapes.COLOURS) and all(TWINS[TWINS[c]] == c for c in TWINS)
