@@ -50,6 +50,7 @@ __all__ = [
     "CALCULATOR_MAX_NEW_TOKENS",
     "ADDITION_TASK",
     "CALCULATOR_TASK",
+    "SHAPES_TASK",
     "BUILTIN_TASKS",
     "config_keys",
     "config_reference",
@@ -65,7 +66,8 @@ CALCULATOR_MAX_NEW_TOKENS = 24  # per turn of the tool-use demo: a Hermes call i
 #: the sources table, runtime/toy/sources.py). Every other module refers to a task by its name here.
 ADDITION_TASK = "addition"
 CALCULATOR_TASK = "calculator"
-BUILTIN_TASKS = (ADDITION_TASK, CALCULATOR_TASK)
+SHAPES_TASK = "shapes"
+BUILTIN_TASKS = (ADDITION_TASK, CALCULATOR_TASK, SHAPES_TASK)
 
 #: The libraries whose environments ``rollout.env`` may name as ``<library>:<target>``
 #: (rollout/agents/environments.py).
@@ -310,8 +312,9 @@ class DataConfig(_Section):
         description=f"The built-in task when path is null: '{ADDITION_TASK}' (2-digit a+b=, the "
                     f"embedded toy model) or '{CALCULATOR_TASK}' (a+b+c= of 2-digit numbers with a "
                     "calculator tool, its own embedded model warm-started on the call format: "
-                    "docs/tool_use.md); its defaults fill in the tools, the reward and "
-                    "max_new_tokens.")
+                    f"docs/tool_use.md) or '{SHAPES_TASK}' (a picture of one coloured shape and a "
+                    "question on its colour or side, a tiny Qwen2-VL warm-started on it: docs/vlm.md); "
+                    "its defaults fill in the tools, the reward and max_new_tokens.")
     chat_template: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="Feed prompts through the tokenizer's chat template "

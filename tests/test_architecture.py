@@ -539,6 +539,7 @@ RUNTIME_LAZY_IMPORTS = {
     "rldsl.runtime.run.loop": "`rldsl run` checks everything that needs no weights before torch loads (run/build.py)",
     "rldsl.runtime.run.plan": "as run.loop: the rollout-stage inputs (torch) are checked after the cheap checks",
     "rldsl.runtime.toy.sources": "as run.loop: a built-in task's model (transformers, torch) loads only when a run builds it",
+    "rldsl.runtime.toy.shapes_source": "as toy.sources: the shapes task's model (transformers, torch) loads only when a run builds it",
     "rldsl.runtime.rewards.functions": "a reward model (torch, transformers) loads only for an rm: reward",
 }
 

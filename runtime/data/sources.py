@@ -119,7 +119,8 @@ def register(source: Source) -> Source:
 #: The modules that register the built-in kinds (named, not imported: this module imports neither
 #: toy/ nor rollout/); :func:`source_of` imports them once, so the table is whole whoever asks first
 #: (a run imports them anyway through resolve.py; a lone caller such as a test might not).
-BUILT_IN = ("rldsl.runtime.data.reasoning_gym", "rldsl.runtime.toy.sources", "rldsl.runtime.rollout.multi_turn")
+BUILT_IN = ("rldsl.runtime.data.reasoning_gym", "rldsl.runtime.toy.sources", "rldsl.runtime.toy.shapes_source",
+            "rldsl.runtime.rollout.multi_turn")
 
 
 def _built_in() -> None:

@@ -44,6 +44,8 @@ positions are then 0.
 """
 from __future__ import annotations
 
+import contextlib
+
 import math
 import weakref
 from dataclasses import dataclass
@@ -57,7 +59,7 @@ from ..models import moe
 from ..models.loading import backbone, cache_keyword, plain_kv_cache
 from .packing import PackedRows, packed_hidden, packed_layout, same_prompts
 from .throughput import TokenCount
-from .vision_rows import packed_vision_hidden
+from .vision_rows import packed_vision_hidden, typed_image_tokens
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
@@ -472,18 +474,22 @@ def token_logprobs(
         else:
             computed = B * (T - 1)
         if hidden is None:
-            images = {} if vision is None else {  # the last token is never an image token
-                "pixel_values": vision.get("pixel_values"), "image_grid_thw": vision.get("image_grid_thw"),
-                "mm_token_type_ids": vision["mm_token_type_ids"][:, : T - 1]}
+            run = body if body is not None else backbone(model)
+            images, typed = {}, contextlib.nullcontext()
+            if vision is not None:  # the last token is never an image token
+                types = vision["mm_token_type_ids"][:, : T - 1]
+                images = {"pixel_values": vision.get("pixel_values"), "image_grid_thw": vision.get("image_grid_thw"),
+                          "mm_token_type_ids": types}
+                typed = typed_image_tokens(run, types)  # a sampled placeholder id is text
             positions = position_ids_from_mask(attention_mask) if vision is None else vision["position_ids"]
             with moe.feeding(model, None if routing is None else routing[:, : T - 1].reshape(
-                    B * (T - 1), *routing.shape[2:]), attention_mask[:, : T - 1]):
-                out = (body if body is not None else backbone(model))(
+                    B * (T - 1), *routing.shape[2:]), attention_mask[:, : T - 1]), typed:
+                out = run(
                     input_ids=input_ids[:, : T - 1],  # the last token predicts nothing
+                    **images,
                     attention_mask=attention_mask[:, : T - 1],
                     position_ids=positions[..., : T - 1],
                     use_cache=False,
-                    **images,
                 )
             hidden = out.last_hidden_state[:, T - Tr - 1 :]  # [B, Tr, H] states predicting the response
         aux = moe.balance(model) if with_router_aux else None  # [B*(T-1)]

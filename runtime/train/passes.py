@@ -88,7 +88,10 @@ class ForwardPasses:
             extra["gather_ids"] = gather_ids
         if hidden:
             extra["return_hidden"] = True
-        vision = vision_inputs(model, batch.prompts, ids, attn)  # a VLM's rows with images: padded, in full
+        # a VLM's rows with images: padded, in full; an episode's response also holds the
+        # environment's messages (attended, not sampled), whose image tokens are images
+        sampled = None if batch.response_attention is None else batch.response_mask
+        vision = vision_inputs(model, batch.prompts, ids, attn, Tr, sampled)
         if vision is not None:
             extra["vision"], groups = vision, False
         count = TokenCount()

@@ -24,8 +24,9 @@ Shapes: N sequences of n_i tokens (prompt p_i + response r_i), P_i patches of D 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -149,11 +150,19 @@ def micro_batches(seqs: Sequence[VisionSequence], token_budget: int) -> list[lis
 
 
 def vision_inputs(model: nn.Module, prompts: Sequence[str], input_ids: Tensor,
-                  attention_mask: Tensor) -> dict[str, Tensor] | None:
+                  attention_mask: Tensor, response_tokens: int = 0,
+                  sampled: Tensor | None = None) -> dict[str, Tensor] | None:
     """The image inputs of a trainer forward over B rollout rows (prompt left padded, response
-    right padded: [B, T]) whose prompts carry images (models/vision.py ``VisionPrompt``): pixel
-    values and grids in row order, ``mm_token_type_ids`` [B, T], M-RoPE ``position_ids``
-    [3, B, T] over each row's real tokens. None when no prompt has an image."""
+    right padded: [B, T], the last ``response_tokens`` columns the responses) whose prompts carry
+    images (models/vision.py ``VisionPrompt``): pixel values and grids in row order,
+    ``mm_token_type_ids`` [B, T], M-RoPE ``position_ids`` [3, B, T] over each row's real tokens.
+    None when no prompt has an image.
+
+    Only the prompts' image placeholders are image tokens: a response may hold the placeholder id
+    too (a policy can sample any token), which the engine fed back as a text token -- its own
+    embedding at the next text position -- and so does the forward (:func:`typed_image_tokens`).
+    ``sampled`` [B, response_tokens]: 1 where the policy sampled the response token (an episode's
+    response also holds the environment's messages, whose images are images); None: all of them."""
     refs = [images_of(p) for p in prompts]
     if not any(refs):
         return None
@@ -161,6 +170,9 @@ def vision_inputs(model: nn.Module, prompts: Sequence[str], input_ids: Tensor,
     device = input_ids.device
     vision = processor.image_inputs([r for row in refs for r in row])
     types = (input_ids == processor.image_token_id).long()
+    if response_tokens:  # a sampled placeholder is text
+        tail = types[:, input_ids.shape[1] - response_tokens:]
+        tail.mul_(0 if sampled is None else (sampled == 0).long())
     grid = vision["image_grid_thw"].to(device)
     positions, _ = _rope(model).get_rope_index(input_ids, mm_token_type_ids=types, image_grid_thw=grid,
                                                attention_mask=attention_mask)
@@ -219,8 +231,10 @@ def packed_vision_hidden(body: nn.Module, input_ids: Tensor, attention_mask: Ten
         images = {"pixel_values": torch.cat(pix), "image_grid_thw": torch.cat(grid)} if grid else {}
         positions = torch.cat([torch.cat(text).view(1, -1), torch.cat(rope, dim=1).to(torch.long)],
                               dim=0).unsqueeze(1)  # (4, 1, S)
-        hidden = body(input_ids=torch.cat(ids).view(1, S), position_ids=positions,
-                      mm_token_type_ids=torch.cat(tt).view(1, S), use_cache=False, **images).last_hidden_state[0]
+        row_types = torch.cat(tt).view(1, S)
+        with typed_image_tokens(body, row_types):
+            hidden = body(input_ids=torch.cat(ids).view(1, S), position_ids=positions, mm_token_type_ids=row_types,
+                          use_cache=False, **images).last_hidden_state[0]
         if hidden_out is None:
             hidden_out = hidden.new_zeros(B, Tr, hidden.shape[-1])
         offset = 0
@@ -231,3 +245,26 @@ def packed_vision_hidden(body: nn.Module, input_ids: Tensor, attention_mask: Ten
                 hidden_out[b, :r] = hidden[first:first + r]
             offset += lengths[b]
     return hidden_out, computed
+
+
+@contextmanager
+def typed_image_tokens(body: nn.Module, mm_token_type_ids: Tensor) -> Iterator[None]:
+    """Within it, a forward of the backbone ``body`` (a Qwen2-VL-family ``model.model``) places
+    the images' features on the tokens ``mm_token_type_ids`` marks (:func:`vision_inputs`), not on
+    every placeholder id: a response may hold the placeholder id as text. The model's forward is
+    otherwise its own (Qwen3-VL's deepstack features follow the same positions); it still checks
+    that the marked tokens and the images' features agree in number."""
+    inner = getattr(body, "_orig_mod", body)  # a compiled body's module
+
+    def placeholders(input_ids, inputs_embeds, image_features=None, video_features=None):
+        image = (mm_token_type_ids == 1).to(inputs_embeds.device)
+        if image_features is not None and int(image.sum()) != image_features.shape[0]:
+            raise ValueError(f"{int(image.sum())} image tokens but {image_features.shape[0]} image features")
+        image = image.unsqueeze(-1).expand_as(inputs_embeds)
+        return image, torch.zeros_like(image)
+
+    inner.get_placeholder_mask = placeholders  # the instance's, over its class's method
+    try:
+        yield
+    finally:
+        del inner.get_placeholder_mask
