@@ -95,6 +95,7 @@ def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
     check_async(algo, cfg)
     check_vision(algo, cfg)
     check_weight_sync(cfg)
+    check_lora_sync(cfg)
     check = source_of(cfg).check
     if check is not None:
         check(cfg)
@@ -139,6 +140,43 @@ def check_weight_sync(cfg: RunConfig) -> None:
         raise ConfigError(f"distributed.weight_sync='collective' sends the trainers' current weights, and "
                           f"rollout.max_staleness={cfg.rollout.max_staleness} loads published older versions: "
                           "use distributed.weight_sync='object_store' for an asynchronous run")
+
+
+#: The largest LoRA rank vLLM serves (vllm.config.lora.MaxLoRARanks, vLLM 0.32: 1, 8, ..., 320, 512).
+VLLM_MAX_LORA_RANK = 512
+#: Modules peft can adapt and vLLM's LoRA does not serve on a decoder's language model (its LoRA
+#: layers replace the linear layers of attention and the MLP; embedding and output-head LoRA are gone
+#: from vLLM 0.32).
+VLLM_LORA_REFUSED = ("embed_tokens", "lm_head", "wte", "word_embeddings", "embed_in", "embed_out")
+
+
+def check_lora_sync(cfg: RunConfig) -> None:
+    """``model.lora.sync = "adapter"`` needs adapters (``model.lora.rank > 0``), the object-store
+    path on Ray, and on the vLLM engine adapters vLLM can serve: a rank up to 512, linear layers of a
+    text model's decoder. Refused here, before any model loads."""
+    lo = cfg.model.lora
+    if lo.sync != "adapter":
+        return
+    if lo.rank == 0:
+        raise ConfigError("model.lora.sync='adapter' sends the LoRA adapters to the engines, and model.lora.rank=0 "
+                          "trains no adapter: set model.lora.rank > 0, or drop model.lora.sync")
+    if cfg.distributed.uses_ray and cfg.distributed.weight_sync == "collective":
+        raise ConfigError("model.lora.sync='adapter' goes through Ray's object store (the adapters are a few MB): "
+                          "use distributed.weight_sync='object_store' (or 'auto'), or model.lora.sync='merged' "
+                          "with the collective path")
+    if cfg.rollout.engine != "vllm":
+        return
+    if lo.rank > VLLM_MAX_LORA_RANK:
+        raise ConfigError(f"model.lora.rank={lo.rank}: vLLM serves LoRA ranks up to {VLLM_MAX_LORA_RANK}; "
+                          "use model.lora.sync='merged' (vLLM then loads merged weights)")
+    refused = [m for m in lo.target_modules if m.rsplit(".", 1)[-1] in VLLM_LORA_REFUSED]
+    if refused:
+        raise ConfigError(f"model.lora.target_modules={refused}: vLLM serves LoRA on the decoder's linear layers "
+                          "(attention and MLP projections), not on embeddings or the output head; drop them, "
+                          "or use model.lora.sync='merged'")
+    if cfg.model.path is not None and is_vision_folder(cfg.model.path):
+        raise ConfigError(f"{cfg.model.path} is a vision-language model: model.lora.sync='adapter' on the vLLM "
+                          "engine is tested on text models only; use model.lora.sync='merged'")
 
 
 def check_teacher_settings(algo: Algorithm, cfg: RunConfig) -> None:

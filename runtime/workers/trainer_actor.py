@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..batch import RolloutBatch
 from ..errors import WeightSyncError
+from ..models.lora import LoraAdapter, sync_nbytes
 from ..train.trainer import TrainBatch
 from .fsdp import ShardedTrainer
 from .fsdp_rank import start_rank
@@ -74,11 +75,13 @@ class TrainerWorker:
         self.pending = None
         return {"metrics": m, "lr": float(t.optimizer.param_groups[0]["lr"])}
 
-    def full_weights(self) -> tuple[int | None, dict[str, Tensor] | None]:
-        """(its bytes, full state dict) on rank 0, (None, None) elsewhere: a collective over the ranks."""
+    def full_weights(self) -> tuple[int | None, dict[str, Tensor] | LoraAdapter | None]:
+        """(its bytes, full state dict) on rank 0, (None, None) elsewhere: a collective over the ranks.
+        With ``model.lora.sync = "adapter"`` the LoRA adapters alone instead of the state dict."""
         assert self.trainer is not None
-        state = self.trainer.full_weights()
-        return (None if state is None else sum(v.numel() * v.element_size() for v in state.values())), state
+        lo = self.cfg.model.lora
+        state = self.trainer.full_adapter() if lo.rank and lo.sync == "adapter" else self.trainer.full_weights()
+        return (None if state is None else sync_nbytes(state)), state
 
     # -- the collective weight sync (sync_buckets.py; collective_sync.py drives it)
 
