@@ -312,6 +312,12 @@ class VLLMEngine:
             self._retire_adapters()
 
     @property
+    def adapter_version(self) -> int | None:
+        """The policy version whose adapter the next request gets (None: the weights alone)."""
+        lora = self._lora
+        return None if lora is None else lora_version(lora)
+
+    @property
     def adapter_versions(self) -> list[int]:
         """The policy versions whose adapters vLLM holds now (ascending)."""
         return sorted(self._loras)
