@@ -151,19 +151,15 @@ VLLM_LORA_REFUSED = ("embed_tokens", "lm_head", "wte", "word_embeddings", "embed
 
 
 def check_lora_sync(cfg: RunConfig) -> None:
-    """``model.lora.sync = "adapter"`` needs adapters (``model.lora.rank > 0``), the object-store
-    path on Ray, and on the vLLM engine adapters vLLM can serve: a rank up to 512, linear layers of a
-    text model's decoder. Refused here, before any model loads."""
+    """``model.lora.sync = "adapter"`` needs adapters (``model.lora.rank > 0``), and on the vLLM
+    engine adapters vLLM can serve: a rank up to 512, linear layers of a text model's decoder.
+    Refused here, before any model loads."""
     lo = cfg.model.lora
     if lo.sync != "adapter":
         return
     if lo.rank == 0:
         raise ConfigError("model.lora.sync='adapter' sends the LoRA adapters to the engines, and model.lora.rank=0 "
                           "trains no adapter: set model.lora.rank > 0, or drop model.lora.sync")
-    if cfg.distributed.uses_ray and cfg.distributed.weight_sync == "collective":
-        raise ConfigError("model.lora.sync='adapter' goes through Ray's object store (the adapters are a few MB): "
-                          "use distributed.weight_sync='object_store' (or 'auto'), or model.lora.sync='merged' "
-                          "with the collective path")
     if cfg.rollout.engine != "vllm":
         return
     if lo.rank > VLLM_MAX_LORA_RANK:

@@ -88,7 +88,8 @@ class TrainerWorker:
     def sync_plan(self, max_bytes: int) -> list:
         """The bucket plan (every rank computes the same); rank 0's answer goes to the rollout workers."""
         assert self.trainer is not None
-        self.plan = sync_plan(self.trainer.policy, max_bytes)
+        lo = self.cfg.model.lora
+        self.plan = sync_plan(self.trainer.policy, max_bytes, adapters=bool(lo.rank) and lo.sync == "adapter")
         return as_plain(self.plan)
 
     def sync_listen(self, local: bool) -> tuple[str, int]:

@@ -32,10 +32,11 @@ def test_the_default_is_merged_and_adapter_sync_is_checked_before_loading(vlm_mo
     grpo = rldsl.load("grpo")
     check_settings(grpo, load_config(None, ADAPTER))  # hf engine, one process
     check_settings(grpo, load_config(None, [*ADAPTER, "distributed.rollout_workers=1"]))  # auto: object store
+    check_settings(grpo, load_config(None, [*ADAPTER, "distributed.rollout_workers=1",
+                                            "distributed.weight_sync=collective"]))
     check_lora_sync(load_config(None, [*ADAPTER, "rollout.engine=vllm", "model.lora.rank=64"]))
     refused = {
         "model.lora.rank=0": ["model.lora.sync=adapter"],
-        "weight_sync='object_store'": [*ADAPTER, "distributed.rollout_workers=1", "distributed.weight_sync=collective"],
         "vLLM serves LoRA ranks up to 512": [*ADAPTER, "rollout.engine=vllm", "model.lora.rank=600"],
         "not on embeddings or the output head": [*ADAPTER, "rollout.engine=vllm",
                                                  "model.lora.target_modules=[q_proj, lm_head]"],
