@@ -5,21 +5,27 @@ One engine serves the module, built as a run asks for it (``engine_from_config``
 Llama with the toy tokenizer and head dim 64 (vLLM's CPU attention refuses the toy's 24). An
 asynchronous run (``rollout.max_staleness=1``, 4 steps) trains rank-4 adapters and syncs them as
 versioned LoRAs through that engine; then the trained policy's adapters and its merged weights
-sample the same tokens with the same logprobs.
+sample the same tokens with the same logprobs. And, on a stand-in for ``vllm.LLM`` (a real
+``LoRARequest``), a sync that lands while a call is in flight: the call keeps its version.
 Run alone: ``make test-vllm`` (or ``.venv-vllm/bin/python -m pytest -m vllm FILE``).
 """
 from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from rldsl.runtime import recipe
 from rldsl.runtime.config import load_config
-from rldsl.runtime.models.lora import adapter_of, merged_weights
+from rldsl.runtime.models.lora import LoraAdapter, adapter_of, merged_weights
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.producer import version_for
 from rldsl.runtime.run import loop, schedule
+from rldsl.runtime.toy import build_tokenizer
 from small_run import steps_of
+from test_vllm import EOS, RequestOutputDouble, completion, make_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -124,3 +130,54 @@ def test_adapter_logprobs_equal_the_merged_weights_after_training(run):
     diff = float((with_adapter.logprobs - merged.logprobs)[mask].abs().max())
     print(f"max |adapter - merged| logprob: {diff:.2e}")
     assert diff <= LOGPROB_TOL
+
+
+class BlockingLoraLLM:
+    """Stand-in for ``vllm.LLM`` with LoRA: records ``add_lora`` / ``remove_lora``; ``generate``
+    blocks until released and answers each request with the ``lora_request`` it was given (as
+    vLLM's ``RequestOutput.lora_request``). Not a vLLM run: it checks our bookkeeping."""
+
+    def __init__(self):
+        self.added, self.removed, self.given = [], [], []
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(lora_config=object()),
+                                          add_lora=self.added.append, remove_lora=self.removed.append)
+
+    def generate(self, requests, sampling_params, use_tqdm=True, lora_request=None):
+        self.given.append(lora_request)
+        self.entered.set()
+        assert self.release.wait(30)
+        outputs = [RequestOutputDouble(str(i), None, r["prompt_token_ids"], None,
+                                       [completion(0, [5, 6, EOS], [-0.1, -0.2, -0.3], "stop")])
+                   for i, r in enumerate(requests)]
+        for o in outputs:
+            o.lora_request = lora_request
+        return outputs
+
+
+def test_a_sync_during_a_call_leaves_its_requests_on_the_version_they_were_submitted_with():
+    from pathlib import Path
+    llm = BlockingLoraLLM()
+    engine = make_engine(llm, build_tokenizer())
+    adapter = LoraAdapter({"model.layers.0.self_attn.q_proj.lora_A.default.weight": torch.zeros(4, 8),
+                           "model.layers.0.self_attn.q_proj.lora_B.default.weight": torch.zeros(8, 4)}, 4, 8.0)
+    engine.load_adapter(adapter, 1)
+    assert [(r.lora_name, r.lora_int_id, r.load_inplace) for r in llm.added] == [("policy-v1", 2, True)]
+    v1_folder = Path(llm.added[0].lora_path)
+    assert (v1_folder / "adapter_config.json").exists() and (v1_folder / "adapter_model.safetensors").exists()
+    out = {}
+    call = threading.Thread(target=lambda: out.update(batch=engine.generate(["1+1=", "2+2="],
+                                                                            SamplingParams(n=1, max_new_tokens=4))))
+    call.start()
+    assert llm.entered.wait(30)
+    engine.load_adapter(adapter, 2)  # the next sync lands while the call is in flight
+    assert engine.adapter_version == 2 and engine.adapter_versions == [1, 2] and llm.removed == []
+    llm.release.set()
+    call.join(30)
+    assert llm.given[0].lora_name == "policy-v1" and not llm.given[0].load_inplace
+    batch = out["batch"]
+    assert batch.token_versions[batch.response_mask.bool()].unique().tolist() == [1]
+    assert llm.removed == [2] and engine.adapter_versions == [2] and not v1_folder.exists()  # v1: no user left
+    engine.generate(["3+3="], SamplingParams(n=1, max_new_tokens=4))
+    assert llm.given[1].lora_name == "policy-v2"
+    engine.close()
