@@ -293,9 +293,10 @@ class VLLMEngine:
     # ------------------------------------------------------------ LoRA adapters
     def load_adapter(self, adapter: Any, version: int) -> None:
         """Serve ``adapter`` (a ``models.lora.LoraAdapter``) as policy ``version`` from the next
-        request on: it is written as a peft folder and loaded as the LoRA ``policy-v{version}`` (int id ``version + 1``); requests
-        already submitted keep the version they started with, and a version no request uses any
-        more is removed (from vLLM and from disk). The base weights stay as loaded."""
+        request on: it is written as a peft folder and loaded as the LoRA ``policy-v{version}``
+        (int id ``version + 1``); requests already submitted keep the version they started with,
+        and a version no request uses any more is removed (from vLLM and from disk). The base
+        weights stay as loaded."""
         self._check_usable()
         if self.llm.llm_engine.vllm_config.lora_config is None:
             raise WeightSyncError("load_adapter needs an engine built with max_lora_rank (vLLM enable_lora=True)")
@@ -308,8 +309,11 @@ class VLLMEngine:
         call_with_timeout(lambda: self.llm.llm_engine.add_lora(LoRARequest(name, lora_id, folder, load_inplace=True)),
                           self.options.weight_sync_timeout, f"loading LoRA adapter {name!r}")
         with self._lora_lock:
+            reloaded = version in self._loras
             self._lora = self._loras[version] = LoRARequest(name, lora_id, folder)
             self._retire_adapters()
+        if reloaded:  # vLLM's prefix cache keys blocks by LoRA id: those of the replaced copy go
+            self.llm.reset_prefix_cache()
 
     @property
     def adapter_version(self) -> int | None:
