@@ -144,9 +144,10 @@ def check_weight_sync(cfg: RunConfig) -> None:
 
 #: The largest LoRA rank vLLM serves (vllm.config.lora.MaxLoRARanks, vLLM 0.32: 1, 8, ..., 320, 512).
 VLLM_MAX_LORA_RANK = 512
-#: Modules peft can adapt and vLLM's LoRA does not serve on a decoder's language model (its LoRA
-#: layers replace the linear layers of attention and the MLP; embedding and output-head LoRA are gone
-#: from vLLM 0.32).
+#: Modules whose adapters are not sent to vLLM as adapters: the adapter folder rldsl writes holds
+#: linear-layer LoRA (``lora_A`` / ``lora_B``) of the decoder's attention and MLP; an embedding's
+#: (peft's ``lora_embedding_A`` / ``_B``) or the output head's (vLLM's logits-processor LoRA, tied to the
+#: embedding in small models) would need a layout of their own, untested here.
 VLLM_LORA_REFUSED = ("embed_tokens", "lm_head", "wte", "word_embeddings", "embed_in", "embed_out")
 
 
@@ -167,9 +168,9 @@ def check_lora_sync(cfg: RunConfig) -> None:
                           "use model.lora.sync='merged' (vLLM then loads merged weights)")
     refused = [m for m in lo.target_modules if m.rsplit(".", 1)[-1] in VLLM_LORA_REFUSED]
     if refused:
-        raise ConfigError(f"model.lora.target_modules={refused}: vLLM serves LoRA on the decoder's linear layers "
-                          "(attention and MLP projections), not on embeddings or the output head; drop them, "
-                          "or use model.lora.sync='merged'")
+        raise ConfigError(f"model.lora.target_modules={refused}: model.lora.sync='adapter' sends the decoder's "
+                          "linear-layer adapters (attention and MLP projections) to vLLM, not an embedding's or "
+                          "the output head's; drop them, or use model.lora.sync='merged'")
     if cfg.model.path is not None and is_vision_folder(cfg.model.path):
         raise ConfigError(f"{cfg.model.path} is a vision-language model: model.lora.sync='adapter' on the vLLM "
                           "engine is tested on text models only; use model.lora.sync='merged'")

@@ -38,7 +38,7 @@ def test_the_default_is_merged_and_adapter_sync_is_checked_before_loading(vlm_mo
     refused = {
         "model.lora.rank=0": ["model.lora.sync=adapter"],
         "vLLM serves LoRA ranks up to 512": [*ADAPTER, "rollout.engine=vllm", "model.lora.rank=600"],
-        "not on embeddings or the output head": [*ADAPTER, "rollout.engine=vllm",
+        "not an embedding's or the output head's": [*ADAPTER, "rollout.engine=vllm",
                                                  "model.lora.target_modules=[q_proj, lm_head]"],
         "vision-language model": [*ADAPTER, "rollout.engine=vllm", f"model.path={vlm_model}"],
     }
