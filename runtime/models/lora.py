@@ -157,7 +157,7 @@ class LoraAdapter:
 
     def target_modules(self) -> list[str]:
         """The adapted modules' last name parts (``q_proj``, ...): peft's ``target_modules``."""
-        return sorted({k.split(f".lora_")[0].rsplit(".", 1)[-1] for k in self.tensors})
+        return sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in self.tensors})
 
     def peft_config(self) -> dict[str, Any]:
         """peft's ``adapter_config.json`` of these adapters (plain LoRA: no rsLoRA, DoRA or bias)."""
