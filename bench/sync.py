@@ -8,6 +8,10 @@ Paths (distributed.weight_sync):
   collective    rldsl's bucketed broadcast (runtime/workers/sync_buckets.py: ``sync_plan``,
                 ``send_buckets``, ``receive_buckets``) over a gloo group made for the sync, each
                 bucket copied into the rollout actor's model as it arrives
+  adapter       model.lora.sync = "adapter" over the object store: rank-``--lora-rank`` adapters on
+                every linear layer (``models/lora.py`` ``adapter_of``), read by the rollout actor
+                and copied into its own LoRA layers (``load_adapter``, what the hf engine does)
+  collective_adapter  the same adapters over the bucketed broadcast (``sync_plan(adapters=True)``)
 
 Both sides are Ray actors (1 torch thread each) holding a model of the size's real shapes (a
 Qwen2.5 config, float32 as the trainer's master weights and the CPU engine, no init: the bytes
@@ -16,6 +20,7 @@ are what is timed); the group is formed before the timing (once per run in rldsl
 
     .venv/bin/python bench/sync.py                          # tiny, 0.1B, 0.5B (~3 min, ~8 GB free RAM)
     .venv/bin/python bench/sync.py --sizes tiny --repeats 1  # a smoke run
+    .venv/bin/python bench/sync.py --sizes 0.5B --paths adapter,collective_adapter --lora-rank 16
 """
 from __future__ import annotations
 
@@ -38,6 +43,14 @@ SIZES = {  # Qwen2.5 shapes (hidden, intermediate, layers, heads, kv heads, voca
     "0.5B": (896, 4864, 24, 14, 2, 151936),  # Qwen2.5-0.5B's released config
 }
 PARAMS = {"7B": 7.6e9, "32B": 32.8e9}  # Qwen2.5-7B / -32B parameter counts (4 bytes each in float32)
+#: (layers, hidden, kv width, intermediate) of Qwen2.5-7B / -32B: adapters on every linear layer hold
+#: layers * r * (9 h + 2 h_kv + 3 i) parameters (docs/scaling.md, section 6)
+SHAPES = {"7B": (28, 3584, 512, 18944), "32B": (64, 5120, 1024, 27648)}
+
+
+def adapter_bytes(model: str, rank: int) -> int:
+    L, h, kv, i = SHAPES[model]
+    return 4 * L * rank * (9 * h + 2 * kv + 3 * i)
 
 
 def build(size: str) -> torch.nn.Module:
@@ -65,10 +78,24 @@ def peak_mb() -> float:
 class Side:
     """A trainer side or a rollout side: a model of ``size`` (one torch thread)."""
 
-    def __init__(self, size: str):
+    def __init__(self, size: str, lora_rank: int = 0):
         torch.set_num_threads(1)
         self.model = build(size)
         self.group = None
+        if lora_rank:  # adapters on every linear layer, B nonzero (the bytes are what is timed)
+            from rldsl.runtime.models.lora import apply_lora
+            self.model, _ = apply_lora(self.model, rank=lora_rank, alpha=2.0 * lora_rank, dropout=0.0,
+                                       target_modules=["all-linear"])
+
+    # model.lora.sync = "adapter"
+    def adapter(self) -> tuple[None, object]:
+        from rldsl.runtime.models.lora import adapter_of
+        return None, adapter_of(self.model)
+
+    def load_adapter(self, adapter) -> int:
+        from rldsl.runtime.models.lora import load_adapter
+        load_adapter(self.model, adapter)
+        return adapter.nbytes
 
     def baseline(self) -> float:
         return rss_mb()
@@ -91,10 +118,10 @@ class Side:
         self.listener = socket.create_server(("127.0.0.1", 0))
         return "127.0.0.1", self.listener.getsockname()[1]
 
-    def join(self, host: str, port: int, rank: int, plan: list | None, mb: float) -> list:
+    def join(self, host: str, port: int, rank: int, plan: list | None, mb: float, adapters: bool = False) -> list:
         from rldsl.runtime.workers.sync_buckets import SyncGroup, as_plain, from_plain, sync_plan
         if rank == 0:
-            self.plan = sync_plan(self.model, int(mb * 2**20))
+            self.plan = sync_plan(self.model, int(mb * 2**20), adapters=adapters)
         else:
             self.plan = from_plain(plan)
         fd = self.listener.fileno() if rank == 0 else None
@@ -102,14 +129,21 @@ class Side:
                                "trainer rank 0" if rank == 0 else "rollout worker 0", listen_fd=fd)
         return as_plain(self.plan)
 
-    def plan_of(self, mb: float) -> list:
+    def plan_of(self, mb: float, adapters: bool = False) -> list:
         from rldsl.runtime.workers.sync_buckets import as_plain, sync_plan
-        self.plan = sync_plan(self.model, int(mb * 2**20))
+        self.plan = sync_plan(self.model, int(mb * 2**20), adapters=adapters)
         return as_plain(self.plan)
 
     def send(self) -> int:
         from rldsl.runtime.workers.sync_buckets import send_buckets
         return send_buckets(self.model, self.plan, self.group, torch.device("cpu"))[0]
+
+    def receive_adapter(self, rank: int) -> int:
+        from rldsl.runtime.models.lora import load_adapter
+        from rldsl.runtime.workers.sync_buckets import as_adapter, receive_buckets
+        adapter = as_adapter(receive_buckets(self.group, self.plan), rank, 2.0 * rank)
+        load_adapter(self.model, adapter)
+        return adapter.nbytes
 
     def receive(self) -> int:
         from rldsl.runtime.workers.sync_buckets import receive_buckets
@@ -121,14 +155,15 @@ class Side:
         return n
 
 
-def one(ray, size: str, path: str, mb: float, repeats: int) -> dict:
+def one(ray, size: str, path: str, mb: float, repeats: int, lora_rank: int = 16) -> dict:
     Actor = ray.remote(num_cpus=1)(Side)
-    a, b = Actor.remote(size), Actor.remote(size)
+    adapters = path in ("adapter", "collective_adapter")
+    a, b = Actor.remote(size, lora_rank if adapters else 0), Actor.remote(size)  # the receiver adds its LoRA layers
     base = ray.get([a.baseline.remote(), b.baseline.remote()])
-    if path == "collective":
+    if path in ("collective", "collective_adapter"):
         host, port = ray.get(a.listen.remote())
-        plan = ray.get(a.plan_of.remote(mb))
-        ray.get([a.join.remote(host, port, 0, None, mb), b.join.remote(host, port, 1, plan, mb)])
+        plan = ray.get(a.plan_of.remote(mb, adapters))
+        ray.get([a.join.remote(host, port, 0, None, mb, adapters), b.join.remote(host, port, 1, plan, mb)])
         buckets = len(plan)
     best, nbytes = float("inf"), 0
     for _ in range(repeats):
@@ -137,6 +172,12 @@ def one(ray, size: str, path: str, mb: float, repeats: int) -> dict:
             ref = a.state.options(num_returns=2).remote()[1]
             nbytes = ray.get(b.load.remote(ref))
             del ref
+        elif path == "adapter":
+            ref = a.adapter.options(num_returns=2).remote()[1]
+            nbytes = ray.get(b.load_adapter.remote(ref))
+            del ref
+        elif path == "collective_adapter":
+            nbytes = ray.get([a.send.remote(), b.receive_adapter.remote(lora_rank)])[1]
         else:
             nbytes = ray.get([a.send.remote(), b.receive.remote()])[1]
         best = min(best, time.perf_counter() - t0)
@@ -146,8 +187,10 @@ def one(ray, size: str, path: str, mb: float, repeats: int) -> dict:
     out = {"size": size, "path": path, "bytes": nbytes, "seconds": round(best, 4),
            "GB_per_s": round(nbytes / best / 1e9, 3),
            "trainer_added_MB": round(peaks[0] - base[0], 1), "rollout_added_MB": round(peaks[1] - base[1], 1)}
-    if path == "collective":
+    if path in ("collective", "collective_adapter"):
         out.update(bucket_mb=mb, buckets=buckets)
+    if adapters:
+        out.update(lora_rank=lora_rank)
     return out
 
 
@@ -157,6 +200,7 @@ def main() -> None:
     ap.add_argument("--paths", default="object_store,collective")
     ap.add_argument("--bucket-mb", type=float, default=256.0)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--lora-rank", type=int, default=16, help="the adapter paths' LoRA rank")
     ap.add_argument("--json", help="write the rows here too")
     args = ap.parse_args()
     import ray
@@ -168,7 +212,7 @@ def main() -> None:
     try:
         for size in args.sizes.split(","):
             for path in args.paths.split(","):
-                row = one(ray, size, path, args.bucket_mb, args.repeats)
+                row = one(ray, size, path, args.bucket_mb, args.repeats, args.lora_rank)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
@@ -178,7 +222,10 @@ def main() -> None:
     largest = rows[-1]["size"]
     for r in rows:
         if r["size"] == largest:
-            est = ", ".join(f"{k} {4 * p / (r['GB_per_s'] * 1e9):.0f} s" for k, p in PARAMS.items())
+            if "lora_rank" in r:  # the adapters of that rank on the larger models
+                est = ", ".join(f"{k} {adapter_bytes(k, r['lora_rank']) * r['seconds'] / r['bytes']:.2f} s" for k in SHAPES)
+            else:
+                est = ", ".join(f"{k} {4 * p / (r['GB_per_s'] * 1e9):.0f} s" for k, p in PARAMS.items())
             print(f"  {r['path']}: {est}")
     if args.json:
         with open(args.json, "w") as f:

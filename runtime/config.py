@@ -136,6 +136,16 @@ class LoraConfig(_Section):
         description="Module names that get adapters; 'all-linear' = every linear layer but "
                     "the output head. On a mixture-of-experts model, 'gate_up_proj' / 'down_proj' "
                     "adapt the fused expert parameters (peft target_parameters; docs/moe.md).")
+    sync: Literal["merged", "adapter"] = Field(
+        default="merged",
+        description="What each weight sync sends to the rollout engines: 'merged' = the full "
+                    "weights with the adapters merged in (W + (alpha/r) B A; any engine, any sync "
+                    "path, the engine then samples at the plain model's speed); 'adapter' = only the "
+                    "adapter tensors: vLLM serves them as a versioned LoRA (a LoRARequest per policy "
+                    "version), the hf engine copies them into LoRA layers of its own; bytes per sync "
+                    "shrink to the adapters' (docs/scaling.md, section 6), each token pays the "
+                    "adapters' extra matmuls. 'merged' is the default: it works with every engine "
+                    "and path and is what was measured on GPUs.")
 
 
 class ModelConfig(_Section):

@@ -95,6 +95,7 @@ def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
     check_async(algo, cfg)
     check_vision(algo, cfg)
     check_weight_sync(cfg)
+    check_lora_sync(cfg)
     check = source_of(cfg).check
     if check is not None:
         check(cfg)
@@ -140,6 +141,49 @@ def check_weight_sync(cfg: RunConfig) -> None:
         raise ConfigError(f"distributed.weight_sync='collective' sends the trainers' current weights, and "
                           f"rollout.max_staleness={cfg.rollout.max_staleness} loads published older versions: "
                           "use distributed.weight_sync='object_store' for an asynchronous run")
+
+
+#: The largest LoRA rank vLLM serves (vllm.config.lora.MaxLoRARanks, vLLM 0.32: 1, 8, ..., 320, 512).
+VLLM_MAX_LORA_RANK = 512
+#: Modules whose adapters are not sent to vLLM as adapters: the adapter folder rldsl writes holds
+#: linear-layer LoRA (``lora_A`` / ``lora_B``) of the decoder's attention and MLP; an embedding's
+#: (peft's ``lora_embedding_A`` / ``_B``) or the output head's (vLLM's logits-processor LoRA, tied to the
+#: embedding in small models) would need a layout of their own, untested here.
+VLLM_LORA_REFUSED = ("embed_tokens", "lm_head", "wte", "word_embeddings", "embed_in", "embed_out")
+
+
+def check_lora_sync(cfg: RunConfig) -> None:
+    """``model.lora.sync = "adapter"`` needs adapters (``model.lora.rank > 0``), and on the vLLM
+    engine adapters vLLM can serve: a rank up to 512, linear layers of a text model's decoder.
+    Refused here, before any model loads."""
+    lo = cfg.model.lora
+    if lo.sync != "adapter":
+        return
+    if lo.rank == 0:
+        raise ConfigError("model.lora.sync='adapter' sends the LoRA adapters to the engines, and model.lora.rank=0 "
+                          "trains no adapter: set model.lora.rank > 0, or drop model.lora.sync")
+    moe_model = cfg.model.path is not None and folder_is_moe(cfg.model.path) is True
+    experts = [m for m in lo.target_modules if m.rsplit(".", 1)[-1] in ("gate_up_proj", "down_proj")]
+    if moe_model and experts:
+        raise ConfigError(f"model.lora.target_modules={experts} adapt {cfg.model.path}'s fused expert parameters, "
+                          "and model.lora.sync='adapter' sends linear-layer adapters only (docs/moe.md): use "
+                          "model.lora.sync='merged'")
+    if cfg.rollout.engine != "vllm":
+        return
+    if moe_model:
+        raise ConfigError(f"{cfg.model.path} is a mixture-of-experts model: model.lora.sync='adapter' on the vLLM "
+                          "engine is tested on dense text models only; use model.lora.sync='merged'")
+    if lo.rank > VLLM_MAX_LORA_RANK:
+        raise ConfigError(f"model.lora.rank={lo.rank}: vLLM serves LoRA ranks up to {VLLM_MAX_LORA_RANK}; "
+                          "use model.lora.sync='merged' (vLLM then loads merged weights)")
+    refused = [m for m in lo.target_modules if m.rsplit(".", 1)[-1] in VLLM_LORA_REFUSED]
+    if refused:
+        raise ConfigError(f"model.lora.target_modules={refused}: model.lora.sync='adapter' sends the decoder's "
+                          "linear-layer adapters (attention and MLP projections) to vLLM, not an embedding's or "
+                          "the output head's; drop them, or use model.lora.sync='merged'")
+    if cfg.model.path is not None and is_vision_folder(cfg.model.path):
+        raise ConfigError(f"{cfg.model.path} is a vision-language model: model.lora.sync='adapter' on the vLLM "
+                          "engine is tested on text models only; use model.lora.sync='merged'")
 
 
 def check_teacher_settings(algo: Algorithm, cfg: RunConfig) -> None:

@@ -1,5 +1,6 @@
 """LoRA through ``peft`` (extra ``rldsl[peft]``): adapters on the policy, merged weights for
-the rollout engines and for export, the reference policy as the policy with adapters off.
+the rollout engines and for export, the reference policy as the policy with adapters off; with
+``model.lora.sync = "adapter"`` the adapters alone (:class:`LoraAdapter`) go to the engines.
 
 The trainer keeps the plain transformers model (``PeftModel.get_base_model()``): peft
 replaces each targeted ``nn.Linear`` in place by a LoRA layer (``base_layer`` + ``lora_A`` /
@@ -19,7 +20,11 @@ FSDP2 trainers' sync uses, covers Linear adapters only.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -166,3 +171,102 @@ def adapters_disabled(wrapped: Any) -> Iterator[None]:
     """The base model's forward (the reference policy of a LoRA run): adapters off."""
     with wrapped.disable_adapter():
         yield
+
+
+# ----------------------------------------------------------------------------- adapters as adapters
+
+@dataclass
+class LoraAdapter:
+    """The adapters alone (``model.lora.sync = "adapter"``): what the trainer sends to the rollout
+    engines instead of merged weights, a few MB instead of the model. ``tensors``: the trainer's
+    names (``<module>.lora_A.default.weight`` / ``lora_B``), CPU copies; ``rank`` / ``alpha``: the
+    update is (alpha / rank) B A on every adapted module. :meth:`save` writes it as a peft adapter
+    folder (what vLLM's ``LoRARequest`` loads); the HF engine copies the tensors into its own LoRA
+    layers (:func:`load_adapter`)."""
+
+    tensors: dict[str, torch.Tensor]
+    rank: int
+    alpha: float
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def target_modules(self) -> list[str]:
+        """The adapted modules' last name parts (``q_proj``, ...): peft's ``target_modules``."""
+        return sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in self.tensors})
+
+    def peft_config(self) -> dict[str, Any]:
+        """peft's ``adapter_config.json`` of these adapters (plain LoRA: no rsLoRA, DoRA or bias)."""
+        return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.rank, "lora_alpha": self.alpha,
+                "target_modules": self.target_modules(), "lora_dropout": 0.0, "bias": "none",
+                "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "modules_to_save": None,
+                "base_model_name_or_path": None, "inference_mode": True}
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """``folder`` as peft's ``save_pretrained`` writes it: ``adapter_config.json`` and
+        ``adapter_model.safetensors`` (names ``base_model.model.<module>.lora_A.weight``)."""
+        from safetensors.torch import save_file
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        named = {f"base_model.model.{k.replace(f'.{ADAPTER}.', '.')}": t.detach().contiguous()
+                 for k, t in self.tensors.items()}
+        save_file(named, str(out / "adapter_model.safetensors"))
+        (out / "adapter_config.json").write_text(json.dumps(self.peft_config(), indent=2))
+        return out
+
+
+def sync_nbytes(weights: Any) -> int:
+    """The bytes of what a weight sync sends: a :class:`LoraAdapter`'s tensors or a state dict's."""
+    if isinstance(weights, LoraAdapter):
+        return weights.nbytes
+    return sum(v.numel() * v.element_size() for v in weights.values())
+
+
+def adapter_shape(model: nn.Module) -> tuple[int, float]:
+    """(rank, alpha) shared by every LoRA layer of ``model`` (a sharded model answers too);
+    raises when the layers differ or an adapter is not a plain linear-layer LoRA."""
+    seen: set[tuple[int, float]] = set()
+    for name, layer in lora_layers(model).items():
+        if list(layer.active_adapters) != [ADAPTER]:
+            raise RunError(f"LoRA layer {name}: only the single adapter {ADAPTER!r} is sent "
+                           f"(found adapters {list(layer.active_adapters)})")
+        if getattr(layer, "fan_in_fan_out", False) or getattr(layer, "use_dora", {}).get(ADAPTER, False):
+            raise RunError(f"LoRA layer {name}: model.lora.sync='adapter' sends plain linear-layer adapters "
+                           "(no fan_in_fan_out / DoRA): use model.lora.sync='merged'")
+        seen.add((int(layer.r[ADAPTER]), float(layer.lora_alpha[ADAPTER])))
+    if len(seen) != 1:
+        raise RunError(f"model.lora.sync='adapter' needs one rank and alpha on every LoRA layer (found {sorted(seen)})")
+    return seen.pop()
+
+
+def adapter_of(model: nn.Module, state: Mapping[str, torch.Tensor] | None = None) -> LoraAdapter:
+    """The adapters of ``model`` (its LoRA layers' tensors, CPU copies), or those of ``state``
+    -- a full state dict gathered from ``model``'s shards -- when given."""
+    rank, alpha = adapter_shape(model)
+    source = model.state_dict() if state is None else state
+    tensors = {k: v.detach().to("cpu", copy=True) for k, v in source.items() if ".lora_" in k}
+    if not tensors:
+        raise RunError("model.lora.sync='adapter': the policy has no LoRA tensors")
+    return LoraAdapter(tensors, rank, alpha)
+
+
+@torch.no_grad()
+def load_adapter(model: nn.Module, adapter: LoraAdapter) -> None:
+    """Copy ``adapter`` into ``model``'s LoRA layers, injecting them first (frozen, peft's
+    ``get_peft_model`` with the adapter's rank, alpha and modules) when it has none: a rollout
+    engine's own copy of the policy then computes base + adapters as the trainer does."""
+    if not lora_layers(model):
+        apply_lora(model, rank=adapter.rank, alpha=adapter.alpha, dropout=0.0,
+                   target_modules=adapter.target_modules())
+        model.requires_grad_(False)
+    targets = dict(model.named_parameters())
+    missing = sorted(set(adapter.tensors) - set(targets))
+    if missing:
+        raise RunError(f"the engine's model has no LoRA tensor {missing[0]!r} ({len(missing)} missing): "
+                       "the adapters were made for another model")
+    for name, t in adapter.tensors.items():
+        if targets[name].shape != t.shape:
+            raise RunError(f"LoRA tensor {name!r} has shape {tuple(t.shape)}, the engine's "
+                           f"{tuple(targets[name].shape)}: the adapters' rank changed")
+        targets[name].copy_(t.to(device=targets[name].device, dtype=targets[name].dtype))

@@ -20,9 +20,9 @@ import torch
 from .. import faults
 from ..config import RunConfig
 from ..errors import WorkerError
-from .ray_cluster import RayCluster
+from .ray_cluster import RayCluster, actor_config
 from . import rollout_actor
-from .sync_buckets import SyncGroup, from_plain, receive_buckets
+from .sync_buckets import SyncGroup, as_adapter, from_plain, receive_buckets
 
 
 def weight_sync_path(cfg: RunConfig) -> str:
@@ -48,6 +48,8 @@ class RolloutWorker(rollout_actor.RolloutWorker):
         self.sync_group: SyncGroup | None = None
         self.sync_timeout = float(payload["sync_timeout"])
         self.device = torch.device("cuda" if payload["rollout_gpus"] > 0 else "cpu")
+        lo = actor_config(payload).model.lora  # model.lora.sync = "adapter": the buckets hold the adapters alone
+        self.adapter = (lo.rank, lo.alpha) if lo.rank and lo.sync == "adapter" else None
 
     def node(self) -> str:
         import ray
@@ -74,7 +76,8 @@ class RolloutWorker(rollout_actor.RolloutWorker):
                     faults.at("sync_bucket", policy_version)
                 yield name, tensor
 
-        self.local.load_weights(buckets(), policy_version)
+        self.local.load_weights(buckets() if self.adapter is None else as_adapter(buckets(), *self.adapter),
+                                policy_version)
         self.version = version
         return version
 

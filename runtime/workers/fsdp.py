@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 
 from ..batch import RolloutBatch
-from ..models.lora import lora_scalings, merge_state
+from ..models.lora import LoraAdapter, adapter_of, lora_scalings, merge_state
 from ..records.metrics import REPLICATED, SUMMED
 from ..models.loading import with_tied
 from ..train.logprobs import token_logprobs
@@ -238,6 +238,18 @@ class ShardedTrainer(Trainer):
             return None
         scalings = lora_scalings(self.policy)
         return merge_state(sd, scalings) if scalings else sd
+
+    def full_adapter(self) -> LoraAdapter | None:
+        """The policy's LoRA adapters alone, gathered (``full_tensor()``, every rank joins, in
+        ``named_parameters`` order) to rank 0's CPU (None elsewhere): what
+        ``model.lora.sync = "adapter"`` sends; the frozen base is never gathered."""
+        gathered: dict[str, Tensor] = {}
+        for name, p in self.policy.named_parameters():
+            if ".lora_" in name:
+                full = p.full_tensor() if hasattr(p, "full_tensor") else p
+                if self.rank == 0:
+                    gathered[name] = full.detach().cpu()
+        return adapter_of(self.policy, gathered) if self.rank == 0 else None
 
     def full_state(self) -> dict[str, Any] | None:
         """Full model and optimizer states in the one-process checkpoint format (rank 0)."""

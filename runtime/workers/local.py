@@ -12,6 +12,7 @@ import torch
 
 from ..batch import RolloutBatch, repeat_each
 from ..config import RunConfig
+from ..models.lora import LoraAdapter
 from ..recipe import rollout_side
 from ..rollout.engines.base import RolloutEngine, SamplingParams
 from ..rollout.partial import generate_in_segments
@@ -62,8 +63,13 @@ class LocalRollouts:
     def score(self, batch: RolloutBatch, reward_prompts: list[str] | None = None) -> RewardResult:
         return self.reward.score(batch, reward_prompts)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        self.engine.update_weights(weights)
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | LoraAdapter, version: int) -> None:
+        """Full (or merged) weights into the engine in place; LoRA adapters alone
+        (``model.lora.sync = "adapter"``) as the engine's adapter of policy ``version``."""
+        if isinstance(weights, LoraAdapter):
+            self.engine.load_adapter(weights, version)
+        else:
+            self.engine.update_weights(weights)
         loaded = getattr(self.runner, "weights_loaded", None)
         if loaded is not None:  # an agent's endpoint records the policy version of each call
             loaded(version)

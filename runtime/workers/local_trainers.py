@@ -10,7 +10,7 @@ import rldsl
 
 from ..batch import RolloutBatch
 from ..config import RunConfig
-from ..models.lora import merged_weights
+from ..models.lora import LoraAdapter, adapter_of, merged_weights
 from ..recipe import trainable
 from ..records.checkpoint import Checkpoint, load_weights
 from ..train.trainer import TrainBatch, Trainer
@@ -22,8 +22,9 @@ class LocalTrainers:
 
     world_size = 1
 
-    def __init__(self, trainer: Trainer):
+    def __init__(self, trainer: Trainer, adapter_sync: bool = False):
         self.trainer = trainer
+        self.adapter_sync = adapter_sync  # model.lora.sync = "adapter": weights() gives the adapters alone
 
     @classmethod
     def from_config(cls, cfg: RunConfig, fn: rldsl.CompiledAlgorithm, policy: torch.nn.Module,
@@ -31,7 +32,8 @@ class LocalTrainers:
         """The trainer of ``policy`` (the master weights): LoRA adapters and gradient checkpointing
         as the config asks (``recipe.trainable``), the reference, critic and optimizers."""
         policy, reference_off = trainable(cfg, policy, checkpointing=cfg.train.gradient_checkpointing)
-        return cls(Trainer.from_config(cfg, fn, policy, reference_off=reference_off, tokenizer=tokenizer))
+        return cls(Trainer.from_config(cfg, fn, policy, reference_off=reference_off, tokenizer=tokenizer),
+                   adapter_sync=bool(cfg.model.lora.rank) and cfg.model.lora.sync == "adapter")
 
     @property
     def policy(self) -> torch.nn.Module:
@@ -51,7 +53,11 @@ class LocalTrainers:
     def lr(self) -> float:
         return float(self.trainer.optimizer.param_groups[0]["lr"])
 
-    def weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+    def weights(self) -> Iterable[tuple[str, torch.Tensor]] | LoraAdapter:
+        if self.adapter_sync:  # the adapters alone, copied (a snapshot)
+            adapter = adapter_of(self.policy)
+            self.sync_bytes = adapter.nbytes  # sync/bytes
+            return adapter
         merged = merged_weights(self.policy)  # LoRA merged
         self.sync_bytes = sum(v.numel() * v.element_size() for v in merged.values())  # sync/bytes
         return ((k, v.detach()) for k, v in merged.items())

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from ..batch import RolloutBatch
 from ..errors import ConfigError
+from ..models.lora import LoraAdapter
 from ..rewards.functions import RewardResult
 from ..rollout.engines.base import SamplingParams
 from .base import Generation
@@ -45,10 +46,10 @@ class RolloutWorker:
     def score(self, batch: RolloutBatch, reward_prompts: list[str] | None = None) -> RewardResult:
         return self.local.score(batch, reward_prompts)
 
-    def update_weights(self, state: dict[str, Tensor], version: int, policy_version: int) -> int:
+    def update_weights(self, state: dict[str, Tensor] | LoraAdapter, version: int, policy_version: int) -> int:
         """``version``: the driver's sync count (a restarted actor holds 0); ``policy_version``:
         the optimizer steps the weights have had."""
-        self.local.load_weights(state.items(), policy_version)
+        self.local.load_weights(state if isinstance(state, LoraAdapter) else state.items(), policy_version)
         self.version = version
         return version
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..errors import WeightSyncError
-from ..models.lora import ADAPTER, lora_scalings, merge_state
+from ..models.lora import ADAPTER, LoraAdapter, lora_scalings, merge_state
 
 _ALIGN = 16  # bytes: every tensor of a packed bucket starts on a multiple of this
 
@@ -67,14 +67,19 @@ def sharded_state(policy: nn.Module) -> dict[str, Tensor]:
     return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=False))
 
 
-def sync_plan(policy: nn.Module, max_bytes: int) -> list[list[Entry]]:
+def sync_plan(policy: nn.Module, max_bytes: int, adapters: bool = False) -> list[list[Entry]]:
     """The tensors the engines load (LoRA adapters merged into their base weights, so no LoRA
     name), in buckets of at most ``max_bytes`` (a larger tensor is a bucket of its own). The
-    same on every trainer rank: the state dict's order."""
+    same on every trainer rank: the state dict's order. ``adapters`` (``model.lora.sync =
+    "adapter"``): the LoRA adapter tensors alone, under the trainer's names, nothing merged."""
     state = sharded_state(policy)
     scalings = lora_scalings(policy)
     entries = []
     for key, value in state.items():
+        if adapters:
+            if ".lora_" in key:
+                entries.append(Entry(key, tuple(value.shape), str(value.dtype), (key,)))
+            continue
         if ".lora_" in key:
             continue
         name = key.replace(".base_layer.", ".")
@@ -197,6 +202,12 @@ def receive_buckets(group: SyncGroup, plan: list[list[Entry]]) -> Iterator[tuple
             n = e.nbytes
             yield e.name, buf[offset:offset + n].view(_dtype(e.dtype)).view(e.shape)
             offset += _padded(n)
+
+
+def as_adapter(named: Iterable[tuple[str, Tensor]], rank: int, alpha: float) -> LoraAdapter:
+    """Received adapter tensors (views of a bucket's buffer: copied out) as one adapter, for the
+    engine's ``load_adapter`` (``model.lora.sync = "adapter"`` over the collective path)."""
+    return LoraAdapter({name: t.detach().to("cpu", copy=True) for name, t in named}, rank, alpha)
 
 
 def plan_bytes(plan: list[list[Entry]]) -> int:

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..batch import RolloutBatch
 from ..errors import WeightSyncError
+from ..models.lora import LoraAdapter, sync_nbytes
 from ..train.trainer import TrainBatch
 from .fsdp import ShardedTrainer
 from .fsdp_rank import start_rank
@@ -74,18 +75,21 @@ class TrainerWorker:
         self.pending = None
         return {"metrics": m, "lr": float(t.optimizer.param_groups[0]["lr"])}
 
-    def full_weights(self) -> tuple[int | None, dict[str, Tensor] | None]:
-        """(its bytes, full state dict) on rank 0, (None, None) elsewhere: a collective over the ranks."""
+    def full_weights(self) -> tuple[int | None, dict[str, Tensor] | LoraAdapter | None]:
+        """(its bytes, full state dict) on rank 0, (None, None) elsewhere: a collective over the ranks.
+        With ``model.lora.sync = "adapter"`` the LoRA adapters alone instead of the state dict."""
         assert self.trainer is not None
-        state = self.trainer.full_weights()
-        return (None if state is None else sum(v.numel() * v.element_size() for v in state.values())), state
+        lo = self.cfg.model.lora
+        state = self.trainer.full_adapter() if lo.rank and lo.sync == "adapter" else self.trainer.full_weights()
+        return (None if state is None else sync_nbytes(state)), state
 
     # -- the collective weight sync (sync_buckets.py; collective_sync.py drives it)
 
     def sync_plan(self, max_bytes: int) -> list:
         """The bucket plan (every rank computes the same); rank 0's answer goes to the rollout workers."""
         assert self.trainer is not None
-        self.plan = sync_plan(self.trainer.policy, max_bytes)
+        lo = self.cfg.model.lora
+        self.plan = sync_plan(self.trainer.policy, max_bytes, adapters=bool(lo.rank) and lo.sync == "adapter")
         return as_plain(self.plan)
 
     def sync_listen(self, local: bool) -> tuple[str, int]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -29,6 +29,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from ...batch import RolloutBatch, position_ids_from_mask, repeat_each
 from ...models import moe
 from ...models.loading import backbone, cache_keyword, plain_kv_cache, tensors_by_name
+from ...models.lora import load_adapter
 from ...data.images import images_of
 from .hf_vision import engine_processor, generate_ids_with_images, generate_with_images
 from .kv_cache import preallocated_cache
@@ -282,6 +283,14 @@ class HFEngine:
         return response_ids, logprobs.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)  # [B, Tr]
 
     # -------------------------------------------------------------- weight sync
+    def load_adapter(self, adapter: Any, version: int) -> None:
+        """``model.lora.sync = "adapter"``: the engine's own copy of the policy gets LoRA layers
+        (peft, at the first call) and ``adapter``'s tensors (a ``models.lora.LoraAdapter``) are
+        copied into them, so it samples base + (alpha / r) B A as the trainer computes it, with no
+        merge. ``version``: the policy version (one adapter at a time: requests run one call at a
+        time here)."""
+        load_adapter(self.model, adapter)
+
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy tensors into the engine's model by HF parameter (or buffer) name.

@@ -163,3 +163,34 @@ def test_a_worker_killed_mid_sync_is_named_whichever_failure_the_driver_hears_fi
                                _restarted=lambda w, why: said.append((w, why)))
     sync.push(rollouts, 1, 1)
     assert said and said[0][0] == 0 and said[0][1].startswith("rollout worker 0 died during the weight sync")
+
+
+def test_the_collective_sync_of_lora_adapters_sends_the_adapters_alone(tiny_model):
+    """model.lora.sync='adapter' over the collective path: the plan holds the adapter tensors alone
+    (nothing merged, no base weight), the trainer broadcasts them bucket by bucket and the rollout
+    side rebuilds the trainer's adapters exactly (what its engine's load_adapter gets)."""
+    import copy
+
+    pytest.importorskip("peft")
+    from rldsl.runtime.models.lora import adapter_of, apply_lora
+    from rldsl.runtime.workers.sync_buckets import as_adapter, as_plain, from_plain, plan_bytes, send_buckets, sync_plan
+
+    policy, _ = apply_lora(copy.deepcopy(tiny_model), rank=4, alpha=8, dropout=0.0, target_modules=["all-linear"])
+    for name, p in policy.named_parameters():
+        if ".lora_B." in name:
+            torch.nn.init.normal_(p, std=0.1)
+    expected = adapter_of(policy)
+    plan = sync_plan(policy, 4096, adapters=True)
+    assert len(plan) > 1 and sorted(e.name for b in plan for e in b) == sorted(expected.tensors)
+    assert plan_bytes(plan) == expected.nbytes  # fp32 tensors: no padding
+    full = sync_plan(policy, 4096)
+    assert not any(".lora_" in e.name for b in full for e in b) and plan_bytes(full) > 5 * plan_bytes(plan)
+    trainer, worker = _pair(30.0, 1)
+    sent: list = []
+    t = threading.Thread(target=lambda: sent.append(send_buckets(policy, plan, trainer, torch.device("cpu"))))
+    t.start()
+    got = as_adapter(receive_buckets(worker, from_plain(as_plain(plan))), 4, 8.0)
+    t.join()
+    assert sent == [(expected.nbytes, None)]
+    assert got.tensors.keys() == expected.tensors.keys() and (got.rank, got.alpha) == (4, 8.0)
+    assert all(torch.equal(got.tensors[k], v) for k, v in expected.tensors.items())

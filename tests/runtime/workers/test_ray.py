@@ -270,6 +270,48 @@ def test_lora_two_trainer_run_resumes_exactly(ray_cluster, model_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_two_trainer_ranks_send_the_lora_adapters_alone_to_the_rollout_worker(ray_cluster, model_dir, tmp_path):
+    """model.lora.sync='adapter': the ranks gather the adapters alone (``ShardedTrainer.full_adapter``),
+    Ray's object store carries them to the rollout actor, whose hf engine copies them into LoRA layers
+    of its own: the run equals the one-process merged run, sync/bytes is the adapters'."""
+    pytest.importorskip("peft")
+    from safetensors.torch import load_file
+    from rldsl.runtime.run.build import build_run
+
+    over = {**LORA, "checkpoint.every": 0}
+    runs = {}
+    for name, (trainers, workers, sync) in {"one": (1, 0, "merged"), "two": (2, 1, "adapter")}.items():
+        out = tmp_path / name
+        out.mkdir()
+        s = build_run("grpo", config(model_dir, out, trainers, workers, **over, **{"model.lora.sync": sync}), out)
+        try:
+            metrics = [run_step.train_step(s, step) for step in range(2)]
+            if name == "two":
+                engine = ray.get(s.rollouts.actors[0].engine_weights.remote())
+                state = s.trainers.checkpoint_state().policy.state_dict()
+        finally:
+            s.close()
+        runs[name] = metrics
+    merged, adapter = runs["one"], runs["two"]
+    assert any(r["optimizer_steps"] > 0 for r in merged)
+    for a, b in zip(merged, adapter):
+        assert a["reward_mean"] == b["reward_mean"]
+        for k in ("loss", "pg_loss", "grad_norm", "kl"):
+            assert math.isclose(a[k], b[k], rel_tol=1e-4, abs_tol=TOL), (k, a[k], b[k])
+    # the engine: the folder's base weights and the trainers' adapters (peft's names), nothing merged
+    lora = {k: v for k, v in state.items() if ".lora_" in k}
+    assert lora and all(torch.equal(engine[k], v) for k, v in lora.items())
+    assert any(float(v.abs().max()) > 0 for k, v in lora.items() if ".lora_B." in k)
+    base = load_file(str(model_dir / "model.safetensors"))
+    for k, v in base.items():
+        wrapped = k.replace(".weight", ".base_layer.weight")  # a layer with adapters holds it as base_layer
+        assert torch.equal(engine[wrapped if wrapped in engine else k], v), k
+    nbytes = sum(v.numel() * v.element_size() for v in lora.values())
+    assert [r["sync/bytes"] for r in adapter] == [float(nbytes)] * 2
+    assert all(b["sync/bytes"] * 5 < a["sync/bytes"] for a, b in zip(merged, adapter))
+
+
+@pytest.mark.slow
 def test_async_rollouts_on_a_ray_rollout_worker_equal_the_one_process_run(ray_cluster, model_dir, tmp_path):
     """rollout.max_staleness=1 with the producer driving a Ray rollout actor: the same fixed
     schedule, so the same numbers as the one-process asynchronous run."""

@@ -14,7 +14,12 @@ from __future__ import annotations
 import gc
 import inspect
 import os
+import shutil
+import tempfile
+import threading
+from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Collection, Iterable
 
 import torch
@@ -32,6 +37,9 @@ from .worker import layerwise_reload_api
 
 #: Qualified name handed to vLLM as ``worker_extension_cls``.
 WORKER_EXTENSION = "rldsl.runtime.rollout.engines.vllm.worker.RldslWorkerExtension"
+
+#: The LoRA ranks vLLM's ``max_lora_rank`` takes (vllm.config.lora.MaxLoRARanks, vLLM 0.32).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 #: The vLLM releases this engine was checked against (docs/runtime.md).
 SUPPORTED_VLLM = ">=0.11,<0.34"
@@ -121,6 +129,11 @@ class VLLMEngine:
             vLLM routed each token to (``rollout.routing_replay``; routing.py, docs/moe.md):
             returned by vLLM where it can (GPU builds), else captured in the workers, with prefix
             caching off.
+        max_lora_rank: serve LoRA adapters up to this rank (``load_adapter``; vLLM
+            ``enable_lora=True``, ``max_lora_rank``: one of 1, 8, 16, 32, 64, 128, 256, 320, 512);
+            None = no LoRA (the weights are synced whole).
+        max_loras: adapters vLLM may hold at once (``max_loras`` and ``max_cpu_loras``): the
+            policy versions requests in flight may still use, ``rollout.max_staleness + 1``.
     """
 
     def __init__(
@@ -142,6 +155,8 @@ class VLLMEngine:
         engine_kwargs: dict[str, Any] | None = None,
         max_images: int = 8,
         record_routing: bool = False,
+        max_lora_rank: int | None = None,
+        max_loras: int = 1,
     ) -> None:
         vllm = import_vllm()  # first: a clear error before anything else is touched
         from transformers import AutoConfig, AutoTokenizer
@@ -174,6 +189,9 @@ class VLLMEngine:
         )
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        if max_lora_rank is not None:  # adapters sent as adapters (model.lora.sync = "adapter")
+            kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras,
+                          max_cpu_loras=max_loras)
         if getattr(hf_config, "vision_config", None) is not None:  # a vision-language model (docs/vlm.md)
             install_vision_shim()
             kwargs["limit_mm_per_prompt"] = {"image": max_images, "video": 0}
@@ -243,6 +261,13 @@ class VLLMEngine:
         self.model_dtype = _engine_dtype(llm)
         self.record_routing: str | None = None  # "returned" / "captured" (record_routing=True)
         self._moe_layers: list[int] = []
+        # adapters sent as adapters (load_adapter): the current policy version's LoRARequest, every
+        # loaded one by version, and how many generate calls in flight use each version
+        self._lora: Any = None
+        self._loras: dict[int, Any] = {}
+        self._lora_in_flight: Counter[int] = Counter()
+        self._lora_lock = threading.Lock()
+        self._lora_dir: Path | None = None
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
@@ -284,15 +309,27 @@ class VLLMEngine:
                              for i in range(len(requests))]
         else:
             sampling = self._sampling_params_cls(**kwargs)
-        if self.record_routing != "captured":
-            outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        else:
-            timeout = self.options.weight_sync_timeout
-            self._rpc("rldsl_routing_begin", timeout, "starting the routing capture")
-            try:
-                outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-            finally:
-                captured = self._rpc("rldsl_routing_take", timeout, "taking the captured routing")[0]
+        with self._lora_lock:  # the adapter version current at submission, for every request of the call
+            lora = self._lora
+            if lora is not None:
+                self._lora_in_flight[lora_version(lora)] += 1
+        extra = {} if lora is None else {"lora_request": lora}
+        captured = None
+        try:
+            if self.record_routing != "captured":
+                outputs = self.llm.generate(requests, sampling, use_tqdm=False, **extra)
+            else:
+                timeout = self.options.weight_sync_timeout
+                self._rpc("rldsl_routing_begin", timeout, "starting the routing capture")
+                try:
+                    outputs = self.llm.generate(requests, sampling, use_tqdm=False, **extra)
+                finally:
+                    captured = self._rpc("rldsl_routing_take", timeout, "taking the captured routing")[0]
+        finally:
+            if lora is not None:
+                with self._lora_lock:
+                    self._lora_in_flight[lora_version(lora)] -= 1
+                    self._retire_adapters()
         batch = outputs_to_rollout_batch(
             outputs, self.tokenizer, prompts, G, self.pad_id, self.eos_id, self.stop_ids
         )
@@ -300,7 +337,55 @@ class VLLMEngine:
             batch.routed_experts = layout_captured(outputs, by_position(unpack_captured(captured)), batch)
         elif self.record_routing == "returned":
             batch.routed_experts = layout_returned(outputs, batch, self._moe_layers)
+        if lora is not None:  # the policy version of the adapter vLLM served each row with, per token
+            served = [-1 if o.lora_request is None else lora_version(o.lora_request)
+                      for o in outputs for _ in o.outputs]
+            batch.token_versions = torch.where(batch.response_mask.bool(),
+                                               torch.tensor(served, dtype=torch.long)[:, None], -1)
         return batch
+
+    # ------------------------------------------------------------ LoRA adapters
+    def load_adapter(self, adapter: Any, version: int) -> None:
+        """Serve ``adapter`` (a ``models.lora.LoraAdapter``) as policy ``version`` from the next
+        request on: it is written as a peft folder and loaded as the LoRA ``policy-v{version}``
+        (int id ``version + 1``); requests already submitted keep the version they started with,
+        and a version no request uses any more is removed (from vLLM and from disk). The base
+        weights stay as loaded."""
+        self._check_usable()
+        if self.llm.llm_engine.vllm_config.lora_config is None:
+            raise WeightSyncError("load_adapter needs an engine built with max_lora_rank (vLLM enable_lora=True)")
+        from vllm.lora.request import LoRARequest
+        if self._lora_dir is None:
+            self._lora_dir = Path(tempfile.mkdtemp(prefix="rldsl-lora-"))
+        folder = str(adapter.save(self._lora_dir / f"v{version}"))
+        name, lora_id = f"policy-v{version}", version + 1
+        # load_inplace: the same version loaded again (a resumed or restarted run) replaces the old copy
+        call_with_timeout(lambda: self.llm.llm_engine.add_lora(LoRARequest(name, lora_id, folder, load_inplace=True)),
+                          self.options.weight_sync_timeout, f"loading LoRA adapter {name!r}")
+        with self._lora_lock:
+            reloaded = version in self._loras
+            self._lora = self._loras[version] = LoRARequest(name, lora_id, folder)
+            self._retire_adapters()
+        if reloaded:  # vLLM's prefix cache keys blocks by LoRA id: those of the replaced copy go
+            self.llm.reset_prefix_cache()
+
+    @property
+    def adapter_version(self) -> int | None:
+        """The policy version whose adapter the next request gets (None: the weights alone)."""
+        lora = self._lora
+        return None if lora is None else lora_version(lora)
+
+    @property
+    def adapter_versions(self) -> list[int]:
+        """The policy versions whose adapters vLLM holds now (ascending)."""
+        return sorted(self._loras)
+
+    def _retire_adapters(self) -> None:
+        """Remove every adapter but the current one that no request in flight uses (lock held)."""
+        for v in [v for v in self._loras if self._loras[v] is not self._lora and not self._lora_in_flight[v]]:
+            request = self._loras.pop(v)
+            self.llm.llm_engine.remove_lora(request.lora_int_id)
+            shutil.rmtree(request.lora_path, ignore_errors=True)
 
     # -------------------------------------------------------------- weight sync
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -343,6 +428,9 @@ class VLLMEngine:
                 "map); pass strict_weight_sync=False to allow partial updates"
             )
         self._incomplete = None
+        with self._lora_lock:  # the full weights are the policy now: no adapter on top of them
+            self._lora = None
+            self._retire_adapters()
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
     def _send_buckets(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
@@ -408,6 +496,9 @@ class VLLMEngine:
         core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
         if callable(getattr(core, "shutdown", None)):
             core.shutdown()  # else they live until the LLM object is collected
+        if getattr(self, "_lora_dir", None) is not None:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
+            self._lora_dir = None
         self.llm = None
         gc.collect()
 
@@ -440,6 +531,11 @@ class VLLMEngine:
                                   "push the full set with update_weights before generating")
 
 
+def lora_version(request: Any) -> int:
+    """The policy version a ``LoRARequest`` of ``load_adapter`` serves (its int id is version + 1)."""
+    return int(request.lora_int_id) - 1
+
+
 def request_seed(seed: int, index: int) -> int:
     """The seed of request ``index`` of a seeded ``generate`` call (request 0 keeps ``seed``)."""
     return (seed + index * 0x9E3779B97F4A7C15) % 2**63
@@ -455,9 +551,16 @@ def engine_from_config(cfg: RunConfig, model: str | os.PathLike, *, on_gpu: bool
                        tensor_parallel_size: int = 1, tokenizer: Any = None) -> VLLMEngine:
     """The ``VLLMEngine`` a run asks for: ``rollout.vllm.*`` (nulls resolved for a GPU or the
     CPU), the policy's dtype, the run's seed, ``distributed.sync_timeout`` per weight RPC, the
-    routing recorded with ``rollout.routing_replay``; ``tokenizer``: the run's loaded one."""
+    routing recorded with ``rollout.routing_replay``; ``tokenizer``: the run's loaded one; with
+    ``model.lora.sync = "adapter"`` LoRA enabled for the run's rank and ``max_staleness + 1``
+    adapters (the versions asynchronous requests in flight may still use)."""
+    lo = cfg.model.lora
+    lora: dict[str, Any] = {}
+    if lo.rank and lo.sync == "adapter":
+        lora = dict(max_lora_rank=min(r for r in VLLM_LORA_RANKS if r >= lo.rank),
+                    max_loras=cfg.rollout.max_staleness + 1)
     return VLLMEngine(model, tokenizer=tokenizer, tensor_parallel_size=tensor_parallel_size, dtype=cfg.model.dtype,
                       seed=cfg.seed, weight_sync_timeout=cfg.distributed.sync_timeout,
                       max_images=cfg.data.max_images, record_routing=cfg.rollout.routing_replay,
-                      **cfg.rollout.vllm.engine_settings(on_gpu))
+                      **lora, **cfg.rollout.vllm.engine_settings(on_gpu))
 

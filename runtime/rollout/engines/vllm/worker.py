@@ -99,7 +99,7 @@ class RldslWorkerExtension(RoutingWorkerMixin):
         self.rldsl_loaded_names = None
         if loaded is None:
             return None
-        return sorted(n for n, _ in model.named_parameters() if n not in loaded)
+        return sorted(n for n in map(plain_name, (n for n, _ in model.named_parameters())) if n not in loaded)
 
     def rldsl_read_weights(self, names: list[str] | None = None) -> bytes:
         """The weights the kernels compute with, HF-named, packed with ``pack_bucket``
@@ -155,7 +155,8 @@ def effective_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tenso
     With tensor parallelism these are this worker's shards.
     """
     packed = getattr(model, "packed_modules_mapping", None) or {}
-    for module_name, module in model.named_modules():
+    for wrapped_name, module in model.named_modules():
+        module_name = plain_name(wrapped_name)
         prefix, _, leaf = module_name.rpartition(".")
         for param_name, param in module.named_parameters(recurse=False):
             tensor = param.detach()
@@ -169,6 +170,13 @@ def effective_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tenso
                     yield ".".join(p for p in (prefix, part, param_name) if p), piece
             else:
                 yield f"{module_name}.{param_name}", tensor
+
+
+def plain_name(name: str) -> str:
+    """A vLLM parameter or module name without the ``base_layer`` level of vLLM's LoRA wrappers
+    (an engine built with ``enable_lora`` wraps each adaptable layer and holds the original as
+    ``base_layer``): the name ``load_weights`` reports and HF uses."""
+    return name.replace(".base_layer.", ".").removesuffix(".base_layer")
 
 
 def _computes_through_kernel(module: torch.nn.Module) -> bool:
