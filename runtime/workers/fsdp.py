@@ -46,11 +46,13 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
                      f"a ModuleList named one of {_BLOCK_LISTS})")
 
 
-def shard_module(module: nn.Module, mesh: Any, *, mixed_precision: bool, gloo: bool) -> nn.Module:
-    """``fully_shard`` every transformer block, then the root; gradients are summed over ranks."""
+def shard_module(module: nn.Module, mesh: Any, *, mixed_precision: torch.dtype | None, gloo: bool) -> nn.Module:
+    """``fully_shard`` every transformer block, then the root; gradients are summed over ranks.
+    ``mixed_precision``: the dtype the unsharded parameters compute in (gradients reduced in
+    float32, master weights float32), or None (no mixed precision)."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-          if mixed_precision else MixedPrecisionPolicy())
+    mp = (MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32)
+          if mixed_precision is not None else MixedPrecisionPolicy())
     for block in transformer_blocks(module):
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(module, mesh=mesh, mp_policy=mp)
