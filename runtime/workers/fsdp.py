@@ -261,6 +261,7 @@ class ShardedTrainer(Trainer):
                                                    _param_names(self.critic, self.critic_optimizer))
         out["scheduler"] = self.scheduler.state_dict() if self.scheduler is not None else None
         out["algorithm"] = self.fn.state_dict()
+        out["loss_scale"] = self.loss_scaler.state_dict() if self.loss_scaler is not None else None
         return out
 
     def load_full_state(self, state: dict[str, Any]) -> None:
@@ -285,3 +286,5 @@ class ShardedTrainer(Trainer):
                 raise ValueError("the checkpoint holds no scheduler state")
             self.scheduler.load_state_dict(state["scheduler"])
         self.fn.load_state_dict(state.get("algorithm") or {})
+        if self.loss_scaler is not None and state.get("loss_scale") is not None:  # float16
+            self.loss_scaler.load_state_dict(state["loss_scale"])

@@ -128,3 +128,24 @@ def test_float16_with_bf16_ranks_is_refused_from_the_config():
     with pytest.raises(ConfigError, match="model.dtype=float16 with distributed.mixed_precision=bf16") as e:
         check_settings(rldsl.load("grpo"), load_config(None, ["model.dtype=float16", "distributed.mixed_precision=bf16"]))
     assert e.value.exit_code == 2
+
+
+@pytest.mark.slow
+def test_float16_checkpoints_keep_the_loss_scale_and_a_resume_reads_it(model_dir, tmp_path):
+    """The loss scale (and its count of finite steps) is in each checkpoint of a float16 run and
+    a resumed trainer starts from it, not from 2^16 (run/checkpointing.py, workers/local_trainers.py)."""
+    from rldsl.runtime.records.checkpoint import load_checkpoint
+    from rldsl.runtime.run import loop
+    from rldsl.runtime.workers.local_trainers import LocalTrainers
+    from small_run import small_run, steps_of
+    cfg = small_run(model_dir, tmp_path / "run", "train.steps=1", "checkpoint.every=1", "model.dtype=float16",
+                    "train.skip_zero_advantage=false")
+    run = loop.train("grpo", cfg)
+    (rec,) = steps_of(run)
+    c = load_checkpoint(run / "checkpoints" / "step-1")
+    assert c.extra["loss_scale"] == {"scale": rec["train/loss_scale"], "good_steps": rec["optimizer_steps"]}
+    c.extra["loss_scale"] = {"scale": 1024.0, "good_steps": 7}  # what a run whose scale backed off saved
+    trainers = LocalTrainers.from_config(cfg, rldsl.compile(rldsl.load("grpo"), compile=False),
+                                         master_policy(cfg, model_dir, "cpu"))
+    trainers.load_checkpoint(c)
+    assert trainers.trainer.loss_scaler.state_dict() == {"scale": 1024.0, "good_steps": 7}

@@ -1,6 +1,7 @@
 """``model.dtype=float16`` on two FSDP2 trainer ranks (gloo, Ray): the ranks compute in float16
 (MixedPrecisionPolicy of model.dtype) with float32 master weights, the dynamic loss scaler
-unscales the sharded gradients and every rank takes the same decision (the all-reduced norm).
+unscales the sharded gradients and every rank takes the same decision (the all-reduced norm);
+the checkpoint keeps the scale.
 Setup as test_ray.py (its cluster, config and reward)."""
 from __future__ import annotations
 
@@ -28,5 +29,8 @@ def test_float16_trains_on_two_ranks_with_loss_scaling(ray_cluster, model_dir, t
         assert r["train/loss_scale"] in (2.0 ** 16, 2.0 ** 15, 2.0 ** 14)  # starts at 2^16, halves on overflow
         assert r["train/skipped_steps"] <= r["skipped_nonfinite"]
         assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"])
+    from rldsl.runtime.records.checkpoint import load_checkpoint
+    saved = load_checkpoint(run / "checkpoints" / "step-1").extra["loss_scale"]  # rank 0's, gathered
+    assert saved["scale"] == recs[0]["train/loss_scale"]
     weights = params(run, 1)
     assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in weights.values())  # master weights
