@@ -157,11 +157,12 @@ class ModelConfig(_Section):
                     "tiny toy model (0.6M-parameter Llama, one token per character).")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="float32",
-        description="Compute dtype. bfloat16/float16: the trainer runs its forwards under "
-                    "autocast with float32 parameters and optimizer state, the rollout engine "
-                    "holds a copy in that dtype. float32 is the CPU default: bf16 shifts "
-                    "probability ratios enough to trigger clipping spuriously (docs/toy.md, "
-                    "pitfall 7).")
+        description="Compute dtype, one for the engine and the trainer. bfloat16/float16: the "
+                    "trainer runs its forwards under autocast with float32 master parameters and "
+                    "optimizer state, the rollout engine holds a copy in that dtype; float16 adds "
+                    "dynamic loss scaling (metrics train/loss_scale, train/skipped_steps). float32 "
+                    "is the CPU default: bf16 shifts probability ratios enough to trigger clipping "
+                    "spuriously (docs/toy.md, pitfall 7; the measured mismatch: docs/real_models.md).")
     lora: LoraConfig = Field(default_factory=LoraConfig,
                              description="LoRA adapters (model.lora.rank > 0).")
     freeze_vision: bool = Field(
@@ -750,7 +751,9 @@ class DistributedConfig(_Section):
     mixed_precision: Literal["auto", "bf16", "off"] = Field(
         default="auto",
         description="FSDP2 MixedPrecisionPolicy: 'bf16' computes in bf16 with fp32 master "
-                    "weights and fp32 gradient reduction; 'auto' = bf16 on cuda, off on cpu.")
+                    "weights and fp32 gradient reduction; 'auto' = model.dtype's 16-bit type "
+                    "(float16 computes in float16), else bf16 on cuda, off on cpu. 'bf16' with "
+                    "model.dtype=float16 is refused (the engine would sample in another precision).")
     activation_checkpointing: bool = Field(
         default=False,
         description="Recompute each transformer block's activations in the backward pass "

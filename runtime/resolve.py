@@ -96,6 +96,7 @@ def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
     check_vision(algo, cfg)
     check_weight_sync(cfg)
     check_lora_sync(cfg)
+    check_precision(cfg)
     check = source_of(cfg).check
     if check is not None:
         check(cfg)
@@ -124,6 +125,14 @@ def check_vision(algo: Algorithm, cfg: RunConfig) -> None:
         raise ConfigError(f"{cfg.model.path} is a vision-language model; its images do not reach the forwards of: "
                           f"{'; '.join(refused)}. Leave them out of a vision-language run "
                           "(docs/vlm.md, \"Engines and trainers\")")
+
+
+def check_precision(cfg: RunConfig) -> None:
+    """One precision end to end: a float16 run's trainer ranks do not compute in bf16."""
+    if cfg.model.dtype == "float16" and cfg.distributed.mixed_precision == "bf16":
+        raise ConfigError("model.dtype=float16 with distributed.mixed_precision=bf16: the engine would sample in "
+                          "float16 and the trainer ranks compute in bfloat16. Use distributed.mixed_precision=auto "
+                          "(float16 in both) or model.dtype=bfloat16")
 
 
 def check_weight_sync(cfg: RunConfig) -> None:

@@ -92,6 +92,9 @@ CRITIC_GRAD_NORM = "critic_grad_norm"  # the critic's
 OPTIMIZER_STEPS = "optimizer_steps"    # optimizer steps taken in the step's update
 SKIPPED_ZERO_ADV = "skipped_zero_adv"  # 1 when a pure policy-gradient update had nothing to learn
 SKIPPED_NONFINITE = "skipped_nonfinite"  # minibatches skipped for a NaN / inf loss or gradient
+# model.dtype = float16 only (train/loss_scale.py): dynamic loss scaling
+LOSS_SCALE = "train/loss_scale"        # the loss scale after the step's update
+SKIPPED_STEPS = "train/skipped_steps"  # of skipped_nonfinite, the minibatches whose scaled gradient overflowed
 #: terms already divided by the global denominator: over micro-batches and ranks they add up
 SUMMED = (LOSS, PG_LOSS, VALUE_LOSS)
 #: the same on every trainer rank (computed from the all-reduced gradient)

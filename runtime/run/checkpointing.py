@@ -16,10 +16,13 @@ from .state import Run
 
 def _extra_state(s: Run, step: int, algorithm: dict[str, Any],
                  queued: list[Produced[StepRollout]] | None = None,
-                 teacher: dict[str, Any] | None = None) -> dict[str, Any]:
+                 teacher: dict[str, Any] | None = None,
+                 loss_scale: dict[str, float] | None = None) -> dict[str, Any]:
     extra = {"step": step, "data": s.prompts.state_dict(), "algorithm": algorithm}
     if teacher is not None:  # teacher.ema: the EMA teacher's weights
         extra["teacher_ema"] = teacher
+    if loss_scale is not None:  # model.dtype=float16: the loss scale and its count of finite steps
+        extra["loss_scale"] = loss_scale
     if queued is not None:  # asynchronous rollouts: the batches generated ahead, as plain values
         extra["queued"] = [{"step": p.step, "version": p.version, "batch": _plain_batch(p.value.batch),
                             "rewards": p.value.rewards, "ids": p.value.prompt_ids, "metrics": p.value.metrics}
@@ -54,7 +57,7 @@ def save(s: Run, step: int, producer: RolloutProducer[StepRollout] | None = None
         return ckpt.save_checkpoint(s.run_dir, step, policy=t.policy, tokenizer=s.tokenizer,
                                     optimizer=t.optimizer, scheduler=t.scheduler,
                                     critic=t.critic, critic_optimizer=t.critic_optimizer,
-                                    extra_state=_extra_state(s, step, t.algorithm, queued, t.teacher),
+                                    extra_state=_extra_state(s, step, t.algorithm, queued, t.teacher, t.loss_scale),
                                     keep_last=s.cfg.checkpoint.keep_last or None)
     finally:
         if producer is not None:

@@ -2,7 +2,8 @@
 
 The reference copy (none under LoRA: adapters off), the critic, the run's teacher, the AdamW
 optimizers and the LR schedule the critic follows, and the settings of the forwards: the
-LM head's chunk (``train.logits_chunk``), the scoring temperature, autocast, packing.
+LM head's chunk (``train.logits_chunk``), the scoring temperature, autocast (and float16's loss
+scaler, train/loss_scale.py), packing.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from rldsl import CompiledAlgorithm
 
 from ..config import RunConfig
 from ..models.loading import autocast_dtype
+from .loss_scale import loss_scaler
 from .optim import build_optimizer, build_scheduler, lr_factor
 from .teachers import teacher_of
 from .value_model import ValueModel
@@ -74,6 +76,7 @@ def trainer_parts(cfg: RunConfig, fn: CompiledAlgorithm, policy: nn.Module, *,
                 critic_lr_factor=(lambda step: lr_factor(step, t)) if critic_opt is not None else None,
                 max_tokens_per_microbatch=t.max_tokens_per_microbatch,
                 logprob_chunk=logits_chunk(cfg),
-                autocast_dtype=autocast_dtype(cfg.model.dtype), reference_off=reference_off,
+                autocast_dtype=autocast_dtype(cfg.model.dtype), loss_scaler=loss_scaler(autocast_dtype(cfg.model.dtype)),
+                reference_off=reference_off,
                 packing=t.packing, packing_row_tokens=t.packing_row_tokens,
                 compile_policy=cfg.model.compile, **out)

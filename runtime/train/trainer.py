@@ -26,6 +26,7 @@ from rldsl.formula.hooks import batch_wide_loss
 from ..batch import RolloutBatch, group_rows
 from ..config import RunConfig
 from ..records.metrics import CRITIC_GRAD_NORM, GRAD_NORM, LOSS, OPTIMIZER_STEPS, SKIPPED_NONFINITE, SKIPPED_ZERO_ADV
+from ..records.metrics import LOSS_SCALE, SKIPPED_STEPS
 from ..records.metrics import timed
 from . import inputs as producers
 from .microbatch import combine_metrics, row_tokens, trim
@@ -84,7 +85,7 @@ class Trainer(ForwardPasses):
                  reference_off: Callable[[], Any] | None = None,
                  packing: bool = False, packing_row_tokens: int | None = None,
                  compile_policy: bool = False, teacher: nn.Module | RemoteTeacher | None = None,
-                 teacher_ema: float | None = None):
+                 teacher_ema: float | None = None, loss_scaler: Any = None):
         super().__init__(fn, policy, critic=critic, teacher=teacher, temperature=temperature,
                          logprob_chunk=logprob_chunk, max_tokens_per_microbatch=max_tokens_per_microbatch,
                          autocast_dtype=autocast_dtype, packing=packing, packing_row_tokens=packing_row_tokens,
@@ -96,6 +97,9 @@ class Trainer(ForwardPasses):
         if teacher_ema is not None and not isinstance(teacher, nn.Module):
             raise ValueError("teacher_ema needs the teacher's module (a copy of the policy)")
         self.reference_off = reference_off  # LoRA: the reference is the policy with adapters off
+        # model.dtype = float16: dynamic loss scaling (a train/loss_scale.py LossScaler, which
+        # train/parts.py makes for it); None otherwise
+        self.loss_scaler = loss_scaler
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.critic_optimizer = critic_optimizer
@@ -261,6 +265,8 @@ class Trainer(ForwardPasses):
         # moe/*: estimate()'s old-logprob forward reported them; else (on-policy) the update's first
         out.update({k: v for k, v in self._routing_metrics().items() if k not in batch.metrics})
         out.update({SKIPPED_NONFINITE: float(skipped), SKIPPED_ZERO_ADV: 0.0, OPTIMIZER_STEPS: float(steps)})
+        if self.loss_scaler is not None:  # (of the skipped minibatches, those an overflow skipped)
+            out.update({LOSS_SCALE: self.loss_scaler.scale, SKIPPED_STEPS: float(self.loss_scaler.take_skipped())})
         return out
 
     def _step(self, batch: TrainBatch, rows: Tensor) -> dict[str, float] | None:
@@ -317,11 +323,17 @@ class Trainer(ForwardPasses):
             elif not parts:  # every call gave the whole minibatch's loss and metrics: keep one
                 parts.append((m, float(batch.mask[minibatch].sum()), True))
         params = [p for p in self.policy.parameters() if p.grad is not None]
+        critic_params = [p for p in self.critic.parameters() if p.grad is not None] if self.critic is not None else []
+        if self.loss_scaler is not None:  # float16: the gradients unscaled before clipping
+            self.loss_scaler.unscale(params + critic_params)
         gnorm = _clip(params, self.grad_clip)
         cnorm = None
         if self.critic is not None:
-            cnorm = _clip([p for p in self.critic.parameters() if p.grad is not None], self.grad_clip)
-        if not math.isfinite(gnorm) or (cnorm is not None and not math.isfinite(cnorm)):
+            cnorm = _clip(critic_params, self.grad_clip)
+        finite = math.isfinite(gnorm) and (cnorm is None or math.isfinite(cnorm))
+        if self.loss_scaler is not None:  # an overflow: the step is skipped and the scale backs off
+            self.loss_scaler.update(finite)
+        if not finite:
             self.optimizer.zero_grad(set_to_none=True)
             if self.critic_optimizer is not None:
                 self.critic_optimizer.zero_grad(set_to_none=True)
@@ -401,6 +413,8 @@ class Trainer(ForwardPasses):
         total = out.loss if out.value_loss is None else out.loss + out.value_loss
         if not self._all_finite(total):
             return None
+        if self.loss_scaler is not None:  # float16: the backward runs on the scaled loss
+            weight = weight * self.loss_scaler.scale
         (total if weight == 1.0 else total * weight).backward()
         metrics = dict(out.metrics)
         metrics[LOSS] = float(out.loss.detach())

@@ -37,7 +37,8 @@ class TrainerState:
     ``policy`` / ``critic``: modules to save (``save_pretrained``); ``optimizer``,
     ``scheduler``, ``critic_optimizer``: objects with ``state_dict()``; ``algorithm``: the
     compiled algorithm's own state (e.g. an EMA baseline); ``teacher``: the EMA teacher's
-    weights (``teacher.ema``), None without one.
+    weights (``teacher.ema``), None without one; ``loss_scale``: float16's dynamic loss scaler
+    (train/loss_scale.py), None without one.
     """
 
     policy: Any
@@ -47,6 +48,7 @@ class TrainerState:
     critic_optimizer: Any = None
     algorithm: dict[str, torch.Tensor] = field(default_factory=dict)
     teacher: dict[str, torch.Tensor] | None = None
+    loss_scale: dict[str, float] | None = None
 
 
 class EpisodeRunner(Protocol):

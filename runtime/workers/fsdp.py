@@ -46,11 +46,13 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
                      f"a ModuleList named one of {_BLOCK_LISTS})")
 
 
-def shard_module(module: nn.Module, mesh: Any, *, mixed_precision: bool, gloo: bool) -> nn.Module:
-    """``fully_shard`` every transformer block, then the root; gradients are summed over ranks."""
+def shard_module(module: nn.Module, mesh: Any, *, mixed_precision: torch.dtype | None, gloo: bool) -> nn.Module:
+    """``fully_shard`` every transformer block, then the root; gradients are summed over ranks.
+    ``mixed_precision``: the dtype the unsharded parameters compute in (gradients reduced in
+    float32, master weights float32), or None (no mixed precision)."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-          if mixed_precision else MixedPrecisionPolicy())
+    mp = (MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32)
+          if mixed_precision is not None else MixedPrecisionPolicy())
     for block in transformer_blocks(module):
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(module, mesh=mesh, mp_policy=mp)
@@ -271,6 +273,7 @@ class ShardedTrainer(Trainer):
                                                    _param_names(self.critic, self.critic_optimizer))
         out["scheduler"] = self.scheduler.state_dict() if self.scheduler is not None else None
         out["algorithm"] = self.fn.state_dict()
+        out["loss_scale"] = self.loss_scaler.state_dict() if self.loss_scaler is not None else None
         return out
 
     def load_full_state(self, state: dict[str, Any]) -> None:
@@ -295,3 +298,5 @@ class ShardedTrainer(Trainer):
                 raise ValueError("the checkpoint holds no scheduler state")
             self.scheduler.load_state_dict(state["scheduler"])
         self.fn.load_state_dict(state.get("algorithm") or {})
+        if self.loss_scaler is not None and state.get("loss_scale") is not None:  # float16
+            self.loss_scaler.load_state_dict(state["loss_scale"])

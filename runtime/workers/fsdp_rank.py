@@ -41,8 +41,7 @@ def start_rank(cfg: RunConfig, algo: rldsl.Algorithm, compile: bool, *, rank: in
     policy, reference_off = trainable(  # adapters train, the base is frozen; FSDP2 shards both kinds
         cfg, master_policy(cfg, cfg.model.path, device),
         checkpointing=cfg.distributed.activation_checkpointing or cfg.train.gradient_checkpointing)
-    mp = cfg.distributed.mixed_precision
-    mixed = mp == "bf16" or (mp == "auto" and (device.type == "cuda" or cfg.model.dtype != "float32"))
+    mixed = param_dtype(cfg, device)
 
     def prepare(policy: nn.Module, reference: nn.Module | None, critic: nn.Module | None) -> None:
         for module, logprobs in ((policy, True), (reference, True), (critic, False)):
@@ -53,3 +52,16 @@ def start_rank(cfg: RunConfig, algo: rldsl.Algorithm, compile: bool, *, rank: in
 
     return ShardedTrainer.from_config(cfg, fn, policy, prepare=prepare, reference_off=reference_off,
                                       rank=rank, world=world, device=device)
+
+
+def param_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype | None:
+    """The dtype FSDP2 computes the unsharded parameters in (``distributed.mixed_precision``),
+    None for none. 'auto': ``model.dtype``'s 16-bit type, the one the rollout engine runs (a
+    float16 run computes in float16, not bf16: one precision end to end), else bf16 on cuda."""
+    mp = cfg.distributed.mixed_precision
+    if mp == "off":
+        return None
+    if mp == "bf16":
+        return torch.bfloat16
+    sixteen = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(cfg.model.dtype)
+    return sixteen if sixteen is not None else (torch.bfloat16 if device.type == "cuda" else None)

@@ -47,7 +47,8 @@ def trainer_state(cfg: RunConfig, model_path: str, state: dict[str, Any]) -> Tra
             critic = ValueModel(_on_meta(cfg, model_path))
         critic.load_state_dict(saveable(state["critic"]), assign=True)
     return TrainerState(policy, _StateDict(state["optimizer"]), _StateDict(state["scheduler"]),
-                        critic, _StateDict(state["critic_optimizer"]), state["algorithm"])
+                        critic, _StateDict(state["critic_optimizer"]), state["algorithm"],
+                        loss_scale=state.get("loss_scale"))
 
 
 def read_full_state(c: Checkpoint) -> dict[str, Any]:
@@ -55,4 +56,5 @@ def read_full_state(c: Checkpoint) -> dict[str, Any]:
     return {"policy": read_weights(c.policy_path),
             "critic": read_weights(c.critic_path) if c.critic_path is not None else None,
             "optimizer": c.optimizer, "critic_optimizer": c.critic_optimizer,
-            "scheduler": c.scheduler, "algorithm": c.extra.get("algorithm", {})}
+            "scheduler": c.scheduler, "algorithm": c.extra.get("algorithm", {}),
+            "loss_scale": c.extra.get("loss_scale")}

@@ -65,7 +65,8 @@ class LocalTrainers:
     def checkpoint_state(self) -> TrainerState:
         t = self.trainer
         return TrainerState(t.policy, t.optimizer, t.scheduler, t.critic, t.critic_optimizer,
-                            t.fn.state_dict(), t.teacher_state())
+                            t.fn.state_dict(), t.teacher_state(),
+                            t.loss_scaler.state_dict() if t.loss_scaler is not None else None)
 
     def load_checkpoint(self, c: Checkpoint) -> None:
         t = self.trainer
@@ -74,6 +75,8 @@ class LocalTrainers:
             load_weights(t.critic, c.critic_path)
         t.fn.load_state_dict(c.extra.get("algorithm", {}))
         t.load_teacher_state(c.extra.get("teacher_ema"))  # teacher.ema: its weights (after the policy's)
+        if t.loss_scaler is not None and c.extra.get("loss_scale") is not None:  # float16
+            t.loss_scaler.load_state_dict(c.extra["loss_scale"])
         c.restore(optimizer=t.optimizer, scheduler=t.scheduler, critic_optimizer=t.critic_optimizer,
                   rng=False)
 
