@@ -29,6 +29,7 @@ import torch
 from .convert import CAPTURED_PARTS
 from .weights import pack_bucket
 
+
 def moe_layer_ids(model: torch.nn.Module) -> list[tuple[int, Any]]:
     """(layer id, router) of every MoE layer of a vLLM model whose router takes a capture hook
     (vLLM's ``MoERunner``: ``layer_id``, ``router.set_capture_fn``), in layer order."""
@@ -48,10 +49,10 @@ class RoutingCapture:
     """Inside a vLLM worker: the experts of every token its model runner computes while
     :attr:`on` (one ``generate`` call), filed by request and position.
 
-    ``runner`` is vLLM's (GPU or CPU) model runner; ``model`` its model. :meth:`bind` (again
-    before each call: a weight reload may rebuild layers) sets the routers' capture hooks;
-    :meth:`step` wraps each ``execute_model`` so that only real steps are recorded (not the
-    profiling and warm-up forwards)."""
+    ``runner`` is vLLM's (GPU or CPU) model runner, whose ``execute_model`` it wraps (this
+    instance only) so that only scheduled steps are recorded, not the profiling and warm-up
+    forwards. :meth:`bind` (again before each call: a weight reload may rebuild layers) sets the
+    routers' capture hooks."""
 
     def __init__(self, runner: Any):
         self.runner = runner

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rldsl.runtime.batch import RolloutBatch
-from rldsl.runtime.rollout.engines.vllm.convert import (by_position, layout_captured, outputs_to_rollout_batch,
-                                                        unpack_captured)
+from rldsl.runtime.rollout.engines.vllm.convert import (by_position, layout_captured, layout_returned,
+                                                        outputs_to_rollout_batch, unpack_captured)
 from rldsl.runtime.rollout.engines.vllm.routing import RoutingCapture, pack_captured
 
 Y, K = 2, 2
@@ -124,3 +124,17 @@ def test_layout_is_the_hf_engines():
     assert torch.equal(r[2, 2:4], records[2][1][:2])  # 41 is fed; STOP (the cut) is the last token
     with pytest.raises(RuntimeError, match="no recorded request fed the tokens of row 3"):
         layout_captured(outs, records[:3], batch)
+
+
+def test_returned_routing_is_laid_out_as_the_captured():
+    """GPU builds return ``CompletionOutput.routed_experts`` [fed tokens, every layer, K] (uint8):
+    the MoE layers' ids kept, laid out as the capture's records are (the vLLM side is unrun here)."""
+    outs = [request_output([10, 11, 12], [[30, 31, 32]]), request_output([40], [[41, 42]])]
+    batch = outputs_to_rollout_batch(outs, Tok(), ["p", "q"], 1, pad_id=0, eos_id=2)
+    fed = [[10, 11, 12, 30, 31], [40, 41]]
+    records = [(torch.tensor(t), torch.stack([experts_of(x, p) for p, x in enumerate(t)])) for t in fed]
+    for (_, experts), ro in zip(records, outs):  # 4 layers, the MoE ones 1 and 3; one extra row
+        every = torch.zeros(len(experts) + 1, 4, K, dtype=torch.uint8)
+        every[:len(experts), 1], every[:len(experts), 3] = experts[:, 0], experts[:, 1]
+        ro.outputs[0].routed_experts = every.numpy()
+    assert torch.equal(layout_returned(outs, batch, [1, 3]), layout_captured(outs, records, batch))
