@@ -19,7 +19,7 @@ pytest.importorskip("peft")
 import rldsl  # noqa: E402
 from rldsl.runtime.config import load_config  # noqa: E402
 from rldsl.runtime.errors import ConfigError, RunError  # noqa: E402
-from rldsl.runtime.models.lora import adapter_of, apply_lora, load_adapter, merged_weights  # noqa: E402
+from rldsl.runtime.models.lora import adapter_of, apply_lora, load_adapter  # noqa: E402
 from rldsl.runtime.resolve import check_lora_sync, check_settings  # noqa: E402
 from rldsl.runtime.run import loop  # noqa: E402
 from small_run import small_run, steps_of, without_timing  # noqa: E402
