@@ -1,7 +1,7 @@
 """A mixture-of-experts policy with and without routing replay on the embedded task (docs/moe.md,
 "A CPU demo").
 
-    python demos/moe.py [--root runs/moe_demo] [--steps 60] [--lr 1e-2] [--every 10]
+    python demos/moe.py [--root runs/moe_demo] [--steps 60] [--lr 3e-3] [--parallel] [--every 10]
 
 1. The policy: a tiny Qwen3-MoE (8 experts, top-2, 2 layers, hidden 64, the toy's character
    vocabulary) warm-started as the toy is (the carry-dropping teacher, supervised, stopped once
@@ -59,17 +59,25 @@ def rldsl(*args: str) -> list[str]:
     return ["nice", "-n", "10", sys.executable, "-c", "from rldsl.cli import app; app()", "run", *args]
 
 
-def train(run: Path, model: Path, replay: bool, args: argparse.Namespace) -> None:
+def train(run: Path, model: Path, replay: bool, args: argparse.Namespace) -> tuple[subprocess.Popen, float] | None:
+    """The run's child process, started (and its start time); None when it finished before."""
     if (run / "demo_wall_s.json").is_file():
-        return
+        return None
     cmd = rldsl("grpo", "--seed", str(args.seed), "--steps", str(args.steps), "--out", str(run),
                 "--set", f"model.path={model}", "--set", "data.task=addition",
                 "--set", f"train.lr={args.lr}", "--set", "rollout.max_staleness=1",
                 "--set", f"rollout.routing_replay={str(replay).lower()}",
                 "--set", f"eval.every={args.every}", "--set", "checkpoint.every=0", "--set", "log.progress=false")
     print("$", " ".join(cmd[3:]), flush=True)
-    t = time.perf_counter()
-    subprocess.run(cmd, check=True)
+    return subprocess.Popen(cmd), time.perf_counter()
+
+
+def wait(run: Path, started: tuple[subprocess.Popen, float] | None) -> None:
+    if started is None:
+        return
+    proc, t = started
+    if proc.wait() != 0:
+        raise SystemExit(f"{run}: the run failed (exit {proc.returncode})")
     (run / "demo_wall_s.json").write_text(json.dumps({"wall_s": time.perf_counter() - t}))
 
 
@@ -107,8 +115,9 @@ def main() -> None:
     ap.add_argument("--root", type=Path, default=Path("runs/moe_demo"))
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--every", type=int, default=10)
-    ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--parallel", action="store_true", help="run the two arms at the same time")
     ap.add_argument("--table", action="store_true", help="print the table of the runs already made")
     args = ap.parse_args()
     runs = {"no replay": args.root / "no_replay", "replay": args.root / "replay"}
@@ -118,8 +127,13 @@ def main() -> None:
         report = json.loads((model / "warm_start.json").read_text())
         print(f"warm start {model} ({time.perf_counter() - t:.0f} s here; trained in {report['seconds']} s, "
               f"{report['steps']} steps, validation greedy accuracy {report['validation_accuracy']})", flush=True)
-        for name, run in runs.items():
-            train(run, model, name == "replay", args)
+        if args.parallel:  # both arms at once (each its own process)
+            started = {name: train(run, model, name == "replay", args) for name, run in runs.items()}
+            for name, run in runs.items():
+                wait(run, started[name])
+        else:
+            for name, run in runs.items():
+                wait(run, train(run, model, name == "replay", args))
     print(table(runs, args.every))
 
 
