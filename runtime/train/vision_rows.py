@@ -186,7 +186,8 @@ def packed_vision_hidden(body: nn.Module, input_ids: Tensor, attention_mask: Ten
     """The backbone's last hidden states [B, Tr, H] predicting the response tokens of B padded
     rows (prompt left padded, response right padded), computed on packed rows: each row's real
     tokens (one contiguous run) end to end, at most ``row_tokens`` tokens a packed row (whole
-    sequences; None: one row), with the positions ``vision`` holds for them (``vision_inputs``:
+    sequences; None: the longest sequence's length, so no packed row's attention is larger than
+    a padded row's), with the positions ``vision`` holds for them (``vision_inputs``:
     each sequence's own M-RoPE positions) under per-sequence text positions, (4, 1, S), and each
     packed row's pixel values and grids (its sequences', in order). Zeros where a row has no
     response token. Also returns the tokens computed (sum of the packed rows' lengths)."""
@@ -212,7 +213,7 @@ def packed_vision_hidden(body: nn.Module, input_ids: Tensor, attention_mask: Ten
     patch_start = [0] + (grids.prod(-1).cumsum(0).tolist() if grids is not None else [])
     hidden_out = None
     computed = 0
-    for rows in pack(lengths, row_tokens or sum(lengths)):
+    for rows in pack(lengths, row_tokens or max(lengths)):  # None: as train.packing_row_tokens says
         if not rows:
             continue
         ids, text, rope, tt, pix, grid = [], [], [], [], [], []

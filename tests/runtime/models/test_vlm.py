@@ -185,3 +185,40 @@ def test_trainable_freezes_the_vision_tower_by_default(vlm_model, freeze):
     vision = [p.requires_grad for n, p in policy.named_parameters() if n.startswith("model.visual.")]
     language = [p.requires_grad for n, p in policy.named_parameters() if n.startswith("model.language_model.")]
     assert vision and all(language) and all(not v for v in vision) == freeze and all(vision) != freeze
+
+
+def test_trainer_packed_rows_are_no_longer_than_the_longest_sequence_by_default(policy, tmp_path):
+    """``train.packing_row_tokens`` null packs rows of at most the longest sequence, as for text: it
+    put every sequence of the forward in one row (the shapes demo: 128 rows, one row of ~5800
+    tokens, its attention ~10x slower than the padded forward) -- and packed == padded still."""
+    from rldsl.runtime.models.vision import VisionPrompt
+    from rldsl.runtime.train.logprobs import token_logprobs
+    from rldsl.runtime.train.vision_rows import vision_inputs
+    model, processor = policy
+    path = fixture.images(tmp_path, 1)[0]
+    text = processor.render([{"role": "user", "content": [{"type": "image", "image": str(path)},
+                                                          {"type": "text", "text": "Colour?"}]}])
+    prompt = processor.encode_refs(text, [str(path)])["input_ids"]  # [1, P]
+    tok = processor.tokenizer
+    word = tok.convert_tokens_to_ids("red")
+    Tr = 4
+    ids = torch.cat([prompt.repeat(4, 1), torch.full((4, Tr), word)], 1)
+    attn = torch.ones_like(ids)
+    for b, n in enumerate([4, 3, 2, 1]):  # real response tokens, right padded
+        attn[b, prompt.shape[1] + n:] = 0
+        ids[b, prompt.shape[1] + n:] = tok.pad_token_id
+    vision = vision_inputs(model, [VisionPrompt(text, [str(path)])] * 4, ids, attn, Tr)
+    rows: list[int] = []
+    hook = model.model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[1]),
+                                                 with_kwargs=True)
+    try:
+        with torch.no_grad():
+            packed, _ = token_logprobs(model, ids, attn, Tr, vision=vision, packing=True)
+    finally:
+        hook.remove()
+    longest = int(attn.sum(1).max())  # the longest sequence
+    assert len(rows) > 1 and max(rows) <= longest, rows
+    with torch.no_grad():
+        padded, _ = token_logprobs(model, ids, attn, Tr, vision=vision)
+    real = attn[:, -Tr:].bool()
+    assert (packed[real] - padded[real]).abs().max() < 1e-6
