@@ -20,8 +20,8 @@ def _index(folder: str) -> set[str]:
 
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_readme_indexes_every_file(folder):
-    files = {f"{folder}/{p.name}" for p in (ROOT / folder).iterdir()
-             if p.is_file() and p.name != "README.md" and p.suffix != ".pyc"}
+    files = {p.relative_to(ROOT).as_posix() for p in (ROOT / folder).rglob("*")  # subfolders' files too
+             if p.is_file() and p.name != "README.md" and p.suffix != ".pyc" and "__pycache__" not in p.parts}
     index = _index(folder)
     assert not files - index, f"{folder}/README.md does not index {sorted(files - index)}"
     assert not index - files, f"{folder}/README.md indexes missing files {sorted(index - files)}"

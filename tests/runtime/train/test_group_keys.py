@@ -64,7 +64,8 @@ def _trainer(fn: rldsl.CompiledAlgorithm) -> LocalTrainers:
     return LocalTrainers(SimpleNamespace(policy=policy, critic=None, critic_optimizer=None, fn=fn, scheduler=None,
                                          optimizer=torch.optim.SGD(policy.parameters(), lr=0.1),
                                          teacher_state=lambda: None,  # no teacher.ema teacher
-                                         load_teacher_state=lambda state: None))
+                                         load_teacher_state=lambda state: None,
+                                         loss_scaler=None))  # float32: no loss scale
 
 
 def _step(fn: rldsl.CompiledAlgorithm, r: list[float], roles: list[str]) -> torch.Tensor:
