@@ -1,4 +1,5 @@
-"""The tiny random Qwen2-VL (tests/fixtures/vlm_model.py) on the real vLLM CPU engine, in the
+"""The tiny random Qwen2-VL (tests/fixtures/vlm_model.py), Qwen2.5-VL and Qwen3-VL
+(tests/fixtures/vlm_families.py) on the real vLLM CPU engine, in the
 vLLM venv (no torchvision: rollout/engines/vllm/vision_shim/): prompts carrying images are sent
 with ``multi_modal_data``; the prompt ids vLLM expands equal the HF processor's, and its
 logprobs equal the trainer's forward with the images' pixels, grids, token types and M-RoPE
@@ -19,8 +20,11 @@ from rldsl.runtime.train.vision_rows import vision_inputs
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def test_vllm_generates_from_images_as_hf_scores_them(vlm_model, tmp_path):
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_vllm_generates_from_images_as_hf_scores_them(vlm_model, vlm_family_model, family, tmp_path):
+    """Qwen2-VL, Qwen2.5-VL and Qwen3-VL (tests/fixtures/vlm_families.py), each through the shim."""
     from rldsl.runtime.rollout.engines.vllm import VLLMEngine
+    vlm_model = vlm_model if family == "qwen2_vl" else vlm_family_model(family)
     processor = load_processor(vlm_model)
     paths = fixture.images(tmp_path, 2)
     fixture.image(9, (112, 56)).save(tmp_path / "wide.png")
