@@ -1,9 +1,9 @@
 """A mixture-of-experts policy with and without routing replay on the embedded task (docs/moe.md,
 "A CPU demo").
 
-    python demos/moe.py [--root runs/moe_demo] [--steps 60] [--lr 3e-3] [--parallel] [--every 10]
+    python demos/moe.py [--root runs/moe_demo] [--steps 60] [--lr 3e-4] [--parallel] [--every 10]
 
-1. The policy: a tiny Qwen3-MoE (8 experts, top-2, 2 layers, hidden 64, the toy's character
+1. The policy: a tiny Qwen3-MoE (8 experts, top-2, 4 layers, hidden 96, the toy's character
    vocabulary) warm-started as the toy is (the carry-dropping teacher, supervised, stopped once
    learned, then cached: ``toy.warm_start`` with this model config and ``WARM``, its own cache
    entry).
@@ -37,19 +37,20 @@ GREEDY = "eval/greedy_acc"
 COLUMNS = ("reward_mean", "moe/routing_mismatch", "moe/router_drift", "rollout_logprob_diff")
 
 
-#: The toy's warm-start recipe (the carry-dropping teacher, stopped once learned) with a shorter
-#: settling and a step cap: the sparse blocks' per-expert loops make a step several times the toy's.
-WARM = WarmStartConfig(lr=3e-3, settle_steps=200, max_steps=1500)
+#: The toy's warm-start recipe (the carry-dropping teacher, lr 1e-3, stopped once learned) with a
+#: shorter settling and a lower step cap: a sparse block's per-expert loops make a step several
+#: times the toy's.
+WARM = WarmStartConfig(settle_steps=200, max_steps=2000)
 
 
 def moe_config() -> Qwen3MoeConfig:
-    """A toy-sized Qwen3-MoE (hidden 64, 2 layers, 2 heads of 32, tied embeddings, 64 positions),
-    each MLP a sparse block of 8 experts of 64, top-2 (renormalised, as Qwen3-30B-A3B)."""
+    """The toy's shape (hidden 96, 4 layers, 4 heads of 24, tied embeddings, 64 positions) with each
+    MLP a sparse block of 8 experts of 96, top-2 (renormalised, as Qwen3-30B-A3B)."""
     tok = build_tokenizer()
-    return Qwen3MoeConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+    return Qwen3MoeConfig(vocab_size=len(tok), hidden_size=96, intermediate_size=384, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=4, head_dim=24, max_position_embeddings=64,
                           tie_word_embeddings=True, attention_dropout=0.0, num_experts=8, num_experts_per_tok=2,
-                          moe_intermediate_size=64, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                          moe_intermediate_size=96, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
                           router_aux_loss_coef=0.001, output_router_logits=False, use_sliding_window=False,
                           pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
                           eos_token_id=tok.eos_token_id)
@@ -115,7 +116,7 @@ def main() -> None:
     ap.add_argument("--root", type=Path, default=Path("runs/moe_demo"))
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--every", type=int, default=10)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--parallel", action="store_true", help="run the two arms at the same time")
     ap.add_argument("--table", action="store_true", help="print the table of the runs already made")
