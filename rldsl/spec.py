@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from . import registry
 from .errors import ErrorList, Span, SpecError, SpecErrors
@@ -42,6 +42,8 @@ class Algorithm(BaseModel):
     extends: list[str] = []  # the chain of parents, nearest first
     parent_sources: dict[str, str] = {}  # parent name -> its spec text (to reproduce a run)
     slots: dict[str, list[SlotValue]]
+    # active(stage), computed once: the spec is frozen, and the runtime asks ~17 times a step
+    _active: dict[str | None, tuple[SlotValue, ...]] = PrivateAttr(default_factory=dict)
 
     def __getitem__(self, slot: str) -> Any:
         """``algo["baseline"]`` -> SlotValue; multi-component slots (filter, shaping) -> list."""
@@ -54,9 +56,13 @@ class Algorithm(BaseModel):
     def active(self, stage: str | None = None) -> list[SlotValue]:
         """The components that are not off (``none``), in slot order; only those acting in ``stage``
         (a declaration about the rewards acts where rewards are read: the advantage stage)."""
-        return [v for vals in self.slots.values() for v in vals
+        got = self._active.get(stage)
+        if got is None:
+            got = self._active[stage] = tuple(
+                v for vals in self.slots.values() for v in vals
                 if not v.spec.off and (stage is None or v.stage == stage
-                                       or (stage == "advantage" and v.stage == "declare"))]
+                                       or (stage == "advantage" and v.stage == "declare")))
+        return list(got)
 
     def needs(self, stage: str | None = None) -> list[str]:
         """The optional inputs (inputs.INPUTS) its active components read, in slot order."""

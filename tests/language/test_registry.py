@@ -232,6 +232,24 @@ def test_algorithm_properties_come_from_facts() -> None:
                                                              "aggregation"]
 
 
+def test_active_is_computed_once_and_its_callers_cannot_change_it(monkeypatch) -> None:
+    """The runtime asks a spec its active components ~17 times a step: computed once per stage
+    (the spec is frozen; no registry lookup again), each caller gets its own list, and a pickled
+    copy (a Ray worker's) answers the same."""
+    import pickle
+    grpo = rldsl.load("grpo")
+    first = grpo.active("loss")
+    first.clear()
+    looked_up = []
+    real_get = registry.get
+    monkeypatch.setattr(registry, "get", lambda *a: looked_up.append(a) or real_get(*a))
+    again = grpo.active("loss")
+    assert [v.slot for v in again] == ["ratio", "trust_region", "objective", "kl", "aggregation"]
+    assert looked_up == []  # answered from the first call's
+    copy = pickle.loads(pickle.dumps(grpo))
+    assert [v.slot for v in copy.active()] == [v.slot for v in grpo.active()] and copy.needs() == grpo.needs()
+
+
 def test_explain_words_for_facts() -> None:
     assert explain.fact_notes(registry.get("filter", "overlong")) == ["needs truncated="]
     assert explain.fact_notes(registry.get("kl", "k3")) == ["needs old_logprobs=, ref_logprobs=",
