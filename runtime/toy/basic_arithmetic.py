@@ -19,8 +19,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -35,7 +33,7 @@ from ..errors import RunError
 from ..rollout.engines.base import SamplingParams
 from ..rollout.engines.hf import HFEngine
 from .model import build_tokenizer, tiny_config
-from ...cache import cache_dir
+from ...cache import cache_dir, publish
 from .warmup import padded_rows
 
 #: One token per character of printable ASCII and the newline (reasoning-gym's questions and
@@ -156,20 +154,12 @@ def arithmetic_warm_start(settings: ArithmeticWarmStart | None = None, *, cache:
     if (target / "warm_start.json").is_file():
         return target
     model, report = _train(settings, model_config, tokenizer, verbose=verbose)
-    root.joinpath("warm_start").mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root / "warm_start"))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "warm_start.json").write_text(json.dumps(report, indent=2, default=str))
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process finished first: keep its copy
-            if not (target / "warm_start.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        (folder / "warm_start.json").write_text(json.dumps(report, indent=2, default=str))
+    return publish(target, write, done="warm_start.json")
 
 
 def _rows(tokenizer: PreTrainedTokenizerFast, prompts: list[str], targets: list[str]

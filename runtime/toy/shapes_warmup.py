@@ -20,8 +20,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -31,7 +29,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-from ...cache import cache_dir
+from ...cache import cache_dir, publish
 from ..models.loading import quiet_transformers
 from ..models.vision import VisionProcessor
 from .shapes import COLOURS, IMAGE_SIZE, QUESTIONS, SHAPES, SHAPES_VERSION, SIDES, WARM_SEED, examples, scenes
@@ -240,21 +238,13 @@ def warm_start(config: ShapesWarmStart | None = None, *, cache: str | os.PathLik
     if (target / "warm_start.json").is_file():
         return target
     model, processor, report = _train(config, verbose)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    try:
+
+    def write(folder: Path) -> None:
         with quiet_transformers():
-            model.save_pretrained(tmp)
-            processor.save_pretrained(tmp)
-        (tmp / "warm_start.json").write_text(json.dumps(report, indent=2, default=str))
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process finished first: keep its copy
-            if not (target / "warm_start.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+            model.save_pretrained(folder)
+            processor.save_pretrained(folder)
+        (folder / "warm_start.json").write_text(json.dumps(report, indent=2, default=str))
+    return publish(target, write, done="warm_start.json")
 
 
 def embedded_model() -> tuple[Path, str]:

@@ -12,8 +12,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -23,7 +21,7 @@ import torch
 from transformers import LlamaForCausalLM, PretrainedConfig, PreTrainedTokenizerFast
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-from ...cache import cache_dir
+from ...cache import cache_dir, publish
 from ..data.datasets import Example
 from ..models.loading import quiet_transformers
 from ..rollout.engines.base import SamplingParams
@@ -90,22 +88,13 @@ def warm_start(
         return target
 
     model, report = _train_warm_start(config, model_config, tokenizer, verbose=verbose)
-    root.joinpath("warm_start").mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root / "warm_start"))
-    try:
+
+    def write(folder: Path) -> None:
         with quiet_transformers():  # no "Writing model shards" bar
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-        (tmp / "warm_start.json").write_text(json.dumps(report, indent=2, default=str))
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            # another process finished first: keep its copy
-            if not (target / "warm_start.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+        (folder / "warm_start.json").write_text(json.dumps(report, indent=2, default=str))
+    return publish(target, write, done="warm_start.json")
 
 
 def embedded_model(vllm: bool) -> tuple[Path, str]:

@@ -156,6 +156,31 @@ def test_warm_start_cache_is_atomic_and_reused(monkeypatch, tmp_path, tokenizer,
     assert torch.equal(model.model.norm.weight, tiny_model_factory(tokenizer).model.norm.weight)
 
 
+def test_a_cache_entry_is_published_whole_or_not_at_all(tmp_path) -> None:
+    """rldsl.cache.publish, which every warm start uses: a write that fails leaves neither the entry
+    nor its temporary folder; when another process published the entry first, its copy is kept."""
+    from rldsl.cache import publish
+    target = tmp_path / "warm_start" / "k"
+
+    def broken(folder):
+        (folder / "weights").write_text("half")
+        raise RuntimeError("disk full")
+    with pytest.raises(RuntimeError, match="disk full"):
+        publish(target, broken, done="warm_start.json")
+    assert list((tmp_path / "warm_start").iterdir()) == []
+
+    def first(folder):
+        (folder / "warm_start.json").write_text("first")
+    assert publish(target, first, done="warm_start.json") == target
+
+    def second(folder):
+        (folder / "other").write_text("x")
+        (folder / "warm_start.json").write_text("second")
+    assert publish(target, second, done="warm_start.json") == target  # the rename meets a full folder
+    assert (target / "warm_start.json").read_text() == "first" and not (target / "other").exists()
+    assert [p.name for p in (tmp_path / "warm_start").iterdir()] == ["k"]
+
+
 def sampled_accuracy(path, n: int = 8) -> float:
     """Mean addition reward of n samples at temperature 1 per held-out prompt."""
     model, tok = toy.load_warm_start(path)
