@@ -10,7 +10,8 @@ values in the same order, so the same attention, without the copies.
 
 Only for a cache of full-attention ``DynamicLayer`` s (``models.plain_kv_cache``); the rows
 operations the sampler uses (``batch_repeat_interleave`` after the shared prefill,
-``batch_select_indices`` when rows finish) copy only the filled prefix.
+``batch_select_indices`` when rows finish) copy only the filled prefix, each with one gather
+or broadcast into the new buffers (no intermediate copy).
 """
 from __future__ import annotations
 
@@ -62,27 +63,40 @@ def _layer_class():
         def get_seq_length(self) -> int:
             return self.length if self.is_initialized else 0
 
-        def _rebuild(self, rows: torch.Tensor | None, repeats: int = 1) -> None:
-            """New buffers holding the filled prefix of ``rows`` (each ``repeats`` times)."""
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            """Each row ``repeats`` times: new buffers, the filled prefix written once into them
+            (a broadcast of each row, no intermediate repeated copy)."""
+            if not self.is_initialized or repeats == 1:
+                return
+            n = self.length
+            self._k, self._v = (self._repeated(buf, repeats, n) for buf in (self._k, self._v))
+            self._views()
+
+        def _repeated(self, buf: torch.Tensor, repeats: int, n: int) -> torch.Tensor:
+            B, H, _, d = buf.shape
+            out = buf.new_empty((B * repeats, H, self.capacity, d))
+            out.view(B, repeats, H, self.capacity, d)[:, :, :, :n] = buf[:, None, :, :n]
+            return out
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            """Keep the rows ``indices``, in that order: one ``index_select`` into new buffers --
+            of the whole buffers once the filled prefix is at least half of them (a contiguous
+            gather beats a strided one there), else of the prefix straight into the new buffers'
+            prefix. Never an intermediate copy of the selected rows."""
             if not self.is_initialized:
                 return
             n = self.length
-            k, v = self._k[:, :, :n], self._v[:, :, :n]
-            if rows is not None:
-                k, v = k[rows], v[rows]
-            if repeats > 1:
-                k, v = k.repeat_interleave(repeats, dim=0), v.repeat_interleave(repeats, dim=0)
-            self._k = k.new_empty((k.shape[0], k.shape[1], self.capacity, k.shape[3]))
-            self._v = v.new_empty((v.shape[0], v.shape[1], self.capacity, v.shape[3]))
-            self._k[:, :, :n] = k
-            self._v[:, :, :n] = v
+            if 2 * n >= self.capacity:
+                self._k, self._v = self._k.index_select(0, indices), self._v.index_select(0, indices)
+            else:
+                self._k, self._v = (self._selected(buf, indices, n) for buf in (self._k, self._v))
             self._views()
 
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            self._rebuild(None, repeats)
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            self._rebuild(indices)
+        @staticmethod
+        def _selected(buf: torch.Tensor, indices: torch.Tensor, n: int) -> torch.Tensor:
+            out = buf.new_empty((indices.shape[0], *buf.shape[1:]))
+            torch.index_select(buf[:, :, :n], 0, indices, out=out[:, :, :n])
+            return out
 
         def crop(self, tokens_to_remove: int) -> None:  # pragma: no cover - the sampler never crops
             raise NotImplementedError("the preallocated KV cache is not croppable")

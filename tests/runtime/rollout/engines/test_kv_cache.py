@@ -63,3 +63,33 @@ def test_preallocated_cache_refuses_to_overflow(tiny_model, tokenizer) -> None:
     with pytest.raises(RuntimeError, match="capacity"):
         tiny_model(input_ids=ids[:, :1], attention_mask=torch.ones(1, ids.shape[1] + 1, dtype=mask.dtype),
                    **{kw: cache}, use_cache=True)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("room", [2, 40])  # the filled prefix more / less than half the buffers
+@pytest.mark.parametrize("keep", [[0, 1, 2, 4], [1, 3, 5], [5, 0, 3], [0, 1, 2, 3, 4, 5]])
+def test_dropping_rows_keeps_the_same_keys(tiny_model, tokenizer, keep, room) -> None:
+    """Rows dropped (late rows, every other one, any order, none), the buffers' filled prefix
+    short or long against their capacity: the same keys / values as transformers' cache, and
+    decoding into the buffers afterwards gives the same logits."""
+    ids, mask = left_pad([tokenizer("1+2=")["input_ids"], tokenizer("(5)*6-7=")["input_ids"]],
+                         tokenizer.pad_token_id)
+    kw = cache_keyword(tiny_model)
+    pos = position_ids_from_mask(mask)
+    caches = [preallocated_cache(tiny_model, ids.shape[1] + room), DynamicCache(config=tiny_model.config)]
+    logits = []
+    for cache in caches:
+        tiny_model(input_ids=ids, attention_mask=mask, position_ids=pos, **{kw: cache}, use_cache=True)
+        cache.batch_repeat_interleave(3)
+        cache.batch_select_indices(torch.tensor(keep))
+        rows = torch.tensor(keep)
+        attn = torch.cat([mask.repeat_interleave(3, dim=0)[rows], torch.ones(len(keep), 1, dtype=mask.dtype)], 1)
+        token = torch.arange(3, 3 + len(keep))[:, None]
+        next_pos = pos[:, -1:].repeat_interleave(3, dim=0)[rows] + 1
+        logits.append(tiny_model(input_ids=token, attention_mask=attn, position_ids=next_pos, **{kw: cache},
+                                 use_cache=True).logits[:, -1])
+    for got, want in zip(caches[0].layers, caches[1].layers):
+        assert got.keys.shape == want.keys.shape == (len(keep), *want.keys.shape[1:])
+        assert torch.equal(got.keys, want.keys) and torch.equal(got.values, want.values)
+        assert got._k.shape[2] == ids.shape[1] + room  # still the whole capacity
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=1e-6)
