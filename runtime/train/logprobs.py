@@ -140,10 +140,22 @@ def _shared_prompt_applies(model: PreTrainedModel, input_ids: torch.Tensor, atte
         return False
     if not same_prompts(input_ids, attention_mask, Tr, G):
         return False
-    if torch.is_grad_enabled() and model.training and any(getattr(m, "gradient_checkpointing", False)
-                                                          for m in model.modules()):
+    if torch.is_grad_enabled() and model.training and any(m.gradient_checkpointing for m in _checkpointable(model)):
         return False  # a checkpointed layer runs without a cache (transformers drops it, with a warning)
     return _takes_plain_cache(model)
+
+
+# the modules of a model that carry a ``gradient_checkpointing`` flag -- the only ones transformers'
+# ``gradient_checkpointing_enable`` / ``_disable`` ever set -- found once per model (a walk of every
+# module), their flags read at each training forward
+_CHECKPOINTABLE: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[torch.nn.Module, ...]]" = weakref.WeakKeyDictionary()
+
+
+def _checkpointable(model: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    found = _CHECKPOINTABLE.get(model)
+    if found is None:
+        found = _CHECKPOINTABLE[model] = tuple(m for m in model.modules() if hasattr(m, "gradient_checkpointing"))
+    return found
 
 
 # whether a model's body takes a KV cache and that cache is plain: fixed by its class and config,

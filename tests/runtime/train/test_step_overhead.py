@@ -105,3 +105,27 @@ def test_plain_cache_read_once_per_model(tiny_model, tokenizer, monkeypatch) -> 
     assert not plain_kv_cache(windowed)
     assert not lp._shared_prompt_applies(windowed, ids, mask, Tr, G) and not lp._shared_prompt_applies(windowed, ids, mask, Tr, G)
     assert len(calls) == 2
+
+
+def test_checkpointing_flags_found_once_per_model(tiny_model, monkeypatch) -> None:
+    """_shared_prompt_applies walks the model's modules once per model (it walked them at every
+    training forward) for the ones with a ``gradient_checkpointing`` flag, and reads those flags
+    each time: checkpointing turned on, then off, after the first forward is seen."""
+    import copy
+
+    from rldsl.runtime.models.loading import enable_gradient_checkpointing
+    model = copy.deepcopy(tiny_model).train()
+    walks = []
+    modules = type(model).modules
+    monkeypatch.setattr(type(model), "modules", lambda self: walks.append(self) or modules(self))
+    ids, mask, Tr, G = _rows(0, pad=tiny_model.config.pad_token_id or 0)
+    with torch.enable_grad():
+        assert all(lp._shared_prompt_applies(model, ids, mask, Tr, G) for _ in range(4))
+        assert walks.count(model) == 1
+        enable_gradient_checkpointing(model)
+        n = walks.count(model)  # transformers' own enable walks the modules too
+        assert not lp._shared_prompt_applies(model, ids, mask, Tr, G)
+        model.gradient_checkpointing_disable()
+        n2 = walks.count(model)
+        assert lp._shared_prompt_applies(model, ids, mask, Tr, G)
+        assert walks.count(model) == n2 and n2 >= n
