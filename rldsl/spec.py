@@ -44,6 +44,9 @@ class Algorithm(BaseModel):
     slots: dict[str, list[SlotValue]]
     # active(stage), computed once: the spec is frozen, and the runtime asks ~17 times a step
     _active: dict[str | None, tuple[SlotValue, ...]] = PrivateAttr(default_factory=dict)
+    # needs(stage), computed once as well: the runtime asks ~11 times a step, each a registry
+    # lookup per active component
+    _needs: dict[str | None, tuple[str, ...]] = PrivateAttr(default_factory=dict)
 
     def __getitem__(self, slot: str) -> Any:
         """``algo["baseline"]`` -> SlotValue; multi-component slots (filter, shaping) -> list."""
@@ -66,7 +69,10 @@ class Algorithm(BaseModel):
 
     def needs(self, stage: str | None = None) -> list[str]:
         """The optional inputs (inputs.INPUTS) its active components read, in slot order."""
-        return list(dict.fromkeys(x for v in self.active(stage) for x in v.spec.facts.needs))
+        got = self._needs.get(stage)
+        if got is None:
+            got = self._needs[stage] = tuple(dict.fromkeys(x for v in self.active(stage) for x in v.spec.facts.needs))
+        return list(got)
 
     @property
     def group_by(self) -> str | None:

@@ -339,3 +339,23 @@ def test_docs_describe_every_fact_input_and_plan_field() -> None:
     doc = (ROOT / "docs" / "components.md").read_text(encoding="utf-8")
     for name in (*registry.FACTS, *registry.INPUTS, *registry.PLAN):
         assert f"`{name}`" in doc, name
+
+
+def test_needs_is_computed_once_and_its_callers_cannot_change_it(monkeypatch) -> None:
+    """The runtime asks a spec the inputs its components read ~11 times a step: computed once per
+    stage (each a registry lookup per active component before), the same answer, each caller its
+    own list, a pickled copy (a Ray worker's) the same."""
+    import pickle
+    spec = rldsl.load("grpo")
+    fresh = rldsl.load("grpo")
+    want = {stage: list(dict.fromkeys(x for v in fresh.active(stage) for x in v.spec.facts.needs))
+            for stage in (None, "loss", "advantage")}
+    first = {stage: spec.needs(stage) for stage in want}
+    assert first == want and "old_logprobs" in first[None]
+    first[None].clear()
+    looked_up = []
+    real_given = registry.Component.given
+    monkeypatch.setattr(registry.Component, "given", lambda *a, **k: looked_up.append(a) or real_given(*a, **k))
+    assert {stage: spec.needs(stage) for stage in want} == want
+    assert looked_up == []  # answered from the first calls'
+    assert pickle.loads(pickle.dumps(spec)).needs() == want[None]
