@@ -710,7 +710,6 @@ class RewardFn:
         errors: list[str] = []
         steps: dict[str, list] = {}
         for term in self.terms:
-            values = torch.empty(B, dtype=torch.float64)  # [B]
             # a batch term (server, judge, reward model) gets all B samples in one call
             if isinstance(term.fn, EnvironmentReward):
                 scores = term.fn.score_episodes(batch.episodes, list(batch.finish_reason))
@@ -723,6 +722,7 @@ class RewardFn:
             else:
                 scores = term.score_batch(list(prompts), list(batch.completions), list(batch.answers),
                                           list(batch.finish_reason), self._threads())
+            row_values: list[float] = []  # one tensor built from them, not B element writes
             for i, score in enumerate(scores):
                 if isinstance(score, BaseException):
                     message = (
@@ -733,9 +733,10 @@ class RewardFn:
                     if self.on_error == "raise":
                         raise RewardError(message) from score
                     errors.append(message)
-                    values[i] = float("nan")
+                    row_values.append(float("nan"))
                 else:
-                    values[i] = score
+                    row_values.append(float(score))
+            values = torch.tensor(row_values, dtype=torch.float64)  # [B]
             components[term.name] = values
             total += term.weight * values
         num_errors = int(torch.isnan(total).sum())
