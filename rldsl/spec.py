@@ -47,6 +47,8 @@ class Algorithm(BaseModel):
     # needs(stage), computed once as well: the runtime asks ~11 times a step, each a registry
     # lookup per active component
     _needs: dict[str | None, tuple[str, ...]] = PrivateAttr(default_factory=dict)
+    # _any_flag(flag, stage), once per flag: old_from_rollout is asked twice a step
+    _flags: dict[tuple[str, str | None], bool] = PrivateAttr(default_factory=dict)
 
     def __getitem__(self, slot: str) -> Any:
         """``algo["baseline"]`` -> SlotValue; multi-component slots (filter, shaping) -> list."""
@@ -87,7 +89,14 @@ class Algorithm(BaseModel):
     @property
     def old_from_rollout(self) -> bool:
         """pi_old is the engine's logprobs (`correction bypass`): the trainer skips the old-logprob forward."""
-        return any(v.spec.flag("old_from_rollout", v.params) for v in self.active())
+        return self._any_flag("old_from_rollout", None)
+
+    def _any_flag(self, flag: str, stage: str | None) -> bool:
+        """An active component (of ``stage``) sets the registry flag ``flag``; computed once."""
+        got = self._flags.get((flag, stage))
+        if got is None:
+            got = self._flags[(flag, stage)] = any(v.spec.flag(flag, v.params) for v in self.active(stage))
+        return got
 
     @property
     def uses_reference(self) -> bool:
@@ -118,7 +127,7 @@ class Algorithm(BaseModel):
     @property
     def uses_ratio(self) -> bool:
         """A component of the loss reads the importance ratio (else the loss skips computing it)."""
-        return any(v.spec.flag("uses_ratio", v.params) for v in self.active("loss"))
+        return self._any_flag("uses_ratio", "loss")
 
 
 # ---------------------------------------------------------------------------------------

@@ -359,3 +359,18 @@ def test_needs_is_computed_once_and_its_callers_cannot_change_it(monkeypatch) ->
     assert {stage: spec.needs(stage) for stage in want} == want
     assert looked_up == []  # answered from the first calls'
     assert pickle.loads(pickle.dumps(spec)).needs() == want[None]
+
+
+
+def test_flags_are_computed_once(monkeypatch) -> None:
+    """old_from_rollout (asked twice a step) and uses_ratio: one registry lookup per active
+    component the first time, none after, the same answers as the components' flags."""
+    looked_up = []
+    real_given = registry.Component.given
+    monkeypatch.setattr(registry.Component, "given", lambda *a, **k: looked_up.append(a) or real_given(*a, **k))
+    bypass = rldsl.loads("algorithm bypassed extends grpo\n  correction bypass\n", "bypassed.rl")
+    for spec, from_rollout in ((rldsl.load("grpo"), False), (bypass, True)):
+        first = (spec.old_from_rollout, spec.uses_ratio)
+        assert first == (from_rollout, True)
+        n = len(looked_up)
+        assert (spec.old_from_rollout, spec.uses_ratio) == first and len(looked_up) == n
