@@ -9,7 +9,8 @@ generation_config.json so the completions end at different lengths. Checked: the
 the transformers model's own routing on the same weights (0 mismatch); after an Adam step the
 trainer's replayed logprobs equal those of each row run alone under the recorded experts (1e-6);
 a short run with ``rollout.engine=vllm`` and ``rollout.routing_replay=true`` replays them (mismatch
-0 at every step). Run alone: ``make test-vllm`` (or ``.venv-vllm/bin/python -m pytest -m vllm``).
+0 at every step); a three-turn ``rollout.env`` episode's stitched records are as complete and replay
+as the HF engine's. Run alone: ``make test-vllm`` (or ``.venv-vllm/bin/python -m pytest -m vllm``).
 """
 from __future__ import annotations
 
