@@ -403,17 +403,18 @@ def check_routing_replay(cfg: RunConfig, model_path: Path) -> None:
     """``rollout.routing_replay`` needs a mixture-of-experts policy (its config.json declares
     routed experts) and an engine that records its routing: the HF engine (single-turn
     completions, multi-turn episodes and agents' calls alike) or the vLLM engine's single-turn
-    completions, with prefix caching off (a cached prompt block is not computed, so its routing is
-    not captured; docs/moe.md); anything else is refused before a model loads."""
+    completions and multi-turn episodes (rollout.tools, rollout.env), with prefix caching off (a
+    cached prompt block is not computed, so its routing is not captured; docs/moe.md); anything
+    else (an agent on vLLM: its endpoint's path is untested there) is refused before a model loads."""
     r = cfg.rollout
     if r.routing_replay and r.engine == "vllm" and r.vllm.engine_kwargs.get("enable_prefix_caching"):
         raise ConfigError("rollout.routing_replay=true with rollout.engine=vllm records the experts of every token "
                           "vLLM computes, and prefix caching skips the cached prompt blocks (docs/moe.md): drop "
                           "rollout.vllm.engine_kwargs.enable_prefix_caching (the engine turns it off)")
-    if r.routing_replay and r.engine == "vllm" and (r.tools is not None or r.env is not None or r.agent is not None):
-        raise ConfigError("rollout.routing_replay=true: with rollout.engine=vllm only single-turn completions carry "
-                          "their recorded routing; multi-turn episodes and agents (rollout.tools, rollout.env, "
-                          "rollout.agent) record theirs on the HF engine (docs/moe.md): use rollout.engine=hf")
+    if r.routing_replay and r.engine == "vllm" and r.agent is not None:
+        raise ConfigError("rollout.routing_replay=true: with rollout.engine=vllm single-turn completions and "
+                          "multi-turn episodes (rollout.tools, rollout.env) carry their recorded routing, an agent's "
+                          "endpoint calls (rollout.agent) are not tested there (docs/moe.md): use rollout.engine=hf")
     if r.routing_replay and folder_is_moe(model_path) is False:
         raise ConfigError(f"rollout.routing_replay=true replays the experts a mixture-of-experts model routed "
                           f"each token to, and the model at {model_path} is dense (its config.json declares no "

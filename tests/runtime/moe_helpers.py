@@ -65,3 +65,34 @@ def forced_logprobs(model, batch: RolloutBatch) -> torch.Tensor:
         for g, f in zip(gates, originals):
             g.forward = f
     return out
+
+
+def check_episode_routing(model, batch: RolloutBatch, logprob_tol: float = 1e-5,
+                          observed_rows: int | None = None) -> None:
+    """Every token fed is recorded (padding and each row's last token are not), laid out as the
+    trainer's columns; at the engine's weights the trainer routes as recorded (its logprobs the
+    engine's to ``logprob_tol``); after an Adam step (``model`` moves) the replayed logprobs
+    (padded, packed) equal the rows run alone under the recorded experts. ``observed_rows``: how
+    many rows at least went on past their first turn (default: every row)."""
+    ids, attn, _ = model_inputs(batch)
+    r = batch.routed_experts
+    assert r is not None and r.shape[:2] == ids.shape and r.dtype == torch.int16
+    observed = (batch.response_attention - batch.response_mask).sum(1)
+    # the environment's tokens between the turns, in every row (or observed_rows of them)
+    assert int((observed > 0).sum()) >= (len(batch) if observed_rows is None else observed_rows), observed
+    fed = attn.bool().clone()
+    Tp = batch.prompt_ids.shape[1]
+    fed[torch.arange(len(batch)), Tp + batch.response_attention.sum(1) - 1] = False  # the last token
+    assert bool((r >= 0).all(-1).all(-1).eq(fed).all())
+    plain, metrics = routed_logprobs(model, batch, replay=False)
+    valid = batch.response_mask.bool()
+    assert metrics["moe/routing_mismatch"] == 0.0, metrics
+    assert (plain - batch.logprobs)[valid].abs().max() < logprob_tol
+    move(model, batch)
+    plain, before = routed_logprobs(model, batch, replay=False)
+    replayed, after = routed_logprobs(model, batch, replay=True)
+    packed, _ = routed_logprobs(model, batch, replay=True, packing=True)
+    assert before["moe/routing_mismatch"] > 0.1 and after["moe/routing_mismatch"] == 0.0
+    forced = forced_logprobs(model, batch)
+    assert (replayed - forced)[valid].abs().max() < 1e-6 and (packed - forced)[valid].abs().max() < 1e-6
+    assert (plain - forced)[valid].abs().max() > 1e-3

@@ -21,7 +21,7 @@ from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.train.logprobs import token_logprobs
 from rldsl.runtime.train.microbatch import trim
 
-from moe_helpers import forced_logprobs, move, routed_logprobs
+from moe_helpers import check_episode_routing, forced_logprobs, move, routed_logprobs
 
 ARCHS = ["qwen3_moe", "mixtral"]
 PROMPTS = ["hello there", "What is the weather in Paris today?", "1+2=", "Tell me the weather in Rome, Cairo"]
@@ -62,12 +62,13 @@ def test_dense_model_with_replay_is_refused_before_it_loads(real_model, moe_mode
     assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True, "engine": "vllm"}}),
                                 moe_model("mixtral")) is None
     for over, words in (({"engine": "vllm", "vllm": {"engine_kwargs": {"enable_prefix_caching": True}}},
-                         "prefix caching"), ({"engine": "vllm", "tools": "real_tools:get_weather"}, "multi-turn")):
+                         "prefix caching"), ({"engine": "vllm", "agent": "agent_helpers:calc_agent"}, "rollout.agent")):
         cfg = RunConfig.model_validate({"rollout": {"routing_replay": True, **over}})
         with pytest.raises(ConfigError, match=words):
             check_routing_replay(cfg, moe_model("mixtral"))
     for over in ({"tools": "real_tools:get_weather"}, {"env": "episode_helpers:Nudge"},
-                 {"agent": "agent_helpers:calc_agent"}):  # episodes and agents record on the HF engine
+                 {"agent": "agent_helpers:calc_agent"}, {"engine": "vllm", "tools": "real_tools:get_weather"},
+                 {"engine": "vllm", "env": "episode_helpers:Nudge"}):  # HF: episodes and agents; vLLM: episodes
         assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True, **over}}),
                                     moe_model("mixtral")) is None
 
@@ -356,34 +357,7 @@ def test_tool_episode_routing_is_recorded_and_replayed(moe_model, arch, tmp_path
     columns; at the engine's weights the trainer routes as recorded; after an Adam step the replayed
     logprobs equal the rows run alone under the recorded experts (1e-6), the mismatch 0."""
     model, batch = _episodes(_short_turns(moe_model(arch), tmp_path / "m"))
-    _check_episode_routing(model, batch)
-
-
-def _check_episode_routing(model, batch: RolloutBatch) -> None:
-    """Every token fed is recorded (padding and each row's last token are not), laid out as the
-    trainer's columns; at the engine's weights the trainer routes as recorded; after an Adam step
-    the replayed logprobs (padded, packed) equal the rows run alone under the recorded experts."""
-    ids, attn, _ = model_inputs(batch)
-    r = batch.routed_experts
-    assert r is not None and r.shape[:2] == ids.shape and r.dtype == torch.int16
-    observed = (batch.response_attention - batch.response_mask).sum(1)
-    assert bool((observed > 0).all())  # the environment's tokens between the turns, in every row
-    fed = attn.bool().clone()
-    Tp = batch.prompt_ids.shape[1]
-    fed[torch.arange(len(batch)), Tp + batch.response_attention.sum(1) - 1] = False  # the last token
-    assert bool((r >= 0).all(-1).all(-1).eq(fed).all())
-    plain, metrics = routed_logprobs(model, batch, replay=False)
-    valid = batch.response_mask.bool()
-    assert metrics["moe/routing_mismatch"] == 0.0
-    assert (plain - batch.logprobs)[valid].abs().max() < 1e-5
-    move(model, batch)
-    plain, before = routed_logprobs(model, batch, replay=False)
-    replayed, after = routed_logprobs(model, batch, replay=True)
-    packed, _ = routed_logprobs(model, batch, replay=True, packing=True)
-    assert before["moe/routing_mismatch"] > 0.1 and after["moe/routing_mismatch"] == 0.0
-    forced = forced_logprobs(model, batch)
-    assert (replayed - forced)[valid].abs().max() < 1e-6 and (packed - forced)[valid].abs().max() < 1e-6
-    assert (plain - forced)[valid].abs().max() > 1e-3
+    check_episode_routing(model, batch)
 
 
 @pytest.mark.slow  # an endpoint and its client: ~10-25 s on two shared cores
@@ -403,7 +377,7 @@ def test_agent_calls_routing_is_recorded_and_replayed(moe_model):
     finally:
         runner.close()
     assert all(e.agent.rows == 1 and len(e.agent.calls) == 3 for e in batch.episodes)
-    _check_episode_routing(model, batch)
+    check_episode_routing(model, batch)
 
 
 @pytest.mark.slow
