@@ -39,6 +39,20 @@ def test_config_json_says_moe(moe_model, real_model):
     assert folder_is_moe(real_model("qwen2.5")) is False
 
 
+def test_training_a_moe_on_the_vllm_engine_is_refused_before_it_loads(moe_model):
+    """vLLM's weight sync does not reproduce a MoE's experts yet (test_vllm_moe.py's strict xfail):
+    a run that would sync is refused (exit 2); the HF engine, and vLLM without training steps
+    (evaluation), pass."""
+    from rldsl.runtime.resolve import check_moe_weight_sync
+    folder = moe_model("qwen3_moe")
+    with pytest.raises(ConfigError, match="use rollout.engine=hf") as e:
+        check_moe_weight_sync(RunConfig.model_validate({"rollout": {"engine": "vllm"}}), folder)
+    assert e.value.exit_code == 2
+    assert check_moe_weight_sync(RunConfig.model_validate({"rollout": {"engine": "hf"}}), folder) is None
+    assert check_moe_weight_sync(RunConfig.model_validate({"rollout": {"engine": "vllm"}, "train": {"steps": 0}}),
+                                 folder) is None
+
+
 def test_dense_model_with_replay_is_refused_before_it_loads(real_model, moe_model, tmp_path, monkeypatch):
     """rollout.routing_replay=true on a dense model: exit 2, a clear message, before any model loads
     (config.json read); on a MoE model the same command gets past the check."""

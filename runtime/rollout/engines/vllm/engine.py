@@ -30,8 +30,8 @@ from ....errors import VLLMUnavailableError, WeightSyncError, WeightSyncTimeout
 from ..base import SamplingParams, check_request, generation_config_eos_ids, special_token_ids
 from .convert import (by_position, layout_captured, layout_returned, outputs_to_rollout_batch, to_vllm_sampling_kwargs,
                       unpack_captured)
-from .weights import (bucket_by_bytes, call_with_timeout, materialize, pack_bucket, to_vllm_weight_names,
-                      unpack_bucket)
+from .weights import (bucket_by_bytes, call_with_timeout, checkpoint_namer, materialize, pack_bucket,
+                      to_vllm_weight_names, unpack_bucket)
 from .vision import has_images, install_vision_shim, vision_request
 from .worker import layerwise_reload_api
 
@@ -197,7 +197,7 @@ class VLLMEngine:
             kwargs["limit_mm_per_prompt"] = {"image": max_images, "video": 0}
         returned = False
         if record_routing:
-            if not any(getattr(text_config, k, None) for k in ("num_local_experts", "num_experts", "n_routed_experts")):
+            if not is_moe_config(text_config):
                 raise ValueError(f"record_routing=True: {model} is not a mixture-of-experts model (its config declares "
                                  "no num_local_experts / num_experts / n_routed_experts)")
             returned = returned_routing_available(vllm.LLM.__init__, on_cpu)
@@ -233,6 +233,8 @@ class VLLMEngine:
                 strict_weight_sync=strict_weight_sync,
             ),
         )
+        if is_moe_config(text_config):  # the checkpoint's names and layout for the experts
+            self._checkpoint_names = checkpoint_namer(model)
         if record_routing:
             self.record_routing = "returned" if returned else "captured"
             self._moe_layers = self._rpc("rldsl_routing_layers", weight_sync_timeout, "listing the MoE layers")[0]
@@ -259,6 +261,7 @@ class VLLMEngine:
         self._broken: str | None = None  # set when a weight sync timed out
         self._incomplete: str | None = None  # set while the weights are a mix of two versions
         self.model_dtype = _engine_dtype(llm)
+        self._checkpoint_names: Callable[..., Any] | None = None  # weights.checkpoint_namer, a MoE's
         self.record_routing: str | None = None  # "returned" / "captured" (record_routing=True)
         self._moe_layers: list[int] = []
         # adapters sent as adapters (load_adapter): the current policy version's LoRARequest, every
@@ -438,6 +441,8 @@ class VLLMEngine:
         """Map, cast, bucket and load ``named_tensors``; returns how many tensors were sent.
         ``progress[0]`` counts the buckets handed to vLLM (a failed one may be half loaded)."""
         mapped = to_vllm_weight_names(named_tensors, tie_word_embeddings=self.tie_word_embeddings)
+        if self._checkpoint_names is not None:
+            mapped = self._checkpoint_names(mapped)
         cast = ((n, materialize(t, self.model_dtype)) for n, t in mapped)
         sent = 0
         for i, bucket in enumerate(bucket_by_bytes(cast, self.options.weight_bucket_bytes)):
@@ -545,6 +550,11 @@ def _engine_dtype(llm: Any) -> torch.dtype | None:
     """The dtype vLLM runs the model in (``llm.llm_engine.model_config.dtype``), if known."""
     dtype = getattr(getattr(getattr(llm, "llm_engine", None), "model_config", None), "dtype", None)
     return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def is_moe_config(config: Any) -> bool:
+    """Whether a (text) config declares routed experts."""
+    return any(getattr(config, k, None) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
 
 
 def engine_from_config(cfg: RunConfig, model: str | os.PathLike, *, on_gpu: bool,

@@ -179,3 +179,22 @@ def call_with_timeout(fn: Callable[[], _T], timeout: float | None, what: str) ->
     if "error" in box:
         raise box["error"]
     return box["result"]
+
+
+def checkpoint_namer(model: str | Any) -> Callable[[Iterable[tuple[str, torch.Tensor]]], Iterator[tuple[str, torch.Tensor]]]:
+    """(name, tensor) pairs of a transformers model -> the same weights under the names and layout of
+    its checkpoint, which vLLM's loader reads. transformers 5 converts some families at load
+    (a mixture-of-experts model's experts fused into 3-D ``mlp.experts.gate_up_proj`` /
+    ``down_proj`` parameters; Mixtral's ``block_sparse_moe`` renamed ``mlp``) and reverts that when it
+    saves; vLLM's loader takes the saved form (fed the fused tensor, Qwen3-MoE loaded it wrongly
+    and Mixtral refused it). This reverts each tensor with transformers' own
+    ``revert_weight_conversion``, on a meta-device model of the folder's config (no weights)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.core_model_loading import revert_weight_conversion
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
+
+    def rename(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in named:
+            yield from revert_weight_conversion(meta, {name: tensor}).items()
+    return rename

@@ -147,30 +147,18 @@ def test_env_episode_routing_on_vllm_is_recorded_and_replayed(served):
     check_episode_routing(copy.deepcopy(model), batch, logprob_tol=1e-4, observed_rows=1)
 
 
-@pytest.mark.parametrize("served", ["qwen3_moe"], indirect=True)
-def test_run_on_vllm_with_routing_replay(served, tmp_path, monkeypatch):
-    """`rollout.engine=vllm`, `rollout.routing_replay=true`, asynchronous (each batch sampled one step
-    behind) with a learning rate that moves the routers: the run's engine (the module's, its weights
-    synced by the run) records, and every step's replayed forward routes as it did."""
-    from rldsl.runtime import recipe
-    from rldsl.runtime.config import load_config
-    from rldsl.runtime.records.metrics import read_metrics
-    from rldsl.runtime.run import loop
+@pytest.mark.xfail(strict=True, reason="vLLM's in-place reload of a MoE's experts does not reproduce them on the "
+                   "CPU build (the non-expert weights do): training a MoE on vLLM is refused until it does "
+                   "(resolve.check_moe_weight_sync; docs/moe.md)")
+def test_a_sync_of_the_same_weights_leaves_the_engine_as_it_was(served):
+    """The trainer's weights (transformers 5's fused experts; Mixtral's ``mlp``, saved as
+    ``block_sparse_moe``) reach vLLM under its checkpoint's names and layout: after syncing the
+    model's own weights the engine still routes and scores as the model does. Before, Qwen3-MoE
+    loaded the fused experts wrongly (mismatch 0.044, logprobs 0.06 apart) and Mixtral refused them."""
     _, engine, model = served
-    engine.update_weights(model.state_dict().items())  # the fixture's weights (an earlier test may have synced)
-
-    def run_engine(cfg, path, device, **kw):
-        assert cfg.rollout.engine == "vllm" and cfg.rollout.routing_replay
-        return engine
-    monkeypatch.setattr(recipe, "rollout_engine", run_engine)
-    cfg = load_config(None, [f"model.path={engine.llm.llm_engine.model_config.model}", f"out={tmp_path / 'run'}",
-                             "rollout.engine=vllm", "rollout.routing_replay=true", "rollout.prompts_per_step=2",
-                             "rollout.n=4", "rollout.max_new_tokens=8", "train.steps=3", "data.task=addition",
-                             "eval.every=0", "data.eval_size=0", "checkpoint.every=0", "log.progress=false",
-                             "reward.name=reward_helpers:parity", "train.lr=1e-2", "rollout.max_staleness=1"])
-    run = loop.train("grpo", cfg)
-    steps = [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
-    assert [r["step"] for r in steps] == [1, 2, 3]
-    assert all(r["moe/routing_mismatch"] == 0.0 for r in steps)
-    assert max(r["moe/router_drift"] for r in steps[1:]) > 0.05  # the routers moved: replay overrode them
-
+    engine.update_weights(model.state_dict().items())
+    batch = engine.generate(PROMPTS, SAMPLING)
+    plain, metrics = routed_logprobs(model, batch, replay=False)
+    assert metrics["moe/routing_mismatch"] == 0.0, metrics
+    valid = batch.response_mask.bool()
+    assert (plain - batch.logprobs)[valid].abs().max() < 1e-4
