@@ -57,7 +57,7 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float,
                               if isinstance(m, nn.Linear) and m is not head and ".visual." not in f".{n}."})
         targets = language_lora_targets(model, targets)
     params: list[str] = []
-    if targets != "all-linear":
+    if isinstance(targets, list):  # names (not "all-linear", nor a VLM's language-model pattern, a str)
         params = fused_expert_parameters(model, targets)
         linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
         names = {p.rsplit(".", 1)[-1] for p in params}
