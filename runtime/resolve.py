@@ -399,34 +399,16 @@ def microbatch_note(cfg: RunConfig, longest_prompt: int) -> str | None:
 
 # ----------------------------------------------------------------------------- resolve
 
-def check_moe_weight_sync(cfg: RunConfig, model_path: Path) -> None:
-    """A mixture-of-experts policy trains with the HF engine only, for now: vLLM's in-place reload
-    of a MoE's experts (the weight sync) does not reproduce the trainer's weights on the CPU build
-    -- after syncing the model's own, unchanged weights 4-7 % of the tiny Qwen3-MoE's routing
-    decisions differ (tests/runtime/rollout/engines/test_vllm_moe.py, a strict xfail; docs/moe.md).
-    Refused before a model loads rather than sampling from other experts than the trainer's."""
-    if cfg.rollout.engine == "vllm" and cfg.train.steps > 0 and folder_is_moe(model_path) is True:
-        raise ConfigError(f"{model_path} is a mixture-of-experts model, and the vLLM engine's weight sync does not "
-                          "reproduce a MoE's experts yet (after a sync of unchanged weights its routing differs from "
-                          "the trainer's; docs/moe.md): use rollout.engine=hf to train it")
-
-
 def check_routing_replay(cfg: RunConfig, model_path: Path) -> None:
     """``rollout.routing_replay`` needs a mixture-of-experts policy (its config.json declares
-    routed experts) and an engine that records its routing: the HF engine (single-turn
-    completions, multi-turn episodes and agents' calls alike) or the vLLM engine's single-turn
-    completions and multi-turn episodes (rollout.tools, rollout.env), with prefix caching off (a
-    cached prompt block is not computed, so its routing is not captured; docs/moe.md); anything
-    else (an agent on vLLM: its endpoint's path is untested there) is refused before a model loads."""
+    routed experts). Both engines record it (single-turn completions, multi-turn episodes and
+    agents' calls alike); the vLLM engine with prefix caching off (a cached prompt block is not
+    computed, so its routing is not captured; docs/moe.md)."""
     r = cfg.rollout
     if r.routing_replay and r.engine == "vllm" and r.vllm.engine_kwargs.get("enable_prefix_caching"):
         raise ConfigError("rollout.routing_replay=true with rollout.engine=vllm records the experts of every token "
                           "vLLM computes, and prefix caching skips the cached prompt blocks (docs/moe.md): drop "
                           "rollout.vllm.engine_kwargs.enable_prefix_caching (the engine turns it off)")
-    if r.routing_replay and r.engine == "vllm" and r.agent is not None:
-        raise ConfigError("rollout.routing_replay=true: with rollout.engine=vllm single-turn completions and "
-                          "multi-turn episodes (rollout.tools, rollout.env) carry their recorded routing, an agent's "
-                          "endpoint calls (rollout.agent) are not tested there (docs/moe.md): use rollout.engine=hf")
     if r.routing_replay and folder_is_moe(model_path) is False:
         raise ConfigError(f"rollout.routing_replay=true replays the experts a mixture-of-experts model routed "
                           f"each token to, and the model at {model_path} is dense (its config.json declares no "
@@ -462,7 +444,6 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
     the saved config is then what ran, and resuming from it changes nothing.
     """
     check_routing_replay(cfg, model_path)
-    check_moe_weight_sync(cfg, model_path)
     check_expert_lora(cfg, model_path)
     notes: list[str] = []
     if cfg.reward.name is None:  # plan_run settles it before building the reward; a direct call here

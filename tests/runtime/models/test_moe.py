@@ -39,20 +39,6 @@ def test_config_json_says_moe(moe_model, real_model):
     assert folder_is_moe(real_model("qwen2.5")) is False
 
 
-def test_training_a_moe_on_the_vllm_engine_is_refused_before_it_loads(moe_model):
-    """vLLM's weight sync does not reproduce a MoE's experts yet (test_vllm_moe.py's strict xfail):
-    a run that would sync is refused (exit 2); the HF engine, and vLLM without training steps
-    (evaluation), pass."""
-    from rldsl.runtime.resolve import check_moe_weight_sync
-    folder = moe_model("qwen3_moe")
-    with pytest.raises(ConfigError, match="use rollout.engine=hf") as e:
-        check_moe_weight_sync(RunConfig.model_validate({"rollout": {"engine": "vllm"}}), folder)
-    assert e.value.exit_code == 2
-    assert check_moe_weight_sync(RunConfig.model_validate({"rollout": {"engine": "hf"}}), folder) is None
-    assert check_moe_weight_sync(RunConfig.model_validate({"rollout": {"engine": "vllm"}, "train": {"steps": 0}}),
-                                 folder) is None
-
-
 def test_dense_model_with_replay_is_refused_before_it_loads(real_model, moe_model, tmp_path, monkeypatch):
     """rollout.routing_replay=true on a dense model: exit 2, a clear message, before any model loads
     (config.json read); on a MoE model the same command gets past the check."""
@@ -75,14 +61,14 @@ def test_dense_model_with_replay_is_refused_before_it_loads(real_model, moe_mode
                                 moe_model("mixtral")) is None
     assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True, "engine": "vllm"}}),
                                 moe_model("mixtral")) is None
-    for over, words in (({"engine": "vllm", "vllm": {"engine_kwargs": {"enable_prefix_caching": True}}},
-                         "prefix caching"), ({"engine": "vllm", "agent": "agent_helpers:calc_agent"}, "rollout.agent")):
-        cfg = RunConfig.model_validate({"rollout": {"routing_replay": True, **over}})
-        with pytest.raises(ConfigError, match=words):
-            check_routing_replay(cfg, moe_model("mixtral"))
+    cfg = RunConfig.model_validate({"rollout": {"routing_replay": True, "engine": "vllm",
+                                                "vllm": {"engine_kwargs": {"enable_prefix_caching": True}}}})
+    with pytest.raises(ConfigError, match="prefix caching"):
+        check_routing_replay(cfg, moe_model("mixtral"))
     for over in ({"tools": "real_tools:get_weather"}, {"env": "episode_helpers:Nudge"},
                  {"agent": "agent_helpers:calc_agent"}, {"engine": "vllm", "tools": "real_tools:get_weather"},
-                 {"engine": "vllm", "env": "episode_helpers:Nudge"}):  # HF: episodes and agents; vLLM: episodes
+                 {"engine": "vllm", "env": "episode_helpers:Nudge"},
+                 {"engine": "vllm", "agent": "agent_helpers:calc_agent"}):  # episodes and agents on both engines
         assert check_routing_replay(RunConfig.model_validate({"rollout": {"routing_replay": True, **over}}),
                                     moe_model("mixtral")) is None
 
