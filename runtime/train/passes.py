@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -65,6 +65,7 @@ class ForwardPasses:
         self.moe = moe.is_moe(policy)
         self.routing_replay = False
         self.routing_stats = moe.RoutingStats()
+        self._count_routing = True  # off while the policy stands in for its reference (LoRA)
 
     # -- logprobs
 
@@ -115,8 +116,19 @@ class ForwardPasses:
         (models/moe.py)."""
         if not self.moe:
             return contextlib.nullcontext()
-        return moe.routing(model, replay=self.routing_replay,
-                           stats=self.routing_stats if model is self.policy else None, aux=aux)
+        counted = model is self.policy and self._count_routing
+        return moe.routing(model, replay=self.routing_replay, stats=self.routing_stats if counted else None, aux=aux)
+
+    @contextlib.contextmanager
+    def _routing_uncounted(self) -> Iterator[None]:
+        """The policy's forwards inside count nothing into ``routing_stats``: with LoRA the
+        reference is the policy with its adapters off, which routes as the base model does, not as
+        the policy that sampled (counted, its routing showed as ``moe/router_drift``)."""
+        saved, self._count_routing = self._count_routing, False
+        try:
+            yield
+        finally:
+            self._count_routing = saved
 
     def _routing_metrics(self) -> dict[str, float]:
         """``moe/*`` of the policy's forwards since the last report (models/moe.py), then reset:

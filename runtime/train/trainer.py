@@ -214,7 +214,7 @@ class Trainer(ForwardPasses):
             old = self._per_microbatch(self.policy, rollout, "logprobs")
         ref = None
         if algo.uses_reference and self.reference is None:
-            with self.reference_off():  # type: ignore[misc]
+            with self.reference_off(), self._routing_uncounted():  # type: ignore[misc]
                 ref = self._per_microbatch(self.policy, rollout, "logprobs")
         elif algo.uses_reference:
             ref = self._per_microbatch(self.reference, rollout, "logprobs")

@@ -199,6 +199,21 @@ def test_lora_on_attention_of_a_moe_policy_trains_with_replay(moe_model, tmp_pat
 
 
 @pytest.mark.slow
+def test_lora_reference_forward_is_not_counted_as_the_policys_routing(moe_model, tmp_path):
+    """With LoRA the reference is the policy with its adapters off (GRPO's KL reads it); its
+    forward routes as the base model, so it must not count into the policy's moe/* metrics: in a
+    synchronous run the policy routes every sampled token as the engine recorded (router_drift 0 at
+    every step; it read 0.42 once the adapters had moved, when the reference forward was counted)."""
+    from rldsl.runtime.run import loop
+    run = loop.train("grpo", _moe_config(moe_model("qwen3_moe"), tmp_path / "run", **{
+        "rollout.max_staleness": 0, "model.lora.rank": 4, "model.lora.target_modules": '["q_proj","v_proj"]'}))
+    recs = _steps(run)
+    assert [r["step"] for r in recs] == [1, 2, 3] and all(r["optimizer_steps"] > 0 for r in recs)
+    assert all(r["moe/routing_mismatch"] == 0.0 == r["moe/router_drift"] for r in recs), recs
+    assert all(r["kl"] > 0 for r in recs[1:])  # the reference forward ran, and the adapters moved
+
+
+@pytest.mark.slow
 def test_resumed_run_with_replay_equals_the_uninterrupted_one(moe_model, tmp_path):
     """An asynchronous run with replay and `router balance` (the routers' load-balancing loss, its
     value logged as moe/aux_loss) stopped after step 2 (its queued rollout, routing included, in the

@@ -186,8 +186,8 @@ def test_a_sync_of_moved_weights_gives_the_engine_the_trainers_experts(served):
         engine.update_weights(model.state_dict().items())  # the module's engine back to the model
 
 
-@pytest.mark.parametrize("episodes", [False, True], ids=["single-turn", "env-episodes"])
-def test_a_vllm_run_of_a_moe_policy_samples_from_the_trainers_weights(served, tmp_path, episodes):
+@pytest.mark.parametrize("kind", ["single-turn", "env-episodes", "lora"])
+def test_a_vllm_run_of_a_moe_policy_samples_from_the_trainers_weights(served, tmp_path, kind):
     """A synchronous run on the vLLM engine with replay (lr 1e-2: the routers move every step), of
     single-turn completions and of three-turn ``rollout.env`` episodes: after each sync the engine
     routes every token as the trainer's policy does (``moe/router_drift`` 0: the trainer's own
@@ -208,7 +208,9 @@ def test_a_vllm_run_of_a_moe_policy_samples_from_the_trainers_weights(served, tm
             "rollout.max_new_tokens=8", "train.steps=3", "data.task=addition", "eval.every=0", "data.eval_size=0",
             "checkpoint.every=0", "log.progress=false", "reward.name=reward_helpers:parity",
             "rollout.routing_replay=true", "train.lr=1e-2"]
-    if episodes:  # turns of up to 24 tokens: most end on the engine's extra stop ids and go on
+    if kind == "lora":  # adapters on attention and on the fused experts, merged into the synced weights
+        sets += ["model.lora.rank=4", 'model.lora.target_modules=["q_proj","v_proj","gate_up_proj","down_proj"]']
+    if kind == "env-episodes":  # turns of up to 24 tokens: most end on the engine's extra stop ids and go on
         sets += ["rollout.env=episode_helpers:Nudge", "rollout.max_turns=3", "rollout.max_new_tokens=24"]
     try:
         with pytest.MonkeyPatch.context() as mp:
@@ -220,7 +222,7 @@ def test_a_vllm_run_of_a_moe_policy_samples_from_the_trainers_weights(served, tm
         for r in recs:
             assert r["moe/routing_mismatch"] == 0.0 and r["moe/router_drift"] == 0.0, r
             assert r["rollout_logprob_diff"] < 1e-5, r
-        if episodes:  # episodes went on past their first turn: the environment's tokens are in the rows
+        if kind == "env-episodes":  # episodes went on past their first turn: the environment's tokens are in the rows
             samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
             assert sum(s["environment_tokens"] > 0 for s in samples) >= 3  # 8 of the 24 recorded (seeded)
     finally:
