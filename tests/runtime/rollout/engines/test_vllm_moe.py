@@ -16,6 +16,7 @@ step (``moe/router_drift`` 0, ``rollout_logprob_diff`` < 1e-5). Run alone: ``mak
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import shutil
@@ -46,6 +47,22 @@ STEP_TOKENS = {"qwen3_moe": None, "mixtral": 32}
 #: the engines' max_model_len: an agent's chat calls carry the tools' schema (~270 tokens)
 CONTEXT = 384
 SAMPLING = SamplingParams(n=2, max_new_tokens=16, temperature=1.0, top_p=1.0)
+
+
+@contextlib.contextmanager
+def ray_cluster():
+    """A local Ray cluster of 4 CPUs on 127.0.0.1 for the two-rank run (as test_moe.py's)."""
+    import logging
+    import tempfile
+    ray = pytest.importorskip("ray")
+    tmp = tempfile.mkdtemp(prefix="rldsl-ray-", dir="/tmp")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1", _temp_dir=tmp, logging_level=logging.WARNING)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def fed_mask(batch) -> torch.Tensor:
@@ -186,7 +203,7 @@ def test_a_sync_of_moved_weights_gives_the_engine_the_trainers_experts(served):
         engine.update_weights(model.state_dict().items())  # the module's engine back to the model
 
 
-@pytest.mark.parametrize("kind", ["single-turn", "env-episodes", "lora"])
+@pytest.mark.parametrize("kind", ["single-turn", "env-episodes", "lora", "fsdp"])
 def test_a_vllm_run_of_a_moe_policy_samples_from_the_trainers_weights(served, tmp_path, kind):
     """A synchronous run on the vLLM engine with replay (lr 1e-2: the routers move every step), of
     single-turn completions and of three-turn ``rollout.env`` episodes: after each sync the engine
@@ -210,10 +227,13 @@ def test_a_vllm_run_of_a_moe_policy_samples_from_the_trainers_weights(served, tm
             "rollout.routing_replay=true", "train.lr=1e-2"]
     if kind == "lora":  # adapters on attention and on the fused experts, merged into the synced weights
         sets += ["model.lora.rank=4", 'model.lora.target_modules=["q_proj","v_proj","gate_up_proj","down_proj"]']
+    if kind == "fsdp":  # 2 gloo trainer ranks (Ray actors): the gathered weights synced from the driver
+        sets += ["distributed.trainers=2", "distributed.sync_timeout=120", "distributed.collective_timeout=120"]
     if kind == "env-episodes":  # turns of up to 24 tokens: most end on the engine's extra stop ids and go on
         sets += ["rollout.env=episode_helpers:Nudge", "rollout.max_turns=3", "rollout.max_new_tokens=24"]
+    cluster = ray_cluster() if kind == "fsdp" else contextlib.nullcontext()
     try:
-        with pytest.MonkeyPatch.context() as mp:
+        with cluster, pytest.MonkeyPatch.context() as mp:
             mp.setattr(recipe, "rollout_engine", lambda *a, **k: engine)  # the module's engine, kept up
             mp.setattr(engine, "close", lambda: None)
             run = loop.train("grpo", load_config(None, sets))
