@@ -397,6 +397,31 @@ def microbatch_note(cfg: RunConfig, longest_prompt: int) -> str | None:
             f"or null for one forward per minibatch")
 
 
+def vllm_prefill_budget_note(cfg: RunConfig, longest: int, context: int | None) -> str | None:
+    """vLLM 0.32's CPU runner fails on a *seeded* request whose prompt it prefills in chunks
+    (``CPU Generator does not use offset``: it rewinds the generator of a partially prefilled
+    request, which CPU generators cannot), and a run seeds every request. A
+    ``max_num_batched_tokens`` (``rollout.vllm.engine_kwargs``) below the longest prompt
+    (``longest`` tokens) would stop the run at its first rollout: refused (exit 2). With episodes
+    or agents a later turn's prompt holds the episode so far, up to the context: a budget below
+    it gets a note."""
+    budget = cfg.rollout.vllm.engine_kwargs.get("max_num_batched_tokens")
+    if cfg.rollout.engine != "vllm" or cfg.device != "cpu" or budget is None:
+        return None
+    if int(budget) < longest:
+        raise ConfigError(f"rollout.vllm.engine_kwargs.max_num_batched_tokens={budget} is below the longest prompt "
+                          f"({longest} tokens): vLLM's CPU build prefills it in chunks, and fails on a seeded "
+                          "request prefilled in chunks (every request of a run is seeded; docs/moe.md): set it to "
+                          "at least the model's context, or drop it (vLLM's default)")
+    r = cfg.rollout
+    limit = r.vllm.max_model_len or context
+    if (r.tools or r.env or r.agent) and limit is not None and int(budget) < limit:
+        return (f"note: rollout.vllm.engine_kwargs.max_num_batched_tokens={budget} is below the context ({limit}): "
+                "a later turn's prompt longer than it is prefilled in chunks, where vLLM's CPU build fails on a "
+                "seeded request (docs/moe.md); set it to at least the context")
+    return None
+
+
 # ----------------------------------------------------------------------------- resolve
 
 def check_routing_replay(cfg: RunConfig, model_path: Path) -> None:
@@ -460,4 +485,7 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
     micro = microbatch_note(resolved, longest)
     if micro:
         notes.append(micro)
+    chunked = vllm_prefill_budget_note(resolved, longest, model_context(model_path))
+    if chunked:
+        notes.append(chunked)
     return resolved.frozen(), notes

@@ -49,3 +49,23 @@ def test_a_prompt_longer_than_the_context_is_refused_before_the_first_step(gpt2_
     with pytest.raises(ConfigError, match=r"longest prompt has 71 tokens .* context of 64 positions"):
         resolve(cfg, gpt2_64, tokenizer, ["1+2=", "1" * 70])
     assert fit_context(100, None, 5000, "m") == (100, None)  # a model that names no context: unclipped
+
+
+def test_a_vllm_cpu_prefill_budget_below_a_prompt_is_refused_and_below_the_context_noted():
+    """vLLM 0.32's CPU build fails on seeded requests prefilled in chunks, and a run seeds every
+    request: a max_num_batched_tokens below the longest prompt is refused (exit 2), below the
+    context of an episode run noted; vLLM's default budget, the HF engine and a GPU pass."""
+    from rldsl.runtime.resolve import vllm_prefill_budget_note
+    cfg = lambda *sets: load_config(None, ["rollout.engine=vllm", *sets])  # noqa: E731
+    budget = 'rollout.vllm.engine_kwargs={"max_num_batched_tokens": 32}'
+    with pytest.raises(ConfigError, match="max_num_batched_tokens=32 is below the longest prompt") as e:
+        vllm_prefill_budget_note(cfg(budget), 40, 128)
+    assert e.value.exit_code == 2
+    assert vllm_prefill_budget_note(cfg(budget), 30, 128) is None  # single-turn prompts fit
+    note = vllm_prefill_budget_note(cfg(budget, "rollout.env=episode_helpers:Nudge"), 30, 128)
+    assert note is not None and "below the context (128)" in note
+    assert vllm_prefill_budget_note(cfg(budget, "rollout.env=episode_helpers:Nudge", "rollout.vllm.max_model_len=32"),
+                                    30, 128) is None
+    assert vllm_prefill_budget_note(cfg(), 4000, 128) is None
+    assert vllm_prefill_budget_note(cfg(budget, "device=cuda"), 40, 128) is None
+    assert vllm_prefill_budget_note(load_config(None, [budget]), 40, 128) is None  # the HF engine
