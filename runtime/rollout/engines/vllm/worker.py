@@ -201,13 +201,18 @@ def effective_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tenso
       embedding used for lookup is read as is;
     - fused modules (the model's ``packed_modules_mapping``: ``qkv_proj`` -> q/k/v,
       ``gate_up_proj`` -> gate/up) are split by their output sizes into the HF tensors;
-    - the embedding's padding rows (vLLM pads the vocabulary to a multiple of 64) are cut.
+    - the embedding's padding rows (vLLM pads the vocabulary to a multiple of 64) are cut;
+    - a mixture-of-experts layer's experts are left out: their kernel computes
+      ``down(act(gate x) * up x)`` from weights in its own packed layout, which no product with
+      the identity gives back (their routers, linear layers, are read as above).
 
     Names are HF's for models whose vLLM module tree mirrors HF's (Llama, Qwen2, Mistral).
     With tensor parallelism these are this worker's shards.
     """
     packed = getattr(model, "packed_modules_mapping", None) or {}
     for wrapped_name, module in model.named_modules():
+        if hasattr(getattr(module, "quant_method", None), "moe_kernel"):
+            continue  # a MoE layer's experts: packed for their grouped GEMM, not readable as W (see above)
         module_name = plain_name(wrapped_name)
         prefix, _, leaf = module_name.rpartition(".")
         for param_name, param in module.named_parameters(recurse=False):
@@ -245,7 +250,8 @@ def _computes_through_kernel(module: torch.nn.Module) -> bool:
 def _weight_through_kernel(module: torch.nn.Module, param: torch.Tensor) -> torch.Tensor:
     """``W`` [N, K] of a layer computing ``x @ W^T`` with its weight (maybe packed in a
     kernel handle, its ``weight`` parameter then empty)."""
-    k = int(param.shape[1]) if param.dim() == 2 and param.numel() else int(module.input_size_per_partition)
+    k = int(param.shape[1]) if param.dim() == 2 and param.numel() else \
+        int(getattr(module, "input_size_per_partition", None) or module.input_size)  # a router: replicated
     eye = torch.eye(k, dtype=param.dtype, device=param.device)  # [K, K]
     return module.quant_method.apply(module, eye).t().contiguous()  # (I @ W^T)^T = W
 

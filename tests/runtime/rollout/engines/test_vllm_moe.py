@@ -187,13 +187,22 @@ def test_a_sync_of_moved_weights_gives_the_engine_the_trainers_experts(served):
     rest), the engine samples from the moved model -- every fed token routed as the moved
     transformers model routes it (0 mismatch) and its logprobs the moved model's (1e-4); the
     engine's routing before the sync differs from the moved model's, so the check can fail."""
-    _, engine, model = served
+    arch, engine, model = served
     batch = engine.generate(PROMPTS, SAMPLING)
     moved = copy.deepcopy(model)
     move(moved, batch)
     assert routed_logprobs(moved, batch, replay=False)[1]["moe/routing_mismatch"] > 0.1  # vLLM still routes as before
     try:
         engine.update_weights(moved.state_dict().items())
+        # tensor by tensor where vLLM's kernels can be read back (attention, routers; not the
+        # experts' packed weights): the moved model's
+        state, read = moved.state_dict(), engine.read_weights()
+        shared = [n for n in read if n in state]
+        assert any(n.endswith("q_proj.weight") for n in shared), sorted(read)[:8]
+        if arch == "qwen3_moe":  # Mixtral's router is block_sparse_moe.gate in vLLM, mlp.gate in transformers 5
+            assert any(n.endswith("mlp.gate.weight") for n in shared), sorted(read)[:8]
+        for n in shared:
+            assert torch.allclose(read[n], state[n].float(), atol=1e-5), n
         after = engine.generate(PROMPTS, SAMPLING)
         plain, metrics = routed_logprobs(moved, after, replay=False)
         assert metrics["moe/routing_mismatch"] == 0.0, metrics
@@ -203,6 +212,7 @@ def test_a_sync_of_moved_weights_gives_the_engine_the_trainers_experts(served):
         engine.update_weights(model.state_dict().items())  # the module's engine back to the model
 
 
+@pytest.mark.parametrize("served", ["qwen3_moe"], indirect=True)  # the engine that prefills in one step
 @pytest.mark.parametrize("kind", ["single-turn", "env-episodes", "lora", "fsdp"])
 def test_a_vllm_run_of_a_moe_policy_samples_from_the_trainers_weights(served, tmp_path, kind):
     """A synchronous run on the vLLM engine with replay (lr 1e-2: the routers move every step), of
@@ -218,8 +228,7 @@ def test_a_vllm_run_of_a_moe_policy_samples_from_the_trainers_weights(served, tm
     from rldsl.runtime.records.metrics import read_metrics
     from rldsl.runtime.run import loop
     arch, engine, model = served
-    if STEP_TOKENS[arch] is not None:
-        pytest.skip("vLLM 0.32's CPU runner fails on seeded requests prefilled in chunks (this engine's setting)")
+    assert STEP_TOKENS[arch] is None  # no chunked prefill: a run's requests are seeded
     sets = [f"model.path={model.name_or_path}", f"out={tmp_path / 'run'}", "rollout.engine=vllm",
             f"rollout.vllm.max_model_len={CONTEXT}", "rollout.prompts_per_step=4", "rollout.n=4",
             "rollout.max_new_tokens=8", "train.steps=3", "data.task=addition", "eval.every=0", "data.eval_size=0",
