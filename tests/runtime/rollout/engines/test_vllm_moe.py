@@ -237,7 +237,8 @@ def test_a_vllm_run_of_a_moe_policy_samples_from_the_trainers_weights(served, tm
     if kind == "lora":  # adapters on attention and on the fused experts, merged into the synced weights
         sets += ["model.lora.rank=4", 'model.lora.target_modules=["q_proj","v_proj","gate_up_proj","down_proj"]']
     if kind == "fsdp":  # 2 gloo trainer ranks (Ray actors): the gathered weights synced from the driver
-        sets += ["distributed.trainers=2", "distributed.sync_timeout=120", "distributed.collective_timeout=120"]
+        sets += ["distributed.trainers=2", "distributed.sync_timeout=120", "distributed.collective_timeout=120",
+                 "train.steps=2"]  # one sync of the gathered weights is what is new here (~2 min under CI load)
     if kind == "env-episodes":  # turns of up to 24 tokens: most end on the engine's extra stop ids and go on
         sets += ["rollout.env=episode_helpers:Nudge", "rollout.max_turns=3", "rollout.max_new_tokens=24"]
     cluster = ray_cluster() if kind == "fsdp" else contextlib.nullcontext()
@@ -247,7 +248,8 @@ def test_a_vllm_run_of_a_moe_policy_samples_from_the_trainers_weights(served, tm
             mp.setattr(engine, "close", lambda: None)
             run = loop.train("grpo", load_config(None, sets))
         recs = [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
-        assert [r["step"] for r in recs] == [1, 2, 3] and all(r["optimizer_steps"] > 0 for r in recs)
+        assert [r["step"] for r in recs] == list(range(1, 3 if kind == "fsdp" else 4))
+        assert all(r["optimizer_steps"] > 0 for r in recs)
         for r in recs:
             assert r["moe/routing_mismatch"] == 0.0 and r["moe/router_drift"] == 0.0, r
             assert r["rollout_logprob_diff"] < 1e-5, r
