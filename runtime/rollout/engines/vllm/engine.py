@@ -175,6 +175,7 @@ class VLLMEngine:
         hf_tokenizer = tokenizer if loaded else AutoTokenizer.from_pretrained(tok_path)
         hf_config = AutoConfig.from_pretrained(model)
         text_config = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+        namer = checkpoint_namer(model, text_config)  # None unless the config declares routed experts
         kwargs: dict[str, Any] = dict(
             model=model,
             tokenizer=tok_path,
@@ -197,7 +198,7 @@ class VLLMEngine:
             kwargs["limit_mm_per_prompt"] = {"image": max_images, "video": 0}
         returned = False
         if record_routing:
-            if not is_moe_config(text_config):
+            if namer is None:
                 raise ValueError(f"record_routing=True: {model} is not a mixture-of-experts model (its config declares "
                                  "no num_local_experts / num_experts / n_routed_experts)")
             returned = returned_routing_available(vllm.LLM.__init__, on_cpu)
@@ -233,8 +234,7 @@ class VLLMEngine:
                 strict_weight_sync=strict_weight_sync,
             ),
         )
-        if is_moe_config(text_config):  # the checkpoint's names and layout for the experts
-            self._checkpoint_names = checkpoint_namer(model)
+        self._checkpoint_names = namer  # a MoE's experts under the checkpoint's names and layout
         if record_routing:
             self.record_routing = "returned" if returned else "captured"
             self._moe_layers = self._rpc("rldsl_routing_layers", weight_sync_timeout, "listing the MoE layers")[0]
@@ -550,11 +550,6 @@ def _engine_dtype(llm: Any) -> torch.dtype | None:
     """The dtype vLLM runs the model in (``llm.llm_engine.model_config.dtype``), if known."""
     dtype = getattr(getattr(getattr(llm, "llm_engine", None), "model_config", None), "dtype", None)
     return dtype if isinstance(dtype, torch.dtype) else None
-
-
-def is_moe_config(config: Any) -> bool:
-    """Whether a (text) config declares routed experts."""
-    return any(getattr(config, k, None) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
 
 
 def engine_from_config(cfg: RunConfig, model: str | os.PathLike, *, on_gpu: bool,

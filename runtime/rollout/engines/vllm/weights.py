@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 import torch
 
 from ....errors import WeightSyncTimeout
+from ....models.loading import is_moe_config
 
 _T = TypeVar("_T")
 
@@ -181,14 +182,19 @@ def call_with_timeout(fn: Callable[[], _T], timeout: float | None, what: str) ->
     return box["result"]
 
 
-def checkpoint_namer(model: str | Any) -> Callable[[Iterable[tuple[str, torch.Tensor]]], Iterator[tuple[str, torch.Tensor]]]:
-    """(name, tensor) pairs of a transformers model -> the same weights under the names and layout of
-    its checkpoint, which vLLM's loader reads. transformers 5 converts some families at load
-    (a mixture-of-experts model's experts fused into 3-D ``mlp.experts.gate_up_proj`` /
+def checkpoint_namer(model: str | Any, config: Any) -> Callable[[Iterable[tuple[str, torch.Tensor]]],
+                                                                Iterator[tuple[str, torch.Tensor]]] | None:
+    """(name, tensor) pairs of a mixture-of-experts transformers model -> the same weights under the
+    names and layout of its checkpoint, which vLLM's loader reads; None for a model whose (text)
+    ``config`` declares no routed experts (its names are its checkpoint's). transformers 5
+    converts some families at load (a mixture-of-experts model's experts fused into 3-D
+    ``mlp.experts.gate_up_proj`` /
     ``down_proj`` parameters; Mixtral's ``block_sparse_moe`` renamed ``mlp``) and reverts that when it
     saves; vLLM's loader takes the saved form (fed the fused tensor, Qwen3-MoE loaded it wrongly
     and Mixtral refused it). This reverts each tensor with transformers' own
     ``revert_weight_conversion``, on a meta-device model of the folder's config (no weights)."""
+    if not is_moe_config(config.to_dict()):
+        return None
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.core_model_loading import revert_weight_conversion
     with torch.device("meta"):

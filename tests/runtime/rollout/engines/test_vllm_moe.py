@@ -31,6 +31,7 @@ from rldsl.runtime.models.loading import load_tokenizer
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
 
+from local_ray import local_ray
 from moe_helpers import check_episode_routing, forced_logprobs, move, routed_logprobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -47,22 +48,6 @@ STEP_TOKENS = {"qwen3_moe": None, "mixtral": 32}
 #: the engines' max_model_len: an agent's chat calls carry the tools' schema (~270 tokens)
 CONTEXT = 384
 SAMPLING = SamplingParams(n=2, max_new_tokens=16, temperature=1.0, top_p=1.0)
-
-
-@contextlib.contextmanager
-def ray_cluster():
-    """A local Ray cluster of 4 CPUs on 127.0.0.1 for the two-rank run (as test_moe.py's)."""
-    import logging
-    import tempfile
-    ray = pytest.importorskip("ray")
-    tmp = tempfile.mkdtemp(prefix="rldsl-ray-", dir="/tmp")
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             _node_ip_address="127.0.0.1", _temp_dir=tmp, logging_level=logging.WARNING)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def fed_mask(batch) -> torch.Tensor:
@@ -243,7 +228,7 @@ def test_a_vllm_run_of_a_moe_policy_samples_from_the_trainers_weights(served, tm
         sets += ["rollout.max_staleness=1"]
     if kind == "env-episodes":  # turns of up to 24 tokens: most end on the engine's extra stop ids and go on
         sets += ["rollout.env=episode_helpers:Nudge", "rollout.max_turns=3", "rollout.max_new_tokens=24"]
-    cluster = ray_cluster() if kind == "fsdp" else contextlib.nullcontext()
+    cluster = local_ray(4) if kind == "fsdp" else contextlib.nullcontext()  # FSDP2 ranks are Ray actors
     try:
         with cluster, pytest.MonkeyPatch.context() as mp:
             mp.setattr(recipe, "rollout_engine", lambda *a, **k: engine)  # the module's engine, kept up
