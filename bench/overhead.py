@@ -12,8 +12,10 @@ no KL, clip 0.2 / 0.28, token mean, one update per rollout; AdamW; one torch thr
 the model's arithmetic is a few milliseconds: what is measured is the framework.
 
 How it is measured
-    Rounds alternate TRL, rldsl, TRL, rldsl ... each side in a fresh subprocess of ``--steps``
-    steps, the first ``--warmup`` dropped (rldsl's torch.compile of the loss, TRL's lazy init).
+    Rounds alternate the sides in ABBA order -- TRL then rldsl in even rounds, rldsl then TRL
+    in odd ones, so that a load drifting across a round weighs on both sides alike --, each side
+    in a fresh subprocess of ``--steps`` steps, the first ``--warmup`` dropped (rldsl's
+    torch.compile of the loss, TRL's lazy init).
     TRL runs bench/vs_trl.py's worker (its step: a callback's on_step_begin to on_step_end).
     rldsl runs its real step in process (``build_run`` then ``run.step.train_step``, as
     bench/step.py does), with timers wrapped around the runtime's own functions:
@@ -434,9 +436,16 @@ def report(rounds: list[dict], warmup: int, device: str) -> dict:
     return summary
 
 
+def round_sides(k: int, rldsl_only: bool = False) -> tuple[str, ...]:
+    """The order of the sides in round ``k``: ABBA (TRL first in even rounds, rldsl in odd ones)."""
+    if rldsl_only:
+        return ("rldsl",)
+    return ("trl", "rldsl") if k % 2 == 0 else ("rldsl", "trl")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of TRL then rldsl, each a fresh process per side")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of both sides (ABBA order), each a fresh process per side")
     ap.add_argument("--steps", type=int, default=12, help="steps per run")
     ap.add_argument("--warmup", type=int, default=3, help="steps dropped at the start of every run")
     ap.add_argument("--seed", type=int, default=0)
@@ -483,7 +492,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rldsl-overhead-") as tmp:
         for k in range(a.rounds):
             rd: dict = {}
-            for side in (("rldsl",) if a.rldsl_only else ("trl", "rldsl")):
+            for side in round_sides(k, a.rldsl_only):
                 out = Path(tmp) / f"{side}-{k}"
                 out.mkdir()
                 cmd = me + ["--worker", side, "--steps", str(a.steps), "--out", str(out), "--seed", str(a.seed),

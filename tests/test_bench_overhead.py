@@ -65,3 +65,10 @@ def test_spread_is_the_p10_p90_range_over_the_median(overhead) -> None:
     xs = [1.0] * 8 + [1.5, 0.5]
     assert overhead.spread(xs) == pytest.approx((1.5 - 1.0) / 1.0)
     assert overhead.spread([1.0] * 10) == 0.0
+
+
+def test_rounds_alternate_the_sides_in_abba_order(overhead) -> None:
+    """A load drifting over the run falls on both sides alike: TRL leads in even rounds only."""
+    order = [side for k in range(4) for side in overhead.round_sides(k)]
+    assert order == ["trl", "rldsl", "rldsl", "trl", "trl", "rldsl", "rldsl", "trl"]
+    assert overhead.round_sides(1, rldsl_only=True) == ("rldsl",)
