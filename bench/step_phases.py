@@ -125,7 +125,7 @@ def trl_worker(size: str, model: Path, steps: int, out: Path, seed: int, lengths
         generation_kwargs={"min_new_tokens": new} if lengths == "fixed" else {},
         temperature=1.0, top_p=1.0, top_k=0, loss_type="dapo", epsilon=0.2, epsilon_high=0.28,
         beta=0.0, scale_rewards="group", learning_rate=LR, adam_beta1=BETAS[0],
-        adam_beta2=BETAS[1], adam_epsilon=EPS, weight_decay=0.0, optim="adamw_torch",
+        adam_beta2=BETAS[1], adam_epsilon=EPS, weight_decay=0.0, optim="adamw_torch_fused",
         lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=CLIP, max_steps=steps,
         logging_steps=1, save_strategy="no", eval_strategy="no", shuffle_dataset=False,
         seed=seed, dataloader_num_workers=0, disable_tqdm=True, log_completions=False,

@@ -21,8 +21,9 @@ The work (identical on both sides)
                "group"), token-level PPO clip 0.2 / 0.28, global token mean (TRL loss_type=
                "dapo"), beta 0, one update per rollout (num_iterations=1) -- rldsl:
                ``bench/dapo_like.rl`` (``extends dapo``, ``sampling once``, ``shaping none``)
-    optimizer  AdamW (torch, non-fused) lr 3e-4, betas (0.9, 0.99), eps 1e-8, no weight
-               decay, constant lr, grad clip 1.0
+    optimizer  AdamW (torch's fused kernel: TRL's default ``adamw_torch_fused``, rldsl's own
+               default) lr 3e-4, betas (0.9, 0.99), eps 1e-8, no weight decay, constant lr,
+               grad clip 1.0
     threads    ``torch.set_num_threads(1)`` on both sides
 
 How it is measured
@@ -94,7 +95,7 @@ def trl_worker(steps: int, out: Path, seed: int, threads: int, grad_ckpt: bool =
         gradient_accumulation_steps=1, num_iterations=1, max_completion_length=MAX_NEW,
         temperature=1.0, top_p=1.0, top_k=0, loss_type="dapo", epsilon=0.2, epsilon_high=0.28,
         beta=0.0, scale_rewards="group", learning_rate=LR, adam_beta1=BETAS[0],
-        adam_beta2=BETAS[1], adam_epsilon=EPS, weight_decay=0.0, optim="adamw_torch",
+        adam_beta2=BETAS[1], adam_epsilon=EPS, weight_decay=0.0, optim="adamw_torch_fused",
         lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=CLIP, max_steps=steps,
         logging_steps=1, save_strategy="no", eval_strategy="no", shuffle_dataset=False,
         seed=seed, dataloader_num_workers=0, disable_tqdm=True, log_completions=False,

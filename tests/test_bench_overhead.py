@@ -72,3 +72,4 @@ def test_rounds_alternate_the_sides_in_abba_order(overhead) -> None:
     order = [side for k in range(4) for side in overhead.round_sides(k)]
     assert order == ["trl", "rldsl", "rldsl", "trl", "trl", "rldsl", "rldsl", "trl"]
     assert overhead.round_sides(1, rldsl_only=True) == ("rldsl",)
+

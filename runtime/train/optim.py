@@ -30,9 +30,20 @@ def lr_factor(step: int, train: TrainConfig) -> float:
 
 
 def build_optimizer(params: Iterable[Any], train: TrainConfig, lr: float | None = None) -> torch.optim.AdamW:
-    """AdamW over ``params`` with the config's lr (or ``lr``), betas, eps, weight decay."""
-    return torch.optim.AdamW(params, lr=train.lr if lr is None else lr, betas=train.betas,
-                             eps=train.eps, weight_decay=train.weight_decay)
+    """AdamW over ``params`` with the config's lr (or ``lr``), betas, eps, weight decay.
+
+    The fused kernel (one pass over every tensor, as TRL's default ``adamw_torch_fused``) where
+    torch has it for these parameters (CPU and CUDA, floating dtypes, FSDP2's DTensors too);
+    else torch's default implementation. The same algorithm: the weights agree to float
+    rounding (~1e-7 after 30 steps), and on the tiny model the optimizer step takes 0.5 ms
+    instead of 2.1 (bench/README.md, "The step's own overhead")."""
+    params = list(params)
+    kwargs = dict(lr=train.lr if lr is None else lr, betas=train.betas, eps=train.eps,
+                  weight_decay=train.weight_decay)
+    try:
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    except RuntimeError:  # a device or dtype the fused kernel does not take
+        return torch.optim.AdamW(params, **kwargs)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:

@@ -1,6 +1,7 @@
 """The learning-rate schedule and the optimizer built from ``[train]``."""
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -61,3 +62,50 @@ def test_optimizer_and_scheduler_follow_the_config():
         opt.step()
         sched.step()
     assert lrs == pytest.approx([0.05, 0.1, 0.1, 0.05], abs=1e-12)
+
+
+def _adam_steps(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], steps: int, seed: int = 1) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+
+
+def test_the_optimizer_is_fused_adamw_with_torchs_default_results() -> None:
+    """TRL's default kernel (adamw_torch_fused) where torch has it; the same algorithm as torch's
+    default AdamW: 30 steps of the same gradients agree to float rounding, and its state resumes."""
+    train = TrainConfig(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.01)
+
+    def params() -> list[torch.nn.Parameter]:
+        g = torch.Generator().manual_seed(0)
+        return [torch.nn.Parameter(torch.randn(s, generator=g)) for s in [(23, 96), (96, 384), (96,)]]
+
+    fused, plain = params(), params()
+    opt = build_optimizer(fused, train)
+    assert opt.param_groups[0]["fused"] is True
+    reference = torch.optim.AdamW(plain, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.01)
+    _adam_steps(opt, fused, 30)
+    _adam_steps(reference, plain, 30)
+    moved = max((a - b).abs().max().item() for a, b in zip(fused, params()))
+    diff = max((a - b).abs().max().item() for a, b in zip(fused, plain))
+    assert moved > 0.1 and diff < 1e-5, (moved, diff)
+    # resume: a fresh optimizer loading the state continues as the uninterrupted one
+    resumed_params = [torch.nn.Parameter(p.detach().clone()) for p in fused]
+    resumed = build_optimizer(resumed_params, train)
+    resumed.load_state_dict(copy.deepcopy(opt.state_dict()))  # as a checkpoint's, not the live tensors
+    _adam_steps(opt, fused, 3, seed=2)
+    _adam_steps(resumed, resumed_params, 3, seed=2)
+    assert all(torch.equal(a, b) for a, b in zip(fused, resumed_params))
+
+
+def test_the_optimizer_falls_back_where_the_fused_kernel_cannot_run(monkeypatch) -> None:
+    real = torch.optim.AdamW
+
+    def refuses_fused(params, fused=None, **kw):
+        if fused:
+            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported devices")
+        return real(params, **kw)
+    monkeypatch.setattr(torch.optim, "AdamW", refuses_fused)
+    opt = build_optimizer((p for p in [torch.nn.Parameter(torch.zeros(2))]), TrainConfig(lr=0.1))
+    assert not opt.param_groups[0]["fused"] and len(opt.param_groups[0]["params"]) == 1
