@@ -59,10 +59,15 @@ What it prints: per phase, rldsl's median seconds, the floor's and their ratio; 
 ratio to its floor; per round rldsl's median step over TRL's, their median (the figure) and the
 spread of rldsl's own steps inside each run ((p90 - p10) / median, and min-max).
 
-``--device cuda`` (a GPU): the same step on CUDA; every phase then prints its host time (the
-timers above) and its CUDA time (CUDA events recorded at the phase's start and end on the
-current stream, read after the step: the GPU's span of the phase), and the step's host / CUDA
-ratio -- a step is CUDA-bound when host <= 0.5x CUDA. ``--size`` picks the model: ``toy`` (the
+``--device cuda`` (a GPU): the same step on CUDA, each timed step under ``torch.profiler``
+(CPU and CUDA activity; its per-op bookkeeping adds some host time). Every phase then prints
+its host time (the timers above), its CUDA time (the durations of the GPU kernels launched while
+the phase ran -- by whichever thread, so the autograd engine's backward kernels count in
+``backward`` --, each kernel counted in the innermost phase whose range holds its launch) and its
+host busy time over its CUDA time: host busy = the phase's host time less the time its thread
+spent blocked on the GPU (the CUDA runtime's synchronize and memcpy calls in the phase). Event
+spans would not do: a host-bound phase keeps the GPU idle between kernels, and a span counts that
+idle time. The step is CUDA-bound when its host busy time <= 0.5x its CUDA time. ``--size`` picks the model: ``toy`` (the
 embedded one) or ``qwen0.5b`` (a random Qwen2 of Qwen2-0.5B's width and depth, hidden 896,
 24 layers, 14 heads, with the toy vocabulary; bf16 autocast on CUDA).
 """
@@ -94,17 +99,16 @@ UPDATE_PARTS = ("layout", "forward", "loss", "backward", "optimizer", "metrics",
 
 class Clock:
     """Named timers that nest: each counts its own time less the timers running inside it
-    (``exclusive``), per step. With ``cuda``, also a CUDA event pair per outermost entry of a
-    phase (its span on the GPU's current stream), read by :meth:`finish`."""
+    (``exclusive``), per step. With ``cuda``, each entry is also a ``record_function`` range
+    (``PHASE_TAG`` + name) of the profiler's trace, read by :meth:`finish`."""
 
     def __init__(self, cuda: bool = False):
         self.cuda = cuda
         self.stack: list[list] = []  # [name, start, time of children]
         self.host: dict[str, float] = {}
-        self.events: dict[str, list] = {}
 
     def reset(self) -> None:
-        self.host, self.events = {}, {}
+        self.host = {}
 
     @contextlib.contextmanager
     def __call__(self, name: str, within: str | None = None):
@@ -112,24 +116,21 @@ class Clock:
                 (within is not None and not any(frame[0] == within for frame in self.stack)):
             yield  # re-entered (the outer entry counts it), or outside the phase it is a part of
             return
-        ev = None
+        span = contextlib.nullcontext()
         if self.cuda:
             import torch
-            ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            ev[0].record()
+            span = torch.autograd.profiler.record_function(PHASE_TAG + name)
         frame = [name, time.perf_counter(), 0.0]
         self.stack.append(frame)
         try:
-            yield
+            with span:
+                yield
         finally:
             self.stack.pop()
             took = time.perf_counter() - frame[1]
             self.host[name] = self.host.get(name, 0.0) + took - frame[2]
             if self.stack:
                 self.stack[-1][2] += took
-            if ev is not None:
-                ev[1].record()
-                self.events.setdefault(name, []).append(ev)
 
     def wrap(self, owner, attr: str, name: str, within: str | None = None) -> None:
         """Time every call of ``owner.attr`` as ``name`` (an instance's method or a module's
@@ -142,13 +143,49 @@ class Clock:
                 return fn(*a, **k)
         setattr(owner, attr, timed)
 
-    def finish(self) -> dict[str, float]:
-        """The CUDA seconds of each phase this step (its events' spans summed; after a sync)."""
-        if not self.cuda:
-            return {}
-        import torch
-        torch.cuda.synchronize()
-        return {k: sum(a.elapsed_time(b) for a, b in v) / 1e3 for k, v in self.events.items()}
+    @staticmethod
+    def finish(events) -> tuple[dict[str, float], dict[str, float]]:
+        """(CUDA seconds, seconds blocked on the GPU) of each phase of a step, from the
+        profiler's events of that step (``prof.events()``)."""
+        ops = []
+        for e in events:
+            if e.name.startswith(PHASE_TAG):
+                continue
+            kernels = sum(k.duration for k in getattr(e, "kernels", ()))
+            wait = e.time_range.elapsed_us() if e.name.startswith(BLOCKING_CALLS) else 0
+            if kernels or wait:
+                ops.append((e.time_range.start, kernels, wait))
+        kernels, waits = attribute(phase_ranges(events), ops)
+        return ({k: v / 1e6 for k, v in kernels.items()}, {k: v / 1e6 for k, v in waits.items()})
+
+
+#: The prefix of the profiler ranges the clock opens (one per phase entry) with ``--device cuda``.
+PHASE_TAG = "rldsl-phase:"
+#: CUDA runtime calls in which the host waits for the GPU (names as the profiler lists them).
+BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def phase_ranges(events) -> list[tuple[str, float, float]]:
+    """(phase, start, end) of each range the clock opened, from the profiler's events."""
+    return [(e.name[len(PHASE_TAG):], e.time_range.start, e.time_range.end) for e in events
+            if e.name.startswith(PHASE_TAG)]
+
+
+def attribute(ranges: list[tuple[str, float, float]], ops: list[tuple[float, float, float]]
+              ) -> tuple[dict[str, float], dict[str, float]]:
+    """Each op's kernel time and blocked time to the innermost phase range that holds its start.
+
+    ``ranges``: (phase, start, end) of the clock's ranges (they nest); ``ops``: (start, kernel
+    time, blocked time) of every profiled CPU event that launched kernels or waited. An op in
+    no range counts as ``between``. Returns ({phase: kernel time}, {phase: blocked time})."""
+    kernels: dict[str, float] = {}
+    waits: dict[str, float] = {}
+    for start, k, w in ops:
+        holding = [r for r in ranges if r[1] <= start <= r[2]]
+        phase = max(holding, key=lambda r: r[1])[0] if holding else "between"
+        kernels[phase] = kernels.get(phase, 0.0) + k
+        waits[phase] = waits.get(phase, 0.0) + w
+    return kernels, waits
 
 
 # ----------------------------------------------------------------------------- rldsl worker
@@ -221,6 +258,29 @@ def instrument(s, clock: Clock) -> dict:
     return kept
 
 
+@contextlib.contextmanager
+def profiled(on: bool):
+    """``torch.profiler`` with CPU and CUDA activity around one step (``--device cuda``), else None."""
+    if not on:
+        yield None
+        return
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield prof
+
+
+def step_cuda(kernels: dict[str, float], waits: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """The clock's ranges -> the table's phases, as the host times are folded: the update's own
+    range is its part ``other`` and the update the sum of its parts."""
+    out = []
+    for d in (kernels, waits):
+        d = dict(d)
+        d["other"] = d.pop("update", 0.0)
+        d["update"] = sum(d.get(p, 0.0) for p in UPDATE_PARTS)
+        out.append(d)
+    return out[0], out[1]
+
+
 def rldsl_worker(steps: int, out: Path, seed: int, device: str, size: str) -> None:
     import torch
     torch.set_num_threads(1)
@@ -240,17 +300,21 @@ def rldsl_worker(steps: int, out: Path, seed: int, device: str, size: str) -> No
     rows = []
     for i in range(steps):
         clock.reset()
-        t0 = time.perf_counter()
-        m = run_step.train_step(s, i)
-        wall = time.perf_counter() - t0
-        cuda = clock.finish()
+        with profiled(device == "cuda") as prof:
+            t0 = time.perf_counter()
+            m = run_step.train_step(s, i)
+            if device == "cuda":
+                torch.cuda.synchronize()  # the step's last kernels end inside its profile
+            wall = time.perf_counter() - t0
         host = dict(clock.host)
         host["rewards"] = m.get("time/reward_s", 0.0)
         host["rollout"] = host.get("rollout", 0.0) - host["rewards"]
         host["other"] = host.get("update", 0.0)  # the update's own code between its parts
         host["update"] = sum(host.get(p, 0.0) for p in UPDATE_PARTS)
         host["between"] = wall - sum(host.get(p, 0.0) for p in PHASES[:-1])
-        rows.append({"step_s": wall, "host": host, "cuda": cuda, "floors": floors.measure(kept["batches"].pop()),
+        cuda, blocked = ({}, {}) if prof is None else step_cuda(*Clock.finish(prof.events()))
+        rows.append({"step_s": wall, "host": host, "cuda": cuda, "blocked": blocked,
+                     "floors": floors.measure(kept["batches"].pop()),
                      "response_length": m.get("response_length", float("nan"))})
     (out / "result.json").write_text(json.dumps({"steps": rows}))
 
@@ -375,6 +439,13 @@ def floor_sum(st: dict) -> float:
     return sum(v for k, v in st["floors"].items() if k in PHASES and v == v)
 
 
+def host_over_cuda(st: dict) -> float:
+    """A step's host busy time (its phases' host time less the time blocked on the GPU) over its
+    CUDA time (every kernel of the step, between the phases too)."""
+    busy = sum(st["host"].get(p, 0.0) - st["blocked"].get(p, 0.0) for p in PHASES)
+    return busy / max(sum(st["cuda"].get(p, 0.0) for p in PHASES), 1e-9)
+
+
 def report(rounds: list[dict], warmup: int, device: str) -> dict:
     """Print the tables; returns the summary."""
     runs = [r["rldsl"] for r in rounds]
@@ -384,7 +455,8 @@ def report(rounds: list[dict], warmup: int, device: str) -> dict:
     step_med = med([st["step_s"] for st in steps])
     cuda = device == "cuda"
     lines = ["| phase | rldsl s (host) | share of step | floor s | rldsl / floor |"
-             + (" CUDA s | host / CUDA |" if cuda else ""), "|---|---|---|---|---|" + ("---|---|" if cuda else "")]
+             + (" CUDA s | host busy s | host busy / CUDA |" if cuda else ""),
+             "|---|---|---|---|---|" + ("---|---|---|" if cuda else "")]
 
     def row(name, label):
         f = floors.get(name)
@@ -392,8 +464,9 @@ def report(rounds: list[dict], warmup: int, device: str) -> dict:
         cells = [label, f"{host[name]:.4f}", f"{host[name] / step_med:.0%}",
                  f"{f:.4f}" if f else "-", f"{host[name] / f:.2f}x" if f else "-"]
         if cuda:
-            c = med([st["cuda"].get(name, float("nan")) for st in steps])
-            cells += [f"{c:.4f}", f"{host[name] / c:.2f}x" if c == c and c > 0 else "-"]
+            c = med([st["cuda"].get(name, 0.0) for st in steps])
+            busy = med([st["host"].get(name, 0.0) - st["blocked"].get(name, 0.0) for st in steps])
+            cells += [f"{c:.4f}", f"{busy:.4f}", f"{busy / c:.2f}x" if c > 0 else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     for p in PHASES:
         row(p, p)
@@ -430,8 +503,8 @@ def report(rounds: list[dict], warmup: int, device: str) -> dict:
               f"(rounds {', '.join(f'{x:.3f}' for x in ratios)})")
         summary.update(ratio_rounds=ratios, ratio=med(ratios))
     if cuda:
-        hc = [sum(st["host"].get(p, 0.0) for p in PHASES) / max(sum(st["cuda"].values()), 1e-9) for st in steps]
-        print(f"host / CUDA time of the step: {med(hc):.2f}x (CUDA-bound when <= 0.5)")
+        hc = [host_over_cuda(st) for st in steps]
+        print(f"host busy / CUDA time of the step: {med(hc):.2f}x (CUDA-bound when <= 0.5)")
         summary["host_over_cuda"] = med(hc)
     return summary
 

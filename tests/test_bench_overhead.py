@@ -73,3 +73,73 @@ def test_rounds_alternate_the_sides_in_abba_order(overhead) -> None:
     assert order == ["trl", "rldsl", "rldsl", "trl", "trl", "rldsl", "rldsl", "trl"]
     assert overhead.round_sides(1, rldsl_only=True) == ("rldsl",)
 
+
+
+def test_kernels_and_waits_go_to_the_innermost_phase_holding_their_launch(overhead) -> None:
+    """--device cuda's accounting (no GPU here: stand-in events of the profiler's shape): a
+    kernel counts once, in the innermost phase whose range holds the op that launched it (also
+    an op of another thread, as the autograd engine's backward), outside every range in
+    ``between``; the runtime's blocking calls are the phase's time blocked on the GPU."""
+    from types import SimpleNamespace as NS
+
+    def ev(name, start, end, *kernel_us):
+        return NS(name=name, time_range=NS(start=start, end=end, elapsed_us=lambda: end - start),
+                  kernels=[NS(duration=k) for k in kernel_us])
+    tag = overhead.PHASE_TAG
+    events = [ev(tag + "update", 0, 100), ev(tag + "forward", 10, 40), ev(tag + "backward", 50, 90),
+              ev("aten::mm", 12, 14, 300.0, 200.0),  # two kernels of one op in the forward
+              ev("aten::add", 45, 46, 7.0),  # the update's own code, between its parts
+              ev("autograd::engine::evaluate_function: MmBackward0", 60, 61, 900.0),  # another thread
+              ev("cudaStreamSynchronize", 80, 89),  # blocked in the backward
+              ev("cudaMemcpyAsync", 95, 99),  # a copy back to the host, in the update
+              ev("cudaLaunchKernel", 13, 13.5),  # a launch: neither kernel time nor a wait
+              ev("aten::mul", 120, 121, 5.0)]  # after every phase
+    kernels, waits = overhead.Clock.finish(events)
+    assert kernels == pytest.approx({"forward": 500e-6, "update": 7e-6, "backward": 900e-6, "between": 5e-6})
+    assert waits == pytest.approx({"forward": 0.0, "update": 4e-6, "backward": 9e-6, "between": 0.0})
+    cuda, blocked = overhead.step_cuda(kernels, waits)
+    assert cuda["other"] == pytest.approx(7e-6) and cuda["update"] == pytest.approx(1407e-6)
+    assert blocked["update"] == pytest.approx(13e-6)
+
+
+def test_the_clock_opens_a_profiler_range_per_phase_entry(overhead) -> None:
+    """With cuda, the clock's ranges are in the real profiler's trace and nest as the phases
+    do: an op in the forward is the forward's, one in the update outside it the update's."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    clock = overhead.Clock(cuda=True)
+    x = torch.ones(4, 4)
+
+    class Box:
+        def forward(self):
+            return x @ x
+
+        def update(self):
+            self.forward()
+            return x @ x
+    box = Box()
+    clock.wrap(box, "forward", "forward", within="update")
+    clock.wrap(box, "update", "update")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        box.update()
+        x @ x
+    events = prof.events()
+    ranges = overhead.phase_ranges(events)
+    assert sorted(r[0] for r in ranges) == ["forward", "update"]
+    ops = [(e.time_range.start, 1.0, 0.0) for e in events if e.name == "aten::mm"]
+    assert overhead.attribute(ranges, ops)[0] == {"forward": 1.0, "update": 1.0, "between": 1.0}
+    assert set(clock.host) == {"forward", "update"}
+
+
+def test_the_cuda_report_prints_host_busy_over_cuda(overhead, capsys) -> None:
+    """The step's host busy time (host less blocked) over every kernel of the step."""
+    phases = (*overhead.PHASES, *overhead.UPDATE_PARTS)
+    host = {p: 0.0 for p in phases} | {"update": 0.3, "forward": 0.3, "rollout": 0.1}
+    cuda = {p: 0.0 for p in phases} | {"update": 0.4, "forward": 0.4, "rollout": 0.2, "between": 0.2}
+    blocked = {"update": 0.2, "forward": 0.2}
+    st = {"step_s": 0.4, "host": host, "cuda": cuda, "blocked": blocked, "floors": {p: 1.0 for p in phases}}
+    summary = overhead.report([{"rldsl": {"steps": [st] * 3}}], warmup=1, device="cuda")
+    out = capsys.readouterr().out
+    assert "| CUDA s | host busy s | host busy / CUDA |" in out
+    assert "|   update: forward | 0.3000 | 75% | 1.0000 | 0.30x | 0.4000 | 0.1000 | 0.25x |" in out
+    assert summary["host_over_cuda"] == pytest.approx((0.1 + 0.3 - 0.2) / (0.2 + 0.4 + 0.2))
