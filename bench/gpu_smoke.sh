@@ -23,6 +23,8 @@
 #   7. times packed against padded training forwards on the GPU (bench/packing.py --device
 #      cuda): float32 at mid (their logprobs must agree to 1e-4), bfloat16 autocast at mid,
 #      large and xl (Qwen2-0.5B's width and depth, answers up to 1024 tokens);
+#      then the step's own overhead (bench/overhead.py --device cuda --rldsl-only) at the
+#      toy size and Qwen2-0.5B's shape: host, host busy and kernel time per phase;
 #   8. prints a PASS/FAIL line per check and exits non-zero if any check failed or any step
 #      crashed. "SMOKE TEST PASSED" is printed only when every check passed.
 #
@@ -307,6 +309,16 @@ if [[ "${SMOKE_SKIP_BENCH:-0}" != "1" ]]; then
         echo "[FAIL] bench/packing.py bfloat16 exited $status4"
         [[ $status -eq 0 ]] && status=1
     fi
+    echo "== the step's own overhead on the GPU (bench/overhead.py --device cuda): host, host busy and kernel time per phase"
+    for size in toy qwen0.5b; do
+        "$PY" "$REPO/bench/overhead.py" --device cuda --rldsl-only --size "$size" --rounds 1 --steps 8 2>&1 \
+            | grep -E '^(\||step:|run |host busy|Traceback|[A-Za-z]*Error)'
+        status5=${PIPESTATUS[0]}
+        if [[ $status5 -ne 0 ]]; then
+            echo "[FAIL] bench/overhead.py --device cuda --size $size exited $status5"
+            [[ $status -eq 0 ]] && status=1
+        fi
+    done
 fi
 set -e
 if [[ $status -eq 0 && "${SMOKE_SKIP_VLLM:-0}" == "1" ]]; then
