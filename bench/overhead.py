@@ -439,6 +439,29 @@ def floor_sum(st: dict) -> float:
     return sum(v for k, v in st["floors"].items() if k in PHASES and v == v)
 
 
+MODEL_PHASES = ("rollout", "forward", "backward")
+
+
+def slow_steps(steps: list[dict], above: float = 1.15) -> dict | None:
+    """Where a run's slow steps (> ``above`` x its median step) lose their time: the mean excess
+    over the run's median of the model's arithmetic (rollout, forward, backward) and of every
+    other phase, and how their floors (measured right after each, the same work bare) compare
+    with the run's median floors -- a host slowing everything shows in both; the framework's own
+    swings only in the second. None when no step is that slow."""
+    m = med([st["step_s"] for st in steps])
+    slow = [st for st in steps if st["step_s"] > above * m]
+    if not slow:
+        return None
+    rest = [p for p in (*PHASES, *UPDATE_PARTS) if p not in MODEL_PHASES and p != "update"]
+    phase_med = {p: med([st["host"].get(p, 0.0) for st in steps]) for p in (*MODEL_PHASES, *rest)}
+
+    def excess(names):
+        return statistics.mean(sum(st["host"].get(p, 0.0) - phase_med[p] for p in names) for st in slow)
+    floor_med = med([floor_sum(st) for st in steps])
+    return {"n": len(slow), "model": excess(MODEL_PHASES), "framework": excess(rest),
+            "floor_ratio": statistics.mean(floor_sum(st) for st in slow) / floor_med}
+
+
 def host_over_cuda(st: dict) -> float:
     """A step's host busy time (its phases' host time less the time blocked on the GPU) over its
     CUDA time (every kernel of the step, between the phases too)."""
@@ -487,6 +510,11 @@ def report(rounds: list[dict], warmup: int, device: str) -> dict:
         xs = [st["step_s"] for st in run["steps"][warmup:]]
         print(f"run {k}: rldsl's steps {min(xs):.4f}-{max(xs):.4f} s, median {med(xs):.4f}, "
               f"spread (p90 - p10) / median {spreads[k]:.0%}; of step / its floor {own[k]:.0%}")
+        slow = slow_steps(run["steps"][warmup:])
+        if slow:
+            print(f"  its {slow['n']} step(s) above 1.15x the median: +{slow['model']:.4f} s in the model's "
+                  f"arithmetic (rollout, forward, backward), +{slow['framework']:.4f} s in the rest; their "
+                  f"floors (taken right after) {slow['floor_ratio']:.2f}x the run's median floors")
     summary = {"rldsl_step_s": step_med, "phases": host, "floors": floors,
                "update_over_floor": host["update"] / floors["update"], "spreads": spreads,
                "spreads_over_floor": own}

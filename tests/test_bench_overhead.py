@@ -143,3 +143,15 @@ def test_the_cuda_report_prints_host_busy_over_cuda(overhead, capsys) -> None:
     assert "| CUDA s | host busy s | host busy / CUDA |" in out
     assert "|   update: forward | 0.3000 | 75% | 1.0000 | 0.30x | 0.4000 | 0.1000 | 0.25x |" in out
     assert summary["host_over_cuda"] == pytest.approx((0.1 + 0.3 - 0.2) / (0.2 + 0.4 + 0.2))
+
+
+def test_slow_steps_split_their_excess_between_the_models_arithmetic_and_the_rest(overhead) -> None:
+    def step(total, rollout, forward, record, floor):
+        host = {"rollout": rollout, "forward": forward, "backward": 0.01, "record": record}
+        return {"step_s": total, "host": host, "floors": {"rollout": floor, "update": floor}}
+    steps = [step(0.10, 0.03, 0.02, 0.001, 0.05)] * 8 + [step(0.13, 0.05, 0.03, 0.003, 0.06)]
+    slow = overhead.slow_steps(steps)
+    assert slow["n"] == 1
+    assert slow["model"] == pytest.approx(0.03) and slow["framework"] == pytest.approx(0.002)
+    assert slow["floor_ratio"] == pytest.approx(1.2)
+    assert overhead.slow_steps(steps[:8]) is None
