@@ -269,16 +269,18 @@ def profiled(on: bool):
         yield prof
 
 
+def fold_update(times: dict[str, float]) -> dict[str, float]:
+    """The clock's phases -> the table's (a copy): the update's own (exclusive) time is its part
+    ``other``, and the update the sum of its parts."""
+    d = dict(times)
+    d["other"] = d.pop("update", 0.0)
+    d["update"] = sum(d.get(p, 0.0) for p in UPDATE_PARTS)
+    return d
+
+
 def step_cuda(kernels: dict[str, float], waits: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
-    """The clock's ranges -> the table's phases, as the host times are folded: the update's own
-    range is its part ``other`` and the update the sum of its parts."""
-    out = []
-    for d in (kernels, waits):
-        d = dict(d)
-        d["other"] = d.pop("update", 0.0)
-        d["update"] = sum(d.get(p, 0.0) for p in UPDATE_PARTS)
-        out.append(d)
-    return out[0], out[1]
+    """The profiler's split of a step (``Clock.finish``) folded as the host times are."""
+    return fold_update(kernels), fold_update(waits)
 
 
 def rldsl_worker(steps: int, out: Path, seed: int, device: str, size: str) -> None:
@@ -306,11 +308,9 @@ def rldsl_worker(steps: int, out: Path, seed: int, device: str, size: str) -> No
             if device == "cuda":
                 torch.cuda.synchronize()  # the step's last kernels end inside its profile
             wall = time.perf_counter() - t0
-        host = dict(clock.host)
+        host = fold_update(clock.host)  # the update's own code between its parts is "other"
         host["rewards"] = m.get("time/reward_s", 0.0)
         host["rollout"] = host.get("rollout", 0.0) - host["rewards"]
-        host["other"] = host.get("update", 0.0)  # the update's own code between its parts
-        host["update"] = sum(host.get(p, 0.0) for p in UPDATE_PARTS)
         host["between"] = wall - sum(host.get(p, 0.0) for p in PHASES[:-1])
         cuda, blocked = ({}, {}) if prof is None else step_cuda(*Clock.finish(prof.events()))
         rows.append({"step_s": wall, "host": host, "cuda": cuda, "blocked": blocked,
