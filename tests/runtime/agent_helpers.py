@@ -31,12 +31,18 @@ async def tool_loop(client, row: dict, tool, max_calls: int):
         if not message.tool_calls:
             return message
         for call in message.tool_calls:
-            try:
-                result = tool(**json.loads(call.function.arguments))
-            except Exception as e:  # noqa: BLE001 - the model sees the error
-                result = f"error: {e}"
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
+            messages.append({"role": "tool", "tool_call_id": call.id,
+                             "content": tool_answer(tool, call.function.arguments)})
     return None
+
+
+def tool_answer(tool, arguments: str | dict) -> str:
+    """What :func:`tool_loop` sends back for a call: ``tool`` run on the call's arguments (JSON
+    text, or the parsed object), or the error it raised (the model sees it)."""
+    try:
+        return str(tool(**(json.loads(arguments) if isinstance(arguments, str) else arguments)))
+    except Exception as e:  # noqa: BLE001 - the model sees the error
+        return f"error: {e}"
 
 
 async def calc_agent(client, row: dict) -> float:

@@ -216,6 +216,8 @@ def test_an_agent_of_the_warm_model_trains_on_its_exact_calls(real_model, tmp_pa
     model through the run's endpoint: its calls are bridged over Qwen2.5's released template (one
     row per episode, no prefix break, no error), the tool answers, and the trained tokens of each
     sample are exactly the ids the engine sampled, call by call."""
+    from agent_helpers import tool_answer
+    from real_tools import get_weather
     from rldsl.runtime.records.metrics import read_metrics
 
     data = tmp_path / "weather.jsonl"
@@ -238,24 +240,13 @@ def test_an_agent_of_the_warm_model_trains_on_its_exact_calls(real_model, tmp_pa
              for c in m.get("tool_calls", [])]
     tool_texts = [m["content"] for s in samples for m in s["messages"] if m["role"] == "tool"]
     assert len(calls) == len(tool_texts) and any(t in WEATHER.values() for t in tool_texts)
-    assert tool_texts == [_tool_answer(c["arguments"]) for c in calls]
+    assert tool_texts == [tool_answer(get_weather, c["arguments"]) for c in calls]
     for s in samples:
         agent = s["agent"]
         assert agent["rows"] == 1 and agent["error"] is None and agent["calls"]
         trained = [i for i, m in zip(agent["ids"], agent["trained"]) if m]
         assert trained == [i for c in agent["calls"] for i in c["completion_ids"]]
         assert s["prompt"].count("<|im_start|>user") == 1  # the row's prompt, templated once, by the endpoint
-
-
-def _tool_answer(arguments: dict | str) -> str:
-    """What agent_helpers.tool_loop sends back for a get_weather call with these arguments (the
-    record's parsed object, or the raw text of arguments that are not JSON)."""
-    from real_tools import get_weather
-
-    try:
-        return str(get_weather(**(json.loads(arguments) if isinstance(arguments, str) else arguments)))
-    except Exception as e:  # noqa: BLE001 - the loop's own handling
-        return f"error: {e}"
 
 
 @pytest.mark.slow
