@@ -201,6 +201,14 @@ def test_toml_errors(tmp_path):
         load_config(typed)
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "missing.toml")
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b'seed = 1\n[data]\nsystem_prompt = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match=rf"{latin}:3:21: not UTF-8 text \(byte 0xe9\)"):
+        load_config(latin)
+    for name, text in (("deep.toml", "a = " + "[" * 5000 + "]" * 5000), ("deep.json", "[" * 5000 + "]" * 5000)):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match=rf"{tmp_path / name}: lists or tables nested too deeply"):
+            load_config(tmp_path / name)
 
 
 def _everything_changed() -> RunConfig:
