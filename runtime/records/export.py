@@ -6,6 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from rldsl.out_folder import check_out_folder
+
 from .checkpoint import list_checkpoints, load_weights, read_weights
 from ..errors import RunError
 from ..models.lora import apply_lora, merged_weights
@@ -29,10 +31,8 @@ def checkpoint_of(run_dir: Path, step: int | None) -> Path:
 
 def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
     """Write the policy of a run's checkpoint to ``out`` as a plain HF folder; returns ``out``."""
+    run_dir, out = Path(run_dir), check_out_folder(out, RunError)  # before transformers imports
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
-    run_dir, out = Path(run_dir), Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise RunError(f"{out} exists and is not empty: choose another --out")
     src = checkpoint_of(run_dir, step) / POLICY_DIR
     state = read_weights(src)
     if any(".lora_" in k for k in state):

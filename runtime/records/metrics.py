@@ -30,6 +30,9 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, Text
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
+from rldsl.config_files import decode_utf8
+
+from ..errors import RunError
 from .run_dir import METRICS_FILE, write_text_atomic
 from .trackers import TensorBoardTracker, Tracker, numeric
 
@@ -343,16 +346,19 @@ def sanitize(value: Any) -> Any:
 
 
 def _parse_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
-    """Records of a metrics file and the 1-based numbers of unreadable lines."""
+    """Records of a metrics file and the 1-based numbers of unreadable lines (a line a crash cut).
+    A byte that is not UTF-8 is no crash's (every record is written as ASCII JSON): the file was
+    changed by something else, and a RunError names its line."""
     records: list[dict[str, Any]] = []
     bad: list[int] = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            line = decode_utf8(raw, path, RunError, first_line=number)
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 bad.append(number)
                 continue
             if isinstance(record, dict) and isinstance(record.get("step"), int):
