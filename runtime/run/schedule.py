@@ -51,7 +51,11 @@ def run_steps(s: Run, logger: MetricsLogger, stop: dict[str, bool], start: int, 
                 m.update(evaluate_current(s, step, producer))
             logger.log(step, m)
             unscored_steps = unscored_steps + 1 if math.isnan(m[REWARD]) else 0
-            overflowed += overflowed_step(m)
+            if overflowed_step(m):  # said at once, as DeepSpeed's and apex's loss scalers do
+                overflowed += 1
+                logger.print(f"warning: step {step} trained nothing: float16, every update's scaled gradient "
+                             f"overflowed and was skipped (loss scale now {m.get(LOSS_SCALE, math.nan):g})",
+                             markup=False)
             if cfg.reward.max_skipped_steps and unscored_steps >= cfg.reward.max_skipped_steps:
                 raise RewardError(
                     f"the reward failed on every sample of {unscored_steps} steps in a row (steps "
@@ -87,10 +91,10 @@ def overflowed_step(m: dict[str, float]) -> bool:
 
 def report_overflow(logger: MetricsLogger, overflowed: int, steps: int, scale: float | None) -> None:
     """The end of a float16 run that had steps whose every update overflowed (skipped, the loss
-    scale halved each time; train/loss_scale.py): a warning with the count, never silence; a run
-    in which *every* step did (``overflowed == steps``) trained nothing, and ends with
-    :class:`~rldsl.runtime.errors.NothingTrained` (exit 1) after its records and checkpoint are
-    written -- exit 0 would tell a script the model was trained."""
+    scale halved each time; train/loss_scale.py; each said when it happened): a warning with the
+    count, never silence; a run in which *every* step did (``overflowed == steps``) trained
+    nothing, and ends with :class:`~rldsl.runtime.errors.NothingTrained` (exit 1) after its records
+    and checkpoint are written -- exit 0 would tell a script the model was trained."""
     if overflowed == 0:
         return
     where = f"; the loss scale backed off to {scale:g}" if scale is not None else ""

@@ -204,6 +204,8 @@ def test_a_float16_run_whose_every_update_overflows_exits_1_saying_so(model_dir,
                                    "log.progress=false", "--set", "reward.name=reward_helpers:parity",
                                    "--set", "train.skip_zero_advantage=false"])
     assert res.exit_code == 1, res.output
-    assert "the run trained nothing: in each of its 2 step(s) float16" in " ".join(res.output.split())
+    text = " ".join(res.output.split())
+    assert "the run trained nothing: in each of its 2 step(s) float16" in text
+    assert "warning: step 1 trained nothing: float16" in text and "warning: step 2 trained nothing" in text
     records = steps_of(out)
     assert [r["optimizer_steps"] for r in records] == [0, 0] and all(r["train/skipped_steps"] >= 1 for r in records)
