@@ -140,12 +140,13 @@ def add_sets(sets: list[EvalSet], new: Sequence[EvalSet], where: str) -> None:
         sets.append(s)
 
 
-def command_sets(paths: Sequence[str | Path], cfg: RunConfig, reward: RewardFn, tokenizer: Any,
+def command_sets(paths: Sequence[str | Path], cfg: RunConfig, reward: RewardFn,
                  note: Callable[[str], None] | None = None) -> list[EvalSet]:
-    """``rldsl eval``'s sets: each path read and rendered as the run (``cfg``) renders its prompts;
-    reasoning-gym data that is the run's own gets its options and none of its training questions."""
+    """``rldsl eval``'s sets, each path read as the run (``cfg``) reads its data, before the model
+    loads (rendered afterwards: :func:`render_set`); reasoning-gym data that is the run's own gets
+    its options and none of its training questions."""
     sets: list[EvalSet] = []
     for path in paths:
-        add_sets(sets, load_sets(path, cfg, reward, tokenizer, count=cfg.data.eval_size, taken=taken(sets),
-                                 note=note), "--data")
+        add_sets(sets, read_sets(path, cfg, reward, count=cfg.data.eval_size, taken=taken(sets), note=note),
+                 "--data")
     return sets
