@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rldsl.out_folder import check_out_folder
 
-from .checkpoint import list_checkpoints, load_weights, read_weights
+from .checkpoint import folder_state, list_checkpoints, load_weights, read_weights
 from ..errors import RunError
 from ..models.lora import apply_lora, merged_weights
 from ..models.loading import is_vision_folder, policy_on_meta, quiet_transformers
@@ -43,6 +43,8 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
                               target_modules=lo.target_modules)
         load_weights(model, src)
         state = merged_weights(model)
+    else:  # under the model's own names: a MoE's experts saved one tensor per expert are fused back
+        state = folder_state(policy_on_meta(src), src, state)
     plain = policy_on_meta(src, state)
     out.mkdir(parents=True, exist_ok=True)
     with quiet_transformers():  # no "Writing model shards" bar
