@@ -114,11 +114,12 @@ def in_define(source: str, line: int) -> bool:
     """Whether ``line`` (1-based) lies inside a ``define`` block (after `define`, before `end`)."""
     inside = False
     for i, text in enumerate(source_lines(source)[:max(line, 0)], start=1):
-        words = text.split("#", 1)[0].split()
+        code = text.split("#", 1)[0]
+        words = code.split()
         if i == line:
             return inside or words[:1] == ["define"]
         if words[:1] == ["define"]:
-            inside = True
+            inside = "=" not in code  # `define f(x) = ...` is one line, not a block
         elif words == ["end"]:
             inside = False
     return inside

@@ -214,3 +214,11 @@ def test_an_expansion_past_the_limits_is_refused_at_the_call() -> None:
     assert [e.message for e in errs] == [
         "the calls of this binding expand to a formula larger than the limit (200 levels, 20000 terms)"]
     assert (errs[0].line, errs[0].column) == (24, 15)
+
+
+def test_a_slot_line_after_a_function_gets_the_slot_line_hint() -> None:
+    """A one-line `define f(x) = ...` opens no block: a later slot line's error is not a formula's."""
+    text = ("algorithm x extends grpo\n  define g\n    w = rho * sq(2)\n  end\n  define sq(x) = x * x\n"
+            "  trust_region  g\n  kl  k3(beta=0.1\n")
+    errs = _errors(text)
+    assert errs[0].line == 7 and errs[0].hint == "close the argument list with ')' on the same line"
