@@ -175,6 +175,22 @@ def test_reward_errors_skipped_when_configured(model_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_reward_call_past_reward_timeout_s_is_skipped_and_counted_and_the_run_goes_on(model_dir, tmp_path,
+                                                                                         monkeypatch):
+    """The run's first reward call hangs (reward_helpers.hangs_once): with reward.timeout_s=1 its
+    process is killed, that sample is skipped (on_error is 'raise': a timeout still skips) and
+    counted in reward_timeouts, and every step trains."""
+    monkeypatch.setenv("RLDSL_TEST_HANG_ONCE", str(tmp_path / "hung"))
+    cfg = small_run(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:hangs_once",
+                                                       "reward.timeout_s": 1.0, "reward.on_error": "raise"})
+    recs = steps_of(loop.train("grpo", cfg))
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert [r["reward_timeouts"] for r in recs] == [1.0, 0.0, 0.0]
+    assert [r["reward_errors"] for r in recs] == [1.0, 0.0, 0.0]
+    assert (tmp_path / "hung").exists()
+
+
+@pytest.mark.slow
 def test_nan_loss_skips_the_step_and_keeps_weights(model_dir, tmp_path, monkeypatch):
     real = rldsl.CompiledAlgorithm.loss
     calls = {"n": 0}

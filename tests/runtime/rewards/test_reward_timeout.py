@@ -1,0 +1,113 @@
+"""reward.timeout_s: every per-sample reward call under a wall-clock limit, in the run's threads
+and processes alike (rewards/deadline.py: a worker process, killed past the limit). A call past
+it is its sample's error, skipped whatever reward.on_error says and counted (reward_timeouts);
+the other samples are scored and the step goes on."""
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+import threading
+import urllib.request
+
+import pytest
+import torch
+
+from rldsl.runtime.batch import RolloutBatch
+from rldsl.runtime.errors import RewardError, RewardTimeout
+from rldsl.runtime.rewards.functions import RewardFn
+from rldsl.runtime.rewards.server import BackgroundServer, make_app
+
+
+def make_batch(completions: list[str], answers: list[str] | None = None) -> RolloutBatch:
+    B = len(completions)
+    empty = torch.zeros(B, 1, dtype=torch.long)
+    return RolloutBatch(prompt_ids=empty, prompt_mask=empty, response_ids=empty, response_mask=empty,
+                        logprobs=torch.zeros(B, 1), finish_reason=["stop"] * B, prompts=["p"] * B,
+                        completions=list(completions), group_size=1, answers=answers or [""] * B)
+
+
+@pytest.fixture
+def slow_module(tmp_path, monkeypatch):
+    (tmp_path / "slow_rewards.py").write_text(textwrap.dedent("""
+        import sys
+        import time
+
+        def nap(prompt, completion, answer):
+            if completion == "hang":
+                time.sleep(3600)
+            return float(len(completion))
+
+        def boom(prompt, completion, answer):
+            raise KeyError("nope")
+
+        def bye(prompt, completion, answer):
+            sys.exit(4)
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+
+
+def _in_a_thread(fn, *args):
+    """``fn(*args)`` called from a thread that is not the main one (the run's reward threads, a
+    Ray worker's, serve-reward's), where SIGALRM cannot limit it."""
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.setdefault("value", fn(*args)))
+    thread.start()
+    thread.join()
+    return out["value"]
+
+
+def test_a_call_past_the_limit_is_its_samples_error_and_the_others_are_scored(slow_module) -> None:
+    fn = RewardFn("slow_rewards:nap", timeout_s=1.0, workers=2)  # on_error="raise": a timeout still skips
+    result = _in_a_thread(fn.score, make_batch(["ab", "hang", "abc", "hang", "x"]))
+    assert result.rewards[[0, 2, 4]].tolist() == [2.0, 3.0, 1.0]
+    assert math.isnan(result.rewards[1]) and math.isnan(result.rewards[3])
+    assert result.num_errors == 2 and result.num_timeouts == 2
+    assert "failed on sample 1: RewardTimeout: the reward took longer than 1 s (reward.timeout_s)" in result.first_error
+    again = fn.score(make_batch(["abcd", "a"]))  # a fresh process took the killed one's place
+    assert again.rewards.tolist() == [4.0, 1.0] and again.num_timeouts == 0
+
+
+def test_errors_in_the_worker_process_are_the_functions_own(slow_module) -> None:
+    with pytest.raises(RewardError, match="failed on sample 0: KeyError: 'nope'") as err:
+        RewardFn("slow_rewards:boom", timeout_s=5.0).score(make_batch(["a"]))
+    assert isinstance(err.value.__cause__, KeyError)
+    with pytest.raises(RewardError, match=r"RuntimeError: the function called sys.exit\(4\)"):
+        RewardFn("slow_rewards:bye", timeout_s=5.0).score(make_batch(["a"]))
+    skipped = RewardFn("slow_rewards:boom", timeout_s=5.0, on_error="skip").score(make_batch(["a", "b"]))
+    assert skipped.num_errors == 2 and skipped.num_timeouts == 0
+
+
+def test_the_math_verifier_is_limited_outside_the_main_thread() -> None:
+    """Nested \\frac{ costs math_verify seconds per KB; its own limit (SIGALRM) works only in a
+    main thread, so from a reward thread it ran unbounded (~5 s for this 1.5 KB answer)."""
+    depth = 200
+    nested = "\\boxed{" + "\\frac{" * depth + "1" + "}{2}" * depth + "}"
+    fn = RewardFn("math", timeout_s=1.0)
+    result = _in_a_thread(fn.score, make_batch(["\\boxed{\\frac{1}{2}}", nested], ["1/2", "1/2"]))
+    assert result.rewards[0].item() == 1.0 and math.isnan(result.rewards[1]) and result.num_timeouts == 1
+
+
+def test_no_limit_calls_in_this_process_and_linear_builtins_never_leave_it(slow_module) -> None:
+    assert RewardFn("slow_rewards:nap").timeout_s == 0.0
+    fn = RewardFn("exact,addition", timeout_s=1.0)
+    assert fn.score(make_batch(["1", "2"], ["1", "1"])).rewards.tolist() == [2.0, 0.0]
+    assert fn._deadline is None  # string comparisons: nothing to stop, no process started
+    with pytest.raises(ValueError, match="timeout_s"):
+        RewardFn("exact", timeout_s=float("inf"))
+    assert isinstance(RewardTimeout("x"), TimeoutError)
+
+
+def test_serve_reward_answers_null_for_a_call_past_the_limit_and_keeps_serving(slow_module) -> None:
+    with BackgroundServer(make_app("slow_rewards:nap", timeout_s=1.0)) as url:
+        def post(completions: list[str]) -> dict:
+            request = urllib.request.Request(url + "/score", json.dumps({"completions": completions}).encode(),
+                                             {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=120) as reply:
+                return json.loads(reply.read())
+
+        answer = post(["ab", "hang", "abc"])
+        assert answer["rewards"] == [2.0, None, 3.0]
+        assert "RewardTimeout: the reward took longer than 1 s" in answer["errors"][1]
+        assert post(["abcd"])["rewards"] == [4.0]
