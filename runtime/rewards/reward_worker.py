@@ -12,9 +12,12 @@ SIGINT (the pool kills it when a call is interrupted), and it exits when the poo
 """
 from __future__ import annotations
 
+import os
 import pickle
 import signal
 import sys
+import threading
+import time
 from multiprocessing.connection import Connection
 
 from .. import plugins
@@ -32,9 +35,19 @@ def _error(e: BaseException) -> tuple:
     return ("error", type(e).__name__, str(e), pickled)
 
 
+def _exit_with_the_pool(parent: int) -> None:
+    """End this process when the run's process is gone (SIGKILLed: nobody kills this one, and a
+    call that hangs would never read the closed pipe). A thread, not PR_SET_PDEATHSIG: that fires
+    when the spawning *thread* ends, and the run spawns from threads that come and go."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
 def serve(inbox: Connection, outbox: Connection) -> None:
     """The process's life (module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_the_pool, args=(os.getppid(),), daemon=True).start()
     _, sys_path, files, names = inbox.recv()
     sys.path[:] = sys_path
     try:

@@ -111,3 +111,47 @@ def test_serve_reward_answers_null_for_a_call_past_the_limit_and_keeps_serving(s
         assert answer["rewards"] == [2.0, None, 3.0]
         assert "RewardTimeout: the reward took longer than 1 s" in answer["errors"][1]
         assert post(["abcd"])["rewards"] == [4.0]
+
+
+def test_a_worker_process_ends_when_the_run_is_killed(tmp_path) -> None:
+    """A run SIGKILLed while its reward hangs leaves no worker process behind (it would hang on
+    for the call's length: nothing reads the closed pipe until the call returns)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "hangs.py").write_text("import os, time\n\ndef nap(prompt, completion, answer):\n"
+                                       "    open(f'started-{os.getpid()}', 'w').close()\n    time.sleep(3600)\n")
+    script = ("import sys, torch\nfrom rldsl.runtime.batch import RolloutBatch\nfrom rldsl.runtime.rewards.functions "
+              "import RewardFn\ne = torch.zeros(1, 1, dtype=torch.long)\nfn = RewardFn('hangs:nap', timeout_s=3600)\n"
+              "fn.score(RolloutBatch(prompt_ids=e, prompt_mask=e, response_ids=e, response_mask=e, "
+              "logprobs=torch.zeros(1, 1), finish_reason=['stop'], prompts=['p'], completions=['c'], group_size=1, "
+              "answers=['']))\n")
+    run = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    try:
+        worker = None
+        for _ in range(1200):  # the call runs once its marker is there (at most 120 s on a loaded machine)
+            found = list(tmp_path.glob("started-*"))
+            if found:
+                worker = int(found[0].name.split("-")[1])
+                break
+            time.sleep(0.1)
+        assert worker is not None, "the reward call never started"
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        for _ in range(100):  # it looks for its parent once a second
+            try:
+                with open(f"/proc/{worker}/stat") as stat:
+                    if stat.read().rsplit(")", 1)[1].split()[0] == "Z":  # ended, not reaped yet
+                        break
+            except FileNotFoundError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(worker, signal.SIGKILL)
+            raise AssertionError("the worker outlived the run by 10 s")
+    finally:
+        if run.poll() is None:
+            run.kill()
