@@ -152,7 +152,8 @@ class DeadlinePool:
         if message[0] == "ready":
             p.ready, p.since = True, time.monotonic()
         elif message[0] == "failed":  # the terms did not load there
-            self._failed_start(p, mine, results, waiting, f"the reward's worker process could not load it: {message[1]}")
+            self._failed_start(p, mine, results, waiting, f"the reward's worker process could not load it "
+                                                          f"({message[1]}); reward.timeout_s=0 calls it in the run's process")
         else:  # ("ok", value) or ("error", type name, message, pickled or None): the first call's
             results[p.jobs.pop(0)] = message[1] if message[0] == "ok" else remote_error(*message[1:])
             p.since = time.monotonic()  # the next call starts now

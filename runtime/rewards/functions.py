@@ -320,9 +320,10 @@ BUILTIN_REWARDS: dict[str, RewardCallable] = {
     "reasoning_gym": reasoning_gym_reward,
 }
 
-#: built-ins that are one string comparison, linear in the text: called in the run's own process
-#: even with ``reward.timeout_s`` (there is nothing to stop)
-LINEAR_TIME: tuple[RewardCallable, ...] = (exact_reward, addition_reward)
+#: built-ins called in the run's own process even with ``reward.timeout_s``: ``exact`` and
+#: ``addition`` are one string comparison, linear in the text (nothing to stop); ``reasoning_gym``
+#: scores against the rows the run generated, which live in the run's process (data/reasoning_gym.py)
+IN_PROCESS: tuple[RewardCallable, ...] = (exact_reward, addition_reward, reasoning_gym_reward)
 
 # the built-ins that can say why (``rldsl reward`` prints their verdict)
 VERDICTS: dict[str, Callable[..., Verdict]] = {"math": judge_math, "gsm8k": judge_gsm8k}
@@ -695,7 +696,7 @@ class RewardFn:
     ``workers`` processes under that wall-clock limit (:mod:`.deadline`); a call past it is that
     sample's :class:`~rldsl.runtime.errors.RewardTimeout`, skipped whatever ``on_error`` says (a completion
     the verifier cannot finish is not a bug to stop the run for) and counted in ``num_timeouts``.
-    0: called in this process, from ``workers`` threads, without a limit. The ``LINEAR_TIME``
+    0: called in this process, from ``workers`` threads, without a limit. The ``IN_PROCESS``
     built-ins and batch terms (their own HTTP timeouts, a model's forward pass) stay in this process.
     """
 
@@ -790,7 +791,8 @@ class RewardFn:
     @staticmethod
     def _limited(term: RewardTerm) -> bool:
         """A per-sample function that could run long (``timeout_s`` applies to it)."""
-        return not term.batched and not isinstance(term.fn, EnvironmentReward) and term.fn not in LINEAR_TIME
+        return (not term.batched and not isinstance(term.fn, EnvironmentReward)
+                and getattr(term.fn, "func", term.fn) not in IN_PROCESS)  # a partial: options bound
 
     def _threads(self) -> ThreadPoolExecutor | None:
         if self.workers > 1 and self._pool is None:

@@ -94,6 +94,9 @@ def test_no_limit_calls_in_this_process_and_linear_builtins_never_leave_it(slow_
     fn = RewardFn("exact,addition", timeout_s=1.0)
     assert fn.score(make_batch(["1", "2"], ["1", "1"])).rewards.tolist() == [2.0, 0.0]
     assert fn._deadline is None  # string comparisons: nothing to stop, no process started
+    gym = RewardFn("reasoning_gym(answer_format=plain)", timeout_s=1.0, on_error="skip")
+    assert gym.score(make_batch(["1"])).num_errors == 1  # no generated row: its error, from this process
+    assert gym._deadline is None  # it scores against the rows the run generated, held in this process
     with pytest.raises(ValueError, match="timeout_s"):
         RewardFn("exact", timeout_s=float("inf"))
     assert isinstance(RewardTimeout("x"), TimeoutError)
