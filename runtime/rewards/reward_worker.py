@@ -7,8 +7,9 @@ spec's per-sample terms, which this process loads by name as the run did (:func:
 before it says ``("ready",)`` -- or ``("failed", why)``. Then it reads ``(term, rows)``, a few
 calls of one term, each row ``(prompt, completion, answer, finish_reason)``, and answers each
 call as it ends, in order: ``("ok", value)`` or ``("error", type name, message, the pickled
-exception or None)``. Ctrl-C is the run's to handle: this process ignores
-SIGINT (the pool kills it when a call is interrupted), and it exits when the pool's pipe closes.
+exception or None)``. Ctrl-C and SIGTERM are the run's to handle: this process ignores them
+(the pool kills it when a call is interrupted), and it exits when the pool's pipe closes or the
+run's process is gone.
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def _exit_with_the_pool(parent: int) -> None:
 
 def serve(inbox: Connection, outbox: Connection) -> None:
     """The process's life (module docstring)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for stop in (signal.SIGINT, signal.SIGTERM):  # sent to the whole process group: the run's to handle
+        signal.signal(stop, signal.SIG_IGN)       # (it finishes the step in hand, scored here, then exits)
     threading.Thread(target=_exit_with_the_pool, args=(os.getppid(),), daemon=True).start()
     _, sys_path, files, names = inbox.recv()
     sys.path[:] = sys_path

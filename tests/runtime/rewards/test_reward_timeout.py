@@ -158,3 +158,35 @@ def test_a_worker_process_ends_when_the_run_is_killed(tmp_path) -> None:
     finally:
         if run.poll() is None:
             run.kill()
+
+
+def test_a_worker_ignores_the_signals_the_run_handles(tmp_path, monkeypatch) -> None:
+    """Ctrl-C and SIGTERM reach a whole process group, and the run finishes its step on them: its
+    reward worker ignores both, so the call in hand is still answered."""
+    import os
+    import signal
+    import time
+
+    (tmp_path / "marked.py").write_text("import os, time\n\ndef slow(prompt, completion, answer):\n"
+                                        "    open(f'started-{os.getpid()}', 'w').close()\n    time.sleep(2)\n"
+                                        "    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    sent = []
+
+    def signal_the_worker() -> None:
+        for _ in range(1200):  # once the call runs (at most 120 s on a loaded machine)
+            found = list(tmp_path.glob("started-*"))
+            if found:
+                worker = int(found[0].name.split("-")[1])
+                for stop in (signal.SIGINT, signal.SIGTERM):
+                    os.kill(worker, stop)
+                    sent.append(stop)
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=signal_the_worker)
+    thread.start()
+    result = RewardFn("marked:slow", timeout_s=60.0).score(make_batch(["a"]))
+    thread.join()
+    assert sent == [signal.SIGINT, signal.SIGTERM] and result.rewards.tolist() == [1.0] and result.num_errors == 0
