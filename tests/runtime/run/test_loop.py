@@ -314,6 +314,20 @@ def test_a_run_whose_every_reward_is_skipped_stops_after_max_skipped_steps(model
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("timeout_s", ["0", "30"])  # called in the run's process / in a worker process
+def test_a_reward_that_calls_sys_exit_fails_the_run_saying_so(model_dir, tmp_path, timeout_s):
+    """A reward's sys.exit(0) ended `rldsl run` with exit code 0, no message and no step trained
+    (the reward wrapper and the CLI caught Exception only): it is the reward's error, exit 1."""
+    (tmp_path / "bye.py").write_text("import sys\n\ndef bye(prompt, completion, answer):\n    sys.exit(0)\n")
+    res = CliRunner().invoke(app, ["run", "lite_ppo", "--model", str(model_dir), "--out", str(tmp_path / "run"),
+                                   "--set", "rollout.prompts_per_step=2", "--set", "rollout.n=2",
+                                   "--set", "train.steps=2", "--set", "eval.every=0", "--set", "log.progress=false",
+                                   "--set", f"reward.timeout_s={timeout_s}", "--reward", f"{tmp_path / 'bye.py'}:bye"])
+    assert res.exit_code == 1, res.output
+    assert "failed on sample 0: RuntimeError: the function called sys.exit(0)" in res.output
+
+
+@pytest.mark.slow
 def test_existing_run_folder_is_not_overwritten(model_dir, tmp_path):
     cfg = small_run(model_dir, tmp_path / "run")
     loop.train("lite_ppo", cfg)
