@@ -31,6 +31,10 @@ from ..errors import RewardTimeout, RewardWorkerError
 #: module) before it is given up; the calls' own limit counts from when each is sent.
 START_LIMIT_S = 120.0
 
+#: The longest single wait on the pipes (a longer limit waits again): poll(2) takes at most
+#: 2^31 - 1 ms, and a limit of years would be an OverflowError in the wait.
+MAX_WAIT_S = 3600.0
+
 #: The worker's module, run as ``python -m`` (the language package's import path).
 WORKER_MODULE = "rldsl.runtime.rewards.reward_worker"
 
@@ -117,7 +121,8 @@ class DeadlinePool:
                 now = time.monotonic()
                 due = [p.since + (self.timeout_s if p.ready else START_LIMIT_S) - now
                        for p in mine if p.jobs or not p.ready]
-                for conn in connection.wait([p.conn for p in mine], timeout=max(0.0, min(due, default=0.0))):
+                wait_s = min(max(0.0, min(due, default=0.0)), MAX_WAIT_S)
+                for conn in connection.wait([p.conn for p in mine], timeout=wait_s):
                     self._read(next(p for p in mine if p.conn is conn), mine, results, waiting)
                 self._enforce(mine, results, waiting)
         finally:  # an interrupt (Ctrl-C) mid-call: a busy process's answer would reach the next call

@@ -125,6 +125,8 @@ def serve(reward: str, host: str = "127.0.0.1", port: int = 8000, timeout_s: flo
 
     if not 1 <= port <= 65535:
         raise UsageError(f"--port must be in 1..65535, got {port}")
+    if not 0 <= timeout_s < float("inf"):
+        raise UsageError(f"--timeout-s must be a number of seconds >= 0 (0: no limit), got {timeout_s}")
     app_ = make_app(reward, timeout_s)  # a reward that cannot be loaded: exit code 2
     try:
         sock = socket.create_server((host, port))

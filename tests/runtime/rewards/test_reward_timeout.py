@@ -190,3 +190,9 @@ def test_a_worker_ignores_the_signals_the_run_handles(tmp_path, monkeypatch) -> 
     result = RewardFn("marked:slow", timeout_s=60.0).score(make_batch(["a"]))
     thread.join()
     assert sent == [signal.SIGINT, signal.SIGTERM] and result.rewards.tolist() == [1.0] and result.num_errors == 0
+
+
+def test_a_limit_of_years_waits_in_bounded_slices(slow_module) -> None:
+    """poll(2) takes at most 2^31 - 1 ms: a limit past ~25 days was an OverflowError in the wait."""
+    fn = RewardFn("slow_rewards:nap", timeout_s=1e9)
+    assert fn.score(make_batch(["abc"])).rewards.tolist() == [3.0]
