@@ -337,12 +337,15 @@ def serve_reward_command(
                                                "(built-in, module:function, path.py:function, weights).")],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    timeout_s: Annotated[float, typer.Option(help="Seconds a per-sample reward call may take (in a worker "
+                                                  "process, killed past it: that sample's reward is null); "
+                                                  "0 = no limit. The run's reward.timeout_s.")] = 30.0,
 ) -> None:
     """Serve a reward function over HTTP (POST /score, OpenRLHF's POST /get_reward, GET /health),
     for `--reward http://HOST:PORT/score`."""
     from .rewards.server import serve
 
-    serve(reward, host, port)
+    serve(reward, host, port, timeout_s)
 
 
 @reports_errors

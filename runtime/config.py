@@ -399,10 +399,15 @@ class RewardConfig(_Section):
                     "every sample's reward failed (nothing to train on); 0 = never stop.")
     workers: int = Field(
         default=1, ge=1,
-        description="Threads that call a per-sample reward function concurrently (one future per "
-                    "sample, results in row order): for functions that wait (an API, a sandbox). 1 = "
+        description="Worker processes (threads with timeout_s=0) that call a per-sample reward function "
+                    "concurrently (results in row order): for functions that wait (an API, a sandbox). 1 = "
                     "one sample after another. Batch terms (servers, judges, reward models) have their "
                     "own request pools.")
+    timeout_s: float = Field(
+        default=30.0, ge=0.0,
+        description="Seconds one per-sample reward call may take; each call then runs in a worker process "
+                    "(reward.workers of them), killed past the limit: the sample is skipped (whatever "
+                    "on_error says) and counted in reward_timeouts. 0 = no limit, called in the run's process.")
 
 
 class VLLMConfig(_Section):

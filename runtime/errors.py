@@ -121,3 +121,13 @@ class EpisodeRefused(Exception):
     def __init__(self, message: str, limit: int | None = None) -> None:
         super().__init__(message)
         self.limit = limit
+
+
+class RewardTimeout(TimeoutError):
+    """Not a run error: one sample's reward call ran past ``reward.timeout_s`` and its worker
+    process was killed (rewards/deadline.py); the sample is skipped and counted, the run goes on."""
+
+
+class RewardWorkerError(RuntimeError):
+    """Not a run error: one sample's reward could not be computed in a worker process (it could
+    not start, could not load the reward, or died); that sample's error, as ``reward.on_error`` says."""
