@@ -26,6 +26,7 @@ import torch
 
 import rldsl
 from rldsl.errors import SpecError
+from rldsl.tinker import rows_loss
 
 from ..errors import TinkerRefused
 
@@ -185,35 +186,10 @@ def check_inputs(loss: Loss, inputs: list[dict[str, Any]]) -> None:
                                      f"(it needs {list(loss.needs)})")
 
 
-def _rows(values: list[torch.Tensor], T: int) -> torch.Tensor:
-    out = torch.zeros(len(values), T, dtype=torch.float32)
-    for i, v in enumerate(values):
-        out[i, :v.shape[0]] = v
-    return out
-
-
 def compute(loss: Loss, logprobs: list[torch.Tensor], inputs: list[dict[str, Any]],
             denominator: float | None) -> tuple[torch.Tensor, dict[str, float]]:
-    """(the scalar loss of the call, its metrics) for per-datum target logprobs (with gradient)."""
-    lengths = [lp.shape[0] for lp in logprobs]
-    T = max(lengths)
-    valid = _rows([torch.ones(n) for n in lengths], T)
-    logp = torch.zeros(len(logprobs), T, dtype=logprobs[0].dtype)
-    logp = torch.stack([torch.nn.functional.pad(lp, (0, T - lp.shape[0])) for lp in logprobs])
-    adv = _rows([torch.as_tensor(d[loss.adv_key], dtype=torch.float32) for d in inputs], T)
-    old = _rows([torch.as_tensor(d["logprobs"], dtype=torch.float32) for d in inputs], T) \
-        if "logprobs" in loss.needs else logp.detach()
-    if loss.builtin:
-        mask = valid
-        if loss.name == "gspo" and all("sequence_ratio_mask" in d for d in inputs):
-            mask = _rows([torch.as_tensor(d["sequence_ratio_mask"], dtype=torch.float32) for d in inputs], T)
-    elif all("mask" in d for d in inputs):
-        mask = _rows([torch.as_tensor(d["mask"], dtype=torch.float32) for d in inputs], T) * valid
-    else:
-        mask = ((old != 0) | (adv != 0)).float() * valid
-    if denominator is None and not loss.builtin:
-        denominator = float(loss.compiled.denominator(mask, group_size=1))
-    out = loss.compiled.loss(logp, old, adv, mask, group_size=1,
-                             denominator=None if loss.builtin else max(denominator, 1.0))
-    metrics = {f"{k}:mean": float(v) for k, v in out.metrics.items() if isinstance(v, int | float)}
-    return out.loss, metrics
+    """(the scalar loss of the call, its metrics) for per-datum target logprobs (with gradient):
+    ``rldsl.tinker.rows_loss``, the layout the client-side helper uses too."""
+    return rows_loss(loss.compiled, logprobs, inputs, all_positions=loss.builtin, adv_key=loss.adv_key,
+                     ratio_mask_key="sequence_ratio_mask" if loss.name == "gspo" else None,
+                     denominator=denominator)

@@ -255,7 +255,9 @@ class Service:
         if model_id is None:
             base, lora = saved_lora(folder)
             self.base_path(base)
-            model_id = f"model-{uuid.uuid4().hex[:12]}"
+            if body.get("session_id") is None or body.get("model_seq_id") is None:
+                raise TinkerRefused(400, "load_weights: give model_id, or session_id and model_seq_id")
+            model_id = f"{body['session_id']}:train:{int(body['model_seq_id'])}"  # the id the client derives
             self.metas[model_id] = (base, lora)
 
             def create_and_load() -> dict[str, Any]:
