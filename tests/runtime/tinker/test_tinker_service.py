@@ -178,3 +178,34 @@ def test_save_then_load_on_a_new_server_continues_as_uninterrupted(start_server,
         _step(fresh, data)
         other = fresh.forward(data, "cross_entropy").result().loss_fn_outputs
         assert not np.allclose(other[0]["logprobs"].to_numpy(), after[0]["logprobs"].to_numpy(), atol=1e-6)
+
+
+def test_a_spec_as_a_custom_loss_equals_the_spec_served_by_name(client):
+    import rldsl.tinker
+    sc, _ = client
+    a = sc.create_lora_training_client(base_model=NAME, rank=4, seed=11).result()
+    b = sc.create_lora_training_client(base_model=NAME, rank=4, seed=11).result()
+    tok = a.get_tokenizer()
+    rng = np.random.default_rng(0)
+    data, plain = [], []
+    for text in ("What is 2 plus 3? 5", "What is 7 plus 1? 8", "Say hi: hi there"):
+        tokens = tok.encode(text)
+        n = len(tokens) - 1
+        sampled = np.zeros(n, dtype=np.float32)
+        sampled[n // 2:] = -rng.random(n - n // 2).astype(np.float32) * 3
+        adv = np.zeros(n, dtype=np.float32)
+        adv[n // 2:] = rng.normal()
+        data.append(_datum(tokens, logprobs=sampled, advantages=adv))
+        plain.append(_ce(tokens))
+    by_name = a.forward_backward(data, "importance_sampling", loss_fn_config={"rldsl_spec": "dapo"}).result()
+    custom = b.forward_backward_custom(data, rldsl.tinker.custom_loss("dapo")).result()
+    assert custom.metrics["loss:sum"] == pytest.approx(by_name.metrics["loss:sum"], abs=1e-6)
+    assert custom.metrics["clip_fraction:mean"] == pytest.approx(by_name.metrics["clip_fraction:mean"], abs=1e-6)
+    for tc in (a, b):
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    after_a = a.forward(plain, "cross_entropy").result().loss_fn_outputs
+    after_b = b.forward(plain, "cross_entropy").result().loss_fn_outputs
+    for x, y in zip(after_a, after_b):
+        np.testing.assert_allclose(x["logprobs"].to_numpy(), y["logprobs"].to_numpy(), atol=1e-6)
+    before = by_name.loss_fn_outputs[0]["logprobs"].to_numpy()
+    assert not np.allclose(before, after_a[0]["logprobs"].to_numpy(), atol=1e-4)  # the step moved them
