@@ -1,5 +1,5 @@
 """The runtime's CLI commands (``rldsl run``, ``plot``, ``samples``, ``export``, ``reward``,
-``serve-reward``, ``eval``, ``ablate``), added to the app by :func:`register` (the one hook through
+``serve-reward``, ``serve-tinker``, ``eval``, ``ablate``), added to the app by :func:`register` (the one hook through
 which the language package's CLI imports the runtime). Each command's options are declared here
 and its body imports the module that does the work, so that loading the app imports no model,
 engine or reward code: ``rldsl --help``, ``check`` or ``list`` start in well under a second.
@@ -451,7 +451,7 @@ def ablate_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``run``, ``plot``, ``samples``, ``export``, ``reward``, ``serve-reward``, ``eval`` and
+    """Add the ``run``, ``plot``, ``samples``, ``export``, ``reward``, ``serve-reward``, ``serve-tinker``, ``eval`` and
     ``ablate`` commands. Registering imports nothing of the runtime but this module: each command
     imports what it runs in its body, so that ``rldsl --help``, ``check`` or ``list`` start
     without torch's model stack (tests/test_cli_startup.py)."""

@@ -203,6 +203,7 @@ class Service:
             value, metrics = losses.compute(loss, logprobs, [d.inputs for d in request.data], denominator)
             if not request.forward_only:
                 value.backward()
+                trained.loss_metrics.append(dict(metrics))
             metrics["loss:sum"] = float(value.detach())
             outputs = [{"logprobs": lp.detach().numpy()} for lp in logprobs]
             return wire.forward_backward_output(outputs, metrics)

@@ -91,6 +91,7 @@ class TrainedModel:
         self.optimizer: torch.optim.Optimizer | None = None
         self.steps = 0
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self.loss_metrics: list[dict[str, float]] = []  # the forward_backward calls since the last step
 
     # ------------------------------------------------------------------ training
     def logprobs(self, rows: list[tuple[list[int], list[int]]], grad: bool) -> list[torch.Tensor]:
@@ -120,7 +121,13 @@ class TrainedModel:
         opt.step()
         opt.zero_grad(set_to_none=True)
         self.steps += 1
-        return {"grad_norm:mean": norm if math.isfinite(norm) else float("nan")}
+        # the losses' own metrics (a spec's clip_fraction, ...) averaged over the step's calls: a
+        # recipe logs optim_step's metrics, not forward_backward's
+        keys = {k for m in self.loss_metrics for k in m}
+        out = {k: sum(m[k] for m in self.loss_metrics if k in m) / sum(k in m for m in self.loss_metrics)
+               for k in sorted(keys)}
+        self.loss_metrics = []
+        return {**out, "grad_norm:mean": norm if math.isfinite(norm) else float("nan")}
 
     # ------------------------------------------------------------------ snapshots
     def adapter_state(self) -> dict[str, torch.Tensor]:

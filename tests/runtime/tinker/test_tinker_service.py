@@ -209,3 +209,18 @@ def test_a_spec_as_a_custom_loss_equals_the_spec_served_by_name(client):
         np.testing.assert_allclose(x["logprobs"].to_numpy(), y["logprobs"].to_numpy(), atol=1e-6)
     before = by_name.loss_fn_outputs[0]["logprobs"].to_numpy()
     assert not np.allclose(before, after_a[0]["logprobs"].to_numpy(), atol=1e-4)  # the step moved them
+
+
+def test_a_spec_named_in_the_config_trains_and_its_clip_fraction_reaches_the_step(client):
+    sc, _ = client
+    tc = sc.create_lora_training_client(base_model=NAME, rank=4).result()
+    tokens = tc.get_tokenizer().encode("What is 4 plus 4? 8")
+    n = len(tokens) - 1
+    d = _datum(tokens, logprobs=np.full(n, -1.0, dtype=np.float32), advantages=np.ones(n, dtype=np.float32))
+    out = tc.forward_backward([d], "importance_sampling", loss_fn_config={"rldsl_spec": "dapo"}).result()
+    assert 0 <= out.metrics["clip_fraction:mean"] <= 1
+    step = tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    assert step.metrics["clip_fraction:mean"] == pytest.approx(out.metrics["clip_fraction:mean"])
+    with pytest.raises(tinker.BadRequestError, match="unknown argument 'hihg'"):
+        tc.forward_backward([d], "importance_sampling",
+                            loss_fn_config={"rldsl_spec": "dapo", "trust_region.hihg": 0.3}).result()
