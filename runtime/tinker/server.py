@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import signal
 from pathlib import Path
 from typing import Any
 
-from ..errors import TinkerRefused
+from ..errors import RunError, TinkerRefused
 from . import wire
 from .service import Service
 from .trainer import LoraSpec
@@ -220,11 +221,14 @@ def serve(models: dict[str, Path], host: str, port: int, api_key: str | None, ro
     import typer
     import uvicorn
     if api_key is None and host not in LOOPBACK:
-        raise TinkerRefused(400, f"--host {host} is not loopback: give --api-key KEY so that only your clients train")
+        raise RunError(f"--host {host} is not loopback: give --api-key KEY so that only your clients train")
     service = Service(models, root, threads)
     app = make_app(service, api_key)
     names = ", ".join(f"{n} ({p})" for n, p in models.items())
     typer.echo(f"serving the Tinker API at http://{host}:{port} for {names}; states under {root} (Ctrl-C stops)")
+    # uvicorn shuts down on SIGTERM, then raises the signal again under the handler found at its
+    # start: with this one the command then ends normally (exit 0), the stop being the one asked
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
