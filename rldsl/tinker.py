@@ -41,13 +41,15 @@ def _plain(value: Any) -> Any:
 
 def rows_loss(compiled: Any, logprobs: Sequence[torch.Tensor], inputs: Sequence[Mapping[str, Any]], *,
               all_positions: bool = False, adv_key: str = "advantages", ratio_mask_key: str | None = None,
-              denominator: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+              denominator: float | None = None, reference: Sequence[torch.Tensor] | None = None
+              ) -> tuple[torch.Tensor, dict[str, float]]:
     """(the call's loss, its metrics) of ``compiled`` (a CompiledAlgorithm) over the datums.
 
     ``all_positions``: every position is in the mask and the sampler logprobs may be absent (the
     Tinker built-ins: sums over all positions; ``ratio_mask_key`` then names an input that
     replaces the mask, as GSPO's ``sequence_ratio_mask``); else the mask rule of the module
-    docstring and a denominator over the whole call."""
+    docstring and a denominator over the whole call. ``reference``: per datum the reference
+    policy's logprobs, for a spec with a KL term (the server's: the policy with its adapters off)."""
     lengths = [int(lp.shape[0]) for lp in logprobs]
     T = max(lengths)
     valid = _rows([torch.ones(n) for n in lengths], T)
@@ -64,7 +66,8 @@ def rows_loss(compiled: Any, logprobs: Sequence[torch.Tensor], inputs: Sequence[
         mask = ((old != 0) | (adv != 0)).float() * valid
     if not all_positions and denominator is None:
         denominator = float(compiled.denominator(mask, group_size=1))
-    out = compiled.loss(logp, old, adv, mask, group_size=1,
+    ref = _rows([r.detach() for r in reference], T) if reference is not None else None
+    out = compiled.loss(logp, old, adv, mask, group_size=1, ref_logprobs=ref,
                         denominator=None if all_positions else max(float(denominator), 1.0))
     metrics = {f"{k}:mean": float(v) for k, v in out.metrics.items() if isinstance(v, int | float)}
     return out.loss, metrics

@@ -73,6 +73,7 @@ class Loss:
     adv_key: str
     needs: tuple[str, ...]
     ignored: tuple[str, ...] = ()
+    reference: bool = False  # a KL term: the reference is the policy with its adapters off
 
 
 def _number(config: dict[str, Any], key: str, default: float) -> float:
@@ -155,10 +156,11 @@ def _spec(ref: str, config: dict[str, Any]) -> Loss:
     if ignored:
         log.warning("spec %s: slots %s are the client's job under the Tinker API (it sends the advantages): "
                     "ignored", algo.name, ", ".join(ignored))
-    if algo.uses_critic or algo.uses_reference or algo.uses_teacher:
-        raise TinkerRefused(400, f"spec {algo.name!r} needs a critic, a reference or a teacher, which a "
-                                 "forward_backward call does not carry: choose a spec without them")
-    return Loss(algo.name, compiled, False, "advantages", ("target_tokens", "logprobs", "advantages"), ignored)
+    if algo.uses_critic or algo.uses_teacher:
+        raise TinkerRefused(400, f"spec {algo.name!r} needs a critic or a teacher, which a forward_backward "
+                                 "call does not carry: choose a spec without them")
+    return Loss(algo.name, compiled, False, "advantages", ("target_tokens", "logprobs", "advantages"), ignored,
+                bool(algo.uses_reference))
 
 
 def resolve_loss(loss_fn: str, config: dict[str, Any]) -> Loss:
@@ -187,9 +189,10 @@ def check_inputs(loss: Loss, inputs: list[dict[str, Any]]) -> None:
 
 
 def compute(loss: Loss, logprobs: list[torch.Tensor], inputs: list[dict[str, Any]],
-            denominator: float | None) -> tuple[torch.Tensor, dict[str, float]]:
+            denominator: float | None, reference: list[torch.Tensor] | None = None
+            ) -> tuple[torch.Tensor, dict[str, float]]:
     """(the scalar loss of the call, its metrics) for per-datum target logprobs (with gradient):
     ``rldsl.tinker.rows_loss``, the layout the client-side helper uses too."""
     return rows_loss(loss.compiled, logprobs, inputs, all_positions=loss.builtin, adv_key=loss.adv_key,
                      ratio_mask_key="sequence_ratio_mask" if loss.name == "gspo" else None,
-                     denominator=denominator)
+                     denominator=denominator, reference=reference)

@@ -200,7 +200,8 @@ class Service:
             if any(not 0 <= t < vocab for r in rows for t in r[0] + r[1]):
                 raise TinkerRefused(400, f"forward_backward: a token is outside the model's vocabulary of {vocab}")
             logprobs = trained.logprobs(rows, grad=not request.forward_only)
-            value, metrics = losses.compute(loss, logprobs, [d.inputs for d in request.data], denominator)
+            reference = trained.reference_logprobs(rows) if loss.reference else None
+            value, metrics = losses.compute(loss, logprobs, [d.inputs for d in request.data], denominator, reference)
             if not request.forward_only:
                 value.backward()
                 trained.loss_metrics.append(dict(metrics))

@@ -21,7 +21,7 @@ import torch
 from ..config import TrainConfig
 from ..errors import TinkerRefused
 from ..models.loading import load_policy
-from ..models.lora import apply_lora
+from ..models.lora import adapters_disabled, apply_lora
 from ..records.checkpoint import load_checkpoint, read_weights, save_checkpoint
 from ..train.logprobs import token_logprobs
 from ..train.optim import build_optimizer
@@ -96,6 +96,11 @@ class TrainedModel:
     # ------------------------------------------------------------------ training
     def logprobs(self, rows: list[tuple[list[int], list[int]]], grad: bool) -> list[torch.Tensor]:
         return target_logprobs(self.policy, rows, grad)
+
+    def reference_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+        """The reference policy's target logprobs (a spec's KL term): the base, adapters off."""
+        with adapters_disabled(self.peft):
+            return target_logprobs(self.policy, rows, grad=False)
 
     def _optimizer(self) -> torch.optim.Optimizer:
         if self.optimizer is None:

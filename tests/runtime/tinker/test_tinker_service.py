@@ -224,3 +224,17 @@ def test_a_spec_named_in_the_config_trains_and_its_clip_fraction_reaches_the_ste
     with pytest.raises(tinker.BadRequestError, match="unknown argument 'hihg'"):
         tc.forward_backward([d], "importance_sampling",
                             loss_fn_config={"rldsl_spec": "dapo", "trust_region.hihg": 0.3}).result()
+
+
+def test_a_spec_with_a_kl_term_reads_the_policy_with_its_adapters_off(client):
+    sc, _ = client
+    tc = sc.create_lora_training_client(base_model=NAME, rank=4, seed=2).result()
+    tokens = tc.get_tokenizer().encode("What is 1 plus 6? 7")
+    n = len(tokens) - 1
+    d = _datum(tokens, logprobs=np.full(n, -1.0, dtype=np.float32), advantages=np.ones(n, dtype=np.float32))
+    grpo = {"rldsl_spec": "grpo"}  # k3 KL in the loss
+    first = tc.forward_backward([d], "importance_sampling", loss_fn_config=grpo).result()
+    assert first.metrics["kl:mean"] == pytest.approx(0.0, abs=1e-7)  # LoRA starts at B = 0: policy = reference
+    tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    later = tc.forward_backward([d], "importance_sampling", loss_fn_config=grpo).result()
+    assert later.metrics["kl:mean"] > 1e-6
