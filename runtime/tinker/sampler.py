@@ -95,38 +95,46 @@ def _filter(z: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 @torch.no_grad()
 def _generate(model: Any, tokenizer: Any, jobs: list[SampleJob]) -> list[list[int]]:
-    """The completions' tokens, row by row (each job's num_samples rows in turn)."""
+    """The completions' tokens, row by row (each job's num_samples rows in turn). Each prompt is
+    prefilled once for its samples (its cache rows then repeated), and a row that has stopped
+    leaves the batch, as the HF engine's sampler does (rollout/engines/hf.py)."""
     head = jobs[0]
     rows = [j for j in jobs for _ in range(j.num_samples)]
-    ids, mask = left_pad([r.prompt for r in rows], tokenizer.pad_token_id or 0)
+    ids, mask = left_pad([j.prompt for j in jobs], tokenizer.pad_token_id or 0)
     eos = stop_token_ids(tokenizer, model)
     stops = [set(r.stop_tokens) if r.stop_tokens is not None else set(eos) for r in rows]
     generator = torch.Generator()
     generator.manual_seed(head.seed if head.seed is not None else int(torch.randint(0, 2**62, ()).item()))
     out: list[list[int]] = [[] for _ in rows]
-    done = [False] * len(rows)
     pos = position_ids_from_mask(mask)
     res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-    cache, logits, next_pos = res.past_key_values, res.logits[:, -1].float(), pos[:, -1:] + 1
+    repeat = torch.repeat_interleave(torch.arange(len(jobs)), torch.tensor([j.num_samples for j in jobs]))
+    cache = res.past_key_values
+    cache.batch_select_indices(repeat)
+    logits, mask, next_pos = res.logits[:, -1].float()[repeat], mask[repeat], pos[repeat, -1:] + 1
+    alive = list(range(len(rows)))  # the row of each sequence still running
     for _ in range(head.max_tokens):
         if head.temperature == 0:
             token = logits.argmax(-1)
         else:
             z = _filter(logits / head.temperature, head.top_k, head.top_p)
             token = torch.multinomial(torch.softmax(z, -1), 1, generator=generator).squeeze(1)
-        for i, t in enumerate(token.tolist()):
-            if done[i]:
-                continue
+        keep = []
+        for k, (i, t) in enumerate(zip(alive, token.tolist())):
             out[i].append(t)
-            if t in stops[i] or (rows[i].stop_strings and any(
-                    s in tokenizer.decode(out[i], skip_special_tokens=False) for s in rows[i].stop_strings)):
-                done[i] = True
-        if all(done):
+            if not (t in stops[i] or (rows[i].stop_strings and any(
+                    s in tokenizer.decode(out[i], skip_special_tokens=False) for s in rows[i].stop_strings))):
+                keep.append(k)
+        if not keep or len(out[alive[0]]) == head.max_tokens:
             break
+        if len(keep) < len(alive):
+            index = torch.tensor(keep)
+            cache.batch_select_indices(index)
+            alive, token, mask, next_pos = [alive[k] for k in keep], token[index], mask[index], next_pos[index]
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         res = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos,
                     past_key_values=cache, use_cache=True)
-        cache, logits, next_pos = res.past_key_values, res.logits[:, -1].float(), next_pos + 1
+        logits, next_pos = res.logits[:, -1].float(), next_pos + 1
     return out
 
 
