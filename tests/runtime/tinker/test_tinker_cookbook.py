@@ -55,3 +55,16 @@ def test_rl_loop_runs_to_a_clean_exit(start_server, tinker_home, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Training completed" in done.stderr + done.stdout
     assert [r["progress/batch"] for r in _metrics(log)] == [0, 1]
+
+
+def test_the_multiplayer_guess_number_recipe_runs(start_server, tinker_home, tmp_path, monkeypatch):
+    """A multi-turn recipe (the number-guessing game; it takes its address from TINKER_BASE_URL)."""
+    log = tmp_path / "guess"
+    with start_server() as url:
+        monkeypatch.setenv("TINKER_BASE_URL", url)
+        done = _recipe("tinker_cookbook.recipes.multiplayer_rl.guess_number.train", tinker_home, [
+            f"model_name={NAME}", "renderer_name=role_colon", "group_size=2", "batch_size=2", "max_tokens=8",
+            "max_steps=2", "eval_every=0", "save_every=0", f"log_path={log}", "behavior_if_log_dir_exists=delete"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [r for r in _metrics(log) if "optim/kl_sample_train_v1" in r]
+    assert len(rows) == 2 and all(abs(r["optim/kl_sample_train_v1"]) < 1e-6 for r in rows)
