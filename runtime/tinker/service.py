@@ -14,6 +14,7 @@ import json
 import itertools
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,8 @@ from .sampler import SampleJob, read_job, sample
 from .trainer import LoraSpec, TrainedModel, saved_lora
 
 log = logging.getLogger("rldsl.tinker")
+#: a sampling batch stays open while its requests arrive less than this apart, at most GATHER_MAX_S
+GATHER_GAP_S, GATHER_MAX_S = 0.005, 0.05
 
 
 @dataclass
@@ -114,10 +117,23 @@ class Service:
             first = heapq.heappop(queue)
             if first.sample is None:
                 return [first]
+            self._gather(queue, first.sampler)
             batch = [first] + [j for j in queue if j.sample is not None and j.sampler == first.sampler]
             self._queues[key] = [j for j in queue if j not in batch]
             heapq.heapify(self._queues[key])
             return batch
+
+    def _gather(self, queue: list[_Job], sampler: str | None) -> None:
+        """Hold a sampling batch open while requests for its sampler keep arriving (a quiet gap of
+        GATHER_GAP_S ends it, GATHER_MAX_S at most): a recipe sends its requests one by one, and the
+        first would otherwise be sampled alone (called with the lock held; waiting releases it)."""
+        start = last = time.monotonic()
+        seen = sum(j.sampler == sampler for j in queue)
+        while time.monotonic() - last < GATHER_GAP_S and time.monotonic() - start < GATHER_MAX_S:
+            self._lock.wait(GATHER_GAP_S)
+            now = sum(j.sampler == sampler for j in queue)
+            if now > seen:
+                seen, last = now, time.monotonic()
 
     def _work(self) -> None:
         while (batch := self._next()) is not None:

@@ -26,8 +26,8 @@ from ..records.checkpoint import load_checkpoint, read_weights, save_checkpoint
 from ..train.logprobs import token_logprobs
 from ..train.optim import build_optimizer
 
-#: LoRA alpha: Tinker's LoRA scale is fixed; we use alpha 32 (the peft default in Tinker's
-#: published recipes), the same for every rank (docs/tinker.md).
+#: LoRA alpha, the same at every rank (the update is (alpha / r) B A): Tinker does not publish its
+#: scale; 32 is this server's choice (docs/tinker.md).
 LORA_ALPHA = 32.0
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")

@@ -16,17 +16,17 @@ import numpy as np
 from ..errors import TinkerRefused
 
 
-def WireError(message: str) -> TinkerRefused:
+def _bad(message: str) -> TinkerRefused:
     """A request that cannot be read: answered as HTTP 400 with ``message``."""
     return TinkerRefused(400, message)
 
 
 def schema() -> Any:
-    """The client's protobuf module (``tinker_public_pb2``), or a WireError saying how to get it."""
+    """The client's protobuf module (``tinker_public_pb2``), or a 400 saying how to get it."""
     try:
         from tinker.proto import tinker_public_pb2
     except ImportError:
-        raise WireError("rldsl serve-tinker needs the tinker SDK's schema: pip install 'rldsl[tinker]'") from None
+        raise _bad("rldsl serve-tinker needs the tinker SDK's schema: pip install 'rldsl[tinker]'") from None
     return tinker_public_pb2
 
 
@@ -61,16 +61,16 @@ def _tensor(msg: Any, where: str) -> np.ndarray:
     pb = schema()
     dtypes = {getattr(pb, name): dt for name, dt in _NUMPY.items()}
     if msg.dtype not in dtypes:
-        raise WireError(f"{where}: unsupported tensor dtype {msg.dtype} (float32, int64 or int32)")
+        raise _bad(f"{where}: unsupported tensor dtype {msg.dtype} (float32, int64 or int32)")
     dt = np.dtype(dtypes[msg.dtype])
     if msg.HasField("sparse_csr"):
-        raise WireError(f"{where}: sparse tensors are not served (send dense loss_fn_inputs)")
+        raise _bad(f"{where}: sparse tensors are not served (send dense loss_fn_inputs)")
     if len(msg.dense) % dt.itemsize:
-        raise WireError(f"{where}: {len(msg.dense)} bytes is not a whole number of {dt.name} values")
+        raise _bad(f"{where}: {len(msg.dense)} bytes is not a whole number of {dt.name} values")
     arr = np.frombuffer(msg.dense, dtype=dt).copy()
     shape = list(msg.shape)
     if shape and int(np.prod(shape)) != arr.size:
-        raise WireError(f"{where}: shape {shape} does not hold {arr.size} values")
+        raise _bad(f"{where}: shape {shape} does not hold {arr.size} values")
     return arr.reshape(shape) if shape else arr
 
 
@@ -78,10 +78,10 @@ def _tokens(chunks: Any, where: str) -> list[int]:
     out: list[int] = []
     for j, chunk in enumerate(chunks):
         if not chunk.HasField("encoded_text"):
-            raise WireError(f"{where}: chunk {j} is not text tokens (images and audio are not served)")
+            raise _bad(f"{where}: chunk {j} is not text tokens (images and audio are not served)")
         raw = chunk.encoded_text.tokens
         if len(raw) % 4:
-            raise WireError(f"{where}: chunk {j}'s token bytes are not int32 values")
+            raise _bad(f"{where}: chunk {j}'s token bytes are not int32 values")
         out.extend(np.frombuffer(raw, dtype=np.int32).tolist())
     return out
 
@@ -94,7 +94,7 @@ def read_forward_backward(body: bytes) -> FwdBwdRequest:
     try:
         msg.ParseFromString(body)
     except Exception as e:  # google.protobuf.message.DecodeError and kin
-        raise WireError(f"forward_backward: the body is not a ForwardBackwardRequest protobuf ({e})") from None
+        raise _bad(f"forward_backward: the body is not a ForwardBackwardRequest protobuf ({e})") from None
     config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
     for k, v in msg.loss_fn_config_v2.items():  # v2 wins: it carries strings too
         config[k] = v.text if v.WhichOneof("value") == "text" else float(v.number)
@@ -104,14 +104,14 @@ def read_forward_backward(body: bytes) -> FwdBwdRequest:
         tokens = _tokens(d.model_input, where)
         inputs = {name: _tensor(t, f"{where} loss_fn_inputs[{name!r}]") for name, t in d.loss_fn_inputs.items()}
         if not tokens:
-            raise WireError(f"{where}: no input tokens")
+            raise _bad(f"{where}: no input tokens")
         for name, arr in inputs.items():
             if arr.ndim >= 1 and arr.shape[0] != len(tokens):
-                raise WireError(f"{where}: loss_fn_inputs[{name!r}] has {arr.shape[0]} values for "
+                raise _bad(f"{where}: loss_fn_inputs[{name!r}] has {arr.shape[0]} values for "
                                 f"{len(tokens)} input tokens (one per input position)")
         data.append(Datum(tokens, inputs))
     if not data:
-        raise WireError("forward_backward: no data")
+        raise _bad("forward_backward: no data")
     return FwdBwdRequest(msg.model_id, int(msg.seq_id), msg.loss_fn, config, data, bool(msg.forward_only))
 
 
@@ -166,11 +166,11 @@ def sample_response(sequences: list[Sequence], prompt_logprobs: list[float] | No
 def model_input_tokens(model_input: Any, where: str) -> list[int]:
     """The tokens of a JSON ``ModelInput`` (``{"chunks": [{"tokens": [...]}, ...]}``)."""
     if not isinstance(model_input, dict) or not isinstance(model_input.get("chunks"), list):
-        raise WireError(f"{where}: expected a ModelInput object with a 'chunks' list")
+        raise _bad(f"{where}: expected a ModelInput object with a 'chunks' list")
     out: list[int] = []
     for j, chunk in enumerate(model_input["chunks"]):
         tokens = chunk.get("tokens") if isinstance(chunk, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise WireError(f"{where}: chunk {j} is not text tokens (a 'tokens' list of ints)")
+            raise _bad(f"{where}: chunk {j} is not text tokens (a 'tokens' list of ints)")
         out.extend(tokens)
     return out

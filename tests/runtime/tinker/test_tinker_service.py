@@ -165,7 +165,9 @@ def test_save_then_load_on_a_new_server_continues_as_uninterrupted(start_server,
         assert path.startswith("tinker://") and path.endswith("/weights/mid")
         loss_next = _step(tc, data)
         after = tc.forward(data, "cross_entropy").result().loss_fn_outputs
-    assert list(root.rglob("checkpoints/step-1/.complete")) or list(root.rglob("checkpoints/step-1"))
+    from rldsl.runtime.records.checkpoint import list_checkpoints, verify_checkpoint
+    saved = list_checkpoints(next(root.glob("*/weights/mid")))
+    assert [p.name for p in saved] == ["step-1"] and verify_checkpoint(saved[0]) is None  # whole, checksummed
     with start_server(root=root) as url:
         sc = tinker.ServiceClient(base_url=url, api_key=KEY)
         resumed = sc.create_training_client_from_state_with_optimizer(path)
