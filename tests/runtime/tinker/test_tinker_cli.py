@@ -42,6 +42,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_the_port_opens_and_sigterm_stops_it(tinker_home, tmp_path):
     port = _free_port()
     proc = subprocess.Popen([*RLDSL, "serve-tinker", "--model", f"{NAME}={tinker_home / NAME}", "--port", str(port),
