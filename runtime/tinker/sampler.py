@@ -3,7 +3,7 @@ together in one KV-cached loop (the cookbook sends one-sample requests by the hu
 service gathers those waiting and calls :func:`sample` once).
 
 Per token: z = logits / temperature, top-k then top-p (at least one token kept), a draw from a
-generator of the call's own (seeded by the request's ``seed`` when it gives one). A row stops
+generator of the call's own (seeded by the request's ``seed`` when it gives one: such a request is sampled in a batch of its own). A row stops
 at a stop token (the request's ``stop`` ids, else the model's EOS ids; ``stop=[]``: none) or
 when its decoded text holds a stop string: the token that completes it is kept, stop reason
 ``"stop"``; otherwise exactly ``max_tokens`` tokens, ``"length"``. The logprobs returned are
@@ -43,8 +43,10 @@ class SampleJob:
     prompt_result: list[float] | None = None
 
     def group(self) -> tuple[Any, ...]:
-        """Jobs with the same group sample in one batch."""
-        return (self.temperature, self.top_k, self.top_p, self.max_tokens)
+        """Jobs with the same group sample in one batch; a seeded job alone, so that its seed
+        alone decides its samples."""
+        own = id(self) if self.seed is not None else None
+        return (self.temperature, self.top_k, self.top_p, self.max_tokens, own)
 
 
 def read_job(body: dict[str, Any], prompt: list[int], context: int | None, vocab: int) -> SampleJob:

@@ -240,3 +240,28 @@ def test_a_spec_with_a_kl_term_reads_the_policy_with_its_adapters_off(client):
     tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
     later = tc.forward_backward([d], "importance_sampling", loss_fn_config=grpo).result()
     assert later.metrics["kl:mean"] > 1e-6
+
+
+def test_concurrent_one_sample_requests_are_sampled_together(client, monkeypatch):
+    from rldsl.runtime.tinker import service as service_module
+    batches: list[int] = []
+    real = service_module.sample
+
+    def counted(model, tokenizer, jobs):
+        batches.append(len(jobs))
+        return real(model, tokenizer, jobs)
+    monkeypatch.setattr(service_module, "sample", counted)
+    sc, _ = client
+    tc = sc.create_lora_training_client(base_model=NAME, rank=4).result()
+    sampler = tc.save_weights_and_get_sampling_client()
+    prompt = tc.get_tokenizer().encode("Count: 1 2")
+    futures = [sampler.sample(types.ModelInput.from_ints(prompt), num_samples=1,
+                              sampling_params=types.SamplingParams(max_tokens=4, stop=[])) for _ in range(12)]
+    assert all(len(f.result().sequences[0].tokens) == 4 for f in futures)
+    assert sum(batches) == 12 and len(batches) < 12 and max(batches) >= 2, batches
+    # a seeded request's samples depend on its seed alone, not on what it was batched with
+    params = types.SamplingParams(max_tokens=6, seed=3, stop=[])
+    alone = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=2, sampling_params=params).result()
+    crowd = [sampler.sample(types.ModelInput.from_ints(prompt), num_samples=2, sampling_params=params if i == 5 else
+                            types.SamplingParams(max_tokens=6, stop=[])) for i in range(8)]
+    assert [s.tokens for s in crowd[5].result().sequences] == [s.tokens for s in alone.sequences]
