@@ -62,6 +62,19 @@ def test_adapters_are_added_without_a_deprecation_warning(tiny_model) -> None:
     assert [str(w.message) for w in seen] == []
 
 
+def test_a_moe_models_fused_expert_adapters_get_peft_rank_pattern_without_its_false_warning(moe_model) -> None:
+    """peft gives the fused gate_up_proj twice the rank (gate and up in one), then warns that this pattern
+    "did not match any targeted module and was ignored": a false alarm on every MoE LoRA run's console."""
+    model = AutoModelForCausalLM.from_pretrained(moe_model("qwen3_moe"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model, wrapped = apply_lora(model, rank=4, alpha=8, dropout=0.0, target_modules=["all-linear"])
+    assert [str(w.message) for w in seen] == []
+    experts = model.model.layers[0].mlp.experts
+    assert wrapped.peft_config["default"].rank_pattern == {r".*\.gate_up_proj": 8}
+    assert experts.base_layer.lora_A["default"].weight.shape[0] == experts.base_layer.num_experts * 8  # applied
+
+
 def test_merge_state_equals_peft_merge(tiny_model) -> None:
     """The distributed trainer merges a gathered state dict (no LoRA modules behind it): the
     same tensors as peft's ``get_delta_weight`` merge; an unknown LoRA tensor is refused."""
