@@ -141,13 +141,17 @@ def test_missing_model_folder_is_a_clear_error(tmp_path):
     assert "model folder not found" in res.output and "Traceback" not in res.output
 
 
-def test_a_resume_refuses_a_metrics_file_that_is_not_utf8_before_any_model_loads(model_dir, tmp_path):
+def test_a_resume_refuses_a_metrics_file_or_spec_that_is_not_utf8_before_any_model_loads(model_dir, tmp_path):
     """metrics.jsonl is ASCII JSON; a byte that is not UTF-8 (the file changed by something else) was
     a UnicodeDecodeError after the model loaded (exit 1); now open_run refuses it, naming the line."""
     run = tmp_path / "run"
     folder.open_run("lite_ppo", small_run(model_dir, run))  # the folder a new run writes before any model loads
     (run / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 0.5}\n{"step": 2, "note": "caf\xe9"}\n')
     with pytest.raises(RunError, match=r"metrics\.jsonl:2:25: not UTF-8 text \(byte 0xe9\)"):
+        folder.open_run("lite_ppo", resume=run)
+    (run / "metrics.jsonl").unlink()
+    (run / "spec.rl").write_bytes((run / "spec.rl").read_bytes() + b"# caf\xe9\n")
+    with pytest.raises(RunError, match=r"spec\.rl:\d+:6: not UTF-8 text \(byte 0xe9\)"):
         folder.open_run("lite_ppo", resume=run)
 
 
