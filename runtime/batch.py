@@ -1,5 +1,6 @@
-"""``RolloutBatch``: what the engines return and the trainer consumes, and its operations;
-``Episode``: one row's multi-turn episode (``RolloutBatch.episodes``); ``StepRollout``: one
+"""``TokenRow``: one sampled row as its producer made it (an engine, the episode runner, an
+agent's runner); ``RolloutBatch``: what the engines return and the trainer consumes, the rows
+padded by :meth:`RolloutBatch.from_rows`, and its operations; ``Episode``: one row's multi-turn episode (``RolloutBatch.episodes``); ``StepRollout``: one
 training step's batch with its rewards, from generation to the optimizer.
 
 Shapes: P prompts x G samples per prompt, B = P*G rows, groups contiguous
@@ -98,6 +99,40 @@ class Episode:
 
 
 @dataclass
+class TokenRow:
+    """One sampled row, as every producer makes it: both engines (engines/hf.py,
+    engines/vllm/convert.py), the episode runner (rollout/episodes/runner.py) and the agents'
+    runner (rollout/agents/runner.py). :meth:`RolloutBatch.from_rows` pads rows into a batch, the
+    one place that does: a new per-token field is a field here and a line there.
+
+    prompt_ids      [p] the prompt's token ids (no padding)
+    response_ids    [n] the response's token ids: the model's, and a multi-turn episode's
+                    environment tokens between its turns
+    logprobs        [n] the engine's logprob of each sampled token, 0 on the environment's
+    finish_reason   "stop" | "length"
+    prompt          the prompt's text (``RolloutBatch.prompts``)
+    completion      the completion's text (``RolloutBatch.completions``)
+    mask            [n] the loss mask: 1 on the model's tokens, 0 on the environment's; None = every
+                    response token is the model's (an engine's row: the batch then has no
+                    ``response_attention``)
+    routed_experts  [p + fed, Y, K] the experts of each fed token from the prompt's first one (-1:
+                    none recorded); None = not recorded (a mixture-of-experts policy's,
+                    runtime/models/moe.py)
+    episode         the row's multi-turn episode; None = single-turn
+    """
+
+    prompt_ids: Sequence[int] | torch.Tensor
+    response_ids: Sequence[int] | torch.Tensor
+    logprobs: Sequence[float] | torch.Tensor
+    finish_reason: str
+    prompt: str
+    completion: str
+    mask: Sequence[int] | torch.Tensor | None = None
+    routed_experts: torch.Tensor | None = None
+    episode: Episode | None = None
+
+
+@dataclass
 class RolloutBatch:
     """What a rollout engine returns for P prompts x G samples (B = P*G rows).
 
@@ -156,6 +191,39 @@ class RolloutBatch:
     # a privileged teacher's prompt of each row (teacher.context_key), as token ids; empty = none
     teacher_prompt_ids: list[list[int]] = field(default_factory=list)
     routed_experts: torch.Tensor | None = None
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[TokenRow], group_size: int, pad_id: int, width: int = 1) -> "RolloutBatch":
+        """The batch of ``rows`` (B of them, groups of ``group_size`` contiguous): prompts left padded
+        with ``pad_id`` to the longest (Tp), responses right padded to the longest or ``width``
+        columns, whichever is more (Tr; an engine keeps the columns it sampled); logprobs and the
+        masks with 0, routing with -1 (:func:`routing_columns`). ``response_attention`` (1 on every
+        response token) when a row has a loss mask of its own; ``episodes`` when every row has one."""
+        B = len(rows)
+        Tp = max(len(r.prompt_ids) for r in rows)
+        Tr = max(width, max(len(r.response_ids) for r in rows))
+        p_ids = torch.full((B, Tp), pad_id, dtype=torch.long)  # [B, Tp]
+        p_mask = torch.zeros((B, Tp), dtype=torch.long)  # [B, Tp]
+        r_ids = torch.full((B, Tr), pad_id, dtype=torch.long)  # [B, Tr]
+        r_mask = torch.zeros((B, Tr), dtype=torch.long)  # [B, Tr]
+        r_attn = torch.zeros((B, Tr), dtype=torch.long)  # [B, Tr]
+        logprobs = torch.zeros((B, Tr), dtype=torch.float32)  # [B, Tr]
+        for i, r in enumerate(rows):
+            p, n = len(r.prompt_ids), len(r.response_ids)
+            if p:
+                p_ids[i, Tp - p:] = torch.as_tensor(r.prompt_ids)
+                p_mask[i, Tp - p:] = 1
+            if n:
+                r_ids[i, :n] = torch.as_tensor(r.response_ids)
+                r_mask[i, :n] = 1 if r.mask is None else torch.as_tensor(r.mask)
+                r_attn[i, :n] = 1
+                logprobs[i, :n] = torch.as_tensor(r.logprobs, dtype=torch.float32)
+        routed = routing_columns([r.routed_experts for r in rows], [len(r.prompt_ids) for r in rows], Tp, Tr)
+        return cls(p_ids, p_mask, r_ids, r_mask, logprobs, [r.finish_reason for r in rows],
+                   [r.prompt for r in rows], [r.completion for r in rows], group_size,
+                   response_attention=None if all(r.mask is None for r in rows) else r_attn,
+                   episodes=[r.episode for r in rows] if all(r.episode is not None for r in rows) else [],
+                   routed_experts=routed)
 
     @property
     def attention(self) -> torch.Tensor:
