@@ -119,6 +119,8 @@ class TokenRow:
                     none recorded); None = not recorded (a mixture-of-experts policy's,
                     runtime/models/moe.py)
     episode         the row's multi-turn episode; None = single-turn
+    images          the images its ids hold (a vision-language policy's: their references, data:
+                    URLs or paths), in token order
     """
 
     prompt_ids: Sequence[int] | torch.Tensor
@@ -130,6 +132,7 @@ class TokenRow:
     mask: Sequence[int] | torch.Tensor | None = None
     routed_experts: torch.Tensor | None = None
     episode: Episode | None = None
+    images: Sequence[str] = ()
 
 
 @dataclass
@@ -167,6 +170,9 @@ class RolloutBatch:
                     ``model_inputs``' columns; -1 where nothing was recorded (padding, a response's
                     last token, an engine that cannot record); None = not recorded
                     (runtime/models/moe.py, ``rollout.routing_replay``)
+    images          B x the images each row's ids hold (references: data: URLs or paths), in token
+                    order (a vision-language policy's, docs/vlm.md); empty = no row has one. The
+                    trainer's forwards read their pixels (train/vision_rows.py ``vision_inputs``)
     """
 
     prompt_ids: torch.Tensor
@@ -191,6 +197,7 @@ class RolloutBatch:
     # a privileged teacher's prompt of each row (teacher.context_key), as token ids; empty = none
     teacher_prompt_ids: list[list[int]] = field(default_factory=list)
     routed_experts: torch.Tensor | None = None
+    images: list[list[str]] = field(default_factory=list)
 
     @classmethod
     def from_rows(cls, rows: Sequence[TokenRow], group_size: int, pad_id: int, width: int = 1) -> "RolloutBatch":
@@ -223,7 +230,7 @@ class RolloutBatch:
                    [r.prompt for r in rows], [r.completion for r in rows], group_size,
                    response_attention=None if all(r.mask is None for r in rows) else r_attn,
                    episodes=[r.episode for r in rows] if all(r.episode is not None for r in rows) else [],
-                   routed_experts=routed)
+                   routed_experts=routed, images=_optional_rows([list(r.images) for r in rows]))
 
     @property
     def attention(self) -> torch.Tensor:
@@ -246,15 +253,16 @@ class RolloutBatch:
                             self.response_mask[rows], self.logprobs[rows],
                             [self.finish_reason[i] for i in keep], [self.prompts[i] for i in keep],
                             [self.completions[i] for i in keep], self.group_size,
-                            [self.answers[i] for i in keep] if self.answers else [],
+                            _picked(self.answers, keep),
                             {k: v[rows] if _per_row(k) else v for k, v in self.inputs.items()},
                             None if self.response_attention is None else self.response_attention[rows],
-                            [self.episodes[i] for i in keep] if self.episodes else [],
+                            _picked(self.episodes, keep),
                             None if self.token_versions is None else self.token_versions[rows],
                             {k: v[rows] for k, v in self.reward_terms.items()},
-                            [self.teacher_prompt_ids[i] for i in keep] if self.teacher_prompt_ids else [],
+                            _picked(self.teacher_prompt_ids, keep),
                             None if self.routed_experts is None else self.routed_experts[rows.to(
-                                self.routed_experts.device)])
+                                self.routed_experts.device)],
+                            _picked(self.images, keep))
 
     def select_groups(self, groups: Sequence[int]) -> "RolloutBatch":
         """The batch of whole prompt groups (group g = rows g*G .. g*G+G-1)."""
@@ -313,6 +321,7 @@ class RolloutBatch:
             if all(b.teacher_prompt_ids for b in batches) else [],
             routed_experts=None if any(b.routed_experts is None for b in batches) else
             torch.cat([_pad_routing(b, Tp, Tr) for b in batches]),
+            images=_optional_rows(sum((b.images or [[] for _ in range(len(b))] for b in batches), [])),
         )
 
 
@@ -394,6 +403,16 @@ def routing_columns(records: Sequence["torch.Tensor | None"], prompt_lengths: Se
         if rec is not None:
             out[b, Tp - p:Tp - p + rec.shape[0]] = rec
     return out
+
+
+def _picked(items: list, keep: list[int]) -> list:
+    """An optional per-row list field (empty: none) of the rows ``keep``."""
+    return [items[i] for i in keep] if items else []
+
+
+def _optional_rows(items: list[list]) -> list[list]:
+    """A per-row list field of B rows, or [] when every row's is empty (the field's "none")."""
+    return items if any(items) else []
 
 
 def _per_row(name: str) -> bool:

@@ -85,7 +85,7 @@ class ForwardPasses:
         # a VLM's rows with images: padded, in full; an episode's response also holds the
         # environment's messages (attended, not sampled), whose image tokens are images
         sampled = None if batch.response_attention is None else batch.response_mask
-        vision = vision_inputs(model, batch.prompts, ids, attn, Tr, sampled)
+        vision = vision_inputs(model, batch.images, ids, attn, Tr, sampled)
         fwd = Forward(ids, attn, Tr, group_size=batch.group_size if groups and vision is None else None,
                       routing=batch.routed_experts if self.moe else None, vision=vision, gather_ids=gather_ids)
         count = TokenCount()

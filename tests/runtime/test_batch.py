@@ -63,6 +63,17 @@ def test_from_rows_pads_every_per_token_field_of_its_rows() -> None:
     assert [x.env_reward for x in e.episodes] == [None, 1.0] and e.routed_experts is None
 
 
+def test_images_are_a_batch_field_kept_by_rows() -> None:
+    """Each row's image references travel with its row: made by from_rows, selected, concatenated
+    beside a batch without images (its rows: none); a batch without any has none."""
+    seen = RolloutBatch.from_rows([TokenRow([5], [7], [-0.5], "stop", "p", "c", images=["a.png", "b.png"]),
+                                   TokenRow([5], [8], [-0.5], "stop", "p", "d")], 2, PAD)
+    assert seen.images == [["a.png", "b.png"], []]
+    assert seen.select(torch.tensor([1, 0])).images == [[], ["a.png", "b.png"]]
+    assert RolloutBatch.concat([make(1, 1, P=1), seen], PAD).images == [[], [], ["a.png", "b.png"], []]
+    assert make(1, 1).images == [] and RolloutBatch.concat([make(1, 1), make(2, 1)], PAD).images == []
+
+
 def test_model_inputs_positions_count_real_tokens_only() -> None:
     b = make(3, 2, P=1, G=1)
     b.prompt_mask[0, 0] = 0  # one left pad

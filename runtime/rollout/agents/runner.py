@@ -215,7 +215,7 @@ class AgentRunner:
                     self.processor.prompt(text, row.images) if row.images else text, final, mask=row.mask,
                     routed_experts=row.routed_experts if recorded and row.calls else None,
                     episode=Episode(messages, o.reward, error=o.error,
-                                    agent=AgentRow(k, made, k >= len(rows), breaks, calls))))
+                                    agent=AgentRow(k, made, k >= len(rows), breaks, calls)), images=row.images))
         return RolloutBatch.from_rows(out, G * K, pad)
 
 

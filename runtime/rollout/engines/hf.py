@@ -319,7 +319,8 @@ def _rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: tor
         p, n = int(prompt_mask[b].sum()), int(response_mask[b].sum())
         out.append(TokenRow(prompt_ids[b, Tp - p:], response_ids[b, :n], logprobs[b, :n],
                             "stop" if finished[b] else "length", prompts[b], completions[b],
-                            routed_experts=None if routed is None else routed[b, Tp - p:Tp + n]))
+                            routed_experts=None if routed is None else routed[b, Tp - p:Tp + n],
+                            images=images_of(prompts[b])))
     return out
 
 

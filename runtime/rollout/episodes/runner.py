@@ -177,7 +177,8 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
         [TokenRow(prompt_ids[i // G], resp[i], lps[i], finish[i],
                   processor.prompt(prompt_text[i // G], images[i]) if images[i] else prompt_text[i // G],
                   finals[i], mask=mask[i], routed_experts=routes[i] if recorded else None,
-                  episode=Episode(convs[i], sum(r for _, r in steps[i]) if steps[i] else None, steps[i]))
+                  episode=Episode(convs[i], sum(r for _, r in steps[i]) if steps[i] else None, steps[i]),
+                  images=images[i])
          for i in range(B)], G, tokenizer.pad_token_id)
 
 

@@ -157,7 +157,7 @@ def test_hf_engine_rollout_and_trainer_logprobs_agree(policy, tmp_path):
     assert (batch.prompt_ids[0] == image_id).sum() == 4 and (batch.prompt_ids[2] == image_id).sum() == 8 + 4
     assert (batch.prompt_ids[4] == image_id).sum() == 0
     ids, attn, _ = model_inputs(batch)
-    vision = vision_inputs(model, batch.prompts, ids, attn)
+    vision = vision_inputs(model, batch.images, ids, attn)
     assert vision["pixel_values"].shape[0] == 2 * (16 + 32 + 16)  # each row's own images, G=2 rows each
     with torch.no_grad():
         lp = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], vision=vision)).logprobs
@@ -191,7 +191,6 @@ def test_trainer_packed_rows_are_no_longer_than_the_longest_sequence_by_default(
     """``train.packing_row_tokens`` null packs rows of at most the longest sequence, as for text: it
     put every sequence of the forward in one row (the shapes demo: 128 rows, one row of ~5800
     tokens, its attention ~10x slower than the padded forward) -- and packed == padded still."""
-    from rldsl.runtime.models.vision import VisionPrompt
     from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
     from rldsl.runtime.train.vision_rows import vision_inputs
     model, processor = policy
@@ -207,7 +206,7 @@ def test_trainer_packed_rows_are_no_longer_than_the_longest_sequence_by_default(
     for b, n in enumerate([4, 3, 2, 1]):  # real response tokens, right padded
         attn[b, prompt.shape[1] + n:] = 0
         ids[b, prompt.shape[1] + n:] = tok.pad_token_id
-    vision = vision_inputs(model, [VisionPrompt(text, [str(path)])] * 4, ids, attn, Tr)
+    vision = vision_inputs(model, [[str(path)]] * 4, ids, attn, Tr)
     rows: list[int] = []
     hook = model.model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[1]),
                                                  with_kwargs=True)

@@ -49,7 +49,7 @@ def data_url(i: int, size=(56, 56)) -> str:
 def recomputed(model, batch, packing: bool = False) -> torch.Tensor:
     """The trainer's logprobs of the batch's rows [B, Tr] (train/passes.py's inputs)."""
     ids, attn, _ = model_inputs(batch)
-    vision = vision_inputs(model, batch.prompts, ids, attn)
+    vision = vision_inputs(model, batch.images, ids, attn)
     assert vision is not None
     with torch.no_grad():
         lp = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], vision=vision),

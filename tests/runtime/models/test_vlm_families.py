@@ -55,7 +55,7 @@ def test_family_generates_and_its_rows_are_exact(vlm_family_model, family, tmp_p
     image_id = processor.image_token_id
     assert [int((batch.prompt_ids[i] == image_id).sum()) for i in range(0, 6, 2)] == [4, 8 + 9, 0]
     ids, attn, _ = model_inputs(batch)
-    vision = vision_inputs(model, batch.prompts, ids, attn)
+    vision = vision_inputs(model, batch.images, ids, attn)
     Tr = batch.response_ids.shape[1]
     with torch.no_grad():
         padded = token_logprobs(model, Forward(ids, attn, Tr, vision=vision)).logprobs

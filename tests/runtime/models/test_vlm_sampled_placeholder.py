@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 import vlm_model as fixture
-from rldsl.runtime.models.vision import VisionPrompt
 from rldsl.runtime.models.loading import load_policy
 from rldsl.runtime.models.vision import load_processor
 from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
@@ -35,8 +34,7 @@ def test_a_sampled_image_placeholder_is_a_text_token_to_the_trainer(vlm_model, t
     ids = torch.cat([out.sequences, torch.cat([enc["input_ids"], torch.tensor([forced[:2] + [tok.pad_token_id] * 2])], 1)])
     attn = torch.ones_like(ids)
     attn[1, -2:] = 0
-    prompts = [VisionPrompt(text, [str(path)])] * 2
-    vision = vision_inputs(model, prompts, ids, attn, Tr)
+    vision = vision_inputs(model, [[str(path)]] * 2, ids, attn, Tr)
     assert vision["mm_token_type_ids"][:, -Tr:].sum() == 0  # the prompt's 4 image tokens only
     assert vision["mm_token_type_ids"].sum(1).tolist() == [4, 4]
     with torch.no_grad():

@@ -25,6 +25,7 @@ from typing import Any, Collection, Sequence
 import torch
 
 from ....batch import RolloutBatch, TokenRow, repeat_each
+from ....data.images import images_of
 from ..base import SamplingParams, cut_at_first_stop
 from .weights import unpack_bucket
 
@@ -107,7 +108,8 @@ def outputs_to_rollout_batch(
                 enumerate(zip(rows, valid_ids))]
     completions = tokenizer.batch_decode(valid_ids, skip_special_tokens=True)
     return RolloutBatch.from_rows(
-        [TokenRow(p_ids, ids, lps, reason, prompt, completion) for (p_ids, _), ids, lps, reason, prompt, completion
+        [TokenRow(p_ids, ids, lps, reason, prompt, completion, images=images_of(prompt))
+         for (p_ids, _), ids, lps, reason, prompt, completion
          in zip(rows, valid_ids, logprobs, reasons, repeat_each(prompts, G), completions)],
         G, pad_id, width=Tr)
 
