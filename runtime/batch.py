@@ -123,13 +123,13 @@ class TokenRow:
                     URLs or paths), in token order
     """
 
-    prompt_ids: Sequence[int] | torch.Tensor
-    response_ids: Sequence[int] | torch.Tensor
-    logprobs: Sequence[float] | torch.Tensor
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    logprobs: Sequence[float]
     finish_reason: str
     prompt: str
     completion: str
-    mask: Sequence[int] | torch.Tensor | None = None
+    mask: Sequence[int] | None = None
     routed_experts: torch.Tensor | None = None
     episode: Episode | None = None
     images: Sequence[str] = ()
@@ -206,25 +206,23 @@ class RolloutBatch:
         columns, whichever is more (Tr; an engine keeps the columns it sampled); logprobs and the
         masks with 0, routing with -1 (:func:`routing_columns`). ``response_attention`` (1 on every
         response token) when a row has a loss mask of its own; ``episodes`` when every row has one."""
-        B = len(rows)
         Tp = max(len(r.prompt_ids) for r in rows)
         Tr = max(width, max(len(r.response_ids) for r in rows))
-        p_ids = torch.full((B, Tp), pad_id, dtype=torch.long)  # [B, Tp]
-        p_mask = torch.zeros((B, Tp), dtype=torch.long)  # [B, Tp]
-        r_ids = torch.full((B, Tr), pad_id, dtype=torch.long)  # [B, Tr]
-        r_mask = torch.zeros((B, Tr), dtype=torch.long)  # [B, Tr]
-        r_attn = torch.zeros((B, Tr), dtype=torch.long)  # [B, Tr]
-        logprobs = torch.zeros((B, Tr), dtype=torch.float32)  # [B, Tr]
-        for i, r in enumerate(rows):
-            p, n = len(r.prompt_ids), len(r.response_ids)
-            if p:
-                p_ids[i, Tp - p:] = torch.as_tensor(r.prompt_ids)
-                p_mask[i, Tp - p:] = 1
-            if n:
-                r_ids[i, :n] = torch.as_tensor(r.response_ids)
-                r_mask[i, :n] = 1 if r.mask is None else torch.as_tensor(r.mask)
-                r_attn[i, :n] = 1
-                logprobs[i, :n] = torch.as_tensor(r.logprobs, dtype=torch.float32)
+
+        def left(xs: Sequence, fill: Any) -> list:
+            return [fill] * (Tp - len(xs)) + list(xs)
+
+        def right(xs: Sequence, fill: Any) -> list:
+            return list(xs) + [fill] * (Tr - len(xs))
+
+        # one tensor per field from padded lists: a row's tensor operations cost more than its tokens
+        p_ids = torch.tensor([left(r.prompt_ids, pad_id) for r in rows], dtype=torch.long)  # [B, Tp]
+        p_mask = torch.tensor([left([1] * len(r.prompt_ids), 0) for r in rows], dtype=torch.long)  # [B, Tp]
+        r_ids = torch.tensor([right(r.response_ids, pad_id) for r in rows], dtype=torch.long)  # [B, Tr]
+        r_mask = torch.tensor([right([1] * len(r.response_ids) if r.mask is None else r.mask, 0) for r in rows],
+                              dtype=torch.long)  # [B, Tr]
+        r_attn = torch.tensor([right([1] * len(r.response_ids), 0) for r in rows], dtype=torch.long)  # [B, Tr]
+        logprobs = torch.tensor([right(r.logprobs, 0.0) for r in rows], dtype=torch.float32)  # [B, Tr]
         routed = routing_columns([r.routed_experts for r in rows], [len(r.prompt_ids) for r in rows], Tp, Tr)
         return cls(p_ids, p_mask, r_ids, r_mask, logprobs, [r.finish_reason for r in rows],
                    [r.prompt for r in rows], [r.completion for r in rows], group_size,

@@ -312,16 +312,14 @@ def _rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: tor
           completions: list[str], routed: torch.Tensor | None) -> list[TokenRow]:
     """The :class:`TokenRow` of each of the B sampled rows: prompt ids / mask [B, Tp] (left padded),
     response ids / mask / logprobs [B, Tr] (cut at the first stop), ``routed`` [B, Tp + Tr, Y, K]
-    (the trace's columns, None: not recorded)."""
+    (the trace's columns, None: not recorded). Each tensor becomes lists once, not a row at a time."""
     Tp = prompt_ids.shape[1]
-    out = []
-    for b in range(len(prompts)):
-        p, n = int(prompt_mask[b].sum()), int(response_mask[b].sum())
-        out.append(TokenRow(prompt_ids[b, Tp - p:], response_ids[b, :n], logprobs[b, :n],
-                            "stop" if finished[b] else "length", prompts[b], completions[b],
-                            routed_experts=None if routed is None else routed[b, Tp - p:Tp + n],
-                            images=images_of(prompts[b])))
-    return out
+    p_len, n_len = prompt_mask.sum(1).tolist(), response_mask.sum(1).tolist()  # [B] each
+    ids, resp, lps = prompt_ids.tolist(), response_ids.tolist(), logprobs.tolist()
+    return [TokenRow(ids[b][Tp - p:], resp[b][:n], lps[b][:n], "stop" if finished[b] else "length",
+                     prompts[b], completions[b], routed_experts=None if routed is None else routed[b, Tp - p:Tp + n],
+                     images=images_of(prompts[b]))
+            for b, (p, n) in enumerate(zip(p_len, n_len))]
 
 
 def _top_p(z: torch.Tensor, top_p: float) -> torch.Tensor:
