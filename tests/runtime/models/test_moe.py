@@ -18,7 +18,7 @@ from rldsl.runtime.models import moe
 from rldsl.runtime.models.loading import folder_is_moe, load_tokenizer
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
-from rldsl.runtime.train.logprobs import token_logprobs
+from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
 from rldsl.runtime.train.microbatch import trim
 
 from moe_helpers import check_episode_routing, forced_logprobs, move, routed_logprobs
@@ -315,7 +315,8 @@ def test_router_aux_is_the_load_balancing_loss(moe_model, arch):
     ids = torch.randint(0, 200, (1, 12))
     attn = torch.ones_like(ids)
     with moe.routing(model, replay=False, stats=None, aux=True):
-        lp, _, aux = token_logprobs(model, ids, attn, 11, with_router_aux=True)
+        out = token_logprobs(model, Forward(ids, attn, 11), LogprobOptions(router_aux=True))
+        lp, aux = out.logprobs, out.router_aux
     out = model(ids, output_router_logits=True)
     E, K = model.config.num_local_experts, model.config.num_experts_per_tok
     # the padded forward feeds ids[:, :-1]: the reference sees those tokens
