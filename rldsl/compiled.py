@@ -188,7 +188,9 @@ class CompiledAlgorithm:
                  reward_components: Tensor | None = None,
                  reward_weights: Tensor | None = None,
                  dense_rewards: Tensor | None = None,
-                 group_keys: Tensor | None = None, **more: Tensor) -> Estimate:
+                 group_keys: Tensor | None = None,
+                 prompt_mean: Tensor | None = None, prompt_var: Tensor | None = None,
+                 prompt_count: Tensor | None = None, **more: Tensor) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
 
         ``reward_baselines`` [B]: the reward of a greedy rollout of each row's prompt
@@ -204,6 +206,10 @@ class CompiledAlgorithm:
 
         ``group_keys`` [B] int: each row's key of the data field a component's ``group_by=FIELD``
         names (equal values, equal keys), read by the components that group by it.
+
+        ``prompt_mean`` / ``prompt_var`` / ``prompt_count`` [B]: the running statistics of each
+        row's prompt's finite rewards over every step it was seen in, this one included (the
+        caller keeps them across steps), read by formulas that name them.
 
         With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
         its rejections leave ``est.mask`` (denominator included) and its metrics join
