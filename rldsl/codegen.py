@@ -129,6 +129,7 @@ def _context(algo: Algorithm) -> dict[str, Any]:
         policy = algo["aggregation"]
         ctx["critic_shares_denominator"] = policy.component == name and comp.fn_params(policy.params) == \
             comp.fn_params(defaults)
+    ctx["kl_aggregation"] = _term_aggregation(algo) if ctx["kl_in_loss"] else None
     ctx["shaping"] = [_call(algo, v) for v in algo["shaping"] if not v.spec.off]
     ctx["filters"] = [_call(algo, v) for v in algo["filter"] if not v.spec.off]
     ctx["corrections"] = [_call(algo, v) for v in algo["correction"] if not v.spec.off]
@@ -139,6 +140,19 @@ def _context(algo: Algorithm) -> dict[str, Any]:
     ctx["uses_ratio"] = algo.uses_ratio  # facts: objective uses_ratio, kl k3 ratio_weighted in the loss
     ctx["with_metrics"] = True
     return ctx
+
+
+def _term_aggregation(algo: Algorithm) -> _Call | None:
+    """The KL term's own aggregation (kl ``aggregation=NAME``, per-term aggregation), at its
+    parameters' defaults; None: the term joins the per-token loss of the aggregation slot."""
+    name = algo["kl"].params.get("aggregation")
+    if name is None:
+        return None
+    comp = registry.get("aggregation", name)
+    defaults = {k: p.default for k, p in comp.params.items()}
+    return _Call(_name("aggregation", name), "".join(
+        f", {k}={literal(v, comp.params[k].choices)}" for k, v in comp.fn_params(defaults).items()),
+        f"kl aggregation={name}", comp.off)
 
 
 def _distill_context(algo: Algorithm) -> dict[str, Any]:

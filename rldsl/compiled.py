@@ -188,7 +188,9 @@ class CompiledAlgorithm:
                  reward_components: Tensor | None = None,
                  reward_weights: Tensor | None = None,
                  dense_rewards: Tensor | None = None,
-                 group_keys: Tensor | None = None, **more: Tensor) -> Estimate:
+                 group_keys: Tensor | None = None,
+                 prompt_mean: Tensor | None = None, prompt_var: Tensor | None = None,
+                 prompt_count: Tensor | None = None, **more: Tensor) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
 
         ``reward_baselines`` [B]: the reward of a greedy rollout of each row's prompt
@@ -204,6 +206,10 @@ class CompiledAlgorithm:
 
         ``group_keys`` [B] int: each row's key of the data field a component's ``group_by=FIELD``
         names (equal values, equal keys), read by the components that group by it.
+
+        ``prompt_mean`` / ``prompt_var`` / ``prompt_count`` [B]: the running statistics of each
+        row's prompt's finite rewards over every step it was seen in, this one included (the
+        caller keeps them across steps), read by formulas that name them.
 
         With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
         its rejections leave ``est.mask`` (denominator included) and its metrics join
@@ -309,10 +315,23 @@ class CompiledAlgorithm:
         agg = self.algorithm["aggregation"]
         self._check_inputs("denominator", "loss", self._given("loss", locals(), every=False))
         if agg.formula is not None:  # written in the spec: the count of its generated lines
-            return formula_hooks.denominator(agg, mask, group_size or 1)
+            return self._with_term_counts(formula_hooks.denominator(agg, mask, group_size or 1), mask, group_size)
         comp = agg.spec
         _, count = comp.fn(mask.float(), group_size or 1, **comp.fn_params(agg.params))
-        return count
+        return self._with_term_counts(count, mask, group_size)
+
+    def _with_term_counts(self, count: Tensor, mask: Tensor, group_size: int | None) -> Tensor:
+        """``count``, or [count, the KL term's count] when the KL term has its own aggregation
+        (kl ``aggregation=NAME``): the sum over micro-batches / ranks is elementwise, and each
+        term divides by its own entry."""
+        kl = self.algorithm["kl"]
+        name = kl.params.get("aggregation") if kl.stage == "loss" and not kl.spec.off else None
+        if name is None:
+            return count
+        comp = registry_get("aggregation", name)
+        defaults = {k: p.default for k, p in comp.params.items()}
+        _, own = comp.fn(mask.float(), group_size or 1, **comp.fn_params(defaults))
+        return torch.stack([torch.as_tensor(count, dtype=torch.float32), torch.as_tensor(own, dtype=torch.float32)])
 
     def value_denominator(self, mask: Tensor, group_size: int | None = None) -> Tensor:
         """The critic's local aggregation count (0-dim), for ``value_denominator=`` (summed the same way)."""

@@ -39,6 +39,8 @@ SOURCES = {
     "algorithm": "the compiled algorithm's own state at this optimizer step",
     "run": "the run's configuration",
     "teacher": "a no-grad forward of the teacher model (run config `teacher`) over the rollout",
+    "history": "the run's per-prompt statistics of the rewards of every step so far (kept across steps, "
+               "saved in checkpoints)",
 }
 
 
@@ -163,6 +165,16 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("dense_rewards", ("advantage",), "[B, T]", "float32",
           "each turn's (or step's) reward on the response token that ends it, weighted as its reward "
           "term; 0 elsewhere", "rollout", formula="r_dense", slots=("shaping", "baseline", "normalizer", "filter")),
+    Input("prompt_mean", ("advantage",), "[B]", "float32",
+          "the mean of the finite rewards of the row's prompt over every step it was seen in, this one "
+          "included (0 while it has none)", "history", formula="prompt_mean", slots=_ADVANTAGE_SLOTS,
+          finite=True),
+    Input("prompt_var", ("advantage",), "[B]", "float32",
+          "the population variance (divided by the count) of those rewards (0 while it has fewer than two)",
+          "history", formula="prompt_var", slots=_ADVANTAGE_SLOTS, finite=True),
+    Input("prompt_count", ("advantage",), "[B]", "float32",
+          "how many finite rewards of the row's prompt those are: G per step seen when none failed",
+          "history", formula="prompt_count", slots=_ADVANTAGE_SLOTS, finite=True),
     Input("teacher_logprobs", ("loss",), "[B, T]", "float32",
           "the teacher's logprobs of the sampled tokens", "teacher", arg="teacher_logp", teacher=True,
           formula="teacher_logp", slots=("kl",) + _LOSS_SLOTS),

@@ -18,6 +18,12 @@ SCALE = {"scale": "beta"}  # beta 0 leaves the KL term with nothing to do
 BETA = Float(doc="penalty coefficient", ge=0, runtime=True)
 WHERE = Choice(("loss", "reward"), "loss", "in the loss, or subtracted from the reward", runtime=True,
                stages={"loss": "loss", "reward": "advantage"})
+#: a KL term in the loss aggregated on its own (per-term aggregation): its own weights and count
+#: (a second entry of ``denominator()``), added to the policy loss aggregated by the aggregation slot
+AGGREGATION = Choice(("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "token_sum"),
+                     None, "aggregate the KL term on its own (where=loss): sum(kl * weights) / count of this "
+                     "aggregation, added to the policy loss's own; absent: the aggregation slot's, one sum",
+                     runtime=True, when=("where", "loss"))
 NEEDS = ("old_logprobs", "ref_logprobs")  # in the reward it is computed on the old logprobs
 STRAIGHT_THROUGH = Bool(False, "value of this estimator, gradient of k2 (verl's '+' suffix: k1+, k3+, abs+)")
 
@@ -39,7 +45,7 @@ def none(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     return torch.zeros_like(logp)
 
 
-@register("kl", needs=NEEDS, uses_ratio=False, roles=SCALE, beta=BETA, where=WHERE, straight_through=STRAIGHT_THROUGH)
+@register("kl", needs=NEEDS, uses_ratio=False, roles=SCALE, beta=BETA, where=WHERE, aggregation=AGGREGATION, straight_through=STRAIGHT_THROUGH)
 def k1(logp: Tensor, ref_logp: Tensor, rho: Tensor, straight_through: bool = False) -> Tensor:
     """The naive estimator (log ratio).
 
@@ -52,7 +58,7 @@ def k1(logp: Tensor, ref_logp: Tensor, rho: Tensor, straight_through: bool = Fal
     return _straight_through(k, logp, ref_logp) if straight_through else k
 
 
-@register("kl", needs=NEEDS, uses_ratio=False, roles=SCALE, beta=BETA, where=WHERE)
+@register("kl", needs=NEEDS, uses_ratio=False, roles=SCALE, beta=BETA, where=WHERE, aggregation=AGGREGATION)
 def k2(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     """Half squared log ratio.
 
@@ -63,7 +69,7 @@ def k2(logp: Tensor, ref_logp: Tensor, rho: Tensor) -> Tensor:
     return 0.5 * (logp - ref_logp) ** 2
 
 
-@register("kl", needs=NEEDS, uses_ratio="ratio_weighted", roles=SCALE, beta=BETA, where=WHERE,
+@register("kl", needs=NEEDS, uses_ratio="ratio_weighted", roles=SCALE, beta=BETA, where=WHERE, aggregation=AGGREGATION,
           clamp=Bool(False, "verl's clamps: exponent to [-20, 20], value to [-10, 10]"),
           ratio_weighted=Bool(False, "multiply by rho (TRL use_bias_correction_kl=True)"),
           straight_through=STRAIGHT_THROUGH)
@@ -90,7 +96,7 @@ def k3(logp: Tensor, ref_logp: Tensor, rho: Tensor, clamp: bool, ratio_weighted:
     return k
 
 
-@register("kl", "abs", needs=NEEDS, uses_ratio=False, roles=SCALE, beta=BETA, where=WHERE, straight_through=STRAIGHT_THROUGH)
+@register("kl", "abs", needs=NEEDS, uses_ratio=False, roles=SCALE, beta=BETA, where=WHERE, aggregation=AGGREGATION, straight_through=STRAIGHT_THROUGH)
 def abs_(logp: Tensor, ref_logp: Tensor, rho: Tensor, straight_through: bool = False) -> Tensor:
     """Absolute log ratio.
 

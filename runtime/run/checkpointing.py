@@ -23,6 +23,8 @@ def _extra_state(s: Run, step: int, algorithm: dict[str, Any],
         extra["teacher_ema"] = teacher
     if loss_scale is not None:  # model.dtype=float16: the loss scale and its count of finite steps
         extra["loss_scale"] = loss_scale
+    if s.prompt_stats is not None:  # the per-prompt statistics a spec reads (prompt_mean, ...)
+        extra["prompt_stats"] = s.prompt_stats.state_dict()
     if queued is not None:  # asynchronous rollouts: the batches generated ahead, as plain values
         extra["queued"] = [{"step": p.step, "version": p.version, "batch": _plain_batch(p.value.batch),
                             "rewards": p.value.rewards, "ids": p.value.prompt_ids, "metrics": p.value.metrics}
@@ -73,6 +75,8 @@ def restore(s: Run, path: Path) -> int:
     s.trainers.load_checkpoint(c)  # weights, critic, algorithm state, optimizers, scheduler
     s.prompts.load_state_dict(c.extra["data"])
     s.queued = restored_queue(c.extra)
+    if s.prompt_stats is not None and "prompt_stats" in c.extra:
+        s.prompt_stats.load_state_dict(c.extra["prompt_stats"])
     s.rollouts.load_weights(s.trainers.weights(), c.step)
     restore_rng(c.rng)  # last: no draw between the restore and the next step
     ckpt.set_aside_after(s.run_dir, c.step)  # newer, damaged ones (passed over, said): kept aside

@@ -70,6 +70,9 @@ class Run:
     warnings: list[SpecWarning] = field(default_factory=list)
     eval_sets: list[EvalSet] = field(default_factory=list)
     queued: list[Produced[StepRollout]] = field(default_factory=list)  # restored batches of an asynchronous run
+    # the per-prompt reward statistics across steps (records/prompt_stats.py's PromptStats), kept
+    # only when the spec reads them (prompt_mean, prompt_var, prompt_count); saved in checkpoints
+    prompt_stats: Any = None
 
     @property
     def multi_turn(self) -> bool:

@@ -45,7 +45,7 @@ def rollout_step(s: Run, step: int) -> StepRollout:
     logged = step + 1  # the step's number in metrics.jsonl and the console (``step`` counts from 0)
     side = rollout_inputs.RolloutSide(s.rollouts.generate, [(t.name, t.weight) for t in s.reward.terms],
                                       cfg.max_new_tokens, s.warn, logged, s.multi_turn, s.tokenizer,
-                                      s.fn.algorithm.group_by) if producers else None
+                                      s.fn.algorithm.group_by, s.prompt_stats) if producers else None
     timed_inputs: dict[str, float] = {p.time_metric: 0.0 for p in producers if p.time_metric}
     for r in range(rounds):
         used = r + 1

@@ -32,6 +32,7 @@ from rldsl import inputs as table
 from ..batch import RolloutBatch, repeat_each
 from ..data.datasets import Example, rollout_prompts
 from ..errors import ConfigError, DataError, RunError
+from ..records.prompt_stats import prompt_key
 from ..rewards.functions import RewardResult, gives_turn_rewards
 from ..rollout.engines.base import SamplingParams
 
@@ -56,6 +57,7 @@ class RolloutSide:
     multi_turn: bool = False  # multi-turn episodes: generate starts from the rows' own prompts
     tokenizer: Any = None  # the policy's: where a process reward's steps end in its tokens
     group_by: str | None = None  # the data field a spec's group_by=FIELD names (Algorithm.group_by)
+    prompt_stats: Any = None  # the run's PromptStats (records/prompt_stats.py) when the spec reads them
 
 
 class Forwards(NamedTuple):
@@ -92,6 +94,11 @@ def wanted(stage: str, algo: Algorithm) -> list[str]:
     """The inputs a call of ``stage`` gets: those it always takes, and those the algorithm reads."""
     reads = set(algo.needs())
     return [i.name for i in table.of_stage(stage) if stage in i.always or i.name in reads]
+
+
+def reads_history(algo: Algorithm) -> bool:
+    """The algorithm reads the run's per-prompt statistics across steps: the run keeps them."""
+    return any(table.INPUTS[x].source == "history" for x in algo.needs())
 
 
 def reads_engine(algo: Algorithm) -> bool:
@@ -299,6 +306,19 @@ def check_per_turn_rewards(reward_terms: list[tuple[str, float]], multi_turn: bo
                           "multi-turn rollout")
 
 
+def prompt_statistics(side: RolloutSide, batch: RolloutBatch, scored: RewardResult,
+                      prompts: list[Example]) -> tuple[RolloutBatch, float]:
+    """``prompt_mean``, ``prompt_var``, ``prompt_count`` [B]: the statistics of each row's prompt's
+    finite rewards over every step (every sampling round) it was seen in, this one's folded in
+    first (records/prompt_stats.py); the run's state, on the driver, saved in checkpoints."""
+    if side.prompt_stats is None:
+        raise RunError("the spec reads per-prompt statistics but the run keeps none")
+    keys = [prompt_key(e.prompt) for e in prompts]
+    side.prompt_stats.update(keys, scored.rewards)
+    made = side.prompt_stats.read(keys, batch.group_size)
+    return _with(batch, **{k: v.to(batch.response_ids.device) for k, v in made.items()}), 0.0
+
+
 def _with(batch: RolloutBatch, **made: Tensor) -> RolloutBatch:
     """``batch`` with inputs added to its ``inputs``."""
     return dataclasses.replace(batch, inputs={**batch.inputs, **made})
@@ -316,6 +336,7 @@ class RolloutInputMaker:
 
 _GREEDY = RolloutInputMaker(greedy_baselines, "time/greedy_s")
 _PER_FUNCTION = RolloutInputMaker(per_function_rewards)
+_PROMPT_STATS = RolloutInputMaker(prompt_statistics)
 
 ROLLOUT: dict[str, RolloutInputMaker] = {
     "reward_baselines": _GREEDY,
@@ -323,6 +344,9 @@ ROLLOUT: dict[str, RolloutInputMaker] = {
     "reward_weights": _PER_FUNCTION,  # made together with the components
     "dense_rewards": RolloutInputMaker(per_turn_rewards, check=check_per_turn_rewards),
     "group_keys": RolloutInputMaker(field_keys),
+    "prompt_mean": _PROMPT_STATS,  # the three made together
+    "prompt_var": _PROMPT_STATS,
+    "prompt_count": _PROMPT_STATS,
 }
 
 
@@ -360,6 +384,9 @@ ESTIMATE: dict[str, Callable[[Trainer, RolloutBatch, Forwards], Any]] = {
     "reward_weights": lambda tr, r, f: r.inputs.get("reward_weights"),
     "dense_rewards": lambda tr, r, f: r.inputs.get("dense_rewards"),
     "group_keys": lambda tr, r, f: r.inputs.get("group_keys"),
+    "prompt_mean": lambda tr, r, f: r.inputs.get("prompt_mean"),
+    "prompt_var": lambda tr, r, f: r.inputs.get("prompt_var"),
+    "prompt_count": lambda tr, r, f: r.inputs.get("prompt_count"),
 }
 
 
