@@ -133,6 +133,8 @@ class RolloutBatch:
                     ``model_inputs``' columns; -1 where nothing was recorded (padding, a response's
                     last token, an engine that cannot record); None = not recorded
                     (runtime/models/moe.py, ``rollout.routing_replay``)
+    replayed        [B] bool (``sampling replay``, rollout/replay.py): the rows of groups replayed
+                    from earlier steps; the trainer takes their ``logprobs`` as pi_old; None = none
     """
 
     prompt_ids: torch.Tensor
@@ -157,6 +159,9 @@ class RolloutBatch:
     # a privileged teacher's prompt of each row (teacher.context_key), as token ids; empty = none
     teacher_prompt_ids: list[list[int]] = field(default_factory=list)
     routed_experts: torch.Tensor | None = None
+    # sampling replay (rollout/replay.py): [B] bool, True on the rows of a replayed group, whose
+    # ``logprobs`` (the behaviour policy's, recorded) are their pi_old; None = no replayed row
+    replayed: torch.Tensor | None = None
 
     @property
     def attention(self) -> torch.Tensor:
@@ -187,7 +192,8 @@ class RolloutBatch:
                             {k: v[rows] for k, v in self.reward_terms.items()},
                             [self.teacher_prompt_ids[i] for i in keep] if self.teacher_prompt_ids else [],
                             None if self.routed_experts is None else self.routed_experts[rows.to(
-                                self.routed_experts.device)])
+                                self.routed_experts.device)],
+                            replayed=None if self.replayed is None else self.replayed[rows.to(self.replayed.device)])
 
     def select_groups(self, groups: Sequence[int]) -> "RolloutBatch":
         """The batch of whole prompt groups (group g = rows g*G .. g*G+G-1)."""
@@ -246,6 +252,9 @@ class RolloutBatch:
             if all(b.teacher_prompt_ids for b in batches) else [],
             routed_experts=None if any(b.routed_experts is None for b in batches) else
             torch.cat([_pad_routing(b, Tp, Tr) for b in batches]),
+            replayed=None if all(b.replayed is None for b in batches) else
+            torch.cat([torch.zeros(len(b), dtype=torch.bool) if b.replayed is None else b.replayed.cpu()
+                       for b in batches]),
         )
 
 

@@ -16,6 +16,7 @@ import rldsl
 from ..config import RunConfig
 from ..models.loading import disable_transformers_progress
 from ..records.rng import seed_all
+from ..rollout.replay import ReplayBuffer
 from ..workers.start import start_workers
 from .plan import load_spec, plan_run
 from .state import Plan, Run
@@ -30,8 +31,9 @@ def build(plan: Plan, run_dir: Path) -> Run:
     seed_all(cfg.seed)
     fn = rldsl.compile(algo)
     rollouts, trainers = start_workers(cfg, algo, fn, plan.model_path, tok, plan.reward, run_dir)
+    replay = None if fn.data.replay_policy is None else ReplayBuffer(fn.data.replay_policy, tok.pad_token_id)
     return Run(cfg, algo, fn, run_dir, tok, plan.prompts, plan.heldout, rollouts, trainers, plan.reward,
-               notes=plan.notes, warnings=plan.warnings, eval_sets=plan.eval_sets)
+               notes=plan.notes, warnings=plan.warnings, eval_sets=plan.eval_sets, replay=replay)
 
 
 def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = None) -> Run:

@@ -70,6 +70,8 @@ class Run:
     warnings: list[SpecWarning] = field(default_factory=list)
     eval_sets: list[EvalSet] = field(default_factory=list)
     queued: list[Produced[StepRollout]] = field(default_factory=list)  # restored batches of an asynchronous run
+    # sampling replay: the run's rollout/replay.ReplayBuffer (made by build, saved with checkpoints); None: none
+    replay: Any = None
 
     @property
     def multi_turn(self) -> bool:
