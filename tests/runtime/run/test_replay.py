@@ -196,3 +196,47 @@ def test_the_substitution_rule_is_trls(tokenizer, tiny_model_factory):
         # each replayed group is one the buffer holds
         for g in replaced:
             assert r.reward_prompts[g] in {k[0] for k in ours}
+
+
+REPLAY_SPEC = '''algorithm grpo_mix_replay extends grpo
+  "GRPO with half of each step's groups replayed by priority."
+  sampling      replay(capacity=4, use=mix, mix=0.5, priority="std * sum(abs(adv))", max_age=3)
+'''
+
+
+@pytest.mark.slow
+def test_a_run_stopped_after_a_checkpoint_and_resumed_equals_its_uninterrupted_twin(model_dir, tmp_path):
+    """The buffer is saved with the checkpoint (its groups, their versions and priorities, the
+    arrival counter) and restored: the resumed steps draw and train what the uninterrupted run does."""
+    from safetensors.torch import load_file
+
+    from rldsl.runtime.records import checkpoint as ckpt
+    from rldsl.runtime.run import loop
+    from small_run import small_run, steps_of, without_timing
+
+    spec = tmp_path / "replay.rl"
+    spec.write_text(REPLAY_SPEC, encoding="utf-8")
+    full = loop.train(str(spec), small_run(model_dir, tmp_path / "full", **{"train.steps": 6, "checkpoint.every": 2}))
+    cut = loop.train(str(spec), small_run(model_dir, tmp_path / "cut", **{"train.steps": 6, "checkpoint.every": 2}),
+                     stop_after=3)
+    assert ckpt.latest_checkpoint(cut).name == "step-3"
+    saved = ckpt.load_checkpoint(ckpt.latest_checkpoint(cut)).extra["replay"]
+    assert saved["entries"] and saved["seq"] >= len(saved["entries"])
+    loop.train(str(spec), resume=cut)
+    records = steps_of(full)
+    assert any(r[FRACTION] > 0 for r in records[3:]), "the steps after the cut replay groups"
+    assert without_timing(steps_of(cut)) == without_timing(records)
+    a = load_file(str(ckpt.latest_checkpoint(full) / "policy" / "model.safetensors"))
+    b = load_file(str(ckpt.latest_checkpoint(cut) / "policy" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_replay_is_refused_where_it_is_not_tested_yet():
+    from rldsl.runtime.errors import RunError
+    from rldsl.runtime.resolve import check_replay
+
+    algo = rldsl.loads(REPLAY_SPEC, "replay.rl")
+    check_replay(algo, load_config(None, []))
+    with pytest.raises(RunError, match="rollout.max_staleness > 0"):
+        check_replay(algo, load_config(None, ["rollout.max_staleness=1"]))
+    check_replay(rldsl.load("grpo"), load_config(None, ["rollout.max_staleness=1"]))
