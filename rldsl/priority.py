@@ -30,12 +30,10 @@ ELEMENTWISE = {"abs": "abs", "sqrt": "sqrt", "exp": "exp", "log": "log"}
 _OPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div"}
 
 
-class FormulaError(ValueError):
-    """A priority formula that cannot be read; ``column`` is 0-based in the formula's text."""
-
-    def __init__(self, message: str, column: int = 0, length: int = 1, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.column, self.length, self.hint = column, length, hint
+def FormulaError(message: str, column: int = 0, length: int = 1, hint: str | None = None) -> ValueError:
+    """A priority formula that cannot be read: ``ValueError(message, column, length, hint)``, the
+    column 0-based in the formula's text (the spec reports it at its file:line:col, spec.py)."""
+    return ValueError(message, column, length, hint)
 
 
 @dataclass(frozen=True)
@@ -57,16 +55,27 @@ class GroupFormula:
 
 
 def parse(text: str) -> GroupFormula:
-    """Check a priority formula; a :class:`FormulaError` says what is wrong and where."""
+    """Check a priority formula; a ValueError (:func:`FormulaError`) says what is wrong and where."""
+    lead = len(text) - len(text.lstrip())  # columns count from the text as written
+    try:
+        return _parse(text)
+    except ValueError as e:
+        if len(e.args) != 4:
+            raise
+        message, column, length, hint = e.args
+        raise FormulaError(message, column + lead, length, hint) from None
+
+
+def _parse(text: str) -> GroupFormula:
     try:
         tree = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as e:
         raise FormulaError(f"cannot read the priority formula: {e.msg}", max(0, (e.offset or 1) - 1),
                            hint="e.g. priority=\"std * sum(abs(adv))\"") from None
-    shape = _shape(tree)
-    if shape != "1":
+    if _shape(tree) != "1":
         raise FormulaError("a priority is one number per group, but this formula gives one per sample [G]",
-                           0, len(text), hint="reduce it over the group: sum(...), mean(...), max(...) or min(...)")
+                           0, len(text.strip()),
+                           hint="reduce it over the group: sum(...), mean(...), max(...) or min(...)")
     return GroupFormula(text, tree)
 
 

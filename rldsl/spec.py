@@ -213,9 +213,10 @@ def _convert_formula(arg: ArgNode, p: registry.Param, errors: ErrorList) -> tupl
     text = v[1:-1]
     try:
         priority.parse(text)
-    except priority.FormulaError as e:
-        errors.add(f"argument '{arg.name.text}': {e}",
-                   Span(span.file, span.line, span.column + 1 + e.column, e.length), hint=e.hint)
+    except ValueError as e:
+        message, column, length, hint = e.args if len(e.args) == 4 else (str(e), 0, 1, None)
+        errors.add(f"argument '{arg.name.text}': {message}",
+                   Span(span.file, span.line, span.column + 1 + column, length), hint=hint)
         return False, None
     return True, text
 

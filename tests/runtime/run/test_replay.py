@@ -56,11 +56,12 @@ def _run(model, tokenizer, replay: str, steps):
     cfg = load_config(None, ["rollout.prompts_per_step=4", f"rollout.n={G}", "rollout.max_new_tokens=5",
                              "rollout.temperature=1.0", "train.lr=0.05"])
     fn = rldsl.compile(rldsl.loads(_spec(replay), "replay.rl"), compile=False)
+    policy = fn.data.replay_policy
     examples = [Example(id=i, prompt=f"{i}+{i}=", answer=str(2 * i)) for i in range(10, 40)]
     s = SimpleNamespace(cfg=cfg, fn=fn, prompts=PromptSource(examples, seed=0), tokenizer=tokenizer,
                         rollouts=ScriptedRollouts(model, tokenizer, steps), reward=RewardFn("exact"),
                         warn=print, multi_turn=False, rollout_prompts=lambda ex: rollout_prompts(ex, False),
-                        replay=ReplayBuffer(fn.data.replay_policy, tokenizer.pad_token_id))
+                        replay=None if policy is None else ReplayBuffer(policy, tokenizer.pad_token_id))
     trainer = Trainer(fn, model, optimizer=build_optimizer(model.parameters(), cfg.train))
     return s, trainer
 
@@ -240,3 +241,17 @@ def test_replay_is_refused_where_it_is_not_tested_yet():
     with pytest.raises(RunError, match="rollout.max_staleness > 0"):
         check_replay(algo, load_config(None, ["rollout.max_staleness=1"]))
     check_replay(rldsl.load("grpo"), load_config(None, ["rollout.max_staleness=1"]))
+
+
+def test_without_replay_the_step_is_unchanged(tokenizer, tiny_model_factory, monkeypatch):
+    """sampling once: no buffer, no replay/* metric, no `replayed` rows, and the trainer never
+    enters the replayed rows' path (its pi_old is what it was)."""
+    model = tiny_model_factory(tokenizer, seed=5)
+    s, trainer = _run(model, tokenizer, "once", [[[0, 1, 0, 0], [1, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 0]]])
+    assert s.fn.data.replay_policy is None
+    s.replay = None  # what build() gives a spec without replay
+    monkeypatch.setattr(Trainer, "_replayed_old", lambda *a: pytest.fail("replay path taken without replay"))
+    r = step_batch.rollout_step(s, 0)
+    assert r.batch.replayed is None and not any(k.startswith("replay/") for k in r.metrics)
+    tb = trainer.estimate(r.batch, r.scored)
+    assert tb.old_logprobs is None and not any(k.startswith("replay/") for k in tb.metrics)
