@@ -19,6 +19,7 @@ from .components.data import informative as _informative
 from .components.filter import pass_rates as _pass_rates, retired as _retired
 from .formula import hooks as formula_hooks
 from .generated import load_function
+from .priority import ReplayPolicy
 from .registry import get as registry_get
 from .spec import Algorithm
 
@@ -61,6 +62,7 @@ class DataPlan:
     left out, never counted as 0."""
 
     dynamic_rounds: int = 1
+    replay_policy: ReplayPolicy | None = None  # sampling replay(...): the whole policy (rldsl/priority.py)
     pass_rate_cap: float | None = None
     teacher_topk: int | None = None
     jsd_beta: float | None = None
@@ -101,7 +103,8 @@ class CompiledAlgorithm:
         self._loss_no_metrics_source = gen.loss_source_no_metrics
         self._loss_no_metrics: Callable[..., Any] | None = None  # built at first use
         self.state: dict[str, Tensor] = {}
-        self.data = DataPlan(**{f: v.params[p] for v in algo.active() for f, p in v.spec.facts.plan.items()})
+        self.data = DataPlan(**{f: ReplayPolicy.of(v.params) if f == "replay_policy" else v.params[p]
+                                for v in algo.active() for f, p in v.spec.facts.plan.items()})
 
     def _build(self, source: str, eager: Callable[..., Any]) -> Callable[..., Any]:
         """torch.compile ``eager`` once per process per source (or keep it eager)."""

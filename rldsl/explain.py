@@ -14,6 +14,7 @@ from typing import Any
 from . import registry
 from .formula import hooks as formula_hooks
 from .inputs import INPUTS
+from .priority import ReplayPolicy
 from .registry import format_value
 from .spec import Algorithm
 from .values import SlotValue
@@ -68,7 +69,10 @@ def fact_notes(comp: registry.Component, values: dict[str, Any] | None = None) -
         notes.append(f"requires {r.slot} {r.component}")
     for field, p in f.plan.items():
         val = format_value(values[p]) if values is not None else p
-        notes.append(f"carried out by the runtime: data.{field} = {val}")
+        if field == "replay_policy" and values is not None:  # sampling replay: its whole policy
+            notes.append("carried out by the runtime: " + ReplayPolicy.of(values).describe())
+        else:
+            notes.append(f"carried out by the runtime: data.{field} = {val}")
     for k, p in comp.params.items():  # group_by=FIELD: the groups its formula's g(i) means
         if p.kind == "field" and values is not None and values.get(k) is not None:
             notes.append(f"groups: the rows with the same {values[k]} (across prompts)")

@@ -39,7 +39,8 @@ REQUIRED: Any = _Required()
 class Param:
     """A typed component parameter.
 
-    kind: "float" | "int" | "bool" | "choice" | "field" (a data field's name). ``default`` is
+    kind: "float" | "int" | "bool" | "choice" | "field" (a data field's name) | "formula" (one of
+    ``choices`` or a quoted group formula, rldsl/priority.py). ``default`` is
     REQUIRED, None (optional, absent unless given) or a value. Bounds are inclusive (ge/le) or exclusive (gt/lt).
     ``runtime`` params shape the generated code (e.g. where a KL term goes) instead of
     being passed to the component function. ``stages`` maps each choice to the stage the
@@ -76,7 +77,8 @@ class Param:
 
     def describe(self) -> str:
         """e.g. ``float > 0, default 0.2``."""
-        parts = [{"choice": "|".join(self.choices), "field": "a data field's name"}.get(self.kind, self.kind)]
+        parts = [{"choice": "|".join(self.choices), "field": "a data field's name",
+                  "formula": "|".join(self.choices) + "|\"a group formula\""}.get(self.kind, self.kind)]
         for sym, v in (("> ", self.gt), (">= ", self.ge), ("< ", self.lt), ("<= ", self.le)):
             if v is not None:
                 parts.append(f"{sym}{format_value(v)}")
@@ -124,6 +126,12 @@ def Choice(choices: tuple[str, ...], default: Any = REQUIRED, doc: str = "", **k
     return Param("choice", default, doc, choices=tuple(choices), **kw)
 
 
+def Formula(choices: tuple[str, ...], default: Any = REQUIRED, doc: str = "", **kw: Any) -> Param:
+    """A word among ``choices`` or a quoted group formula (rldsl/priority.py): ``priority=uniform``,
+    ``priority="std * sum(abs(adv))"``; the spec checks the formula's names and shape."""
+    return Param("formula", default, doc, choices=tuple(choices), **kw)
+
+
 def Field(doc: str = "", **kw: Any) -> Param:
     """An optional parameter naming a data field (``group_by=role``); None: not given."""
     return Param("field", None, doc, **kw)
@@ -149,6 +157,7 @@ def format_value(v: Any) -> str:
 PLAN: dict[str, str] = {
     # what the runtime carries out, as fields of CompiledAlgorithm.data (DataPlan)
     "dynamic_rounds": "generation rounds per step (1 unless sampling resamples)",
+    "replay_policy": "sampling replay's policy, set from its capacity (rldsl/priority.ReplayPolicy; None: no replay)",
     "pass_rate_cap": "prompts whose pass rate is above it leave later epochs (None: none do)",
     "teacher_topk": "tokens per position the teacher returns with their logprobs (None: no top-k)",
     "jsd_beta": "the generalized JSD's beta the update computes over the vocabulary (None: none)",
@@ -294,7 +303,8 @@ SLOTS: dict[str, Slot] = {s.name: s for s in [
          "(batch) -> keep [B]",
          "samples removed from the loss (masked, never dropped from metrics)", multi=True),
     Slot("sampling", "data", "once", "-",
-         "how the runtime draws groups (once, or resampling until groups have mixed outcomes)"),
+         "how the runtime draws groups (once, resampling until groups have mixed outcomes, or replaying "
+         "kept groups)"),
     Slot("correction", "loss", "none",
          "(old_logp [B, T], rollout_logp [B, T], mask [B, T]) -> (weight [B, T], keep [B, T], metrics)",
          "the train/inference mismatch: importance weights on the policy loss, rejected tokens",

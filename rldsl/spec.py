@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from . import registry
+from . import priority, registry
 from .errors import ErrorList, Span, SpecError, SpecErrors
 from .suggest import did_you_mean
 from .formula import hooks as formula_hooks
@@ -154,6 +154,8 @@ def _convert(arg: ArgNode, p: registry.Param, errors: ErrorList) -> tuple[bool, 
     """Type a literal for parameter ``p``; report and return (False, None) on a mismatch."""
     v, span = arg.value.text, arg.value.span
     name = arg.name.text
+    if p.kind == "formula":
+        return _convert_formula(arg, p, errors)
     if arg.kind == "string":
         errors.add(f"argument '{name}' takes {_kind_words(p)}, not a string", span,
                    hint="strings are only allowed in the description")
@@ -198,6 +200,27 @@ def _convert(arg: ArgNode, p: registry.Param, errors: ErrorList) -> tuple[bool, 
     return False, None
 
 
+def _convert_formula(arg: ArgNode, p: registry.Param, errors: ErrorList) -> tuple[bool, ParamValue]:
+    """A ``formula`` parameter: one of its words, or a quoted group formula checked here (its
+    names and its shape: one number per group), an error pointing into the string."""
+    v, span = arg.value.text, arg.value.span
+    if arg.kind == "word" and v in p.choices:
+        return True, v
+    if arg.kind != "string":
+        errors.add(f"argument '{arg.name.text}' takes {_kind_words(p)}, got {v!r}", span,
+                   hint=did_you_mean(v, p.choices) or 'e.g. priority="std * sum(abs(adv))"')
+        return False, None
+    text = v[1:-1]
+    try:
+        priority.parse(text)
+    except ValueError as e:
+        message, column, length, hint = e.args if len(e.args) == 4 else (str(e), 0, 1, None)
+        errors.add(f"argument '{arg.name.text}': {message}",
+                   Span(span.file, span.line, span.column + 1 + column, length), hint=hint)
+        return False, None
+    return True, text
+
+
 def _a(word: str) -> str:
     """``word`` with its indefinite article: "a baseline", "an objective"."""
     return ("an " if word[:1] in "aeiou" else "a ") + word
@@ -206,7 +229,8 @@ def _a(word: str) -> str:
 def _kind_words(p: registry.Param) -> str:
     return {"float": "a number", "int": "a whole number", "bool": "true or false",
             "choice": "one of " + ", ".join(repr(c) for c in p.choices),
-            "field": "the name of a data field"}[p.kind]
+            "field": "the name of a data field",
+            "formula": " or ".join(repr(c) for c in p.choices) + " or a quoted group formula"}[p.kind]
 
 
 def _check_component(slot: str, node: ComponentNode, algorithm: str,

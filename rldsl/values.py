@@ -65,4 +65,11 @@ class SlotValue(BaseModel):
                  if v is not None and (k not in params or params[k].used(self.params))}
         if not given:
             return self.component
-        return f"{self.component}(" + ", ".join(f"{k}={format_value(v)}" for k, v in given.items()) + ")"
+        return f"{self.component}(" + ", ".join(f"{k}={_spec_value(params.get(k), v)}" for k, v in given.items()) + ")"
+
+
+def _spec_value(p: Any, v: Any) -> str:
+    """A value as a spec writes it: a group formula (a ``formula`` parameter's text) in quotes."""
+    if p is not None and p.kind == "formula" and v not in p.choices:
+        return f'"{v}"'
+    return format_value(v)

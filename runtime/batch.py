@@ -174,6 +174,8 @@ class RolloutBatch:
     images          B x the images each row's ids hold (references: data: URLs or paths), in token
                     order (a vision-language policy's, docs/vlm.md); empty = no row has one. The
                     trainer's forwards read their pixels (train/vision_rows.py ``vision_inputs``)
+    replayed        [B] bool (``sampling replay``, rollout/replay.py): the rows of groups replayed
+                    from earlier steps; the trainer takes their ``logprobs`` as pi_old; None = none
     """
 
     prompt_ids: torch.Tensor
@@ -199,6 +201,10 @@ class RolloutBatch:
     teacher_prompt_ids: list[list[int]] = field(default_factory=list)
     routed_experts: torch.Tensor | None = None
     images: list[list[str]] = field(default_factory=list)
+
+    # sampling replay (rollout/replay.py): [B] bool, True on the rows of a replayed group, whose
+    # ``logprobs`` (the behaviour policy's, recorded) are their pi_old; None = no replayed row
+    replayed: torch.Tensor | None = None
 
     @classmethod
     def from_rows(cls, rows: Sequence[TokenRow], group_size: int, pad_id: int, width: int = 1) -> "RolloutBatch":
@@ -261,7 +267,8 @@ class RolloutBatch:
                             _picked(self.teacher_prompt_ids, keep),
                             None if self.routed_experts is None else self.routed_experts[rows.to(
                                 self.routed_experts.device)],
-                            _picked(self.images, keep))
+                            _picked(self.images, keep),
+                            replayed=None if self.replayed is None else self.replayed[rows.to(self.replayed.device)])
 
     def select_groups(self, groups: Sequence[int]) -> "RolloutBatch":
         """The batch of whole prompt groups (group g = rows g*G .. g*G+G-1)."""
@@ -321,6 +328,9 @@ class RolloutBatch:
             routed_experts=None if any(b.routed_experts is None for b in batches) else
             torch.cat([_pad_routing(b, Tp, Tr) for b in batches]),
             images=_optional_rows(sum((b.images or [[] for _ in range(len(b))] for b in batches), [])),
+            replayed=None if all(b.replayed is None for b in batches) else
+            torch.cat([torch.zeros(len(b), dtype=torch.bool) if b.replayed is None else b.replayed.cpu()
+                       for b in batches]),
         )
 
 

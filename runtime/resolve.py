@@ -85,6 +85,21 @@ def check_async(algo: Algorithm, cfg: RunConfig) -> None:
                            f"{cfg.rollout.max_staleness} (use 0, or drop the filter)")
 
 
+def check_replay(algo: Algorithm, cfg: RunConfig) -> None:
+    """``sampling replay`` runs where its exactness is tested (docs/replay.md): a synchronous run
+    of single-turn completions in one process; the rest is refused by name, not run untested."""
+    if not any("replay_policy" in v.spec.facts.plan for v in algo.active()):
+        return
+    r = cfg.rollout
+    other = [name for name, on in (("rollout.max_staleness > 0", r.max_staleness > 0),
+                                   ("rollout.tools / rollout.env / rollout.agent",
+                                    r.tools is not None or r.env is not None or r.agent is not None),
+                                   ("Ray workers (distributed)", cfg.distributed.uses_ray)) if on]
+    if other:
+        raise RunError(f"sampling replay runs synchronously, with single-turn completions in one process "
+                       f"for now; this run has {', '.join(other)} (docs/replay.md, 'Not done')")
+
+
 def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
     """The checks that need the config alone, cheapest first: the device, the engine, an
     asynchronous run's limits, what the prompt source needs of the config (reasoning-gym's: one
@@ -94,6 +109,7 @@ def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
     check_device(cfg)
     check_engine(cfg)
     check_async(algo, cfg)
+    check_replay(algo, cfg)
     check_vision(algo, cfg)
     check_weight_sync(cfg)
     check_lora_sync(cfg)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..ops import scorable_stats
-from ..registry import Int, declare
+from ..registry import Choice, Float, Formula, Int, declare
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -52,6 +52,34 @@ formula: keep drawing prompts while #{g : informative(g)} < P and rounds < {max_
 source: DAPO dynamic sampling (Yu et al. 2025); verl algorithm.filter_groups (max_num_gen_batches)
 edge cases: informative() takes the raw rewards, NaN included (never NaN replaced by 0).
 """, plan={"dynamic_rounds": "max_rounds"}, max_rounds=Int(3, "cap on generation rounds per step", ge=1))
+
+declare("sampling", "replay", """Keep informative groups in a buffer and train on them again in later steps.
+
+formula: after each step's groups are drawn, those that pass `enter` join the buffer (at most
+  {capacity} groups; full, a group with a formula priority replaces the lowest one if its own is higher,
+  else the oldest leaves); entries older than max_age policy versions leave; then
+  use=substitute: the step's non-informative groups (at most per_step) are replaced by entries
+  chosen by `priority`; use=mix: round({mix} P) groups of the step come from the buffer and
+  only P - that many are generated. A replayed group's pi_old is the behaviour policy's recorded
+  logprobs (the engine's at its version): rho = pi_theta / mu; its advantage is recomputed from its
+  recorded rewards with the step's batch.
+  priority: uniform (each entry equally likely), newest (the newest entries, no draw), or a
+  group formula "..." (rldsl/priority.py: r, adv = r - mean, mean, std, n; sum mean max min abs
+  sqrt exp log): entries drawn with probability priority / sum, without replacement unless more
+  are needed than held.
+source: TRL GRPOWithReplayBufferTrainer (substitutes zero-variance groups from a buffer ranked by
+  sum |A| x std); ARPO's replay of successful trajectories (Lu et al. 2025); PER (Schaul et al. 2016)
+edge cases: enter=nonzero_std: informative() (scorable rewards not all equal); enter=success: some
+  scorable reward > 0. A priority that is not finite or <= 0 counts as 0 (never drawn while
+  others are > 0). An empty buffer replays nothing.
+""", plan={"replay_policy": "capacity"},
+        capacity=Int(64, "groups the buffer holds", ge=1),
+        enter=Choice(("nonzero_std", "success"), "nonzero_std", "which groups enter the buffer"),
+        priority=Formula(("uniform", "newest"), "uniform", "how entries are chosen"),
+        use=Choice(("substitute", "mix"), "substitute", "when replayed groups are used"),
+        mix=Float(0.25, "fraction of each step's groups taken from the buffer", gt=0, lt=1, when=("use", "mix")),
+        per_step=Int(None, "at most this many replayed groups per step", ge=1),
+        max_age=Int(None, "entries older than this many policy versions leave", ge=0))
 
 
 def informative(rewards: Tensor) -> Tensor:

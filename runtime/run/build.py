@@ -15,10 +15,9 @@ import rldsl
 
 from ..config import RunConfig
 from ..models.loading import disable_transformers_progress
-from ..records.prompt_stats import PromptStats
 from ..records.rng import seed_all
-from ..train.inputs import reads_history
 from ..workers.start import start_workers
+from .carried import carried_state
 from .plan import load_spec, plan_run
 from .state import Plan, Run
 
@@ -34,7 +33,7 @@ def build(plan: Plan, run_dir: Path) -> Run:
     rollouts, trainers = start_workers(cfg, algo, fn, plan.model_path, tok, plan.reward, run_dir)
     return Run(cfg, algo, fn, run_dir, tok, plan.prompts, plan.heldout, rollouts, trainers, plan.reward,
                notes=plan.notes, warnings=plan.warnings, eval_sets=plan.eval_sets,
-               prompt_stats=PromptStats() if reads_history(algo) else None)
+               **carried_state(algo, fn, tok.pad_token_id))
 
 
 def build_run(spec: str, cfg: RunConfig, run_dir: Path, spec_text: str | None = None) -> Run:

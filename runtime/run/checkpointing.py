@@ -25,6 +25,8 @@ def _extra_state(s: Run, step: int, algorithm: dict[str, Any],
         extra["loss_scale"] = loss_scale
     if s.prompt_stats is not None:  # the per-prompt statistics a spec reads (prompt_mean, ...)
         extra["prompt_stats"] = s.prompt_stats.state_dict()
+    if getattr(s, "replay", None) is not None:  # sampling replay: the kept groups, as plain values (rollout/replay.py)
+        extra["replay"] = s.replay.state_dict(_plain_batch)
     if queued is not None:  # asynchronous rollouts: the batches generated ahead, as plain values
         extra["queued"] = [{"step": p.step, "version": p.version, "batch": _plain_batch(p.value.batch),
                             "rewards": p.value.rewards, "ids": p.value.prompt_ids, "metrics": p.value.metrics}
@@ -77,6 +79,8 @@ def restore(s: Run, path: Path) -> int:
     s.queued = restored_queue(c.extra)
     if s.prompt_stats is not None and "prompt_stats" in c.extra:
         s.prompt_stats.load_state_dict(c.extra["prompt_stats"])
+    if getattr(s, "replay", None) is not None:
+        s.replay.load_state_dict(c.extra.get("replay", {"seq": 0, "entries": []}), _batch_of)
     s.rollouts.load_weights(s.trainers.weights(), c.step)
     restore_rng(c.rng)  # last: no draw between the restore and the next step
     ckpt.set_aside_after(s.run_dir, c.step)  # newer, damaged ones (passed over, said): kept aside

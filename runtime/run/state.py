@@ -73,6 +73,8 @@ class Run:
     # the per-prompt reward statistics across steps (records/prompt_stats.py's PromptStats), kept
     # only when the spec reads them (prompt_mean, prompt_var, prompt_count); saved in checkpoints
     prompt_stats: Any = None
+    # sampling replay: the run's rollout/replay.ReplayBuffer (made by build, saved with checkpoints); None: none
+    replay: Any = None
 
     @property
     def multi_turn(self) -> bool:

@@ -47,9 +47,10 @@ def rollout_step(s: Run, step: int) -> StepRollout:
                                       cfg.max_new_tokens, s.warn, logged, s.multi_turn, s.tokenizer,
                                       s.fn.algorithm.group_by, s.prompt_stats) if producers else None
     timed_inputs: dict[str, float] = {p.time_metric: 0.0 for p in producers if p.time_metric}
+    replay = getattr(s, "replay", None)  # a Run has one (None without sampling replay)
     for r in range(rounds):
         used = r + 1
-        examples = s.prompts.next_batch(P)
+        examples = s.prompts.next_batch(P if replay is None else replay.fresh_groups(P))
         reward_prompts = [e.reward_prompt for e in examples]  # rewards: the untemplated prompt
         faults.at("generate", logged)
         gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],
@@ -68,6 +69,10 @@ def rollout_step(s: Run, step: int) -> StepRollout:
         m[time_key("rollout")] += gen.generate_s
         m[time_key("reward")] += gen.reward_s
         made = StepRollout(step, batch, [e.id for e in examples], reward_prompts, scored.rewards)
+        if replay is not None:  # sampling replay (rollout/replay.py): kept groups in, replayed ones out
+            made, replay_metrics = replay.step(made, step, s.fn.data.informative(scored.rewards.view(
+                -1, batch.group_size)), P, torch.Generator().manual_seed(step_seed(cfg.seed, step, 0, "replay")))
+            m.update(replay_metrics)
         if rounds == 1:
             kept.append(made)
             n_kept = P

@@ -155,10 +155,14 @@ class Trainer(ForwardPasses):
         self._routing_metrics()  # moe/*: this rollout's forwards only
         forwards = producers.Forwards(*self._recompute(rollout))
         old, ref, values = forwards.old_logprobs, forwards.ref_logprobs, forwards.values
+        replay_metrics: dict[str, float] = {}
+        if rollout.replayed is not None and bool(rollout.replayed.any()):  # sampling replay
+            old, replay_metrics = self._replayed_old(rollout, old)
         mask = rollout.response_mask.float()
         est = self.fn.estimate(rewards, rollout.group_size, mask,
                                **producers.estimate_inputs(self, rollout, forwards))
         metrics = dict(est.metrics)
+        metrics.update(replay_metrics)
         metrics.update(self._perf_metrics("logprobs"))
         metrics.update(self._routing_metrics())
         valid = mask > 0
@@ -173,6 +177,25 @@ class Trainer(ForwardPasses):
                     torch.cuda.synchronize(teacher.logprobs.device)
         return TrainBatch(rollout, rewards, old, est.mask, est.advantages, est.returns, ref,
                           values, metrics, teacher, old_entropy=forwards.old_entropy)
+
+    def _replayed_old(self, rollout: RolloutBatch, old: Tensor | None) -> tuple[Tensor | None, dict[str, float]]:
+        """pi_old of a batch with replayed groups (``sampling replay``, rollout/replay.py): on a
+        replayed row, the behaviour policy's recorded logprobs (``rollout.logprobs``), so the loss's
+        ratio is pi_theta / mu and every correction and trust region acts on it unchanged; on the
+        others, this policy's (the old-logprob forward; made here when the update would have used
+        its own). With a bypass correction pi_old is the engine's logprobs already (None stays).
+        Also the replayed rows' ratio at the update's start, exp(log pi_theta - log mu), over their
+        response tokens: ``replay/ratio_mean``, ``_min``, ``_max``."""
+        current = old if old is not None else self._per_microbatch(self.policy, rollout, "logprobs")
+        rows = rollout.replayed.to(current.device)[:, None]
+        behaviour = rollout.logprobs.to(current.device, current.dtype)
+        valid = rows & (rollout.response_mask.to(current.device) > 0)
+        rho = torch.exp(current - behaviour)[valid]
+        metrics = {"replay/ratio_mean": float(rho.mean()), "replay/ratio_min": float(rho.min()),
+                   "replay/ratio_max": float(rho.max())} if rho.numel() else {}
+        if self.fn.algorithm.old_from_rollout:
+            return old, metrics
+        return torch.where(rows, behaviour, current), metrics
 
     def _divergence(self, hidden: Tensor, batch: TrainBatch, rows: Tensor, tr: int) -> Tensor:
         """The generalized JSD [b, tr] of the policy (``hidden`` [b*tr, H], with gradient) from the

@@ -1,0 +1,187 @@
+"""The replay buffer of ``sampling replay(...)`` (rldsl/priority.py ``ReplayPolicy``, docs/replay.md).
+
+A group that enters keeps what it was sampled with: its rows (token ids, masks, the engine's
+logprobs of the behaviour policy, episodes), its prompt, its recorded rewards and the policy
+version that sampled it. When it is replayed, those rows join a later step's batch marked
+``RolloutBatch.replayed``: the trainer takes their recorded logprobs as pi_old, so the ratio is
+pi_theta / mu and every correction and trust region acts on it unchanged (train/trainer.py).
+
+One step (:meth:`ReplayBuffer.step`), in this order -- TRL's GRPOWithReplayBufferTrainer's order:
+entries older than ``max_age`` versions leave; the step's groups that pass ``enter`` join (full:
+a formula priority replaces the lowest entry if its own is higher, else the oldest entry
+leaves); then the groups to replay are drawn from the whole buffer (``use=substitute``: in place
+of the step's non-informative groups; ``use=mix``: after the step's fresh ones). Draws use a
+generator seeded by the step, and the buffer is saved with checkpoints (:meth:`state_dict`):
+a resumed run draws what its uninterrupted twin draws.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rldsl.priority import GroupFormula, ReplayPolicy
+
+from ..batch import RolloutBatch, StepRollout, group_rows
+
+#: the step's metrics (docs/runtime.md, "Metrics")
+SIZE, FRACTION, AGE = "replay/size", "replay/fraction", "replay/age"
+
+
+@dataclass(eq=False)
+class Entry:
+    """One kept group: its G rows as sampled, its prompt, its rewards [G], the version that
+    sampled it, its priority and its place in the order of arrival (``seq``)."""
+
+    batch: RolloutBatch
+    prompt_id: Any
+    reward_prompt: str
+    rewards: torch.Tensor
+    version: int
+    priority: float
+    seq: int
+
+
+def _enters(policy: ReplayPolicy, rewards: torch.Tensor, informative: bool) -> bool:
+    """``enter=nonzero_std``: scorable rewards not all equal; ``success``: some scorable reward > 0."""
+    if policy.enter == "nonzero_std":
+        return informative
+    r = rewards[~torch.isnan(rewards)]
+    return bool((r > 0).any())
+
+
+def _weight(p: float) -> float:
+    return p if math.isfinite(p) and p > 0 else 0.0
+
+
+class ReplayBuffer:
+    """The kept groups of a run and the rule that replays them (module docstring)."""
+
+    def __init__(self, policy: ReplayPolicy, pad_id: int) -> None:
+        self.policy, self.pad_id = policy, pad_id
+        self.entries: list[Entry] = []
+        self.seq = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    # -- what a step asks
+
+    def fresh_groups(self, P: int) -> int:
+        """How many groups a step generates: P, less what ``use=mix`` takes from the buffer."""
+        return P - self._mix_count(P)
+
+    def _mix_count(self, P: int) -> int:
+        p = self.policy
+        if p.use != "mix":
+            return 0
+        k = min(int(round(p.mix * P)), len(self.entries))
+        return min(k, p.per_step) if p.per_step else k
+
+    def step(self, made: StepRollout, version: int, informative: torch.Tensor, P: int,
+             generator: torch.Generator) -> tuple[StepRollout, dict[str, float]]:
+        """The step's batch with replayed groups, and its ``replay/*`` metrics; ``informative`` [P']
+        is the fresh groups' (``DataPlan.informative``), ``version`` the policy that sampled them."""
+        p = self.policy
+        mixed = self._mix_count(P)  # decided on the buffer before this step's groups join (fresh_groups)
+        self.entries = [e for e in self.entries if p.max_age is None or version - e.version <= p.max_age]
+        G = made.batch.group_size
+        rewards = made.scored.view(-1, G)
+        ok = informative.tolist()
+        for g in range(rewards.shape[0]):
+            if _enters(p, rewards[g], ok[g]):
+                self._add(made, g, version)
+        if p.use == "mix":
+            slots, k = [], mixed
+        else:
+            slots = [g for g, good in enumerate(ok) if not good]
+            if p.per_step:
+                slots = slots[: p.per_step]
+            k = len(slots) if self.entries else 0
+            slots = slots[:k]
+        chosen = self.choose(k, generator)
+        out = self._batch(made, slots, chosen)
+        n = len(out.prompt_ids)
+        m = {SIZE: float(len(self.entries)), FRACTION: len(chosen) / n if n else 0.0,
+             AGE: sum(version - e.version for e in chosen) / len(chosen) if chosen else 0.0}
+        return out, m
+
+    # -- the rule
+
+    def _add(self, made: StepRollout, g: int, version: int) -> None:
+        p = self.policy
+        G = made.batch.group_size
+        r = made.scored[g * G:(g + 1) * G]
+        prio = p.priority(r) if isinstance(p.priority, GroupFormula) else 1.0
+        entry = Entry(made.batch.select(group_rows([g], G)), made.prompt_ids[g], made.reward_prompts[g]
+                      if made.reward_prompts else "", r.clone(), version, prio, self.seq)
+        self.seq += 1
+        if len(self.entries) < p.capacity:
+            self.entries.append(entry)
+            return
+        if isinstance(p.priority, GroupFormula):  # TRL's rule: replace the lowest if higher
+            low = min(range(len(self.entries)), key=lambda i: (_weight(self.entries[i].priority), self.entries[i].seq))
+            if _weight(prio) > _weight(self.entries[low].priority):
+                del self.entries[low]
+                self.entries.append(entry)
+            return
+        self.entries.pop(0)  # uniform / newest: the oldest leaves (entries are kept in arrival order)
+        self.entries.append(entry)
+
+    def probabilities(self) -> torch.Tensor:
+        """[len] float64: the chance of each entry (in arrival order) at one draw."""
+        p = self.policy
+        w = torch.tensor([_weight(e.priority) if isinstance(p.priority, GroupFormula) else 1.0
+                          for e in self.entries], dtype=torch.float64)
+        if float(w.sum()) <= 0:
+            w = torch.ones_like(w)
+        return w / w.sum()
+
+    def choose(self, k: int, generator: torch.Generator) -> list[Entry]:
+        """``k`` entries: the newest ones (``newest``), or drawn by priority (or uniformly),
+        without replacement unless ``k`` is more than the buffer holds."""
+        if k <= 0 or not self.entries:
+            return []
+        if self.policy.priority == "newest":
+            newest = self.entries[::-1]
+            return [newest[i % len(newest)] for i in range(k)]
+        idx = torch.multinomial(self.probabilities(), k, replacement=k > len(self.entries), generator=generator)
+        return [self.entries[i] for i in idx.tolist()]
+
+    def _batch(self, made: StepRollout, slots: list[int], chosen: list[Entry]) -> StepRollout:
+        """The fresh groups with ``chosen`` in ``slots`` (substitute) or after them (mix)."""
+        if not chosen:
+            return made
+        G = made.batch.group_size
+        P = len(made.prompt_ids)
+        fresh = [(made.batch.select(group_rows([g], G)), made.prompt_ids[g],
+                  made.reward_prompts[g] if made.reward_prompts else "", made.scored[g * G:(g + 1) * G], False)
+                 for g in range(P)]
+        replayed = [(e.batch, e.prompt_id, e.reward_prompt, e.rewards, True) for e in chosen]
+        if slots:
+            for s, r in zip(slots, replayed):
+                fresh[s] = r
+            parts = fresh
+        else:
+            parts = fresh + replayed
+        batch = RolloutBatch.concat([dataclasses.replace(b, replayed=torch.full((G,), was, dtype=torch.bool))
+                                     for b, _, _, _, was in parts], self.pad_id)
+        return StepRollout(made.step, batch, [x[1] for x in parts], [x[2] for x in parts],
+                           torch.cat([x[3].to(made.scored.dtype) for x in parts]), made.metrics)
+
+    # -- checkpoints
+
+    def state_dict(self, plain_batch: Any) -> dict[str, Any]:
+        """The buffer as plain values (``plain_batch``: run/checkpointing.py's batch writer)."""
+        return {"seq": self.seq, "entries": [
+            {"batch": plain_batch(e.batch), "prompt_id": e.prompt_id, "reward_prompt": e.reward_prompt,
+             "rewards": e.rewards, "version": e.version, "priority": e.priority, "seq": e.seq}
+            for e in self.entries]}
+
+    def load_state_dict(self, state: dict[str, Any], batch_of: Any) -> None:
+        self.seq = int(state["seq"])
+        self.entries = [Entry(batch_of(e["batch"]), e["prompt_id"], e["reward_prompt"], e["rewards"],
+                              int(e["version"]), float(e["priority"]), int(e["seq"])) for e in state["entries"]]
