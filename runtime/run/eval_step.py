@@ -6,7 +6,7 @@ from ..batch import StepRollout
 from ..data.sources import source_of
 from ..records.rng import step_seed
 from ..rollout.engines.base import SamplingParams
-from ..rollout.producer import RolloutProducer, snapshot
+from ..rollout.producer import RolloutProducer
 from .state import Run
 from .eval_sets import evaluate_sets
 from .evaluation import answer_set, heldout_metrics, heldout_task_metrics, scored_by, unscored_by
@@ -49,7 +49,7 @@ def evaluate_current(s: Run, step: int, producer: RolloutProducer[StepRollout] |
     if producer is None:
         return evaluate(s, step)
     with producer.paused():
-        s.rollouts.load_weights(snapshot(s.trainers.weights()), step)
+        s.rollouts.load_weights(s.trainers.weights().snapshot(), step)
         try:
             return evaluate(s, step)
         finally:

@@ -14,7 +14,7 @@ from ..batch import RolloutBatch, StepRollout, group_rows, repeat_each
 from ..records.metrics import REWARD_ERRORS, time_key, timed
 from ..records.rng import step_seed
 from ..rollout.engines.base import SamplingParams
-from ..rollout.producer import RolloutProducer, snapshot
+from ..rollout.producer import RolloutProducer
 from ..train import inputs as rollout_inputs
 from .state import Run
 
@@ -159,7 +159,7 @@ def start_producer(s: Run, start: int, total: int) -> RolloutProducer[StepRollou
     r = s.cfg.rollout
     apart = scoring_overlaps(s)
     producer = RolloutProducer(StepRollouts(s, apart), max_staleness=K, next_step=start, last_step=total,
-                               loaded_version=start, loaded_weights=snapshot(s.trainers.weights()),
+                               loaded_version=start, loaded_weights=s.trainers.weights().snapshot(),
                                queued=s.queued, score_apart=apart, newest=r.partial, start=False)
     if r.partial:  # one process (checked at start): the engine loads newer weights between segments
         s.rollouts.sample_in_segments(r.partial_tokens or max(1, s.cfg.max_new_tokens // 4), producer.refresh)
