@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 from ..config import EvalSetConfig, RunConfig
 from ..data.datasets import Example, render_prompt
-from ..data.sources import source_of, system_prompt, with_data
+from ..data.sources import eval_source, system_prompt
 from ..errors import ConfigError
 from ..records.metrics import HELDOUT_TASKS
 from ..rewards.functions import RewardFn
@@ -71,10 +71,11 @@ def load_sets(path: str | Path, cfg: RunConfig, reward: RewardFn, tokenizer: Any
     rendered as training renders its prompts, with the rows' system prompt (``system_prompt``).
     ``count``, ``exclude``: the source's (:class:`~rldsl.runtime.data.sources.Source`)."""
     d = cfg.data
-    by_set, line = source_of(with_data(cfg, path)).eval_rows(cfg, str(path), count, exclude)
+    source = eval_source(cfg, path)
+    by_set, line = source.eval_rows(cfg, str(path), count, exclude)
     if note is not None and line:
         note(line)
-    system = system_prompt(cfg, path)
+    system = system_prompt(cfg, source=source)
     sets: list[EvalSet] = []
     for label, rows in by_set.items():
         title = (f"{name}/{label}" if name else label) if label else (name or set_name(path, taken))

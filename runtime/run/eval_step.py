@@ -3,7 +3,6 @@ the one evaluator (run/evaluation.py); an asynchronous run evaluates the trainer
 from __future__ import annotations
 
 from ..batch import StepRollout
-from ..data.sources import source_of
 from ..records.rng import step_seed
 from ..rollout.engines.base import SamplingParams
 from ..rollout.producer import RolloutProducer
@@ -38,8 +37,7 @@ def evaluate_heldout(s: Run, step: int) -> dict[str, float]:
         s.warn(f"step {step}: evaluation: {a.failed} held-out sample(s) whose reward failed "
                f"(counted as not correct in the accuracy, left out of the mean reward)")
     # a source with tasks (reasoning-gym, one task or a mix): each task's split too
-    task_of = source_of(cfg).task_of
-    tasks = [task_of(e.reward_prompt) for e in s.heldout]
+    tasks = [s.source.task_of(e.reward_prompt) for e in s.heldout]
     return heldout_metrics(a, s.reward, cfg.rollout.tool_parser) | heldout_task_metrics(a, s.reward, tasks)
 
 

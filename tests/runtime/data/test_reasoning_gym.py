@@ -367,6 +367,7 @@ def test_the_demo_teacher_is_exact_without_drops_and_its_mode_makes_both_mistake
 
 def test_without_model_path_the_embedded_arithmetic_model_is_warm_started_for_its_own_data(monkeypatch, tmp_path):
     from rldsl.runtime.errors import RunError
+    from rldsl.runtime.data.sources import source_of
     from rldsl.runtime.run import sources
     from rldsl.runtime.toy import basic_arithmetic
 
@@ -374,14 +375,16 @@ def test_without_model_path_the_embedded_arithmetic_model_is_warm_started_for_it
     monkeypatch.setattr(basic_arithmetic, "arithmetic_warm_start",
                         lambda settings, **kw: asked.append(settings) or tmp_path)
     cfg = load_config("examples/reasoning_gym.toml")
-    assert sources.model_folder(cfg)[0] == tmp_path
+    assert sources.model_folder(cfg, source_of(cfg))[0] == tmp_path
     (settings,) = asked
     assert dict(settings.options)["operators"] == ("+",) and settings.size == 4000 and settings.data_seed == 0
     assert settings.answer_format == "plain"
     with pytest.raises(RunError, match="no embedded model for reasoning_gym:spell_backward"):
-        sources.model_folder(load_config(None, ["data.path=reasoning_gym:spell_backward"]))
+        cfg = load_config(None, ["data.path=reasoning_gym:spell_backward"])
+        sources.model_folder(cfg, source_of(cfg))
     with pytest.raises(RunError, match="min_terms = max_terms = 2"):
-        sources.model_folder(load_config("examples/reasoning_gym.toml", ['data.options={"max_terms": 3}']))
+        cfg = load_config("examples/reasoning_gym.toml", ['data.options={"max_terms": 3}'])
+        sources.model_folder(cfg, source_of(cfg))
 
 
 def test_the_answer_format_reaches_the_default_reward_and_the_run_says_so():

@@ -211,6 +211,7 @@ def test_the_held_out_split_of_generated_data_is_also_split_by_task():
 
     pytest.importorskip("reasoning_gym")
     from rldsl.runtime.data import reasoning_gym as rg
+    from rldsl.runtime.data.sources import source_of
     from rldsl.runtime.run import eval_step
 
     held = rg.generate("reasoning_gym:basic_arithmetic=1,spell_backward=1", {"size": 4, "seed": 0},
@@ -230,7 +231,7 @@ def test_the_held_out_split_of_generated_data_is_also_split_by_task():
     cfg = load_config(None, ["data.path=reasoning_gym:basic_arithmetic=1,spell_backward=1", "eval.samples=2",
                              "rollout.max_new_tokens=8"])  # a run's config is resolved (resolve.py fills it in)
     s = SimpleNamespace(cfg=cfg, heldout=held, rollouts=SimpleNamespace(generate=generate), multi_turn=False,
-                        reward=RewardFn("exact"), warn=lambda m: None)
+                        reward=RewardFn("exact"), source=source_of(cfg), warn=lambda m: None)
     m = eval_step.evaluate_heldout(s, 1)
     assert m["eval/greedy_acc"] == pytest.approx(float(greedy.mean())) and m["eval/sampled_acc"] == 0.5
     assert m["eval/heldout/basic_arithmetic/greedy_acc"] == 1.0 == m["eval/heldout/basic_arithmetic/greedy_reward"]
