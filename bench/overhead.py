@@ -31,7 +31,7 @@ How it is measured
                     loss       the compiled loss and its diagnostics (``_loss_backward`` less backward)
                     backward   ``Tensor.backward``
                     optimizer  gradient clip, ``optimizer.step``, ``zero_grad``
-                    metrics    ``combine_metrics``, ``perf/*`` counts, the rank reduction
+                    metrics    ``combine``, ``perf/*`` counts, the rank reduction
                     other      the rest of ``update`` (the zero-advantage check, minibatch rows, ...)
     sync          the new weights into the engine
     record        ``record_step`` (the step's metrics and samples)
@@ -251,7 +251,7 @@ def instrument(s, clock: Clock) -> dict:
     for owner, attr in ((trainer_mod, "_clip"), (tr.optimizer, "step"), (tr.optimizer, "zero_grad"),
                         (tr, "step_schedule")):
         clock.wrap(owner, attr, "optimizer", within="update")
-    for owner, attr in ((trainer_mod, "combine_metrics"), (tr, "_perf_metrics"), (tr, "_reduce_metrics")):
+    for owner, attr in ((trainer_mod, "combine"), (tr, "_perf_metrics"), (tr, "_reduce_metrics")):
         clock.wrap(owner, attr, "metrics", within="update")
     clock.wrap(s.rollouts, "load_weights", "sync")
     clock.wrap(run_step, "record_step", "record")

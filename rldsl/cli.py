@@ -130,7 +130,7 @@ def check(files: List[str] = typer.Argument(..., help="spec files (or library na
             _print_error(e)
             continue
         warnings = lint.check(algo)
-        for w in warnings:
+        for w in warnings + lint.notes(algo):  # notes: facts worth knowing; --strict ignores them
             _print_error(w)
         warned += bool(warnings)
         parents = f" (extends {' -> '.join(algo.extends)})" if algo.extends else ""

@@ -12,6 +12,7 @@ lists each with its message, cause and fix.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -33,6 +34,14 @@ def source_lines(source: str) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+
+
+@functools.lru_cache(maxsize=4)
+def _lines_of(source: str) -> tuple[str, ...]:
+    """:func:`source_lines`, split once per text: every error of a file renders one of its lines,
+    and splitting the whole text for each would make reporting N errors quadratic in N. (A str
+    keeps its hash, and the errors of one file share one text object, so a lookup is O(1).)"""
+    return tuple(source_lines(source))
 
 
 #: The exit codes of every command (docs/errors.md).
@@ -86,7 +95,7 @@ class SpecError(UserError):
         head = f"{s.file}:{s.line}:{s.column}: {self.severity}: {self.message}" if s.line else \
             f"{s.file}: {self.severity}: {self.message}"
         out = [head]
-        lines = source_lines(self.source or "")
+        lines = _lines_of(self.source or "")
         if s.line and 1 <= s.line <= len(lines):
             # one character per column, as the parser counts them: tabs and control characters
             # (a NUL byte, a form feed) are shown as one visible character each

@@ -77,6 +77,14 @@ def fact_notes(comp: registry.Component, values: dict[str, Any] | None = None) -
     return notes
 
 
+def _without_baseline(algo: Algorithm, slot: str, text: str) -> str:
+    """A normalizer's formula is written on r_i - b_i; with no baseline (an "off" one) there is
+    no b_i: the advantage is shown on r_i alone, as the code computes it."""
+    if slot != "normalizer" or any(not v.spec.off for v in algo.slots["baseline"]):
+        return text
+    return text.replace("(r_i - b_i)", "r_i").replace("r_i - b_i", "r_i")
+
+
 def slot_rows(algo: Algorithm) -> list[dict[str, Any]]:
     """One row per slot component: slot, component, params, formula (values substituted), source."""
     rows = []
@@ -86,7 +94,7 @@ def slot_rows(algo: Algorithm) -> list[dict[str, Any]]:
             rows.append({
                 "slot": slot, "component": v.component,
                 "params": {k: x for k, x in v.params.items()},
-                "formula": comp.formula_with(v.params),
+                "formula": _without_baseline(algo, slot, comp.formula_with(v.params)),
                 "source": comp.source,
                 "from": provenance(algo, v),
             })
@@ -96,7 +104,8 @@ def slot_rows(algo: Algorithm) -> list[dict[str, Any]]:
 def objective_lines(algo: Algorithm) -> list[str]:
     """The whole objective as a chain of equations in data-flow order (params substituted)."""
     def f(slot: str) -> list[str]:
-        return [v.spec.formula_with(v.params) for v in algo.slots[slot] if not v.spec.off]
+        return [_without_baseline(algo, slot, v.spec.formula_with(v.params))
+                for v in algo.slots[slot] if not v.spec.off]
 
     out: list[str] = []
     for s in f("shaping"):
@@ -139,7 +148,12 @@ def objective_lines(algo: Algorithm) -> list[str]:
         extra += f" + {format_value(p['coef'])} * D_it"
     if algo.uses_entropy:
         out.append(f"entropy:      {f('entropy')[0]}")
-        extra += f" - {format_value(algo['entropy'].params['coef'])} * H_it"
+        ent = algo["entropy"]
+        coef = ent.params.get("coef")
+        # a bonus with a constant coefficient is -coef * H; a formula adds its `term`; a component
+        # whose coefficient is runtime state (adaptive) adds what its entropy line above says
+        extra += f" - {format_value(coef)} * H_it" if coef is not None else \
+            " + term_it" if ent.formula is not None else " + entropy_it"
     out.append(f"aggregation:  {f('aggregation')[0]}")
     engine = any(INPUTS[x].source == "engine" for x in algo.needs())  # a train/inference correction
     pg = "w^IS_it l_it" if engine else "l_it"
@@ -211,7 +225,7 @@ def explain_lines(algo: Algorithm) -> list[Line]:
             name = slot if i == 0 else ""
             lines.append([(f"{name:<{SLOT_WIDTH}}  {v}", "bold" if not v.spec.off else ""),
                           (f"  — {provenance(algo, v)}", "dim")])
-            for f in v.spec.formula_with(v.params).splitlines():
+            for f in _without_baseline(algo, slot, v.spec.formula_with(v.params)).splitlines():
                 lines.append(_indent(pad + 2, f))
             notes = fact_notes(v.spec, v.params)
             if notes:

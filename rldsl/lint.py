@@ -280,6 +280,45 @@ def _warning(algo: Algorithm, rule: str, f: Finding) -> SpecWarning:
                        hint=f.hint, source=source)
 
 
+# ---------------------------------------------------------------------------------------
+# Notes: facts worth knowing about a legal spec, printed by `rldsl check` as `note:` (never a
+# warning: --strict does not fail on them)
+
+
+NOTE_RULES: dict[str, SpecRule] = {}
+
+
+def note_rule(name: str) -> Callable[[SpecRule], SpecRule]:
+    def deco(fn: SpecRule) -> SpecRule:
+        NOTE_RULES[name] = fn
+        return fn
+    return deco
+
+
+@note_rule("clamped-rho")
+def clamped_rho(algo: Algorithm) -> Iterator[Finding]:
+    """A formula reads rho under a ratio that clamps each token's log-ratio (the default: +-20): rho is exp of the clamped value."""
+    ratio = algo["ratio"]
+    p = ratio.spec.facts.roles.get("log_ratio_clamp")
+    if ratio.formula is not None or p is None or ratio.params.get(p) is None:
+        return
+    c = format_value(ratio.params[p])
+    for v in algo.active():
+        if v.formula is not None and "rho" in v.formula.reads:
+            yield Finding(v, None, f"{v.slot} {v.component} reads rho, which {ratio.slot} {ratio} makes as "
+                                   f"exp(clamp(logp - old_logp, -{c}, {c})): a log-ratio past +-{c} is cut there",
+                          f"for the unclamped ratio write exp(logp - old_logp), or set {ratio.slot} "
+                          f"{ratio.component}({p}=...) (a large value turns the clamp off)")
+
+
+def notes(algo: Algorithm) -> list[SpecWarning]:
+    """The notes for ``algo``: rendered like warnings with ``note:``, in rule order."""
+    out = [_warning(algo, name, f) for name, rule in NOTE_RULES.items() for f in rule(algo)]
+    for n in out:
+        n.severity = "note"
+    return out
+
+
 def check(algo: Algorithm) -> list[SpecWarning]:
     """The spec rules' warnings for ``algo``, in rule order."""
     return [_warning(algo, name, f) for name, rule in SPEC_RULES.items() for f in rule(algo)]
@@ -295,4 +334,5 @@ def rules_text() -> str:
     """The rules, one per line, for ``rldsl check --help`` and the docs."""
     lines = [f"{name}: {summary(r)}" for name, r in SPEC_RULES.items()]
     lines += [f"{name} (at run start): {summary(r)}" for name, r in RUN_RULES.items()]
+    lines += [f"{name} (a note): {summary(r)}" for name, r in NOTE_RULES.items()]
     return "\n".join(lines)

@@ -280,6 +280,29 @@ def _parse(source: str, file: str) -> SpecFile:
         raise _syntax_error(exc, file, source) from None
     except lark.exceptions.LarkError as exc:  # pragma: no cover - defensive
         raise SpecError(f"could not parse: {exc}", Span(file, 1, 1, 1), source=source) from None
+    _check_depth(tree, file, source)
     spec = _ToNodes(file).transform(tree)
     spec.source = source
     return spec
+
+
+#: How deeply a formula may nest (calls, operators, a sum's terms: ``a + b + c`` is two levels).
+#: Every later stage (checking, emission, explain) walks the formula recursively, so a deeper
+#: one is refused here, at the place where it passes the limit, instead of exhausting the stack.
+MAX_DEPTH = 200
+
+
+def _check_depth(tree: lark.Tree, file: str, source: str) -> None:
+    """Refuse a parse tree nested deeper than :data:`MAX_DEPTH`, walked without recursion."""
+    stack: list[tuple[lark.Tree, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            meta = node.meta
+            line, col = getattr(meta, "line", 1), getattr(meta, "column", 1)
+            end = getattr(meta, "end_column", col + 1) if getattr(meta, "end_line", line) == line else col + 1
+            raise SpecError(f"formula nested more than {MAX_DEPTH} levels deep", Span(file, line, col, max(1, end - col)),
+                            hint="split it into bindings: `x = ...` on its own line, then use x", source=source)
+        for child in node.children:
+            if isinstance(child, lark.Tree):  # only the formula's own operators and calls count
+                stack.append((child, depth + str(child.data).startswith("f_")))

@@ -169,6 +169,7 @@ ROLES: dict[str, str] = {
     "budget": "the generation budget in tokens: should equal the run's rollout.max_new_tokens",
     "band_low": "the exclusive lower end of a band a statistic must fall in (with band_high)",
     "band_high": "the exclusive upper end of that band: at or below band_low the band is empty",
+    "log_ratio_clamp": "every token's log-ratio is clamped to +-value before rho = exp(log ratio)",
 }
 
 

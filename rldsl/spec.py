@@ -485,6 +485,26 @@ def _read(path: Path) -> str:
         raise SpecError(f"not a UTF-8 text file ({e.reason})", Span(str(path))) from None
 
 
+#: How many ancestors a spec may have: each is resolved by a nested call (its errors are the
+#: child's), so a longer chain is refused at the ``extends`` that passes the limit.
+MAX_PARENTS = 64
+
+
+def _same_file_key(file: str) -> str:
+    """The key under which two names of one file compare equal (text given inline has none)."""
+    if file.startswith("<"):
+        return file
+    try:
+        return str(Path(file).resolve())
+    except (OSError, RuntimeError):  # pragma: no cover - an unreadable path: compare as written
+        return file
+
+
+def _step(name: str, file: str) -> str:
+    """One link of a cycle as the user reads it: the algorithm, and its file when that is named otherwise."""
+    return name if file.startswith("<") or Path(file).stem == name else f"{name} ({Path(file).name})"
+
+
 def resolve(source: str, file: str = "<string>", _chain: tuple[tuple[str, str], ...] = ()) -> Algorithm:
     """Parse, check and resolve ``source`` (and its parents); raises SpecError / SpecErrors."""
     errors = ErrorList(source)
@@ -494,11 +514,21 @@ def resolve(source: str, file: str = "<string>", _chain: tuple[tuple[str, str], 
     parent: Algorithm | None = None
     if raw.parent is not None and _NAME.fullmatch(raw.parent):  # a bad name is reported already
         names = [n for n, _ in chain]
-        if raw.parent in names:
-            cycle = " -> ".join(names[names.index(raw.parent):] + [raw.parent])
+        path = _find_parent(raw.parent, file)
+        files = [_same_file_key(f) for _, f in chain]
+        key = _same_file_key(str(path)) if path is not None else None
+        if raw.parent in names or (key is not None and key in files):
+            # a cycle by algorithm name, or through files whose names differ from their algorithms'
+            if raw.parent in names:
+                cycle = " -> ".join(names[names.index(raw.parent):] + [raw.parent])
+            else:  # name each file too: the names alone do not show where the cycle closes
+                start = files.index(key)
+                cycle = " -> ".join([_step(n, f) for n, f in chain[start:]] + [_step(*chain[start])])
             errors.add(f"'extends' makes a cycle: {cycle}", raw.parent_span)
+        elif len(chain) > MAX_PARENTS:
+            errors.add(f"'extends' chain longer than {MAX_PARENTS} parents", raw.parent_span,
+                       hint="a spec extends a library algorithm or a spec that does; flatten the chain")
         else:
-            path = _find_parent(raw.parent, file)
             if path is None:
                 hint = did_you_mean(raw.parent, library()) or \
                     "parents are looked up next to this file, then in the library (rldsl list)"

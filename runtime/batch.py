@@ -60,7 +60,8 @@ class Episode:
                     model's turns (``assistant``) and what the environment answered (``tool``,
                     ``user``; an agent's text calls: ``environment``)
     env_reward      the environment's reward: the sum of its steps' rewards (None: it gave
-                    none), an agent's return value (None: it returned None, or failed)
+                    none), an agent's return value (None: it returned None, or failed; a
+                    reward per role: this row's role's)
     step_rewards    [position, reward] of each turn the environment rewarded, the position the
                     response token that ended the turn (``rewards dense``); None for an agent's
                     episode, which has one reward and no turns of its own

@@ -21,12 +21,14 @@ in ``--set``, is an error that lists the valid keys with a did-you-mean.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from types import UnionType
 from typing import Any, Iterable, Literal, Mapping, Sequence, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from rldsl.suggest import close_matches, suggestion
 
@@ -87,6 +89,25 @@ def env_library(spec: str | None) -> str | None:
 MODEL_RUN_DEFAULTS: dict[str, Any] = {"train.lr": 1e-6, "train.betas": (0.9, 0.999)}
 
 
+#: The largest integer a setting takes unless its field sets a bound of its own: a C int, what
+#: torch's sizes and thread counts and the OS's calls take. A larger one failed late, some after the
+#: model loaded (``rollout.n = 2**63 - 1``: an integer overflow in the first batch's tensors).
+INT_SETTING_MAX = 2**31 - 1
+
+
+def _out_of_range(value: Any, capped: bool) -> str | None:
+    """Why ``value`` (a setting's value, or one inside its list or table) is no number torch and the
+    OS take, or None: a float must be finite (``inf`` passes every ``gt=0``, then trains nothing or
+    fails late); an integer of a field without its own upper bound (``capped``) must fit a C int."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    if capped and isinstance(value, int) and not isinstance(value, bool) \
+            and not -INT_SETTING_MAX - 1 <= value <= INT_SETTING_MAX:
+        return f"must be between {-INT_SETTING_MAX - 1} and {INT_SETTING_MAX} (a C int), got {value}"
+    inner = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else ()
+    return next(filter(None, (_out_of_range(v, capped=False) for v in inner)), None)
+
+
 class _Section(BaseModel):
     """Base of every config section: unknown keys are errors, assignments are validated, and
     a frozen section (``RunConfig.frozen()``: the resolved config of a run) refuses them."""
@@ -109,6 +130,17 @@ class _Section(BaseModel):
         return type(self) is type(other) and self.model_dump() == other.model_dump()
 
     __hash__ = None  # type: ignore[assignment]  # mutable unless frozen, as BaseModel
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _within_limits(cls, value: Any, info: ValidationInfo) -> Any:
+        """Every setting, one rule: its numbers are ones torch and the OS take (:func:`_out_of_range`),
+        refused here, naming the key, before any model loads."""
+        bounds = cls.model_fields[info.field_name].metadata
+        problem = _out_of_range(value, capped=not any(hasattr(b, "le") or hasattr(b, "lt") for b in bounds))
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     def _freeze(self) -> None:
         for name in type(self).model_fields:
@@ -768,7 +800,9 @@ class DistributedConfig(_Section):
 class RunConfig(_Section):
     """Everything one training run needs besides the spec. Defaults = the toy run."""
 
-    seed: int = Field(default=0, description="Seed of python, numpy and torch RNGs.")
+    seed: int = Field(default=0, ge=0, lt=2**32,
+                      description="Seed of python, numpy and torch RNGs; 0 <= seed < 2**32, the seeds "
+                                  "numpy (and vLLM's engine, which seeds numpy with it) takes.")
     device: Literal["cpu", "cuda"] = Field(default="cpu",
                                            description="Where the policy trains.")
     threads: int = Field(default=1, ge=1,

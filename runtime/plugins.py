@@ -181,6 +181,6 @@ def _import_module(ref: str, module_name: str, kind: Kind) -> ModuleType:
             ) from e
         raise kind.error(f"{kind.name} {ref!r}: importing module {module_name!r} failed: "
                          f"{type(e).__name__}: {e}") from e
-    except Exception as e:  # the module's own error (a syntax error, a failing top-level line)
+    except (Exception, SystemExit) as e:  # the module's own error (a syntax error, a failing top-level line, sys.exit())
         raise kind.error(f"{kind.name} {ref!r}: importing module {module_name!r} failed: "
                          f"{type(e).__name__}: {e}") from e

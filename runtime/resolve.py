@@ -18,6 +18,7 @@ loads the models afterwards.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import math
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from rldsl import Algorithm
 from .config import RunConfig
 from .data import reasoning_gym as rg
 from .data.sources import Source, default_reward, default_tools, max_new_tokens, reward_origin
-from .errors import ConfigError, RunError
+from .errors import ConfigError, RewardSpecError, RunError
 from .models.loading import folder_is_moe, is_vision_folder, load_tokenizer, model_context
 from .rewards.functions import RewardFn, with_answer_format
 from .rollout.multi_turn import check_tools
@@ -354,7 +355,29 @@ def settled_reward(cfg: RunConfig) -> tuple[RunConfig, RewardFn, str]:
     cfg, note = settle_reward(cfg)
     reward = reward_fn(cfg)
     rg.check_reward(reward, cfg.data.path)
+    check_reward_signatures(reward)
     return cfg, reward, note
+
+
+def check_reward_signatures(reward: RewardFn) -> None:
+    """Each function term can be called as the run calls it, ``fn(prompt, completion, answer)``
+    (with ``finish_reason=`` when it takes one; docs/rewards.md): checked on its signature
+    (``inspect``), so that a function of the wrong shape is refused now, with a RewardSpecError,
+    not after the model loaded and sampled a batch. Batch terms (servers, judges, reward models)
+    are called as their own classes define."""
+    for term in reward.terms:
+        if term.batched:
+            continue
+        try:
+            signature = inspect.signature(term.fn)
+        except (TypeError, ValueError):  # a builtin without one: nothing to check
+            continue
+        try:
+            signature.bind("", "", "", **({"finish_reason": "stop"} if term.takes_finish_reason else {}))
+        except TypeError as e:
+            raise RewardSpecError(f"reward {term.name!r} cannot be called as a reward function: its signature is "
+                                  f"{signature}, and a reward is called as fn(prompt, completion, answer) (with "
+                                  f"finish_reason=... when it takes it; docs/rewards.md): {e}") from None
 
 
 # ----------------------------------------------------------------------------- the model's context

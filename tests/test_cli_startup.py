@@ -111,50 +111,57 @@ def test_torch_is_imported_at_the_first_tensor_operation():
 
 
 TYPO_SCRIPT = r"""
-import json, sys
+import importlib.util, json, sys
 from pathlib import Path
 from typer.testing import CliRunner
 from rldsl.cli import app
 
+spec = importlib.util.spec_from_file_location("cli_startup", sys.argv[2])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
 tmp = Path(sys.argv[1])
-(tmp / "rows.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
-cases = {
-    "missing data file": ["--data", str(tmp / "nosuch.jsonl")],
-    "unknown reasoning-gym task": ["--data", "reasoning_gym:spel_backward"],
-    "bad agent": ["--agent", "nosuch_agent_module:agent"],
-    "bad teacher": ["--set", "teacher.path=" + str(tmp / "nosuch_teacher")],
-    "reasoning_gym reward on other data": ["--reward", "reasoning_gym", "--data", str(tmp / "rows.jsonl")],
-}
+bench.write_inputs(tmp)
 found = {}
-for i, (case, args) in enumerate(cases.items()):
+for i, (case, args) in enumerate(bench.TYPOS.items()):
+    args = [a.format(tmp=tmp) for a in args]
     out = tmp / f"run{i}"
-    spec = "gkd" if case == "bad teacher" else "grpo"
-    r = CliRunner().invoke(app, ["run", spec, "--out", str(out), *args])
-    found[case] = {"code": r.exit_code, "output": r.output, "folder": out.exists()}
+    r = CliRunner().invoke(app, ["run", *args, *([] if "--out" in args else ["--out", str(out)])])
+    found[case] = {"code": r.exit_code, "output": r.output, "folder": out.exists(),
+                   "occupied": sorted(p.name for p in (tmp / "occupied").iterdir())}
 print(json.dumps({"cases": found, "modules": sorted(sys.modules)}))
 """
 
 
 def test_run_rejects_a_typo_before_torch_loads(tmp_path):
-    """`rldsl run` checks what needs no weights before it imports torch or transformers: a missing
-    data file, an unknown reasoning-gym task, an agent that does not import, a teacher folder that
-    does not exist and the reasoning_gym reward on other data each exit 2 with the reason, create
-    no run folder and load neither (bench/cli_startup.py times them: about a second)."""
+    """`rldsl run` checks what needs no weights before it imports torch or transformers: each typo
+    of bench/cli_startup.py's table (a missing data file, an unknown reasoning-gym task, an agent
+    that does not import, a teacher folder that does not exist, the reasoning_gym reward on other
+    data; issue 57's config, data, reward, image and --out errors) exits 2 with the reason,
+    creates no run folder, leaves an occupied one as it was and loads neither (the bench times
+    them: about a second)."""
     import importlib.util
 
-    out = subprocess.run([sys.executable, "-c", TYPO_SCRIPT, str(tmp_path)], capture_output=True, text=True,
-                         cwd=REPO, timeout=300, check=True)
+    out = subprocess.run([sys.executable, "-c", TYPO_SCRIPT, str(tmp_path), str(REPO / "bench" / "cli_startup.py")],
+                         capture_output=True, text=True, cwd=REPO, timeout=300, check=True)
     data = json.loads(out.stdout.strip().splitlines()[-1])
     expected = {
-        "missing data file": "nosuch.jsonl: no such file or folder",
-        "unknown reasoning-gym task": ("unknown reasoning-gym task 'spel_backward'"
-                                       if importlib.util.find_spec("reasoning_gym") else "reasoning-gym"),
-        "bad agent": "cannot import module 'nosuch_agent_module'",
-        "bad teacher": "nosuch_teacher: not found",
-        "reasoning_gym reward on other data": "reward 'reasoning_gym' scores rows of reasoning-gym data",
+        "rldsl run grpo --data nosuch.jsonl": "nosuch.jsonl: no such file or folder",
+        "rldsl run grpo --data reasoning_gym:spel_backward": ("unknown reasoning-gym task 'spel_backward'"
+                                                             if importlib.util.find_spec("reasoning_gym")
+                                                             else "reasoning-gym"),
+        "rldsl run grpo --agent nosuch_agent:agent": "cannot import module 'nosuch_agent'",
+        "rldsl run gkd --set teacher.path=nosuch_teacher": "nosuch_teacher: not found",
+        "rldsl run grpo --reward reasoning_gym --data rows.jsonl": "reward 'reasoning_gym' scores rows of "
+                                                                   "reasoning-gym data",
+        "rldsl run grpo --set train.nosuch=1 (config)": "unknown config key 'train.nosuch'",
+        "rldsl run grpo --data bad.jsonl (a bad line)": "bad.jsonl: line 2: invalid JSON",
+        "rldsl run grpo --reward reward.py:two (signature)": "its signature is (prompt, completion)",
+        "rldsl run grpo --data images.jsonl (text model)": "1 of 1 prompts hold images (the first: row 1)",
+        "rldsl run grpo --out DIR (holds a run)": "occupied already holds a run",
     }
+    assert set(data["cases"]) == set(expected)
     for case, message in expected.items():
         got = data["cases"][case]
-        assert (got["code"], got["folder"]) == (2, False), (case, got)
+        assert (got["code"], got["folder"], got["occupied"]) == (2, False, ["metrics.jsonl"]), (case, got)
         assert message in got["output"], (case, got["output"])
     assert not [m for m in data["modules"] if m.split(".")[0] in ("torch", "transformers")]

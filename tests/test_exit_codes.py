@@ -22,9 +22,13 @@ def files(tmp_path: Path) -> dict[str, Path]:
     (tmp_path / "bad.rl").write_text("algorithm bad\n  baseline group_mena\n")
     (tmp_path / "notrl.yaml").write_text("model:\n  path: x\n")
     (tmp_path / "raises.py").write_text("def boom(prompt, completion, answer):\n    raise ZeroDivisionError('no')\n")
+    (tmp_path / "exits.py").write_text("import sys\n\ndef bye(prompt, completion, answer):\n    sys.exit(0)\n\n"
+                                       "def three(prompt, completion, answer):\n    raise SystemExit(3)\n")
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(0)\n")
     (tmp_path / "norun").mkdir()
     return {"dir": tmp_path, "bad": tmp_path / "bad.rl", "notrl": tmp_path / "notrl.yaml",
-            "raises": tmp_path / "raises.py", "norun": tmp_path / "norun"}
+            "raises": tmp_path / "raises.py", "exits": tmp_path / "exits.py",
+            "exits_on_import": tmp_path / "exits_on_import.py", "norun": tmp_path / "norun"}
 
 
 # (command line with {placeholders} for the files above, exit code, a piece of the message)
@@ -50,6 +54,10 @@ CASES = [
     ("reward maht --completion 1 --answer 1", EXIT_BAD_INPUT, "error: unknown reward 'maht'"),
     ("reward no_such_reward_module:f --completion 1 --answer 1", EXIT_BAD_INPUT, "cannot import module"),
     ("reward {raises}:boom --completion 1 --answer 1", EXIT_FAILED, "ZeroDivisionError: no"),
+    # a reward's sys.exit() is its error (exit 1, said), not the command's silent end with its code
+    ("reward {exits}:bye --completion 1 --answer 1", EXIT_FAILED, "RuntimeError: the function called sys.exit(0)"),
+    ("reward {exits}:three --completion 1 --answer 1", EXIT_FAILED, "the function called sys.exit(3)"),
+    ("reward {exits_on_import}:f --completion 1 --answer 1", EXIT_BAD_INPUT, "failed: SystemExit: 0"),
     ("reward math --completion 1 --answer 1 --finish-reason eos", EXIT_BAD_INPUT, "--finish-reason"),
     ("ablate --vary kl:none", EXIT_BAD_INPUT, "missing BASE"),
     ("ablate {bad} --vary kl:none --out {dir}/study", EXIT_BAD_INPUT, "unknown baseline 'group_mena'"),

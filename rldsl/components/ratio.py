@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 
-@register("ratio", sequence_level=False,
+@register("ratio", sequence_level=False, roles={"log_ratio_clamp": "clamp"},
           clamp=Float(20.0, "|log rho| is clamped to this (verl 20; large = off)", gt=0))
 def token(logp: Tensor, old_logp: Tensor, mask: Tensor, adv: Tensor, clamp: float) -> Tensor:
     """Per-token ratio.

@@ -549,9 +549,7 @@ class _Checker:
         if hint is None and self.resolve(name) != "unknown":
             hint = f"'{name}' is a value, not a function"
         self.add(f"unknown function '{name}'", e.func_span,
-                 hint=hint or "functions: " + ", ".join(n for n in lang.FUNCTIONS if "_" not in n or n == "sg") +
-                 " and the masked reductions seq_/group_/batch_ + sum, mean, std, max, min, quantile"
-                 " and order operations seq_/group_/batch_ + sort, rank, cumsum, topk_mask")
+                 hint=hint or "functions: " + lang.function_list())
 
 
 _REDUCE_FIRST = "a search decides one number for the batch; reduce it first, e.g. "

@@ -29,7 +29,11 @@ class Input:
 # The values the generated code computes (or always has) where formulas run; the optional
 # inputs of estimate()/loss() a formula may read come from the inputs table (below).
 _COMPUTED = [
-    Input("rho", 2, "importance ratio pi / pi_old (after the ratio slot)", loss="rho"),
+    Input("rho", 2, "importance ratio pi / pi_old (after the ratio slot). Under the default `ratio "
+                    "token(clamp=20)` it is `exp(clamp(logp - old_logp, -20, 20))`: the log-ratio is clamped "
+                    "at ±20 (`clamp=`; a large value turns it off). A formula that needs the unclamped ratio "
+                    "writes `exp(logp - old_logp)`; `rldsl check` notes the clamp when a formula reads `rho` "
+                    "under it", loss="rho"),
     Input("w", 2, "the trust region's weight", loss="w"),
     Input("A", 2, "advantage (0 on padding)", loss="adv", advantage="adv"),
     Input("logp", 2, "log pi(o_t) of the current policy (carries the gradient)", loss="logp"),
@@ -230,6 +234,27 @@ for _s in ORDER_SCOPES:
 
 for _n, (_k, _doc) in SEARCHES.items():
     FUNCTIONS[_n] = Function(_n, "search", (_k,), _doc, f"fx.{_n}")
+
+
+
+def function_list() -> str:
+    """Every function of the table in one line, for the unknown-function help: the plain ones by
+    name, the scoped families as ``seq_/group_/batch_ + ...``. Built from :data:`FUNCTIONS`, so a
+    function added to the table is listed without another edit."""
+    plain = [f.name for f in FUNCTIONS.values() if not f.scope]
+    scopes: dict[str, list[str]] = {}  # kind -> its scopes, in table order
+    names: dict[str, list[str]] = {}   # kind -> the names after the scope
+    for f in FUNCTIONS.values():
+        if f.scope:
+            scopes.setdefault(f.kind, [])
+            names.setdefault(f.kind, [])
+            for seq, item in ((scopes[f.kind], f.scope), (names[f.kind], f.name[len(f.scope) + 1:])):
+                if item not in seq:
+                    seq.append(item)
+    words = {"reduce": "the masked reductions", "order": "the order operations"}
+    parts = [f"{words.get(k, k)} {'/'.join(s + '_' for s in scopes[k])} + {', '.join(names[k])}" for k in names]
+    return ", ".join(plain) + "; " + "; ".join(parts)
+
 
 # names that are not functions but look like one: the advice to give instead of "unknown"
 ALIASES = {"bisection": "bisect", "binary_search": "bisect", "first": "first_of", "find": "first_of",

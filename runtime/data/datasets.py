@@ -271,6 +271,8 @@ def load_examples(
                 raise DataError(f"{where}: missing field {image_field!r} (data.image_key; the row has: "
                                 f"{', '.join(map(repr, columns))})")
             prompt = images.with_image_column(prompt, row[image_field], where, path.parent, image_field)
+        elif not images.prompt_images(prompt):  # a chat whose turns hold the images reads them there
+            images.check_unused_columns(row, where, wanted)
         images.check_images(prompt, where, max_images)
         answer = row[answer_field] if answer_field is not None else ""
         if isinstance(answer, (list, dict)):

@@ -22,6 +22,9 @@ from ..models.vision import open_image, part_image
 
 #: The content-part types a prompt's messages may hold.
 PART_TYPES = ("text", "image", "image_url")
+#: The columns other trainers read a row's images from (TRL's ``image`` / ``images``, verl's
+#: ``images``): a row holding one is never read as text alone without a word (:func:`check_unused_columns`)
+IMAGE_COLUMNS = ("image", "images")
 
 
 def _ref(part: dict, where: str) -> str:
@@ -72,6 +75,23 @@ def with_image_column(prompt: Any, refs: Any, where: str, base: Path, key: str) 
                         "as image parts in its user turns (docs/vlm.md)")
     content = [{"type": "image", "image": resolve(r, base)} for r in refs] + [{"type": "text", "text": prompt}]
     return ({"role": "user", "content": tuple(content)},)
+
+
+def check_unused_columns(row: dict, where: str, used: Sequence[str]) -> None:
+    """A row with an image column (IMAGE_COLUMNS) that no setting reads (``data.image_key`` unset,
+    ``used``: the columns the run reads) is refused with a DataError naming the row: its prompt
+    would train on the text alone, silently -- the column is not taken on a guess either, since
+    what the model sees must be what the user chose (docs/vlm.md)."""
+    for key in IMAGE_COLUMNS:
+        value = row.get(key)
+        if hasattr(value, "tolist"):
+            value = value.tolist()
+        if key in used or value is None or value == "" or (isinstance(value, (list, tuple)) and not value):
+            continue
+        raise DataError(f"{where}: the row has an image column {key!r} and data.image_key is not set: its "
+                        f"images would be left out and the prompt trained on its text alone. Set "
+                        f"data.image_key={key} (--set data.image_key={key}) to put them in the prompt, for a "
+                        "vision-language model (--model; docs/vlm.md), or drop the column to train on the text")
 
 
 def content_text(content: Any) -> str:

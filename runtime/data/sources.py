@@ -81,8 +81,9 @@ class Source:
     ``system_prompt()``: the defaults it fills into a run that leaves them unset. ``check(cfg)``:
     what it needs of the config, checked first. ``model(cfg)`` -> (folder, label) and
     ``tokenizer()``: the embedded model a run without ``model.path`` trains (a built-in task's),
-    and its tokenizer (the task's prompts are written in its vocabulary). ``eval_rows(cfg, path,
-    count, exclude)``: the rows of an evaluation set ``path`` of this kind (``eval.data``, ``rldsl
+    and its tokenizer (the task's prompts are written in its vocabulary); ``vision``: that model
+    reads images (prompts with images are refused before a text model loads). ``eval_rows(cfg,
+    path, count, exclude)``: the rows of an evaluation set ``path`` of this kind (``eval.data``, ``rldsl
     eval --data``) as (set label -> rows, a note or None): one set labelled ``""`` (named after the
     file), or one per task; ``count`` rows where the source draws its own (None: its default),
     none of the questions in ``exclude`` (None: the run's training questions when ``path`` is the
@@ -104,6 +105,7 @@ class Source:
     check: Callable[[RunConfig], None] | None = None
     model: Callable[[RunConfig], tuple[Path, str]] | None = None
     tokenizer: Callable[[], Any] | None = None
+    vision: bool = False
     eval_rows: EvalRows = _file_eval_rows
     task_of: Callable[[str], str | None] = _no_task
     precedence: int = 0

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -125,6 +125,20 @@ class RoutingStats:
         while len(self.counts) <= layer:
             self.counts.append(torch.zeros(experts, dtype=torch.float64))
         self.counts[layer] += c
+
+    def summed(self, reduce: Callable[[list[float], str], list[float]]) -> "RoutingStats":
+        """The stats of every rank's forwards: each count summed over the ranks by ``reduce(values,
+        op)`` (an all-reduce of floats, ``op`` "sum" or "max"; every rank calls this alike), so
+        that ``moe/*`` are the whole batch's, not one rank's share (their ratios are of sums)."""
+        layers, experts = (int(x) for x in reduce([float(len(self.counts)),
+                                                   float(max((len(c) for c in self.counts), default=0))], "max"))
+        counts = [c.tolist() + [0.0] * (experts - len(c)) for c in self.counts]
+        counts += [[0.0] * experts for _ in range(layers - len(counts))]
+        got = reduce([float(self.recorded), float(self.mismatched), float(self.drift), self.aux_total,
+                      float(self.aux_calls)] + [x for c in counts for x in c], "sum")
+        return RoutingStats(int(got[0]), int(got[1]), int(got[2]),
+                            [torch.tensor(got[5 + i * experts:5 + (i + 1) * experts], dtype=torch.float64)
+                             for i in range(layers)], got[3], int(got[4]))
 
     def metrics(self) -> dict[str, float]:
         """``moe/routing_mismatch``, ``moe/router_drift`` (when routing was recorded),

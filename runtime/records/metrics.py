@@ -22,7 +22,8 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from fnmatch import fnmatchcase
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn,
@@ -41,6 +42,7 @@ __all__ = [
     "ROLLOUT_TOKENS_PER_S", "LOGPROBS_TOKENS_PER_S", "UPDATE_TOKENS_PER_S", "PADDING_RATIO", "MFU",
     "TOKEN_IMBALANCE", "MICROBATCH_IMBALANCE", "TIMED", "throughput",
     "PHASES", "time_key", "timed",
+    "SUM", "MEAN", "MAX", "MIN", "TOKENS", "ROWS", "TERM", "COMBINE", "combine_kind", "combine", "combine_ranks",
     "Metric", "METRICS", "metric_by_concept",
     "KEY_METRICS",
     "HIGHER_IS_BETTER",
@@ -95,10 +97,6 @@ SKIPPED_NONFINITE = "skipped_nonfinite"  # minibatches skipped for a NaN / inf l
 # model.dtype = float16 only (train/loss_scale.py): dynamic loss scaling
 LOSS_SCALE = "train/loss_scale"        # the loss scale after the step's update
 SKIPPED_STEPS = "train/skipped_steps"  # of skipped_nonfinite, the minibatches whose scaled gradient overflowed
-#: terms already divided by the global denominator: over micro-batches and ranks they add up
-SUMMED = (LOSS, PG_LOSS, VALUE_LOSS)
-#: the same on every trainer rank (computed from the all-reduced gradient)
-REPLICATED = (GRAD_NORM, CRITIC_GRAD_NORM)
 # asynchronous rollouts (rollout.max_staleness > 0)
 STALENESS_MEAN = "async/staleness_mean"  # policy versions between the step and its batch's tokens, mean
 STALENESS_MAX = "async/staleness_max"    # ... and max (equal without partial rollouts: one version a batch)
@@ -137,6 +135,102 @@ def time_key(phase: str) -> str:
     if phase not in PHASES:
         raise KeyError(f"no timed phase {phase!r}: one of {list(PHASES)}")
     return f"time/{phase}_s"
+
+
+# ----------------------------------------------------------------------------- combining
+# An update's metrics come in pieces: a value per micro-batch, per trainer rank, per minibatch
+# and per epoch. Each metric declares here, once, how its pieces combine, and the one rule is
+# applied at every level: micro-batches -> minibatch (train/trainer.py), ranks -> minibatch
+# (workers/fsdp.py, all-reduced), minibatches and epochs -> the step (train/trainer.py).
+
+SUM = "sum"        # counts: the pieces add up
+MEAN = "mean"      # the plain mean of the pieces (a value every rank has alike: the mean is it)
+MAX = "max"        # the largest piece (an extreme over tokens is an extreme over pieces)
+MIN = "min"        # the smallest piece
+TOKENS = "tokens"  # a per-token average: the pieces' mean weighted by their loss-mask tokens
+ROWS = "rows"      # a per-row average: weighted by their rows with a loss-mask token
+#: a term already divided by its minibatch's global denominator (docs/api.md, "Denominators"):
+#: the pieces of one minibatch (micro-batches, ranks) add up to it; minibatches and epochs,
+#: each a whole value, are averaged
+TERM = "term"
+
+#: how each metric combines: (name or fnmatch pattern, kind), the first match wins
+COMBINE: tuple[tuple[str, str], ...] = (
+    (LOSS, TERM), (PG_LOSS, TERM), (VALUE_LOSS, TERM), ("distill/loss", TERM),
+    (GRAD_NORM, MEAN), (CRITIC_GRAD_NORM, MEAN),  # from the all-reduced gradient: alike on every rank
+    (OPTIMIZER_STEPS, SUM), (SKIPPED_NONFINITE, SUM), (SKIPPED_STEPS, SUM),
+    ("correction/rejected_seq_fraction", ROWS),  # of the rows with a loss-mask token (rldsl/ops.py)
+    ("*_max", MAX), ("*_min", MIN),              # ratio_max, correction/is_min, adv_max, ...
+    ("*", TOKENS),                               # entropy, clip_fraction, ratio_mean, kl, ...
+)
+
+
+def combine_kind(name: str) -> str:
+    """The kind (:data:`COMBINE`) by which the pieces of metric ``name`` combine."""
+    for pattern, kind in COMBINE:
+        if fnmatchcase(name, pattern):
+            return kind
+    return TOKENS
+
+
+def _weighted(vals: Sequence[tuple[float, float]]) -> float:
+    """sum(v * w) / sum(w), or the plain mean when no piece has weight."""
+    total = sum(w for _, w in vals)
+    if total > 0:
+        return sum(v * w for v, w in vals) / total
+    return sum(v for v, _ in vals) / len(vals)
+
+
+def combine(parts: Sequence[tuple[Mapping[str, float], float, float]], *, whole: bool = False) -> dict[str, float]:
+    """One value per metric from its pieces ``(metrics, loss-mask tokens, rows)``.
+
+    ``whole=False``: the pieces make up one minibatch (its micro-batches), so a :data:`TERM`
+    adds up; ``whole=True``: each piece is a whole minibatch (of an epoch), so a term is
+    averaged. Every other kind combines alike at both levels. A metric missing from a
+    piece is combined over the pieces that have it.
+    """
+    out: dict[str, float] = {}
+    for k in sorted({k for m, _, _ in parts for k in m}):
+        vals = [(m[k], tokens, rows) for m, tokens, rows in parts if k in m]
+        kind = combine_kind(k)
+        if kind == TERM:
+            kind = MEAN if whole else SUM
+        if kind == SUM:
+            out[k] = sum(v for v, _, _ in vals)
+        elif kind == MAX:
+            out[k] = max(v for v, _, _ in vals)
+        elif kind == MIN:
+            out[k] = min(v for v, _, _ in vals)
+        elif kind == MEAN:
+            out[k] = sum(v for v, _, _ in vals) / len(vals)
+        else:
+            out[k] = _weighted([(v, t if kind == TOKENS else r) for v, t, r in vals])
+    return out
+
+
+def combine_ranks(metrics: Mapping[str, float], tokens: float, rows: float, share: float,
+                  reduce: Callable[[list[float], str], list[float]]) -> dict[str, float]:
+    """Every rank's pieces of one minibatch -> its value (the same on every rank), by the
+    kinds of :data:`COMBINE`. ``tokens``, ``rows``: this rank's; ``share`` 0 marks a rank
+    without rows (a zero-weighted copy: its values count for nothing, but for a :data:`MEAN`,
+    which every rank has alike). ``reduce(values, op)`` is the all-reduce of a list of floats
+    over the ranks, ``op`` ``"sum"``, ``"max"`` or ``"min"`` (every rank calls it alike: the
+    keys are sorted, and each rank has the same metrics)."""
+    keys = sorted(metrics)
+    kinds = {k: combine_kind(k) for k in keys}
+    added = [k for k in keys if kinds[k] not in (MAX, MIN)]
+    weight = {SUM: share, TERM: share, MEAN: 1.0, TOKENS: tokens * share, ROWS: rows * share}
+    summed = reduce([metrics[k] * weight[kinds[k]] for k in added] + [tokens * share, rows * share, 1.0], "sum")
+    total = {TOKENS: summed[-3], ROWS: summed[-2], MEAN: summed[-1]}
+    out = dict(metrics)
+    for k, v in zip(added, summed):
+        kind = kinds[k]
+        out[k] = v if kind in (SUM, TERM) else v / total[kind] if total[kind] > 0 else 0.0
+    for kind, neutral in ((MAX, -math.inf), (MIN, math.inf)):
+        ks = [k for k in keys if kinds[k] == kind]
+        if ks:
+            out.update(zip(ks, reduce([metrics[k] if share else neutral for k in ks], kind)))
+    return out
 
 
 @contextmanager

@@ -25,7 +25,7 @@ import typer
 from ...errors import UsageError
 from ..data import reasoning_gym as rg
 from ..errors import RewardError
-from .functions import VERDICTS, RewardFn, split_reward_name
+from .functions import VERDICTS, RewardFn, exit_error, split_reward_name
 
 __all__ = ["FINISH_REASONS", "show_reward"]
 
@@ -66,11 +66,13 @@ def show_reward(name: str, completion: str, answer: str, prompt: Optional[str] =
     for term in fn.terms:
         try:
             value = term(prompt, completion, answer, finish_reason)
-        except Exception as exc:  # noqa: BLE001 - a user's function: reported, traceback on request
+        except (Exception, SystemExit) as raised:  # noqa: BLE001 - a user's function: reported, traceback on request
+            # its sys.exit() is its error, not the command's end
+            exc = exit_error(raised) if isinstance(raised, SystemExit) else raised
             if row is not None:
                 row.check()  # the verifier needed what an offline row lacks: said so, exit 2
             if traceback:
-                raise
+                raise exc
             raise RewardError(f"reward {term.name!r} failed: {type(exc).__name__}: {exc}") from None
         total += term.weight * value
         weight = "" if term.weight == 1.0 else f" (weight {_fmt(term.weight)})"

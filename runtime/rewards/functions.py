@@ -645,6 +645,8 @@ class RewardTerm:
             return self(prompt, completion, answer, finish_reason)
         except Exception as e:
             return e
+        except SystemExit as e:  # user code's sys.exit() is its error, not the run's end
+            return exit_error(e)
 
     def __call__(self, prompt: str, completion: str, answer: str, finish_reason: str) -> float:
         """The function's value as a finite float; anything else raises ``ValueError``."""
@@ -656,6 +658,12 @@ class RewardTerm:
         if isinstance(number, BaseException):
             raise number
         return number
+
+
+def exit_error(e: SystemExit) -> RuntimeError:
+    """A reward function's ``sys.exit(code)`` as the error of its sample: the reward wrapper's
+    and the CLI's ``except Exception`` would let it end the whole command with that code, silently."""
+    return RuntimeError(f"the function called sys.exit({e.code!r}); a reward function returns a number")
 
 
 def _finite(value: object, source: str) -> float | BaseException:

@@ -7,34 +7,41 @@ the batch still answers. Scoring runs in worker threads, so requests overlap.
 """
 from __future__ import annotations
 
-import json
 import socket
 import threading
 from typing import Any
 
 import typer
 
+from ...errors import UsageError
 from .functions import RewardFn
 
 
+def _strings(value: Any, key: str, n: int | None = None) -> list[str]:
+    """``value`` as a list of strings (of ``n`` when given), or the ValueError naming ``key``."""
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value) or n not in (None, len(value)):
+        raise ValueError(f"'{key}' must be a list of {'' if n is None else f'{n} '}strings")
+    return value
+
+
 def _columns(body: Any) -> tuple[list[str], list[str], list[str], list[str]]:
-    """(prompts, completions, answers, finish_reasons) of a request, or a ValueError saying why not."""
+    """(prompts, completions, answers, finish_reasons) of a request, or a ValueError saying why not
+    (every malformed body: answered 400, never a 500)."""
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
     completions = body.get("completions")
     if completions is None and "query" in body:  # an OpenRLHF client: prompt + completion in query
-        prompts = body.get("prompts") or [""] * len(body["query"])
-        completions = [q[len(p):] if q.startswith(p) else q for q, p in zip(body["query"], prompts)]
+        queries = _strings(body["query"], "query")
+        prompts = body.get("prompts")
+        prompts = [""] * len(queries) if prompts is None else _strings(prompts, "prompts", len(queries))
+        completions = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts)]
     if not isinstance(completions, list) or not all(isinstance(c, str) for c in completions):
         raise ValueError("'completions' (or OpenRLHF's 'query') must be a list of strings")
     n = len(completions)
     out = []
     for key, alias, default in (("prompts", None, ""), ("answers", "labels", ""), ("finish_reasons", None, "stop")):
         column = body.get(key, body.get(alias) if alias else None)
-        column = [default] * n if column is None else column
-        if not isinstance(column, list) or len(column) != n or not all(isinstance(x, str) for x in column):
-            raise ValueError(f"'{key}' must be a list of {n} strings")
-        out.append(column)
+        out.append([default] * n if column is None else _strings(column, key, n))
     return out[0], completions, out[1], out[2]
 
 
@@ -65,8 +72,9 @@ def make_app(spec: str):
     async def score(request: Request) -> JSONResponse:
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return JSONResponse({"error": "the body is not JSON"}, status_code=400)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep, an int of 5,000 digits
+            return JSONResponse({"error": "the body is not JSON (or nested too deep, or a number too long)"},
+                                status_code=400)
         try:
             answer = await run_in_threadpool(score_request, reward, body)
         except ValueError as e:
@@ -108,8 +116,17 @@ class BackgroundServer:
 
 
 def serve(reward: str, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """``rldsl serve-reward`` (its options: rldsl/runtime/cli.py): serve ``reward`` until Ctrl-C."""
+    """``rldsl serve-reward`` (its options: rldsl/runtime/cli.py): serve ``reward`` until Ctrl-C.
+    The socket is bound before "serving" is said: a port out of range, one in use or an address
+    not of this machine is exit code 2 with the reason (uvicorn would log it and hang)."""
     import uvicorn
+
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--port must be in 1..65535, got {port}")
     app_ = make_app(reward)  # a reward that cannot be loaded: exit code 2
+    try:
+        sock = socket.create_server((host, port))
+    except OSError as e:  # in use, not this machine's address, not permitted
+        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     typer.echo(f"serving reward {reward!r} at http://{host}:{port}/score (Ctrl-C stops)")
-    uvicorn.run(app_, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app_, log_level="warning")).run(sockets=[sock])

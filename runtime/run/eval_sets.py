@@ -5,7 +5,7 @@ prompts, and evaluated by the one evaluator (run/evaluation.py: the metrics unde
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -28,6 +28,7 @@ class EvalSet:
     examples: list[Example]
     reward: RewardFn
     own_reward: bool = False
+    system_prompt: str | None = None  # what its prompts are rendered with (:func:`render_set`)
 
 
 def set_name(path: str | Path, taken: Sequence[str] = ()) -> str:
@@ -62,46 +63,61 @@ def evaluate_sets(generate: Generate, sets: Sequence[EvalSet], cfg: RunConfig, *
 
 # ----------------------------------------------------------------------------- reading a set
 
-def load_sets(path: str | Path, cfg: RunConfig, reward: RewardFn, tokenizer: Any, *, count: int | None = None,
+def read_sets(path: str | Path, cfg: RunConfig, reward: RewardFn, *, count: int | None = None,
               exclude: Sequence[str] | None = None, name: str | None = None, taken: Sequence[str] = (),
               note: Callable[[str], None] | None = None) -> list[EvalSet]:
-    """The evaluation sets of ``path``, read by its prompt source (data/sources.py ``eval_rows``: a
-    data file is one set named after the file, ``reasoning_gym:`` data one set per task named
-    after the task, a single task or a mix alike; with ``name``: ``name``, ``name/<task>``), and
-    rendered as training renders its prompts, with the rows' system prompt (``system_prompt``).
+    """The evaluation sets of ``path`` as read, not yet rendered (:func:`render_set`), by its
+    prompt source (data/sources.py ``eval_rows``: a data file is one set named after the file,
+    ``reasoning_gym:`` data one set per task named after the task, a single task or a mix alike;
+    with ``name``: ``name``, ``name/<task>``), each with the rows' system prompt
+    (``system_prompt``). Needs no tokenizer: a missing file or column fails before one loads.
     ``count``, ``exclude``: the source's (:class:`~rldsl.runtime.data.sources.Source`)."""
-    d = cfg.data
     source = eval_source(cfg, path)
     by_set, line = source.eval_rows(cfg, str(path), count, exclude)
     if note is not None and line:
         note(line)
     system = system_prompt(cfg, source=source)
-    sets: list[EvalSet] = []
-    for label, rows in by_set.items():
-        title = (f"{name}/{label}" if name else label) if label else (name or set_name(path, taken))
-        rendered = [render_prompt(e, tokenizer, mode=d.chat_template, kwargs=d.chat_template_kwargs,
-                                  system_prompt=system) for e in rows]
-        sets.append(EvalSet(title, rendered, reward))
-    return sets
+    return [EvalSet((f"{name}/{label}" if name else label) if label else (name or set_name(path, taken)),
+                    rows, reward, system_prompt=system) for label, rows in by_set.items()]
 
 
-def eval_sets_of(cfg: RunConfig, tokenizer: Any, run_reward: RewardFn,
-                 training: Sequence[str] = ()) -> list[EvalSet]:
-    """The run's ``eval.data`` sets, read and rendered (a missing file or column fails here,
-    before any model loads), each with its reward (the run's unless it names its own).
-    ``training``: the run's training questions, which no generated set holds."""
+def render_set(s: EvalSet, cfg: RunConfig, tokenizer: Any) -> EvalSet:
+    """``s`` with its prompts rendered as training renders its prompts (chat template, system prompt)."""
+    d = cfg.data
+    rendered = [render_prompt(e, tokenizer, mode=d.chat_template, kwargs=d.chat_template_kwargs,
+                              system_prompt=s.system_prompt) for e in s.examples]
+    return replace(s, examples=rendered)
+
+
+def load_sets(path: str | Path, cfg: RunConfig, reward: RewardFn, tokenizer: Any, **kwargs: Any) -> list[EvalSet]:
+    """The evaluation sets of ``path`` read (:func:`read_sets`, its keywords) and rendered."""
+    return [render_set(s, cfg, tokenizer) for s in read_sets(path, cfg, reward, **kwargs)]
+
+
+def eval_rows_of(cfg: RunConfig, run_reward: RewardFn, training: Sequence[str] = ()) -> list[EvalSet]:
+    """The run's ``eval.data`` sets as read, not yet rendered (a missing file or column fails here,
+    before the tokenizer or any model loads), each with its reward (the run's unless it names its
+    own). ``training``: the run's training questions, which no generated set holds."""
     d = cfg.data
     sets: list[EvalSet] = []
     for entry in cfg.eval.data:
         entry = EvalSetConfig(path=entry) if isinstance(entry, str) else entry
         own = entry.reward is not None and entry.reward != run_reward.spec
         reward = RewardFn(entry.reward, on_error=cfg.reward.on_error) if own else run_reward
-        new = load_sets(entry.path, cfg, reward, tokenizer, count=None if d.eval_size is None else max(d.eval_size, 1),
+        new = read_sets(entry.path, cfg, reward, count=None if d.eval_size is None else max(d.eval_size, 1),
                         exclude=training, name=entry.name, taken=taken(sets))
         for s in new:
             s.own_reward = own
         add_sets(sets, new, "eval.data")
     return sets
+
+
+def eval_sets_of(cfg: RunConfig, tokenizer: Any, run_reward: RewardFn, training: Sequence[str] = (),
+                 read: Sequence[EvalSet] | None = None) -> list[EvalSet]:
+    """The run's ``eval.data`` sets read (:func:`eval_rows_of`; ``read``: what it read already)
+    and rendered for the model."""
+    read = eval_rows_of(cfg, run_reward, training) if read is None else read
+    return [render_set(s, cfg, tokenizer) for s in read]
 
 
 #: The set name the held-out split's per-task metrics take (``eval/heldout/<task>/...``)

@@ -62,9 +62,23 @@ Answer = Callable[[Sequence[Example], SamplingParams], tuple[RolloutBatch, "torc
 
 
 def score_rows(reward: RewardFn, batch: RolloutBatch, examples: Sequence[Example], n: int) -> torch.Tensor:
-    """[P * n] rewards of ``batch`` (n rows per example), NaN where the reward failed."""
-    batch.answers = repeat_each([e.answer for e in examples], n)
-    return reward.score(batch, repeat_each([e.reward_prompt for e in examples], n)).rewards
+    """[P * n * K] rewards of ``batch`` (n episodes per example, K rows each: an agent's episode
+    may make several), NaN where the reward failed."""
+    per_example = batch.response_mask.shape[0] // max(len(examples), 1)  # n * K
+    batch.answers = repeat_each([e.answer for e in examples], per_example)
+    return reward.score(batch, repeat_each([e.reward_prompt for e in examples], per_example)).rewards
+
+
+def episode_rewards(rewards: torch.Tensor, episodes: int) -> torch.Tensor:
+    """[episodes] each episode's reward from its rows' ([episodes * K], an episode's K rows
+    consecutive: an agent's episode may make several rows, docs/agents.md): the mean of its rows'
+    finite rewards (they carry one reward unless the agent rewards its roles apart), NaN when
+    none is."""
+    if len(rewards) == episodes:
+        return rewards
+    if episodes == 0 or len(rewards) % episodes:
+        raise ValueError(f"{len(rewards)} rows are not the same number of rows for each of {episodes} episodes")
+    return rewards.view(episodes, -1).nanmean(dim=1)
 
 
 def scored_here(generate: Generate, reward: RewardFn, multi_turn: bool = False) -> Answer:
@@ -97,7 +111,8 @@ def scored_by(rollouts: Rollouts, multi_turn: bool = False) -> Answer:
 @dataclass
 class Answers:
     """A set's answers in one evaluation: one greedy answer per prompt and, when asked, n
-    sampled ones, each with its reward ([P] and [P * n], NaN where the reward failed)."""
+    sampled ones, each with its reward ([P] and [P * n] episodes, NaN where the reward failed;
+    the batches hold their rows: K per episode, an agent's episode may make several)."""
 
     greedy: RolloutBatch
     greedy_rewards: torch.Tensor
@@ -117,10 +132,11 @@ def answer_set(answer: Answer, examples: Sequence[Example], *, max_new_tokens: i
     times; the held-out split and each ``eval.data`` set alike (they differ in the names of
     their metrics only: :func:`set_metrics`, :func:`heldout_metrics`)."""
     greedy, greedy_rewards = answer(examples, SamplingParams.greedy(max_new_tokens))
+    greedy_rewards = episode_rewards(greedy_rewards, len(examples))  # the figures count episodes
     if sampled is None:
         return Answers(greedy, greedy_rewards)
     batch, rewards = answer(examples, sampled)
-    return Answers(greedy, greedy_rewards, batch, rewards)
+    return Answers(greedy, greedy_rewards, batch, episode_rewards(rewards, len(examples) * sampled.n))
 
 
 def _mean_finite(r: torch.Tensor) -> float:
@@ -138,8 +154,9 @@ def set_metrics(name: str, a: Answers, reward: RewardFn) -> dict[str, float]:
         for k in k_values(n):
             out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / P
         out["reward"] = _mean_finite(a.sampled_rewards)
-        out["length"] = float(a.sampled.response_mask.sum(-1).float().mean())
-        out["truncated"] = float(a.sampled.truncated.float().mean())
+        episodes = P * n  # an episode's length: its rows' tokens; truncated: any of its rows
+        out["length"] = float(a.sampled.response_mask.sum(-1).float().view(episodes, -1).sum(-1).mean())
+        out["truncated"] = float(a.sampled.truncated.view(episodes, -1).any(-1).float().mean())
     out["failed"] = float(a.failed)
     return {f"eval/{name}/{k}": v for k, v in out.items()}
 

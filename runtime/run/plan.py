@@ -8,10 +8,10 @@ import rldsl
 
 from ..config import MODEL_RUN_DEFAULTS, RunConfig
 from ..resolve import check_group_size, check_settings, check_teacher_settings, resolve, settled_reward
-from .eval_sets import eval_sets_of
+from .eval_sets import eval_rows_of, eval_sets_of
 from ..data.sources import source_of
 from ..records.trackers import check_trackers
-from .sources import examples_of, model_folder, model_of, prompts_of
+from .sources import check_image_model, examples_of, model_folder, model_of, prompts_of
 from .state import Plan
 
 
@@ -27,8 +27,10 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     neither: ``rldsl run`` rejects a typo in about a second, tests/test_cli_startup.py): the
     device, engine, the prompt source's needs and the tools, environment or agent
     (resolve.check_settings); the trackers; the reward, named once (a server's address, a reward
-    model's folder; reasoning_gym only on reasoning-gym data); the teacher's settings; the model folder; the data's files, fields and reasoning-gym tasks.
-    Then the model's tokenizer and context, a teacher's vocabulary, the resolved config, the
+    model's folder; reasoning_gym only on reasoning-gym data; its functions' signatures); the
+    teacher's settings; the model folder; the data's files, fields and reasoning-gym tasks, the
+    ``eval.data`` sets' likewise; prompts with images for a text model (run/sources.py
+    ``check_image_model``). Then the model's tokenizer and context, a teacher's vocabulary, the resolved config, the
     group-size check and the rollout-stage inputs the spec reads. A mistake in any of them fails
     in seconds, never after a model load."""
     source = source_of(cfg)  # where the prompts come from (data/sources.py): bound here, once; the run carries it
@@ -40,12 +42,16 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
         model_folder(cfg, source)  # a user's model folder exists (the toy's is built by model_of)
     notes: list[str] = []
     rows = examples_of(cfg, source, notes.append)
+    read = eval_rows_of(cfg, reward, [e.reward_prompt for e in rows.train])  # eval.data, not yet rendered
+    data = f"data.path={cfg.data.path}" if cfg.data.path else source.what
+    check_image_model(cfg, source, [(data, rows.train + rows.heldout)]
+                      + [(f"eval.data set {s.name!r}", s.examples) for s in read])
     # -- from here on the tokenizer (transformers) and, for the toy's warm start, torch
     from ..train.inputs import check_rollout_inputs  # torch (the compiled algorithm's inputs)
 
     path, label, tok = model_of(algo, cfg, source)
     prompts, held = prompts_of(cfg, source, tok, rows=rows)
-    eval_sets = eval_sets_of(cfg, tok, reward, [e.reward_prompt for e in prompts.examples])
+    eval_sets = eval_sets_of(cfg, tok, reward, read=read)
     resolved, more = resolve(cfg, path, tok, [e.prompt for e in prompts.examples + held]
                              + [e.prompt for s in eval_sets for e in s.examples], label)
     warnings = check_group_size(algo, resolved)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
@@ -16,9 +16,10 @@ import rldsl
 
 from ..config import DataConfig, RunConfig
 from ..data.datasets import Example, PromptSource, render_prompt
+from ..data.images import prompt_images
 from ..data.sources import SOURCES, Rows, Source, system_prompt
 from ..errors import ConfigError, RunError
-from ..models.loading import load_tokenizer
+from ..models.loading import is_vision_folder, load_tokenizer
 from ..resolve import check_teacher
 from ..rollout.multi_turn import check_episode_template
 
@@ -49,6 +50,30 @@ def model_of(algo: rldsl.Algorithm, cfg: RunConfig, source: Source) -> tuple[Pat
     check_teacher(algo, cfg, path, tok)
     check_episode_template(cfg, tok)
     return path, label, tok
+
+
+def check_image_model(cfg: RunConfig, source: Source, sets: Sequence[tuple[str, Sequence[Example]]]) -> None:
+    """Prompts with images (image parts, ``data.image_key``) need a vision-language policy: a
+    text model (a ``model.path`` whose config.json has no ``vision_config``, or a source's embedded
+    text model) is refused here with a ConfigError naming the data and its first such row, from
+    the config and the rows alone, before any tokenizer or model loads (it failed after the model
+    loaded: a chat template's TypeError, or a missing preprocessor_config.json). ``sets``: (what
+    the rows are, e.g. ``data.path=train.jsonl``, the rows)."""
+    if cfg.model.path is not None:
+        if is_vision_folder(cfg.model.path):
+            return
+        model = f"the model {cfg.model.path} is a text model (its config.json has no vision_config)"
+    else:
+        if (source if source.model is not None else SOURCES[DataConfig().task]).vision:  # as model_folder
+            return
+        model = "the run trains the embedded toy model (no --model), a text model"
+    for what, rows in sets:
+        with_images = [e for e in rows if prompt_images(e.row_prompt)]
+        if with_images:
+            raise ConfigError(f"{what}: {len(with_images)} of {len(rows)} prompts hold images (the first: row "
+                              f"{with_images[0].id + 1}), and {model} that cannot see them. Train a "
+                              "vision-language model (--model, a Qwen2-VL-family folder; docs/vlm.md), or drop "
+                              "the images from the data")
 
 
 def check_task_vocabulary(cfg: RunConfig, tokenizer: Any, source: Source) -> None:

@@ -47,5 +47,5 @@ def _claims(cfg: RunConfig) -> bool:
 #: The visual task: pictures drawn offline, a one-word answer scored by ``exact``, its embedded
 #: tiny Qwen2-VL warm-started (toy/shapes_warmup.py); rendered with that model's chat template
 SOURCE = Source(SHAPES_TASK, f"the built-in {SHAPES_TASK} task", claims=_claims, rows=_rows,
-                reward="exact", max_new_tokens=3, model=_model, tokenizer=_tokenizer,
+                reward="exact", max_new_tokens=3, model=_model, tokenizer=_tokenizer, vision=True,
                 eval_rows=_eval_rows, task_of=question_of, precedence=1)

@@ -22,7 +22,6 @@ import torch
 from torch import Tensor
 
 from ..batch import RolloutBatch
-from ..records.metrics import SUMMED
 
 
 def row_tokens(batch: RolloutBatch) -> Tensor:
@@ -113,26 +112,3 @@ def widen(t: Tensor, width: int) -> Tensor:
     if t.shape[1] == width:
         return t
     return torch.nn.functional.pad(t, (0, width - t.shape[1]))
-
-
-def combine_metrics(parts: list[tuple[dict[str, float], float]],
-                    summed: Sequence[str] = SUMMED) -> dict[str, float]:
-    """Metrics of one minibatch from its micro-batches' (metrics, loss-mask tokens).
-
-    Terms over the global denominator add up; ``*_max`` / ``*_min`` take the extreme;
-    every other metric is a per-token average, weighted by the micro-batch's tokens.
-    """
-    keys = sorted({k for m, _ in parts for k in m})
-    out: dict[str, float] = {}
-    for k in keys:
-        vals = [(m[k], w) for m, w in parts if k in m]
-        if k in summed:
-            out[k] = sum(v for v, _ in vals)
-        elif k.endswith("_max"):
-            out[k] = max(v for v, _ in vals)
-        elif k.endswith("_min"):
-            out[k] = min(v for v, _ in vals)
-        else:
-            wsum = sum(w for _, w in vals)
-            out[k] = sum(v * w for v, w in vals) / wsum if wsum > 0 else sum(v for v, _ in vals) / len(vals)
-    return out

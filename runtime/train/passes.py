@@ -137,7 +137,11 @@ class ForwardPasses:
         if not self.moe:
             return {}
         stats, self.routing_stats = self.routing_stats, moe.RoutingStats()
-        return stats.metrics()
+        return self._every_rank_routing(stats).metrics()
+
+    def _every_rank_routing(self, stats: moe.RoutingStats) -> moe.RoutingStats:
+        """This rank's routing stats -> every rank's (summed); on one rank its own."""
+        return stats
 
     def _tally(self, phase: str, count: TokenCount, model: nn.Module, backward: bool) -> None:
         """Add one forward's tokens and FLOPs to its phase's count."""

@@ -27,10 +27,10 @@ from ..batch import RolloutBatch, group_rows
 from ..config import RunConfig
 from ..records.metrics import CRITIC_GRAD_NORM, GRAD_NORM, LOSS, OPTIMIZER_STEPS, SKIPPED_NONFINITE, SKIPPED_ZERO_ADV
 from ..records.metrics import LOSS_SCALE, SKIPPED_STEPS
-from ..records.metrics import timed
+from ..records.metrics import combine, timed
 from .inputs import (OLD_POLICY_STATISTICS, Forwards, Micro, estimate_inputs, loss_inputs, old_policy_statistics,
                      reads_engine, reads_router_aux)
-from .microbatch import combine_metrics, row_tokens, trim
+from .microbatch import row_tokens, trim
 from .parts import trainer_parts
 from .passes import ForwardPasses
 from .teachers import RemoteTeacher, TeacherForward, ema_update, vocabulary_jsd
@@ -234,7 +234,8 @@ class Trainer(ForwardPasses):
         return [group_rows(g, G) for g in groups if len(g)]
 
     def update(self, batch: TrainBatch, generator: torch.Generator | None = None) -> dict[str, float]:
-        """``ppo_epochs`` passes of minibatch updates; returns averaged metrics.
+        """``ppo_epochs`` passes of minibatch updates; returns their metrics, combined over
+        minibatches and epochs by each metric's kind (records/metrics.py ``COMBINE``).
 
         A minibatch whose loss or gradient is not finite is skipped (no optimizer step, the
         weights untouched) and counted in ``skipped_nonfinite``. When every advantage is 0
@@ -245,8 +246,7 @@ class Trainer(ForwardPasses):
         if self.skip_zero_advantage and only_pg and not bool((batch.advantages * batch.mask).any()):
             return {SKIPPED_ZERO_ADV: 1.0, SKIPPED_NONFINITE: 0.0, OPTIMIZER_STEPS: 0.0}
         self.policy.train()
-        sums: dict[str, float] = {}
-        n = 0
+        parts: list[tuple[dict[str, float], float, float]] = []
         skipped = 0
         steps = 0
         for _ in range(self.ppo_epochs):
@@ -256,10 +256,8 @@ class Trainer(ForwardPasses):
                     skipped += 1
                     continue
                 steps += 1
-                n += 1
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + v
-        out = {k: v / max(n, 1) for k, v in sums.items()}
+                parts.append((m,) + _weights(batch.mask[rows]))
+        out = combine(parts, whole=True)
         out.update(self._perf_metrics("update"))
         # moe/*: estimate()'s old-logprob forward reported them; else (on-policy) the update's first
         out.update({k: v for k, v in self._routing_metrics().items() if k not in batch.metrics})
@@ -286,7 +284,7 @@ class Trainer(ForwardPasses):
         mbs, by_group = self._microbatches(sub)
         Tr = sub.response_ids.shape[1]
         ent_coef = fn.entropy_coef()  # `entropy adaptive`: the same coefficient for every micro-batch
-        parts: list[tuple[dict[str, float], float, bool]] = []
+        parts: list[tuple[dict[str, float], tuple[float, float], bool]] = []
         # a loss formula reading a batch_* statistic: each micro-batch's loss() call gets the
         # whole minibatch (every rank's rows), the other micro-batches' values from a no-grad
         # pass before this step, gathered from every rank
@@ -318,9 +316,9 @@ class Trainer(ForwardPasses):
                     self.critic_optimizer.zero_grad(set_to_none=True)
                 return None
             if whole is None:
-                parts.append((m, float(batch.mask[r].sum()) if w else 0.0, bool(w)))
+                parts.append((m, _weights(batch.mask[r]) if w else (0.0, 0.0), bool(w)))
             elif not parts:  # every call gave the whole minibatch's loss and metrics: keep one
-                parts.append((m, float(batch.mask[minibatch].sum()), True))
+                parts.append((m, _weights(batch.mask[minibatch]), True))
         params = [p for p in self.policy.parameters() if p.grad is not None]
         critic_params = [p for p in self.critic.parameters() if p.grad is not None] if self.critic is not None else []
         if self.loss_scaler is not None:  # float16: the gradients unscaled before clipping
@@ -343,8 +341,8 @@ class Trainer(ForwardPasses):
             ema_update(self.teacher, self.policy, self.teacher_ema)
         if self.critic_optimizer is not None:
             self.critic_optimizer.step()
-        metrics = combine_metrics([(m, t) for m, t, real in parts if real]
-                                  or [(m, 0.0) for m, _, _ in parts])
+        metrics = combine([(m, *tw) for m, tw, real in parts if real]
+                          or [(m, 0.0, 0.0) for m, _, _ in parts])
         metrics[GRAD_NORM] = gnorm
         if cnorm is not None:
             metrics[CRITIC_GRAD_NORM] = cnorm
@@ -474,7 +472,8 @@ class Trainer(ForwardPasses):
         return bool(torch.isfinite(loss))
 
     def _reduce_metrics(self, metrics: dict[str, float], mask: Tensor, share: float) -> dict[str, float]:
-        """Metrics of the whole minibatch from each rank's own."""
+        """Metrics of the whole minibatch from each rank's own (``mask``: this rank's rows'), by
+        their kinds (records/metrics.py ``COMBINE``)."""
         return metrics
 
     def teacher_state(self) -> dict[str, Tensor] | None:
@@ -528,6 +527,12 @@ def _put(whole: dict[str, Tensor | None], mb: Tensor, fwd: dict[str, Tensor | No
         merged[mb.to(w.device), :t.shape[1]] = t.to(w.dtype)
         out[k] = merged
     return out
+
+
+def _weights(mask: Tensor) -> tuple[float, float]:
+    """(loss-mask tokens, rows with one) of rows' ``mask`` [b, T]: a piece's weights when its
+    metrics are combined with others' (records/metrics.py ``combine``)."""
+    return float(mask.sum()), float((mask.sum(-1) > 0).sum())
 
 
 def _has_dropout(model: nn.Module) -> bool:

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from ..batch import RolloutBatch
 from ..models.lora import LoraAdapter, adapter_of, lora_scalings, merge_state
-from ..records.metrics import REPLICATED, SUMMED
+from ..records.metrics import combine_ranks
 from ..models.loading import with_tied
 from ..train.logprobs import token_logprobs
 from ..train.microbatch import rank_groups, row_tokens
@@ -30,9 +30,6 @@ from ..train.trainer import TrainBatch, Trainer
 
 LOGPROBS_METHOD = "rldsl_token_logprobs"
 _BLOCK_LISTS = ("layers", "h", "blocks", "block")
-# metrics of fn.loss already divided by the global denominator (their sum over ranks is exact),
-# and the ones that are the same on every rank: metrics.SUMMED, metrics.REPLICATED
-_SUMMED, _REPLICATED = SUMMED, REPLICATED
 
 
 # ----------------------------------------------------------------------------- FSDP2
@@ -206,27 +203,20 @@ class ShardedTrainer(Trainer):
         return total, float(sums[1]), float(sums[2]), float(sums[3]), imbalance, float(peaks[1])
 
     def _reduce_metrics(self, metrics: dict[str, float], mask: Tensor, share: float) -> dict[str, float]:
-        """Sums for the terms over the global denominator, min/max for extremes, token-weighted
-        means for the per-token averages (weight: this rank's loss-mask tokens)."""
-        w = float(mask.sum()) * share
-        keys = sorted(metrics)
-        sums = [k for k in keys if k not in _REPLICATED and not k.endswith(("_max", "_min"))]
-        vec = torch.tensor([metrics[k] * (share if k in _SUMMED else w) for k in sums] + [w],
-                           dtype=torch.float64, device=self.device)
-        dist.all_reduce(vec)
-        out = dict(metrics)
-        total_w = float(vec[-1])
-        for k, v in zip(sums, vec[:-1].tolist()):
-            out[k] = v if k in _SUMMED else v / max(total_w, 1.0)
-        for suffix, op, neutral in (("_max", dist.ReduceOp.MAX, -float("inf")),
-                                    ("_min", dist.ReduceOp.MIN, float("inf"))):
-            ks = [k for k in keys if k.endswith(suffix)]
-            if ks:
-                t = torch.tensor([metrics[k] if share else neutral for k in ks], dtype=torch.float64,
-                                 device=self.device)
-                dist.all_reduce(t, op=op)
-                out.update(zip(ks, t.tolist()))
-        return out
+        """Every rank's metrics of the minibatch combined by their kinds (records/metrics.py
+        ``COMBINE``: sums, extremes, means weighted by this rank's loss-mask tokens or rows)."""
+        rows = float((mask.sum(-1) > 0).sum())
+        return combine_ranks(metrics, float(mask.sum()), rows, share, self._reduce_floats)
+
+    def _every_rank_routing(self, stats: Any) -> Any:
+        """moe/* of the whole batch: every rank's routing counts summed (models/moe.py)."""
+        return stats.summed(self._reduce_floats)
+
+    def _reduce_floats(self, values: list[float], op: str) -> list[float]:
+        """``values`` summed (``op`` "sum"), or their max / min, over the ranks (float64)."""
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
+        return t.tolist()
 
     # -- full (unsharded) states: collectives every rank joins; the result is rank 0's
 

@@ -213,3 +213,22 @@ async def bad_metadata(client, row: dict) -> float:
     await client.chat.completions.create(model=row["model"], messages=[{"role": "user", "content": "x"}],
                                          max_tokens=2, extra_body={"metadata": {"role": 3}})
     return 1.0
+
+
+async def rewarded_roles(client, row: dict) -> dict:
+    """Self-play whose roles are rewarded apart: a proposer and a solver call (a row each, tagged
+    with their role), a reward per role -- the proposer's a tenth of the answer, the solver's
+    its complement."""
+    for role in ("proposer", "solver"):
+        await client.chat.completions.create(
+            model=row["model"], messages=[{"role": "user", "content": f"{role}: {row['prompt']}"}],
+            max_tokens=4, metadata={"role": role})
+    a = float(row["answer"]) / 10
+    return {"proposer": a, "solver": 1.0 - a}
+
+
+async def rewarded_unknown_role(client, row: dict) -> dict:
+    """A reward per role, but its call is tagged with a role the rewards do not name."""
+    await client.chat.completions.create(model=row["model"], messages=[{"role": "user", "content": "x"}],
+                                         max_tokens=2, metadata={"role": "judge"})
+    return {"proposer": 1.0, "solver": 0.0}

@@ -122,6 +122,45 @@ def test_bad_values_give_clear_errors(item, pattern):
         load_config(overrides=[item])
 
 
+def _keys_of_type(name: str) -> list[str]:
+    return [key for key, typ, _default, _doc in config_reference() if name in typ.replace("|", " ").split()
+            or f"[{name}," in typ]
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_every_float_setting_is_finite(value):
+    """inf passed every range check: train.lr=inf failed late, rollout.temperature=inf trained nothing."""
+    keys = _keys_of_type("float")
+    assert {"train.lr", "train.weight_decay", "train.eps", "rollout.temperature", "train.betas"} <= set(keys)
+    for key in keys:
+        raw = f"0.9,{value}" if key == "train.betas" else value
+        with pytest.raises(ConfigError, match=rf"{key}: .*(finite|greater|less).*\(--set {key}="):
+            load_config(overrides=[f"{key}={raw}"])
+
+
+def test_non_finite_floats_in_a_file_or_a_table_are_refused(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[train]\nlr = inf\n")
+    with pytest.raises(ConfigError, match=rf"train.lr: must be a finite number, got inf \(in {path}\)"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"data.options: must be a finite number, got nan"):
+        load_config(overrides=["data.options.ratio=NaN"])
+
+
+def test_every_integer_setting_fits_what_torch_and_the_os_take():
+    """rollout.n = 2**63-1 failed after the model loaded (numel overflow); a seed >= 2**32 fails in
+    numpy's seeding (vLLM's engine seeds numpy with it), one >= 2**64 in torch's."""
+    keys = _keys_of_type("int")
+    assert {"rollout.n", "train.steps", "threads", "seed"} <= set(keys)
+    for key in keys:
+        with pytest.raises(ConfigError, match=rf"{key}: .*\(--set {key}=9223372036854775807\)"):
+            load_config(overrides=[f"{key}=9223372036854775807"])
+    assert load_config(overrides=["seed=4294967295"]).seed == 2**32 - 1
+    for seed in (2**32, -1):
+        with pytest.raises(ConfigError, match=rf"seed: .* \(--set seed={seed}\)"):
+            load_config(overrides=[f"seed={seed}"])
+
+
 def test_toml_file_then_set_then_flags(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('seed = 3\n[train]\nlr = 1e-3\nsteps = 50\nbetas = [0.8, 0.9]\n'

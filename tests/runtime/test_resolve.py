@@ -210,6 +210,100 @@ def test_the_checks_run_in_the_cli_with_exit_code_and_no_load(model_dir, tmp_pat
     assert no_model_load == []
 
 
+@pytest.fixture
+def no_tokenizer_load(monkeypatch):
+    """Loading the policy's tokenizer fails the test: a check that needs the config and the rows
+    alone comes before it (and before transformers is imported for it)."""
+    from rldsl.runtime.run import sources
+
+    calls: list[str] = []
+
+    def refuse(path):
+        calls.append(str(path))
+        raise AssertionError(f"the tokenizer at {path} was loaded before the check")
+
+    monkeypatch.setattr(sources, "load_tokenizer", refuse)
+    return calls
+
+
+def test_a_reward_of_the_wrong_signature_fails_before_the_model_loads(model_dir, tmp_path, no_model_load):
+    """A reward function is called as fn(prompt, completion, answer): one that cannot be (two
+    parameters, a required keyword) is refused from its signature at plan time, exit 2, no run
+    folder -- it failed after the model loaded and sampled a batch (issue 57)."""
+    rewards = tmp_path / "rewards.py"
+    rewards.write_text("def two(prompt, completion):\n    return 1.0\n\n"
+                       "def needs_key(prompt, completion, answer, *, scale):\n    return scale\n\n"
+                       "def fine(prompt, completion, answer, finish_reason='stop', **kw):\n    return 1.0\n\n"
+                       "def varargs(*args):\n    return 1.0\n")
+    for name, shown in (("two", "(prompt, completion)"), ("needs_key", "(prompt, completion, answer, *, scale)")):
+        res = runner.invoke(app, ["run", "grpo", "--model", str(model_dir), "--out", str(tmp_path / "run"),
+                                  "--reward", f"{rewards}:{name}", "--set", "log.progress=false"])
+        assert res.exit_code == 2, res.output
+        assert f"its signature is {shown}" in res.output and "fn(prompt, completion, answer)" in res.output
+        assert "Traceback" not in res.output
+    assert no_model_load == [] and not (tmp_path / "run").exists()
+    for name in ("fine", "varargs", "needs_key(scale=2)"):  # an option binds the keyword
+        plan = plan_run(load_spec("grpo"), run_config(model_dir, tmp_path / "run", f"reward.name={rewards}:{name}"))
+        assert plan.reward.terms[0].name == f"{rewards}:{name}"
+
+
+def test_a_missing_eval_set_fails_before_the_tokenizer_loads(model_dir, tmp_path, no_tokenizer_load, no_model_load):
+    data = data_file(tmp_path / "d.jsonl")
+    with pytest.raises(DataError, match="nosuch.jsonl: no such file"):
+        loop.train("grpo", run_config(model_dir, tmp_path / "run", f"data.path={data}",
+                                      f"eval.data=['{tmp_path / 'nosuch.jsonl'}']"))
+    assert no_tokenizer_load == no_model_load == [] and not (tmp_path / "run").exists()
+
+
+def _image_rows(tmp_path: Path) -> Path:
+    from PIL import Image
+    Image.new("RGB", (28, 28), (200, 30, 30)).save(tmp_path / "red.png")
+    chat = [{"role": "user", "content": [{"type": "image", "image": "red.png"}, {"type": "text", "text": "Colour?"}]}]
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": chat, "answer": "red"}]
+    path = tmp_path / "pictures.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_images_with_a_text_model_exit_2_before_the_tokenizer_loads(model_dir, tmp_path, no_tokenizer_load,
+                                                                    no_model_load):
+    """Prompts with images and a text policy (a user's folder without vision_config, the embedded
+    toy) exit 2 naming the data and its first row with images, before the tokenizer or a model
+    loads, with no run folder: it failed after the model loaded (a chat template's TypeError, exit 1,
+    or a missing preprocessor_config.json with a run folder left behind; issue 57)."""
+    pictures = _image_rows(tmp_path)
+    text = data_file(tmp_path / "d.jsonl")
+    for flags, where, model in (
+            (["--model", str(model_dir), "--data", str(pictures)], f"data.path={pictures}", f"the model {model_dir} is a text model"),
+            (["--data", str(pictures)], f"data.path={pictures}", "the embedded toy model (no --model), a text model"),
+            (["--model", str(model_dir), "--data", str(text), "--set", f"eval.data=['{pictures}']"],
+             "eval.data set 'pictures'", "is a text model")):
+        res = runner.invoke(app, ["run", "grpo", *flags, "--out", str(tmp_path / "run"), "--set", "log.progress=false"])
+        assert res.exit_code == 2, res.output
+        assert f"{where}: 1 of 2 prompts hold images (the first: row 2)" in res.output, res.output
+        assert model in res.output and "Traceback" not in res.output
+    assert no_tokenizer_load == no_model_load == [] and not (tmp_path / "run").exists()
+
+
+def test_images_pass_the_check_for_a_vision_language_model(tmp_path):
+    """A model folder whose config.json has a vision_config, and the shapes task's embedded
+    Qwen2-VL, read the images: the check lets them through."""
+    from rldsl.runtime.data.sources import SOURCES, source_of
+    from rldsl.runtime.data.datasets import load_examples
+    from rldsl.runtime.run.sources import check_image_model
+
+    rows = load_examples(_image_rows(tmp_path))
+    vlm = tmp_path / "vlm"
+    vlm.mkdir()
+    (vlm / "config.json").write_text(json.dumps({"model_type": "qwen2_vl", "vision_config": {}}))
+    cfg = load_config(None, [f"model.path={vlm}", f"data.path={tmp_path / 'pictures.jsonl'}"])
+    check_image_model(cfg, source_of(cfg), [("data", rows)])
+    shapes = load_config(None, ["data.task=shapes"])
+    check_image_model(shapes, SOURCES["shapes"], [("data", rows)])
+    with pytest.raises(ConfigError, match="the embedded toy model"):
+        check_image_model(load_config(None, []), source_of(load_config(None, [])), [("data", rows)])
+
+
 # ----------------------------------------------------------------------------- silent defaults
 
 def test_a_microbatch_budget_smaller_than_a_row_is_reported_with_the_numbers(model_dir, tmp_path, tokenizer):

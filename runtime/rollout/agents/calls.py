@@ -93,8 +93,31 @@ def prefix_breaks(rows: list[Row]) -> int:
 @dataclass
 class Outcome:
     """How one agent episode ended: the model calls the endpoint recorded, what the agent
-    returned (its reward, checked: a number or None) and why it failed (None: it did not)."""
+    returned (its reward, checked: a number, a reward per role -- {tag value: number} -- or None)
+    and why it failed (None: it did not)."""
 
     calls: list[Call] = field(default_factory=list)
-    reward: float | None = None
+    reward: float | dict[str, float] | None = None
     error: str | None = None
+
+    def row_rewards(self, rows: list[Row], K: int, subject: str) -> tuple[list[float | None], str | None]:
+        """The reward of each of the episode's ``K`` rows (its ``rows``, then padding) and the
+        episode's error. A number (or None) is every row's. A reward per role is each row's by the
+        value its calls are tagged with in their request ``metadata`` (any key: the field a spec's
+        ``group_by`` reads); a padding row gets the mean of the others', so an episode's mean over
+        its rows is its rows' mean. A row tagged with none of the roles, or two, is the episode's
+        error."""
+        if not isinstance(self.reward, dict):
+            return [self.reward] * K, self.error
+        got: list[float] = []
+        for j, row in enumerate(rows):
+            tags = {v for i in row.calls for v in self.calls[i].metadata.values()}
+            hit = sorted(tags & self.reward.keys())
+            if len(hit) != 1:
+                tagged = " and ".join(map(repr, sorted(tags))) or "nothing"
+                return [None] * K, (f"{subject} returned a reward per role ({', '.join(map(repr, sorted(self.reward)))}) "
+                                    f"but the episode's row {j} is tagged {tagged} in its calls' metadata: "
+                                    f"tag each row's calls with one of the roles")
+            got.append(self.reward[hit[0]])
+        pad = sum(got) / len(got) if got else None
+        return got + [pad] * (K - len(got)), None

@@ -1,8 +1,8 @@
 """``rollout.agent``: a user's program run once per sample against the policy's endpoint, its
 calls turned into training rows (calls.py) and its return value into the episode's reward.
 
-    async def agent(client: openai.AsyncOpenAI, row: dict) -> float | None   # or
-    def agent(base_url: str, row: dict) -> float | None
+    async def agent(client: openai.AsyncOpenAI, row: dict) -> float | dict[str, float] | None   # or
+    def agent(base_url: str, row: dict) -> float | dict[str, float] | None
 
 ``client`` is bound to the episode's base URL (server.py); ``row`` holds ``prompt`` (the row's
 own, untemplated: a string or messages), ``answer``, ``model`` (the served model's name) and
@@ -165,9 +165,9 @@ class AgentRunner:
                     await client.close()
             if error is None and reward is not None:
                 try:
-                    reward = reward_value(reward, self.subject)  # the one check: text is refused
+                    reward = _checked_reward(reward, self.subject)
                 except ValueError as e:
-                    error = f"{e} (return a number, or None for no reward)"
+                    error = f"{e} (return a number, a {{role: number}} dict, or None for no reward)"
             if error is None and not log.calls:
                 error = f"{self.subject} made no call to the model" + (
                     f" that was answered (refused: {', '.join(sorted(set(log.refused)))})" if log.refused else "")
@@ -198,6 +198,7 @@ class AgentRunner:
                       "version": c.version, "bridged": c.bridged, **({"metadata": c.metadata} if c.metadata else {})}
                      for k, c in enumerate(o.calls)]
             made, breaks = len(rows), prefix_breaks(rows)
+            rewards, error = o.row_rewards(rows, K, self.subject)
             if not rows:  # no call answered: an empty row, the opening messages rendered as its prompt
                 text = tokenizer.apply_chat_template(opening, tokenize=False, add_generation_prompt=True,
                                                      **self.chat_template_kwargs)
@@ -213,11 +214,23 @@ class AgentRunner:
                 messages = row_messages(tokenizer, o.calls, row, opening, self.chat_template_kwargs) \
                     if row.calls else opening
                 rows_out.append(row)
-                episodes.append(Episode(messages, o.reward, error=o.error,
+                episodes.append(Episode(messages, rewards[k], error=error,
                                         agent=AgentRow(k, made, k >= len(rows), breaks, calls)))
                 prompts.append(self.processor.prompt(text, row.images) if row.images else text)
                 completions.append(final)
         return _rows_batch(tokenizer, rows_out, episodes, prompts, completions, G * K)
+
+
+def _checked_reward(value: Any, subject: str) -> float | dict[str, float]:
+    """An agent's return value as a reward: a number (the episode's), or a dict of a number per
+    role -- per value its calls' ``metadata`` tags rows with (``{"proposer": 0.0, "solver": 1.0}``):
+    self-play whose roles are rewarded apart. Each number is checked as every reward is."""
+    if not isinstance(value, dict):
+        return reward_value(value, subject)  # the one check: text is refused
+    if not value or not all(isinstance(k, str) for k in value):
+        raise ValueError(f"{subject} returned {value!r:.100}: a reward per role is a non-empty dict of strings "
+                         "(the values its calls' metadata tags rows with) to numbers")
+    return {k: reward_value(v, f"{subject}'s reward for role {k!r}") for k, v in value.items()}
 
 
 def _prompt_images(calls: list[Call], row: Row) -> list[str]:

@@ -213,8 +213,9 @@ class PolicyServer:
                     if needs_body:
                         try:
                             body = await request.json()
-                        except (json.JSONDecodeError, UnicodeDecodeError):
-                            raise RequestRefused(400, "the request body is not JSON") from None
+                        except (ValueError, RecursionError):  # not JSON or UTF-8, too deep, too long a number
+                            raise RequestRefused(400, "the request body is not JSON (or is nested too deep, "
+                                                      "or holds a number too long)") from None
                         if not isinstance(body, dict):
                             raise RequestRefused(400, "the request body must be a JSON object")
                     out = await fn(log, body)
@@ -406,13 +407,9 @@ class PolicyServer:
         "prompt_token_ids"}``."""
         self._check_model(body)
         prompt = body.get("token_ids")
-        if not isinstance(prompt, list) or not prompt or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                                 for i in prompt):
+        if not _is_ids(prompt) or not prompt:
             raise RequestRefused(400, "token_ids must be a non-empty list of token ids", param="token_ids")
-        vocab = len(self.tokenizer)
-        if any(not 0 <= i < vocab for i in prompt):
-            raise RequestRefused(400, f"token_ids holds ids outside the vocabulary (0..{vocab - 1})",
-                               param="token_ids")
+        self._in_vocabulary(prompt, "token_ids")
         self._no_image_tokens(prompt, "token_ids")
         sp = body.get("sampling_params") or {}
         if not isinstance(sp, dict):
@@ -421,7 +418,10 @@ class PolicyServer:
         meta = _metadata(body)
         n = self._n(sp)
         stops = self._stops(sp)
-        stop_ids = {int(i) for i in (sp.get("stop_token_ids") or [])}
+        stop_ids = sp.get("stop_token_ids") or []
+        if not _is_ids(stop_ids):
+            raise RequestRefused(400, "stop_token_ids must be a list of token ids", param="stop_token_ids")
+        stop_ids = set(stop_ids)
         choices = []
         for k, (ids, lps, stopped, routed) in enumerate(await self._sample(log, prompt, max_tokens, n)):
             ids, lps, text, finish = self._finish(ids, lps, stopped, stops, stop_ids)
@@ -439,9 +439,9 @@ class PolicyServer:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        elif isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool)
-                                                         for i in prompt):
+        elif _is_ids(prompt) and prompt:
             ids = list(prompt)
+            self._in_vocabulary(ids, "prompt")
         else:
             raise RequestRefused(400, "prompt must be one string or one list of token ids (one prompt "
                                     "per request)", param="prompt")
@@ -569,6 +569,13 @@ class PolicyServer:
             raise RequestRefused(400, f"the messages' images do not match the chat template's image "
                                     f"placeholders: {e}", param="messages") from None
 
+    def _in_vocabulary(self, ids: list[int], param: str) -> None:
+        """Token ids a client sent are the tokenizer's (an id outside it would fail in the engine:
+        an HTTP 500 for the client's mistake)."""
+        vocab = len(self.tokenizer)
+        if any(not 0 <= i < vocab for i in ids):
+            raise RequestRefused(400, f"{param} holds ids outside the vocabulary (0..{vocab - 1})", param=param)
+
     def _no_image_tokens(self, ids: list[int], param: str) -> None:
         """Token and text prompts carry no images: ids holding image tokens are refused."""
         if self.processor is not None and self.processor.image_token_id in ids:
@@ -600,6 +607,11 @@ class PolicyServer:
             new = VisionProcessor.message_images(tail)
             return turn.ids + self._ids(delta, new), True, turn.images + new
         return None, False, []
+
+
+def _is_ids(value: Any) -> bool:
+    """A list of ints (not bools): what token ids a request sends are."""
+    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

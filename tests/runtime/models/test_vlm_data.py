@@ -69,6 +69,29 @@ def test_image_key_beside_a_text_prompt(data) -> None:
         load_examples(path, image_field="picture")
 
 
+@pytest.mark.parametrize("column", ["image", "images"])
+def test_an_image_column_no_setting_reads_is_refused(data, tmp_path, column) -> None:
+    """TRL's and verl's image columns (``image``, ``images``) with data.image_key unset: the row
+    would train on its text alone, silently (issue 57); refused naming the row and the setting,
+    exit 2 before the model loads (the folder has a config and no weights). A column with nothing
+    in it, or a chat whose turns hold the images, is read as it is."""
+    row = {"prompt": "Which?", "answer": "a", column: ["images/0000.png"]}
+    path = _write(data / "train.jsonl", [{"prompt": "Which?", "answer": "a", column: None}, row])
+    with pytest.raises(DataError, match=rf"train.jsonl: line 2: the row has an image column '{column}' and "
+                                        rf"data.image_key is not set.*--set data.image_key={column}"):
+        load_examples(path)
+    assert prompt_images(load_examples(_write(data / "keyed.jsonl", [row]), image_field=column)[0].row_prompt)
+    chat = {**_chat("images/0000.png"), column: "images/0000.png"}
+    assert prompt_images(load_examples(_write(data / "chat.jsonl", [chat]))[0].row_prompt)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2_vl", "vision_config": {}}))
+    result = CliRunner().invoke(app, ["run", "grpo", "--model", str(model), "--data", str(path),
+                                      "--out", str(tmp_path / "run")])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert f"data.image_key={column}" in result.output and not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("rows, match", [
     ([_chat("images/0000.png"), _chat("images/0404.png")], r"line 2: image file .*0404.png does not exist"),
     ([_chat("images/notes.txt")], r"line 1: image .*notes.txt cannot be read as an image"),

@@ -352,3 +352,19 @@ def test_a_run_trains_on_a_reward_server(model_dir, tmp_path):
     assert [r["step"] for r in steps] == [1, 2, 3]
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert samples and all(s["reward"] == parity("", s["completion"], "") for s in samples)
+
+
+@pytest.mark.parametrize("port", [99999, 0, -1, "taken"])
+def test_serve_reward_on_a_port_it_cannot_listen_on_exits_2_saying_why(port) -> None:
+    """`rldsl serve-reward --port 99999` said it served, then never listened nor exited; a port
+    out of range, or one another server holds, is exit code 2 naming the port, before "serving"."""
+    import subprocess
+    import sys
+
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        number = holder.getsockname()[1] if port == "taken" else port
+        res = subprocess.run([sys.executable, "-m", "rldsl.cli", "serve-reward", "exact", "--port", str(number)],
+                             capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    said = f"cannot listen on 127.0.0.1:{number}: " if port == "taken" else f"--port must be in 1..65535, got {number}"
+    assert said in res.stderr and "serving" not in res.stdout and "Traceback" not in res.stderr

@@ -333,6 +333,35 @@ def test_skip_gives_nan_and_counts(user_module) -> None:
     assert nan_result.num_errors == 2
 
 
+def test_a_reward_that_calls_sys_exit_fails_its_sample(tmp_path, monkeypatch) -> None:
+    """sys.exit() in a reward function (or its module, on import) is that code's error: said with
+    the sample and skipped like any other failure, never the run's silent end with its exit code."""
+    (tmp_path / "exiting_rewards.py").write_text(textwrap.dedent("""
+        import sys
+
+        def bye(prompt, completion, answer):
+            if completion == "bad":
+                sys.exit(0)
+            return 1.0
+
+        def three(prompt, completion, answer):
+            raise SystemExit(3)
+        """))
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(2)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    batch = make_batch(["ok", "bad"], ["", ""])
+    with pytest.raises(RewardError, match=r"failed on sample 1: RuntimeError: the function called sys.exit\(0\)"):
+        RewardFn("exiting_rewards:bye").score(batch)
+    with pytest.raises(RewardError, match=r"sample 0: RuntimeError: the function called sys.exit\(3\)"):
+        RewardFn("exiting_rewards:three").score(batch)
+    skipped = RewardFn("exiting_rewards:bye", on_error="skip").score(batch)
+    assert skipped.rewards[0].item() == 1.0 and math.isnan(skipped.rewards[1]) and skipped.num_errors == 1
+    with pytest.raises(RewardSpecError, match="importing module 'exits_on_import' failed: SystemExit: 2"):
+        RewardFn("exits_on_import:f")
+    with pytest.raises(RewardSpecError, match="failed: SystemExit: 2"):
+        RewardFn(f"{tmp_path / 'exits_on_import.py'}:f")
+
+
 def test_answers_must_be_set() -> None:
     batch = make_batch(["1"], ["1"])
     batch.answers = []

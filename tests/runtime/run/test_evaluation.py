@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from rldsl.cli import app
 from rldsl.runtime.run import loop
 from rldsl.runtime.config import load_config
+from rldsl.runtime.data.sources import source_of
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.run.eval_sets import evaluate_set, load_sets, set_name
 from rldsl.runtime.run.evaluation import k_values, pass_at_k
@@ -241,3 +242,58 @@ def test_the_held_out_split_of_generated_data_is_also_split_by_task():
     # data without tasks (a data file): no per-task metrics
     from rldsl.runtime.run.evaluation import Answers, heldout_task_metrics
     assert heldout_task_metrics(Answers(None, torch.tensor([1.0, 0.0])), RewardFn("exact"), [None, None]) == {}
+
+
+def test_an_agent_making_two_rows_per_episode_is_evaluated_per_episode():
+    """The docs' self-play agent (a proposer and a solver call, a row each): 3 held-out prompts give
+    6 greedy rows, which map back to their 3 episodes and prompts (it was "3 tasks for 6 held-out
+    prompts" at the step-0 evaluation); each figure counts episodes; an eval.data set alike."""
+    from types import SimpleNamespace
+
+    from rldsl.runtime.data.datasets import Example
+    from rldsl.runtime.run import eval_step
+    from rldsl.runtime.run.evaluation import answer_set, scored_here, set_metrics
+    from rldsl.runtime.rollout.engines.base import SamplingParams
+
+    held = [Example(i, f"{i}+1=", str(i + 1)) for i in range(3)]
+    # greedy: episodes right, wrong, right (both rows of an episode carry its reward); sampled
+    # (n=2): episode 0 of each prompt right, episode 1 wrong, but the last, whose roles were rewarded
+    # apart (1 and 0): its mean 0.5, not correct
+    greedy = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 1.0])
+    sampled = torch.tensor([1.0, 1.0, 0.0, 0.0] * 2 + [1.0, 1.0, 1.0, 0.0])
+    lengths = []
+
+    def batch_of(B):
+        mask = torch.zeros(B, 4)
+        mask[0::2, :3] = 1.0  # the proposer rows: 3 tokens, the solver rows 1
+        mask[1::2, :1] = 1.0
+        return SimpleNamespace(response_mask=mask, truncated=torch.tensor([False, True] * (B // 2)),
+                               episodes=[], completions=[""] * B, group_size=2 * (B // 6))
+
+    def generate(prompts, answers, params, reward_prompts):
+        B = len(prompts) * params.n * 2
+        lengths.append(B)
+        return SimpleNamespace(batch=batch_of(B), scored=SimpleNamespace(rewards=greedy if params.n == 1 else sampled))
+
+    cfg = load_config(None, ["eval.samples=2", "rollout.max_new_tokens=8"])
+    s = SimpleNamespace(cfg=cfg, heldout=held, rollouts=SimpleNamespace(generate=generate), multi_turn=True,
+                        reward=RewardFn("exact"), source=source_of(cfg), warn=lambda m: None)
+    m = eval_step.evaluate_heldout(s, 0)
+    assert lengths == [6, 12]
+    assert m["eval/greedy_acc"] == pytest.approx(2 / 3) and m["eval/greedy_reward"] == pytest.approx(2 / 3)
+    assert m["eval/sampled_acc"] == 0.5 and m["eval/sampled_reward"] == pytest.approx(3.5 / 6)
+    # an eval.data set scored here: each row scored with its prompt's answer, figures per episode
+    scored = []
+
+    class Reward(RewardFn):
+        def score(self, batch, reward_prompts):
+            scored.append(list(batch.answers))
+            return SimpleNamespace(rewards=greedy if len(batch.answers) == 6 else sampled)
+
+    answer = scored_here(lambda prompts, answers, params: batch_of(len(prompts) * params.n * 2), Reward("exact"), True)
+    a = answer_set(answer, held, max_new_tokens=8, sampled=SamplingParams(n=2, temperature=1.0, max_new_tokens=8))
+    assert scored[0] == ["1", "1", "2", "2", "3", "3"] and scored[1] == ["1"] * 4 + ["2"] * 4 + ["3"] * 4
+    out = set_metrics("s", a, RewardFn("exact"))
+    assert out["eval/s/greedy_acc"] == pytest.approx(2 / 3)
+    assert out["eval/s/pass@2"] == 1.0 and out["eval/s/pass@1"] == pytest.approx(0.5)
+    assert out["eval/s/length"] == 4.0 and out["eval/s/truncated"] == 1.0  # an episode: its rows' tokens

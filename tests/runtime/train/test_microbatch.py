@@ -14,7 +14,7 @@ from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.train.logprobs import token_logprobs
 from rldsl.runtime.batch import model_inputs
-from rldsl.runtime.train.microbatch import combine_metrics, pack, plan, rank_groups, row_tokens, trim
+from rldsl.runtime.train.microbatch import pack, plan, rank_groups, row_tokens, trim
 from rldsl.runtime.train.trainer import Trainer
 
 ALGOS = Path(__file__).parents[3] / "algorithms"
@@ -69,12 +69,6 @@ def test_trim_drops_only_padding(tiny_model, tokenizer) -> None:
         part, _ = token_logprobs(tiny_model, *model_inputs(small)[:2], tr)
     m = batch.response_mask[:, :tr].bool()
     torch.testing.assert_close(part[m], full[:, :tr][m], atol=1e-5, rtol=0)
-
-
-def test_combine_metrics() -> None:
-    out = combine_metrics([({"loss": 1.0, "ratio_max": 2.0, "ratio_min": 0.5, "kl": 1.0}, 1.0),
-                           ({"loss": 2.0, "ratio_max": 3.0, "ratio_min": 0.7, "kl": 4.0}, 3.0)])
-    assert out == {"loss": 3.0, "ratio_max": 3.0, "ratio_min": 0.5, "kl": 3.25}
 
 
 def _trainer(spec: str, model, budget, dtype):

@@ -658,3 +658,38 @@ def test_an_agents_calls_tagged_with_a_role_group_the_rows_by_it(tok) -> None:
     finally:
         runner.close()
     assert "metadata must be an object" in batch.episodes[0].error
+
+
+def test_self_play_roles_rewarded_apart_each_against_its_own_baseline(tok) -> None:
+    """An agent returning a reward per role ({"proposer": a/10, "solver": 1 - a/10}): each row gets
+    its role's reward, and group_by=role compares each role with its own rows only -- the
+    advantages computed by hand. A row tagged with no rewarded role is the episode's error."""
+    import rldsl
+    from rldsl.runtime.data.datasets import Example
+    from rldsl.runtime.train import inputs as producers
+
+    prompts = [Example(0, "1+1=", "2"), Example(1, "2+2=", "4")]
+    runner = _runner("rewarded_roles")
+    try:
+        batch = runner.run(Scripted(tok, ["7"]), [p.prompt for p in prompts], ["2", "4"], SamplingParams(n=2))
+    finally:
+        runner.close()
+    assert batch.group_size == 4  # 2 episodes x (a proposer row, a solver row) per prompt
+    rewards = RewardFn("env").score(batch, [p.prompt for p in prompts for _ in range(4)]).rewards
+    assert rewards.tolist() == pytest.approx([0.2, 0.8] * 2 + [0.4, 0.6] * 2)  # proposer, solver, ...
+    side = producers.RolloutSide(None, [], 4, print, 1, group_by="role")
+    keys = producers.field_keys(side, batch, None, prompts)[0].inputs["group_keys"]
+    fn = rldsl.compile(rldsl.loads('algorithm roles\n  "self-play"\n  baseline group_mean(group_by=role)\n'
+                                   '  objective reinforce\n', filename="roles.rl"), compile=False)
+    adv = fn.advantages(rewards.float(), batch.group_size, torch.ones(len(rewards), 1), group_keys=keys)
+    # proposer rows 0.2, 0.2, 0.4, 0.4: mean 0.3; solver rows 0.8, 0.8, 0.6, 0.6: mean 0.7
+    want = [-0.1, 0.1, -0.1, 0.1, 0.1, -0.1, 0.1, -0.1]
+    assert adv[:, 0].tolist() == pytest.approx(want, abs=1e-6)
+    runner = _runner("rewarded_unknown_role")
+    try:
+        batch = runner.run(Scripted(tok, ["7"]), ["1+1="], ["2"], SamplingParams(n=1))
+    finally:
+        runner.close()
+    assert batch.episodes[0].env_reward is None
+    assert "returned a reward per role ('proposer', 'solver') but the episode's row 0 is tagged 'judge'" \
+        in batch.episodes[0].error
