@@ -205,7 +205,10 @@ def translate(config: str = typer.Argument(..., help="a TRL GRPOConfig (YAML/JSO
     import re
 
     from . import translate as tr
+    from .out_folder import check_out_folder
     from .spec import loads
+    if out_dir is not None:  # before anything is read: a folder of the user's files is never written over
+        check_out_folder(out_dir, TranslateError)
     cfg = tr.read_config(config)
     t = tr.translate(cfg)
     stem = re.sub(r"[^a-z0-9_]+", "_", (name or Path(config).stem).lower()).strip("_")

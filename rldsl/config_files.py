@@ -1,4 +1,5 @@
-"""Config files: the one reader (JSON, YAML, TOML -> a dict) and the one TOML writer.
+"""Config files: the one reader (JSON, YAML, TOML -> a dict) and the one TOML writer; the
+one UTF-8 decoding of a file's bytes that names the file, line and column of a bad byte.
 
 The run config (``rldsl run --config``), ``rldsl translate``'s peer configs and run.toml,
 and ``rldsl ablate``'s grid.toml all go through these two functions, so that a file one
@@ -14,7 +15,7 @@ from typing import Any, Mapping
 
 from .errors import UserError
 
-__all__ = ["read_config_file", "toml_value", "to_toml"]
+__all__ = ["read_config_file", "decode_utf8", "too_deep", "toml_value", "to_toml"]
 
 #: suffix -> format; anything else is read as ``default`` (read_config_file's argument)
 _FORMATS = {".json": "json", ".yaml": "yaml", ".yml": "yaml", ".toml": "toml"}
@@ -29,31 +30,54 @@ def read_config_file(path: str | Path, *, error: type[UserError], default: str =
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = decode_utf8(p.read_bytes(), p, error)
     except FileNotFoundError:
         raise error(f"{what} not found: {p}") from None
     except OSError as exc:
         raise error(f"cannot read {what} {p}: {exc.strerror or exc}") from None
     fmt = _FORMATS.get(p.suffix.lower(), default)
-    if fmt == "json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise error(f"{p}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
-    elif fmt == "yaml":
-        import yaml
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise error(f"{p}: invalid YAML: {exc}") from None
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise error(f"{p}: invalid TOML: {exc}") from None
+    try:
+        if fmt == "json":
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise error(f"{p}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+        elif fmt == "yaml":
+            import yaml
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise error(f"{p}: invalid YAML: {exc}") from None
+        else:
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as exc:
+                raise error(f"{p}: invalid TOML: {exc}") from None
+    except RecursionError:
+        raise error(too_deep(p)) from None
     if not isinstance(data, dict):
         raise error(f"{p}: expected a mapping of keys, got {type(data).__name__}")
     return data
+
+
+def decode_utf8(raw: bytes, path: str | Path, error: type[UserError], first_line: int = 1) -> str:
+    """The text of a file's bytes (or of its lines from ``first_line`` on), or ``error`` naming
+    ``path:line:col`` of the first byte that is not UTF-8 (a Latin-1 or UTF-16 file): every file
+    rldsl reads is UTF-8, and Python's own ``UnicodeDecodeError`` names neither file nor line."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + first_line
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise error(f"{path}:{line}:{column}: not UTF-8 text (byte 0x{raw[exc.start]:02x}): save the file "
+                    "as UTF-8") from None
+
+
+def too_deep(path: str | Path, line: int | None = None) -> str:
+    """The message for a file whose lists or tables nest deeper than a parser's recursion goes
+    (JSON, TOML, YAML ~1,000 levels): no config or data row nests so deep."""
+    where = f"{path}:{line}" if line is not None else f"{path}"
+    return f"{where}: lists or tables nested too deeply to read (over ~1,000 levels)"
 
 
 def toml_value(value: Any) -> str:

@@ -113,6 +113,8 @@ _LOSS_SLOTS = ("ratio", "trust_region", "objective", "selection")
 #: aggregation's also runs in denominator(), which has only the mask)
 _POLICY_SLOTS = ("ratio", "trust_region", "objective", "kl", "selection", "entropy")
 
+#: the advantage-stage slots whose formulas may read the sampled tokens' log-probabilities
+_ADVANTAGE_SLOTS = ("shaping", "baseline", "normalizer", "filter")
 # The order of this table is the order of the extra arguments of the generated functions.
 INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("group_size", ("loss",), "[]", "int", "G, samples per prompt (rows g*G .. g*G+G-1 answer prompt g)",
@@ -138,7 +140,8 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
           "policy", arg="old_ent", formula="old_ent", slots=_POLICY_SLOTS),
     Input("rollout_logprobs", ("advantage", "loss"), "[B, T]", "float32",
           "the inference engine's logprobs of the sampled tokens (estimate: a correction's rejections)",
-          "engine", arg="rollout_logp", formula="rollout_logp", slots=("correction",) + _LOSS_SLOTS),
+          "engine", arg="rollout_logp", formula="rollout_logp",
+          slots=("correction",) + _LOSS_SLOTS + _ADVANTAGE_SLOTS),
     Input("entropy_coef", ("loss",), "[]", "float32",
           "the entropy coefficient of this optimizer step (entropy adaptive): runtime state",
           "algorithm"),

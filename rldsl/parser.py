@@ -7,6 +7,7 @@ that every later check can point at the source.
 """
 from __future__ import annotations
 
+import bisect
 import functools
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -19,7 +20,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from . import registry
 from .errors import Span, SpecError, source_lines
 from .formula import syntax as formula_syntax
-from .formula.nodes import Define
+from .formula.nodes import Define, FunctionDef
 from .parse_tables import load_parser
 
 # ---------------------------------------------------------------------------------------
@@ -65,6 +66,7 @@ class SpecFile:
     descriptions: list[Word] = field(default_factory=list)
     slots: list[SlotNode] = field(default_factory=list)
     defines: list[Define] = field(default_factory=list)  # formula components (rldsl.formula)
+    functions: list[FunctionDef] = field(default_factory=list)  # `define f(x) = ...` (rldsl.formula)
 
 
 # ---------------------------------------------------------------------------------------
@@ -251,7 +253,8 @@ class _ToNodes(formula_syntax.FormulaNodes, Transformer):
         name, extends = items[0]
         spec = SpecFile(self.file, "", name, extends)
         for kind, node in items[1:]:
-            {"description": spec.descriptions, "slot": spec.slots, "define": spec.defines}[kind].append(node)
+            {"description": spec.descriptions, "slot": spec.slots, "define": spec.defines,
+             "function": spec.functions}[kind].append(node)
         return spec
 
 
@@ -263,7 +266,8 @@ def parse(source: str, file: str = "<string>") -> SpecFile:
     if not isinstance(source, str):
         raise TypeError("spec source must be str")
     spec = _parse(source, file)
-    return replace(spec, descriptions=list(spec.descriptions), slots=list(spec.slots), defines=list(spec.defines))
+    return replace(spec, descriptions=list(spec.descriptions), slots=list(spec.slots), defines=list(spec.defines),
+                   functions=list(spec.functions))
 
 
 @functools.lru_cache(maxsize=256)
@@ -274,12 +278,17 @@ def _parse(source: str, file: str) -> SpecFile:
         col = i - (source.rfind("\n", 0, i) + 1) + 1
         raise SpecError("unexpected character '\\x00'", Span(file, line, col, 1),
                         hint="a spec is a plain text file", source=source)
+    joined = _join_continued(source)
     try:
-        tree = _parser().parse(source)
+        tree = _parser().parse(joined)
     except UnexpectedInput as exc:
+        if joined is not source:
+            _relocate_error(exc, _LineStarts(source))
         raise _syntax_error(exc, file, source) from None
     except lark.exceptions.LarkError as exc:  # pragma: no cover - defensive
         raise SpecError(f"could not parse: {exc}", Span(file, 1, 1, 1), source=source) from None
+    if joined is not source:
+        _relocate(tree, _LineStarts(source))
     _check_depth(tree, file, source)
     spec = _ToNodes(file).transform(tree)
     spec.source = source
@@ -306,3 +315,81 @@ def _check_depth(tree: lark.Tree, file: str, source: str) -> None:
         for child in node.children:
             if isinstance(child, lark.Tree):  # only the formula's own operators and calls count
                 stack.append((child, depth + str(child.data).startswith("f_")))
+
+
+# ---------------------------------------------------------------------------------------
+# Bindings continued over lines
+
+#: the characters that end a formula line which continues on the next (an operator, an open
+#: bracket, the ',' between arguments, a binding's '=')
+_CONTINUES = ("+", "-", "*", "/", "^", ",", "=", "<", ">", "(", "[")
+
+
+def _join_continued(source: str) -> str:
+    """``source`` with the line ends inside a ``define`` block that a binding continues across
+    blanked: a line whose brackets are still open, or that ends with an operator, goes on with
+    the next line (unless that is ``end``), as in Python. The line end and a comment before it
+    become spaces, so every character keeps its offset (:func:`_relocate` puts the lines back);
+    text without such a line is returned as it is."""
+    lines = source.split("\n")
+    out: list[str] = []
+    block = formula = continuing = changed = False  # in a define block; this line is a formula's
+    depth = 0
+    for i, line in enumerate(lines):
+        code, hash_, comment = line.partition("#")
+        words = code.split()
+        if not continuing:
+            if words[:1] == ["define"]:  # `define NAME` opens a block; `define f(x) = ...` is one formula
+                block, formula = "=" not in code, "=" in code
+            elif words == ["end"]:
+                block = formula = False
+            else:
+                formula = block
+        if formula:
+            depth = max(0, depth + sum(map(code.count, "([")) - sum(map(code.count, ")]")))
+            nxt = lines[i + 1].split("#", 1)[0].split() if i + 1 < len(lines) else None
+            if nxt is not None and nxt != ["end"] and (depth > 0 or code.rstrip(" \t\r").endswith(_CONTINUES)):
+                out.append((code + " " * len(hash_ + comment)).replace("\r", " ") + " ")  # '\n' -> ' '
+                continuing = changed = True
+                continue
+        continuing, depth = False, 0
+        out.append(line + "\n")
+    if not changed:
+        return source
+    text = "".join(out)
+    return text[:-1] if not source.endswith("\n") else text
+
+
+class _LineStarts:
+    """Offset -> (line, column), 1-based, in the text as written."""
+
+    def __init__(self, source: str):
+        self.starts = [0] + [i + 1 for i, c in enumerate(source) if c == "\n"]
+
+    def __call__(self, pos: int) -> tuple[int, int]:
+        line = bisect.bisect_right(self.starts, pos)
+        return line, pos - self.starts[line - 1] + 1
+
+
+def _relocate(tree: lark.Tree, where: _LineStarts) -> None:
+    """Give every token and node of a tree parsed from joined lines its place in the text as written."""
+    for node in tree.iter_subtrees():
+        meta = node.meta
+        if not meta.empty:
+            meta.line, meta.column = where(meta.start_pos)
+            meta.end_line, meta.end_column = where(meta.end_pos)
+        for tok in node.children:
+            if isinstance(tok, Token) and tok.start_pos is not None:
+                tok.line, tok.column = where(tok.start_pos)
+                if tok.end_pos is not None:
+                    tok.end_line, tok.end_column = where(tok.end_pos)
+
+
+def _relocate_error(exc: UnexpectedInput, where: _LineStarts) -> None:
+    pos = getattr(exc, "pos_in_stream", None)
+    tok = getattr(exc, "token", None)
+    if isinstance(tok, Token) and tok.start_pos is not None and tok.type != "$END":
+        tok.line, tok.column = where(tok.start_pos)
+        pos = tok.start_pos
+    if pos is not None:
+        exc.line, exc.column = where(pos)

@@ -27,6 +27,7 @@ from typing import Any, Iterable
 from . import registry
 from .config_files import read_config_file, to_toml, toml_value
 from .errors import TranslateError
+from .peer_keys import TRL_RUN, TRL_RUN_IF_GIVEN  # TRL field -> run key (the run config's hints read them too)
 from .suggest import did_you_mean
 from .registry import format_value
 from .spec import library, load, loads
@@ -401,12 +402,6 @@ def _numbers(t: Translation) -> Translation:
 # ---------------------------------------------------------------------------------------
 # TRL GRPOConfig
 
-_TRL_RUN = {"num_generations": "rollout.n", "max_completion_length": "rollout.max_new_tokens",
-            "temperature": "rollout.temperature", "top_p": "rollout.top_p", "learning_rate": "train.lr",
-            "num_iterations": "train.ppo_epochs"}
-_TRL_RUN_IF_GIVEN = {"max_grad_norm": "train.grad_clip", "weight_decay": "train.weight_decay",
-                     "adam_epsilon": "train.eps", "max_steps": "train.steps", "warmup_steps": "train.warmup_steps",
-                     "gradient_checkpointing": "train.gradient_checkpointing"}
 _TRL_LOSS_KEYS = set(TRL_DEFAULTS) | {"sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps",
                                      "reward_weights"}
 #: fields carried into run keys by _trl_run (not the algorithm)
@@ -426,7 +421,7 @@ def _trl_ignored_reason(name: str) -> str | None:
 
 
 def _trl_field_known(name: str) -> bool:
-    return (name in _TRL_LOSS_KEYS or name in _TRL_RUN_IF_GIVEN or name in _TRL_CARRIED or name in _TRL_RUN
+    return (name in _TRL_LOSS_KEYS or name in TRL_RUN_IF_GIVEN or name in _TRL_CARRIED or name in TRL_RUN
             or _trl_ignored_reason(name) is not None)
 
 
@@ -553,9 +548,9 @@ def _trl(cfg: dict[str, Any]) -> Translation:
     if cfg.get("sync_ref_model"):
         t.problem("sync_ref_model", "the reference model is fixed; a periodically synced reference is not supported")
     # run config
-    for k, key in _TRL_RUN.items():
+    for k, key in TRL_RUN.items():
         t.run[key] = c[k]
-    for k, key in _TRL_RUN_IF_GIVEN.items():
+    for k, key in TRL_RUN_IF_GIVEN.items():
         if k in cfg and not (k == "max_steps" and cfg[k] in (-1, None)):
             t.run[key] = cfg[k]
     if "adam_beta1" in cfg or "adam_beta2" in cfg:

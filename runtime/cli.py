@@ -273,8 +273,17 @@ def samples_command(
                           + (f"; error: {agent['error']}" if agent["error"] else "") + ")")
         else:
             shown, tokens = cut(r["completion"]), str(r["response_length"])
-        table.add_row(str(r["group"]), cut(r["prompt"]), shown, reward, advantage, r["finish_reason"], tokens)
+        prompt = cut(r["prompt"]) + "".join(f"\n(image: {_image_ref(ref)})" for ref in r.get("images") or [])
+        table.add_row(str(r["group"]), prompt, shown, reward, advantage, r["finish_reason"], tokens)
     Console(width=max(120, Console().width)).print(table)
+
+
+def _image_ref(ref: str) -> str:
+    """An image of a sample as `rldsl samples` shows it: its path, or a data: URL's kind and size
+    (not its base64 text)."""
+    if ref.startswith("data:"):
+        return f"{ref.split(';', 1)[0].split(',', 1)[0]} URL, {len(ref)} characters"
+    return ref
 
 
 def _message_text(m: dict) -> str:

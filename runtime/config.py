@@ -30,6 +30,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence, Union, get_args, g
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
+from rldsl.peer_keys import peer_setting
 from rldsl.suggest import close_matches, suggestion
 
 from ..config_files import read_config_file
@@ -957,10 +958,15 @@ def _unknown_key(key: str, source: str) -> ConfigError:
     else:
         listing = "valid keys: " + ", ".join(_LEAVES)
     close = _suggest(key, section)
+    peer = peer_setting(key.rsplit(".", 1)[-1])  # TRL's / verl's name: learning_rate -> train.lr
+    if peer is not None and peer[0] is not None:
+        close = [peer[0]]
     lines = [f"unknown config key {key!r} ({source})"]
     hint = suggestion(close)
     if hint:
         lines.append(f"  {hint}")
+    if peer is not None:
+        lines.append(f"  ({peer[1]})")
     lines.append(f"  {listing}")
     return ConfigError("\n".join(lines))
 

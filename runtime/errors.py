@@ -51,6 +51,13 @@ class RewardError(UserError, RuntimeError):
     exit_code = EXIT_FAILED
 
 
+class NothingTrained(UserError, RuntimeError):
+    """A run that ended without one optimizer step: every update of every step was skipped
+    (float16: each scaled gradient overflowed); its records and checkpoint are written."""
+
+    exit_code = EXIT_FAILED
+
+
 class WorkerError(UserError, RuntimeError):
     """A Ray actor died, failed or timed out; the message names it ("rollout worker 1 died: ...")."""
 

@@ -106,10 +106,14 @@ def check_vision(algo: Algorithm, cfg: RunConfig) -> None:
     reach every forward (docs/vlm.md, "Engines and trainers"): the HF or vLLM engine, one process or
     FSDP2 trainer ranks and Ray rollout workers (the prompts carry their image refs), single-turn
     rollouts, multi-turn episodes and agents on the HF engine, a spec without a critic or a
-    teacher. Anything else is refused here, before any
+    teacher; its folder holds the image processor's preprocessor_config.json (read when the model
+    is built: refused now, not after the load). Anything else is refused here, before any
     model loads, rather than silently training without the pictures."""
     if cfg.model.path is None or not is_vision_folder(cfg.model.path):
         return
+    if not (Path(cfg.model.path) / "preprocessor_config.json").is_file():  # models/vision.py reads it
+        raise RunError(f"{cfg.model.path} is a vision-language model without preprocessor_config.json: save its "
+                       "image processor beside the tokenizer (docs/vlm.md)")
     r, d = cfg.rollout, cfg.distributed
     refused = [what for what, on in (
         ("rollout.tools / rollout.env / rollout.agent on the vLLM engine (its token-in/token-out turns "

@@ -26,9 +26,16 @@ def files(tmp_path: Path) -> dict[str, Path]:
                                        "def three(prompt, completion, answer):\n    raise SystemExit(3)\n")
     (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(0)\n")
     (tmp_path / "norun").mkdir()
+    (tmp_path / "afile").write_text("a user's file\n")
+    (tmp_path / "latin.toml").write_bytes(b"seed = 1\n# caf\xe9\n")
+    (tmp_path / "deep.toml").write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    (tmp_path / "latin.jsonl").write_bytes(b'{"prompt": "1+1", "answer": "2"}\n{"prompt": "caf\xe9", "answer": "1"}\n')
+    (tmp_path / "fake.parquet").write_text("not parquet\n")
     return {"dir": tmp_path, "bad": tmp_path / "bad.rl", "notrl": tmp_path / "notrl.yaml",
             "raises": tmp_path / "raises.py", "exits": tmp_path / "exits.py",
-            "exits_on_import": tmp_path / "exits_on_import.py", "norun": tmp_path / "norun"}
+            "exits_on_import": tmp_path / "exits_on_import.py", "norun": tmp_path / "norun", "afile": tmp_path / "afile",
+            "latin": tmp_path / "latin.toml", "deep": tmp_path / "deep.toml", "latin_data": tmp_path / "latin.jsonl",
+            "fake_parquet": tmp_path / "fake.parquet"}
 
 
 # (command line with {placeholders} for the files above, exit code, a piece of the message)
@@ -60,6 +67,20 @@ CASES = [
     ("reward {exits_on_import}:f --completion 1 --answer 1", EXIT_BAD_INPUT, "failed: SystemExit: 0"),
     ("reward math --completion 1 --answer 1 --finish-reason eos", EXIT_BAD_INPUT, "--finish-reason"),
     ("ablate --vary kl:none", EXIT_BAD_INPUT, "missing BASE"),
+    # settings and files that failed late (exit 1) or passed silently (issue 57, items 1, 6, 13)
+    ("run grpo --set train.lr=inf", EXIT_BAD_INPUT, "train.lr: must be a finite number, got inf"),
+    ("run grpo --set rollout.n=9223372036854775807", EXIT_BAD_INPUT, "rollout.n: must be between"),
+    ("run grpo --seed 18446744073709551616", EXIT_BAD_INPUT, "seed: Input should be less than 4294967296"),
+    ("run grpo --config {latin}", EXIT_BAD_INPUT, "latin.toml:2:6: not UTF-8 text (byte 0xe9)"),
+    ("run grpo --config {deep}", EXIT_BAD_INPUT, "deep.toml: lists or tables nested too deeply"),
+    ("run grpo --data {latin_data} --out {dir}/r2", EXIT_BAD_INPUT, "latin.jsonl:2:16: not UTF-8 text (byte 0xe9)"),
+    ("run grpo --data {fake_parquet} --out {dir}/r3", EXIT_BAD_INPUT, "fake.parquet: not a readable Parquet file"),
+    ("run grpo --out {afile}", EXIT_BAD_INPUT, "afile is a file, not a folder"),
+    ("run grpo --out {afile}/run", EXIT_BAD_INPUT, "afile is a file, not a folder"),
+    ("export {norun} --out {afile}", EXIT_BAD_INPUT, "afile is a file, not a folder"),
+    ("ablate grpo --vary kl:none --out {afile}", EXIT_BAD_INPUT, "afile is a file, not a folder"),
+    ("translate " + str(HERE / "translate" / "trl_grpo.yaml") + " --out {dir}", EXIT_BAD_INPUT,
+     "exists and is not empty"),
     ("ablate {bad} --vary kl:none --out {dir}/study", EXIT_BAD_INPUT, "unknown baseline 'group_mena'"),
 ]
 
@@ -71,6 +92,7 @@ def test_exit_code_table(files, line: str, code: int, message: str) -> None:
     assert res.exit_code == code, res.output
     assert message in res.output
     assert "Traceback" not in res.output
+    assert not any((files["dir"] / r).exists() for r in ("r2", "r3")), "a refused run left its folder"
 
 
 @pytest.fixture

@@ -575,7 +575,7 @@ def _arith(op: str, a: float, b: float) -> float:
 
 
 _MATH: dict[str, Callable[[float], float]] = {
-    "exp": math.exp, "log": math.log, "tanh": math.tanh, "abs": abs, "sqrt": math.sqrt,
+    "exp": math.exp, "log": math.log, "tanh": math.tanh, "abs": abs, "sqrt": math.sqrt, "lgamma": math.lgamma,
     "sign": lambda x: float((x > 0) - (x < 0)),
     "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x)),
 }

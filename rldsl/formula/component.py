@@ -31,6 +31,9 @@ def facts(f: Formula) -> registry.Facts:
     old_logp (a per-token divergence on the ratio; one that reads logp without rho builds
     its own ratio, as GMPO); never off, provides nothing."""
     needs = [name for formula, name in _NEEDS.items() if formula in f.reads]
+    if f.spec.stage == "advantage":  # the old / sampled log-probabilities estimate() may be given
+        needs += [name for formula, name in lang.ADVANTAGE_NEEDS.items() if formula in f.reads]
+    needs = list(dict.fromkeys(needs))
     if f.uses_groups:
         needs.append(_GROUPS)
     seq = f.slot == "ratio" and f.typed[f.outputs[0]].rank < 2

@@ -29,7 +29,7 @@ _OP_PREC = {"+": _ADD, "-": _ADD, "*": _MUL, "/": _MUL, "^": _POW,
 
 # every identifier the emitter itself writes (the injection tests check generated code against it)
 CODE_WORDS = frozenset({"torch", "fx", "where", "clamp", "minimum", "maximum", "min", "max", "detach",
-                        "unsqueeze", "sum", "to", "dtype", "shape", "mask", "batch", "valid_rows",
+                        "unsqueeze", "sum", "to", "dtype", "double", "shape", "mask", "batch", "valid_rows",
                         "group_size", "spread", "scalar", "size", "keep", "per_token", "returns", "adv", "r", "values",
                         "w", "rho", "logp", "old_logp", "ref_logp", "rollout_logp", "ent", "log_ratio", "pg", "kl_t",
                         "weights", "count", "formula", "lambda"}
@@ -38,6 +38,10 @@ CODE_WORDS = frozenset({"torch", "fx", "where", "clamp", "minimum", "maximum", "
 COMMENT_WORDS = frozenset({"rows", "with", "tokens", "a", "real", "reward", "formula", "B", "T"}
                           | set(lang.FUNCTIONS) | set(lang.INPUTS))
 _GENERATED = re.compile(r"^(?:sh\d*|bl|no|fi\d*|ra|tr|ob|kl|se\d*|en|ag)_(?:\d+|rows|L|G|B|T)$")
+
+
+# functions computed in float64 (with their arguments): float32 loses the digits of their differences
+_FLOAT64 = frozenset({"lgamma"})
 
 
 def is_generated_name(name: str) -> bool:
@@ -58,6 +62,9 @@ class _Emitter:
         self.stage = self.spec.stage
         self.vars: dict[str, str] = {}
         self.prelude: dict[str, str] = {}  # var -> line, in first-use order
+        self.wide = 0  # > 0: inside an lgamma's argument, every tensor read is made float64
+        # a formula with an lgamma computes in float64 from there on; its outputs return to the stage's dtype
+        self.float64 = any(t.op == "call" and t.name in _FLOAT64 for name in f.order for t in _walk(f.typed[name]))
 
     def _pre(self, key: str, code: str, comment: str) -> str:
         var = f"{self.prefix}_{key}"
@@ -87,8 +94,10 @@ class _Emitter:
             text = _literal(t.const)
             return text, (_NEG if text.startswith("-") else _ATOM)
         if t.op == "input":
-            return self.input(t.name), _ATOM
-        if t.op in ("ref", "bound"):
+            return self._wide(self.input(t.name)), _ATOM
+        if t.op == "ref":
+            return self._wide(self.vars[t.name]), _ATOM
+        if t.op == "bound":
             return self.vars[t.name], _ATOM
         if t.op == "neg":
             x, p = self.code(t.args[0])
@@ -103,6 +112,10 @@ class _Emitter:
         if t.const is None and t.rank == 1 and rank == 2:
             return (x if p == _ATOM else f"({x})") + ".unsqueeze(-1)", _ATOM
         return x, p
+
+    def _wide(self, code: str) -> str:
+        """A tensor read inside an lgamma's argument, as float64."""
+        return f"{code}.double()" if self.wide else code
 
     def binary(self, t: Typed) -> tuple[str, int]:
         a, b = t.args
@@ -122,7 +135,11 @@ class _Emitter:
         f = lang.FUNCTIONS[t.name]
         args = t.args
         if f.kind == "elementwise":
-            return f"{f.code}({self.code(args[0])[0]})", _ATOM
+            self.wide += f.name in _FLOAT64
+            try:
+                return f"{f.code}({self.code(args[0])[0]})", _ATOM
+            finally:
+                self.wide -= f.name in _FLOAT64
         if f.kind == "sg":
             x, p = self.code(args[0])
             return (x if p == _ATOM else f"({x})") + ".detach()", _ATOM
@@ -194,6 +211,8 @@ class _Emitter:
     # -- lines ------------------------------------------------------------------------
 
     def output_value(self, t: Typed, out: lang.Output, code: str) -> str:
+        if self.float64 and t.const is None:  # back to the stage's dtype (a no-op on a float32 value)
+            code = f"({code}).to(mask.dtype)" if out.kind != "bool" else code
         if "fx.spread(" in out.statement:  # the statement broadcasts itself
             return code
         if out.rank == 0:
@@ -273,7 +292,7 @@ def function_source(f: Formula) -> str:
     Loss-stage arguments: rho, w, adv, logp, old_logp, ref_logp, ent, mask, group_size;
     advantage-stage: r, adv, mask, group_size, batch (an ``AdvantageBatch``: its valid rows); then,
     as keywords defaulting to None, every other input of the stage a formula can read (the inputs
-    table: rollout_logp, teacher_logp; values, dense_rewards)."""
+    table: rollout_logp, teacher_logp; old_logp, values, dense_rewards)."""
     if f.spec.stage == "loss":
         fixed = ["rho", "w", "adv", "logp", "old_logp", "ref_logp", "ent", "mask", "group_size"]
         init = ["per_token = torch.zeros_like(mask)"]
@@ -282,6 +301,8 @@ def function_source(f: Formula) -> str:
         init = ["keep = torch.ones_like(r)"]
     optional = [i.arg for i in table.INPUTS.values()
                 if i.formula is not None and f.spec.stage in i.stages and i.arg not in fixed]
+    if f.spec.stage == "advantage":  # estimate()'s old logprobs, read as old_logp / old_seq_logp
+        optional.insert(0, lang.INPUTS["old_logp"].advantage)
     head = f"def formula({', '.join(fixed + [a + '=None' for a in optional])}):"
     body = init + lines(f, f"{f.slot} {f.name}")
     outs = ", ".join(f"{o!r}: {_RESULT[o]}" for o in f.outputs) + (_RETURNS if f.spec.extra else "")

@@ -18,7 +18,7 @@ from ..generated import load_function
 from ..parser import ComponentNode, SpecFile
 from ..values import Origin, SlotValue
 from . import component as formula_component
-from . import emit
+from . import emit, functions
 from .check import GROUP_BY, Formula, check_use
 from .nodes import Define
 from .render import render
@@ -50,7 +50,11 @@ def defines(spec: SpecFile, errors: ErrorList) -> dict[str, Define]:
                        hint="give the formula its own name")
         else:
             out[d.name] = d
-    return out
+    fns = functions.table(spec.functions, errors)
+    for name in sorted(set(fns) - functions.used(out, fns), key=lambda n: fns[n].name_span.line):
+        errors.add(f"function '{name}' is not called by any formula", fns[name].name_span,
+                   hint="call it in a define block, or remove it")
+    return {name: functions.expand(d, fns, errors) for name, d in out.items()}
 
 
 def misspelt(cname: str, defs: dict[str, Define]) -> list[str]:

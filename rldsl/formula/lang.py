@@ -37,7 +37,12 @@ _COMPUTED = [
     Input("w", 2, "the trust region's weight", loss="w"),
     Input("A", 2, "advantage (0 on padding)", loss="adv", advantage="adv"),
     Input("logp", 2, "log pi(o_t) of the current policy (carries the gradient)", loss="logp"),
-    Input("old_logp", 2, "log pi_old(o_t) at rollout time", loss="old_logp"),
+    Input("old_logp", 2, "log pi_old(o_t) at rollout time (advantage stage: estimate()'s old_logprobs)",
+          loss="old_logp", advantage="old_logp"),
+    Input("old_seq_logp", 1, "log pi_old of each whole response: sum_t mask old_logp (advantage stage)",
+          advantage="fx.seq_sum(old_logp, mask)"),
+    Input("rollout_seq_logp", 1, "the engine's log-probability of each whole response: sum_t mask "
+                                 "rollout_logp (advantage stage)", advantage="fx.seq_sum(rollout_logp, mask)"),
     Input("mask", 2, "response mask: 1 on generated tokens, 0 on padding", loss="mask", advantage="mask"),
     Input("r", 1, "sequence reward (after shaping)", advantage="r"),
     Input("L", 1, "response length: sum_t mask", loss="mask.sum(-1)", advantage="mask.sum(-1)"),
@@ -89,7 +94,10 @@ class FormulaSlot:
 
 
 _LOSS_COMMON = ("mask", "L", "G", "B", "T")
-_ADV_COMMON = ("r", "mask", "L", "G", "B", "T")
+_ADV_COMMON = ("r", "mask", "L", "G", "B", "T", "old_logp", "old_seq_logp", "rollout_seq_logp")
+#: advantage-stage names that read an optional input of estimate() (a formula reading one needs it)
+ADVANTAGE_NEEDS = {"old_logp": "old_logprobs", "old_seq_logp": "old_logprobs",
+                   "rollout_seq_logp": "rollout_logprobs"}
 
 
 def _reads(slot: str, computed: tuple[str, ...]) -> tuple[str, ...]:
@@ -215,6 +223,12 @@ SEARCHES = {
 FUNCTIONS: dict[str, Function] = {}
 for _n, _c in _ELEMENTWISE.items():
     FUNCTIONS[_n] = Function(_n, "elementwise", (1,), f"{_n}(x), elementwise", _c)
+FUNCTIONS["lgamma"] = Function(
+    "lgamma", "elementwise", (1,),
+    "lgamma(x) = log |Gamma(x)|, elementwise (lgamma(n + 1) = log n!). Computed in float64, its "
+    "argument too, and what follows it in the formula stays float64 until the slot's outputs "
+    "return to the stage's dtype: a difference of lgammas (a log-Beta, a log-binomial) keeps its "
+    "digits", "torch.lgamma")
 FUNCTIONS["min"] = Function("min", "minmax", (2,), "min(a, b), elementwise", "min")
 FUNCTIONS["max"] = Function("max", "minmax", (2,), "max(a, b), elementwise", "max")
 FUNCTIONS["clamp"] = Function("clamp", "clamp", (3,), "clamp(x, low, high) = min(max(x, low), high)")

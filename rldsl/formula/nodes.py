@@ -105,6 +105,18 @@ class Define:
     end_span: Span
 
 
+@dataclass(frozen=True)
+class FunctionDef:
+    """``define name(a, b) = expr``: a function written in the spec, usable in any formula of the
+    file; a call is replaced by ``expr`` with the arguments put in for the parameters."""
+
+    name: str
+    name_span: Span
+    params: tuple[str, ...]
+    param_spans: tuple[Span, ...]
+    expr: Expr
+
+
 def children(e: Expr) -> tuple[Expr, ...]:
     """The direct sub-expressions of ``e``."""
     if isinstance(e, (Call, List, Tuple)):

@@ -11,7 +11,7 @@ from typing import Any
 from lark import Token, v_args
 
 from ..errors import Span, source_lines
-from .nodes import Binary, Binding, Call, Define, List, Name, Neg, Num, Tuple
+from .nodes import Binary, Binding, Call, Define, FunctionDef, List, Name, Neg, Num, Tuple
 
 # terminals that only occur in formulas (outside a define they are "unexpected characters")
 OPERATOR_TERMINALS = {"PLUS": "+", "MINUS": "-", "STAR": "*", "SLASH": "/", "CIRCUMFLEX": "^",
@@ -37,6 +37,11 @@ class FormulaNodes:
         name = items[0]
         bindings = tuple(b for group in items[1:] if isinstance(group, tuple) for b in group)
         return "define", Define(str(name), self._tspan(name), bindings, self._tspan(name))
+
+    def function(self, items: list[Any]) -> tuple[str, FunctionDef]:
+        name, *params, expr = items
+        return "function", FunctionDef(str(name), self._tspan(name), tuple(str(p) for p in params),
+                                       tuple(self._tspan(p) for p in params), expr)
 
     def binding(self, items: list[Any]) -> tuple[Binding, ...]:
         names, expr = items[:-1], items[-1]
@@ -109,11 +114,12 @@ def in_define(source: str, line: int) -> bool:
     """Whether ``line`` (1-based) lies inside a ``define`` block (after `define`, before `end`)."""
     inside = False
     for i, text in enumerate(source_lines(source)[:max(line, 0)], start=1):
-        words = text.split("#", 1)[0].split()
+        code = text.split("#", 1)[0]
+        words = code.split()
         if i == line:
             return inside or words[:1] == ["define"]
         if words[:1] == ["define"]:
-            inside = True
+            inside = "=" not in code  # `define f(x) = ...` is one line, not a block
         elif words == ["end"]:
             inside = False
     return inside
@@ -146,7 +152,7 @@ def hint(tok: Token, accepts: set[str], before: str) -> str | None:
     if tok.type == "NAME" and text in ("and", "or", "not", "if", "else"):
         return f"there is no '{text}': choose between values with where(condition, a, b)"
     if tok.type in ("_NL", "$END") and "RPAR" in accepts:
-        return "close the parenthesis on the same line: a binding is one line"
+        return "close the parenthesis before `end` (a binding goes on over the next lines while one is open)"
     if tok.type in ("_NL", "$END") and ("NUMBER" in accepts or "NAME" in accepts) and "EQUAL" not in accepts:
         return "the expression is incomplete"
     if tok.type == "NAME" and accepts == {"EQUAL"}:

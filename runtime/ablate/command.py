@@ -19,6 +19,7 @@ from rich.console import Console
 
 from rldsl.config_files import to_toml
 from rldsl.errors import Interrupted, RunFailed, UsageError
+from rldsl.out_folder import check_out_folder
 from rich.live import Live
 from rich.table import Table
 
@@ -122,6 +123,7 @@ def _variant_record(v: Variant) -> dict[str, Any]:
 
 def _check_folder(folder: Path, study: Study) -> None:
     """Refuse a study folder that holds another grid (other base, axes, mode or --set)."""
+    check_out_folder(folder, GridError, empty=False)
     if not (folder / STUDY_FILE).is_file():
         if folder.exists() and any(p.name != CELLS_DIR for p in folder.iterdir()):
             raise GridError(f"--out {folder} exists and is not a study folder; choose another")

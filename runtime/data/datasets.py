@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from rldsl.config_files import decode_utf8, too_deep
+
 from ..errors import DataError
 from ..models.vision import VisionPrompt
 from . import images
@@ -127,20 +129,28 @@ def _read_rows(path: Path, split: str) -> Iterator[tuple[int, Any]]:
         for i, row in enumerate(ds, start=1):
             yield i, row
     elif path.suffix == ".jsonl":
-        with path.open(encoding="utf-8") as f:
-            for i, line in enumerate(f, start=1):
+        with path.open("rb") as f:
+            for i, raw in enumerate(f, start=1):
+                line = decode_utf8(raw, path, DataError, first_line=i)
                 if not line.strip():
                     continue
                 try:
                     yield i, json.loads(line)
                 except json.JSONDecodeError as e:
                     raise DataError(f"{path}: line {i}: invalid JSON ({e})") from e
+                except RecursionError:
+                    raise DataError(too_deep(path, i)) from None
     elif path.suffix == ".json":
         yield from enumerate(_json_rows(path, split), start=1)
     elif path.suffix == ".parquet":
+        import pyarrow
         import pyarrow.parquet as pq
 
-        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+        try:
+            table = pq.read_table(path)
+        except pyarrow.ArrowException as e:  # not Parquet (magic bytes), a damaged footer or page
+            raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+        for i, row in enumerate(table.to_pylist(), start=1):
             yield i, row
     else:
         raise DataError(
@@ -153,9 +163,11 @@ def _json_rows(path: Path, split: str) -> list[Any]:
     """The rows of a .json file: a JSON array of rows, or an object holding the rows as its
     one list (``{"data": [...]}``) or per split (``{"train": [...], "test": [...]}``)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(decode_utf8(path.read_bytes(), path, DataError))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from e
+    except RecursionError:
+        raise DataError(too_deep(path)) from None
     if isinstance(data, list):
         return data
     if isinstance(data, dict):

@@ -110,6 +110,12 @@ class Source:
     task_of: Callable[[str], str | None] = _no_task
     precedence: int = 0
 
+    @property
+    def has_tasks(self) -> bool:
+        """Whether its rows belong to tasks (``task_of``): the held-out metrics are then split by
+        task too, under ``eval/heldout/<task>/``."""
+        return self.task_of is not _no_task
+
 
 #: The table: source name -> its row (the built-in kinds: :data:`BUILT_IN`; a user's: :func:`register`)
 SOURCES: dict[str, Source] = {}

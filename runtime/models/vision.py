@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,8 +138,11 @@ class VisionProcessor:
 
     @staticmethod
     def prompt(text: str, refs: Sequence[str]) -> "VisionPrompt":
-        """``text`` carrying the images ``refs`` (:class:`VisionPrompt`)."""
-        return VisionPrompt(str(text), refs)
+        """``text`` carrying the images ``refs`` (:class:`VisionPrompt`), each image spelled by one
+        ``<|image_pad|>`` as a rendered prompt spells it: a text decoded from token ids (an agent's
+        row, a multi-turn episode's) has one pad per merged patch, collapsed here, so that
+        samples.jsonl shows every image prompt one way."""
+        return VisionPrompt(re.sub(f"(?:{re.escape(IMAGE_TOKEN)})+", IMAGE_TOKEN, str(text)), refs)
 
     def ids(self, text: str, refs: Sequence[str]) -> list[int]:
         """The token ids of ``text`` (a rendered prompt, or a turn's delta) whose ``<|image_pad|>``

@@ -64,6 +64,7 @@ __all__ = [
     "list_checkpoints",
     "clean_incomplete",
     "set_aside_after",
+    "folder_state",
     "load_weights",
     "newest_loadable",
     "resume_notes",
@@ -556,6 +557,21 @@ def read_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     return state
 
 
+def folder_state(model: torch.nn.Module, directory: str | os.PathLike[str],
+                 saved: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The weights of a saved folder under ``model``'s own names (``model`` may be on the meta
+    device: only its names are read). transformers 5 saves some modules in their released layout,
+    not their in-memory one (a MoE's fused experts as one tensor per expert): such a folder is read
+    through its conversions (``from_pretrained``). What resuming, ``rldsl export`` and ``rldsl
+    eval`` read a checkpoint's policy with. ``saved``: the folder's tensors, when already read."""
+    state = own_names(read_weights(directory) if saved is None else saved, model)
+    own = model.state_dict()
+    if set(state) - set(own) and hasattr(model, "from_pretrained") and (Path(directory) / "config.json").is_file():
+        with quiet_transformers():
+            state = type(model).from_pretrained(str(directory)).state_dict()
+    return state
+
+
 def load_weights(model: torch.nn.Module, directory: str | os.PathLike[str]) -> None:
     """Load the safetensors weights in ``directory`` into ``model`` in place.
 
@@ -563,14 +579,9 @@ def load_weights(model: torch.nn.Module, directory: str | os.PathLike[str]) -> N
     only for tied parameters (e.g. ``lm_head.weight`` sharing the embedding); any other
     missing or unexpected key raises KeyError.
     """
-    state = own_names(read_weights(directory), model)
+    state = folder_state(model, directory)
     own = model.state_dict()
     unexpected = sorted(set(state) - set(own))
-    if unexpected and hasattr(model, "from_pretrained") and (Path(directory) / "config.json").is_file():
-        # transformers 5 saves some modules in their released layout, not their in-memory one
-        # (a MoE's fused experts as one tensor per expert): read the folder through its conversions
-        state = type(model).from_pretrained(str(directory)).state_dict()
-        unexpected = sorted(set(state) - set(own))
     if unexpected:
         raise KeyError(f"{directory} holds weights the model does not have: {unexpected[:5]}"
                        + (" ..." if len(unexpected) > 5 else ""))

@@ -6,7 +6,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .checkpoint import list_checkpoints, load_weights, read_weights
+from rldsl.out_folder import check_out_folder
+
+from .checkpoint import folder_state, list_checkpoints, load_weights, read_weights
 from ..errors import RunError
 from ..models.lora import apply_lora, merged_weights
 from ..models.loading import is_vision_folder, policy_on_meta, quiet_transformers
@@ -29,10 +31,8 @@ def checkpoint_of(run_dir: Path, step: int | None) -> Path:
 
 def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
     """Write the policy of a run's checkpoint to ``out`` as a plain HF folder; returns ``out``."""
+    run_dir, out = Path(run_dir), check_out_folder(out, RunError)  # before transformers imports
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
-    run_dir, out = Path(run_dir), Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise RunError(f"{out} exists and is not empty: choose another --out")
     src = checkpoint_of(run_dir, step) / POLICY_DIR
     state = read_weights(src)
     if any(".lora_" in k for k in state):
@@ -43,6 +43,8 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
                               target_modules=lo.target_modules)
         load_weights(model, src)
         state = merged_weights(model)
+    else:  # under the model's own names: a MoE's experts saved one tensor per expert are fused back
+        state = folder_state(policy_on_meta(src), src, state)
     plain = policy_on_meta(src, state)
     out.mkdir(parents=True, exist_ok=True)
     with quiet_transformers():  # no "Writing model shards" bar

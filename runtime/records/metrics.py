@@ -30,6 +30,9 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, Text
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
+from rldsl.config_files import decode_utf8
+
+from ..errors import RunError
 from .run_dir import METRICS_FILE, write_text_atomic
 from .trackers import TensorBoardTracker, Tracker, numeric
 
@@ -39,6 +42,7 @@ __all__ = [
     "REWARD_TERM_MEAN", "REWARD_TERM_STD",
     "TOOL_CALLS_PER_EPISODE", "TOOL_CALLS_WELL_FORMED", "TOOL_CALL_ERRORS",
     "AGENT_CALLS", "AGENT_PREFIX_BREAKS", "AGENT_ROWS_PER_EPISODE", "AGENT_ERRORS",
+    "MOE_ROUTING_MISMATCH", "MOE_ROUTER_DRIFT", "MOE_EXPERT_LOAD_MAX", "MOE_EXPERT_LOAD_CV",
     "ROLLOUT_TOKENS_PER_S", "LOGPROBS_TOKENS_PER_S", "UPDATE_TOKENS_PER_S", "PADDING_RATIO", "MFU",
     "TOKEN_IMBALANCE", "MICROBATCH_IMBALANCE", "TIMED", "throughput",
     "PHASES", "time_key", "timed",
@@ -97,6 +101,11 @@ SKIPPED_NONFINITE = "skipped_nonfinite"  # minibatches skipped for a NaN / inf l
 # model.dtype = float16 only (train/loss_scale.py): dynamic loss scaling
 LOSS_SCALE = "train/loss_scale"        # the loss scale after the step's update
 SKIPPED_STEPS = "train/skipped_steps"  # of skipped_nonfinite, the minibatches whose scaled gradient overflowed
+# a mixture-of-experts policy's routing (runtime/models/moe.py, docs/moe.md), drawn by ``rldsl plot``
+MOE_ROUTING_MISMATCH = "moe/routing_mismatch"  # (token, layer) pairs routed otherwise than the engine did
+MOE_ROUTER_DRIFT = "moe/router_drift"          # ... that the trainer's router would route otherwise now
+MOE_EXPERT_LOAD_MAX = "moe/expert_load_max"    # the busiest expert's share times E (1 = even)
+MOE_EXPERT_LOAD_CV = "moe/expert_load_cv"      # std / mean of the experts' counts
 # asynchronous rollouts (rollout.max_staleness > 0)
 STALENESS_MEAN = "async/staleness_mean"  # policy versions between the step and its batch's tokens, mean
 STALENESS_MAX = "async/staleness_max"    # ... and max (equal without partial rollouts: one version a batch)
@@ -343,16 +352,19 @@ def sanitize(value: Any) -> Any:
 
 
 def _parse_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
-    """Records of a metrics file and the 1-based numbers of unreadable lines."""
+    """Records of a metrics file and the 1-based numbers of unreadable lines (a line a crash cut).
+    A byte that is not UTF-8 is no crash's (every record is written as ASCII JSON): the file was
+    changed by something else, and a RunError names its line."""
     records: list[dict[str, Any]] = []
     bad: list[int] = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            line = decode_utf8(raw, path, RunError, first_line=number)
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 bad.append(number)
                 continue
             if isinstance(record, dict) and isinstance(record.get("step"), int):

@@ -2,8 +2,9 @@
 
 Panels: reward mean, held-out accuracy (greedy solid, sampled dashed), response length,
 entropy, clip fraction (the metric names of metrics.py), then per-task accuracy and curriculum
-levels when a run logged them (generated data). Runs are overlaid, labelled by their folder
-names. A panel whose metric no run logged is left out.
+levels when a run logged them (generated data), and a mixture-of-experts policy's routing
+mismatch, router drift and expert load when a run logged ``moe/*``. Runs are overlaid, labelled by
+their folder names. A panel whose metric no run logged is left out.
 """
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from .metrics import (CLIP_FRACTION, ENTROPY, GREEDY_ACC, METRICS, MFU, PADDING_RATIO, RESPONSE_LENGTH, REWARD,
-                      SAMPLED_ACC, UPDATE_TOKENS_PER_S, metric_by_concept, read_metrics)
+from .metrics import (CLIP_FRACTION, ENTROPY, GREEDY_ACC, METRICS, MFU, MOE_EXPERT_LOAD_CV, MOE_EXPERT_LOAD_MAX,
+                      MOE_ROUTER_DRIFT, MOE_ROUTING_MISMATCH, PADDING_RATIO, RESPONSE_LENGTH, REWARD, SAMPLED_ACC,
+                      UPDATE_TOKENS_PER_S, metric_by_concept, read_metrics)
 from .run_dir import CURVES_FILE, METRICS_FILE
 
-__all__ = ["PANELS", "PERF_PANELS", "collect_panels", "plot_runs"]
+__all__ = ["PANELS", "PERF_PANELS", "MOE_PANELS", "collect_panels", "plot_runs"]
 
 #: (title, y label, (metric, line style) drawn in the panel): one panel per metric, titled
 #: and labelled by metrics.METRICS, but the two held-out accuracies share one.
@@ -78,6 +80,15 @@ def _isolated(ys: Sequence[float]) -> bool:
 
 Line = tuple[str, str, str, list[int], list[float]]  # label, concept (metrics.Metric), style, steps, values
 
+#: a mixture-of-experts policy's panels (docs/moe.md), drawn when a run logged them:
+#: (title, y label, (metric, line style, the line's name beside the run's) drawn in the panel)
+MOE_PANELS: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
+    ("MoE routing mismatch", "fraction of (token, layer) pairs", ((MOE_ROUTING_MISMATCH, "-", ""),)),
+    ("MoE router drift", "fraction of (token, layer) pairs", ((MOE_ROUTER_DRIFT, "-", ""),)),
+    ("MoE expert load", "busiest expert x E (solid), cv (dashed)",
+     ((MOE_EXPERT_LOAD_MAX, "-", "max"), (MOE_EXPERT_LOAD_CV, "--", "cv"))),
+)
+
 
 def collect_panels(labels: Sequence[str], histories: Sequence[Sequence[dict[str, Any]]],
                    *, smooth: float = 0.0, perf: bool = False) -> list[tuple[str, str, list[Line]]]:
@@ -101,6 +112,24 @@ def collect_panels(labels: Sequence[str], histories: Sequence[Sequence[dict[str,
         if lines:
             panels.append((title, ylabel, lines))
     panels += _family_panels(labels, histories, smooth)
+    panels += _moe_panels(labels, histories, smooth)
+    return panels
+
+
+def _moe_panels(labels: Sequence[str], histories: Sequence[Sequence[dict[str, Any]]],
+                smooth: float) -> list[tuple[str, str, list[Line]]]:
+    """:data:`MOE_PANELS` that some run logged: a line per (run, metric)."""
+    panels = []
+    concept = METRICS[REWARD].concept  # a per-step (not sparse) series
+    for title, ylabel, keys in MOE_PANELS:
+        lines: list[Line] = []
+        for label, records in zip(labels, histories):
+            for key, style, name in keys:
+                xs, ys = _series(records, key, smooth)
+                if xs:
+                    lines.append((f"{label}: {name}" if name else label, concept, style, xs, ys))
+        if lines:
+            panels.append((title, ylabel, lines))
     return panels
 
 

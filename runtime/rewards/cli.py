@@ -50,7 +50,6 @@ def show_reward(name: str, completion: str, answer: str, prompt: Optional[str] =
     fn = RewardFn(name)  # an unknown or unloadable reward: RewardSpecError, exit 2
     rg.check_reward(fn)  # a bad answer_format
     prompt = prompt or ""
-    row = None
     gym = [t.name for t in fn.terms if rg.reasoning_gym_reward in (t.fn, getattr(t.fn, "func", None))]
     if gym and task is None:
         raise UsageError(f"reward {gym[0]!r} scores a reasoning-gym row with its task's own verifier: name the "
@@ -60,7 +59,21 @@ def show_reward(name: str, completion: str, answer: str, prompt: Optional[str] =
         if not gym:
             raise UsageError(f"--task names the reasoning-gym task of a reasoning_gym reward, and {name!r} "
                              "has no reasoning_gym term")
-        row = rg.offline_row(task, prompt, answer)  # an unknown task: DataError, exit 2
+        with rg.only_task(task):  # the task's verifier alone: not every task's import (seconds)
+            row = rg.offline_row(task, prompt, answer)  # an unknown task: DataError, exit 2
+            total, lines = _score(fn, prompt, completion, answer, finish_reason, traceback, row)
+    else:
+        total, lines = _score(fn, prompt, completion, answer, finish_reason, traceback, None)
+    typer.echo(f"reward: {_fmt(total)}")
+    if len(fn.terms) > 1 or any(line.startswith("  ") for line in lines):
+        for line in lines:
+            typer.echo(line)
+
+
+def _score(fn: RewardFn, prompt: str, completion: str, answer: str, finish_reason: str, traceback: bool,
+           row: "rg.OfflineRow | None") -> tuple[float, list[str]]:
+    """The total reward and each term's lines (with ``math`` / ``gsm8k``'s verdicts); ``row``: the
+    reasoning-gym row a ``reasoning_gym`` term scores, checked for what its verifier read."""
     total = 0.0
     lines: list[str] = []
     for term in fn.terms:
@@ -86,8 +99,5 @@ def show_reward(name: str, completion: str, answer: str, prompt: Optional[str] =
                       f"  why:          {v.why}"]
     if row is not None:
         row.check()
-    typer.echo(f"reward: {_fmt(total)}")
-    if len(fn.terms) > 1 or any(line.startswith("  ") for line in lines):
-        for line in lines:
-            typer.echo(line)
+    return total, lines
 

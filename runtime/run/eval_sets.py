@@ -100,15 +100,17 @@ def eval_rows_of(cfg: RunConfig, run_reward: RewardFn, training: Sequence[str] =
     own). ``training``: the run's training questions, which no generated set holds."""
     d = cfg.data
     sets: list[EvalSet] = []
+    # the held-out split's per-task metrics take eval/heldout/ when the source has tasks
+    reserved = [HELDOUT] if source_of(cfg).has_tasks else []
     for entry in cfg.eval.data:
         entry = EvalSetConfig(path=entry) if isinstance(entry, str) else entry
         own = entry.reward is not None and entry.reward != run_reward.spec
         reward = RewardFn(entry.reward, on_error=cfg.reward.on_error) if own else run_reward
         new = read_sets(entry.path, cfg, reward, count=None if d.eval_size is None else max(d.eval_size, 1),
-                        exclude=training, name=entry.name, taken=taken(sets))
+                        exclude=training, name=entry.name, taken=taken(sets, reserved))
         for s in new:
             s.own_reward = own
-        add_sets(sets, new, "eval.data")
+        add_sets(sets, new, "eval.data", reserved)
     return sets
 
 
@@ -124,29 +126,31 @@ def eval_sets_of(cfg: RunConfig, tokenizer: Any, run_reward: RewardFn, training:
 HELDOUT = HELDOUT_TASKS.removeprefix("eval/")
 
 
-def taken(sets: Sequence[EvalSet]) -> list[str]:
-    """The names a new set's file name may not become: the sets' and the held-out split's."""
-    return [s.name for s in sets] + [HELDOUT]
+def taken(sets: Sequence[EvalSet], reserved: Sequence[str] = ()) -> list[str]:
+    """The names a new set's file name may not become: the sets' and the ``reserved`` ones (the
+    held-out split's per-task metrics', on a run whose source has tasks)."""
+    return [s.name for s in sets] + list(reserved)
 
 
-def add_sets(sets: list[EvalSet], new: Sequence[EvalSet], where: str) -> None:
-    """``sets`` += ``new``; a ConfigError when two sets would log under one name, or one under the
-    held-out split's per-task metrics (``eval/heldout/...``)."""
+def add_sets(sets: list[EvalSet], new: Sequence[EvalSet], where: str, reserved: Sequence[str] = ()) -> None:
+    """``sets`` += ``new``; a ConfigError when two sets would log under one name, or one under
+    ``reserved`` (the held-out split's per-task metrics, ``eval/heldout/...``, when there are)."""
     for s in new:
         if s.name in [x.name for x in sets]:
             raise ConfigError(f"{where}: two sets are named {s.name!r}; give them different names")
-        if s.name.split("/")[0] == HELDOUT:
+        if s.name.split("/")[0] in reserved:
             raise ConfigError(f"{where}: the set {s.name!r} would log under {HELDOUT_TASKS}/, the held-out "
                               "split's per-task metrics; give it another name")
         sets.append(s)
 
 
-def command_sets(paths: Sequence[str | Path], cfg: RunConfig, reward: RewardFn, tokenizer: Any,
+def command_sets(paths: Sequence[str | Path], cfg: RunConfig, reward: RewardFn,
                  note: Callable[[str], None] | None = None) -> list[EvalSet]:
-    """``rldsl eval``'s sets: each path read and rendered as the run (``cfg``) renders its prompts;
-    reasoning-gym data that is the run's own gets its options and none of its training questions."""
+    """``rldsl eval``'s sets, each path read as the run (``cfg``) reads its data, before the model
+    loads (rendered afterwards: :func:`render_set`); reasoning-gym data that is the run's own gets
+    its options and none of its training questions."""
     sets: list[EvalSet] = []
     for path in paths:
-        add_sets(sets, load_sets(path, cfg, reward, tokenizer, count=cfg.data.eval_size, taken=taken(sets),
-                                 note=note), "--data")
+        add_sets(sets, read_sets(path, cfg, reward, count=cfg.data.eval_size, taken=taken(sets), note=note),
+                 "--data")
     return sets

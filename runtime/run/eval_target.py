@@ -64,11 +64,14 @@ class EvalTarget:
 
 def open_target(target: Path, *, tools: Optional[str] = None, env: Optional[str] = None) -> EvalTarget:
     """``target`` -- a run folder or a model folder -- with the config it is evaluated under;
-    ``tools`` / ``env`` replace the run's own; a tool that does not import fails here, before
-    any model loads."""
+    ``tools`` / ``env`` replace the run's own; a folder that is neither, or a tool that does not
+    import, fails here, before any model loads."""
     if not target.exists():
         raise UsageError(f"{target} does not exist (give a run folder or a Hugging Face model folder)")
     is_run = (target / "checkpoints").is_dir() and (target / CONFIG_FILE).is_file()
+    if not is_run and not (target / "config.json").is_file():  # before the data is read
+        raise UsageError(f"{target} is not a Hugging Face model folder (no config.json) nor a run "
+                         "folder with checkpoints")
     cfg = load_run_config(target) if is_run else RunConfig()
     if tools is not None or env is not None:  # the flags replace the run's own
         cfg.rollout.tools, cfg.rollout.env = tools, env

@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rldsl.out_folder import check_out_folder
+
 from ..config import RunConfig
 from ..errors import RunError
 from ..records import checkpoint as ckpt
-from ..records.metrics import MetricsLogger
+from ..records.metrics import MetricsLogger, read_metrics
 from ..records.run_dir import (METRICS_FILE, SPEC_FILE, keep_aside, load_run_config, run_dir_of,
                                save_config, save_parent_specs)
 from ..records.trackers import open_trackers
@@ -49,6 +51,8 @@ def open_run(spec: str, cfg: RunConfig | None = None, resume: str | Path | None 
         if not run_dir.is_dir():
             raise RunError(f"no run folder {run_dir} to resume")
         saved = load_run_config(run_dir)
+        if (run_dir / METRICS_FILE).is_file():  # a damaged metrics.jsonl refused before any model loads
+            read_metrics(run_dir, warn_unreadable=False)
         spec_file = run_dir / SPEC_FILE
         plan = plan_run(load_spec(str(spec_file), spec_file.read_text(encoding="utf-8")),
                         saved if cfg is None else cfg)
@@ -65,7 +69,7 @@ def open_run(spec: str, cfg: RunConfig | None = None, resume: str | Path | None 
         return Opened(plan, run_dir, resume_from, True, notes)
     cfg = cfg or RunConfig()
     algo = load_spec(spec)  # the one parse of the run
-    run_dir = run_dir_of(cfg, algo.name)
+    run_dir = check_out_folder(run_dir_of(cfg, algo.name), RunError, empty=False)
     if (run_dir / METRICS_FILE).exists() or ckpt.latest_checkpoint(run_dir) is not None:
         raise RunError(f"{run_dir} already holds a run: resume it with `rldsl run --resume {run_dir}` "
                        f"or choose another --out")

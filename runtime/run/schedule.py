@@ -10,8 +10,8 @@ import sys
 from typing import Callable
 
 from .. import faults
-from ..errors import RewardError
-from ..records.metrics import REWARD, MetricsLogger
+from ..errors import NothingTrained, RewardError
+from ..records.metrics import LOSS_SCALE, OPTIMIZER_STEPS, REWARD, SKIPPED_STEPS, MetricsLogger
 from .checkpointing import save
 from .eval_step import evaluate, evaluate_current
 from .step_batch import start_producer
@@ -37,6 +37,8 @@ def run_steps(s: Run, logger: MetricsLogger, stop: dict[str, bool], start: int, 
             logger.log(0, evaluate(s, 0))
         producer = start_producer(s, start, total)
         unscored_steps = 0  # steps in a row whose every reward failed (reward.on_error=skip)
+        overflowed = 0  # steps whose every update overflowed in float16 (train/loss_scale.py)
+        m: dict[str, float] = {}
         while step < total:
             if stop_after is not None and step >= stop_after:
                 break
@@ -49,6 +51,11 @@ def run_steps(s: Run, logger: MetricsLogger, stop: dict[str, bool], start: int, 
                 m.update(evaluate_current(s, step, producer))
             logger.log(step, m)
             unscored_steps = unscored_steps + 1 if math.isnan(m[REWARD]) else 0
+            if overflowed_step(m):  # said at once, as DeepSpeed's and apex's loss scalers do
+                overflowed += 1
+                logger.print(f"warning: step {step} trained nothing: float16, every update's scaled gradient "
+                             f"overflowed and was skipped (loss scale now {m.get(LOSS_SCALE, math.nan):g})",
+                             markup=False)
             if cfg.reward.max_skipped_steps and unscored_steps >= cfg.reward.max_skipped_steps:
                 raise RewardError(
                     f"the reward failed on every sample of {unscored_steps} steps in a row (steps "
@@ -62,6 +69,7 @@ def run_steps(s: Run, logger: MetricsLogger, stop: dict[str, bool], start: int, 
             in_step = False
         if last_saved != step and (cfg.checkpoint.save_final or step < total):
             save(s, step, producer)
+        report_overflow(logger, overflowed, step - start, m.get(LOSS_SCALE))
         failed = False
     except KeyboardInterrupt:  # `rldsl run` names the command that resumes it (runtime/cli.py)
         if in_step:  # a second signal, mid-step: nothing whole to save
@@ -73,6 +81,30 @@ def run_steps(s: Run, logger: MetricsLogger, stop: dict[str, bool], start: int, 
     finally:
         if producer is not None:
             stop_quietly(producer.close, quiet=failed)
+
+
+def overflowed_step(m: dict[str, float]) -> bool:
+    """Whether a step trained nothing because each of its updates overflowed: a float16 run's step
+    (``train/skipped_steps``, the loss scaler's count) with no optimizer step."""
+    return m.get(SKIPPED_STEPS, 0.0) > 0 and m.get(OPTIMIZER_STEPS, 1.0) == 0
+
+
+def report_overflow(logger: MetricsLogger, overflowed: int, steps: int, scale: float | None) -> None:
+    """The end of a float16 run that had steps whose every update overflowed (skipped, the loss
+    scale halved each time; train/loss_scale.py; each said when it happened): a warning with the
+    count, never silence; a run in which *every* step did (``overflowed == steps``) trained
+    nothing, and ends with :class:`~rldsl.runtime.errors.NothingTrained` (exit 1) after its records
+    and checkpoint are written -- exit 0 would tell a script the model was trained."""
+    if overflowed == 0:
+        return
+    where = f"; the loss scale backed off to {scale:g}" if scale is not None else ""
+    what = (f"float16: every update's scaled gradient overflowed (inf/nan) and was skipped{where} "
+            "(train/skipped_steps, train/loss_scale)")
+    if overflowed < steps:
+        logger.print(f"warning: {overflowed} of {steps} steps trained nothing -- {what}", markup=False)
+        return
+    raise NothingTrained(f"the run trained nothing: in each of its {steps} step(s) {what}. The model's "
+                         "float16 forward or backward overflows: train in model.dtype=bfloat16 (or float32)")
 
 
 def stop_quietly(close: Callable[[], None], quiet: bool) -> None:

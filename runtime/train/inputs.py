@@ -99,6 +99,12 @@ def reads_engine(algo: Algorithm) -> bool:
     return any(table.INPUTS[x].source == "engine" for x in algo.needs())
 
 
+def advantages_read_old_policy(algo: Algorithm) -> bool:
+    """estimate() reads the old policy's forward (its logprobs, e.g. an advantage formula's
+    ``old_logp``, or a statistic of it): that forward must run before the update."""
+    return any(table.INPUTS[x].source == "policy" for x in algo.needs("advantage"))
+
+
 def whole_groups(needs: tuple[str, ...]) -> bool:
     """A component reading these compares a prompt's samples: micro-batches keep whole groups."""
     return any(table.INPUTS[x].whole_groups for x in needs)

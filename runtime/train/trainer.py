@@ -431,8 +431,9 @@ class Trainer(ForwardPasses):
         ``old_per_token_logps = per_token_logps.detach()`` when num_iterations == 1).
         """
         if self.ppo_epochs != 1 or self.minibatches != 1 or self.fn.algorithm.kl_in == "reward" \
+                or producers.advantages_read_old_policy(self.fn.algorithm) \
                 or self._corrects():  # a correction compares pi_old with the engine before the update
-            return False
+            return False  # (an advantage formula reading old_logp needs them before any update)
         # whether the policy has active dropout: read once per policy module (a walk over its
         # modules and its config, which no step changes), not at every step
         known = getattr(self, "_dropout_of", None)

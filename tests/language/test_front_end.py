@@ -22,6 +22,7 @@ from rldsl import SpecError, SpecErrors, codegen, errors, explain, parser
 from rldsl.cli import app
 from rldsl.errors import source_lines
 from rldsl.formula import hooks
+from test_fuzz import mutated_spec  # noqa: E402,I001 - the character-level mutator
 
 LIBRARY = sorted(rldsl.library().items())
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -191,6 +192,37 @@ def library_mutant(draw: st.DrawFn) -> str:
 @settings(SETTINGS, max_examples=300)
 @given(library_mutant())
 def test_library_mutants_load_or_fail_located(text: str) -> None:
+    _loads_or_located(text)
+
+
+NEW_SYNTAX = [
+    """algorithm beta extends grpo
+  define logbeta(a, b) = lgamma(a) + lgamma(b) -
+                         lgamma(a + b)
+  define mean_beta(a, b) = exp(logbeta(a + 1, b) - logbeta(a, b))
+  define posterior
+    s = group_sum(r)
+    b = mean_beta(40 * (s + 1),   # successes
+                  40 * (G - s + 1))
+  end
+  baseline  posterior
+""",
+    """algorithm c extends grpo
+  define sq(x) = x * x
+  define gate
+    w = clamp(rho,
+              0.8,
+              1.2) *
+        where(A > 0, sq(1), 0.5)
+  end
+  trust_region  gate
+""",
+]
+
+
+@settings(SETTINGS, max_examples=150)
+@given(mutated_spec(NEW_SYNTAX))
+def test_mutants_of_functions_and_continued_lines_load_or_fail_located(text: str) -> None:
     _loads_or_located(text)
 
 

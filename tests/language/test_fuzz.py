@@ -223,7 +223,9 @@ def _run(v) -> dict:  # noqa: ANN001 - a SlotValue with a formula
     r = torch.randn(B, generator=g)
     batch = AdvantageBatch(rewards=r, raw_rewards=r, token_rewards=torch.zeros(B, T), mask=mask,
                            group_size=G, valid=torch.tensor([True, True, False, True]))
-    return fn(r, rand(), mask, G, batch, values=rand(), dense_rewards=rand() * mask)
+    logp = -torch.rand(B, T, generator=g)
+    return fn(r, rand(), mask, G, batch, values=rand(), dense_rewards=rand() * mask, old_logp=logp,
+              rollout_logp=logp - 0.1)
 
 
 @settings(FUZZ, max_examples=400)

@@ -217,13 +217,13 @@ async def bad_metadata(client, row: dict) -> float:
 
 async def rewarded_roles(client, row: dict) -> dict:
     """Self-play whose roles are rewarded apart: a proposer and a solver call (a row each, tagged
-    with their role), a reward per role -- the proposer's a tenth of the answer, the solver's
-    its complement."""
+    with their role), a reward per role -- the proposer's a tenth of the answer's last digit,
+    the solver's its complement."""
     for role in ("proposer", "solver"):
         await client.chat.completions.create(
             model=row["model"], messages=[{"role": "user", "content": f"{role}: {row['prompt']}"}],
             max_tokens=4, metadata={"role": role})
-    a = float(row["answer"]) / 10
+    a = int(float(row["answer"])) % 10 / 10
     return {"proposer": a, "solver": 1.0 - a}
 
 

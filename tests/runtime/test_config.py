@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from pydantic import ValidationError
@@ -99,6 +100,23 @@ def test_unknown_key_suggests_and_lists_valid_keys():
 def test_bare_leaf_name_points_to_its_section():
     with pytest.raises(ConfigError, match=r"did you mean 'train.lr'\?"):
         load_config(overrides=["lr=1e-4"])
+
+
+@pytest.mark.parametrize("name, key", [
+    ("learning_rate", "train.lr"), ("num_generations", "rollout.n"), ("max_completion_length", "rollout.max_new_tokens"),
+    ("per_device_train_batch_size", "rollout.prompts_per_step"), ("max_grad_norm", "train.grad_clip"),
+    ("train.learning_rate", "train.lr"), ("ppo_mini_batch_size", "train.minibatches"),
+])
+def test_a_peers_name_points_to_the_run_key(name, key):
+    """TRL's and verl's names got no "did you mean"; the translate module's table knows them."""
+    with pytest.raises(ConfigError, match=rf"did you mean '{re.escape(key)}'\?\n.*\({name.rsplit('.')[-1]} is "):
+        load_config(overrides=[f"{name}=1"])
+
+
+@pytest.mark.parametrize("name", ["beta", "epsilon", "loss_type", "clip_ratio_high"])
+def test_a_peers_algorithm_option_is_said_to_be_the_specs(name):
+    with pytest.raises(ConfigError, match=rf"{name} is an algorithm option of TRL or verl: a parameter of the spec"):
+        load_config(overrides=[f"{name}=0.1"])
 
 
 def test_misspelt_section_lists_the_near_section():
@@ -201,6 +219,14 @@ def test_toml_errors(tmp_path):
         load_config(typed)
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "missing.toml")
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b'seed = 1\n[data]\nsystem_prompt = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match=rf"{latin}:3:21: not UTF-8 text \(byte 0xe9\)"):
+        load_config(latin)
+    for name, text in (("deep.toml", "a = " + "[" * 5000 + "]" * 5000), ("deep.json", "[" * 5000 + "]" * 5000)):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match=rf"{tmp_path / name}: lists or tables nested too deeply"):
+            load_config(tmp_path / name)
 
 
 def _everything_changed() -> RunConfig:

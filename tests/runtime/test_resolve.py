@@ -255,6 +255,18 @@ def test_a_missing_eval_set_fails_before_the_tokenizer_loads(model_dir, tmp_path
     assert no_tokenizer_load == no_model_load == [] and not (tmp_path / "run").exists()
 
 
+def test_a_prompt_longer_than_the_context_exits_2_before_the_model_loads(gpt2_64, tmp_path, no_model_load):
+    """The context check needs config.json and the tokenizer only: exit 2 naming both lengths, no
+    weights read, no run folder."""
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"prompt": "1" * 70, "answer": "1"}) + "\n" + json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    res = runner.invoke(app, ["run", "grpo", "--model", str(gpt2_64), "--data", str(data),
+                              "--out", str(tmp_path / "run"), "--set", "log.progress=false"])
+    assert res.exit_code == 2, res.output
+    assert "the longest prompt has 71 tokens" in res.output and "context of 64 positions" in res.output
+    assert no_model_load == [] and not (tmp_path / "run").exists()
+
+
 def _image_rows(tmp_path: Path) -> Path:
     from PIL import Image
     Image.new("RGB", (28, 28), (200, 30, 30)).save(tmp_path / "red.png")

@@ -399,6 +399,31 @@ def test_out_writes_the_spec_and_the_run_config_apart(tmp_path: Path) -> None:
     assert "[train]" not in spec.read_text() and "algorithm" not in toml.read_text()
 
 
+def test_out_never_writes_over_a_folder_of_files(tmp_path: Path) -> None:
+    """--out DIR replaced an existing DIR/spec.rl and DIR/run.toml with exit 0; it is refused as
+    export's and ablate's --out are (rldsl/out_folder.py), and the files are left as they were."""
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / "spec.rl").write_text("mine")
+    r = CliRunner().invoke(app, ["translate", str(HERE / "trl_realistic.yaml"), "--out", str(folder)])
+    assert r.exit_code == 2 and f"--out {folder} exists and is not empty" in r.output
+    assert (folder / "spec.rl").read_text() == "mine" and not (folder / "run.toml").exists()
+    r = CliRunner().invoke(app, ["translate", str(HERE / "trl_realistic.yaml"), "--out", str(folder / "spec.rl")])
+    assert r.exit_code == 2 and "is a file, not a folder" in r.output
+
+
+def test_a_file_that_is_not_utf8_or_nests_too_deep_is_exit_2(tmp_path: Path) -> None:
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"learning_rate: 1e-6\n# caf\xe9\n")
+    r = CliRunner().invoke(app, ["translate", str(latin)])
+    assert r.exit_code == 2 and f"{latin}:2:6: not UTF-8 text (byte 0xe9)" in r.output, r.output
+    for suffix, text in ((".json", "[" * 5000 + "]" * 5000), (".yaml", "a: " + "[" * 5000 + "]" * 5000)):
+        deep = tmp_path / f"deep{suffix}"
+        deep.write_text(text)
+        r = CliRunner().invoke(app, ["translate", str(deep)])
+        assert r.exit_code == 2 and f"{deep}: lists or tables nested too deeply" in r.output, r.output
+
+
 def test_verify_runs_trls_own_loss(tmp_path: Path) -> None:
     """--verify: TRL's GRPOTrainer._compute_loss and the translated spec agree; a spec that differs is
     caught (exit 1). TRL is a dev dependency (pyproject's dev extra)."""

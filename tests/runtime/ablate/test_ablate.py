@@ -348,14 +348,14 @@ def test_a_2x2_study_runs_resumes_and_survives_failing_cells(app, tmp_path, monk
     status = json.loads((study / "status.json").read_text())["cells"]
     assert status["ppo__none-s0"]["action"] == "resume" and status["ppo__clip-s0"]["action"] == "skip"
     failed = status["reinforce__none-s0"]
-    assert failed["status"] == "failed" and failed["returncode"] == 1
-    assert "FileExistsError" in failed["error"]
+    assert failed["status"] == "failed" and failed["returncode"] == 2  # its --out is a file: refused up front
+    assert "is a file, not a folder" in failed["error"]
     steps = [json.loads(line)["step"] for line in
              (study / "runs" / "ppo__none-s0" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2]  # resumed from step 1: step 2 once, not twice
     assert "--resume" in (study / "logs" / "ppo__none-s0.log").read_text()
     report = (study / "report.md").read_text()
-    assert "`reinforce, none` seed 0: failed, exit code 1" in report and "FileExistsError" in report
+    assert "`reinforce, none` seed 0: failed, exit code 2" in report and "is a file, not a folder" in report
     assert _csv(study)["reinforce__none"]["status"] == "failed"
 
     # the report is rebuilt from the run folders alone

@@ -110,6 +110,34 @@ def test_bad_files(tmp_path, name, content, match) -> None:
         load_examples(path)
 
 
+@pytest.mark.parametrize(("name", "content", "match"), [
+    ("latin.jsonl", b'{"prompt": "a", "answer": "1"}\n{"prompt": "caf\xe9"}\n', r"latin\.jsonl:2:16: not UTF-8 text \(byte 0xe9\)"),
+    ("latin.json", b'[{"prompt": "a"},\n {"prompt": "\xff"}]', r"latin\.json:2:14: not UTF-8 text \(byte 0xff\)"),
+    ("deep.jsonl", b'{"prompt": "a", "answer": "1"}\n{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}\n",
+     r"deep\.jsonl:2: lists or tables nested too deeply"),
+    ("deep.json", b"[" * 5000 + b"]" * 5000, r"deep\.json: lists or tables nested too deeply"),
+    ("fake.parquet", b"prompt,answer\na,1\n", r"fake\.parquet: not a readable Parquet file \(.*magic bytes"),
+])
+def test_unreadable_bytes_name_the_file_and_line(tmp_path, name, content, match) -> None:
+    """Python's UnicodeDecodeError / RecursionError / pyarrow's ArrowInvalid were exit 1 naming no file."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=match):
+        load_examples(path)
+
+
+def test_a_cut_parquet_file_is_a_data_error(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    whole = tmp_path / "whole.parquet"
+    pq.write_table(pa.table({"prompt": ["a"] * 100, "answer": ["1"] * 100}), whole)
+    raw = whole.read_bytes()
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(raw[: len(raw) // 2] + raw[-8:])  # the footer's length and magic kept, its body gone
+    with pytest.raises(DataError, match=r"cut\.parquet: not a readable Parquet file"):
+        load_examples(cut)
+
+
 def test_missing_file(tmp_path) -> None:
     with pytest.raises(DataError, match="no such file"):
         load_examples(tmp_path / "nope.jsonl")

@@ -297,12 +297,14 @@ def test_an_eval_set_of_a_mix_is_one_set_per_task_and_holds_no_training_question
 
 def test_eval_sets_that_would_log_under_one_name_are_refused(tokenizer, tmp_path):
     """A task in two eval.data sets, or a set named like the held-out split's per-task metrics
-    (eval/heldout/<task>/...), is a ConfigError before any model loads; a file's name steps aside."""
-    from rldsl.runtime.run.eval_sets import eval_sets_of
+    (eval/heldout/<task>/...) on a run whose data has tasks, is a ConfigError before any model
+    loads; a file's name steps aside -- only then: `heldout.jsonl` is the set `heldout` on a run of
+    plain data and in `rldsl eval`, which log no per-task held-out metrics."""
+    from rldsl.runtime.run.eval_sets import command_sets, eval_sets_of
 
-    def sets(*entries: str):
+    def sets(*entries: str, data: str = "reasoning_gym:chain_sum=1,spell_backward=1"):
         (tmp_path / "run.toml").write_text("".join(f"[[eval.data]]\n{e}\n" for e in entries))
-        cfg = load_config(tmp_path / "run.toml", ["data.eval_size=4"])
+        cfg = load_config(tmp_path / "run.toml", ["data.eval_size=4", f"data.path={data}"])
         return eval_sets_of(cfg, tokenizer, RewardFn("reasoning_gym"))
 
     with pytest.raises(ConfigError, match="eval.data: two sets are named 'chain_sum'"):
@@ -312,6 +314,11 @@ def test_eval_sets_that_would_log_under_one_name_are_refused(tokenizer, tmp_path
     (tmp_path / "heldout.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
     assert [s.name for s in sets(f'path = "{tmp_path / "heldout.jsonl"}"', 'path = "reasoning_gym:chain_sum"')] \
         == ["heldout_2", "chain_sum"]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"prompt": "2+2=", "answer": "4"}\n')
+    assert [s.name for s in sets(f'path = "{tmp_path / "heldout.jsonl"}"', data=str(plain))] == ["heldout"]
+    assert [s.name for s in command_sets([tmp_path / "heldout.jsonl"], load_config(None, []), RewardFn("exact"),
+                                         tokenizer)] == ["heldout"]
 
 
 @pytest.mark.parametrize("kind", ["tools", "env", "agent"])

@@ -476,3 +476,33 @@ def test_lora_on_fused_experts_trains_with_replay(moe_model, tmp_path):
     for k in experts:
         plain = k.replace("base_model.model.", "").replace(".base_layer", "")
         assert torch.equal(state[k], fresh[plain]), k
+
+
+@pytest.mark.slow
+def test_a_full_weight_moe_run_is_exported_and_evaluated(moe_model, tmp_path):
+    """A full-weight MoE run's checkpoint holds its experts one tensor per expert (the released
+    layout): `rldsl export` writes it as a plain folder whose weights are the checkpoint's, and
+    `rldsl eval` reads it, both through the loader the resume path uses."""
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from rldsl.cli import app
+    from rldsl.runtime.records.checkpoint import load_weights
+    from rldsl.runtime.run import loop
+
+    run = loop.train("grpo", _moe_config(moe_model("qwen3_moe"), tmp_path / "run", **{
+        "train.steps": 1, "checkpoint.every": 1, "rollout.max_staleness": 0, "rollout.routing_replay": "false"}))
+    saved = load_file(str(run / "checkpoints" / "step-1" / "policy" / "model.safetensors"))
+    assert any(".experts.0." in k for k in saved)  # the released layout, one tensor per expert
+    res = CliRunner().invoke(app, ["export", str(run), "--out", str(tmp_path / "plain")])
+    assert res.exit_code == 0, res.output
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "plain")
+    trained = AutoModelForCausalLM.from_pretrained(moe_model("qwen3_moe"))
+    load_weights(trained, run / "checkpoints" / "step-1" / "policy")
+    a, b = exported.state_dict(), trained.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    data = tmp_path / "t.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+3=", "answer": str(i + 3)}) + "\n" for i in range(2)))
+    res = CliRunner().invoke(app, ["eval", str(run), "--data", str(data), "--n", "1", "--out", str(tmp_path / "m.json")])
+    assert res.exit_code == 0, res.output
+    assert 0.0 <= json.loads((tmp_path / "m.json").read_text())["eval/t/greedy_acc"] <= 1.0

@@ -86,10 +86,25 @@ def test_an_image_column_no_setting_reads_is_refused(data, tmp_path, column) -> 
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "qwen2_vl", "vision_config": {}}))
+    (model / "preprocessor_config.json").write_text("{}")
     result = CliRunner().invoke(app, ["run", "grpo", "--model", str(model), "--data", str(path),
                                       "--out", str(tmp_path / "run")])
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     assert f"data.image_key={column}" in result.output and not (tmp_path / "run").exists()
+
+
+def test_a_vision_language_folder_without_its_image_processor_exits_2_before_the_model_loads(data, tmp_path) -> None:
+    """preprocessor_config.json is read when the model is built: its absence was an error after the
+    model loaded, leaving a run folder that blocked reusing --out (issue 57); now exit 2 first."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2_vl", "vision_config": {}}))
+    path = _write(data / "train.jsonl", [_chat("images/0000.png")])
+    result = CliRunner().invoke(app, ["run", "grpo", "--model", str(model), "--data", str(path),
+                                      "--out", str(tmp_path / "run")])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert "is a vision-language model without preprocessor_config.json" in result.output
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("rows, match", [

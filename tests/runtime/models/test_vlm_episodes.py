@@ -153,6 +153,9 @@ def test_agent_sends_image_url_parts_through_the_endpoint(engine):
         assert info.error is None and info.agent.rows == 1 and len(info.agent.calls) == 2
         assert info.agent.calls[1]["bridged"]  # the second call continued the first's ids
         assert images_of(batch.prompts[i]) == (data_url(1), data_url(2, (112, 56)))
+        # the row's prompt (its first call's: the first picture, 4 patches) spelled as a rendered
+        # prompt is in samples.jsonl: one pad per image, not one per patch
+        assert batch.prompts[i].count("<|image_pad|>") == 1
     # 56x56 -> 4 image tokens; 112x56 -> 8x4 patches -> 8 tokens
     assert_exact(engine.model, batch, [4 + 8, 4 + 8])
 

@@ -127,3 +127,24 @@ def test_a_task_line_breaks_at_the_steps_where_the_task_had_no_rows(tmp_path):
     assert b[0] == "b" and b[3] == [1, 2, 3, 4, 5]  # no point after its last value
     assert b[4][:2] == [1.0, 1.0] and math.isnan(b[4][2]) and b[4][3:] == [1.0, 1.0]
     assert not plot_module._isolated(b[4]) and plot_module._isolated([math.nan, 1.0, math.nan, 1.0, 1.0])
+
+
+def test_moe_panels_when_the_run_logged_routing(tmp_path):
+    """A mixture-of-experts run's routing: routing mismatch, router drift and expert load (max
+    solid, cv dashed) panels after the others; none for a run without moe/* metrics."""
+    from rldsl.runtime.records.metrics import read_metrics
+
+    run = tmp_path / "moe"
+    write_run(run, [{"step": s, "reward_mean": 0.5, "moe/routing_mismatch": 0.1 / s, "moe/router_drift": 0.02 * s,
+                     "moe/expert_load_max": 1.5, "moe/expert_load_cv": 0.3} for s in range(1, 4)])
+    panels = collect_panels(["r"], [read_metrics(run / "metrics.jsonl")])
+    assert [t for t, _, _ in panels] == ["training reward", "MoE routing mismatch", "MoE router drift",
+                                         "MoE expert load"]
+    mismatch = panels[1][2]
+    assert [(label, xs, ys) for label, _, _, xs, ys in mismatch] == [("r", [1, 2, 3], [0.1, 0.05, 0.1 / 3])]
+    assert [(label, style) for label, _, style, _, _ in panels[3][2]] == [("r: max", "-"), ("r: cv", "--")]
+    out = plot_runs([run], tmp_path / "moe.png")
+    assert png_size(out) == (1320, 748)  # 4 panels: 2 x 2
+    dense = tmp_path / "dense"
+    write_run(dense, [{"step": 1, "reward_mean": 0.5}])
+    assert [t for t, _, _ in collect_panels(["d"], [read_metrics(dense / "metrics.jsonl")])] == ["training reward"]

@@ -80,3 +80,17 @@ def test_each_reward_term_is_logged_and_kept_per_sample(model_dir, tmp_path) -> 
             std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
             assert m[f"rewards/{term}/mean"] == pytest.approx(mean)
             assert m[f"rewards/{term}/std"] == pytest.approx(std)
+
+
+def test_the_command_shows_each_samples_images(tmp_path) -> None:
+    """An image prompt's sample shows where its images are: a path as recorded, a data: URL by its
+    kind and length (not its base64 text)."""
+    url = "data:image/png;base64," + "A" * 400
+    rec = dict(step=1, group=0, prompt="<|vision_start|><|image_pad|><|vision_end|>Colour?", completion="red",
+               reward=1.0, advantage=0.5, finish_reason="stop", response_length=1,
+               images=["/data/images/0001.png", url])
+    (tmp_path / SAMPLES_FILE).write_text(json.dumps(rec) + "\n")
+    res = CliRunner().invoke(app, ["samples", str(tmp_path), "--width", "0"], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    assert "(image: /data/images/0001.png)" in res.output
+    assert f"(image: data:image/png URL, {len(url)} characters)" in res.output and "AAAA" not in res.output

@@ -128,3 +128,26 @@ def test_reasoning_gym_scores_a_row_of_the_task_named(app):
     assert r.exit_code == 2 and "--task NAME" in r.output
     r = invoke(app, "reasoning_gym", "--task", "spel_backward", "--completion", "x", "--answer", "y")
     assert r.exit_code == 2 and "unknown reasoning-gym task 'spel_backward'" in r.output
+
+
+def test_reasoning_gym_scores_one_task_without_importing_every_task(app):
+    """`rldsl reward reasoning_gym --task spell_backward` imports that task's module, not
+    reasoning-gym's package, whose __init__ imports every task (sympy, matplotlib: ~6 s of the
+    command's ~8.5 s on a loaded 2-core machine; ~2.5 s after); the process's later import of
+    reasoning-gym is the whole package, as usual."""
+    pytest.importorskip("reasoning_gym")
+    from rldsl.runtime.data import reasoning_gym as rg
+
+    rg.task_names()  # the task -> module table cached, as any earlier command leaves it
+    script = ("import sys\n"
+              "from rldsl.runtime.rewards.cli import show_reward\n"
+              "show_reward('reasoning_gym', '<answer>tac</answer>', 'tac', "
+              "prompt='Spell this word backward (example: sun -> nus): cat', task='spell_backward')\n"
+              "print(sorted(m for m in ('sympy', 'matplotlib', 'reasoning_gym') if m in sys.modules))\n"
+              "from rldsl.runtime.data import reasoning_gym as rg\n"
+              "print(len(rg.task_names()))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    reward, loaded, count = out.stdout.splitlines()
+    assert reward == "reward: 1" and loaded == "[]"
+    assert int(count) == len(rg.task_names()) > 50  # then the whole package, every task registered

@@ -140,6 +140,26 @@ def test_eval_command_bad_input(model_dir, tmp_path):
     assert res.exit_code == 2 and "no config.json" in res.output
 
 
+def test_eval_command_reads_the_data_and_the_reward_before_the_model_loads(model_dir, tmp_path, monkeypatch):
+    """A missing or bad data file and a reward function of the wrong signature exit 2 before
+    `rldsl eval` loads the model (issue 57: errors that need no weights come first)."""
+    from rldsl.runtime.run import eval_target
+
+    def refuse(path, dtype):
+        raise AssertionError(f"the model at {path} was loaded before the check")
+
+    monkeypatch.setattr(eval_target, "load_policy", refuse)
+    good = write_rows(tmp_path / "good.jsonl", [{"prompt": "1+1=", "answer": "2"}])
+    bad = write_rows(tmp_path / "bad.jsonl", [{"question": "1+1="}])
+    (tmp_path / "two.py").write_text("def two(prompt, completion):\n    return 1.0\n")
+    for flags, message in ((["--data", str(tmp_path / "nosuch.jsonl")], "nosuch.jsonl: no such file"),
+                           (["--data", str(good), "--data", str(bad)], "bad.jsonl: line 1: missing field"),
+                           (["--data", str(good), "--reward", f"{tmp_path / 'two.py'}:two"],
+                            "its signature is (prompt, completion)")):
+        res = runner.invoke(app, ["eval", str(model_dir), *flags])
+        assert res.exit_code == 2 and message in res.output, res.output
+
+
 @pytest.mark.slow
 def test_a_run_evaluates_its_eval_sets_with_their_own_rewards(model_dir, tmp_path):
     from rldsl.runtime.records.metrics import read_metrics

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import rldsl
 from rldsl.cli import app
 from rldsl.runtime.records import checkpoint as ckpt
-from rldsl.runtime.run import loop
+from rldsl.runtime.run import folder, loop
 from rldsl.runtime.run import schedule
 from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import RunError
@@ -139,6 +139,29 @@ def test_missing_model_folder_is_a_clear_error(tmp_path):
     res = runner.invoke(app, ["run", "grpo", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "r")])
     assert res.exit_code == 2
     assert "model folder not found" in res.output and "Traceback" not in res.output
+
+
+def test_a_resume_refuses_a_metrics_file_that_is_not_utf8_before_any_model_loads(model_dir, tmp_path):
+    """metrics.jsonl is ASCII JSON; a byte that is not UTF-8 (the file changed by something else) was
+    a UnicodeDecodeError after the model loaded (exit 1); now open_run refuses it, naming the line."""
+    run = tmp_path / "run"
+    folder.open_run("lite_ppo", small_run(model_dir, run))  # the folder a new run writes before any model loads
+    (run / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 0.5}\n{"step": 2, "note": "caf\xe9"}\n')
+    with pytest.raises(RunError, match=r"metrics\.jsonl:2:25: not UTF-8 text \(byte 0xe9\)"):
+        folder.open_run("lite_ppo", resume=run)
+
+
+def test_out_naming_a_file_or_a_folder_that_cannot_be_written_is_refused(model_dir, tmp_path):
+    (tmp_path / "afile").write_text("a user's file")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "run"):
+        with pytest.raises(RunError, match="afile is a file, not a folder"):
+            folder.open_run("lite_ppo", small_run(model_dir, out))
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.access(locked, os.W_OK):
+        pytest.skip("this user writes into a read-only folder (root)")
+    with pytest.raises(RunError, match=f"--out {locked / 'run'}: {locked} is not writable"):
+        folder.open_run("lite_ppo", small_run(model_dir, locked / "run"))
 
 
 def test_dataset_rows_without_fields(model_dir, tmp_path):

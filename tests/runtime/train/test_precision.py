@@ -149,3 +149,63 @@ def test_float16_checkpoints_keep_the_loss_scale_and_a_resume_reads_it(model_dir
                                          master_policy(cfg, model_dir, "cpu"))
     trainers.load_checkpoint(c)
     assert trainers.trainer.loss_scaler.state_dict() == {"scale": 1024.0, "good_steps": 7}
+
+
+class _Lines:
+    """A logger's print, kept (run/schedule.py reports through ``logger.print``)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def print(self, text: str, **kwargs) -> None:
+        self.lines.append(text)
+
+
+def test_steps_whose_every_update_overflowed_are_reported_and_a_run_of_only_them_fails():
+    """issue 57: a float16 run whose every update overflowed exited 0 with nothing on the console.
+    A step trained nothing for overflow when the loss scaler skipped its updates and no optimizer
+    step was taken; some such steps end the run with a warning naming how many, all of them with
+    NothingTrained (exit 1)."""
+    from rldsl.runtime.errors import NothingTrained
+    from rldsl.runtime.run.schedule import overflowed_step, report_overflow
+
+    assert overflowed_step({"optimizer_steps": 0.0, "train/skipped_steps": 2.0})
+    assert not overflowed_step({"optimizer_steps": 1.0, "train/skipped_steps": 1.0})  # one went through
+    assert not overflowed_step({"optimizer_steps": 0.0, "skipped_zero_adv": 1.0})  # nothing to learn: not overflow
+    assert not overflowed_step({"optimizer_steps": 0.0})  # float32/bfloat16: no loss scaler
+    out = _Lines()
+    report_overflow(out, 0, 5, 65536.0)
+    assert out.lines == []
+    report_overflow(out, 2, 5, 16384.0)
+    assert out.lines == ["warning: 2 of 5 steps trained nothing -- float16: every update's scaled gradient "
+                         "overflowed (inf/nan) and was skipped; the loss scale backed off to 16384 "
+                         "(train/skipped_steps, train/loss_scale)"]
+    with pytest.raises(NothingTrained, match=r"the run trained nothing: in each of its 5 step\(s\) float16: .*"
+                                             r"backed off to 0.5 .*model.dtype=bfloat16") as e:
+        report_overflow(out, 5, 5, 0.5)
+    assert e.value.exit_code == 1
+
+
+@pytest.mark.slow
+def test_a_float16_run_whose_every_update_overflows_exits_1_saying_so(model_dir, tmp_path, monkeypatch):
+    """A loss scale no float can hold (the scaled loss is inf): every update of every step
+    overflows, is skipped, and the run ends with exit 1 and the sentence, its records written."""
+    from typer.testing import CliRunner
+    from rldsl.cli import app
+    from rldsl.runtime.train import parts
+    from small_run import steps_of
+
+    monkeypatch.setattr(parts, "loss_scaler", lambda dtype: LossScaler(init_scale=1e300) if dtype == torch.float16
+                        else None)
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", "grpo", "--model", str(model_dir), "--out", str(out), "--set",
+                                   "model.dtype=float16", "--set", "train.steps=2", "--set", "rollout.n=4",
+                                   "--set", "rollout.prompts_per_step=2", "--set", "eval.every=0", "--set",
+                                   "log.progress=false", "--set", "reward.name=reward_helpers:parity",
+                                   "--set", "train.skip_zero_advantage=false"])
+    assert res.exit_code == 1, res.output
+    text = " ".join(res.output.split())
+    assert "the run trained nothing: in each of its 2 step(s) float16" in text
+    assert "warning: step 1 trained nothing: float16" in text and "warning: step 2 trained nothing" in text
+    records = steps_of(out)
+    assert [r["optimizer_steps"] for r in records] == [0, 0] and all(r["train/skipped_steps"] >= 1 for r in records)

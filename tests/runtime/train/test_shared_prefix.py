@@ -185,6 +185,20 @@ def test_old_logprobs_recomputed_when_not_exactly_on_policy(tiny_model) -> None:
     assert not _has_dropout(tiny_model)
 
 
+def test_an_advantage_formula_reading_old_logprobs_gets_them_on_policy(tiny_model, tokenizer) -> None:
+    """estimate() runs before the update: a shaping formula reading old_seq_logp needs the old
+    forward even where the update alone would skip it (it failed, 'needs old_logprobs=')."""
+    spec = SPEC.replace("  shaping       none\n", "  define lik\n    r = r + 0.1 * old_seq_logp / L\n  end\n"
+                                                  "  shaping       lik\n")
+    fn = rldsl.compile(rldsl.loads(spec, "t.rl"), compile=False)
+    tr = Trainer(fn, tiny_model, optimizer=torch.optim.AdamW(tiny_model.parameters(), lr=1e-2),
+                 skip_zero_advantage=False)
+    assert not tr._old_is_current()
+    batch, _, _ = _batch(tiny_model, tokenizer, n=4, seed=5)
+    tb = tr.estimate(batch, torch.ones(len(batch)))
+    assert tb.old_logprobs is not None and torch.isfinite(tb.advantages).all()
+
+
 # ----------------------------------------------------------------------------- LM head
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

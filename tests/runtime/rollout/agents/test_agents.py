@@ -693,3 +693,37 @@ def test_self_play_roles_rewarded_apart_each_against_its_own_baseline(tok) -> No
     assert batch.episodes[0].env_reward is None
     assert "returned a reward per role ('proposer', 'solver') but the episode's row 0 is tagged 'judge'" \
         in batch.episodes[0].error
+
+
+@pytest.mark.slow
+def test_a_self_play_run_trains_each_role_against_its_own_baseline(tool_model, tmp_path) -> None:
+    """The self-play agent rewarding its roles apart trains with group_by=role: in samples.jsonl
+    (every row of the step), each row's reward is its role's, and its advantage is its reward less
+    the mean reward of its role's rows in the batch (group_mean(group_by=role), REINFORCE)."""
+    from rldsl.runtime.records.metrics import read_metrics
+    from rldsl.runtime.run import loop
+
+    spec = tmp_path / "roles.rl"
+    spec.write_text('algorithm roles\n  "self-play"\n  baseline group_mean(group_by=role)\n  objective reinforce\n')
+    cfg = load_config(None, [f"model.path={tool_model}", f"out={tmp_path / 'run'}", "data.task=calculator",
+                             "rollout.agent=agent_helpers:rewarded_roles", "rollout.prompts_per_step=2",
+                             "rollout.n=2", "train.steps=1", "eval.every=0", "eval.samples=0", "data.eval_size=0",
+                             "checkpoint.every=0", "log.progress=false", "log.samples_per_step=2",
+                             "train.skip_zero_advantage=false"])
+    run = loop.train(str(spec), cfg)
+    [step] = [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
+    assert step["reward_errors"] == 0 and step["optimizer_steps"] == 1.0
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 8  # 2 prompts x 2 episodes x 2 rows (a proposer, a solver)
+    by_role: dict[str, list[dict]] = {}
+    for s in samples:
+        [role] = {c["metadata"]["role"] for c in s["agent"]["calls"] if c["row"] == s["agent"]["row"]}
+        by_role.setdefault(role, []).append(s)
+    assert sorted(by_role) == ["proposer", "solver"]
+    for s in by_role["proposer"]:
+        assert s["reward"] + next(t["reward"] for t in by_role["solver"] if t["group"] == s["group"]) \
+            == pytest.approx(1.0)
+    for rows in by_role.values():
+        mean = sum(s["reward"] for s in rows) / len(rows)
+        for s in rows:
+            assert s["advantage"] == pytest.approx(s["reward"] - mean, abs=1e-6)
