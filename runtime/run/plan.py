@@ -42,7 +42,7 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
         model_folder(cfg, source)  # a user's model folder exists (the toy's is built by model_of)
     notes: list[str] = []
     rows = examples_of(cfg, source, notes.append)
-    read = eval_rows_of(cfg, reward, [e.reward_prompt for e in rows.train])  # eval.data, not yet rendered
+    read = eval_rows_of(cfg, source, reward, [e.reward_prompt for e in rows.train])  # eval.data, not yet rendered
     data = f"data.path={cfg.data.path}" if cfg.data.path else source.what
     check_image_model(cfg, source, [(data, rows.train + rows.heldout)]
                       + [(f"eval.data set {s.name!r}", s.examples) for s in read])
@@ -51,7 +51,7 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
 
     path, label, tok = model_of(algo, cfg, source)
     prompts, held = prompts_of(cfg, source, tok, rows=rows)
-    eval_sets = eval_sets_of(cfg, tok, reward, read=read)
+    eval_sets = eval_sets_of(cfg, source, tok, reward, read=read)
     resolved, more = resolve(cfg, path, tok, [e.prompt for e in prompts.examples + held]
                              + [e.prompt for s in eval_sets for e in s.examples], label)
     warnings = check_group_size(algo, resolved)

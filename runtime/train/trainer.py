@@ -28,8 +28,8 @@ from ..config import RunConfig
 from ..records.metrics import CRITIC_GRAD_NORM, GRAD_NORM, LOSS, OPTIMIZER_STEPS, SKIPPED_NONFINITE, SKIPPED_ZERO_ADV
 from ..records.metrics import LOSS_SCALE, SKIPPED_STEPS
 from ..records.metrics import combine, timed
-from .inputs import (OLD_POLICY_STATISTICS, Forwards, Micro, estimate_inputs, loss_inputs, old_policy_statistics,
-                     reads_engine, reads_router_aux)
+from .inputs import (OLD_POLICY_STATISTICS, Forwards, Micro, advantages_read_old_policy, estimate_inputs,
+                     loss_inputs, old_policy_statistics, reads_engine, reads_router_aux)
 from .microbatch import row_tokens, trim
 from .parts import trainer_parts
 from .passes import ForwardPasses
@@ -431,7 +431,7 @@ class Trainer(ForwardPasses):
         ``old_per_token_logps = per_token_logps.detach()`` when num_iterations == 1).
         """
         if self.ppo_epochs != 1 or self.minibatches != 1 or self.fn.algorithm.kl_in == "reward" \
-                or producers.advantages_read_old_policy(self.fn.algorithm) \
+                or advantages_read_old_policy(self.fn.algorithm) \
                 or self._corrects():  # a correction compares pi_old with the engine before the update
             return False  # (an advantage formula reading old_logp needs them before any update)
         # whether the policy has active dropout: read once per policy module (a walk over its

@@ -12,6 +12,7 @@ reasoning_gym = pytest.importorskip("reasoning_gym")
 from reasoning_gym.utils import extract_answer  # noqa: E402
 
 from rldsl.runtime.data import reasoning_gym as rg  # noqa: E402
+from rldsl.runtime.data.sources import source_of  # noqa: E402
 from rldsl.runtime.batch import RolloutBatch  # noqa: E402
 from rldsl.runtime.config import load_config  # noqa: E402
 from rldsl.runtime.errors import ConfigError, DataError, RewardError  # noqa: E402
@@ -305,7 +306,7 @@ def test_eval_sets_that_would_log_under_one_name_are_refused(tokenizer, tmp_path
     def sets(*entries: str, data: str = "reasoning_gym:chain_sum=1,spell_backward=1"):
         (tmp_path / "run.toml").write_text("".join(f"[[eval.data]]\n{e}\n" for e in entries))
         cfg = load_config(tmp_path / "run.toml", ["data.eval_size=4", f"data.path={data}"])
-        return eval_sets_of(cfg, tokenizer, RewardFn("reasoning_gym"))
+        return eval_sets_of(cfg, source_of(cfg), tokenizer, RewardFn("reasoning_gym"))
 
     with pytest.raises(ConfigError, match="eval.data: two sets are named 'chain_sum'"):
         sets('path = "reasoning_gym:chain_sum"', 'path = "reasoning_gym:chain_sum=1,spell_backward=1"')
@@ -374,7 +375,6 @@ def test_the_demo_teacher_is_exact_without_drops_and_its_mode_makes_both_mistake
 
 def test_without_model_path_the_embedded_arithmetic_model_is_warm_started_for_its_own_data(monkeypatch, tmp_path):
     from rldsl.runtime.errors import RunError
-    from rldsl.runtime.data.sources import source_of
     from rldsl.runtime.run import sources
     from rldsl.runtime.toy import basic_arithmetic
 
