@@ -10,11 +10,12 @@ VLLM_BIN   = $(VLLM_VENV)/bin
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints/cpu.txt constraints/torch-cpu.txt constraints/verl-peer.txt
+$(VENV)/.installed: pyproject.toml constraints/cpu.txt constraints/torch-cpu.txt constraints/verl-peer.txt constraints/tinker-cookbook.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -c constraints/cpu.txt -e ".[dev]"
 	$(BIN)/pip install --no-deps -r constraints/verl-peer.txt  # verl's own distillation loss, for its tests
+	$(BIN)/pip install --no-deps -r constraints/tinker-cookbook.txt  # the cookbook recipes run against serve-tinker
 	touch $@
 
 demo: setup        ## train the embedded tiny model on the built-in task with Lite PPO

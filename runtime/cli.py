@@ -1,5 +1,5 @@
 """The runtime's CLI commands (``rldsl run``, ``plot``, ``samples``, ``export``, ``reward``,
-``serve-reward``, ``eval``, ``ablate``), added to the app by :func:`register` (the one hook through
+``serve-reward``, ``serve-tinker``, ``eval``, ``ablate``), added to the app by :func:`register` (the one hook through
 which the language package's CLI imports the runtime). Each command's options are declared here
 and its body imports the module that does the work, so that loading the app imports no model,
 engine or reward code: ``rldsl --help``, ``check`` or ``list`` start in well under a second.
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the run config (pydantic) is imported by the commands that 
     from .config import RunConfig
 
 __all__ = ["register", "run_command", "plot_command", "samples_command", "export_command", "reward_command",
-           "serve_reward_command", "eval_command", "ablate_command", "build_run_config"]
+           "serve_reward_command", "serve_tinker_command", "eval_command", "ablate_command", "build_run_config"]
 
 
 def set_option(help: str) -> Any:
@@ -347,12 +347,37 @@ def serve_reward_command(
                                                "(built-in, module:function, path.py:function, weights).")],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    timeout_s: Annotated[float, typer.Option(help="Seconds a per-sample reward call may take (in a worker "
+                                                  "process, killed past it: that sample's reward is null); "
+                                                  "0 = no limit. The run's reward.timeout_s.")] = 30.0,
 ) -> None:
     """Serve a reward function over HTTP (POST /score, OpenRLHF's POST /get_reward, GET /health),
     for `--reward http://HOST:PORT/score`."""
     from .rewards.server import serve
 
-    serve(reward, host, port)
+    serve(reward, host, port, timeout_s)
+
+
+@reports_errors
+def serve_tinker_command(
+    model: Annotated[Optional[list[str]], typer.Option(
+        "--model", metavar="NAME=PATH", help="A base model to serve: the name clients give (e.g. "
+        "Qwen/Qwen3-8B-Base) and a local HF folder; repeat for several. Default: the embedded tiny model "
+        "as rldsl/toy.")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on (not loopback: --api-key is required).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", metavar="KEY", help="The only key accepted (X-API-Key); default: any key.")] = None,
+    out: Annotated[Path, typer.Option("--out", metavar="DIR",
+                                      help="Where save_weights writes its checkpoints.")] = Path("tinker_states"),
+    threads: Annotated[int, typer.Option("--threads", min=1, help="torch's CPU threads (as a run's `threads`).")] = 1,
+) -> None:
+    """Serve the Tinker training API (tinker 0.38's client, tinker-cookbook's recipes) on rldsl's
+    trainer, sampler and losses; any spec is a loss (docs/tinker.md)."""
+    from .tinker.server import serve
+    from .tinker.models import served_models
+
+    serve(served_models(model or []), host, port, api_key, out, threads)
 
 
 @reports_errors
@@ -443,7 +468,7 @@ def ablate_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``run``, ``plot``, ``samples``, ``export``, ``reward``, ``serve-reward``, ``eval`` and
+    """Add the ``run``, ``plot``, ``samples``, ``export``, ``reward``, ``serve-reward``, ``serve-tinker``, ``eval`` and
     ``ablate`` commands. Registering imports nothing of the runtime but this module: each command
     imports what it runs in its body, so that ``rldsl --help``, ``check`` or ``list`` start
     without torch's model stack (tests/test_cli_startup.py)."""
@@ -453,5 +478,6 @@ def register(app: typer.Typer) -> None:
     app.command("export")(export_command)
     app.command("reward")(reward_command)
     app.command("serve-reward")(serve_reward_command)
+    app.command("serve-tinker")(serve_tinker_command)
     app.command("eval")(eval_command)
     app.command("ablate")(ablate_command)

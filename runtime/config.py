@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from pathlib import Path
 from types import UnionType
 from typing import Any, Iterable, Literal, Mapping, Sequence, Union, get_args, get_origin
@@ -94,19 +95,30 @@ MODEL_RUN_DEFAULTS: dict[str, Any] = {"train.lr": 1e-6, "train.betas": (0.9, 0.9
 #: torch's sizes and thread counts and the OS's calls take. A larger one failed late, some after the
 #: model loaded (``rollout.n = 2**63 - 1``: an integer overflow in the first batch's tensors).
 INT_SETTING_MAX = 2**31 - 1
+#: How deep a setting's lists and tables may nest (``data.options``, ``rollout.vllm.engine_kwargs``: 2 or 3
+#: levels in practice); 500 levels of a JSON config made copying the config a RecursionError
+MAX_NESTING = 32
 
 
 def _out_of_range(value: Any, capped: bool) -> str | None:
     """Why ``value`` (a setting's value, or one inside its list or table) is no number torch and the
     OS take, or None: a float must be finite (``inf`` passes every ``gt=0``, then trains nothing or
-    fails late); an integer of a field without its own upper bound (``capped``) must fit a C int."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"must be a finite number, got {value}"
+    fails late); an integer of a field without its own upper bound (``capped``) must fit a C int;
+    lists and tables nest at most MAX_NESTING deep (walked without recursion)."""
     if capped and isinstance(value, int) and not isinstance(value, bool) \
             and not -INT_SETTING_MAX - 1 <= value <= INT_SETTING_MAX:
         return f"must be between {-INT_SETTING_MAX - 1} and {INT_SETTING_MAX} (a C int), got {value}"
-    inner = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else ()
-    return next(filter(None, (_out_of_range(v, capped=False) for v in inner)), None)
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"must be a finite number, got {item}"
+        inner = item.values() if isinstance(item, dict) else item if isinstance(item, (list, tuple)) else None
+        if inner is not None:
+            if depth == MAX_NESTING:
+                return f"nests lists or tables more than {MAX_NESTING} deep"
+            stack.extend((v, depth + 1) for v in inner)
+    return None
 
 
 class _Section(BaseModel):
@@ -139,6 +151,9 @@ class _Section(BaseModel):
         refused here, naming the key, before any model loads."""
         bounds = cls.model_fields[info.field_name].metadata
         problem = _out_of_range(value, capped=not any(hasattr(b, "le") or hasattr(b, "lt") for b in bounds))
+        if problem is None and info.field_name.endswith(("timeout", "timeout_s")) \
+                and isinstance(value, (int, float)) and value > threading.TIMEOUT_MAX:  # a wait's limit: 1e12 s is an OverflowError in the wait
+            problem = f"must be at most {threading.TIMEOUT_MAX:.0f} seconds (the longest wait the OS takes), got {value}"
         if problem is not None:
             raise ValueError(problem)
         return value
@@ -399,10 +414,15 @@ class RewardConfig(_Section):
                     "every sample's reward failed (nothing to train on); 0 = never stop.")
     workers: int = Field(
         default=1, ge=1,
-        description="Threads that call a per-sample reward function concurrently (one future per "
-                    "sample, results in row order): for functions that wait (an API, a sandbox). 1 = "
+        description="Worker processes (threads with timeout_s=0) that call a per-sample reward function "
+                    "concurrently (results in row order): for functions that wait (an API, a sandbox). 1 = "
                     "one sample after another. Batch terms (servers, judges, reward models) have their "
                     "own request pools.")
+    timeout_s: float = Field(
+        default=30.0, ge=0.0,
+        description="Seconds one per-sample reward call may take; each call then runs in a worker process "
+                    "(reward.workers of them), killed past the limit: the sample is skipped (whatever "
+                    "on_error says) and counted in reward_timeouts. 0 = no limit, called in the run's process.")
 
 
 class VLLMConfig(_Section):

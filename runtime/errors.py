@@ -111,6 +111,17 @@ class RequestRefused(Exception):
                           else "server_error", "param": self.param, "code": self.code}}
 
 
+class TinkerRefused(Exception):
+    """Not a run error: a request to ``rldsl serve-tinker`` that the server answers with an HTTP
+    4xx (an unknown route, loss or spec, a malformed protobuf, a datum whose targets and inputs
+    differ in length, a sample past the context, a wrong key): the Tinker client shows the
+    message at once (a 5xx it would retry); the server keeps serving (docs/tinker.md)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
 class EpisodeRefused(Exception):
     """Not a run error: raised by an agent before its episode began, when its environment had no
     room for it (an OpenEnv server at its session limit): the episode did not happen, and the
@@ -121,3 +132,13 @@ class EpisodeRefused(Exception):
     def __init__(self, message: str, limit: int | None = None) -> None:
         super().__init__(message)
         self.limit = limit
+
+
+class RewardTimeout(TimeoutError):
+    """Not a run error: one sample's reward call ran past ``reward.timeout_s`` and its worker
+    process was killed (rewards/deadline.py); the sample is skipped and counted, the run goes on."""
+
+
+class RewardWorkerError(RuntimeError):
+    """Not a run error: one sample's reward could not be computed in a worker process (it could
+    not start, could not load the reward, or died); that sample's error, as ``reward.on_error`` says."""

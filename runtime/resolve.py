@@ -348,7 +348,8 @@ def reward_fn(cfg: RunConfig) -> RewardFn:
     with ``reward.answer_format`` given to its ``reasoning_gym`` terms."""
     if cfg.reward.name is None:
         raise ValueError("reward.name is unset: settle_reward(cfg) fills in the task's own first")
-    return RewardFn(reward_spec(cfg), on_error=cfg.reward.on_error, workers=cfg.reward.workers)
+    r = cfg.reward
+    return RewardFn(reward_spec(cfg), on_error=r.on_error, workers=r.workers, timeout_s=r.timeout_s)
 
 
 def settled_reward(cfg: RunConfig) -> tuple[RunConfig, RewardFn, str]:

@@ -516,6 +516,7 @@ LAYOUT_ORDER = (
     ("recipe",),
     ("workers",),
     ("run",),
+    ("tinker",),
     ("ablate", "cli"),
 )
 #: At most this many .py files at runtime/'s top level (its package __init__ included)

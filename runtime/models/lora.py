@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -68,7 +69,15 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float,
     config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
                              target_parameters=params or None, task_type="CAUSAL_LM")
     try:
-        wrapped = peft.get_peft_model(model, config)
+        with warnings.catch_warnings():  # peft reads model.is_gradient_checkpointing, which transformers 5
+            warnings.filterwarnings(     # deprecates: a FutureWarning on every LoRA run's console, none of ours
+                "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+            # peft's own rank_pattern for a fused gate_up_proj (2r: gate and up in one) is applied to the
+            # experts' parameter adapters, but its check matches module names only and calls it ignored
+            warnings.filterwarnings("ignore", message=r"The following (rank|alpha)_pattern keys did not match "
+                                    r"any targeted module and were ignored: \['[^']*gate_up_proj'\]",
+                                    category=RuntimeWarning)
+            wrapped = peft.get_peft_model(model, config)
     except ValueError as e:
         raise RunError(f"model.lora: {e}") from None
     return wrapped.get_base_model(), wrapped

@@ -38,7 +38,7 @@ from .trackers import TensorBoardTracker, Tracker, numeric
 
 __all__ = [
     "REWARD", "GREEDY_ACC", "SAMPLED_ACC", "EVAL_FAILED", "HELDOUT_TASKS", "RESPONSE_LENGTH", "ENTROPY", "CLIP_FRACTION", "STEP_TIME",
-    "ACCURACY", "TRUNCATED_FRACTION", "LR", "TOKENS_PER_S", "REWARD_ERRORS",
+    "ACCURACY", "TRUNCATED_FRACTION", "LR", "TOKENS_PER_S", "REWARD_ERRORS", "REWARD_TIMEOUTS",
     "REWARD_TERM_MEAN", "REWARD_TERM_STD",
     "TOOL_CALLS_PER_EPISODE", "TOOL_CALLS_WELL_FORMED", "TOOL_CALL_ERRORS",
     "AGENT_CALLS", "AGENT_PREFIX_BREAKS", "AGENT_ROWS_PER_EPISODE", "AGENT_ERRORS",
@@ -75,6 +75,7 @@ TRUNCATED_FRACTION = "truncated_fraction"  # fraction of completions cut at max_
 LR = "lr"                             # the learning rate the step's update used
 TOKENS_PER_S = "tokens_per_s"         # prompt + response tokens of the step per second
 REWARD_ERRORS = "reward_errors"       # samples whose reward function failed (reward.on_error=skip)
+REWARD_TIMEOUTS = "reward_timeouts"   # of those, the samples whose call ran past reward.timeout_s
 # each reward term of the step's samples (TRL's names); <term> is the term's label
 # (runtime/rewards/functions.py term_labels: `math`, a function's name, `server_HOST`, ...)
 REWARD_TERM_MEAN = "rewards/{term}/mean"  # the term's mean over the samples it scored

@@ -64,7 +64,8 @@ from rldsl.lazy_torch import torch  # imported at the first tensor operation: `r
 
 from ..batch import Episode, RolloutBatch
 from .. import plugins
-from ..errors import RewardError, RewardSpecError
+from ..errors import RewardError, RewardSpecError, RewardTimeout
+from .deadline import DeadlinePool
 from .remote import JudgeReward, ServerReward
 from .values import reward_value
 from ..data.reasoning_gym import reasoning_gym_reward
@@ -319,6 +320,11 @@ BUILTIN_REWARDS: dict[str, RewardCallable] = {
     "reasoning_gym": reasoning_gym_reward,
 }
 
+#: built-ins called in the run's own process even with ``reward.timeout_s``: ``exact`` and
+#: ``addition`` are one string comparison, linear in the text (nothing to stop); ``reasoning_gym``
+#: scores against the rows the run generated, which live in the run's process (data/reasoning_gym.py)
+IN_PROCESS: tuple[RewardCallable, ...] = (exact_reward, addition_reward, reasoning_gym_reward)
+
 # the built-ins that can say why (``rldsl reward`` prints their verdict)
 VERDICTS: dict[str, Callable[..., Verdict]] = {"math": judge_math, "gsm8k": judge_gsm8k}
 
@@ -548,6 +554,7 @@ class RewardResult:
     # a process reward term's step scores by term name: per sample [[end, score], ...] (``end`` a
     # character offset into the completion) or None where it failed
     steps: dict[str, list] = field(default_factory=dict)
+    num_timeouts: int = 0  # of the samples that failed, those whose call ran past reward.timeout_s
 
     def labelled_terms(self) -> dict[str, torch.Tensor]:
         """Each reward term's values [B] by its label (``rewards/<label>/...``: :func:`term_labels`)."""
@@ -660,6 +667,12 @@ class RewardTerm:
         return number
 
 
+def reward_term(name: str, weight: float = 1.0) -> RewardTerm:
+    """The term ``name`` of a reward spec (``math(allow_truncated=true)``, ``mod:fn``), resolved."""
+    fn = resolve_reward(name)
+    return RewardTerm(name, weight, fn, _accepts_finish_reason(fn))
+
+
 def exit_error(e: SystemExit) -> RuntimeError:
     """A reward function's ``sys.exit(code)`` as the error of its sample: the reward wrapper's
     and the CLI's ``except Exception`` would let it end the whole command with that code, silently."""
@@ -677,22 +690,32 @@ def _finite(value: object, source: str) -> float | BaseException:
 
 
 class RewardFn:
-    """A weighted sum of reward functions, built from a spec string (see the module doc)."""
+    """A weighted sum of reward functions, built from a spec string (see the module doc).
 
-    def __init__(self, spec: str, *, on_error: Literal["raise", "skip"] = "raise", workers: int = 1) -> None:
+    ``timeout_s`` > 0 (``reward.timeout_s``): every per-sample function's call runs in one of
+    ``workers`` processes under that wall-clock limit (:mod:`.deadline`); a call past it is that
+    sample's :class:`~rldsl.runtime.errors.RewardTimeout`, skipped whatever ``on_error`` says (a completion
+    the verifier cannot finish is not a bug to stop the run for) and counted in ``num_timeouts``.
+    0: called in this process, from ``workers`` threads, without a limit. The ``IN_PROCESS``
+    built-ins and batch terms (their own HTTP timeouts, a model's forward pass) stay in this process.
+    """
+
+    def __init__(self, spec: str, *, on_error: Literal["raise", "skip"] = "raise", workers: int = 1,
+                 timeout_s: float = 0.0) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        if not (timeout_s >= 0 and _math.isfinite(timeout_s)):
+            raise ValueError(f"timeout_s must be a finite number >= 0, got {timeout_s}")
         self.spec = spec
         self.on_error = on_error
         self.correct_above = CORRECT_ABOVE  # what counts as correct (:func:`correct`)
         self.workers = workers
+        self.timeout_s = timeout_s
         self._pool: ThreadPoolExecutor | None = None  # made on first use (workers > 1)
-        self.terms: list[RewardTerm] = []
-        for name, weight in parse_reward_spec(spec):
-            fn = resolve_reward(name)
-            self.terms.append(RewardTerm(name, weight, fn, _accepts_finish_reason(fn)))
+        self._deadline: DeadlinePool | None = None  # made on first use (timeout_s > 0)
+        self.terms: list[RewardTerm] = [reward_term(name, weight) for name, weight in parse_reward_spec(spec)]
 
     def correct(self, rewards: torch.Tensor) -> torch.Tensor:
         """[B] bool: the samples whose reward (of this function) counts as correct."""
@@ -716,6 +739,7 @@ class RewardFn:
         total = torch.zeros(B, dtype=torch.float64)  # [B]
         components: dict[str, torch.Tensor] = {}
         errors: list[str] = []
+        timeouts: set[int] = set()  # the samples some term's call timed out on
         steps: dict[str, list] = {}
         for term in self.terms:
             # a batch term (server, judge, reward model) gets all B samples in one call
@@ -728,8 +752,8 @@ class RewardFn:
                 scores = [d if isinstance(d, BaseException) else _finite(sum(v for _, v in d), "its steps' sum")
                           for d in detail]
             else:
-                scores = term.score_batch(list(prompts), list(batch.completions), list(batch.answers),
-                                          list(batch.finish_reason), self._threads())
+                scores = self.term_scores(term, list(prompts), list(batch.completions), list(batch.answers),
+                                          list(batch.finish_reason))
             row_values: list[float] = []  # one tensor built from them, not B element writes
             for i, score in enumerate(scores):
                 if isinstance(score, BaseException):
@@ -738,9 +762,12 @@ class RewardFn:
                         f"  prompt:     {_short(prompts[i])}\n"
                         f"  completion: {_short(batch.completions[i])}"
                     )
-                    if self.on_error == "raise":
+                    timed_out = isinstance(score, RewardTimeout)  # skipped in either mode (class doc)
+                    if self.on_error == "raise" and not timed_out:
                         raise RewardError(message) from score
                     errors.append(message)
+                    if timed_out:
+                        timeouts.add(i)
                     row_values.append(float("nan"))
                 else:
                     row_values.append(float(score))
@@ -748,7 +775,24 @@ class RewardFn:
             components[term.name] = values
             total += term.weight * values
         num_errors = int(torch.isnan(total).sum())
-        return RewardResult(total, components, num_errors, errors[0] if errors else None, steps)
+        return RewardResult(total, components, num_errors, errors[0] if errors else None, steps, len(timeouts))
+
+    def term_scores(self, term: RewardTerm, prompts: list[str], completions: list[str], answers: list[str],
+                    finish_reasons: list[str]) -> list[float | BaseException]:
+        """One term's value (or error) for each sample: a per-sample function under ``timeout_s``
+        in the worker processes, else as :meth:`RewardTerm.score_batch` calls it."""
+        if self.timeout_s > 0 and self._limited(term):
+            timed = [t.name for t in self.terms if self._limited(t)]
+            if self._deadline is None:
+                self._deadline = DeadlinePool(timed, workers=self.workers, timeout_s=self.timeout_s)
+            return self._deadline.run(timed.index(term.name), list(zip(prompts, completions, answers, finish_reasons)))
+        return term.score_batch(prompts, completions, answers, finish_reasons, self._threads())
+
+    @staticmethod
+    def _limited(term: RewardTerm) -> bool:
+        """A per-sample function that could run long (``timeout_s`` applies to it)."""
+        return (not term.batched and not isinstance(term.fn, EnvironmentReward)
+                and getattr(term.fn, "func", term.fn) not in IN_PROCESS)  # a partial: options bound
 
     def _threads(self) -> ThreadPoolExecutor | None:
         if self.workers > 1 and self._pool is None:
@@ -756,7 +800,7 @@ class RewardFn:
         return self._pool
 
     def __getstate__(self) -> dict:  # shipped to Ray workers without the threads
-        return {**self.__dict__, "_pool": None}
+        return {**self.__dict__, "_pool": None, "_deadline": None}
 
     def __call__(self, batch: RolloutBatch) -> torch.Tensor:
         """[B] fp64 rewards (NaN where a reward failed and ``on_error="skip"``)."""

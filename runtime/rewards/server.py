@@ -51,7 +51,7 @@ def score_request(reward: RewardFn, body: Any) -> dict[str, list[Any]]:
     totals = [0.0] * len(completions)
     errors: list[str | None] = [None] * len(completions)
     for term in reward.terms:  # each term scores the whole request (batch terms in one call)
-        for i, value in enumerate(term.score_batch(prompts, completions, answers, finish_reasons)):
+        for i, value in enumerate(reward.term_scores(term, prompts, completions, answers, finish_reasons)):
             if isinstance(value, BaseException):  # the sample gets null; the others are still scored
                 errors[i] = errors[i] or f"reward {term.name!r}: {type(value).__name__}: {value}"
             else:
@@ -59,15 +59,17 @@ def score_request(reward: RewardFn, body: Any) -> dict[str, list[Any]]:
     return {"rewards": [None if e else t for t, e in zip(totals, errors)], "errors": errors}
 
 
-def make_app(spec: str):
-    """The Starlette app serving ``spec`` (a ``--reward`` string: built-ins, module:function, weights)."""
+def make_app(spec: str, timeout_s: float = 0.0):
+    """The Starlette app serving ``spec`` (a ``--reward`` string: built-ins, module:function, weights);
+    ``timeout_s`` > 0: each per-sample call under that limit, in a worker process (a call past it
+    is that sample's error, ``null``)."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    reward = RewardFn(spec)
+    reward = RewardFn(spec, timeout_s=timeout_s)
 
     async def score(request: Request) -> JSONResponse:
         try:
@@ -115,7 +117,7 @@ class BackgroundServer:
         self.sock.close()
 
 
-def serve(reward: str, host: str = "127.0.0.1", port: int = 8000) -> None:
+def serve(reward: str, host: str = "127.0.0.1", port: int = 8000, timeout_s: float = 0.0) -> None:
     """``rldsl serve-reward`` (its options: rldsl/runtime/cli.py): serve ``reward`` until Ctrl-C.
     The socket is bound before "serving" is said: a port out of range, one in use or an address
     not of this machine is exit code 2 with the reason (uvicorn would log it and hang)."""
@@ -123,7 +125,9 @@ def serve(reward: str, host: str = "127.0.0.1", port: int = 8000) -> None:
 
     if not 1 <= port <= 65535:
         raise UsageError(f"--port must be in 1..65535, got {port}")
-    app_ = make_app(reward)  # a reward that cannot be loaded: exit code 2
+    if not 0 <= timeout_s < float("inf"):
+        raise UsageError(f"--timeout-s must be a number of seconds >= 0 (0: no limit), got {timeout_s}")
+    app_ = make_app(reward, timeout_s)  # a reward that cannot be loaded: exit code 2
     try:
         sock = socket.create_server((host, port))
     except OSError as e:  # in use, not this machine's address, not permitted

@@ -106,7 +106,8 @@ def eval_rows_of(cfg: RunConfig, source: Source, run_reward: RewardFn, training:
     for entry in cfg.eval.data:
         entry = EvalSetConfig(path=entry) if isinstance(entry, str) else entry
         own = entry.reward is not None and entry.reward != run_reward.spec
-        reward = RewardFn(entry.reward, on_error=cfg.reward.on_error) if own else run_reward
+        reward = RewardFn(entry.reward, on_error=cfg.reward.on_error, workers=cfg.reward.workers,
+                          timeout_s=cfg.reward.timeout_s) if own else run_reward
         new = read_sets(entry.path, cfg, reward, count=None if d.eval_size is None else max(d.eval_size, 1),
                         exclude=training, name=entry.name, taken=taken(sets, reserved))
         for s in new:

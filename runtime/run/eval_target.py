@@ -50,7 +50,7 @@ class EvalTarget:
             raise UsageError(f"{folder} is not a Hugging Face model folder (no config.json) nor a run "
                              "folder with checkpoints")
         self.tokenizer = load_tokenizer(folder)
-        check_episode_template(self.cfg, self.tokenizer)
+        check_episode_template(self.cfg, self.tokenizer, folder)
         self.model = load_policy(folder, "float32")
         self.runner = episode_runner(self.cfg, folder)  # None: single-turn completions
         return self

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rldsl.config_files import decode_utf8
 from rldsl.out_folder import check_out_folder
 
 from ..config import RunConfig
@@ -54,7 +55,7 @@ def open_run(spec: str, cfg: RunConfig | None = None, resume: str | Path | None 
         if (run_dir / METRICS_FILE).is_file():  # a damaged metrics.jsonl refused before any model loads
             read_metrics(run_dir, warn_unreadable=False)
         spec_file = run_dir / SPEC_FILE
-        plan = plan_run(load_spec(str(spec_file), spec_file.read_text(encoding="utf-8")),
+        plan = plan_run(load_spec(str(spec_file), decode_utf8(spec_file.read_bytes(), spec_file, RunError)),
                         saved if cfg is None else cfg)
         found = [] if restart else ckpt.inspect_checkpoints(run_dir)
         if found and not found[-1].resumable:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import rldsl
 
 from ..config import MODEL_RUN_DEFAULTS, RunConfig
-from ..resolve import check_group_size, check_settings, check_teacher_settings, resolve, settled_reward
+from ..resolve import (check_group_size, check_reward_signatures, check_settings, check_teacher_settings, resolve,
+                       settled_reward)
 from .eval_sets import eval_rows_of, eval_sets_of
 from ..data.sources import source_of
 from ..records.trackers import check_trackers
@@ -29,10 +30,10 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     (resolve.check_settings); the trackers; the reward, named once (a server's address, a reward
     model's folder; reasoning_gym only on reasoning-gym data; its functions' signatures); the
     teacher's settings; the model folder; the data's files, fields and reasoning-gym tasks, the
-    ``eval.data`` sets' likewise; prompts with images for a text model (run/sources.py
-    ``check_image_model``). Then the model's tokenizer and context, a teacher's vocabulary, the resolved config, the
-    group-size check and the rollout-stage inputs the spec reads. A mistake in any of them fails
-    in seconds, never after a model load."""
+    ``eval.data`` sets' likewise (and their own rewards' signatures); prompts with images for a
+    text model (run/sources.py ``check_image_model``). Then the model's tokenizer and context, a
+    teacher's vocabulary, the resolved config, the group-size check and the rollout-stage inputs
+    the spec reads. A mistake in any of them fails in seconds, never after a model load."""
     source = source_of(cfg)  # where the prompts come from (data/sources.py): bound here, once; the run carries it
     check_settings(algo, cfg, source)
     check_trackers(cfg.log.report_to)  # installed
@@ -43,6 +44,9 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     notes: list[str] = []
     rows = examples_of(cfg, source, notes.append)
     read = eval_rows_of(cfg, source, reward, [e.reward_prompt for e in rows.train])  # eval.data, not yet rendered
+    for s in read:
+        if s.own_reward:
+            check_reward_signatures(s.reward)
     data = f"data.path={cfg.data.path}" if cfg.data.path else source.what
     check_image_model(cfg, source, [(data, rows.train + rows.heldout)]
                       + [(f"eval.data set {s.name!r}", s.examples) for s in read])

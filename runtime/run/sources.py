@@ -48,7 +48,7 @@ def model_of(algo: rldsl.Algorithm, cfg: RunConfig, source: Source) -> tuple[Pat
     tok = load_tokenizer(path)
     check_task_vocabulary(cfg, tok, source)  # a user's model with no data: not the toy's task by default
     check_teacher(algo, cfg, path, tok)
-    check_episode_template(cfg, tok)
+    check_episode_template(cfg, tok, path)
     return path, label, tok
 
 

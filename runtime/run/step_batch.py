@@ -11,7 +11,7 @@ import torch
 
 from .. import faults
 from ..batch import RolloutBatch, StepRollout, group_rows, repeat_each
-from ..records.metrics import REWARD_ERRORS, time_key, timed
+from ..records.metrics import REWARD_ERRORS, REWARD_TIMEOUTS, time_key, timed
 from ..records.rng import step_seed
 from ..rollout.engines.base import SamplingParams
 from ..rollout.producer import RolloutProducer
@@ -38,7 +38,7 @@ def rollout_step(s: Run, step: int) -> StepRollout:
     last: StepRollout | None = None
     n_kept = 0
     m = {time_key("rollout"): 0.0, time_key("reward"): 0.0}
-    reward_errors = 0
+    reward_errors = reward_timeouts = 0
     used = 0
     # the inputs the algorithm reads that the rollout makes (ReMax's greedy rewards, GDPO's [B, K] rewards)
     producers = rollout_producers(s.fn.algorithm)
@@ -64,6 +64,7 @@ def rollout_step(s: Run, step: int) -> StepRollout:
         if scored.num_errors:  # reward.on_error=skip: the samples skipped, said
             s.warn(scored.error_warning(logged))
         reward_errors += scored.num_errors
+        reward_timeouts += scored.num_timeouts
         m[time_key("rollout")] += gen.generate_s
         m[time_key("reward")] += gen.reward_s
         made = StepRollout(step, batch, [e.id for e in examples], reward_prompts, scored.rewards)
@@ -79,7 +80,8 @@ def rollout_step(s: Run, step: int) -> StepRollout:
             n_kept += len(take)
         if n_kept >= P:
             break
-    m.update({"sampling_rounds": float(used), REWARD_ERRORS: float(reward_errors)})
+    m.update({"sampling_rounds": float(used), REWARD_ERRORS: float(reward_errors),
+              REWARD_TIMEOUTS: float(reward_timeouts)})
     m.update(timed_inputs)
     if rounds > 1:
         m["informative_groups"] = float(n_kept)
@@ -142,7 +144,8 @@ class StepRollouts:
         made.batch.reward_terms = scored.labelled_terms()
         if scored.num_errors:
             s.warn(scored.error_warning(made.step + 1))
-        m.update({"sampling_rounds": 1.0, REWARD_ERRORS: float(scored.num_errors)})
+        m.update({"sampling_rounds": 1.0, REWARD_ERRORS: float(scored.num_errors),
+                  REWARD_TIMEOUTS: float(scored.num_timeouts)})
         return dataclasses.replace(made, rewards=scored.rewards, metrics=m)
 
     def load_weights(self, weights: Any, version: int) -> None:

@@ -13,6 +13,7 @@ L = Tp + Tr.
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -499,8 +500,9 @@ class Trainer(ForwardPasses):
     def step_schedule(self) -> None:
         """Advance the LR schedule once per training step (also when the update was skipped)."""
         if self.scheduler is not None:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            with warnings.catch_warnings():  # torch's warning when the first update was skipped; the filter's
+                # message is a regular expression: unescaped, "step()" matched "step" then nothing, and it leaked
+                warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
                 self.scheduler.step()
             self._set_critic_lr(self.scheduler.last_epoch)
 

@@ -36,7 +36,8 @@ def _merge_rewards(results: Sequence[RewardResult]) -> RewardResult:
     first = next((r.first_error for r in results if r.first_error is not None), None)
     return RewardResult(torch.cat([r.rewards for r in results]),
                         {k: torch.cat([r.components[k] for r in results]) for k in keys},
-                        sum(r.num_errors for r in results), first)
+                        sum(r.num_errors for r in results), first,
+                        num_timeouts=sum(r.num_timeouts for r in results))
 
 
 class RayRollouts:

@@ -53,6 +53,17 @@ def slow_parity(prompt: str, completion: str, answer: str) -> float:
     return float(len(completion) % 2)
 
 
+def hangs_once(prompt: str, completion: str, answer: str) -> float:
+    """``parity``, except that the first call of a run whose environment names a marker file
+    (RLDSL_TEST_HANG_ONCE) that does not exist yet makes it and hangs: a call past
+    reward.timeout_s at a known point, whichever process the reward runs in."""
+    marker = os.environ.get("RLDSL_TEST_HANG_ONCE")
+    if marker is not None and not os.path.exists(marker):
+        open(marker, "w").close()
+        time.sleep(3600)
+    return float(len(completion) % 2)
+
+
 def answered(prompt: str, completion: str, answer: str) -> float:
     """1 for a final answer (text that is not a tool call), 0 for a tool call or nothing."""
     text = completion.strip()

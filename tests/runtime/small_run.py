@@ -34,6 +34,9 @@ SMALL_RUN: dict[str, object] = {
     # 1 for a completion of odd length: a random model gets both rewards, so the advantages are
     # not all zero and the update moves the weights (reward_helpers.py)
     "reward.name": "reward_helpers:parity",
+    # the reward called in the test's own process, no time limit: no worker process to start per
+    # run (a second or two on a loaded machine); the limit's tests set reward.timeout_s themselves
+    "reward.timeout_s": 0,
 }
 
 

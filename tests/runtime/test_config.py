@@ -179,6 +179,24 @@ def test_every_integer_setting_fits_what_torch_and_the_os_take():
             load_config(overrides=[f"seed={seed}"])
 
 
+def test_every_timeout_is_a_wait_the_os_takes():
+    """A finite 1e12-second timeout is an OverflowError in the wait (threading.TIMEOUT_MAX ~ 9.2e9 s)."""
+    keys = [k for k in config_keys() if k.endswith(("timeout", "timeout_s"))]
+    assert {"teacher.timeout_s", "rollout.tool_timeout_s", "distributed.collective_timeout"} <= set(keys)
+    for key in keys:
+        with pytest.raises(ConfigError, match=rf"{key}: must be at most \d+ seconds \(the longest wait"):
+            load_config(overrides=[f"{key}=1e12"])
+
+
+def test_a_table_nested_deeper_than_any_option_is_refused(tmp_path):
+    """A JSON config whose data.options nested 900 lists deep was a RecursionError copying the config."""
+    path = tmp_path / "nested.json"
+    path.write_text('{"data": {"options": {"x": ' + "[" * 900 + "]" * 900 + "}}}")
+    with pytest.raises(ConfigError, match=rf"data.options: nests lists or tables more than 32 deep \(in {path}\)"):
+        load_config(path).frozen()
+    assert load_config(overrides=['data.options={"a": {"b": [[1, 2]]}}']).frozen().data.options == {"a": {"b": [[1, 2]]}}
+
+
 def test_toml_file_then_set_then_flags(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('seed = 3\n[train]\nlr = 1e-3\nsteps = 50\nbetas = [0.8, 0.9]\n'

@@ -15,7 +15,7 @@ from rldsl.cli import app
 from rldsl.runtime.run import loop
 from rldsl.runtime import recipe
 from rldsl.runtime.config import load_config
-from rldsl.runtime.errors import ConfigError, DataError, RunError
+from rldsl.runtime.errors import ConfigError, DataError, RewardSpecError, RunError
 from rldsl.runtime.records.run_dir import load_run_config
 from rldsl.runtime.run.plan import load_spec, plan_run
 
@@ -241,6 +241,12 @@ def test_a_reward_of_the_wrong_signature_fails_before_the_model_loads(model_dir,
         assert res.exit_code == 2, res.output
         assert f"its signature is {shown}" in res.output and "fn(prompt, completion, answer)" in res.output
         assert "Traceback" not in res.output
+    data = data_file(tmp_path / "d.jsonl")
+    toml = tmp_path / "run.toml"  # an eval.data set's own reward, likewise
+    toml.write_text(f'[[eval.data]]\npath = "{data}"\nreward = "{rewards}:two"\n')
+    with pytest.raises(RewardSpecError, match=r"reward '.*rewards.py:two' .*its signature is \(prompt, completion\)"):
+        plan_run(load_spec("grpo"), load_config(toml, [f"model.path={model_dir}", f"out={tmp_path / 'run'}",
+                                                       f"data.path={data}", "reward.name=reward_helpers:parity"]))
     assert no_model_load == [] and not (tmp_path / "run").exists()
     for name in ("fine", "varargs", "needs_key(scale=2)"):  # an option binds the keyword
         plan = plan_run(load_spec("grpo"), run_config(model_dir, tmp_path / "run", f"reward.name={rewards}:{name}"))

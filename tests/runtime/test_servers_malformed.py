@@ -21,7 +21,7 @@ from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.toy.tool_model import build_tool_tokenizer
 
 #: a few hundred examples over both servers, each test well under a minute
-EXAMPLES = settings(max_examples=150, deadline=None, database=None,
+EXAMPLES = settings(max_examples=100, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 NUMBERS = st.one_of(st.integers(min_value=-2**70, max_value=2**70), st.sampled_from([-1, 0, 2**31, 2**63, 10**30]),

@@ -185,7 +185,8 @@ def test_rewards_receive_the_original_prompt_while_the_engine_sees_the_template(
     cfg = load_config(None, [f"model.path={model_dir}", f"data.path={data}", f"data.eval_path={held}",
                              f"out={tmp_path / 'run'}", "rollout.prompts_per_step=3", "rollout.n=2",
                              "rollout.max_new_tokens=3", "data.system_prompt=you add.", "log.progress=false",
-                             f"reward.name={__name__}:recording_reward", "eval.samples=0"])
+                             f"reward.name={__name__}:recording_reward", "eval.samples=0",
+                             "reward.timeout_s=0"])  # the reward in this process: SEEN is its record
     (tmp_path / "run").mkdir()
     s = build_run("grpo", cfg, tmp_path / "run")
     SEEN.clear()

@@ -3,6 +3,7 @@ engine gets merged weights, checkpoints resume exactly, export gives a plain HF 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -50,6 +51,28 @@ def test_merged_weights_and_adapters_off(tiny_model) -> None:
         assert not torch.allclose(base(ids).logits, model(ids).logits, atol=1e-3)
         with adapters_disabled(wrapped):  # the reference policy: the base model
             torch.testing.assert_close(model(ids).logits, base(ids).logits, atol=1e-6, rtol=0)
+
+
+def test_adapters_are_added_without_a_deprecation_warning(tiny_model) -> None:
+    """peft reads model.is_gradient_checkpointing, deprecated in transformers 5: a FutureWarning on
+    every LoRA run's console."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        apply_lora(copy.deepcopy(tiny_model), rank=4, alpha=8, dropout=0.0, target_modules=["all-linear"])
+    assert [str(w.message) for w in seen] == []
+
+
+def test_a_moe_models_fused_expert_adapters_get_peft_rank_pattern_without_its_false_warning(moe_model) -> None:
+    """peft gives the fused gate_up_proj twice the rank (gate and up in one), then warns that this pattern
+    "did not match any targeted module and was ignored": a false alarm on every MoE LoRA run's console."""
+    model = AutoModelForCausalLM.from_pretrained(moe_model("qwen3_moe"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model, wrapped = apply_lora(model, rank=4, alpha=8, dropout=0.0, target_modules=["all-linear"])
+    assert [str(w.message) for w in seen] == []
+    experts = model.model.layers[0].mlp.experts
+    assert wrapped.peft_config["default"].rank_pattern == {r".*\.gate_up_proj": 8}
+    assert experts.base_layer.lora_A["default"].weight.shape[0] == experts.base_layer.num_experts * 8  # applied
 
 
 def test_merge_state_equals_peft_merge(tiny_model) -> None:

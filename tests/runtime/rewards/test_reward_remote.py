@@ -354,6 +354,16 @@ def test_a_run_trains_on_a_reward_server(model_dir, tmp_path):
     assert samples and all(s["reward"] == parity("", s["completion"], "") for s in samples)
 
 
+def test_serve_reward_refuses_a_time_limit_that_is_not_one() -> None:
+    import subprocess
+    import sys
+
+    for value in ("-1", "inf", "nan"):
+        res = subprocess.run([sys.executable, "-m", "rldsl.cli", "serve-reward", "exact", "--timeout-s", value],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and "--timeout-s must be a number of seconds >= 0" in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize("port", [99999, 0, -1, "taken"])
 def test_serve_reward_on_a_port_it_cannot_listen_on_exits_2_saying_why(port) -> None:
     """`rldsl serve-reward --port 99999` said it served, then never listened nor exited; a port

@@ -141,13 +141,17 @@ def test_missing_model_folder_is_a_clear_error(tmp_path):
     assert "model folder not found" in res.output and "Traceback" not in res.output
 
 
-def test_a_resume_refuses_a_metrics_file_that_is_not_utf8_before_any_model_loads(model_dir, tmp_path):
+def test_a_resume_refuses_a_metrics_file_or_spec_that_is_not_utf8_before_any_model_loads(model_dir, tmp_path):
     """metrics.jsonl is ASCII JSON; a byte that is not UTF-8 (the file changed by something else) was
     a UnicodeDecodeError after the model loaded (exit 1); now open_run refuses it, naming the line."""
     run = tmp_path / "run"
     folder.open_run("lite_ppo", small_run(model_dir, run))  # the folder a new run writes before any model loads
     (run / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 0.5}\n{"step": 2, "note": "caf\xe9"}\n')
     with pytest.raises(RunError, match=r"metrics\.jsonl:2:25: not UTF-8 text \(byte 0xe9\)"):
+        folder.open_run("lite_ppo", resume=run)
+    (run / "metrics.jsonl").unlink()
+    (run / "spec.rl").write_bytes((run / "spec.rl").read_bytes() + b"# caf\xe9\n")
+    with pytest.raises(RunError, match=r"spec\.rl:\d+:6: not UTF-8 text \(byte 0xe9\)"):
         folder.open_run("lite_ppo", resume=run)
 
 
@@ -195,6 +199,22 @@ def test_reward_errors_skipped_when_configured(model_dir, tmp_path):
     assert sum(r["reward_errors"] for r in recs) > 0
     assert sum(r["nonfinite_rewards"] for r in recs) == sum(r["reward_errors"] for r in recs)
     assert all(math.isfinite(r["reward_mean"]) for r in recs if r["reward_errors"] < 16)
+
+
+@pytest.mark.slow
+def test_a_reward_call_past_reward_timeout_s_is_skipped_and_counted_and_the_run_goes_on(model_dir, tmp_path,
+                                                                                         monkeypatch):
+    """The run's first reward call hangs (reward_helpers.hangs_once): with reward.timeout_s=1 its
+    process is killed, that sample is skipped (on_error is 'raise': a timeout still skips) and
+    counted in reward_timeouts, and every step trains."""
+    monkeypatch.setenv("RLDSL_TEST_HANG_ONCE", str(tmp_path / "hung"))
+    cfg = small_run(model_dir, tmp_path / "run", **{"reward.name": "reward_helpers:hangs_once",
+                                                       "reward.timeout_s": 1.0, "reward.on_error": "raise"})
+    recs = steps_of(loop.train("grpo", cfg))
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert [r["reward_timeouts"] for r in recs] == [1.0, 0.0, 0.0]
+    assert [r["reward_errors"] for r in recs] == [1.0, 0.0, 0.0]
+    assert (tmp_path / "hung").exists()
 
 
 @pytest.mark.slow
@@ -318,6 +338,20 @@ def test_a_run_whose_every_reward_is_skipped_stops_after_max_skipped_steps(model
     assert res.exit_code == 1, res.output
     assert "error: the reward failed on every sample of 2 steps in a row (steps 1-2; " in res.output
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("timeout_s", ["0", "30"])  # called in the run's process / in a worker process
+def test_a_reward_that_calls_sys_exit_fails_the_run_saying_so(model_dir, tmp_path, timeout_s):
+    """A reward's sys.exit(0) ended `rldsl run` with exit code 0, no message and no step trained
+    (the reward wrapper and the CLI caught Exception only): it is the reward's error, exit 1."""
+    (tmp_path / "bye.py").write_text("import sys\n\ndef bye(prompt, completion, answer):\n    sys.exit(0)\n")
+    res = CliRunner().invoke(app, ["run", "lite_ppo", "--model", str(model_dir), "--out", str(tmp_path / "run"),
+                                   "--set", "rollout.prompts_per_step=2", "--set", "rollout.n=2",
+                                   "--set", "train.steps=2", "--set", "eval.every=0", "--set", "log.progress=false",
+                                   "--set", f"reward.timeout_s={timeout_s}", "--reward", f"{tmp_path / 'bye.py'}:bye"])
+    assert res.exit_code == 1, res.output
+    assert "failed on sample 0: RuntimeError: the function called sys.exit(0)" in res.output
 
 
 @pytest.mark.slow

@@ -1,6 +1,8 @@
 """The critic in the trainer: its own aggregation count, and the policy's LR schedule."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -28,6 +30,17 @@ def test_critic_lr_follows_the_policy_schedule(ppo_trainer):
         trainer.step_schedule()
     assert policy[0] < policy[1] < policy[2]  # warm-up
     assert critic == pytest.approx([4 * p for p in policy], rel=1e-12)
+
+
+def test_a_schedule_over_skipped_updates_prints_no_torch_warning(ppo_trainer):
+    """The schedule advances on a skipped update (zero advantages, a float16 overflow); torch's "Detected
+    call of `lr_scheduler.step()` before `optimizer.step()`" leaked to every such run's console: its
+    filter was an unescaped regular expression that never matched."""
+    _cfg, _fn, trainer = ppo_trainer
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer.step_schedule()
+    assert [str(w.message) for w in seen] == []
 
 
 def test_value_loss_gets_the_critics_global_count(ppo_trainer, tokenizer, monkeypatch):

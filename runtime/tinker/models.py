@@ -1,0 +1,30 @@
+"""The base models ``rldsl serve-tinker`` serves: ``--model NAME=PATH`` (NAME served exactly as
+given: listed in the capabilities, accepted by ``create_model``, returned as the tokenizer id;
+PATH a local HF folder), or the embedded tiny model as ``rldsl/toy`` when none is given."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import RunError
+from ..toy.warmup import embedded_model
+
+DEFAULT_NAME = "rldsl/toy"
+
+
+def served_models(options: list[str]) -> dict[str, Path]:
+    """NAME -> folder for the ``--model`` options; a RunError (exit 2) names a bad one, before any
+    model loads."""
+    if not options:
+        return {DEFAULT_NAME: embedded_model(vllm=False)[0]}
+    models: dict[str, Path] = {}
+    for text in options:
+        name, sep, path = text.partition("=")
+        if not sep or not name or not path:
+            raise RunError(f"--model {text!r}: expected NAME=PATH (e.g. Qwen/Qwen3-8B-Base=./models/qwen)")
+        folder = Path(path).expanduser()
+        if not (folder / "config.json").is_file():
+            raise RunError(f"--model {text!r}: {folder} is not a Hugging Face model folder (no config.json)")
+        if name in models:
+            raise RunError(f"--model {name!r} is given twice")
+        models[name] = folder
+    return models

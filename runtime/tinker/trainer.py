@@ -1,0 +1,218 @@
+"""One Tinker training model: the served base model with LoRA adapters (``create_model``'s rank,
+``train_attn`` / ``train_mlp`` / ``train_unembed``, seed), the gradients its ``forward_backward``
+calls accumulate, AdamW (``optim_step`` with each call's ``AdamParams``), sampler snapshots of its
+adapters, and its states saved as rldsl checkpoints.
+
+Target logprobs come from the trainer's own ``token_logprobs`` (train/logprobs.py) through
+:func:`target_logprobs`, the one place that calls it; the sampler scores its tokens with the
+same function on the same weights, so a sampler's logprobs are the trainer's (the cookbook's
+``optim/kl_sample_train`` is 0).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from ..config import TrainConfig
+from ..errors import TinkerRefused
+from ..models.loading import load_policy
+from ..models.lora import adapters_disabled, apply_lora
+from ..records.checkpoint import load_checkpoint, read_weights, save_checkpoint
+from ..train.logprobs import token_logprobs
+from ..train.optim import build_optimizer
+
+#: LoRA alpha, the same at every rank (the update is (alpha / r) B A): Tinker does not publish its
+#: scale; 32 is this server's choice (docs/tinker.md).
+LORA_ALPHA = 32.0
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    rank: int = 32
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+    seed: int | None = None
+
+    def targets(self, model: torch.nn.Module) -> list[str]:
+        present = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        names = (ATTN if self.train_attn else ()) + (MLP if self.train_mlp else ())
+        names += ("lm_head",) if self.train_unembed else ()
+        return [n for n in names if n in present]
+
+
+def target_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]],
+                    grad: bool) -> list[torch.Tensor]:
+    """Per row (input tokens, target tokens of the same length) the logprob of each target at its
+    position (position i predicts target i), float32, with gradient when ``grad``.
+
+    The adapter over ``train.logprobs.token_logprobs``: the sequence ``inputs + [last target]``
+    with one prompt token and the rest as the response, ``gather_ids`` the targets (which need
+    not be the shifted inputs)."""
+    Tr = max(len(t) for t, _ in rows)
+    ids = torch.zeros(len(rows), Tr + 1, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    gather = torch.zeros(len(rows), Tr, 1, dtype=torch.long)
+    for i, (tokens, targets) in enumerate(rows):
+        n = len(tokens)
+        ids[i, :n + 1] = torch.tensor(tokens + [targets[-1]])
+        mask[i, :n + 1] = 1
+        gather[i, :n, 0] = torch.tensor(targets)
+    with contextlib.nullcontext() if grad else torch.no_grad():
+        out = token_logprobs(model, ids, mask, Tr, with_entropy=False, gather_ids=gather)
+    picked = out[-1][..., 0]  # [B, Tr]
+    return [picked[i, :len(t)] for i, (t, _) in enumerate(rows)]
+
+
+class TrainedModel:
+    """A ``create_model``: the policy with its adapters, gradients, optimizer and snapshots."""
+
+    def __init__(self, model_id: str, base_name: str, path: Path, lora: LoraSpec) -> None:
+        self.model_id, self.base_name, self.path, self.lora = model_id, base_name, path, lora
+        model = load_policy(path, "float32")
+        for p in model.parameters():
+            p.requires_grad_(False)
+        targets = lora.targets(model)
+        if not targets:
+            raise TinkerRefused(400, "create_model: the LoRA config trains nothing (train_attn, train_mlp "
+                                     "and train_unembed all false, or the model has none of those layers)")
+        with _seeded(lora.seed):
+            self.policy, self.peft = apply_lora(model, rank=lora.rank, alpha=LORA_ALPHA, dropout=0.0,
+                                                target_modules=targets)
+        self.policy.eval()  # no dropout: a sampler's logprobs must be the trainer's
+        self.params = [p for p in self.policy.parameters() if p.requires_grad]
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.steps = 0
+        self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self.loss_metrics: list[dict[str, float]] = []  # the forward_backward calls since the last step
+
+    # ------------------------------------------------------------------ training
+    def logprobs(self, rows: list[tuple[list[int], list[int]]], grad: bool) -> list[torch.Tensor]:
+        return target_logprobs(self.policy, rows, grad)
+
+    def reference_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+        """The reference policy's target logprobs (a spec's KL term): the base, adapters off."""
+        with adapters_disabled(self.peft):
+            return target_logprobs(self.policy, rows, grad=False)
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            self.optimizer = build_optimizer(self.params, TrainConfig(lr=1e-4))
+        return self.optimizer
+
+    def optim_step(self, adam: dict[str, Any]) -> dict[str, float]:
+        """One AdamW step with the request's ``AdamParams`` (its defaults as the client's), the
+        gradients then zeroed."""
+        lr, eps = float(adam.get("learning_rate", 1e-4)), float(adam.get("eps", 1e-12))
+        betas = (float(adam.get("beta1", 0.9)), float(adam.get("beta2", 0.95)))
+        wd, clip = float(adam.get("weight_decay", 0.0)), float(adam.get("grad_clip_norm", 0.0))
+        if lr < 0 or eps <= 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or wd < 0:
+            raise TinkerRefused(400, f"optim_step: AdamParams out of range: {adam}")
+        opt = self._optimizer()
+        for group in opt.param_groups:
+            group.update(lr=lr, betas=betas, eps=eps, weight_decay=wd)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) \
+            if grads else 0.0
+        if clip > 0 and grads:
+            torch.nn.utils.clip_grad_norm_(self.params, clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        self.steps += 1
+        # the losses' own metrics (a spec's clip_fraction, ...) averaged over the step's calls: a
+        # recipe logs optim_step's metrics, not forward_backward's
+        keys = {k for m in self.loss_metrics for k in m}
+        out = {k: sum(m[k] for m in self.loss_metrics if k in m) / sum(k in m for m in self.loss_metrics)
+               for k in sorted(keys)}
+        self.loss_metrics = []
+        return {**out, "grad_norm:mean": norm if math.isfinite(norm) else float("nan")}
+
+    # ------------------------------------------------------------------ snapshots
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.policy.named_parameters() if p.requires_grad}
+
+    def snapshot(self, version: int) -> None:
+        self.snapshots[version] = self.adapter_state()
+
+    @contextlib.contextmanager
+    def weights(self, state: dict[str, torch.Tensor] | None) -> Iterator[torch.nn.Module]:
+        """The policy with ``state``'s adapters (a snapshot) for the block, the trained ones after."""
+        if state is None:
+            yield self.policy
+            return
+        current = self.adapter_state()
+        named = dict(self.policy.named_parameters())
+        with torch.no_grad():
+            for n, t in state.items():
+                named[n].copy_(t)
+        try:
+            yield self.policy
+        finally:
+            with torch.no_grad():
+                for n, t in current.items():
+                    named[n].copy_(t)
+
+    # ------------------------------------------------------------------ states
+    def save(self, folder: Path, tokenizer: Any) -> Path:
+        """An rldsl checkpoint (atomic, checksummed) of the adapters (the base stays the served
+        folder's, as Tinker's LoRA states) and the optimizer state."""
+        return save_checkpoint(folder, self.steps, policy=_Adapters(self.adapter_state()), tokenizer=tokenizer,
+                               optimizer=self._optimizer(), scheduler=None,
+                               extra_state={"base_model": self.base_name, "rank": self.lora.rank,
+                                            "train_attn": self.lora.train_attn, "train_mlp": self.lora.train_mlp,
+                                            "train_unembed": self.lora.train_unembed})
+
+    def load(self, folder: Path, with_optimizer: bool) -> None:
+        ckpt = load_checkpoint(folder)
+        saved = _Adapters.names(read_weights(ckpt.policy_path))
+        named = dict(self.policy.named_parameters())
+        if set(saved) != {n for n, p in named.items() if p.requires_grad}:
+            raise TinkerRefused(400, f"load_weights: {folder} holds adapters of another shape than this model's "
+                                     "(another base model or LoRA config)")
+        with torch.no_grad():
+            for n, t in saved.items():
+                named[n].copy_(t)
+        self.steps = ckpt.step
+        if with_optimizer:
+            ckpt.restore(optimizer=self._optimizer(), rng=False)
+        else:
+            self.optimizer = None
+
+
+class _Adapters(torch.nn.Module):
+    """The adapters as a module of their own, what a checkpoint saves as its policy (safetensors):
+    parameter names with their dots written as ``::``."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        for name, tensor in state.items():
+            self.register_buffer(name.replace(".", "::"), tensor.contiguous())
+
+    @staticmethod
+    def names(saved: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k.replace("::", "."): v for k, v in saved.items()}
+
+
+def saved_lora(folder: Path) -> tuple[str, LoraSpec]:
+    """(base model name, LoRA config) of a saved state: what create-via-load builds."""
+    extra = load_checkpoint(folder).extra
+    return extra["base_model"], LoraSpec(int(extra["rank"]), bool(extra["train_attn"]), bool(extra["train_mlp"]),
+                                         bool(extra["train_unembed"]))
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None) -> Iterator[None]:
+    """The LoRA initialisation drawn from ``seed`` (the process RNG restored after)."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        yield

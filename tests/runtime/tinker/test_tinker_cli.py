@@ -1,0 +1,69 @@
+"""``rldsl serve-tinker`` as a command: bad options exit 2 before any model loads, the port opens
+within seconds, SIGTERM stops it cleanly (exit 0)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tinker_helpers import NAME
+
+RLDSL = [sys.executable, "-m", "rldsl.cli"]
+
+
+def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*RLDSL, "serve-tinker", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "Qwen/Qwen3-8B-Base"], "expected NAME=PATH"),
+    (["--model", "x=/no/such/folder"], "is not a Hugging Face model folder (no config.json)"),
+    (["--model", "x=.", "--host", "0.0.0.0"], None),
+])
+def test_bad_options_exit_2_without_a_traceback(args, message, tinker_home):
+    if message is None:  # a non-loopback host without a key
+        args = ["--model", f"{NAME}={tinker_home / NAME}", "--host", "0.0.0.0"]
+        message = "--host 0.0.0.0 is not loopback: give --api-key"
+    done = _run(*args)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_port_opens_and_sigterm_stops_it(tinker_home, tmp_path):
+    port = _free_port()
+    proc = subprocess.Popen([*RLDSL, "serve-tinker", "--model", f"{NAME}={tinker_home / NAME}", "--port", str(port),
+                             "--out", str(tmp_path / "states")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/api/v1/get_server_capabilities", timeout=2)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "the port did not open"
+                time.sleep(0.2)
+        assert r.json()["supported_models"][0]["model_name"] == NAME
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert f"serving the Tinker API at http://127.0.0.1:{port}" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
