@@ -34,7 +34,8 @@ from .data import reasoning_gym as rg
 from .data.sources import Source, default_reward, default_tools, max_new_tokens, reward_origin
 from .errors import ConfigError, RewardSpecError, RunError
 from .models.loading import folder_is_moe, is_vision_folder, load_tokenizer, model_context
-from .rewards.functions import RewardFn, with_answer_format
+from .rewards.functions import RewardFn
+from .rewards.spec import with_answer_format
 from .rollout.multi_turn import check_tools
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).

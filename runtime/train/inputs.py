@@ -32,7 +32,8 @@ from rldsl import inputs as table
 from ..batch import RolloutBatch, repeat_each
 from ..data.datasets import Example, rollout_prompts
 from ..errors import ConfigError, DataError, RunError
-from ..rewards.functions import RewardResult, gives_turn_rewards
+from ..rewards.functions import RewardResult
+from ..rewards.spec import gives_turn_rewards
 from ..rollout.engines.base import SamplingParams
 
 class Trainer(Protocol):

@@ -18,7 +18,8 @@ from rldsl.runtime.data.datasets import Example, load_examples, render_prompt
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.errors import DataError, RunError
-from rldsl.runtime.rewards.functions import gsm8k_reward, resolve_reward
+from rldsl.runtime.rewards.spec import resolve_reward
+from rldsl.runtime.rewards.verify import gsm8k_reward
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
