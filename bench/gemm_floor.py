@@ -97,7 +97,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rldsl.runtime.train.logprobs import token_logprobs
+    from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
     from rldsl.runtime.train.throughput import TokenCount
     print("| size | real tokens (floor) | computed tokens | rate GFLOP/s | floor s | products at real tokens | "
           "products at computed tokens | forward + backward | rest (fwd + bwd - products) | optimizer step | "
@@ -117,7 +117,9 @@ def main() -> None:
 
             def step(count: TokenCount | None = None) -> None:
                 model.zero_grad(set_to_none=True)  # as each update step starts
-                lp, ent = token_logprobs(model, ids, mask, Tr, group_size=G, packing=True, count=count)
+                out = token_logprobs(model, Forward(ids, mask, Tr, group_size=G),
+                                     LogprobOptions(packing=True, count=count))
+                lp, ent = out.logprobs, out.entropy
                 ((lp * m).sum() + (ent * m).sum()).backward()
 
             count = TokenCount()

@@ -93,7 +93,7 @@ def worker(variant: str, B: int, T: int, V: int, H: int, repeats: int, threads: 
     from torch import nn
     torch.set_num_threads(threads)
     sys.path.insert(0, str(ROOT))
-    from rldsl.runtime.train.logprobs import token_logprobs
+    from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
 
     class Backbone(nn.Module):
         def __init__(self):
@@ -134,7 +134,8 @@ def worker(variant: str, B: int, T: int, V: int, H: int, repeats: int, threads: 
         return logp.detach(), entropy
 
     def ours():
-        logp, entropy = token_logprobs(model, ids, mask, T, with_entropy=True, chunk_size=chunk)
+        out = token_logprobs(model, Forward(ids, mask, T), LogprobOptions(entropy=True, chunk_size=chunk))
+        logp, entropy = out.logprobs, out.entropy
         (logp * w).sum().backward()
         return logp.detach(), entropy
 

@@ -93,7 +93,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rldsl.runtime.models.loading import backbone
-    from rldsl.runtime.train.logprobs import token_logprobs
+    from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
     from rldsl.runtime.train.throughput import TokenCount
     extra = " compiled s | compiled / padded | compile s | compiled logprob diff |" if a.compile else ""
     extra += " peak GiB (padded / plain / packed) |" if cuda else ""
@@ -116,8 +116,9 @@ def main() -> None:
                 key = "plain" if plain else packing
                 counts[key] = TokenCount()
                 with torch.set_grad_enabled(grad), plain_rows(plain), torch.autocast(**amp):
-                    lp, ent = token_logprobs(model, ids, mask, Tr, group_size=G, packing=packing,
-                                             count=counts[key], **({"body": body} if compiled else {}))
+                    out = token_logprobs(model, Forward(ids, mask, Tr, group_size=G),
+                                         LogprobOptions(packing=packing, count=counts[key], body=body if compiled else None))
+                    lp, ent = out.logprobs, out.entropy
                     if grad:
                         ((lp * m).sum() + (ent * m).sum()).backward()
                         model.zero_grad(set_to_none=True)

@@ -48,7 +48,7 @@ def make_setup(spec: str, off: set[str], args, tmp: Path):
     from rldsl.runtime.batch import model_inputs
     from rldsl.runtime.run.build import build_run
     from rldsl.runtime.config import load_config
-    from rldsl.runtime.train.logprobs import token_logprobs
+    from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
 
     cfg = load_config(None, [
         f"rollout.max_new_tokens={args.max_new_tokens}", f"rollout.prompts_per_step={args.prompts}",
@@ -66,9 +66,9 @@ def make_setup(spec: str, off: set[str], args, tmp: Path):
         def full_logprobs(model, batch, *, grad, entropy, _tr=tr):
             ids, attn, _ = model_inputs(batch)
             with torch.set_grad_enabled(grad):
-                return token_logprobs(model, ids, attn, batch.response_ids.shape[1], with_entropy=entropy,
-                                      entropy_grad=grad and _tr.fn.algorithm.uses_entropy,
-                                      chunk_size=_tr.logprob_chunk)
+                return token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1]),
+                                      LogprobOptions(entropy=entropy, entropy_grad=grad and _tr.fn.algorithm.uses_entropy,
+                                                     chunk_size=_tr.logprob_chunk))
         tr._logprobs = full_logprobs
     return s
 

@@ -6,6 +6,7 @@ over (``rldsl translate --out DIR`` replaced an existing ``DIR/spec.rl`` and ``D
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from .errors import UserError
@@ -26,6 +27,19 @@ def check_out_folder(folder: str | os.PathLike[str], error: type[UserError], *, 
     base = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
     if not base.is_dir():
         raise error(f"--out {out}: {base} is a file, not a folder: choose another --out")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise error(f"--out {out}: {base} is not writable: choose another --out")
+    why = cannot_make_folders_in(base)
+    if why is not None:
+        raise error(f"--out {out}: {base} is not writable ({why}): choose another --out")
     return out
+
+
+def cannot_make_folders_in(base: Path) -> str | None:
+    """Why no folder can be made in ``base``, or None: found by making (and removing) an empty one.
+    ``os.access`` cannot tell: it says yes to root everywhere, and to a folder such as ``/proc``
+    that takes no new entries, so ``--out /proc/x`` failed as a FileNotFoundError after the
+    checks (exit 1)."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rldsl-out-", dir=base))
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None

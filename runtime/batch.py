@@ -1,5 +1,6 @@
-"""``RolloutBatch``: what the engines return and the trainer consumes, and its operations;
-``Episode``: one row's multi-turn episode (``RolloutBatch.episodes``); ``StepRollout``: one
+"""``TokenRow``: one sampled row as its producer made it (an engine, the episode runner, an
+agent's runner); ``RolloutBatch``: what the engines return and the trainer consumes, the rows
+padded by :meth:`RolloutBatch.from_rows`, and its operations; ``Episode``: one row's multi-turn episode (``RolloutBatch.episodes``); ``StepRollout``: one
 training step's batch with its rewards, from generation to the optimizer.
 
 Shapes: P prompts x G samples per prompt, B = P*G rows, groups contiguous
@@ -99,6 +100,43 @@ class Episode:
 
 
 @dataclass
+class TokenRow:
+    """One sampled row, as every producer makes it: both engines (engines/hf.py,
+    engines/vllm/convert.py), the episode runner (rollout/episodes/runner.py) and the agents'
+    runner (rollout/agents/runner.py). :meth:`RolloutBatch.from_rows` pads rows into a batch, the
+    one place that does: a new per-token field is a field here and a line there.
+
+    prompt_ids      [p] the prompt's token ids (no padding)
+    response_ids    [n] the response's token ids: the model's, and a multi-turn episode's
+                    environment tokens between its turns
+    logprobs        [n] the engine's logprob of each sampled token, 0 on the environment's
+    finish_reason   "stop" | "length"
+    prompt          the prompt's text (``RolloutBatch.prompts``)
+    completion      the completion's text (``RolloutBatch.completions``)
+    mask            [n] the loss mask: 1 on the model's tokens, 0 on the environment's; None = every
+                    response token is the model's (an engine's row: the batch then has no
+                    ``response_attention``)
+    routed_experts  [p + fed, Y, K] the experts of each fed token from the prompt's first one (-1:
+                    none recorded); None = not recorded (a mixture-of-experts policy's,
+                    runtime/models/moe.py)
+    episode         the row's multi-turn episode; None = single-turn
+    images          the images its ids hold (a vision-language policy's: their references, data:
+                    URLs or paths), in token order
+    """
+
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    logprobs: Sequence[float]
+    finish_reason: str
+    prompt: str
+    completion: str
+    mask: Sequence[int] | None = None
+    routed_experts: torch.Tensor | None = None
+    episode: Episode | None = None
+    images: Sequence[str] = ()
+
+
+@dataclass
 class RolloutBatch:
     """What a rollout engine returns for P prompts x G samples (B = P*G rows).
 
@@ -133,6 +171,9 @@ class RolloutBatch:
                     ``model_inputs``' columns; -1 where nothing was recorded (padding, a response's
                     last token, an engine that cannot record); None = not recorded
                     (runtime/models/moe.py, ``rollout.routing_replay``)
+    images          B x the images each row's ids hold (references: data: URLs or paths), in token
+                    order (a vision-language policy's, docs/vlm.md); empty = no row has one. The
+                    trainer's forwards read their pixels (train/vision_rows.py ``vision_inputs``)
     """
 
     prompt_ids: torch.Tensor
@@ -157,6 +198,38 @@ class RolloutBatch:
     # a privileged teacher's prompt of each row (teacher.context_key), as token ids; empty = none
     teacher_prompt_ids: list[list[int]] = field(default_factory=list)
     routed_experts: torch.Tensor | None = None
+    images: list[list[str]] = field(default_factory=list)
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[TokenRow], group_size: int, pad_id: int, width: int = 1) -> "RolloutBatch":
+        """The batch of ``rows`` (B of them, groups of ``group_size`` contiguous): prompts left padded
+        with ``pad_id`` to the longest (Tp), responses right padded to the longest or ``width``
+        columns, whichever is more (Tr; an engine keeps the columns it sampled); logprobs and the
+        masks with 0, routing with -1 (:func:`routing_columns`). ``response_attention`` (1 on every
+        response token) when a row has a loss mask of its own; ``episodes`` when every row has one."""
+        Tp = max(len(r.prompt_ids) for r in rows)
+        Tr = max(width, max(len(r.response_ids) for r in rows))
+
+        def left(xs: Sequence, fill: Any) -> list:
+            return [fill] * (Tp - len(xs)) + list(xs)
+
+        def right(xs: Sequence, fill: Any) -> list:
+            return list(xs) + [fill] * (Tr - len(xs))
+
+        # one tensor per field from padded lists: a row's tensor operations cost more than its tokens
+        p_ids = torch.tensor([left(r.prompt_ids, pad_id) for r in rows], dtype=torch.long)  # [B, Tp]
+        p_mask = torch.tensor([left([1] * len(r.prompt_ids), 0) for r in rows], dtype=torch.long)  # [B, Tp]
+        r_ids = torch.tensor([right(r.response_ids, pad_id) for r in rows], dtype=torch.long)  # [B, Tr]
+        r_mask = torch.tensor([right([1] * len(r.response_ids) if r.mask is None else r.mask, 0) for r in rows],
+                              dtype=torch.long)  # [B, Tr]
+        r_attn = torch.tensor([right([1] * len(r.response_ids), 0) for r in rows], dtype=torch.long)  # [B, Tr]
+        logprobs = torch.tensor([right(r.logprobs, 0.0) for r in rows], dtype=torch.float32)  # [B, Tr]
+        routed = routing_columns([r.routed_experts for r in rows], [len(r.prompt_ids) for r in rows], Tp, Tr)
+        return cls(p_ids, p_mask, r_ids, r_mask, logprobs, [r.finish_reason for r in rows],
+                   [r.prompt for r in rows], [r.completion for r in rows], group_size,
+                   response_attention=None if all(r.mask is None for r in rows) else r_attn,
+                   episodes=[r.episode for r in rows] if all(r.episode is not None for r in rows) else [],
+                   routed_experts=routed, images=_optional_rows([list(r.images) for r in rows]))
 
     @property
     def attention(self) -> torch.Tensor:
@@ -179,15 +252,16 @@ class RolloutBatch:
                             self.response_mask[rows], self.logprobs[rows],
                             [self.finish_reason[i] for i in keep], [self.prompts[i] for i in keep],
                             [self.completions[i] for i in keep], self.group_size,
-                            [self.answers[i] for i in keep] if self.answers else [],
+                            _picked(self.answers, keep),
                             {k: v[rows] if _per_row(k) else v for k, v in self.inputs.items()},
                             None if self.response_attention is None else self.response_attention[rows],
-                            [self.episodes[i] for i in keep] if self.episodes else [],
+                            _picked(self.episodes, keep),
                             None if self.token_versions is None else self.token_versions[rows],
                             {k: v[rows] for k, v in self.reward_terms.items()},
-                            [self.teacher_prompt_ids[i] for i in keep] if self.teacher_prompt_ids else [],
+                            _picked(self.teacher_prompt_ids, keep),
                             None if self.routed_experts is None else self.routed_experts[rows.to(
-                                self.routed_experts.device)])
+                                self.routed_experts.device)],
+                            _picked(self.images, keep))
 
     def select_groups(self, groups: Sequence[int]) -> "RolloutBatch":
         """The batch of whole prompt groups (group g = rows g*G .. g*G+G-1)."""
@@ -246,6 +320,7 @@ class RolloutBatch:
             if all(b.teacher_prompt_ids for b in batches) else [],
             routed_experts=None if any(b.routed_experts is None for b in batches) else
             torch.cat([_pad_routing(b, Tp, Tr) for b in batches]),
+            images=_optional_rows(sum((b.images or [[] for _ in range(len(b))] for b in batches), [])),
         )
 
 
@@ -327,6 +402,16 @@ def routing_columns(records: Sequence["torch.Tensor | None"], prompt_lengths: Se
         if rec is not None:
             out[b, Tp - p:Tp - p + rec.shape[0]] = rec
     return out
+
+
+def _picked(items: list, keep: list[int]) -> list:
+    """An optional per-row list field (empty: none) of the rows ``keep``."""
+    return [items[i] for i in keep] if items else []
+
+
+def _optional_rows(items: list[list]) -> list[list]:
+    """A per-row list field of B rows, or [] when every row's is empty (the field's "none")."""
+    return items if any(items) else []
 
 
 def _per_row(name: str) -> bool:

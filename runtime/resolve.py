@@ -500,9 +500,18 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
     if cfg.reward.name is None:  # plan_run settles it before building the reward; a direct call here
         cfg, note = settle_reward(cfg)
         notes.append(note)
-    longest = max((len(ids) for ids in tokenizer(prompts)["input_ids"]), default=0)
-    max_new, clipped = fit_context(max_new_tokens(cfg), model_context(model_path), longest,
-                                   model_label or str(model_path))
+    lengths = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
+    longest = max(lengths, default=0)
+    context = model_context(model_path)
+    if context is not None and longest >= context:  # name the prompt: which one, from which data
+        i = lengths.index(longest)
+        source = f" of data.path={cfg.data.path}" if cfg.data.path else ""
+        over = sum(n >= context for n in lengths)
+        raise ConfigError(f"a prompt{source} has {longest} tokens (as rendered, it starts {prompts[i][:60]!r}) "
+                          f"but the model ({model_label or model_path}) has a context of {context} positions "
+                          f"(max_position_embeddings): no room for even one new token; {over} of "
+                          f"{len(lengths)} prompts do not fit. Shorten or drop the long prompts.")
+    max_new, clipped = fit_context(max_new_tokens(cfg), context, longest, model_label or str(model_path))
     if clipped:
         notes.append(clipped)
     resolved = cfg.model_copy(update={

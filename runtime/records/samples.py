@@ -19,7 +19,6 @@ from typing import Any
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from ..batch import RolloutBatch
-from ..data.images import images_of
 from .run_dir import SAMPLES_FILE, write_text_atomic
 
 
@@ -41,8 +40,8 @@ def sample_rows(step: int, batch: RolloutBatch, rewards: torch.Tensor, advantage
                     "completion": batch.completions[i], "reward": _number(rewards[i]),
                     "advantage": adv[i], "finish_reason": batch.finish_reason[i],
                     "response_length": lengths[i]})
-        if images_of(batch.prompts[i]):  # the prompt's images: where they are, not their pixels
-            out[-1]["images"] = list(images_of(batch.prompts[i]))
+        if batch.images and batch.images[i]:  # the row's images: where they are, not their pixels
+            out[-1]["images"] = list(batch.images[i])
         if batch.reward_terms:  # each term's value (its label: rewards/<term>/mean in the metrics)
             out[-1]["rewards"] = {k: _number(v[i]) for k, v in batch.reward_terms.items()}
         if batch.episodes:  # a multi-turn episode: its messages (roles, tool calls, results)

@@ -23,7 +23,7 @@ from ..errors import TinkerRefused
 from ..models.loading import load_policy
 from ..models.lora import adapters_disabled, apply_lora
 from ..records.checkpoint import load_checkpoint, read_weights, save_checkpoint
-from ..train.logprobs import token_logprobs
+from ..train.logprobs import Forward, LogprobOptions, token_logprobs
 from ..train.optim import build_optimizer
 
 #: LoRA alpha, the same at every rank (the update is (alpha / r) B A): Tinker does not publish its
@@ -66,8 +66,8 @@ def target_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int
         mask[i, :n + 1] = 1
         gather[i, :n, 0] = torch.tensor(targets)
     with contextlib.nullcontext() if grad else torch.no_grad():
-        out = token_logprobs(model, ids, mask, Tr, with_entropy=False, gather_ids=gather)
-    picked = out[-1][..., 0]  # [B, Tr]
+        out = token_logprobs(model, Forward(ids, mask, Tr, gather_ids=gather), LogprobOptions(entropy=False))
+    picked = out.gathered[..., 0]  # [B, Tr]
     return [picked[i, :len(t)] for i, (t, _) in enumerate(rows)]
 
 

@@ -112,8 +112,8 @@ def whole_groups(needs: tuple[str, ...]) -> bool:
 
 
 #: the statistics of the old policy beyond its logprobs that the old-logprob forward also returns:
-#: input -> the keyword of ``token_logprobs`` that makes it (train/logprobs.py)
-OLD_POLICY_STATISTICS = {"sum_pi_squared": "with_sum_pi_squared", "old_entropy": "with_entropy"}
+#: input -> the field of ``LogprobOptions`` that asks for it and of ``LogprobOut`` that holds it (train/logprobs.py)
+OLD_POLICY_STATISTICS = {"sum_pi_squared": "sum_pi_squared", "old_entropy": "entropy"}
 
 
 def old_policy_statistics(algo: Algorithm) -> list[str]:

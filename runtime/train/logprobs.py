@@ -45,10 +45,12 @@ positions are then 0.
 from __future__ import annotations
 
 import contextlib
-
+import dataclasses
 import math
 import weakref
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -91,11 +93,18 @@ def _shared_prompt_hidden(
     None when the shortcut would not be exact (see the module docstring): the caller then
     runs the full forward.
     """
+    if not _shared_prompt_applies(model, input_ids, attention_mask, num_response_tokens, group_size):
+        return None
+    return _shared_prompt_forward(model, input_ids, attention_mask, num_response_tokens, group_size)
+
+
+def _shared_prompt_forward(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           num_response_tokens: int, group_size: int) -> torch.Tensor | None:
+    """:func:`_shared_prompt_hidden` where it applies (the caller checked); None when the model did
+    not fill the cache."""
     B, T = input_ids.shape
     G, Tr = group_size, num_response_tokens
     Tp = T - Tr
-    if not _shared_prompt_applies(model, input_ids, attention_mask, Tr, G):
-        return None
     body = backbone(model)
     kw = cache_keyword(body)  # "cache" or "past_key_values", as this transformers names it
     from transformers.cache_utils import DynamicCache
@@ -392,154 +401,266 @@ def response_hidden(model: PreTrainedModel, input_ids: torch.Tensor, attention_m
 
 
 def compiled_body(model: PreTrainedModel) -> torch.nn.Module:
-    """The model's backbone under ``torch.compile`` (dynamic shapes), for ``token_logprobs(body=...)``
+    """The model's backbone under ``torch.compile`` (dynamic shapes), for ``LogprobOptions.body``
     (``model.compile``)."""
     return torch.compile(backbone(model), dynamic=True)
 
 
-def token_logprobs(
-    model: PreTrainedModel,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    num_response_tokens: int,
-    *,
-    with_entropy: bool = True,
-    entropy_grad: bool = False,
-    chunk_size: int = 1024,
-    group_size: int | None = None,
-    temperature: float = 1.0,
-    with_sum_pi_squared: bool = False,
-    packing: bool = False,
-    packing_row_tokens: int | None = None,
-    count: TokenCount | None = None,
-    body: torch.nn.Module | None = None,
-    gather_ids: torch.Tensor | None = None,
-    return_hidden: bool = False,
-    routing: torch.Tensor | None = None,
-    with_router_aux: bool = False,
-    vision: dict[str, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, ...]:
-    """Logprobs (and entropies) of the last ``num_response_tokens`` tokens of each row.
+@dataclass
+class Forward:
+    """What one forward scores: the rows' tokens and what the layers read beside them.
 
-    input_ids       [B, T]   prompt (left padded) then response (right padded), T = Tp + Tr
-    attention_mask  [B, T]   1 on real tokens (prompt mask then response mask)
-    returns         logprobs [B, Tr] fp32, carrying gradients to the model's parameters;
-                    entropy  [B, Tr] fp32 (detached unless ``entropy_grad``) or None.
-
-    Values on padded response positions are computed but meaningless: mask them.
-    Position ids come from the attention mask, as in ``generate``.
-    ``temperature``: the rollout's sampling temperature tau; logprobs and entropies are those
-    of softmax(z / tau), z the logits of the model's own forward (its logit scale and soft
-    cap included; module docstring). Score greedy rollouts at 1.
-    ``group_size``: rows come in contiguous groups of this many samples of one prompt; the
-    prompt then goes through the backbone once per group (module docstring). Without it,
-    or when the groups' prompts differ, every row runs in full.
-    ``with_sum_pi_squared``: also return sum_v softmax(z)_v^2 [B, Tr] fp32 (detached; the
-    old-policy statistic of `baseline optimal_token`, verl's ``sum_pi_squared``) as a third value.
-    ``packing``: packed rows of at most ``packing_row_tokens`` tokens (None: the longest
-    sequence's) instead of padded ones (module docstring).
-    ``count``: adds the forward's real and computed tokens to it (throughput metrics).
-    ``body``: what runs the model's backbone in the padded and packed forwards (a compiled
-    copy, ``model.compile``); None: ``backbone(model)``. A forward that asks for ``gather_ids`` or
-    ``return_hidden`` runs padded (their [B, Tr] layout), packing or not.
-    ``gather_ids`` [B, Tr, J]: also return the logprobs of these tokens at each position
-    [B, Tr, J] fp32 as the last value, with gradient (the policy's logprobs of a teacher's
-    top-k tokens), from the same chunks. ``return_hidden``: also return the hidden states
-    [B*Tr, H] the head ran on (with gradient), last (a divergence over the vocabulary reads them).
-    ``routing`` [B, T, Y, K]: a mixture-of-experts policy's recorded experts of each token,
-    replayed or measured inside ``models.moe.routing`` (padded and packed forwards alike).
-    ``with_router_aux``: also return each response token's load-balancing loss [B, Tr] (with
-    gradient; that of the token fed at the position predicting it: ``models.moe.balance``), before
-    the hidden states (inside ``models.moe.routing`` with ``aux``).
-    ``vision``: the rows' image inputs of a vision-language policy (train/vision_rows.py
-    ``vision_inputs``: pixel_values, image_grid_thw, mm_token_type_ids [B, T], M-RoPE
-    position_ids [3, B, T]); such a forward runs padded, every row in full.
+    input_ids        [B, T]  prompt (left padded) then response (right padded), T = Tp + Tr
+    attention_mask   [B, T]  1 on real tokens (prompt mask then response mask); positions come
+                             from it, as in ``generate``
+    response_tokens  Tr, the last columns of each row, scored (0 < Tr < T)
+    group_size       rows come in contiguous groups of this many samples of one prompt: the prompt
+                     may go through the backbone once per group (module docstring); None, or
+                     groups whose prompts differ: every row in full
+    routing          [B, T, Y, K] a mixture-of-experts policy's recorded experts of each token,
+                     replayed or measured inside ``models.moe.routing`` (padded and packed alike)
+    vision           the rows' image inputs of a vision-language policy (train/vision_rows.py
+                     ``vision_inputs``: pixel_values, image_grid_thw, mm_token_type_ids [B, T],
+                     M-RoPE position_ids [3, B, T]): padded, every row in full, unless packed
+    gather_ids       [B, Tr, J] tokens whose logprobs are also returned at each position (the
+                     policy's logprobs of a teacher's top-k), from the same chunks
     """
-    B, T = input_ids.shape
-    Tr = num_response_tokens
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_tokens: int
+    group_size: int | None = None
+    routing: torch.Tensor | None = None
+    vision: dict[str, torch.Tensor] | None = None
+    gather_ids: torch.Tensor | None = None
+
+    def to(self, device: torch.device) -> "Forward":
+        """The record with its tensors on ``device`` (a sharded trainer's rank)."""
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+        return dataclasses.replace(self, input_ids=self.input_ids.to(device),
+                                   attention_mask=self.attention_mask.to(device), routing=move(self.routing),
+                                   vision=None if self.vision is None else {k: move(v) for k, v in self.vision.items()},
+                                   gather_ids=move(self.gather_ids))
+
+
+@dataclass
+class LogprobOptions:
+    """How a forward runs and what it returns beyond the logprobs.
+
+    entropy          return the entropy of each position (else ``LogprobOut.entropy`` is None)
+    entropy_grad     the entropy carries a gradient (else detached)
+    sum_pi_squared   return sum_v softmax(z)_v^2 (detached; the old-policy statistic of
+                     `baseline optimal_token`, verl's ``sum_pi_squared``)
+    router_aux       return each response token's load-balancing loss (with gradient; that of the
+                     token fed at the position predicting it: ``models.moe.balance``), inside
+                     ``models.moe.routing`` with ``aux``
+    hidden           return the hidden states the head ran on (a divergence over the vocabulary)
+    temperature      the rollout's sampling temperature tau: logprobs and entropies are those of
+                     softmax(z / tau), z the logits of the model's own forward (its logit scale
+                     and soft cap included; module docstring). Score greedy rollouts at 1
+    chunk_size       C, tokens per LM-head chunk
+    packing          packed rows of at most ``packing_row_tokens`` tokens (None: the longest
+                     sequence's) instead of padded ones (module docstring); a forward that asks
+                     for ``gather_ids`` or ``hidden`` runs padded (their [B, Tr] layout)
+    body             what runs the backbone in the padded and packed forwards (a compiled copy,
+                     ``model.compile``); None: ``backbone(model)``
+    count            adds the forward's real and computed tokens to it (throughput metrics)
+    """
+
+    entropy: bool = True
+    entropy_grad: bool = False
+    sum_pi_squared: bool = False
+    router_aux: bool = False
+    hidden: bool = False
+    temperature: float = 1.0
+    chunk_size: int = 1024
+    packing: bool = False
+    packing_row_tokens: int | None = None
+    body: torch.nn.Module | None = None
+    count: TokenCount | None = None
+
+
+@dataclass
+class LogprobOut:
+    """What :func:`token_logprobs` returns; values on padded response positions are computed but
+    meaningless (0 in a packed forward): mask them.
+
+    logprobs        [B, Tr] fp32, carrying gradients to the model's parameters
+    entropy         [B, Tr] fp32 (detached unless ``entropy_grad``); None unless ``entropy``
+    sum_pi_squared  [B, Tr] fp32 detached; None unless asked
+    gathered        [B, Tr, J] fp32 logprobs of ``Forward.gather_ids``, with gradient; None without
+    router_aux      [B, Tr] each response token's load-balancing loss (0 for a dense model); None
+                    unless asked
+    hidden          [B*Tr, H] the hidden states the head ran on, with gradient; None unless asked
+    """
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
+    gathered: torch.Tensor | None = None
+    router_aux: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+
+
+@dataclass
+class _States:
+    """The hidden states a layout ran to: ``hidden`` [N, H] predicting ``targets`` [N] (N = B*Tr,
+    or the M real response tokens of packed rows, put back by ``packed``), the tokens the layers
+    ``computed``, ``router_aux`` [B, Tr], and ``shared_group``: the size of the groups whose prompt
+    ran once (None: every row's in full)."""
+
+    hidden: torch.Tensor
+    targets: torch.Tensor
+    computed: int
+    router_aux: torch.Tensor | None = None
+    packed: PackedRows | None = None
+    shared_group: int | None = None
+
+
+def token_logprobs(model: PreTrainedModel, fwd: Forward, options: LogprobOptions | None = None) -> LogprobOut:
+    """Logprobs (and what ``options`` asks beside them) of the last ``fwd.response_tokens`` tokens
+    of each row: the backbone in the layout :func:`layout` chooses, then the LM head C tokens at a
+    time (``_ChunkedHead``)."""
+    opts = options if options is not None else LogprobOptions()
+    B, T = fwd.input_ids.shape
+    Tr = fwd.response_tokens
     if not 0 < Tr < T:
         raise ValueError(f"num_response_tokens must be in [1, {T - 1}] for T={T}, got {Tr}")
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
-    tf = logit_transform(model, temperature)
+    if fwd.attention_mask.shape != fwd.input_ids.shape:
+        raise ValueError(f"attention_mask {tuple(fwd.attention_mask.shape)} != input_ids {tuple(fwd.input_ids.shape)}")
+    tf = logit_transform(model, opts.temperature)
     head = model.get_output_embeddings()
-
-    packed = _packed_layout(model, input_ids, attention_mask, Tr, packing_row_tokens, group_size) \
-        if packing and gather_ids is None and not return_hidden and vision is None else None
-    if packed is not None:
-        hidden = packed_hidden(body if body is not None else backbone(model), packed,
-                               None if routing is None else routing.reshape(B * T, *routing.shape[2:]),
-                               model)  # [M, H] real response tokens only
-        targets = input_ids.reshape(-1).index_select(0, packed.target)  # [M]
-        aux = moe.balance(model) if with_router_aux else None  # [R*S]
-        router_aux = None if aux is None else packed.scatter(aux.index_select(0, packed.predictor), B, Tr)
-        computed = packed.computed_tokens
-    else:
-        hidden = None
-        if vision is not None and packing and gather_ids is None and not return_hidden:  # a VLM's packed rows
-            merge = model.config.vision_config.spatial_merge_size
-            hidden, computed = packed_vision_hidden(body if body is not None else backbone(model), input_ids,
-                                                    attention_mask, Tr, vision, merge, packing_row_tokens)
-        elif group_size is not None and body is None and vision is None:  # (a KV cache through a compiled body: not tried)
-            hidden = _shared_prompt_hidden(model, input_ids, attention_mask, Tr, group_size)
-            computed = B * (T - 1) if hidden is None else _shared_prompt_tokens(B, T, Tr, group_size)
-        else:
-            computed = B * (T - 1)
-        if hidden is None:
-            run = body if body is not None else backbone(model)
-            images, typed = {}, contextlib.nullcontext()
-            if vision is not None:  # the last token is never an image token
-                types = vision["mm_token_type_ids"][:, : T - 1]
-                images = {"pixel_values": vision.get("pixel_values"), "image_grid_thw": vision.get("image_grid_thw"),
-                          "mm_token_type_ids": types}
-                typed = typed_image_tokens(run, types)  # a sampled placeholder id is text
-            positions = position_ids_from_mask(attention_mask) if vision is None else vision["position_ids"]
-            with moe.feeding(model, None if routing is None else routing[:, : T - 1].reshape(
-                    B * (T - 1), *routing.shape[2:]), attention_mask[:, : T - 1]), typed:
-                out = run(
-                    input_ids=input_ids[:, : T - 1],  # the last token predicts nothing
-                    **images,
-                    attention_mask=attention_mask[:, : T - 1],
-                    position_ids=positions[..., : T - 1],
-                    use_cache=False,
-                )
-            hidden = out.last_hidden_state[:, T - Tr - 1 :]  # [B, Tr, H] states predicting the response
-        aux = moe.balance(model) if with_router_aux else None  # [B*(T-1)]
-        router_aux = None if aux is None else aux.view(B, T - 1)[:, T - Tr - 1:]  # [B, Tr]
-        hidden = hidden.reshape(B * Tr, -1)  # [B*Tr, H]
-        targets = input_ids[:, T - Tr :].reshape(B * Tr)  # [B*Tr]
-    if count is not None:
-        lengths = attention_mask.long().sum(1) - 1  # [B] tokens fed: the last predicts nothing
-        distinct = None
-        if packed is not None:  # (shared-prompt rows: each prompt once per row holding it)
-            distinct = packed.placed
-        elif computed != B * (T - 1) and vision is None:  # the shared prompt ran once per group
-            prompt = attention_mask[:, : T - Tr].long().sum(1)  # [B]
-            distinct = int(lengths.sum() - prompt.sum() + prompt[::group_size].sum())
-        count.add(lengths.tolist(), computed, distinct)
-
-    extra_ids = None if gather_ids is None else gather_ids.reshape(B * Tr, -1)  # [B*Tr, J] (padded only)
-    logprob, entropy, spp, extra = _ChunkedHead.apply(hidden, head.weight, head.bias, targets, chunk_size,
-                                                      with_entropy, entropy_grad, tf, with_sum_pi_squared,
-                                                      extra_ids)  # [B*Tr] or [M] each
-    if packed is not None:  # [M] -> [B, Tr], zeros on padding
-        logprob = packed.scatter(logprob, B, Tr)
-        entropy = packed.scatter(entropy, B, Tr) if with_entropy else entropy
-        spp = packed.scatter(spp, B, Tr) if with_sum_pi_squared else spp
+    states = layout(model, fwd, opts)()
+    if opts.count is not None:
+        opts.count.add((fwd.attention_mask.long().sum(1) - 1).tolist(),  # tokens fed: the last predicts nothing
+                       states.computed, _distinct(fwd, states))
+    extra_ids = None if fwd.gather_ids is None else fwd.gather_ids.reshape(B * Tr, -1)  # [B*Tr, J] (padded only)
+    logprob, entropy, spp, extra = _ChunkedHead.apply(states.hidden, head.weight, head.bias, states.targets,
+                                                      opts.chunk_size, opts.entropy, opts.entropy_grad, tf,
+                                                      opts.sum_pi_squared, extra_ids)  # [B*Tr] or [M] each
+    if states.packed is not None:  # [M] -> [B, Tr], zeros on padding
+        logprob = states.packed.scatter(logprob, B, Tr)
+        entropy = states.packed.scatter(entropy, B, Tr) if opts.entropy else entropy
+        spp = states.packed.scatter(spp, B, Tr) if opts.sum_pi_squared else spp
     logprob = logprob.view(B, Tr)  # [B, Tr]
-    entropy = entropy.view(B, Tr) if with_entropy else None  # [B, Tr]
-    if entropy is not None and not entropy_grad:
-        entropy = entropy.detach()
-    out: tuple[torch.Tensor | None, ...] = (logprob, entropy)
-    if with_sum_pi_squared:
-        out += (spp.view(B, Tr).detach(),)
-    if gather_ids is not None:
-        out += (extra.view(B, Tr, -1),)
-    if with_router_aux:
-        out += (router_aux if router_aux is not None else logprob.new_zeros(B, Tr),)
-    if return_hidden:
-        out += (hidden,)
-    return out  # type: ignore[return-value]
+    entropy = entropy.view(B, Tr) if opts.entropy else None  # [B, Tr]
+    aux = states.router_aux if states.router_aux is not None else logprob.new_zeros(B, Tr)
+    return LogprobOut(logprob, entropy if entropy is None or opts.entropy_grad else entropy.detach(),
+                      spp.view(B, Tr).detach() if opts.sum_pi_squared else None,
+                      extra.view(B, Tr, -1) if fwd.gather_ids is not None else None,
+                      aux if opts.router_aux else None, states.hidden if opts.hidden else None)
+
+
+def layout(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> "partial[_States]":
+    """The one choice of a forward's layout (module docstring), as the forward to run (its ``func``
+    names the layout):
+
+    - packed vision: a vision-language policy's rows packed (train/vision_rows.py);
+    - packed: the real tokens end to end, when a packed layout is exact here and pushes fewer
+      tokens than the shared-prompt forward (``_packed_layout``);
+    - shared prompt: each group's prompt once (padded rows; not through a compiled body: a KV
+      cache through it is not tried);
+    - padded: every row in full.
+
+    ``gather_ids`` and ``hidden`` keep the padded [B, Tr] layouts, packing or not."""
+    packable = opts.packing and fwd.gather_ids is None and not opts.hidden
+    if packable and fwd.vision is not None:
+        return partial(_packed_vision, model, fwd, opts)
+    if packable:
+        rows = _packed_layout(model, fwd.input_ids, fwd.attention_mask, fwd.response_tokens,
+                              opts.packing_row_tokens, fwd.group_size)
+        if rows is not None:
+            return partial(_packed, model, fwd, opts, rows)
+    if fwd.group_size is not None and opts.body is None and fwd.vision is None \
+            and _shared_prompt_applies(model, fwd.input_ids, fwd.attention_mask, fwd.response_tokens, fwd.group_size):
+        return partial(_shared, model, fwd, opts)
+    return partial(_padded, model, fwd, opts)
+
+
+def _body(model: PreTrainedModel, opts: LogprobOptions) -> torch.nn.Module:
+    return opts.body if opts.body is not None else backbone(model)
+
+
+def _packed(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions, rows: PackedRows) -> _States:
+    """Packed rows: states [M, H] of the real response tokens only."""
+    B, T = fwd.input_ids.shape
+    r = fwd.routing
+    hidden = packed_hidden(_body(model, opts), rows, None if r is None else r.reshape(B * T, *r.shape[2:]), model)
+    aux = moe.balance(model) if opts.router_aux else None  # [R*S]
+    return _States(hidden, fwd.input_ids.reshape(-1).index_select(0, rows.target), rows.computed_tokens,
+                   None if aux is None else rows.scatter(aux.index_select(0, rows.predictor), B, fwd.response_tokens),
+                   packed=rows)
+
+
+def _packed_vision(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> _States:
+    """A vision-language policy's packed rows (train/vision_rows.py), states [B, Tr, H]."""
+    assert fwd.vision is not None
+    merge = model.config.vision_config.spatial_merge_size
+    hidden, computed = packed_vision_hidden(_body(model, opts), fwd.input_ids, fwd.attention_mask,
+                                            fwd.response_tokens, fwd.vision, merge, opts.packing_row_tokens)
+    return _row_states(model, fwd, opts, hidden, computed)
+
+
+def _shared(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> _States:
+    """Each group's prompt once (``_shared_prompt_forward``; :func:`layout` checked that it is
+    exact); the padded forward when the cache did not fill."""
+    B, T = fwd.input_ids.shape
+    G = fwd.group_size
+    assert G is not None
+    hidden = _shared_prompt_forward(model, fwd.input_ids, fwd.attention_mask, fwd.response_tokens, G)
+    if hidden is None:  # pragma: no cover - a model that did not fill the cache
+        return _padded(model, fwd, opts)
+    return _row_states(model, fwd, opts, hidden, _shared_prompt_tokens(B, T, fwd.response_tokens, G), G)
+
+
+def _padded(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> _States:
+    """Every row in full, padded (a vision-language policy's rows with their image inputs)."""
+    B, T = fwd.input_ids.shape
+    run = _body(model, opts)
+    images: dict[str, torch.Tensor | None] = {}
+    typed: Any = contextlib.nullcontext()
+    if fwd.vision is not None:  # the last token is never an image token
+        types = fwd.vision["mm_token_type_ids"][:, : T - 1]
+        images = {"pixel_values": fwd.vision.get("pixel_values"), "image_grid_thw": fwd.vision.get("image_grid_thw"),
+                  "mm_token_type_ids": types}
+        typed = typed_image_tokens(run, types)  # a sampled placeholder id is text
+    positions = position_ids_from_mask(fwd.attention_mask) if fwd.vision is None else fwd.vision["position_ids"]
+    r = fwd.routing
+    with moe.feeding(model, None if r is None else r[:, : T - 1].reshape(B * (T - 1), *r.shape[2:]),
+                     fwd.attention_mask[:, : T - 1]), typed:
+        out = run(
+            input_ids=fwd.input_ids[:, : T - 1],  # the last token predicts nothing
+            **images,
+            attention_mask=fwd.attention_mask[:, : T - 1],
+            position_ids=positions[..., : T - 1],
+            use_cache=False,
+        )
+    hidden = out.last_hidden_state[:, T - fwd.response_tokens - 1:]  # [B, Tr, H] states predicting the response
+    return _row_states(model, fwd, opts, hidden, B * (T - 1))
+
+
+def _row_states(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions, hidden: torch.Tensor, computed: int,
+                shared_group: int | None = None) -> _States:
+    """The states [B, Tr, H] of a padded-shape forward, flattened with their targets [B*Tr]."""
+    B, T = fwd.input_ids.shape
+    Tr = fwd.response_tokens
+    aux = moe.balance(model) if opts.router_aux else None  # [B*(T-1)]
+    return _States(hidden.reshape(B * Tr, -1), fwd.input_ids[:, T - Tr:].reshape(B * Tr), computed,
+                   None if aux is None else aux.view(B, T - 1)[:, T - Tr - 1:], shared_group=shared_group)
+
+
+def _distinct(fwd: Forward, states: _States) -> int | None:
+    """The distinct tokens a forward fed (train/throughput.py): each packed row's placed ones, each
+    group's prompt once; None: every fed token."""
+    if states.packed is not None:  # (shared-prompt rows: each prompt once per row holding it)
+        return states.packed.placed
+    if states.shared_group is None:
+        return None
+    Tp = fwd.input_ids.shape[1] - fwd.response_tokens
+    lengths = fwd.attention_mask.long().sum(1) - 1  # [B]
+    prompt = fwd.attention_mask[:, :Tp].long().sum(1)  # [B]
+    return int(lengths.sum() - prompt.sum() + prompt[::states.shared_group].sum())
 
 
 def token_topk(

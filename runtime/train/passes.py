@@ -23,7 +23,7 @@ from rldsl import CompiledAlgorithm
 from ..batch import RolloutBatch, model_inputs
 from ..models import moe
 from .inputs import OLD_POLICY_STATISTICS, entropy_grad, whole_groups
-from .logprobs import compiled_body, token_logprobs
+from .logprobs import Forward, LogprobOptions, LogprobOut, compiled_body, token_logprobs
 from .microbatch import plan, trim, widen
 from .teachers import RemoteTeacher, TeacherForward, privileged, teacher_topk
 from .throughput import ModelDims, TokenCount
@@ -76,38 +76,27 @@ class ForwardPasses:
     def _logprobs(self, model: nn.Module, batch: RolloutBatch, *, grad: bool,
                   entropy: bool, groups: bool = True, sum_pi_squared: bool = False,
                   gather_ids: Tensor | None = None, hidden: bool = False,
-                  router_aux: bool = False) -> tuple[Tensor, ...]:
-        """(logprobs, entropy or None) [b, Tr], and sum_v pi_v^2 [b, Tr] with ``sum_pi_squared``;
-        with ``gather_ids`` [b, Tr, J] also the logprobs of those tokens [b, Tr, J]; with
-        ``hidden`` also the hidden states [b*Tr, H] the head ran on, last; with ``router_aux`` each
-        response token's load-balancing loss [b, Tr] (with gradient) before them."""
+                  router_aux: bool = False) -> LogprobOut:
+        """The logprobs [b, Tr] of ``batch`` under ``model``, and what the flags ask beside them
+        (train/logprobs.py ``LogprobOut``): the entropy, sum_v pi_v^2, the logprobs of
+        ``gather_ids`` [b, Tr, J], the hidden states the head ran on, each response token's
+        load-balancing loss (with gradient)."""
         ids, attn, pos = model_inputs(batch)
         Tr = batch.response_ids.shape[1]
-        extra: dict[str, Any] = {"with_sum_pi_squared": True} if sum_pi_squared else {}
-        if model is self.policy and self._compiled_body is not None:
-            extra["body"] = self._compiled_body
-        if gather_ids is not None:
-            extra["gather_ids"] = gather_ids
-        if hidden:
-            extra["return_hidden"] = True
         # a VLM's rows with images: padded, in full; an episode's response also holds the
         # environment's messages (attended, not sampled), whose image tokens are images
         sampled = None if batch.response_attention is None else batch.response_mask
-        vision = vision_inputs(model, batch.prompts, ids, attn, Tr, sampled)
-        if vision is not None:
-            extra["vision"], groups = vision, False
+        vision = vision_inputs(model, batch.images, ids, attn, Tr, sampled)
+        fwd = Forward(ids, attn, Tr, group_size=batch.group_size if groups and vision is None else None,
+                      routing=batch.routed_experts if self.moe else None, vision=vision, gather_ids=gather_ids)
         count = TokenCount()
-        if self.moe:
-            extra["routing"] = batch.routed_experts
-        if router_aux:
-            extra["with_router_aux"] = True
+        options = LogprobOptions(entropy=entropy, entropy_grad=grad and entropy_grad(self.fn.algorithm),
+                                 sum_pi_squared=sum_pi_squared, router_aux=router_aux, hidden=hidden,
+                                 temperature=self.temperature, chunk_size=self.logprob_chunk, packing=self.packing,
+                                 packing_row_tokens=self.packing_row_tokens, count=count,
+                                 body=self._compiled_body if model is self.policy else None)
         with torch.set_grad_enabled(grad), self._autocast(model), self._routing(model, router_aux):
-            out = self._token_logprobs(model, ids, attn, Tr, with_entropy=entropy,
-                                       entropy_grad=grad and entropy_grad(self.fn.algorithm),
-                                       chunk_size=self.logprob_chunk,
-                                       group_size=batch.group_size if groups else None,
-                                       temperature=self.temperature, packing=self.packing,
-                                       packing_row_tokens=self.packing_row_tokens, count=count, **extra)
+            out = self._token_logprobs(model, fwd, options)
         self._tally("update" if grad else "logprobs", count, model, backward=grad)
         return out
 
@@ -238,10 +227,9 @@ class ForwardPasses:
                 if what == "critic":
                     parts = [self._values(sub, tr)]
                 else:
-                    lp, ent, *more = self._logprobs(model, sub, grad=False, entropy="with_entropy" in flags,
-                                                    groups=by_group, sum_pi_squared="with_sum_pi_squared" in flags)
-                    made = {"with_entropy": ent, "with_sum_pi_squared": more[0] if more else None}
-                    parts = [lp] + [made[f] for f in flags]
+                    got = self._logprobs(model, sub, grad=False, entropy="entropy" in flags, groups=by_group,
+                                         sum_pi_squared="sum_pi_squared" in flags)
+                    parts = [got.logprobs] + [getattr(got, f) for f in flags]
             if weight == 0.0:
                 continue
             if out is None:

@@ -363,11 +363,10 @@ class Trainer(ForwardPasses):
             teacher_ids = batch.teacher.topk_ids[rows][:, :tr].to(sub.response_ids.device)
         jsd = self.fn.data.jsd_beta is not None and batch.teacher is not None
         aux = reads_router_aux(self.fn.algorithm)
-        logp, ent, *more = self._logprobs(self.policy, sub, grad=torch.is_grad_enabled(), entropy=True,
-                                          groups=groups, gather_ids=teacher_ids, hidden=jsd, router_aux=aux)
-        return {"logp": logp, "ent": ent, "router_aux": more[int(teacher_ids is not None)] if aux else None,
-                "topk": more[0] if teacher_ids is not None else None,
-                "divergence": self._divergence(more[-1], batch, rows, tr) if jsd else None,
+        out = self._logprobs(self.policy, sub, grad=torch.is_grad_enabled(), entropy=True,
+                             groups=groups, gather_ids=teacher_ids, hidden=jsd, router_aux=aux)
+        return {"logp": out.logprobs, "ent": out.entropy, "router_aux": out.router_aux, "topk": out.gathered,
+                "divergence": self._divergence(out.hidden, batch, rows, tr) if jsd else None,
                 "values": self._values(sub, tr) if self.fn.algorithm.uses_critic else None}
 
     def _whole_minibatch(self, batch: TrainBatch, sub: RolloutBatch, rows: Tensor,

@@ -31,7 +31,6 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..data.images import images_of
 from ..models.vision import processor_for
 from .microbatch import pack
 
@@ -149,12 +148,12 @@ def micro_batches(seqs: Sequence[VisionSequence], token_budget: int) -> list[lis
     return pack([s.num_tokens for s in seqs], token_budget)
 
 
-def vision_inputs(model: nn.Module, prompts: Sequence[str], input_ids: Tensor,
+def vision_inputs(model: nn.Module, refs: Sequence[Sequence[str]], input_ids: Tensor,
                   attention_mask: Tensor, response_tokens: int = 0,
                   sampled: Tensor | None = None) -> dict[str, Tensor] | None:
     """The image inputs of a trainer forward over B rollout rows (prompt left padded, response
-    right padded: [B, T], the last ``response_tokens`` columns the responses) whose prompts carry
-    images (models/vision.py ``VisionPrompt``): pixel values and grids in row order,
+    right padded: [B, T], the last ``response_tokens`` columns the responses) whose ids hold
+    images (``refs``: each row's references, ``RolloutBatch.images``): pixel values and grids in row order,
     ``mm_token_type_ids`` [B, T], M-RoPE ``position_ids`` [3, B, T] over each row's real tokens.
     None when no prompt has an image.
 
@@ -163,7 +162,6 @@ def vision_inputs(model: nn.Module, prompts: Sequence[str], input_ids: Tensor,
     embedding at the next text position -- and so does the forward (:func:`typed_image_tokens`).
     ``sampled`` [B, response_tokens]: 1 where the policy sampled the response token (an episode's
     response also holds the environment's messages, whose images are images); None: all of them."""
-    refs = [images_of(p) for p in prompts]
     if not any(refs):
         return None
     processor = processor_for(model)

@@ -24,7 +24,7 @@ from ..batch import RolloutBatch
 from ..models.lora import LoraAdapter, adapter_of, lora_scalings, merge_state
 from ..records.metrics import combine_ranks
 from ..models.loading import with_tied
-from ..train.logprobs import token_logprobs
+from ..train.logprobs import Forward, LogprobOptions, LogprobOut, token_logprobs
 from ..train.microbatch import rank_groups, row_tokens
 from ..train.trainer import TrainBatch, Trainer
 
@@ -111,10 +111,9 @@ class ShardedTrainer(Trainer):
 
     # -- forward
 
-    def _token_logprobs(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor,  # type: ignore[override]
-                        num_response_tokens: int, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
-        return getattr(model, LOGPROBS_METHOD)(input_ids.to(self.device), attention_mask.to(self.device),
-                                               num_response_tokens, **kwargs)
+    def _token_logprobs(self, model: nn.Module, fwd: Forward,  # type: ignore[override]
+                        options: LogprobOptions) -> LogprobOut:
+        return getattr(model, LOGPROBS_METHOD)(fwd.to(self.device), options)
 
     def _groups(self, rows: Tensor, group_size: int, tokens: Tensor) -> tuple[Tensor, float]:
         """This rank's whole groups of ``rows``, balanced over the ranks by real ``tokens``

@@ -82,7 +82,8 @@ class RayTrainers:
         return trainer_state(self.cfg, self.model_path, self._all("checkpoint_state", what="the checkpoint gather")[0])
 
     def load_checkpoint(self, c: Checkpoint) -> None:
-        self._all("load_state", self.cluster.ray.put(read_full_state(c)), what=f"loading {c.path.name}")
+        state = read_full_state(self.cfg, self.model_path, c)
+        self._all("load_state", self.cluster.ray.put(state), what=f"loading {c.path.name}")
 
     def close(self) -> None:
         self.cluster.close()

@@ -8,7 +8,7 @@ import torch
 
 from rldsl.runtime.batch import RolloutBatch, model_inputs
 from rldsl.runtime.models import moe
-from rldsl.runtime.train.logprobs import token_logprobs
+from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
 
 
 def routed_logprobs(model, batch: RolloutBatch, replay: bool, **kw) -> tuple[torch.Tensor, dict[str, float]]:
@@ -17,8 +17,8 @@ def routed_logprobs(model, batch: RolloutBatch, replay: bool, **kw) -> tuple[tor
     ids, attn, _ = model_inputs(batch)
     stats = moe.RoutingStats()
     with torch.no_grad(), moe.routing(model, replay=replay, stats=stats):
-        lp, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1], routing=batch.routed_experts,
-                               group_size=batch.group_size, **kw)
+        lp = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], group_size=batch.group_size,
+                                           routing=batch.routed_experts), LogprobOptions(**kw)).logprobs
     return lp, stats.metrics()
 
 
@@ -26,7 +26,7 @@ def move(model, batch: RolloutBatch, lr: float = 1e-2) -> None:
     """One Adam step on the batch's logprobs: the routers move."""
     ids, attn, _ = model_inputs(batch)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    lp, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1])
+    lp = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1])).logprobs
     (-(lp * batch.response_mask).sum()).backward()
     opt.step()
     model.zero_grad()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from rldsl.runtime.batch import (RolloutBatch, group_rows, model_inputs, position_ids_from_mask,
+from rldsl.runtime.batch import (Episode, RolloutBatch, TokenRow, group_rows, model_inputs, position_ids_from_mask,
                                  repeat_each)
 
 PAD = 0
@@ -37,6 +37,41 @@ def test_concat_pads_prompts_left_and_responses_right() -> None:
     assert c.logprobs.tolist()[2] == [-1.0, 0.0, 0.0]
     assert c.completions == ["c0", "c1", "c0", "c1"] and c.group_size == 2
     assert RolloutBatch.concat([a], PAD) is a
+
+
+def test_from_rows_pads_every_per_token_field_of_its_rows() -> None:
+    """The one place rows become a batch: prompts left padded, responses (ids, loss mask, logprobs)
+    right padded, routing laid out from the prompt's first column; an engine's rows (no loss mask)
+    have no ``response_attention``, an episode's do."""
+    rec = torch.arange(3 * 1 * 2, dtype=torch.int16).view(3, 1, 2)  # [p + fed = 3, Y=1, K=2]
+    rows = [TokenRow([5, 6], [7, 8], [-0.5, -0.25], "stop", "p", "c0", routed_experts=rec),
+            TokenRow([9], [], [], "length", "q", "c1")]
+    b = RolloutBatch.from_rows(rows, 1, PAD)
+    assert b.prompt_ids.tolist() == [[5, 6], [PAD, 9]] and b.prompt_mask.tolist() == [[1, 1], [0, 1]]
+    assert b.response_ids.tolist() == [[7, 8], [PAD, PAD]] and b.response_mask.tolist() == [[1, 1], [0, 0]]
+    assert b.logprobs.tolist() == [[-0.5, -0.25], [0.0, 0.0]] and b.logprobs.dtype == torch.float32
+    assert b.finish_reason == ["stop", "length"] and b.prompts == ["p", "q"] and b.completions == ["c0", "c1"]
+    assert b.response_attention is None and b.episodes == [] and b.group_size == 1
+    assert b.routed_experts.shape == (2, 4, 1, 2) and b.routed_experts[0, :3].tolist() == rec.tolist()
+    assert (b.routed_experts[0, 3:] == -1).all() and (b.routed_experts[1] == -1).all()
+    assert RolloutBatch.from_rows(rows[1:], 1, PAD, width=3).response_ids.shape == (1, 3)  # an engine's columns
+
+    turns = [TokenRow([5], [7, 1, 8], [-0.5, 0.0, -1.0], "stop", "p", "c", mask=[1, 0, 1], episode=Episode([])),
+             TokenRow([5], [7], [-0.5], "length", "p", "d", mask=[1], episode=Episode([], 1.0))]
+    e = RolloutBatch.from_rows(turns, 2, PAD)
+    assert e.response_mask.tolist() == [[1, 0, 1], [1, 0, 0]] and e.attention.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert [x.env_reward for x in e.episodes] == [None, 1.0] and e.routed_experts is None
+
+
+def test_images_are_a_batch_field_kept_by_rows() -> None:
+    """Each row's image references travel with its row: made by from_rows, selected, concatenated
+    beside a batch without images (its rows: none); a batch without any has none."""
+    seen = RolloutBatch.from_rows([TokenRow([5], [7], [-0.5], "stop", "p", "c", images=["a.png", "b.png"]),
+                                   TokenRow([5], [8], [-0.5], "stop", "p", "d")], 2, PAD)
+    assert seen.images == [["a.png", "b.png"], []]
+    assert seen.select(torch.tensor([1, 0])).images == [[], ["a.png", "b.png"]]
+    assert RolloutBatch.concat([make(1, 1, P=1), seen], PAD).images == [[], [], ["a.png", "b.png"], []]
+    assert make(1, 1).images == [] and RolloutBatch.concat([make(1, 1), make(2, 1)], PAD).images == []
 
 
 def test_model_inputs_positions_count_real_tokens_only() -> None:

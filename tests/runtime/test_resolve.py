@@ -269,7 +269,8 @@ def test_a_prompt_longer_than_the_context_exits_2_before_the_model_loads(gpt2_64
     res = runner.invoke(app, ["run", "grpo", "--model", str(gpt2_64), "--data", str(data),
                               "--out", str(tmp_path / "run"), "--set", "log.progress=false"])
     assert res.exit_code == 2, res.output
-    assert "the longest prompt has 71 tokens" in res.output and "context of 64 positions" in res.output
+    assert f"a prompt of data.path={data} has 71 tokens" in res.output and "context of 64 positions" in res.output
+    assert "starts '1111" in res.output and "1 of 2 prompts do not fit" in res.output  # which prompt, how many
     assert no_model_load == [] and not (tmp_path / "run").exists()
 
 

@@ -412,6 +412,15 @@ def test_out_never_writes_over_a_folder_of_files(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "is a file, not a folder" in r.output
 
 
+def test_out_where_no_folder_can_be_made_is_exit_2() -> None:
+    """--out /proc/x: /proc takes no new folders though its permissions (and root) say it does; it
+    was a FileNotFoundError, exit 1."""
+    if not Path("/proc").is_dir():
+        pytest.skip("no /proc on this system")
+    r = CliRunner().invoke(app, ["translate", str(HERE / "trl_realistic.yaml"), "--out", "/proc/rldsl-t"])
+    assert r.exit_code == 2 and "--out /proc/rldsl-t: /proc is not writable" in r.output, r.output
+
+
 def test_a_file_that_is_not_utf8_or_nests_too_deep_is_exit_2(tmp_path: Path) -> None:
     latin = tmp_path / "latin.yaml"
     latin.write_bytes(b"learning_rate: 1e-6\n# caf\xe9\n")

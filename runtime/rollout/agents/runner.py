@@ -19,10 +19,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
-
 from ... import plugins
-from ...batch import AgentRow, Episode, RolloutBatch, routing_columns
+from ...batch import AgentRow, Episode, RolloutBatch, TokenRow
 from ...errors import ConfigError, EpisodeRefused
 from ...records.metrics import AGENT_CALLS, AGENT_ERRORS, AGENT_PREFIX_BREAKS, AGENT_ROWS_PER_EPISODE
 from ...rewards.values import reward_value
@@ -179,11 +177,10 @@ class AgentRunner:
         per_episode = [episode_rows(o.calls) for o in outcomes]
         K = max(1, max(len(r) for r in per_episode))
         pad = tokenizer.pad_token_id
-        # the batch's columns: each row, its episode, the prompt text the engine saw, its completion
-        rows_out: list[Row] = []
-        episodes: list[Episode] = []
-        prompts: list[str] = []
-        completions: list[str] = []
+        # a MoE policy's routing: each row's calls' records (a row without calls: -1); none when a
+        # call came back without one
+        recorded = all(r.routed_experts is not None for rows in per_episode for r in rows if r.calls)
+        out: list[TokenRow] = []
         for e, (o, rows) in enumerate(zip(outcomes, per_episode)):
             row_in = rows_in[e // G]
             opening = ([{"role": "system", "content": row_in["system"]}] if row_in.get("system") else []) + (
@@ -213,12 +210,14 @@ class AgentRunner:
                 text = tokenizer.decode(row.prompt_ids, skip_special_tokens=False)  # what the engine saw
                 messages = row_messages(tokenizer, o.calls, row, opening, self.chat_template_kwargs) \
                     if row.calls else opening
-                rows_out.append(row)
-                episodes.append(Episode(messages, rewards[k], error=error,
-                                        agent=AgentRow(k, made, k >= len(rows), breaks, calls)))
-                prompts.append(self.processor.prompt(text, row.images) if row.images else text)
-                completions.append(final)
-        return _rows_batch(tokenizer, rows_out, episodes, prompts, completions, G * K)
+                out.append(TokenRow(
+                    row.prompt_ids, row.response_ids, row.logprobs,
+                    row.finish_reason if row.response_ids and not error else "length",
+                    self.processor.prompt(text, row.images) if row.images else text, final, mask=row.mask,
+                    routed_experts=row.routed_experts if recorded and row.calls else None,
+                    episode=Episode(messages, rewards[k], error=error,
+                                    agent=AgentRow(k, made, k >= len(rows), breaks, calls)), images=row.images))
+        return RolloutBatch.from_rows(out, G * K, pad)
 
 
 def _checked_reward(value: Any, subject: str) -> float | dict[str, float]:
@@ -278,40 +277,6 @@ def row_messages(tokenizer: Any, calls: list[Call], row: Row, opening: list[dict
         messages.append({"role": "assistant", "content": c.text})
         end = len(c.prompt_ids) + len(c.completion_ids)
     return messages
-
-
-def _rows_batch(tokenizer: Any, rows: list[Row], episodes: list[Episode], prompts: list[str],
-                completions: list[str], group_size: int) -> RolloutBatch:
-    """The batch of ``rows``, each with its episode, the prompt text the engine saw and the
-    episode's final answer."""
-    pad = tokenizer.pad_token_id
-    B = len(rows)
-    Tp = max(len(r.prompt_ids) for r in rows)
-    Tr = max(1, max(len(r.response_ids) for r in rows))
-    p_ids = torch.full((B, Tp), pad, dtype=torch.long)  # [B, Tp]
-    p_mask = torch.zeros((B, Tp), dtype=torch.long)  # [B, Tp]
-    r_ids = torch.full((B, Tr), pad, dtype=torch.long)  # [B, Tr]
-    r_mask = torch.zeros((B, Tr), dtype=torch.long)  # [B, Tr]
-    r_attn = torch.zeros((B, Tr), dtype=torch.long)  # [B, Tr]
-    logprobs = torch.zeros((B, Tr), dtype=torch.float32)  # [B, Tr]
-    for i, row in enumerate(rows):
-        p = row.prompt_ids
-        p_ids[i, Tp - len(p):] = torch.tensor(p)
-        p_mask[i, Tp - len(p):] = 1
-        n = len(row.response_ids)
-        if n:
-            r_ids[i, :n] = torch.tensor(row.response_ids)
-            r_mask[i, :n] = torch.tensor(row.mask)
-            r_attn[i, :n] = 1
-            logprobs[i, :n] = torch.tensor(row.logprobs, dtype=torch.float32)
-    finish = [r.finish_reason if r.response_ids and not e.error else "length" for r, e in zip(rows, episodes)]
-    # a MoE policy's routing: each row's calls' records (a row without calls: -1); none when a
-    # call came back without one
-    recorded = all(r.routed_experts is not None for r in rows if r.calls)
-    routed = routing_columns([r.routed_experts if r.calls else None for r in rows],
-                             [len(r.prompt_ids) for r in rows], Tp, Tr) if recorded else None
-    return RolloutBatch(p_ids, p_mask, r_ids, r_mask, logprobs, finish, prompts, completions, group_size,
-                        response_attention=r_attn, episodes=episodes, routed_experts=routed)
 
 
 def _in_thread(fn: Callable, *args: Any) -> asyncio.Future:

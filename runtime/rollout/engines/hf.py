@@ -26,7 +26,7 @@ from typing import Any, Iterable
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from ...batch import RolloutBatch, position_ids_from_mask, repeat_each
+from ...batch import RolloutBatch, TokenRow, position_ids_from_mask, repeat_each
 from ...models import moe
 from ...models.loading import backbone, cache_keyword, plain_kv_cache, tensors_by_name
 from ...models.lora import load_adapter
@@ -138,18 +138,11 @@ class HFEngine:
         logprobs = logprobs.masked_fill(response_mask == 0, 0.0)  # [B, Tr]
 
         completions = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-        return RolloutBatch(
-            prompt_ids=prompt_ids.cpu(),
-            prompt_mask=prompt_mask.cpu(),
-            response_ids=response_ids.cpu(),
-            response_mask=response_mask.cpu(),
-            logprobs=logprobs.cpu(),
-            finish_reason=["stop" if f else "length" for f in finished.tolist()],
-            prompts=repeat_each(prompts, G),
-            completions=completions,
-            group_size=G,
-            routed_experts=None if trace is None else trace.result(prompt_ids.shape[1] + response_ids.shape[1]),
-        )
+        routed = None if trace is None else trace.result(prompt_ids.shape[1] + response_ids.shape[1])
+        return RolloutBatch.from_rows(
+            _rows(prompt_ids.cpu(), prompt_mask.cpu(), response_ids.cpu(), response_mask.cpu(), logprobs.cpu(),
+                  finished.tolist(), repeat_each(prompts, G), completions, routed),
+            G, self.pad_id, width=response_ids.shape[1])
 
     # ------------------------------------------------------------ the sampler
     def _cached_sampling_ok(self) -> bool:
@@ -312,6 +305,21 @@ class HFEngine:
                     f"the engine expects {tuple(target.shape)}"
                 )
             target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+
+
+def _rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
+          response_mask: torch.Tensor, logprobs: torch.Tensor, finished: list[bool], prompts: list[str],
+          completions: list[str], routed: torch.Tensor | None) -> list[TokenRow]:
+    """The :class:`TokenRow` of each of the B sampled rows: prompt ids / mask [B, Tp] (left padded),
+    response ids / mask / logprobs [B, Tr] (cut at the first stop), ``routed`` [B, Tp + Tr, Y, K]
+    (the trace's columns, None: not recorded). Each tensor becomes lists once, not a row at a time."""
+    Tp = prompt_ids.shape[1]
+    p_len, n_len = prompt_mask.sum(1).tolist(), response_mask.sum(1).tolist()  # [B] each
+    ids, resp, lps = prompt_ids.tolist(), response_ids.tolist(), logprobs.tolist()
+    return [TokenRow(ids[b][Tp - p:], resp[b][:n], lps[b][:n], "stop" if finished[b] else "length",
+                     prompts[b], completions[b], routed_experts=None if routed is None else routed[b, Tp - p:Tp + n],
+                     images=images_of(prompts[b]))
+            for b, (p, n) in enumerate(zip(p_len, n_len))]
 
 
 def _top_p(z: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
-from ...batch import Episode, RolloutBatch, first_records, routing_columns, sequence_routing
+from ...batch import Episode, RolloutBatch, TokenRow, first_records, sequence_routing
 from ...config import RunConfig
 from ...data.sources import system_prompt as source_system_prompt
 from ..engines.base import SamplingParams
@@ -172,42 +172,14 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
                 continue
             still.append(i)
         live = still
-    return _batch(tokenizer, prompt_ids, prompt_text, resp, mask, lps, finish, convs, finals, steps, G,
-                  routes if recorded else None, images, processor)
-
-
-def _batch(tokenizer: Any, prompt_ids: list[list[int]], prompt_text: list[str], resp: list[list[int]],
-           mask: list[list[int]], lps: list[list[float]], finish: list[str], convs: list[list[dict]],
-           finals: list[str], steps: list[list[list[float]]], G: int,
-           routes: "list[torch.Tensor | None] | None" = None, images: list[list[str]] | None = None,
-           processor: Any = None) -> RolloutBatch:
-    pad = tokenizer.pad_token_id
-    B = len(resp)
-    Tp = max(len(p) for p in prompt_ids)
-    Tr = max(1, max(len(r) for r in resp))
-    p_ids = torch.full((B, Tp), pad, dtype=torch.long)  # [B, Tp]
-    p_mask = torch.zeros((B, Tp), dtype=torch.long)  # [B, Tp]
-    r_ids = torch.full((B, Tr), pad, dtype=torch.long)  # [B, Tr]
-    r_mask = torch.zeros((B, Tr), dtype=torch.long)  # [B, Tr]
-    r_attn = torch.zeros((B, Tr), dtype=torch.long)  # [B, Tr]
-    logprobs = torch.zeros((B, Tr), dtype=torch.float32)  # [B, Tr]
-    for i in range(B):
-        p = prompt_ids[i // G]
-        p_ids[i, Tp - len(p):] = torch.tensor(p)
-        p_mask[i, Tp - len(p):] = 1
-        n = len(resp[i])
-        if n:
-            r_ids[i, :n] = torch.tensor(resp[i])
-            r_mask[i, :n] = torch.tensor(mask[i])
-            r_attn[i, :n] = 1
-            logprobs[i, :n] = torch.tensor(lps[i])
-    routed = None if routes is None else routing_columns(routes, [len(prompt_ids[i // G]) for i in range(B)], Tp, Tr)
-    return RolloutBatch(p_ids, p_mask, r_ids, r_mask, logprobs, finish,
-                        [processor.prompt(prompt_text[i // G], images[i]) if images and images[i]
-                         else prompt_text[i // G] for i in range(B)], finals, G,
-                        response_attention=r_attn, routed_experts=routed,
-                        episodes=[Episode(c, sum(r for _, r in st) if st else None, st)
-                                  for c, st in zip(convs, steps)])
+    # each episode's row (with a vision-language policy, its prompt carries every image its tokens hold)
+    return RolloutBatch.from_rows(
+        [TokenRow(prompt_ids[i // G], resp[i], lps[i], finish[i],
+                  processor.prompt(prompt_text[i // G], images[i]) if images[i] else prompt_text[i // G],
+                  finals[i], mask=mask[i], routed_experts=routes[i] if recorded else None,
+                  episode=Episode(convs[i], sum(r for _, r in steps[i]) if steps[i] else None, steps[i]),
+                  images=images[i])
+         for i in range(B)], G, tokenizer.pad_token_id)
 
 
 class EpisodeRunner:

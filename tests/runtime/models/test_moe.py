@@ -18,7 +18,7 @@ from rldsl.runtime.models import moe
 from rldsl.runtime.models.loading import folder_is_moe, load_tokenizer
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
-from rldsl.runtime.train.logprobs import token_logprobs
+from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
 from rldsl.runtime.train.microbatch import trim
 
 from moe_helpers import check_episode_routing, forced_logprobs, move, routed_logprobs
@@ -254,6 +254,35 @@ def test_checkpoint_weights_load_back_into_a_moe_model(moe_model, arch, tmp_path
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_ranks_resume_state_holds_a_full_weight_moe_checkpoint_under_the_fused_names(moe_model, tmp_path):
+    """What the FSDP ranks load on resume (``read_full_state``) from a full-weight MoE checkpoint
+    (its experts saved one tensor per expert): the model's own fused names, the saved weights
+    exactly, the critic's too (the policy's were the checkpoint's per-expert keys, which the ranks'
+    modules refused)."""
+    from safetensors.torch import load_file
+
+    from rldsl.runtime.records.checkpoint import load_checkpoint, save_checkpoint
+    from rldsl.runtime.train.value_model import ValueModel
+    from rldsl.runtime.workers.full_state import read_full_state
+    folder = moe_model("qwen3_moe")
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    critic = ValueModel(model)  # the critic of a value-baseline spec: the MoE body, fused
+    with torch.no_grad():
+        critic.head.weight.fill_(0.5)
+    save_checkpoint(tmp_path / "run", 1, policy=model, tokenizer=load_tokenizer(folder),
+                    optimizer=torch.optim.AdamW(model.parameters()), scheduler=None, critic=critic)
+    c = load_checkpoint(tmp_path / "run")
+    assert any(".experts.0." in k for k in load_file(str(c.policy_path / "model.safetensors")))
+    state = read_full_state(_moe_config(folder, tmp_path / "out"), str(folder), c)
+    own = model.state_dict()
+    assert state["policy"].keys() == own.keys() and all(torch.equal(state["policy"][k], own[k]) for k in own)
+    own = critic.state_dict()
+    assert state["critic"].keys() == own.keys() and all(torch.equal(state["critic"][k], own[k]) for k in own)
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A local Ray cluster for the two-rank case (as tests/runtime/workers/test_ray.py's)."""
@@ -292,6 +321,32 @@ def test_two_fsdp_trainer_ranks_with_replay_equal_one_process(ray_cluster, moe_m
 
 
 @pytest.mark.slow
+def test_full_weight_moe_on_two_fsdp_ranks_resumes_exactly(ray_cluster, moe_model, tmp_path):
+    """A full-weight MoE run on 2 FSDP2 trainer ranks stopped after step 1 and resumed there ends
+    with the uninterrupted run's weights and metrics. Its checkpoint holds the experts one tensor
+    per expert (the released layout) where the ranks' modules hold them fused: the resume reads it
+    through the loader the one-process resume uses (it failed on the per-expert keys)."""
+    from safetensors.torch import load_file
+
+    from rldsl.runtime.records import checkpoint as ckpt
+    from rldsl.runtime.records.metrics import TIMED
+    from rldsl.runtime.run import loop
+    folder = moe_model("qwen3_moe")
+    over = {"train.steps": 2, "checkpoint.every": 1, "rollout.max_staleness": 0, "distributed.trainers": 2,
+            "distributed.sync_timeout": 120, "distributed.collective_timeout": 120}
+    full = loop.train("grpo", _moe_config(folder, tmp_path / "full", **over))
+    cut = loop.train("grpo", _moe_config(folder, tmp_path / "cut", **over), stop_after=1)
+    assert ckpt.latest_checkpoint(cut).name == "step-1"
+    saved = load_file(str(cut / "checkpoints" / "step-1" / "policy" / "model.safetensors"))
+    assert any(".experts.0." in k for k in saved)  # the released layout, one tensor per expert
+    loop.train(None, resume=cut)
+    a, b = (load_file(str(r / "checkpoints" / "step-2" / "policy" / "model.safetensors")) for r in (full, cut))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith(TIMED)} for r in rs]  # noqa: E731
+    assert [r["step"] for r in _steps(cut)] == [1, 2] and strip(_steps(full)) == strip(_steps(cut))
+
+
+@pytest.mark.slow
 def test_ray_rollout_worker_routing_is_replayed(ray_cluster, moe_model, tmp_path):
     """A rollout worker on a Ray actor (its own HF engine) records the routing; it comes back with
     the rollout and the trainer replays it: the replayed forward's mismatch is 0 while the router
@@ -315,7 +370,8 @@ def test_router_aux_is_the_load_balancing_loss(moe_model, arch):
     ids = torch.randint(0, 200, (1, 12))
     attn = torch.ones_like(ids)
     with moe.routing(model, replay=False, stats=None, aux=True):
-        lp, _, aux = token_logprobs(model, ids, attn, 11, with_router_aux=True)
+        out = token_logprobs(model, Forward(ids, attn, 11), LogprobOptions(router_aux=True))
+        lp, aux = out.logprobs, out.router_aux
     out = model(ids, output_router_logits=True)
     E, K = model.config.num_local_experts, model.config.num_experts_per_tok
     # the padded forward feeds ids[:, :-1]: the reference sees those tokens

@@ -141,7 +141,7 @@ def test_hf_engine_rollout_and_trainer_logprobs_agree(policy, tmp_path):
     from rldsl.runtime.models.vision import VisionPrompt
     from rldsl.runtime.rollout.engines.base import SamplingParams
     from rldsl.runtime.rollout.engines.hf import HFEngine
-    from rldsl.runtime.train.logprobs import token_logprobs
+    from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
     from rldsl.runtime.train.throughput import TokenCount
     from rldsl.runtime.train.vision_rows import vision_inputs
     model, processor = policy
@@ -157,16 +157,16 @@ def test_hf_engine_rollout_and_trainer_logprobs_agree(policy, tmp_path):
     assert (batch.prompt_ids[0] == image_id).sum() == 4 and (batch.prompt_ids[2] == image_id).sum() == 8 + 4
     assert (batch.prompt_ids[4] == image_id).sum() == 0
     ids, attn, _ = model_inputs(batch)
-    vision = vision_inputs(model, batch.prompts, ids, attn)
+    vision = vision_inputs(model, batch.images, ids, attn)
     assert vision["pixel_values"].shape[0] == 2 * (16 + 32 + 16)  # each row's own images, G=2 rows each
     with torch.no_grad():
-        lp, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1], vision=vision)
-        wrong, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1])  # text positions, no pixels
+        lp = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], vision=vision)).logprobs
+        wrong = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1])).logprobs  # text positions, no pixels
         count = TokenCount()
-        packed, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1], vision=vision, packing=True,
-                                   count=count)
-        rows2, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1], vision=vision, packing=True,
-                                  packing_row_tokens=int(attn.sum(1).max()) + 1)  # several packed rows
+        packed = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], vision=vision),
+                                LogprobOptions(packing=True, count=count)).logprobs
+        rows2 = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], vision=vision),
+                               LogprobOptions(packing=True, packing_row_tokens=int(attn.sum(1).max()) + 1)).logprobs  # several packed rows
     m = batch.response_mask.bool()
     assert (lp[m] - batch.logprobs[m]).abs().max() < 1e-5
     assert (packed[m] - lp[m]).abs().max() < 1e-6 and (rows2[m] - lp[m]).abs().max() < 1e-6  # packed == padded
@@ -191,8 +191,7 @@ def test_trainer_packed_rows_are_no_longer_than_the_longest_sequence_by_default(
     """``train.packing_row_tokens`` null packs rows of at most the longest sequence, as for text: it
     put every sequence of the forward in one row (the shapes demo: 128 rows, one row of ~5800
     tokens, its attention ~10x slower than the padded forward) -- and packed == padded still."""
-    from rldsl.runtime.models.vision import VisionPrompt
-    from rldsl.runtime.train.logprobs import token_logprobs
+    from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
     from rldsl.runtime.train.vision_rows import vision_inputs
     model, processor = policy
     path = fixture.images(tmp_path, 1)[0]
@@ -207,18 +206,18 @@ def test_trainer_packed_rows_are_no_longer_than_the_longest_sequence_by_default(
     for b, n in enumerate([4, 3, 2, 1]):  # real response tokens, right padded
         attn[b, prompt.shape[1] + n:] = 0
         ids[b, prompt.shape[1] + n:] = tok.pad_token_id
-    vision = vision_inputs(model, [VisionPrompt(text, [str(path)])] * 4, ids, attn, Tr)
+    vision = vision_inputs(model, [[str(path)]] * 4, ids, attn, Tr)
     rows: list[int] = []
     hook = model.model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[1]),
                                                  with_kwargs=True)
     try:
         with torch.no_grad():
-            packed, _ = token_logprobs(model, ids, attn, Tr, vision=vision, packing=True)
+            packed = token_logprobs(model, Forward(ids, attn, Tr, vision=vision), LogprobOptions(packing=True)).logprobs
     finally:
         hook.remove()
     longest = int(attn.sum(1).max())  # the longest sequence
     assert len(rows) > 1 and max(rows) <= longest, rows
     with torch.no_grad():
-        padded, _ = token_logprobs(model, ids, attn, Tr, vision=vision)
+        padded = token_logprobs(model, Forward(ids, attn, Tr, vision=vision)).logprobs
     real = attn[:, -Tr:].bool()
     assert (packed[real] - padded[real]).abs().max() < 1e-6

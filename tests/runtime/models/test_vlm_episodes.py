@@ -18,7 +18,7 @@ from rldsl.runtime.data.images import images_of
 from rldsl.runtime.models.loading import load_policy
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
-from rldsl.runtime.train.logprobs import token_logprobs
+from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
 from rldsl.runtime.train.vision_rows import vision_inputs
 
 
@@ -49,10 +49,11 @@ def data_url(i: int, size=(56, 56)) -> str:
 def recomputed(model, batch, packing: bool = False) -> torch.Tensor:
     """The trainer's logprobs of the batch's rows [B, Tr] (train/passes.py's inputs)."""
     ids, attn, _ = model_inputs(batch)
-    vision = vision_inputs(model, batch.prompts, ids, attn)
+    vision = vision_inputs(model, batch.images, ids, attn)
     assert vision is not None
     with torch.no_grad():
-        lp, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1], vision=vision, packing=packing)
+        lp = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], vision=vision),
+                            LogprobOptions(packing=packing)).logprobs
     return lp
 
 

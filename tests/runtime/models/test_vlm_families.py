@@ -15,7 +15,7 @@ from rldsl.runtime.models.loading import is_vision_folder, load_policy, load_tok
 from rldsl.runtime.models.vision import VisionPrompt, load_processor
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
-from rldsl.runtime.train.logprobs import token_logprobs
+from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
 from rldsl.runtime.train.throughput import TokenCount
 from rldsl.runtime.train.vision_rows import vision_inputs
 
@@ -55,15 +55,16 @@ def test_family_generates_and_its_rows_are_exact(vlm_family_model, family, tmp_p
     image_id = processor.image_token_id
     assert [int((batch.prompt_ids[i] == image_id).sum()) for i in range(0, 6, 2)] == [4, 8 + 9, 0]
     ids, attn, _ = model_inputs(batch)
-    vision = vision_inputs(model, batch.prompts, ids, attn)
+    vision = vision_inputs(model, batch.images, ids, attn)
     Tr = batch.response_ids.shape[1]
     with torch.no_grad():
-        padded, _ = token_logprobs(model, ids, attn, Tr, vision=vision)
+        padded = token_logprobs(model, Forward(ids, attn, Tr, vision=vision)).logprobs
         count = TokenCount()
-        packed, _ = token_logprobs(model, ids, attn, Tr, vision=vision, packing=True, count=count)
-        rows2, _ = token_logprobs(model, ids, attn, Tr, vision=vision, packing=True,
-                                 packing_row_tokens=int(attn.sum(1).max()) + 1)  # several packed rows
-        blind, _ = token_logprobs(model, ids, attn, Tr)  # text positions, no pixels
+        packed = token_logprobs(model, Forward(ids, attn, Tr, vision=vision),
+                                LogprobOptions(packing=True, count=count)).logprobs
+        rows2 = token_logprobs(model, Forward(ids, attn, Tr, vision=vision),
+                               LogprobOptions(packing=True, packing_row_tokens=int(attn.sum(1).max()) + 1)).logprobs  # several packed rows
+        blind = token_logprobs(model, Forward(ids, attn, Tr)).logprobs  # text positions, no pixels
     m = batch.response_mask.bool()
     assert (padded[m] - batch.logprobs[m]).abs().max() < 1e-5, (padded[m] - batch.logprobs[m]).abs().max()
     assert (packed[m] - padded[m]).abs().max() < 1e-6 and (rows2[m] - padded[m]).abs().max() < 1e-6

@@ -8,10 +8,9 @@ from __future__ import annotations
 import torch
 
 import vlm_model as fixture
-from rldsl.runtime.models.vision import VisionPrompt
 from rldsl.runtime.models.loading import load_policy
 from rldsl.runtime.models.vision import load_processor
-from rldsl.runtime.train.logprobs import token_logprobs
+from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
 from rldsl.runtime.train.vision_rows import vision_inputs
 
 
@@ -35,13 +34,12 @@ def test_a_sampled_image_placeholder_is_a_text_token_to_the_trainer(vlm_model, t
     ids = torch.cat([out.sequences, torch.cat([enc["input_ids"], torch.tensor([forced[:2] + [tok.pad_token_id] * 2])], 1)])
     attn = torch.ones_like(ids)
     attn[1, -2:] = 0
-    prompts = [VisionPrompt(text, [str(path)])] * 2
-    vision = vision_inputs(model, prompts, ids, attn, Tr)
+    vision = vision_inputs(model, [[str(path)]] * 2, ids, attn, Tr)
     assert vision["mm_token_type_ids"][:, -Tr:].sum() == 0  # the prompt's 4 image tokens only
     assert vision["mm_token_type_ids"].sum(1).tolist() == [4, 4]
     with torch.no_grad():
-        padded, _ = token_logprobs(model, ids, attn, Tr, vision=vision)
-        packed, _ = token_logprobs(model, ids, attn, Tr, vision=vision, packing=True)
+        padded = token_logprobs(model, Forward(ids, attn, Tr, vision=vision)).logprobs
+        packed = token_logprobs(model, Forward(ids, attn, Tr, vision=vision), LogprobOptions(packing=True)).logprobs
     assert (padded[0] - engine).abs().max() < 1e-5
     assert (padded[1, :2] - engine[:2]).abs().max() < 1e-5
     assert (packed[attn[:, -Tr:].bool()] - padded[attn[:, -Tr:].bool()]).abs().max() < 1e-6

@@ -168,6 +168,16 @@ def test_out_naming_a_file_or_a_folder_that_cannot_be_written_is_refused(model_d
         folder.open_run("lite_ppo", small_run(model_dir, locked / "run"))
 
 
+def test_out_in_a_folder_that_takes_no_new_folders_is_refused_as_root_too(model_dir):
+    """os.access says a folder is writable to root, and /proc's permissions say so to anyone, yet
+    no folder can be made there: --out /proc/x passed the check and failed as a FileNotFoundError
+    (exit 1); the check now makes (and removes) a folder there to find out."""
+    if not Path("/proc").is_dir():
+        pytest.skip("no /proc on this system")
+    with pytest.raises(RunError, match="--out /proc/rldsl-run: /proc is not writable"):
+        folder.open_run("lite_ppo", small_run(model_dir, Path("/proc/rldsl-run")))
+
+
 def test_dataset_rows_without_fields(model_dir, tmp_path):
     data = tmp_path / "bad.jsonl"
     data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n")

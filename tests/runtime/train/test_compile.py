@@ -10,7 +10,7 @@ import torch
 import rldsl
 from rldsl.runtime.config import RunConfig
 from rldsl.runtime.models.loading import backbone
-from rldsl.runtime.train.logprobs import token_logprobs
+from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
 from rldsl.runtime.train.trainer import Trainer
 
 ALGOS = Path(__file__).parents[3] / "algorithms"
@@ -33,9 +33,10 @@ def test_compiled_body_logprobs_within_1e4_of_eager(tiny_model, tokenizer) -> No
     m = resp_mask.bool()
     for packing in (False, True):
         with torch.no_grad():
-            eager = token_logprobs(tiny_model, ids, mask, 6, packing=packing)
-            compiled = token_logprobs(tiny_model, ids, mask, 6, packing=packing, body=t._compiled_body)
-        for a, b in zip(eager, compiled):
+            eager = token_logprobs(tiny_model, Forward(ids, mask, 6), LogprobOptions(packing=packing))
+            compiled = token_logprobs(tiny_model, Forward(ids, mask, 6),
+                                      LogprobOptions(packing=packing, body=t._compiled_body))
+        for a, b in ((eager.logprobs, compiled.logprobs), (eager.entropy, compiled.entropy)):
             torch.testing.assert_close(b[m], a[m], atol=1e-4, rtol=0)
 
 

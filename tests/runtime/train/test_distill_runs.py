@@ -129,7 +129,7 @@ def test_the_updates_divergence_is_the_jsd_of_the_full_logits(model_dir, teacher
                                                                                       max_new_tokens=6, seed=0))
     batch = trainer.estimate(rollout, torch.zeros(4))
     rows, Tr = torch.arange(4), rollout.response_ids.shape[1]
-    _, _, hidden = trainer._logprobs(student, rollout, grad=True, entropy=False, hidden=True)
+    hidden = trainer._logprobs(student, rollout, grad=True, entropy=False, hidden=True).hidden
     d = trainer._divergence(hidden, batch, rows, Tr)
     ids, attn, _ = model_inputs(rollout)
     pos = position_ids_from_mask(attn)

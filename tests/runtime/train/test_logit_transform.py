@@ -16,7 +16,7 @@ from torch import nn
 
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.batch import position_ids_from_mask
-from rldsl.runtime.train.logprobs import LogitTransform, _ChunkedHead, token_logprobs
+from rldsl.runtime.train.logprobs import _ChunkedHead, Forward, LogitTransform, LogprobOptions, token_logprobs
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from tiny_archs import ARCHS, SCALED, build
 
@@ -71,7 +71,8 @@ def test_logprobs_and_entropy_equal_the_models_logits_at_temperature(arch, T, mo
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     model.zero_grad()
-    logp, ent = token_logprobs(model, ids, mask, Tr, temperature=T, entropy_grad=True, chunk_size=5)
+    out = token_logprobs(model, Forward(ids, mask, Tr), LogprobOptions(temperature=T, entropy_grad=True, chunk_size=5))
+    logp, ent = out.logprobs, out.entropy
     ((logp + 0.3 * ent) * weights).sum().backward()
 
     torch.testing.assert_close(logp * m, ref_logp.detach() * m, atol=1e-5, rtol=0)
@@ -81,7 +82,7 @@ def test_logprobs_and_entropy_equal_the_models_logits_at_temperature(arch, T, mo
         err = (params[name].grad - g).abs().max().item()
         assert err <= 1e-5 * max(1.0, g.abs().max().item()), (name, err)
     if T != 1.0:  # the temperature changes the values: a forgotten 1/T would fail above
-        assert (logp - token_logprobs(model, ids, mask, Tr)[0]).mul(m).abs().max() > 1e-3
+        assert (logp - token_logprobs(model, Forward(ids, mask, Tr)).logprobs).mul(m).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3", "cohere", "granite"])
@@ -94,7 +95,7 @@ def test_the_transform_matters_for_these_models(arch, models, tokenizer):
                                 position_ids=position_ids_from_mask(mask)[:, :-1]).last_hidden_state
         plain = torch.log_softmax(model.get_output_embeddings()(h[:, -Tr:]).float(), -1)
         plain = plain.gather(-1, ids[:, -Tr:, None])[..., 0]
-        logp, _ = token_logprobs(model, ids, mask, Tr)
+        logp = token_logprobs(model, Forward(ids, mask, Tr)).logprobs
     assert ((logp - plain) * m).abs().max() > 1e-2
 
 
@@ -107,8 +108,8 @@ def test_equal_to_the_engines_logprobs_at_its_temperature(arch, T, models, token
     ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)
     mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1)
     with torch.no_grad():
-        logp, _ = token_logprobs(model, ids, mask, batch.response_ids.shape[1], temperature=T,
-                                 group_size=3)
+        logp = token_logprobs(model, Forward(ids, mask, batch.response_ids.shape[1], group_size=3),
+                              LogprobOptions(temperature=T)).logprobs
     m = batch.response_mask.float()
     torch.testing.assert_close(logp * m, batch.logprobs, atol=1e-5, rtol=0)
 
@@ -154,7 +155,8 @@ def _two_token(z1: float) -> tuple[float, float]:
 def test_hand_computed_logprob_and_entropy(config, z1, T):
     model = _TwoTokenModel(math.log(3), **config)
     ids = torch.tensor([[1, 1, 0, 1]])  # predicts tokens 1, 0, 1 (the first is the "prompt")
-    logp, ent = token_logprobs(model, ids, torch.ones_like(ids), 3, temperature=T)
+    out = token_logprobs(model, Forward(ids, torch.ones_like(ids), 3), LogprobOptions(temperature=T))
+    logp, ent = out.logprobs, out.entropy
     lp1, h = _two_token(z1 / T)
     lp0 = lp1 - z1 / T  # log p(0) = log p(1) - z1 / T
     assert logp[0].tolist() == pytest.approx([lp1, lp0, lp1], abs=1e-6)
@@ -163,8 +165,9 @@ def test_hand_computed_logprob_and_entropy(config, z1, T):
 
 def test_hand_numbers_at_half_temperature():
     """softmax([0, ln 3] / 0.5) = [1/10, 9/10]: logprob ln 0.9, entropy 0.3251 nats."""
-    logp, ent = token_logprobs(_TwoTokenModel(math.log(3)), torch.tensor([[1, 1]]),
-                               torch.ones(1, 2, dtype=torch.long), 1, temperature=0.5)
+    out = token_logprobs(_TwoTokenModel(math.log(3)), Forward(torch.tensor([[1, 1]]), torch.ones(1, 2, dtype=torch.long), 1),
+                         LogprobOptions(temperature=0.5))
+    logp, ent = out.logprobs, out.entropy
     assert logp.item() == pytest.approx(math.log(0.9), abs=1e-6)
     assert ent.item() == pytest.approx(-(0.1 * math.log(0.1) + 0.9 * math.log(0.9)), abs=1e-6)
 
@@ -202,7 +205,7 @@ def test_chunked_head_gradients_through_the_transform(tf, entropy_grad):
 @pytest.mark.parametrize("arch", ARCHS + SCALED)
 @pytest.mark.parametrize("T", (0.7, 1.3))
 def test_sum_pi_squared_equals_the_models_softmax_at_temperature(arch, T, models, tokenizer):
-    """with_sum_pi_squared: sum_v softmax(logits / T)_v^2 of the model's own logits (its soft cap
+    """sum_pi_squared: sum_v softmax(logits / T)_v^2 of the model's own logits (its soft cap
     and logit scale included), chunked, group-shared or not; logprobs and entropy unchanged."""
     model = models(arch)
     ids, mask, Tr, m = _batch(tokenizer)
@@ -210,9 +213,11 @@ def test_sum_pi_squared_equals_the_models_softmax_at_temperature(arch, T, models
         logits = model(input_ids=ids, attention_mask=mask,
                        position_ids=position_ids_from_mask(mask)).logits.float()[:, -Tr - 1:-1]
         want = torch.softmax(logits / T, dim=-1).square().sum(-1)  # [B, Tr]
-        logp, ent, spp = token_logprobs(model, ids, mask, Tr, temperature=T, chunk_size=5,
-                                        with_sum_pi_squared=True)
-        logp2, ent2 = token_logprobs(model, ids, mask, Tr, temperature=T, chunk_size=5)
+        out = token_logprobs(model, Forward(ids, mask, Tr),
+                             LogprobOptions(temperature=T, chunk_size=5, sum_pi_squared=True))
+        logp, ent, spp = out.logprobs, out.entropy, out.sum_pi_squared
+        out = token_logprobs(model, Forward(ids, mask, Tr), LogprobOptions(temperature=T, chunk_size=5))
+        logp2, ent2 = out.logprobs, out.entropy
     assert not spp.requires_grad and spp.shape == m.shape
     torch.testing.assert_close(spp * m, want * m, atol=1e-6, rtol=1e-5)
     assert bool(((spp > 0) & (spp <= 1 + 1e-6)).all())
@@ -223,11 +228,11 @@ def test_sum_pi_squared_equals_the_models_softmax_at_temperature(arch, T, models
 def test_bad_temperature(T, tiny_model):
     ids = torch.ones(1, 3, dtype=torch.long)
     with pytest.raises(ValueError, match="temperature must be a positive finite number"):
-        token_logprobs(tiny_model, ids, torch.ones_like(ids), 1, temperature=T)
+        token_logprobs(tiny_model, Forward(ids, torch.ones_like(ids), 1), LogprobOptions(temperature=T))
 
 
 def test_a_transform_it_cannot_apply_is_refused(tiny_model):
     tiny_model.config.final_logit_softcapping = -3.0
     ids = torch.ones(1, 3, dtype=torch.long)
     with pytest.raises(NotImplementedError, match="final_logit_softcapping=-3.0"):
-        token_logprobs(tiny_model, ids, torch.ones_like(ids), 1)
+        token_logprobs(tiny_model, Forward(ids, torch.ones_like(ids), 1))

@@ -9,7 +9,7 @@ import torch
 from rldsl.runtime.batch import position_ids_from_mask
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
-from rldsl.runtime.train.logprobs import selective_log_softmax, token_logprobs, token_topk
+from rldsl.runtime.train.logprobs import Forward, LogprobOptions, selective_log_softmax, token_logprobs, token_topk
 
 
 PROMPTS = ["1+2=", "33+44=", "(5)*6-7=", "9="]
@@ -65,7 +65,8 @@ def test_values_and_gradients_match_full_logits(tiny_model, tokenizer, chunk_siz
     ref_grads = {n: p.grad.clone() for n, p in tiny_model.named_parameters()}
 
     tiny_model.zero_grad()
-    logp, ent = token_logprobs(tiny_model, input_ids, mask, Tr, chunk_size=chunk_size)
+    out = token_logprobs(tiny_model, Forward(input_ids, mask, Tr), LogprobOptions(chunk_size=chunk_size))
+    logp, ent = out.logprobs, out.entropy
     assert logp.shape == ent.shape == (len(batch), Tr) and logp.dtype == torch.float32
     assert logp.requires_grad and not ent.requires_grad
     (logp * weights).sum().backward()
@@ -85,7 +86,8 @@ def test_entropy_gradient_when_asked(tiny_model, tokenizer) -> None:
     (ref_ent * m).sum().backward()
     ref = tiny_model.lm_head.weight.grad.clone()
     tiny_model.zero_grad()
-    _, ent = token_logprobs(tiny_model, input_ids, mask, Tr, entropy_grad=True, chunk_size=3)
+    ent = token_logprobs(tiny_model, Forward(input_ids, mask, Tr),
+                         LogprobOptions(entropy_grad=True, chunk_size=3)).entropy
     (ent * m).sum().backward()
     torch.testing.assert_close(tiny_model.lm_head.weight.grad, ref, atol=1e-5, rtol=1e-4)
 
@@ -111,7 +113,9 @@ def test_gathered_top_k_logprobs_and_their_gradients_match_full_logits(tiny_mode
     ref_grads = {n: p.grad.clone() for n, p in tiny_model.named_parameters()}
 
     tiny_model.zero_grad()
-    logp, _, got = token_logprobs(tiny_model, input_ids, mask, Tr, chunk_size=chunk_size, gather_ids=ids)
+    out = token_logprobs(tiny_model, Forward(input_ids, mask, Tr, gather_ids=ids),
+                         LogprobOptions(chunk_size=chunk_size))
+    logp, got = out.logprobs, out.gathered
     assert got.shape == ids.shape and got.requires_grad
     ((logp * w).sum() + (got * w_ids).sum()).backward()
     torch.testing.assert_close(got, ref_ids.detach(), atol=1e-5, rtol=0)
@@ -131,7 +135,8 @@ def test_left_padding_does_not_change_values(tiny_model, tokenizer, unpadded_log
     """Each padded row equals the same row computed alone without any padding."""
     batch, input_ids, mask = _sampled(tiny_model, tokenizer, seed=2)
     with torch.no_grad():
-        logp, _ = token_logprobs(tiny_model, input_ids, mask, batch.response_ids.shape[1], with_entropy=False)
+        logp = token_logprobs(tiny_model, Forward(input_ids, mask, batch.response_ids.shape[1]),
+                              LogprobOptions(entropy=False)).logprobs
         refs = unpadded_logits(tiny_model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
     assert not logp.requires_grad
     for b, logits in enumerate(refs):
@@ -147,7 +152,7 @@ def test_matches_engine_logprobs_at_temperature_one(tiny_model, tokenizer) -> No
     input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)
     mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1)
     with torch.no_grad():
-        logp, _ = token_logprobs(tiny_model, input_ids, mask, batch.response_ids.shape[1])
+        logp = token_logprobs(tiny_model, Forward(input_ids, mask, batch.response_ids.shape[1])).logprobs
     m = batch.response_mask.float()
     torch.testing.assert_close(logp * m, batch.logprobs, atol=1e-5, rtol=0)
 
@@ -175,15 +180,16 @@ def test_never_saves_full_logits_for_backward(tiny_model) -> None:
         return total
 
     assert saved_vocab_numel(lambda: _reference(model, input_ids, mask, Tr)) >= B * Tr * V
-    assert saved_vocab_numel(lambda: token_logprobs(model, input_ids, mask, Tr, chunk_size=16)) == 0
+    assert saved_vocab_numel(lambda: token_logprobs(model, Forward(input_ids, mask, Tr),
+                                                    LogprobOptions(chunk_size=16))) == 0
 
 
 def test_bad_arguments(tiny_model) -> None:
     ids = torch.ones(2, 5, dtype=torch.long)
     with pytest.raises(ValueError, match="num_response_tokens"):
-        token_logprobs(tiny_model, ids, torch.ones_like(ids), 5)
+        token_logprobs(tiny_model, Forward(ids, torch.ones_like(ids), 5))
     with pytest.raises(ValueError, match="attention_mask"):
-        token_logprobs(tiny_model, ids, torch.ones(2, 4, dtype=torch.long), 2)
+        token_logprobs(tiny_model, Forward(ids, torch.ones(2, 4, dtype=torch.long), 2))
 
 
 def test_absolute_positions_model_left_padded(tokenizer, unpadded_logits) -> None:
@@ -197,7 +203,7 @@ def test_absolute_positions_model_left_padded(tokenizer, unpadded_logits) -> Non
     model = GPT2LMHeadModel(config).eval()
     batch, input_ids, mask = _sampled(model, tokenizer, seed=5)
     with torch.no_grad():
-        logp, _ = token_logprobs(model, input_ids, mask, batch.response_ids.shape[1])
+        logp = token_logprobs(model, Forward(input_ids, mask, batch.response_ids.shape[1])).logprobs
         refs = unpadded_logits(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
     for b, logits in enumerate(refs):
         L = logits.shape[0]

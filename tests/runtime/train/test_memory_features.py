@@ -99,17 +99,17 @@ def test_gradient_checkpointing_forwards_ask_for_no_cache(tiny_model, tokenizer)
     forward (which runs through a cache) is not tried, so transformers never turns a cache off
     with its "Caching is incompatible with gradient checkpointing" warning; same logprobs."""
     from rldsl.runtime.models.loading import backbone
-    from rldsl.runtime.train.logprobs import token_logprobs
+    from rldsl.runtime.train.logprobs import Forward, token_logprobs
     batch = HFEngine(tiny_model, tokenizer).generate(["1+2=", "33+44="], SamplingParams(n=4, temperature=1.5,
                                                                                         max_new_tokens=6, seed=0))
     ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
     mask = torch.cat([batch.prompt_mask, batch.response_mask], 1)
     Tr = batch.response_ids.shape[1]
     model = copy.deepcopy(tiny_model).train()
-    want, _ = token_logprobs(model, ids, mask, Tr, group_size=4)
+    want = token_logprobs(model, Forward(ids, mask, Tr, group_size=4)).logprobs
     enable_gradient_checkpointing(model)
     asked = []
     backbone(model).register_forward_pre_hook(lambda m, a, kw: asked.append(kw.get("use_cache")), with_kwargs=True)
-    got, _ = token_logprobs(model, ids, mask, Tr, group_size=4)
+    got = token_logprobs(model, Forward(ids, mask, Tr, group_size=4)).logprobs
     assert asked and not any(asked), asked
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)

@@ -12,7 +12,7 @@ import rldsl
 from rldsl.runtime.config import RunConfig
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
-from rldsl.runtime.train.logprobs import token_logprobs
+from rldsl.runtime.train.logprobs import Forward, token_logprobs
 from rldsl.runtime.batch import model_inputs
 from rldsl.runtime.train.microbatch import pack, plan, rank_groups, row_tokens, trim
 from rldsl.runtime.train.trainer import Trainer
@@ -65,8 +65,8 @@ def test_trim_drops_only_padding(tiny_model, tokenizer) -> None:
     assert small.prompt_ids.shape[1] < batch.prompt_ids.shape[1]
     Tr = batch.response_ids.shape[1]
     with torch.no_grad():
-        full, _ = token_logprobs(tiny_model, *model_inputs(batch)[:2], Tr)
-        part, _ = token_logprobs(tiny_model, *model_inputs(small)[:2], tr)
+        full = token_logprobs(tiny_model, Forward(*model_inputs(batch)[:2], Tr)).logprobs
+        part = token_logprobs(tiny_model, Forward(*model_inputs(small)[:2], tr)).logprobs
     m = batch.response_mask[:, :tr].bool()
     torch.testing.assert_close(part[m], full[:, :tr][m], atol=1e-5, rtol=0)
 

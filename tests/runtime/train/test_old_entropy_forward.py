@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import rldsl
-from rldsl.runtime.train.logprobs import token_logprobs
+from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
 from rldsl.runtime.train.microbatch import row_tokens
 from rldsl.runtime.train.trainer import Trainer
 
@@ -44,7 +44,7 @@ def test_old_ent_is_the_old_policys_entropy(rollout, monkeypatch, packing, micro
     attn = torch.cat([batch.prompt_mask, batch.response_mask], 1)
     Tr = batch.response_ids.shape[1]
     with torch.no_grad():  # the direct computation: the policy before any update, padded, whole batch
-        _, direct = token_logprobs(model, ids, attn, Tr, with_entropy=True)
+        direct = token_logprobs(model, Forward(ids, attn, Tr), LogprobOptions(entropy=True)).entropy
     budget = None if micro == 1 else int(row_tokens(batch).sum()) // 2 + 1
     # two epochs: the old policy is not the current one after the first step, so the old forward runs
     trainer, seen = _spied_trainer(model, batch, monkeypatch, ppo_epochs=2, packing=packing,

@@ -18,14 +18,14 @@ SPEC = """algorithm otb extends grpo
 
 
 def _spy(monkeypatch):
-    """Record the with_sum_pi_squared flag of every logprob forward and every sum_pi_squared estimated."""
+    """Record the sum_pi_squared option of every logprob forward and every sum_pi_squared estimated."""
     flags: list[bool] = []
     seen: list[torch.Tensor | None] = []
     real = tr.Trainer._token_logprobs
 
-    def token_logprobs(*args, **kwargs):
-        flags.append(bool(kwargs.get("with_sum_pi_squared", False)))
-        return real(*args, **kwargs)
+    def token_logprobs(model, fwd, options):
+        flags.append(options.sum_pi_squared)
+        return real(model, fwd, options)
 
     est = CompiledAlgorithm.estimate
 

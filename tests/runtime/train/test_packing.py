@@ -16,7 +16,7 @@ from rldsl.runtime.config import RunConfig
 from rldsl.runtime.models.loading import backbone
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
-from rldsl.runtime.train.logprobs import token_logprobs
+from rldsl.runtime.train.logprobs import Forward, LogprobOptions, layout, token_logprobs
 from rldsl.runtime.train.packing import packed_rows, packing_supported, shared_packed_rows, shared_packing_supported
 from rldsl.runtime.train.throughput import TokenCount
 from rldsl.runtime.train.trainer import Trainer
@@ -97,8 +97,9 @@ def test_logprobs_entropy_and_gradients_equal_padded(models, tokenizer, name) ->
     def run(packing: bool, row_tokens: int | None):
         model.zero_grad(set_to_none=True)
         count = TokenCount()
-        logp, ent = token_logprobs(model, ids, mask, Tr, entropy_grad=True, temperature=0.7,
-                                   packing=packing, packing_row_tokens=row_tokens, count=count)
+        out = token_logprobs(model, Forward(ids, mask, Tr),
+                             LogprobOptions(entropy_grad=True, temperature=0.7, packing=packing, packing_row_tokens=row_tokens, count=count))
+        logp, ent = out.logprobs, out.entropy
         ((logp * w).sum() + (ent * w).sum()).backward()
         grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
         return logp, ent, grads, count
@@ -195,8 +196,9 @@ def test_shared_prompt_rows_equal_padded(models, tokenizer, name) -> None:
     def run(packing: bool, row_tokens: int | None):
         model.zero_grad(set_to_none=True)
         count = TokenCount()
-        logp, ent = token_logprobs(model, ids, mask, Tr, entropy_grad=True, temperature=0.7, group_size=2,
-                                   packing=packing, packing_row_tokens=row_tokens, count=count)
+        out = token_logprobs(model, Forward(ids, mask, Tr, group_size=2),
+                             LogprobOptions(entropy_grad=True, temperature=0.7, packing=packing, packing_row_tokens=row_tokens, count=count))
+        logp, ent = out.logprobs, out.entropy
         ((logp * w).sum() + (ent * w).sum()).backward()
         return logp, ent, [p.grad.clone() for p in model.parameters() if p.grad is not None], count
 
@@ -222,12 +224,32 @@ def test_architecture_that_ignores_positions_falls_back_once(models, tokenizer) 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with torch.no_grad():
-            lp1, _ = token_logprobs(model, ids, mask, Tr, packing=True)
-            token_logprobs(model, ids, mask, Tr, packing=True)
-            lp0, _ = token_logprobs(model, ids, mask, Tr)
+            lp1 = token_logprobs(model, Forward(ids, mask, Tr), LogprobOptions(packing=True)).logprobs
+            token_logprobs(model, Forward(ids, mask, Tr), LogprobOptions(packing=True))
+            lp0 = token_logprobs(model, Forward(ids, mask, Tr)).logprobs
     said = [w for w in caught if "train.packing" in str(w.message)]
     assert len(said) == 1 and "OPTModel" in str(said[0].message)
     torch.testing.assert_close(lp1[m], lp0[m], atol=0, rtol=0)
+
+
+def test_one_function_chooses_the_layout_from_the_record_and_options(tiny_model, tokenizer) -> None:
+    """``layout``: packed when packing is asked and pushes fewer tokens, the shared prompt for
+    groups that share one (and no compiled body), padded otherwise and whenever the result needs
+    the [B, Tr] layout (gathered ids, hidden states)."""
+    enc = tokenizer(["1+2=", "1+2=", "33+44=", "33+44="], return_tensors="pt", padding=True)
+    resp = torch.full((4, 6), 5)
+    ids = torch.cat([enc["input_ids"], resp], 1)
+    mask = torch.cat([enc["attention_mask"], (torch.arange(6)[None] < torch.tensor([[6], [1], [2], [1]])).long()], 1)
+    grouped, single = Forward(ids, mask, 6, group_size=2), Forward(ids, mask, 6)
+    gather = dataclasses.replace(grouped, gather_ids=torch.zeros(4, 6, 1, dtype=torch.long))
+
+    def chosen(fwd, **opts):
+        return layout(tiny_model, fwd, LogprobOptions(**opts)).func.__name__
+
+    assert chosen(single) == "_padded" and chosen(grouped) == "_shared"
+    assert chosen(single, packing=True) == chosen(grouped, packing=True) == "_packed"
+    assert chosen(grouped, body=backbone(tiny_model)) == "_padded"  # no KV cache through a compiled body
+    assert chosen(gather, packing=True) == chosen(grouped, packing=True, hidden=True) == "_shared"
 
 
 def test_shared_prompt_path_kept_when_it_pushes_fewer_tokens(tiny_model, tokenizer) -> None:
@@ -241,7 +263,8 @@ def test_shared_prompt_path_kept_when_it_pushes_fewer_tokens(tiny_model, tokeniz
     for packing in (False, True):
         counts[packing] = TokenCount()
         with torch.no_grad():
-            token_logprobs(tiny_model, ids, mask, 2, group_size=4, packing=packing, count=counts[packing])
+            token_logprobs(tiny_model, Forward(ids, mask, 2, group_size=4),
+                           LogprobOptions(packing=packing, count=counts[packing]))
     Tp = enc["input_ids"].shape[1]
     assert counts[True].computed == counts[False].computed == Tp + 4 * 1
 
@@ -336,8 +359,8 @@ def test_packing_taken_when_checkpointing_rules_out_the_shared_prompt(tiny_model
     ids = torch.cat([enc["input_ids"], torch.full((4, 2), 5)], 1)
     mask = torch.cat([enc["attention_mask"], resp_mask], 1)
     count = TokenCount()
-    lp, _ = token_logprobs(model, ids, mask, 2, group_size=4, packing=True, packing_row_tokens=100,
-                           count=count)
+    lp = token_logprobs(model, Forward(ids, mask, 2, group_size=4),
+                        LogprobOptions(packing=True, packing_row_tokens=100, count=count)).logprobs
     prompt = int(enc["attention_mask"][0].sum())
     # one packed row, the prompt once (shared-prompt rows), then row 0's first response token
     assert count.computed == prompt + 1 and count.padding == 0 and count.real == 4 * prompt + 1

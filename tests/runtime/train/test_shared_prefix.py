@@ -17,7 +17,7 @@ import torch
 import rldsl
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine, _top_p
-from rldsl.runtime.train.logprobs import _shared_prompt_hidden, token_logprobs
+from rldsl.runtime.train.logprobs import Forward, _shared_prompt_hidden, token_logprobs
 from rldsl.runtime.train.trainer import Trainer, _has_dropout
 
 PROMPTS = ["1+2=", "33+44=", "(5)*6-7=", "9="]  # different lengths: left padding
@@ -31,9 +31,10 @@ def _batch(model, tokenizer, *, n=3, seed=0, max_new_tokens=6, temperature=1.5):
     return batch, ids, mask
 
 
-def _logp_and_grads(model, ids, mask, Tr, weights, **kw):
+def _logp_and_grads(model, ids, mask, Tr, weights, group_size=None):
     model.zero_grad()
-    logp, ent = token_logprobs(model, ids, mask, Tr, **kw)
+    out = token_logprobs(model, Forward(ids, mask, Tr, group_size=group_size))
+    logp, ent = out.logprobs, out.entropy
     (logp * weights).sum().backward()
     return logp.detach(), ent, {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -61,8 +62,8 @@ def test_groups_with_different_prompts_run_in_full(tiny_model, tokenizer) -> Non
     with torch.no_grad():
         assert _shared_prompt_hidden(tiny_model, ids, mask, Tr, 2) is None  # groups of 2 straddle prompts
         assert _shared_prompt_hidden(tiny_model, ids, mask, Tr, 5) is None  # 12 rows: not groups of 5
-        a, _ = token_logprobs(tiny_model, ids, mask, Tr, group_size=2)
-        b, _ = token_logprobs(tiny_model, ids, mask, Tr)
+        a = token_logprobs(tiny_model, Forward(ids, mask, Tr, group_size=2)).logprobs
+        b = token_logprobs(tiny_model, Forward(ids, mask, Tr)).logprobs
     torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
@@ -79,8 +80,8 @@ def test_shared_prompt_forward_absolute_positions(tokenizer) -> None:
     Tr = batch.response_ids.shape[1]
     m = batch.response_mask.float()
     with torch.no_grad():
-        a, _ = token_logprobs(model, ids, mask, Tr, group_size=4)
-        b, _ = token_logprobs(model, ids, mask, Tr)
+        a = token_logprobs(model, Forward(ids, mask, Tr, group_size=4)).logprobs
+        b = token_logprobs(model, Forward(ids, mask, Tr)).logprobs
     torch.testing.assert_close(a * m, b * m, atol=1e-6, rtol=0)
 
 
@@ -205,7 +206,7 @@ def test_an_advantage_formula_reading_old_logprobs_gets_them_on_policy(tiny_mode
 @pytest.mark.parametrize("entropy_grad", [False, True])
 def test_chunked_head_matches_autograd_with_bias(dtype, entropy_grad) -> None:
     """_ChunkedHead (token_logprobs' LM head) against plain autograd: bias, bf16, ragged chunks."""
-    from rldsl.runtime.train.logprobs import LogitTransform, _ChunkedHead
+    from rldsl.runtime.train.logprobs import _ChunkedHead, Forward, LogitTransform
 
     g = torch.Generator().manual_seed(0)
     N, H, V = 37, 16, 50

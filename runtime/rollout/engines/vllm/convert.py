@@ -24,7 +24,8 @@ from typing import Any, Collection, Sequence
 
 import torch
 
-from ....batch import RolloutBatch, repeat_each
+from ....batch import RolloutBatch, TokenRow, repeat_each
+from ....data.images import images_of
 from ..base import SamplingParams, cut_at_first_stop
 from .weights import unpack_bucket
 
@@ -93,42 +94,24 @@ def outputs_to_rollout_batch(
             raise ValueError(f"row {b}: prompt ids differ within group {b // G}")
 
     terminators = {int(eos_id), *(int(s) for s in stop_ids)}
-    Tp = max(len(p) for p, _ in rows)
     Tr = max(1, max(len(c.token_ids) for _, c in rows))  # HFEngine always has >= 1 column
-    prompt_ids = torch.full((B, Tp), pad_id, dtype=torch.long)  # [B, Tp]
-    prompt_mask = torch.zeros((B, Tp), dtype=torch.long)  # [B, Tp]
     sampled = torch.full((B, Tr), pad_id, dtype=torch.long)  # [B, Tr] every generated id
-    for b, (p_ids, c) in enumerate(rows):
-        if p_ids:
-            prompt_ids[b, Tp - len(p_ids):] = torch.tensor(p_ids, dtype=torch.long)
-            prompt_mask[b, Tp - len(p_ids):] = 1
+    for b, (_, c) in enumerate(rows):
         if len(c.token_ids):
             sampled[b, : len(c.token_ids)] = torch.tensor([int(t) for t in c.token_ids], dtype=torch.long)
     lengths = torch.tensor([len(c.token_ids) for _, c in rows], dtype=torch.long)  # [B]
     response_ids, response_mask, stopped = cut_at_first_stop(sampled, terminators, pad_id, lengths)
     reasons = [_finish_reason(c.finish_reason, stopped=bool(stopped[b]), row=b)
                for b, (_, c) in enumerate(rows)]
-    logprobs = torch.zeros((B, Tr), dtype=torch.float32)  # [B, Tr]
-    valid_ids: list[list[int]] = []
-    for b, (_, c) in enumerate(rows):
-        L = int(response_mask[b].sum())  # valid tokens: up to and including the stop
-        ids = response_ids[b, :L].tolist()
-        valid_ids.append(ids)
-        if L:
-            logprobs[b, :L] = torch.tensor(_sampled_logprobs(c.logprobs, ids, row=b))
-
+    valid_ids = [response_ids[b, :int(response_mask[b].sum())].tolist() for b in range(B)]  # up to the stop
+    logprobs = [_sampled_logprobs(c.logprobs, ids, row=b) if ids else [] for b, ((_, c), ids) in
+                enumerate(zip(rows, valid_ids))]
     completions = tokenizer.batch_decode(valid_ids, skip_special_tokens=True)
-    return RolloutBatch(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response_ids,
-        response_mask=response_mask,
-        logprobs=logprobs,
-        finish_reason=reasons,
-        prompts=repeat_each(prompts, G),
-        completions=list(completions),
-        group_size=G,
-    )
+    return RolloutBatch.from_rows(
+        [TokenRow(p_ids, ids, lps, reason, prompt, completion, images=images_of(prompt))
+         for (p_ids, _), ids, lps, reason, prompt, completion
+         in zip(rows, valid_ids, logprobs, reasons, repeat_each(prompts, G), completions)],
+        G, pad_id, width=Tr)
 
 
 def _finish_reason(vllm_reason: Any, *, stopped: bool, row: int) -> str:

@@ -27,7 +27,7 @@ from rldsl.runtime.rollout.agents import vllm_tools
 from rldsl.runtime.rollout.agents.runner import AgentRunner, load_agent
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.toy.tool_model import build_tool_tokenizer, tool_model_config
-from rldsl.runtime.train.logprobs import token_logprobs
+from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 pytest.importorskip("openai")
@@ -118,8 +118,8 @@ def test_a_three_call_tool_agent_is_recorded_exactly_from_vllm(setup) -> None:
         assert "<tool_response>\n0\n</tool_response>" in tok.decode(ids)
     ids, attn, _ = model_inputs(batch)
     with torch.no_grad():
-        lp, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1], with_entropy=False,
-                               temperature=1.0, group_size=batch.group_size)
+        lp = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], group_size=batch.group_size),
+                            LogprobOptions(entropy=False, temperature=1.0)).logprobs
     m = batch.response_mask.bool()
     diff = (lp[m] - batch.logprobs[m]).abs().max().item()
     print(f"\n[vllm agent] max |recorded - recomputed float32| logprob {diff:.2e} over {int(m.sum())} tokens")

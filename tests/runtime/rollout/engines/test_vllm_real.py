@@ -27,7 +27,7 @@ from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.models.lora import apply_lora, lora_layers, merged_weights
 from rldsl.runtime.toy import build_tokenizer, tiny_config
-from rldsl.runtime.train.logprobs import token_logprobs
+from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -80,8 +80,8 @@ def recomputed(model, batch, temperature: float) -> torch.Tensor:
     """The trainer's logprobs of the batch's response tokens [B, Tr] (0 where masked)."""
     ids, attn, _ = model_inputs(batch)
     with torch.no_grad():
-        lp, _ = token_logprobs(model, ids, attn, batch.response_ids.shape[1], with_entropy=False,
-                               temperature=temperature, group_size=batch.group_size)
+        lp = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], group_size=batch.group_size),
+                            LogprobOptions(entropy=False, temperature=temperature)).logprobs
     return lp * batch.response_mask
 
 
