@@ -5,7 +5,7 @@ to 7B and 32B (derived, not measured).
 Paths (distributed.weight_sync):
   object_store  the trainer's full state dict put in Ray's object store (what ``full_weights``
                 answers), read by the rollout actor and copied into its model in place
-  collective    rldsl's bucketed broadcast (runtime/workers/sync_buckets.py: ``sync_plan``,
+  collective    rldsl's bucketed broadcast (runtime/workers/sync/buckets.py: ``sync_plan``,
                 ``send_buckets``, ``receive_buckets``) over a gloo group made for the sync, each
                 bucket copied into the rollout actor's model as it arrives
   adapter       model.lora.sync = "adapter" over the object store: rank-``--lora-rank`` adapters on
@@ -119,7 +119,7 @@ class Side:
         return "127.0.0.1", self.listener.getsockname()[1]
 
     def join(self, host: str, port: int, rank: int, plan: list | None, mb: float, adapters: bool = False) -> list:
-        from rldsl.runtime.workers.sync_buckets import SyncGroup, as_plain, from_plain, sync_plan
+        from rldsl.runtime.workers.sync.buckets import SyncGroup, as_plain, from_plain, sync_plan
         if rank == 0:
             self.plan = sync_plan(self.model, int(mb * 2**20), adapters=adapters)
         else:
@@ -130,23 +130,23 @@ class Side:
         return as_plain(self.plan)
 
     def plan_of(self, mb: float, adapters: bool = False) -> list:
-        from rldsl.runtime.workers.sync_buckets import as_plain, sync_plan
+        from rldsl.runtime.workers.sync.buckets import as_plain, sync_plan
         self.plan = sync_plan(self.model, int(mb * 2**20), adapters=adapters)
         return as_plain(self.plan)
 
     def send(self) -> int:
-        from rldsl.runtime.workers.sync_buckets import send_buckets
+        from rldsl.runtime.workers.sync.buckets import send_buckets
         return send_buckets(self.model, self.plan, self.group, torch.device("cpu"))[0]
 
     def receive_adapter(self, rank: int) -> int:
         from rldsl.runtime.models.lora import load_adapter
-        from rldsl.runtime.workers.sync_buckets import as_adapter, receive_buckets
+        from rldsl.runtime.workers.sync.buckets import as_adapter, receive_buckets
         adapter = as_adapter(receive_buckets(self.group, self.plan), rank, 2.0 * rank)
         load_adapter(self.model, adapter)
         return adapter.nbytes
 
     def receive(self) -> int:
-        from rldsl.runtime.workers.sync_buckets import receive_buckets
+        from rldsl.runtime.workers.sync.buckets import receive_buckets
         targets = self.model.state_dict()
         n = 0
         for name, t in receive_buckets(self.group, self.plan):

@@ -40,6 +40,25 @@ def set_option(help: str) -> Any:
     return typer.Option("--set", "-s", metavar="KEY=VALUE", help=help)
 
 
+#: The options ``run`` and ``eval`` share: flag -> (metavar, what it names); each command adds what
+#: it falls back to (``rldsl run``: the task's own; ``rldsl eval``: the run's)
+SHARED_OPTIONS = {
+    "--reward": ("NAME", "Reward: a built-in name, module:function (the current folder is searched first) or "
+                         "path/to/file.py:function (reward.name)"),
+    "--tools": ("MOD:FN[,MOD:FN]", "Tools the model may call: typed, documented Python functions; every sample "
+                                   "is a multi-turn episode (rollout.tools)"),
+    "--env": ("MOD:CLASS", "A multi-turn environment class with reset(row) and step(message), or "
+                           "verifiers:<taskset id>, openenv:<url>, openenv:mcp@<url> (rollout.env; docs/agents.md)"),
+}
+
+
+def shared_option(flag: str, default: str) -> Any:
+    """One of :data:`SHARED_OPTIONS`, declared once for ``run`` and ``eval``; ``default``: the
+    command's fallback when the option is not given."""
+    metavar, what = SHARED_OPTIONS[flag]
+    return typer.Option(flag, metavar=metavar, help=f"{what}; default: {default}.")
+
+
 def _looks_like_path(spec: str) -> bool:
     return spec.endswith(".rl") or "/" in spec or "\\" in spec
 
@@ -111,18 +130,9 @@ def run_command(
     data: Annotated[Optional[str], typer.Option(
         "--data", metavar="FILE", help="Training prompts, .jsonl/.json/.parquet or a datasets "
                                        "folder (data.path); default: the built-in addition task.")] = None,
-    reward: Annotated[Optional[str], typer.Option(
-        "--reward", metavar="NAME", help="Reward: a built-in name, module:function (the current "
-                                         "folder is searched first) or path/to/file.py:function "
-                                         "(reward.name); default: the task's own.")] = None,
-    tools: Annotated[Optional[str], typer.Option(
-        "--tools", metavar="MOD:FN[,MOD:FN]", help="Tools the model may call: typed, documented Python "
-                                                 "functions; completions become multi-turn episodes "
-                                                 "(rollout.tools).")] = None,
-    env: Annotated[Optional[str], typer.Option(
-        "--env", metavar="MOD:CLASS", help="A multi-turn environment class with reset(row) and "
-                                           "step(message), or verifiers:<taskset id>, openenv:<url>, "
-                                           "openenv:mcp@<url> (rollout.env; docs/agents.md).")] = None,
+    reward: Annotated[Optional[str], shared_option("--reward", "the task's own")] = None,
+    tools: Annotated[Optional[str], shared_option("--tools", "none (single-turn completions)")] = None,
+    env: Annotated[Optional[str], shared_option("--env", "none")] = None,
     agent: Annotated[Optional[str], typer.Option(
         "--agent", metavar="MOD:FN", help="An agent program, async def agent(client, row) -> reward, "
                                           "run once per sample against the policy's OpenAI-compatible "
@@ -377,8 +387,7 @@ def eval_command(
     data: Annotated[list[Path], typer.Option("--data", metavar="FILE",
                                              help="An evaluation set (.jsonl, .parquet, .json, a datasets "
                                                   "folder); repeat for several.")],
-    reward: Annotated[Optional[str], typer.Option(
-        "--reward", metavar="NAME", help="Reward of every set; default: the run's (a model folder: exact).")] = None,
+    reward: Annotated[Optional[str], shared_option("--reward", "the run's (a model folder: exact), for every set")] = None,
     n: Annotated[int, typer.Option("--n", min=0, help="Samples per prompt for pass@k (0: greedy only).")] = 8,
     temperature: Annotated[Optional[float], typer.Option(
         "--temperature", min=0.0, help="Sampling temperature; default: the run's rollout.temperature, else 1.")] = None,
@@ -390,12 +399,8 @@ def eval_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled answers.")] = 0,
     out: Annotated[Optional[Path], typer.Option("--out", metavar="FILE",
                                                 help="Also write the metrics as JSON.")] = None,
-    tools: Annotated[Optional[str], typer.Option(
-        "--tools", metavar="MOD:FN[,MOD:FN]", help="Tools the model may call: each sample is a multi-turn "
-                                                   "episode; default: the run's rollout.tools.")] = None,
-    env: Annotated[Optional[str], typer.Option(
-        "--env", metavar="MOD:CLASS", help="A multi-turn environment class; default: the run's "
-                                           "rollout.env.")] = None,
+    tools: Annotated[Optional[str], shared_option("--tools", "the run's rollout.tools")] = None,
+    env: Annotated[Optional[str], shared_option("--env", "the run's rollout.env")] = None,
 ) -> None:
     """Evaluate a checkpoint or a model on data sets without training: greedy accuracy, pass@1 and
     pass@k (unbiased), mean reward, length and truncation rate per set. A run with tools or an

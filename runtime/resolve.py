@@ -31,14 +31,12 @@ from rldsl import Algorithm
 
 from .config import RunConfig
 from .data import reasoning_gym as rg
-from .data.sources import default_reward, default_tools, max_new_tokens, reward_origin, source_of
+from .data.sources import Source, default_reward, default_tools, max_new_tokens, reward_origin
 from .errors import ConfigError, RewardSpecError, RunError
 from .models.loading import folder_is_moe, is_vision_folder, load_tokenizer, model_context
-from .rewards.functions import RewardFn, with_answer_format
-# source_of() reads the table of prompt sources: importing these modules registers their rows
-# (a verifiers taskset's; the built-in tasks') before the first run is resolved
-from .rollout.multi_turn import check_tools  # registers the verifiers tasksets' row, too
-from .toy import sources as _registers_builtin_tasks  # noqa: F401
+from .rewards.functions import RewardFn
+from .rewards.spec import with_answer_format
+from .rollout.multi_turn import check_tools
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).
 GROUP_OF_ONE_RULE = "group-of-one"
@@ -100,9 +98,10 @@ def check_replay(algo: Algorithm, cfg: RunConfig) -> None:
                        f"for now; this run has {', '.join(other)} (docs/replay.md, 'Not done')")
 
 
-def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
+def check_settings(algo: Algorithm, cfg: RunConfig, source: Source | None = None) -> None:
     """The checks that need the config alone, cheapest first: the device, the engine, an
-    asynchronous run's limits, what the prompt source needs of the config (reasoning-gym's: one
+    asynchronous run's limits, what the run's prompt source (``source``, bound by the plan; a
+    caller checking the settings alone gives none) needs of the config (reasoning-gym's: one
     process, no data.eval_path), the tools, environment or agent (rollout/multi_turn.py
     ``check_tools``: they import, before any model loads). (The trackers ``log.report_to``
     names: run/plan.py.)"""
@@ -114,9 +113,8 @@ def check_settings(algo: Algorithm, cfg: RunConfig) -> None:
     check_weight_sync(cfg)
     check_lora_sync(cfg)
     check_precision(cfg)
-    check = source_of(cfg).check
-    if check is not None:
-        check(cfg)
+    if source is not None and source.check is not None:
+        source.check(cfg)
     check_tools(cfg)
 
 

@@ -541,7 +541,7 @@ RUNTIME_LAZY_IMPORTS = {
     "rldsl.runtime.run.plan": "as run.loop: the rollout-stage inputs (torch) are checked after the cheap checks",
     "rldsl.runtime.toy.sources": "as run.loop: a built-in task's model (transformers, torch) loads only when a run builds it",
     "rldsl.runtime.toy.shapes_source": "as toy.sources: the shapes task's model (transformers, torch) loads only when a run builds it",
-    "rldsl.runtime.rewards.functions": "a reward model (torch, transformers) loads only for an rm: reward",
+    "rldsl.runtime.rewards.spec": "a reward model (torch, transformers) loads only for an rm: reward",
 }
 
 
@@ -626,7 +626,7 @@ def _strings_and_calls(path: Path) -> tuple[list[tuple[str, int]], list[tuple[st
 
 
 #: Where a built-in task's name may be written besides config.BUILTIN_TASKS, and why
-TASK_NAME_ELSEWHERE = {("rewards/functions.py", "addition"): "the built-in reward of the same name",
+TASK_NAME_ELSEWHERE = {("rewards/verify.py", "addition"): "the built-in reward of the same name",
                        ("toy/sources.py", "addition"): "that reward, the default the built-in tasks score with"}
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from .datasets import Example, PromptSource
-from .sources import HELDOUT_ROWS, Rows, Source, heldout_count, register
+from .sources import HELDOUT_ROWS, Rows, Source, heldout_count
 from ..errors import ConfigError, DataError
 
 PREFIX = "reasoning_gym:"
@@ -730,8 +730,9 @@ def _eval_rows(cfg: Any, path: str, count: int | None,
 
 
 #: reasoning-gym data (``data.path = "reasoning_gym:NAME"``): generated rows, scored by each row's
-#: own task's verifier, with reasoning-gym's system prompt
-SOURCE = register(Source("reasoning_gym", "reasoning-gym data", claims=lambda cfg: is_reasoning_gym(cfg.data.path),
-                         rows=_rows, reward="reasoning_gym", prompts=_prompts,
-                         system_prompt=default_system_prompt, check=check_config, eval_rows=_eval_rows,
-                         task_of=task_of, precedence=1))
+#: own task's verifier, with reasoning-gym's system prompt (its row in the table is toy/sources.py's
+#: ``REASONING_GYM``: this one and the embedded model that trains on it)
+SOURCE = Source("reasoning_gym", "reasoning-gym data", claims=lambda cfg: is_reasoning_gym(cfg.data.path),
+                rows=_rows, reward="reasoning_gym", prompts=_prompts,
+                system_prompt=default_system_prompt, check=check_config, eval_rows=_eval_rows,
+                task_of=task_of, precedence=1)

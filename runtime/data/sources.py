@@ -4,17 +4,20 @@ Every kind of source -- a data file, reasoning-gym's generated tasks, a built-in
 verifiers taskset -- answers the same questions here and nowhere else: its rows and held-out
 split, its default reward, tools, system prompt and ``max_new_tokens``, the checks it needs
 before anything loads and (for a built-in task) its embedded model. The data file is this
-module's own row; the others register theirs as components register with the language's
-registry: reasoning-gym in data/reasoning_gym.py, the built-in tasks in toy/sources.py, a
-verifiers taskset in rollout/multi_turn.py (this module imports neither toy/ nor rollout/).
+module's own row; the others are declared where their code lives -- reasoning-gym in
+data/reasoning_gym.py (its row, with the embedded model that trains on it, in toy/sources.py), the
+built-in tasks in toy/sources.py and toy/shapes_source.py, a verifiers taskset in
+rollout/multi_turn.py -- and registered from one list, :data:`BUILT_IN` (this module imports neither
+toy/ nor rollout/: it names them).
 
-:func:`source_of` answers "which source is this run's" once; run/plan.py asks it and carries
-the answer (``Plan.source``), as it carries the reward.
+:func:`source_of` answers "which source is this run's" once: run/plan.py asks it (the one caller
+outside this module), binds it to the run (``Plan.source``, then ``Run.source``) and hands it to
+every reader of the run's rows, prompts, model, checks, system prompt and rows' tasks; an
+evaluation set's own source is :func:`eval_source`'s.
 """
 from __future__ import annotations
 
 import importlib
-import sys
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,27 +117,39 @@ class Source:
         return self.task_of is not _no_task
 
 
-#: The table: source name -> its row (a module registers its kinds when imported)
+#: The table: source name -> its row (the built-in kinds: :data:`BUILT_IN`; a user's: :func:`register`)
 SOURCES: dict[str, Source] = {}
 
-
-def register(source: Source) -> Source:
-    """Add (or replace) ``source``'s row in the table; returns it."""
-    SOURCES[source.name] = source
-    return source
-
-
-#: The modules that register the built-in kinds (named, not imported: this module imports neither
-#: toy/ nor rollout/); :func:`source_of` imports them once, so the table is whole whoever asks first
-#: (a run imports them anyway through resolve.py; a lone caller such as a test might not).
-BUILT_IN = ("rldsl.runtime.data.reasoning_gym", "rldsl.runtime.toy.sources", "rldsl.runtime.toy.shapes_source",
-            "rldsl.runtime.rollout.multi_turn")
+#: The built-in kinds, the table's rows before any other: each module and the names of the rows it
+#: declares, registered in this order the first time the table is asked or added to. Named, not
+#: imported: this module imports neither toy/ nor rollout/. (The data file's row, ``FILE``, is this
+#: module's own.)
+BUILT_IN: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("rldsl.runtime.data.sources", ("FILE",)),
+    ("rldsl.runtime.toy.sources", ("ADDITION", "CALCULATOR", "REASONING_GYM")),
+    ("rldsl.runtime.toy.shapes_source", ("SOURCE",)),
+    ("rldsl.runtime.rollout.multi_turn", ("TASKSET",)),
+)
+_registered: list[Source] = []  # the built-in rows, once registered
 
 
 def _built_in() -> None:
-    for name in BUILT_IN:
-        if name not in sys.modules:
-            importlib.import_module(name)
+    """Register the built-in rows (once): a run, a test and ``rldsl eval`` see the same table
+    whichever module they imported first."""
+    if _registered:
+        return
+    for module, names in BUILT_IN:
+        rows = importlib.import_module(module)
+        _registered.extend(getattr(rows, name) for name in names)
+    for source in _registered:
+        SOURCES.setdefault(source.name, source)
+
+
+def register(source: Source) -> Source:
+    """Add (or replace) ``source``'s row in the table (after the built-in ones); returns it."""
+    _built_in()
+    SOURCES[source.name] = source
+    return source
 
 
 def source_of(cfg: RunConfig) -> Source:
@@ -151,6 +166,12 @@ def source_of(cfg: RunConfig) -> Source:
 def with_data(cfg: RunConfig, path: str | Path) -> RunConfig:
     """``cfg`` reading ``path`` (an evaluation set's source is asked as a run's)."""
     return cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(path)})})
+
+
+def eval_source(cfg: RunConfig, path: str | Path) -> Source:
+    """The source of an evaluation set ``path`` (``eval.data``, ``rldsl eval --data``): the table
+    asked for that path, as for a run reading it (a set is not the run's data: its own question)."""
+    return source_of(with_data(cfg, path))
 
 
 def default_reward(cfg: RunConfig, data: Sequence[str | Path] = ()) -> str:
@@ -246,5 +267,4 @@ def _file_rows(cfg: RunConfig) -> Rows:
 
 #: A data file (``data.path``: .jsonl, .json, .parquet, a datasets folder): its rows, scored by
 #: ``exact`` match of the answer
-FILE = register(Source("file", "a data file", claims=lambda cfg: cfg.data.path is not None,
-                       rows=_file_rows, reward="exact"))
+FILE = Source("file", "a data file", claims=lambda cfg: cfg.data.path is not None, rows=_file_rows, reward="exact")

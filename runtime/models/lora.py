@@ -225,13 +225,6 @@ class LoraAdapter:
         return out
 
 
-def sync_nbytes(weights: Any) -> int:
-    """The bytes of what a weight sync sends: a :class:`LoraAdapter`'s tensors or a state dict's."""
-    if isinstance(weights, LoraAdapter):
-        return weights.nbytes
-    return sum(v.numel() * v.element_size() for v in weights.values())
-
-
 def adapter_shape(model: nn.Module) -> tuple[int, float]:
     """(rank, alpha) shared by every LoRA layer of ``model`` (a sharded model answers too);
     raises when the layers differ or an adapter is not a plain linear-layer LoRA."""

@@ -77,7 +77,7 @@ TOKENS_PER_S = "tokens_per_s"         # prompt + response tokens of the step per
 REWARD_ERRORS = "reward_errors"       # samples whose reward function failed (reward.on_error=skip)
 REWARD_TIMEOUTS = "reward_timeouts"   # of those, the samples whose call ran past reward.timeout_s
 # each reward term of the step's samples (TRL's names); <term> is the term's label
-# (runtime/rewards/functions.py term_labels: `math`, a function's name, `server_HOST`, ...)
+# (runtime/rewards/spec.py term_labels: `math`, a function's name, `server_HOST`, ...)
 REWARD_TERM_MEAN = "rewards/{term}/mean"  # the term's mean over the samples it scored
 REWARD_TERM_STD = "rewards/{term}/std"    # ... and their standard deviation
 # multi-turn episodes with tools (runtime/rollout/tool_metrics.py); eval/<name> for the held-out

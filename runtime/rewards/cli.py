@@ -25,7 +25,9 @@ import typer
 from ...errors import UsageError
 from ..data import reasoning_gym as rg
 from ..errors import RewardError
-from .functions import VERDICTS, RewardFn, exit_error, split_reward_name
+from .functions import RewardFn, exit_error
+from .spec import split_reward_name
+from .verify import VERDICTS
 
 __all__ = ["FINISH_REASONS", "show_reward"]
 

@@ -28,3 +28,13 @@ def reward_value(value: object, source: str) -> float:
     if not math.isfinite(number):
         raise ValueError(f"{source} returned a non-finite value {number}")
     return number
+
+
+def finite_or_error(value: object, source: str) -> float | BaseException:
+    """``value`` as a finite float (:func:`reward_value`), or the ValueError saying it is not one:
+    returned, not raised, for a batch, where each sample's failure is its own (``RewardTerm``
+    raises it for a single call)."""
+    try:
+        return reward_value(value, source)
+    except ValueError as e:
+        return e

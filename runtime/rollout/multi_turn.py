@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig, env_library
-from ..data.sources import Rows, Source, default_tools, register, split_rows, system_prompt
+from ..data.sources import Rows, Source, default_tools, split_rows, system_prompt
 from ..errors import ConfigError
 from ..models.loading import model_context
 from .agents.environments import agent_runner, check_agent, verifiers_examples
@@ -101,9 +101,9 @@ def _taskset_rows(cfg: RunConfig) -> Rows:
 
 #: A verifiers taskset (``rollout.env = verifiers:...``, ``data.path`` unset): its tasks are the
 #: rows (held out as a data file's), scored by the environment's own reward
-TASKSET = register(Source("verifiers", "a verifiers taskset",
-                          claims=lambda cfg: cfg.data.path is None and env_library(cfg.rollout.env) == "verifiers",
-                          rows=_taskset_rows, reward="env", precedence=1))
+TASKSET = Source("verifiers", "a verifiers taskset",
+                 claims=lambda cfg: cfg.data.path is None and env_library(cfg.rollout.env) == "verifiers",
+                 rows=_taskset_rows, reward="env", precedence=1)
 
 
 def episode_runner(cfg: RunConfig, model_path: str | Path) -> Any:

@@ -79,17 +79,6 @@ class Produced(Generic[T]):
     scored: float = 0.0    # time.perf_counter() when its scoring ended (timelines)
 
 
-def snapshot(weights: Any) -> Any:
-    """Published weights that later updates cannot change: a one-process trainer's (name, tensor)
-    pairs are views of its live parameters and are copied; a distributed trainer's are an
-    immutable object-store reference already."""
-    if isinstance(weights, dict):
-        weights = weights.items()
-    if isinstance(weights, (list, tuple, Iterator)):
-        return [(name, t.detach().clone()) for name, t in weights]
-    return weights
-
-
 def version_for(step: int, max_staleness: int) -> int:
     """The policy version that generates the batch of ``step``: max(0, step - K)."""
     return max(0, step - max_staleness)

@@ -31,7 +31,7 @@ def build(plan: Plan, run_dir: Path) -> Run:
     seed_all(cfg.seed)
     fn = rldsl.compile(algo)
     rollouts, trainers = start_workers(cfg, algo, fn, plan.model_path, tok, plan.reward, run_dir)
-    return Run(cfg, algo, fn, run_dir, tok, plan.prompts, plan.heldout, rollouts, trainers, plan.reward,
+    return Run(cfg, algo, fn, run_dir, tok, plan.prompts, plan.heldout, rollouts, trainers, plan.reward, plan.source,
                notes=plan.notes, warnings=plan.warnings, eval_sets=plan.eval_sets,
                **carried_state(algo, fn, tok.pad_token_id))
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 from ..config import EvalSetConfig, RunConfig
 from ..data.datasets import Example, render_prompt
-from ..data.sources import source_of, system_prompt, with_data
+from ..data.sources import Source, eval_source, system_prompt
 from ..errors import ConfigError
 from ..records.metrics import HELDOUT_TASKS
 from ..rewards.functions import RewardFn
@@ -72,10 +72,11 @@ def read_sets(path: str | Path, cfg: RunConfig, reward: RewardFn, *, count: int 
     with ``name``: ``name``, ``name/<task>``), each with the rows' system prompt
     (``system_prompt``). Needs no tokenizer: a missing file or column fails before one loads.
     ``count``, ``exclude``: the source's (:class:`~rldsl.runtime.data.sources.Source`)."""
-    by_set, line = source_of(with_data(cfg, path)).eval_rows(cfg, str(path), count, exclude)
+    source = eval_source(cfg, path)
+    by_set, line = source.eval_rows(cfg, str(path), count, exclude)
     if note is not None and line:
         note(line)
-    system = system_prompt(cfg, path)
+    system = system_prompt(cfg, source=source)
     return [EvalSet((f"{name}/{label}" if name else label) if label else (name or set_name(path, taken)),
                     rows, reward, system_prompt=system) for label, rows in by_set.items()]
 
@@ -93,14 +94,15 @@ def load_sets(path: str | Path, cfg: RunConfig, reward: RewardFn, tokenizer: Any
     return [render_set(s, cfg, tokenizer) for s in read_sets(path, cfg, reward, **kwargs)]
 
 
-def eval_rows_of(cfg: RunConfig, run_reward: RewardFn, training: Sequence[str] = ()) -> list[EvalSet]:
+def eval_rows_of(cfg: RunConfig, source: Source, run_reward: RewardFn, training: Sequence[str] = ()) -> list[EvalSet]:
     """The run's ``eval.data`` sets as read, not yet rendered (a missing file or column fails here,
     before the tokenizer or any model loads), each with its reward (the run's unless it names its
-    own). ``training``: the run's training questions, which no generated set holds."""
+    own). ``source``: the run's (bound by the plan); ``training``: the run's training questions,
+    which no generated set holds."""
     d = cfg.data
     sets: list[EvalSet] = []
     # the held-out split's per-task metrics take eval/heldout/ when the source has tasks
-    reserved = [HELDOUT] if source_of(cfg).has_tasks else []
+    reserved = [HELDOUT] if source.has_tasks else []
     for entry in cfg.eval.data:
         entry = EvalSetConfig(path=entry) if isinstance(entry, str) else entry
         own = entry.reward is not None and entry.reward != run_reward.spec
@@ -114,11 +116,11 @@ def eval_rows_of(cfg: RunConfig, run_reward: RewardFn, training: Sequence[str] =
     return sets
 
 
-def eval_sets_of(cfg: RunConfig, tokenizer: Any, run_reward: RewardFn, training: Sequence[str] = (),
+def eval_sets_of(cfg: RunConfig, source: Source, tokenizer: Any, run_reward: RewardFn, training: Sequence[str] = (),
                  read: Sequence[EvalSet] | None = None) -> list[EvalSet]:
     """The run's ``eval.data`` sets read (:func:`eval_rows_of`; ``read``: what it read already)
     and rendered for the model."""
-    read = eval_rows_of(cfg, run_reward, training) if read is None else read
+    read = eval_rows_of(cfg, source, run_reward, training) if read is None else read
     return [render_set(s, cfg, tokenizer) for s in read]
 
 

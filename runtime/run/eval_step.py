@@ -3,10 +3,9 @@ the one evaluator (run/evaluation.py); an asynchronous run evaluates the trainer
 from __future__ import annotations
 
 from ..batch import StepRollout
-from ..data.sources import source_of
 from ..records.rng import step_seed
 from ..rollout.engines.base import SamplingParams
-from ..rollout.producer import RolloutProducer, snapshot
+from ..rollout.producer import RolloutProducer
 from .state import Run
 from .eval_sets import evaluate_sets
 from .evaluation import answer_set, heldout_metrics, heldout_task_metrics, scored_by, unscored_by
@@ -38,8 +37,7 @@ def evaluate_heldout(s: Run, step: int) -> dict[str, float]:
         s.warn(f"step {step}: evaluation: {a.failed} held-out sample(s) whose reward failed "
                f"(counted as not correct in the accuracy, left out of the mean reward)")
     # a source with tasks (reasoning-gym, one task or a mix): each task's split too
-    task_of = source_of(cfg).task_of
-    tasks = [task_of(e.reward_prompt) for e in s.heldout]
+    tasks = [s.source.task_of(e.reward_prompt) for e in s.heldout]
     return heldout_metrics(a, s.reward, cfg.rollout.tool_parser) | heldout_task_metrics(a, s.reward, tasks)
 
 
@@ -49,7 +47,7 @@ def evaluate_current(s: Run, step: int, producer: RolloutProducer[StepRollout] |
     if producer is None:
         return evaluate(s, step)
     with producer.paused():
-        s.rollouts.load_weights(snapshot(s.trainers.weights()), step)
+        s.rollouts.load_weights(s.trainers.weights().snapshot(), step)
         try:
             return evaluate(s, step)
         finally:

@@ -34,16 +34,16 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     text model (run/sources.py ``check_image_model``). Then the model's tokenizer and context, a
     teacher's vocabulary, the resolved config, the group-size check and the rollout-stage inputs
     the spec reads. A mistake in any of them fails in seconds, never after a model load."""
-    check_settings(algo, cfg)
+    source = source_of(cfg)  # where the prompts come from (data/sources.py): bound here, once; the run carries it
+    check_settings(algo, cfg, source)
     check_trackers(cfg.log.report_to)  # installed
     cfg, reward, reward_note = settled_reward(cfg)  # the task's own reward when none is named
     check_teacher_settings(algo, cfg)
-    source = source_of(cfg)  # where the prompts come from (data/sources.py), asked once
     if cfg.model.path is not None:
         model_folder(cfg, source)  # a user's model folder exists (the toy's is built by model_of)
     notes: list[str] = []
-    rows = examples_of(cfg, notes.append, source)
-    read = eval_rows_of(cfg, reward, [e.reward_prompt for e in rows.train])  # eval.data, not yet rendered
+    rows = examples_of(cfg, source, notes.append)
+    read = eval_rows_of(cfg, source, reward, [e.reward_prompt for e in rows.train])  # eval.data, not yet rendered
     for s in read:
         if s.own_reward:
             check_reward_signatures(s.reward)
@@ -54,8 +54,8 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     from ..train.inputs import check_rollout_inputs  # torch (the compiled algorithm's inputs)
 
     path, label, tok = model_of(algo, cfg, source)
-    prompts, held = prompts_of(cfg, tok, rows=rows, source=source)
-    eval_sets = eval_sets_of(cfg, tok, reward, read=read)
+    prompts, held = prompts_of(cfg, source, tok, rows=rows)
+    eval_sets = eval_sets_of(cfg, source, tok, reward, read=read)
     resolved, more = resolve(cfg, path, tok, [e.prompt for e in prompts.examples + held]
                              + [e.prompt for s in eval_sets for e in s.examples], label)
     warnings = check_group_size(algo, resolved)

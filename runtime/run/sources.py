@@ -17,19 +17,18 @@ import rldsl
 from ..config import DataConfig, RunConfig
 from ..data.datasets import Example, PromptSource, render_prompt
 from ..data.images import prompt_images
-from ..data.sources import SOURCES, Rows, Source, source_of, system_prompt
+from ..data.sources import SOURCES, Rows, Source, system_prompt
 from ..errors import ConfigError, RunError
 from ..models.loading import is_vision_folder, load_tokenizer
 from ..resolve import check_teacher
 from ..rollout.multi_turn import check_episode_template
 
 
-def model_folder(cfg: RunConfig, source: Source | None = None) -> tuple[Path, str]:
-    """(the policy's HF folder, a label for messages); without ``model.path``, the source's
-    embedded model (another data file's: the default task's), warm-started on first use and read
-    from its cache afterwards."""
+def model_folder(cfg: RunConfig, source: Source) -> tuple[Path, str]:
+    """(the policy's HF folder, a label for messages); without ``model.path``, the run's source's
+    (``source``, bound by the plan) embedded model (another data file's: the default task's),
+    warm-started on first use and read from its cache afterwards."""
     if cfg.model.path is None:
-        source = source or source_of(cfg)
         embedded = source.model or SOURCES[DataConfig().task].model
         torch.set_num_threads(cfg.threads)  # a warm start trains here, before build() sets the run's threads
         return embedded(cfg)
@@ -41,11 +40,10 @@ def model_folder(cfg: RunConfig, source: Source | None = None) -> tuple[Path, st
     return path, str(path)
 
 
-def model_of(algo: rldsl.Algorithm, cfg: RunConfig, source: Source | None = None) -> tuple[Path, str, Any]:
+def model_of(algo: rldsl.Algorithm, cfg: RunConfig, source: Source) -> tuple[Path, str, Any]:
     """(the policy's model folder, a label for messages, its tokenizer), checked against what the
     run asks of them: a built-in task only on its embedded model's tokenizer unless asked for, a
     distill spec's teacher (set, same vocabulary, k <= V), a chat template for multi-turn episodes."""
-    source = source or source_of(cfg)
     path, label = model_folder(cfg, source)  # the embedded model is warm-started here, once
     tok = load_tokenizer(path)
     check_task_vocabulary(cfg, tok, source)  # a user's model with no data: not the toy's task by default
@@ -93,27 +91,25 @@ def check_task_vocabulary(cfg: RunConfig, tokenizer: Any, source: Source) -> Non
                       f"task anyway")
 
 
-def examples_of(cfg: RunConfig, warn: Callable[[str], None] | None = None,
-                source: Source | None = None) -> Rows:
-    """The source's training and held-out rows as read (unrendered); its notes go to ``warn``. A
-    missing file, field or package fails here, before any model is read."""
-    rows = (source or source_of(cfg)).rows(cfg)
+def examples_of(cfg: RunConfig, source: Source, warn: Callable[[str], None] | None = None) -> Rows:
+    """The run's source's training and held-out rows as read (unrendered); its notes go to ``warn``.
+    A missing file, field or package fails here, before any model is read."""
+    rows = source.rows(cfg)
     if warn is not None:
         for note in rows.notes:
             warn(note)
     return rows
 
 
-def prompts_of(cfg: RunConfig, tokenizer: Any = None, warn: Callable[[str], None] | None = None,
-               rows: Rows | None = None, source: Source | None = None) -> tuple[PromptSource, list[Example]]:
-    """(training prompts, held-out prompts) of the run's source.
+def prompts_of(cfg: RunConfig, source: Source, tokenizer: Any = None, warn: Callable[[str], None] | None = None,
+               rows: Rows | None = None) -> tuple[PromptSource, list[Example]]:
+    """(training prompts, held-out prompts) of the run's source (``source``, bound by the plan).
 
     A source's rows are rendered for the model (``data.render_prompt``: chat template, system
     prompt) when a tokenizer is given, a built-in task's never (its prompts are in its model's
     format). ``rows``: what :func:`examples_of` read already.
     """
-    source = source or source_of(cfg)
-    rows = rows if rows is not None else examples_of(cfg, warn, source)
+    rows = rows if rows is not None else examples_of(cfg, source, warn)
     train, held = rows.train, rows.heldout
     render = None
     if tokenizer is not None and source.rendered:

@@ -52,7 +52,8 @@ class Run:
 
     The step talks to ``rollouts`` and ``trainers`` only (workers/base.py): in process
     (``LocalRollouts`` / ``LocalTrainers``) or on Ray actors (``RayRollouts`` / ``RayTrainers``).
-    ``tokenizer`` (the driver's copy) is saved with every checkpoint.
+    ``tokenizer`` (the driver's copy) is saved with every checkpoint. ``source``: the plan's (the
+    task of a held-out row, ``Source.task_of``, is read there).
     """
 
     cfg: RunConfig
@@ -65,6 +66,7 @@ class Run:
     rollouts: Rollouts
     trainers: Trainers
     reward: RewardFn  # the run's reward (the rollout workers score with their own copies of it)
+    source: Source  # where its prompts come from (data/sources.py): bound by the plan, asked once
     warn: Callable[[str], None] = print
     notes: list[str] = field(default_factory=list)
     warnings: list[SpecWarning] = field(default_factory=list)

@@ -9,7 +9,7 @@ from .. import faults
 from ..batch import StepRollout
 from ..records.metrics import PRODUCER_WAIT, REWARD_HIDDEN, timed
 from ..records.rng import step_seed
-from ..rollout.producer import RolloutProducer, snapshot
+from ..rollout.producer import RolloutProducer
 from .state import Run
 from .step_record import record_step, staleness
 from .step_batch import rollout_step
@@ -51,7 +51,7 @@ def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None 
         if producer is None:  # policy version step + 1: the weights after this step's update
             s.rollouts.load_weights(s.trainers.weights(), step + 1)
         else:
-            producer.publish(step + 1, snapshot(s.trainers.weights()))
+            producer.publish(step + 1, s.trainers.weights().snapshot())
     sent = getattr(s.trainers, "sync_bytes", None)  # the weights' bytes sent to each engine
     if sent is not None:
         m["sync/bytes"] = float(sent)

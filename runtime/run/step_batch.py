@@ -14,8 +14,8 @@ from ..batch import RolloutBatch, StepRollout, group_rows, repeat_each
 from ..records.metrics import REWARD_ERRORS, REWARD_TIMEOUTS, time_key, timed
 from ..records.rng import step_seed
 from ..rollout.engines.base import SamplingParams
-from ..rollout.producer import RolloutProducer, snapshot
-from ..train import inputs as rollout_inputs
+from ..rollout.producer import RolloutProducer
+from ..train.inputs import RolloutSide, rollout_producers, teacher_prompts
 from .state import Run
 
 
@@ -41,9 +41,9 @@ def rollout_step(s: Run, step: int) -> StepRollout:
     reward_errors = reward_timeouts = 0
     used = 0
     # the inputs the algorithm reads that the rollout makes (ReMax's greedy rewards, GDPO's [B, K] rewards)
-    producers = rollout_inputs.rollout_producers(s.fn.algorithm)
+    producers = rollout_producers(s.fn.algorithm)
     logged = step + 1  # the step's number in metrics.jsonl and the console (``step`` counts from 0)
-    side = rollout_inputs.RolloutSide(s.rollouts.generate, [(t.name, t.weight) for t in s.reward.terms],
+    side = RolloutSide(s.rollouts.generate, [(t.name, t.weight) for t in s.reward.terms],
                                       cfg.max_new_tokens, s.warn, logged, s.multi_turn, s.tokenizer,
                                       s.fn.algorithm.group_by, s.prompt_stats) if producers else None
     timed_inputs: dict[str, float] = {p.time_metric: 0.0 for p in producers if p.time_metric}
@@ -57,7 +57,7 @@ def rollout_step(s: Run, step: int) -> StepRollout:
                                   SamplingParams.for_rollout(cfg, step_seed(cfg.seed, step, r)), reward_prompts)
         batch, scored = gen.batch, gen.scored
         batch.reward_terms = scored.labelled_terms()
-        rollout_inputs.teacher_prompts(s.cfg, s.tokenizer, batch, examples)
+        teacher_prompts(s.cfg, s.tokenizer, batch, examples)
         for p in producers:
             batch, t = p.make(side, batch, scored, examples)
             if p.time_metric:
@@ -115,7 +115,7 @@ def scoring_overlaps(s: Run) -> bool:
     round of sampling and nothing else made at rollout time reads the rewards (dynamic sampling's
     later rounds and ReMax's greedy baseline need the scores first: those steps generate and
     score in one stage)."""
-    return s.fn.data.dynamic_rounds == 1 and not rollout_inputs.rollout_producers(s.fn.algorithm)
+    return s.fn.data.dynamic_rounds == 1 and not rollout_producers(s.fn.algorithm)
 
 
 class StepRollouts:
@@ -136,7 +136,7 @@ class StepRollouts:
         gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],
                                   SamplingParams.for_rollout(cfg, step_seed(cfg.seed, step, 0)),
                                   reward_prompts, score=False)
-        rollout_inputs.teacher_prompts(s.cfg, s.tokenizer, gen.batch, examples)
+        teacher_prompts(s.cfg, s.tokenizer, gen.batch, examples)
         return StepRollout(step, gen.batch, [e.id for e in examples], reward_prompts,
                            metrics={time_key("rollout"): gen.generate_s})
 
@@ -167,7 +167,7 @@ def start_producer(s: Run, start: int, total: int) -> RolloutProducer[StepRollou
     r = s.cfg.rollout
     apart = scoring_overlaps(s)
     producer = RolloutProducer(StepRollouts(s, apart), max_staleness=K, next_step=start, last_step=total,
-                               loaded_version=start, loaded_weights=snapshot(s.trainers.weights()),
+                               loaded_version=start, loaded_weights=s.trainers.weights().snapshot(),
                                queued=s.queued, score_apart=apart, newest=r.partial, start=False)
     if r.partial:  # one process (checked at start): the engine loads newer weights between segments
         s.rollouts.sample_in_segments(r.partial_tokens or max(1, s.cfg.max_new_tokens // 4), producer.refresh)

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from ..config import SHAPES_TASK, RunConfig
 from ..data.datasets import Example
-from ..data.sources import Rows, Source, heldout_count, register
+from ..data.sources import Rows, Source, heldout_count
 from ..errors import ConfigError
 from .shapes import EVAL_PATH, EVAL_SEED, examples, heldout_scenes, question_of, scenes, train_scenes
 
@@ -46,6 +46,6 @@ def _claims(cfg: RunConfig) -> bool:
 
 #: The visual task: pictures drawn offline, a one-word answer scored by ``exact``, its embedded
 #: tiny Qwen2-VL warm-started (toy/shapes_warmup.py); rendered with that model's chat template
-SOURCE = register(Source(SHAPES_TASK, f"the built-in {SHAPES_TASK} task", claims=_claims, rows=_rows,
-                         reward="exact", max_new_tokens=3, model=_model, tokenizer=_tokenizer, vision=True,
-                         eval_rows=_eval_rows, task_of=question_of, precedence=1))
+SOURCE = Source(SHAPES_TASK, f"the built-in {SHAPES_TASK} task", claims=_claims, rows=_rows,
+                reward="exact", max_new_tokens=3, model=_model, tokenizer=_tokenizer, vision=True,
+                eval_rows=_eval_rows, task_of=question_of, precedence=1)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from ..config import (ADDITION_TASK, CALCULATOR_MAX_NEW_TOKENS, CALCULATOR_TASK, TOY_MAX_NEW_TOKENS,
                       RunConfig)
 from ..data import reasoning_gym as rg
-from ..data.sources import SOURCES, Rows, Source, heldout_count, register
+from ..data.sources import Rows, Source, heldout_count
 from .calculator import SumTask
 from .task import AdditionTask
 
@@ -69,11 +69,11 @@ def builtin_task(name: str, task: Callable[[], Any], *, reward: str, max_new_tok
 
 
 #: 2-digit addition (the default), scored by exactly the answer, then EOS
-ADDITION = register(builtin_task(ADDITION_TASK, AdditionTask, reward="addition", max_new_tokens=TOY_MAX_NEW_TOKENS,
-                                 model=_addition_model, tokenizer=_addition_tokenizer))
+ADDITION = builtin_task(ADDITION_TASK, AdditionTask, reward="addition", max_new_tokens=TOY_MAX_NEW_TOKENS,
+                        model=_addition_model, tokenizer=_addition_tokenizer)
 #: sums of three numbers with a calculator tool; the episode's final message scored as addition's
-CALCULATOR = register(builtin_task(CALCULATOR_TASK, SumTask, reward="addition",
-                                   max_new_tokens=CALCULATOR_MAX_NEW_TOKENS, model=_calculator_model,
-                                   tokenizer=_calculator_tokenizer, tools="rldsl.runtime.toy.calculator:calculator"))
+CALCULATOR = builtin_task(CALCULATOR_TASK, SumTask, reward="addition",
+                          max_new_tokens=CALCULATOR_MAX_NEW_TOKENS, model=_calculator_model,
+                          tokenizer=_calculator_tokenizer, tools="rldsl.runtime.toy.calculator:calculator")
 #: reasoning-gym data trains the embedded arithmetic model warm-started on it (toy/basic_arithmetic.py)
-register(replace(SOURCES[rg.SOURCE.name], model=_arithmetic_model))
+REASONING_GYM = replace(rg.SOURCE, model=_arithmetic_model)

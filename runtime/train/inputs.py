@@ -33,7 +33,8 @@ from ..batch import RolloutBatch, repeat_each
 from ..data.datasets import Example, rollout_prompts
 from ..errors import ConfigError, DataError, RunError
 from ..records.prompt_stats import prompt_key
-from ..rewards.functions import RewardResult, gives_turn_rewards
+from ..rewards.functions import RewardResult
+from ..rewards.spec import gives_turn_rewards
 from ..rollout.engines.base import SamplingParams
 
 class Trainer(Protocol):

@@ -79,4 +79,6 @@ def trainer_parts(cfg: RunConfig, fn: CompiledAlgorithm, policy: nn.Module, *,
                 autocast_dtype=autocast_dtype(cfg.model.dtype), loss_scaler=loss_scaler(autocast_dtype(cfg.model.dtype)),
                 reference_off=reference_off,
                 packing=t.packing, packing_row_tokens=t.packing_row_tokens,
-                compile_policy=cfg.model.compile, **out)
+                compile_policy=cfg.model.compile,
+                routing_replay=cfg.rollout.routing_replay,  # a MoE policy's forwards replay the engine's experts
+                **out)

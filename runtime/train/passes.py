@@ -22,7 +22,7 @@ from rldsl import CompiledAlgorithm
 
 from ..batch import RolloutBatch, model_inputs
 from ..models import moe
-from . import inputs as producers
+from .inputs import OLD_POLICY_STATISTICS, entropy_grad, whole_groups
 from .logprobs import Forward, LogprobOptions, LogprobOut, compiled_body, token_logprobs
 from .microbatch import plan, trim, widen
 from .teachers import RemoteTeacher, TeacherForward, privileged, teacher_topk
@@ -38,7 +38,8 @@ class ForwardPasses:
                  teacher: nn.Module | RemoteTeacher | None = None, temperature: float = 1.0,
                  logprob_chunk: int = 1024, max_tokens_per_microbatch: int | None = None,
                  autocast_dtype: torch.dtype | None = None, packing: bool = False,
-                 packing_row_tokens: int | None = None, compile_policy: bool = False):
+                 packing_row_tokens: int | None = None, compile_policy: bool = False,
+                 routing_replay: bool = False):
         self.fn = fn
         self.policy = policy
         self.critic = critic
@@ -63,7 +64,7 @@ class ForwardPasses:
         # a mixture-of-experts policy (models/moe.py): the forwards replay the engine's recorded
         # experts (rollout.routing_replay) and count what the routers did (moe/* metrics)
         self.moe = moe.is_moe(policy)
-        self.routing_replay = False
+        self.routing_replay = routing_replay
         self.routing_stats = moe.RoutingStats()
         self._count_routing = True  # off while the policy stands in for its reference (LoRA)
 
@@ -89,7 +90,7 @@ class ForwardPasses:
         fwd = Forward(ids, attn, Tr, group_size=batch.group_size if groups and vision is None else None,
                       routing=batch.routed_experts if self.moe else None, vision=vision, gather_ids=gather_ids)
         count = TokenCount()
-        options = LogprobOptions(entropy=entropy, entropy_grad=grad and producers.entropy_grad(self.fn.algorithm),
+        options = LogprobOptions(entropy=entropy, entropy_grad=grad and entropy_grad(self.fn.algorithm),
                                  sum_pi_squared=sum_pi_squared, router_aux=router_aux, hidden=hidden,
                                  temperature=self.temperature, chunk_size=self.logprob_chunk, packing=self.packing,
                                  packing_row_tokens=self.packing_row_tokens, count=count,
@@ -195,7 +196,7 @@ class ForwardPasses:
         B = len(batch)
         if not self.max_tokens_per_microbatch or B == 0:
             return [(torch.arange(B), 1.0)], True
-        whole = producers.whole_groups(self.fn.algorithm["aggregation"].spec.facts.needs)  # e.g. prompt_mean
+        whole = whole_groups(self.fn.algorithm["aggregation"].spec.facts.needs)  # e.g. prompt_mean
         rows, by_group = plan(batch, self.max_tokens_per_microbatch, whole_groups=whole)
         n = self._microbatch_count(len(rows))
         if n != len(rows):
@@ -215,7 +216,7 @@ class ForwardPasses:
         statistic stacked, [1 + len(statistics), B, Tr], from the same forwards."""
         mbs, by_group = self._microbatches(batch)
         B, Tr = batch.response_ids.shape
-        flags = [producers.OLD_POLICY_STATISTICS[s] for s in statistics]
+        flags = [OLD_POLICY_STATISTICS[s] for s in statistics]
         out: Tensor | None = None
         for rows, weight in mbs:
             if not self.max_tokens_per_microbatch:

@@ -29,7 +29,8 @@ from ..config import RunConfig
 from ..records.metrics import CRITIC_GRAD_NORM, GRAD_NORM, LOSS, OPTIMIZER_STEPS, SKIPPED_NONFINITE, SKIPPED_ZERO_ADV
 from ..records.metrics import LOSS_SCALE, SKIPPED_STEPS
 from ..records.metrics import combine, timed
-from . import inputs as producers
+from .inputs import (OLD_POLICY_STATISTICS, Forwards, Micro, advantages_read_old_policy, estimate_inputs,
+                     loss_inputs, old_policy_statistics, reads_engine, reads_router_aux)
 from .microbatch import row_tokens, trim
 from .parts import trainer_parts
 from .passes import ForwardPasses
@@ -86,11 +87,11 @@ class Trainer(ForwardPasses):
                  reference_off: Callable[[], Any] | None = None,
                  packing: bool = False, packing_row_tokens: int | None = None,
                  compile_policy: bool = False, teacher: nn.Module | RemoteTeacher | None = None,
-                 teacher_ema: float | None = None, loss_scaler: Any = None):
+                 teacher_ema: float | None = None, loss_scaler: Any = None, routing_replay: bool = False):
         super().__init__(fn, policy, critic=critic, teacher=teacher, temperature=temperature,
                          logprob_chunk=logprob_chunk, max_tokens_per_microbatch=max_tokens_per_microbatch,
                          autocast_dtype=autocast_dtype, packing=packing, packing_row_tokens=packing_row_tokens,
-                         compile_policy=compile_policy)
+                         compile_policy=compile_policy, routing_replay=routing_replay)
         self.reference = reference
         # teacher.ema: the teacher is a frozen copy of the policy, moved toward it after each
         # optimizer step by this decay (train/teachers.py ema_update)
@@ -140,9 +141,7 @@ class Trainer(ForwardPasses):
         """
         parts = trainer_parts(cfg, fn, policy, prepare=prepare, reference_off=reference_off, tokenizer=tokenizer,
                               teacher="teacher" not in kwargs)
-        trainer = cls(fn, policy, **parts, **kwargs)
-        trainer.routing_replay = cfg.rollout.routing_replay  # a MoE policy's forwards (train/passes.py)
-        return trainer
+        return cls(fn, policy, **parts, **kwargs)
 
     # -- estimate
 
@@ -153,14 +152,14 @@ class Trainer(ForwardPasses):
         rewards = rewards.to(torch.float32)
         self.policy.eval()
         self._routing_metrics()  # moe/*: this rollout's forwards only
-        forwards = producers.Forwards(*self._recompute(rollout))
+        forwards = Forwards(*self._recompute(rollout))
         old, ref, values = forwards.old_logprobs, forwards.ref_logprobs, forwards.values
         replay_metrics: dict[str, float] = {}
         if rollout.replayed is not None and bool(rollout.replayed.any()):  # sampling replay
             old, replay_metrics = self._replayed_old(rollout, old)
         mask = rollout.response_mask.float()
         est = self.fn.estimate(rewards, rollout.group_size, mask,
-                               **producers.estimate_inputs(self, rollout, forwards))
+                               **estimate_inputs(self, rollout, forwards))
         metrics = dict(est.metrics)
         metrics.update(replay_metrics)
         metrics.update(self._perf_metrics("logprobs"))
@@ -224,7 +223,7 @@ class Trainer(ForwardPasses):
         algo = self.fn.algorithm
         old = None
         stats: dict[str, Tensor] = {}
-        wanted = producers.old_policy_statistics(algo)
+        wanted = old_policy_statistics(algo)
         # exactly on-policy, a statistic only the loss reads is the update forward's own (detached)
         now = set(algo.needs("advantage")) & set(wanted)
         if wanted and (now or not self._old_is_current()):
@@ -245,8 +244,8 @@ class Trainer(ForwardPasses):
         values = None
         if algo.uses_critic:
             values = self._per_microbatch(self.critic, rollout, "critic")
-        # in the order of producers.Forwards: its statistics fields follow OLD_POLICY_STATISTICS
-        return (old, ref, values) + tuple(stats.get(s) for s in producers.OLD_POLICY_STATISTICS)
+        # in the order of Forwards: its statistics fields follow OLD_POLICY_STATISTICS
+        return (old, ref, values) + tuple(stats.get(s) for s in OLD_POLICY_STATISTICS)
 
     # -- update
 
@@ -386,7 +385,7 @@ class Trainer(ForwardPasses):
         if batch.teacher is not None and batch.teacher.topk_ids is not None:
             teacher_ids = batch.teacher.topk_ids[rows][:, :tr].to(sub.response_ids.device)
         jsd = self.fn.data.jsd_beta is not None and batch.teacher is not None
-        aux = producers.reads_router_aux(self.fn.algorithm)
+        aux = reads_router_aux(self.fn.algorithm)
         out = self._logprobs(self.policy, sub, grad=torch.is_grad_enabled(), entropy=True,
                              groups=groups, gather_ids=teacher_ids, hidden=jsd, router_aux=aux)
         return {"logp": out.logprobs, "ent": out.entropy, "router_aux": out.router_aux, "topk": out.gathered,
@@ -425,12 +424,12 @@ class Trainer(ForwardPasses):
         fn = self.fn
         logp = fwd["logp"]
         assert logp is not None
-        micro = producers.Micro(batch, sub, rows, tr, fwd["ent"], fwd["values"], entropy_coef, fwd["topk"],
+        micro = Micro(batch, sub, rows, tr, fwd["ent"], fwd["values"], entropy_coef, fwd["topk"],
                                 fwd["divergence"], fwd.get("router_aux"))
         old = micro.cols(batch.old_logprobs) if batch.old_logprobs is not None else logp.detach()
         mask = micro.cols(batch.mask)
         out = fn.loss(logp, old, micro.cols(batch.advantages), mask, denominator=denom,
-                      value_denominator=vdenom, **producers.loss_inputs(self, micro, logp.device))
+                      value_denominator=vdenom, **loss_inputs(self, micro, logp.device))
         total = out.loss if out.value_loss is None else out.loss + out.value_loss
         if not self._all_finite(total):
             return None
@@ -455,7 +454,7 @@ class Trainer(ForwardPasses):
         ``old_per_token_logps = per_token_logps.detach()`` when num_iterations == 1).
         """
         if self.ppo_epochs != 1 or self.minibatches != 1 or self.fn.algorithm.kl_in == "reward" \
-                or producers.advantages_read_old_policy(self.fn.algorithm) \
+                or advantages_read_old_policy(self.fn.algorithm) \
                 or self._corrects():  # a correction compares pi_old with the engine before the update
             return False  # (an advantage formula reading old_logp needs them before any update)
         # whether the policy has active dropout: read once per policy module (a walk over its
@@ -467,7 +466,7 @@ class Trainer(ForwardPasses):
 
     def _corrects(self) -> bool:
         """The spec reads the engine's logprobs (a correction): pi_old is compared with them."""
-        return producers.reads_engine(self.fn.algorithm)
+        return reads_engine(self.fn.algorithm)
 
     # -- data parallelism: identities on one rank; the sharded trainer (workers/fsdp.py)
     #    overrides them so that N ranks compute one rank's update

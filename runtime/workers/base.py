@@ -18,6 +18,7 @@ from ..batch import RolloutBatch
 from ..records.checkpoint import Checkpoint
 from ..rollout.engines.base import SamplingParams
 from ..rewards.functions import RewardResult
+from .sync.base import Weights
 
 
 @dataclass
@@ -79,9 +80,10 @@ class Rollouts(Protocol):
         lives (this process, or the rollout actors); ``reward_prompts``: one per row."""
         ...
 
-    def load_weights(self, weights: Any, version: int) -> None:
+    def load_weights(self, weights: Weights, version: int) -> None:
         """Load what ``Trainers.weights()`` returned into every engine: policy ``version`` (the
-        weights after that many optimizer steps; what an agent's calls record)."""
+        weights after that many optimizer steps; what an agent's calls record). Its kind is the
+        run's, chosen at start-up (sync/base.py ``kind_of``): nothing here asks the value what it is."""
         ...
 
     def sample_in_segments(self, tokens: int, refresh: Callable[[], int]) -> None:
@@ -111,8 +113,9 @@ class Trainers(Protocol):
     def lr(self) -> float:
         ...
 
-    def weights(self) -> Any:
-        """A handle for ``Rollouts.load_weights``: the current policy weights."""
+    def weights(self) -> Weights:
+        """The current policy weights for ``Rollouts.load_weights``, as the run's sync sends them
+        (``snapshot()`` before holding them across an update)."""
         ...
 
     def checkpoint_state(self) -> TrainerState:

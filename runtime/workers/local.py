@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
-
-import torch
+from typing import Any, Callable
 
 from ..batch import RolloutBatch, repeat_each
 from ..config import RunConfig
-from ..models.lora import LoraAdapter
 from ..recipe import rollout_side
 from ..rollout.engines.base import RolloutEngine, SamplingParams
 from ..rollout.partial import generate_in_segments
 from ..rewards.functions import RewardFn, RewardResult, unscored
 from .base import EpisodeRunner, Generation
+from .sync.base import EngineWeights
 
 
 class LocalRollouts:
@@ -63,13 +61,10 @@ class LocalRollouts:
     def score(self, batch: RolloutBatch, reward_prompts: list[str] | None = None) -> RewardResult:
         return self.reward.score(batch, reward_prompts)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | LoraAdapter, version: int) -> None:
-        """Full (or merged) weights into the engine in place; LoRA adapters alone
-        (``model.lora.sync = "adapter"``) as the engine's adapter of policy ``version``."""
-        if isinstance(weights, LoraAdapter):
-            self.engine.load_adapter(weights, version)
-        else:
-            self.engine.update_weights(weights)
+    def load_weights(self, weights: EngineWeights, version: int) -> None:
+        """The trainers' weights into the engine, as their kind loads them (sync/: the full state
+        in place, or the LoRA adapters alone as the engine's adapter of policy ``version``)."""
+        weights.load_into(self.engine, version)
         loaded = getattr(self.runner, "weights_loaded", None)
         if loaded is not None:  # an agent's endpoint records the policy version of each call
             loaded(version)

@@ -2,7 +2,7 @@
 :class:`~rldsl.runtime.train.trainer.Trainer` -- policy, reference, critic, optimizers."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -10,11 +10,12 @@ import rldsl
 
 from ..batch import RolloutBatch
 from ..config import RunConfig
-from ..models.lora import LoraAdapter, adapter_of, merged_weights
 from ..recipe import trainable
 from ..records.checkpoint import Checkpoint, load_weights
 from ..train.trainer import TrainBatch, Trainer
 from .base import TrainerState
+from .sync.base import EngineWeights, Kind, kind_of
+from .sync.full_state import FullStateKind
 
 
 class LocalTrainers:
@@ -22,18 +23,20 @@ class LocalTrainers:
 
     world_size = 1
 
-    def __init__(self, trainer: Trainer, adapter_sync: bool = False):
+    def __init__(self, trainer: Trainer, sync: Kind = FullStateKind()):
         self.trainer = trainer
-        self.adapter_sync = adapter_sync  # model.lora.sync = "adapter": weights() gives the adapters alone
+        self.sync = sync  # what weights() sends (sync/base.py ``kind_of``): the full state, or the LoRA adapters alone
+        self.sync_bytes = 0  # the bytes of the last weights() (sync/bytes)
 
     @classmethod
     def from_config(cls, cfg: RunConfig, fn: rldsl.CompiledAlgorithm, policy: torch.nn.Module,
                     tokenizer: Any = None) -> "LocalTrainers":
         """The trainer of ``policy`` (the master weights): LoRA adapters and gradient checkpointing
-        as the config asks (``recipe.trainable``), the reference, critic and optimizers."""
+        as the config asks (``recipe.trainable``), the reference, critic and optimizers; the weight
+        sync's kind, chosen here once."""
         policy, reference_off = trainable(cfg, policy, checkpointing=cfg.train.gradient_checkpointing)
         return cls(Trainer.from_config(cfg, fn, policy, reference_off=reference_off, tokenizer=tokenizer),
-                   adapter_sync=bool(cfg.model.lora.rank) and cfg.model.lora.sync == "adapter")
+                   kind_of(cfg))
 
     @property
     def policy(self) -> torch.nn.Module:
@@ -53,14 +56,12 @@ class LocalTrainers:
     def lr(self) -> float:
         return float(self.trainer.optimizer.param_groups[0]["lr"])
 
-    def weights(self) -> Iterable[tuple[str, torch.Tensor]] | LoraAdapter:
-        if self.adapter_sync:  # the adapters alone, copied (a snapshot)
-            adapter = adapter_of(self.policy)
-            self.sync_bytes = adapter.nbytes  # sync/bytes
-            return adapter
-        merged = merged_weights(self.policy)  # LoRA merged
-        self.sync_bytes = sum(v.numel() * v.element_size() for v in merged.values())  # sync/bytes
-        return ((k, v.detach()) for k, v in merged.items())
+    def weights(self) -> EngineWeights:
+        """The policy's weights as the run's sync kind sends them (views of the live parameters for
+        the full state: ``snapshot()`` before keeping them across an update)."""
+        weights = self.sync.send(self.policy)
+        self.sync_bytes = weights.nbytes
+        return weights
 
     def checkpoint_state(self) -> TrainerState:
         t = self.trainer

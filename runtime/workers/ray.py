@@ -13,9 +13,10 @@
   and ``RayRollouts``, which splits each round's prompts into M chunks, restarts a dead actor
   (``distributed.max_restarts``) with the weights it last held, and syncs weights from the
   trainers' gathered state.
-- collective_sync.py / sync_buckets.py: ``distributed.weight_sync = "collective"``: trainer rank 0
-  broadcasts the weights bucket by bucket to every rollout worker over a process group made for
-  the sync.
+- sync/: the weight sync's transport, chosen here once and given to both sides: Ray's object store
+  (sync/object_store.py) or, with ``distributed.weight_sync = "collective"``, trainer rank 0
+  broadcasting the weights bucket by bucket to every rollout worker over a process group made for
+  the sync (sync/collective.py, sync/buckets.py).
 """
 from __future__ import annotations
 
@@ -24,12 +25,10 @@ from pathlib import Path
 import rldsl
 
 from ..config import RunConfig
-from . import collective_sync
-from .collective_sync import CollectiveSync, weight_sync_path
 from .ray_cluster import RayCluster, actor_payload
 from .ray_rollouts import RayRollouts
 from .ray_trainers import RayTrainers
-from .rollout_actor import RolloutWorker
+from .sync.transports import start_transport
 from .trainer_actor import TrainerWorker
 
 
@@ -46,21 +45,16 @@ def start_ray_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledA
     cluster = RayCluster(cfg, (d.trainers + m) * cfg.threads)
     try:
         trainer_gpus = 1 if cfg.device == "cuda" else 0
-        trainers = RayTrainers(cluster, cfg, [
-            cluster.spawn(TrainerWorker, r, d.trainers, payload, num_cpus=cfg.threads, num_gpus=trainer_gpus)
-            for r in range(d.trainers)], str(model_path))
-        collective = weight_sync_path(cfg) == "collective"
+        ranks = [cluster.spawn(TrainerWorker, r, d.trainers, payload, num_cpus=cfg.threads, num_gpus=trainer_gpus)
+                 for r in range(d.trainers)]
+        sync, worker = start_transport(cfg, cluster, ranks)  # the weight sync, both sides'
+        trainers = RayTrainers(cluster, cfg, ranks, str(model_path), sync)
         payload["sync_timeout"] = d.sync_timeout
         rollouts = RayRollouts(cluster, cfg, [
-            cluster.spawn(collective_sync.RolloutWorker if collective else RolloutWorker, w, payload, num_cpus=cfg.threads, num_gpus=payload["rollout_gpus"],
-                          max_restarts=d.max_restarts) for w in range(m)], pad_id)
+            cluster.spawn(worker, w, payload, num_cpus=cfg.threads, num_gpus=payload["rollout_gpus"],
+                          max_restarts=d.max_restarts) for w in range(m)], pad_id, sync)
         calls = rollouts.start() + trainers.start()
         cluster.wait(calls, d.call_timeout, "start-up")  # a stuck rendezvous fails by the collective timeout
-        if collective:
-            nodes = cluster.wait([(n, a.node.remote()) for n, a in zip(trainers.names, trainers.actors)]
-                                 + [(n, a.node.remote()) for n, a in zip(rollouts.names, rollouts.actors)],
-                                 d.call_timeout, "start-up")
-            trainers.collective = CollectiveSync(cluster, cfg, trainers.actors, local=len(set(nodes)) == 1)
     except BaseException:
         cluster.close()
         raise

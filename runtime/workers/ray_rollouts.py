@@ -1,10 +1,10 @@
 """The rollout side on Ray, driven from the driver: ``RayRollouts`` splits the P prompts of a
 round into M contiguous chunks that M ``RolloutWorker`` actors (rollout_actor.py) sample *and
-score*. With M > 1, chunk w samples with ``step_seed(round seed, w, 0, "chunk")``:
+score*. With M > 1, chunk w samples with ``SamplingParams.for_chunk(w)``:
 reproducible for a given M, not the samples of M = 1. Weight sync: every actor loads the
-trainers' gathered state from Ray's object store, within ``distributed.sync_timeout``, or (with
-``distributed.weight_sync = "collective"``) the buckets trainer rank 0 broadcasts
-(collective_sync.py).
+trainers' weights as the run's transport carries them (sync/: from Ray's object store, within
+``distributed.sync_timeout``, or, with ``distributed.weight_sync = "collective"``, the buckets
+trainer rank 0 broadcasts).
 
 Faults: a rollout actor that dies is restarted (``distributed.max_restarts`` times each; Ray
 runs its ``__init__`` again): it is given the weights it last held and the call is made again
@@ -12,7 +12,6 @@ runs its ``__init__`` again): it is given the weights it last held and the call 
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from typing import Any, Sequence
@@ -22,11 +21,11 @@ import torch
 from ..batch import RolloutBatch
 from ..config import RunConfig
 from ..errors import ConfigError, WorkerError
-from ..records.rng import step_seed
 from ..rewards.functions import RewardResult
 from ..rollout.engines.base import SamplingParams
 from .base import Generation
 from .ray_cluster import RayCluster
+from .sync.base import Transport, Weights
 
 
 def _merge_rewards(results: Sequence[RewardResult]) -> RewardResult:
@@ -44,18 +43,20 @@ def _merge_rewards(results: Sequence[RewardResult]) -> RewardResult:
 class RayRollouts:
     """M ``RolloutWorker`` actors (rollout_actor.py) behind the ``Rollouts`` interface (base.py)."""
 
-    def __init__(self, cluster: RayCluster, cfg: RunConfig, actors: list[Any], pad_id: int):
+    def __init__(self, cluster: RayCluster, cfg: RunConfig, actors: list[Any], pad_id: int, sync: Transport):
         """``actors``: the M ``RolloutWorker`` actors, worker w at index w (ray.py spawns them, each
-        restartable ``distributed.max_restarts`` times)."""
-        self.cluster, self.cfg, self.pad_id = cluster, cfg, pad_id
+        restartable ``distributed.max_restarts`` times); ``sync``: the weight sync's transport (the
+        trainers' too)."""
+        self.cluster, self.cfg, self.pad_id, self.sync = cluster, cfg, pad_id, sync
         self.max_restarts = cfg.distributed.max_restarts
         self.actors = actors
         self.names = [f"rollout worker {w}" for w in range(len(actors))]
         self.restarts = [0] * len(actors)  # per actor, counted against distributed.max_restarts
-        self.version, self.weights = 0, None  # the weights every actor should hold (an ObjectRef)
+        self.version = 0  # the driver's sync count
+        self.weights: Weights | None = None  # the weights every actor should hold
         self.policy_version = 0  # ... and their policy version (optimizer steps)
 
-    def _run(self, what: str, timeout: float | None, call: Any) -> list[Any]:
+    def run_all(self, what: str, timeout: float | None, call: Any) -> list[Any]:
         """``call(w)`` (an ObjectRef) on every actor w, awaited; a dead actor (or one restarted
         since its last sync, whose call answers None) is given its weights again and every
         call is made again, up to ``max_restarts`` times per actor."""
@@ -94,12 +95,8 @@ class RayRollouts:
                     if not getattr(e, "restarting", False) or time.monotonic() > deadline:
                         raise
                     time.sleep(0.2)
-            if self.weights is not None and hasattr(self.weights, "push"):  # the collective sync
-                self.weights.push(self, self.version, self.policy_version, reform=True)  # a new process
-            elif self.weights is not None:
-                self.cluster.wait([(name, actor.update_weights.remote(self.weights, self.version,
-                                                                         self.policy_version))],
-                                  d.sync_timeout, "the weight sync after its restart")
+            if self.weights is not None:
+                self.sync.restore(self, w, self.weights, self.version, self.policy_version)
         except WorkerError as e:
             if getattr(e, "died", None) is None:
                 raise
@@ -117,14 +114,12 @@ class RayRollouts:
             if w not in chunks:
                 return self.actors[w].ready.remote()  # nothing to sample: a liveness probe
             lo, hi = chunks[w]
-            p = params
-            if len(chunks) > 1 and params.seed is not None:
-                p = dataclasses.replace(params, seed=step_seed(params.seed, w, 0, "chunk"))
+            p = params.for_chunk(w) if len(chunks) > 1 else params
             rp = None if reward_prompts is None else reward_prompts[lo:hi]
             return self.actors[w].generate.remote(self.version, prompts[lo:hi], answers[lo:hi], p, rp, score)
 
         t0 = time.perf_counter()
-        gens: list[Generation] = [g for w, g in enumerate(self._run("the rollout", self.cfg.distributed.call_timeout,
+        gens: list[Generation] = [g for w, g in enumerate(self.run_all("the rollout", self.cfg.distributed.call_timeout,
                                                                     call)) if w in chunks]
         wall = time.perf_counter() - t0
         reward_s = max(g.reward_s for g in gens)
@@ -142,18 +137,14 @@ class RayRollouts:
             return self.actors[w].score.remote(
                 batch.select(rows), None if reward_prompts is None else [reward_prompts[i] for i in rows.tolist()])
 
-        results = self._run("the scoring", self.cfg.distributed.call_timeout, call)
+        results = self.run_all("the scoring", self.cfg.distributed.call_timeout, call)
         return _merge_rewards([r for w, r in enumerate(results) if len(bounds[w])])
 
-    def load_weights(self, weights: Any, version: int) -> None:
-        """Every actor loads the trainers' full state dict (an ObjectRef), policy ``version``,
-        within ``sync_timeout``; a ``CollectiveSync`` handle runs the collective sync instead."""
+    def load_weights(self, weights: Weights, version: int) -> None:
+        """Every actor loads what ``RayTrainers.weights()`` returned, policy ``version``, as the
+        run's transport carries it (``sync_timeout`` per actor)."""
         self.version, self.weights, self.policy_version = self.version + 1, weights, version
-        if hasattr(weights, "push"):  # distributed.weight_sync = "collective" (collective_sync.py)
-            weights.push(self, self.version, version)
-            return
-        self._run("the weight sync", self.cfg.distributed.sync_timeout,
-                  lambda w: self.actors[w].update_weights.remote(self.weights, self.version, self.policy_version))
+        self.sync.receive(self, weights, self.version, version)
 
     def sample_in_segments(self, tokens: int, refresh: Any) -> None:
         """Partial rollouts run in one process (the run is refused before it starts)."""

@@ -17,6 +17,7 @@ from ..records.checkpoint import Checkpoint
 from .base import TrainerState
 from .full_state import read_full_state, trainer_state
 from .ray_cluster import RayCluster
+from .sync.base import Transport, Weights
 
 
 @dataclasses.dataclass
@@ -29,15 +30,15 @@ class _Estimated:
 class RayTrainers:
     """N ``TrainerWorker`` actors (trainer_actor.py) behind the ``Trainers`` interface (base.py)."""
 
-    def __init__(self, cluster: RayCluster, cfg: RunConfig, actors: list[Any], model_path: str):
-        """``actors``: the N ``TrainerWorker`` actors, rank r at index r (ray.py spawns them)."""
+    def __init__(self, cluster: RayCluster, cfg: RunConfig, actors: list[Any], model_path: str, sync: Transport):
+        """``actors``: the N ``TrainerWorker`` actors, rank r at index r (ray.py spawns them);
+        ``sync``: the weight sync's transport (the rollouts' too)."""
         self.cluster, self.cfg, self.model_path = cluster, cfg, model_path
         self.actors = actors
         self.world_size = len(actors)
         self.names = [f"trainer rank {r}" for r in range(len(actors))]
         self._lr = cfg.train.lr
-        self._bytes = 0
-        self.collective: Any = None  # a CollectiveSync (ray.py sets it) with weight_sync = "collective"
+        self.sync = sync
 
     def start(self) -> list[tuple[str, Any]]:
         """Rendezvous and begin loading (returns the calls to wait for)."""
@@ -66,22 +67,16 @@ class RayTrainers:
     def lr(self) -> float:
         return self._lr
 
-    def weights(self) -> Any:
-        """An ObjectRef to the full state dict (rank 0), gathered within ``sync_timeout``; with
-        ``distributed.weight_sync = "collective"`` the ``CollectiveSync`` handle (nothing moves
-        until the rollouts push it)."""
-        if self.collective is not None:
-            return self.collective
-        calls = [(name, a.full_weights.options(num_returns=2).remote())
-                 for name, a in zip(self.names, self.actors)]
-        self._bytes = self.cluster.wait([(name, refs[0]) for name, refs in calls], self.cfg.distributed.sync_timeout,
-                                        "the weight sync (gather)")[0]
-        return calls[0][1][1]
+    def weights(self) -> Weights:
+        """The current weights as the run's transport sends them: rank 0's gathered weights in the
+        object store (within ``sync_timeout``), or with ``distributed.weight_sync = "collective"``
+        a handle (nothing moves until the rollouts receive)."""
+        return self.sync.send(self)
 
     @property
     def sync_bytes(self) -> int:
         """The bytes the last weight sync sent to each rollout worker (``sync/bytes``)."""
-        return self.collective.bytes if self.collective is not None else self._bytes
+        return self.sync.bytes
 
     def checkpoint_state(self) -> TrainerState:
         return trainer_state(self.cfg, self.model_path, self._all("checkpoint_state", what="the checkpoint gather")[0])

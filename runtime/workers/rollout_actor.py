@@ -14,12 +14,12 @@ from torch import Tensor
 
 from ..batch import RolloutBatch
 from ..errors import ConfigError
-from ..models.lora import LoraAdapter
 from ..rewards.functions import RewardResult
 from ..rollout.engines.base import SamplingParams
 from .base import Generation
 from .local import LocalRollouts
 from .ray_cluster import actor_config
+from .sync.base import EngineWeights
 
 
 class RolloutWorker:
@@ -46,10 +46,11 @@ class RolloutWorker:
     def score(self, batch: RolloutBatch, reward_prompts: list[str] | None = None) -> RewardResult:
         return self.local.score(batch, reward_prompts)
 
-    def update_weights(self, state: dict[str, Tensor] | LoraAdapter, version: int, policy_version: int) -> int:
-        """``version``: the driver's sync count (a restarted actor holds 0); ``policy_version``:
-        the optimizer steps the weights have had."""
-        self.local.load_weights(state if isinstance(state, LoraAdapter) else state.items(), policy_version)
+    def update_weights(self, weights: EngineWeights, version: int, policy_version: int) -> int:
+        """``weights``: trainer rank 0's, from the object store (sync/object_store.py); ``version``:
+        the driver's sync count (a restarted actor holds 0); ``policy_version``: the optimizer steps
+        the weights have had."""
+        self.local.load_weights(weights, policy_version)
         self.version = version
         return version
 

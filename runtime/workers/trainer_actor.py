@@ -12,13 +12,12 @@ import torch
 from torch import Tensor
 
 from ..batch import RolloutBatch
-from ..errors import WeightSyncError
-from ..models.lora import LoraAdapter, sync_nbytes
 from ..train.trainer import TrainBatch
 from .fsdp import ShardedTrainer
 from .fsdp_rank import start_rank
 from .ray_cluster import actor_config
-from .sync_buckets import SyncGroup, as_plain, send_buckets, sync_plan
+from .sync.base import EngineWeights, kind_of
+from .sync.buckets import SyncGroup, as_plain, send_buckets, sync_plan
 
 
 class TrainerWorker:
@@ -33,6 +32,7 @@ class TrainerWorker:
         else:
             self.device = torch.device("cpu")
         self.trainer: ShardedTrainer | None = None
+        self.sync = kind_of(self.cfg)  # what a weight sync sends: the full state, or the LoRA adapters alone
         self.pending: TrainBatch | None = None
         self.listener: socket.socket | None = None  # rank 0: where the group's store serves
         self.sync_listener: socket.socket | None = None  # rank 0: where the weight-sync group's store serves
@@ -75,21 +75,20 @@ class TrainerWorker:
         self.pending = None
         return {"metrics": m, "lr": float(t.optimizer.param_groups[0]["lr"])}
 
-    def full_weights(self) -> tuple[int | None, dict[str, Tensor] | LoraAdapter | None]:
-        """(its bytes, full state dict) on rank 0, (None, None) elsewhere: a collective over the ranks.
-        With ``model.lora.sync = "adapter"`` the LoRA adapters alone instead of the state dict."""
+    def full_weights(self) -> tuple[int | None, EngineWeights | None]:
+        """(their bytes, the weights the run's sync kind sends: the full state dict, or with
+        ``model.lora.sync = "adapter"`` the LoRA adapters alone) on rank 0, (None, None) elsewhere:
+        a collective over the ranks."""
         assert self.trainer is not None
-        lo = self.cfg.model.lora
-        state = self.trainer.full_adapter() if lo.rank and lo.sync == "adapter" else self.trainer.full_weights()
-        return (None if state is None else sync_nbytes(state)), state
+        weights = self.sync.gather(self.trainer)
+        return (None if weights is None else weights.nbytes), weights
 
-    # -- the collective weight sync (sync_buckets.py; collective_sync.py drives it)
+    # -- the collective weight sync (sync/buckets.py; sync/collective.py drives it)
 
     def sync_plan(self, max_bytes: int) -> list:
         """The bucket plan (every rank computes the same); rank 0's answer goes to the rollout workers."""
         assert self.trainer is not None
-        lo = self.cfg.model.lora
-        self.plan = sync_plan(self.trainer.policy, max_bytes, adapters=bool(lo.rank) and lo.sync == "adapter")
+        self.plan = sync_plan(self.trainer.policy, max_bytes, adapters=self.sync.adapters)
         return as_plain(self.plan)
 
     def sync_listen(self, local: bool) -> tuple[str, int]:
@@ -116,9 +115,7 @@ class TrainerWorker:
         """Every rank: gather the buckets; rank 0 broadcasts them. (bytes sent, None)."""
         assert self.trainer is not None and self.plan is not None
         group = self.sync_group if self.rank == 0 else None
-        if group is not None and group.generation != generation:
-            raise WeightSyncError(f"trainer rank 0 holds weight-sync group {group.generation}, not {generation}")
-        return send_buckets(self.trainer.policy, self.plan, group, self.device)
+        return send_buckets(self.trainer.policy, self.plan, group, self.device, generation)
 
     def checkpoint_state(self) -> dict[str, Any] | None:
         """Full (unsharded) model and optimizer states, on rank 0: a collective over the ranks."""

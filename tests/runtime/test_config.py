@@ -306,8 +306,8 @@ def test_built_in_tasks_are_one_table():
     from rldsl.runtime.toy.shapes_source import SOURCE as SHAPES
     from rldsl.runtime.toy.sources import CALCULATOR
 
-    assert set(BUILTIN_TASKS) == {"addition", "calculator", "shapes"} <= set(SOURCES)
     assert source_of(load_config(None, ["data.task=shapes"])) is SHAPES
+    assert set(BUILTIN_TASKS) == {"addition", "calculator", "shapes"} <= set(SOURCES)
     assert set(DataConfig.model_fields["task"].annotation.__args__) == set(BUILTIN_TASKS)
     calc = load_config(None, ["data.task=calculator"])
     assert source_of(calc) is CALCULATOR and max_new_tokens(calc) == CALCULATOR.max_new_tokens

@@ -184,3 +184,18 @@ def test_plot_command_errors(app, tmp_path):
     assert result.exit_code == 2 and "not a run folder" in result.stderr
     result = invoke(app, "plot")
     assert result.exit_code == 2  # click: missing argument
+
+
+def test_run_and_eval_declare_their_shared_options_once():
+    """--reward, --tools and --env: one declaration (cli.SHARED_OPTIONS, made by cli.shared_option),
+    each command saying only what it falls back to; both commands take them."""
+    import inspect
+
+    from rldsl.runtime import cli
+
+    source = inspect.getsource(cli)
+    for flag in ("--reward", "--tools", "--env"):
+        assert f'typer.Option("{flag}"' not in source and f'typer.Option(\n        "{flag}"' not in source, flag
+        assert flag in cli.SHARED_OPTIONS
+        for command in (cli.run_command, cli.eval_command):
+            assert f'shared_option("{flag}"' in inspect.getsource(command), (flag, command.__name__)

@@ -8,6 +8,7 @@ The checks and steps that guarantee it are here, written once.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Collection, Iterable, Protocol, runtime_checkable
 
@@ -15,6 +16,7 @@ from rldsl.lazy_torch import torch  # imported at the first tensor operation: `r
 
 from ...batch import RolloutBatch
 from ...config import RunConfig
+from ...records.rng import step_seed
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,14 @@ class SamplingParams:
         r = cfg.rollout
         return cls(n=n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=cfg.max_new_tokens, seed=seed)
 
+    def for_chunk(self, worker: int) -> "SamplingParams":
+        """Chunk ``worker``'s sampling when a round's prompts are split across rollout workers: a seed
+        of its own, ``step_seed(seed, worker, 0, "chunk")`` (reproducible for a given number of
+        workers, not the samples of one)."""
+        if self.seed is None:
+            return self
+        return dataclasses.replace(self, seed=step_seed(self.seed, worker, 0, "chunk"))
+
     def check(self) -> None:
         """Raise ValueError unless every field is in range (engines call it before sampling)."""
         if self.n < 1 or self.max_new_tokens < 1:
@@ -77,6 +87,11 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new policy weights (HF parameter names) in place."""
+        ...
+
+    def load_adapter(self, adapter: Any, version: int) -> None:
+        """``model.lora.sync = "adapter"``: hold ``adapter`` (a ``models.lora.LoraAdapter``) as the
+        policy's LoRA adapters of ``version``, the base weights unchanged."""
         ...
 
 

@@ -11,14 +11,15 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers, decoders, proce
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from rldsl.runtime import toy
-from rldsl.runtime.data.sources import heldout_size
+from rldsl.runtime.data.sources import heldout_size, source_of
 from rldsl.runtime.run.sources import prompts_of
 from rldsl.runtime.config import load_config
 from rldsl.runtime.data.datasets import Example, load_examples, render_prompt
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.errors import DataError, RunError
-from rldsl.runtime.rewards.functions import gsm8k_reward, resolve_reward
+from rldsl.runtime.rewards.spec import resolve_reward
+from rldsl.runtime.rewards.verify import gsm8k_reward
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -70,7 +71,7 @@ def test_engine_is_fed_exactly_the_chat_template_ids(tmp_path, bos) -> None:
     data = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": p, "answer": str(i)} for i, p in enumerate(CONVERSATIONS)])
     cfg = load_config(None, [f"data.path={data}", "data.eval_size=0",
                              'data.chat_template_kwargs={"enable_thinking": false}'])
-    source, held = prompts_of(cfg, tok)
+    source, held = prompts_of(cfg, source_of(cfg), tok)
     examples = sorted(source.examples, key=lambda e: e.id)
     assert held == [] and [e.source for e in examples] == [tuple(CONVERSATIONS[0]), tuple(CONVERSATIONS[1]), CONVERSATIONS[2]]
     assert examples[0].prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
@@ -118,7 +119,7 @@ def test_gsm8k_rows_and_reward(tmp_path) -> None:
             {"question": "a costs 1,000. b?", "answer": "so\n#### 1,200"}]
     path = write_jsonl(tmp_path / "gsm8k.jsonl", rows)
     cfg = load_config(None, [f"data.path={path}", "data.prompt_key=question", "reward.name=gsm8k"])
-    source, held = prompts_of(cfg, chat_tokenizer())
+    source, held = prompts_of(cfg, source_of(cfg), chat_tokenizer())
     assert held == [] and len(source) == 2
     assert resolve_reward("gsm8k") is gsm8k_reward
     assert gsm8k_reward("", "48/2 = 24, 24+48 = 72\n#### 72", rows[0]["answer"]) == 1.0
@@ -133,13 +134,14 @@ def test_small_dataset_defaults(tmp_path) -> None:
     path = write_jsonl(tmp_path / "small.jsonl", [{"prompt": f"{i}+1=", "answer": i + 1} for i in range(64)])
     cfg = load_config(None, [f"data.path={path}"])
     notes: list[str] = []
-    source, held = prompts_of(cfg, None, notes.append)
+    source, held = prompts_of(cfg, source_of(cfg), None, notes.append)
     assert len(held) == 6 and len(source) == 58
     assert notes == ["held out 6 of 64 rows for evaluation (data.eval_size to change)"]
     assert heldout_size(cfg, 9) == (0, "9 rows: no held-out split (set data.eval_path or data.eval_size to evaluate)")
     assert heldout_size(cfg, 5000)[0] == 200
     with pytest.raises(RunError, match="data.eval_size=64 holds out every one of the 64 rows"):
-        prompts_of(load_config(None, [f"data.path={path}", "data.eval_size=64"]))
+        cfg = load_config(None, [f"data.path={path}", "data.eval_size=64"])
+        prompts_of(cfg, source_of(cfg))
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ reasoning_gym = pytest.importorskip("reasoning_gym")
 from reasoning_gym.utils import extract_answer  # noqa: E402
 
 from rldsl.runtime.data import reasoning_gym as rg  # noqa: E402
+from rldsl.runtime.data.sources import source_of  # noqa: E402
 from rldsl.runtime.batch import RolloutBatch  # noqa: E402
 from rldsl.runtime.config import load_config  # noqa: E402
 from rldsl.runtime.errors import ConfigError, DataError, RewardError  # noqa: E402
@@ -305,7 +306,7 @@ def test_eval_sets_that_would_log_under_one_name_are_refused(tokenizer, tmp_path
     def sets(*entries: str, data: str = "reasoning_gym:chain_sum=1,spell_backward=1"):
         (tmp_path / "run.toml").write_text("".join(f"[[eval.data]]\n{e}\n" for e in entries))
         cfg = load_config(tmp_path / "run.toml", ["data.eval_size=4", f"data.path={data}"])
-        return eval_sets_of(cfg, tokenizer, RewardFn("reasoning_gym"))
+        return eval_sets_of(cfg, source_of(cfg), tokenizer, RewardFn("reasoning_gym"))
 
     with pytest.raises(ConfigError, match="eval.data: two sets are named 'chain_sum'"):
         sets('path = "reasoning_gym:chain_sum"', 'path = "reasoning_gym:chain_sum=1,spell_backward=1"')
@@ -381,14 +382,16 @@ def test_without_model_path_the_embedded_arithmetic_model_is_warm_started_for_it
     monkeypatch.setattr(basic_arithmetic, "arithmetic_warm_start",
                         lambda settings, **kw: asked.append(settings) or tmp_path)
     cfg = load_config("examples/reasoning_gym.toml")
-    assert sources.model_folder(cfg)[0] == tmp_path
+    assert sources.model_folder(cfg, source_of(cfg))[0] == tmp_path
     (settings,) = asked
     assert dict(settings.options)["operators"] == ("+",) and settings.size == 4000 and settings.data_seed == 0
     assert settings.answer_format == "plain"
     with pytest.raises(RunError, match="no embedded model for reasoning_gym:spell_backward"):
-        sources.model_folder(load_config(None, ["data.path=reasoning_gym:spell_backward"]))
+        cfg = load_config(None, ["data.path=reasoning_gym:spell_backward"])
+        sources.model_folder(cfg, source_of(cfg))
     with pytest.raises(RunError, match="min_terms = max_terms = 2"):
-        sources.model_folder(load_config("examples/reasoning_gym.toml", ['data.options={"max_terms": 3}']))
+        cfg = load_config("examples/reasoning_gym.toml", ['data.options={"max_terms": 3}'])
+        sources.model_folder(cfg, source_of(cfg))
 
 
 def test_the_answer_format_reaches_the_default_reward_and_the_run_says_so():

@@ -3,13 +3,16 @@ through its row, a new kind is one registered row, and ``rldsl eval`` builds its
 engine with the run's recipe."""
 from __future__ import annotations
 
+import importlib
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from rldsl.runtime.config import load_config
 from rldsl.runtime.data.datasets import Example
-from rldsl.runtime.data.sources import (HELDOUT_ROWS, SOURCES, Rows, Source, default_reward, default_tools,
+from rldsl.runtime.data.sources import (BUILT_IN, HELDOUT_ROWS, SOURCES, Rows, Source, default_reward, default_tools,
                                         heldout_count, max_new_tokens, register, reward_origin, source_of,
                                         system_prompt)
 from rldsl.runtime.run import eval_command
@@ -60,7 +63,7 @@ def test_a_new_kind_of_source_is_one_registered_row(monkeypatch):
     assert (default_reward(cfg), max_new_tokens(cfg), default_tools(cfg), system_prompt(cfg)) == \
         ("contains", 9, "m:f", "Think.")
     notes: list[str] = []
-    source, held = prompts_of(cfg, None, notes.append)
+    source, held = prompts_of(cfg, source_of(cfg), None, notes.append)
     assert [e.prompt for e in source.examples] == ["q0", "q1"] and [e.prompt for e in held] == ["q2"]
     assert notes == ["2 demo rows"] and source.name == "demo:x"
 
@@ -151,9 +154,36 @@ def test_a_new_kind_of_source_gives_its_eval_sets_and_every_rollout_path_its_sys
     assert asked == [("demo:x", 3, None)]
     assert [e.prompt for s in sets for e in s.examples] == ["Think.\n\nq0"] * 2
     training = load_config(None, ["data.path=demo:x", "data.chat_template=off"])
-    source, _ = prompts_of(training, tokenizer)
+    source, _ = prompts_of(training, source_of(training), tokenizer)
     assert [e.prompt for e in source.examples] == ["Think.\n\nq0"]
     tools = ["data.path=demo:x", "rollout.tools=rldsl.runtime.toy.calculator:calculator"]
     assert EpisodeRunner.from_config(load_config(None, tools), None).system_prompt == "Think."
     given = load_config(None, [*tools, "data.system_prompt="])  # set ("": none), it wins
     assert EpisodeRunner.from_config(given, None).system_prompt is None
+
+
+RUNTIME = Path(__file__).resolve().parents[3] / "runtime"
+
+
+def _calls(name: str) -> list[str]:
+    """``file:line`` of every call of ``name`` in the runtime outside data/sources.py."""
+    pattern = re.compile(rf"(?<![\w.]){name}\(")
+    return sorted(f"{p.relative_to(RUNTIME)}:{i}" for p in RUNTIME.rglob("*.py") if p.name != "sources.py"
+                  or p.parent.name != "data" for i, line in enumerate(p.read_text().splitlines(), 1)
+                  if pattern.search(line.split("#")[0]) and not line.lstrip().startswith("def "))
+
+
+def test_the_run_asks_the_table_for_its_source_once_in_the_plan():
+    """The plan binds the source to the config (``Plan.source``, carried as ``Run.source``); no
+    reader of the run's rows, prompts, model, checks or rows' tasks asks the table again."""
+    assert [c.split(":")[0] for c in _calls("source_of")] == ["run/plan.py"]
+
+
+def test_the_built_in_kinds_are_registered_from_one_list_not_by_imports():
+    """No module adds its row to the table when imported: the built-in rows are BUILT_IN's, in
+    its order, whichever module was imported first."""
+    assert _calls("register") == []
+    source_of(load_config(None, []))  # the table, whole
+    named = [getattr(importlib.import_module(m), n) for m, names in BUILT_IN for n in names]
+    assert [s.name for s in named] == ["file", "addition", "calculator", "reasoning_gym", "shapes", "verifiers"]
+    assert all(SOURCES[s.name] is s for s in named)

@@ -12,8 +12,9 @@ import torch
 
 from rldsl.runtime.batch import RolloutBatch
 from rldsl.runtime.errors import RewardError, RewardSpecError
-from rldsl.runtime.rewards.functions import (
-    RewardFn,
+from rldsl.runtime.rewards.functions import RewardFn
+from rldsl.runtime.rewards.spec import parse_reward_spec
+from rldsl.runtime.rewards.verify import (
     addition_reward,
     exact_reward,
     extract_final_answer,
@@ -22,7 +23,6 @@ from rldsl.runtime.rewards.functions import (
     judge_gsm8k,
     judge_math,
     math_reward,
-    parse_reward_spec,
 )
 
 
@@ -449,7 +449,7 @@ def test_reward_workers_call_a_per_sample_function_concurrently_in_row_order() -
 
 def test_term_labels_name_each_term_shortly_and_once() -> None:
     """rewards/<label>/mean: the name as written, a function's name, a short form for batch terms."""
-    from rldsl.runtime.rewards.functions import term_labels
+    from rldsl.runtime.rewards.spec import term_labels
     names = ["a", "math(allow_truncated=true)", "mypkg.rewards:fmt", "rewards/fmt.py:fmt",
              "http://127.0.0.1:8000/score", "judge:http://localhost:9000/v1(model=q)", "rm:./models/my-rm/", "math"]
     assert list(term_labels(names).values()) == ["a", "math", "fmt", "fmt_2", "server_127.0.0.1", "judge_localhost",
@@ -471,3 +471,31 @@ def test_scores_gathered_in_one_tensor_per_term(user_module, monkeypatch) -> Non
     assert result.rewards.dtype == torch.float64 and result.num_errors == 0
     boom = RewardFn("my_rewards_mod:boom", on_error="skip").score(make_batch(["ok", "bad"], ["", ""]))
     assert [math.isnan(v) for v in boom.rewards.tolist()] == [False, True] and boom.num_errors == 1
+
+
+def test_the_verifier_the_spec_language_and_the_weighted_sum_are_one_module_each():
+    """verify.py: the built-in rewards and the math verifier; spec.py: the reward-spec language;
+    functions.py: RewardFn, the weighted sum. Each name is defined in one of them only."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    def defined(module: str) -> set[str]:
+        path = Path(importlib.import_module(f"rldsl.runtime.rewards.{module}").__file__)
+        out = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                out.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                out |= {t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                        if isinstance(t, ast.Name)}
+        return out
+
+    homes = {"verify": ["BUILTIN_REWARDS", "VERDICTS", "math_reward", "judge_math", "equivalent", "find_final_answer"],
+             "spec": ["parse_reward_spec", "resolve_reward", "split_reward_name", "term_labels", "batch_reward",
+                      "EnvironmentReward"],
+             "functions": ["RewardFn", "RewardTerm", "RewardResult", "correct", "unscored"]}
+    names = {m: defined(m) for m in homes}
+    for module, wanted in homes.items():
+        for name in wanted:
+            assert [m for m in homes if name in names[m]] == [module], name

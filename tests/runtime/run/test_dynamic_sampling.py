@@ -15,6 +15,7 @@ import rldsl
 from rldsl.runtime.run import step_batch as run_rollouts
 from rldsl.runtime.config import load_config
 from rldsl.runtime.data.datasets import Example, PromptSource, rollout_prompts
+from rldsl.runtime.data.sources import FILE
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.rewards.functions import RewardFn, RewardResult
@@ -53,7 +54,7 @@ def _run(tiny_model, tokenizer, spec: str, rounds):
     warnings: list[str] = []
     s = SimpleNamespace(cfg=cfg, fn=fn, prompts=PromptSource(examples, seed=0), tokenizer=tokenizer,
                         rollouts=ScriptedRollouts(tiny_model, tokenizer, rounds), reward=RewardFn("exact"),
-                        warn=warnings.append, multi_turn=False,
+                        source=FILE, warn=warnings.append, multi_turn=False,
                         rollout_prompts=lambda examples: rollout_prompts(examples, False))
     return s, warnings
 

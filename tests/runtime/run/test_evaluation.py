@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from rldsl.cli import app
 from rldsl.runtime.run import loop
 from rldsl.runtime.config import load_config
+from rldsl.runtime.data.sources import source_of
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.run.eval_sets import evaluate_set, load_sets, set_name
 from rldsl.runtime.run.evaluation import k_values, pass_at_k
@@ -231,6 +232,7 @@ def test_the_held_out_split_of_generated_data_is_also_split_by_task():
 
     pytest.importorskip("reasoning_gym")
     from rldsl.runtime.data import reasoning_gym as rg
+    from rldsl.runtime.data.sources import source_of
     from rldsl.runtime.run import eval_step
 
     held = rg.generate("reasoning_gym:basic_arithmetic=1,spell_backward=1", {"size": 4, "seed": 0},
@@ -250,7 +252,7 @@ def test_the_held_out_split_of_generated_data_is_also_split_by_task():
     cfg = load_config(None, ["data.path=reasoning_gym:basic_arithmetic=1,spell_backward=1", "eval.samples=2",
                              "rollout.max_new_tokens=8"])  # a run's config is resolved (resolve.py fills it in)
     s = SimpleNamespace(cfg=cfg, heldout=held, rollouts=SimpleNamespace(generate=generate), multi_turn=False,
-                        reward=RewardFn("exact"), warn=lambda m: None)
+                        reward=RewardFn("exact"), source=source_of(cfg), warn=lambda m: None)
     m = eval_step.evaluate_heldout(s, 1)
     assert m["eval/greedy_acc"] == pytest.approx(float(greedy.mean())) and m["eval/sampled_acc"] == 0.5
     assert m["eval/heldout/basic_arithmetic/greedy_acc"] == 1.0 == m["eval/heldout/basic_arithmetic/greedy_reward"]
@@ -295,7 +297,7 @@ def test_an_agent_making_two_rows_per_episode_is_evaluated_per_episode():
 
     cfg = load_config(None, ["eval.samples=2", "rollout.max_new_tokens=8"])
     s = SimpleNamespace(cfg=cfg, heldout=held, rollouts=SimpleNamespace(generate=generate), multi_turn=True,
-                        reward=RewardFn("exact"), warn=lambda m: None)
+                        reward=RewardFn("exact"), source=source_of(cfg), warn=lambda m: None)
     m = eval_step.evaluate_heldout(s, 0)
     assert lengths == [6, 12]
     assert m["eval/greedy_acc"] == pytest.approx(2 / 3) and m["eval/greedy_reward"] == pytest.approx(2 / 3)

@@ -395,6 +395,7 @@ def test_a_warm_start_trains_with_the_runs_threads(monkeypatch):
     """The embedded model is warm-started while the run is planned, before build() sets torch's
     threads: it must train with `threads` (1) already, not torch's default of one per core (two
     spinning OpenMP threads on a loaded 2-core machine ran a 3-minute warm start for over an hour)."""
+    from rldsl.runtime.data.sources import source_of
     from rldsl.runtime.run import sources
     from rldsl.runtime.toy import tool_warmup
 
@@ -408,7 +409,8 @@ def test_a_warm_start_trains_with_the_runs_threads(monkeypatch):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        sources.model_folder(load_config(None, ["threads=1", "data.task=calculator"]))
+        cfg = load_config(None, ["threads=1", "data.task=calculator"])
+        sources.model_folder(cfg, source_of(cfg))
     finally:
         torch.set_num_threads(before)
     assert seen == [1]

@@ -29,7 +29,7 @@ def test_collective_sync_to_a_vllm_rollout_worker_leaves_its_engine_equal_to_the
 
     def checked_save(s, step, producer=None):
         path = real_save(s, step, producer)  # after the step's sync
-        assert s.trainers.weights() is s.trainers.collective  # the collective path, not the object store
+        assert s.trainers.weights() is s.trainers.sync  # the collective path, not the object store
         engine = ray.get(s.rollouts.actors[0].engine_weights.remote())
         diffs.append(max_difference(engine, read_weights(path / "policy")))
         return path

@@ -15,7 +15,7 @@ from rldsl.runtime.data import images
 from rldsl.runtime.data.datasets import render_prompt
 from rldsl.runtime.data.sources import source_of, with_data
 from rldsl.runtime.errors import DataError
-from rldsl.runtime.rewards.functions import BUILTIN_REWARDS
+from rldsl.runtime.rewards.verify import BUILTIN_REWARDS
 from rldsl.runtime.toy import shapes
 from rldsl.runtime.toy.shapes_source import SOURCE
 

@@ -17,7 +17,7 @@ import torch
 
 from rldsl.runtime.errors import WeightSyncError
 from rldsl.runtime.run import step as run_step
-from rldsl.runtime.workers.sync_buckets import Entry, SyncGroup, bucket_bytes, receive_buckets
+from rldsl.runtime.workers.sync.buckets import Entry, SyncGroup, bucket_bytes, receive_buckets
 
 from test_ray import config, ray_cluster  # noqa: F401 - the module's fixtures
 
@@ -33,7 +33,7 @@ def test_collective_sync_leaves_every_engine_equal_to_the_trainers(ray_cluster, 
                                           "distributed.sync_bucket_mb": 0.01, "checkpoint.every": 0})
     s = build_run("grpo", cfg, out)
     try:
-        assert s.trainers.weights() is s.trainers.collective
+        assert s.trainers.weights() is s.trainers.sync
         syncs = []
         for step in range(2):
             m = run_step.train_step(s, step)
@@ -123,10 +123,10 @@ def test_collective_sync_is_refused_where_it_cannot_run():
 
 def test_auto_picks_the_collective_sync_only_where_it_was_measured_faster_and_is_tested():
     from rldsl.runtime.config import load_config
-    from rldsl.runtime.workers.collective_sync import weight_sync_path
+    from rldsl.runtime.workers.sync.transports import transport_name
 
     def path(*sets: str) -> str:
-        return weight_sync_path(load_config(None, ["distributed.rollout_workers=1", *sets]))
+        return transport_name(load_config(None, ["distributed.rollout_workers=1", *sets]))
 
     assert path() == "collective"
     for other in (["rollout.max_staleness=1"], ["rollout.engine=vllm"], ["model.lora.rank=4"], ["device=cuda"]):
@@ -144,7 +144,7 @@ def test_a_worker_killed_mid_sync_is_named_whichever_failure_the_driver_hears_fi
 
     from rldsl.runtime.config import load_config
     from rldsl.runtime.errors import WorkerError
-    from rldsl.runtime.workers.collective_sync import CollectiveSync
+    from rldsl.runtime.workers.sync.collective import CollectiveSync
 
     def wait(calls, timeout, what):
         if first == "the worker's death":
@@ -173,7 +173,7 @@ def test_the_collective_sync_of_lora_adapters_sends_the_adapters_alone(tiny_mode
 
     pytest.importorskip("peft")
     from rldsl.runtime.models.lora import adapter_of, apply_lora
-    from rldsl.runtime.workers.sync_buckets import as_adapter, as_plain, from_plain, plan_bytes, send_buckets, sync_plan
+    from rldsl.runtime.workers.sync.buckets import as_adapter, as_plain, from_plain, plan_bytes, send_buckets, sync_plan
 
     policy, _ = apply_lora(copy.deepcopy(tiny_model), rank=4, alpha=8, dropout=0.0, target_modules=["all-linear"])
     for name, p in policy.named_parameters():

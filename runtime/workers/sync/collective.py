@@ -1,9 +1,10 @@
 """The collective weight sync on Ray (``distributed.weight_sync = "collective"``), driven from the
-driver: :class:`CollectiveSync` is what ``RayTrainers.weights()`` answers; ``RayRollouts.load_weights``
-calls its ``push``, which forms the sync's process group (trainer rank 0 and every rollout worker,
-sync_buckets.py) the first time and after a rollout worker was restarted, then runs one sync: every
-trainer rank gathers the buckets, rank 0 broadcasts them, every rollout worker (this module's
-:class:`RolloutWorker`, a rollout_actor.py one that joins the group) loads them into its engine in place as they arrive.
+driver: :class:`CollectiveSync` is its :class:`~rldsl.runtime.workers.sync.base.Transport`. Its
+``send`` moves nothing (the trainers' side answers with the transport itself); its ``receive`` forms
+the sync's process group (trainer rank 0 and every rollout worker, buckets.py) the first time and
+after a rollout worker was restarted, then runs one sync: every trainer rank gathers the buckets,
+rank 0 broadcasts them, every rollout worker (this module's :class:`RolloutWorker`, a
+rollout_actor.py one that joins the group) loads them into its engine in place as they arrive.
 
 Fails loudly: every broadcast waits at most ``distributed.sync_timeout`` and raises naming its side
 and bucket; the driver waits for the whole sync at most twice that (so the waiting side reports
@@ -17,25 +18,13 @@ from typing import Any
 
 import torch
 
-from .. import faults
-from ..config import RunConfig
-from ..errors import WorkerError
-from .ray_cluster import RayCluster, actor_config
-from . import rollout_actor
-from .sync_buckets import SyncGroup, as_adapter, from_plain, receive_buckets
-
-
-def weight_sync_path(cfg: RunConfig) -> str:
-    """``distributed.weight_sync`` resolved: 'auto' is 'collective' where it was measured faster
-    and is tested (a synchronous CPU run, hf engine, full weights: docs/scaling.md, section 6),
-    else 'object_store'."""
-    chosen = cfg.distributed.weight_sync
-    if chosen != "auto":
-        return chosen
-    r = cfg.rollout
-    tested = (cfg.device == "cpu" and r.engine == "hf" and cfg.model.lora.rank == 0
-              and r.max_staleness == 0 and not r.partial)
-    return "collective" if tested else "object_store"
+from ... import faults
+from ...config import RunConfig
+from ...errors import WorkerError
+from ..ray_cluster import RayCluster, actor_config
+from .. import rollout_actor
+from .base import kind_of
+from .buckets import SyncGroup, from_plain, receive_buckets
 
 
 class RolloutWorker(rollout_actor.RolloutWorker):
@@ -48,8 +37,7 @@ class RolloutWorker(rollout_actor.RolloutWorker):
         self.sync_group: SyncGroup | None = None
         self.sync_timeout = float(payload["sync_timeout"])
         self.device = torch.device("cuda" if payload["rollout_gpus"] > 0 else "cpu")
-        lo = actor_config(payload).model.lora  # model.lora.sync = "adapter": the buckets hold the adapters alone
-        self.adapter = (lo.rank, lo.alpha) if lo.rank and lo.sync == "adapter" else None
+        self.kind = kind_of(actor_config(payload))  # model.lora.sync = "adapter": the buckets hold the adapters alone
 
     def node(self) -> str:
         import ray
@@ -76,23 +64,49 @@ class RolloutWorker(rollout_actor.RolloutWorker):
                     faults.at("sync_bucket", policy_version)
                 yield name, tensor
 
-        self.local.load_weights(buckets() if self.adapter is None else as_adapter(buckets(), *self.adapter),
-                                policy_version)
+        nbytes = sum(e.nbytes for bucket in self.plan for e in bucket)
+        self.local.load_weights(self.kind.received(buckets(), nbytes), policy_version)
         self.version = version
         return version
 
 
 class CollectiveSync:
-    """The handle ``RayTrainers.weights()`` answers with ``weight_sync = "collective"``: the sync
-    runs when ``RayRollouts.load_weights`` calls ``push`` (both sides take part at once)."""
+    """The collective transport: ``RayTrainers.weights()`` answers with it (a handle: nothing moves);
+    the sync runs when ``RayRollouts.load_weights`` hands it back to :meth:`receive` (both sides take
+    part at once). ``trainers``: the trainer ranks' actors; ``local``: every actor on one node (the
+    group's store then listens on 127.0.0.1), None: asked of the actors when the group first forms."""
 
-    def __init__(self, cluster: RayCluster, cfg: RunConfig, trainers: list[Any], local: bool):
+    def __init__(self, cluster: RayCluster, cfg: RunConfig, trainers: list[Any], local: bool | None = None):
         self.cluster, self.cfg, self.trainers, self.local = cluster, cfg, trainers, local
         self.trainer_names = [f"trainer rank {r}" for r in range(len(trainers))]
         self.generation = 0  # the group's incarnation (formed again after a rollout worker restart)
         self.formed = False
         self.plain_plan: list | None = None
         self.bytes = 0  # the bytes of the last sync (sync/bytes)
+
+    def send(self, trainers: Any) -> "CollectiveSync":
+        return self
+
+    def snapshot(self) -> "CollectiveSync":
+        """Itself: the sync sends the weights the trainers hold when it runs (an asynchronous run,
+        which publishes older versions, is refused this transport before it starts)."""
+        return self
+
+    def receive(self, rollouts: Any, weights: Any, version: int, policy_version: int) -> None:
+        self.push(rollouts, version, policy_version)
+
+    def restore(self, rollouts: Any, w: int, weights: Any, version: int, policy_version: int) -> None:
+        """A restarted process is in no group: the group is formed again and every worker synced."""
+        self.push(rollouts, version, policy_version, reform=True)
+
+    def _on_one_node(self, rollouts: Any) -> bool:
+        if self.local is None:
+            c, d = self.cluster, self.cfg.distributed
+            nodes = c.wait([(n, t.node.remote()) for n, t in zip(self.trainer_names, self.trainers)]
+                           + [(n, a.node.remote()) for n, a in zip(rollouts.names, rollouts.actors)],
+                           d.call_timeout, "the weight sync (group)")
+            self.local = len(set(nodes)) == 1
+        return self.local
 
     def _form(self, rollouts: Any) -> None:
         d, c = self.cfg.distributed, self.cluster
@@ -102,7 +116,7 @@ class CollectiveSync:
                            d.sync_timeout, "the weight sync (bucket plan)")
             self.plain_plan = plans[0]
         self.generation += 1
-        host, port = c.wait([(self.trainer_names[0], self.trainers[0].sync_listen.remote(self.local))],
+        host, port = c.wait([(self.trainer_names[0], self.trainers[0].sync_listen.remote(self._on_one_node(rollouts)))],
                             d.sync_timeout, "the weight sync (group)")[0]
         world = 1 + len(rollouts.actors)
         calls = [(self.trainer_names[0], self.trainers[0].sync_join.remote(host, port, world, self.generation))]
@@ -126,8 +140,8 @@ class CollectiveSync:
     def push(self, rollouts: Any, version: int, policy_version: int, reform: bool = False) -> None:
         """One sync to every rollout worker of ``rollouts`` (a RayRollouts): its weights ``version``
         (the driver's sync count) and ``policy_version``. A rollout worker that dies or was
-        restarted is restarted by ``rollouts`` (counted against max_restarts), which pushes again
-        with ``reform``: the group is formed again first (the restarted process is not in it)."""
+        restarted is restarted by ``rollouts`` (counted against max_restarts), which restores it
+        (:meth:`restore`): the group is formed again first (the restarted process is not in it)."""
         d, c = self.cfg.distributed, self.cluster
         if reform:
             self.formed = False

@@ -8,7 +8,7 @@ the engine's in-place ``update_weights``). Peak host memory is a bucket (or the 
 when it is larger), never the model.
 
 Every broadcast has the group's timeout (``distributed.sync_timeout``) and fails naming its side
-and bucket. collective_sync.py drives it from the Ray driver.
+and bucket. collective.py drives it from the Ray driver.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..errors import WeightSyncError
-from ..models.lora import ADAPTER, LoraAdapter, lora_scalings, merge_state
+from ...errors import WeightSyncError
+from ...models.lora import ADAPTER, LoraAdapter, lora_scalings, merge_state
 
 _ALIGN = 16  # bytes: every tensor of a packed bucket starts on a multiple of this
 
@@ -157,11 +157,14 @@ def _full(t: Tensor) -> Tensor:
 
 
 def send_buckets(policy: nn.Module, plan: list[list[Entry]], group: SyncGroup | None,
-                 device: torch.device) -> tuple[int, str | None]:
+                 device: torch.device, generation: int | None = None) -> tuple[int, str | None]:
     """The trainer side: every trainer rank gathers each bucket's shards (FSDP2 all-gathers, in the
     plan's order); rank 0 (the one with a ``group``) merges LoRA modules and broadcasts the bucket.
     A failed broadcast does not stop the gathers (the other ranks are still in them): the ranks
-    stay in step, and rank 0 raises the broadcast's error once they are done. (bytes sent, None)."""
+    stay in step, and rank 0 raises the broadcast's error once they are done. ``generation``: the
+    group the driver formed last, which rank 0's ``group`` must be. (bytes sent, None)."""
+    if group is not None and generation is not None and group.generation != generation:
+        raise WeightSyncError(f"{group.side} holds weight-sync group {group.generation}, not {generation}")
     state = sharded_state(policy)
     scalings = lora_scalings(policy) if group is not None else {}
     sent, error = 0, None
@@ -206,7 +209,7 @@ def receive_buckets(group: SyncGroup, plan: list[list[Entry]]) -> Iterator[tuple
 
 def as_adapter(named: Iterable[tuple[str, Tensor]], rank: int, alpha: float) -> LoraAdapter:
     """Received adapter tensors (views of a bucket's buffer: copied out) as one adapter, for the
-    engine's ``load_adapter`` (``model.lora.sync = "adapter"`` over the collective path)."""
+    engine's ``load_adapter`` (``model.lora.sync = "adapter"`` over the collective path: adapter.py)."""
     return LoraAdapter({name: t.detach().to("cpu", copy=True) for name, t in named}, rank, alpha)
 
 
