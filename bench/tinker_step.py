@@ -9,7 +9,7 @@ The service step is what a recipe does per batch through the unchanged ``tinker`
 the server), the reward and group-centred advantages on the client, one ``forward_backward``
 (``importance_sampling``) and one ``optim_step``. The ``rldsl run`` step is
 ``run.step.train_step`` (rollout with the HF engine, reward, old logprobs, the compiled loss, the
-update, the weight sync) with a spec of the same loss (``bench/tinker_is.rl``: -rho A summed).
+update, the weight sync) with a spec of the same loss (written to a temporary folder: -rho A summed).
 Blocks alternate (run, service, run, ...) so that machine noise hits both; the table gives the
 medians and the ratio service / run, and where the service's extra time goes (the client's
 wall time minus the server's own compute of its jobs: protobuf, futures, HTTP).

@@ -23,7 +23,7 @@ def _extra_state(s: Run, step: int, algorithm: dict[str, Any],
         extra["teacher_ema"] = teacher
     if loss_scale is not None:  # model.dtype=float16: the loss scale and its count of finite steps
         extra["loss_scale"] = loss_scale
-    if s.prompt_stats is not None:  # the per-prompt statistics a spec reads (prompt_mean, ...)
+    if getattr(s, "prompt_stats", None) is not None:  # the per-prompt statistics a spec reads (prompt_mean, ...)
         extra["prompt_stats"] = s.prompt_stats.state_dict()
     if getattr(s, "replay", None) is not None:  # sampling replay: the kept groups, as plain values (rollout/replay.py)
         extra["replay"] = s.replay.state_dict(_plain_batch)
@@ -77,7 +77,7 @@ def restore(s: Run, path: Path) -> int:
     s.trainers.load_checkpoint(c)  # weights, critic, algorithm state, optimizers, scheduler
     s.prompts.load_state_dict(c.extra["data"])
     s.queued = restored_queue(c.extra)
-    if s.prompt_stats is not None and "prompt_stats" in c.extra:
+    if getattr(s, "prompt_stats", None) is not None and "prompt_stats" in c.extra:
         s.prompt_stats.load_state_dict(c.extra["prompt_stats"])
     if getattr(s, "replay", None) is not None:
         s.replay.load_state_dict(c.extra.get("replay", {"seq": 0, "entries": []}), _batch_of)

@@ -227,8 +227,9 @@ class ForwardPasses:
                 if what == "critic":
                     parts = [self._values(sub, tr)]
                 else:
-                    got = self._logprobs(model, sub, grad=False, entropy="entropy" in flags, groups=by_group,
-                                         sum_pi_squared="sum_pi_squared" in flags)
+                    # each flag a LogprobOut field the forward returns (entropy, sum_pi_squared)
+                    got = self._logprobs(model, sub, grad=False, groups=by_group,
+                                         **{"entropy": False, **{f: True for f in flags}})
                     parts = [got.logprobs] + [getattr(got, f) for f in flags]
             if weight == 0.0:
                 continue

@@ -10,7 +10,7 @@ is written once for both.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
@@ -18,7 +18,8 @@ from ..batch import RolloutBatch
 from ..records.checkpoint import Checkpoint
 from ..rollout.engines.base import SamplingParams
 from ..rewards.functions import RewardResult
-from .sync.base import Weights
+if TYPE_CHECKING:  # annotations only: sync/ imports torch, which `rldsl run` loads after its checks
+    from .sync.base import Weights
 
 
 @dataclass
