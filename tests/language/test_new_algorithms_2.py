@@ -20,31 +20,8 @@ from functools import partial
 
 import pytest
 import torch
-from test_new_algorithms import DT, EXAMPLES, G, TOL, _batch, _logp_ent, _old_ref, grpo_adv, token_mean
-
-import rldsl
-
-_COMPILED: dict = {}
-
-
-@pytest.fixture(params=["eager", pytest.param("compiled", marks=[pytest.mark.compile, pytest.mark.slow])])
-def mode(request: pytest.FixtureRequest) -> str:
-    """Every check runs on the eager spec and on its torch.compile'd twin (compiled once per
-    session: tests marked ``compile`` run with torch.compile where RLDSL_COMPILE allows it)."""
-    return request.param
-
-
-def _spec(name: str, mode: str, **replace: str):
-    key = (name, mode, tuple(sorted(replace.items())))
-    if key not in _COMPILED:
-        text = (EXAMPLES / f"{name}.rl").read_text()
-        for old, new in replace.items():
-            assert old in text, old
-            text = text.replace(old, new)
-        fn = rldsl.compile(rldsl.loads(text, filename=f"{name}.rl"), compile=mode == "compiled")
-        assert fn.compiled == (mode == "compiled")
-        _COMPILED[key] = fn
-    return _COMPILED[key]
+from test_new_algorithms import (DT, G, TOL, _batch, _logp_ent, _old_ref, _spec, grpo_adv,  # noqa: F401 (mode: the fixture)
+                                 mode, token_mean)
 
 
 def _past_the_clamp(b: dict) -> dict:
