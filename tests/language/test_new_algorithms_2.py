@@ -20,8 +20,14 @@ from functools import partial
 
 import pytest
 import torch
-from test_new_algorithms import (DT, G, TOL, _batch, _logp_ent, _old_ref, _spec, grpo_adv,  # noqa: F401 (mode: the fixture)
-                                 mode, token_mean)
+from test_new_algorithms import DT, EAGER_AND_COMPILED, G, TOL, _batch, _logp_ent, _old_ref, _spec, grpo_adv, token_mean
+
+
+@pytest.fixture(params=EAGER_AND_COMPILED)
+def mode(request: pytest.FixtureRequest) -> str:
+    """Every check of this round runs on the eager spec and on its torch.compile'd twin (compiled
+    once per session and reused)."""
+    return request.param
 
 
 def _past_the_clamp(b: dict) -> dict:
