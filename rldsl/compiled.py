@@ -220,7 +220,9 @@ class CompiledAlgorithm:
 
         Non-finite rewards (e.g. a reward function that failed with on_error=skip) are
         replaced by their group's mean finite reward -- so they do not move the group's
-        baseline -- and their rows are removed from the loss mask.
+        baseline -- and their rows are removed from the loss mask. So is a row with a non-finite
+        value of an input that fails a row (``ref_reward``: every reference answer's reward
+        failed), that input's value replaced likewise.
         """
         if rewards.dim() != 1 or mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:
             raise ValueError(f"rewards must be [B] and mask [B, T]; got {tuple(rewards.shape)} "
@@ -235,23 +237,23 @@ class CompiledAlgorithm:
             problem = None if given.get(x) is None else inputs.check_shape(i, given[x], sizes)
             if problem is not None:
                 raise ValueError(f"{self.algorithm.name}: {problem}")
-        extra = self._extras("advantage", given, sizes, mask)
         rewards = rewards.detach().to(torch.float32)
         finite = torch.isfinite(rewards)
-        clean = rewards
-        if not bool(finite.all()):
-            g = ops.group_view(torch.where(finite, rewards, torch.zeros_like(rewards)), group_size)
-            cnt = ops.group_view(finite.float(), group_size).sum(-1, keepdim=True)
-            fill = (g.sum(-1, keepdim=True) / cnt.clamp_min(1)).expand_as(g).reshape(-1)
-            clean = torch.where(finite, rewards, fill)
+        ok = finite  # rows with a reward, and a finite value of every input that fails a row (ref_reward)
+        for i in inputs.failing_rows(given):
+            ok = ok & torch.isfinite(given[i.name].detach()).to(ok.device)
+        for i in inputs.failing_rows(given):  # a failed row reads its group's mean finite value
+            given[i.name] = _group_filled(given[i.name].detach().float(), ok.to(given[i.name].device), group_size)
+        extra = self._extras("advantage", given, sizes, mask)
+        clean = rewards if bool(ok.all()) else _group_filled(rewards, ok, group_size)
         B = rewards.shape[0]
         if B == 0:
             z = torch.zeros(mask.shape, dtype=torch.float32)
             return Estimate(z, z, z, rewards, {"rows": 0.0})
-        row_mask = mask.float() * finite.unsqueeze(-1).float()  # failed rewards: no tokens
+        row_mask = mask.float() * ok.unsqueeze(-1).float()  # failed rows: no tokens
         adv, returns, loss_mask, shaped = self._advantages(
             clean, row_mask, group_size, values, truncated, old_logprobs, ref_logprobs, self.state,
-            finite, *extra)
+            ok, *extra)
         metrics = self._estimate_metrics(rewards, finite, shaped, adv, mask, loss_mask, group_size)
         if rollout_logprobs is not None:
             loss_mask = self._correct_mask(loss_mask, old_logprobs, rollout_logprobs, metrics)
@@ -448,6 +450,15 @@ class CompiledAlgorithm:
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self.state.clear()
         self.state.update({k: v.clone() for k, v in state.items()})
+
+
+def _group_filled(x: Tensor, ok: Tensor, group_size: int) -> Tensor:
+    """``x`` [B] with each row outside ``ok`` replaced by the mean of its group's rows in ``ok``
+    (0 for a group with none): a failed row then moves no group statistic."""
+    g = ops.group_view(torch.where(ok, x, torch.zeros_like(x)), group_size)
+    cnt = ops.group_view(ok.float(), group_size).sum(-1, keepdim=True)
+    fill = (g.sum(-1, keepdim=True) / cnt.clamp_min(1)).expand_as(g).reshape(-1)
+    return torch.where(ok, x, fill)
 
 
 def compile(algo: Algorithm, compile: bool = True, **compile_kwargs: Any) -> CompiledAlgorithm:  # noqa: A001

@@ -5,7 +5,9 @@ One JSON line per sample of the first ``log.samples_per_step`` prompt groups of 
 system prompt), ``completion``, ``reward``, ``advantage`` (the mean of the sample's
 per-token advantages over its loss mask; sequence-level algorithms have one value per
 sample), ``finish_reason``, ``response_length`` (tokens) and ``rewards``, each reward term's
-value by its label (null where it failed). ``rldsl samples RUN
+value by its label (null where it failed); a spec reading the reference model's reward adds
+``ref_reward`` (the row's prompt's; null where every reference answer's reward failed) and the
+reference's terms to ``rewards`` as ``ref/<term>``. ``rldsl samples RUN
 [--step N]`` prints them as a table (:func:`read_samples`). A resumed run drops the
 records after its checkpoint's step (:func:`truncate_samples`), as for the metrics.
 """
@@ -44,6 +46,8 @@ def sample_rows(step: int, batch: RolloutBatch, rewards: torch.Tensor, advantage
             out[-1]["images"] = list(batch.images[i])
         if batch.reward_terms:  # each term's value (its label: rewards/<term>/mean in the metrics)
             out[-1]["rewards"] = {k: _number(v[i]) for k, v in batch.reward_terms.items()}
+        if "ref_reward" in batch.inputs:  # the reference model's reward of the row's prompt
+            out[-1]["ref_reward"] = _number(batch.inputs["ref_reward"][i])
         if batch.episodes:  # a multi-turn episode: its messages (roles, tool calls, results)
             episode = batch.episodes[i]
             out[-1]["messages"] = episode_messages(episode.messages)

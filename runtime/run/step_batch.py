@@ -43,9 +43,14 @@ def rollout_step(s: Run, step: int) -> StepRollout:
     # the inputs the algorithm reads that the rollout makes (ReMax's greedy rewards, GDPO's [B, K] rewards)
     producers = rollout_producers(s.fn.algorithm)
     logged = step + 1  # the step's number in metrics.jsonl and the console (``step`` counts from 0)
+    reference = getattr(s, "reference", None)  # a Run has one (None unless the spec reads ref_reward)
     side = RolloutSide(s.rollouts.generate, [(t.name, t.weight) for t in s.reward.terms],
                                       cfg.max_new_tokens, s.warn, logged, s.multi_turn, s.tokenizer,
-                                      s.fn.algorithm.group_by, s.prompt_stats) if producers else None
+                                      s.fn.algorithm.group_by, s.prompt_stats,
+                                      None if reference is None else reference.generate,
+                                      dataclasses.replace(SamplingParams.for_rollout(
+                                          cfg, step_seed(cfg.seed, step, 0, "reference")),
+                                          n=cfg.reward.reference_samples)) if producers else None
     timed_inputs: dict[str, float] = {p.time_metric: 0.0 for p in producers if p.time_metric}
     replay = getattr(s, "replay", None)  # a Run has one (None without sampling replay)
     for r in range(rounds):
