@@ -193,7 +193,8 @@ class CompiledAlgorithm:
                  dense_rewards: Tensor | None = None,
                  group_keys: Tensor | None = None,
                  prompt_mean: Tensor | None = None, prompt_var: Tensor | None = None,
-                 prompt_count: Tensor | None = None, **more: Tensor) -> Estimate:
+                 prompt_count: Tensor | None = None, ref_reward: Tensor | None = None,
+                 **more: Tensor) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
 
         ``reward_baselines`` [B]: the reward of a greedy rollout of each row's prompt
@@ -213,6 +214,10 @@ class CompiledAlgorithm:
         ``prompt_mean`` / ``prompt_var`` / ``prompt_count`` [B]: the running statistics of each
         row's prompt's finite rewards over every step it was seen in, this one included (the
         caller keeps them across steps), read by formulas that name them.
+
+        ``ref_reward`` [B]: the reward of a reference model's answers to each row's prompt (its
+        prompt's mean, repeated over the group), read by formulas that name it; a non-finite
+        value takes its row out of the loss (below).
 
         With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
         its rejections leave ``est.mask`` (denominator included) and its metrics join
@@ -364,7 +369,7 @@ class CompiledAlgorithm:
              teacher_logprobs: Tensor | None = None, teacher_topk_logprobs: Tensor | None = None,
              topk_logprobs: Tensor | None = None, divergence: Tensor | None = None,
              old_entropy: Tensor | None = None, sequence_rewards: Tensor | None = None,
-             router_aux: Tensor | None = None,
+             router_aux: Tensor | None = None, ref_reward: Tensor | None = None,
              **more: Tensor) -> LossOutput:
         """Per-token tensors [B, T] -> the scalar loss to minimise, value loss and metrics.
 
@@ -394,6 +399,10 @@ class CompiledAlgorithm:
 
         ``router_aux``: a mixture-of-experts policy's per-token router load-balancing loss [B, T]
         (with gradient), what ``router balance`` reads (docs/moe.md).
+
+        ``ref_reward``: the reference model's reward [B] of each row's prompt, read by a formula
+        as ``ref_reward``; pass a finite value (``rldsl run`` passes 0 on a row ``estimate()``
+        left out for a non-finite one: it has no loss tokens).
         """
         algo = self.algorithm
         given = self._given("loss", {**locals(), **self._more("loss", "loss", more)})
