@@ -14,13 +14,19 @@ from typer.testing import CliRunner
 
 from rldsl.cli import app
 from rldsl.runtime import recipe
+from rldsl.runtime.batch import RolloutBatch
 from rldsl.runtime.config import load_config
+from rldsl.runtime.data.datasets import Example
 from rldsl.runtime.errors import ConfigError
 from rldsl.runtime.models.loading import load_policy, load_tokenizer
 from rldsl.runtime.resolve import check_reference
+from rldsl.runtime.rewards.functions import RewardResult
+from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.run import loop
 from rldsl.runtime.run.plan import load_spec
+from rldsl.runtime.train import inputs as producers
+from rldsl.runtime.workers.base import Generation
 from rldsl.runtime.workers.local import LocalRollouts
 from small_run import small_run, steps_of
 
@@ -83,6 +89,39 @@ def test_a_named_model_folder_or_the_policy_base_passes(model_dir, tmp_path):
         check_reference(load_spec(SPEC), load_config(None, [f"model.path={model_dir}", f"reward.reference={ref}"]))
 
 
+def _batch(B: int, G: int) -> RolloutBatch:
+    return RolloutBatch(torch.zeros(B, 1, dtype=torch.long), torch.ones(B, 1, dtype=torch.long),
+                        torch.zeros(B, 2, dtype=torch.long), torch.ones(B, 2), torch.zeros(B, 2),
+                        ["stop"] * B, ["p"] * B, ["c"] * B, G)
+
+
+def test_each_row_gets_its_prompts_mean_over_the_reference_answers_that_did_not_fail():
+    """3 prompts x 2 reference answers: (1, 0) -> 0.5; (NaN, 1) -> 1 (the failed one left out);
+    (NaN, NaN) -> NaN (the rows then leave the loss); each term likewise, as ref/<term>."""
+    nan = float("nan")
+    fmt = torch.tensor([0.5, 0.5, nan, 0.0, nan, nan], dtype=torch.float64)
+    acc = torch.tensor([0.5, -0.5, nan, 1.0, nan, nan], dtype=torch.float64)
+    seen, warned = [], []
+
+    def reference(prompts, answers, params, reward_prompts):
+        seen.append((prompts, answers, params, reward_prompts))
+        return Generation(_batch(6, 2), RewardResult(fmt + acc, {"fmt": fmt, "acc": acc}, 3, "boom"), 0.25, 0.5)
+
+    side = producers.RolloutSide(None, [("fmt", 1.0), ("acc", 1.0)], 4, warned.append, 7,
+                                 reference=reference, reference_params=SamplingParams(n=2, seed=5))
+    prompts = [Example(i, f"p{i}", f"a{i}", source=f"s{i}") for i in range(3)]
+    batch, seconds = producers.reference_rewards(side, _batch(12, 4), None, prompts)
+    assert seen == [(["p0", "p1", "p2"], ["a0", "a1", "a2"], SamplingParams(n=2, seed=5), ["s0", "s1", "s2"])]
+    assert seconds == 0.75
+    ref = batch.inputs["ref_reward"]
+    assert ref.dtype == torch.float32 and ref.shape == (12,)
+    torch.testing.assert_close(ref[:8], torch.tensor([0.5] * 4 + [1.0] * 4))
+    assert torch.isnan(ref[8:]).all()
+    torch.testing.assert_close(batch.reward_terms["ref/fmt"][:8], torch.tensor([0.5] * 4 + [0.0] * 4, dtype=torch.float64))
+    torch.testing.assert_close(batch.reward_terms["ref/acc"][:8], torch.tensor([0.0] * 4 + [1.0] * 4, dtype=torch.float64))
+    assert len(warned) == 1 and "step 7" in warned[0] and "3 reference answer(s)" in warned[0] and "boom" in warned[0]
+
+
 @pytest.mark.slow
 def test_a_run_reading_the_reference_reward_records_both_rewards_and_trains(model_dir, tmp_path, monkeypatch):
     """2 steps of contrastive_rewards with reward.reference=policy_base, 2 reference answers per
@@ -138,3 +177,23 @@ def test_policy_base_with_lora_samples_the_base_model(model_dir, tmp_path, monke
     assert base.generate(prompts, params).completions == got.batch.completions
     assert policy_obj.engine.generate(prompts, params).completions != got.batch.completions, \
         "the trained policy answers otherwise: the test tells the base from the policy"
+
+
+@pytest.mark.slow
+def test_a_named_model_folder_is_the_reference(model_dir, tmp_path, monkeypatch):
+    """reward.reference=PATH: the reference's answers are that folder's model's (another tiny model,
+    other weights), not the policy's."""
+    from transformers import LlamaForCausalLM
+
+    other = tmp_path / "other"
+    torch.manual_seed(1)
+    LlamaForCausalLM(load_policy(model_dir, "float32").config).save_pretrained(other)
+    load_tokenizer(model_dir).save_pretrained(other)
+    calls = _spy(monkeypatch)
+    loop.train(SPEC, small_run(model_dir, tmp_path / "run", "train.steps=1", f"reward.reference={other}"))
+    policy_obj = next(c[0] for c in calls if c[2].n == 4)
+    (_, prompts, params, got), = [c for c in calls if c[0] is not policy_obj]
+    assert HFEngine(load_policy(other, "float32"), load_tokenizer(other)).generate(prompts, params).completions \
+        == got.batch.completions
+    assert HFEngine(load_policy(model_dir, "float32"), load_tokenizer(model_dir)).generate(
+        prompts, params).completions != got.batch.completions
