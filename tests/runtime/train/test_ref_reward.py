@@ -197,3 +197,34 @@ def test_a_named_model_folder_is_the_reference(model_dir, tmp_path, monkeypatch)
         == got.batch.completions
     assert HFEngine(load_policy(model_dir, "float32"), load_tokenizer(model_dir)).generate(
         prompts, params).completions != got.batch.completions
+
+
+@pytest.mark.slow
+def test_a_loss_formula_reads_each_rows_reference_reward_in_micro_batches(model_dir, tmp_path, monkeypatch):
+    """A loss formula reading ref_reward: every micro-batch's loss() gets its rows' values (over the
+    step's micro-batches, each row's value once), and the run trains."""
+    import rldsl
+    from rldsl.runtime.train.trainer import Trainer
+
+    spec = tmp_path / "margin.rl"
+    spec.write_text("algorithm margin extends reinforce\n  define margin\n"
+                    "    l = -A * (1 + reward - ref_reward) * logp\n  end\n  objective  margin\n")
+    made, given = [], []
+    est, loss = Trainer.estimate, rldsl.CompiledAlgorithm.loss
+
+    def estimate(self, rollout, rewards):
+        made.extend(zip(rewards.tolist(), rollout.inputs["ref_reward"].tolist()))
+        return est(self, rollout, rewards)
+
+    def spy_loss(self, *args, **kw):
+        given.append(list(zip(kw["sequence_rewards"].tolist(), kw["ref_reward"].tolist())))
+        return loss(self, *args, **kw)
+
+    monkeypatch.setattr(Trainer, "estimate", estimate)
+    monkeypatch.setattr(rldsl.CompiledAlgorithm, "loss", spy_loss)
+    run = loop.train(str(spec), small_run(model_dir, tmp_path / "run", "train.steps=1", "reward.reference=policy_base",
+                                          "reward.reference_samples=3", "train.max_tokens_per_microbatch=24"))
+    assert len(made) == 16 and len(given) > 1, "the step's rows in more than one micro-batch"
+    assert len({ref for _, ref in made}) > 1, "prompts with different reference rewards"
+    assert sorted(p for micro in given for p in micro) == sorted(made)  # (reward, ref_reward) of each row, once
+    assert [r["step"] for r in steps_of(run)] == [1]
