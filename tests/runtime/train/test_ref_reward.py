@@ -228,3 +228,22 @@ def test_a_loss_formula_reads_each_rows_reference_reward_in_micro_batches(model_
     assert len({ref for _, ref in made}) > 1, "prompts with different reference rewards"
     assert sorted(p for micro in given for p in micro) == sorted(made)  # (reward, ref_reward) of each row, once
     assert [r["step"] for r in steps_of(run)] == [1]
+
+
+@pytest.mark.slow
+def test_a_prompt_whose_reference_answers_all_failed_leaves_the_loss(model_dir, tmp_path):
+    """reward.on_error=skip with a reward that fails on completions starting with '1': a prompt whose
+    reference answer failed has ref_reward null in samples.jsonl and its rows leave the loss
+    (advantage 0, counted in filtered_rows, not in nonfinite_rewards: the policy's own rewards)."""
+    run = loop.train(SPEC, small_run(model_dir, tmp_path / "run", "train.steps=2", "log.samples_per_step=4",
+                                     "reward.reference=policy_base", "reward.name=reward_helpers:explode",
+                                     "reward.on_error=skip", "reward.max_skipped_steps=0"))
+    rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    failed = [r for r in rows if r["ref_reward"] is None]
+    assert failed and len(failed) < len(rows), "this seed's reference fails on some prompts, not all"
+    assert all(r["advantage"] == 0.0 and r["rewards"]["ref/explode"] is None for r in failed)
+    for rec in steps_of(run):
+        step_rows = [r for r in rows if r["step"] == rec["step"]]
+        out = {(r["group"], i) for i, r in enumerate(step_rows) if r["ref_reward"] is None or r["reward"] is None}
+        assert rec["filtered_rows"] == len(out)
+        assert rec["nonfinite_rewards"] == sum(r["reward"] is None for r in step_rows)
