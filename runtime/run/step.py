@@ -12,7 +12,7 @@ from ..records.rng import step_seed
 from ..rollout.producer import RolloutProducer
 from .state import Run
 from .step_record import record_step, staleness
-from .step_batch import rollout_step
+from .step_batch import rollout_step, with_replay
 
 
 def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None = None) -> dict[str, float]:
@@ -31,12 +31,17 @@ def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None 
             item = producer.get(step)
         r = item.value
         m = {**r.metrics, **staleness(r.batch, step, item.version), **waited, PRODUCER_WAIT: item.wait_s}
+        if s.replay is not None:  # sampling replay: the buffer lives where the step is assembled
+            r = with_replay(s, r, step, item.version)
+            m.update(r.metrics)
         if producer.score_apart:  # scored in a stage of its own, beside generation
             m[REWARD_HIDDEN] = item.hidden_s
     rewards = r.scored
     # ESTIMATE: old / reference logprobs, values, the spec's shaping, filters and advantages
     with timed(m, "logprobs"):
         tb = s.trainers.estimate(r.batch, rewards)
+    if s.replay is not None:  # replay(advantage=keep): the entries' advantages of their first training
+        s.replay.trained(tb)
     # PASS-RATE CAP: retire the prompts the spec calls solved
     if s.fn.data.pass_rate_cap is not None:
         m["retired_prompts"] = float(_retire_solved(s, r))

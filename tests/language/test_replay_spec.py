@@ -52,7 +52,7 @@ def test_explain_shows_the_replay_policy(tmp_path: Path) -> None:
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert 'replay(capacity=32, enter=nonzero_std, priority="std * sum(abs(adv))", use=substitute, ' \
-           'per_step=2, max_age=4)' in out.stdout
+           'per_step=2, max_age=4, advantage=recompute)' in out.stdout
     assert ('replay: buffer of 32 groups, enter nonzero_std, priority "std * sum(abs(adv))", substitute '
             'non-informative groups, at most 2 per step, dropped after 4 versions') in out.stdout
 

@@ -238,8 +238,10 @@ def test_replay_is_refused_where_it_is_not_tested_yet():
 
     algo = rldsl.loads(REPLAY_SPEC, "replay.rl")
     check_replay(algo, load_config(None, []))
-    with pytest.raises(RunError, match="rollout.max_staleness > 0"):
+    with pytest.raises(RunError, match="rollout.max_staleness > 0 with use=mix"):  # REPLAY_SPEC mixes
         check_replay(algo, load_config(None, ["rollout.max_staleness=1"]))
+    substitute = rldsl.loads(REPLAY_SPEC.replace("use=mix, mix=0.5, ", ""), "replay.rl")
+    check_replay(substitute, load_config(None, ["rollout.max_staleness=1"]))  # tested: async ages above
     check_replay(rldsl.load("grpo"), load_config(None, ["rollout.max_staleness=1"]))
 
 
@@ -255,3 +257,158 @@ def test_without_replay_the_step_is_unchanged(tokenizer, tiny_model_factory, mon
     assert r.batch.replayed is None and not any(k.startswith("replay/") for k in r.metrics)
     tb = trainer.estimate(r.batch, r.scored)
     assert tb.old_logprobs is None and not any(k.startswith("replay/") for k in tb.metrics)
+
+
+def _keep_run(tokenizer, tiny_model_factory, advantage: str):
+    """The 4 hand-computed steps (STEPS) under ``normalizer batch_std`` (a group's advantage
+    depends on the batch it is trained in), as train_step runs them: estimate, the buffer told
+    the advantages, update. Returns each step's rollout, TrainBatch and the groups' names."""
+    model = tiny_model_factory(tokenizer, seed=3)
+    spec = _spec(f"replay(capacity=2, priority=newest, max_age=1, advantage={advantage})") + "  normalizer batch_std\n"
+    cfg = load_config(None, ["rollout.prompts_per_step=4", f"rollout.n={G}", "rollout.max_new_tokens=5",
+                             "rollout.temperature=1.0", "train.lr=0.05"])
+    fn = rldsl.compile(rldsl.loads(spec, "replay.rl"), compile=False)
+    examples = [Example(id=i, prompt=f"{i}+{i}=", answer=str(2 * i)) for i in range(10, 40)]
+    s = SimpleNamespace(cfg=cfg, fn=fn, prompts=PromptSource(examples, seed=0), tokenizer=tokenizer,
+                        rollouts=ScriptedRollouts(model, tokenizer, STEPS), reward=RewardFn("exact"),
+                        warn=print, multi_turn=False, rollout_prompts=lambda ex: rollout_prompts(ex, False),
+                        replay=ReplayBuffer(fn.data.replay_policy, tokenizer.pad_token_id))
+    trainer = Trainer(fn, model, optimizer=build_optimizer(model.parameters(), cfg.train))
+    out = []
+    for step in range(4):
+        r = step_batch.rollout_step(s, step)
+        tb = trainer.estimate(r.batch, r.scored)
+        s.replay.trained(tb)
+        trainer.update(tb)
+        out.append((r, tb, s.rollouts.prompts[step]))
+    return out
+
+
+def _batch_std(rewards: torch.Tensor) -> torch.Tensor:
+    """[B] batch_std's advantage written from its formula: (r - the group's mean) / (the batch's
+    unbiased std + 1e-6)."""
+    r = rewards.double().view(-1, G)
+    return ((r - r.mean(1, keepdim=True)) / (r.std() + 1e-6)).view(-1)
+
+
+def test_advantage_keep_replays_the_advantage_of_the_first_training(tokenizer, tiny_model_factory):
+    """replay(advantage=keep): a replayed group's rows train with the advantage they had the first
+    time they were trained on (bit for bit), not the one the new batch's std gives; the other
+    rows' are the estimator's for this batch (batch_std, from its formula, 1e-6). With
+    advantage=recompute (the default) a replayed group gets this batch's."""
+    first: dict[str, torch.Tensor] = {}  # group (its prompt) -> advantages [G] of its first training
+    differs = 0
+    for advantage in ("keep", "recompute"):
+        for step, (r, tb, _) in enumerate(_keep_run(tokenizer, tiny_model_factory, advantage)):
+            flags = r.batch.replayed.view(-1, G)[:, 0].tolist()
+            mask = r.batch.response_mask > 0
+            ref = _batch_std(r.scored)
+            for g in sorted(range(4), key=lambda g: flags[g]):  # a fresh place first
+                rows = range(g * G, (g + 1) * G)
+                got = torch.stack([tb.advantages[b][mask[b]].double().unique() for b in rows])  # [G, 1]
+                name = r.reward_prompts[g]
+                if advantage == "keep" and flags[g] and name in first:
+                    assert torch.equal(got[:, 0], first[name]), (step, name)
+                    differs += int(not torch.allclose(got[:, 0], ref[rows.start:rows.stop], atol=1e-6))
+                else:
+                    assert torch.allclose(got[:, 0], ref[rows.start:rows.stop], atol=1e-6), (advantage, step, name)
+                if advantage == "keep":
+                    first.setdefault(name, got[:, 0])
+            if advantage == "keep" and step == 0:
+                assert r.batch.kept_advantages is None  # nothing is kept before a first training
+    assert differs > 0, "under batch_std a kept advantage is not the recomputed one"
+
+
+class LaggedRollouts(ScriptedRollouts):
+    """ScriptedRollouts whose engine samples with an older copy of the policy: what an asynchronous
+    run's producer hands the trainer (rollout.max_staleness = 1: step t's batch is version t - 1's)."""
+
+    def __init__(self, model, tokenizer, steps):
+        import copy
+
+        self.sampler = copy.deepcopy(model)
+        super().__init__(self.sampler, tokenizer, steps)
+
+    def load(self, state):
+        self.sampler.load_state_dict(state)
+
+
+def test_asynchronous_rollouts_age_entries_in_the_trainers_versions(tokenizer, tiny_model_factory, unpadded_logits):
+    """rollout.max_staleness = 1: step t trains on a batch sampled by version max(0, t - 1). The
+    buffer is stepped where the step is assembled (step_batch.with_replay, as run/step.py does with
+    the producer's batch and its version): an entry's version is the one that sampled it, its age
+    this step's version minus that -- as async/staleness counts --, so max_age drops entries a
+    synchronous run would keep. The ratio of a replayed row is against its recorded behaviour
+    logprobs (the older sampler's), the loss the reference's (1e-6). Hand-computed from STEPS with
+    capacity 2, newest, max_age 1:
+      step 0 (sampled by v0): a, c enter; [a, c, c, a], ages 0
+      step 1 (v0): e enters, a leaves; 3 places from [c, e]: e, c, e; ages 1 (sync: 1/3)
+      step 2 (v1): c and e are 2 versions old and leave (sync keeps e); f enters; f, f, f, age 1
+      step 3 (v2): f is 2 versions old and leaves: nothing to replay."""
+    import copy
+
+    model = tiny_model_factory(tokenizer, seed=3)
+    s, trainer = _run(model, tokenizer, "replay(capacity=2, priority=newest, max_age=1)", STEPS)
+    s.rollouts = LaggedRollouts(model, tokenizer, STEPS)
+    s.cfg.rollout.max_staleness = 1  # rollout_step leaves the buffer to the trainer's side
+    versions = [copy.deepcopy(model.state_dict())]  # the weights after v updates
+    seen, ratios = [], []
+    for step in range(4):
+        version = max(0, step - 1)
+        s.rollouts.load(versions[version])
+        made = step_batch.rollout_step(s, step)
+        assert made.batch.replayed is None and SIZE not in made.metrics  # the producer's side: fresh only
+        r = step_batch.with_replay(s, made, step, version)
+        want_loss, want_rho = _reference_loss(model, r.batch, r.scored, unpadded_logits)
+        tb = trainer.estimate(r.batch, r.scored)
+        if r.batch.replayed is not None:
+            rows = r.batch.replayed
+            assert torch.equal(tb.old_logprobs[rows] * r.batch.response_mask[rows],
+                               r.batch.logprobs[rows] * r.batch.response_mask[rows])
+            assert tb.metrics["replay/ratio_mean"] == pytest.approx(float(want_rho.mean()), rel=1e-6), step
+        um = trainer.update(tb)
+        assert um.get(LOSS, 0.0) == pytest.approx(want_loss, abs=1e-6), step  # step 3: every A = 0, no update
+        ratios.append(tb.metrics.get("replay/ratio_mean"))
+        versions.append(copy.deepcopy(model.state_dict()))
+        seen.append((r, s.rollouts.prompts[step]))
+    p = [n for _, n in seen]
+    a, c, e, f = p[0][0], p[0][2], p[1][1], p[2][3]
+    expected = [  # (groups, replayed flags, size, fraction, age)
+        ([a, c, c, a], [0, 1, 0, 1], 2, 2 / 4, 0.0),
+        ([e, e, c, e], [1, 0, 1, 1], 2, 3 / 4, 1.0),
+        ([f, f, f, f], [1, 1, 1, 0], 1, 3 / 4, 1.0),
+        (p[3], None, 0, 0.0, 0.0),
+    ]
+    for step, ((r, _), (groups, flags, size, fraction, age)) in enumerate(zip(seen, expected)):
+        assert r.reward_prompts == groups, step
+        if flags is None:
+            assert r.batch.replayed is None, step
+        else:
+            assert r.batch.replayed.view(-1, G)[:, 0].tolist() == [bool(x) for x in flags], step
+        assert (r.metrics[SIZE], r.metrics[FRACTION]) == (size, fraction), step
+        assert r.metrics[AGE] == pytest.approx(age, abs=1e-12), step
+    # step 0 replays what v0 sampled to v0 (ratio 1); later steps replay older samples (ratio != 1)
+    assert ratios[0] == pytest.approx(1.0, abs=1e-5) and abs(ratios[1] - 1) > 1e-4 and ratios[3] is None
+
+
+@pytest.mark.slow
+def test_an_asynchronous_run_with_replay_resumes_as_its_uninterrupted_twin(model_dir, tmp_path):
+    """rollout.max_staleness = 1 with replay: the producer makes fresh batches only, the trainer's
+    step passes them through the buffer with the version that sampled them; the buffer and the
+    batches generated ahead are saved with the checkpoint, so the resumed steps equal the whole run's."""
+    from rldsl.runtime.records import checkpoint as ckpt
+    from rldsl.runtime.run import loop
+    from small_run import small_run, steps_of, without_timing
+
+    spec = tmp_path / "replay.rl"
+    spec.write_text(REPLAY_SPEC.replace("use=mix, mix=0.5, ", ""), encoding="utf-8")
+    over = {"train.steps": 6, "checkpoint.every": 2, "rollout.max_staleness": 1}
+    full = loop.train(str(spec), small_run(model_dir, tmp_path / "full", **over))
+    cut = loop.train(str(spec), small_run(model_dir, tmp_path / "cut", **over), stop_after=3)
+    assert ckpt.latest_checkpoint(cut).name == "step-3"
+    loop.train(str(spec), resume=cut)
+    records = steps_of(full)
+    assert [r["async/staleness_max"] for r in records] == [0.0] + [1.0] * 5
+    assert any(r[FRACTION] > 0 for r in records[3:]), "the steps after the cut replay groups"
+    assert all(r[AGE] >= 1.0 for r in records[1:] if r[FRACTION] > 0)  # sampled a version or more ago
+    assert without_timing(steps_of(cut)) == without_timing(records)
