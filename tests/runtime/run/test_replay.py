@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import rldsl
+from rldsl.runtime.batch import group_rows
 from rldsl.runtime.config import load_config
 from rldsl.runtime.data.datasets import Example, PromptSource, rollout_prompts
 from rldsl.runtime.records.metrics import LOSS
@@ -242,6 +243,9 @@ def test_replay_is_refused_where_it_is_not_tested_yet():
         check_replay(algo, load_config(None, ["rollout.max_staleness=1"]))
     substitute = rldsl.loads(REPLAY_SPEC.replace("use=mix, mix=0.5, ", ""), "replay.rl")
     check_replay(substitute, load_config(None, ["rollout.max_staleness=1"]))  # tested: async ages above
+    check_replay(algo, load_config(None, ["rollout.env=episode_helpers:Nudge"]))  # tested: episodes below
+    with pytest.raises(RunError, match="rollout.agent"):
+        check_replay(algo, load_config(None, ["rollout.agent=agent_helpers:solve"]))
     check_replay(rldsl.load("grpo"), load_config(None, ["rollout.max_staleness=1"]))
 
 
@@ -412,3 +416,100 @@ def test_an_asynchronous_run_with_replay_resumes_as_its_uninterrupted_twin(model
     assert any(r[FRACTION] > 0 for r in records[3:]), "the steps after the cut replay groups"
     assert all(r[AGE] >= 1.0 for r in records[1:] if r[FRACTION] > 0)  # sampled a version or more ago
     assert without_timing(steps_of(cut)) == without_timing(records)
+
+
+class EpisodeRollouts(ScriptedRollouts):
+    """Multi-turn episodes of a tiny model (rollout/episodes/runner.py ``run_episodes``) against
+    the Nudge environment (tests/runtime/episode_helpers.py: a user message after each turn, 3
+    turns): one row per episode, the environment's tokens attended but masked out of the loss;
+    rewards from the table. Each turn is the model's max_new_tokens sampled tokens, ended there as
+    if it had stopped (a random tiny model rarely samples its EOS), so every episode has 3 turns."""
+
+    def generate_ids(self, prompt_ids, params, prompts=None):
+        import dataclasses
+
+        out = self.engine.generate_ids(prompt_ids, params, prompts)
+        return dataclasses.replace(out, finish_reason=["stop"] * len(out))
+
+    def generate(self, prompts, answers, params: SamplingParams, reward_prompts=None) -> Generation:
+        from episode_helpers import Nudge
+
+        from rldsl.runtime.rollout.episodes.runner import run_episodes
+
+        rows = [{"prompt": p, "answer": a} for p, a in zip(reward_prompts, answers)]
+        self.tokenizer = self.engine.tokenizer
+        batch = run_episodes(self, self.engine.tokenizer, rows, [Nudge() for _ in range(len(rows) * params.n)],
+                             params, max_turns=3)
+        rewards = torch.tensor(self.steps[len(self.prompts)], dtype=torch.float32).reshape(-1)
+        self.prompts.append(list(reward_prompts))
+        return Generation(batch, RewardResult(rewards, {}, 0), 0.0, 0.0)
+
+
+def _episode_reference(model, batch, rewards) -> tuple[float, torch.Tensor]:
+    """_reference_loss for episodes: each row run alone over every real token (model and
+    environment: ``attention``), the loss and the ratios over the model's tokens only
+    (``response_mask``)."""
+    r = rewards.double().view(-1, G)
+    adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).view(-1)
+    total, count, ratios = 0.0, 0, []
+    with torch.no_grad():
+        for b in range(len(batch)):
+            prompt = batch.prompt_ids[b][batch.prompt_mask[b].bool()]
+            n = int(batch.attention[b].sum())
+            response = batch.response_ids[b, :n]
+            logits = model(input_ids=torch.cat([prompt, response])[None]).logits[0].double()
+            logp = torch.log_softmax(logits[len(prompt) - 1:len(prompt) - 1 + n], -1).gather(1, response[:, None])[:, 0]
+            own = batch.response_mask[b, :n].bool()
+            if bool(batch.replayed[b]):
+                rho = torch.exp(logp[own] - batch.logprobs[b, :n][own].double())
+                ratios.append(rho)
+            else:
+                rho = torch.ones(int(own.sum()), dtype=torch.float64)
+            a = float(adv[b])
+            total += float((-torch.minimum(rho * a, rho.clamp(0.8, 1.2) * a)).sum())
+            count += int(own.sum())
+    return total / count, torch.cat(ratios) if ratios else torch.zeros(0)
+
+
+def test_a_replayed_episode_keeps_its_per_token_mask(tiny_model_factory):
+    """Multi-turn episodes (the environment's tokens masked): the buffer over the 4 hand-computed
+    steps keeps and replays the same groups as single-turn completions; a replayed episode is its
+    recorded rows -- token ids, loss mask (environment tokens 0), attention, logprobs, messages --
+    and its ratio is pi_theta / mu over the model's tokens only; the loss is the reference's (1e-6)."""
+    from rldsl.runtime.toy.tool_model import build_tool_tokenizer
+
+    tok = build_tool_tokenizer()
+    model = tiny_model_factory(tok, seed=3)
+    s, trainer = _run(model, tok, "replay(capacity=2, priority=newest, max_age=1)", STEPS)
+    s.rollouts = EpisodeRollouts(model, tok, STEPS)
+    seen = []
+    for step in range(4):
+        r = step_batch.rollout_step(s, step)
+        b = r.batch
+        assert b.response_attention is not None and len(b.episodes) == len(b)
+        env_tokens = (b.response_attention > 0) & (b.response_mask == 0)
+        assert bool(env_tokens.any()), "the environment's tokens are in the rows, masked"
+        want_loss, want_rho = _episode_reference(model, b, r.scored)
+        tb = trainer.estimate(b, r.scored)
+        rows = b.replayed
+        assert torch.equal(tb.old_logprobs[rows] * b.response_mask[rows], b.logprobs[rows] * b.response_mask[rows])
+        assert tb.metrics["replay/ratio_mean"] == pytest.approx(float(want_rho.mean()), rel=1e-6), step
+        assert tb.metrics["replay/ratio_min"] == pytest.approx(float(want_rho.min()), rel=1e-6), step
+        um = trainer.update(tb)
+        assert um.get(LOSS, 0.0) == pytest.approx(want_loss, abs=1e-6), step
+        seen.append((r, s.rollouts.prompts[step]))
+    p = [n for _, n in seen]
+    a, c, e, f = p[0][0], p[0][2], p[1][1], p[2][3]
+    expected = [[a, c, c, a], [e, e, c, e], [f, e, f, f], [f, f, f, f]]  # as test_four_steps_...
+    assert [r.reward_prompts for r, _ in seen] == expected
+    # a replayed episode is its recorded rows: group c sampled at step 0 (place 2), replayed at
+    # step 0 (place 1) and step 1 (place 2); group f sampled at step 2 (place 3), replayed at step 3
+    for (s0, g0), (s1, g1) in [((0, 2), (0, 1)), ((0, 2), (1, 2)), ((2, 3), (3, 0))]:
+        x, y = seen[s0][0].batch, seen[s1][0].batch
+        rx, ry = group_rows([g0], G), group_rows([g1], G)
+        n = int(x.attention[rx].sum(1).max())
+        for field in ("response_ids", "response_mask", "response_attention", "logprobs"):
+            assert torch.equal(getattr(x, field)[rx, :n], getattr(y, field)[ry, :n]), field
+            assert not getattr(y, field)[ry, n:].any(), field  # only padding after
+        assert [x.episodes[i].messages for i in rx.tolist()] == [y.episodes[i].messages for i in ry.tolist()]
+        assert not bool(x.replayed[rx].any()) and bool(y.replayed[ry].all())
