@@ -246,6 +246,12 @@ def test_replay_is_refused_where_it_is_not_tested_yet():
     check_replay(algo, load_config(None, ["rollout.env=episode_helpers:Nudge"]))  # tested: episodes below
     with pytest.raises(RunError, match="rollout.agent"):
         check_replay(algo, load_config(None, ["rollout.agent=agent_helpers:solve"]))
+    ray = ["distributed.trainers=2", "distributed.rollout_workers=1"]
+    check_replay(algo, load_config(None, ray))  # tested: tests/runtime/workers/test_ray.py
+    keep = rldsl.loads(REPLAY_SPEC.replace("max_age=3", "max_age=3, advantage=keep"), "replay.rl")
+    check_replay(keep, load_config(None, []))
+    with pytest.raises(RunError, match="advantage=keep on Ray"):
+        check_replay(keep, load_config(None, ray))
     check_replay(rldsl.load("grpo"), load_config(None, ["rollout.max_staleness=1"]))
 
 
