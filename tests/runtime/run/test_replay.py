@@ -519,3 +519,74 @@ def test_a_replayed_episode_keeps_its_per_token_mask(tiny_model_factory):
             assert not getattr(y, field)[ry, n:].any(), field  # only padding after
         assert [x.episodes[i].messages for i in rx.tolist()] == [y.episodes[i].messages for i in ry.tolist()]
         assert not bool(x.replayed[rx].any()) and bool(y.replayed[ry].all())
+
+
+def _real_routing(batch, b: int) -> torch.Tensor:
+    """Row b's recorded experts over its real tokens (prompt padding dropped): [n, Y, K]."""
+    from rldsl.runtime.batch import model_inputs
+
+    _, attn, _ = model_inputs(batch)
+    return batch.routed_experts[b][attn[b].bool()]
+
+
+def test_a_replayed_group_keeps_its_routed_experts(moe_model):
+    """A mixture-of-experts policy (rollout.routing_replay): a replayed group's rows carry the
+    experts the engine routed them to when they were sampled, re-laid to the new batch's columns,
+    and the trainer's forward replays those: after an update moved the routers, the replayed
+    rows' ratio is the one of each row run alone under its recorded experts (moe_helpers
+    ``forced_logprobs``, 1e-6)."""
+    from moe_helpers import forced_logprobs
+    from transformers import AutoModelForCausalLM
+
+    from rldsl.runtime.models.loading import load_tokenizer
+
+    folder = moe_model("qwen3_moe")
+    tok = load_tokenizer(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    s, _ = _run(model, tok, "replay(capacity=2, priority=newest, max_age=1)", STEPS)
+    trainer = Trainer(s.fn, model, optimizer=build_optimizer(model.parameters(), s.cfg.train), routing_replay=True)
+    r0 = step_batch.rollout_step(s, 0)
+    trainer.update(trainer.estimate(r0.batch, r0.scored))  # the routers move
+    r1 = step_batch.rollout_step(s, 1)
+    tb1 = trainer.estimate(r1.batch, r1.scored)
+    assert r0.batch.routed_experts is not None and r1.batch.routed_experts is not None
+    # group c: sampled at step 0 (place 2), replayed at step 1 (place 2) -- its recorded experts
+    assert r1.reward_prompts[2] == r0.reward_prompts[2] and bool(r1.batch.replayed[2 * G])
+    for i in range(2 * G, 3 * G):
+        assert torch.equal(_real_routing(r0.batch, i), _real_routing(r1.batch, i)), i
+    # the replayed rows' ratio (places 0, 2, 3) under their recorded experts, at step 1's weights
+    valid = (r1.batch.response_mask > 0) & r1.batch.replayed[:, None]
+    forced = forced_logprobs(model, r1.batch)
+    rho = torch.exp(forced.double() - r1.batch.logprobs.double())[valid]
+    assert tb1.metrics["replay/ratio_mean"] == pytest.approx(float(rho.mean()), rel=1e-6)
+    assert tb1.metrics["replay/ratio_max"] == pytest.approx(float(rho.max()), rel=1e-6)
+    assert tb1.metrics["moe/routing_mismatch"] == 0.0  # every forward routed as recorded
+
+
+class ImageRollouts(ScriptedRollouts):
+    """ScriptedRollouts whose rows each name an image of their own (as a vision-language policy's
+    rows do: ``RolloutBatch.images``)."""
+
+    def generate(self, prompts, answers, params: SamplingParams, reward_prompts=None) -> Generation:
+        import dataclasses
+
+        gen = super().generate(prompts, answers, params, reward_prompts)
+        k = len(self.prompts) - 1
+        images = [[f"data/step{k}-row{i}.png"] for i in range(len(gen.batch))]
+        return dataclasses.replace(gen, batch=dataclasses.replace(gen.batch, images=images))
+
+
+def test_a_replayed_group_keeps_its_images(tokenizer, tiny_model_factory):
+    """The images of a replayed group's rows travel with them (the trainer's forwards read their
+    pixels from them: train/vision_rows.py); the fresh rows keep theirs, in place."""
+    model = tiny_model_factory(tokenizer, seed=3)
+    s, _ = _run(model, tokenizer, "replay(capacity=2, priority=newest, max_age=1)", STEPS)
+    s.rollouts = ImageRollouts(model, tokenizer, STEPS)
+    batches = [step_batch.rollout_step(s, step).batch for step in range(2)]
+    # each place's group as (the step, the place) it was sampled at: step 0 is [a, c, c, a] (a = 0's
+    # place 0, c = its place 2), step 1 is [e, e, c, e] (e = 1's place 1) -- test_four_steps_...
+    sampled = [[(0, 0), (0, 2), (0, 2), (0, 0)], [(1, 1), (1, 1), (0, 2), (1, 1)]]
+    for step, b in enumerate(batches):
+        for g, (k, place) in enumerate(sampled[step]):
+            assert [b.images[g * G + j] for j in range(G)] == \
+                [[f"data/step{k}-row{place * G + j}.png"] for j in range(G)], (step, g)
