@@ -355,6 +355,12 @@ class StepRollout:
     rewards         [B] each row's reward, NaN where it failed; None until scored
     metrics         the rollout's own metrics: ``time/rollout_s``, ``time/reward_s``,
                     ``sampling_rounds``, ``reward_errors``, ...
+    fresh           ``sampling replay`` (rollout/replay.py): the step's generated groups before
+                    replayed ones took places in it or joined it (what the rollout metrics, the
+                    curriculum and the pass-rate cap read: :attr:`generated`); None: no group
+                    of the batch is replayed
+    replay_ages     ``sampling replay``: P entries, a replayed group's age in policy versions,
+                    None for a fresh one (samples.jsonl); None: no group is replayed
     """
 
     step: int
@@ -363,6 +369,13 @@ class StepRollout:
     reward_prompts: list[str]
     rewards: torch.Tensor | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    fresh: "StepRollout | None" = None
+    replay_ages: list[int | None] | None = None
+
+    @property
+    def generated(self) -> "StepRollout":
+        """The groups this step generated (``fresh``; the batch itself when nothing is replayed)."""
+        return self if self.fresh is None else self.fresh
 
     @property
     def scored(self) -> torch.Tensor:

@@ -109,7 +109,7 @@ class ReplayBuffer:
             k = len(slots) if self.entries else 0
             slots = slots[:k]
         chosen = self.choose(k, generator)
-        out = self._batch(made, slots, chosen)
+        out = self._batch(made, slots, chosen, now)
         n = len(out.prompt_ids)
         m = {SIZE: float(len(self.entries)), FRACTION: len(chosen) / n if n else 0.0,
              AGE: sum(now - e.version for e in chosen) / len(chosen) if chosen else 0.0}
@@ -160,28 +160,33 @@ class ReplayBuffer:
         idx = torch.multinomial(self.probabilities(), k, replacement=k > len(self.entries), generator=generator)
         return [self.entries[i] for i in idx.tolist()]
 
-    def _batch(self, made: StepRollout, slots: list[int], chosen: list[Entry]) -> StepRollout:
-        """The fresh groups with ``chosen`` in ``slots`` (substitute) or after them (mix)."""
-        if not chosen:
-            return made
+    def _batch(self, made: StepRollout, slots: list[int], chosen: list[Entry], now: int) -> StepRollout:
+        """The fresh groups with ``chosen`` in ``slots`` (substitute) or after them (mix); the
+        result keeps ``made`` as its ``fresh`` groups and each place's age (None: fresh)."""
         G = made.batch.group_size
         P = len(made.prompt_ids)
+        if not chosen:  # the batch is the fresh groups (samples.jsonl still says so)
+            return dataclasses.replace(made, replay_ages=[None] * P)
         fresh = [(made.batch.select(group_rows([g], G)), made.prompt_ids[g],
                   made.reward_prompts[g] if made.reward_prompts else "", made.scored[g * G:(g + 1) * G], False)
                  for g in range(P)]
         replayed = [(self._kept(e), e.prompt_id, e.reward_prompt, e.rewards, True) for e in chosen]
+        ages: list[int | None] = [None] * P
         if slots:
             for s, r, e in zip(slots, replayed, chosen):
                 fresh[s] = r
                 self.placed[s] = e
+                ages[s] = now - e.version
             parts = fresh
         else:
             parts = fresh + replayed
             self.placed += chosen
+            ages += [now - e.version for e in chosen]
         batch = RolloutBatch.concat([dataclasses.replace(b, replayed=torch.full((G,), was, dtype=torch.bool))
                                      for b, _, _, _, was in parts], self.pad_id)
         return StepRollout(made.step, batch, [x[1] for x in parts], [x[2] for x in parts],
-                           torch.cat([x[3].to(made.scored.dtype) for x in parts]), made.metrics)
+                           torch.cat([x[3].to(made.scored.dtype) for x in parts]), made.metrics,
+                           fresh=made, replay_ages=ages)
 
     # -- advantage=keep
 

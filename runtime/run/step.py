@@ -43,9 +43,12 @@ def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None 
     if s.replay is not None:  # replay(advantage=keep): the entries' advantages of their first training
         s.replay.trained(tb)
     # PASS-RATE CAP: retire the prompts the spec calls solved
+    # (both read the groups this step generated: a replayed group's rewards are an older policy's)
+    fresh = r.generated
     if s.fn.data.pass_rate_cap is not None:
-        m["retired_prompts"] = float(_retire_solved(s, r))
-    m.update(s.prompts.observe(r.prompt_ids, rewards.view(-1, r.batch.group_size)))  # per-task metrics, curriculum
+        m["retired_prompts"] = float(_retire_solved(s, fresh))
+    # per-task metrics, curriculum
+    m.update(s.prompts.observe(fresh.prompt_ids, fresh.scored.view(-1, fresh.batch.group_size)))
     # UPDATE: minibatches of the compiled loss, then the LR-schedule step
     faults.at("update", step + 1)
     with timed(m, "update"):

@@ -99,6 +99,8 @@ def rollout_step(s: Run, step: int) -> StepRollout:
         if not kept:
             assert last is not None
             kept.append(last)
+    if len(kept) == 1:  # one round: its rollout as made (with replay, its fresh groups and ages)
+        return dataclasses.replace(kept[0], metrics=m)
     return StepRollout(step, RolloutBatch.concat([k.batch for k in kept], s.tokenizer.pad_token_id),
                        sum((k.prompt_ids for k in kept), []), sum((k.reward_prompts for k in kept), []),
                        torch.cat([k.scored for k in kept]), m)

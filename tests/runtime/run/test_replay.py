@@ -590,3 +590,53 @@ def test_a_replayed_group_keeps_its_images(tokenizer, tiny_model_factory):
         for g, (k, place) in enumerate(sampled[step]):
             assert [b.images[g * G + j] for j in range(G)] == \
                 [[f"data/step{k}-row{place * G + j}.png"] for j in range(G)], (step, g)
+
+
+class Observed(PromptSource):
+    """A PromptSource that keeps what each step's observe() was given (the curriculum's input)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.seen = []
+
+    def observe(self, prompt_ids, rewards):
+        self.seen.append((list(prompt_ids), rewards.clone()))
+        return {}
+
+
+def test_the_records_count_replayed_groups_apart(tokenizer, tiny_model_factory, tmp_path):
+    """The 4 hand-computed steps through run/step.train_step: reward_mean and accuracy are the
+    step's generated groups' (the table's row of the step, replaced groups included), not the
+    trained batch's; the curriculum observes those same groups; samples.jsonl marks each replayed
+    row ``"replayed": true, "age": k`` (k its age in versions) and the others ``"replayed": false``."""
+    import json
+
+    from rldsl.runtime.records.metrics import ACCURACY, REWARD
+    from rldsl.runtime.run import step as run_step
+    from rldsl.runtime.workers.local_trainers import LocalTrainers
+
+    model = tiny_model_factory(tokenizer, seed=3)
+    s, trainer = _run(model, tokenizer, "replay(capacity=2, priority=newest, max_age=1)", STEPS)
+    s.cfg.log.samples_per_step = 4
+    s.prompts = Observed(s.prompts.examples, seed=0)
+    s.rollouts.load_weights = lambda weights, version: None  # the engine samples with the trained model itself
+    s.trainers, s.run_dir = LocalTrainers(trainer), tmp_path
+    metrics = [run_step.train_step(s, step) for step in range(4)]
+    for step, (m, table) in enumerate(zip(metrics, STEPS)):
+        fresh = torch.tensor(table, dtype=torch.float32)
+        assert m[REWARD] == pytest.approx(float(fresh.mean()), abs=1e-7), step
+        assert m[ACCURACY] == pytest.approx(float((fresh > 0.5).float().mean()), abs=1e-7), step
+        ids, rewards = s.prompts.seen[step]
+        assert [f"{i}+{i}=" for i in ids] == s.rollouts.prompts[step]  # the prompts drawn this step
+        assert torch.equal(rewards.float(), fresh), step
+    assert metrics[0][REWARD] == 7 / 16  # the trained batch [a, c, c, a] would say 6 / 16
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    ages = [  # each place's age, None = fresh (test_four_steps_against_a_hand_computed_buffer's batches)
+        [None, 0, None, 0],  # [a, c, c, a]: a and c entered this step
+        [0, None, 1, 0],     # [e, e, c, e]: e entered this step, c at step 0
+        [0, 1, 0, None],     # [f, e, f, f]
+        [1, 1, 1, 1],        # [f, f, f, f]
+    ]
+    for step, want in enumerate(ages):
+        got = [(r["replayed"], r.get("age")) for r in rows if r["step"] == step + 1]
+        assert got == [(a is not None, a) for a in want for _ in range(G)], step
