@@ -206,10 +206,15 @@ REPLAY_SPEC = '''algorithm grpo_mix_replay extends grpo
 '''
 
 
+KEEP_SPEC = REPLAY_SPEC.replace("max_age=3)", "max_age=3, advantage=keep)\n  normalizer    batch_std")
+
+
 @pytest.mark.slow
-def test_a_run_stopped_after_a_checkpoint_and_resumed_equals_its_uninterrupted_twin(model_dir, tmp_path):
+@pytest.mark.parametrize("text", [REPLAY_SPEC, KEEP_SPEC], ids=["recompute", "keep"])
+def test_a_run_stopped_after_a_checkpoint_and_resumed_equals_its_uninterrupted_twin(model_dir, tmp_path, text):
     """The buffer is saved with the checkpoint (its groups, their versions and priorities, the
-    arrival counter) and restored: the resumed steps draw and train what the uninterrupted run does."""
+    arrival counter, with advantage=keep their kept advantages) and restored: the resumed steps
+    draw and train what the uninterrupted run does."""
     from safetensors.torch import load_file
 
     from rldsl.runtime.records import checkpoint as ckpt
@@ -217,13 +222,15 @@ def test_a_run_stopped_after_a_checkpoint_and_resumed_equals_its_uninterrupted_t
     from small_run import small_run, steps_of, without_timing
 
     spec = tmp_path / "replay.rl"
-    spec.write_text(REPLAY_SPEC, encoding="utf-8")
+    spec.write_text(text, encoding="utf-8")
     full = loop.train(str(spec), small_run(model_dir, tmp_path / "full", **{"train.steps": 6, "checkpoint.every": 2}))
     cut = loop.train(str(spec), small_run(model_dir, tmp_path / "cut", **{"train.steps": 6, "checkpoint.every": 2}),
                      stop_after=3)
     assert ckpt.latest_checkpoint(cut).name == "step-3"
     saved = ckpt.load_checkpoint(ckpt.latest_checkpoint(cut)).extra["replay"]
     assert saved["entries"] and saved["seq"] >= len(saved["entries"])
+    if text == KEEP_SPEC:
+        assert all(e["advantages"] is not None for e in saved["entries"])
     loop.train(str(spec), resume=cut)
     records = steps_of(full)
     assert any(r[FRACTION] > 0 for r in records[3:]), "the steps after the cut replay groups"
