@@ -31,7 +31,7 @@ def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None 
             item = producer.get(step)
         r = item.value
         m = {**r.metrics, **staleness(r.batch, step, item.version), **waited, PRODUCER_WAIT: item.wait_s}
-        if s.replay is not None:  # sampling replay: the buffer lives where the step is assembled
+        if getattr(s, "replay", None) is not None:  # sampling replay: the buffer lives where the step is assembled
             r = with_replay(s, r, step, item.version)
             m.update(r.metrics)
         if producer.score_apart:  # scored in a stage of its own, beside generation
@@ -40,7 +40,7 @@ def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None 
     # ESTIMATE: old / reference logprobs, values, the spec's shaping, filters and advantages
     with timed(m, "logprobs"):
         tb = s.trainers.estimate(r.batch, rewards)
-    if s.replay is not None:  # replay(advantage=keep): the entries' advantages of their first training
+    if getattr(s, "replay", None) is not None:  # advantage=keep: the advantages of the entries' first training
         s.replay.trained(tb)
     # PASS-RATE CAP: retire the prompts the spec calls solved
     # (both read the groups this step generated: a replayed group's rewards are an older policy's)
