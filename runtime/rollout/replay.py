@@ -196,14 +196,17 @@ class ReplayBuffer:
             return e.batch
         return dataclasses.replace(e.batch, kept_advantages=e.advantages)
 
-    def trained(self, estimated: Any) -> None:
+    @property
+    def keeps_advantages(self) -> bool:
+        return self.policy.advantage == "keep"
+
+    def trained(self, advantages: torch.Tensor, replayed: torch.Tensor | None) -> None:
         """``advantage=keep``: the advantages [B, Tr] the step's batch was trained with
-        (``estimated.advantages``, a TrainBatch's: the run's trainers are in this process); each
+        (``replayed`` its rows' flags, ``RolloutBatch.replayed``); each
         entry in it that keeps none yet keeps its rows' (a group's first training: as a fresh group
         in the step that sampled it, or its first replay when its place then went to a replayed one)."""
-        if self.policy.advantage != "keep":
+        if not self.keeps_advantages:
             return
-        advantages, replayed = estimated.advantages, estimated.rollout.replayed
         G = advantages.shape[0] // max(1, len(self.placed))
         was = [False] * len(self.placed) if replayed is None else replayed.view(-1, G)[:, 0].tolist()
         for g in sorted(range(len(self.placed)), key=lambda g: was[g]):  # a fresh place before a replayed one

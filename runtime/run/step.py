@@ -40,8 +40,10 @@ def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None 
     # ESTIMATE: old / reference logprobs, values, the spec's shaping, filters and advantages
     with timed(m, "logprobs"):
         tb = s.trainers.estimate(r.batch, rewards)
-    if getattr(s, "replay", None) is not None:  # advantage=keep: the advantages of the entries' first training
-        s.replay.trained(tb)
+    replay = getattr(s, "replay", None)
+    if replay is not None and replay.keeps_advantages:  # the advantages of the entries' first training
+        advantages = getattr(tb, "advantages", None)  # None on Ray: the batch stays on the ranks
+        replay.trained(s.trainers.advantages() if advantages is None else advantages, r.batch.replayed)
     # PASS-RATE CAP: retire the prompts the spec calls solved
     # (both read the groups this step generated: a replayed group's rewards are an older policy's)
     fresh = r.generated

@@ -254,11 +254,8 @@ def test_replay_is_refused_where_it_is_not_tested_yet():
     with pytest.raises(RunError, match="rollout.agent"):
         check_replay(algo, load_config(None, ["rollout.agent=agent_helpers:solve"]))
     ray = ["distributed.trainers=2", "distributed.rollout_workers=1"]
-    check_replay(algo, load_config(None, ray))  # tested: tests/runtime/workers/test_ray.py
-    keep = rldsl.loads(REPLAY_SPEC.replace("max_age=3", "max_age=3, advantage=keep"), "replay.rl")
-    check_replay(keep, load_config(None, []))
-    with pytest.raises(RunError, match="advantage=keep on Ray"):
-        check_replay(keep, load_config(None, ray))
+    check_replay(algo, load_config(None, ray))  # tested: tests/runtime/workers/test_ray_replay.py
+    check_replay(rldsl.loads(KEEP_SPEC, "replay.rl"), load_config(None, ray))
     check_replay(rldsl.load("grpo"), load_config(None, ["rollout.max_staleness=1"]))
 
 
@@ -272,6 +269,7 @@ def test_without_replay_the_step_is_unchanged(tokenizer, tiny_model_factory, mon
     monkeypatch.setattr(Trainer, "_replayed_old", lambda *a: pytest.fail("replay path taken without replay"))
     r = step_batch.rollout_step(s, 0)
     assert r.batch.replayed is None and not any(k.startswith("replay/") for k in r.metrics)
+    assert r.batch.kept_advantages is None and r.fresh is None and r.replay_ages is None and r.generated is r
     tb = trainer.estimate(r.batch, r.scored)
     assert tb.old_logprobs is None and not any(k.startswith("replay/") for k in tb.metrics)
 
@@ -295,7 +293,7 @@ def _keep_run(tokenizer, tiny_model_factory, advantage: str):
     for step in range(4):
         r = step_batch.rollout_step(s, step)
         tb = trainer.estimate(r.batch, r.scored)
-        s.replay.trained(tb)
+        s.replay.trained(tb.advantages, r.batch.replayed)
         trainer.update(tb)
         out.append((r, tb, s.rollouts.prompts[step]))
     return out

@@ -23,6 +23,9 @@ TOL = 1e-5
 SPEC = '''algorithm grpo_replay extends grpo
   sampling      replay(capacity=4, priority="std * sum(abs(adv))", max_age=2)
 '''
+#: the same, keeping each group's advantage of its first training (under batch_std it differs
+#: from the recomputed one): the driver asks rank 0 for the advantages it keeps
+KEEP = SPEC.replace("max_age=2)", "max_age=2, advantage=keep)\n  normalizer    batch_std")
 
 
 def coarse_reward(prompt: str, completion: str, answer: str) -> float:
@@ -62,14 +65,15 @@ def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None
 
 
 @pytest.mark.slow
-def test_replay_on_two_trainer_ranks_matches_one_process_and_resumes(ray_cluster, model_dir, tmp_path):
+@pytest.mark.parametrize("text", [SPEC, KEEP], ids=["recompute", "keep"])
+def test_replay_on_two_trainer_ranks_matches_one_process_and_resumes(ray_cluster, model_dir, tmp_path, text):
     spec = tmp_path / "replay.rl"
-    spec.write_text(SPEC, encoding="utf-8")
+    spec.write_text(text, encoding="utf-8")
     one = loop.train(str(spec), config(model_dir, tmp_path / "one"))
     two = loop.train(str(spec), config(model_dir, tmp_path / "two", trainers=2, workers=1))
     a, b = steps_of(one), steps_of(two)
     assert [r["step"] for r in b] == [1, 2, 3]
-    assert any(r["replay/fraction"] > 0 for r in a), "some step replays groups"
+    assert any(r["replay/age"] > 0 for r in a), "some step replays a group of an earlier step"
     for ra, rb in zip(a, b):
         for k in ("reward_mean", "replay/size", "replay/fraction", "replay/age"):
             assert ra[k] == rb[k], k  # the same samples, buffer and draws on the driver
