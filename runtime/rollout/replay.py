@@ -192,19 +192,20 @@ class ReplayBuffer:
 
     def _kept(self, e: Entry) -> RolloutBatch:
         """The entry's rows, with the advantage it keeps (``advantage=keep``, once it has one)."""
-        if self.policy.advantage != "keep" or e.advantages is None:
+        if not self.keeps_advantages or e.advantages is None:
             return e.batch
         return dataclasses.replace(e.batch, kept_advantages=e.advantages)
 
     @property
     def keeps_advantages(self) -> bool:
+        """``advantage=keep``: the step tells :meth:`trained` the advantages it trained with."""
         return self.policy.advantage == "keep"
 
     def trained(self, advantages: torch.Tensor, replayed: torch.Tensor | None) -> None:
-        """``advantage=keep``: the advantages [B, Tr] the step's batch was trained with
-        (``replayed`` its rows' flags, ``RolloutBatch.replayed``); each
-        entry in it that keeps none yet keeps its rows' (a group's first training: as a fresh group
-        in the step that sampled it, or its first replay when its place then went to a replayed one)."""
+        """The advantages [B, Tr] the step's batch was trained with (``replayed``: its rows'
+        ``RolloutBatch.replayed``): each entry placed in it that keeps none yet keeps its rows'
+        -- its first training, as a fresh group in the step that sampled it, or at its first
+        replay when its own place went to a replayed group (a fresh place counts first)."""
         if not self.keeps_advantages:
             return
         G = advantages.shape[0] // max(1, len(self.placed))
