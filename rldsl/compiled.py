@@ -193,7 +193,8 @@ class CompiledAlgorithm:
                  dense_rewards: Tensor | None = None,
                  group_keys: Tensor | None = None,
                  prompt_mean: Tensor | None = None, prompt_var: Tensor | None = None,
-                 prompt_count: Tensor | None = None, **more: Tensor) -> Estimate:
+                 prompt_count: Tensor | None = None, ref_reward: Tensor | None = None,
+                 **more: Tensor) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
 
         ``reward_baselines`` [B]: the reward of a greedy rollout of each row's prompt
@@ -214,13 +215,19 @@ class CompiledAlgorithm:
         row's prompt's finite rewards over every step it was seen in, this one included (the
         caller keeps them across steps), read by formulas that name them.
 
+        ``ref_reward`` [B]: the reward of a reference model's answers to each row's prompt (its
+        prompt's mean, repeated over the group), read by formulas that name it; a non-finite
+        value takes its row out of the loss (below).
+
         With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
         its rejections leave ``est.mask`` (denominator included) and its metrics join
         ``est.metrics``; the correction then compares them with ``old_logprobs``.
 
         Non-finite rewards (e.g. a reward function that failed with on_error=skip) are
         replaced by their group's mean finite reward -- so they do not move the group's
-        baseline -- and their rows are removed from the loss mask.
+        baseline -- and their rows are removed from the loss mask. So is a row with a non-finite
+        value of an input that fails a row (``ref_reward``: every reference answer's reward
+        failed), that input's value replaced likewise.
         """
         if rewards.dim() != 1 or mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:
             raise ValueError(f"rewards must be [B] and mask [B, T]; got {tuple(rewards.shape)} "
@@ -235,23 +242,23 @@ class CompiledAlgorithm:
             problem = None if given.get(x) is None else inputs.check_shape(i, given[x], sizes)
             if problem is not None:
                 raise ValueError(f"{self.algorithm.name}: {problem}")
-        extra = self._extras("advantage", given, sizes, mask)
         rewards = rewards.detach().to(torch.float32)
         finite = torch.isfinite(rewards)
-        clean = rewards
-        if not bool(finite.all()):
-            g = ops.group_view(torch.where(finite, rewards, torch.zeros_like(rewards)), group_size)
-            cnt = ops.group_view(finite.float(), group_size).sum(-1, keepdim=True)
-            fill = (g.sum(-1, keepdim=True) / cnt.clamp_min(1)).expand_as(g).reshape(-1)
-            clean = torch.where(finite, rewards, fill)
+        ok = finite  # rows with a reward, and a finite value of every input that fails a row (ref_reward)
+        for i in inputs.failing_rows(given):
+            ok = ok & torch.isfinite(given[i.name].detach()).to(ok.device)
+        for i in inputs.failing_rows(given):  # a failed row reads its group's mean finite value
+            given[i.name] = _group_filled(given[i.name].detach().float(), ok.to(given[i.name].device), group_size)
+        extra = self._extras("advantage", given, sizes, mask)
+        clean = rewards if bool(ok.all()) else _group_filled(rewards, ok, group_size)
         B = rewards.shape[0]
         if B == 0:
             z = torch.zeros(mask.shape, dtype=torch.float32)
             return Estimate(z, z, z, rewards, {"rows": 0.0})
-        row_mask = mask.float() * finite.unsqueeze(-1).float()  # failed rewards: no tokens
+        row_mask = mask.float() * ok.unsqueeze(-1).float()  # failed rows: no tokens
         adv, returns, loss_mask, shaped = self._advantages(
             clean, row_mask, group_size, values, truncated, old_logprobs, ref_logprobs, self.state,
-            finite, *extra)
+            ok, *extra)
         metrics = self._estimate_metrics(rewards, finite, shaped, adv, mask, loss_mask, group_size)
         if rollout_logprobs is not None:
             loss_mask = self._correct_mask(loss_mask, old_logprobs, rollout_logprobs, metrics)
@@ -362,7 +369,7 @@ class CompiledAlgorithm:
              teacher_logprobs: Tensor | None = None, teacher_topk_logprobs: Tensor | None = None,
              topk_logprobs: Tensor | None = None, divergence: Tensor | None = None,
              old_entropy: Tensor | None = None, sequence_rewards: Tensor | None = None,
-             router_aux: Tensor | None = None,
+             router_aux: Tensor | None = None, ref_reward: Tensor | None = None,
              **more: Tensor) -> LossOutput:
         """Per-token tensors [B, T] -> the scalar loss to minimise, value loss and metrics.
 
@@ -392,6 +399,10 @@ class CompiledAlgorithm:
 
         ``router_aux``: a mixture-of-experts policy's per-token router load-balancing loss [B, T]
         (with gradient), what ``router balance`` reads (docs/moe.md).
+
+        ``ref_reward``: the reference model's reward [B] of each row's prompt, read by a formula
+        as ``ref_reward``; pass a finite value (``rldsl run`` passes 0 on a row ``estimate()``
+        left out for a non-finite one: it has no loss tokens).
         """
         algo = self.algorithm
         given = self._given("loss", {**locals(), **self._more("loss", "loss", more)})
@@ -448,6 +459,15 @@ class CompiledAlgorithm:
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self.state.clear()
         self.state.update({k: v.clone() for k, v in state.items()})
+
+
+def _group_filled(x: Tensor, ok: Tensor, group_size: int) -> Tensor:
+    """``x`` [B] with each row outside ``ok`` replaced by the mean of its group's rows in ``ok``
+    (0 for a group with none): a failed row then moves no group statistic."""
+    g = ops.group_view(torch.where(ok, x, torch.zeros_like(x)), group_size)
+    cnt = ops.group_view(ok.float(), group_size).sum(-1, keepdim=True)
+    fill = (g.sum(-1, keepdim=True) / cnt.clamp_min(1)).expand_as(g).reshape(-1)
+    return torch.where(ok, x, fill)
 
 
 def compile(algo: Algorithm, compile: bool = True, **compile_kwargs: Any) -> CompiledAlgorithm:  # noqa: A001

@@ -41,6 +41,8 @@ SOURCES = {
     "teacher": "a no-grad forward of the teacher model (run config `teacher`) over the rollout",
     "history": "the run's per-prompt statistics of the rewards of every step so far (kept across steps, "
                "saved in checkpoints)",
+    "reference_rollout": "the reference model's own answers to the step's prompts (run config `reward.reference`: "
+                         "the policy as the run started, or a model folder), scored by the run's reward",
 }
 
 
@@ -68,6 +70,8 @@ class Input:
     finite   every value must be finite (a call with inf or NaN fails)
     teacher  made from a teacher model's outputs: a spec that reads it needs a teacher (``teacher.path``
              or ``teacher.url``)
+    fails_row  a non-finite value marks its row failed, as a non-finite reward does: estimate() takes
+             the row out of the loss and reads its group's mean finite value in its place
     """
 
     name: str
@@ -85,6 +89,7 @@ class Input:
     whole_groups: bool = False
     finite: bool = False
     teacher: bool = False
+    fails_row: bool = False
 
     def __post_init__(self) -> None:
         if not self.arg:
@@ -195,6 +200,12 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
           "MoE layers: f_e the forward's share of top-k picks on expert e, p_e the token's router "
           "probability) of the token at the position that predicts each response token, with gradient "
           "to the routers", "update"),
+    Input("ref_reward", ("advantage", "loss"), "[B]", "float32",
+          "the reward of the reference model's answers to the row's prompt (the mean over "
+          "reward.reference_samples of them, sampled as the rollout samples), scored by the same reward "
+          "function; NaN where every one failed: the row then leaves the loss as a failed reward's does",
+          "reference_rollout", formula="ref_reward", slots=_ADVANTAGE_SLOTS + _POLICY_SLOTS,
+          fails_row=True),
 ]}
 
 
@@ -221,6 +232,11 @@ def readable(slot: str) -> list[Input]:
 def missing(read: Iterable[str], given: Mapping[str, object]) -> list[str]:
     """The inputs of ``read`` that a call left out (None) and that have no default."""
     return [x for x in read if x in given and given[x] is None and not INPUTS[x].default]
+
+
+def failing_rows(given: Mapping[str, object]) -> list[Input]:
+    """The inputs given (not None) whose non-finite values mark their rows failed (``fails_row``)."""
+    return [INPUTS[x] for x, v in given.items() if v is not None and INPUTS[x].fails_row]
 
 
 def check_shape(inp: Input, value: object, sizes: dict[str, int]) -> str | None:

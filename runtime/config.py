@@ -390,6 +390,10 @@ class DataConfig(_Section):
                     "reasoning-gym's 'default' system prompt (\"\" for none).")
 
 
+#: ``reward.reference`` naming the policy as the run starts (the base of its LoRA adapters)
+POLICY_BASE = "policy_base"
+
+
 class RewardConfig(_Section):
     """The verifier that scores completions."""
 
@@ -423,6 +427,17 @@ class RewardConfig(_Section):
         description="Seconds one per-sample reward call may take; each call then runs in a worker process "
                     "(reward.workers of them), killed past the limit: the sample is skipped (whatever "
                     "on_error says) and counted in reward_timeouts. 0 = no limit, called in the run's process.")
+    reference: str | None = Field(
+        default=None,
+        description="The reference model whose answers a spec reading `ref_reward` compares with: "
+                    "'policy_base' = the policy as the run starts (its base weights: with LoRA, the policy "
+                    "with its adapters off), or a model folder (same chat template and prompts). Each step it "
+                    "answers the step's prompts, sampled as the rollout samples, and the run's reward scores "
+                    "its answers. null: none (a spec reading ref_reward is refused).")
+    reference_samples: int = Field(
+        default=1, ge=1,
+        description="The reference's answers per prompt per step: a row's ref_reward is the mean reward "
+                    "of its prompt's answers (of those whose reward did not fail).")
 
 
 class VLLMConfig(_Section):

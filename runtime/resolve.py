@@ -29,7 +29,7 @@ from rldsl import lint
 from rldsl.inputs import INPUTS
 from rldsl import Algorithm
 
-from .config import RunConfig
+from .config import POLICY_BASE, RunConfig
 from .data import reasoning_gym as rg
 from .data.sources import Source, default_reward, default_tools, max_new_tokens, reward_origin
 from .errors import ConfigError, RewardSpecError, RunError
@@ -112,6 +112,7 @@ def check_settings(algo: Algorithm, cfg: RunConfig, source: Source | None = None
     check_async(algo, cfg)
     check_replay(algo, cfg)
     check_vision(algo, cfg)
+    check_reference(algo, cfg)
     check_weight_sync(cfg)
     check_lora_sync(cfg)
     check_precision(cfg)
@@ -146,6 +147,40 @@ def check_vision(algo: Algorithm, cfg: RunConfig) -> None:
         raise ConfigError(f"{cfg.model.path} is a vision-language model; its images do not reach the forwards of: "
                           f"{'; '.join(refused)}. Leave them out of a vision-language run "
                           "(docs/vlm.md, \"Engines and trainers\")")
+
+
+def check_reference(algo: Algorithm, cfg: RunConfig) -> None:
+    """A spec reading the reference model's reward (an input made by ``reference_rollout``:
+    ``ref_reward``) names the reference (``reward.reference``: ``policy_base`` or a model folder)
+    and runs where its answers are sampled: single-turn rollouts on the HF engine, in this
+    process, synchronously. Anything else is refused here, before any model loads, rather than run
+    untested; a reference named for a spec that reads none is refused too (it would cost a model
+    and nothing would read it)."""
+    reads = [x for x in algo.needs() if INPUTS[x].source == "reference_rollout"]
+    ref = cfg.reward.reference
+    if not reads:
+        if ref is not None:
+            raise ConfigError(f"reward.reference={ref} but {algo.name} reads no reference reward (ref_reward in a "
+                              "formula): drop reward.reference, or read ref_reward in the spec")
+        return
+    what = f"{algo.name} reads {', '.join(reads)} (the reference model's reward of each row's prompt)"
+    if ref is None:
+        raise ConfigError(f"{what}: name the reference, reward.reference=policy_base (the policy as the run "
+                          "starts; with LoRA, its adapters off) or reward.reference=PATH (a model folder)")
+    if ref != POLICY_BASE and not (Path(ref) / "config.json").is_file():
+        raise ConfigError(f"reward.reference={ref}: not a model folder (no config.json there); "
+                          f"use {POLICY_BASE} or the folder of a Hugging Face model")
+    r, d = cfg.rollout, cfg.distributed
+    refused = [what for what, on in (
+        (f"rollout.engine={r.engine} (the reference samples on the HF engine: rollout.engine=hf)", r.engine != "hf"),
+        ("multi-turn episodes (rollout.tools / rollout.env / rollout.agent)",
+         r.tools is not None or r.env is not None or r.agent is not None),
+        ("Ray workers (distributed.trainers > 1, distributed.rollout_workers or a Ray address)", d.uses_ray),
+        (f"an asynchronous run (rollout.max_staleness={r.max_staleness})", r.max_staleness > 0),
+    ) if on]
+    if refused:
+        raise ConfigError(f"{what}; its answers are sampled only in a synchronous one-process single-turn run on "
+                          f"the HF engine, not with: {'; '.join(refused)}")
 
 
 def check_precision(cfg: RunConfig) -> None:

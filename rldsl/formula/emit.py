@@ -162,12 +162,13 @@ class _Emitter:
         x = args[0]
         xs = self.code(x)[0]
         q = f"{self.code(args[1])[0]}, " if len(args) == 2 else ""
+        # inside an lgamma's argument the result is float64 too (a constant's reduction is the stage's dtype)
         if f.scope == "seq":
-            return f"{f.code}({xs}, {q}mask)", _ATOM
+            return self._wide(f"{f.code}({xs}, {q}mask)"), _ATOM
         if f.scope == "group":  # a prompt's G samples, or (group_by=FIELD) the rows with equal keys
-            return f"{f.code}({xs}, {q}{self.rows()}, {'batch.group_keys' if self.f.group_by else 'group_size'})", _ATOM
+            return self._wide(f"{f.code}({xs}, {q}{self.rows()}, {'batch.group_keys' if self.f.group_by else 'group_size'})"), _ATOM
         valid = "mask" if x.rank == 2 else self.rows()
-        return f"{f.code}({xs}, {q}{valid})", _ATOM
+        return self._wide(f"{f.code}({xs}, {q}{valid})"), _ATOM
 
     def search(self, t: Typed, names: tuple[str, ...]) -> str:
         """A search as one call: ``fx.bisect(lo, hi, steps, lambda x: cond, mask)`` or

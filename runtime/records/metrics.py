@@ -132,6 +132,7 @@ PHASES = (
     "rollout",       # the engine's generation (all sampling rounds)
     "reward",        # scoring the samples
     "greedy",        # ReMax's greedy baseline: its generation and scoring
+    "reference",     # the reference model's answers (a spec reading ref_reward): their generation and scoring
     "logprobs",      # the trainer's estimate: old / reference logprobs, values, advantages
     "teacher",       # of the estimate (time/logprobs_s), the teacher's forward (a spec with a teacher only)
     "update",        # the minibatch updates and the LR-schedule step

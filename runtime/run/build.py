@@ -16,7 +16,7 @@ import rldsl
 from ..config import RunConfig
 from ..models.loading import disable_transformers_progress
 from ..records.rng import seed_all
-from ..workers.start import start_workers
+from ..workers.start import reference_rollouts, start_workers
 from .carried import carried_state
 from .plan import load_spec, plan_run
 from .state import Plan, Run
@@ -33,6 +33,7 @@ def build(plan: Plan, run_dir: Path) -> Run:
     rollouts, trainers = start_workers(cfg, algo, fn, plan.model_path, tok, plan.reward, run_dir)
     return Run(cfg, algo, fn, run_dir, tok, plan.prompts, plan.heldout, rollouts, trainers, plan.reward, plan.source,
                notes=plan.notes, warnings=plan.warnings, eval_sets=plan.eval_sets,
+               reference=reference_rollouts(cfg, algo, plan.model_path, plan.reward),
                **carried_state(algo, fn, tok.pad_token_id))
 
 

@@ -77,6 +77,9 @@ class Run:
     prompt_stats: Any = None
     # sampling replay: the run's rollout/replay.ReplayBuffer (made by build, saved with checkpoints); None: none
     replay: Any = None
+    # the reference model's rollouts (reward.reference: an engine and the run's reward) when the spec reads
+    # ref_reward (workers/start.py reference_rollouts); None: none
+    reference: Rollouts | None = None
 
     @property
     def multi_turn(self) -> bool:
@@ -92,3 +95,5 @@ class Run:
         """Stop the actors of a distributed run (nothing to do for a one-process run)."""
         self.rollouts.close()
         self.trainers.close()
+        if self.reference is not None:
+            self.reference.close()

@@ -43,9 +43,6 @@ def rollout_step(s: Run, step: int) -> StepRollout:
     # the inputs the algorithm reads that the rollout makes (ReMax's greedy rewards, GDPO's [B, K] rewards)
     producers = rollout_producers(s.fn.algorithm)
     logged = step + 1  # the step's number in metrics.jsonl and the console (``step`` counts from 0)
-    side = RolloutSide(s.rollouts.generate, [(t.name, t.weight) for t in s.reward.terms],
-                                      cfg.max_new_tokens, s.warn, logged, s.multi_turn, s.tokenizer,
-                                      s.fn.algorithm.group_by, s.prompt_stats) if producers else None
     timed_inputs: dict[str, float] = {p.time_metric: 0.0 for p in producers if p.time_metric}
     # sampling replay: a Run has a buffer (None without); an asynchronous run's is stepped by the
     # trainer (run/step.py), where the step is assembled, not here in the producer's thread
@@ -60,6 +57,7 @@ def rollout_step(s: Run, step: int) -> StepRollout:
         batch, scored = gen.batch, gen.scored
         batch.reward_terms = scored.labelled_terms()
         teacher_prompts(s.cfg, s.tokenizer, batch, examples)
+        side = _rollout_side(s, step, r) if producers else None
         for p in producers:
             batch, t = p.make(side, batch, scored, examples)
             if p.time_metric:
@@ -115,6 +113,19 @@ def with_replay(s: Run, made: StepRollout, step: int, version: int) -> StepRollo
     out, m = s.replay.step(made, version, informative, P,
                            torch.Generator().manual_seed(step_seed(s.cfg.seed, step, 0, "replay")), now=step)
     return dataclasses.replace(out, metrics={**made.metrics, **m})
+
+
+def _rollout_side(s: Run, step: int, round_: int) -> RolloutSide:
+    """What the rollout-stage producers read of the run in round ``round_`` of ``step``: the reference
+    model's sampling (a spec reading ref_reward) is the rollout's, ``reward.reference_samples`` per
+    prompt, with a seed of its own for each round."""
+    cfg = s.cfg
+    reference = getattr(s, "reference", None)  # a Run has one (None unless the spec reads ref_reward)
+    params = dataclasses.replace(SamplingParams.for_rollout(cfg, step_seed(cfg.seed, step, round_, "reference")),
+                                 n=cfg.reward.reference_samples)
+    return RolloutSide(s.rollouts.generate, [(t.name, t.weight) for t in s.reward.terms], cfg.max_new_tokens,
+                       s.warn, step + 1, s.multi_turn, s.tokenizer, s.fn.algorithm.group_by, s.prompt_stats,
+                       None if reference is None else reference.generate, params)
 
 
 def _select_groups(made: StepRollout, groups: list[int]) -> StepRollout:

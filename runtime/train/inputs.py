@@ -59,6 +59,10 @@ class RolloutSide:
     tokenizer: Any = None  # the policy's: where a process reward's steps end in its tokens
     group_by: str | None = None  # the data field a spec's group_by=FIELD names (Algorithm.group_by)
     prompt_stats: Any = None  # the run's PromptStats (records/prompt_stats.py) when the spec reads them
+    # the reference model's rollouts' generate(prompts, answers, params, reward_prompts) and its sampling
+    # (reward.reference, reward.reference_samples) when the spec reads ref_reward
+    reference: Callable[..., Any] | None = None
+    reference_params: SamplingParams | None = None
 
 
 class Forwards(NamedTuple):
@@ -320,6 +324,35 @@ def prompt_statistics(side: RolloutSide, batch: RolloutBatch, scored: RewardResu
     return _with(batch, **{k: v.to(batch.response_ids.device) for k, v in made.items()}), 0.0
 
 
+def reference_rewards(side: RolloutSide, batch: RolloutBatch, scored: RewardResult,
+                      prompts: list[Example]) -> tuple[RolloutBatch, float]:
+    """``ref_reward`` [B]: the reference model's answers to each prompt (``reward.reference_samples``
+    of them, sampled as the rollout samples), scored by the run's reward; each row gets the mean
+    over its prompt's answers whose reward did not fail, NaN where every one failed (estimate()
+    then takes the row out of the loss). Each reward term's mean per prompt joins the batch's
+    reward terms as ``ref/<term>`` (metrics ``rewards/ref/<term>/mean``, samples.jsonl ``rewards``)."""
+    if side.reference is None or side.reference_params is None:
+        raise RunError("the spec reads ref_reward but the run samples no reference model (reward.reference)")
+    gen = side.reference(rollout_prompts(prompts, side.multi_turn), [e.answer for e in prompts],
+                         side.reference_params, [e.reward_prompt for e in prompts])
+    if gen.scored.num_errors:
+        side.warn(f"step {side.step}: the reward of {gen.scored.num_errors} reference answer(s) failed: each "
+                  "prompt's ref_reward is the mean of the others (a prompt with none leaves the loss); first:\n"
+                  f"{gen.scored.first_error}")
+    n, G, dev = side.reference_params.n, batch.group_size, batch.response_ids.device
+
+    def per_row(values: Tensor) -> Tensor:  # [P * n] -> [B]: each prompt's finite mean, on its G rows
+        v = values.to(torch.float64).view(-1, n)
+        ok = torch.isfinite(v)
+        mean = torch.where(ok, v, torch.zeros_like(v)).sum(-1) / ok.sum(-1)  # 0 / 0: NaN
+        return mean.repeat_interleave(G)
+
+    terms = {f"ref/{label}": per_row(v) for label, v in gen.scored.labelled_terms().items()}
+    batch = dataclasses.replace(batch, reward_terms={**batch.reward_terms, **terms})
+    return _with(batch, ref_reward=per_row(gen.scored.rewards).to(torch.float32).to(dev)), \
+        gen.generate_s + gen.reward_s
+
+
 def _with(batch: RolloutBatch, **made: Tensor) -> RolloutBatch:
     """``batch`` with inputs added to its ``inputs``."""
     return dataclasses.replace(batch, inputs={**batch.inputs, **made})
@@ -338,6 +371,7 @@ class RolloutInputMaker:
 _GREEDY = RolloutInputMaker(greedy_baselines, "time/greedy_s")
 _PER_FUNCTION = RolloutInputMaker(per_function_rewards)
 _PROMPT_STATS = RolloutInputMaker(prompt_statistics)
+_REFERENCE = RolloutInputMaker(reference_rewards, "time/reference_s")
 
 ROLLOUT: dict[str, RolloutInputMaker] = {
     "reward_baselines": _GREEDY,
@@ -348,6 +382,7 @@ ROLLOUT: dict[str, RolloutInputMaker] = {
     "prompt_mean": _PROMPT_STATS,  # the three made together
     "prompt_var": _PROMPT_STATS,
     "prompt_count": _PROMPT_STATS,
+    "ref_reward": _REFERENCE,
 }
 
 
@@ -388,6 +423,7 @@ ESTIMATE: dict[str, Callable[[Trainer, RolloutBatch, Forwards], Any]] = {
     "prompt_mean": lambda tr, r, f: r.inputs.get("prompt_mean"),
     "prompt_var": lambda tr, r, f: r.inputs.get("prompt_var"),
     "prompt_count": lambda tr, r, f: r.inputs.get("prompt_count"),
+    "ref_reward": lambda tr, r, f: r.inputs.get("ref_reward"),
 }
 
 
@@ -417,6 +453,8 @@ UPDATE: dict[str, Callable[[Trainer, Micro], Any]] = {
     "divergence": lambda tr, m: m.divergence,
     "sequence_rewards": lambda tr, m: torch.nan_to_num(m.batch.rewards[m.rows], nan=0.0),
     "router_aux": lambda tr, m: m.router_aux,
+    # 0 where the reference's answers all failed: estimate() took that row out of the loss
+    "ref_reward": lambda tr, m: torch.nan_to_num(m.sub.inputs["ref_reward"], nan=0.0),
 }
 
 

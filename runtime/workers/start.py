@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import rldsl
+from rldsl.inputs import INPUTS
 
-from ..config import RunConfig
-from ..recipe import master_policy
+from ..config import POLICY_BASE, RunConfig
+from ..recipe import master_policy, rollout_engine
 from ..rewards.functions import RewardFn
 from ..rollout.episodes.tools import SHARED_TOOL_POOL
 from .base import Rollouts, Trainers
@@ -38,3 +39,15 @@ def start_workers(cfg: RunConfig, algo: rldsl.Algorithm, fn: rldsl.CompiledAlgor
     rollouts = LocalRollouts.from_config(cfg, model_path, cfg.device, reward=reward, model=engine_model,
                                          tokenizer=tokenizer)
     return rollouts, trainers
+
+
+def reference_rollouts(cfg: RunConfig, algo: rldsl.Algorithm, model_path: Path, reward: RewardFn) -> Rollouts | None:
+    """The reference model's rollouts of a spec that reads its reward (``ref_reward``): an HF engine
+    of ``reward.reference`` -- ``policy_base``: the folder the policy starts from (its weights as
+    loaded: with LoRA, the base the adapters are added to), else that model folder -- and the run's
+    reward, in this process (resolve.check_reference refused the rest); None for any other spec."""
+    if cfg.reward.reference is None or not any(INPUTS[x].source == "reference_rollout"
+                                               for x in algo.needs()):
+        return None
+    path = model_path if cfg.reward.reference == POLICY_BASE else Path(cfg.reward.reference)
+    return LocalRollouts(rollout_engine(cfg, path, cfg.device), reward)

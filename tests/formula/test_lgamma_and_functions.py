@@ -222,3 +222,20 @@ def test_a_slot_line_after_a_function_gets_the_slot_line_hint() -> None:
             "  trust_region  g\n  kl  k3(beta=0.1\n")
     errs = _errors(text)
     assert errs[0].line == 7 and errs[0].hint == "close the argument list with ')' on the same line"
+
+
+def test_lgamma_of_a_reduction_is_float64_too() -> None:
+    """A reduction or order operation written inside lgamma's argument (not through a binding)
+    is computed in float64 like every other read there: lgamma(1e6 + n) - lgamma(1e6 + n - 1) is
+    log(1e6 + n - 1) to 1e-9, where a float32 lgamma (~1.3e7, spacing 1) would be off by ~1."""
+    spec = """algorithm wide extends grpo
+  define counted
+    A = lgamma(group_cumsum(1) + 1000000) - lgamma(group_cumsum(1) + 999999) + 0 * r
+  end
+  baseline  counted
+  normalizer  none
+"""
+    fn = rldsl.compile(rldsl.loads(spec), compile=False)
+    adv = fn.estimate(torch.ones(8), 4, torch.ones(8, 2)).advantages[:, 0].double()
+    want = torch.tensor([math.log(999999 + j) for j in [1, 2, 3, 4, 1, 2, 3, 4]], dtype=torch.float64)
+    assert float((adv - want).abs().max()) < 1e-5  # float32's rounding of ~13.8 at the output

@@ -3,7 +3,8 @@
 Eleven RL-for-LLM policy-optimization methods published since June 2025 that the library had no
 component for, each written as a spec from docs/ alone (algorithms/examples/<name>.rl), checked
 here against an independent reference transcribed from the authors' released code (file and commit
-in each reference's docstring) on one fixed batch: the advantages (estimate(), float32 stage) and
+in each reference's docstring) on one fixed batch, eager and compiled (the compiled twin of each
+spec built once per session, marked slow): the advantages (estimate(), float32 stage) and
 the loss mask to 1e-6, the loss and its gradient (float64, through the logits, so a spec reading
 the entropy gets the entropy's gradient too) to 1e-6. No model, no training: a few compiled specs
 (eager) and hand-made tensors.
@@ -15,6 +16,7 @@ fall on both sides of every clip range used (Pass@k Training: the same rows as 2
 """
 from __future__ import annotations
 
+import os
 from functools import partial
 from pathlib import Path
 
@@ -30,12 +32,36 @@ TOL = 1e-6
 DT = torch.float64
 
 
-def _spec(name: str, **replace: str):
-    text = (EXAMPLES / f"{name}.rl").read_text()
-    for old, new in replace.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    return rldsl.compile(rldsl.loads(text, filename=f"{name}.rl"), compile=False)
+_BUILT: dict = {}
+
+
+#: The modes a check runs in. This first round runs eager in the suite: its compiled twin (18
+#: compiled specs, M2PO's budgets three of them) took ~9 minutes of the suite's time on 2 cores;
+#: ``RLDSL_NEW_ALGORITHMS_COMPILED=1`` adds it. The second round (test_new_algorithms_2.py) runs
+#: both modes always.
+EAGER_AND_COMPILED = ["eager", pytest.param("compiled", marks=[pytest.mark.compile, pytest.mark.slow])]
+MODES = EAGER_AND_COMPILED if os.environ.get("RLDSL_NEW_ALGORITHMS_COMPILED") == "1" else ["eager"]
+
+
+@pytest.fixture(params=MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    """A check runs on the eager spec (and on its torch.compile'd twin where MODES says so:
+    compiled once per session and reused; tests marked ``compile`` run with torch.compile where
+    RLDSL_COMPILE allows it)."""
+    return request.param
+
+
+def _spec(name: str, mode: str = "eager", **replace: str):
+    key = (name, mode, tuple(sorted(replace.items())))
+    if key not in _BUILT:
+        text = (EXAMPLES / f"{name}.rl").read_text()
+        for old, new in replace.items():
+            assert old in text, old
+            text = text.replace(old, new)
+        fn = rldsl.compile(rldsl.loads(text, filename=f"{name}.rl"), compile=mode == "compiled")
+        assert fn.compiled == (mode == "compiled")
+        _BUILT[key] = fn
+    return _BUILT[key]
 
 
 def _batch(seed: int = 0, spread: float = 0.5) -> dict:
@@ -157,8 +183,8 @@ def w_reinforce_adv(r, mask, lam=0.1):  # noqa: ANN001, ANN201
     return A.unsqueeze(-1) * mask
 
 
-def test_w_reinforce() -> None:
-    fn, b = _spec("w_reinforce"), _batch(1)
+def test_w_reinforce(mode: str) -> None:
+    fn, b = _spec("w_reinforce", mode), _batch(1)
     adv = _check_adv(fn, b, w_reinforce_adv(b["r"], b["mask"]))
     _check(fn, b, adv, w_reinforce_reference)
     no_bonus = lambda *a: w_reinforce_reference(*a, entropy_coeff=0.0)  # noqa: E731
@@ -168,12 +194,12 @@ def test_w_reinforce() -> None:
 # ------------------------------------------------------------------ 2. QAE
 
 
-def test_qae_quantile_baseline() -> None:
+def test_qae_quantile_baseline(mode: str) -> None:
     """github.com/junkangwu/QAE (README "One-Line Core Change", verl core_algos.py
     compute_grpo_outcome_advantage): id2mean[idx] = torch.quantile(scores, quantile_k), K = 0.4,
     then verl's (score - baseline) / (std + 1e-6); the loss is verl's DAPO recipe (clip 0.2 / 0.28,
     clip_ratio_c 10, token mean)."""
-    fn, b = _spec("qae"), _batch(2)
+    fn, b = _spec("qae", mode), _batch(2)
     adv = _check_adv(fn, b, grpo_adv(b["r"], b["mask"], center=lambda s: torch.quantile(s, 0.4)))
     # the quantile baseline differs from the mean: a hard group reinforces its one success only
     assert (adv[:G].abs().sum(-1) > 0).sum() == 1
@@ -236,8 +262,8 @@ def _clipped_share(b: dict, low: float, high: float) -> float:
     return float(((rho < 1 - low) | (rho > 1 + high)).double().mean())
 
 
-def test_ce_gppo() -> None:
-    fn, b = _spec("ce_gppo"), _batch(3)
+def test_ce_gppo(mode: str) -> None:
+    fn, b = _spec("ce_gppo", mode), _batch(3)
     adv = _check_adv(fn, b, grpo_adv(b["r"], b["mask"]))
     assert _clipped_share(b, 0.2, 0.2) > 0.2  # the preserved gradients matter
     _check(fn, b, adv, partial(ce_gppo_reference, r=b["r"]))
@@ -254,8 +280,8 @@ def test_ce_gppo() -> None:
     assert float((g_ppo - g_ce).abs().max()) > 1e-3
 
 
-def test_gppo() -> None:
-    fn, b = _spec("gppo"), _batch(4)
+def test_gppo(mode: str) -> None:
+    fn, b = _spec("gppo", mode), _batch(4)
     adv = _check_adv(fn, b, grpo_adv(b["r"], b["mask"]))
     _check(fn, b, adv, partial(gppo_reference, r=b["r"]))
     assert _differs(b, adv, partial(gppo_reference, r=b["r"]), partial(gppo_reference, r=b["r"], positive_loss_coeff=0.0)) > 1e-3
@@ -288,8 +314,8 @@ def delta_l_reference(logp, ent, old, ref, adv, mask):  # noqa: ANN001, ANN201
     return (pg * mask).mean()
 
 
-def test_delta_l_normalization() -> None:
-    fn, b = _spec("delta_l_norm"), _batch(5)
+def test_delta_l_normalization(mode: str) -> None:
+    fn, b = _spec("delta_l_norm", mode), _batch(5)
     adv = _check_adv(fn, b, delta_l_adv(b["r"], b["mask"]))
     _check(fn, b, adv, delta_l_reference)
     assert float((adv - grpo_adv(b["r"], b["mask"])).abs().max()) > 0.1  # the length weights act
@@ -316,8 +342,8 @@ def dcpo_reference(logp, ent, old, ref, adv, mask, eps_low=0.16, eps_high=0.2, c
     return token_mean(pg, mask)
 
 
-def test_dcpo_dynamic_adaptive_clipping() -> None:
-    fn, b = _spec("dcpo"), _batch(6, spread=0.8)
+def test_dcpo_dynamic_adaptive_clipping(mode: str) -> None:
+    fn, b = _spec("dcpo", mode), _batch(6, spread=0.8)
     adv = _check_adv(fn, b, grpo_adv(b["r"], b["mask"]))
     _check(fn, b, adv, dcpo_reference)
     fixed = lambda lp, e, o, rf, a, m: token_mean(verl_vanilla(lp, o, a, m, 0.16, 0.2, 3.0), m)  # noqa: E731
@@ -357,12 +383,12 @@ def bapo_reference(logp, ent, old, ref, adv, mask, low=0.8, low_max=0.95, low_st
 
 @pytest.mark.parametrize("tilt,pair", [(0.0, (0.8, 1.2)), (-0.02, (0.95, 1.4)), (-0.04, (0.95, 1.7)),
                                         (-0.6, (0.95, 2.0))])
-def test_bapo_searched_clip_bounds(tilt: float, pair: tuple) -> None:
+def test_bapo_searched_clip_bounds(mode: str, tilt: float, pair: tuple) -> None:
     """Batches whose search ends at different pairs: the first, two after the lower bound's and
     some of the upper bound's steps, and (tilted to negative advantages) the last pair, where the
     condition never holds. (Raising the lower bound only adds negative contribution, so the
     authors' search never stops inside its first loop but at its first pair.)"""
-    fn, b = _spec("bapo"), _batch(7, spread=0.6)
+    fn, b = _spec("bapo", mode), _batch(7, spread=0.6)
     adv = _check_adv(fn, b, grpo_adv(b["r"], b["mask"]))
     adv = adv + tilt * b["mask"]  # the loss's own check: a batch leaning to one sign
     found: list = []
@@ -401,8 +427,8 @@ def aspo_reference(logp, ent, old, ref, adv, mask, kl_coef=0.001, q=0.8):  # noq
     return token_mean(pg, mask) + token_mean(kld, mask) * kl_coef
 
 
-def test_aspo() -> None:
-    fn, b = _spec("aspo"), _batch(8, spread=1.2)
+def test_aspo(mode: str) -> None:
+    fn, b = _spec("aspo", mode), _batch(8, spread=1.2)
     adv = _check_adv(fn, b, grpo_adv(b["r"], b["mask"]))
     old, _ = _old_ref(b)
     rho = torch.exp(_logp_ent(b["z"], b["y"])[0] - old)[b["mask"] > 0]
@@ -439,8 +465,8 @@ def archer_reference(logp, ent, old, ref, adv, mask, kl_coef=0.001, q=0.8):  # n
             + token_mean(kld, low_entropy_mask.to(DT)) * 0.0)
 
 
-def test_archer() -> None:
-    fn, b = _spec("archer"), _batch(10, spread=1.2)
+def test_archer(mode: str) -> None:
+    fn, b = _spec("archer", mode), _batch(10, spread=1.2)
     adv = _check_adv(fn, b, grpo_adv(b["r"], b["mask"]))
     _check(fn, b, adv, archer_reference)
     one_clip = lambda lp, e, o, rf, a, m: token_mean(verl_vanilla(lp, o, a, m, 0.2, 0.2, 10.0), m)  # noqa: E731
@@ -487,10 +513,10 @@ def m2po_reference(logp, ent, old, ref, adv, mask, budget=0.04, miniclip_low=0.3
 
 
 @pytest.mark.parametrize("budget,spread,bounds", [(0.04, 0.5, "floors"), (0.5, 1.5, "tau"), (50.0, 0.5, "free")])
-def test_m2po_second_moment_trust_region(budget: float, spread: float, bounds: str) -> None:
+def test_m2po_second_moment_trust_region(mode: str, budget: float, spread: float, bounds: str) -> None:
     """Three regimes: the budget's bounds inside the floors 0.7 / 1.5 (the authors' runs), bounds
     set by tau beyond them, and a budget the batch already meets (no clip)."""
-    fn = _spec("m2po", **{"budget = 0.04": f"budget = {budget}"})
+    fn = _spec("m2po", mode, **{"budget = 0.04": f"budget = {budget}"})
     b = _batch(9, spread=spread)
     adv = _check_adv(fn, b, grpo_adv(b["r"], b["mask"]))
     found: list = []
@@ -547,11 +573,11 @@ def grpo_loss_reference(logp, ent, old, ref, adv, mask):  # noqa: ANN001, ANN201
 @pytest.mark.parametrize("rewards", [[1, 0, 0, 0, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1],
                                      [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1],
                                      [0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0]])
-def test_passk_training_analytical_advantage(rewards: list) -> None:
+def test_passk_training_analytical_advantage(mode: str, rewards: list) -> None:
     """Groups of n = 8 with c = 4, 7, 1, 8, 0 and 4 right answers (k = 4): the closed form's
     every branch, the ratios that vanish where C(n - c, k) or C(n - c - 1, k - 1) is 0 included."""
     n = 8
-    fn, b = _spec("passk_training"), _batch(11)
+    fn, b = _spec("passk_training", mode), _batch(11)
     b["r"] = torch.tensor(rewards, dtype=DT)
     want = passk_adv(b["r"], b["mask"], n)
     est = fn.estimate(b["r"].float(), n, b["mask"].float())

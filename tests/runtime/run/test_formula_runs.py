@@ -24,6 +24,8 @@ def test_a_formula_spec_trains(spec: Path, model_dir: Path, tmp_path: Path) -> N
             "log.progress=false", "reward.name=reward_helpers:parity", "train.minibatches=2"]
     if "teacher_logp" in spec.read_text():  # a formula reading a teacher: the toy teaches itself
         sets.append(f"teacher.path={model_dir}")
+    if "ref_reward" in spec.read_text():  # a formula reading a reference's reward: the toy's own base
+        sets.append("reward.reference=policy_base")
     run = loop.train(str(spec), load_config(None, sets))
     recs = [r for r in read_metrics(run / "metrics.jsonl") if "reward_mean" in r]
     assert [r["step"] for r in recs] == [1, 2, 3]
