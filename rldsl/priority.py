@@ -142,12 +142,14 @@ class ReplayPolicy:
     mix: float
     per_step: int | None
     max_age: int | None
+    advantage: str = "recompute"  # or "keep": the advantage of the group's first training (rollout/replay.py)
 
     @staticmethod
     def of(params: dict) -> "ReplayPolicy":
         p = params["priority"]
         return ReplayPolicy(params["capacity"], params["enter"], p if p in ("uniform", "newest") else parse(p),
-                            params["use"], params["mix"], params.get("per_step"), params.get("max_age"))
+                            params["use"], params["mix"], params.get("per_step"), params.get("max_age"),
+                            params.get("advantage", "recompute"))
 
     def describe(self) -> str:
         """One line for ``rldsl explain`` and the run's start."""
@@ -155,4 +157,5 @@ class ReplayPolicy:
         use = f"mix {self.mix:g} of each step's groups" if self.use == "mix" else "substitute non-informative groups"
         return (f"replay: buffer of {self.capacity} groups, enter {self.enter}, priority {prio}, {use}"
                 + (f", at most {self.per_step} per step" if self.per_step else "")
-                + (f", dropped after {self.max_age} versions" if self.max_age is not None else ""))
+                + (f", dropped after {self.max_age} versions" if self.max_age is not None else "")
+                + (", advantage kept" if self.advantage == "keep" else ""))

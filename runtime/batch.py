@@ -176,6 +176,9 @@ class RolloutBatch:
                     trainer's forwards read their pixels (train/vision_rows.py ``vision_inputs``)
     replayed        [B] bool (``sampling replay``, rollout/replay.py): the rows of groups replayed
                     from earlier steps; the trainer takes their ``logprobs`` as pi_old; None = none
+    kept_advantages [B, Tr] float (``replay(advantage=keep)``): the advantage a replayed row keeps,
+                    which the trainer's estimate puts in place of the recomputed one; NaN on the
+                    rows that keep none (fresh rows); None = no row keeps one
     """
 
     prompt_ids: torch.Tensor
@@ -205,6 +208,7 @@ class RolloutBatch:
     # sampling replay (rollout/replay.py): [B] bool, True on the rows of a replayed group, whose
     # ``logprobs`` (the behaviour policy's, recorded) are their pi_old; None = no replayed row
     replayed: torch.Tensor | None = None
+    kept_advantages: torch.Tensor | None = None
 
     @classmethod
     def from_rows(cls, rows: Sequence[TokenRow], group_size: int, pad_id: int, width: int = 1) -> "RolloutBatch":
@@ -268,7 +272,9 @@ class RolloutBatch:
                             None if self.routed_experts is None else self.routed_experts[rows.to(
                                 self.routed_experts.device)],
                             _picked(self.images, keep),
-                            replayed=None if self.replayed is None else self.replayed[rows.to(self.replayed.device)])
+                            replayed=None if self.replayed is None else self.replayed[rows.to(self.replayed.device)],
+                            kept_advantages=None if self.kept_advantages is None else
+                            self.kept_advantages[rows.to(self.kept_advantages.device)])
 
     def select_groups(self, groups: Sequence[int]) -> "RolloutBatch":
         """The batch of whole prompt groups (group g = rows g*G .. g*G+G-1)."""
@@ -331,6 +337,9 @@ class RolloutBatch:
             replayed=None if all(b.replayed is None for b in batches) else
             torch.cat([torch.zeros(len(b), dtype=torch.bool) if b.replayed is None else b.replayed.cpu()
                        for b in batches]),
+            kept_advantages=None if all(b.kept_advantages is None for b in batches) else
+            torch.cat([right(torch.full(b.response_ids.shape, float("nan")) if b.kept_advantages is None
+                             else b.kept_advantages.cpu(), Tr, float("nan")) for b in batches]),
         )
 
 
@@ -346,6 +355,12 @@ class StepRollout:
     rewards         [B] each row's reward, NaN where it failed; None until scored
     metrics         the rollout's own metrics: ``time/rollout_s``, ``time/reward_s``,
                     ``sampling_rounds``, ``reward_errors``, ...
+    fresh           ``sampling replay`` (rollout/replay.py): the step's generated groups before
+                    replayed ones took places in it or joined it (what the rollout metrics, the
+                    curriculum and the pass-rate cap read: :attr:`generated`); None: no group
+                    of the batch is replayed
+    replay_ages     ``sampling replay``: P entries, a replayed group's age in policy versions,
+                    None for a fresh one (samples.jsonl); None: no group is replayed
     """
 
     step: int
@@ -354,6 +369,13 @@ class StepRollout:
     reward_prompts: list[str]
     rewards: torch.Tensor | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    fresh: "StepRollout | None" = None
+    replay_ages: list[int | None] | None = None
+
+    @property
+    def generated(self) -> "StepRollout":
+        """The groups this step generated (``fresh``; the batch itself when nothing is replayed)."""
+        return self if self.fresh is None else self.fresh
 
     @property
     def scored(self) -> torch.Tensor:

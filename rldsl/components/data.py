@@ -62,7 +62,8 @@ formula: after each step's groups are drawn, those that pass `enter` join the bu
   chosen by `priority`; use=mix: round({mix} P) groups of the step come from the buffer and
   only P - that many are generated. A replayed group's pi_old is the behaviour policy's recorded
   logprobs (the engine's at its version): rho = pi_theta / mu; its advantage is recomputed from its
-  recorded rewards with the step's batch.
+  recorded rewards with the step's batch (advantage=recompute), or kept (advantage=keep): the one
+  its rows had the first time they were trained on.
   priority: uniform (each entry equally likely), newest (the newest entries, no draw), or a
   group formula "..." (rldsl/priority.py: r, adv = r - mean, mean, std, n; sum mean max min abs
   sqrt exp log): entries drawn with probability priority / sum, without replacement unless more
@@ -79,7 +80,8 @@ edge cases: enter=nonzero_std: informative() (scorable rewards not all equal); e
         use=Choice(("substitute", "mix"), "substitute", "when replayed groups are used"),
         mix=Float(0.25, "fraction of each step's groups taken from the buffer", gt=0, lt=1, when=("use", "mix")),
         per_step=Int(None, "at most this many replayed groups per step", ge=1),
-        max_age=Int(None, "entries older than this many policy versions leave", ge=0))
+        max_age=Int(None, "entries older than this many policy versions leave", ge=0),
+        advantage=Choice(("recompute", "keep"), "recompute", "a replayed group's advantage: recomputed, or kept"))
 
 
 def informative(rewards: Tensor) -> Tensor:

@@ -26,9 +26,12 @@ from .run_dir import SAMPLES_FILE, write_text_atomic
 
 
 def sample_rows(step: int, batch: RolloutBatch, rewards: torch.Tensor, advantages: torch.Tensor | None,
-                mask: torch.Tensor | None, groups: int) -> list[dict[str, Any]]:
+                mask: torch.Tensor | None, groups: int, ages: list[int | None] | None = None) -> list[dict[str, Any]]:
     """The records of the first ``groups`` prompt groups of a step's batch. ``advantages``
-    None (the Ray trainers keep them on the ranks): the records' advantage is null."""
+    None (the Ray trainers keep them on the ranks): the records' advantage is null. ``ages``
+    (``sampling replay``, ``StepRollout.replay_ages``): each group's age in policy versions, None
+    for a fresh one; a replayed group's rows say ``"replayed": true, "age": k``, the others
+    ``"replayed": false``."""
     G = batch.group_size
     n = min(groups, len(batch) // G) * G
     lengths = batch.response_mask[:n].long().sum(-1).tolist()
@@ -44,6 +47,9 @@ def sample_rows(step: int, batch: RolloutBatch, rewards: torch.Tensor, advantage
                     "completion": batch.completions[i], "reward": _number(rewards[i]),
                     "advantage": adv[i], "finish_reason": batch.finish_reason[i],
                     "response_length": lengths[i]})
+        if ages is not None:  # sampling replay: a group kept from an earlier step, and how old
+            age = ages[i // G]
+            out[-1].update({"replayed": True, "age": age} if age is not None else {"replayed": False})
         if batch.images and batch.images[i]:  # the row's images: where they are, not their pixels
             out[-1]["images"] = list(batch.images[i])
         if batch.reward_terms:  # each term's value (its label: rewards/<term>/mean in the metrics)

@@ -43,6 +43,8 @@ class Entry:
     version: int
     priority: float
     seq: int
+    # replay(advantage=keep): [G, Tr] the advantage of the group's first training (None: not yet)
+    advantages: torch.Tensor | None = None
 
 
 def _enters(policy: ReplayPolicy, rewards: torch.Tensor, informative: bool) -> bool:
@@ -64,6 +66,8 @@ class ReplayBuffer:
         self.policy, self.pad_id = policy, pad_id
         self.entries: list[Entry] = []
         self.seq = 0
+        # the entry at each group place of the last step's batch (None: a fresh group not kept)
+        self.placed: list[Entry | None] = []
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -82,18 +86,20 @@ class ReplayBuffer:
         return min(k, p.per_step) if p.per_step else k
 
     def step(self, made: StepRollout, version: int, informative: torch.Tensor, P: int,
-             generator: torch.Generator) -> tuple[StepRollout, dict[str, float]]:
+             generator: torch.Generator, now: int | None = None) -> tuple[StepRollout, dict[str, float]]:
         """The step's batch with replayed groups, and its ``replay/*`` metrics; ``informative`` [P']
-        is the fresh groups' (``DataPlan.informative``), ``version`` the policy that sampled them."""
+        is the fresh groups' (``DataPlan.informative``), ``version`` the policy that sampled them,
+        ``now`` the policy this step trains (an asynchronous run's is newer: the ages count the
+        versions between, as its staleness does; synchronous: ``version``)."""
         p = self.policy
+        now = version if now is None else now
         mixed = self._mix_count(P)  # decided on the buffer before this step's groups join (fresh_groups)
-        self.entries = [e for e in self.entries if p.max_age is None or version - e.version <= p.max_age]
+        self.entries = [e for e in self.entries if p.max_age is None or now - e.version <= p.max_age]
         G = made.batch.group_size
         rewards = made.scored.view(-1, G)
         ok = informative.tolist()
-        for g in range(rewards.shape[0]):
-            if _enters(p, rewards[g], ok[g]):
-                self._add(made, g, version)
+        self.placed = [self._add(made, g, version) if _enters(p, rewards[g], ok[g]) else None
+                       for g in range(rewards.shape[0])]
         if p.use == "mix":
             slots, k = [], mixed
         else:
@@ -103,15 +109,16 @@ class ReplayBuffer:
             k = len(slots) if self.entries else 0
             slots = slots[:k]
         chosen = self.choose(k, generator)
-        out = self._batch(made, slots, chosen)
+        out = self._batch(made, slots, chosen, now)
         n = len(out.prompt_ids)
         m = {SIZE: float(len(self.entries)), FRACTION: len(chosen) / n if n else 0.0,
-             AGE: sum(version - e.version for e in chosen) / len(chosen) if chosen else 0.0}
+             AGE: sum(now - e.version for e in chosen) / len(chosen) if chosen else 0.0}
         return out, m
 
     # -- the rule
 
-    def _add(self, made: StepRollout, g: int, version: int) -> None:
+    def _add(self, made: StepRollout, g: int, version: int) -> Entry | None:
+        """Group ``g`` of ``made`` into the buffer by the rule; the entry, or None when not kept."""
         p = self.policy
         G = made.batch.group_size
         r = made.scored[g * G:(g + 1) * G]
@@ -121,15 +128,17 @@ class ReplayBuffer:
         self.seq += 1
         if len(self.entries) < p.capacity:
             self.entries.append(entry)
-            return
+            return entry
         if isinstance(p.priority, GroupFormula):  # TRL's rule: replace the lowest if higher
             low = min(range(len(self.entries)), key=lambda i: (_weight(self.entries[i].priority), self.entries[i].seq))
             if _weight(prio) > _weight(self.entries[low].priority):
                 del self.entries[low]
                 self.entries.append(entry)
-            return
+                return entry
+            return None
         self.entries.pop(0)  # uniform / newest: the oldest leaves (entries are kept in arrival order)
         self.entries.append(entry)
+        return entry
 
     def probabilities(self) -> torch.Tensor:
         """[len] float64: the chance of each entry (in arrival order) at one draw."""
@@ -151,26 +160,61 @@ class ReplayBuffer:
         idx = torch.multinomial(self.probabilities(), k, replacement=k > len(self.entries), generator=generator)
         return [self.entries[i] for i in idx.tolist()]
 
-    def _batch(self, made: StepRollout, slots: list[int], chosen: list[Entry]) -> StepRollout:
-        """The fresh groups with ``chosen`` in ``slots`` (substitute) or after them (mix)."""
-        if not chosen:
-            return made
+    def _batch(self, made: StepRollout, slots: list[int], chosen: list[Entry], now: int) -> StepRollout:
+        """The fresh groups with ``chosen`` in ``slots`` (substitute) or after them (mix); the
+        result keeps ``made`` as its ``fresh`` groups and each place's age (None: fresh)."""
         G = made.batch.group_size
         P = len(made.prompt_ids)
+        if not chosen:  # the batch is the fresh groups (samples.jsonl still says so)
+            return dataclasses.replace(made, replay_ages=[None] * P)
         fresh = [(made.batch.select(group_rows([g], G)), made.prompt_ids[g],
                   made.reward_prompts[g] if made.reward_prompts else "", made.scored[g * G:(g + 1) * G], False)
                  for g in range(P)]
-        replayed = [(e.batch, e.prompt_id, e.reward_prompt, e.rewards, True) for e in chosen]
+        replayed = [(self._kept(e), e.prompt_id, e.reward_prompt, e.rewards, True) for e in chosen]
+        ages: list[int | None] = [None] * P
         if slots:
-            for s, r in zip(slots, replayed):
+            for s, r, e in zip(slots, replayed, chosen):
                 fresh[s] = r
+                self.placed[s] = e
+                ages[s] = now - e.version
             parts = fresh
         else:
             parts = fresh + replayed
+            self.placed += chosen
+            ages += [now - e.version for e in chosen]
         batch = RolloutBatch.concat([dataclasses.replace(b, replayed=torch.full((G,), was, dtype=torch.bool))
                                      for b, _, _, _, was in parts], self.pad_id)
         return StepRollout(made.step, batch, [x[1] for x in parts], [x[2] for x in parts],
-                           torch.cat([x[3].to(made.scored.dtype) for x in parts]), made.metrics)
+                           torch.cat([x[3].to(made.scored.dtype) for x in parts]), made.metrics,
+                           fresh=made, replay_ages=ages)
+
+    # -- advantage=keep
+
+    def _kept(self, e: Entry) -> RolloutBatch:
+        """The entry's rows, with the advantage it keeps (``advantage=keep``, once it has one)."""
+        if not self.keeps_advantages or e.advantages is None:
+            return e.batch
+        return dataclasses.replace(e.batch, kept_advantages=e.advantages)
+
+    @property
+    def keeps_advantages(self) -> bool:
+        """``advantage=keep``: the step tells :meth:`trained` the advantages it trained with."""
+        return self.policy.advantage == "keep"
+
+    def trained(self, advantages: torch.Tensor, replayed: torch.Tensor | None) -> None:
+        """The advantages [B, Tr] the step's batch was trained with (``replayed``: its rows'
+        ``RolloutBatch.replayed``): each entry placed in it that keeps none yet keeps its rows'
+        -- its first training, as a fresh group in the step that sampled it, or at its first
+        replay when its own place went to a replayed group (a fresh place counts first)."""
+        if not self.keeps_advantages:
+            return
+        G = advantages.shape[0] // max(1, len(self.placed))
+        was = [False] * len(self.placed) if replayed is None else replayed.view(-1, G)[:, 0].tolist()
+        for g in sorted(range(len(self.placed)), key=lambda g: was[g]):  # a fresh place before a replayed one
+            e = self.placed[g]
+            if e is not None and e.advantages is None:
+                width = e.batch.response_ids.shape[1]
+                e.advantages = advantages[g * G:(g + 1) * G, :width].detach().float().cpu().clone()
 
     # -- checkpoints
 
@@ -178,10 +222,12 @@ class ReplayBuffer:
         """The buffer as plain values (``plain_batch``: run/checkpointing.py's batch writer)."""
         return {"seq": self.seq, "entries": [
             {"batch": plain_batch(e.batch), "prompt_id": e.prompt_id, "reward_prompt": e.reward_prompt,
-             "rewards": e.rewards, "version": e.version, "priority": e.priority, "seq": e.seq}
+             "rewards": e.rewards, "version": e.version, "priority": e.priority, "seq": e.seq,
+             "advantages": e.advantages}
             for e in self.entries]}
 
     def load_state_dict(self, state: dict[str, Any], batch_of: Any) -> None:
         self.seq = int(state["seq"])
         self.entries = [Entry(batch_of(e["batch"]), e["prompt_id"], e["reward_prompt"], e["rewards"],
-                              int(e["version"]), float(e["priority"]), int(e["seq"])) for e in state["entries"]]
+                              int(e["version"]), float(e["priority"]), int(e["seq"]), e.get("advantages"))
+                        for e in state["entries"]]

@@ -12,7 +12,7 @@ from ..records.rng import step_seed
 from ..rollout.producer import RolloutProducer
 from .state import Run
 from .step_record import record_step, staleness
-from .step_batch import rollout_step
+from .step_batch import rollout_step, with_replay
 
 
 def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None = None) -> dict[str, float]:
@@ -31,16 +31,26 @@ def train_step(s: Run, step: int, producer: RolloutProducer[StepRollout] | None 
             item = producer.get(step)
         r = item.value
         m = {**r.metrics, **staleness(r.batch, step, item.version), **waited, PRODUCER_WAIT: item.wait_s}
+        if getattr(s, "replay", None) is not None:  # sampling replay: the buffer lives where the step is assembled
+            r = with_replay(s, r, step, item.version)
+            m.update(r.metrics)
         if producer.score_apart:  # scored in a stage of its own, beside generation
             m[REWARD_HIDDEN] = item.hidden_s
     rewards = r.scored
     # ESTIMATE: old / reference logprobs, values, the spec's shaping, filters and advantages
     with timed(m, "logprobs"):
         tb = s.trainers.estimate(r.batch, rewards)
+    replay = getattr(s, "replay", None)
+    if replay is not None and replay.keeps_advantages:  # the advantages of the entries' first training
+        advantages = getattr(tb, "advantages", None)  # None on Ray: the batch stays on the ranks
+        replay.trained(s.trainers.advantages() if advantages is None else advantages, r.batch.replayed)
     # PASS-RATE CAP: retire the prompts the spec calls solved
+    # (both read the groups this step generated: a replayed group's rewards are an older policy's)
+    fresh = r.generated
     if s.fn.data.pass_rate_cap is not None:
-        m["retired_prompts"] = float(_retire_solved(s, r))
-    m.update(s.prompts.observe(r.prompt_ids, rewards.view(-1, r.batch.group_size)))  # per-task metrics, curriculum
+        m["retired_prompts"] = float(_retire_solved(s, fresh))
+    # per-task metrics, curriculum
+    m.update(s.prompts.observe(fresh.prompt_ids, fresh.scored.view(-1, fresh.batch.group_size)))
     # UPDATE: minibatches of the compiled loss, then the LR-schedule step
     faults.at("update", step + 1)
     with timed(m, "update"):

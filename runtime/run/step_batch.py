@@ -44,7 +44,9 @@ def rollout_step(s: Run, step: int) -> StepRollout:
     producers = rollout_producers(s.fn.algorithm)
     logged = step + 1  # the step's number in metrics.jsonl and the console (``step`` counts from 0)
     timed_inputs: dict[str, float] = {p.time_metric: 0.0 for p in producers if p.time_metric}
-    replay = getattr(s, "replay", None)  # a Run has one (None without sampling replay)
+    # sampling replay: a Run has a buffer (None without); an asynchronous run's is stepped by the
+    # trainer (run/step.py), where the step is assembled, not here in the producer's thread
+    replay = getattr(s, "replay", None) if cfg.rollout.max_staleness == 0 else None
     for r in range(rounds):
         used = r + 1
         examples = s.prompts.next_batch(P if replay is None else replay.fresh_groups(P))
@@ -68,9 +70,8 @@ def rollout_step(s: Run, step: int) -> StepRollout:
         m[time_key("reward")] += gen.reward_s
         made = StepRollout(step, batch, [e.id for e in examples], reward_prompts, scored.rewards)
         if replay is not None:  # sampling replay (rollout/replay.py): kept groups in, replayed ones out
-            made, replay_metrics = replay.step(made, step, s.fn.data.informative(scored.rewards.view(
-                -1, batch.group_size)), P, torch.Generator().manual_seed(step_seed(cfg.seed, step, 0, "replay")))
-            m.update(replay_metrics)
+            made = with_replay(s, made, step, step)
+            m.update(made.metrics)
         if rounds == 1:
             kept.append(made)
             n_kept = P
@@ -96,9 +97,22 @@ def rollout_step(s: Run, step: int) -> StepRollout:
         if not kept:
             assert last is not None
             kept.append(last)
+    if len(kept) == 1:  # one round: its rollout as made (with replay, its fresh groups and ages)
+        return dataclasses.replace(kept[0], metrics=m)
     return StepRollout(step, RolloutBatch.concat([k.batch for k in kept], s.tokenizer.pad_token_id),
                        sum((k.prompt_ids for k in kept), []), sum((k.reward_prompts for k in kept), []),
                        torch.cat([k.scored for k in kept]), m)
+
+
+def with_replay(s: Run, made: StepRollout, step: int, version: int) -> StepRollout:
+    """The step's batch through the run's replay buffer (rollout/replay.py): its groups that pass
+    ``enter`` kept, replayed ones in; ``version`` is the policy that sampled ``made`` (an
+    asynchronous run's may be older than ``step``'s), the metrics gain ``replay/*``."""
+    P = s.cfg.rollout.prompts_per_step
+    informative = s.fn.data.informative(made.scored.view(-1, made.batch.group_size))
+    out, m = s.replay.step(made, version, informative, P,
+                           torch.Generator().manual_seed(step_seed(s.cfg.seed, step, 0, "replay")), now=step)
+    return dataclasses.replace(out, metrics={**made.metrics, **m})
 
 
 def _rollout_side(s: Run, step: int, round_: int) -> RolloutSide:

@@ -24,11 +24,12 @@ def record_step(s: Run, r: StepRollout, tb: Any, um: dict[str, float], m: dict[s
     metrics (``tb.metrics``: its REWARD aside, the step's own is the rollout's), each reward
     term's, the tool calls' and agents' (episodes only), the update's (``um``), throughput."""
     cfg = s.cfg
-    m.update(step_metrics(s, r, step_s))
+    fresh = r.generated  # sampling replay: the rollout's metrics are of the groups this step generated
+    m.update(step_metrics(s, fresh, step_s))
     m.update({k: v for k, v in tb.metrics.items() if k != REWARD})
-    m.update(reward_term_metrics(r.batch.reward_terms))
-    m.update(tool_call_metrics(r.batch, cfg.rollout.tool_parser))  # episodes with tools only
-    m.update(agent_metrics(r.batch))  # rollout.agent episodes only
+    m.update(reward_term_metrics(fresh.batch.reward_terms))
+    m.update(tool_call_metrics(fresh.batch, cfg.rollout.tool_parser))  # episodes with tools only
+    m.update(agent_metrics(fresh.batch))  # rollout.agent episodes only
     m.update(um)
     m.update(throughput(m, peak_flops(cfg.device, autocast_dtype(cfg.model.dtype), cfg.train.peak_flops),
                         float(r.batch.response_mask.sum())))
@@ -36,7 +37,8 @@ def record_step(s: Run, r: StepRollout, tb: Any, um: dict[str, float], m: dict[s
         adv, mask = getattr(tb, "advantages", None), getattr(tb, "mask", None)  # None on Ray ranks
         append_samples(s.run_dir, sample_rows(r.step + 1, r.batch, r.scored,
                                               None if adv is None else adv.cpu(),
-                                              None if mask is None else mask.cpu(), cfg.log.samples_per_step))
+                                              None if mask is None else mask.cpu(), cfg.log.samples_per_step,
+                                              ages=r.replay_ages))
 
 
 def step_metrics(s: Run, r: StepRollout, step_s: float) -> dict[str, float]:

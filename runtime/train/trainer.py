@@ -160,6 +160,10 @@ class Trainer(ForwardPasses):
         mask = rollout.response_mask.float()
         est = self.fn.estimate(rewards, rollout.group_size, mask,
                                **estimate_inputs(self, rollout, forwards))
+        advantages = est.advantages
+        if rollout.kept_advantages is not None:  # replay(advantage=keep): a replayed row's own advantage
+            kept = rollout.kept_advantages.to(advantages.device, advantages.dtype)
+            advantages = torch.where(torch.isnan(kept), advantages, kept)
         metrics = dict(est.metrics)
         metrics.update(replay_metrics)
         metrics.update(self._perf_metrics("logprobs"))
@@ -174,7 +178,7 @@ class Trainer(ForwardPasses):
                 teacher = self._teacher_forward(rollout)
                 if teacher is not None and teacher.logprobs.is_cuda:  # its kernels, not their launch
                     torch.cuda.synchronize(teacher.logprobs.device)
-        return TrainBatch(rollout, rewards, old, est.mask, est.advantages, est.returns, ref,
+        return TrainBatch(rollout, rewards, old, est.mask, advantages, est.returns, ref,
                           values, metrics, teacher, old_entropy=forwards.old_entropy)
 
     def _replayed_old(self, rollout: RolloutBatch, old: Tensor | None) -> tuple[Tensor | None, dict[str, float]]:

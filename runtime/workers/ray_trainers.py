@@ -58,6 +58,13 @@ class RayTrainers:
         data = self.cluster.ray.put((rollout, rewards))
         return _Estimated(self._all("estimate", data, what="old/reference logprobs")[0])
 
+    def advantages(self) -> Tensor:
+        """The last estimated batch's advantages [B, Tr], from rank 0 (the batch stays on the
+        ranks; ``replay(advantage=keep)`` asks for them, rollout/replay.py)."""
+        c = self.cluster
+        return c.wait([(self.names[0], self.actors[0].advantages.remote())], self.cfg.distributed.call_timeout,
+                      "the advantages")[0]
+
     def update(self, estimated: _Estimated, seed: int) -> dict[str, float]:
         out = self._all("update", seed, what="the update")[0]
         self._lr = out["lr"]

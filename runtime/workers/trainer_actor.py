@@ -67,6 +67,12 @@ class TrainerWorker:
         self.pending = self.trainer.estimate(rollout.to(self.device), rewards.to(self.device))
         return self.pending.metrics
 
+    def advantages(self) -> Tensor:
+        """The estimated batch's advantages [B, Tr] on the CPU (every rank holds rank 0's:
+        fsdp.py broadcasts them): what ``replay(advantage=keep)`` keeps on the driver."""
+        assert self.pending is not None, "advantages() before estimate()"
+        return self.pending.advantages.cpu()
+
     def update(self, seed: int) -> dict[str, Any]:
         t = self.trainer
         assert t is not None and self.pending is not None, "update() before estimate()"

@@ -36,6 +36,13 @@ def test_the_spec_compiles_to_a_replay_policy() -> None:
     assert rldsl.compile(rldsl.load("grpo"), compile=False).data.replay_policy is None
 
 
+def test_advantage_keep_is_part_of_the_policy() -> None:
+    p = rldsl.compile(rldsl.loads(GOOD.replace("per_step=2)", "per_step=2, advantage=keep)"), "r.rl"),
+                      compile=False).data.replay_policy
+    assert p.advantage == "keep" and p.describe().endswith(", advantage kept")
+    assert rldsl.compile(rldsl.loads(GOOD, "r.rl"), compile=False).data.replay_policy.advantage == "recompute"
+
+
 def test_a_group_formula_is_evaluated_from_the_group_rewards() -> None:
     f = priority.parse("std * sum(abs(adv))")
     r = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64)
@@ -52,7 +59,7 @@ def test_explain_shows_the_replay_policy(tmp_path: Path) -> None:
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert 'replay(capacity=32, enter=nonzero_std, priority="std * sum(abs(adv))", use=substitute, ' \
-           'per_step=2, max_age=4)' in out.stdout
+           'per_step=2, max_age=4, advantage=recompute)' in out.stdout
     assert ('replay: buffer of 32 groups, enter nonzero_std, priority "std * sum(abs(adv))", substitute '
             'non-informative groups, at most 2 per step, dropped after 4 versions') in out.stdout
 
@@ -67,6 +74,7 @@ def test_explain_shows_the_replay_policy(tmp_path: Path) -> None:
     ('replay(priority="std *")', ":2:", "cannot read the priority formula"),
     ("replay(priority=newset)", ":2:29:", "did you mean"),
     ("replay(use=mix, mix=1.5)", ":2:33:", "must be < 1"),
+    ("replay(advantage=kept)", ":2:", "did you mean"),
 ])
 def test_bad_replay_parameters_exit_2_at_file_line_col(tmp_path: Path, line: str, where: str, words: str) -> None:
     out = _check(tmp_path, line)
