@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -53,9 +54,36 @@ def target_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int
     """Per row (input tokens, target tokens of the same length) the logprob of each target at its
     position (position i predicts target i), float32, with gradient when ``grad``.
 
-    The adapter over ``train.logprobs.token_logprobs``: the sequence ``inputs + [last target]``
-    with one prompt token and the rest as the response, ``gather_ids`` the targets (which need
-    not be the shifted inputs)."""
+    The adapter over ``train.logprobs.token_logprobs``, in the layouts ``rldsl run``'s trainer
+    uses, whenever the targets are the inputs shifted by one (a recipe's data): rows padding-free
+    (packed), and rows that come in groups sharing a prefix (one prompt's samples) through the
+    shared-prompt forward, each group's prefix once, with the prefix's own targets scored once per
+    group (:func:`_grouped_logprobs`). Other targets (the client may give any): every row padded,
+    ``gather_ids`` the targets. Equal up to float rounding whichever the layout."""
+    with contextlib.nullcontext() if grad else torch.no_grad():
+        if all(t[:-1] == x[1:] for x, t in rows):
+            groups = _prefix_groups([x for x, _ in rows])
+            if groups is not None:
+                return _grouped_logprobs(model, rows, *groups)
+            return _packed_logprobs(model, rows)
+        return _gathered_logprobs(model, rows)
+
+
+def _sequences(rows: list[tuple[list[int], list[int]]]) -> list[list[int]]:
+    return [x + t[-1:] for x, t in rows]
+
+
+def _packed_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    """Shifted targets: each sequence ``inputs + [last target]`` with one prompt token, packed."""
+    seqs = _sequences(rows)
+    ids, mask = _right_padded(seqs)
+    Tr = ids.shape[1] - 1
+    out = token_logprobs(model, Forward(ids, mask, Tr), LogprobOptions(entropy=False, packing=True)).logprobs
+    return [out[i, :len(x)] for i, (x, _) in enumerate(rows)]
+
+
+def _gathered_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    """Any targets: padded rows, ``gather_ids`` the targets (which need not be the shifted inputs)."""
     Tr = max(len(t) for t, _ in rows)
     ids = torch.zeros(len(rows), Tr + 1, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -65,10 +93,59 @@ def target_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int
         ids[i, :n + 1] = torch.tensor(tokens + [targets[-1]])
         mask[i, :n + 1] = 1
         gather[i, :n, 0] = torch.tensor(targets)
-    with contextlib.nullcontext() if grad else torch.no_grad():
-        out = token_logprobs(model, Forward(ids, mask, Tr, gather_ids=gather), LogprobOptions(entropy=False))
+    out = token_logprobs(model, Forward(ids, mask, Tr, gather_ids=gather), LogprobOptions(entropy=False))
     picked = out.gathered[..., 0]  # [B, Tr]
     return [picked[i, :len(t)] for i, (t, _) in enumerate(rows)]
+
+
+def _right_padded(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.zeros(len(seqs), max(len(s) for s in seqs), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        mask[i, :len(s)] = 1
+    return ids, mask
+
+
+def _prefix_groups(inputs: list[list[int]]) -> tuple[int, list[int]] | None:
+    """(G, each group's shared prefix length) for rows in contiguous groups of G sharing a prefix
+    of their inputs (a recipe's groups: one prompt's samples), the G that saves the most tokens;
+    None when no grouping saves any. With the prefix's own targets scored once per group besides,
+    a group of G rows with a prefix of c tokens pushes (G - 2) c tokens fewer than G full rows."""
+    B = len(inputs)
+    best: tuple[int, tuple[int, list[int]] | None] = (0, None)
+    for G in range(3, B + 1):
+        if B % G:
+            continue
+        prefixes = [len(os.path.commonprefix(inputs[g:g + G])) for g in range(0, B, G)]
+        if min(prefixes) < 2:
+            continue
+        saved = sum((G - 2) * c for c in prefixes)
+        if saved > best[0]:
+            best = (saved, (G, prefixes))
+    return best[1]
+
+
+def _grouped_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], G: int,
+                      prefixes: list[int]) -> list[torch.Tensor]:
+    """Shifted targets of rows in groups of G sharing a prefix of c_g tokens: the forward
+    ``rldsl run``'s trainer runs for a group's samples (the prefix as the shared prompt, left
+    padded; the rest of each sequence as its response; packed), which scores positions
+    c_g - 1 .. n - 1, and the group's prefix alone (packed) for its positions 0 .. c_g - 2."""
+    seqs = _sequences(rows)
+    Tp = max(prefixes)
+    Tr = max(len(s) - prefixes[i // G] for i, s in enumerate(seqs))
+    ids = torch.zeros(len(seqs), Tp + Tr, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        c = prefixes[i // G]
+        ids[i, Tp - c:Tp + len(s) - c] = torch.tensor(s)
+        mask[i, Tp - c:Tp + len(s) - c] = 1
+    rest = token_logprobs(model, Forward(ids, mask, Tr, group_size=G),
+                          LogprobOptions(entropy=False, packing=True)).logprobs  # [B, Tr]
+    heads = [s[:c] for s, c in zip(seqs[::G], prefixes)]
+    head = _packed_logprobs(model, [(h[:-1], h[1:]) for h in heads])  # each group's prefix targets
+    return [torch.cat([head[i // G], rest[i, :len(x) - prefixes[i // G] + 1]]) for i, (x, _) in enumerate(rows)]
 
 
 class TrainedModel:
