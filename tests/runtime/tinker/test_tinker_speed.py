@@ -94,3 +94,36 @@ def test_forward_backward_shares_a_groups_prefix_and_equals_each_row_alone(train
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     for a, b in zip(g_together, g_alone):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_a_held_retrieve_future_wakes_when_its_job_finishes_without_a_timer(monkeypatch):
+    """``retrieve_future`` holds a pending request until the worker finishes its job: woken by the
+    job's end (no sleep loop taking CPU from the job), or answered at the hold's end."""
+    import asyncio
+    import threading
+    import time
+
+    from rldsl.runtime.tinker.server import hold_until_done
+    from rldsl.runtime.tinker.service import Future
+    sleeps: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def counted(delay, *a, **k):
+        sleeps.append(delay)
+        return await real_sleep(delay, *a, **k)
+    monkeypatch.setattr(asyncio, "sleep", counted)
+
+    async def held(fut: Future, hold_s: float, finish_after: float | None) -> float:
+        start = time.monotonic()
+        if finish_after is not None:
+            threading.Timer(finish_after, fut.finish).start()
+        await hold_until_done(fut, hold_s)
+        return time.monotonic() - start
+    woken = Future()
+    assert asyncio.run(held(woken, 60.0, 0.2)) < 30 and woken.done.is_set()
+    pending = Future()
+    assert asyncio.run(held(pending, 0.1, None)) >= 0.1 and not pending.done.is_set()
+    done = Future()
+    done.finish()
+    assert asyncio.run(held(done, 60.0, None)) < 30
+    assert sleeps == []
