@@ -350,9 +350,7 @@ class Service:
         if s.model_id is None:
             sample(self._base_model(s.base), tokenizer, jobs)
         else:
-            trained = self.model(s.model_id)
-            with trained.weights(trained.snapshots.get(s.version)) as policy:
-                sample(policy, tokenizer, jobs)
+            sample(self.model(s.model_id).sampling_model(s.version), tokenizer, jobs)
         for j in batch:
             assert j.sample is not None
             j.future.proto = wire.sample_response(j.sample.result, j.sample.prompt_result)

@@ -22,7 +22,7 @@ import torch
 from ..config import TrainConfig
 from ..errors import TinkerRefused
 from ..models.loading import load_policy
-from ..models.lora import adapters_disabled, apply_lora
+from ..models.lora import adapters_disabled, apply_lora, merged_weights
 from ..records.checkpoint import load_checkpoint, read_weights, save_checkpoint
 from ..train.logprobs import Forward, LogprobOptions, token_logprobs
 from ..train.optim import build_optimizer
@@ -168,6 +168,8 @@ class TrainedModel:
         self.optimizer: torch.optim.Optimizer | None = None
         self.steps = 0
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self._engine: torch.nn.Module | None = None  # the plain model the samplers run (sampling_model)
+        self._engine_version: int | None = None
         self.loss_metrics: list[dict[str, float]] = []  # the forward_backward calls since the last step
 
     # ------------------------------------------------------------------ training
@@ -217,6 +219,29 @@ class TrainedModel:
 
     def snapshot(self, version: int) -> None:
         self.snapshots[version] = self.adapter_state()
+
+    def sampling_model(self, version: int | None) -> torch.nn.Module:
+        """The plain model with snapshot ``version``'s adapters merged into its weights (W + (alpha/r)
+        B A), what the samplers of that version run: one plain matmul per layer instead of a LoRA
+        layer's three, as ``rldsl run``'s engine samples with the merged weights its sync sends.
+        One copy of the base per training model, rewritten when another version is sampled; its
+        embeddings untied, so that a merged ``lm_head`` leaves the input embeddings the base's."""
+        if self._engine is None:
+            engine = load_policy(self.path, "float32").eval()
+            engine.requires_grad_(False)
+            head = engine.get_output_embeddings()
+            head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+            self._engine = engine
+        if self._engine_version != version or version is None:
+            with self.weights(self.snapshots.get(version) if version is not None else None):
+                state = merged_weights(self.policy)
+            with torch.no_grad():
+                named = dict(self._engine.named_parameters())
+                for name, tensor in state.items():
+                    if name in named:
+                        named[name].copy_(tensor)
+            self._engine_version = version
+        return self._engine
 
     @contextlib.contextmanager
     def weights(self, state: dict[str, torch.Tensor] | None) -> Iterator[torch.nn.Module]:
