@@ -73,12 +73,15 @@ def _sequences(rows: list[tuple[list[int], list[int]]]) -> list[list[int]]:
     return [x + t[-1:] for x, t in rows]
 
 
-def _packed_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
-    """Shifted targets: each sequence ``inputs + [last target]`` with one prompt token, packed."""
+def _packed_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]],
+                     packing: bool = True) -> list[torch.Tensor]:
+    """Shifted targets: each sequence ``inputs + [last target]`` with one prompt token, packed;
+    ``packing`` False: padded, for rows of about one length (a batch's prompts), where packing
+    saves nothing and its layout takes time to plan."""
     seqs = _sequences(rows)
     ids, mask = _right_padded(seqs)
     Tr = ids.shape[1] - 1
-    out = token_logprobs(model, Forward(ids, mask, Tr), LogprobOptions(entropy=False, packing=True)).logprobs
+    out = token_logprobs(model, Forward(ids, mask, Tr), LogprobOptions(entropy=False, packing=packing)).logprobs
     return [out[i, :len(x)] for i, (x, _) in enumerate(rows)]
 
 
@@ -131,7 +134,7 @@ def _grouped_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[i
     """Shifted targets of rows in groups of G sharing a prefix of c_g tokens: the forward
     ``rldsl run``'s trainer runs for a group's samples (the prefix as the shared prompt, left
     padded; the rest of each sequence as its response; packed), which scores positions
-    c_g - 1 .. n - 1, and the group's prefix alone (packed) for its positions 0 .. c_g - 2."""
+    c_g - 1 .. n - 1, and the group's prefix alone (padded) for its positions 0 .. c_g - 2."""
     seqs = _sequences(rows)
     Tp = max(prefixes)
     Tr = max(len(s) - prefixes[i // G] for i, s in enumerate(seqs))
@@ -144,7 +147,7 @@ def _grouped_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[i
     rest = token_logprobs(model, Forward(ids, mask, Tr, group_size=G),
                           LogprobOptions(entropy=False, packing=True)).logprobs  # [B, Tr]
     heads = [s[:c] for s, c in zip(seqs[::G], prefixes)]
-    head = _packed_logprobs(model, [(h[:-1], h[1:]) for h in heads])  # each group's prefix targets
+    head = _packed_logprobs(model, [(h[:-1], h[1:]) for h in heads], packing=False)  # each prefix's targets
     return [torch.cat([head[i // G], rest[i, :len(x) - prefixes[i // G] + 1]]) for i, (x, _) in enumerate(rows)]
 
 
