@@ -2,7 +2,7 @@
 step, side by side in one process, on the same model (the embedded toy, warm start), the same
 batch shape (P prompts x G samples, at most T new tokens) and LoRA of the same rank.
 
-    .venv/bin/python bench/tinker_step.py                       # 16 x 8, T 16, 3 blocks x 5 steps
+    .venv/bin/python bench/tinker_step.py             # 16 x 8, T 16, then 100 x 4, T 5; 3 blocks x 5 steps
 
 The service step is what a recipe does per batch through the unchanged ``tinker`` client:
 ``save_weights_and_get_sampling_client``, P ``sample`` calls of G samples (concurrent: batched by
@@ -11,8 +11,19 @@ the server), the reward and group-centred advantages on the client, one ``forwar
 ``run.step.train_step`` (rollout with the HF engine, reward, old logprobs, the compiled loss, the
 update, the weight sync) with a spec of the same loss (written to a temporary folder: -rho A summed).
 Blocks alternate (run, service, run, ...) so that machine noise hits both; the table gives the
-medians and the ratio service / run, and where the service's extra time goes (the client's
-wall time minus the server's own compute of its jobs: protobuf, futures, HTTP).
+medians and the ratio service / run, and where each step's time goes: for ``rldsl run`` its
+own phase timers (rollout, logprobs + update, sync, the rest: reward and records); for the
+service the server's jobs by kind (sampling, ``forward_backward``, ``optim_step``, the sampler
+save), the time a sampling batch stays open for requests still arriving (``gather``), the
+server's reading of requests (JSON and the ``forward_backward`` protobuf), and the rest: the
+client's own Python (its protobuf encoding, futures, the recipe's rewards and advantages) and
+the HTTP round trips.
+
+Two batch shapes are measured, one after the other, each printed: the given one (default 16
+prompts x 8 samples, <= 16 new tokens, LoRA rank 8) and, unless ``--no-recipe``, the default
+of the cookbook's ``math_rl`` recipe (``env=arithmetic``: ``groups_per_batch`` 100 x
+``group_size`` 4, ``max_tokens`` 5, ``lora_rank`` 32), on the same toy with "a+b=" prompts
+(the recipe's renderer adds a few-shot prefix: its prompts are longer).
 """
 from __future__ import annotations
 
@@ -75,25 +86,59 @@ class ServiceLoop:
             base_model="rldsl/toy", rank=args.rank, seed=args.seed).result()
         self.tok = self.tc.get_tokenizer()
         self.rng = random.Random(args.seed)
-        self.server_s = 0.0
-        self._wrap_worker()
+        self.phases: dict[str, float] = {}
+        self.batches = 0
+        self._wrap_server()
 
-    def _wrap_worker(self) -> None:
-        """Time the server's own work (its jobs on the worker thread)."""
-        for name in ("_finish", "_sample_batch"):
-            fn = getattr(self.service, name)
+    def _add(self, phase: str, seconds: float) -> None:
+        self.phases[phase] = self.phases.get(phase, 0.0) + seconds
 
-            def timed(*a, _fn=fn):
+    def _timed(self, fn, phase):
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self._add(phase(fn, a) if callable(phase) else phase, time.perf_counter() - t)
+        return timed
+
+    def _wrap_server(self) -> None:
+        """Time the server's own work: its jobs on the worker thread by kind (the service's method
+        that queued each), the gather window, and the reading of requests (JSON, protobuf)."""
+        from rldsl.runtime.tinker import server, wire
+        svc = self.service
+        svc._sample_batch = self._timed(svc._sample_batch, "sampling")
+        sample_batch = svc._sample_batch
+
+        def counted(batch):  # the sampling batches a step's requests were sampled in
+            self.batches += 1
+            return sample_batch(batch)
+        svc._sample_batch = counted
+        svc._gather = self._timed(svc._gather, "gather")
+        kinds = {"forward_backward": "forward_backward", "optim_step": "optim_step"}
+        submit = svc.submit
+
+        def tagged(model_id, run, *a, **k):
+            name = getattr(run, "__qualname__", "").split(".")
+            kind = kinds.get(name[1], "other jobs") if len(name) > 1 else "other jobs"
+            return submit(model_id, self._timed(run, kind) if k.get("job") is None and len(a) < 2 else run, *a, **k)
+        svc.submit = tagged
+        server.wire.read_forward_backward = self._timed(wire.read_forward_backward, "reading requests")
+        for name in ("json",):  # the JSON bodies the handlers read
+            from starlette.requests import Request
+            real = getattr(Request, name)
+
+            async def read(request, _real=real):
                 t = time.perf_counter()
                 try:
-                    return _fn(*a)
+                    return await _real(request)
                 finally:
-                    self.server_s += time.perf_counter() - t
-            setattr(self.service, name, timed)
+                    self._add("reading requests", time.perf_counter() - t)
+            setattr(Request, name, read)
 
-    def step(self) -> tuple[float, float]:
+    def step(self) -> tuple[float, dict[str, float]]:
         T = self.types
-        t0, s0 = time.perf_counter(), self.server_s
+        t0, before = time.perf_counter(), {**self.phases, "sampling batches": float(self.batches)}
         sampler = self.tc.save_weights_and_get_sampling_client()
         pairs = [(self.rng.randint(0, 99), self.rng.randint(0, 99)) for _ in range(self.args.prompts)]
         prompts = [[self.tok.bos_token_id] + self.tok.encode(f"{a}+{b}=", add_special_tokens=False)
@@ -115,11 +160,58 @@ class ServiceLoop:
                                     loss_fn_inputs={"target_tokens": full[1:], "logprobs": lp[:n], "advantages": adv[:n]}))
         self.tc.forward_backward(data, "importance_sampling").result()
         self.tc.optim_step(T.AdamParams(learning_rate=self.args.lr, beta1=0.9, beta2=0.99, eps=1e-8)).result()
-        return time.perf_counter() - t0, self.server_s - s0
+        now = {**self.phases, "sampling batches": float(self.batches)}
+        return time.perf_counter() - t0, {k: v - before.get(k, 0.0) for k, v in now.items()}
 
     def close(self) -> None:
         self.server.__exit__(None, None, None)
         self.service.close()
+
+
+RUN_PHASES = [("rollout", ("time/rollout_s",)), ("logprobs + update", ("time/logprobs_s", "time/update_s")),
+              ("sync", ("time/sync_s",))]
+SERVICE_PHASES = ["sampling", "forward_backward", "optim_step", "other jobs", "gather", "reading requests"]
+
+
+def measure(args) -> None:
+    """Both loops on one batch shape, blocks alternating; prints the table."""
+    import torch
+    from rldsl.runtime.run import step as run_step
+    torch.set_num_threads(args.threads)
+    tmp = Path(tempfile.mkdtemp(prefix="rldsl-bench-tinker-"))
+    s = run_setup(args, tmp)
+    loop = ServiceLoop(args, tmp)
+    i = 0
+    for _ in range(args.warmup):
+        run_step.train_step(s, i)
+        loop.step()
+        i += 1
+    runs: list[dict[str, float]] = []
+    service: list[tuple[float, dict[str, float]]] = []
+    for _ in range(args.blocks):
+        for _ in range(args.steps):
+            runs.append(run_step.train_step(s, i))
+            i += 1
+        for _ in range(args.steps):
+            service.append(loop.step())
+    loop.close()
+    med = statistics.median
+    r = med(m["step_s"] for m in runs)
+    v = med(w for w, _ in service)
+    run_parts = {name: med(sum(m.get(k, 0.0) for k in keys) for m in runs) for name, keys in RUN_PHASES}
+    svc_parts = {name: med(p.get(name, 0.0) for _, p in service) for name in SERVICE_PHASES}
+    print(f"\n{args.prompts} prompts x {args.samples} samples, <= {args.max_new_tokens} new tokens, LoRA rank "
+          f"{args.rank}, {args.threads} thread(s); median of {args.blocks} x {args.steps} steps, blocks alternating")
+    print("| step | s/step | " + " | ".join(n for n, _ in RUN_PHASES) + " | the rest |")
+    print("|---|---|" + "---|" * (len(RUN_PHASES) + 1))
+    print(f"| rldsl run (train_step) | {r:.4f} | " + " | ".join(f"{t:.4f}" for t in run_parts.values())
+          + f" | {r - sum(run_parts.values()):.4f} |")
+    print("| step | s/step | " + " | ".join(SERVICE_PHASES) + " | the rest (client, protobuf, futures, HTTP) |")
+    print("|---|---|" + "---|" * (len(SERVICE_PHASES) + 1))
+    print(f"| serve-tinker (recipe loop) | {v:.4f} | " + " | ".join(f"{t:.4f}" for t in svc_parts.values())
+          + f" | {v - sum(svc_parts.values()):.4f} |")
+    print(f"ratio service / run: {v / r:.2f}x; the service's {args.prompts} sample requests a step were sampled in "
+          f"{med(p.get('sampling batches', 0.0) for _, p in service):.0f} batch(es) (median)")
 
 
 def main() -> None:
@@ -134,37 +226,13 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-recipe", action="store_true",
+                    help="skip the second shape, math_rl's default (100 groups x 4, max_tokens 5, LoRA rank 32)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    import torch
-    from rldsl.runtime.run import step as run_step
-    torch.set_num_threads(args.threads)
-    tmp = Path(tempfile.mkdtemp(prefix="rldsl-bench-tinker-"))
-    s = run_setup(args, tmp)
-    loop = ServiceLoop(args, tmp)
-    i = 0
-    for _ in range(args.warmup):
-        run_step.train_step(s, i)
-        loop.step()
-        i += 1
-    run_s, service_s, server_s = [], [], []
-    for _ in range(args.blocks):
-        for _ in range(args.steps):
-            run_s.append(run_step.train_step(s, i)["step_s"])
-            i += 1
-        for _ in range(args.steps):
-            wall, own = loop.step()
-            service_s.append(wall)
-            server_s.append(own)
-    loop.close()
-    r, v, o = statistics.median(run_s), statistics.median(service_s), statistics.median(server_s)
-    print(f"\n{args.prompts} prompts x {args.samples} samples, <= {args.max_new_tokens} new tokens, LoRA rank "
-          f"{args.rank}, {args.threads} thread(s); median of {args.blocks} x {args.steps} steps, blocks alternating")
-    print("| step | s/step | of which the server's own jobs | the rest (client, protobuf, futures, HTTP) |")
-    print("|---|---|---|---|")
-    print(f"| rldsl run (train_step) | {r:.4f} | | |")
-    print(f"| serve-tinker (recipe loop) | {v:.4f} | {o:.4f} | {v - o:.4f} |")
-    print(f"ratio service / run: {v / r:.2f}x")
+    measure(args)
+    if not args.no_recipe:
+        measure(argparse.Namespace(**{**vars(args), "prompts": 100, "samples": 4, "max_new_tokens": 5, "rank": 32}))
 
 
 if __name__ == "__main__":

@@ -6,10 +6,14 @@ Per token: z = logits / temperature, top-k then top-p (at least one token kept),
 generator of the call's own (seeded by the request's ``seed`` when it gives one: such a request is sampled in a batch of its own). A row stops
 at a stop token (the request's ``stop`` ids, else the model's EOS ids; ``stop=[]``: none) or
 when its decoded text holds a stop string: the token that completes it is kept, stop reason
-``"stop"``; otherwise exactly ``max_tokens`` tokens, ``"length"``. The logprobs returned are
-then computed by the trainer's own scorer (trainer.target_logprobs) over prompt + completion on
-the sampler's weights, at temperature 1 as the trainer computes them: equal to what a
-``forward`` on the same weights returns.
+``"stop"``; otherwise exactly ``max_tokens`` tokens, ``"length"``.
+
+The logprob returned with each token is the sampling loop's own: log_softmax of the raw float32
+logits it drew the token from (temperature 1, before top-k / top-p, as the trainer computes
+them), on the sampler's weights -- the same model object and dtype a ``forward_backward`` runs,
+so it equals the trainer's logprob of that token to float rounding (the KV-cached positions
+against one full forward; ~1e-7 on the test models). ``prompt_logprobs`` come from the same
+prefill. No second forward scores the completions (docs/tinker.md, "Speed").
 """
 from __future__ import annotations
 
@@ -21,7 +25,6 @@ import torch
 from ..batch import position_ids_from_mask
 from ..errors import TinkerRefused
 from ..rollout.engines.base import left_pad, stop_token_ids
-from .trainer import target_logprobs
 from .wire import Sequence
 
 
@@ -95,11 +98,26 @@ def _filter(z: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return z
 
 
+@dataclass
+class _Drawn:
+    """What :func:`_generate` returns: per row (each job's num_samples rows in turn) the completion's
+    tokens and their logprobs; per job, the logprobs of its prompt's tokens 1.. (from the prefill)."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    prompt_logprobs: list[list[float]]
+
+
+def _picked(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits)[token] per row: fp32 logits [b, V], tokens [b] -> [b]."""
+    return logits.gather(-1, token[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+
+
 @torch.no_grad()
-def _generate(model: Any, tokenizer: Any, jobs: list[SampleJob]) -> list[list[int]]:
-    """The completions' tokens, row by row (each job's num_samples rows in turn). Each prompt is
-    prefilled once for its samples (its cache rows then repeated), and a row that has stopped
-    leaves the batch, as the HF engine's sampler does (rollout/engines/hf.py)."""
+def _generate(model: Any, tokenizer: Any, jobs: list[SampleJob]) -> _Drawn:
+    """The completions' tokens and logprobs. Each prompt is prefilled once for its samples (its
+    cache rows then repeated), and a row that has stopped leaves the batch, as the HF engine's
+    sampler does (rollout/engines/hf.py)."""
     head = jobs[0]
     rows = [j for j in jobs for _ in range(j.num_samples)]
     ids, mask = left_pad([j.prompt for j in jobs], tokenizer.pad_token_id or 0)
@@ -108,8 +126,10 @@ def _generate(model: Any, tokenizer: Any, jobs: list[SampleJob]) -> list[list[in
     generator = torch.Generator()
     generator.manual_seed(head.seed if head.seed is not None else int(torch.randint(0, 2**62, ()).item()))
     out: list[list[int]] = [[] for _ in rows]
+    out_lp: list[list[float]] = [[] for _ in rows]
     pos = position_ids_from_mask(mask)
     res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+    prompt_lp = _prompt_logprobs(res.logits, ids, jobs)
     repeat = torch.repeat_interleave(torch.arange(len(jobs)), torch.tensor([j.num_samples for j in jobs]))
     cache = res.past_key_values
     cache.batch_select_indices(repeat)
@@ -122,8 +142,9 @@ def _generate(model: Any, tokenizer: Any, jobs: list[SampleJob]) -> list[list[in
             z = _filter(logits / head.temperature, head.top_k, head.top_p)
             token = torch.multinomial(torch.softmax(z, -1), 1, generator=generator).squeeze(1)
         keep = []
-        for k, (i, t) in enumerate(zip(alive, token.tolist())):
+        for k, (i, t, lp) in enumerate(zip(alive, token.tolist(), _picked(logits, token).tolist())):
             out[i].append(t)
+            out_lp[i].append(lp)
             if not (t in stops[i] or (rows[i].stop_strings and any(
                     s in tokenizer.decode(out[i], skip_special_tokens=False) for s in rows[i].stop_strings))):
                 keep.append(k)
@@ -137,6 +158,20 @@ def _generate(model: Any, tokenizer: Any, jobs: list[SampleJob]) -> list[list[in
         res = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos,
                     past_key_values=cache, use_cache=True)
         logits, next_pos = res.logits[:, -1].float(), next_pos + 1
+    return _Drawn(out, out_lp, prompt_lp)
+
+
+def _prompt_logprobs(logits: torch.Tensor, ids: torch.Tensor, jobs: list[SampleJob]) -> list[list[float]]:
+    """Per job asking for them, the logprobs of its prompt's tokens 1.. from the prefill's logits
+    [P, Tp, V] (prompts left padded); [] for the others."""
+    out: list[list[float]] = []
+    Tp = ids.shape[1]
+    for k, j in enumerate(jobs):
+        if not j.prompt_logprobs or len(j.prompt) < 2:
+            out.append([])
+            continue
+        start = Tp - len(j.prompt)  # the prompt's first column
+        out.append(_picked(logits[k, start:Tp - 1].float(), ids[k, start + 1:]).tolist())
     return out
 
 
@@ -146,18 +181,15 @@ def sample(model: Any, tokenizer: Any, jobs: list[SampleJob]) -> None:
     for j in jobs:
         groups.setdefault(j.group(), []).append(j)
     for group in groups.values():
-        completions = _generate(model, tokenizer, group)
+        drawn = _generate(model, tokenizer, group)
         rows = [j for j in group for _ in range(j.num_samples)]
-        scored = [(r.prompt + c[:-1], r.prompt[1:] + c) for r, c in zip(rows, completions)]
-        logprobs = target_logprobs(model, scored, grad=False)
-        for j in group:
+        for j, prompt_lp in zip(group, drawn.prompt_logprobs):
             j.result = []
-        for r, c, lp in zip(rows, completions, logprobs):
-            n = len(r.prompt) - 1
+            if j.prompt_logprobs:
+                j.prompt_result = [float("nan")] + prompt_lp
+        for r, c, lp in zip(rows, drawn.tokens, drawn.logprobs):
             stopped = len(c) < r.max_tokens or _ends_on_stop(r, c, tokenizer, model)
-            r.result.append(Sequence(c, lp[n:].tolist(), stopped))
-            if r.prompt_logprobs and r.prompt_result is None:
-                r.prompt_result = [float("nan")] + lp[:n].tolist()
+            r.result.append(Sequence(c, lp, stopped))
 
 
 def _ends_on_stop(job: SampleJob, completion: list[int], tokenizer: Any, model: Any) -> bool:

@@ -14,6 +14,7 @@ whole call); everything else the client's defaults.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import signal
@@ -182,10 +183,7 @@ def make_app(service: Service, api_key: str | None = None) -> Any:
         fut = service.futures.get(request_id)
         if fut is None:
             raise TinkerRefused(404, f"unknown request_id {request_id!r}")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + POLL_HOLD_S  # hold the poll (no thread held): one round trip per result
-        while not fut.done.is_set() and loop.time() < deadline:
-            await asyncio.sleep(0.002)
+        await hold_until_done(fut, POLL_HOLD_S)  # hold the poll (no thread held): one round trip per result
         if not fut.done.is_set():
             return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
         service.futures.pop(request_id, None)
@@ -214,6 +212,23 @@ def make_app(service: Service, api_key: str | None = None) -> Any:
         Route("/{path:path}", unknown, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
     ]
     return Starlette(routes=routes)
+
+
+async def hold_until_done(fut: Any, hold_s: float) -> None:
+    """Return once ``fut`` is done (woken by the worker that finishes it) or ``hold_s`` passed."""
+    if fut.done.is_set():
+        return
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def wake() -> None:  # on the worker's thread
+        with contextlib.suppress(RuntimeError):  # the server stopped (its loop closed) meanwhile
+            loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(None))
+    fut.on_done(wake)
+    try:
+        await asyncio.wait_for(ready, hold_s)
+    except asyncio.TimeoutError:
+        pass
 
 
 def serve(models: dict[str, Path], host: str, port: int, api_key: str | None, root: Path, threads: int = 1) -> None:

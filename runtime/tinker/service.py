@@ -35,13 +35,35 @@ GATHER_GAP_S, GATHER_MAX_S = 0.005, 0.05
 
 @dataclass
 class Future:
-    """A call's answer: JSON (``body``) or protobuf (``proto``), or a refusal, once ``done``."""
+    """A call's answer: JSON (``body``) or protobuf (``proto``), or a refusal, once ``done``.
+
+    A waiting ``retrieve_future`` registers a callback (:meth:`on_done`) that the worker calls
+    when it finishes the job, instead of checking ``done`` on a timer: the answer leaves as soon
+    as it exists, and no waiting request takes CPU from the job it waits for."""
 
     done: threading.Event = field(default_factory=threading.Event)
     body: dict[str, Any] | None = None
     proto: bytes | None = None
     error: str | None = None
     category: str = "user"
+    _waiters: list[Callable[[], None]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def finish(self) -> None:
+        """Mark the answer ready and call the waiters (on the worker's thread)."""
+        with self._lock:
+            self.done.set()
+            waiters, self._waiters = self._waiters, []
+        for wake in waiters:
+            wake()
+
+    def on_done(self, wake: Callable[[], None]) -> None:
+        """``wake()`` once the answer is ready: now if it is, else from :meth:`finish`'s thread."""
+        with self._lock:
+            if not self.done.is_set():
+                self._waiters.append(wake)
+                return
+        wake()
 
 
 @dataclass(order=True)
@@ -147,7 +169,7 @@ class Service:
                 for j in batch:
                     if not j.future.done.is_set():
                         j.future.error, j.future.category = f"{type(e).__name__}: {e}", "server"
-                        j.future.done.set()
+                        j.future.finish()
 
     @staticmethod
     def _finish(future: Future, run: Callable[[], Any]) -> None:
@@ -160,7 +182,7 @@ class Service:
                 future.proto = result
             else:
                 future.body = result
-        future.done.set()
+        future.finish()
 
     def close(self) -> None:
         with self._lock:
@@ -328,10 +350,8 @@ class Service:
         if s.model_id is None:
             sample(self._base_model(s.base), tokenizer, jobs)
         else:
-            trained = self.model(s.model_id)
-            with trained.weights(trained.snapshots.get(s.version)) as policy:
-                sample(policy, tokenizer, jobs)
+            sample(self.model(s.model_id).sampling_model(s.version), tokenizer, jobs)
         for j in batch:
             assert j.sample is not None
             j.future.proto = wire.sample_response(j.sample.result, j.sample.prompt_result)
-            j.future.done.set()
+            j.future.finish()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -21,7 +22,7 @@ import torch
 from ..config import TrainConfig
 from ..errors import TinkerRefused
 from ..models.loading import load_policy
-from ..models.lora import adapters_disabled, apply_lora
+from ..models.lora import adapters_disabled, apply_lora, merged_weights
 from ..records.checkpoint import load_checkpoint, read_weights, save_checkpoint
 from ..train.logprobs import Forward, LogprobOptions, token_logprobs
 from ..train.optim import build_optimizer
@@ -53,9 +54,39 @@ def target_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int
     """Per row (input tokens, target tokens of the same length) the logprob of each target at its
     position (position i predicts target i), float32, with gradient when ``grad``.
 
-    The adapter over ``train.logprobs.token_logprobs``: the sequence ``inputs + [last target]``
-    with one prompt token and the rest as the response, ``gather_ids`` the targets (which need
-    not be the shifted inputs)."""
+    The adapter over ``train.logprobs.token_logprobs``, in the layouts ``rldsl run``'s trainer
+    uses, whenever the targets are the inputs shifted by one (a recipe's data): rows padding-free
+    (packed), and rows that come in groups sharing a prefix (one prompt's samples) through the
+    shared-prompt forward, each group's prefix once, with the prefix's own targets scored once per
+    group (:func:`_grouped_logprobs`). Other targets (the client may give any): every row padded,
+    ``gather_ids`` the targets. Equal up to float rounding whichever the layout."""
+    with contextlib.nullcontext() if grad else torch.no_grad():
+        if all(t[:-1] == x[1:] for x, t in rows):
+            groups = _prefix_groups([x for x, _ in rows])
+            if groups is not None:
+                return _grouped_logprobs(model, rows, *groups)
+            return _packed_logprobs(model, rows)
+        return _gathered_logprobs(model, rows)
+
+
+def _sequences(rows: list[tuple[list[int], list[int]]]) -> list[list[int]]:
+    return [x + t[-1:] for x, t in rows]
+
+
+def _packed_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]],
+                     packing: bool = True) -> list[torch.Tensor]:
+    """Shifted targets: each sequence ``inputs + [last target]`` with one prompt token, packed;
+    ``packing`` False: padded, for rows of about one length (a batch's prompts), where packing
+    saves nothing and its layout takes time to plan."""
+    seqs = _sequences(rows)
+    ids, mask = _right_padded(seqs)
+    Tr = ids.shape[1] - 1
+    out = token_logprobs(model, Forward(ids, mask, Tr), LogprobOptions(entropy=False, packing=packing)).logprobs
+    return [out[i, :len(x)] for i, (x, _) in enumerate(rows)]
+
+
+def _gathered_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    """Any targets: padded rows, ``gather_ids`` the targets (which need not be the shifted inputs)."""
     Tr = max(len(t) for t, _ in rows)
     ids = torch.zeros(len(rows), Tr + 1, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -65,10 +96,59 @@ def target_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int
         ids[i, :n + 1] = torch.tensor(tokens + [targets[-1]])
         mask[i, :n + 1] = 1
         gather[i, :n, 0] = torch.tensor(targets)
-    with contextlib.nullcontext() if grad else torch.no_grad():
-        out = token_logprobs(model, Forward(ids, mask, Tr, gather_ids=gather), LogprobOptions(entropy=False))
+    out = token_logprobs(model, Forward(ids, mask, Tr, gather_ids=gather), LogprobOptions(entropy=False))
     picked = out.gathered[..., 0]  # [B, Tr]
     return [picked[i, :len(t)] for i, (t, _) in enumerate(rows)]
+
+
+def _right_padded(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.zeros(len(seqs), max(len(s) for s in seqs), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        mask[i, :len(s)] = 1
+    return ids, mask
+
+
+def _prefix_groups(inputs: list[list[int]]) -> tuple[int, list[int]] | None:
+    """(G, each group's shared prefix length) for rows in contiguous groups of G sharing a prefix
+    of their inputs (a recipe's groups: one prompt's samples), the G that saves the most tokens;
+    None when no grouping saves any. With the prefix's own targets scored once per group besides,
+    a group of G rows with a prefix of c tokens pushes (G - 2) c tokens fewer than G full rows."""
+    B = len(inputs)
+    best: tuple[int, tuple[int, list[int]] | None] = (0, None)
+    for G in range(3, B + 1):
+        if B % G:
+            continue
+        prefixes = [len(os.path.commonprefix(inputs[g:g + G])) for g in range(0, B, G)]
+        if min(prefixes) < 2:
+            continue
+        saved = sum((G - 2) * c for c in prefixes)
+        if saved > best[0]:
+            best = (saved, (G, prefixes))
+    return best[1]
+
+
+def _grouped_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], G: int,
+                      prefixes: list[int]) -> list[torch.Tensor]:
+    """Shifted targets of rows in groups of G sharing a prefix of c_g tokens: the forward
+    ``rldsl run``'s trainer runs for a group's samples (the prefix as the shared prompt, left
+    padded; the rest of each sequence as its response; packed), which scores positions
+    c_g - 1 .. n - 1, and the group's prefix alone (padded) for its positions 0 .. c_g - 2."""
+    seqs = _sequences(rows)
+    Tp = max(prefixes)
+    Tr = max(len(s) - prefixes[i // G] for i, s in enumerate(seqs))
+    ids = torch.zeros(len(seqs), Tp + Tr, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        c = prefixes[i // G]
+        ids[i, Tp - c:Tp + len(s) - c] = torch.tensor(s)
+        mask[i, Tp - c:Tp + len(s) - c] = 1
+    rest = token_logprobs(model, Forward(ids, mask, Tr, group_size=G),
+                          LogprobOptions(entropy=False, packing=True)).logprobs  # [B, Tr]
+    heads = [s[:c] for s, c in zip(seqs[::G], prefixes)]
+    head = _packed_logprobs(model, [(h[:-1], h[1:]) for h in heads], packing=False)  # each prefix's targets
+    return [torch.cat([head[i // G], rest[i, :len(x) - prefixes[i // G] + 1]]) for i, (x, _) in enumerate(rows)]
 
 
 class TrainedModel:
@@ -91,6 +171,8 @@ class TrainedModel:
         self.optimizer: torch.optim.Optimizer | None = None
         self.steps = 0
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self._engine: torch.nn.Module | None = None  # the plain model the samplers run (sampling_model)
+        self._engine_version: int | None = None
         self.loss_metrics: list[dict[str, float]] = []  # the forward_backward calls since the last step
 
     # ------------------------------------------------------------------ training
@@ -140,6 +222,29 @@ class TrainedModel:
 
     def snapshot(self, version: int) -> None:
         self.snapshots[version] = self.adapter_state()
+
+    def sampling_model(self, version: int | None) -> torch.nn.Module:
+        """The plain model with snapshot ``version``'s adapters merged into its weights (W + (alpha/r)
+        B A), what the samplers of that version run: one plain matmul per layer instead of a LoRA
+        layer's three, as ``rldsl run``'s engine samples with the merged weights its sync sends.
+        One copy of the base per training model, rewritten when another version is sampled; its
+        embeddings untied, so that a merged ``lm_head`` leaves the input embeddings the base's."""
+        if self._engine is None:
+            engine = load_policy(self.path, "float32").eval()
+            engine.requires_grad_(False)
+            head = engine.get_output_embeddings()
+            head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+            self._engine = engine
+        if self._engine_version != version or version is None:
+            with self.weights(self.snapshots.get(version) if version is not None else None):
+                state = merged_weights(self.policy)
+            with torch.no_grad():
+                named = dict(self._engine.named_parameters())
+                for name, tensor in state.items():
+                    if name in named:
+                        named[name].copy_(tensor)
+            self._engine_version = version
+        return self._engine
 
     @contextlib.contextmanager
     def weights(self, state: dict[str, torch.Tensor] | None) -> Iterator[torch.nn.Module]:

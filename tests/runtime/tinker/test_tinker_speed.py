@@ -1,0 +1,136 @@
+"""What makes the service's step cheap (docs/tinker.md, "Speed"), with its results unchanged: the
+sampler's logprobs are its own sampling loop's (no second forward scores the completions) and
+equal the trainer's to float rounding, prompt logprobs included; ``forward_backward`` runs a
+group's samples in ``rldsl run``'s layout (the shared prefix once, packed rows), with the
+logprobs and gradients of every row scored alone."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rldsl.runtime.models.loading import backbone, load_tokenizer
+from rldsl.runtime.tinker.sampler import SampleJob, sample
+from rldsl.runtime.tinker.trainer import LoraSpec, TrainedModel, target_logprobs
+
+from tinker_helpers import NAME
+
+pytest.importorskip("peft")
+
+
+@pytest.fixture()
+def trained(tinker_home) -> tuple[TrainedModel, object]:
+    """A training model whose adapters moved away from their start (B != 0) on the attention and
+    MLP layers, and its tokenizer."""
+    model = TrainedModel("m", NAME, tinker_home / NAME, LoraSpec(rank=4, seed=0, train_unembed=False))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.params:
+            p.add_(0.01 * torch.randn(p.shape, generator=gen))
+    model.snapshot(1)
+    return model, load_tokenizer(tinker_home / NAME)
+
+
+def test_sampling_runs_no_scoring_forward_and_its_logprobs_are_the_trainers(trained):
+    """The sampler runs the plain model with the snapshot's adapters merged (as rldsl run's engine)."""
+    model, tok = trained
+    engine = model.sampling_model(1)
+    assert engine is not model.policy and not any(".lora_" in n for n, _ in engine.named_parameters())
+    calls: list[int] = []
+    hook = backbone(engine).register_forward_hook(lambda m, args, kwargs, out: calls.append(1), with_kwargs=True)
+    prompts = [tok.encode("Count: 1 2"), tok.encode("The sum of 12 and 30 is"), tok.encode("a b")]
+    jobs = [SampleJob(prompt=p, num_samples=3, max_tokens=6, stop_tokens=(), prompt_logprobs=True) for p in prompts]
+    try:
+        sample(engine, tok, jobs)
+    finally:
+        hook.remove()
+    # one prefill, then one forward per further token: nothing scores the completions again
+    assert len(calls) == 6
+    rows, sampled = [], []
+    for j in jobs:
+        assert len(j.result) == 3
+        for s in j.result:
+            assert len(s.tokens) == len(s.logprobs) == 6
+            full = j.prompt + s.tokens
+            rows.append((full[:-1], full[1:]))
+            sampled.append(s.logprobs)
+    forward = target_logprobs(model.policy, rows, grad=False)  # the trainer's, LoRA layers unmerged
+    diffs = []
+    for lp, s in zip(forward, sampled):
+        torch.testing.assert_close(torch.tensor(s), lp[-len(s):], atol=1e-4, rtol=0)
+        diffs.append(torch.tensor(s) - lp[-len(s):])
+    assert abs(float(torch.cat(diffs).mean())) < 1e-6  # the cookbook's kl_sample_train_v1
+    for j in jobs:  # the prompt's logprobs, from the prefill (NaN first: no context)
+        ref = target_logprobs(model.policy, [(j.prompt[:-1], j.prompt[1:])], grad=False)[0]
+        assert j.prompt_result is not None and len(j.prompt_result) == len(j.prompt)
+        torch.testing.assert_close(torch.tensor(j.prompt_result[1:]), ref, atol=1e-4, rtol=0)
+
+
+def _backbone_tokens(model) -> tuple[list[int], object]:
+    fed: list[int] = []
+
+    def count(module, args, kwargs, out):
+        ids = kwargs.get("input_ids")
+        fed.append(int(ids.numel()) if ids is not None else 0)
+    return fed, backbone(model).register_forward_hook(count, with_kwargs=True)
+
+
+def test_forward_backward_shares_a_groups_prefix_and_equals_each_row_alone(trained):
+    model, tok = trained
+    prompts = [tok.encode("The sum of 12 and 30 is"), tok.encode("Count: 1 2 3 4")]
+    tails = [[11, 12], [13, 14, 15, 16, 17], [18], [19, 20, 21], [22, 23, 24, 25, 26, 27, 28]]
+    rows = [((p + t)[:-1], (p + t)[1:]) for p in prompts for t in tails]  # 2 groups of 5 samples
+
+    def grads(lps):
+        for p in model.params:
+            p.grad = None
+        sum((i + 1) * lp.sum() for i, lp in enumerate(lps)).backward()
+        return [p.grad.clone() for p in model.params]
+    model.logprobs(rows[:2], grad=False)  # the packed layout's once-per-model check (train/packing.py)
+    fed, hook = _backbone_tokens(model.policy)
+    try:
+        together = model.logprobs(rows, grad=True)
+    finally:
+        hook.remove()
+    padded = len(rows) * (max(len(x) for x, _ in rows) + 1 - 1)  # every row in full, padded
+    assert sum(fed) < padded * 0.75, (fed, padded)
+    g_together = grads(together)
+    alone = [model.logprobs([r], grad=True)[0] for r in rows]
+    g_alone = grads(alone)
+    for a, b in zip(together, alone):
+        assert a.shape == b.shape == (len(a),)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    for a, b in zip(g_together, g_alone):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_a_held_retrieve_future_wakes_when_its_job_finishes_without_a_timer(monkeypatch):
+    """``retrieve_future`` holds a pending request until the worker finishes its job: woken by the
+    job's end (no sleep loop taking CPU from the job), or answered at the hold's end."""
+    import asyncio
+    import threading
+    import time
+
+    from rldsl.runtime.tinker.server import hold_until_done
+    from rldsl.runtime.tinker.service import Future
+    sleeps: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def counted(delay, *a, **k):
+        sleeps.append(delay)
+        return await real_sleep(delay, *a, **k)
+    monkeypatch.setattr(asyncio, "sleep", counted)
+
+    async def held(fut: Future, hold_s: float, finish_after: float | None) -> float:
+        start = time.monotonic()
+        if finish_after is not None:
+            threading.Timer(finish_after, fut.finish).start()
+        await hold_until_done(fut, hold_s)
+        return time.monotonic() - start
+    woken = Future()
+    assert asyncio.run(held(woken, 60.0, 0.2)) < 30 and woken.done.is_set()
+    pending = Future()
+    assert asyncio.run(held(pending, 0.1, None)) >= 0.1 and not pending.done.is_set()
+    done = Future()
+    done.finish()
+    assert asyncio.run(held(done, 60.0, None)) < 30
+    assert sleeps == []
