@@ -571,6 +571,8 @@ def token_logprobs(model: PreTrainedModel, fwd: Forward, options: LogprobOptions
         raise ValueError(f"attention_mask {tuple(fwd.attention_mask.shape)} != input_ids {tuple(fwd.input_ids.shape)}")
     tf = logit_transform(model, opts.temperature)
     head = model.get_output_embeddings()
+    if opts.topk > head.weight.shape[0]:
+        raise ValueError(f"top-K of {opts.topk} tokens from a vocabulary of {head.weight.shape[0]}")
     states = layout(model, fwd, opts)()
     if opts.count is not None:
         opts.count.add((fwd.attention_mask.long().sum(1) - 1).tolist(),  # tokens fed: the last predicts nothing

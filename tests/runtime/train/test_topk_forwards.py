@@ -89,6 +89,8 @@ def test_nothing_asked_nothing_made(tiny_model, tokenizer) -> None:
                                  LogprobOptions(topk=K if asked else 0, sampled_is_top=asked))
         assert ("topk" in calls.names) == asked, calls.names
         assert (out.top_logprobs is None) == (out.top_ids is None) == (out.sampled_is_top is None) == (not asked)
+    with pytest.raises(ValueError, match="top-K of 99 tokens from a vocabulary of 23"):
+        token_logprobs(tiny_model, Forward(ids, mask, Tr), LogprobOptions(topk=99))
 
 
 def _trainer(spec, model, *, packing: bool = False, epochs: int = 1, minibatches: int = 1,
