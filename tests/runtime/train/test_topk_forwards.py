@@ -125,13 +125,14 @@ def test_a_spec_without_top_k_runs_no_top_k_in_its_step(tiny_model, tokenizer) -
     assert est.old_topk_logprobs is None and est.old_topk_ids is None and est.is_top1 is None
 
 
-@pytest.mark.parametrize("epochs,minibatches", [(1, 1), (2, 2)])
+@pytest.mark.parametrize("epochs,minibatches,budget", [(1, 1, None), (2, 2, None), (2, 2, 60)])
 def test_top_k_inputs_are_the_old_policys_ids_and_packed_equals_padded(tiny_model, tokenizer, epochs,
-                                                                       minibatches) -> None:
+                                                                       minibatches, budget) -> None:
     """What loss() receives: old_topk_logprobs are the old policy's K largest logprobs, its
     is_top1 its top-1, policy_topk_logprobs the current policy's at the same ids (equal to the old
     ones before the first step); exactly on-policy (one epoch, one minibatch) no old forward runs and
-    the update forward picks them; packed = padded for all of it, losses and gradients included."""
+    the update forward picks them; packed = padded for all of it, losses and gradients included,
+    also in micro-batches of a token budget (trimmed columns)."""
     batch, rewards = _rollout(tiny_model, tokenizer)
     Tr = batch.response_ids.shape[1]
     ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
@@ -145,7 +146,7 @@ def test_top_k_inputs_are_the_old_policys_ids_and_packed_equals_padded(tiny_mode
     results = []
     for packing in (False, True):
         model = copy.deepcopy(tiny_model)
-        t = _trainer(SIMKO, model, packing=packing, epochs=epochs, minibatches=minibatches)
+        t = _trainer(SIMKO, model, packing=packing, epochs=epochs, minibatches=minibatches, budget=budget)
         seen: list[dict] = []
         loss = t.fn.loss
 
