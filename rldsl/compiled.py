@@ -67,6 +67,11 @@ class DataPlan:
     teacher_topk: int | None = None
     jsd_beta: float | None = None
     jsd_temperature: float = 1.0
+    policy_topk: int | None = None  # a formula's K (a float parameter there): a whole number here
+
+    def __post_init__(self) -> None:
+        if self.policy_topk is not None:
+            self.policy_topk = int(self.policy_topk)
 
     @staticmethod
     def informative(rewards: Tensor) -> Tensor:
@@ -370,6 +375,8 @@ class CompiledAlgorithm:
              topk_logprobs: Tensor | None = None, divergence: Tensor | None = None,
              old_entropy: Tensor | None = None, sequence_rewards: Tensor | None = None,
              router_aux: Tensor | None = None, ref_reward: Tensor | None = None,
+             policy_topk_logprobs: Tensor | None = None, old_topk_logprobs: Tensor | None = None,
+             is_top1: Tensor | None = None,
              **more: Tensor) -> LossOutput:
         """Per-token tensors [B, T] -> the scalar loss to minimise, value loss and metrics.
 
@@ -403,6 +410,9 @@ class CompiledAlgorithm:
         ``ref_reward``: the reference model's reward [B] of each row's prompt, read by a formula
         as ``ref_reward``; pass a finite value (``rldsl run`` passes 0 on a row ``estimate()``
         left out for a non-finite one: it has no loss tokens).
+        ``policy_topk_logprobs`` [B, T, K] (with gradient), ``old_topk_logprobs`` [B, T, K] and
+        ``is_top1`` [B, T]: the policy's top-K, read by a formula as ``topk_logp``, ``old_topk_logp``
+        and ``is_top1`` (K: the formula's parameter K, ``data.policy_topk``; docs/formulas.md).
         """
         algo = self.algorithm
         given = self._given("loss", {**locals(), **self._more("loss", "loss", more)})

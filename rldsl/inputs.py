@@ -206,6 +206,21 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
           "function; NaN where every one failed: the row then leaves the loss as a failed reward's does",
           "reference_rollout", formula="ref_reward", slots=_ADVANTAGE_SLOTS + _POLICY_SLOTS,
           fails_row=True),
+    # the policy's top-K candidates (K: the reading formula's parameter K). The K token ids at each
+    # position are the OLD policy's K most likely ones (the no-grad forward before the update; an
+    # exactly on-policy update's own forward, which is that policy): old_topk_logprobs are their
+    # logprobs there, largest first, policy_topk_logprobs the current policy's at the same ids
+    Input("policy_topk_logprobs", ("loss",), "[B, T, K]", "float32",
+          "the current policy's logprobs (with gradient) of the K tokens the old policy found most likely at "
+          "each response position (the ids of old_topk_logprobs, in its order)", "update",
+          arg="pol_topk_logp", formula="topk_logp", slots=_POLICY_SLOTS),
+    Input("old_topk_logprobs", ("loss",), "[B, T, K]", "float32",
+          "the old policy's K largest logprobs at each response position, largest first (its top-K tokens; "
+          "from the forward that makes the old logprobs)", "policy", arg="old_topk_logp",
+          formula="old_topk_logp", slots=_POLICY_SLOTS),
+    Input("is_top1", ("loss",), "[B, T]", "float32",
+          "1 where the sampled token is the old policy's most likely token at its position (a tie for the "
+          "largest logit counts), else 0", "policy", formula="is_top1", slots=_POLICY_SLOTS),
 ]}
 
 

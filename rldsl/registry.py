@@ -162,6 +162,7 @@ PLAN: dict[str, str] = {
     "teacher_topk": "tokens per position the teacher returns with their logprobs (None: no top-k)",
     "jsd_beta": "the generalized JSD's beta the update computes over the vocabulary (None: none)",
     "jsd_temperature": "the temperature of both models' logits in that JSD",
+    "policy_topk": "K, the policy's top-K tokens per position its forwards keep for formulas (None: none)",
 }
 
 

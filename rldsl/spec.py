@@ -440,6 +440,22 @@ def _one_group_field(slots):  # type: ignore[no-untyped-def]
 
 
 @rule
+def _one_plan_value(slots):  # type: ignore[no-untyped-def]
+    """Components that set the same field of the runtime's plan (``plan`` facts, e.g. the top-K
+    size K of two formulas reading the policy's top-K) set it to one value: the forwards make one."""
+    first: dict[str, tuple[SlotValue, object]] = {}
+    for v in _active(slots):
+        for f, p in v.spec.facts.plan.items():
+            value = v.params.get(p)
+            if f not in first:
+                first[f] = (v, value)
+            elif first[f][1] != value:
+                v0, x0 = first[f]
+                yield v.slot, f"{v.slot} '{v.component}' sets {p} = {value} but {v0.slot} '{v0.component}' " \
+                    f"{x0}: the runtime makes one ({registry.PLAN[f]})", f"give both {p} = {x0}"
+
+
+@rule
 def _requirements(slots):  # type: ignore[no-untyped-def]
     """Facts ``requires=Requires(slot, component)``: e.g. success_rate needs binary rewards."""
     for v in _active(slots):

@@ -2,7 +2,8 @@
 
 Everything is decided here, before any code exists: names (slot inputs, parameters, other
 bindings; did-you-mean on a typo), arity, kinds (number vs true/false), shapes ([], [B],
-[B, T], broadcast upwards only), the shape each output of the slot needs, division by a
+[B, T], [B, T, K], broadcast upwards only; a [B] value never meets a [B, T, K] one), the
+top-K size K of a formula reading the policy's top-K, the shape each output of the slot needs, division by a
 constant zero, constants without a finite value, cycles, unused bindings, and reductions
 that would read padding (every reduction is masked; unmasked ones do not exist). Each
 problem is a SpecError at the offending sub-expression.
@@ -28,7 +29,7 @@ _BINDING_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 @dataclass(frozen=True)
 class Typed:
-    """A checked expression: kind ("num" | "bool"), rank (0 [], 1 [B], 2 [B, T]), the constant
+    """A checked expression: kind ("num" | "bool"), rank (0 [], 1 [B], 2 [B, T], 3 [B, T, K]), the constant
     value when it has one, and its checked parts.
 
     op: "const" (a number or a parameter, folded), "input", "ref" (another binding), "call",
@@ -279,6 +280,8 @@ class _Checker:
         word = f"'{e.op}'"
         if not (self.number(a, word) and self.number(b, word)):
             return None
+        if not self.meet(e, (a, b)):
+            return None
         rank = max(a.rank, b.rank)
         if e.op not in ARITHMETIC:
             const = None if a.const is None or b.const is None else _compare(e.op, a.const, b.const)
@@ -290,6 +293,18 @@ class _Checker:
         if a.const is not None and b.const is not None:
             const = _arith(e.op, float(a.const), float(b.const))
         return self.folded(Typed(e, "num", rank, const, "operator", e.op, (a, b)))
+
+    def meet(self, e: Expr, parts: tuple[Typed, ...]) -> bool:
+        """Values of different shapes meet by broadcasting one axis up ([] anywhere, [B] -> [B, T],
+        [B, T] -> [B, T, K]); a [B] value meeting a [B, T, K] one is an error: a per-sequence value
+        against per-candidate values is where a missing reduction hides (docs/formulas.md)."""
+        ranks = {p.rank for p in parts if p.const is None}
+        if 1 in ranks and lang.TOPK_RANK in ranks:
+            seq = next(p for p in parts if p.const is None and p.rank == 1)
+            self.add(f"{render(seq.node)} is [B] and meets a [B, T, K] value in {render(e)}", seq.node.span,
+                     hint=lang.SKIPS_AXIS)
+            return False
+        return True
 
     def zero_division(self, t: Typed) -> None:
         params = sorted({n.name for n in walk(t.node) if isinstance(n, Name) and n.name in self.params})
@@ -327,6 +342,10 @@ class _Checker:
             return self.reduce(e, f, targs)
         if f.kind == "order":
             return self.order(e, f, targs)
+        if f.kind == "kreduce":
+            return self.kreduce(e, f, targs[0])
+        if not self.meet(e, targs):
+            return None
         rank = max(a.rank for a in targs)
         consts = [a.const for a in targs]
         const = None
@@ -353,11 +372,33 @@ class _Checker:
             return None
         if c.const is not None:  # a constant condition picks its branch
             return a if c.const else b
+        if not self.meet(e, args):
+            return None
         rank = max(c.rank, a.rank, b.rank)
         return Typed(e, a.kind, rank, None, "call", "where", args)
 
+    def topk_first(self, f: lang.Function, x: Typed, what: str) -> bool:
+        """A seq/group/batch function of a [B, T, K] value is an error: reduce the K axis first."""
+        if x.rank != lang.TOPK_RANK:
+            return True
+        self.add(f"{f.name} {what} [B] or [B, T] values, got [B, T, K]", x.node.span,
+                 hint=f"reduce the top-K axis first, e.g. {f.name}(k_sum(...)); k_sum, k_mean, k_max, k_min "
+                      "reduce it")
+        return False
+
+    def kreduce(self, e: Call, f: lang.Function, x: Typed) -> Typed | None:
+        """``k_sum(x)`` ...: [B, T, K] -> [B, T]; anything else has no K axis to reduce."""
+        if x.rank != lang.TOPK_RANK:
+            self.add(f"{f.name} reduces the top-K axis of a [B, T, K] value, got {_shape(x.rank)}", x.node.span,
+                     hint="the policy's top-K inputs (topk_logp, old_topk_logp) have it; "
+                          "seq_*, group_* and batch_* reduce the other axes")
+            return None
+        return Typed(e, "num", 2, None, "call", f.name, (x,))
+
     def reduce(self, e: Call, f: lang.Function, args: tuple[Typed, ...]) -> Typed | None:
         x = args[0]
+        if not self.topk_first(f, x, "reduces"):
+            return None
         if f.scope == "group" and x.rank > 1:
             self.add(f"{f.name} takes one value per sequence [B], got {_shape(x.rank)}", x.node.span,
                      hint=f"reduce each sequence's tokens first, e.g. {f.name}(seq_mean(...))")
@@ -380,6 +421,8 @@ class _Checker:
         """An order operation keeps its argument's shape in its scope: seq -> [B, T], group ->
         [B] (a [B, T] argument is an error), batch -> [B] or [B, T]; topk_mask's k is one number."""
         x = args[0]
+        if not self.topk_first(f, x, "orders"):
+            return None
         if f.scope == "group" and x.rank > 1:
             self.add(f"{f.name} orders one value per sequence [B], got {_shape(x.rank)}", x.node.span,
                      hint=f"reduce each sequence's tokens first, e.g. {f.name}(seq_mean(...)); "
@@ -718,6 +761,9 @@ def check_use(slot: str, define: Define, args: tuple, use_span: Span, file: str,
     # unused parameters and bindings
     used_params = {n.name for name in order for n in walk(checker.bindings[name].expr)
                    if isinstance(n, Name) and n.name in defaults and checker.resolve(n.name) == "param"}
+    # K sizes the top-K inputs a formula reads: used by reading them
+    if any(t.op == "input" and t.rank == lang.TOPK_RANK for name in order for t in _walk_typed(checker.typed[name])):
+        used_params.add(TOPK_PARAM)
     for name, b in bindings.items():
         if name in defaults and name not in used_params and name not in spec.params:
             add(f"parameter '{name}' is never used", b.name_span,
@@ -734,12 +780,15 @@ def check_use(slot: str, define: Define, args: tuple, use_span: Span, file: str,
                 hint="e.g. keep = L < 4096" if o.kind == "bool" else "turn a condition into numbers with "
                 "where(condition, 1, 0)")
         elif t.rank > o.rank:
-            hint = ("reduce each sequence's tokens, e.g. seq_mean(...) or seq_sum(...)" if o.rank == 1
+            hint = ("reduce the top-K axis, e.g. k_sum(...) or k_max(...)" if t.rank == lang.TOPK_RANK else
+                    "reduce each sequence's tokens, e.g. seq_mean(...) or seq_sum(...)" if o.rank == 1
                     else "reduce it, e.g. batch_sum(...)")
             add(f"'{o.name}' must be {_shape_words(o.rank)}, got {_shape(t.rank)}", t.node.span, hint=hint)
     if add.count != before:
         return None
     reads = frozenset(t.name for name in order for t in _walk_typed(checker.typed[name]) if t.op == "input")
+    if not _topk_size(define, reads, params, defaults, bindings, seen_args, use_span, add):
+        return None
     f = Formula(define.name, slot, define, file, params, defaults, tuple(order), dict(checker.typed),
                 tuple(bound), reads, group_by[0] if group_by else None)
     if group_by is not None and not f.uses_group_functions:
@@ -747,6 +796,35 @@ def check_use(slot: str, define: Define, args: tuple, use_span: Span, file: str,
             group_by[1], hint="compare rows with group_mean(r), group_std(r), ... or drop group_by")
         return None
     return f
+
+
+#: the parameter that sizes the K axis of a formula reading the policy's top-K inputs
+TOPK_PARAM = "K"
+#: the largest K (the old forward keeps [B, T, K] logprobs and ids of every row)
+MAX_TOPK = 1024
+
+
+def _topk_size(define: Define, reads: frozenset[str], params: dict[str, float], defaults: dict[str, float],
+               bindings: dict[str, Binding], seen_args: dict[str, Span], use_span: Span, add: _Reporter) -> bool:
+    """A formula reading a [B, T, K] input says how many candidates: its parameter ``K``, a whole
+    number from 1 to MAX_TOPK (the runtime's forwards compute that many; every formula of a spec
+    reading them gives the same K: spec.py's rule)."""
+    if not any(lang.INPUTS[r].rank == lang.TOPK_RANK for r in reads):
+        return True
+    topk = sorted(r for r in reads if lang.INPUTS[r].rank == lang.TOPK_RANK)
+    if TOPK_PARAM not in defaults:
+        at = bindings[TOPK_PARAM].name_span if TOPK_PARAM in bindings else use_span
+        add(f"define {define.name} reads {', '.join(topk)} [B, T, K]: it needs a parameter '{TOPK_PARAM}' "
+            "(how many of the policy's most likely tokens)", at,
+            hint=f"add a line `{TOPK_PARAM} = 8` to define {define.name} (a whole number from 1 to {MAX_TOPK})")
+        return False
+    k = params[TOPK_PARAM]
+    if not (float(k).is_integer() and 1 <= k <= MAX_TOPK):
+        span = seen_args.get(TOPK_PARAM, bindings[TOPK_PARAM].expr.span)
+        add(f"'{TOPK_PARAM}' (the top-K size of define {define.name}) must be a whole number from 1 to "
+            f"{MAX_TOPK}, got {_num(k)}", span, hint=f"e.g. {TOPK_PARAM} = 8")
+        return False
+    return True
 
 
 def _shape_words(rank: int) -> str:

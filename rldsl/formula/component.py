@@ -11,7 +11,7 @@ from __future__ import annotations
 from .. import registry
 from ..inputs import INPUTS
 from . import lang
-from .check import GROUP_BY, Formula
+from .check import GROUP_BY, TOPK_PARAM, Formula
 from .render import binding as render_binding
 
 # formula name -> the optional input (inputs.INPUTS) of estimate()/loss() it comes from
@@ -29,7 +29,8 @@ def facts(f: Formula) -> registry.Facts:
     them instead); sequence_level: a ratio formula whose log_rho is one value per sequence;
     per_token_only: a trust region that reads rho together with the per-token logp or
     old_logp (a per-token divergence on the ratio; one that reads logp without rho builds
-    its own ratio, as GMPO); never off, provides nothing."""
+    its own ratio, as GMPO); plan: the top-K size K (``policy_topk``) of a formula reading the
+    policy's top-K inputs; never off, provides nothing."""
     needs = [name for formula, name in _NEEDS.items() if formula in f.reads]
     if f.spec.stage == "advantage":  # the old / sampled log-probabilities estimate() may be given
         needs += [name for formula, name in lang.ADVANTAGE_NEEDS.items() if formula in f.reads]
@@ -37,7 +38,9 @@ def facts(f: Formula) -> registry.Facts:
     if f.uses_groups:
         needs.append(_GROUPS)
     seq = f.slot == "ratio" and f.typed[f.outputs[0]].rank < 2
-    return registry.Facts(needs=tuple(needs),
+    # a formula reading the policy's top-K says its size K: the runtime's forwards keep that many
+    topk = any(lang.INPUTS[r].rank == lang.TOPK_RANK for r in f.reads)
+    return registry.Facts(needs=tuple(needs), plan={"policy_topk": TOPK_PARAM} if topk else {},
                           uses_ratio=not f.spec.makes_ratio and f.reads_any("w", "rho"),
                           sequence_level=seq,
                           per_token_only=f.slot == "trust_region" and "rho" in f.reads

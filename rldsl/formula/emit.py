@@ -10,7 +10,9 @@ rendered from the tree. One line per binding, each with its formula and shape:
     tr_1 = torch.where(adv > 0.0, fx.scalar(1.0, mask), 1.05)  # tau = where(A > 0, tau_pos, tau_neg)  [B, T]
     w = torch.sigmoid(tr_1 * (rho - 1.0)) * 4.0 / tr_1  # w = sigmoid(tau * (rho - 1)) * 4 / tau  [B, T]
 
-[B] values meet [B, T] ones through ``.unsqueeze(-1)`` (a sequence's value on each token).
+[B] values meet [B, T] ones through ``.unsqueeze(-1)`` (a sequence's value on each token), and
+[B, T] values meet [B, T, K] ones (the policy's top-K) the same way (a token's value on each
+of its K candidates); the checker lets only such neighbours meet.
 """
 from __future__ import annotations
 
@@ -107,9 +109,10 @@ class _Emitter:
         return self.call(t)
 
     def aligned(self, t: Typed, rank: int) -> tuple[str, int]:
-        """``t``'s code, unsqueezed when a [B] value meets a [B, T] one."""
+        """``t``'s code, unsqueezed when a [B] value meets a [B, T] one or a [B, T] value a
+        [B, T, K] one (one axis up: the checker refuses [B] against [B, T, K])."""
         x, p = self.code(t)
-        if t.const is None and t.rank == 1 and rank == 2:
+        if t.const is None and t.rank >= 1 and rank == t.rank + 1:
             return (x if p == _ATOM else f"({x})") + ".unsqueeze(-1)", _ATOM
         return x, p
 
@@ -143,6 +146,8 @@ class _Emitter:
         if f.kind == "sg":
             x, p = self.code(args[0])
             return (x if p == _ATOM else f"({x})") + ".detach()", _ATOM
+        if f.kind == "kreduce":  # over the K axis: nothing to mask
+            return f"{f.code}({self.code(args[0])[0]})", _ATOM
         if f.kind == "minmax":
             return self.minmax(f.name, self.part(args[0]), self.part(args[1]), t.rank)[0], _ATOM
         if f.kind == "clamp":
@@ -202,7 +207,7 @@ class _Emitter:
         out_rank = max(a[1], b[1])
         if b[2] is not None:
             return f"torch.clamp({a[0]}, {'max' if name == 'min' else 'min'}={_literal(b[2])})", out_rank, None
-        x, y = (self.unsqueezed(p[0]) if p[1] == 1 and out_rank == 2 else p[0] for p in (a, b))
+        x, y = (self.unsqueezed(p[0]) if p[1] >= 1 and out_rank == p[1] + 1 else p[0] for p in (a, b))
         return f"torch.{'minimum' if name == 'min' else 'maximum'}({x}, {y})", out_rank, None
 
     @staticmethod

@@ -2,9 +2,12 @@
 the functions it may call. The checker, the code emitter and docs/formulas.md follow them.
 
 Shapes are ranks: 0 = [] (one number), 1 = [B] (one value per sequence), 2 = [B, T] (one
-value per token). A lower rank is broadcast up where a higher one is needed ([B] -> [B, T]
-repeats a sequence's value on its tokens); a higher rank where a lower one is needed is an
-error: reduce first (seq_mean, group_mean, batch_mean, ...).
+value per token), 3 = [B, T, K] (one value per top-K candidate token of each position: the
+policy's top-K inputs). A lower rank is broadcast up where a higher one is needed ([B] -> [B, T]
+repeats a sequence's value on its tokens, [B, T] -> [B, T, K] a token's value on its K
+candidates); a higher rank where a lower one is needed is an error: reduce first (seq_mean,
+group_mean, batch_mean, ...; k_sum, k_max, ... over the K axis). A [B] value never meets a
+[B, T, K] one directly (the checker says why: :data:`SKIPS_AXIS`).
 """
 from __future__ import annotations
 
@@ -12,7 +15,11 @@ from dataclasses import dataclass
 
 from .. import inputs as table
 
-SHAPES = {0: "[]", 1: "[B]", 2: "[B, T]"}
+SHAPES = {0: "[]", 1: "[B]", 2: "[B, T]", 3: "[B, T, K]"}
+#: the rank of the top-K axis's values, and what a [B] value meeting one is told
+TOPK_RANK = 3
+SKIPS_AXIS = ("a sequence's value [B] meets a top-K value [B, T, K]: spread it on the tokens first "
+              "(e.g. x * mask is [B, T]) or reduce the K axis first (k_sum, k_mean, k_max, k_min)")
 
 
 @dataclass(frozen=True)
@@ -171,6 +178,8 @@ class Function:
     reduce      — a masked reduction over tokens (seq), a group's sequences (group) or the batch
     order       — a masked order operation (sort, rank, cumsum, topk_mask) over the same scopes;
                   it keeps its argument's shape (seq: [B, T], group: [B], batch: [B] or [B, T])
+    kreduce     — a reduction over the top-K axis: [B, T, K] -> [B, T] (every candidate counts; no mask:
+                  the K axis has no padding)
     search      — a bounded search (bisect, first_of): the whole right side of a binding, whose
                   name(s) are the searched variable(s), visible in its condition (SEARCHES)
     """
@@ -249,6 +258,13 @@ for _s in ORDER_SCOPES:
 for _n, (_k, _doc) in SEARCHES.items():
     FUNCTIONS[_n] = Function(_n, "search", (_k,), _doc, f"fx.{_n}")
 
+#: the reductions over the top-K axis of the policy's top-K inputs ([B, T, K] -> [B, T])
+K_REDUCTIONS = {"sum": "sum over the K candidates", "mean": "mean over the K candidates",
+                "max": "largest of the K candidates", "min": "smallest of the K candidates"}
+for _r, _doc in K_REDUCTIONS.items():
+    FUNCTIONS[f"k_{_r}"] = Function(f"k_{_r}", "kreduce", (1,), f"k_{_r}(x): {_doc}: [B, T, K] -> [B, T]",
+                                    f"fx.k_{_r}", "k")
+
 
 
 def function_list() -> str:
@@ -265,7 +281,8 @@ def function_list() -> str:
             for seq, item in ((scopes[f.kind], f.scope), (names[f.kind], f.name[len(f.scope) + 1:])):
                 if item not in seq:
                     seq.append(item)
-    words = {"reduce": "the masked reductions", "order": "the order operations"}
+    words = {"reduce": "the masked reductions", "order": "the order operations",
+             "kreduce": "the reductions over the top-K axis"}
     parts = [f"{words.get(k, k)} {'/'.join(s + '_' for s in scopes[k])} + {', '.join(names[k])}" for k in names]
     return ", ".join(plain) + "; " + "; ".join(parts)
 

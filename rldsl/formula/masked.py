@@ -356,3 +356,27 @@ def first_of(candidates: tuple, cond, like: Tensor) -> Tensor | tuple[Tensor, ..
     for c, ok in zip(reversed(pairs[:-1]), reversed(oks)):
         out = tuple(torch.where(ok, x, y) for x, y in zip(c, out))
     return out if isinstance(candidates[0], tuple) else out[0]
+
+
+# Reductions over the top-K axis of the policy's top-K inputs ([B, T, K] -> [B, T]). The K axis
+# has no padding (every position has K candidates), so nothing is masked here; the token axis's
+# padding stays where it was, for the seq_/batch_ reductions and the loss's mask to drop.
+
+def k_sum(x: Tensor) -> Tensor:
+    """out[b, t] = sum_k x[b, t, k]."""
+    return x.sum(-1)
+
+
+def k_mean(x: Tensor) -> Tensor:
+    """out[b, t] = sum_k x[b, t, k] / K."""
+    return x.mean(-1)
+
+
+def k_max(x: Tensor) -> Tensor:
+    """out[b, t] = max_k x[b, t, k] (its gradient goes to the largest, as torch.amax shares it on ties)."""
+    return x.amax(-1)
+
+
+def k_min(x: Tensor) -> Tensor:
+    """out[b, t] = min_k x[b, t, k]."""
+    return x.amin(-1)

@@ -73,6 +73,9 @@ class Forwards(NamedTuple):
     values: Tensor | None
     sum_pi_squared: Tensor | None
     old_entropy: Tensor | None = None  # the old policy's entropy, from the old-logprob forward
+    old_topk_logprobs: Tensor | None = None  # [B, Tr, K] its K largest logprobs (the spec's K)
+    is_top1: Tensor | None = None  # [B, Tr] 1 where the sampled token is its most likely
+    old_topk_ids: Tensor | None = None  # [B, Tr, K] the token ids of old_topk_logprobs
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,8 @@ class Micro:
     topk: Tensor | None = None   # [b, tr, J] the update forward's logprobs of the teacher's top-k tokens
     divergence: Tensor | None = None  # [b, tr] the update forward's JSD from the teacher (with gradient)
     router_aux: Tensor | None = None  # [b, tr] a MoE policy's per-token load-balancing loss (with gradient)
+    policy_topk: Tensor | None = None  # [b, tr, K] the update forward's logprobs of the old top-K ids (with gradient)
+    is_top1: Tensor | None = None  # [b, tr] the update forward's own is-top-1 (exactly on-policy only)
 
     def cols(self, t: Tensor | None) -> Tensor | None:
         """The micro-batch's rows and columns of a [B, Tr] tensor of the step."""
@@ -123,17 +128,21 @@ def whole_groups(needs: tuple[str, ...]) -> bool:
 
 
 #: the statistics of the old policy beyond its logprobs that the old-logprob forward also returns:
-#: input -> the field of ``LogprobOptions`` that asks for it and of ``LogprobOut`` that holds it (train/logprobs.py)
-OLD_POLICY_STATISTICS = {"sum_pi_squared": "sum_pi_squared", "old_entropy": "entropy"}
+#: input -> the field of ``LogprobOut`` that holds it (train/logprobs.py); ``LogprobOptions`` asks for
+#: it under the same name (``True``), but for the top-K logprobs, which it asks as ``topk = K`` (the
+#: spec's K) and which come with their ids (``top_ids``, kept for the update forward to gather at)
+OLD_POLICY_STATISTICS = {"sum_pi_squared": "sum_pi_squared", "old_entropy": "entropy",
+                         "old_topk_logprobs": "top_logprobs", "is_top1": "sampled_is_top"}
 
 
-def old_policy_statistics(algo: Algorithm) -> list[str]:
+def old_policy_statistics(algo: Algorithm, topk: int | None = None) -> list[str]:
     """The statistics of the old policy beyond its logprobs that the algorithm reads, in any stage
     (keys of ``OLD_POLICY_STATISTICS``, in its order): the old-logprob forward also returns them,
     from the same logits (e.g. ``sum_pi_squared`` of `baseline optimal_token`, ``old_entropy`` of
-    a formula reading ``old_ent``)."""
+    a formula reading ``old_ent``). With ``topk`` (the spec's K, ``fn.data.policy_topk``) the old
+    top-K always: it picks the K ids every top-K input is taken at (the current policy's too)."""
     reads = set(algo.needs())
-    return [x for x in OLD_POLICY_STATISTICS if x in reads]
+    return [x for x, field in OLD_POLICY_STATISTICS.items() if x in reads or (topk and field == "top_logprobs")]
 
 
 def reads_router_aux(algo: Algorithm) -> bool:
@@ -455,6 +464,11 @@ UPDATE: dict[str, Callable[[Trainer, Micro], Any]] = {
     "router_aux": lambda tr, m: m.router_aux,
     # 0 where the reference's answers all failed: estimate() took that row out of the loss
     "ref_reward": lambda tr, m: torch.nan_to_num(m.sub.inputs["ref_reward"], nan=0.0),
+    "policy_topk_logprobs": lambda tr, m: m.policy_topk,
+    # exactly on-policy (no old forward ran): the update's own forward picked the top-K ids
+    "old_topk_logprobs": lambda tr, m: (m.cols(m.batch.old_topk_logprobs) if m.batch.old_topk_logprobs is not None
+                                        else m.policy_topk.detach()),
+    "is_top1": lambda tr, m: m.cols(m.batch.is_top1) if m.batch.is_top1 is not None else m.is_top1,
 }
 
 

@@ -285,10 +285,14 @@ class _ChunkedHead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, chunk, with_entropy, entropy_grad, tf, with_spp=False,
-                extra_ids=None):
+                extra_ids=None, topk=0, with_top1=False):
         N = hidden.shape[0]
-        J = 0 if extra_ids is None else extra_ids.shape[1]
+        # the logprobs of extra_ids [N, J0] and of each position's own top-K tokens, whose ids the
+        # chunks pick (top_ids), share one [N, J0 + K] buffer and the same backward
+        extra_ids, J0 = _with_topk_columns(extra_ids, topk, N, targets.device)
+        J = extra_ids.shape[1] if extra_ids is not None else 0
         extra = hidden.new_empty((N, J), dtype=torch.float32)  # [N, J] logprobs of extra_ids
+        top1 = torch.zeros(N if with_top1 else 0, dtype=torch.bool, device=hidden.device)  # [N]
         spp = hidden.new_empty(N if with_spp else 0, dtype=torch.float32)  # [N] sum_v p_v^2
         logprob = hidden.new_empty(N, dtype=torch.float32)  # [N]
         lse = hidden.new_empty(N, dtype=torch.float32)  # [N]
@@ -302,7 +306,12 @@ class _ChunkedHead(torch.autograd.Function):
             s = e.sum(dim=-1)  # [C]
             log_s = s.log()
             lse[i:j] = m.squeeze(-1) + log_s
-            logprob[i:j] = z.gather(-1, targets[i:j, None]).squeeze(-1) - log_s
+            picked = z.gather(-1, targets[i:j, None]).squeeze(-1)  # z_y - max
+            logprob[i:j] = picked - log_s
+            if with_top1:  # the sampled token's logit is the largest (a tie counts)
+                top1[i:j] = picked == 0
+            if topk:  # the chunk's own K most likely tokens, largest first
+                extra_ids[i:j, J0:] = z.topk(topk, dim=-1).indices
             if J:
                 extra[i:j] = z.gather(-1, extra_ids[i:j]) - log_s[:, None]
             if with_spp:  # sum (e / s)^2, no extra [C, V] buffer
@@ -322,10 +331,12 @@ class _ChunkedHead(torch.autograd.Function):
         if not ctx.entropy_grad:
             ctx.mark_non_differentiable(entropy)
         ctx.mark_non_differentiable(spp)
-        return logprob, entropy, spp, extra
+        ids = extra_ids[:, J0:].clone() if topk else targets.new_empty((N, 0))  # [N, K]
+        ctx.mark_non_differentiable(ids, top1)
+        return logprob, entropy, spp, extra, ids, top1
 
     @staticmethod
-    def backward(ctx, g_logprob, g_entropy, g_spp, g_extra):
+    def backward(ctx, g_logprob, g_entropy, g_spp, g_extra, g_ids, g_top1):
         hidden, weight, bias, targets, lse, entropy, extra_ids = ctx.saved_tensors
         J = extra_ids.shape[1]
         g_extra = g_extra.float() if (J and g_extra is not None) else None  # [N, J]
@@ -377,7 +388,20 @@ class _ChunkedHead(torch.autograd.Function):
         return (grad_h,
                 grad_w.to(weight.dtype) if need_w else None,
                 grad_b.to(bias.dtype) if need_b else None,
-                None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None)
+
+
+def _with_topk_columns(extra_ids: torch.Tensor | None, topk: int, N: int,
+                       device: torch.device) -> tuple[torch.Tensor | None, int]:
+    """The ids buffer of a head forward: the given ``extra_ids`` [N, J0], then ``topk`` columns
+    the chunks fill with their own top-K ids; and J0."""
+    J0 = 0 if extra_ids is None else extra_ids.shape[1]
+    if not topk:
+        return extra_ids, J0
+    ids = torch.empty((N, J0 + topk), dtype=torch.long, device=device)
+    if J0:
+        ids[:, :J0] = extra_ids
+    return ids, J0
 
 
 def response_hidden(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -423,7 +447,8 @@ class Forward:
                      ``vision_inputs``: pixel_values, image_grid_thw, mm_token_type_ids [B, T],
                      M-RoPE position_ids [3, B, T]): padded, every row in full, unless packed
     gather_ids       [B, Tr, J] tokens whose logprobs are also returned at each position (the
-                     policy's logprobs of a teacher's top-k), from the same chunks
+                     policy's logprobs of a teacher's top-k, or of the old policy's top-K ids),
+                     from the same chunks, with gradient; padded and packed alike
     """
 
     input_ids: torch.Tensor
@@ -456,13 +481,18 @@ class LogprobOptions:
                      token fed at the position predicting it: ``models.moe.balance``), inside
                      ``models.moe.routing`` with ``aux``
     hidden           return the hidden states the head ran on (a divergence over the vocabulary)
+    topk             K > 0: also return the K largest logprobs of each position (with gradient
+                     when the forward has one) and their token ids, from the same chunks (a
+                     ``torch.topk`` of each chunk's logits; ``LogprobOut.top_logprobs``)
+    sampled_is_top   also return whether each sampled token is the position's most likely one
     temperature      the rollout's sampling temperature tau: logprobs and entropies are those of
                      softmax(z / tau), z the logits of the model's own forward (its logit scale
                      and soft cap included; module docstring). Score greedy rollouts at 1
     chunk_size       C, tokens per LM-head chunk
     packing          packed rows of at most ``packing_row_tokens`` tokens (None: the longest
                      sequence's) instead of padded ones (module docstring); a forward that asks
-                     for ``gather_ids`` or ``hidden`` runs padded (their [B, Tr] layout)
+                     for ``hidden`` runs padded (its [B, Tr] layout); ``gather_ids`` are taken at
+                     the packed tokens' rows
     body             what runs the backbone in the padded and packed forwards (a compiled copy,
                      ``model.compile``); None: ``backbone(model)``
     count            adds the forward's real and computed tokens to it (throughput metrics)
@@ -473,6 +503,8 @@ class LogprobOptions:
     sum_pi_squared: bool = False
     router_aux: bool = False
     hidden: bool = False
+    topk: int = 0
+    sampled_is_top: bool = False
     temperature: float = 1.0
     chunk_size: int = 1024
     packing: bool = False
@@ -493,6 +525,11 @@ class LogprobOut:
     router_aux      [B, Tr] each response token's load-balancing loss (0 for a dense model); None
                     unless asked
     hidden          [B*Tr, H] the hidden states the head ran on, with gradient; None unless asked
+    top_logprobs    [B, Tr, K] fp32 each position's K largest logprobs, largest first, with
+                    gradient (the logprobs of ``top_ids``); None unless ``topk``
+    top_ids         [B, Tr, K] long, their token ids; None unless ``topk``
+    sampled_is_top  [B, Tr] fp32, 1 where the sampled token's logit is the position's largest (a
+                    tie counts), else 0; None unless asked
     """
 
     logprobs: torch.Tensor
@@ -501,6 +538,9 @@ class LogprobOut:
     gathered: torch.Tensor | None = None
     router_aux: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    sampled_is_top: torch.Tensor | None = None
 
 
 @dataclass
@@ -531,25 +571,48 @@ def token_logprobs(model: PreTrainedModel, fwd: Forward, options: LogprobOptions
         raise ValueError(f"attention_mask {tuple(fwd.attention_mask.shape)} != input_ids {tuple(fwd.input_ids.shape)}")
     tf = logit_transform(model, opts.temperature)
     head = model.get_output_embeddings()
+    if opts.topk > head.weight.shape[0]:
+        raise ValueError(f"top-K of {opts.topk} tokens from a vocabulary of {head.weight.shape[0]}")
     states = layout(model, fwd, opts)()
     if opts.count is not None:
         opts.count.add((fwd.attention_mask.long().sum(1) - 1).tolist(),  # tokens fed: the last predicts nothing
                        states.computed, _distinct(fwd, states))
-    extra_ids = None if fwd.gather_ids is None else fwd.gather_ids.reshape(B * Tr, -1)  # [B*Tr, J] (padded only)
-    logprob, entropy, spp, extra = _ChunkedHead.apply(states.hidden, head.weight, head.bias, states.targets,
-                                                      opts.chunk_size, opts.entropy, opts.entropy_grad, tf,
-                                                      opts.sum_pi_squared, extra_ids)  # [B*Tr] or [M] each
+    extra_ids = None if fwd.gather_ids is None else fwd.gather_ids.reshape(B * Tr, -1)  # [B*Tr, J]
+    if extra_ids is not None and states.packed is not None:  # the packed forward's M real tokens' rows
+        extra_ids = extra_ids.index_select(0, states.packed.out)  # [M, J]
+    logprob, entropy, spp, extra, ids, top1 = _ChunkedHead.apply(
+        states.hidden, head.weight, head.bias, states.targets, opts.chunk_size, opts.entropy, opts.entropy_grad,
+        tf, opts.sum_pi_squared, extra_ids, opts.topk, opts.sampled_is_top)  # [B*Tr] or [M] each (, J or K)
     if states.packed is not None:  # [M] -> [B, Tr], zeros on padding
         logprob = states.packed.scatter(logprob, B, Tr)
         entropy = states.packed.scatter(entropy, B, Tr) if opts.entropy else entropy
         spp = states.packed.scatter(spp, B, Tr) if opts.sum_pi_squared else spp
+        extra, ids, top1 = (_scatter_rows(states.packed, t, B * Tr) for t in (extra, ids, top1))
     logprob = logprob.view(B, Tr)  # [B, Tr]
     entropy = entropy.view(B, Tr) if opts.entropy else None  # [B, Tr]
     aux = states.router_aux if states.router_aux is not None else logprob.new_zeros(B, Tr)
+    J0 = 0 if fwd.gather_ids is None else fwd.gather_ids.shape[-1]
     return LogprobOut(logprob, entropy if entropy is None or opts.entropy_grad else entropy.detach(),
                       spp.view(B, Tr).detach() if opts.sum_pi_squared else None,
-                      extra.view(B, Tr, -1) if fwd.gather_ids is not None else None,
-                      aux if opts.router_aux else None, states.hidden if opts.hidden else None)
+                      extra[:, :J0].reshape(B, Tr, J0) if fwd.gather_ids is not None else None,
+                      aux if opts.router_aux else None, states.hidden if opts.hidden else None,
+                      **_topk_fields(extra[:, J0:], ids, top1, opts, B, Tr))
+
+
+def _scatter_rows(packed: PackedRows, t: torch.Tensor, n: int) -> torch.Tensor:
+    """A packed forward's [M, ...] per real response token -> [B*Tr, ...], zeros on padding
+    (differentiable); an empty statistic ([0]: not asked) stays as it is."""
+    if t.shape[0] != packed.out.shape[0]:
+        return t
+    return t.new_zeros((n,) + tuple(t.shape[1:])).index_copy(0, packed.out, t)
+
+
+def _topk_fields(top: torch.Tensor, ids: torch.Tensor, top1: torch.Tensor, opts: LogprobOptions,
+                 B: int, Tr: int) -> dict[str, torch.Tensor | None]:
+    """The policy's top-K fields of a ``LogprobOut``: None unless ``opts`` asked for them."""
+    return {"top_logprobs": top.reshape(B, Tr, opts.topk) if opts.topk else None,
+            "top_ids": ids.reshape(B, Tr, opts.topk) if opts.topk else None,
+            "sampled_is_top": top1.view(B, Tr).float() if opts.sampled_is_top else None}
 
 
 def layout(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> "partial[_States]":
@@ -563,8 +626,8 @@ def layout(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> "parti
       cache through it is not tried);
     - padded: every row in full.
 
-    ``gather_ids`` and ``hidden`` keep the padded [B, Tr] layouts, packing or not."""
-    packable = opts.packing and fwd.gather_ids is None and not opts.hidden
+    ``hidden`` keeps the padded [B, Tr] layouts, packing or not."""
+    packable = opts.packing and not opts.hidden
     if packable and fwd.vision is not None:
         return partial(_packed_vision, model, fwd, opts)
     if packable:

@@ -24,7 +24,7 @@ from ..batch import RolloutBatch, model_inputs
 from ..models import moe
 from .inputs import OLD_POLICY_STATISTICS, entropy_grad, whole_groups
 from .logprobs import Forward, LogprobOptions, LogprobOut, compiled_body, token_logprobs
-from .microbatch import plan, trim, widen
+from .microbatch import plan, trim
 from .teachers import RemoteTeacher, TeacherForward, privileged, teacher_topk
 from .throughput import ModelDims, TokenCount
 from .vision_rows import vision_inputs
@@ -76,11 +76,12 @@ class ForwardPasses:
     def _logprobs(self, model: nn.Module, batch: RolloutBatch, *, grad: bool,
                   entropy: bool, groups: bool = True, sum_pi_squared: bool = False,
                   gather_ids: Tensor | None = None, hidden: bool = False,
-                  router_aux: bool = False) -> LogprobOut:
+                  router_aux: bool = False, topk: int = 0, sampled_is_top: bool = False) -> LogprobOut:
         """The logprobs [b, Tr] of ``batch`` under ``model``, and what the flags ask beside them
         (train/logprobs.py ``LogprobOut``): the entropy, sum_v pi_v^2, the logprobs of
         ``gather_ids`` [b, Tr, J], the hidden states the head ran on, each response token's
-        load-balancing loss (with gradient)."""
+        load-balancing loss (with gradient), the K = ``topk`` largest logprobs and their ids, whether
+        each sampled token is the most likely."""
         ids, attn, pos = model_inputs(batch)
         Tr = batch.response_ids.shape[1]
         # a VLM's rows with images: padded, in full; an episode's response also holds the
@@ -92,6 +93,7 @@ class ForwardPasses:
         count = TokenCount()
         options = LogprobOptions(entropy=entropy, entropy_grad=grad and entropy_grad(self.fn.algorithm),
                                  sum_pi_squared=sum_pi_squared, router_aux=router_aux, hidden=hidden,
+                                 topk=topk, sampled_is_top=sampled_is_top,
                                  temperature=self.temperature, chunk_size=self.logprob_chunk, packing=self.packing,
                                  packing_row_tokens=self.packing_row_tokens, count=count,
                                  body=self._compiled_body if model is self.policy else None)
@@ -209,15 +211,19 @@ class ForwardPasses:
         return local
 
     def _per_microbatch(self, model: nn.Module, batch: RolloutBatch, what: str,
-                        statistics: tuple[str, ...] = ()) -> Tensor:
+                        statistics: tuple[str, ...] = ()) -> Any:
         """Old/reference logprobs (``what="logprobs"``) or critic values (``"critic"``) [B, Tr] of
         every row, computed micro-batch by micro-batch (no grad). With ``statistics`` (keys of
-        ``inputs.OLD_POLICY_STATISTICS``: sum_v pi_v^2, the entropy) the logprobs and each
-        statistic stacked, [1 + len(statistics), B, Tr], from the same forwards."""
+        ``inputs.OLD_POLICY_STATISTICS``: sum_v pi_v^2, the entropy, the top-K logprobs, is-top-1)
+        a list: the logprobs, then each statistic ([B, Tr], or [B, Tr, K] for the top-K), then the
+        top-K ids [B, Tr, K] when the top-K is among them, from the same forwards."""
         mbs, by_group = self._microbatches(batch)
         B, Tr = batch.response_ids.shape
         flags = [OLD_POLICY_STATISTICS[s] for s in statistics]
-        out: Tensor | None = None
+        topk = (self.fn.data.policy_topk or 0) if "top_logprobs" in flags else 0
+        asks = {f: True for f in flags if f != "top_logprobs"}
+        fields = flags + (["top_ids"] if topk else [])
+        out: list[Tensor] | None = None
         for rows, weight in mbs:
             if not self.max_tokens_per_microbatch:
                 sub, tr = batch, Tr
@@ -228,15 +234,15 @@ class ForwardPasses:
                     parts = [self._values(sub, tr)]
                 else:
                     # each flag a LogprobOut field the forward returns (entropy, sum_pi_squared)
-                    got = self._logprobs(model, sub, grad=False, groups=by_group,
-                                         **{"entropy": False, **{f: True for f in flags}})
-                    parts = [got.logprobs] + [getattr(got, f) for f in flags]
+                    got = self._logprobs(model, sub, grad=False, groups=by_group, topk=topk,
+                                         **{"entropy": False, **asks})
+                    parts = [got.logprobs] + [getattr(got, f) for f in fields]
             if weight == 0.0:
                 continue
             if out is None:
-                out = parts[0].new_zeros((len(parts), B, Tr))
-            for k, t in enumerate(parts):
-                out[k, rows.to(out.device)] = widen(t, Tr)
+                out = [t.new_zeros((B, Tr) + tuple(t.shape[2:])) for t in parts]
+            for k, t in enumerate(parts):  # zeros in the trimmed (masked) columns
+                out[k][rows.to(t.device), :t.shape[1]] = t
         assert out is not None
         return out if statistics else out[0]
 

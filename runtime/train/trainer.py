@@ -56,6 +56,12 @@ class TrainBatch:
     teacher: "TeacherForward | None" = None  # the teacher's forward, when the spec reads it
     # the old policy's entropy, when the spec reads it (None: exactly on-policy, the update's own)
     old_entropy: Tensor | None = None
+    # the old policy's top-K (the spec's K): its K largest logprobs and their ids [B, Tr, K], and
+    # whether each sampled token is its most likely [B, Tr]; None: not read, or exactly on-policy
+    # (the update forward picks them)
+    old_topk_logprobs: Tensor | None = None
+    old_topk_ids: Tensor | None = None
+    is_top1: Tensor | None = None
 
     @property
     def group_size(self) -> int:
@@ -179,7 +185,9 @@ class Trainer(ForwardPasses):
                 if teacher is not None and teacher.logprobs.is_cuda:  # its kernels, not their launch
                     torch.cuda.synchronize(teacher.logprobs.device)
         return TrainBatch(rollout, rewards, old, est.mask, advantages, est.returns, ref,
-                          values, metrics, teacher, old_entropy=forwards.old_entropy)
+                          values, metrics, teacher, old_entropy=forwards.old_entropy,
+                          old_topk_logprobs=forwards.old_topk_logprobs, old_topk_ids=forwards.old_topk_ids,
+                          is_top1=forwards.is_top1)
 
     def _replayed_old(self, rollout: RolloutBatch, old: Tensor | None) -> tuple[Tensor | None, dict[str, float]]:
         """pi_old of a batch with replayed groups (``sampling replay``, rollout/replay.py): on a
@@ -215,8 +223,8 @@ class Trainer(ForwardPasses):
         return d.view(-1, tr).float()
 
     def _recompute(self, rollout: RolloutBatch) -> tuple[Tensor | None, ...]:
-        """Old logprobs, reference logprobs, values, sum_v pi_v^2 and the old policy's entropy
-        [B, Tr] of every row (no grad).
+        """Old logprobs, reference logprobs, values, sum_v pi_v^2, the old policy's entropy, top-K
+        logprobs [B, Tr, K], is-top-1 and top-K ids [B, Tr, K] of every row (no grad).
 
         Old logprobs are None when the update is exactly on-policy (:meth:`_old_is_current`):
         the update then uses its own logprobs, detached, instead of a separate forward (and its
@@ -227,12 +235,14 @@ class Trainer(ForwardPasses):
         algo = self.fn.algorithm
         old = None
         stats: dict[str, Tensor] = {}
-        wanted = old_policy_statistics(algo)
+        ids: list[Tensor] = []
+        wanted = old_policy_statistics(algo, self.fn.data.policy_topk)
         # exactly on-policy, a statistic only the loss reads is the update forward's own (detached)
         now = set(algo.needs("advantage")) & set(wanted)
         if wanted and (now or not self._old_is_current()):
-            made = self._per_microbatch(self.policy, rollout, "logprobs", tuple(wanted))  # [1 + k, B, Tr]
+            made = self._per_microbatch(self.policy, rollout, "logprobs", tuple(wanted))  # logprobs, each, ids
             stats = dict(zip(wanted, made[1:]))
+            ids = made[len(wanted) + 1:]  # the old top-K ids, when the top-K is read
             if not algo.old_from_rollout:  # bypass: pi_old stays the engine's
                 old = made[0]
         elif algo.old_from_rollout:
@@ -248,8 +258,9 @@ class Trainer(ForwardPasses):
         values = None
         if algo.uses_critic:
             values = self._per_microbatch(self.critic, rollout, "critic")
-        # in the order of Forwards: its statistics fields follow OLD_POLICY_STATISTICS
-        return (old, ref, values) + tuple(stats.get(s) for s in OLD_POLICY_STATISTICS)
+        # in the order of Forwards: its statistics fields follow OLD_POLICY_STATISTICS, then the top-K ids
+        return (old, ref, values) + tuple(stats.get(s) for s in OLD_POLICY_STATISTICS) + \
+            (ids[0] if ids else None,)
 
     # -- update
 
@@ -384,17 +395,40 @@ class Trainer(ForwardPasses):
                         groups: bool) -> dict[str, Tensor | None]:
         """The policy's (and critic's) forward of one micro-batch (rows of ``batch``, trimmed to
         ``tr`` response columns), with gradient unless under ``torch.no_grad()``: its logprobs,
-        entropy, top-k logprobs of the teacher's tokens, divergence and values [b, tr(, J)]."""
+        entropy, top-k logprobs of the teacher's tokens, divergence and values [b, tr(, J)], and the
+        policy's top-K (:meth:`_topk_asks`)."""
         teacher_ids = None
         if batch.teacher is not None and batch.teacher.topk_ids is not None:
             teacher_ids = batch.teacher.topk_ids[rows][:, :tr].to(sub.response_ids.device)
         jsd = self.fn.data.jsd_beta is not None and batch.teacher is not None
         aux = reads_router_aux(self.fn.algorithm)
+        gather, topk, top1 = self._topk_asks(batch, rows, tr, teacher_ids, sub.response_ids.device)
         out = self._logprobs(self.policy, sub, grad=torch.is_grad_enabled(), entropy=True,
-                             groups=groups, gather_ids=teacher_ids, hidden=jsd, router_aux=aux)
-        return {"logp": out.logprobs, "ent": out.entropy, "router_aux": out.router_aux, "topk": out.gathered,
+                             groups=groups, gather_ids=gather, hidden=jsd, router_aux=aux, topk=topk, sampled_is_top=top1)
+        J = 0 if teacher_ids is None else teacher_ids.shape[-1]
+        teacher_topk = None if teacher_ids is None else out.gathered[..., :J]
+        policy_topk = out.top_logprobs if topk else (out.gathered[..., J:] if gather is not None and
+                                                       gather.shape[-1] > J else None)
+        return {"logp": out.logprobs, "ent": out.entropy, "router_aux": out.router_aux, "topk": teacher_topk,
+                "policy_topk": policy_topk, "top1": out.sampled_is_top,
                 "divergence": self._divergence(out.hidden, batch, rows, tr) if jsd else None,
                 "values": self._values(sub, tr) if self.fn.algorithm.uses_critic else None}
+
+    def _topk_asks(self, batch: TrainBatch, rows: Tensor, tr: int, teacher_ids: Tensor | None,
+                   device: torch.device) -> tuple[Tensor | None, int, bool]:
+        """What the update forward asks for the policy's top-K (the spec's K): the ids to gather
+        at -- the teacher's top-k, then the old policy's top-K ids the old forward kept --, the K
+        of a forward that picks its own (exactly on-policy: no old forward ran, this forward's
+        policy is the old one), and whether it says which sampled tokens are its most likely
+        (on-policy, when the spec reads that)."""
+        K = self.fn.data.policy_topk or 0
+        gather = teacher_ids
+        if K and batch.old_topk_ids is not None:
+            old_ids = batch.old_topk_ids[rows][:, :tr].to(device)
+            gather = old_ids if teacher_ids is None else torch.cat([teacher_ids, old_ids], dim=-1)
+            K = 0
+        fields = {OLD_POLICY_STATISTICS[s] for s in old_policy_statistics(self.fn.algorithm)}
+        return gather, K, batch.is_top1 is None and "sampled_is_top" in fields
 
     def _whole_minibatch(self, batch: TrainBatch, sub: RolloutBatch, rows: Tensor,
                          mbs: list[tuple[Tensor, float]], groups: bool) -> dict[str, Tensor | None]:
@@ -429,7 +463,7 @@ class Trainer(ForwardPasses):
         logp = fwd["logp"]
         assert logp is not None
         micro = Micro(batch, sub, rows, tr, fwd["ent"], fwd["values"], entropy_coef, fwd["topk"],
-                                fwd["divergence"], fwd.get("router_aux"))
+                      fwd["divergence"], fwd.get("router_aux"), fwd.get("policy_topk"), fwd.get("top1"))
         old = micro.cols(batch.old_logprobs) if batch.old_logprobs is not None else logp.detach()
         mask = micro.cols(batch.mask)
         out = fn.loss(logp, old, micro.cols(batch.advantages), mask, denominator=denom,

@@ -87,7 +87,11 @@ def test_formula_specs_train_a_step(spec: str) -> None:
                   group_size=G, rollout_logprobs=b["old"] - 0.1,  # the engine's: read by vespo_is
                   teacher_logprobs=b["old"] - 0.3,  # a teacher's: read by opd_formula
                   old_entropy=b["ent"] * 1.1,  # the old policy's: read by erc (ratios inside its band)
-                  sequence_rewards=b["rewards"])  # the sequences' rewards: read by gppo (its NLL on correct ones)
+                  sequence_rewards=b["rewards"],  # the sequences' rewards: read by gppo (its NLL on correct ones)
+                  # the policy's top-K (K = 3), current and old, and is-top-1: read by simko
+                  policy_topk_logprobs=b["old"].unsqueeze(-1) - torch.arange(3.0) - 0.05,
+                  old_topk_logprobs=b["old"].unsqueeze(-1) - torch.arange(3.0),
+                  is_top1=(b["old"] > b["old"].median()).float())
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(lp.grad).all() and lp.grad.abs().sum() > 0
     assert (lp.grad[est.mask == 0] == 0).all(), "padding gets no gradient"

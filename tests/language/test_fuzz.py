@@ -177,6 +177,7 @@ def _typed(names: tuple[str, ...], kind: str, depth: int) -> st.SearchStrategy[s
     reductions = sorted(n for n, f in lang.FUNCTIONS.items() if f.kind == "reduce" and f.arity == (1,))
     quantiles = sorted(n for n, f in lang.FUNCTIONS.items() if f.kind == "reduce" and f.arity == (2,))
     orders = sorted(n for n, f in lang.FUNCTIONS.items() if f.kind == "order" and f.arity == (1,))
+    over_k = sorted(n for n, f in lang.FUNCTIONS.items() if f.kind == "kreduce")  # the top-K axis
     return st.one_of(
         leaf,
         st.tuples(sub, st.sampled_from(["+", "-", "*", "/", "^"]), sub).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
@@ -189,6 +190,7 @@ def _typed(names: tuple[str, ...], kind: str, depth: int) -> st.SearchStrategy[s
         st.tuples(st.sampled_from(quantiles), sub, st.sampled_from(["0", "0.25", "1", "1 - 1 / G"])).map(
             lambda t: f"{t[0]}({t[1]}, {t[2]})"),
         st.tuples(st.sampled_from(orders), sub).map(lambda t: f"{t[0]}({t[1]})"),
+        st.tuples(st.sampled_from(over_k), sub).map(lambda t: f"{t[0]}({t[1]})"),
         sub.map(lambda x: f"-{x}"))
 
 
@@ -203,6 +205,8 @@ def formula_spec(draw: st.DrawFn) -> tuple[str, str]:
     for o in (spec.outputs[:1] if spec.one_of else spec.outputs):
         value = draw(_typed(tuple(spec.inputs), o.kind, 3)) if typed else draw(_expr())
         lines.append(f"{o.name} = {value}")
+    if any("topk_logp" in ln for ln in lines):  # the policy's top-K: its size K (a formula parameter)
+        lines.insert(0, "K = 3")
     text = ("algorithm fuzz\n  define gate\n" + "".join(f"    {ln}\n" for ln in lines) +
             f"  end\n  {slot}  gate\n")
     return slot, text
@@ -219,14 +223,17 @@ def _run(v) -> dict:  # noqa: ANN001 - a SlotValue with a formula
         return fn(torch.exp(rand()), torch.exp(rand()), rand(), logp, logp - 0.1, logp + 0.1,
                   torch.rand(B, T, generator=g), mask, G, rollout_logp=logp - 0.2,
                   teacher_logp=logp - 0.3, old_ent=torch.rand(B, T, generator=g),
-                  seq_reward=torch.randn(B, generator=g))
+                  seq_reward=torch.randn(B, generator=g), pol_topk_logp=-torch.rand(B, T, 3, generator=g),
+                  old_topk_logp=-torch.rand(B, T, 3, generator=g),
+                  is_top1=(torch.rand(B, T, generator=g) < 0.5).float(), ref_reward=torch.randn(B, generator=g))
     r = torch.randn(B, generator=g)
     batch = AdvantageBatch(rewards=r, raw_rewards=r, token_rewards=torch.zeros(B, T), mask=mask,
                            group_size=G, valid=torch.tensor([True, True, False, True]))
     logp = -torch.rand(B, T, generator=g)
     return fn(r, rand(), mask, G, batch, values=rand(), dense_rewards=rand() * mask, old_logp=logp,
               rollout_logp=logp - 0.1, prompt_mean=torch.randn(B, generator=g),
-              prompt_var=torch.rand(B, generator=g), prompt_count=torch.full((B,), 4.0))
+              prompt_var=torch.rand(B, generator=g), prompt_count=torch.full((B,), 4.0),
+              ref_reward=torch.randn(B, generator=g))
 
 
 @settings(FUZZ, max_examples=400)

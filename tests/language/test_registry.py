@@ -200,6 +200,9 @@ def test_facts_agree_with_what_the_functions_read() -> None:
 def test_the_runtime_plan_is_declared_by_facts() -> None:
     assert {f.name for f in dataclasses.fields(DataPlan)} == set(registry.PLAN)
     planned = {f for c in COMPONENTS for f in c.facts.plan}
+    # ... or by a formula: one reading the policy's top-K sets its size K (policy_topk)
+    simko = rldsl.load(str(Path(__file__).resolve().parents[2] / "algorithms" / "examples" / "simko.rl"))
+    planned |= {f for v in simko.active() for f in v.spec.facts.plan}
     assert planned == set(registry.PLAN), "every field of CompiledAlgorithm.data is set by a component"
     fn = rldsl.compile(rldsl.load("scalerl"), compile=False)
     assert (fn.data.dynamic_rounds, fn.data.pass_rate_cap) == (1, 0.9)

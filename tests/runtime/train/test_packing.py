@@ -249,7 +249,8 @@ def test_one_function_chooses_the_layout_from_the_record_and_options(tiny_model,
     assert chosen(single) == "_padded" and chosen(grouped) == "_shared"
     assert chosen(single, packing=True) == chosen(grouped, packing=True) == "_packed"
     assert chosen(grouped, body=backbone(tiny_model)) == "_padded"  # no KV cache through a compiled body
-    assert chosen(gather, packing=True) == chosen(grouped, packing=True, hidden=True) == "_shared"
+    assert chosen(grouped, packing=True, hidden=True) == "_shared"  # hidden states keep the [B, Tr] layout
+    assert chosen(gather, packing=True) == "_packed"  # gathered ids are taken at the packed tokens' rows
 
 
 def test_shared_prompt_path_kept_when_it_pushes_fewer_tokens(tiny_model, tokenizer) -> None:
