@@ -220,27 +220,6 @@ def load_image(ref: str) -> Any:
         return img.convert("RGB")
 
 
-_PROCESSORS: dict[str, VisionProcessor] = {}
-
-
-def processor_for(model: nn.Module, tokenizer: Any = None) -> VisionProcessor:
-    """The processor of the folder ``model`` was loaded from (``config._name_or_path``), loaded
-    once per process: the engine and the trainer read images with the same one."""
-    path = str(model.config._name_or_path)
-    if path not in _PROCESSORS:
-        _PROCESSORS[path] = load_processor(path, tokenizer)
-    return _PROCESSORS[path]
-
-
-def model_processor(model: Any) -> VisionProcessor | None:
-    """The processor of a vision-language ``model`` (an engine's policy), None for a text model
-    or no model (an engine that holds none in this process, vLLM's)."""
-    config = getattr(model, "config", None)
-    if getattr(config, "vision_config", None) is None:
-        return None
-    return processor_for(model)
-
-
 def save_image_processor(model: nn.Module, folder: str | Path) -> None:
     """Copy the image processor's ``preprocessor_config.json`` of a vision-language ``model``
     beside its saved weights and tokenizer (checkpoints, exports); nothing for a text model."""
