@@ -9,7 +9,8 @@ template, run the image processor, expand each ``<|image_pad|>`` into one token 
 patch, mark those tokens in ``mm_token_type_ids`` -- and saves as a release does
 (``preprocessor_config.json`` beside the tokenizer files and chat template). A rendered prompt
 that carries its images' refs is a :class:`VisionPrompt` (data files, multi-turn episodes and
-agents make them; every engine and trainer forward reads their pixels from the refs).
+agents make them; the engine reads their pixels from the refs). The processor belongs to the
+policy's model kind (models/kinds/qwen2_vl.py), which holds it: there is no process-wide one.
 """
 from __future__ import annotations
 

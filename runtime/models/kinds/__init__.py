@@ -30,7 +30,7 @@ def kind_of(config: dict, folder: str | Path, tokenizer: Any = None) -> ModelKin
         if kind.claims(config):
             return kind(str(folder), tokenizer)
     raise RunError(f"{folder}: no model kind reads model_type {config.get('model_type')!r} with a vision tower; "
-                   f"the vision-language families supported are the Qwen2-VL family's (docs/vlm.md)")
+                   "the vision-language families supported are the Qwen2-VL family's (docs/vlm.md)")
 
 
 def folder_kind(folder: str | Path, tokenizer: Any = None) -> ModelKind:
@@ -44,9 +44,10 @@ def folder_kind(folder: str | Path, tokenizer: Any = None) -> ModelKind:
 
 def model_kind(model: Any, tokenizer: Any = None) -> ModelKind:
     """The kind of a loaded ``model``: its config (config.json as loaded, ``model.config``) and
-    the folder it was loaded from."""
-    config = model.config
-    return kind_of(config.to_dict(), getattr(config, "_name_or_path", ""), tokenizer)
+    the folder it was loaded from; a module without an HF config (a test's stand-in) is text."""
+    config = getattr(model, "config", None)
+    settings = config.to_dict() if hasattr(config, "to_dict") else {}
+    return kind_of(settings, getattr(config, "_name_or_path", ""), tokenizer)
 
 
 def text_kind(tokenizer: Any = None) -> ModelKind:

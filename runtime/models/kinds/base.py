@@ -9,7 +9,7 @@ whatever the family. The kind is chosen once from the model's config.json (model
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ContextManager, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, ContextManager, Iterable, Protocol, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -80,9 +80,10 @@ class ModelKind(Protocol):
         """A rendered prompt carrying the images ``refs`` (``models.vision.VisionPrompt``: what
         the engine encodes and samples.jsonl records); a text model's: ``text``."""
 
-    def image_prompts(self, texts: Sequence[str], refs: Sequence[Sequence[str]]) -> list[str] | None:
+    def image_prompts(self, texts: Iterable[str], refs: Sequence[Sequence[str]]) -> list[str] | None:
         """Prompts ``texts`` carrying their rows' images ``refs`` for an engine's ``generate_ids``;
-        None when no row holds an image (the engine decodes the ids)."""
+        None when no row holds an image (the engine decodes the ids; ``texts``, which may be a
+        generator, is then not read)."""
 
     def image_part(self, url: str) -> dict:
         """The chat template's content part of an image at ``url`` (a checked data: URL);

@@ -26,7 +26,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ContextManager, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ContextManager, Iterable, Iterator, Sequence
 
 from rldsl.lazy_torch import torch
 
@@ -147,7 +147,7 @@ class Qwen2VLKind:
     def prompt(self, text: str, refs: Sequence[str]) -> str:
         return VisionProcessor.prompt(text, refs) if refs else text
 
-    def image_prompts(self, texts: Sequence[str], refs: Sequence[Sequence[str]]) -> list[str] | None:
+    def image_prompts(self, texts: Iterable[str], refs: Sequence[Sequence[str]]) -> list[str] | None:
         return [VisionProcessor.prompt(t, r) for t, r in zip(texts, refs)] if any(refs) else None
 
     def image_part(self, url: str) -> dict:

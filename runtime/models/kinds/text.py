@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ContextManager, Sequence
+from typing import TYPE_CHECKING, Any, ContextManager, Iterable, Sequence
 
 from rldsl.lazy_torch import torch
 
@@ -69,7 +69,7 @@ class TextKind:
     def prompt(self, text: str, refs: Sequence[str]) -> str:
         return text
 
-    def image_prompts(self, texts: Sequence[str], refs: Sequence[Sequence[str]]) -> list[str] | None:
+    def image_prompts(self, texts: Iterable[str], refs: Sequence[Sequence[str]]) -> list[str] | None:
         return None
 
     def image_part(self, url: str) -> dict:

@@ -357,8 +357,9 @@ class PolicyServer:
         seed = None if base.seed is None else (base.seed * 1_000_003 + next(self._seeds)) % 2**63
         params = replace(base, n=n, max_new_tokens=max_tokens, seed=seed,
                          min_new_tokens=min(base.min_new_tokens, max_tokens))
-        # each prompt carries its images (the engine reads their pixels); None: the engine decodes the ids
-        prompts = self.kind.image_prompts([self.tokenizer.decode(ids, skip_special_tokens=False) for ids in prompt_ids],
+        # each prompt carries its images (the engine reads their pixels; decoded only then); None: the
+        # engine decodes the ids
+        prompts = self.kind.image_prompts((self.tokenizer.decode(ids, skip_special_tokens=False) for ids in prompt_ids),
                                           images or [[] for _ in prompt_ids])
         out = self._engine.generate_ids(prompt_ids, params, prompts=prompts)
         results = []
