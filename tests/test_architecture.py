@@ -744,6 +744,14 @@ def test_no_branch_on_images_in_train():
     assert not [f for f in found if f.startswith("train/")], vision_report()
 
 
+def test_train_names_no_images():
+    """train/ asks the model kind for a forward's inputs (models/kinds/) and passes them on: none of
+    its files, code or docstrings, names images, vision, pixels or processors."""
+    named = [p.relative_to(RUNTIME[1]).as_posix() for p in sorted((RUNTIME[1] / "train").rglob("*.py"))
+             if VISION_WORDS.search(p.read_text())]
+    assert named == []
+
+
 def test_the_vision_branch_count_sees_every_kind_of_branch(tmp_path):
     (tmp_path / "train").mkdir()
     (tmp_path / "models").mkdir()

@@ -421,8 +421,8 @@ class Forward:
                      groups whose prompts differ: every row in full
     routing          [B, T, Y, K] a mixture-of-experts policy's recorded experts of each token,
                      replayed or measured inside ``models.moe.routing`` (padded and packed alike)
-    inputs           what the model's kind feeds beside the ids (models/kinds/: its positions,
-                     a vision-language policy's image inputs), asked of the kind once per forward
+    inputs           what the model's kind feeds beside the ids (models/kinds/: its positions and
+                     its family's own inputs), asked of the kind once per forward
                      (``ModelKind.forward_inputs``); None: a text model's (positions from the mask)
     gather_ids       [B, Tr, J] tokens whose logprobs are also returned at each position (the
                      policy's logprobs of a teacher's top-k), from the same chunks
@@ -562,8 +562,8 @@ def layout(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> "parti
     """The one choice of a forward's layout (module docstring), as the forward to run (its ``func``
     names the layout):
 
-    - packed whole rows: rows whose kind's inputs are each row's own (``ForwardInputs.whole_rows``:
-      a vision-language policy's images and M-RoPE positions), packed as whole sequences;
+    - packed whole rows: rows whose kind's inputs are each row's own (``ForwardInputs.whole_rows``,
+      models/kinds/), packed as whole sequences;
     - packed: the real tokens end to end, when a packed layout is exact here and pushes fewer
       tokens than the shared-prompt forward (``_packed_layout``);
     - shared prompt: each group's prompt once (padded rows; not through a compiled body: a KV
@@ -644,8 +644,7 @@ def _shared(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> _Stat
 
 
 def _padded(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> _States:
-    """Every row in full, padded, with its kind's inputs (positions; a vision-language policy's
-    images)."""
+    """Every row in full, padded, with its kind's inputs (positions and its family's own)."""
     B, T = fwd.input_ids.shape
     run = _body(model, opts)
     kwargs, context = fwd.inputs.padded(run, T - 1)  # the last token predicts nothing
