@@ -105,3 +105,18 @@ def test_the_carried_images_follow_their_rows_through_select_concat_and_a_checkp
     old = _plain_batch(two)
     del old["image_inputs"]  # a queued batch of a checkpoint made before the field
     assert _batch_of(old).image_inputs == []
+
+
+def test_a_vision_family_no_kind_reads_exits_2_before_the_model_loads(tmp_path):
+    from typer.testing import CliRunner
+
+    from rldsl.cli import app
+    from rldsl.errors import EXIT_BAD_INPUT
+
+    model = tmp_path / "llava"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llava", "vision_config": {}}))  # no weights
+    result = CliRunner().invoke(app, ["run", "grpo", "--model", str(model), "--out", str(tmp_path / "run")])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert "no model kind reads model_type 'llava' with a vision tower" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "run").exists()
