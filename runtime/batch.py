@@ -172,8 +172,11 @@ class RolloutBatch:
                     last token, an engine that cannot record); None = not recorded
                     (runtime/models/moe.py, ``rollout.routing_replay``)
     images          B x the images each row's ids hold (references: data: URLs or paths), in token
-                    order (a vision-language policy's, docs/vlm.md); empty = no row has one. The
-                    trainer's forwards read their pixels (train/vision_rows.py ``vision_inputs``)
+                    order (a vision-language policy's, docs/vlm.md); empty = no row has one
+    image_inputs    B x each row's images as its model kind processed them once, on the rollout side
+                    (models/kinds/: a Qwen2-VL policy's ``pixel_values`` [P, D] and ``image_grid_thw``
+                    [g, 3], plain tensors), None for a row without images; the trainer's forwards read
+                    them. Empty = not made (a batch of an older checkpoint: the kind processes ``images``)
     replayed        [B] bool (``sampling replay``, rollout/replay.py): the rows of groups replayed
                     from earlier steps; the trainer takes their ``logprobs`` as pi_old; None = none
     kept_advantages [B, Tr] float (``replay(advantage=keep)``): the advantage a replayed row keeps,
@@ -204,6 +207,7 @@ class RolloutBatch:
     teacher_prompt_ids: list[list[int]] = field(default_factory=list)
     routed_experts: torch.Tensor | None = None
     images: list[list[str]] = field(default_factory=list)
+    image_inputs: list[dict[str, torch.Tensor] | None] = field(default_factory=list)
 
     # sampling replay (rollout/replay.py): [B] bool, True on the rows of a replayed group, whose
     # ``logprobs`` (the behaviour policy's, recorded) are their pi_old; None = no replayed row
@@ -271,7 +275,7 @@ class RolloutBatch:
                             _picked(self.teacher_prompt_ids, keep),
                             None if self.routed_experts is None else self.routed_experts[rows.to(
                                 self.routed_experts.device)],
-                            _picked(self.images, keep),
+                            _picked(self.images, keep), _picked(self.image_inputs, keep),
                             replayed=None if self.replayed is None else self.replayed[rows.to(self.replayed.device)],
                             kept_advantages=None if self.kept_advantages is None else
                             self.kept_advantages[rows.to(self.kept_advantages.device)])
@@ -334,6 +338,7 @@ class RolloutBatch:
             routed_experts=None if any(b.routed_experts is None for b in batches) else
             torch.cat([_pad_routing(b, Tp, Tr) for b in batches]),
             images=_optional_rows(sum((b.images or [[] for _ in range(len(b))] for b in batches), [])),
+            image_inputs=_joined([b.image_inputs for b in batches]),
             replayed=None if all(b.replayed is None for b in batches) else
             torch.cat([torch.zeros(len(b), dtype=torch.bool) if b.replayed is None else b.replayed.cpu()
                        for b in batches]),
@@ -439,6 +444,11 @@ def routing_columns(records: Sequence["torch.Tensor | None"], prompt_lengths: Se
 def _picked(items: list, keep: list[int]) -> list:
     """An optional per-row list field (empty: none) of the rows ``keep``."""
     return [items[i] for i in keep] if items else []
+
+
+def _joined(fields: list[list]) -> list:
+    """An optional per-row list field of several batches joined; [] (none) unless every batch has it."""
+    return sum(fields, []) if all(fields) else []
 
 
 def _optional_rows(items: list[list]) -> list[list]:

@@ -33,7 +33,8 @@ from .config import POLICY_BASE, RunConfig
 from .data import reasoning_gym as rg
 from .data.sources import Source, default_reward, default_tools, max_new_tokens, reward_origin
 from .errors import ConfigError, RewardSpecError, RunError
-from .models.loading import folder_is_moe, is_vision_folder, load_tokenizer, model_context
+from .models.kinds import folder_kind, text_kind
+from .models.loading import folder_is_moe, load_tokenizer, model_context
 from .rewards.functions import RewardFn
 from .rewards.spec import with_answer_format
 from .rollout.multi_turn import check_tools
@@ -111,7 +112,7 @@ def check_settings(algo: Algorithm, cfg: RunConfig, source: Source | None = None
     check_engine(cfg)
     check_async(algo, cfg)
     check_replay(algo, cfg)
-    check_vision(algo, cfg)
+    check_model_kind(algo, cfg)
     check_reference(algo, cfg)
     check_weight_sync(cfg)
     check_lora_sync(cfg)
@@ -121,32 +122,12 @@ def check_settings(algo: Algorithm, cfg: RunConfig, source: Source | None = None
     check_tools(cfg)
 
 
-def check_vision(algo: Algorithm, cfg: RunConfig) -> None:
-    """A vision-language policy (``--model`` folder with a ``vision_config``) runs where its images
-    reach every forward (docs/vlm.md, "Engines and trainers"): the HF or vLLM engine, one process or
-    FSDP2 trainer ranks and Ray rollout workers (the prompts carry their image refs), single-turn
-    rollouts, multi-turn episodes and agents on the HF engine, a spec without a critic or a
-    teacher; its folder holds the image processor's preprocessor_config.json (read when the model
-    is built: refused now, not after the load). Anything else is refused here, before any
-    model loads, rather than silently training without the pictures."""
-    if cfg.model.path is None or not is_vision_folder(cfg.model.path):
-        return
-    if not (Path(cfg.model.path) / "preprocessor_config.json").is_file():  # models/vision.py reads it
-        raise RunError(f"{cfg.model.path} is a vision-language model without preprocessor_config.json: save its "
-                       "image processor beside the tokenizer (docs/vlm.md)")
-    r, d = cfg.rollout, cfg.distributed
-    refused = [what for what, on in (
-        ("rollout.tools / rollout.env / rollout.agent on the vLLM engine (its token-in/token-out turns "
-         "take no images yet; rollout.engine='hf' does)",
-         r.engine == "vllm" and (r.tools is not None or r.env is not None or r.agent is not None)),
-        ("rollout.partial=true", r.partial),
-        (f"{algo.name}'s critic (a value model)", algo.uses_critic),
-        (f"{algo.name}'s teacher", algo.uses_teacher),
-    ) if on]
-    if refused:
-        raise ConfigError(f"{cfg.model.path} is a vision-language model; its images do not reach the forwards of: "
-                          f"{'; '.join(refused)}. Leave them out of a vision-language run "
-                          "(docs/vlm.md, \"Engines and trainers\")")
+def check_model_kind(algo: Algorithm, cfg: RunConfig) -> None:
+    """The model folder's kind (models/kinds/: a vision-language policy's) refuses, before any model
+    loads, what its forwards cannot run: a folder without the files the kind reads, or settings its
+    inputs do not reach (docs/vlm.md, "Engines and trainers"). Reads config.json only."""
+    kind = folder_kind(cfg.model.path) if cfg.model.path is not None else text_kind()
+    kind.check_run(algo, cfg)
 
 
 def check_reference(algo: Algorithm, cfg: RunConfig) -> None:
@@ -246,9 +227,6 @@ def check_lora_sync(cfg: RunConfig) -> None:
         raise ConfigError(f"model.lora.target_modules={refused}: model.lora.sync='adapter' sends the decoder's "
                           "linear-layer adapters (attention and MLP projections) to vLLM, not an embedding's or "
                           "the output head's; drop them, or use model.lora.sync='merged'")
-    if cfg.model.path is not None and is_vision_folder(cfg.model.path):
-        raise ConfigError(f"{cfg.model.path} is a vision-language model: model.lora.sync='adapter' on the vLLM "
-                          "engine is tested on text models only; use model.lora.sync='merged'")
 
 
 def check_teacher_settings(algo: Algorithm, cfg: RunConfig) -> None:

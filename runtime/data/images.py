@@ -15,7 +15,7 @@ image refs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import DataError
 from ..models.vision import open_image, part_image
@@ -109,6 +109,11 @@ def prompt_images(source: Any) -> tuple[str, ...]:
                  for p in m["content"] if p.get("type") == "image")
 
 
+def image_rows(rows: Sequence[Any]) -> list[int]:
+    """The ids (0-based) of the rows (``datasets.Example``) whose prompts hold images."""
+    return [e.id for e in rows if prompt_images(e.row_prompt)]
+
+
 def _shown(ref: str) -> str:
     return ref if not ref.startswith("data:") else ref[:40] + "..."
 
@@ -133,3 +138,35 @@ def check_images(source: Any, where: str, max_images: int) -> None:
 def images_of(prompt: Any) -> tuple[str, ...]:
     """The image refs a prompt carries (a ``VisionPrompt``'s: models/vision.py), else none."""
     return getattr(prompt, "images", ())
+
+
+def checked_image_url(part: dict) -> str:
+    """The URL of an OpenAI ``image_url`` content part, checked: a ``data:image/...;base64`` URL of
+    a readable image (the agents' endpoint reaches no network); ValueError saying what is wrong."""
+    value = part.get("image_url")
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise ValueError("an image_url part needs {'url': 'data:image/...;base64,...'}")
+    if url.startswith(("http://", "https://")):
+        raise ValueError("image_url: http(s) URLs are not fetched (the endpoint reaches no network): "
+                         "send the image inline as a data: URL (data:image/png;base64,...)")
+    if not url.startswith("data:image/"):
+        raise ValueError(f"image_url must be a data:image/...;base64 URL, got {url[:40]!r}")
+    try:
+        with open_image(url) as img:
+            img.verify()
+    except Exception as e:  # noqa: BLE001 - PIL raises several types for bad bytes
+        raise ValueError(f"image_url: the data: URL is not a readable image: {e}") from None
+    return url
+
+
+def chat_content(content: Any, image_part: Callable[[str], dict], text: Callable[[Any], str]) -> Any:
+    """A request message's content as the chat template takes it: ``text(content)``, or -- when it
+    holds ``image_url`` parts -- its text parts and each image as ``image_part(url)`` (the model
+    kind's part, which refuses images for a text model), in order; ValueError as
+    :func:`checked_image_url` raises."""
+    if not (isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image_url" for p in content)):
+        return text(content)
+    kept = [p for p in content if isinstance(p, dict) and p.get("type") in ("image_url", "text")]
+    return [image_part(checked_image_url(p)) if p["type"] == "image_url" else {"type": "text", "text": p.get("text", "")}
+            for p in kept]

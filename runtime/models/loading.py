@@ -25,11 +25,17 @@ def is_vision_folder(path: str | Path) -> bool:
         return False
 
 
+def auto_class(path: str | Path) -> Any:
+    """The transformers auto class of the HF folder at ``path``: a vision-language folder's
+    image-text-to-text model (``Qwen2VLForConditionalGeneration``), else the causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    return AutoModelForImageTextToText if is_vision_folder(path) else AutoModelForCausalLM
+
+
 def load_policy(path: Path, dtype: str) -> nn.Module:
     """The causal LM of an HF folder, in ``dtype`` ("float32", "bfloat16", ...), KV cache on;
     a vision-language folder's image-text-to-text model (``Qwen2VLForConditionalGeneration``)."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-    auto = AutoModelForImageTextToText if is_vision_folder(path) else AutoModelForCausalLM
+    auto = auto_class(path)
     try:
         with quiet_transformers():  # no "Loading weights" bar
             model = auto.from_pretrained(str(path), dtype=getattr(torch, dtype))
@@ -84,9 +90,9 @@ def load_tokenizer(path: Path) -> Any:
 def policy_on_meta(path: str | Path, state: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
     """The HF model of a folder's config built on the meta device (no weights read), holding
     ``state`` (assigned, not copied) when given."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoConfig
     config = AutoConfig.from_pretrained(str(path))
-    auto = AutoModelForImageTextToText if is_vision_folder(path) else AutoModelForCausalLM
+    auto = auto_class(path)
     with torch.device("meta"):
         model = auto.from_config(config)
     if state is not None:

@@ -9,7 +9,8 @@ template, run the image processor, expand each ``<|image_pad|>`` into one token 
 patch, mark those tokens in ``mm_token_type_ids`` -- and saves as a release does
 (``preprocessor_config.json`` beside the tokenizer files and chat template). A rendered prompt
 that carries its images' refs is a :class:`VisionPrompt` (data files, multi-turn episodes and
-agents make them; every engine and trainer forward reads their pixels from the refs).
+agents make them; the engine reads their pixels from the refs). The processor belongs to the
+policy's model kind (models/kinds/qwen2_vl.py), which holds it: there is no process-wide one.
 """
 from __future__ import annotations
 
@@ -218,27 +219,6 @@ def load_image(ref: str) -> Any:
     """The image at ``ref`` (a path or a data: URL) decoded, in RGB."""
     with open_image(ref) as img:
         return img.convert("RGB")
-
-
-_PROCESSORS: dict[str, VisionProcessor] = {}
-
-
-def processor_for(model: nn.Module, tokenizer: Any = None) -> VisionProcessor:
-    """The processor of the folder ``model`` was loaded from (``config._name_or_path``), loaded
-    once per process: the engine and the trainer read images with the same one."""
-    path = str(model.config._name_or_path)
-    if path not in _PROCESSORS:
-        _PROCESSORS[path] = load_processor(path, tokenizer)
-    return _PROCESSORS[path]
-
-
-def model_processor(model: Any) -> VisionProcessor | None:
-    """The processor of a vision-language ``model`` (an engine's policy), None for a text model
-    or no model (an engine that holds none in this process, vLLM's)."""
-    config = getattr(model, "config", None)
-    if getattr(config, "vision_config", None) is None:
-        return None
-    return processor_for(model)
 
 
 def save_image_processor(model: nn.Module, folder: str | Path) -> None:

@@ -11,7 +11,7 @@ from rldsl.out_folder import check_out_folder
 from .checkpoint import folder_state, list_checkpoints, load_weights, read_weights
 from ..errors import RunError
 from ..models.lora import apply_lora, merged_weights
-from ..models.loading import is_vision_folder, policy_on_meta, quiet_transformers
+from ..models.loading import auto_class, policy_on_meta, quiet_transformers
 from .run_dir import POLICY_DIR, load_run_config
 
 
@@ -32,13 +32,12 @@ def checkpoint_of(run_dir: Path, step: int | None) -> Path:
 def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
     """Write the policy of a run's checkpoint to ``out`` as a plain HF folder; returns ``out``."""
     run_dir, out = Path(run_dir), check_out_folder(out, RunError)  # before transformers imports
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
     src = checkpoint_of(run_dir, step) / POLICY_DIR
     state = read_weights(src)
     if any(".lora_" in k for k in state):
         lo = load_run_config(run_dir).model.lora
-        auto = AutoModelForImageTextToText if is_vision_folder(src) else AutoModelForCausalLM
-        model = auto.from_config(AutoConfig.from_pretrained(str(src)))
+        model = auto_class(src).from_config(AutoConfig.from_pretrained(str(src)))
         model, _ = apply_lora(model, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
                               target_modules=lo.target_modules)
         load_weights(model, src)

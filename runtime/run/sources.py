@@ -16,10 +16,11 @@ import rldsl
 
 from ..config import DataConfig, RunConfig
 from ..data.datasets import Example, PromptSource, render_prompt
-from ..data.images import prompt_images
+from ..data.images import image_rows
 from ..data.sources import SOURCES, Rows, Source, system_prompt
 from ..errors import ConfigError, RunError
-from ..models.loading import is_vision_folder, load_tokenizer
+from ..models.kinds import folder_kind, text_kind
+from ..models.loading import load_tokenizer
 from ..resolve import check_teacher
 from ..rollout.multi_turn import check_episode_template
 
@@ -60,20 +61,18 @@ def check_image_model(cfg: RunConfig, source: Source, sets: Sequence[tuple[str, 
     loaded: a chat template's TypeError, or a missing preprocessor_config.json). ``sets``: (what
     the rows are, e.g. ``data.path=train.jsonl``, the rows)."""
     if cfg.model.path is not None:
-        if is_vision_folder(cfg.model.path):
-            return
+        kind = folder_kind(cfg.model.path)
         model = f"the model {cfg.model.path} is a text model (its config.json has no vision_config)"
     else:
         if (source if source.model is not None else SOURCES[DataConfig().task]).vision:  # as model_folder
             return
-        model = "the run trains the embedded toy model (no --model), a text model"
+        kind, model = text_kind(), "the run trains the embedded toy model (no --model), a text model"
     for what, rows in sets:
-        with_images = [e for e in rows if prompt_images(e.row_prompt)]
-        if with_images:
-            raise ConfigError(f"{what}: {len(with_images)} of {len(rows)} prompts hold images (the first: row "
-                              f"{with_images[0].id + 1}), and {model} that cannot see them. Train a "
-                              "vision-language model (--model, a Qwen2-VL-family folder; docs/vlm.md), or drop "
-                              "the images from the data")
+        try:
+            kind.check_prompts(what, image_rows(rows), len(rows))
+        except ValueError as e:
+            raise ConfigError(f"{e}, and {model} that cannot see them. Train a vision-language model (--model, "
+                              "a Qwen2-VL-family folder; docs/vlm.md), or drop the images from the data") from None
 
 
 def check_task_vocabulary(cfg: RunConfig, tokenizer: Any, source: Source) -> None:

@@ -58,10 +58,12 @@ from transformers import PreTrainedModel
 
 from ..batch import position_ids_from_mask
 from ..models import moe
+from ..models.kinds.base import ForwardInputs
+from ..models.kinds.text import TextInputs
 from ..models.loading import backbone, cache_keyword, plain_kv_cache
+from .microbatch import pack
 from .packing import PackedRows, packed_hidden, packed_layout, same_prompts
 from .throughput import TokenCount
-from .vision_rows import packed_vision_hidden, typed_image_tokens
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
@@ -443,9 +445,9 @@ class Forward:
                      groups whose prompts differ: every row in full
     routing          [B, T, Y, K] a mixture-of-experts policy's recorded experts of each token,
                      replayed or measured inside ``models.moe.routing`` (padded and packed alike)
-    vision           the rows' image inputs of a vision-language policy (train/vision_rows.py
-                     ``vision_inputs``: pixel_values, image_grid_thw, mm_token_type_ids [B, T],
-                     M-RoPE position_ids [3, B, T]): padded, every row in full, unless packed
+    inputs           what the model's kind feeds beside the ids (models/kinds/: its positions and
+                     its family's own inputs), asked of the kind once per forward
+                     (``ModelKind.forward_inputs``); None: a text model's (positions from the mask)
     gather_ids       [B, Tr, J] tokens whose logprobs are also returned at each position (the
                      policy's logprobs of a teacher's top-k, or of the old policy's top-K ids),
                      from the same chunks, with gradient; padded and packed alike
@@ -456,8 +458,12 @@ class Forward:
     response_tokens: int
     group_size: int | None = None
     routing: torch.Tensor | None = None
-    vision: dict[str, torch.Tensor] | None = None
+    inputs: ForwardInputs | None = None
     gather_ids: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.inputs is None:
+            self.inputs = TextInputs.of(self.attention_mask)
 
     def to(self, device: torch.device) -> "Forward":
         """The record with its tensors on ``device`` (a sharded trainer's rank)."""
@@ -465,7 +471,7 @@ class Forward:
             return None if t is None else t.to(device)
         return dataclasses.replace(self, input_ids=self.input_ids.to(device),
                                    attention_mask=self.attention_mask.to(device), routing=move(self.routing),
-                                   vision=None if self.vision is None else {k: move(v) for k, v in self.vision.items()},
+                                   inputs=self.inputs.to(device),
                                    gather_ids=move(self.gather_ids))
 
 
@@ -619,7 +625,8 @@ def layout(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> "parti
     """The one choice of a forward's layout (module docstring), as the forward to run (its ``func``
     names the layout):
 
-    - packed vision: a vision-language policy's rows packed (train/vision_rows.py);
+    - packed whole rows: rows whose kind's inputs are each row's own (``ForwardInputs.whole_rows``,
+      models/kinds/), packed as whole sequences;
     - packed: the real tokens end to end, when a packed layout is exact here and pushes fewer
       tokens than the shared-prompt forward (``_packed_layout``);
     - shared prompt: each group's prompt once (padded rows; not through a compiled body: a KV
@@ -628,14 +635,14 @@ def layout(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> "parti
 
     ``hidden`` keeps the padded [B, Tr] layouts, packing or not."""
     packable = opts.packing and not opts.hidden
-    if packable and fwd.vision is not None:
-        return partial(_packed_vision, model, fwd, opts)
+    if packable and fwd.inputs.whole_rows:
+        return partial(_packed_whole, model, fwd, opts)
     if packable:
         rows = _packed_layout(model, fwd.input_ids, fwd.attention_mask, fwd.response_tokens,
                               opts.packing_row_tokens, fwd.group_size)
         if rows is not None:
             return partial(_packed, model, fwd, opts, rows)
-    if fwd.group_size is not None and opts.body is None and fwd.vision is None \
+    if fwd.group_size is not None and opts.body is None and not fwd.inputs.whole_rows \
             and _shared_prompt_applies(model, fwd.input_ids, fwd.attention_mask, fwd.response_tokens, fwd.group_size):
         return partial(_shared, model, fwd, opts)
     return partial(_padded, model, fwd, opts)
@@ -656,13 +663,35 @@ def _packed(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions, rows: Pa
                    packed=rows)
 
 
-def _packed_vision(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> _States:
-    """A vision-language policy's packed rows (train/vision_rows.py), states [B, Tr, H]."""
-    assert fwd.vision is not None
-    merge = model.config.vision_config.spatial_merge_size
-    hidden, computed = packed_vision_hidden(_body(model, opts), fwd.input_ids, fwd.attention_mask,
-                                            fwd.response_tokens, fwd.vision, merge, opts.packing_row_tokens)
-    return _row_states(model, fwd, opts, hidden, computed)
+def _packed_whole(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> _States:
+    """Rows packed as whole sequences, each with its kind's own inputs (``ForwardInputs.packed``),
+    at most ``packing_row_tokens`` tokens a packed row (None: the longest sequence's length, so no
+    packed row's attention is larger than a padded row's); states [B, Tr, H], zeros where a row
+    has no response token."""
+    B, T = fwd.input_ids.shape
+    Tr = fwd.response_tokens
+    body = _body(model, opts)
+    lengths = fwd.attention_mask.long().sum(1).tolist()  # [B] real tokens a row
+    prompt_len = fwd.attention_mask[:, : T - Tr].long().sum(1).tolist()  # [B]
+    starts = [T - Tr - p for p in prompt_len]  # each row's first real token
+    hidden_out, computed = None, 0
+    for rows in pack(lengths, opts.packing_row_tokens or max(lengths)):
+        if not rows:
+            continue
+        kwargs, context = fwd.inputs.packed(body, rows, starts, lengths)
+        computed += sum(lengths[b] for b in rows)
+        with context:
+            hidden = body(**kwargs, use_cache=False).last_hidden_state[0]
+        if hidden_out is None:
+            hidden_out = hidden.new_zeros(B, Tr, hidden.shape[-1])
+        offset = 0
+        for b in rows:
+            r = lengths[b] - prompt_len[b]  # real response tokens
+            if r > 0:  # token j of the response is predicted by the state before it
+                first = offset + prompt_len[b] - 1
+                hidden_out[b, :r] = hidden[first:first + r]
+            offset += lengths[b]
+    return _row_states(model, fwd, opts, hidden_out, computed)
 
 
 def _shared(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> _States:
@@ -678,27 +707,15 @@ def _shared(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> _Stat
 
 
 def _padded(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> _States:
-    """Every row in full, padded (a vision-language policy's rows with their image inputs)."""
+    """Every row in full, padded, with its kind's inputs (positions and its family's own)."""
     B, T = fwd.input_ids.shape
     run = _body(model, opts)
-    images: dict[str, torch.Tensor | None] = {}
-    typed: Any = contextlib.nullcontext()
-    if fwd.vision is not None:  # the last token is never an image token
-        types = fwd.vision["mm_token_type_ids"][:, : T - 1]
-        images = {"pixel_values": fwd.vision.get("pixel_values"), "image_grid_thw": fwd.vision.get("image_grid_thw"),
-                  "mm_token_type_ids": types}
-        typed = typed_image_tokens(run, types)  # a sampled placeholder id is text
-    positions = position_ids_from_mask(fwd.attention_mask) if fwd.vision is None else fwd.vision["position_ids"]
+    kwargs, context = fwd.inputs.padded(run, T - 1)  # the last token predicts nothing
     r = fwd.routing
     with moe.feeding(model, None if r is None else r[:, : T - 1].reshape(B * (T - 1), *r.shape[2:]),
-                     fwd.attention_mask[:, : T - 1]), typed:
-        out = run(
-            input_ids=fwd.input_ids[:, : T - 1],  # the last token predicts nothing
-            **images,
-            attention_mask=fwd.attention_mask[:, : T - 1],
-            position_ids=positions[..., : T - 1],
-            use_cache=False,
-        )
+                     fwd.attention_mask[:, : T - 1]), context:
+        out = run(input_ids=fwd.input_ids[:, : T - 1], attention_mask=fwd.attention_mask[:, : T - 1],
+                  use_cache=False, **kwargs)
     hidden = out.last_hidden_state[:, T - fwd.response_tokens - 1:]  # [B, Tr, H] states predicting the response
     return _row_states(model, fwd, opts, hidden, B * (T - 1))
 

@@ -22,12 +22,12 @@ from rldsl import CompiledAlgorithm
 
 from ..batch import RolloutBatch, model_inputs
 from ..models import moe
+from ..models.kinds import ModelKind, model_kind
 from .inputs import OLD_POLICY_STATISTICS, entropy_grad, whole_groups
 from .logprobs import Forward, LogprobOptions, LogprobOut, compiled_body, token_logprobs
 from .microbatch import plan, trim
 from .teachers import RemoteTeacher, TeacherForward, privileged, teacher_topk
 from .throughput import ModelDims, TokenCount
-from .vision_rows import vision_inputs
 
 
 class ForwardPasses:
@@ -39,9 +39,12 @@ class ForwardPasses:
                  logprob_chunk: int = 1024, max_tokens_per_microbatch: int | None = None,
                  autocast_dtype: torch.dtype | None = None, packing: bool = False,
                  packing_row_tokens: int | None = None, compile_policy: bool = False,
-                 routing_replay: bool = False):
+                 routing_replay: bool = False, kind: ModelKind | None = None):
         self.fn = fn
         self.policy = policy
+        # the policy's family (models/kinds/): what its forwards feed beside the ids, chosen once
+        # from its config; its reference and critic are of the same family
+        self.kind = kind if kind is not None else model_kind(policy)
         self.critic = critic
         # a distill spec's teacher: a model (frozen, eval) on the policy's device, or a remote one
         # (a Ray actor, a server: train/teachers.py) that returns its logprobs
@@ -84,12 +87,9 @@ class ForwardPasses:
         each sampled token is the most likely."""
         ids, attn, pos = model_inputs(batch)
         Tr = batch.response_ids.shape[1]
-        # a VLM's rows with images: padded, in full; an episode's response also holds the
-        # environment's messages (attended, not sampled), whose image tokens are images
-        sampled = None if batch.response_attention is None else batch.response_mask
-        vision = vision_inputs(model, batch.images, ids, attn, Tr, sampled)
-        fwd = Forward(ids, attn, Tr, group_size=batch.group_size if groups and vision is None else None,
-                      routing=batch.routed_experts if self.moe else None, vision=vision, gather_ids=gather_ids)
+        inputs = self.kind.forward_inputs(model, batch, ids, attn)  # rows that run whole share no prompt
+        fwd = Forward(ids, attn, Tr, group_size=batch.group_size if groups and not inputs.whole_rows else None,
+                      routing=batch.routed_experts if self.moe else None, inputs=inputs, gather_ids=gather_ids)
         count = TokenCount()
         options = LogprobOptions(entropy=entropy, entropy_grad=grad and entropy_grad(self.fn.algorithm),
                                  sum_pi_squared=sum_pi_squared, router_aux=router_aux, hidden=hidden,

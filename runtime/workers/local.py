@@ -51,6 +51,8 @@ class LocalRollouts:
             batch = self.engine.generate(prompts, params)
         # rows per prompt: params.n, or more when an agent's episodes break into several rows
         batch.answers = repeat_each(answers, batch.group_size)
+        # the rows' images as the policy's kind reads them, processed once for every forward of the trainer
+        batch.image_inputs = self.engine.kind.processed(batch.images)
         t1 = time.perf_counter()
         if not score:
             return Generation(batch, unscored(len(batch.completions)), t1 - t0, 0.0)

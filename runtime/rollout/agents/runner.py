@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 from ... import plugins
 from ...batch import AgentRow, Episode, RolloutBatch, TokenRow
 from ...errors import ConfigError, EpisodeRefused
+from ...models.kinds import ModelKind, text_kind
 from ...records.metrics import AGENT_CALLS, AGENT_ERRORS, AGENT_PREFIX_BREAKS, AGENT_ROWS_PER_EPISODE
 from ...rewards.values import reward_value
 from ..engines.base import SamplingParams
@@ -84,7 +85,7 @@ class AgentRunner:
         self.version = 0  # the policy version the engine holds (optimizer steps): the next calls'
         # (0: the model folder's weights; a resumed run loads its checkpoint's first)
         self.server: Any = None
-        self.processor: Any = None  # a vision-language policy's (models/vision.py): the engine's
+        self.kind: ModelKind = text_kind()  # the policy's (models/kinds/): the engine's, once it is known
         self._lock = threading.Lock()
 
     def weights_loaded(self, version: int) -> None:
@@ -101,13 +102,13 @@ class AgentRunner:
             if self.server is None:
                 from .server import PolicyServer
 
-                self.processor = getattr(engine, "vision_processor", None)
+                self.kind = getattr(engine, "kind", None) or text_kind(engine.tokenizer)
                 self.server = PolicyServer(engine.tokenizer, model_name=self.model_name, context=self.context,
                                            max_calls=self.max_calls, max_parallel=self.max_parallel,
                                            tool_parser=self.tool_parser,
                                            chat_template_kwargs=self.chat_template_kwargs,
                                            keep_alive_s=self.timeout_s + KEEP_ALIVE_MARGIN_S,
-                                           processor=self.processor)
+                                           kind=self.kind)
                 self.server.start()
             return self.server
 
@@ -199,11 +200,8 @@ class AgentRunner:
             if not rows:  # no call answered: an empty row, the opening messages rendered as its prompt
                 text = tokenizer.apply_chat_template(opening, tokenize=False, add_generation_prompt=True,
                                                      **self.chat_template_kwargs)
-                if self.processor is not None:  # its images expanded (a vision-language policy's)
-                    refs = self.processor.message_images(opening)
-                    rows = [Row(self.processor.ids(text, refs), images=refs)]
-                else:
-                    rows = [Row(tokenizer(text, add_special_tokens=False)["input_ids"] or [pad])]
+                refs = self.kind.message_images(opening)  # its images expanded (a vision-language policy's)
+                rows = [Row(self.kind.prompt_ids(text, refs) or [pad], images=refs)]
             for k in range(K):
                 # padding: nothing trained; its prompt is the first row's first call's, with its images
                 row = rows[k] if k < len(rows) else Row(rows[0].prompt_ids, images=_prompt_images(o.calls, rows[0]))
@@ -213,7 +211,7 @@ class AgentRunner:
                 out.append(TokenRow(
                     row.prompt_ids, row.response_ids, row.logprobs,
                     row.finish_reason if row.response_ids and not error else "length",
-                    self.processor.prompt(text, row.images) if row.images else text, final, mask=row.mask,
+                    self.kind.prompt(text, row.images), final, mask=row.mask,
                     routed_experts=row.routed_experts if recorded and row.calls else None,
                     episode=Episode(messages, rewards[k], error=error,
                                     agent=AgentRow(k, made, k >= len(rows), breaks, calls)), images=row.images))

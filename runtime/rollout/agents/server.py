@@ -46,7 +46,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ...batch import sequence_routing
-from ...models.vision import IMAGE_TOKEN, VisionPrompt, VisionProcessor, open_image
+from ...data.images import chat_content
+from ...models.kinds import ModelKind, text_kind
 from ..engines.base import SamplingParams
 from ..episodes.parsers import ToolCall, parse_tool_calls, text_for_tools
 from ..episodes.runner import env_delta
@@ -115,10 +116,11 @@ class PolicyServer:
 
     def __init__(self, tokenizer: Any, *, model_name: str, context: int | None, max_calls: int,
                  max_parallel: int, tool_parser: str = "hermes", chat_template_kwargs: dict | None = None,
-                 keep_alive_s: float = 3600.0, processor: Any = None) -> None:
+                 keep_alive_s: float = 3600.0, kind: ModelKind | None = None) -> None:
         self.tokenizer = tokenizer
-        # a vision-language policy's processor (models/vision.py): chat calls may send images
-        self.processor = processor
+        # the policy's kind (models/kinds/, the engine's; None: a text model's): how chat calls'
+        # images become tokens (a text model refuses them)
+        self.kind = kind if kind is not None else text_kind(tokenizer)
         self.keep_alive_s = keep_alive_s
         self.model_name = model_name
         self.context = context
@@ -355,10 +357,10 @@ class PolicyServer:
         seed = None if base.seed is None else (base.seed * 1_000_003 + next(self._seeds)) % 2**63
         params = replace(base, n=n, max_new_tokens=max_tokens, seed=seed,
                          min_new_tokens=min(base.min_new_tokens, max_tokens))
-        prompts = None
-        if images and any(images):  # each prompt carries its images (the engine reads their pixels)
-            prompts = [VisionPrompt(self.tokenizer.decode(ids, skip_special_tokens=False), refs)
-                       for ids, refs in zip(prompt_ids, images)]
+        # each prompt carries its images (the engine reads their pixels; decoded only then); None: the
+        # engine decodes the ids
+        prompts = self.kind.image_prompts((self.tokenizer.decode(ids, skip_special_tokens=False) for ids in prompt_ids),
+                                          images or [[] for _ in prompt_ids])
         out = self._engine.generate_ids(prompt_ids, params, prompts=prompts)
         results = []
         for r in range(len(prompt_ids) * n):
@@ -485,7 +487,7 @@ class PolicyServer:
         if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
             raise RequestRefused(400, "tools must be a list of {'type': 'function', 'function': {...}}",
                                param="tools")
-        messages = [_template_message(m, self.processor is not None) for m in raw]
+        messages = [_template_message(m, self.kind) for m in raw]
         keys = [_key(m) for m in messages]
         tools_key = json.dumps(tools, sort_keys=True)
         prompt, bridged, images = self._bridge(log, messages, keys, tools, tools_key)
@@ -496,7 +498,7 @@ class PolicyServer:
             except Exception as e:  # a template that cannot render these messages
                 raise RequestRefused(400, f"the chat template cannot render these messages: "
                                         f"{type(e).__name__}: {e}", param="messages") from None
-            images = VisionProcessor.message_images(messages)
+            images = self.kind.message_images(messages)
             prompt = self._ids(text, images)
         max_tokens = self._max_tokens(body, len(prompt), "max_completion_tokens", "max_tokens")
         meta = _metadata(body)
@@ -561,10 +563,8 @@ class PolicyServer:
 
     def _ids(self, text: str, images: list[str]) -> list[int]:
         """The token ids of a rendered chat (or a delta): its images' placeholders expanded."""
-        if self.processor is None:
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         try:
-            return self.processor.ids(text, images)
+            return self.kind.prompt_ids(text, images)
         except ValueError as e:  # an image part the template did not render as an image
             raise RequestRefused(400, f"the messages' images do not match the chat template's image "
                                     f"placeholders: {e}", param="messages") from None
@@ -578,10 +578,11 @@ class PolicyServer:
 
     def _no_image_tokens(self, ids: list[int], param: str) -> None:
         """Token and text prompts carry no images: ids holding image tokens are refused."""
-        if self.processor is not None and self.processor.image_token_id in ids:
-            raise RequestRefused(400, f"the prompt holds {IMAGE_TOKEN} tokens, but only chat calls take "
-                                    "images: send them as image_url parts to /v1/chat/completions",
-                                 param=param)
+        try:
+            self.kind.check_plain_ids(ids)
+        except ValueError as e:
+            raise RequestRefused(400, f"{e}, but only chat calls take images: send them as image_url parts to "
+                                      "/v1/chat/completions", param=param) from None
 
     def _bridge(self, log: EpisodeLog, messages: list[dict], keys: list[tuple], tools: list | None,
                 tools_key: str) -> tuple[list[int] | None, bool, list[str]]:
@@ -604,7 +605,7 @@ class PolicyServer:
                 delta = env_delta(self.tokenizer, history, tail, tools, turn.stopped, self.template_kwargs)
             except Exception:  # the template renders the history differently: render it whole
                 continue
-            new = VisionProcessor.message_images(tail)
+            new = self.kind.message_images(tail)
             return turn.ids + self._ids(delta, new), True, turn.images + new
         return None, False, []
 
@@ -652,43 +653,15 @@ def _metadata(body: dict) -> dict[str, str]:
     return dict(meta)
 
 
-def _image_part(part: dict, vision: bool) -> dict:
-    """An ``image_url`` content part checked (a data: URL of a readable image), as the chat
-    template takes it: ``{"type": "image", "image": URL}``."""
-    if not vision:
-        raise RequestRefused(400, "the served model is a text model: it takes no image_url parts",
-                             param="messages")
-    value = part.get("image_url")
-    url = value.get("url") if isinstance(value, dict) else value
-    if not isinstance(url, str) or not url:
-        raise RequestRefused(400, "an image_url part needs {'url': 'data:image/...;base64,...'}", param="messages")
-    if url.startswith(("http://", "https://")):
-        raise RequestRefused(400, "image_url: http(s) URLs are not fetched (the endpoint reaches no network): "
-                                  "send the image inline as a data: URL (data:image/png;base64,...)",
-                             param="messages")
-    if not url.startswith("data:image/"):
-        raise RequestRefused(400, f"image_url must be a data:image/...;base64 URL, got {url[:40]!r}",
-                             param="messages")
-    try:
-        with open_image(url) as img:
-            img.verify()
-    except Exception as e:  # noqa: BLE001 - PIL raises several types for bad bytes
-        raise RequestRefused(400, f"image_url: the data: URL is not a readable image: {e}",
-                             param="messages") from None
-    return {"type": "image", "image": url}
-
-
-def _template_message(m: dict, vision: bool = False) -> dict:
+def _template_message(m: dict, kind: ModelKind | None = None) -> dict:
     """A request message as the chat template takes it: string content (a list of text and
     ``{"type": "image", "image": URL}`` parts when it has ``image_url`` parts), tool calls with
     their arguments as objects."""
-    content = m.get("content")
-    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image_url" for p in content):
-        parts = [_image_part(p, vision) if p.get("type") == "image_url" else {"type": "text", "text": p.get("text", "")}
-                 for p in content if isinstance(p, dict) and p.get("type") in ("image_url", "text")]
-        out: dict = {"role": m["role"], "content": parts}
-    else:
-        out = {"role": m["role"], "content": _content_text(content)}
+    try:  # image_url parts are the kind's to read (a text model refuses them)
+        content = chat_content(m.get("content"), (kind or text_kind()).image_part, _content_text)
+    except ValueError as e:
+        raise RequestRefused(400, str(e), param="messages") from None
+    out: dict = {"role": m["role"], "content": content}
     calls = []
     for tc in m.get("tool_calls") or []:
         f = tc.get("function", tc) if isinstance(tc, dict) else {}

@@ -16,6 +16,7 @@ from rldsl.lazy_torch import torch  # imported at the first tensor operation: `r
 
 from ...batch import RolloutBatch
 from ...config import RunConfig
+from ...models.kinds import ModelKind
 from ...records.rng import step_seed
 
 
@@ -74,6 +75,10 @@ class RolloutEngine(Protocol):
     An engine may live in another process (a Ray actor): arguments and results are
     plain tensors, strings and dataclasses.
     """
+
+    #: the policy's kind (models/kinds/), chosen once from its config: how its prompts' images
+    #: become tokens and inputs
+    kind: ModelKind
 
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
         """Sample ``params.n`` completions for each prompt; groups contiguous."""

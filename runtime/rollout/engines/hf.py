@@ -28,10 +28,11 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from ...batch import RolloutBatch, TokenRow, position_ids_from_mask, repeat_each
 from ...models import moe
+from ...models.kinds import model_kind
 from ...models.loading import backbone, cache_keyword, plain_kv_cache, tensors_by_name
 from ...models.lora import load_adapter
 from ...data.images import images_of
-from .hf_vision import engine_processor, generate_ids_with_images, generate_with_images
+from .hf_vision import generate_ids_with_images, generate_with_images
 from .kv_cache import preallocated_cache
 from .base import (SamplingParams, check_request, cut_at_first_stop, left_pad, special_token_ids,
                    stop_token_ids)
@@ -58,6 +59,9 @@ class HFEngine:
         self.stop_ids = stop_token_ids(tokenizer, model)
         self._stops = torch.tensor(sorted(self.stop_ids), device=self.device)
         self.tokenizer = tokenizer
+        # the policy's family (models/kinds/), chosen once from its config: a vision-language
+        # policy's processor; what multi-turn episodes and agents read their messages' images with
+        self.kind = model_kind(self.model, tokenizer)
         self._sampler_ok: bool | None = None  # decided on first use (_cached_sampling_ok)
         self._cache_kw: str | None = None  # the forward's cache keyword, found with it
         self._keep_last = "logits_to_keep" in inspect.signature(self.model.forward).parameters
@@ -83,12 +87,6 @@ class HFEngine:
         )
         return self._generate_padded(enc["input_ids"].to(self.device),  # [P, Tp]
                                      enc["attention_mask"].to(self.device), prompts, params)
-
-    @property
-    def vision_processor(self) -> Any:
-        """A vision-language policy's processor (models/vision.py; None for a text model): what
-        multi-turn episodes and agents expand their messages' images with (docs/vlm.md)."""
-        return engine_processor(self)
 
     @torch.no_grad()
     def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams,

@@ -1,7 +1,7 @@
 """The HF engine's generation for prompts with images (a vision-language policy; docs/vlm.md).
 
 Each prompt is a ``VisionPrompt`` (models/vision.py): the chat template's text with one
-``<|image_pad|>`` per image, and its images' refs. The policy's processor (models/vision.py)
+``<|image_pad|>`` per image, and its images' refs. The policy's processor (its kind's: models/kinds/qwen2_vl.py)
 expands each placeholder into one token per merged patch and computes the pixel values; the P
 prompts are left padded, repeated G times, their images' pixel values and grids laid out in row
 order, and ``model.generate`` samples (it drives M-RoPE: positions from ``get_rope_index`` at
@@ -17,18 +17,12 @@ import torch
 
 from ...batch import RolloutBatch
 from ...data.images import images_of
-from ...models.vision import model_processor, processor_for
 from .base import SamplingParams, left_pad
-
-
-def engine_processor(engine: Any) -> Any:
-    """The processor of the engine's policy when it is a vision-language model, else None."""
-    return model_processor(engine.model)
 
 
 def generate_with_images(engine: Any, prompts: list[str], params: SamplingParams) -> RolloutBatch:
     """``engine.generate`` (an ``HFEngine``) for prompts some of which carry images."""
-    processor = processor_for(engine.model, engine.tokenizer)
+    processor = engine.kind.processor
     encoded = [processor.encode_refs(str(p), images_of(p)) for p in prompts]
     ids, mask = left_pad([e["input_ids"][0].tolist() for e in encoded], engine.pad_id)  # [P, Tp]
     types, _ = left_pad([e["mm_token_type_ids"][0].tolist() for e in encoded], 0)
@@ -48,7 +42,7 @@ def generate_ids_with_images(engine: Any, prompt_ids: list[list[int]], prompts: 
     """``engine.generate_ids`` (an ``HFEngine``) for prompt ids whose image tokens are expanded
     already (a multi-turn episode's or an agent's turn: docs/vlm.md), each prompt carrying the refs
     of the images those tokens stand for, in order (``prompts``: ``VisionPrompt``)."""
-    processor = processor_for(engine.model, engine.tokenizer)
+    processor = engine.kind.processor
     ids, mask = left_pad(prompt_ids, engine.pad_id)  # [P, Tp]
     types = (ids == processor.image_token_id).long()  # [P, Tp]
     G = params.n

@@ -13,6 +13,7 @@ from ...config import RunConfig
 from ...data.sources import system_prompt as source_system_prompt
 from ..engines.base import SamplingParams
 from ...errors import EnvironmentFailed
+from ...models.kinds import ModelKind, text_kind
 from .env import Environment, ToolEnv, env_reset, env_step, load_env
 from .parsers import text_for_tools
 from .tools import load_tools, tool_schema
@@ -55,7 +56,7 @@ def env_delta(tokenizer: Any, messages: list[dict], new: list[dict], schemas: li
 
 def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequence[Environment],
                  params: SamplingParams, *, max_turns: int, context: int | None = None,
-                 chat_template_kwargs: dict | None = None, processor: Any = None) -> RolloutBatch:
+                 chat_template_kwargs: dict | None = None, kind: ModelKind | None = None) -> RolloutBatch:
     """``params.n`` episodes per row (groups contiguous; ``envs`` has one per episode). A row is
     what ``reset`` receives: ``prompt`` (the data row's own, untemplated: a string or messages),
     ``answer``, and ``system`` when set; the chat template is applied here, once, with the tools.
@@ -77,11 +78,12 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
     its own turn never feeds) in the next turn's prefill (``batch.first_records``); -1 on tokens
     no turn fed (padding, the last token, an observation after which the context was full); None
     when a turn came back without routing.
-    ``processor``: a vision-language policy's (models/vision.py): image parts in any message (the
-    first user turn's, an environment's later ones) become their expanded image tokens, and each
-    row's prompt is a ``VisionPrompt`` carrying every image its tokens hold, in order (the
-    engine's next turns and the trainer's forwards read their pixels)."""
+    ``kind``: the policy's (models/kinds/; None: a text model's). A vision-language policy's
+    reads image parts in any message (the first user turn's, an environment's later ones) as their
+    expanded image tokens, and each row's prompt is a ``VisionPrompt`` carrying every image its
+    tokens hold, in order (the engine's next turns and the trainer's forwards read their pixels)."""
     kwargs = dict(chat_template_kwargs or {})
+    kind = kind if kind is not None else text_kind(tokenizer)
     G = params.n
     B = len(rows) * G
     if len(envs) != B:
@@ -94,13 +96,9 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
         schemas.append([tool_schema(t) for t in tools] if tools else None)
     prompt_text: list[str] = [_render(tokenizer, convs[p * G], schemas[p * G], True, kwargs) for p in range(len(rows))]
     # each episode's images so far, in token order (a vision-language policy's: docs/vlm.md)
-    images: list[list[str]] = [processor.message_images(convs[i]) if processor is not None else []
-                               for i in range(B)]
-    if processor is not None:
-        prompt_text = [processor.prompt(t, images[p * G]) for p, t in enumerate(prompt_text)]
-        prompt_ids = [processor.ids(str(t), images[p * G]) for p, t in enumerate(prompt_text)]
-    else:
-        prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompt_text]
+    images: list[list[str]] = [kind.message_images(convs[i]) for i in range(B)]
+    prompt_text = [kind.prompt(t, images[p * G]) for p, t in enumerate(prompt_text)]
+    prompt_ids = [kind.prompt_ids(str(t), images[p * G]) for p, t in enumerate(prompt_text)]
     resp: list[list[int]] = [[] for _ in range(B)]
     mask: list[list[int]] = [[] for _ in range(B)]
     lps: list[list[float]] = [[] for _ in range(B)]
@@ -121,8 +119,8 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
         else:
             out = engine.generate_ids([prompt_ids[i // G] + resp[i] for i in live],
                                       replace(one, seed=_turn_seed(params.seed, turn)),
-                                      prompts=[processor.prompt(prompt_text[i // G], images[i]) for i in live]
-                                      if any(images[i] for i in live) else None)
+                                      prompts=kind.image_prompts([prompt_text[i // G] for i in live],
+                                                                 [images[i] for i in live]))
             rows_of = live
         still = []
         recorded = recorded and out.routed_experts is not None
@@ -158,12 +156,9 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
                 continue
             text = env_delta(tokenizer, convs[i][:len(convs[i]) - len(result.messages)],
                              result.messages, schemas[i], True, kwargs)
-            if processor is not None:  # the environment's images, expanded, join the episode's
-                new = processor.message_images(result.messages)
-                delta = processor.ids(text, new)
-                images[i] += new
-            else:
-                delta = tokenizer(text, add_special_tokens=False)["input_ids"]
+            new = kind.message_images(result.messages)  # the environment's images, expanded, join the episode's
+            delta = kind.prompt_ids(text, new)
+            images[i] += new
             resp[i] += delta
             mask[i] += [0] * len(delta)
             lps[i] += [0.0] * len(delta)
@@ -175,7 +170,7 @@ def run_episodes(engine: Any, tokenizer: Any, rows: Sequence[dict], envs: Sequen
     # each episode's row (with a vision-language policy, its prompt carries every image its tokens hold)
     return RolloutBatch.from_rows(
         [TokenRow(prompt_ids[i // G], resp[i], lps[i], finish[i],
-                  processor.prompt(prompt_text[i // G], images[i]) if images[i] else prompt_text[i // G],
+                  kind.prompt(prompt_text[i // G], images[i]),
                   finals[i], mask=mask[i], routed_experts=routes[i] if recorded else None,
                   episode=Episode(convs[i], sum(r for _, r in steps[i]) if steps[i] else None, steps[i]),
                   images=images[i])
@@ -232,4 +227,4 @@ class EpisodeRunner:
                 for p, a in zip(prompts, answers)]
         return run_episodes(engine, engine.tokenizer, rows, envs, params, max_turns=self.max_turns,
                             context=self.context, chat_template_kwargs=self.chat_template_kwargs,
-                            processor=getattr(engine, "vision_processor", None))
+                            kind=getattr(engine, "kind", None))

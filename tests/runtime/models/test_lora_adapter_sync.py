@@ -20,7 +20,7 @@ import rldsl  # noqa: E402
 from rldsl.runtime.config import load_config  # noqa: E402
 from rldsl.runtime.errors import ConfigError, RunError  # noqa: E402
 from rldsl.runtime.models.lora import adapter_of, apply_lora, load_adapter  # noqa: E402
-from rldsl.runtime.resolve import check_lora_sync, check_settings  # noqa: E402
+from rldsl.runtime.resolve import check_model_kind, check_lora_sync, check_settings  # noqa: E402
 from rldsl.runtime.run import loop  # noqa: E402
 from small_run import small_run, steps_of, without_timing  # noqa: E402
 
@@ -40,7 +40,6 @@ def test_the_default_is_merged_and_adapter_sync_is_checked_before_loading(vlm_mo
         "vLLM serves LoRA ranks up to 512": [*ADAPTER, "rollout.engine=vllm", "model.lora.rank=600"],
         "not an embedding's or the output head's": [*ADAPTER, "rollout.engine=vllm",
                                                  "model.lora.target_modules=[q_proj, lm_head]"],
-        "vision-language model": [*ADAPTER, "rollout.engine=vllm", f"model.path={vlm_model}"],
         "fused expert parameters": [*ADAPTER, f"model.path={moe_model('qwen3_moe')}",
                                     "model.lora.target_modules=[q_proj, gate_up_proj]"],
         "mixture-of-experts model": [*ADAPTER, "rollout.engine=vllm", f"model.path={moe_model('mixtral')}",
@@ -50,6 +49,10 @@ def test_the_default_is_merged_and_adapter_sync_is_checked_before_loading(vlm_mo
         with pytest.raises(ConfigError, match=message) as e:
             check_lora_sync(load_config(None, sets))
         assert e.value.exit_code == 2
+    # a vision-language policy's refusal is its model kind's (models/kinds/qwen2_vl.py), which check_settings asks
+    with pytest.raises(ConfigError, match="vision-language model: model.lora.sync='adapter' on the vLLM") as e:
+        check_model_kind(grpo, load_config(None, [*ADAPTER, "rollout.engine=vllm", f"model.path={vlm_model}"]))
+    assert e.value.exit_code == 2
 
 
 def test_the_adapter_folder_is_a_peft_adapter_of_the_trained_policy(tiny_model, tmp_path):

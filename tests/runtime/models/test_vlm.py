@@ -13,8 +13,8 @@ import vlm_model as fixture
 from rldsl.runtime.models.loading import is_vision_folder, load_policy
 from rldsl.runtime.models.loading import freeze_vision
 from rldsl.runtime.models.vision import IMAGE_TOKEN, language_lora_targets, load_processor
-from rldsl.runtime.train.vision_rows import (VisionSequence, micro_batches, packed_inputs, padded_inputs,
-                                             sequence_logprobs)
+from rldsl.runtime.models.kinds.qwen2_vl import VisionSequence, packed_inputs, padded_inputs, sequence_logprobs
+from rldsl.runtime.train.microbatch import pack
 
 QUESTIONS = ["What colour is the square?", "Where is the box?", "Describe it.", "Is the square red?"]
 
@@ -109,7 +109,7 @@ def test_micro_batches_keep_sequences_whole_with_their_images(policy):
     seqs = [_generated(model, processor, QUESTIONS[i % 4], [fixture.image(i)] * (1 + i % 2), new_tokens=2, seed=i)[0]
             for i in range(5)]
     budget = max(s.num_tokens for s in seqs) + 5
-    bins = micro_batches(seqs, budget)
+    bins = pack([s.num_tokens for s in seqs], budget)
     assert sorted(i for b in bins for i in b) == list(range(5)) and len(bins) > 1
     for b in bins:
         part = [seqs[i] for i in b]
@@ -135,7 +135,7 @@ def test_freeze_vision_and_language_only_lora(policy, vlm_model):
 
 def test_hf_engine_rollout_and_trainer_logprobs_agree(policy, tmp_path):
     """The HF engine samples from prompts carrying images (VisionPrompt); the trainer's padded
-    forward (token_logprobs with vision_inputs: pixels, grids, token types, M-RoPE positions)
+    forward (token_logprobs with the kind's image inputs: pixels, grids, token types, M-RoPE positions)
     recomputes the engine's logprobs; the batch's prompt ids are the expanded ones."""
     from rldsl.runtime.batch import model_inputs
     from rldsl.runtime.models.vision import VisionPrompt
@@ -143,7 +143,7 @@ def test_hf_engine_rollout_and_trainer_logprobs_agree(policy, tmp_path):
     from rldsl.runtime.rollout.engines.hf import HFEngine
     from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
     from rldsl.runtime.train.throughput import TokenCount
-    from rldsl.runtime.train.vision_rows import vision_inputs
+    from rldsl.runtime.models.kinds import model_kind
     model, processor = policy
     paths = fixture.images(tmp_path, 3)
     fixture.image(9, (112, 56)).save(tmp_path / "wide.png")
@@ -157,15 +157,15 @@ def test_hf_engine_rollout_and_trainer_logprobs_agree(policy, tmp_path):
     assert (batch.prompt_ids[0] == image_id).sum() == 4 and (batch.prompt_ids[2] == image_id).sum() == 8 + 4
     assert (batch.prompt_ids[4] == image_id).sum() == 0
     ids, attn, _ = model_inputs(batch)
-    vision = vision_inputs(model, batch.images, ids, attn)
-    assert vision["pixel_values"].shape[0] == 2 * (16 + 32 + 16)  # each row's own images, G=2 rows each
+    vision = model_kind(model).image_inputs(model, model_kind(model).processed(batch.images), ids, attn)
+    assert vision.pixel_values.shape[0] == 2 * (16 + 32 + 16)  # each row's own images, G=2 rows each
     with torch.no_grad():
-        lp = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], vision=vision)).logprobs
+        lp = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], inputs=vision)).logprobs
         wrong = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1])).logprobs  # text positions, no pixels
         count = TokenCount()
-        packed = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], vision=vision),
+        packed = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], inputs=vision),
                                 LogprobOptions(packing=True, count=count)).logprobs
-        rows2 = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], vision=vision),
+        rows2 = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], inputs=vision),
                                LogprobOptions(packing=True, packing_row_tokens=int(attn.sum(1).max()) + 1)).logprobs  # several packed rows
     m = batch.response_mask.bool()
     assert (lp[m] - batch.logprobs[m]).abs().max() < 1e-5
@@ -192,7 +192,7 @@ def test_trainer_packed_rows_are_no_longer_than_the_longest_sequence_by_default(
     put every sequence of the forward in one row (the shapes demo: 128 rows, one row of ~5800
     tokens, its attention ~10x slower than the padded forward) -- and packed == padded still."""
     from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
-    from rldsl.runtime.train.vision_rows import vision_inputs
+    from rldsl.runtime.models.kinds import model_kind
     model, processor = policy
     path = fixture.images(tmp_path, 1)[0]
     text = processor.render([{"role": "user", "content": [{"type": "image", "image": str(path)},
@@ -206,18 +206,18 @@ def test_trainer_packed_rows_are_no_longer_than_the_longest_sequence_by_default(
     for b, n in enumerate([4, 3, 2, 1]):  # real response tokens, right padded
         attn[b, prompt.shape[1] + n:] = 0
         ids[b, prompt.shape[1] + n:] = tok.pad_token_id
-    vision = vision_inputs(model, [[str(path)]] * 4, ids, attn, Tr)
+    vision = model_kind(model).image_inputs(model, model_kind(model).processed([[str(path)]] * 4), ids, attn, Tr)
     rows: list[int] = []
     hook = model.model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[1]),
                                                  with_kwargs=True)
     try:
         with torch.no_grad():
-            packed = token_logprobs(model, Forward(ids, attn, Tr, vision=vision), LogprobOptions(packing=True)).logprobs
+            packed = token_logprobs(model, Forward(ids, attn, Tr, inputs=vision), LogprobOptions(packing=True)).logprobs
     finally:
         hook.remove()
     longest = int(attn.sum(1).max())  # the longest sequence
     assert len(rows) > 1 and max(rows) <= longest, rows
     with torch.no_grad():
-        padded = token_logprobs(model, Forward(ids, attn, Tr, vision=vision)).logprobs
+        padded = token_logprobs(model, Forward(ids, attn, Tr, inputs=vision)).logprobs
     real = attn[:, -Tr:].bool()
     assert (packed[real] - padded[real]).abs().max() < 1e-6

@@ -19,7 +19,7 @@ from rldsl.runtime.models.loading import load_policy
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
-from rldsl.runtime.train.vision_rows import vision_inputs
+from rldsl.runtime.models.kinds import model_kind
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +49,18 @@ def data_url(i: int, size=(56, 56)) -> str:
 def recomputed(model, batch, packing: bool = False) -> torch.Tensor:
     """The trainer's logprobs of the batch's rows [B, Tr] (train/passes.py's inputs)."""
     ids, attn, _ = model_inputs(batch)
-    vision = vision_inputs(model, batch.images, ids, attn)
+    vision = model_kind(model).image_inputs(model, model_kind(model).processed(batch.images), ids, attn)
     assert vision is not None
     with torch.no_grad():
-        lp = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], vision=vision),
+        lp = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], inputs=vision),
                             LogprobOptions(packing=packing)).logprobs
     return lp
 
 
 def assert_exact(model, batch, image_tokens: list[int]) -> None:
-    from rldsl.runtime.models.vision import processor_for
+    from rldsl.runtime.models.kinds import model_kind
     ids, attn, _ = model_inputs(batch)
-    image_id = processor_for(model).image_token_id
+    image_id = model.config.image_token_id
     assert ((ids == image_id) * attn).sum(1).tolist() == image_tokens  # the images' expanded tokens
     m = batch.response_mask.bool()
     padded, packed = recomputed(model, batch), recomputed(model, batch, packing=True)
@@ -173,14 +173,14 @@ def test_episodes_with_images_are_refused_on_the_vllm_engine_only(vlm_model):
 
     from rldsl.runtime.config import load_config
     from rldsl.runtime.errors import ConfigError
-    from rldsl.runtime.resolve import check_vision
+    from rldsl.runtime.resolve import check_model_kind
     grpo = SimpleNamespace(name="grpo", uses_critic=False, uses_teacher=False)
     for engine in ("hf", "vllm"):
         for kind, value in (("env", "episode_helpers:Nudge"), ("agent", "agent_helpers:calc_agent")):
             cfg = load_config(None, [f"model.path={vlm_model}", f"rollout.engine={engine}",
                                      f"rollout.{kind}={value}"])
             if engine == "hf":
-                check_vision(grpo, cfg)
+                check_model_kind(grpo, cfg)
             else:
                 with pytest.raises(ConfigError, match="on the vLLM engine .*take no images"):
-                    check_vision(grpo, cfg)
+                    check_model_kind(grpo, cfg)

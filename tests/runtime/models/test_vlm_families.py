@@ -17,7 +17,7 @@ from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.rollout.engines.hf import HFEngine
 from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
 from rldsl.runtime.train.throughput import TokenCount
-from rldsl.runtime.train.vision_rows import vision_inputs
+from rldsl.runtime.models.kinds import model_kind
 
 #: (patch size, values per patch: 3 channels x temporal 2 x patch^2) of each family
 PATCH = {"qwen2_5_vl": (14, 3 * 2 * 14 * 14), "qwen3_vl": (16, 3 * 2 * 16 * 16)}
@@ -55,14 +55,14 @@ def test_family_generates_and_its_rows_are_exact(vlm_family_model, family, tmp_p
     image_id = processor.image_token_id
     assert [int((batch.prompt_ids[i] == image_id).sum()) for i in range(0, 6, 2)] == [4, 8 + 9, 0]
     ids, attn, _ = model_inputs(batch)
-    vision = vision_inputs(model, batch.images, ids, attn)
+    vision = model_kind(model).image_inputs(model, model_kind(model).processed(batch.images), ids, attn)
     Tr = batch.response_ids.shape[1]
     with torch.no_grad():
-        padded = token_logprobs(model, Forward(ids, attn, Tr, vision=vision)).logprobs
+        padded = token_logprobs(model, Forward(ids, attn, Tr, inputs=vision)).logprobs
         count = TokenCount()
-        packed = token_logprobs(model, Forward(ids, attn, Tr, vision=vision),
+        packed = token_logprobs(model, Forward(ids, attn, Tr, inputs=vision),
                                 LogprobOptions(packing=True, count=count)).logprobs
-        rows2 = token_logprobs(model, Forward(ids, attn, Tr, vision=vision),
+        rows2 = token_logprobs(model, Forward(ids, attn, Tr, inputs=vision),
                                LogprobOptions(packing=True, packing_row_tokens=int(attn.sum(1).max()) + 1)).logprobs  # several packed rows
         blind = token_logprobs(model, Forward(ids, attn, Tr)).logprobs  # text positions, no pixels
     m = batch.response_mask.bool()

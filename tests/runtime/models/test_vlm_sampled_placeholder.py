@@ -11,7 +11,7 @@ import vlm_model as fixture
 from rldsl.runtime.models.loading import load_policy
 from rldsl.runtime.models.vision import load_processor
 from rldsl.runtime.train.logprobs import Forward, LogprobOptions, token_logprobs
-from rldsl.runtime.train.vision_rows import vision_inputs
+from rldsl.runtime.models.kinds import model_kind
 
 
 def test_a_sampled_image_placeholder_is_a_text_token_to_the_trainer(vlm_model, tmp_path):
@@ -34,12 +34,12 @@ def test_a_sampled_image_placeholder_is_a_text_token_to_the_trainer(vlm_model, t
     ids = torch.cat([out.sequences, torch.cat([enc["input_ids"], torch.tensor([forced[:2] + [tok.pad_token_id] * 2])], 1)])
     attn = torch.ones_like(ids)
     attn[1, -2:] = 0
-    vision = vision_inputs(model, [[str(path)]] * 2, ids, attn, Tr)
-    assert vision["mm_token_type_ids"][:, -Tr:].sum() == 0  # the prompt's 4 image tokens only
-    assert vision["mm_token_type_ids"].sum(1).tolist() == [4, 4]
+    vision = model_kind(model).image_inputs(model, model_kind(model).processed([[str(path)]] * 2), ids, attn, Tr)
+    assert vision.mm_token_type_ids[:, -Tr:].sum() == 0  # the prompt's 4 image tokens only
+    assert vision.mm_token_type_ids.sum(1).tolist() == [4, 4]
     with torch.no_grad():
-        padded = token_logprobs(model, Forward(ids, attn, Tr, vision=vision)).logprobs
-        packed = token_logprobs(model, Forward(ids, attn, Tr, vision=vision), LogprobOptions(packing=True)).logprobs
+        padded = token_logprobs(model, Forward(ids, attn, Tr, inputs=vision)).logprobs
+        packed = token_logprobs(model, Forward(ids, attn, Tr, inputs=vision), LogprobOptions(packing=True)).logprobs
     assert (padded[0] - engine).abs().max() < 1e-5
     assert (padded[1, :2] - engine[:2]).abs().max() < 1e-5
     assert (packed[attn[:, -Tr:].bool()] - padded[attn[:, -Tr:].bool()]).abs().max() < 1e-6

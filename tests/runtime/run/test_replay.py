@@ -578,12 +578,14 @@ class ImageRollouts(ScriptedRollouts):
         gen = super().generate(prompts, answers, params, reward_prompts)
         k = len(self.prompts) - 1
         images = [[f"data/step{k}-row{i}.png"] for i in range(len(gen.batch))]
-        return dataclasses.replace(gen, batch=dataclasses.replace(gen.batch, images=images))
+        # the model kind's processed inputs, made once on the rollout side (a tag per row here)
+        processed = [{"pixel_values": torch.tensor([100.0 * k + i])} for i in range(len(gen.batch))]
+        return dataclasses.replace(gen, batch=dataclasses.replace(gen.batch, images=images, image_inputs=processed))
 
 
 def test_a_replayed_group_keeps_its_images(tokenizer, tiny_model_factory):
-    """The images of a replayed group's rows travel with them (the trainer's forwards read their
-    pixels from them: train/vision_rows.py); the fresh rows keep theirs, in place."""
+    """The images of a replayed group's rows travel with them, and so do their kind's processed
+    inputs (what the trainer's forwards read: models/kinds/); the fresh rows keep theirs, in place."""
     model = tiny_model_factory(tokenizer, seed=3)
     s, _ = _run(model, tokenizer, "replay(capacity=2, priority=newest, max_age=1)", STEPS)
     s.rollouts = ImageRollouts(model, tokenizer, STEPS)
@@ -595,6 +597,8 @@ def test_a_replayed_group_keeps_its_images(tokenizer, tiny_model_factory):
         for g, (k, place) in enumerate(sampled[step]):
             assert [b.images[g * G + j] for j in range(G)] == \
                 [[f"data/step{k}-row{place * G + j}.png"] for j in range(G)], (step, g)
+            assert [float(b.image_inputs[g * G + j]["pixel_values"]) for j in range(G)] == \
+                [100.0 * k + place * G + j for j in range(G)], (step, g)
 
 
 class Observed(PromptSource):

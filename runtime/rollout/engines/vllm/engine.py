@@ -27,6 +27,7 @@ import torch
 from ....batch import RolloutBatch, repeat_each
 from ....config import RunConfig
 from ....errors import VLLMUnavailableError, WeightSyncError, WeightSyncTimeout
+from ....models.kinds import ModelKind, kind_of, text_kind
 from ..base import SamplingParams, check_request, generation_config_eos_ids, special_token_ids
 from .convert import (by_position, layout_captured, layout_returned, outputs_to_rollout_batch, to_vllm_sampling_kwargs,
                       unpack_captured)
@@ -233,6 +234,7 @@ class VLLMEngine:
                 weight_sync_timeout=weight_sync_timeout,
                 strict_weight_sync=strict_weight_sync,
             ),
+            kind=kind_of(hf_config.to_dict(), model, hf_tokenizer),
         )
         self._checkpoint_names = namer  # a MoE's experts under the checkpoint's names and layout
         if record_routing:
@@ -248,11 +250,14 @@ class VLLMEngine:
         tie_word_embeddings: bool,
         stop_ids: Collection[int],
         options: EngineOptions,
+        kind: ModelKind | None = None,
     ) -> None:
-        """Wire an existing ``vllm.LLM`` (built with our worker extension) to this engine."""
+        """Wire an existing ``vllm.LLM`` (built with our worker extension) to this engine; ``kind``:
+        the policy's (models/kinds/; None: a text model's)."""
         self.pad_id, self.eos_id = special_token_ids(tokenizer, "VLLMEngine")
         self.llm = llm
         self.tokenizer = tokenizer
+        self.kind = kind if kind is not None else text_kind(tokenizer)
         self.stop_ids = frozenset(int(s) for s in stop_ids) - {self.eos_id}
         self.tie_word_embeddings = tie_word_embeddings
         self.options = options

@@ -15,7 +15,7 @@ from rldsl.runtime.models.loading import load_policy
 from rldsl.runtime.models.vision import VisionPrompt, load_processor
 from rldsl.runtime.rollout.engines.base import SamplingParams
 from rldsl.runtime.train.logprobs import Forward, token_logprobs
-from rldsl.runtime.train.vision_rows import vision_inputs
+from rldsl.runtime.models.kinds import model_kind
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -52,6 +52,6 @@ def test_vllm_generates_from_images_as_hf_scores_them(vlm_model, vlm_family_mode
     model = load_policy(vlm_model, "float32").eval()
     ids, attn, _ = model_inputs(batch)
     with torch.no_grad():
-        lp = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], vision=vision_inputs(model, batch.images, ids, attn))).logprobs
+        lp = token_logprobs(model, Forward(ids, attn, batch.response_ids.shape[1], inputs=model_kind(model).image_inputs(model, model_kind(model).processed(batch.images), ids, attn))).logprobs
     m = batch.response_mask.bool()
     assert (lp[m] - batch.logprobs[m]).abs().max() < 1e-4
