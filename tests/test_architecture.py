@@ -507,7 +507,7 @@ def test_the_import_checks_see_old_paths_and_re_exports(tmp_path):
 #: only rooms of lower rows (and itself). A top-level file is a room of its own.
 LAYOUT_ORDER = (
     ("errors", "faults"),
-    ("config", "plugins", "batch", "models"),
+    ("config", "plugins", "processes", "batch", "models"),
     ("data",),
     ("rewards", "records"),
     ("rollout",),
