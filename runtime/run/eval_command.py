@@ -13,7 +13,7 @@ from ..batch import RolloutBatch
 from ..config import RunConfig, load_config
 from ..data.sources import default_reward
 from ..recipe import rollout_engine
-from ..resolve import check_reward_signatures, reward_fn
+from ..resolve import reward_fn
 from ..rollout.engines.base import RolloutEngine, SamplingParams
 from .eval_sets import EvalSet, command_sets, evaluate_sets, render_set
 from .eval_target import EvalTarget, open_target
@@ -40,7 +40,7 @@ def evaluate_target(target: Path, data: Sequence[Path], reward: Optional[str] = 
         "rollout.temperature": temperature, "rollout.top_p": top_p,
         "rollout.max_new_tokens": max_new_tokens or (r.max_new_tokens if t.is_run and r.max_new_tokens else 256)})
     scorer = reward_fn(cfg)  # a reward that does not import, or cannot be called, fails before the model loads
-    check_reward_signatures(scorer)
+    scorer.check_signatures()
     read = command_sets(data, cfg, scorer, note=typer.echo)  # a missing file or column: before the model loads
     try:
         t.load(step)

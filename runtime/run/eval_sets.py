@@ -108,6 +108,7 @@ def eval_rows_of(cfg: RunConfig, source: Source, run_reward: RewardFn, training:
         own = entry.reward is not None and entry.reward != run_reward.spec
         reward = RewardFn(entry.reward, on_error=cfg.reward.on_error, workers=cfg.reward.workers,
                           timeout_s=cfg.reward.timeout_s) if own else run_reward
+        reward.check_signatures()  # its own: callable as the run calls it (the run's is checked already)
         new = read_sets(entry.path, cfg, reward, count=None if d.eval_size is None else max(d.eval_size, 1),
                         exclude=training, name=entry.name, taken=taken(sets, reserved))
         for s in new:

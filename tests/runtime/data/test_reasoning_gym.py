@@ -395,11 +395,15 @@ def test_without_model_path_the_embedded_arithmetic_model_is_warm_started_for_it
 
 
 def test_the_answer_format_reaches_the_default_reward_and_the_run_says_so():
+    from rldsl.runtime.data.sources import settle, source_of
     from rldsl.runtime.resolve import reward_spec
 
-    assert reward_spec(load_config(None, ["data.path=reasoning_gym:chain_sum"])) == "reasoning_gym"
+    def settled(cfg):
+        return settle(cfg, source_of(cfg))[0]
+
+    assert reward_spec(settled(load_config(None, ["data.path=reasoning_gym:chain_sum"]))) == "reasoning_gym"
     cfg = load_config(None, ["data.path=reasoning_gym:chain_sum", "reward.answer_format=plain"])
-    assert reward_spec(cfg) == "reasoning_gym(answer_format=plain)"
+    assert reward_spec(settled(cfg)) == "reasoning_gym(answer_format=plain)"
     cfg = load_config(None, ["data.path=reasoning_gym:chain_sum", "reward.answer_format=plain",
                              "reward.name=reasoning_gym=0.9,exact=0.1"])
     assert reward_spec(cfg) == "reasoning_gym(answer_format=plain)=0.9,exact=0.1"

@@ -180,7 +180,7 @@ def test_episodes_with_images_are_refused_on_the_vllm_engine_only(vlm_model):
             cfg = load_config(None, [f"model.path={vlm_model}", f"rollout.engine={engine}",
                                      f"rollout.{kind}={value}"])
             if engine == "hf":
-                check_vision(grpo, cfg)
+                check_vision(grpo, cfg, vision=True)
             else:
                 with pytest.raises(ConfigError, match="on the vLLM engine .*take no images"):
-                    check_vision(grpo, cfg)
+                    check_vision(grpo, cfg, vision=True)

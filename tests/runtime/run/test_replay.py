@@ -255,3 +255,15 @@ def test_without_replay_the_step_is_unchanged(tokenizer, tiny_model_factory, mon
     assert r.batch.replayed is None and not any(k.startswith("replay/") for k in r.metrics)
     tb = trainer.estimate(r.batch, r.scored)
     assert tb.old_logprobs is None and not any(k.startswith("replay/") for k in tb.metrics)
+
+
+def test_the_checks_see_a_built_in_tasks_own_tools(tmp_path):
+    """The plan settles what the config leaves to its source before any check: the calculator
+    task's tools (its episodes) are the run's tools for check_replay too, so sampling replay on it
+    is refused before any model loads (it passed the check, the tools being filled in later)."""
+    from rldsl.runtime.errors import RunError
+    from rldsl.runtime.run.plan import plan_run
+
+    algo = rldsl.loads(REPLAY_SPEC, "replay.rl")
+    with pytest.raises(RunError, match="rollout.tools / rollout.env / rollout.agent"):
+        plan_run(algo, load_config(None, ["data.task=calculator", f"out={tmp_path}"]))
