@@ -35,7 +35,7 @@ from .errors import ConfigError, RunError
 from .models.loading import folder_is_moe, is_vision_folder, load_tokenizer, model_context
 from .rewards.functions import RewardFn
 from .rewards.spec import with_answer_format
-from .rollout.multi_turn import check_tools
+from .rollout.multi_turn import check_episode_template, check_tools
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).
 GROUP_OF_ONE_RULE = "group-of-one"
@@ -310,6 +310,14 @@ def check_teacher(algo: Algorithm, cfg: RunConfig, student: Path, tokenizer: Any
     if k is not None and k > t_v:
         raise ConfigError(f"{algo.name}: top-k of {k} tokens per position, but the teacher's "
                           f"vocabulary has {t_v}: lower k")
+
+
+def check_tokenizer(algo: Algorithm, cfg: RunConfig, model_path: Path, tokenizer: Any) -> None:
+    """The checks that need the policy's tokenizer, before any weights load: a distill spec's
+    teacher shares its vocabulary (:func:`check_teacher`), and multi-turn episodes have a chat
+    template that renders them and their tools (rollout/multi_turn.py ``check_episode_template``)."""
+    check_teacher(algo, cfg, model_path, tokenizer)
+    check_episode_template(cfg, tokenizer, model_path)
 
 
 def vocab_difference(policy: dict[str, int], teacher: dict[str, int], most: int = 3) -> str:

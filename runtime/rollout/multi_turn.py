@@ -11,7 +11,6 @@ from typing import Any
 from ..config import RunConfig, env_library
 from ..data.sources import Rows, Source, split_rows, system_prompt
 from ..errors import ConfigError
-from ..models.loading import model_context
 from .agents.environments import agent_runner, check_agent, verifiers_examples
 from .episodes.env import load_env
 from .episodes.runner import EpisodeRunner
@@ -109,15 +108,17 @@ TASKSET = Source("verifiers", "a verifiers taskset",
                  rows=_taskset_rows, reward="env", precedence=1)
 
 
-def episode_runner(cfg: RunConfig, model_path: str | Path) -> Any:
+def episode_runner(cfg: RunConfig, model_path: str | Path, context: int | None) -> Any:
     """The multi-turn episodes of a run: an ``AgentRunner`` with ``rollout.agent``, an
     ``EpisodeRunner`` with ``rollout.tools`` or ``rollout.env``, else None (single-turn
-    completions). Both have ``run(engine, prompts, answers, params) -> RolloutBatch``."""
+    completions). Both have ``run(engine, prompts, answers, params) -> RolloutBatch``.
+    ``context``: the model's positions (models/loading.py ``model_context`` of ``model_path``,
+    read by whoever loads the model)."""
     r = cfg.rollout
-    runner = agent_runner(cfg, model_path, model_context(Path(model_path)))  # the endpoint's episodes
+    runner = agent_runner(cfg, model_path, context)  # the endpoint's episodes
     if runner is not None:
         return runner
     if r.tools is None and r.env is None:
         return None
     SHARED_TOOL_POOL.resize(r.tool_workers)  # this process's tool pool
-    return EpisodeRunner.from_config(cfg, context=model_context(Path(model_path)))
+    return EpisodeRunner.from_config(cfg, context=context)

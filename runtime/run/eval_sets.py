@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 from ..config import EvalSetConfig, RunConfig
 from ..data.datasets import Example, render_prompt
-from ..data.sources import Source, eval_source, system_prompt
+from ..data.sources import Source, default_reward, eval_source, system_prompt
 from ..errors import ConfigError
 from ..records.metrics import HELDOUT_TASKS
 from ..rewards.functions import RewardFn
@@ -145,6 +145,16 @@ def add_sets(sets: list[EvalSet], new: Sequence[EvalSet], where: str, reserved: 
             raise ConfigError(f"{where}: the set {s.name!r} would log under {HELDOUT_TASKS}/, the held-out "
                               "split's per-task metrics; give it another name")
         sets.append(s)
+
+
+def command_reward(cfg: RunConfig, paths: Sequence[str | Path], given: str | None, is_run: bool) -> str:
+    """``rldsl eval``'s reward: ``given`` (``--reward``), else a run's own (``is_run``: ``cfg`` is
+    its saved config), else the one the sets' sources share (data/sources.py ``default_reward``)."""
+    if given:
+        return given
+    if is_run and cfg.reward.name:
+        return cfg.reward.name
+    return default_reward(cfg, [str(p) for p in paths])
 
 
 def command_sets(paths: Sequence[str | Path], cfg: RunConfig, reward: RewardFn,
