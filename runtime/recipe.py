@@ -21,7 +21,8 @@ from .rewards.functions import RewardFn
 from .rollout.engines.base import RolloutEngine
 from .rollout.multi_turn import episode_runner
 from .models.lora import adapters_disabled, apply_lora
-from .models.loading import enable_gradient_checkpointing, freeze_vision, load_policy, load_tokenizer, master_dtype
+from .models.loading import (enable_gradient_checkpointing, freeze_vision, load_policy, load_tokenizer, master_dtype,
+                             model_context)
 
 
 def with_lora(cfg: RunConfig, policy: nn.Module) -> tuple[nn.Module, Any]:
@@ -80,4 +81,5 @@ def rollout_side(cfg: RunConfig, path: Path | str, device: str, *, reward: Rewar
     (else ``resolve.reward_fn``: the config's), and ``rollout/multi_turn.episode_runner`` (None:
     single-turn completions). ``workers/local.LocalRollouts.from_config`` holds them."""
     engine = rollout_engine(cfg, path, device, model=model, tokenizer=tokenizer, gpus=gpus)
-    return engine, reward if reward is not None else reward_fn(cfg), episode_runner(cfg, path)
+    return (engine, reward if reward is not None else reward_fn(cfg),
+            episode_runner(cfg, path, model_context(Path(path))))

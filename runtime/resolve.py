@@ -18,7 +18,6 @@ loads the models afterwards.
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import math
 from pathlib import Path
 from typing import Any
@@ -31,13 +30,13 @@ from rldsl import Algorithm
 
 from .config import POLICY_BASE, RunConfig
 from .data import reasoning_gym as rg
-from .data.sources import Source, default_reward, default_tools, max_new_tokens, reward_origin
-from .errors import ConfigError, RewardSpecError, RunError
+from .data.sources import Source
+from .errors import ConfigError, RunError
 from .models.kinds import folder_kind, text_kind
 from .models.loading import folder_is_moe, load_tokenizer, model_context
 from .rewards.functions import RewardFn
 from .rewards.spec import with_answer_format
-from .rollout.multi_turn import check_tools
+from .rollout.multi_turn import check_episode_template, check_tools
 
 #: The lint rule whose finding means every advantage is 0 (rldsl/lint.py, run-start rules).
 GROUP_OF_ONE_RULE = "group-of-one"
@@ -115,11 +114,24 @@ def check_settings(algo: Algorithm, cfg: RunConfig, source: Source | None = None
     check_model_kind(algo, cfg)
     check_reference(algo, cfg)
     check_weight_sync(cfg)
-    check_lora_sync(cfg)
     check_precision(cfg)
+    check_lora_sync(cfg, folder_moe(cfg))
     if source is not None and source.check is not None:
         source.check(cfg)
     check_tools(cfg)
+
+
+def folder_moe(cfg: RunConfig) -> bool:
+    """Whether ``model.path``'s config.json says mixture-of-experts, read once for the checks that
+    depend on it (no ``model.path``: the embedded text model; a config.json that does not parse:
+    not, and run/sources.py ``model_of`` says so in a sentence)."""
+    path = cfg.model.path
+    if path is None:
+        return False
+    try:
+        return folder_is_moe(path) is True
+    except ValueError:  # not JSON
+        return False
 
 
 def check_model_kind(algo: Algorithm, cfg: RunConfig) -> None:
@@ -198,9 +210,10 @@ VLLM_MAX_LORA_RANK = 512
 VLLM_LORA_REFUSED = ("embed_tokens", "lm_head", "wte", "word_embeddings", "embed_in", "embed_out")
 
 
-def check_lora_sync(cfg: RunConfig) -> None:
+def check_lora_sync(cfg: RunConfig, moe: bool) -> None:
     """``model.lora.sync = "adapter"`` needs adapters (``model.lora.rank > 0``), and on the vLLM
-    engine adapters vLLM can serve: a rank up to 512, linear layers of a text model's decoder.
+    engine adapters vLLM can serve: a rank up to 512, linear layers of a dense model's decoder
+    (``moe``: :func:`folder_moe`; a vision-language model's refusal is its kind's, models/kinds/).
     Refused here, before any model loads."""
     lo = cfg.model.lora
     if lo.sync != "adapter":
@@ -208,15 +221,14 @@ def check_lora_sync(cfg: RunConfig) -> None:
     if lo.rank == 0:
         raise ConfigError("model.lora.sync='adapter' sends the LoRA adapters to the engines, and model.lora.rank=0 "
                           "trains no adapter: set model.lora.rank > 0, or drop model.lora.sync")
-    moe_model = cfg.model.path is not None and folder_is_moe(cfg.model.path) is True
     experts = [m for m in lo.target_modules if m.rsplit(".", 1)[-1] in ("gate_up_proj", "down_proj")]
-    if moe_model and experts:
+    if moe and experts:
         raise ConfigError(f"model.lora.target_modules={experts} adapt {cfg.model.path}'s fused expert parameters, "
                           "and model.lora.sync='adapter' sends linear-layer adapters only (docs/moe.md): use "
                           "model.lora.sync='merged'")
     if cfg.rollout.engine != "vllm":
         return
-    if moe_model:
+    if moe:
         raise ConfigError(f"{cfg.model.path} is a mixture-of-experts model: model.lora.sync='adapter' on the vLLM "
                           "engine is tested on dense text models only; use model.lora.sync='merged'")
     if lo.rank > VLLM_MAX_LORA_RANK:
@@ -313,6 +325,14 @@ def check_teacher(algo: Algorithm, cfg: RunConfig, student: Path, tokenizer: Any
                           f"vocabulary has {t_v}: lower k")
 
 
+def check_tokenizer(algo: Algorithm, cfg: RunConfig, model_path: Path, tokenizer: Any) -> None:
+    """The checks that need the policy's tokenizer, before any weights load: a distill spec's
+    teacher shares its vocabulary (:func:`check_teacher`), and multi-turn episodes have a chat
+    template that renders them and their tools (rollout/multi_turn.py ``check_episode_template``)."""
+    check_teacher(algo, cfg, model_path, tokenizer)
+    check_episode_template(cfg, tokenizer, model_path)
+
+
 def vocab_difference(policy: dict[str, int], teacher: dict[str, int], most: int = 3) -> str:
     """The first ``most`` tokens whose ids differ, each saying which side has which id, e.g.
     ``'0' is policy id 4, teacher id 5; 'x' is policy id 9, not in the teacher's vocabulary``."""
@@ -338,7 +358,7 @@ def run_facts(cfg: RunConfig) -> lint.RunFacts:
     """What the run-start warnings check the spec against. The HF engine samples from a copy of
     the policy in the trainer's dtype: with float32 its logprobs are the trainer's own (exact);
     in bf16/fp16 (or with vLLM) they differ, which is what a correction is for."""
-    return lint.RunFacts(group_size=cfg.rollout.n, max_new_tokens=max_new_tokens(cfg),
+    return lint.RunFacts(group_size=cfg.rollout.n, max_new_tokens=cfg.max_new_tokens,
                          engine=cfg.rollout.engine,
                          exact_logprobs=cfg.rollout.engine == "hf" and cfg.model.dtype == "float32"
                          and cfg.rollout.max_staleness == 0,  # stale samples: the engine's logprobs differ
@@ -359,62 +379,45 @@ def check_group_size(algo: Algorithm, cfg: RunConfig) -> list[Any]:
     return found
 
 
-def settle_reward(cfg: RunConfig) -> tuple[RunConfig, str]:
-    """(the config with ``reward.name`` filled in -- the task's own reward when it is null --, the
-    run-start line naming it): the default reward resolved once, before the reward is built."""
-    if cfg.reward.name is not None:
-        return cfg, f"reward: {reward_spec(cfg)}"
-    settled = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"name": default_reward(cfg)})})
-    return settled, (f"reward: {reward_spec(settled)} (the default for {reward_origin(cfg)}; "
-                     "choose one with --reward)")
+#: What a function that reads a settled config says of one that is not
+UNSETTLED = ("the config is not settled (reward.name / rollout.max_new_tokens unset): data/sources.py "
+             "settle(cfg, source) fills in the source's defaults first, as run/plan.py does")
+
+
+def reward_note(cfg: RunConfig, origin: str | None) -> str:
+    """The run-start line naming the reward of a settled config; ``origin``: whose default it took
+    (data/sources.py ``settle``), None when the config names its own."""
+    note = f"reward: {reward_spec(cfg)}"
+    return note if origin is None else f"{note} (the default for {origin}; choose one with --reward)"
 
 
 def reward_spec(cfg: RunConfig) -> str:
-    """The reward the run scores with: ``reward.name`` (else the source's, data/sources.py ``default_reward``), with
+    """The reward the run scores with: ``reward.name`` (settled: data/sources.py ``settle``), with
     ``reward.answer_format`` given to its ``reasoning_gym`` terms."""
-    return with_answer_format(cfg.reward.name or default_reward(cfg), cfg.reward.answer_format)
+    if cfg.reward.name is None:
+        raise ValueError(UNSETTLED)
+    return with_answer_format(cfg.reward.name, cfg.reward.answer_format)
 
 
 def reward_fn(cfg: RunConfig) -> RewardFn:
-    """The run's reward, ``reward.name`` (settled by :func:`settle_reward` when the task's own),
+    """The run's reward, ``reward.name`` (settled: data/sources.py ``settle``),
     with ``reward.answer_format`` given to its ``reasoning_gym`` terms."""
-    if cfg.reward.name is None:
-        raise ValueError("reward.name is unset: settle_reward(cfg) fills in the task's own first")
     r = cfg.reward
-    return RewardFn(reward_spec(cfg), on_error=r.on_error, workers=r.workers, timeout_s=r.timeout_s)
+    if r.name is None:
+        raise ValueError(UNSETTLED)
+    return RewardFn(with_answer_format(r.name, r.answer_format), on_error=r.on_error, workers=r.workers,
+                    timeout_s=r.timeout_s)
 
 
-def settled_reward(cfg: RunConfig) -> tuple[RunConfig, RewardFn, str]:
-    """(the config with its reward named, the reward built from it, the run-start line naming it):
-    the default reward resolved once, before anything is built; an unknown name, a module that
-    does not import, a reasoning-gym answer format nobody knows or ``reasoning_gym`` on other data
-    than reasoning-gym's fails here."""
-    cfg, note = settle_reward(cfg)
+def checked_reward(cfg: RunConfig) -> RewardFn:
+    """The reward of a settled config (data/sources.py ``settle``), built once, before any model loads:
+    an unknown name, a module that does not import, a reasoning-gym answer format nobody knows,
+    ``reasoning_gym`` on other data than reasoning-gym's or a function of the wrong signature
+    fails here."""
     reward = reward_fn(cfg)
+    reward.check_signatures()
     rg.check_reward(reward, cfg.data.path)
-    check_reward_signatures(reward)
-    return cfg, reward, note
-
-
-def check_reward_signatures(reward: RewardFn) -> None:
-    """Each function term can be called as the run calls it, ``fn(prompt, completion, answer)``
-    (with ``finish_reason=`` when it takes one; docs/rewards.md): checked on its signature
-    (``inspect``), so that a function of the wrong shape is refused now, with a RewardSpecError,
-    not after the model loaded and sampled a batch. Batch terms (servers, judges, reward models)
-    are called as their own classes define."""
-    for term in reward.terms:
-        if term.batched:
-            continue
-        try:
-            signature = inspect.signature(term.fn)
-        except (TypeError, ValueError):  # a builtin without one: nothing to check
-            continue
-        try:
-            signature.bind("", "", "", **({"finish_reason": "stop"} if term.takes_finish_reason else {}))
-        except TypeError as e:
-            raise RewardSpecError(f"reward {term.name!r} cannot be called as a reward function: its signature is "
-                                  f"{signature}, and a reward is called as fn(prompt, completion, answer) (with "
-                                  f"finish_reason=... when it takes it; docs/rewards.md): {e}") from None
+    return reward
 
 
 # ----------------------------------------------------------------------------- the model's context
@@ -445,11 +448,11 @@ def microbatch_note(cfg: RunConfig, longest_prompt: int) -> str | None:
     prompt plus ``max_new_tokens``): a row is never split, so each such row is a forward of
     its own -- correct, but several times slower than the budget suggests."""
     budget = cfg.train.max_tokens_per_microbatch
-    row = longest_prompt + max_new_tokens(cfg)
+    row = longest_prompt + cfg.max_new_tokens
     if budget is None or budget >= row:
         return None
     return (f"train.max_tokens_per_microbatch={budget} is smaller than one row (up to {longest_prompt} "
-            f"prompt + {max_new_tokens(cfg)} new tokens = {row}): a row is never split, so every row "
+            f"prompt + {cfg.max_new_tokens} new tokens = {row}): a row is never split, so every row "
             f"longer than {budget} tokens gets a forward of its own (slow). Set it to at least {row}, "
             f"or null for one forward per minibatch")
 
@@ -518,19 +521,17 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
             model_label: str | None = None) -> tuple[RunConfig, list[str]]:
     """(the config that runs, frozen; the notes to print at the start of the run).
 
-    Fills in what the config leaves to its prompt source (data/sources.py) -- ``reward.name``
-    (:func:`settle_reward`, unless settled already), ``rollout.max_new_tokens`` and the tools --
-    and clips ``max_new_tokens``
-    to the context of the model at ``model_path`` (its config.json; ``prompts`` are the
-    rendered prompts, tokenized with ``tokenizer``). Call it before ``config.json`` is written:
+    Takes the config the plan settled (data/sources.py ``settle``: ``reward.name``, the tools and
+    ``rollout.max_new_tokens`` its prompt source leaves it) and clips ``max_new_tokens`` to the
+    context of the model at ``model_path`` (its config.json; ``prompts`` are the rendered
+    prompts, tokenized with ``tokenizer``). Call it before ``config.json`` is written:
     the saved config is then what ran, and resuming from it changes nothing.
     """
+    if cfg.reward.name is None or cfg.rollout.max_new_tokens is None:
+        raise ValueError(UNSETTLED)
     check_routing_replay(cfg, model_path)
     check_expert_lora(cfg, model_path)
     notes: list[str] = []
-    if cfg.reward.name is None:  # plan_run settles it before building the reward; a direct call here
-        cfg, note = settle_reward(cfg)
-        notes.append(note)
     lengths = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
     longest = max(lengths, default=0)
     context = model_context(model_path)
@@ -542,11 +543,11 @@ def resolve(cfg: RunConfig, model_path: Path, tokenizer: Any, prompts: list[str]
                           f"but the model ({model_label or model_path}) has a context of {context} positions "
                           f"(max_position_embeddings): no room for even one new token; {over} of "
                           f"{len(lengths)} prompts do not fit. Shorten or drop the long prompts.")
-    max_new, clipped = fit_context(max_new_tokens(cfg), context, longest, model_label or str(model_path))
+    max_new, clipped = fit_context(cfg.max_new_tokens, context, longest, model_label or str(model_path))
     if clipped:
         notes.append(clipped)
     resolved = cfg.model_copy(update={
-        "rollout": cfg.rollout.model_copy(update={"max_new_tokens": max_new, "tools": default_tools(cfg)})})
+        "rollout": cfg.rollout.model_copy(update={"max_new_tokens": max_new})})
     resolved = RunConfig.model_validate(resolved.model_dump())  # the copies above skip validation
     micro = microbatch_note(resolved, longest)
     if micro:

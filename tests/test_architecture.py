@@ -507,7 +507,7 @@ def test_the_import_checks_see_old_paths_and_re_exports(tmp_path):
 #: only rooms of lower rows (and itself). A top-level file is a room of its own.
 LAYOUT_ORDER = (
     ("errors", "faults"),
-    ("config", "plugins", "batch", "models"),
+    ("config", "plugins", "processes", "batch", "models"),
     ("data",),
     ("rewards", "records"),
     ("rollout",),
@@ -762,5 +762,22 @@ def test_the_vision_branch_count_sees_every_kind_of_branch(tmp_path):
     assert vision_branches(tmp_path) == {"train/a.py": 5}
 
 
+def imports_report() -> str:
+    """The modules at the import limit (:data:`MAX_RUNTIME_IMPORTS`) and above it, the CLI aside,
+    each with what it imports: ``python tests/test_architecture.py --imports``."""
+    imports = {m: t for m, t in runtime_imports().items() if m != "rldsl.runtime.cli"}
+    at = sorted(m for m, t in imports.items() if len(t) == MAX_RUNTIME_IMPORTS)
+    over = sorted(m for m, t in imports.items() if len(t) > MAX_RUNTIME_IMPORTS)
+    short = lambda m: m.removeprefix("rldsl.runtime.")  # noqa: E731
+    lines = [f"modules at the limit of {MAX_RUNTIME_IMPORTS} runtime imports: {len(at)}; above it: {len(over)}"]
+    lines += [f"  {short(m)} ({len(imports[m])}): {', '.join(sorted(map(short, imports[m])))}" for m in over + at]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(vision_report() if "--vision-branches" in sys.argv[1:] else report())
+    if "--vision-branches" in sys.argv[1:]:
+        print(vision_report())
+    elif "--imports" in sys.argv[1:]:
+        print(imports_report())
+    else:
+        print(report())

@@ -174,6 +174,16 @@ def eval_source(cfg: RunConfig, path: str | Path) -> Source:
     return source_of(with_data(cfg, path))
 
 
+def _own_reward(cfg: RunConfig, library: str | None) -> tuple[str, str] | None:
+    """(``env``, whose reward it is) when the run's episodes bring their own reward -- an agent's
+    return value, an environment of verifiers / OpenEnv (``library``) --, else None."""
+    if cfg.rollout.agent is not None:
+        return "env", "an agent: its return value"
+    if library is not None:
+        return "env", f"an environment of {library}: its own reward"
+    return None
+
+
 def default_reward(cfg: RunConfig, data: Sequence[str | Path] = ()) -> str:
     """The reward a run scores with when it names none: ``env`` (the agent's return value, the
     environment's own reward) with ``rollout.agent`` or an environment of verifiers / OpenEnv,
@@ -182,18 +192,18 @@ def default_reward(cfg: RunConfig, data: Sequence[str | Path] = ()) -> str:
     if data:
         rewards = {source_of(with_data(cfg, p)).reward for p in data}
         return rewards.pop() if len(rewards) == 1 else FILE.reward
-    if cfg.rollout.agent is not None or env_library(cfg.rollout.env) is not None:
-        return "env"
-    return source_of(cfg).reward
+    return (_own_reward(cfg, env_library(cfg.rollout.env)) or (source_of(cfg).reward,))[0]
 
 
 def reward_origin(cfg: RunConfig) -> str:
     """Whose default :func:`default_reward` is, for the run-start line."""
-    if cfg.rollout.agent is not None:
-        return "an agent: its return value"
-    if env_library(cfg.rollout.env) is not None:
-        return f"an environment of {env_library(cfg.rollout.env)}: its own reward"
-    return source_of(cfg).what
+    own = _own_reward(cfg, env_library(cfg.rollout.env))
+    return own[1] if own is not None else source_of(cfg).what
+
+
+def _tools(cfg: RunConfig, source: Source) -> str | None:
+    r = cfg.rollout
+    return source.tools if r.tools is None and r.env is None and r.agent is None else r.tools
 
 
 def max_new_tokens(cfg: RunConfig) -> int:
@@ -204,10 +214,24 @@ def max_new_tokens(cfg: RunConfig) -> int:
 def default_tools(cfg: RunConfig) -> str | None:
     """``rollout.tools``, else the source's tools (the calculator task's) when the run has no
     environment or agent of its own, else None."""
+    return _tools(cfg, source_of(cfg))
+
+
+def settle(cfg: RunConfig, source: Source) -> tuple[RunConfig, str | None]:
+    """(``cfg`` with what it leaves to its prompt source ``source`` (bound by the plan) filled in --
+    ``reward.name`` (:func:`default_reward`), ``rollout.tools`` (:func:`default_tools`),
+    ``rollout.max_new_tokens`` --, whose default reward it took, for the run-start line: None when
+    the config names its own). The plan settles a run's config once, before any check: the checks,
+    the reward, the context clip and the episode runner then read the keys, and none asks the
+    table for a default again. Settling a settled config changes nothing."""
     r = cfg.rollout
-    if r.tools is None and r.env is None and r.agent is None:
-        return source_of(cfg).tools
-    return r.tools
+    named = cfg.reward.name
+    reward, origin = (named, None) if named is not None else \
+        _own_reward(cfg, env_library(r.env)) or (source.reward, source.what)
+    rollout = {"tools": _tools(cfg, source),
+               "max_new_tokens": r.max_new_tokens if r.max_new_tokens is not None else source.max_new_tokens}
+    return cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"name": reward}),
+                                  "rollout": r.model_copy(update=rollout)}), origin
 
 
 def system_prompt(cfg: RunConfig, path: str | Path | None = None, source: Source | None = None) -> str | None:

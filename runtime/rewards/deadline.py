@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
-import subprocess
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ from multiprocessing import connection
 
 from .. import plugins
 from ..errors import RewardTimeout, RewardWorkerError
+from ..processes import WorkerProcess
 
 #: How long a worker process may take to start and load the reward's terms (importing the user's
 #: module) before it is given up; the calls' own limit counts from when each is sent.
@@ -58,40 +58,18 @@ def remote_error(kind: str, message: str, pickled: bytes | None) -> BaseExceptio
 CHUNK = 16
 
 
-class _Process:
-    """One worker process and its two pipes; ``jobs``: the calls sent to it and not answered yet
-    (indices; the first one is running), empty when idle; ``since``: when it was started (not
-    ready yet), or when its running call started (sent, or the previous one answered)."""
+class _Process(WorkerProcess):
+    """One worker process (``reward_worker.py``) and its pipes (runtime/processes.py); ``jobs``: the
+    calls sent to it and not answered yet (indices; the first one is running), empty when idle;
+    ``since``: when it was started (not ready yet), or when its running call started (sent, or
+    the previous one answered)."""
 
     def __init__(self, names: list[str]) -> None:
-        worker_in, pool_out = os.pipe()  # (read end, write end)
-        pool_in, worker_out = os.pipe()
-        self.process = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, str(worker_in), str(worker_out)],
-                                        pass_fds=(worker_in, worker_out), stdin=subprocess.DEVNULL)
-        os.close(worker_in)
-        os.close(worker_out)
-        self.outbox = connection.Connection(pool_out, readable=False)
-        self.conn = connection.Connection(pool_in, writable=False)
-        try:  # the run's import path (absolute) and the files it loaded by path: the terms load as here
-            self.outbox.send(("config", [os.path.abspath(p) for p in sys.path], plugins.loaded_files(), names))
-        except OSError:  # it exited already: its pipe says so
-            pass
+        # the run's import path (absolute) and the files it loaded by path: the terms load as here
+        super().__init__([sys.executable, "-m", WORKER_MODULE],
+                         ("config", [os.path.abspath(p) for p in sys.path], plugins.loaded_files(), names))
         self.ready = False
         self.jobs: list[int] = []
-        self.since = time.monotonic()
-
-    def exit_code(self) -> int | None:
-        try:
-            return self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.exit_code()  # reaped
-        self.outbox.close()
-        self.conn.close()
 
 
 class DeadlinePool:

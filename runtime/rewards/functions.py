@@ -18,6 +18,7 @@ samples) and the count is reported in ``RewardResult.num_errors``.
 """
 from __future__ import annotations
 
+import inspect
 import math as _math
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Literal
 from rldsl.lazy_torch import torch  # imported at the first tensor operation: `rldsl run` checks first
 
 from ..batch import RolloutBatch
-from ..errors import RewardError, RewardTimeout
+from ..errors import RewardError, RewardSpecError, RewardTimeout
 from .deadline import DeadlinePool
 from .spec import EnvironmentReward, accepts_finish_reason, parse_reward_spec, resolve_reward, term_labels
 from .values import finite_or_error
@@ -169,6 +170,26 @@ class RewardFn:
     def correct(self, rewards: torch.Tensor) -> torch.Tensor:
         """[B] bool: the samples whose reward (of this function) counts as correct."""
         return correct(rewards, self.correct_above)
+
+    def check_signatures(self) -> None:
+        """Each function term can be called as the run calls it, ``fn(prompt, completion, answer)``
+        (with ``finish_reason=`` when it takes one; docs/rewards.md): checked on its signature
+        (``inspect``), so that a function of the wrong shape is refused before any model loads, with
+        a RewardSpecError, not after the model loaded and sampled a batch. Batch terms (servers,
+        judges, reward models) are called as their own classes define."""
+        for term in self.terms:
+            if term.batched:
+                continue
+            try:
+                signature = inspect.signature(term.fn)
+            except (TypeError, ValueError):  # a builtin without one: nothing to check
+                continue
+            try:
+                signature.bind("", "", "", **({"finish_reason": "stop"} if term.takes_finish_reason else {}))
+            except TypeError as e:
+                raise RewardSpecError(f"reward {term.name!r} cannot be called as a reward function: its signature "
+                                      f"is {signature}, and a reward is called as fn(prompt, completion, answer) "
+                                      f"(with finish_reason=... when it takes it; docs/rewards.md): {e}") from None
 
     def score(self, batch: RolloutBatch, prompts: list[str] | None = None) -> RewardResult:
         """Score every sample of ``batch`` (completions, answers, finish_reason). ``prompts``:

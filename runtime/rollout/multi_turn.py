@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig, env_library
-from ..data.sources import Rows, Source, default_tools, split_rows, system_prompt
+from ..data.sources import Rows, Source, split_rows, system_prompt
 from ..errors import ConfigError
-from ..models.loading import model_context
 from .agents.environments import agent_runner, check_agent, verifiers_examples
 from .episodes.env import load_env
 from .episodes.runner import EpisodeRunner
@@ -20,23 +19,26 @@ from .episodes.tools import SHARED_TOOL_POOL, load_tools, tool_schema
 
 def check_tools(cfg: RunConfig) -> None:
     """``rollout.tools`` import and can be described, ``rollout.env`` is a usable class (before any
-    model loads); the two are exclusive (an environment brings its own tools)."""
-    tools = default_tools(cfg)
-    if tools is not None and cfg.rollout.env is not None:
+    model loads); the two are exclusive (an environment brings its own tools). ``cfg``: a settled
+    config (data/sources.py ``settle``: a built-in task's tools are filled in)."""
+    r = cfg.rollout
+    if r.tools is not None and r.env is not None:
         raise ConfigError("rollout.tools and rollout.env are exclusive: an environment gives its episodes "
                           "their tools itself (set self.tools in reset); rollout.tools is the default "
                           "tool environment")
-    if tools is not None:
-        load_tools(tools)
-    if env_library(cfg.rollout.env) == "verifiers" and cfg.data.path is not None:
-        raise ConfigError(f"rollout.env {cfg.rollout.env!r} takes its rows from the taskset (one per task): "
-                          f"data.path ({cfg.data.path}) must be unset")
-    if cfg.rollout.env is not None and env_library(cfg.rollout.env) is None:
-        load_env(cfg.rollout.env)
-    if cfg.rollout.agent is not None and (cfg.rollout.tools is not None or cfg.rollout.env is not None):
+    if r.agent is not None and (r.tools is not None or r.env is not None):
         raise ConfigError("rollout.agent excludes rollout.tools and rollout.env: the agent program "
                           "runs its own tools and environment, calling the policy's endpoint")
-    check_agent(cfg)  # the agent function; a verifiers / OpenEnv environment's packages, taskset, server
+    if r.tools is not None:
+        load_tools(r.tools)
+    library = env_library(r.env)
+    if library == "verifiers" and cfg.data.path is not None:
+        raise ConfigError(f"rollout.env {r.env!r} takes its rows from the taskset (one per task): "
+                          f"data.path ({cfg.data.path}) must be unset")
+    if r.env is not None and library is None:
+        load_env(r.env)
+    # the agent function; a verifiers / OpenEnv environment's packages, taskset, server
+    check_agent(r.agent, r.env, library)
 
 
 def check_episode_template(cfg: RunConfig, tokenizer: Any, model_dir: Path | None = None) -> None:
@@ -44,12 +46,12 @@ def check_episode_template(cfg: RunConfig, tokenizer: Any, model_dir: Path | Non
     whatever ``data.chat_template`` says: a tokenizer without one, or (``rollout.tools``) one whose
     template does not render tools, is refused before any model loads. ``model_dir``: the folder
     the tokenizer came from (the message names the template's file)."""
-    episodes = default_tools(cfg) is not None or cfg.rollout.env is not None
+    episodes = cfg.rollout.tools is not None or cfg.rollout.env is not None
     if episodes and not getattr(tokenizer, "chat_template", None):
         raise ConfigError("rollout.tools / rollout.env need a tokenizer with a chat template (it renders each "
                           "turn of an episode and the tools); the model folder's tokenizer has none: add one "
                           "(tokenizer.chat_template in tokenizer_config.json or chat_template.jinja)")
-    if default_tools(cfg) is not None:
+    if cfg.rollout.tools is not None:
         check_template_renders_tools(cfg, tokenizer, model_dir)
 
 
@@ -73,7 +75,7 @@ def check_template_renders_tools(cfg: RunConfig, tokenizer: Any, model_dir: Path
         text, why = "", f"rendering a conversation with a tool schema raised {type(e).__name__}: {e}"
     if PROBE_TOOL in text:
         return
-    names = [tool_schema(fn)["function"]["name"] for fn in load_tools(default_tools(cfg) or "")]
+    names = [tool_schema(fn)["function"]["name"] for fn in load_tools(cfg.rollout.tools or "")]
     described = system_prompt(cfg) or ""
     if names and all(name in described for name in names):  # described by the user in every system message
         return
@@ -106,15 +108,17 @@ TASKSET = Source("verifiers", "a verifiers taskset",
                  rows=_taskset_rows, reward="env", precedence=1)
 
 
-def episode_runner(cfg: RunConfig, model_path: str | Path) -> Any:
+def episode_runner(cfg: RunConfig, model_path: str | Path, context: int | None) -> Any:
     """The multi-turn episodes of a run: an ``AgentRunner`` with ``rollout.agent``, an
     ``EpisodeRunner`` with ``rollout.tools`` or ``rollout.env``, else None (single-turn
-    completions). Both have ``run(engine, prompts, answers, params) -> RolloutBatch``."""
+    completions). Both have ``run(engine, prompts, answers, params) -> RolloutBatch``.
+    ``context``: the model's positions (models/loading.py ``model_context`` of ``model_path``,
+    read by whoever loads the model)."""
     r = cfg.rollout
-    runner = agent_runner(cfg, model_path, model_context(Path(model_path)))  # the endpoint's episodes
+    runner = agent_runner(cfg, model_path, context)  # the endpoint's episodes
     if runner is not None:
         return runner
     if r.tools is None and r.env is None:
         return None
     SHARED_TOOL_POOL.resize(r.tool_workers)  # this process's tool pool
-    return EpisodeRunner.from_config(cfg, context=model_context(Path(model_path)))
+    return EpisodeRunner.from_config(cfg, context=context)

@@ -11,11 +11,10 @@ import typer
 
 from ..batch import RolloutBatch
 from ..config import RunConfig, load_config
-from ..data.sources import default_reward
 from ..recipe import rollout_engine
-from ..resolve import check_reward_signatures, reward_fn
+from ..resolve import reward_fn
 from ..rollout.engines.base import RolloutEngine, SamplingParams
-from .eval_sets import EvalSet, command_sets, evaluate_sets, render_set
+from .eval_sets import EvalSet, command_reward, command_sets, evaluate_sets, render_set
 from .eval_target import EvalTarget, open_target
 
 
@@ -34,13 +33,12 @@ def evaluate_target(target: Path, data: Sequence[Path], reward: Optional[str] = 
     cfg = t.cfg
     r = cfg.rollout  # the run's sampling (a model folder: the defaults), as the flags change it
     cfg = load_config(base=cfg, flags={
-        "reward.name": reward or (cfg.reward.name if t.is_run and cfg.reward.name
-                                  else default_reward(cfg, [str(p) for p in data])),
+        "reward.name": command_reward(cfg, data, reward, t.is_run),
         "reward.on_error": "skip",
         "rollout.temperature": temperature, "rollout.top_p": top_p,
         "rollout.max_new_tokens": max_new_tokens or (r.max_new_tokens if t.is_run and r.max_new_tokens else 256)})
     scorer = reward_fn(cfg)  # a reward that does not import, or cannot be called, fails before the model loads
-    check_reward_signatures(scorer)
+    scorer.check_signatures()
     read = command_sets(data, cfg, scorer, note=typer.echo)  # a missing file or column: before the model loads
     try:
         t.load(step)

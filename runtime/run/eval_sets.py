@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 from ..config import EvalSetConfig, RunConfig
 from ..data.datasets import Example, render_prompt
-from ..data.sources import Source, eval_source, system_prompt
+from ..data.sources import Source, default_reward, eval_source, system_prompt
 from ..errors import ConfigError
 from ..records.metrics import HELDOUT_TASKS
 from ..rewards.functions import RewardFn
@@ -108,6 +108,7 @@ def eval_rows_of(cfg: RunConfig, source: Source, run_reward: RewardFn, training:
         own = entry.reward is not None and entry.reward != run_reward.spec
         reward = RewardFn(entry.reward, on_error=cfg.reward.on_error, workers=cfg.reward.workers,
                           timeout_s=cfg.reward.timeout_s) if own else run_reward
+        reward.check_signatures()  # its own: callable as the run calls it (the run's is checked already)
         new = read_sets(entry.path, cfg, reward, count=None if d.eval_size is None else max(d.eval_size, 1),
                         exclude=training, name=entry.name, taken=taken(sets, reserved))
         for s in new:
@@ -144,6 +145,16 @@ def add_sets(sets: list[EvalSet], new: Sequence[EvalSet], where: str, reserved: 
             raise ConfigError(f"{where}: the set {s.name!r} would log under {HELDOUT_TASKS}/, the held-out "
                               "split's per-task metrics; give it another name")
         sets.append(s)
+
+
+def command_reward(cfg: RunConfig, paths: Sequence[str | Path], given: str | None, is_run: bool) -> str:
+    """``rldsl eval``'s reward: ``given`` (``--reward``), else a run's own (``is_run``: ``cfg`` is
+    its saved config), else the one the sets' sources share (data/sources.py ``default_reward``)."""
+    if given:
+        return given
+    if is_run and cfg.reward.name:
+        return cfg.reward.name
+    return default_reward(cfg, [str(p) for p in paths])
 
 
 def command_sets(paths: Sequence[str | Path], cfg: RunConfig, reward: RewardFn,

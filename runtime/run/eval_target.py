@@ -13,7 +13,7 @@ from torch import nn
 
 from ...errors import UsageError
 from ..config import RunConfig
-from ..models.loading import load_policy, load_tokenizer
+from ..models.loading import load_policy, load_tokenizer, model_context
 from ..records.export import export_run
 from ..records.run_dir import CONFIG_FILE, load_run_config
 from ..rollout.multi_turn import check_episode_template, check_tools, episode_runner
@@ -52,7 +52,7 @@ class EvalTarget:
         self.tokenizer = load_tokenizer(folder)
         check_episode_template(self.cfg, self.tokenizer, folder)
         self.model = load_policy(folder, "float32")
-        self.runner = episode_runner(self.cfg, folder)  # None: single-turn completions
+        self.runner = episode_runner(self.cfg, folder, model_context(folder))  # None: single-turn completions
         return self
 
     def close(self) -> None:

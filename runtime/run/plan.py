@@ -7,10 +7,10 @@ from __future__ import annotations
 import rldsl
 
 from ..config import MODEL_RUN_DEFAULTS, RunConfig
-from ..resolve import (check_group_size, check_reward_signatures, check_settings, check_teacher_settings, resolve,
-                       settled_reward)
+from ..resolve import (check_group_size, check_settings, check_teacher_settings,
+                       checked_reward, resolve, reward_note)
 from .eval_sets import eval_rows_of, eval_sets_of
-from ..data.sources import source_of
+from ..data.sources import settle, source_of
 from ..records.trackers import check_trackers
 from .sources import check_image_model, examples_of, model_folder, model_of, prompts_of
 from .state import Plan
@@ -25,8 +25,9 @@ def load_spec(spec: str, spec_text: str | None = None) -> rldsl.Algorithm:
 def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     """Everything checked and settled before a model loads (runtime/resolve.py), cheapest first.
     First what needs neither torch nor transformers (this module and the ones it imports load
-    neither: ``rldsl run`` rejects a typo in about a second, tests/test_cli_startup.py): the
-    device, engine, the prompt source's needs and the tools, environment or agent
+    neither: ``rldsl run`` rejects a typo in about a second, tests/test_cli_startup.py): what the
+    config leaves to its prompt source, settled once (the reward's name, the tools,
+    ``max_new_tokens``: every check below reads the keys); the device, engine, the prompt source's needs and the tools, environment or agent
     (resolve.check_settings); the trackers; the reward, named once (a server's address, a reward
     model's folder; reasoning_gym only on reasoning-gym data; its functions' signatures); the
     teacher's settings; the model folder; the data's files, fields and reasoning-gym tasks, the
@@ -35,18 +36,17 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     teacher's vocabulary, the resolved config, the group-size check and the rollout-stage inputs
     the spec reads. A mistake in any of them fails in seconds, never after a model load."""
     source = source_of(cfg)  # where the prompts come from (data/sources.py): bound here, once; the run carries it
+    cfg, origin = settle(cfg, source)  # what the config leaves to the source, asked once
     check_settings(algo, cfg, source)
     check_trackers(cfg.log.report_to)  # installed
-    cfg, reward, reward_note = settled_reward(cfg)  # the task's own reward when none is named
+    reward = checked_reward(cfg)  # the task's own when none is named, built once
+    named = reward_note(cfg, origin)  # the run-start line naming it
     check_teacher_settings(algo, cfg)
     if cfg.model.path is not None:
         model_folder(cfg, source)  # a user's model folder exists (the toy's is built by model_of)
     notes: list[str] = []
     rows = examples_of(cfg, source, notes.append)
     read = eval_rows_of(cfg, source, reward, [e.reward_prompt for e in rows.train])  # eval.data, not yet rendered
-    for s in read:
-        if s.own_reward:
-            check_reward_signatures(s.reward)
     data = f"data.path={cfg.data.path}" if cfg.data.path else source.what
     check_image_model(cfg, source, [(data, rows.train + rows.heldout)]
                       + [(f"eval.data set {s.name!r}", s.examples) for s in read])
@@ -63,7 +63,7 @@ def plan_run(algo: rldsl.Algorithm, cfg: RunConfig) -> Plan:
     # reward term that gives them, and turns)
     check_rollout_inputs(algo, [(t.name, t.weight) for t in reward.terms],
                          resolved.rollout.env is not None or resolved.rollout.tools is not None)
-    return Plan(resolved, algo, path, tok, source, prompts, held, reward, notes + [reward_note] + more, warnings,
+    return Plan(resolved, algo, path, tok, source, prompts, held, reward, notes + [named] + more, warnings,
                 eval_sets)
 
 

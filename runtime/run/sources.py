@@ -21,8 +21,7 @@ from ..data.sources import SOURCES, Rows, Source, system_prompt
 from ..errors import ConfigError, RunError
 from ..models.kinds import folder_kind, text_kind
 from ..models.loading import load_tokenizer
-from ..resolve import check_teacher
-from ..rollout.multi_turn import check_episode_template
+from ..resolve import check_tokenizer
 
 
 def model_folder(cfg: RunConfig, source: Source) -> tuple[Path, str]:
@@ -48,8 +47,7 @@ def model_of(algo: rldsl.Algorithm, cfg: RunConfig, source: Source) -> tuple[Pat
     path, label = model_folder(cfg, source)  # the embedded model is warm-started here, once
     tok = load_tokenizer(path)
     check_task_vocabulary(cfg, tok, source)  # a user's model with no data: not the toy's task by default
-    check_teacher(algo, cfg, path, tok)
-    check_episode_template(cfg, tok, path)
+    check_tokenizer(algo, cfg, path, tok)  # a teacher's vocabulary, the episodes' chat template
     return path, label, tok
 
 

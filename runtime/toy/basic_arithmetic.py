@@ -34,7 +34,7 @@ from ..rollout.engines.base import SamplingParams
 from ..rollout.engines.hf import HFEngine
 from .model import build_tokenizer, tiny_config
 from ...cache import cache_dir, publish
-from .warmup import padded_rows
+from .warmup import WarmStartSchedule, padded_rows
 
 #: One token per character of printable ASCII and the newline (reasoning-gym's questions and
 #: answers of the arithmetic tasks are ASCII; anything else becomes <unk>).
@@ -203,15 +203,8 @@ def _train(settings: ArithmeticWarmStart, model_config: LlamaConfig, tokenizer: 
         torch.manual_seed(settings.seed)
         model = LlamaForCausalLM(model_config)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    reached_at: int | None = None
-
-    def lr_factor(step: int) -> float:  # warm-up, constant, then linear decay to 0 once learned
-        if reached_at is not None:
-            return max(0.0, 1.0 - (step - reached_at) / settings.settle_steps)
-        return min(1.0, (step + 1) / max(1, settings.warmup_steps))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    schedule = WarmStartSchedule(model, lr=settings.lr, warmup_steps=settings.warmup_steps,
+                                 settle_steps=settings.settle_steps)
     engine = HFEngine(model, tokenizer)
     t0 = time.perf_counter()
     history: list[dict] = []
@@ -222,10 +215,7 @@ def _train(settings: ArithmeticWarmStart, model_config: LlamaConfig, tokenizer: 
                    for e in batch]
         ids, mask, labels = _rows(tokenizer, [e["question"] for e in batch], targets)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
+        schedule.step(loss)
         step += 1
         if step % settings.eval_every == 0 or step == end:
             answers = greedy(engine, val_prompts)
@@ -237,11 +227,11 @@ def _train(settings: ArithmeticWarmStart, model_config: LlamaConfig, tokenizer: 
                             "seconds": round(time.perf_counter() - t0, 2)})
             if verbose:
                 print("arithmetic warm start", history[-1], flush=True)
-            if reached_at is None and history[-1]["teacher_mode"] >= settings.mode_target:
-                reached_at = step
-                end = min(settings.max_steps, step + settings.settle_steps)
+            if schedule.reached_at is None and history[-1]["teacher_mode"] >= settings.mode_target:
+                end = schedule.learned(step, settings.max_steps)
     model.eval()
     last = history[-1]
+    reached_at = schedule.reached_at
     if reached_at is None:
         warnings.warn(f"arithmetic warm start (seed {settings.seed}) did not learn the teacher in {step} steps: "
                       f"teacher agreement {last['teacher_mode']:.3f} < {settings.mode_target}", stacklevel=3)

@@ -147,6 +147,37 @@ def padded_rows(rows: list[list[int]], label_rows: list[list[int]], pad_id: int
     return ids, mask, labels
 
 
+class WarmStartSchedule:
+    """The optimizer and learning rate of the warm starts that train until the teacher's mode is
+    learned (this module's and toy/basic_arithmetic.py's): AdamW (betas 0.9, 0.99, no weight
+    decay); the rate warms up linearly over ``warmup_steps``, stays constant, and from the step
+    the mode is learned (:meth:`learned`) decays linearly to 0 over ``settle_steps``."""
+
+    def __init__(self, model: torch.nn.Module, *, lr: float, warmup_steps: int, settle_steps: int) -> None:
+        self.warmup_steps, self.settle_steps = warmup_steps, settle_steps
+        self.reached_at: int | None = None  # the step at which the teacher's mode was learned
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.factor)
+
+    def factor(self, step: int) -> float:
+        """The learning rate's factor at ``step``: warm-up, constant, then linear decay to 0."""
+        if self.reached_at is not None:
+            return max(0.0, 1.0 - (step - self.reached_at) / self.settle_steps)
+        return min(1.0, (step + 1) / max(1, self.warmup_steps))
+
+    def step(self, loss: torch.Tensor) -> None:
+        """One supervised update on ``loss``."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+
+    def learned(self, step: int, max_steps: int) -> int:
+        """The teacher's mode is learned at ``step``: the rate decays from here; the step to end at."""
+        self.reached_at = step
+        return min(max_steps, step + self.settle_steps)
+
+
 def _train_warm_start(
     config: WarmStartConfig,
     model_config: PretrainedConfig,
@@ -170,15 +201,8 @@ def _train_warm_start(
         # the toy's Llama, or another causal LM on the toy's vocabulary (demos/moe.py: a MoE)
         model = MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config)](model_config)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    reached_at: int | None = None  # step at which the teacher's mode was learned
-
-    def lr_factor(step: int) -> float:  # warm-up, constant, then linear decay to 0
-        if reached_at is not None:
-            return max(0.0, 1.0 - (step - reached_at) / config.settle_steps)
-        return min(1.0, (step + 1) / max(1, config.warmup_steps))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    schedule = WarmStartSchedule(model, lr=config.lr, warmup_steps=config.warmup_steps,
+                                 settle_steps=config.settle_steps)
     engine = HFEngine(model, tokenizer)
     t0 = time.perf_counter()
     history: list[dict] = []
@@ -189,10 +213,7 @@ def _train_warm_start(
         answers = [teacher_answer(a, b, drop_carry=config.drop_carry, rng=rng) for a, b in pairs]
         ids, mask, labels = _answer_batch(tokenizer, pairs, answers)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
+        schedule.step(loss)
         step += 1
         if step % config.eval_every == 0 or step == end:
             answers = greedy_answers(engine, [ex.prompt for ex in validation])
@@ -210,11 +231,11 @@ def _train_warm_start(
             )
             if verbose:
                 print("warm start", history[-1], flush=True)
-            if reached_at is None and mode >= config.mode_target:
-                reached_at = step
-                end = min(config.max_steps, step + config.settle_steps)
+            if schedule.reached_at is None and mode >= config.mode_target:
+                end = schedule.learned(step, config.max_steps)
     model.eval()
     last = history[-1]
+    reached_at = schedule.reached_at
     if reached_at is None:
         warnings.warn(
             f"toy warm start (seed {config.seed}) did not learn the teacher in {step} steps: "

@@ -8,7 +8,7 @@ from rldsl.runtime.resolve import fit_context, resolve
 from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import ConfigError
 from rldsl.runtime.models.loading import model_context
-from rldsl.runtime.data.sources import max_new_tokens
+from rldsl.runtime.data.sources import max_new_tokens, settle, source_of
 
 
 @pytest.fixture
@@ -20,6 +20,11 @@ def gpt2_64(tmp_path, tokenizer):
     return tmp_path / "m"
 
 
+def settled(cfg):
+    """A config as the plan hands it to resolve: the source's defaults filled in."""
+    return settle(cfg, source_of(cfg))[0]
+
+
 def test_default_max_new_tokens_is_clipped_to_the_context_with_one_note(gpt2_64, tokenizer, tmp_path):
     assert model_context(gpt2_64) == 64
     data = tmp_path / "train.jsonl"
@@ -27,7 +32,7 @@ def test_default_max_new_tokens_is_clipped_to_the_context_with_one_note(gpt2_64,
     cfg = load_config(None, [f"model.path={gpt2_64}", f"data.path={data}"])
     assert max_new_tokens(cfg) == 1024  # the default for a user's model and data
     prompts = ["1+2=", "12+34=", "99+99="]  # longest: <bos> + 6 characters = 7 tokens
-    resolved, notes = resolve(cfg, gpt2_64, tokenizer, prompts)
+    resolved, notes = resolve(settled(cfg), gpt2_64, tokenizer, prompts)
     assert resolved.rollout.max_new_tokens == 64 - 7 and cfg.rollout.max_new_tokens is None  # a copy
     clipped = [n for n in notes if "max_new_tokens" in n]
     assert clipped == ["max_new_tokens 1024 + the longest prompt (7 tokens) exceeds the model's context "
@@ -39,15 +44,16 @@ def test_default_max_new_tokens_is_clipped_to_the_context_with_one_note(gpt2_64,
 
 def test_a_fitting_request_is_left_alone(gpt2_64, tokenizer):
     cfg = load_config(None, [f"model.path={gpt2_64}", "rollout.max_new_tokens=8"])
-    resolved, notes = resolve(cfg, gpt2_64, tokenizer, ["1+2="])
-    assert resolved.max_new_tokens == 8 and notes == ["reward: addition (the default for the built-in "
-                                                      "addition task; choose one with --reward)"]
+    resolved, notes = resolve(settled(cfg), gpt2_64, tokenizer, ["1+2="])
+    assert resolved.max_new_tokens == 8 and notes == []
+    with pytest.raises(ValueError, match="not settled"):  # the plan settles first: resolve never asks the table
+        resolve(cfg, gpt2_64, tokenizer, ["1+2="])
 
 
 def test_a_prompt_longer_than_the_context_is_refused_before_the_first_step(gpt2_64, tokenizer):
     cfg = load_config(None, [f"model.path={gpt2_64}"])
     with pytest.raises(ConfigError, match=r"a prompt.* has 71 tokens .* context of 64 positions"):
-        resolve(cfg, gpt2_64, tokenizer, ["1+2=", "1" * 70])
+        resolve(settled(cfg), gpt2_64, tokenizer, ["1+2=", "1" * 70])
     assert fit_context(100, None, 5000, "m") == (100, None)  # a model that names no context: unclipped
 
 

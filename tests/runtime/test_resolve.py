@@ -97,18 +97,24 @@ def test_the_toy_run_records_its_reward(tmp_path):
 
 
 def test_the_default_reward_is_settled_once_before_the_reward_is_built(tmp_path, monkeypatch):
-    """plan_run names the task's own reward before building it; the reward recipe never guesses."""
+    """plan_run settles what the config leaves to its source once, before any check, and names the
+    task's own reward before building it; the reward recipe never guesses."""
     from rldsl.runtime import resolve
+    from rldsl.runtime.data import sources
+    from rldsl.runtime.run import plan as plan_module
 
     calls = []
-    real = resolve.default_reward
-    monkeypatch.setattr(resolve, "default_reward", lambda cfg: calls.append(cfg) or real(cfg))
+    monkeypatch.setattr(plan_module, "settle", lambda cfg, source: calls.append(source) or sources.settle(cfg, source))
+    asked = []
+    real_source_of = sources.source_of
+    monkeypatch.setattr(sources, "source_of", lambda cfg: asked.append(cfg) or real_source_of(cfg))
     built = []
     real_fn = resolve.reward_fn
     monkeypatch.setattr(resolve, "reward_fn", lambda cfg: built.append(cfg.reward.name) or real_fn(cfg))
     plan = plan_run(load_spec("grpo"), load_config(None, [f"out={tmp_path}"]))
     assert len(calls) == 1 and built == ["addition"] and plan.reward.spec == plan.cfg.reward.name == "addition"
-    with pytest.raises(ValueError, match="settle_reward"):
+    assert asked == []  # the plan's own source_of (imported by name) only: no helper asked the table again
+    with pytest.raises(ValueError, match="not settled"):
         real_fn(load_config(None, []))
 
 

@@ -60,11 +60,9 @@ def _target(spec: str) -> str:
     return target
 
 
-def require(spec: str) -> str:
-    """The library of ``spec`` with its packages importable, else a ConfigError naming the extra
+def require(spec: str, library: str) -> None:
+    """``library`` (``spec``'s) with its packages importable, else a ConfigError naming the extra
     (checked before any model loads)."""
-    library = env_library(spec)
-    assert library is not None
     for module in (*MODULES[library], "openai", "starlette", "uvicorn"):
         try:
             __import__(module)
@@ -72,13 +70,12 @@ def require(spec: str) -> str:
             package = {"openenv": "openenv-core"}.get(module, module)
             raise ConfigError(f"rollout.env {spec!r} needs the {package!r} package, which is not installed: "
                               f"{AGENTS_EXTRA}") from None
-    return library
 
 
-def check(spec: str) -> None:
+def check(spec: str, library: str) -> None:
     """Everything about ``spec`` that can fail before a model loads: the packages, the taskset
     (verifiers), a reachable server with a usable action (OpenEnv)."""
-    library = require(spec)
+    require(spec, library)
     if library == "verifiers":
         tasks = verifiers_env(_target(spec)).tasks
         if not tasks:
@@ -429,13 +426,13 @@ async def _call_tool(env: Any, call: Any) -> tuple[Any, str]:
 
 
 # --------------------------------------------------------------------------------- runner
-def check_agent(cfg: Any) -> None:
-    """``rollout.agent`` loads as an agent function, and a library ``rollout.env`` passes
-    :func:`check` (before any model loads)."""
-    if cfg.rollout.agent is not None:
-        load_agent(cfg.rollout.agent)
-    if env_library(cfg.rollout.env) is not None:
-        check(cfg.rollout.env)
+def check_agent(agent: str | None, env: str | None, library: str | None) -> None:
+    """``agent`` (``rollout.agent``) loads as an agent function, and ``env`` (``rollout.env``), an
+    environment of ``library`` (verifiers, OpenEnv), passes :func:`check` (before any model loads)."""
+    if agent is not None:
+        load_agent(agent)
+    if env is not None and library is not None:
+        check(env, library)
 
 
 def agent_runner(cfg: Any, model_path: str | Path, model_context: int | None) -> AgentRunner | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from typing import Callable
 
 from ... import plugins
 from ...errors import ConfigError
+from ...processes import WorkerProcess
 from . import tool_worker
 
 
@@ -54,44 +54,18 @@ class ToolResult:
     output: str = ""
 
 
-class _Worker:
-    """One worker process (``tool_worker.py``, run as a script) and its two pipes; ``job``: the
-    call it runs (an index), None when idle; ``since``: when it was spawned (not ready yet), was
-    sent its call (not started yet) or started its call."""
+class _Worker(WorkerProcess):
+    """One worker process (``tool_worker.py``, run as a script) and its pipes (runtime/processes.py);
+    ``job``: the call it runs (an index), None when idle; ``since``: when it was spawned (not
+    ready yet), was sent its call (not started yet) or started its call."""
 
     def __init__(self, hidden: tuple[str, ...], python: str) -> None:
-        worker_in, runner_out = os.pipe()  # (read end, write end)
-        runner_in, worker_out = os.pipe()
-        self.process = subprocess.Popen([python, tool_worker.__file__, str(worker_in), str(worker_out)],
-                                        pass_fds=(worker_in, worker_out), stdin=subprocess.DEVNULL)
-        os.close(worker_in)
-        os.close(worker_out)
-        self.outbox = connection.Connection(runner_out, readable=False)
-        self.conn = connection.Connection(runner_in, writable=False)  # what the worker says
         # the run's import path, absolute: the worker works in a folder of its own
-        try:
-            self.outbox.send(("config", [os.path.abspath(p) for p in sys.path], list(hidden),
-                              plugins.loaded_files()))
-        except OSError:  # it exited already: its pipe says so to the runner
-            pass
+        super().__init__([python, tool_worker.__file__],
+                         ("config", [os.path.abspath(p) for p in sys.path], list(hidden), plugins.loaded_files()))
         self.ready = False
         self.job: int | None = None
         self.started = False
-        self.since = time.monotonic()
-
-    @property
-    def exitcode(self) -> int | None:
-        try:
-            return self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.exitcode  # reaped
-        self.outbox.close()
-        self.conn.close()
 
 
 class ToolPool:
@@ -161,10 +135,10 @@ class ToolPool:
                     message = conn.recv()
                 except (EOFError, OSError):  # the process died
                     if w.ready:
-                        self._drop(w, results, f"error: the tool's process died (exit code {w.exitcode})")
+                        self._drop(w, results, f"error: the tool's process died (exit code {w.exit_code()})")
                     else:  # it could not start: another would not either
                         self._failed_start(w, results, waiting, "error: the tool's process could not start "
-                                                                f"(exit code {w.exitcode})")
+                                                                f"(exit code {w.exit_code()})")
                     continue
                 if message[0] == "ready":
                     w.ready, w.since = True, time.monotonic()

@@ -333,6 +333,7 @@ def test_multi_turn_episodes_open_with_reasoning_gyms_system_prompt(real_model, 
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rldsl.runtime.models.loading import model_context
     from rldsl.runtime.rollout.engines.base import SamplingParams
     from rldsl.runtime.rollout.engines.hf import HFEngine
     from rldsl.runtime.rollout.multi_turn import episode_runner
@@ -347,7 +348,7 @@ def test_multi_turn_episodes_open_with_reasoning_gyms_system_prompt(real_model, 
     for given, want in ((None, rg.default_system_prompt()), ("Be brief.", "Be brief.")):
         cfg = load_config(None, ["data.path=reasoning_gym:basic_arithmetic", rollout, "rollout.max_turns=1",
                                  *([f"data.system_prompt={given}"] if given else [])])
-        runner = episode_runner(cfg, folder)
+        runner = episode_runner(cfg, folder, model_context(Path(folder)))
         try:
             batch = runner.run(engine, ["What is 1 + 2?"], ["3"], SamplingParams(n=1, max_new_tokens=2, seed=0))
         finally:
@@ -395,11 +396,15 @@ def test_without_model_path_the_embedded_arithmetic_model_is_warm_started_for_it
 
 
 def test_the_answer_format_reaches_the_default_reward_and_the_run_says_so():
+    from rldsl.runtime.data.sources import settle, source_of
     from rldsl.runtime.resolve import reward_spec
 
-    assert reward_spec(load_config(None, ["data.path=reasoning_gym:chain_sum"])) == "reasoning_gym"
+    def settled(cfg):
+        return settle(cfg, source_of(cfg))[0]
+
+    assert reward_spec(settled(load_config(None, ["data.path=reasoning_gym:chain_sum"]))) == "reasoning_gym"
     cfg = load_config(None, ["data.path=reasoning_gym:chain_sum", "reward.answer_format=plain"])
-    assert reward_spec(cfg) == "reasoning_gym(answer_format=plain)"
+    assert reward_spec(settled(cfg)) == "reasoning_gym(answer_format=plain)"
     cfg = load_config(None, ["data.path=reasoning_gym:chain_sum", "reward.answer_format=plain",
                              "reward.name=reasoning_gym=0.9,exact=0.1"])
     assert reward_spec(cfg) == "reasoning_gym(answer_format=plain)=0.9,exact=0.1"

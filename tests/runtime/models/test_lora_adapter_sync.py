@@ -20,7 +20,7 @@ import rldsl  # noqa: E402
 from rldsl.runtime.config import load_config  # noqa: E402
 from rldsl.runtime.errors import ConfigError, RunError  # noqa: E402
 from rldsl.runtime.models.lora import adapter_of, apply_lora, load_adapter  # noqa: E402
-from rldsl.runtime.resolve import check_model_kind, check_lora_sync, check_settings  # noqa: E402
+from rldsl.runtime.resolve import check_lora_sync, check_model_kind, check_settings, folder_moe  # noqa: E402
 from rldsl.runtime.run import loop  # noqa: E402
 from small_run import small_run, steps_of, without_timing  # noqa: E402
 
@@ -34,7 +34,8 @@ def test_the_default_is_merged_and_adapter_sync_is_checked_before_loading(vlm_mo
     check_settings(grpo, load_config(None, [*ADAPTER, "distributed.rollout_workers=1"]))  # auto: object store
     check_settings(grpo, load_config(None, [*ADAPTER, "distributed.rollout_workers=1",
                                             "distributed.weight_sync=collective"]))
-    check_lora_sync(load_config(None, [*ADAPTER, "rollout.engine=vllm", "model.lora.rank=64"]))
+    vllm = load_config(None, [*ADAPTER, "rollout.engine=vllm", "model.lora.rank=64"])
+    check_lora_sync(vllm, folder_moe(vllm))
     refused = {
         "model.lora.rank=0": ["model.lora.sync=adapter"],
         "vLLM serves LoRA ranks up to 512": [*ADAPTER, "rollout.engine=vllm", "model.lora.rank=600"],
@@ -47,7 +48,8 @@ def test_the_default_is_merged_and_adapter_sync_is_checked_before_loading(vlm_mo
     }
     for message, sets in refused.items():
         with pytest.raises(ConfigError, match=message) as e:
-            check_lora_sync(load_config(None, sets))
+            cfg = load_config(None, sets)
+            check_lora_sync(cfg, folder_moe(cfg))
         assert e.value.exit_code == 2
     # a vision-language policy's refusal is its model kind's (models/kinds/qwen2_vl.py), which check_settings asks
     with pytest.raises(ConfigError, match="vision-language model: model.lora.sync='adapter' on the vLLM") as e:

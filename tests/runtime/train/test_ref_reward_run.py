@@ -89,6 +89,19 @@ def test_a_named_model_folder_or_the_policy_base_passes(model_dir, tmp_path):
         check_reference(load_spec(SPEC), load_config(None, [f"model.path={model_dir}", f"reward.reference={ref}"]))
 
 
+def test_the_checks_see_a_built_in_tasks_own_tools(tmp_path, no_model_load):
+    """The plan settles what the config leaves to its source before any check: the calculator
+    task's tools (its episodes) are the run's tools for check_reference too, so a spec reading the
+    reference's reward on it is refused before any model loads (the tools were filled in after the
+    checks, which passed)."""
+    from rldsl.runtime.run.plan import plan_run
+
+    with pytest.raises(ConfigError, match="multi-turn episodes"):
+        plan_run(load_spec(SPEC), load_config(None, ["data.task=calculator", "reward.reference=policy_base",
+                                                     f"out={tmp_path}"]))
+    assert no_model_load == []
+
+
 def _batch(B: int, G: int) -> RolloutBatch:
     return RolloutBatch(torch.zeros(B, 1, dtype=torch.long), torch.ones(B, 1, dtype=torch.long),
                         torch.zeros(B, 2, dtype=torch.long), torch.ones(B, 2), torch.zeros(B, 2),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rldsl.runtime.config import load_config
+from rldsl.runtime.data.sources import settle, source_of
 from rldsl.runtime.rollout.episodes.env import ToolEnv
 from rldsl.runtime.rollout.episodes.parsers import ToolCall, ToolCallError, parse_tool_calls
 from rldsl.runtime.rollout.episodes.tool_worker import TRUNCATED
@@ -65,4 +66,5 @@ def test_bad_tools_fail_before_the_model_loads() -> None:
     with pytest.raises(ConfigError, match="module:function"):
         load_tools("tool_helpers")
     assert [f.__name__ for f in load_tools("tool_helpers:boom, tool_helpers:chatty")] == ["boom", "chatty"]
-    check_tools(load_config(None, ["data.task=calculator"]))  # the calculator is filled in and loads
+    calculator = load_config(None, ["data.task=calculator"])
+    check_tools(settle(calculator, source_of(calculator))[0])  # the calculator's tools are filled in and load
