@@ -66,6 +66,14 @@ def rollout_engine(cfg: RunConfig, path: Path | str, device: str, *, model: nn.M
         return engine_from_config(cfg, path, on_gpu=device == "cuda" or gpus > 0,
                                   tensor_parallel_size=max(1, int(gpus)),
                                   tokenizer=load_tokenizer(Path(path)))  # a pad-less family's reserved pad
+    return hf_engine(cfg, path, device, model=model, tokenizer=tokenizer)
+
+
+def hf_engine(cfg: RunConfig, path: Path | str, device: str, *, model: nn.Module | None = None,
+              tokenizer: Any = None) -> RolloutEngine:
+    """The HF engine of ``rollout.engine = "hf"``, and of a reference model whatever the policy's
+    engine (it is never synced, so it needs no vLLM): ``model`` (loaded from ``path`` when None)
+    in ``model.dtype`` on ``device``."""
     from .rollout.engines.hf import HFEngine
     if model is None:
         model = load_policy(Path(path), cfg.model.dtype)

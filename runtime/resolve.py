@@ -145,10 +145,12 @@ def check_model_kind(algo: Algorithm, cfg: RunConfig) -> None:
 def check_reference(algo: Algorithm, cfg: RunConfig) -> None:
     """A spec reading the reference model's reward (an input made by ``reference_rollout``:
     ``ref_reward``) names the reference (``reward.reference``: ``policy_base`` or a model folder)
-    and runs where its answers are sampled: single-turn rollouts on the HF engine, in this
-    process, synchronously. Anything else is refused here, before any model loads, rather than run
-    untested; a reference named for a spec that reads none is refused too (it would cost a model
-    and nothing would read it)."""
+    and runs where its answers are sampled: single-turn rollouts in this process, the policy on
+    either engine (the reference samples on an HF engine of its own: workers/start.py
+    reference_rollouts), synchronously or asynchronously (an asynchronous run's producer samples
+    the reference where it makes the step's batch). Anything else is refused here, before any
+    model loads, rather than run untested; a reference named for a spec that reads none is
+    refused too (it would cost a model and nothing would read it)."""
     reads = [x for x in algo.needs() if INPUTS[x].source == "reference_rollout"]
     ref = cfg.reward.reference
     if not reads:
@@ -165,15 +167,13 @@ def check_reference(algo: Algorithm, cfg: RunConfig) -> None:
                           f"use {POLICY_BASE} or the folder of a Hugging Face model")
     r, d = cfg.rollout, cfg.distributed
     refused = [what for what, on in (
-        (f"rollout.engine={r.engine} (the reference samples on the HF engine: rollout.engine=hf)", r.engine != "hf"),
         ("multi-turn episodes (rollout.tools / rollout.env / rollout.agent)",
          r.tools is not None or r.env is not None or r.agent is not None),
         ("Ray workers (distributed.trainers > 1, distributed.rollout_workers or a Ray address)", d.uses_ray),
-        (f"an asynchronous run (rollout.max_staleness={r.max_staleness})", r.max_staleness > 0),
     ) if on]
     if refused:
-        raise ConfigError(f"{what}; its answers are sampled only in a synchronous one-process single-turn run on "
-                          f"the HF engine, not with: {'; '.join(refused)}")
+        raise ConfigError(f"{what}; its answers are sampled only in a one-process single-turn run (the policy on "
+                          f"rollout.engine=hf or vllm, synchronous or asynchronous), not with: {'; '.join(refused)}")
 
 
 def check_precision(cfg: RunConfig) -> None:

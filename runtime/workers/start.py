@@ -11,7 +11,7 @@ import rldsl
 from rldsl.inputs import INPUTS
 
 from ..config import POLICY_BASE, RunConfig
-from ..recipe import master_policy, rollout_engine
+from ..recipe import hf_engine, master_policy
 from ..rewards.functions import RewardFn
 from ..rollout.episodes.tools import SHARED_TOOL_POOL
 from .base import Rollouts, Trainers
@@ -45,9 +45,12 @@ def reference_rollouts(cfg: RunConfig, algo: rldsl.Algorithm, model_path: Path, 
     """The reference model's rollouts of a spec that reads its reward (``ref_reward``): an HF engine
     of ``reward.reference`` -- ``policy_base``: the folder the policy starts from (its weights as
     loaded: with LoRA, the base the adapters are added to), else that model folder -- and the run's
-    reward, in this process (resolve.check_reference refused the rest); None for any other spec."""
+    reward, in this process (resolve.check_reference refused the rest); None for any other spec.
+    The HF engine whatever ``rollout.engine``: the reference is never synced, and a second vLLM
+    engine costs its build and a KV cache of its own for a batch of P x reference_samples
+    (docs/formulas.md, "The reference model's reward": bench/reference_engine.py)."""
     if cfg.reward.reference is None or not any(INPUTS[x].source == "reference_rollout"
                                                for x in algo.needs()):
         return None
     path = model_path if cfg.reward.reference == POLICY_BASE else Path(cfg.reward.reference)
-    return LocalRollouts(rollout_engine(cfg, path, cfg.device), reward)
+    return LocalRollouts(hf_engine(cfg, path, cfg.device), reward)

@@ -242,3 +242,49 @@ def test_multi_turn_episodes_on_vllm(eos_first_tool_model, tmp_path):
                                            tokenize=False)
         assert s["environment_tokens"] == len(tok(rendered, add_special_tokens=False)["input_ids"]) \
             - len(tok(s["prompt"], add_special_tokens=False)["input_ids"]) - 3 - 1  # minus the closing "\n"
+
+
+def test_reference_reward_with_the_policy_on_vllm(vllm_model_dir, tmp_path, monkeypatch):
+    """contrastive_rewards (reads ref_reward) with rollout.engine=vllm, reward.reference=policy_base,
+    2 reference answers per prompt, 2 steps: the policy samples on vLLM, the reference on an HF
+    engine of the folder in this process, on the same prompts each step; its answers are the base
+    model's (a fresh HF engine gives the same ones); samples.jsonl holds both rewards per row
+    (ref_reward its prompt's mean reference reward) and the metrics both per term."""
+    import json
+
+    from rldsl.runtime.models.loading import load_policy, load_tokenizer
+    from rldsl.runtime.rollout.engines.hf import HFEngine
+    from rldsl.runtime.rollout.engines.vllm import VLLMEngine
+    from rldsl.runtime.workers.local import LocalRollouts
+
+    calls = []
+    generate = LocalRollouts.generate
+
+    def spy(self, prompts, answers, params, reward_prompts=None, score=True):
+        out = generate(self, prompts, answers, params, reward_prompts, score)
+        calls.append((self.engine, list(prompts), params, out))
+        return out
+
+    monkeypatch.setattr(LocalRollouts, "generate", spy)
+    spec = str(Path(__file__).resolve().parents[3] / "algorithms" / "examples" / "contrastive_rewards.rl")
+    run = loop.train(spec, config(vllm_model_dir, tmp_path / "run", "train.steps=2", "log.samples_per_step=4",
+                                  "reward.reference=policy_base", "reward.reference_samples=2"))
+    policy = [c for c in calls if isinstance(c[0], VLLMEngine)]
+    reference = [c for c in calls if isinstance(c[0], HFEngine)]
+    assert len(policy) == 2 and len(reference) == 2 and len(calls) == 4
+    base = HFEngine(load_policy(vllm_model_dir, "float32"), load_tokenizer(vllm_model_dir))
+    for p, (_, prompts, params, got) in zip(policy, reference):
+        assert prompts == p[1] and params.n == 2 and params.temperature == p[2].temperature
+        assert base.generate(prompts, params).completions == got.batch.completions
+    recs = steps_of(run)
+    assert [r["step"] for r in recs] == [1, 2]
+    for rec, r in zip(recs, reference):
+        assert rec["rewards/ref/parity/mean"] == pytest.approx(float(r[3].scored.rewards.double().mean()), abs=1e-12)
+        assert "rewards/parity/mean" in rec and rec["time/reference_s"] >= 0
+    rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 16
+    for row in rows:
+        step_ref = reference[row["step"] - 1][3].scored.rewards.view(-1, 2)  # [P, 2]
+        assert row["ref_reward"] == pytest.approx(float(step_ref[row["group"]].mean()), abs=1e-7)
+        assert set(row["rewards"]) == {"parity", "ref/parity"} and row["reward"] == row["rewards"]["parity"]
+        assert row["rewards"]["ref/parity"] == pytest.approx(row["ref_reward"], abs=1e-7)

@@ -71,9 +71,7 @@ def test_a_spec_reading_it_without_a_reference_exits_2_before_any_model_loads(mo
 
 
 @pytest.mark.parametrize("spec, sets, said", [
-    (SPEC, ["reward.reference=policy_base", "rollout.engine=vllm"], "rollout.engine=vllm"),
     (SPEC, ["reward.reference=policy_base", "rollout.env=addition_steps"], "multi-turn episodes"),
-    (SPEC, ["reward.reference=policy_base", "rollout.max_staleness=1"], "rollout.max_staleness=1"),
     (SPEC, ["reward.reference=policy_base", "distributed.rollout_workers=1"], "Ray workers"),
     (SPEC, ["reward.reference=/nowhere/model"], "not a model folder"),
     ("reinforce", ["reward.reference=policy_base"], "reads no reference reward"),
@@ -100,6 +98,26 @@ def test_the_checks_see_a_built_in_tasks_own_tools(tmp_path, no_model_load):
         plan_run(load_spec(SPEC), load_config(None, ["data.task=calculator", "reward.reference=policy_base",
                                                      f"out={tmp_path}"]))
     assert no_model_load == []
+
+
+@pytest.mark.parametrize("sets", [["rollout.engine=vllm"], ["rollout.max_staleness=1"],
+                                  ["rollout.engine=vllm", "rollout.max_staleness=2"]])
+def test_the_vllm_engine_and_asynchronous_runs_pass(model_dir, sets):
+    """The reference samples on an HF engine of its own whatever the policy's engine, in the step's
+    batch maker (an asynchronous run's producer too): neither is refused (their runs: below and
+    tests/runtime/run/test_vllm_runs.py)."""
+    check_reference(load_spec(SPEC), load_config(None, [f"model.path={model_dir}", "reward.reference=policy_base",
+                                                        *sets]))
+
+
+def test_the_reference_samples_on_an_hf_engine_whatever_the_policys_engine(model_dir):
+    """rollout.engine=vllm: the reference is an HF engine of the folder (never synced, so no vLLM: no
+    second engine's build nor KV cache), in model.dtype on the run's device."""
+    from rldsl.runtime.workers import start
+
+    cfg = load_config(None, [f"model.path={model_dir}", "reward.reference=policy_base", "rollout.engine=vllm"])
+    ref = start.reference_rollouts(cfg, load_spec(SPEC), Path(model_dir), None)
+    assert isinstance(ref.engine, HFEngine) and next(ref.engine.model.parameters()).dtype == torch.float32
 
 
 def _batch(B: int, G: int) -> RolloutBatch:
@@ -173,6 +191,38 @@ def test_a_run_reading_the_reference_reward_records_both_rewards_and_trains(mode
     assert plain_recs[0]["reward_mean"] == recs[0]["reward_mean"], "the same samples in step 1"
     assert plain_recs[0]["loss"] != pytest.approx(recs[0]["loss"], abs=1e-6)
     assert "ref_reward" not in json.loads((plain / "samples.jsonl").read_text().splitlines()[0])
+
+
+@pytest.mark.slow
+def test_an_asynchronous_run_samples_the_reference_on_each_steps_prompts(model_dir, tmp_path, monkeypatch):
+    """rollout.max_staleness=1: the producer samples the reference where it makes a step's batch --
+    once per step, on that step's prompts, with the reference's seed of that step -- and each
+    row's ref_reward is its prompt's mean reference reward, recorded per term as in a synchronous
+    run; the reference's answers equal the synchronous run's (its weights never change)."""
+    calls = _spy(monkeypatch)
+    sets = ("train.steps=3", "log.samples_per_step=4", "seed=3", "reward.reference=policy_base",
+            "reward.reference_samples=2")
+    run = loop.train(SPEC, small_run(model_dir, tmp_path / "async", *sets, "rollout.max_staleness=1"))
+    policy = [c for c in calls if c[2].n == 4]
+    reference = [c for c in calls if c[0] is not policy[0][0]]
+    assert len(policy) == 3 and len(reference) == 3
+    for p, r in zip(policy, reference):
+        assert r[1] == p[1] and r[2].n == 2
+    recs = steps_of(run)
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 * 16
+    for row in rows:
+        step_ref = reference[row["step"] - 1][3].scored.rewards.view(-1, 2)
+        assert row["ref_reward"] == pytest.approx(float(step_ref[row["group"]].mean()), abs=1e-7)
+        assert row["rewards"]["ref/parity"] == pytest.approx(row["ref_reward"], abs=1e-7)
+    for rec, r in zip(recs, reference):
+        assert rec["rewards/ref/parity/mean"] == pytest.approx(float(r[3].scored.rewards.double().mean()), abs=1e-12)
+
+    calls.clear()
+    loop.train(SPEC, small_run(model_dir, tmp_path / "sync", *sets))
+    sync_ref = [c for c in calls if c[2].n == 2]
+    assert [c[3].batch.completions for c in sync_ref] == [c[3].batch.completions for c in reference]
 
 
 @pytest.mark.slow
