@@ -35,7 +35,7 @@ NAME = "Qwen/Qwen3-8B-Base"  # a name the cookbook maps to its role_colon render
 REWARD, CORRECT = "env/all/reward/total", "env/all/correct"
 #: the recipe's settings: 16 problems x 8 samples a step; answers are " 058+067=125\n\nUser:" (19 tokens)
 RECIPE = ["env=arithmetic", "group_size=8", "groups_per_batch=16", f"max_tokens={MAX_TOKENS}", "lora_rank=8",
-          "learning_rate=3e-3", "eval_every=0", "save_every=0", "behavior_if_log_dir_exists=delete"]
+          "eval_every=0", "save_every=0", "behavior_if_log_dir_exists=delete"]
 
 
 def free_port() -> int:
@@ -68,7 +68,7 @@ def home_folder(root: Path) -> Path:
     return root / "home"
 
 
-def run_seed(root: Path, seed: int, steps: int, minutes: float) -> Path:
+def run_seed(root: Path, seed: int, steps: int, minutes: float, lr: float) -> Path:
     """Serve the model and run the recipe for one seed; the recipe's log folder."""
     home, log = home_folder(root), root / f"seed{seed}"
     port = free_port()
@@ -81,7 +81,7 @@ def run_seed(root: Path, seed: int, steps: int, minutes: float) -> Path:
     try:
         wait_open(port, server)
         cmd = ["nice", "-n", "10", sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train",
-               f"base_url=http://127.0.0.1:{port}", f"model_name={NAME}", *RECIPE, f"seed={seed}",
+               f"base_url=http://127.0.0.1:{port}", f"model_name={NAME}", *RECIPE, f"learning_rate={lr}", f"seed={seed}",
                f"max_steps={steps}", f"log_path={log.resolve()}"]
         print("$", " ".join(cmd[3:]), flush=True)
         t0 = time.monotonic()
@@ -104,11 +104,36 @@ def read_rows(log: Path) -> list[dict]:
     return [r for r in rows if REWARD in r]
 
 
+def carry_split(log: Path, step: int) -> list[list[float]] | None:
+    """[correct samples, samples] on the step's problems that need no carry, then on those that
+    need one, from
+    the recipe's own per-sample records of that step (``iteration_*/train_rollout_summaries.jsonl``)
+    and its own problem generator: the batches differ in how many problems carry (every seed sees
+    the same ones), so the reward per step moves with that mix; the carrying rate is what RL must
+    raise here."""
+    from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticDataset
+    from rldsl.runtime.toy.task import carry_free_sum
+
+    path = log / f"iteration_{step:06d}" / "train_rollout_summaries.jsonl"
+    if not path.is_file():
+        return None
+    problems = [g.env_thunk.args[:2] for g in ArithmeticDataset(16, None, 8).get_batch(step)]  # type: ignore[arg-type]
+    counts = [[0.0, 0.0], [0.0, 0.0]]
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        x, y = problems[row["group_idx"]]
+        kind = counts[carry_free_sum(x, y) != str(x + y)]
+        kind[0] += row["steps"][0]["metrics"]["correct"]
+        kind[1] += 1
+    return counts
+
+
 def table(logs: dict[int, Path], every: int) -> str:
     runs = {seed: read_rows(log) for seed, log in logs.items()}
     n = min((len(r) for r in runs.values()), default=0)
-    head = "| steps | " + " | ".join(f"seed {s}: reward (correct)" for s in runs) + " | mean reward |"
-    lines = [head, "|" + "---|" * (len(runs) + 2)]
+    head = ("| steps | " + " | ".join(f"seed {s}: reward (correct)" for s in runs)
+            + " | mean reward | mean correct, no carry / carry |")
+    lines = [head, "|" + "---|" * (len(runs) + 3)]
     for start in range(0, n, every):
         cells, means = [], []
         for rows in runs.values():
@@ -117,8 +142,11 @@ def table(logs: dict[int, Path], every: int) -> str:
             correct = sum(r.get(CORRECT, 0.0) for r in chunk) / len(chunk)
             cells.append(f"{reward:.3f} ({correct:.3f})")
             means.append(reward)
+        split = [c for log in logs.values() for i in range(start, start + len(chunk))
+                 if (c := carry_split(log, i)) is not None]
+        plain, carry = (sum(c[k][0] for c in split) / max(sum(c[k][1] for c in split), 1) for k in (0, 1))
         lines.append(f"| {start}-{start + len(chunk) - 1} | " + " | ".join(cells)
-                     + f" | {sum(means) / len(means):.3f} |")
+                     + f" | {sum(means) / len(means):.3f} | {plain:.2f} / {carry:.2f} |")
     walls = [json.loads((log / "wall.json").read_text())["seconds"] for log in logs.values()
              if (log / "wall.json").is_file()]
     lines.append(f"\n{n} steps per seed in common; wall seconds per seed: {walls}")
@@ -149,6 +177,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--lr", type=float, default=5e-4,
+                        help="the recipe's learning_rate (its default, 1e-5, is for an 8B model's LoRA; "
+                             "3e-3 broke this model's format within 4 steps)")
     parser.add_argument("--every", type=int, default=5, help="steps per row of the table")
     parser.add_argument("--plot", type=Path, default=None, help="write the reward curves here (PNG)")
     parser.add_argument("--table", action="store_true", help="only read the runs already in --root")
@@ -160,7 +191,7 @@ def main() -> None:
         home_folder(args.root)  # the warm start, once, before any seed
         todo = [seed for seed, log in logs.items() if not read_rows(log)]
         with ThreadPoolExecutor(len(todo) if args.parallel and todo else 1) as pool:
-            list(pool.map(lambda seed: run_seed(args.root, seed, args.steps, args.minutes), todo))
+            list(pool.map(lambda seed: run_seed(args.root, seed, args.steps, args.minutes, args.lr), todo))
     print(table(logs, args.every))
     if args.plot:
         plot(logs, args.plot)

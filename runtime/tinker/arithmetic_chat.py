@@ -121,7 +121,8 @@ def arithmetic_chat_model(config: ChatWarmStart | None = None, *, cache: str | P
     tokenizer = chat_tokenizer()
     model_config = tiny_config(tokenizer, max_position_embeddings=config.max_position_embeddings)
     toy = embedded_model(vllm=False)[0]
-    target = (Path(cache) if cache is not None else cache_dir()) / "warm_start" / f"chat-{_key(config, model_config, toy)}"
+    root = Path(cache) if cache is not None else cache_dir()
+    target = root / "warm_start" / f"chat-{_key(config, model_config, toy)}"
     if (target / "warm_start.json").is_file():
         return target
     model, report = _train(config, model_config, tokenizer, toy, verbose)

@@ -108,8 +108,8 @@ def test_the_recipe_gets_a_reward_from_the_warm_started_model(tmp_path):
         with BackgroundServer(make_app(service, None)) as url:
             done = subprocess.run([sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train", f"base_url={url}",
                                    f"model_name={NAME}", "env=arithmetic", "group_size=4", "groups_per_batch=8",
-                                   f"max_tokens={MAX_TOKENS}", "max_steps=2", "lora_rank=4", "eval_every=0", "save_every=0",
-                                   f"log_path={log}", "behavior_if_log_dir_exists=delete"],
+                                   f"max_tokens={MAX_TOKENS}", "max_steps=2", "lora_rank=4", "eval_every=0",
+                                   "save_every=0", f"log_path={log}", "behavior_if_log_dir_exists=delete"],
                                   cwd=home, env=env, capture_output=True, text=True, timeout=300)
     finally:
         service.close()
