@@ -137,7 +137,7 @@ def table(logs: dict[int, Path], every: int) -> str:
     for start in range(0, n, every):
         cells, means = [], []
         for rows in runs.values():
-            chunk = rows[start:start + every]
+            chunk = rows[start:min(start + every, n)]
             reward = sum(r[REWARD] for r in chunk) / len(chunk)
             correct = sum(r.get(CORRECT, 0.0) for r in chunk) / len(chunk)
             cells.append(f"{reward:.3f} ({correct:.3f})")
