@@ -362,8 +362,9 @@ def serve_reward_command(
 def serve_tinker_command(
     model: Annotated[Optional[list[str]], typer.Option(
         "--model", metavar="NAME=PATH", help="A base model to serve: the name clients give (e.g. "
-        "Qwen/Qwen3-8B-Base) and a local HF folder; repeat for several. Default: the embedded tiny model "
-        "as rldsl/toy.")] = None,
+        "Qwen/Qwen3-8B-Base) and a local HF folder, or toy:arithmetic-chat (a tiny model warm-started on "
+        "the cookbook's arithmetic recipe, docs/tinker.md); repeat for several. Default: the embedded tiny "
+        "model as rldsl/toy.")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on (not loopback: --api-key is required).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     api_key: Annotated[Optional[str], typer.Option(

@@ -1,12 +1,14 @@
 """The base models ``rldsl serve-tinker`` serves: ``--model NAME=PATH`` (NAME served exactly as
 given: listed in the capabilities, accepted by ``create_model``, returned as the tokenizer id;
-PATH a local HF folder), or the embedded tiny model as ``rldsl/toy`` when none is given."""
+PATH a local HF folder or ``toy:arithmetic-chat``, the tiny model warm-started on the cookbook's
+arithmetic recipe, arithmetic_chat.py), or the embedded tiny model as ``rldsl/toy`` when none is given."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import RunError
 from ..toy.warmup import embedded_model
+from .arithmetic_chat import MODEL_REF, arithmetic_chat_model
 
 DEFAULT_NAME = "rldsl/toy"
 
@@ -16,15 +18,19 @@ def served_models(options: list[str]) -> dict[str, Path]:
     model loads."""
     if not options:
         return {DEFAULT_NAME: embedded_model(vllm=False)[0]}
-    models: dict[str, Path] = {}
+    models: dict[str, Path | None] = {}
     for text in options:
         name, sep, path = text.partition("=")
         if not sep or not name or not path:
             raise RunError(f"--model {text!r}: expected NAME=PATH (e.g. Qwen/Qwen3-8B-Base=./models/qwen)")
-        folder = Path(path).expanduser()
-        if not (folder / "config.json").is_file():
-            raise RunError(f"--model {text!r}: {folder} is not a Hugging Face model folder (no config.json)")
         if name in models:
             raise RunError(f"--model {name!r} is given twice")
+        folder = Path(path).expanduser()
+        if path == MODEL_REF:  # warm-started (or read from the cache) once every option is checked
+            models[name] = None
+            continue
+        if not (folder / "config.json").is_file():
+            raise RunError(f"--model {text!r}: {folder} is not a Hugging Face model folder (no config.json)")
         models[name] = folder
-    return models
+    return {name: folder if folder is not None else arithmetic_chat_model(verbose=True)
+            for name, folder in models.items()}
