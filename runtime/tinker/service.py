@@ -242,7 +242,7 @@ class Service:
             reference = trained.reference_logprobs(rows) if loss.reference else None
             value, metrics = losses.compute(loss, logprobs, [d.inputs for d in request.data], denominator, reference)
             if not request.forward_only:
-                value.backward()
+                trained.backward(value)
                 trained.loss_metrics.append(dict(metrics))
             metrics["loss:sum"] = float(value.detach())
             outputs = [{"logprobs": lp.detach().numpy()} for lp in logprobs]

@@ -83,7 +83,7 @@ def test_forward_backward_shares_a_groups_prefix_and_equals_each_row_alone(train
     def grads(lps):
         for p in model.params:
             p.grad = None
-        sum((i + 1) * lp.sum() for i, lp in enumerate(lps)).backward()
+        model.backward(sum((i + 1) * lp.sum() for i, lp in enumerate(lps)))  # the prefixes' targets too
         return [p.grad.clone() for p in model.params]
     model.logprobs(rows[:2], grad=False)  # the packed layout's once-per-model check (train/packing.py)
     fed, hook = _backbone_tokens(model.policy)
@@ -99,6 +99,42 @@ def test_forward_backward_shares_a_groups_prefix_and_equals_each_row_alone(train
     for a, b in zip(together, alone):
         assert a.shape == b.shape == (len(a),)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    for a, b in zip(g_together, g_alone):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_a_loss_without_gradient_on_the_prefixes_runs_no_prefix_backward(trained):
+    """The prefixes' own targets are scored without a graph: a loss that gives them no gradient
+    (a recipe's: advantages 0 on the prompt) runs no backward through their forward, and its
+    gradients equal each row scored alone."""
+    model, tok = trained
+    prompt = tok.encode("The sum of 12 and 30 is")
+    rows = [((prompt + t)[:-1], (prompt + t)[1:]) for t in ([11, 12], [13, 14, 15], [16], [17, 18, 19, 20])]
+    c = len(prompt) - 1  # the prompt's own targets: positions 0 .. c - 1
+
+    def grads(lps):
+        for p in model.params:
+            p.grad = None
+        model.backward(sum((i + 1) * lp[c:].sum() for i, lp in enumerate(lps)))
+        return [p.grad.clone() for p in model.params]
+    graphs: list[bool] = []  # per forward through the model's body: whether it kept a graph
+    backwards: list[int] = []  # per backward through it
+
+    def graph(module, args, out):
+        hidden = out[0]
+        graphs.append(hidden.requires_grad)
+        if hidden.requires_grad:
+            hidden.register_hook(lambda g: backwards.append(1))
+    model.logprobs(rows[:2], grad=False)  # the packed layout's once-per-model check (train/packing.py)
+    hook = backbone(model.policy).register_forward_hook(graph)
+    try:
+        together = model.logprobs(rows, grad=True)
+        g_together = grads(together)
+    finally:
+        hook.remove()
+    # the shared-prefix forward with its graph, then the prefixes' own targets without one
+    assert graphs[-1] is False and len(backwards) == graphs.count(True) == len(graphs) - 1, (graphs, backwards)
+    g_alone = grads([model.logprobs([r], grad=True)[0] for r in rows])
     for a, b in zip(g_together, g_alone):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
