@@ -17,7 +17,8 @@ service the server's jobs by kind (sampling, ``forward_backward``, ``optim_step`
 save), the time a sampling batch stays open for requests still arriving (``gather``), the
 server's reading of requests (JSON and the ``forward_backward`` protobuf), and the rest: the
 client's own Python (its protobuf encoding, futures, the recipe's rewards and advantages) and
-the HTTP round trips.
+the HTTP round trips. It also prints how many sampling loops a step's requests took and when
+the last of them reached the server (a sampling loop cannot end before it).
 
 Two batch shapes are measured, one after the other, each printed: the given one (default 16
 prompts x 8 samples, <= 16 new tokens, LoRA rank 8) and, unless ``--no-recipe``, the default
@@ -88,6 +89,7 @@ class ServiceLoop:
         self.rng = random.Random(args.seed)
         self.phases: dict[str, float] = {}
         self.batches = 0
+        self.arrivals: list[float] = []
         self._wrap_server()
 
     def _add(self, phase: str, seconds: float) -> None:
@@ -115,6 +117,12 @@ class ServiceLoop:
             return sample_batch(batch)
         svc._sample_batch = counted
         svc._gather = self._timed(svc._gather, "gather")
+        asample = svc.asample
+
+        def arrived(*a, **k):  # when each sample request reached the server (the span a step's took)
+            self.arrivals.append(time.perf_counter())
+            return asample(*a, **k)
+        svc.asample = arrived
         kinds = {"forward_backward": "forward_backward", "optim_step": "optim_step"}
         submit = svc.submit
 
@@ -139,6 +147,7 @@ class ServiceLoop:
     def step(self) -> tuple[float, dict[str, float]]:
         T = self.types
         t0, before = time.perf_counter(), {**self.phases, "sampling batches": float(self.batches)}
+        self.arrivals.clear()
         sampler = self.tc.save_weights_and_get_sampling_client()
         pairs = [(self.rng.randint(0, 99), self.rng.randint(0, 99)) for _ in range(self.args.prompts)]
         prompts = [[self.tok.bos_token_id] + self.tok.encode(f"{a}+{b}=", add_special_tokens=False)
@@ -147,8 +156,10 @@ class ServiceLoop:
         futures = [sampler.sample(T.ModelInput.from_ints(p), num_samples=self.args.samples, sampling_params=params)
                    for p in prompts]
         data = []
+        span = 0.0
         for (a, b), p, fut in zip(pairs, prompts, futures):
             seqs = fut.result().sequences
+            span = max(self.arrivals) - t0 if len(self.arrivals) == len(prompts) and not span else span
             rewards = [float(self.tok.decode(s.tokens, skip_special_tokens=True).strip() == str(a + b)) for s in seqs]
             mean = sum(rewards) / len(rewards)
             for s, r in zip(seqs, rewards):
@@ -161,7 +172,7 @@ class ServiceLoop:
         self.tc.forward_backward(data, "importance_sampling").result()
         self.tc.optim_step(T.AdamParams(learning_rate=self.args.lr, beta1=0.9, beta2=0.99, eps=1e-8)).result()
         now = {**self.phases, "sampling batches": float(self.batches)}
-        return time.perf_counter() - t0, {k: v - before.get(k, 0.0) for k, v in now.items()}
+        return time.perf_counter() - t0, {**{k: v - before.get(k, 0.0) for k, v in now.items()}, "arrivals": span}
 
     def close(self) -> None:
         self.server.__exit__(None, None, None)
@@ -211,7 +222,8 @@ def measure(args) -> None:
     print(f"| serve-tinker (recipe loop) | {v:.4f} | " + " | ".join(f"{t:.4f}" for t in svc_parts.values())
           + f" | {v - sum(svc_parts.values()):.4f} |")
     print(f"ratio service / run: {v / r:.2f}x; the service's {args.prompts} sample requests a step were sampled in "
-          f"{med(p.get('sampling batches', 0.0) for _, p in service):.0f} batch(es) (median)")
+          f"{med(p.get('sampling batches', 0.0) for _, p in service):.0f} batch(es) (median); the last of them "
+          f"reached the server {med(p.get('arrivals', 0.0) for _, p in service):.4f} s into the step (median)")
 
 
 def main() -> None:

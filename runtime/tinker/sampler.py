@@ -1,6 +1,7 @@
 """Sampling for ``asample``: many requests, each ``num_samples`` completions of one prompt, sampled
 together in one KV-cached loop (the cookbook sends one-sample requests by the hundred: the
-service gathers those waiting and calls :func:`sample` once).
+service gathers those waiting and calls :func:`sample` once, and those that arrive while it runs
+join the running loop at its next token: continuous batching).
 
 Per token: z = logits / temperature, top-k then top-p (at least one token kept), a draw from a
 generator of the call's own (seeded by the request's ``seed`` when it gives one: such a request is sampled in a batch of its own). A row stops
@@ -18,7 +19,7 @@ prefill. No second forward scores the completions (docs/tinker.md, "Speed").
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -98,67 +99,137 @@ def _filter(z: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return z
 
 
-@dataclass
-class _Drawn:
-    """What :func:`_generate` returns: per row (each job's num_samples rows in turn) the completion's
-    tokens and their logprobs; per job, the logprobs of its prompt's tokens 1.. (from the prefill)."""
-
-    tokens: list[list[int]]
-    logprobs: list[list[float]]
-    prompt_logprobs: list[list[float]]
-
-
 def _picked(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     """log_softmax(logits)[token] per row: fp32 logits [b, V], tokens [b] -> [b]."""
     return logits.gather(-1, token[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
 
 
-@torch.no_grad()
-def _generate(model: Any, tokenizer: Any, jobs: list[SampleJob]) -> _Drawn:
-    """The completions' tokens and logprobs. Each prompt is prefilled once for its samples (its
-    cache rows then repeated), and a row that has stopped leaves the batch, as the HF engine's
-    sampler does (rollout/engines/hf.py)."""
-    head = jobs[0]
-    rows = [j for j in jobs for _ in range(j.num_samples)]
+@dataclass
+class _Batch:
+    """The rows a sampling loop is generating: per row still running its job, its tokens so far
+    and their logprobs; the KV cache, attention mask and next position of those rows; the logits
+    each will draw its next token from."""
+
+    rows: list[SampleJob]
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    cache: Any
+    mask: torch.Tensor
+    next_pos: torch.Tensor
+    logits: torch.Tensor
+
+    def keep(self, index: list[int]) -> None:
+        """Only the rows at ``index`` go on."""
+        if len(index) == len(self.rows):
+            return
+        select = torch.tensor(index, dtype=torch.long)
+        self.cache.batch_select_indices(select)
+        self.rows = [self.rows[k] for k in index]
+        self.tokens = [self.tokens[k] for k in index]
+        self.logprobs = [self.logprobs[k] for k in index]
+        self.mask, self.next_pos, self.logits = self.mask[select], self.next_pos[select], self.logits[select]
+
+    def join(self, other: _Batch) -> None:
+        """Add ``other``'s rows (just prefilled): both caches and masks left-padded to the longer
+        one (a padded column is masked, and each row keeps its own positions), then stacked."""
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([_left(mine.keys, width, 2), _left(theirs.keys, width, 2)])
+            mine.values = torch.cat([_left(mine.values, width, 2), _left(theirs.values, width, 2)])
+        self.mask = torch.cat([_left(self.mask, width, 1), _left(other.mask, width, 1)])
+        self.rows, self.tokens, self.logprobs = (self.rows + other.rows, self.tokens + other.tokens,
+                                                 self.logprobs + other.logprobs)
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+        self.logits = torch.cat([self.logits, other.logits])
+
+
+def _left(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """``x`` left-padded with zeros along ``dim`` to ``width``."""
+    if x.shape[dim] == width:
+        return x
+    shape = list(x.shape)
+    shape[dim] = width - x.shape[dim]
+    return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
+def _joinable(cache: Any) -> bool:
+    """A cache whose layers are plain key/value tensors (no sliding window, no recurrent state):
+    rows prefilled apart can be stacked into it."""
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+
+
+def _prefill(model: Any, tokenizer: Any, jobs: list[SampleJob]) -> _Batch:
+    """Each job's prompt prefilled once, its cache row then repeated for its samples; the
+    prompts' own logprobs go to the jobs that ask for them."""
     ids, mask = left_pad([j.prompt for j in jobs], tokenizer.pad_token_id or 0)
-    eos = stop_token_ids(tokenizer, model)
-    stops = [set(r.stop_tokens) if r.stop_tokens is not None else set(eos) for r in rows]
-    generator = torch.Generator()
-    generator.manual_seed(head.seed if head.seed is not None else int(torch.randint(0, 2**62, ()).item()))
-    out: list[list[int]] = [[] for _ in rows]
-    out_lp: list[list[float]] = [[] for _ in rows]
     pos = position_ids_from_mask(mask)
     res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-    prompt_lp = _prompt_logprobs(res.logits, ids, jobs)
+    for j, lp in zip(jobs, _prompt_logprobs(res.logits, ids, jobs)):
+        j.result = []
+        j.prompt_result = [float("nan")] + lp if j.prompt_logprobs else None
     repeat = torch.repeat_interleave(torch.arange(len(jobs)), torch.tensor([j.num_samples for j in jobs]))
-    cache = res.past_key_values
-    cache.batch_select_indices(repeat)
-    logits, mask, next_pos = res.logits[:, -1].float()[repeat], mask[repeat], pos[repeat, -1:] + 1
-    alive = list(range(len(rows)))  # the row of each sequence still running
-    for _ in range(head.max_tokens):
+    res.past_key_values.batch_select_indices(repeat)
+    rows = [j for j in jobs for _ in range(j.num_samples)]
+    return _Batch(rows, [[] for _ in rows], [[] for _ in rows], res.past_key_values, mask[repeat],
+                  pos[repeat, -1:] + 1, res.logits[:, -1].float()[repeat])
+
+
+Join = Callable[[], list[SampleJob]]
+Done = Callable[[SampleJob], None]
+
+
+@torch.no_grad()
+def _generate(model: Any, tokenizer: Any, jobs: list[SampleJob], join: Join | None, done: Done) -> None:
+    """Sample ``jobs`` (one group of parameters) in one KV-cached loop. A row that has stopped
+    leaves the batch, as the HF engine's sampler does (rollout/engines/hf.py), and a job is
+    ``done`` once its last row has; requests of the same group that arrive while the loop runs
+    (``join()``) are prefilled and enter it at the next token (continuous batching: a recipe's
+    requests reach the server one by one, and on a busy machine further apart than the gather
+    window: each would otherwise wait for the loop before it, then run a loop of its own)."""
+    head = jobs[0]
+    eos = stop_token_ids(tokenizer, model)
+    left = {id(j): j.num_samples for j in jobs}
+    generator = torch.Generator()
+    generator.manual_seed(head.seed if head.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+    batch = _prefill(model, tokenizer, jobs)
+    if not _joinable(batch.cache):
+        join = None
+    while batch.rows:
         if head.temperature == 0:
-            token = logits.argmax(-1)
+            token = batch.logits.argmax(-1)
         else:
-            z = _filter(logits / head.temperature, head.top_k, head.top_p)
+            z = _filter(batch.logits / head.temperature, head.top_k, head.top_p)
             token = torch.multinomial(torch.softmax(z, -1), 1, generator=generator).squeeze(1)
         keep = []
-        for k, (i, t, lp) in enumerate(zip(alive, token.tolist(), _picked(logits, token).tolist())):
-            out[i].append(t)
-            out_lp[i].append(lp)
-            if not (t in stops[i] or (rows[i].stop_strings and any(
-                    s in tokenizer.decode(out[i], skip_special_tokens=False) for s in rows[i].stop_strings))):
+        for k, (t, lp) in enumerate(zip(token.tolist(), _picked(batch.logits, token).tolist())):
+            row, out = batch.rows[k], batch.tokens[k]
+            out.append(t)
+            batch.logprobs[k].append(lp)
+            stopped = t in (set(row.stop_tokens) if row.stop_tokens is not None else eos) or bool(
+                row.stop_strings and any(s in tokenizer.decode(out, skip_special_tokens=False)
+                                         for s in row.stop_strings))
+            if not stopped and len(out) < row.max_tokens:
                 keep.append(k)
-        if not keep or len(out[alive[0]]) == head.max_tokens:
-            break
-        if len(keep) < len(alive):
-            index = torch.tensor(keep)
-            cache.batch_select_indices(index)
-            alive, token, mask, next_pos = [alive[k] for k in keep], token[index], mask[index], next_pos[index]
-        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        res = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos,
-                    past_key_values=cache, use_cache=True)
-        logits, next_pos = res.logits[:, -1].float(), next_pos + 1
-    return _Drawn(out, out_lp, prompt_lp)
+                continue
+            row.result.append(Sequence(out, batch.logprobs[k], stopped))
+            left[id(row)] -= 1
+            if not left[id(row)]:
+                done(row)
+        batch.keep(keep)
+        if keep:
+            batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(keep), 1)], dim=1)
+            res = model(input_ids=token[torch.tensor(keep, dtype=torch.long)][:, None], attention_mask=batch.mask,
+                        position_ids=batch.next_pos, past_key_values=batch.cache, use_cache=True)
+            batch.logits, batch.next_pos = res.logits[:, -1].float(), batch.next_pos + 1
+        arrived = join() if join is not None else []
+        if arrived:
+            left.update({id(j): j.num_samples for j in arrived})
+            fresh = _prefill(model, tokenizer, arrived)
+            if keep:
+                batch.join(fresh)
+            else:
+                batch = fresh
 
 
 def _prompt_logprobs(logits: torch.Tensor, ids: torch.Tensor, jobs: list[SampleJob]) -> list[list[float]]:
@@ -175,27 +246,14 @@ def _prompt_logprobs(logits: torch.Tensor, ids: torch.Tensor, jobs: list[SampleJ
     return out
 
 
-def sample(model: Any, tokenizer: Any, jobs: list[SampleJob]) -> None:
-    """Fill each job's ``result`` (and ``prompt_result``): one batch per group of parameters."""
+def sample(model: Any, tokenizer: Any, jobs: list[SampleJob],
+           join: Callable[[tuple[Any, ...]], list[SampleJob]] | None = None, done: Done | None = None) -> None:
+    """Fill each job's ``result`` (and ``prompt_result``): one loop per group of parameters.
+    ``join(group)``, when given, returns the requests of that group that arrived since (they
+    enter the running loop); ``done(job)`` is called once a job's samples are all drawn."""
     groups: dict[tuple[Any, ...], list[SampleJob]] = {}
     for j in jobs:
         groups.setdefault(j.group(), []).append(j)
-    for group in groups.values():
-        drawn = _generate(model, tokenizer, group)
-        rows = [j for j in group for _ in range(j.num_samples)]
-        for j, prompt_lp in zip(group, drawn.prompt_logprobs):
-            j.result = []
-            if j.prompt_logprobs:
-                j.prompt_result = [float("nan")] + prompt_lp
-        for r, c, lp in zip(rows, drawn.tokens, drawn.logprobs):
-            stopped = len(c) < r.max_tokens or _ends_on_stop(r, c, tokenizer, model)
-            r.result.append(Sequence(c, lp, stopped))
-
-
-def _ends_on_stop(job: SampleJob, completion: list[int], tokenizer: Any, model: Any) -> bool:
-    """A completion of exactly max_tokens tokens whose last token stopped it."""
-    stops = set(job.stop_tokens) if job.stop_tokens is not None else stop_token_ids(tokenizer, model)
-    if completion[-1] in stops:
-        return True
-    text = tokenizer.decode(completion, skip_special_tokens=False)
-    return any(s in text for s in job.stop_strings)
+    for key, group in groups.items():
+        _generate(model, tokenizer, group, (lambda key=key: join(key)) if join is not None else None,
+                  done or (lambda job: None))

@@ -4,7 +4,8 @@ samplers, and the futures every call answers with.
 All model work runs on one worker thread, one job at a time (the device is one): a job is a
 training model's call (executed in ``seq_id`` order among that model's queued calls; the client
 submits them in that order) or a batch of sampling requests (every ``asample`` waiting for the
-same sampler is gathered into one :func:`sampler.sample` call). The HTTP handlers only read and
+same sampler is gathered into one :func:`sampler.sample` call, and those queued while it runs
+join it). The HTTP handlers only read and
 check requests (a malformed one is a 4xx at once) and queue jobs.
 """
 from __future__ import annotations
@@ -241,7 +242,7 @@ class Service:
             reference = trained.reference_logprobs(rows) if loss.reference else None
             value, metrics = losses.compute(loss, logprobs, [d.inputs for d in request.data], denominator, reference)
             if not request.forward_only:
-                value.backward()
+                trained.backward(value)
                 trained.loss_metrics.append(dict(metrics))
             metrics["loss:sum"] = float(value.detach())
             outputs = [{"logprobs": lp.detach().numpy()} for lp in logprobs]
@@ -344,14 +345,38 @@ class Service:
         return self.bases[name]
 
     def _sample_batch(self, batch: list[_Job]) -> None:
+        """Sample ``batch``; requests for the same sampler that arrive meanwhile join its loop
+        (and are appended to ``batch``, so that a failure reaches them too); each request is
+        answered as soon as its own samples are drawn."""
         s = self.samplers[batch[0].sampler]
-        jobs = [j.sample for j in batch if j.sample is not None]
-        tokenizer = self.tokenizers[s.base]
-        if s.model_id is None:
-            sample(self._base_model(s.base), tokenizer, jobs)
-        else:
-            sample(self.model(s.model_id).sampling_model(s.version), tokenizer, jobs)
-        for j in batch:
-            assert j.sample is not None
-            j.future.proto = wire.sample_response(j.sample.result, j.sample.prompt_result)
+        key = s.model_id or f"base:{s.base}"
+        by_sample = {id(j.sample): j for j in batch}
+
+        def join(group: tuple[Any, ...]) -> list[SampleJob]:
+            with self._lock:
+                arrived = self._joining(key, batch[0].sampler, group)
+            batch.extend(arrived)
+            by_sample.update({id(j.sample): j for j in arrived})
+            return [j.sample for j in arrived if j.sample is not None]
+
+        def done(job: SampleJob) -> None:
+            j = by_sample[id(job)]
+            j.future.proto = wire.sample_response(job.result, job.prompt_result)
             j.future.finish()
+        jobs = [j.sample for j in batch if j.sample is not None]
+        model = self._base_model(s.base) if s.model_id is None else self.model(s.model_id).sampling_model(s.version)
+        sample(model, self.tokenizers[s.base], jobs, join, done)
+
+    def _joining(self, key: str, sampler: str | None, group: tuple[Any, ...]) -> list[_Job]:
+        """The queued requests that may join a running sampling loop: those of ``group`` for the
+        same sampler, taken off queue ``key``, unless another kind of job waits (the loop then
+        ends with its own rows, and that job is not held back). Called with the lock held."""
+        if any(j.sample is None for q in self._queues.values() for j in q) or any(
+                q for k, q in self._queues.items() if k != key):
+            return []
+        queue = self._queues.get(key, [])
+        arrived = [j for j in queue if j.sampler == sampler and j.sample is not None and j.sample.group() == group]
+        if arrived:
+            self._queues[key] = [j for j in queue if j not in arrived]
+            heapq.heapify(self._queues[key])
+        return arrived

@@ -50,7 +50,7 @@ class LoraSpec:
 
 
 def target_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]],
-                    grad: bool) -> list[torch.Tensor]:
+                    grad: bool, deferred: list[PrefixGrad] | None = None) -> list[torch.Tensor]:
     """Per row (input tokens, target tokens of the same length) the logprob of each target at its
     position (position i predicts target i), float32, with gradient when ``grad``.
 
@@ -59,12 +59,17 @@ def target_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int
     (packed), and rows that come in groups sharing a prefix (one prompt's samples) through the
     shared-prompt forward, each group's prefix once, with the prefix's own targets scored once per
     group (:func:`_grouped_logprobs`). Other targets (the client may give any): every row padded,
-    ``gather_ids`` the targets. Equal up to float rounding whichever the layout."""
+    ``gather_ids`` the targets. Equal up to float rounding whichever the layout.
+
+    ``deferred`` (a list, with ``grad``): the prefixes' own targets are scored without a graph
+    and their backward left to :func:`backward_prefixes` (appended to ``deferred``), which runs it
+    only when the loss gave them a gradient -- a recipe's loss gives none (its advantages and
+    weights are 0 on the prompt)."""
     with contextlib.nullcontext() if grad else torch.no_grad():
         if all(t[:-1] == x[1:] for x, t in rows):
             groups = _prefix_groups([x for x, _ in rows])
             if groups is not None:
-                return _grouped_logprobs(model, rows, *groups)
+                return _grouped_logprobs(model, rows, *groups, deferred=deferred if grad else None)
             return _packed_logprobs(model, rows)
         return _gathered_logprobs(model, rows)
 
@@ -130,7 +135,7 @@ def _prefix_groups(inputs: list[list[int]]) -> tuple[int, list[int]] | None:
 
 
 def _grouped_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int]]], G: int,
-                      prefixes: list[int]) -> list[torch.Tensor]:
+                      prefixes: list[int], deferred: list[PrefixGrad] | None = None) -> list[torch.Tensor]:
     """Shifted targets of rows in groups of G sharing a prefix of c_g tokens: the forward
     ``rldsl run``'s trainer runs for a group's samples (the prefix as the shared prompt, left
     padded; the rest of each sequence as its response; packed), which scores positions
@@ -147,8 +152,35 @@ def _grouped_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[i
     rest = token_logprobs(model, Forward(ids, mask, Tr, group_size=G),
                           LogprobOptions(entropy=False, packing=True)).logprobs  # [B, Tr]
     heads = [s[:c] for s, c in zip(seqs[::G], prefixes)]
-    head = _packed_logprobs(model, [(h[:-1], h[1:]) for h in heads], packing=False)  # each prefix's targets
+    head_rows = [(h[:-1], h[1:]) for h in heads]
+    if deferred is None:
+        head = _packed_logprobs(model, head_rows, packing=False)  # each prefix's targets
+    else:
+        with torch.no_grad():
+            head = [h.clone().requires_grad_() for h in _packed_logprobs(model, head_rows, packing=False)]
+        deferred.append(PrefixGrad(model, head_rows, head))
     return [torch.cat([head[i // G], rest[i, :len(x) - prefixes[i // G] + 1]]) for i, (x, _) in enumerate(rows)]
+
+
+@dataclass
+class PrefixGrad:
+    """The prefixes' own targets of one grouped forward, scored without a graph: ``head`` (one
+    leaf per group, in every row of its group) collects the loss's gradient;
+    :func:`backward_prefixes` carries it into the weights when it is not 0."""
+
+    model: torch.nn.Module
+    rows: list[tuple[list[int], list[int]]]
+    head: list[torch.Tensor]
+
+
+def backward_prefixes(deferred: list[PrefixGrad]) -> None:
+    """After the loss's backward: for each deferred prefix forward whose targets received a
+    gradient, that forward again with a graph, and its backward with that gradient (the same
+    gradients as a graph kept from the start, without a prefix backward a recipe does not need)."""
+    for d in deferred:
+        grads = [h.grad if h.grad is not None else torch.zeros_like(h) for h in d.head]
+        if any(bool(g.any()) for g in grads):
+            torch.autograd.backward(_packed_logprobs(d.model, d.rows, packing=False), grads)
 
 
 class TrainedModel:
@@ -174,10 +206,19 @@ class TrainedModel:
         self._engine: torch.nn.Module | None = None  # the plain model the samplers run (sampling_model)
         self._engine_version: int | None = None
         self.loss_metrics: list[dict[str, float]] = []  # the forward_backward calls since the last step
+        self._deferred: list[PrefixGrad] = []  # the last logprobs' prefix forwards (backward_prefixes)
 
     # ------------------------------------------------------------------ training
     def logprobs(self, rows: list[tuple[list[int], list[int]]], grad: bool) -> list[torch.Tensor]:
-        return target_logprobs(self.policy, rows, grad)
+        """Target logprobs; with ``grad``, a loss of them goes back through :meth:`backward`."""
+        self._deferred = []
+        return target_logprobs(self.policy, rows, grad, self._deferred)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """The gradients of ``loss`` (of the last :meth:`logprobs`), accumulated into the adapters'."""
+        loss.backward()
+        deferred, self._deferred = self._deferred, []
+        backward_prefixes(deferred)
 
     def reference_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
         """The reference policy's target logprobs (a spec's KL term): the base, adapters off."""

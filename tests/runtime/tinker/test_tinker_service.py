@@ -244,12 +244,18 @@ def test_a_spec_with_a_kl_term_reads_the_policy_with_its_adapters_off(client):
 
 def test_concurrent_one_sample_requests_are_sampled_together(client, monkeypatch):
     from rldsl.runtime.tinker import service as service_module
-    batches: list[int] = []
+    batches: list[list] = []
     real = service_module.sample
 
-    def counted(model, tokenizer, jobs):
-        batches.append(len(jobs))
-        return real(model, tokenizer, jobs)
+    def counted(model, tokenizer, jobs, join=None, done=None):  # each loop's requests, those joining it included
+        batch = list(jobs)
+        batches.append(batch)
+
+        def joined(group):
+            arrived = join(group)
+            batch.extend(arrived)
+            return arrived
+        return real(model, tokenizer, jobs, joined if join is not None else None, done)
     monkeypatch.setattr(service_module, "sample", counted)
     sc, _ = client
     tc = sc.create_lora_training_client(base_model=NAME, rank=4).result()
@@ -258,7 +264,8 @@ def test_concurrent_one_sample_requests_are_sampled_together(client, monkeypatch
     futures = [sampler.sample(types.ModelInput.from_ints(prompt), num_samples=1,
                               sampling_params=types.SamplingParams(max_tokens=4, stop=[])) for _ in range(12)]
     assert all(len(f.result().sequences[0].tokens) == 4 for f in futures)
-    assert sum(batches) == 12 and len(batches) < 12 and max(batches) >= 2, batches
+    sizes = [len(b) for b in batches]
+    assert sum(sizes) == 12 and len(sizes) < 12 and max(sizes) >= 2, sizes
     # a seeded request's samples depend on its seed alone, not on what it was batched with
     params = types.SamplingParams(max_tokens=6, seed=3, stop=[])
     alone = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=2, sampling_params=params).result()

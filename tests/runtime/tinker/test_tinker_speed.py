@@ -83,7 +83,7 @@ def test_forward_backward_shares_a_groups_prefix_and_equals_each_row_alone(train
     def grads(lps):
         for p in model.params:
             p.grad = None
-        sum((i + 1) * lp.sum() for i, lp in enumerate(lps)).backward()
+        model.backward(sum((i + 1) * lp.sum() for i, lp in enumerate(lps)))  # the prefixes' targets too
         return [p.grad.clone() for p in model.params]
     model.logprobs(rows[:2], grad=False)  # the packed layout's once-per-model check (train/packing.py)
     fed, hook = _backbone_tokens(model.policy)
@@ -99,6 +99,42 @@ def test_forward_backward_shares_a_groups_prefix_and_equals_each_row_alone(train
     for a, b in zip(together, alone):
         assert a.shape == b.shape == (len(a),)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    for a, b in zip(g_together, g_alone):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_a_loss_without_gradient_on_the_prefixes_runs_no_prefix_backward(trained):
+    """The prefixes' own targets are scored without a graph: a loss that gives them no gradient
+    (a recipe's: advantages 0 on the prompt) runs no backward through their forward, and its
+    gradients equal each row scored alone."""
+    model, tok = trained
+    prompt = tok.encode("The sum of 12 and 30 is")
+    rows = [((prompt + t)[:-1], (prompt + t)[1:]) for t in ([11, 12], [13, 14, 15], [16], [17, 18, 19, 20])]
+    c = len(prompt) - 1  # the prompt's own targets: positions 0 .. c - 1
+
+    def grads(lps):
+        for p in model.params:
+            p.grad = None
+        model.backward(sum((i + 1) * lp[c:].sum() for i, lp in enumerate(lps)))
+        return [p.grad.clone() for p in model.params]
+    graphs: list[bool] = []  # per forward through the model's body: whether it kept a graph
+    backwards: list[int] = []  # per backward through it
+
+    def graph(module, args, out):
+        hidden = out[0]
+        graphs.append(hidden.requires_grad)
+        if hidden.requires_grad:
+            hidden.register_hook(lambda g: backwards.append(1))
+    model.logprobs(rows[:2], grad=False)  # the packed layout's once-per-model check (train/packing.py)
+    hook = backbone(model.policy).register_forward_hook(graph)
+    try:
+        together = model.logprobs(rows, grad=True)
+        g_together = grads(together)
+    finally:
+        hook.remove()
+    # the shared-prefix forward with its graph, then the prefixes' own targets without one
+    assert graphs[-1] is False and len(backwards) == graphs.count(True) == len(graphs) - 1, (graphs, backwards)
+    g_alone = grads([model.logprobs([r], grad=True)[0] for r in rows])
     for a, b in zip(g_together, g_alone):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
@@ -134,3 +170,102 @@ def test_a_held_retrieve_future_wakes_when_its_job_finishes_without_a_timer(monk
     done.finish()
     assert asyncio.run(held(done, 60.0, None)) < 30
     assert sleeps == []
+
+
+def test_requests_arriving_while_a_loop_samples_join_it_and_keep_the_trainers_logprobs(trained):
+    """Continuous batching: jobs handed over by ``join`` while a loop runs (one with a longer
+    prompt than the running rows, one shorter: both caches left-padded) enter at its next token,
+    every job is ``done`` once its own rows are, and each joined row's logprobs still equal the
+    trainer's forward of the same tokens."""
+    model, tok = trained
+    engine = model.sampling_model(1)
+    first = SampleJob(prompt=tok.encode("Count: 1 2"), num_samples=2, max_tokens=5, stop_tokens=())
+    later = [SampleJob(prompt=tok.encode("The sum of 12 and 30 is"), num_samples=3, max_tokens=5, stop_tokens=(),
+                       prompt_logprobs=True),
+             SampleJob(prompt=tok.encode("a"), num_samples=1, max_tokens=5, stop_tokens=())]
+    handed: list[list[SampleJob]] = [[later[0]], [], [later[1]]]
+    asked: list[tuple] = []
+
+    def join(group):
+        asked.append(group)
+        return handed.pop(0) if handed else []
+    finished: list[SampleJob] = []
+    fed, hook = _backbone_tokens(engine)
+    try:
+        sample(engine, tok, [first], join=join, done=finished.append)
+    finally:
+        hook.remove()
+    assert asked and set(asked) == {first.group()}
+    assert finished == [first, later[0], later[1]]  # each as soon as its own rows are drawn
+    # one loop: 3 prefills (the first job, then each arrival, whose rows draw their first token
+    # at the next step) and one forward per further token of the rows still running: the last
+    # arrival's (after step 3) draws its 5th token at step 8
+    decodes = [fed[1], *fed[3:5], *fed[6:]]
+    assert len(fed) == 3 + 7 and decodes == [2, 5, 5, 6, 4, 1, 1], fed
+    rows, sampled = [], []
+    for j in [first] + later:
+        assert len(j.result) == j.num_samples
+        for s in j.result:
+            assert len(s.tokens) == len(s.logprobs) == 5 and not s.stopped
+            full = j.prompt + s.tokens
+            rows.append((full[:-1], full[1:]))
+            sampled.append(s.logprobs)
+    forward = target_logprobs(model.policy, rows, grad=False)
+    for lp, s in zip(forward, sampled):
+        torch.testing.assert_close(torch.tensor(s), lp[-len(s):], atol=1e-4, rtol=0)
+    ref = target_logprobs(model.policy, [(later[0].prompt[:-1], later[0].prompt[1:])], grad=False)[0]
+    torch.testing.assert_close(torch.tensor(later[0].prompt_result[1:]), ref, atol=1e-4, rtol=0)
+
+
+def test_the_service_lets_requests_join_a_running_loop_and_answers_each_when_drawn(tinker_home, tmp_path):
+    """Requests for the same sampler queued while its loop runs join that loop (one
+    ``_sample_batch``, not one per arrival); a seeded request never joins (its seed alone decides
+    its samples), and neither does any request while another kind of job waits."""
+    from rldsl.runtime.tinker.service import Service
+    service = Service({NAME: tinker_home / NAME}, tmp_path / "states")
+    try:
+        sid = service.sampling_session(NAME, None)
+        tok = load_tokenizer(tinker_home / NAME)
+
+        def body(text: str, **params) -> dict:
+            return {"prompt": {"chunks": [{"tokens": tok.encode(text)}]}, "num_samples": 1,
+                    "sampling_params": {"max_tokens": 4, "stop": [], **params}}
+        batches: list[list] = []
+        real = service._sample_batch
+
+        def counted(batch):  # each loop's batch: the requests that join it are appended to it
+            batches.append(batch)
+            return real(batch)
+        service._sample_batch = counted
+        engine = service._base_model(NAME)
+        ids: list[str] = []
+        calls = [0]
+        arrivals: list = []
+
+        def arrive(module, args, kwargs, out):  # at a loop's first decode step, more requests arrive
+            calls[0] += 1
+            if calls[0] == 2:
+                ids.extend(arrivals.pop(0)())
+        hook = backbone(engine).register_forward_hook(arrive, with_kwargs=True)
+
+        def run(*arriving) -> None:
+            calls[0] = 0
+            arrivals.append(lambda: [submit() for submit in arriving])
+            first = service.asample(sid, body("Count: 1 2"))[0]
+            assert service.futures[first].done.wait(60)  # the others arrived before it was drawn
+            ids.insert(0, first)
+            for request_id in ids:
+                assert service.futures[request_id].done.wait(60)
+            assert all(service.futures[i].error is None for i in ids)
+            ids.clear()
+        try:
+            run(lambda: service.asample(sid, body("The sum of 12 and 30 is"))[0],
+                lambda: service.asample(sid, body("a b"))[0], lambda: service.asample(sid, body("a b", seed=3))[0])
+            assert [len(b) for b in batches] == [3, 1], batches  # two joined the first; the seeded alone
+            batches.clear()
+            run(lambda: service.submit("another", lambda: {"ok": True}), lambda: service.asample(sid, body("a b"))[0])
+            assert [len(b) for b in batches] == [1, 1], batches  # a job of another kind waited: no joining
+        finally:
+            hook.remove()
+    finally:
+        service.close()
