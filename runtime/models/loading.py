@@ -137,6 +137,24 @@ def backbone(model: nn.Module) -> nn.Module:
     return base
 
 
+def head_weights(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output head's (weight [V, H], bias) as the model's own forward applies them. A LoRA
+    adapter on the head (peft's ``lora.Linear``: ``model.lora.target_modules`` naming ``lm_head``,
+    serve-tinker's ``train_unembed``) adds ``scaling * B @ A`` of each active adapter, with
+    gradient to A and B -- reading ``head.weight`` alone gave the base's, and the adapter never
+    trained. Merged or disabled adapters (the reference forward) add nothing. LoRA dropout on the
+    head is not applied (a forward of hidden states through a weight has no per-input mask)."""
+    head = model.get_output_embeddings()
+    base = getattr(head, "base_layer", head)
+    weight = base.weight
+    if getattr(head, "lora_A", None) and not getattr(head, "merged", False) \
+            and not getattr(head, "disable_adapters", False):
+        for name in head.active_adapters:
+            if name in head.lora_A:
+                weight = weight + head.get_delta_weight(name).to(weight.dtype)
+    return weight, base.bias
+
+
 def tied_names(model: nn.Module) -> list[list[str]]:
     """Names of parameters shared under several names (tied input and output embeddings)."""
     groups: dict[int, list[str]] = {}

@@ -60,7 +60,7 @@ from ..batch import position_ids_from_mask
 from ..models import moe
 from ..models.kinds.base import ForwardInputs
 from ..models.kinds.text import TextInputs
-from ..models.loading import backbone, cache_keyword, plain_kv_cache
+from ..models.loading import backbone, cache_keyword, head_weights, plain_kv_cache
 from .microbatch import pack
 from .packing import PackedRows, packed_hidden, packed_layout, same_prompts
 from .throughput import TokenCount
@@ -576,9 +576,9 @@ def token_logprobs(model: PreTrainedModel, fwd: Forward, options: LogprobOptions
     if fwd.attention_mask.shape != fwd.input_ids.shape:
         raise ValueError(f"attention_mask {tuple(fwd.attention_mask.shape)} != input_ids {tuple(fwd.input_ids.shape)}")
     tf = logit_transform(model, opts.temperature)
-    head = model.get_output_embeddings()
-    if opts.topk > head.weight.shape[0]:
-        raise ValueError(f"top-K of {opts.topk} tokens from a vocabulary of {head.weight.shape[0]}")
+    weight, bias = head_weights(model)  # a LoRA adapter on the head included (models/loading.py)
+    if opts.topk > weight.shape[0]:
+        raise ValueError(f"top-K of {opts.topk} tokens from a vocabulary of {weight.shape[0]}")
     states = layout(model, fwd, opts)()
     if opts.count is not None:
         opts.count.add((fwd.attention_mask.long().sum(1) - 1).tolist(),  # tokens fed: the last predicts nothing
@@ -587,7 +587,7 @@ def token_logprobs(model: PreTrainedModel, fwd: Forward, options: LogprobOptions
     if extra_ids is not None and states.packed is not None:  # the packed forward's M real tokens' rows
         extra_ids = extra_ids.index_select(0, states.packed.out)  # [M, J]
     logprob, entropy, spp, extra, ids, top1 = _ChunkedHead.apply(
-        states.hidden, head.weight, head.bias, states.targets, opts.chunk_size, opts.entropy, opts.entropy_grad,
+        states.hidden, weight, bias, states.targets, opts.chunk_size, opts.entropy, opts.entropy_grad,
         tf, opts.sum_pi_squared, extra_ids, opts.topk, opts.sampled_is_top)  # [B*Tr] or [M] each (, J or K)
     if states.packed is not None:  # [M] -> [B, Tr], zeros on padding
         logprob = states.packed.scatter(logprob, B, Tr)
@@ -764,9 +764,9 @@ def token_topk(
     B, T = input_ids.shape
     Tr = num_response_tokens
     tf = logit_transform(model, temperature)
-    head = model.get_output_embeddings()
-    if k > head.weight.shape[0]:
-        raise ValueError(f"top-k of {k} tokens from a vocabulary of {head.weight.shape[0]}")
+    weight, bias = head_weights(model)
+    if k > weight.shape[0]:
+        raise ValueError(f"top-k of {k} tokens from a vocabulary of {weight.shape[0]}")
     with torch.no_grad():
         hidden = response_hidden(model, input_ids, attention_mask, Tr, group_size).reshape(B * Tr, -1)
         targets = input_ids[:, T - Tr :].reshape(B * Tr)
@@ -775,7 +775,7 @@ def token_topk(
         ids = torch.empty((B * Tr, k), dtype=torch.long, device=hidden.device)
         for i in range(0, B * Tr, chunk_size):
             j = min(i + chunk_size, B * Tr)
-            z = torch.log_softmax(head_logits(hidden[i:j], head.weight, head.bias, tf), dim=-1)  # [C, V]
+            z = torch.log_softmax(head_logits(hidden[i:j], weight, bias, tf), dim=-1)  # [C, V]
             lp[i:j] = z.gather(-1, targets[i:j, None]).squeeze(-1)
             if k:
                 top[i:j], ids[i:j] = z.topk(k, dim=-1)

@@ -54,7 +54,7 @@ from ..batch import RolloutBatch, model_inputs
 from ..config import RunConfig
 from ..errors import ConfigError, TeacherError
 from ..rewards.remote import Http, check_url, post_json
-from ..models.loading import autocast_dtype, load_policy, master_dtype
+from ..models.loading import autocast_dtype, head_weights, load_policy, master_dtype
 from .divergence import chunked_generalized_jsd
 from .logprobs import TRANSFORM_FIELDS, logit_transform, token_topk
 
@@ -454,8 +454,8 @@ def vocabulary_jsd(policy: nn.Module, teacher: nn.Module, hidden: Tensor, teache
     """The ``jsd`` component's divergence [N] of the policy (its last hidden states ``hidden``
     [N, H], with gradient) from the in-process teacher (``teacher_hidden`` [N, H_t]) through both
     LM heads, C = ``chunk`` tokens at a time (train/divergence.py)."""
-    s_head, t_head = policy.get_output_embeddings(), teacher.get_output_embeddings()
-    return chunked_generalized_jsd(hidden, s_head.weight, s_head.bias, teacher_hidden, t_head.weight, t_head.bias,
+    (s_weight, s_bias), t_head = head_weights(policy), teacher.get_output_embeddings()
+    return chunked_generalized_jsd(hidden, s_weight, s_bias, teacher_hidden, t_head.weight, t_head.bias,
                                    beta, student_tf=logit_transform(policy, temperature),
                                    teacher_tf=logit_transform(teacher, temperature), chunk=chunk)
 

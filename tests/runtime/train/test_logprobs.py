@@ -212,3 +212,36 @@ def test_absolute_positions_model_left_padded(tokenizer, unpadded_logits) -> Non
         # the engine sampled this batch at temperature 1.5
         tempered = torch.log_softmax(logits / 1.5, -1).gather(-1, batch.response_ids[b, :L, None])[:, 0]
         torch.testing.assert_close(batch.logprobs[b, :L], tempered, atol=1e-5, rtol=0)
+
+
+def test_a_lora_adapter_on_the_head_is_in_the_logprobs_and_trains(tiny_model):
+    """A LoRA adapter on lm_head (model.lora.target_modules naming it; serve-tinker's
+    train_unembed): token_logprobs and token_topk apply W + scaling * B @ A as the model's own forward
+    does, and the adapter's A and B get gradients (reading head.weight gave the base's: the head's
+    adapter never trained); with the adapters off (the reference forward) the base's logprobs."""
+    import copy
+
+    from rldsl.runtime.models.lora import apply_lora
+
+    policy, peft = apply_lora(copy.deepcopy(tiny_model), rank=4, alpha=8, dropout=0.0,
+                              target_modules=["q_proj", "lm_head"])
+    for name, p in policy.named_parameters():
+        if ".lora_B." in name:  # B starts at 0: adapters that change the outputs
+            torch.nn.init.normal_(p, std=0.5, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[1, 5, 6, 14, 7, 8, 17, 9], [1, 9, 4, 4, 12, 6, 3, 15]])
+    mask, Tr = torch.ones_like(ids), 4
+    with torch.no_grad():
+        logits = policy(input_ids=ids, attention_mask=mask).logits.double()
+    want = torch.log_softmax(logits[:, -Tr - 1:-1], -1).gather(-1, ids[:, -Tr:, None]).squeeze(-1)
+    out = token_logprobs(policy, Forward(ids, mask, Tr))
+    torch.testing.assert_close(out.logprobs.double(), want, atol=1e-5, rtol=0)
+    lp, top, _ = token_topk(policy, ids, mask, Tr, k=2)
+    torch.testing.assert_close(lp.double(), want, atol=1e-5, rtol=0)
+    out.logprobs.sum().backward()
+    head = {n: p.grad for n, p in policy.named_parameters() if "lm_head.lora_" in n}
+    assert len(head) == 2 and all(g is not None and g.abs().sum() > 0 for g in head.values()), head
+    with peft.disable_adapter(), torch.no_grad():
+        base = token_logprobs(policy, Forward(ids, mask, Tr)).logprobs
+        plain = token_logprobs(tiny_model, Forward(ids, mask, Tr)).logprobs
+    torch.testing.assert_close(base, plain, atol=1e-6, rtol=0)
+    assert not torch.allclose(base.double(), want, atol=1e-3)
