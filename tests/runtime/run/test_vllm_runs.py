@@ -288,3 +288,45 @@ def test_reference_reward_with_the_policy_on_vllm(vllm_model_dir, tmp_path, monk
         assert row["ref_reward"] == pytest.approx(float(step_ref[row["group"]].mean()), abs=1e-7)
         assert set(row["rewards"]) == {"parity", "ref/parity"} and row["reward"] == row["rewards"]["parity"]
         assert row["rewards"]["ref/parity"] == pytest.approx(row["ref_reward"], abs=1e-7)
+
+
+REPLAY_SPEC = '''algorithm grpo_replay extends grpo
+  "GRPO whose non-informative groups are replaced by the newest kept ones."
+  sampling      replay(capacity=8, priority=newest, max_age=2)
+'''
+
+
+def test_replay_on_vllm_trains_on_kept_groups_and_resumes_as_its_twin(vllm_model_dir, tmp_path):
+    """sampling replay with rollout.engine=vllm, 4 steps: groups sampled on vLLM are kept and
+    replayed (replay/fraction > 0) with the engine's recorded logprobs as their behaviour
+    policy: their ratio stats and the loss are finite, and a group replayed in the step that
+    sampled it (priority=newest) has ratio 1 on every token: its recorded logprobs are vLLM's of
+    its own tokens, which the trainer's float32 policy matches. A run stopped after the step-2 checkpoint
+    and resumed draws and trains what its uninterrupted twin does (the buffer is in the checkpoint)."""
+    import math
+
+    from rldsl.runtime.records.metrics import LOSS
+    from rldsl.runtime.rollout.replay import AGE, FRACTION
+
+    spec = tmp_path / "replay.rl"
+    spec.write_text(REPLAY_SPEC, encoding="utf-8")
+    sets = ("train.steps=4", "checkpoint.every=2", "rollout.n=2")  # pairs: often equal, replaced
+    full = loop.train(str(spec), config(vllm_model_dir, tmp_path / "full", *sets))
+    records = steps_of(full)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    replayed = [r for r in records if r[FRACTION] > 0]
+    assert replayed, [r[FRACTION] for r in records]
+    for r in replayed:
+        stats = [r[f"replay/ratio_{k}"] for k in ("mean", "min", "max")]
+        assert all(math.isfinite(x) and x > 0 for x in stats), stats
+        if r[AGE] == 0:  # groups of this very step: mu is the trainer's policy (float32), ratio 1
+            assert stats == pytest.approx([1.0] * 3, abs=1e-4), stats
+    assert all(math.isfinite(r[LOSS]) for r in records)
+    cut = loop.train(str(spec), config(vllm_model_dir, tmp_path / "cut", *sets), stop_after=2)
+    assert ckpt.latest_checkpoint(cut).name == "step-2"
+    assert ckpt.load_checkpoint(ckpt.latest_checkpoint(cut)).extra["replay"]["entries"]
+    loop.train(str(spec), resume=cut)
+    assert without_timing(steps_of(cut)) == without_timing(records)
+    a = read_weights(ckpt.latest_checkpoint(full) / "policy")
+    b = read_weights(ckpt.latest_checkpoint(cut) / "policy")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
