@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from rldsl.runtime import toy
+from rldsl.runtime import recipe, toy
 
 torch.set_num_threads(1)
 
@@ -58,3 +58,14 @@ def _unpadded_logits(model: LlamaForCausalLM, prompt_ids, prompt_mask, response_
     return out
 
 
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Loading weights fails the test: a check that needs no model must come first."""
+    calls: list[str] = []
+
+    def refuse(path, dtype):
+        calls.append(str(path))
+        raise AssertionError(f"the model at {path} was loaded before the check")
+
+    monkeypatch.setattr(recipe, "load_policy", refuse)
+    return calls

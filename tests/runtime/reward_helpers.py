@@ -68,3 +68,27 @@ def answered(prompt: str, completion: str, answer: str) -> float:
     """1 for a final answer (text that is not a tool call), 0 for a tool call or nothing."""
     text = completion.strip()
     return float(bool(text) and "<tool_call>" not in text and not text.startswith("{"))
+
+
+def assert_reference_records(run, reference, steps) -> list[dict]:
+    """The records of a run reading ``ref_reward`` with ``parity`` and 2 reference answers a
+    prompt, 2 steps of 16 rows: each step's ``rewards/ref/parity/mean`` is the reference batch's
+    mean (every prompt has 2 answers: the mean of means), the policy's per-term metric and
+    ``time/reference_s`` are logged; each samples.jsonl row holds its prompt's mean reference reward
+    as ``ref_reward`` and both rewards per term. ``reference``: each step's reference call
+    (engine, prompts, params, Generation); ``steps``: the run's step records. Returns the rows."""
+    import json
+
+    import pytest
+
+    for rec, r in zip(steps, reference):
+        assert rec["rewards/ref/parity/mean"] == pytest.approx(float(r[3].scored.rewards.double().mean()), abs=1e-12)
+        assert "rewards/parity/mean" in rec and rec["time/reference_s"] >= 0
+    rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 16
+    for row in rows:
+        step_ref = reference[row["step"] - 1][3].scored.rewards.view(-1, 2)  # [P, 2]
+        assert row["ref_reward"] == pytest.approx(float(step_ref[row["group"]].mean()), abs=1e-7)
+        assert set(row["rewards"]) == {"parity", "ref/parity"} and row["reward"] == row["rewards"]["parity"]
+        assert row["rewards"]["ref/parity"] == pytest.approx(row["ref_reward"], abs=1e-7)
+    return rows

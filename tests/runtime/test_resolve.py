@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 import rldsl.spec
 from rldsl.cli import app
 from rldsl.runtime.run import loop
-from rldsl.runtime import recipe
 from rldsl.runtime.config import load_config
 from rldsl.runtime.errors import ConfigError, DataError, RewardSpecError, RunError
 from rldsl.runtime.records.run_dir import load_run_config
@@ -21,19 +20,6 @@ from rldsl.runtime.run.plan import load_spec, plan_run
 
 HERE = Path(__file__).parent
 runner = CliRunner()
-
-
-@pytest.fixture
-def no_model_load(monkeypatch):
-    """Loading weights fails the test: a check that needs no model must come first."""
-    calls: list[str] = []
-
-    def refuse(path, dtype):
-        calls.append(str(path))
-        raise AssertionError(f"the model at {path} was loaded before the check")
-
-    monkeypatch.setattr(recipe, "load_policy", refuse)
-    return calls
 
 
 @pytest.fixture

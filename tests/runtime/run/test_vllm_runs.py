@@ -250,7 +250,7 @@ def test_reference_reward_with_the_policy_on_vllm(vllm_model_dir, tmp_path, monk
     engine of the folder in this process, on the same prompts each step; its answers are the base
     model's (a fresh HF engine gives the same ones); samples.jsonl holds both rewards per row
     (ref_reward its prompt's mean reference reward) and the metrics both per term."""
-    import json
+    from reward_helpers import assert_reference_records
 
     from rldsl.runtime.models.loading import load_policy, load_tokenizer
     from rldsl.runtime.rollout.engines.hf import HFEngine
@@ -278,16 +278,7 @@ def test_reference_reward_with_the_policy_on_vllm(vllm_model_dir, tmp_path, monk
         assert base.generate(prompts, params).completions == got.batch.completions
     recs = steps_of(run)
     assert [r["step"] for r in recs] == [1, 2]
-    for rec, r in zip(recs, reference):
-        assert rec["rewards/ref/parity/mean"] == pytest.approx(float(r[3].scored.rewards.double().mean()), abs=1e-12)
-        assert "rewards/parity/mean" in rec and rec["time/reference_s"] >= 0
-    rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 * 16
-    for row in rows:
-        step_ref = reference[row["step"] - 1][3].scored.rewards.view(-1, 2)  # [P, 2]
-        assert row["ref_reward"] == pytest.approx(float(step_ref[row["group"]].mean()), abs=1e-7)
-        assert set(row["rewards"]) == {"parity", "ref/parity"} and row["reward"] == row["rewards"]["parity"]
-        assert row["rewards"]["ref/parity"] == pytest.approx(row["ref_reward"], abs=1e-7)
+    assert_reference_records(run, reference, recs)
 
 
 REPLAY_SPEC = '''algorithm grpo_replay extends grpo

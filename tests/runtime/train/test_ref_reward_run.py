@@ -13,7 +13,6 @@ import torch
 from typer.testing import CliRunner
 
 from rldsl.cli import app
-from rldsl.runtime import recipe
 from rldsl.runtime.batch import RolloutBatch
 from rldsl.runtime.config import load_config
 from rldsl.runtime.data.datasets import Example
@@ -28,23 +27,11 @@ from rldsl.runtime.run.plan import load_spec
 from rldsl.runtime.train import inputs as producers
 from rldsl.runtime.workers.base import Generation
 from rldsl.runtime.workers.local import LocalRollouts
+from reward_helpers import assert_reference_records
 from small_run import small_run, steps_of
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = str(ROOT / "algorithms" / "examples" / "contrastive_rewards.rl")
-
-
-@pytest.fixture
-def no_model_load(monkeypatch):
-    """Loading weights fails the test: a check that needs no model must come first."""
-    calls: list[str] = []
-
-    def refuse(path, dtype):
-        calls.append(str(path))
-        raise AssertionError(f"the model at {path} was loaded before the check")
-
-    monkeypatch.setattr(recipe, "load_policy", refuse)
-    return calls
 
 
 def _spy(monkeypatch):
@@ -170,17 +157,7 @@ def test_a_run_reading_the_reference_reward_records_both_rewards_and_trains(mode
     for p, r in zip(policy, reference):
         assert r[1] == p[1] and r[2].n == 2 and r[2].temperature == p[2].temperature
     recs = steps_of(run)
-    for rec, r in zip(recs, reference):
-        ref_mean = float(r[3].scored.rewards.double().mean())  # every prompt has 2 answers: the mean of means
-        assert rec["rewards/ref/parity/mean"] == pytest.approx(ref_mean, abs=1e-12)
-        assert "rewards/parity/mean" in rec and rec["time/reference_s"] >= 0
-    rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 * 16
-    for row in rows:
-        step_ref = reference[row["step"] - 1][3].scored.rewards.view(-1, 2)  # [P, 2]
-        assert row["ref_reward"] == pytest.approx(float(step_ref[row["group"]].mean()), abs=1e-7)
-        assert set(row["rewards"]) == {"parity", "ref/parity"} and row["reward"] == row["rewards"]["parity"]
-        assert row["rewards"]["ref/parity"] == pytest.approx(row["ref_reward"], abs=1e-7)
+    rows = assert_reference_records(run, reference, recs)
     assert len({r["ref_reward"] for r in rows}) > 1, "the reference's rewards differ between prompts"
 
     calls.clear()
