@@ -199,6 +199,7 @@ class CompiledAlgorithm:
                  group_keys: Tensor | None = None,
                  prompt_mean: Tensor | None = None, prompt_var: Tensor | None = None,
                  prompt_count: Tensor | None = None, ref_reward: Tensor | None = None,
+                 answer_prob: Tensor | None = None, bare_answer_prob: Tensor | None = None,
                  **more: Tensor) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
 
@@ -223,6 +224,10 @@ class CompiledAlgorithm:
         ``ref_reward`` [B]: the reward of a reference model's answers to each row's prompt (its
         prompt's mean, repeated over the group), read by formulas that name it; a non-finite
         value takes its row out of the loss (below).
+
+        ``answer_prob`` / ``bare_answer_prob`` [B]: the mean per-token probability the policy gives
+        the data's reference answer after the row's own reasoning / right after the prompt (RLPR's
+        reward), read by formulas that name them.
 
         With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
         its rejections leave ``est.mask`` (denominator included) and its metrics join

@@ -43,6 +43,9 @@ SOURCES = {
                "saved in checkpoints)",
     "reference_rollout": "the reference model's own answers to the step's prompts (run config `reward.reference`: "
                          "the policy as the run started, or a model folder), scored by the run's reward",
+    "answer": "a no-grad forward of the policy that sampled the step over each row's prompt, its own reasoning up "
+              "to the answer tag (reward.answer_tags) and the data's reference answer (data.answer_key) in "
+              "place of its answer",
 }
 
 
@@ -206,6 +209,17 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
           "function; NaN where every one failed: the row then leaves the loss as a failed reward's does",
           "reference_rollout", formula="ref_reward", slots=_ADVANTAGE_SLOTS + _POLICY_SLOTS,
           fails_row=True),
+    # the policy's probability of the data's reference answer (RLPR): the row's completion is cut after its
+    # answer tag, the reference answer put in place of its own, and the policy that sampled scores it
+    Input("answer_prob", ("advantage",), "[B]", "float32",
+          "the mean per-token probability the policy that sampled the row gives the data's reference answer "
+          "placed after the row's own reasoning (its completion up to the answer tag); 0 where the completion "
+          "has not exactly one answer tag followed by an answer", "answer", formula="answer_prob",
+          slots=_ADVANTAGE_SLOTS, finite=True),
+    Input("bare_answer_prob", ("advantage",), "[B]", "float32",
+          "the same probability of the reference answer placed right after the prompt, with no reasoning "
+          "(the debiasing term: what the answer scores without the row's reasoning)", "answer",
+          formula="bare_answer_prob", slots=_ADVANTAGE_SLOTS, finite=True),
     # the policy's top-K candidates (K: the reading formula's parameter K). The K token ids at each
     # position are the OLD policy's K most likely ones (the no-grad forward before the update; an
     # exactly on-policy update's own forward, which is that policy): old_topk_logprobs are their

@@ -438,6 +438,12 @@ class RewardConfig(_Section):
         default=1, ge=1,
         description="The reference's answers per prompt per step: a row's ref_reward is the mean reward "
                     "of its prompt's answers (of those whose reward did not fail).")
+    answer_tags: tuple[str, str] = Field(
+        default=("<answer>", "</answer>"),
+        description="A spec reading `answer_prob` (RLPR): the tag that opens a completion's answer (the "
+                    "boundary: the reasoning is the completion up to and including it; a completion without "
+                    "exactly one gets answer_prob 0) and the tag that closes it; the data's answer "
+                    "(data.answer_key) is put between them in place of the completion's own.")
 
 
 class VLLMConfig(_Section):

@@ -113,6 +113,7 @@ def check_settings(algo: Algorithm, cfg: RunConfig, source: Source | None = None
     check_replay(algo, cfg)
     check_model_kind(algo, cfg)
     check_reference(algo, cfg)
+    check_answers(algo, cfg)
     check_weight_sync(cfg)
     check_precision(cfg)
     check_lora_sync(cfg, folder_moe(cfg))
@@ -174,6 +175,34 @@ def check_reference(algo: Algorithm, cfg: RunConfig) -> None:
     if refused:
         raise ConfigError(f"{what}; its answers are sampled only in a one-process single-turn run (the policy on "
                           f"rollout.engine=hf or vllm, synchronous or asynchronous), not with: {'; '.join(refused)}")
+
+
+def check_answers(algo: Algorithm, cfg: RunConfig) -> None:
+    """A spec reading the policy's probability of the reference answer (an input made by ``answer``:
+    ``answer_prob``, ``bare_answer_prob``) needs the data's answers (``data.answer_key``), a
+    non-empty opening tag (``reward.answer_tags``), and the policy that sampled the step in this
+    process to score them: a one-process, synchronous, single-turn run. Refused here otherwise,
+    before any model loads."""
+    reads = [x for x in algo.needs() if INPUTS[x].source == "answer"]
+    if not reads:
+        return
+    what = f"{algo.name} reads {', '.join(reads)} (the policy's probability of each row's reference answer)"
+    if cfg.data.answer_key is None:
+        raise ConfigError(f"{what}: the data has no answers (data.answer_key=null); name the column that holds "
+                          "each prompt's reference answer, e.g. --set data.answer_key=answer")
+    if not cfg.reward.answer_tags[0]:
+        raise ConfigError(f"{what}: reward.answer_tags' opening tag is empty; it marks where a completion's "
+                          "answer starts, e.g. ['<answer>', '</answer>']")
+    r, d = cfg.rollout, cfg.distributed
+    refused = [what for what, on in (
+        ("multi-turn episodes (rollout.tools / rollout.env / rollout.agent)",
+         r.tools is not None or r.env is not None or r.agent is not None),
+        ("Ray workers (distributed.trainers > 1, distributed.rollout_workers or a Ray address)", d.uses_ray),
+        (f"an asynchronous run (rollout.max_staleness={r.max_staleness})", r.max_staleness > 0),
+    ) if on]
+    if refused:
+        raise ConfigError(f"{what}; the policy that sampled scores the answers only in a one-process synchronous "
+                          f"single-turn run, not with: {'; '.join(refused)}")
 
 
 def check_precision(cfg: RunConfig) -> None:

@@ -133,6 +133,7 @@ PHASES = (
     "reward",        # scoring the samples
     "greedy",        # ReMax's greedy baseline: its generation and scoring
     "reference",     # the reference model's answers (a spec reading ref_reward): their generation and scoring
+    "answer",        # the policy's forwards over the reference answer (a spec reading answer_prob)
     "logprobs",      # the trainer's estimate: old / reference logprobs, values, advantages
     "teacher",       # of the estimate (time/logprobs_s), the teacher's forward (a spec with a teacher only)
     "update",        # the minibatch updates and the LR-schedule step

@@ -7,7 +7,8 @@ per-token advantages over its loss mask; sequence-level algorithms have one valu
 sample), ``finish_reason``, ``response_length`` (tokens) and ``rewards``, each reward term's
 value by its label (null where it failed); a spec reading the reference model's reward adds
 ``ref_reward`` (the row's prompt's; null where every reference answer's reward failed) and the
-reference's terms to ``rewards`` as ``ref/<term>``. ``rldsl samples RUN
+reference's terms to ``rewards`` as ``ref/<term>``; a spec reading the policy's probability of the
+reference answer adds ``answer_prob`` and ``bare_answer_prob``. ``rldsl samples RUN
 [--step N]`` prints them as a table (:func:`read_samples`). A resumed run drops the
 records after its checkpoint's step (:func:`truncate_samples`), as for the metrics.
 """
@@ -40,7 +41,7 @@ def sample_rows(step: int, batch: RolloutBatch, rewards: torch.Tensor, advantage
     else:
         m = mask[:n].float()
         adv = ((advantages[:n].float() * m).sum(-1) / m.sum(-1).clamp_min(1)).tolist()
-    reference_inputs = [k for k in batch.inputs if INPUTS[k].source == "reference_rollout"]
+    reference_inputs = [k for k in batch.inputs if INPUTS[k].source in ("reference_rollout", "answer")]
     out = []
     for i in range(n):
         out.append({"step": step, "group": i // G, "prompt": batch.prompts[i],
@@ -54,7 +55,9 @@ def sample_rows(step: int, batch: RolloutBatch, rewards: torch.Tensor, advantage
             out[-1]["images"] = list(batch.images[i])
         if batch.reward_terms:  # each term's value (its label: rewards/<term>/mean in the metrics)
             out[-1]["rewards"] = {k: _number(v[i]) for k, v in batch.reward_terms.items()}
-        for name in reference_inputs:  # the reference model's reward of the row's prompt (ref_reward)
+        # the reference model's reward of the row's prompt (ref_reward); the policy's probability of the
+        # reference answer after the row's reasoning and alone (answer_prob, bare_answer_prob)
+        for name in reference_inputs:
             out[-1][name] = _number(batch.inputs[name][i])
         if batch.episodes:  # a multi-turn episode: its messages (roles, tool calls, results)
             episode = batch.episodes[i]

@@ -15,7 +15,7 @@ from ..records.metrics import REWARD_ERRORS, REWARD_TIMEOUTS, time_key, timed
 from ..records.rng import step_seed
 from ..rollout.engines.base import SamplingParams
 from ..rollout.producer import RolloutProducer
-from ..train.inputs import RolloutSide, rollout_producers, teacher_prompts
+from ..train.inputs import RolloutSide, reads_answers, rollout_producers, teacher_prompts
 from .state import Run
 
 
@@ -118,14 +118,20 @@ def with_replay(s: Run, made: StepRollout, step: int, version: int) -> StepRollo
 def _rollout_side(s: Run, step: int, round_: int) -> RolloutSide:
     """What the rollout-stage producers read of the run in round ``round_`` of ``step``: the reference
     model's sampling (a spec reading ref_reward) is the rollout's, ``reward.reference_samples`` per
-    prompt, with a seed of its own for each round."""
+    prompt, with a seed of its own for each round; a spec reading answer_prob scores with the trainer's
+    policy (the one that sampled: the run is synchronous)."""
     cfg = s.cfg
     reference = getattr(s, "reference", None)  # a Run has one (None unless the spec reads ref_reward)
     params = dataclasses.replace(SamplingParams.for_rollout(cfg, step_seed(cfg.seed, step, round_, "reference")),
                                  n=cfg.reward.reference_samples)
+    # a spec reading answer_prob: the policy that sampled scores the reference answers (in process:
+    # resolve.check_answers refused the rest)
+    answers = reads_answers(s.fn.algorithm)
     return RolloutSide(s.rollouts.generate, [(t.name, t.weight) for t in s.reward.terms], cfg.max_new_tokens,
                        s.warn, step + 1, s.multi_turn, s.tokenizer, s.fn.algorithm.group_by, s.prompt_stats,
-                       None if reference is None else reference.generate, params)
+                       None if reference is None else reference.generate, params,
+                       score=s.trainers.response_logprobs if answers else None,
+                       answer_tags=tuple(cfg.reward.answer_tags))
 
 
 def _select_groups(made: StepRollout, groups: list[int]) -> StepRollout:

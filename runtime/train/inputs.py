@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
@@ -36,6 +37,7 @@ from ..records.prompt_stats import prompt_key
 from ..rewards.functions import RewardResult
 from ..rewards.spec import gives_turn_rewards
 from ..rollout.engines.base import SamplingParams
+from .answers import answer_probabilities
 
 class Trainer(Protocol):
     """What the estimate- and update-stage producers read of a trainer (train/trainer.py's
@@ -63,6 +65,10 @@ class RolloutSide:
     # (reward.reference, reward.reference_samples) when the spec reads ref_reward
     reference: Callable[..., Any] | None = None
     reference_params: SamplingParams | None = None
+    # the policy's no-grad logprobs of a batch's responses ([B, Tr]) and the answer tags (reward.answer_tags)
+    # when the spec reads answer_prob: the policy that sampled the step scores the reference answer
+    score: Callable[[RolloutBatch], Tensor] | None = None
+    answer_tags: tuple[str, str] = ("<answer>", "</answer>")
 
 
 class Forwards(NamedTuple):
@@ -109,6 +115,12 @@ def wanted(stage: str, algo: Algorithm) -> list[str]:
 def reads_history(algo: Algorithm) -> bool:
     """The algorithm reads the run's per-prompt statistics across steps: the run keeps them."""
     return any(table.INPUTS[x].source == "history" for x in algo.needs())
+
+
+def reads_answers(algo: Algorithm) -> bool:
+    """The algorithm reads the policy's probability of the reference answer (``answer_prob``): the
+    rollout stage scores the reference answers with the trainer's policy."""
+    return any(table.INPUTS[x].source == "answer" for x in algo.needs())
 
 
 def reads_engine(algo: Algorithm) -> bool:
@@ -362,6 +374,20 @@ def reference_rewards(side: RolloutSide, batch: RolloutBatch, scored: RewardResu
         gen.generate_s + gen.reward_s
 
 
+def reference_answer_probs(side: RolloutSide, batch: RolloutBatch, scored: RewardResult,
+                           prompts: list[Example]) -> tuple[RolloutBatch, float]:
+    """``answer_prob`` and ``bare_answer_prob`` [B]: the mean per-token probability the policy that
+    sampled the step gives each row's reference answer (its prompt's data answer) after the row's
+    own reasoning and right after the prompt (train/answers.py); two no-grad forwards."""
+    if side.score is None:
+        raise RunError("the spec reads answer_prob but the run scores no reference answers")
+    t0 = time.perf_counter()
+    answers = [prompts[i // batch.group_size].answer for i in range(len(batch))]
+    after, alone = answer_probabilities(side.score, side.tokenizer, batch, answers, side.answer_tags)
+    dev = batch.response_ids.device
+    return _with(batch, answer_prob=after.to(dev), bare_answer_prob=alone.to(dev)), time.perf_counter() - t0
+
+
 def _with(batch: RolloutBatch, **made: Tensor) -> RolloutBatch:
     """``batch`` with inputs added to its ``inputs``."""
     return dataclasses.replace(batch, inputs={**batch.inputs, **made})
@@ -381,6 +407,7 @@ _GREEDY = RolloutInputMaker(greedy_baselines, "time/greedy_s")
 _PER_FUNCTION = RolloutInputMaker(per_function_rewards)
 _PROMPT_STATS = RolloutInputMaker(prompt_statistics)
 _REFERENCE = RolloutInputMaker(reference_rewards, "time/reference_s")
+_ANSWER = RolloutInputMaker(reference_answer_probs, "time/answer_s")
 
 ROLLOUT: dict[str, RolloutInputMaker] = {
     "reward_baselines": _GREEDY,
@@ -392,6 +419,8 @@ ROLLOUT: dict[str, RolloutInputMaker] = {
     "prompt_var": _PROMPT_STATS,
     "prompt_count": _PROMPT_STATS,
     "ref_reward": _REFERENCE,
+    "answer_prob": _ANSWER,  # the two made together
+    "bare_answer_prob": _ANSWER,
 }
 
 
@@ -433,6 +462,8 @@ ESTIMATE: dict[str, Callable[[Trainer, RolloutBatch, Forwards], Any]] = {
     "prompt_var": lambda tr, r, f: r.inputs.get("prompt_var"),
     "prompt_count": lambda tr, r, f: r.inputs.get("prompt_count"),
     "ref_reward": lambda tr, r, f: r.inputs.get("ref_reward"),
+    "answer_prob": lambda tr, r, f: r.inputs.get("answer_prob"),
+    "bare_answer_prob": lambda tr, r, f: r.inputs.get("bare_answer_prob"),
 }
 
 

@@ -189,6 +189,16 @@ class Trainer(ForwardPasses):
                           old_topk_logprobs=forwards.old_topk_logprobs, old_topk_ids=forwards.old_topk_ids,
                           is_top1=forwards.is_top1)
 
+    @torch.no_grad()
+    def response_logprobs(self, batch: RolloutBatch) -> Tensor:
+        """The policy's logprobs [B, Tr] of a batch's response tokens (no grad, micro-batch by
+        micro-batch, at the rollout's temperature): what the rollout stage scores other sequences
+        than the sampled ones with (``answer_prob``: the reference answer after each row's
+        reasoning, train/answers.py)."""
+        self.policy.eval()
+        device = next(self.policy.parameters()).device
+        return self._per_microbatch(self.policy, batch.to(device), "logprobs")
+
     def _replayed_old(self, rollout: RolloutBatch, old: Tensor | None) -> tuple[Tensor | None, dict[str, float]]:
         """pi_old of a batch with replayed groups (``sampling replay``, rollout/replay.py): on a
         replayed row, the behaviour policy's recorded logprobs (``rollout.logprobs``), so the loss's

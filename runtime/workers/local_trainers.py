@@ -47,6 +47,10 @@ class LocalTrainers:
         device = next(self.trainer.policy.parameters()).device
         return self.trainer.estimate(rollout.to(device), rewards.to(device))
 
+    def response_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """The policy's no-grad logprobs [B, Tr] of a batch's responses (a spec reading answer_prob)."""
+        return self.trainer.response_logprobs(batch)
+
     def update(self, estimated: TrainBatch, seed: int) -> dict[str, float]:
         m = self.trainer.update(estimated, torch.Generator().manual_seed(seed))
         self.trainer.step_schedule()

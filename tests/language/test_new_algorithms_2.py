@@ -352,3 +352,119 @@ def grpo_adv_n(r, mask, n, eps=1e-6):  # noqa: ANN001, ANN201
         s = r[p * n:(p + 1) * n]
         out[p * n:(p + 1) * n] = (s - s.mean()) / (s.std() + eps)
     return out.unsqueeze(-1) * mask
+
+
+# ------------------------------------------------------------------ 7. RLPR
+
+
+def rlpr_score_b(logp_in_answer: torch.Tensor) -> float:
+    """github.com/OpenBMB/RLPR @ 8490fca, verl/workers/reward_manager/prob.py compute_scoreB
+    (compute_score_name mean_exp_log_softmax): the old policy's logprobs of the reference answer's
+    tokens (ground_truth_mask_pr; none: an invalid completion, score 0) in float32, the mean of their
+    exp, then rounded to bfloat16 (``torch.tensor(scoreB, dtype=torch.bfloat16).item()``)."""
+    if logp_in_answer.numel() == 0:
+        return 0.0
+    score = torch.mean(torch.exp(logp_in_answer.to(torch.float32))).item()
+    return torch.tensor(score, dtype=torch.bfloat16).item()
+
+
+def rlpr_score_a(logp_in_answer: torch.Tensor) -> float:
+    """Same repository, verl/trainer/ppo/ray_trainer.py get_scoreA: the answer right after the
+    prompt, the mean of exp(logprob) over its tokens (no bfloat16 rounding)."""
+    return torch.mean(torch.exp(logp_in_answer.to(torch.float32))).item()
+
+
+def rlpr_rewards(score_b, score_a, format_score, format_coefficient=0.1):  # noqa: ANN001, ANN201
+    """prob.py ProbRewardManager.__call__ (shaping threshold_0: ``0 if x < 0 else x``, the script's
+    reward_manager_shaping_function_name; format_coefficient 0.1, main_ppo.py's default):
+    (1 - c) * shaped(scoreB - scoreA) + c * format_score."""
+    out = []
+    for b, a, f in zip(score_b, score_a, format_score):
+        delta = b - a
+        delta = 0 if delta < 0 else delta
+        out.append((1 - format_coefficient) * delta + format_coefficient * float(f))
+    return torch.tensor(out, dtype=DT)
+
+
+def rlpr_adv(scores, mask, std_filter=1e-6, eps=1e-6):  # noqa: ANN001, ANN201
+    """verl/trainer/ppo/core_algos.py compute_grpo_outcome_advantage as RLPR has it: per group,
+    torch.std (Bessel); a group whose std is below std_filter gets score 0, the others
+    (score - mean) / (std + eps); then over the response mask. Also each row's group std
+    (``final_reward_stds``, what the filter reads)."""
+    out, stds = torch.empty_like(scores), torch.empty_like(scores)
+    for p in range(scores.shape[0] // G):
+        s = scores[p * G:(p + 1) * G]
+        std = torch.std(s)
+        out[p * G:(p + 1) * G] = 0.0 if std < std_filter else (s - torch.mean(s)) / (std + eps)
+        stds[p * G:(p + 1) * G] = std
+    return out.unsqueeze(-1) * mask, stds
+
+
+def rlpr_kept_groups(stds, lower_bound):  # noqa: ANN001, ANN201
+    """ray_trainer.py filter (filter_target final_reward_std): a group stays when the mean of its
+    rows' stds (its std) is >= accuracy_lower_bound (the authors' EMA x std_filter_beta)."""
+    per_group = stds.view(-1, G).mean(-1)
+    return (per_group >= lower_bound) & ~(torch.isnan(per_group) | torch.isinf(per_group))
+
+
+def rlpr_reference(logp, ent, old, ref, adv, mask, clip_low=0.2, clip_high=0.27, entropy_coeff=0.001):  # noqa: ANN001, ANN201
+    """core_algos.py compute_policy_loss (ratio exp(logp - old), no clamp; clip_ratio_low 0.2 and
+    clip_ratio_high 0.27 as examples/RLPR/reproduce_qwen.sh; agg_loss token-mean) and
+    verl/workers/actor/dp_actor.py: pg_loss - entropy_loss * entropy_coeff (ppo_trainer.yaml 0.001),
+    kl_loss_coef 0 (KL_COEF=0: no term)."""
+    ratio = torch.exp(logp - old)
+    pg = torch.max(-adv * ratio, -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high))
+    return token_mean(pg, mask) - token_mean(ent, mask) * entropy_coeff
+
+
+#: each row's logprobs of its reference answer's tokens under the old policy: after its own reasoning
+#: (scoreB) and right after the prompt (scoreA); an empty one is a completion without one answer tag
+def _rlpr_answer_logps(seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    after, bare = [], []
+    for i in range(4 * G):
+        n = 1 + i % 4
+        after.append(-2.0 * torch.rand(n, generator=g, dtype=DT))
+        bare.append(-2.5 * torch.rand(n, generator=g, dtype=DT) - 0.3)
+    after[2] = after[2][:0]          # no answer tag: scoreB 0
+    for i in range(3 * G, 4 * G):    # group 3: the reasoning never helps, every delta clipped at 0
+        after[i] = bare[i] - 1.0
+    return after, bare
+
+
+RLPR_REGIMES = {"fixed": ("std_floor = 0.0", 0.0), "std_floor": ("std_floor = 0.0", 0.12),
+                "past_the_clamp": ("std_floor = 0.0", 0.0)}
+
+
+@pytest.mark.parametrize("regime", list(RLPR_REGIMES))
+def test_rlpr_probability_reward(mode: str, regime: str) -> None:
+    """RLPR on the runtime's inputs: answer_prob (the authors' scoreB, here with their bfloat16
+    rounding, which the inputs carry exactly in float32) and bare_answer_prob (scoreA); the format
+    reward is the batch's r. Regimes: a row without an answer tag (scoreB 0), a group whose deltas
+    are all clipped at 0 (its rewards equal: std 0, the std_filter's A = 0), and with a std floor of
+    0.12 the filter drops a group that has a spread (0.098) and keeps the others."""
+    old_text, floor = RLPR_REGIMES[regime]
+    fn = _spec("rlpr", mode, **({old_text: f"std_floor = {floor}"} if floor else {}))
+    b = _batch(27) if regime != "past_the_clamp" else _past_the_clamp(_batch(27))
+    after, bare = _rlpr_answer_logps(27)
+    score_b = [rlpr_score_b(x) for x in after]
+    score_a = [rlpr_score_a(x) for x in bare]
+    scores = rlpr_rewards(score_b, score_a, b["r"])
+    want, stds = rlpr_adv(scores, b["mask"])
+    kept = rlpr_kept_groups(stds, floor).repeat_interleave(G)
+    probs = dict(answer_prob=torch.tensor(score_b, dtype=DT), bare_answer_prob=torch.tensor(score_a, dtype=DT))
+    est = fn.estimate(b["r"].float(), G, b["mask"].float(), **{k: v.float() for k, v in probs.items()})
+    assert float(stds.view(-1, G)[3].max()) == 0.0 and float(want[3 * G:].abs().max()) == 0.0  # std_filter's A = 0
+    assert score_b[2] == 0.0 and float(scores[2]) == 0.1 * float(b["r"][2])  # no answer tag
+    keep_mask = b["mask"] * kept.unsqueeze(-1).to(DT)
+    torch.testing.assert_close(est.mask.double(), keep_mask, rtol=0, atol=0)
+    got = est.advantages.double()
+    d_adv = float(((got - want) * keep_mask).abs().max())
+    assert d_adv <= TOL, d_adv
+    if regime == "std_floor":  # the floor acts on a group with a spread, and not on every one
+        assert kept.view(-1, G)[:, 0].tolist().count(False) == 2 and bool(kept.any())
+        assert float(stds.view(-1, G)[~kept.view(-1, G)[:, 0]].max()) > 0
+    else:
+        assert bool(kept.all())
+    assert float((want - grpo_adv(b["r"], b["mask"])).abs().max()) > 0.1  # not GRPO on the format reward
+    _check(fn, dict(b, mask=keep_mask), want, rlpr_reference)
