@@ -433,7 +433,10 @@ def _rlpr_answer_logps(seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor
 
 
 RLPR_REGIMES = {"fixed": ("std_floor = 0.0", 0.0), "std_floor": ("std_floor = 0.0", 0.12),
-                "past_the_clamp": ("std_floor = 0.0", 0.0)}
+                "tiny_spread": ("std_floor = 0.0", 0.0), "past_the_clamp": ("std_floor = 0.0", 0.0)}
+#: tiny_spread: group 3's probabilities given as they are (exact in float32): its rewards differ by
+#: 0.9 x 2^-21, a std of 2.5e-7, under the std_filter's 1e-6, where plain GRPO gives A = +-0.17
+RLPR_TINY = ([0.5, 0.5 + 2.0 ** -21, 0.5, 0.5 + 2.0 ** -21], [0.25] * 4)
 
 
 @pytest.mark.parametrize("regime", list(RLPR_REGIMES))
@@ -441,7 +444,8 @@ def test_rlpr_probability_reward(mode: str, regime: str) -> None:
     """RLPR on the runtime's inputs: answer_prob (the authors' scoreB, here with their bfloat16
     rounding, which the inputs carry exactly in float32) and bare_answer_prob (scoreA); the format
     reward is the batch's r. Regimes: a row without an answer tag (scoreB 0), a group whose deltas
-    are all clipped at 0 (its rewards equal: std 0, the std_filter's A = 0), and with a std floor of
+    are all clipped at 0 (its rewards equal: std 0, the std_filter's A = 0), a group whose rewards
+    differ by less than the std_filter's 1e-6 (A = 0 where GRPO standardises), and with a std floor of
     0.12 the filter drops a group that has a spread (0.098) and keeps the others."""
     old_text, floor = RLPR_REGIMES[regime]
     fn = _spec("rlpr", mode, **({old_text: f"std_floor = {floor}"} if floor else {}))
@@ -449,12 +453,19 @@ def test_rlpr_probability_reward(mode: str, regime: str) -> None:
     after, bare = _rlpr_answer_logps(27)
     score_b = [rlpr_score_b(x) for x in after]
     score_a = [rlpr_score_a(x) for x in bare]
+    if regime == "tiny_spread":
+        score_b[3 * G:], score_a[3 * G:] = RLPR_TINY
     scores = rlpr_rewards(score_b, score_a, b["r"])
     want, stds = rlpr_adv(scores, b["mask"])
     kept = rlpr_kept_groups(stds, floor).repeat_interleave(G)
     probs = dict(answer_prob=torch.tensor(score_b, dtype=DT), bare_answer_prob=torch.tensor(score_a, dtype=DT))
     est = fn.estimate(b["r"].float(), G, b["mask"].float(), **{k: v.float() for k, v in probs.items()})
-    assert float(stds.view(-1, G)[3].max()) == 0.0 and float(want[3 * G:].abs().max()) == 0.0  # std_filter's A = 0
+    assert float(want[3 * G:].abs().max()) == 0.0  # std_filter's A = 0 on group 3
+    if regime == "tiny_spread":  # where it is not GRPO's: a spread under 1e-6 standardised would be +-0.17
+        s3 = scores[3 * G:]
+        assert 0 < float(torch.std(s3)) < 1e-6 and float(((s3 - s3.mean()) / (torch.std(s3) + 1e-6)).abs().max()) > 0.1
+    else:
+        assert float(stds.view(-1, G)[3].max()) == 0.0
     assert score_b[2] == 0.0 and float(scores[2]) == 0.1 * float(b["r"][2])  # no answer tag
     keep_mask = b["mask"] * kept.unsqueeze(-1).to(DT)
     torch.testing.assert_close(est.mask.double(), keep_mask, rtol=0, atol=0)
