@@ -16,7 +16,8 @@ same answer right after the prompt, with no reasoning, is the debiasing term
 
 The answer's tokens are those whose characters overlap the answer's (the authors'
 ``locate_substring_tokens``). A completion without exactly one answer tag gets 0, as the
-authors' (their ``ground_truth_mask`` is empty there). The prompt keeps the tokens it was
+authors' (their ``ground_truth_mask`` is empty there); so does an empty reference answer (no
+tokens to score; the authors' code raises there). The prompt keeps the tokens it was
 sampled with; the response text is tokenized afresh (a fast tokenizer: its character offsets).
 """
 from __future__ import annotations
@@ -88,8 +89,12 @@ def after_reasoning(tokenizer: Any, batch: RolloutBatch, answers: list[str], tag
 
 
 def bare(tokenizer: Any, batch: RolloutBatch, answers: list[str]) -> AnswerRows:
-    """The reference answer right after each row's prompt: ``" " + answer + " "`` then EOS."""
-    return _rows(tokenizer, batch, [(" " + a + " ", 1) for a in answers], answers)
+    """The reference answer right after each prompt: ``" " + answer + " "`` then EOS, one row per
+    prompt (the first of its group: the G rows share prompt and answer), groups of one."""
+    G = batch.group_size
+    firsts = dataclasses.replace(batch.select(torch.arange(0, len(batch), G)), group_size=1)
+    mine = answers[::G]
+    return _rows(tokenizer, firsts, [(" " + a + " ", 1) for a in mine], mine)
 
 
 def mean_probability(logprobs: Tensor, answer: Tensor) -> Tensor:
@@ -107,4 +112,4 @@ def answer_probabilities(score: Callable[[RolloutBatch], Tensor], tokenizer: Any
     for rows in (after_reasoning(tokenizer, batch, answers, tags), bare(tokenizer, batch, answers)):
         lp = score(rows.batch).to(rows.answer.device)
         out.append(mean_probability(lp, rows.answer))
-    return out[0], out[1]
+    return out[0], out[1].repeat_interleave(batch.group_size)  # the bare one per prompt, on its G rows
