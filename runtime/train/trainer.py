@@ -194,10 +194,12 @@ class Trainer(ForwardPasses):
         """The policy's logprobs [B, Tr] of a batch's response tokens (no grad, micro-batch by
         micro-batch, at the rollout's temperature): what the rollout stage scores other sequences
         than the sampled ones with (``answer_prob``: the reference answer after each row's
-        reasoning, train/answers.py)."""
+        reasoning, train/answers.py). A mixture-of-experts policy's routing over these sequences, which
+        the engine never sampled, counts into no moe/* metric."""
         self.policy.eval()
         device = next(self.policy.parameters()).device
-        return self._per_microbatch(self.policy, batch.to(device), "logprobs")
+        with self._routing_uncounted():
+            return self._per_microbatch(self.policy, batch.to(device), "logprobs")
 
     def _replayed_old(self, rollout: RolloutBatch, old: Tensor | None) -> tuple[Tensor | None, dict[str, float]]:
         """pi_old of a batch with replayed groups (``sampling replay``, rollout/replay.py): on a
