@@ -43,6 +43,8 @@ SOURCES = {
                "saved in checkpoints)",
     "reference_rollout": "the reference model's own answers to the step's prompts (run config `reward.reference`: "
                          "the policy as the run started, or a model folder), scored by the run's reward",
+    "replay": "a prompt group as the replay buffer receives it: its recorded rewards (sampling replay's "
+              "priority formula reads them, one group at a time: B is the group's samples)",
 }
 
 
@@ -221,6 +223,14 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("is_top1", ("loss",), "[B, T]", "float32",
           "1 where the sampled token is the old policy's most likely token at its position (a tie for the "
           "largest logit counts), else 0", "policy", formula="is_top1", slots=_POLICY_SLOTS),
+    # sampling replay's priority: a formula of one group (its B rows are the group's samples whose
+    # reward is scorable; `r` is their rewards). No generated function takes these: stages ()
+    *(Input(name, (), shape, "float32", meaning, "replay", formula=formula, slots=("priority",))
+      for name, shape, formula, meaning in [
+          ("group_reward_deviations", "[B]", "adv", "each reward minus the group's mean reward, r - mean"),
+          ("group_reward_mean", "[]", "mean", "the group's mean reward"),
+          ("group_reward_std", "[]", "std", "the unbiased standard deviation of the group's rewards (0 below two)"),
+          ("group_reward_count", "[]", "n", "how many of the group's rewards are scorable (a failed, NaN one is not)")]),
 ]}
 
 
