@@ -11,7 +11,8 @@ per group.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from .formula import argument
@@ -23,10 +24,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class GroupFormula:
-    """A checked priority formula: its text and the function the formula compiles to."""
+    """A checked priority formula, held by its text (a policy pickles as plain data, to Ray actors
+    and FSDP ranks); the function it compiles to is built once per process (:func:`_compiled`)."""
 
     text: str
-    fn: Callable[..., Any] = field(repr=False, compare=False)
 
     def __call__(self, rewards: Tensor) -> float:
         """The priority of one group from its rewards [G] (NaN = failed, left out)."""
@@ -35,13 +36,19 @@ class GroupFormula:
         mean = r.mean() if r.numel() else torch.tensor(float("nan"), dtype=torch.float64)
         std = r.std() if r.numel() >= 2 else torch.tensor(0.0, dtype=torch.float64)
         n = torch.tensor(float(r.numel()), dtype=torch.float64)
-        return float(self.fn(r=r, adv=r - mean, mean=mean, std=std, n=n))
+        return float(_compiled(self.text)(r=r, adv=r - mean, mean=mean, std=std, n=n))
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(text: str) -> Callable[..., Any]:
+    return argument.function(argument.formula("priority", text))
 
 
 def parse(text: str) -> GroupFormula:
     """A priority formula checked and compiled; a ValueError names its first error (a spec
     reports it at its file:line:col: spec.py)."""
-    return GroupFormula(text, argument.function(argument.formula("priority", text)))
+    _compiled(text)
+    return GroupFormula(text)
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,12 @@ def test_the_priority_is_a_formula_of_the_language() -> None:
     want = 1.0 * min(std, 0.5) + 5 ** 0.5 * std - min(max(x - mean, 0.0) for x in r)
     assert priority.parse(text)(torch.tensor(r)) == pytest.approx(want, abs=1e-12)
     assert "fx.batch_std(" in emit.group_function_source(formula("priority", text))  # the language's own code
+    # the compiled policy is plain data: it pickles (to Ray actors, FSDP ranks) and computes the same
+    import pickle
+
+    policy = rldsl.compile(rldsl.loads(GOOD, "r.rl"), compile=False).data.replay_policy
+    again = pickle.loads(pickle.dumps(policy))
+    assert again == policy and again.priority(torch.tensor(r)) == policy.priority(torch.tensor(r))
 
 
 def test_explain_shows_the_replay_policy(tmp_path: Path) -> None:
