@@ -46,6 +46,8 @@ SOURCES = {
     "answer": "a no-grad forward of the policy that sampled the step over each row's prompt, its own reasoning up "
               "to the answer tag (reward.answer_tags) and the data's reference answer (data.answer_key) in "
               "place of its answer",
+    "replay": "a prompt group as the replay buffer receives it: its recorded rewards (sampling replay's "
+              "priority formula reads them, one group at a time: B is the group's samples)",
 }
 
 
@@ -235,6 +237,14 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("is_top1", ("loss",), "[B, T]", "float32",
           "1 where the sampled token is the old policy's most likely token at its position (a tie for the "
           "largest logit counts), else 0", "policy", formula="is_top1", slots=_POLICY_SLOTS),
+    # sampling replay's priority: a formula of one group (its B rows are the group's samples whose
+    # reward is scorable; `r` is their rewards). No generated function takes these: stages ()
+    *(Input(name, (), shape, "float32", meaning, "replay", formula=formula, slots=("priority",))
+      for name, shape, formula, meaning in [
+          ("group_reward_deviations", "[B]", "adv", "each reward minus the group's mean reward, r - mean"),
+          ("group_reward_mean", "[]", "mean", "the group's mean reward"),
+          ("group_reward_std", "[]", "std", "the unbiased standard deviation of the group's rewards (0 below two)"),
+          ("group_reward_count", "[]", "n", "how many of the group's rewards are scorable (a failed, NaN one is not)")]),
 ]}
 
 

@@ -40,7 +40,7 @@ class Param:
     """A typed component parameter.
 
     kind: "float" | "int" | "bool" | "choice" | "field" (a data field's name) | "formula" (one of
-    ``choices`` or a quoted group formula, rldsl/priority.py). ``default`` is
+    ``choices`` or a quoted formula, rldsl/formula/argument.py). ``default`` is
     REQUIRED, None (optional, absent unless given) or a value. Bounds are inclusive (ge/le) or exclusive (gt/lt).
     ``runtime`` params shape the generated code (e.g. where a KL term goes) instead of
     being passed to the component function. ``stages`` maps each choice to the stage the
@@ -127,8 +127,9 @@ def Choice(choices: tuple[str, ...], default: Any = REQUIRED, doc: str = "", **k
 
 
 def Formula(choices: tuple[str, ...], default: Any = REQUIRED, doc: str = "", **kw: Any) -> Param:
-    """A word among ``choices`` or a quoted group formula (rldsl/priority.py): ``priority=uniform``,
-    ``priority="std * sum(abs(adv))"``; the spec checks the formula's names and shape."""
+    """A word among ``choices`` or a quoted formula of the language (rldsl/formula/argument.py; the
+    parameter's name is its slot in ``formula.lang.ARGUMENTS``): ``priority=uniform``,
+    ``priority="std * sum(abs(adv))"``; the spec checks it as a slot's formula (names, shape)."""
     return Param("formula", default, doc, choices=tuple(choices), **kw)
 
 

@@ -19,9 +19,10 @@ from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from . import priority, registry
+from . import registry
 from .errors import ErrorList, Span, SpecError, SpecErrors
 from .suggest import did_you_mean
+from .formula import argument as formula_argument
 from .formula import hooks as formula_hooks
 from .inputs import INPUTS
 from .parser import ArgNode, ComponentNode, SpecFile, Word, parse
@@ -201,8 +202,9 @@ def _convert(arg: ArgNode, p: registry.Param, errors: ErrorList) -> tuple[bool, 
 
 
 def _convert_formula(arg: ArgNode, p: registry.Param, errors: ErrorList) -> tuple[bool, ParamValue]:
-    """A ``formula`` parameter: one of its words, or a quoted group formula checked here (its
-    names and its shape: one number per group), an error pointing into the string."""
+    """A ``formula`` parameter: one of its words, or a quoted formula of the language checked
+    here as the formula of the argument (rldsl/formula/argument.py: its names, functions and
+    shape), each error at its place inside the string."""
     v, span = arg.value.text, arg.value.span
     if arg.kind == "word" and v in p.choices:
         return True, v
@@ -211,12 +213,7 @@ def _convert_formula(arg: ArgNode, p: registry.Param, errors: ErrorList) -> tupl
                    hint=did_you_mean(v, p.choices) or 'e.g. priority="std * sum(abs(adv))"')
         return False, None
     text = v[1:-1]
-    try:
-        priority.parse(text)
-    except ValueError as e:
-        message, column, length, hint = e.args if len(e.args) == 4 else (str(e), 0, 1, None)
-        errors.add(f"argument '{arg.name.text}': {message}",
-                   Span(span.file, span.line, span.column + 1 + column, length), hint=hint)
+    if formula_argument.check(arg.name.text, text, span, errors) is None:
         return False, None
     return True, text
 

@@ -60,14 +60,16 @@ formula: after each step's groups are drawn, those that pass `enter` join the bu
   else the oldest leaves); entries older than max_age policy versions leave; then
   use=substitute: the step's non-informative groups (at most per_step) are replaced by entries
   chosen by `priority`; use=mix: round({mix} P) groups of the step come from the buffer and
-  only P - that many are generated. A replayed group's pi_old is the behaviour policy's recorded
+  only P - that many are generated (asynchronous rollouts: always P - round({mix} P), the share
+  drawn at the trainer's step from what the buffer holds). A replayed group's pi_old is the behaviour policy's recorded
   logprobs (the engine's at its version): rho = pi_theta / mu; its advantage is recomputed from its
   recorded rewards with the step's batch (advantage=recompute), or kept (advantage=keep): the one
   its rows had the first time they were trained on.
   priority: uniform (each entry equally likely), newest (the newest entries, no draw), or a
-  group formula "..." (rldsl/priority.py: r, adv = r - mean, mean, std, n; sum mean max min abs
-  sqrt exp log): entries drawn with probability priority / sum, without replacement unless more
-  are needed than held.
+  formula of the language "..." over one group's rows (docs/formulas.md, "A formula as an
+  argument": r [B], adv = r - mean [B], mean, std, n []; sum mean std max min (x) reduce the group;
+  one number per group): entries drawn with probability priority / sum, without replacement
+  unless more are needed than held.
 source: TRL GRPOWithReplayBufferTrainer (substitutes zero-variance groups from a buffer ranked by
   sum |A| x std); ARPO's replay of successful trajectories (Lu et al. 2025); PER (Schaul et al. 2016)
 edge cases: enter=nonzero_std: informative() (scorable rewards not all equal); enter=success: some

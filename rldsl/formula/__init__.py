@@ -15,4 +15,6 @@ Modules, in the order a formula goes through them:
 - ``masked``  the masked reductions the generated code calls (``fx.*``)
 - ``render``  formula text for explain, diffs and code comments
 - ``hooks``   the few functions spec, codegen, compiled and explain call
+- ``argument`` a formula written as a component's argument (sampling replay's priority): parsed,
+  checked and compiled by the modules above, evaluated on one prompt group's rows
 """

@@ -67,7 +67,9 @@ class Formula:
 
     @property
     def spec(self) -> lang.FormulaSlot:
-        return lang.SLOTS[self.slot]
+        spec = lang.formula_slot(self.slot)
+        assert spec is not None, self.slot
+        return spec
 
     def reads_any(self, *names: str) -> bool:
         return any(n in self.reads for n in names)
@@ -164,7 +166,9 @@ def _num(x: float | bool) -> str:
 class _Checker:
     def __init__(self, slot: str, define: Define, add: _Reporter, params: dict[str, float]):
         self.slot = slot
-        self.spec = lang.SLOTS[slot]
+        spec = lang.formula_slot(slot)
+        assert spec is not None, slot
+        self.spec = spec
         self.define = define
         self.add = add
         self.params = params
@@ -200,7 +204,8 @@ class _Checker:
             return
         known = sorted(self.inputs | set(self.bindings) | set(self.params))
         if name in lang.INPUTS:  # an input of other slots
-            others = [s for s, fs in lang.SLOTS.items() if name in fs.inputs]
+            others = ([s for s, fs in lang.SLOTS.items() if name in fs.inputs]  # else an argument's: priority
+                      or [s for s, fs in lang.ARGUMENTS.items() if name in fs.inputs])
             # the sequence reward has a name of its own in the loss slots
             alias = " (the sequence's reward is `reward` here)" if name == "r" and "reward" in self.spec.inputs else ""
             self.add(f"'{name}' is not an input of {self.slot}{alias}", node.span,
@@ -318,8 +323,17 @@ class _Checker:
     def call(self, e: Call) -> Typed | None:
         f = lang.FUNCTIONS.get(e.func)
         n = len(e.args)
+        scope = self.spec.plain_scope
+        if scope and e.func in lang.REDUCTIONS and n == 1 and (f is None or f.kind == "minmax"):
+            f = lang.FUNCTIONS[f"{scope}_{e.func}"]  # a plain sum(x) reduces the slot's rows
         if f is None or (f.kind == "minmax" and n == 1):
             self.unknown_function(e)
+            return None
+        if scope and f.scope not in lang.ARGUMENT_SCOPES:
+            plain = ", ".join(r for r in lang.REDUCTIONS if r != "quantile")
+            self.add(f"{f.name} is not available in a {self.slot} formula: it reads one group's rows, "
+                     "without tokens or other groups", e.func_span,
+                     hint=f"reduce the group's rows with {plain} (x)")
             return None
         if f.kind == "search":
             return self.search(e, f)
@@ -648,7 +662,7 @@ def check_use(slot: str, define: Define, args: tuple, use_span: Span, file: str,
               errors: ErrorList, reported: set[tuple[str, Span]]) -> Formula | None:
     """Check ``define`` as the component of ``slot`` with the slot line's ``args``."""
     add = _Reporter(errors, reported)
-    spec = lang.SLOTS.get(slot)
+    spec = lang.formula_slot(slot)
     if spec is None:
         why = lang.NOT_FORMULAS.get(slot)
         add(f"slot '{slot}' cannot take a formula" + (f": {why}" if why else ""), use_span,
@@ -782,8 +796,11 @@ def check_use(slot: str, define: Define, args: tuple, use_span: Span, file: str,
         elif t.rank > o.rank:
             hint = ("reduce the top-K axis, e.g. k_sum(...) or k_max(...)" if t.rank == lang.TOPK_RANK else
                     "reduce each sequence's tokens, e.g. seq_mean(...) or seq_sum(...)" if o.rank == 1
-                    else "reduce it, e.g. batch_sum(...)")
-            add(f"'{o.name}' must be {_shape_words(o.rank)}, got {_shape(t.rank)}", t.node.span, hint=hint)
+                    else "reduce it over the group's samples: sum(...), mean(...), max(...) or min(...)"
+                    if spec.plain_scope else "reduce it, e.g. batch_sum(...)")
+            words = (f"one number per group [], got {_shape(t.rank)} (a value per sample of the group)"
+                     if spec.plain_scope else f"{_shape_words(o.rank)}, got {_shape(t.rank)}")
+            add(f"'{o.name}' must be {words}", t.node.span, hint=hint)
     if add.count != before:
         return None
     reads = frozenset(t.name for name in order for t in _walk_typed(checker.typed[name]) if t.op == "input")

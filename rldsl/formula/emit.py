@@ -77,11 +77,14 @@ class _Emitter:
     def rows(self) -> str:
         if self.stage == "loss":
             return self._pre("rows", "(mask.sum(-1) > 0).to(mask.dtype)", "rows with tokens  [B]")
+        if self.stage == "group":  # the group's rows: those with a scorable reward, every one
+            return "mask"
         return self._pre("rows", "batch.valid_rows.to(mask.dtype)", "rows with a real reward  [B]")
 
     def input(self, name: str) -> str:
         inp = lang.INPUTS[name]
-        code = inp.loss if self.stage == "loss" else inp.advantage
+        # a group formula's function takes each input under its formula name (group_function_source)
+        code = inp.loss if self.stage == "loss" else name if self.stage == "group" else inp.advantage
         assert code is not None, (name, self.stage)
         if name == "L":
             return self._pre("L", code, "L  [B]")
@@ -289,6 +292,16 @@ _RESULT = {"w": "w", "l": "pg", "kl": "kl_t", "term": "per_token", "weights": "w
            "log_rho": "log_ratio", "r": "r", "b": "adv", "A": "adv", "keep": "keep"}
 # ... and what a baseline formula also returns
 _RETURNS = ", 'returns': returns"
+
+
+def group_function_source(f: Formula) -> str:
+    """``def formula(r, adv, ...)`` for a formula of one prompt group (``lang.ARGUMENTS``: the
+    replay priority): its inputs by their formula names, [B] = the group's rows with a scorable
+    reward (``mask``: all ones, their dtype); returns its one output, a 0-dim tensor."""
+    out = f.outputs[0]
+    head = f"def formula({', '.join(f.spec.inputs)}):"
+    body = ["mask = torch.ones_like(r)"] + lines(f, f"{f.slot} formula")
+    return head + "\n    " + "\n    ".join(body) + f"\n    return fx.scalar({out}, mask)\n"
 
 
 def function_source(f: Formula) -> str:

@@ -89,7 +89,7 @@ class FormulaSlot:
     """How a formula fills a slot."""
 
     slot: str
-    stage: str                       # "loss" (compiled) | "advantage" (eager)
+    stage: str                       # "loss" (compiled) | "advantage" (eager) | "group" (one group's rows)
     prefix: str                      # of the generated variables: tr_1, tr_2, ...
     inputs: tuple[str, ...]
     outputs: tuple[Output, ...]      # all of them must be bound ...
@@ -98,6 +98,7 @@ class FormulaSlot:
     extra_reading_values: str = ""   # ... instead, when the formula reads the critic's values V
     params: tuple[str, ...] = ()     # parameters the slot itself needs (kl: beta)
     makes_ratio: bool = False        # it computes rho or w (reading them does not make the loss need them)
+    plain_scope: str = ""            # the scope a plain sum/mean/std/max/min(x) reduces over ("": none)
 
 
 _LOSS_COMMON = ("mask", "L", "G", "B", "T")
@@ -145,6 +146,25 @@ SLOTS: dict[str, FormulaSlot] = {s.slot: s for s in [
                 (Output("weights", "num", 2, "weights = {x}", "per-token weights"),
                  Output("count", "num", 0, "count = {x}", "the denominator: loss = sum(l * weights) / count"))),
 ]}
+
+
+# Formulas that are a component's argument rather than a slot's component: a quoted one-line
+# expression, checked like a slot's formula (its spans inside the string) and evaluated on the
+# rows of one prompt group at a time. In it B is the group's samples, so one number per group is
+# [], and the plain reductions sum, mean, std, max, min (x) reduce the group's rows
+# (batch_sum, ... of the group).
+ARGUMENTS: dict[str, FormulaSlot] = {s.slot: s for s in [
+    FormulaSlot("priority", "group", "pr", _reads("priority", ("r",)),
+                (Output("priority", "num", 0, "priority = {x}", "the group's priority: one number per group"),),
+                plain_scope="batch"),
+]}
+#: the scopes of the functions an argument formula may call (its rows are one group: no tokens)
+ARGUMENT_SCOPES = ("", "batch")
+
+
+def formula_slot(name: str) -> FormulaSlot | None:
+    """The formula slot ``name``: a slot of :data:`SLOTS` or an argument of :data:`ARGUMENTS`."""
+    return SLOTS.get(name) or ARGUMENTS.get(name)
 
 
 # Slots a formula cannot fill, and why (the checker's message says it).

@@ -75,22 +75,24 @@ class ReplayBuffer:
     # -- what a step asks
 
     def fresh_groups(self, P: int) -> int:
-        """How many groups a step generates: P, less what ``use=mix`` takes from the buffer."""
+        """How many groups a step generates: P, less what ``use=mix`` takes from the buffer as it is
+        now (a synchronous run; an asynchronous one generates P - ``ReplayPolicy.mixed(P)``)."""
         return P - self._mix_count(P)
 
     def _mix_count(self, P: int) -> int:
-        p = self.policy
-        if p.use != "mix":
-            return 0
-        k = min(int(round(p.mix * P)), len(self.entries))
-        return min(k, p.per_step) if p.per_step else k
+        return min(self.policy.mixed(P), len(self.entries))
 
     def step(self, made: StepRollout, version: int, informative: torch.Tensor, P: int,
-             generator: torch.Generator, now: int | None = None) -> tuple[StepRollout, dict[str, float]]:
+             generator: torch.Generator, now: int | None = None,
+             ahead: bool = False) -> tuple[StepRollout, dict[str, float]]:
         """The step's batch with replayed groups, and its ``replay/*`` metrics; ``informative`` [P']
         is the fresh groups' (``DataPlan.informative``), ``version`` the policy that sampled them,
         ``now`` the policy this step trains (an asynchronous run's is newer: the ages count the
-        versions between, as its staleness does; synchronous: ``version``)."""
+        versions between, as its staleness does; synchronous: ``version``). ``ahead``: the fresh
+        groups were generated ahead by a producer that never reads the buffer (``use=mix``: it made
+        P - ``policy.mixed(P)``); the mix share is then drawn here, at the step, from the entries
+        left after the staleness rule against ``now`` and the step's own groups joined -- as many
+        as the policy takes, or all the buffer holds when it holds fewer."""
         p = self.policy
         now = version if now is None else now
         mixed = self._mix_count(P)  # decided on the buffer before this step's groups join (fresh_groups)
@@ -101,7 +103,7 @@ class ReplayBuffer:
         self.placed = [self._add(made, g, version) if _enters(p, rewards[g], ok[g]) else None
                        for g in range(rewards.shape[0])]
         if p.use == "mix":
-            slots, k = [], mixed
+            slots, k = [], (min(p.mixed(P), len(self.entries)) if ahead else mixed)
         else:
             slots = [g for g, good in enumerate(ok) if not good]
             if p.per_step:

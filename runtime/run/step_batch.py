@@ -49,7 +49,7 @@ def rollout_step(s: Run, step: int) -> StepRollout:
     replay = getattr(s, "replay", None) if cfg.rollout.max_staleness == 0 else None
     for r in range(rounds):
         used = r + 1
-        examples = s.prompts.next_batch(P if replay is None else replay.fresh_groups(P))
+        examples = s.prompts.next_batch(fresh_groups(s, replay))
         reward_prompts = [e.reward_prompt for e in examples]  # rewards: the untemplated prompt
         faults.at("generate", logged)
         gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],
@@ -104,14 +104,29 @@ def rollout_step(s: Run, step: int) -> StepRollout:
                        torch.cat([k.scored for k in kept]), m)
 
 
+def fresh_groups(s: Run, replay: Any) -> int:
+    """How many prompt groups a step generates: P, less the groups ``use=mix`` takes from the
+    replay buffer -- as the buffer holds them now in a synchronous run (``replay``: the run's
+    buffer), or from the policy alone in an asynchronous run's producer (``replay`` None), which
+    makes batches ahead of the trainer and never reads the buffer (the trainer draws the share
+    at the step: :func:`with_replay`)."""
+    P = s.cfg.rollout.prompts_per_step
+    if replay is not None:
+        return replay.fresh_groups(P)
+    policy = s.fn.data.replay_policy
+    return P if policy is None else P - policy.mixed(P)
+
+
 def with_replay(s: Run, made: StepRollout, step: int, version: int) -> StepRollout:
     """The step's batch through the run's replay buffer (rollout/replay.py): its groups that pass
     ``enter`` kept, replayed ones in; ``version`` is the policy that sampled ``made`` (an
-    asynchronous run's may be older than ``step``'s), the metrics gain ``replay/*``."""
+    asynchronous run's may be older than ``step``'s: its batch was made ahead, and a ``use=mix``
+    share is drawn here against ``step``), the metrics gain ``replay/*``."""
     P = s.cfg.rollout.prompts_per_step
     informative = s.fn.data.informative(made.scored.view(-1, made.batch.group_size))
     out, m = s.replay.step(made, version, informative, P,
-                           torch.Generator().manual_seed(step_seed(s.cfg.seed, step, 0, "replay")), now=step)
+                           torch.Generator().manual_seed(step_seed(s.cfg.seed, step, 0, "replay")), now=step,
+                           ahead=s.cfg.rollout.max_staleness > 0)
     return dataclasses.replace(out, metrics={**made.metrics, **m})
 
 
@@ -161,7 +176,7 @@ class StepRollouts:
         if not self.score_apart:
             return rollout_step(self.s, step)
         s, cfg = self.s, self.s.cfg
-        examples = s.prompts.next_batch(cfg.rollout.prompts_per_step)
+        examples = s.prompts.next_batch(fresh_groups(s, None))
         reward_prompts = [e.reward_prompt for e in examples]
         faults.at("generate", step + 1)
         gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],

@@ -52,6 +52,30 @@ def test_a_group_formula_is_evaluated_from_the_group_rewards() -> None:
     assert priority.parse("max(r) - min(r) + n")(r) == 5.0
 
 
+def test_the_priority_is_a_formula_of_the_language() -> None:
+    """Its inputs are the inputs table's (rldsl/inputs.py, read by the slot `priority`), its functions
+    the language's table: where, clamp, sqrt, max of two, the plain and the batch_ reductions of the
+    group's rows; evaluated by the code the emitter writes, against a hand computation."""
+    from rldsl import inputs
+    from rldsl.formula import emit, lang
+    from rldsl.formula.argument import formula
+
+    assert lang.ARGUMENTS["priority"].inputs == ("r",) + tuple(i.formula for i in inputs.readable("priority"))
+    text = "where(mean > 0.4, max(r), 0.5) * clamp(std, 0, 0.5) + sqrt(n) * batch_std(adv) - min(max(adv, 0))"
+    r = [1.0, 0.0, 0.0, 1.0, 1.0]
+    mean = sum(r) / 5
+    std = (sum((x - mean) ** 2 for x in r) / 4) ** 0.5
+    want = 1.0 * min(std, 0.5) + 5 ** 0.5 * std - min(max(x - mean, 0.0) for x in r)
+    assert priority.parse(text)(torch.tensor(r)) == pytest.approx(want, abs=1e-12)
+    assert "fx.batch_std(" in emit.group_function_source(formula("priority", text))  # the language's own code
+    # the compiled policy is plain data: it pickles (to Ray actors, FSDP ranks) and computes the same
+    import pickle
+
+    policy = rldsl.compile(rldsl.loads(GOOD, "r.rl"), compile=False).data.replay_policy
+    again = pickle.loads(pickle.dumps(policy))
+    assert again == policy and again.priority(torch.tensor(r)) == policy.priority(torch.tensor(r))
+
+
 def test_explain_shows_the_replay_policy(tmp_path: Path) -> None:
     spec = tmp_path / "r.rl"
     spec.write_text(GOOD, encoding="utf-8")
@@ -67,11 +91,12 @@ def test_explain_shows_the_replay_policy(tmp_path: Path) -> None:
 @pytest.mark.parametrize("line, where, words", [
     ("replay(capacity=0)", ":2:29:", "argument 'capacity' of sampling replay must be >= 1, got 0"),
     ("replay(max_age=-1)", ":2:28:", "argument 'max_age' of sampling replay must be >= 0, got -1"),
-    ('replay(priority="abs(adv) * std")', ":2:30:", "a priority is one number per group, but this formula "
-                                                    "gives one per sample [G]"),
-    ('replay(priority="sum(std)")', ":2:30:", "sum() reduces a per-sample value over the group"),
-    ('replay(priority="std * sum(abs(foo))")', ":2:44:", "unknown name 'foo' in a priority formula"),
-    ('replay(priority="std *")', ":2:", "cannot read the priority formula"),
+    ('replay(priority="abs(adv) * std")', ":2:30:", "'priority' must be one number per group [], got [B]"),
+    ('replay(priority="std * seq_sum(r)")', ":2:36:", "seq_sum is not available in a priority formula"),
+    ('replay(priority="std * sum(abs(foo))")', ":2:44:", "unknown name 'foo'"),
+    ('replay(priority="std *")', ":2:35:", "unexpected end of line, expected"),
+    ('replay(priority="std * sum(abs(adv)")', ":2:48:", "unexpected end of line, expected ')'"),
+    ('replay(priority="std * summ(r)")', ":2:36:", "unknown function 'summ'"),
     ("replay(priority=newset)", ":2:29:", "did you mean"),
     ("replay(use=mix, mix=1.5)", ":2:33:", "must be < 1"),
     ("replay(advantage=kept)", ":2:", "did you mean"),

@@ -246,8 +246,7 @@ def test_replay_is_refused_where_it_is_not_tested_yet():
 
     algo = rldsl.loads(REPLAY_SPEC, "replay.rl")
     check_replay(algo, load_config(None, []))
-    with pytest.raises(RunError, match="rollout.max_staleness > 0 with use=mix"):  # REPLAY_SPEC mixes
-        check_replay(algo, load_config(None, ["rollout.max_staleness=1"]))
+    check_replay(algo, load_config(None, ["rollout.max_staleness=1"]))  # REPLAY_SPEC mixes: tested above
     substitute = rldsl.loads(REPLAY_SPEC.replace("use=mix, mix=0.5, ", ""), "replay.rl")
     check_replay(substitute, load_config(None, ["rollout.max_staleness=1"]))  # tested: async ages above
     check_replay(algo, load_config(None, ["rollout.env=episode_helpers:Nudge"]))  # tested: episodes below
@@ -406,8 +405,75 @@ def test_asynchronous_rollouts_age_entries_in_the_trainers_versions(tokenizer, t
     assert ratios[0] == pytest.approx(1.0, abs=1e-5) and abs(ratios[1] - 1) > 1e-4 and ratios[3] is None
 
 
+# use=mix, mix=0.5 of P = 4 with rollout.max_staleness = 1: the producer makes 2 fresh groups a step
+MIX_STEPS = [
+    [[0, 1, 0, 0], [0, 0, 1, 1]],  # a, b join: [a, b]; the 2 newest replayed (b, a)
+    [[1, 1, 1, 1], [1, 0, 0, 0]],  # c joins, a (oldest) leaves: [b, c]; c, b replayed (ages 1)
+    [[0, 0, 0, 0], [0, 1, 1, 0]],  # b, c (v0) 2 versions old leave; d joins: [d], the only one replayed
+    [[0, 0, 0, 0], [0, 0, 0, 0]],  # d (v1) 2 versions old leaves: nothing to replay
+]
+
+
+def test_asynchronous_mix_draws_the_share_at_the_step(tokenizer, tiny_model_factory, unpadded_logits):
+    """use=mix with rollout.max_staleness = 1: the producer, which makes batches ahead and never
+    reads the buffer, generates P - round(mix P) = 2 groups a step (a synchronous run's step 0 would
+    generate 4: its buffer is empty before the step); the trainer's step (step_batch.with_replay)
+    drops the entries older than max_age versions against the version it trains, lets the step's
+    groups join, then takes the mix share -- 2 groups, or all the buffer holds when it holds fewer.
+    Hand-computed from MIX_STEPS with capacity 2, newest, max_age 1 (step t sampled by v max(0, t - 1)):
+      step 0 (v0): a, b join; [a, b, b, a], ages 0, fraction 2/4
+      step 1 (v0): c joins, a leaves; [x, c, c, b], ages 1, fraction 2/4
+      step 2 (v1): b, c are 2 versions old and leave, d joins; [y, d, d]: one left, fraction 1/3
+      step 3 (v2): d leaves; the 2 fresh groups alone
+    The ratios of the replayed rows are against their recorded behaviour logprobs, the losses the
+    reference's (1e-6)."""
+    import copy
+
+    model = tiny_model_factory(tokenizer, seed=3)
+    s, trainer = _run(model, tokenizer, "replay(capacity=2, use=mix, mix=0.5, priority=newest, max_age=1)",
+                      MIX_STEPS)
+    s.rollouts = LaggedRollouts(model, tokenizer, MIX_STEPS)
+    s.cfg.rollout.max_staleness = 1
+    versions = [copy.deepcopy(model.state_dict())]
+    seen = []
+    for step in range(4):
+        version = max(0, step - 1)
+        s.rollouts.load(versions[version])
+        made = step_batch.rollout_step(s, step)
+        assert len(made.prompt_ids) == 2 and made.batch.replayed is None  # the producer: P - mix P fresh
+        r = step_batch.with_replay(s, made, step, version)
+        want_loss, want_rho = _reference_loss(model, r.batch, r.scored, unpadded_logits)
+        tb = trainer.estimate(r.batch, r.scored)
+        if r.batch.replayed is not None:
+            rows = r.batch.replayed
+            assert torch.equal(tb.old_logprobs[rows] * r.batch.response_mask[rows],
+                               r.batch.logprobs[rows] * r.batch.response_mask[rows])
+            assert tb.metrics["replay/ratio_mean"] == pytest.approx(float(want_rho.mean()), rel=1e-6), step
+        um = trainer.update(tb)
+        assert um.get(LOSS, 0.0) == pytest.approx(want_loss, abs=1e-6), step
+        versions.append(copy.deepcopy(model.state_dict()))
+        seen.append((r, s.rollouts.prompts[step]))
+    p = [n for _, n in seen]
+    a, b, c, d = p[0][0], p[0][1], p[1][1], p[2][1]
+    expected = [  # (groups, replayed flags, size, fraction, age)
+        ([a, b, b, a], [0, 0, 1, 1], 2, 2 / 4, 0.0),
+        ([p[1][0], c, c, b], [0, 0, 1, 1], 2, 2 / 4, 1.0),
+        ([p[2][0], d, d], [0, 0, 1], 1, 1 / 3, 1.0),
+        (p[3], None, 0, 0.0, 0.0),
+    ]
+    for step, ((r, _), (groups, flags, size, fraction, age)) in enumerate(zip(seen, expected)):
+        assert r.reward_prompts == groups, step
+        if flags is None:
+            assert r.batch.replayed is None, step
+        else:
+            assert r.batch.replayed.view(-1, G)[:, 0].tolist() == [bool(x) for x in flags], step
+        assert (r.metrics[SIZE], r.metrics[FRACTION]) == (size, fraction), step
+        assert r.metrics[AGE] == pytest.approx(age, abs=1e-12), step
+
+
 @pytest.mark.slow
-def test_an_asynchronous_run_with_replay_resumes_as_its_uninterrupted_twin(model_dir, tmp_path):
+@pytest.mark.parametrize("use", ["substitute", "mix"])
+def test_an_asynchronous_run_with_replay_resumes_as_its_uninterrupted_twin(model_dir, tmp_path, use):
     """rollout.max_staleness = 1 with replay: the producer makes fresh batches only, the trainer's
     step passes them through the buffer with the version that sampled them; the buffer and the
     batches generated ahead are saved with the checkpoint, so the resumed steps equal the whole run's."""
@@ -416,7 +482,7 @@ def test_an_asynchronous_run_with_replay_resumes_as_its_uninterrupted_twin(model
     from small_run import small_run, steps_of, without_timing
 
     spec = tmp_path / "replay.rl"
-    spec.write_text(REPLAY_SPEC.replace("use=mix, mix=0.5, ", ""), encoding="utf-8")
+    spec.write_text(REPLAY_SPEC if use == "mix" else REPLAY_SPEC.replace("use=mix, mix=0.5, ", ""), encoding="utf-8")
     over = {"train.steps": 6, "checkpoint.every": 2, "rollout.max_staleness": 1}
     full = loop.train(str(spec), small_run(model_dir, tmp_path / "full", **over))
     cut = loop.train(str(spec), small_run(model_dir, tmp_path / "cut", **over), stop_after=3)
