@@ -20,7 +20,7 @@
 algorithm dcpo_sas extends dapo
   "Smooth advantage standardization over the prompt's steps, dynamic adaptive clipping, token mean."
   define smooth_advantage_standardization
-    w = 1 / prompt_steps                              # 1 / (n + 1): n the prompt's earlier steps
+    w = 1 / max(prompt_steps, 1)                      # 1 / (n + 1): n the prompt's earlier steps (0: every reward failed)
     sd_new = group_std(r)
     z_new = where(sd_new > 0, (r - group_mean(r)) / sd_new, 0)
     sd_all = sqrt(prompt_var + prompt_step_var / G)

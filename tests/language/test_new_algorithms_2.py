@@ -426,3 +426,20 @@ def test_dcpo_smooth_advantage_standardization(mode: str) -> None:
             assert float(adv[4:8].abs().min()) > 0.1 and float(adv[4:8].max() - adv[4:8].min()) == 0
     assert True in picks and False in picks  # each mixture is the smaller somewhere
     _check(fn, b, adv.unsqueeze(-1) * b["mask"], dcpo_reference)
+
+
+def test_dcpo_sas_a_group_whose_rewards_all_failed_reads_zero() -> None:
+    """A prompt whose every reward failed has no step yet (prompt_steps 0): its rows leave the loss
+    and read A = 0, not the NaN of 1 / 0 (the authors raise there; a run skips a failed reward)."""
+    from rldsl.runtime.records.prompt_stats import PromptStats, prompt_key
+
+    b = _batch(30, spread=0.8)
+    r = torch.tensor(DCPO_STEPS[0][1], dtype=torch.float32)
+    r[4:8] = float("nan")
+    keys = [prompt_key(x) for x in DCPO_STEPS[0][0]]
+    stats = PromptStats()
+    stats.update(keys, r)
+    est = _spec("dcpo_sas").estimate(r, G, b["mask"].float(), **stats.read(keys, G))
+    assert torch.equal(est.advantages[4:8], torch.zeros(G, b["mask"].shape[1]))
+    assert torch.equal(est.mask[4:8], torch.zeros(G, b["mask"].shape[1]))
+    assert bool(torch.isfinite(est.advantages).all())
