@@ -1,6 +1,7 @@
 """A run whose spec reads the per-prompt statistics across steps (tests/specs/formula/smoothed_std.rl;
-algorithms/examples/dcpo_sas.rl, which reads the per-step ones too): the state lives on the driver, is saved in every checkpoint, and a run stopped after a checkpoint
-and resumed equals its uninterrupted twin (metrics and weights, bit for bit)."""
+algorithms/examples/dcpo_sas.rl, which reads the per-step ones too): the state lives on the driver,
+is saved in every checkpoint, and a run stopped after a checkpoint and resumed equals its
+uninterrupted twin (metrics and weights, bit for bit)."""
 from __future__ import annotations
 
 import json
