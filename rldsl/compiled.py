@@ -198,7 +198,8 @@ class CompiledAlgorithm:
                  dense_rewards: Tensor | None = None,
                  group_keys: Tensor | None = None,
                  prompt_mean: Tensor | None = None, prompt_var: Tensor | None = None,
-                 prompt_count: Tensor | None = None, ref_reward: Tensor | None = None,
+                 prompt_count: Tensor | None = None, prompt_steps: Tensor | None = None,
+                 prompt_step_var: Tensor | None = None, ref_reward: Tensor | None = None,
                  answer_prob: Tensor | None = None, bare_answer_prob: Tensor | None = None,
                  **more: Tensor) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
@@ -219,7 +220,9 @@ class CompiledAlgorithm:
 
         ``prompt_mean`` / ``prompt_var`` / ``prompt_count`` [B]: the running statistics of each
         row's prompt's finite rewards over every step it was seen in, this one included (the
-        caller keeps them across steps), read by formulas that name them.
+        caller keeps them across steps), read by formulas that name them; so are
+        ``prompt_steps`` / ``prompt_step_var`` [B]: how many groups of the prompt those rewards
+        came in, and the mean of the groups' Bessel variances.
 
         ``ref_reward`` [B]: the reward of a reference model's answers to each row's prompt (its
         prompt's mean, repeated over the group), read by formulas that name it; a non-finite

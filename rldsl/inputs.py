@@ -185,6 +185,14 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("prompt_count", ("advantage",), "[B]", "float32",
           "how many finite rewards of the row's prompt those are: G per step seen when none failed",
           "history", formula="prompt_count", slots=_ADVANTAGE_SLOTS, finite=True),
+    Input("prompt_steps", ("advantage",), "[B]", "float32",
+          "how many times the row's prompt was sampled as a group with a finite reward, this one included: "
+          "one per step it was seen in (per sampling round under dynamic sampling)", "history",
+          formula="prompt_steps", slots=_ADVANTAGE_SLOTS, finite=True),
+    Input("prompt_step_var", ("advantage",), "[B]", "float32",
+          "the mean over those groups of each group's Bessel variance (divided by its finite rewards - 1; "
+          "0 for a group with one)", "history", formula="prompt_step_var", slots=_ADVANTAGE_SLOTS,
+          finite=True),
     Input("teacher_logprobs", ("loss",), "[B, T]", "float32",
           "the teacher's logprobs of the sampled tokens", "teacher", arg="teacher_logp", teacher=True,
           formula="teacher_logp", slots=("kl",) + _LOSS_SLOTS),

@@ -4,10 +4,10 @@
 # token follow its old probability q = pi_old(o_t): 0.5 + 0.5 sqrt(max(1 - 4 eps_low / q, 0)) <=
 # rho <= min(0.5 + 0.5 sqrt(1 + 4 eps_high / q), max(c, 10)), a rare token gets a wider range;
 # then verl's dual clip (c = 3) and a token mean. eps_low 0.16, eps_high 0.2 as the paper.
-# NOT written here: DCPO's smooth advantage standardization (per prompt, the mean and std of
-# every earlier step's rewards for that prompt mixed with this step's, 1/(n+1) weights, the
-# smaller of two mixtures) -- a per-prompt running mean AND std with a step count, kept across
-# steps; the language keeps one keyed state, the `ema` baseline (docs/new_algorithms.md).
+# Its advantage here is GRPO's (dapo's). DCPO whole, with its smooth advantage standardization
+# (per prompt, the mean and std of every step's rewards for that prompt mixed with this step's,
+# 1/(n+1) weights, the smaller of two mixtures; read from the per-prompt statistics across steps),
+# is dcpo_sas.rl, with this loss unchanged (docs/new_algorithms.md).
 algorithm dcpo extends dapo
   "Token clip bounds from the old probability (dynamic adaptive clipping), dual clip, token mean."
   define dynamic_adaptive_clip

@@ -334,9 +334,10 @@ def check_per_turn_rewards(reward_terms: list[tuple[str, float]], multi_turn: bo
 
 def prompt_statistics(side: RolloutSide, batch: RolloutBatch, scored: RewardResult,
                       prompts: list[Example]) -> tuple[RolloutBatch, float]:
-    """``prompt_mean``, ``prompt_var``, ``prompt_count`` [B]: the statistics of each row's prompt's
-    finite rewards over every step (every sampling round) it was seen in, this one's folded in
-    first (records/prompt_stats.py); the run's state, on the driver, saved in checkpoints."""
+    """``prompt_mean``, ``prompt_var``, ``prompt_count``, ``prompt_steps``, ``prompt_step_var`` [B]:
+    the statistics of each row's prompt's finite rewards over every step (every sampling round) it
+    was seen in, this one's folded in first (records/prompt_stats.py); the run's state, on the
+    driver, saved in checkpoints."""
     if side.prompt_stats is None:
         raise RunError("the spec reads per-prompt statistics but the run keeps none")
     keys = [prompt_key(e.prompt) for e in prompts]
@@ -415,9 +416,11 @@ ROLLOUT: dict[str, RolloutInputMaker] = {
     "reward_weights": _PER_FUNCTION,  # made together with the components
     "dense_rewards": RolloutInputMaker(per_turn_rewards, check=check_per_turn_rewards),
     "group_keys": RolloutInputMaker(field_keys),
-    "prompt_mean": _PROMPT_STATS,  # the three made together
+    "prompt_mean": _PROMPT_STATS,  # the five made together
     "prompt_var": _PROMPT_STATS,
     "prompt_count": _PROMPT_STATS,
+    "prompt_steps": _PROMPT_STATS,
+    "prompt_step_var": _PROMPT_STATS,
     "ref_reward": _REFERENCE,
     "answer_prob": _ANSWER,  # the two made together
     "bare_answer_prob": _ANSWER,
@@ -461,6 +464,8 @@ ESTIMATE: dict[str, Callable[[Trainer, RolloutBatch, Forwards], Any]] = {
     "prompt_mean": lambda tr, r, f: r.inputs.get("prompt_mean"),
     "prompt_var": lambda tr, r, f: r.inputs.get("prompt_var"),
     "prompt_count": lambda tr, r, f: r.inputs.get("prompt_count"),
+    "prompt_steps": lambda tr, r, f: r.inputs.get("prompt_steps"),
+    "prompt_step_var": lambda tr, r, f: r.inputs.get("prompt_step_var"),
     "ref_reward": lambda tr, r, f: r.inputs.get("ref_reward"),
     "answer_prob": lambda tr, r, f: r.inputs.get("answer_prob"),
     "bare_answer_prob": lambda tr, r, f: r.inputs.get("bare_answer_prob"),

@@ -1,5 +1,6 @@
 """SIGKILL of a run whose spec reads the per-prompt statistics across steps (prompt_var, in
-tests/specs/formula/smoothed_std.rl), then `rldsl run --resume`: the statistics come back from the
+tests/specs/formula/smoothed_std.rl; prompt_steps and prompt_step_var too, in DCPO's
+algorithms/examples/dcpo_sas.rl), then `rldsl run --resume`: the statistics come back from the
 checkpoint, so the resumed run equals its uninterrupted twin (steps, samples, weights bit for bit),
 synchronous and asynchronous (the batches generated ahead were folded in before the save)."""
 from __future__ import annotations
@@ -15,7 +16,9 @@ from rldsl.runtime.run import loop
 from fault_helpers import BASE, assert_same_weights, final_weights, run_args, samples_of, step_numbers, steps_of
 from test_kill_resume import KILLED, faulted_then_resumed
 
-SPEC = str(Path(__file__).resolve().parents[1] / "specs" / "formula" / "smoothed_std.rl")
+ROOT = Path(__file__).resolve().parents[2]
+SMOOTHED = str(ROOT / "tests" / "specs" / "formula" / "smoothed_std.rl")
+DCPO_SAS = str(ROOT / "algorithms" / "examples" / "dcpo_sas.rl")
 
 
 def _data(tmp_path: Path) -> tuple[str, ...]:
@@ -26,14 +29,15 @@ def _data(tmp_path: Path) -> tuple[str, ...]:
     return (f"data.path={data}", "data.eval_size=2")
 
 
-@pytest.mark.parametrize("sets", [(), ("rollout.max_staleness=1",)], ids=["sync", "async"])
-def test_a_run_reading_prompt_statistics_killed_resumes_exactly(model_dir, tmp_path, sets):
+@pytest.mark.parametrize("spec,sets", [(SMOOTHED, ()), (SMOOTHED, ("rollout.max_staleness=1",)), (DCPO_SAS, ())],
+                         ids=["sync", "async", "dcpo_sas"])
+def test_a_run_reading_prompt_statistics_killed_resumes_exactly(model_dir, tmp_path, spec, sets):
     over = _data(tmp_path) + sets
     run = tmp_path / "run"
     args = run_args(model_dir, run, *over)
-    args[1] = SPEC  # run_args names grpo
+    args[1] = spec  # run_args names grpo
     faulted_then_resumed(run, args, [("update@4:kill", KILLED), ("checkpoint@5:kill", KILLED)])
-    ref = loop.train(SPEC, load_config(None, [f"model.path={model_dir}", f"out={tmp_path / 'ref'}", *BASE, *over]))
+    ref = loop.train(spec, load_config(None, [f"model.path={model_dir}", f"out={tmp_path / 'ref'}", *BASE, *over]))
     assert step_numbers(run) == [1, 2, 3, 4, 5, 6]
     assert steps_of(run) == steps_of(ref)
     assert samples_of(run) == samples_of(ref)

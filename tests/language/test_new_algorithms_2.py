@@ -479,3 +479,94 @@ def test_rlpr_probability_reward(mode: str, regime: str) -> None:
         assert bool(kept.all())
     assert float((want - grpo_adv(b["r"], b["mask"])).abs().max()) > 0.1  # not GRPO on the format reward
     _check(fn, dict(b, mask=keep_mask), want, rlpr_reference)
+
+
+# ------------------------------------------------------------------ 8. DCPO's smooth advantage standardization
+
+
+def get_mean_std(old_mean, old_std, times, new_mean, new_std):  # noqa: ANN001, ANN201
+    """github.com/lime-RL/DCPO @ 2778707, verl/trainer/ppo/core_algos.py get_mean_std: the
+    prompt's history (old_mean, old_std over times - 1 earlier steps) mixed with this step's."""
+    old_times = times - 1
+    if old_times == 0:
+        return new_mean, new_std
+    mean = (old_mean * old_times + new_mean) / (old_times + 1)
+    var = old_times * (old_std ** 2) + (new_std ** 2) + old_times / times * (new_mean - old_mean) ** 2
+    return mean, (var / times) ** 0.5
+
+
+def dcpo_sas_adv(r, mask, keys, history, n=G, picks=None):  # noqa: ANN001, ANN201
+    """Same file, compute_dcpo_outcome_advantage (norm_adv_by_std_in_grpo, user_old_mean_ratio 1),
+    with recipe/dcpo/src/dcpo_ray_trainer.py's history (use_old_mean): ``history`` maps a prompt to
+    its (mean, std, times), read and then updated as the trainer's old_mean_std is. ``picks``
+    collects, where the two mixtures differ, whether the first (weighted to the cumulative z) won."""
+    out = torch.empty_like(r)
+    for p, key in enumerate(keys):
+        scores = r[p * n:(p + 1) * n]
+        old_mean, old_std, times = history.get(key, (0.0, 0.0, 0))
+        new_mean, new_std = scores.mean(), torch.std(scores)
+        mean, std = get_mean_std(old_mean, old_std, times + 1, new_mean, new_std)
+        for i in range(n):
+            s_new = (scores[i] - new_mean) / new_std if new_std > 0 else torch.tensor(0.0, dtype=DT)
+            s_old = (scores[i] - mean) / std if std > 0 else torch.tensor(0.0, dtype=DT)
+            s1 = 1 / (times + 1) * s_old + (1 - 1 / (times + 1)) * s_new
+            s2 = 1 / (times + 1) * s_new + (1 - 1 / (times + 1)) * s_old
+            out[p * n + i] = torch.where(abs(s1) < abs(s2), s1, s2)
+            if picks is not None and abs(float(s1) - float(s2)) > 1e-3:
+                picks.append(bool(abs(s1) < abs(s2)))
+        history[key] = (mean, std, times + 1)
+    return out.unsqueeze(-1) * mask
+
+
+#: three steps of four prompts (G = 4): prompt a is seen 3 times, b 3, c 2, d 2, e 2; c's first
+#: group agrees (all 1, no history: A = 0) and so does b's second (all 0.75, its step-1 mean 0.5:
+#: the step's z is 0, the cumulative one not); rewards in [0, 1], not only 0 and 1
+DCPO_STEPS = [
+    (["a", "b", "c", "d"], [1, 0, 0, 1, 0.3, 0.9, 0.6, 0.2, 1, 1, 1, 1, 0, 0, 1, 0]),
+    (["a", "b", "e", "c"], [1, 1, 1, 0, 0.75, 0.75, 0.75, 0.75, 0.7, 0.1, 0.4, 0.4, 0, 1, 1, 1]),
+    (["a", "e", "d", "b"], [0, 0, 1, 0, 0.8, 0.8, 0.2, 0.6, 1, 1, 0, 1, 0.1, 0.9, 0.5, 0.5]),
+]
+
+
+def test_dcpo_smooth_advantage_standardization(mode: str) -> None:
+    """dcpo_sas.rl reads the run's per-prompt statistics (records/prompt_stats.PromptStats, folded
+    and read as `rldsl run` does each step) and equals the authors' SAS, carried over three steps,
+    to 1e-6; on the last step its loss and gradient are DCPO's (dcpo.rl's clipping)."""
+    from rldsl.runtime.records.prompt_stats import PromptStats, prompt_key
+    from test_new_algorithms import dcpo_reference
+
+    fn, stats, history, picks = _spec("dcpo_sas", mode), PromptStats(), {}, []
+    for step, (names, rewards) in enumerate(DCPO_STEPS):
+        b = _batch(30 + step, spread=0.8)
+        b["r"] = torch.tensor(rewards, dtype=DT)
+        keys = [prompt_key(x) for x in names]
+        stats.update(keys, b["r"])
+        want = dcpo_sas_adv(b["r"], b["mask"], names, history, picks=picks)
+        adv = _check_adv(fn, b, want, **stats.read(keys, G))[:, 0]
+        grpo = grpo_adv_n(b["r"], b["mask"], G, eps=0.0)[:, 0].nan_to_num(0.0)
+        for p, x in enumerate(names):  # GRPO's z (no eps) at a first sight; the history moves it after
+            moved = float((adv - grpo)[p * G:(p + 1) * G].abs().max())
+            assert (moved > 1e-3) if history[x][2] > 1 else (moved < 1e-6), (step, x, moved)
+        if step == 0:
+            assert torch.equal(adv[8:12], torch.zeros(G, dtype=DT))  # c agrees, no history
+        if step == 1:  # b agrees with history: A = w z_all, the same nonzero value on each row
+            assert float(adv[4:8].abs().min()) > 0.1 and float(adv[4:8].max() - adv[4:8].min()) == 0
+    assert True in picks and False in picks  # each mixture is the smaller somewhere
+    _check(fn, b, adv.unsqueeze(-1) * b["mask"], dcpo_reference)
+
+
+def test_dcpo_sas_a_group_whose_rewards_all_failed_reads_zero() -> None:
+    """A prompt whose every reward failed has no step yet (prompt_steps 0): its rows leave the loss
+    and read A = 0, not the NaN of 1 / 0 (the authors raise there; a run skips a failed reward)."""
+    from rldsl.runtime.records.prompt_stats import PromptStats, prompt_key
+
+    b = _batch(30, spread=0.8)
+    r = torch.tensor(DCPO_STEPS[0][1], dtype=torch.float32)
+    r[4:8] = float("nan")
+    keys = [prompt_key(x) for x in DCPO_STEPS[0][0]]
+    stats = PromptStats()
+    stats.update(keys, r)
+    est = _spec("dcpo_sas").estimate(r, G, b["mask"].float(), **stats.read(keys, G))
+    assert torch.equal(est.advantages[4:8], torch.zeros(G, b["mask"].shape[1]))
+    assert torch.equal(est.mask[4:8], torch.zeros(G, b["mask"].shape[1]))
+    assert bool(torch.isfinite(est.advantages).all())

@@ -43,11 +43,47 @@ def test_running_statistics_over_steps_equal_the_two_pass_ones() -> None:
                 assert float(got["prompt_mean"][row]) == pytest.approx(mean, abs=1e-7)
                 assert float(got["prompt_var"][row]) == pytest.approx(var, abs=1e-7)
                 assert float(got["prompt_count"][row]) == count
-    # by hand: a's rewards 1, 0, 1, 1, 0 (the NaN left out) -> mean 0.6, var 0.24, count 5
+    # by hand: a's rewards 1, 0, 1, 1, 0 (the NaN left out) -> mean 0.6, var 0.24, count 5; its
+    # groups (1, 0), (1, 1), (0): Bessel variances 0.5, 0, 0 (one reward) -> 3 steps, mean 1/6
     last = stats.read([a], 1)
     assert [float(last[k][0]) for k in ("prompt_mean", "prompt_var", "prompt_count")] == \
         pytest.approx([0.6, 0.24, 5.0], abs=1e-7)
+    assert [float(last[k][0]) for k in ("prompt_steps", "prompt_step_var")] == pytest.approx([3.0, 1 / 6], abs=1e-7)
     assert all(v.dtype == torch.float32 and v.shape == (1,) for v in last.values())
+
+
+def test_steps_and_the_mean_step_variance_equal_the_two_pass_ones() -> None:
+    """prompt_steps counts the groups of the prompt with a finite reward, prompt_step_var is the
+    mean of their Bessel variances (torch.var's), each step's reading including its own group;
+    with G rewards a step, prompt_var + prompt_step_var / G is the mean of the steps' Bessel
+    variances plus the variance of their means (what DCPO's smooth standardisation divides by)."""
+    g = torch.Generator().manual_seed(1)
+    keys = [prompt_key(f"{i}*2=") for i in range(3)]
+    stats, groups = PromptStats(), {k: [] for k in keys}
+    for step in range(4):
+        order = keys[step % 3:] + keys[:step % 3]
+        picked = order[:2]  # two of the three prompts a step: each comes back
+        rewards = torch.rand(2 * 5, generator=g, dtype=torch.float64)
+        stats.update(picked, rewards)
+        got = stats.read(picked, 5)
+        for p, k in enumerate(picked):
+            groups[k].append(rewards[5 * p:5 * p + 5])
+            steps = torch.stack(groups[k])
+            step_var = float(steps.var(dim=1).mean())  # Bessel's, per step
+            assert float(got["prompt_steps"][5 * p]) == len(groups[k])
+            assert float(got["prompt_step_var"][5 * p]) == pytest.approx(step_var, abs=1e-7)
+            between = float(steps.mean(dim=1).var(unbiased=False))
+            smooth = float(got["prompt_var"][5 * p]) + float(got["prompt_step_var"][5 * p]) / 5
+            assert smooth == pytest.approx(step_var + between, abs=1e-6)
+
+
+def test_a_checkpoint_from_before_the_step_columns_loads() -> None:
+    """A state saved with three columns (count, mean, M2) reads 0 steps, the rest unchanged."""
+    stats = PromptStats()
+    stats.load_state_dict({"keys": torch.tensor([7], dtype=torch.int64),
+                           "stats": torch.tensor([[2.0, 0.5, 0.5]], dtype=torch.float64)})
+    assert stats.state_dict()["stats"].tolist() == [[2.0, 0.5, 0.5, 0.0, 0.0]]
+    assert float(stats.read([7], 1)["prompt_var"][0]) == 0.25
 
 
 def test_a_prompt_without_a_finite_reward_reads_zeros() -> None:
@@ -90,6 +126,8 @@ def test_prompt_keys_are_stable_and_tell_prompts_apart() -> None:
 def test_a_spec_keeps_state_only_when_it_reads_the_statistics() -> None:
     smoothed = rldsl.load(str(ROOT / "tests" / "specs" / "formula" / "smoothed_std.rl"))
     assert reads_history(smoothed) and "prompt_var" in smoothed.needs("advantage")
+    dcpo = rldsl.load(str(ROOT / "algorithms" / "examples" / "dcpo_sas.rl"))
+    assert reads_history(dcpo) and {"prompt_steps", "prompt_step_var"} <= set(dcpo.needs("advantage"))
     for name in ("grpo", "rloo", "ppo", "gdpo", "remax"):
         assert not reads_history(rldsl.load(name)), name
 

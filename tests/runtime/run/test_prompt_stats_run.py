@@ -1,6 +1,7 @@
-"""A run whose spec reads the per-prompt statistics across steps (tests/specs/formula/smoothed_std.rl):
-the state lives on the driver, is saved in every checkpoint, and a run stopped after a checkpoint
-and resumed equals its uninterrupted twin (metrics and weights, bit for bit)."""
+"""A run whose spec reads the per-prompt statistics across steps (tests/specs/formula/smoothed_std.rl;
+algorithms/examples/dcpo_sas.rl, which reads the per-step ones too): the state lives on the driver,
+is saved in every checkpoint, and a run stopped after a checkpoint and resumed equals its
+uninterrupted twin (metrics and weights, bit for bit)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,8 @@ from rldsl.runtime.run import loop
 from small_run import small_run, steps_of, without_timing
 
 REPO = Path(__file__).resolve().parents[3]
-SPEC = str(REPO / "tests" / "specs" / "formula" / "smoothed_std.rl")
+SPECS = {"smoothed_std": str(REPO / "tests" / "specs" / "formula" / "smoothed_std.rl"),
+         "dcpo_sas": str(REPO / "algorithms" / "examples" / "dcpo_sas.rl")}
 
 
 def _cfg(model_dir: Path, out: Path, data: Path) -> object:
@@ -31,13 +33,15 @@ def _params(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_a_run_reading_prompt_statistics_resumed_equals_its_uninterrupted_twin(model_dir, tmp_path):
+@pytest.mark.parametrize("name", list(SPECS))
+def test_a_run_reading_prompt_statistics_resumed_equals_its_uninterrupted_twin(model_dir, tmp_path, name):
+    spec = SPECS[name]
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+1=", "answer": str(a + 1)}) + "\n" for a in range(10, 16)))
-    full = loop.train(SPEC, _cfg(model_dir, tmp_path / "full", data))
-    cut = loop.train(SPEC, _cfg(model_dir, tmp_path / "cut", data), stop_after=3)
+    full = loop.train(spec, _cfg(model_dir, tmp_path / "full", data))
+    cut = loop.train(spec, _cfg(model_dir, tmp_path / "cut", data), stop_after=3)
     assert ckpt.latest_checkpoint(cut).name == "step-3"
-    loop.train(SPEC, resume=cut)
+    loop.train(spec, resume=cut)
     assert without_timing(steps_of(cut)) == without_timing(steps_of(full))
     a, b = _params(full), _params(cut)
     assert a.keys() == b.keys()
@@ -52,6 +56,7 @@ def test_a_run_reading_prompt_statistics_resumed_equals_its_uninterrupted_twin(m
     assert len(stats) == 4
     count, mean = saved["stats"][:, 0], saved["stats"][:, 1]
     assert count.tolist() == [12.0] * 4
+    assert saved["stats"][:, 3].tolist() == [3.0] * 4  # each prompt's groups: one a step it was seen in
     total = sum(r["reward_mean"] * 8 for r in steps_of(full))
     assert float((count * mean).sum()) == pytest.approx(total, abs=1e-9)
     trained = {prompt_key(f"{a}+1=") for a in range(10, 16)}  # the training prompts are among these
