@@ -159,6 +159,10 @@ def _syntax_error(exc: UnexpectedInput, file: str, source: str) -> SpecError:
     ch = formula_syntax.outside_operator(tok, set(exc.accepts or exc.expected))
     if ch is not None:  # '-', '*', '<', ... where no formula can stand
         return SpecError(f"unexpected character {ch!r}", Span(file, line, col, 1), source=source)
+    if tok.type == "_NL" and line > len(source_lines(source)):
+        # the file's last line ends inside an open parenthesis: the line end the lexer reports
+        # comes after the last line, where nothing can be shown; it is the end of the file
+        tok = Token("$END", "")
     if tok.type == "$END":
         line, col = _end(source)
     elif tok.type == "_NL" and 1 <= line <= len(lines := source_lines(source)):

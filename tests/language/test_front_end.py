@@ -226,6 +226,21 @@ def test_mutants_of_functions_and_continued_lines_load_or_fail_located(text: str
     _loads_or_located(text)
 
 
+@pytest.mark.parametrize("text", [
+    "algorithm c extends grpo\n  define gate\n    w = clamp(rho,\n              0.8,\n",
+    "algorithm c extends grpo\n  define sq(x) = sq(1,\n",
+])
+def test_a_parenthesis_open_at_the_end_of_the_file_is_shown_on_its_last_line(text: str) -> None:
+    """A last line ending inside an open parenthesis: the error is the end of the file, on the
+    file's last line (it was reported one line past the end, where no caret can be drawn)."""
+    with pytest.raises(SpecError) as e:
+        rldsl.loads(text, filename="open.rl")
+    _located(e.value)
+    last = text.rstrip("\n").split("\n")
+    assert (e.value.line, e.value.column) == (len(last), len(last[-1]) + 1)
+    assert "unexpected end of file" in e.value.message
+
+
 def test_every_library_spec_loads_as_it_is() -> None:
     for name, path in LIBRARY:
         assert _loads_or_located(path.read_text(encoding="utf-8"), str(path)) is not None, name
