@@ -81,10 +81,23 @@ def fact_notes(comp: registry.Component, values: dict[str, Any] | None = None) -
     return notes
 
 
+def _baseline_writes_advantage(algo: Algorithm) -> bool:
+    """A baseline formula that binds ``A`` (not ``b``) writes the advantage itself."""
+    return any(not v.spec.off and v.spec.formula_with(v.params).lstrip().startswith("A =")
+               for v in algo.slots["baseline"])
+
+
 def _without_baseline(algo: Algorithm, slot: str, text: str) -> str:
-    """A normalizer's formula is written on r_i - b_i; with no baseline (an "off" one) there is
-    no b_i: the advantage is shown on r_i alone, as the code computes it."""
-    if slot != "normalizer" or any(not v.spec.off for v in algo.slots["baseline"]):
+    """A normalizer's formula is written on r_i - b_i. With no baseline (an "off" one) there is
+    no b_i: the advantage is shown on r_i alone, as the code computes it. With a baseline formula
+    that binds A, the normalizer acts on that A: shown so (``none`` passes it on unchanged)."""
+    if slot != "normalizer":
+        return text
+    if _baseline_writes_advantage(algo):
+        if text.strip() == "A_i = r_i - b_i":
+            return "A_it = A_it (the baseline's formula writes the advantage)"
+        return text.replace("(r_i - b_i)", "A_it").replace("r_i - b_i", "A_it")
+    if any(not v.spec.off for v in algo.slots["baseline"]):
         return text
     return text.replace("(r_i - b_i)", "r_i").replace("r_i - b_i", "r_i")
 

@@ -145,3 +145,22 @@ def test_a_formula_spec_survives_pickling() -> None:
     again = pickle.loads(pickle.dumps(algo))
     assert again == algo
     assert rldsl.compile(again, compile=False).source == rldsl.compile(algo, compile=False).source
+
+
+def test_explain_shows_no_baseline_term_when_the_baseline_writes_the_advantage(tmp_path: Path) -> None:
+    """A baseline formula binding A is the advantage: the normalizer's row has no b_i in it
+    (`none` passes A on, a std divides A itself), and a b-baseline keeps its r_i - b_i."""
+    spec = """algorithm wa extends grpo
+  define z
+    A = (r - group_mean(r)) / 2
+  end
+  baseline  z
+  normalizer  none
+"""
+    rows = {r["slot"]: r["formula"] for r in explain.slot_rows(rldsl.load(write(tmp_path, "wa", spec)))}
+    assert "b_i" not in rows["normalizer"] and "writes the advantage" in rows["normalizer"]
+    std = spec.replace("normalizer  none", "normalizer  group_std")
+    rows = {r["slot"]: r["formula"] for r in explain.slot_rows(rldsl.load(write(tmp_path, "ws", std)))}
+    assert rows["normalizer"].startswith("A_i = A_it / (std_") and "b_i" not in rows["normalizer"]
+    grpo = {r["slot"]: r["formula"] for r in explain.slot_rows(rldsl.load("grpo"))}
+    assert "(r_i - b_i)" in grpo["normalizer"]
