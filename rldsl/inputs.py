@@ -221,6 +221,23 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("is_top1", ("loss",), "[B, T]", "float32",
           "1 where the sampled token is the old policy's most likely token at its position (a tie for the "
           "largest logit counts), else 0", "policy", formula="is_top1", slots=_POLICY_SLOTS),
+    # TreeRL's trees (sampling tree): each row is a leaf holding its whole path; a node is a run of
+    # tokens the same leaves share (runtime/rollout/tree.py makes these from the group's forks)
+    Input("node_value", ("advantage",), "[B, T]", "float32",
+          "sampling tree: the mean reward of the leaves (rows) below the tree node that holds the token",
+          "rollout", formula="node_value", slots=_ADVANTAGE_SLOTS, finite=True),
+    Input("parent_value", ("advantage",), "[B, T]", "float32",
+          "sampling tree: the mean reward of the leaves below that node's parent (the root's for a first node)",
+          "rollout", formula="parent_value", slots=_ADVANTAGE_SLOTS, finite=True),
+    Input("root_value", ("advantage",), "[B]", "float32",
+          "sampling tree: the mean reward of every leaf of the row's prompt (the tree's root)",
+          "rollout", formula="root_value", slots=_ADVANTAGE_SLOTS, finite=True),
+    Input("node_leaves", ("advantage",), "[B, T]", "float32",
+          "sampling tree: how many leaves lie below the token's node (1 on a row's own last segment)",
+          "rollout", formula="node_leaves", slots=_ADVANTAGE_SLOTS, finite=True),
+    Input("parent_leaves", ("advantage",), "[B, T]", "float32",
+          "sampling tree: how many leaves lie below that node's parent (G for a first node)",
+          "rollout", formula="parent_leaves", slots=_ADVANTAGE_SLOTS, finite=True),
 ]}
 
 

@@ -36,6 +36,8 @@ from ..records.prompt_stats import prompt_key
 from ..rewards.functions import RewardResult
 from ..rewards.spec import gives_turn_rewards
 from ..rollout.engines.base import SamplingParams
+from ..rollout.tree import NAMES as TREE_INPUTS
+from ..rollout.tree import Fork, tree_inputs
 
 class Trainer(Protocol):
     """What the estimate- and update-stage producers read of a trainer (train/trainer.py's
@@ -362,6 +364,25 @@ def reference_rewards(side: RolloutSide, batch: RolloutBatch, scored: RewardResu
         gen.generate_s + gen.reward_s
 
 
+def tree_values(side: RolloutSide, batch: RolloutBatch, scored: RewardResult,
+                prompts: list[Example]) -> tuple[RolloutBatch, float]:
+    """``node_value``, ``parent_value``, ``node_leaves``, ``parent_leaves`` [B, Tr] and ``root_value``
+    [B]: each group's tree (``batch.tree``, made by ``sampling tree``) and its leaves' rewards
+    (rollout/tree.py). A failed reward has no place in a tree's means: it reads its group's mean
+    finite reward there (estimate() takes its row out of the loss), 0 when none is finite."""
+    if not batch.tree:
+        raise RunError("the spec reads the tree inputs (node_value, parent_value, ...) but the rows are no "
+                       "tree: add `sampling tree(...)` to the spec")
+    G, T = batch.group_size, batch.response_ids.shape[1]
+    r = scored.rewards.detach().to(torch.float64).cpu().view(-1, G)
+    ok = torch.isfinite(r)
+    fill = torch.where(ok, r, torch.zeros_like(r)).sum(-1, keepdim=True) / ok.sum(-1, keepdim=True).clamp(min=1)
+    r = torch.where(ok, r, fill.expand_as(r))
+    made = [tree_inputs([Fork(*f) for f in batch.tree[g * G:(g + 1) * G]], r[g], T) for g in range(r.shape[0])]
+    dev = batch.response_ids.device
+    return _with(batch, **{k: torch.cat([m[k] for m in made]).to(torch.float32).to(dev) for k in TREE_INPUTS}), 0.0
+
+
 def _with(batch: RolloutBatch, **made: Tensor) -> RolloutBatch:
     """``batch`` with inputs added to its ``inputs``."""
     return dataclasses.replace(batch, inputs={**batch.inputs, **made})
@@ -381,6 +402,7 @@ _GREEDY = RolloutInputMaker(greedy_baselines, "time/greedy_s")
 _PER_FUNCTION = RolloutInputMaker(per_function_rewards)
 _PROMPT_STATS = RolloutInputMaker(prompt_statistics)
 _REFERENCE = RolloutInputMaker(reference_rewards, "time/reference_s")
+_TREE = RolloutInputMaker(tree_values)
 
 ROLLOUT: dict[str, RolloutInputMaker] = {
     "reward_baselines": _GREEDY,
@@ -392,6 +414,7 @@ ROLLOUT: dict[str, RolloutInputMaker] = {
     "prompt_var": _PROMPT_STATS,
     "prompt_count": _PROMPT_STATS,
     "ref_reward": _REFERENCE,
+    **{name: _TREE for name in TREE_INPUTS},  # the five made together
 }
 
 
@@ -433,6 +456,7 @@ ESTIMATE: dict[str, Callable[[Trainer, RolloutBatch, Forwards], Any]] = {
     "prompt_var": lambda tr, r, f: r.inputs.get("prompt_var"),
     "prompt_count": lambda tr, r, f: r.inputs.get("prompt_count"),
     "ref_reward": lambda tr, r, f: r.inputs.get("ref_reward"),
+    **{name: (lambda tr, r, f, name=name: r.inputs.get(name)) for name in TREE_INPUTS},
 }
 
 

@@ -233,7 +233,9 @@ def _run(v) -> dict:  # noqa: ANN001 - a SlotValue with a formula
     return fn(r, rand(), mask, G, batch, values=rand(), dense_rewards=rand() * mask, old_logp=logp,
               rollout_logp=logp - 0.1, prompt_mean=torch.randn(B, generator=g),
               prompt_var=torch.rand(B, generator=g), prompt_count=torch.full((B,), 4.0),
-              ref_reward=torch.randn(B, generator=g))
+              ref_reward=torch.randn(B, generator=g), node_value=torch.rand(B, T, generator=g),
+              parent_value=torch.rand(B, T, generator=g), root_value=torch.rand(B, generator=g),
+              node_leaves=torch.full((B, T), 1.0), parent_leaves=torch.full((B, T), 2.0))
 
 
 @settings(FUZZ, max_examples=400)
