@@ -41,6 +41,7 @@ SOURCES = {
     "teacher": "a no-grad forward of the teacher model (run config `teacher`) over the rollout",
     "history": "the run's per-prompt statistics of the rewards of every step so far (kept across steps, "
                "saved in checkpoints)",
+    "tree": "the rollout's trees (sampling tree): each prompt's leaves, where they fork, and their rewards",
     "reference_rollout": "the reference model's own answers to the step's prompts (run config `reward.reference`: "
                          "the policy as the run started, or a model folder), scored by the run's reward",
 }
@@ -225,19 +226,19 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     # tokens the same leaves share (runtime/rollout/tree.py makes these from the group's forks)
     Input("node_value", ("advantage",), "[B, T]", "float32",
           "sampling tree: the mean reward of the leaves (rows) below the tree node that holds the token",
-          "rollout", formula="node_value", slots=_ADVANTAGE_SLOTS, finite=True),
+          "tree", formula="node_value", slots=_ADVANTAGE_SLOTS, finite=True),
     Input("parent_value", ("advantage",), "[B, T]", "float32",
           "sampling tree: the mean reward of the leaves below that node's parent (the root's for a first node)",
-          "rollout", formula="parent_value", slots=_ADVANTAGE_SLOTS, finite=True),
+          "tree", formula="parent_value", slots=_ADVANTAGE_SLOTS, finite=True),
     Input("root_value", ("advantage",), "[B]", "float32",
           "sampling tree: the mean reward of every leaf of the row's prompt (the tree's root)",
-          "rollout", formula="root_value", slots=_ADVANTAGE_SLOTS, finite=True),
+          "tree", formula="root_value", slots=_ADVANTAGE_SLOTS, finite=True),
     Input("node_leaves", ("advantage",), "[B, T]", "float32",
           "sampling tree: how many leaves lie below the token's node (1 on a row's own last segment)",
-          "rollout", formula="node_leaves", slots=_ADVANTAGE_SLOTS, finite=True),
+          "tree", formula="node_leaves", slots=_ADVANTAGE_SLOTS, finite=True),
     Input("parent_leaves", ("advantage",), "[B, T]", "float32",
           "sampling tree: how many leaves lie below that node's parent (G for a first node)",
-          "rollout", formula="parent_leaves", slots=_ADVANTAGE_SLOTS, finite=True),
+          "tree", formula="parent_leaves", slots=_ADVANTAGE_SLOTS, finite=True),
 ]}
 
 

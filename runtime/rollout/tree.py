@@ -20,13 +20,21 @@ it), never a comparison of token ids: two forks that sample the same token stay 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
-#: the per-node inputs this module makes, by their names in rldsl/inputs.py
-NAMES = ("node_value", "parent_value", "root_value", "node_leaves", "parent_leaves")
+from rldsl.inputs import INPUTS
+
+from ..batch import RolloutBatch, TokenRow
+from ..records.rng import step_seed
+from .engines.base import SamplingParams
+
+#: the per-node inputs this module makes (rldsl/inputs.py: those whose source is the trees)
+NAMES = tuple(i.name for i in INPUTS.values() if i.source == "tree")
 
 
 @dataclass(frozen=True)
@@ -131,3 +139,87 @@ def tree_inputs(forks: list[Fork], rewards: Tensor, T: int) -> dict[str, Tensor]
             p_value[i, start:end], p_count[i, start:end] = pv, pc
     return {"node_value": value, "parent_value": p_value, "root_value": root.expand(G).clone(),
             "node_leaves": count, "parent_leaves": p_count}
+
+
+# ----------------------------------------------------------------------------- the sampler
+
+
+@dataclass
+class _Generation:
+    """One sampled generation of a prompt's forest: the row it ends in."""
+
+    tree: int                # which of the prompt's M answers' trees it belongs to
+    parent: int              # the generation (row of the group) it forked from; -1: the prompt
+    split: int               # where its own tokens start in the response
+    ids: list[int]           # the whole response: the parent's tokens before split, then its own
+    logprobs: list[float]    # the engine's logprob of each (the parent's for the shared ones)
+    finish_reason: str
+    own: list[int] = field(default_factory=list)  # positions of its own tokens
+
+    def __post_init__(self) -> None:
+        self.own = list(range(self.split, len(self.ids)))
+
+
+def _fork_points(gens: list[_Generation], tree: int, n: int) -> list[tuple[int, int]]:
+    """The ``n`` (generation, position) fork points of one tree: each generation's ``n`` own tokens
+    with the highest -log pi (repeated when it has fewer, as the authors' get_max_entropy_tokens
+    pads), pooled, the ``n`` highest of the tree kept (entropy_guided_chain)."""
+    pool = []
+    for g, gen in enumerate(gens):
+        if gen.tree != tree or not gen.own:
+            continue
+        best = sorted(gen.own, key=lambda t: (gen.logprobs[t], t))[:n]  # highest -log pi first
+        best = (best * n)[:n]
+        pool += [(-gen.logprobs[t], g, t) for t in best]
+    pool.sort(key=lambda x: (-x[0], x[1], x[2]))
+    return [(g, t) for _, g, t in pool[:n]]
+
+
+def _rows_of(batch: RolloutBatch) -> list[tuple[list[int], list[int], list[float], str]]:
+    """(prompt ids, response ids, logprobs, finish reason) of each row of an engine's batch."""
+    out = []
+    for i in range(len(batch)):
+        n = int(batch.response_mask[i].sum())
+        out.append((batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist(), batch.response_ids[i, :n].tolist(),
+                    batch.logprobs[i, :n].tolist(), batch.finish_reason[i]))
+    return out
+
+
+def sample_tree(engine: Any, prompts: list[str], params: SamplingParams, shape: Any) -> RolloutBatch:
+    """``sampling tree(M, N, L, T)`` on an engine (``generate``, ``generate_ids``): for each prompt
+    M answers, then L iterations that fork each tree at its N tokens of highest -log pi and sample
+    T continuations from each prefix (a new request: the prompt's ids and the prefix's). Every
+    generation is a row holding its whole path; ``batch.tree`` holds each row's (parent, split).
+    A continuation may use what is left of ``max_new_tokens`` after its prefix, so every row
+    stays within it. Seeded from ``params.seed`` (each iteration its own seed)."""
+    if params.n != shape.rows:
+        raise ValueError(f"sampling tree(M={shape.M}, N={shape.N}, L={shape.L}, T={shape.T}) makes "
+                         f"{shape.rows} rows per prompt; the call asks for {params.n}")
+    first = engine.generate(prompts, dataclasses.replace(params, n=shape.M))
+    made = _rows_of(first)
+    prompt_ids = [made[p * shape.M][0] for p in range(len(prompts))]
+    forests = [[_Generation(m, -1, 0, ids, lps, fin) for m, (_, ids, lps, fin) in
+                enumerate(made[p * shape.M:(p + 1) * shape.M])] for p in range(len(prompts))]
+    for it in range(shape.L):
+        asks = [(p, g, t) for p, gens in enumerate(forests) for tree in range(shape.M)
+                for g, t in _fork_points(gens, tree, shape.N)]
+        asks = [a for a in asks for _ in range(shape.T)]
+        if not asks:
+            continue
+        budget = params.max_new_tokens - min(t for _, _, t in asks)
+        seed = None if params.seed is None else step_seed(params.seed, it + 1, 0, "tree")
+        out = engine.generate_ids([prompt_ids[p] + forests[p][g].ids[:t] for p, g, t in asks],
+                                  dataclasses.replace(params, n=1, max_new_tokens=budget, seed=seed))
+        for (p, g, t), (_, ids, lps, fin) in zip(asks, _rows_of(out)):
+            left = params.max_new_tokens - t
+            if len(ids) > left:  # past this row's own budget: cut, as max_new_tokens would have
+                ids, lps, fin = ids[:left], lps[:left], "length"
+            parent = forests[p][g]
+            forests[p].append(_Generation(parent.tree, g, t, parent.ids[:t] + ids, parent.logprobs[:t] + lps, fin))
+    tok = engine.tokenizer
+    rows = [TokenRow(prompt_ids[p], gen.ids, gen.logprobs, gen.finish_reason, prompts[p],
+                     tok.decode(gen.ids, skip_special_tokens=True))
+            for p, gens in enumerate(forests) for gen in gens]
+    batch = RolloutBatch.from_rows(rows, shape.rows, engine.pad_id)
+    batch.tree = [(gen.parent, gen.split) for gens in forests for gen in gens]
+    return batch
