@@ -129,3 +129,24 @@ def test_a_spec_reading_the_tree_without_a_tree_is_refused() -> None:
     with pytest.raises(ConfigError, match="reads node_value, parent_value, root_value, node_leaves, "
                                           "parent_leaves, which only a tree's rows have"):
         _check(text, **{"rollout.n": 4})
+
+
+def test_the_tree_inputs_of_a_batch_with_a_failed_reward(tokenizer, tiny_model_factory) -> None:
+    """A failed reward (NaN) reads its group's mean finite reward in the tree's means: every input
+    stays finite (estimate() takes the row itself out of the loss), per group of the batch."""
+    from types import SimpleNamespace
+
+    from rldsl.runtime.rollout.tree import tree_inputs
+    from rldsl.runtime.train.inputs import tree_values
+
+    engine = HFEngine(copy.deepcopy(tiny_model_factory(tokenizer, seed=0)), tokenizer)
+    shape = TreePlan(M=2, N=1, L=1, T=1)
+    batch = sample_tree(engine, PROMPTS, SamplingParams(n=4, max_new_tokens=6, seed=2), shape)
+    rewards = torch.tensor([1.0, float("nan"), 0.0, 1.0, 0.0, 0.0, 1.0, 1.0])
+    made, _ = tree_values(None, batch, SimpleNamespace(rewards=rewards), [])
+    T = batch.response_ids.shape[1]
+    assert all(bool(torch.isfinite(made.inputs[k]).all()) for k in ("node_value", "root_value"))
+    want = tree_inputs([Fork(*f) for f in batch.tree[:4]], torch.tensor([1.0, 2 / 3, 0.0, 1.0]), T)
+    for k, v in want.items():
+        torch.testing.assert_close(made.inputs[k][:4].double(), v, rtol=0, atol=1e-6)
+    assert made.inputs["root_value"][4:].tolist() == [0.5] * 4  # the second prompt's own leaves
