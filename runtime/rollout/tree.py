@@ -117,15 +117,19 @@ def tree_inputs(forks: list[Fork], rewards: Tensor, T: int) -> dict[str, Tensor]
     if r.shape != (G,) or not bool(torch.isfinite(r).all()):
         raise ValueError(f"tree rewards must be {G} finite numbers; got {r.tolist()}")
     o = origins(forks, T)
-    same = o.unsqueeze(1) == o.unsqueeze(0)             # [G(row), G(leaf), T]: leaf shares the row's token
-    count = same.sum(1).to(torch.float64)                # [G, T]
-    value = (same.to(torch.float64) * r.view(1, G, 1)).sum(1) / count
+    # the leaves below each (origin, position): those whose token there the origin sampled
+    below = torch.zeros(G, T, dtype=torch.float64).scatter_add_(0, o, torch.ones(G, T, dtype=torch.float64))
+    total = torch.zeros(G, T, dtype=torch.float64).scatter_add_(0, o, r.view(G, 1).expand(G, T).contiguous())
+    count = below.gather(0, o)                           # [G, T]: the leaves sharing the row's token
+    value = total.gather(0, o) / count
     root = r.mean()
     p_value = torch.empty(G, T, dtype=torch.float64)
     p_count = torch.empty(G, T, dtype=torch.float64)
+    # leaf sets shrink along a row: a node starts where the count changes
+    change = torch.ones(G, T, dtype=torch.bool)
+    change[:, 1:] = count[:, 1:] != count[:, :-1]
     for i in range(G):
-        # leaf sets shrink along a row: a node starts where the count changes
-        starts = [0] + [t for t in range(1, T) if count[i, t] != count[i, t - 1]]
+        starts = change[i].nonzero().flatten().tolist()
         for start, end in zip(starts, starts[1:] + [T]):
             origin = int(o[i, start])
             host = _empty_node(forks, origin) if start == forks[origin].split else None
