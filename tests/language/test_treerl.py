@@ -218,3 +218,10 @@ def test_tree_inputs_refuse_a_broken_tree() -> None:
         tree_inputs([Fork(-1, 0), Fork(2, 1), Fork(0, 1)], torch.zeros(3), 4)
     with pytest.raises(ValueError, match="finite"):
         tree_inputs([Fork(-1, 0), Fork(0, 1)], torch.tensor([1.0, float("nan")]), 4)
+
+
+def test_explain_says_how_many_rows_a_tree_makes() -> None:
+    from rldsl import explain, registry
+
+    notes = explain.fact_notes(registry.get("sampling", "tree"), {"M": 6, "N": 2, "L": 1, "T": 2})
+    assert "carried out by the runtime: a tree per prompt, G = M (1 + L N T) = 30 rows (rollout.n)" in notes
