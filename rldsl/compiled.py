@@ -68,6 +68,7 @@ class DataPlan:
     jsd_beta: float | None = None
     jsd_temperature: float = 1.0
     policy_topk: int | None = None  # a formula's K (a float parameter there): a whole number here
+    tree_shape: "TreePlan | None" = None  # sampling tree(M, N, L, T): the sampler's shape
 
     def __post_init__(self) -> None:
         if self.policy_topk is not None:
@@ -90,6 +91,31 @@ class DataPlan:
         return _retired(rewards, self.pass_rate_cap)
 
 
+@dataclass(frozen=True)
+class TreePlan:
+    """``sampling tree(M, N, L, T)``: M answers per prompt, L forking iterations of N fork points
+    per tree and T continuations per fork point (runtime/rollout/tree.py samples it)."""
+
+    M: int
+    N: int
+    L: int
+    T: int
+
+    @property
+    def rows(self) -> int:
+        """The leaves (rows) of a prompt's trees: every generation ends in one."""
+        return self.M * (1 + self.L * self.N * self.T)
+
+
+def _plan_value(field_name: str, params: dict[str, Any], param: str) -> Any:
+    """A DataPlan field's value from its component's parameters (most are one parameter)."""
+    if field_name == "replay_policy":
+        return ReplayPolicy.of(params)
+    if field_name == "tree_shape":
+        return TreePlan(*(int(params[k]) for k in "MNLT"))
+    return params[param]
+
+
 class CompiledAlgorithm:
     """Callable pieces of one algorithm. Build it with :func:`rldsl.compile`."""
 
@@ -108,7 +134,7 @@ class CompiledAlgorithm:
         self._loss_no_metrics_source = gen.loss_source_no_metrics
         self._loss_no_metrics: Callable[..., Any] | None = None  # built at first use
         self.state: dict[str, Tensor] = {}
-        self.data = DataPlan(**{f: ReplayPolicy.of(v.params) if f == "replay_policy" else v.params[p]
+        self.data = DataPlan(**{f: _plan_value(f, v.params, p)
                                 for v in algo.active() for f, p in v.spec.facts.plan.items()})
 
     def _build(self, source: str, eager: Callable[..., Any]) -> Callable[..., Any]:
@@ -201,6 +227,9 @@ class CompiledAlgorithm:
                  prompt_count: Tensor | None = None, prompt_steps: Tensor | None = None,
                  prompt_step_var: Tensor | None = None, ref_reward: Tensor | None = None,
                  answer_prob: Tensor | None = None, bare_answer_prob: Tensor | None = None,
+                 node_value: Tensor | None = None, parent_value: Tensor | None = None,
+                 root_value: Tensor | None = None, node_leaves: Tensor | None = None,
+                 parent_leaves: Tensor | None = None,
                  **more: Tensor) -> Estimate:
         """Rewards [B] -> advantages, returns, loss mask [B, T] (see docs/api.md).
 
@@ -231,6 +260,10 @@ class CompiledAlgorithm:
         ``answer_prob`` / ``bare_answer_prob`` [B]: the mean per-token probability the policy gives
         the data's reference answer after the row's own reasoning / right after the prompt (RLPR's
         reward), read by formulas that name them.
+        ``node_value`` / ``parent_value`` / ``node_leaves`` / ``parent_leaves`` [B, T] and
+        ``root_value`` [B]: a tree's rows (``sampling tree``): the mean reward and the number of the
+        leaves below each token's tree node and below its parent, and every leaf's mean (the
+        runtime's rollout/tree.py makes them), read by formulas that name them.
 
         With ``rollout_logprobs`` (the engine's logprobs, [B, T]) and a ``correction`` slot,
         its rejections leave ``est.mask`` (denominator included) and its metrics join

@@ -71,6 +71,10 @@ def fact_notes(comp: registry.Component, values: dict[str, Any] | None = None) -
         val = format_value(values[p]) if values is not None else p
         if field == "replay_policy" and values is not None:  # sampling replay: its whole policy
             notes.append("carried out by the runtime: " + ReplayPolicy.of(values).describe())
+        elif field == "tree_shape" and values is not None:  # sampling tree: its shape, its rows
+            M, N, L, T = (int(values[k]) for k in "MNLT")
+            notes.append(f"carried out by the runtime: a tree per prompt, G = M (1 + L N T) = {M * (1 + L * N * T)} "
+                         "rows (rollout.n)")
         else:
             notes.append(f"carried out by the runtime: data.{field} = {val}")
     for k, p in comp.params.items():  # group_by=FIELD: the groups its formula's g(i) means

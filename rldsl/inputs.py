@@ -41,6 +41,7 @@ SOURCES = {
     "teacher": "a no-grad forward of the teacher model (run config `teacher`) over the rollout",
     "history": "the run's per-prompt statistics of the rewards of every step so far (kept across steps, "
                "saved in checkpoints)",
+    "tree": "the rollout's trees (sampling tree): each prompt's leaves, where they fork, and their rewards",
     "reference_rollout": "the reference model's own answers to the step's prompts (run config `reward.reference`: "
                          "the policy as the run started, or a model folder), scored by the run's reward",
     "answer": "a no-grad forward of the policy that sampled the step over each row's prompt, its own reasoning up "
@@ -253,6 +254,23 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
           ("group_reward_mean", "[]", "mean", "the group's mean reward"),
           ("group_reward_std", "[]", "std", "the unbiased standard deviation of the group's rewards (0 below two)"),
           ("group_reward_count", "[]", "n", "how many of the group's rewards are scorable (a failed, NaN one is not)")]),
+    # TreeRL's trees (sampling tree): each row is a leaf holding its whole path; a node is a run of
+    # tokens the same leaves share (runtime/rollout/tree.py makes these from the group's forks)
+    Input("node_value", ("advantage",), "[B, T]", "float32",
+          "sampling tree: the mean reward of the leaves (rows) below the tree node that holds the token",
+          "tree", formula="node_value", slots=_ADVANTAGE_SLOTS, finite=True),
+    Input("parent_value", ("advantage",), "[B, T]", "float32",
+          "sampling tree: the mean reward of the leaves below that node's parent (the root's for a first node)",
+          "tree", formula="parent_value", slots=_ADVANTAGE_SLOTS, finite=True),
+    Input("root_value", ("advantage",), "[B]", "float32",
+          "sampling tree: the mean reward of every leaf of the row's prompt (the tree's root)",
+          "tree", formula="root_value", slots=_ADVANTAGE_SLOTS, finite=True),
+    Input("node_leaves", ("advantage",), "[B, T]", "float32",
+          "sampling tree: how many leaves lie below the token's node (1 on a row's own last segment)",
+          "tree", formula="node_leaves", slots=_ADVANTAGE_SLOTS, finite=True),
+    Input("parent_leaves", ("advantage",), "[B, T]", "float32",
+          "sampling tree: how many leaves lie below that node's parent (G for a first node)",
+          "tree", formula="parent_leaves", slots=_ADVANTAGE_SLOTS, finite=True),
 ]}
 
 

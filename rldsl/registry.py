@@ -164,6 +164,7 @@ PLAN: dict[str, str] = {
     "jsd_beta": "the generalized JSD's beta the update computes over the vocabulary (None: none)",
     "jsd_temperature": "the temperature of both models' logits in that JSD",
     "policy_topk": "K, the policy's top-K tokens per position its forwards keep for formulas (None: none)",
+    "tree_shape": "sampling tree's shape (rldsl.compiled.TreePlan: M, N, L, T; None: no tree)",
 }
 
 

@@ -179,6 +179,9 @@ class RolloutBatch:
                     them. Empty = not made (a batch of an older checkpoint: the kind processes ``images``)
     replayed        [B] bool (``sampling replay``, rollout/replay.py): the rows of groups replayed
                     from earlier steps; the trainer takes their ``logprobs`` as pi_old; None = none
+    tree            B x (parent, split) (``sampling tree``, rollout/tree.py): the row of its group
+                    each row forked from (-1: sampled from the prompt) and the response position
+                    where its own tokens start; empty = the rows are no tree
     kept_advantages [B, Tr] float (``replay(advantage=keep)``): the advantage a replayed row keeps,
                     which the trainer's estimate puts in place of the recomputed one; NaN on the
                     rows that keep none (fresh rows); None = no row keeps one
@@ -213,6 +216,10 @@ class RolloutBatch:
     # ``logprobs`` (the behaviour policy's, recorded) are their pi_old; None = no replayed row
     replayed: torch.Tensor | None = None
     kept_advantages: torch.Tensor | None = None
+    # sampling tree (rollout/tree.py): each row's (parent, split) in its group's tree -- the row of its
+    # group it forked from (-1: sampled from the prompt) and the response position its own tokens
+    # start at; empty = the rows are no tree
+    tree: list[tuple[int, int]] = field(default_factory=list)
 
     @classmethod
     def from_rows(cls, rows: Sequence[TokenRow], group_size: int, pad_id: int, width: int = 1) -> "RolloutBatch":
@@ -278,7 +285,8 @@ class RolloutBatch:
                             _picked(self.images, keep), _picked(self.image_inputs, keep),
                             replayed=None if self.replayed is None else self.replayed[rows.to(self.replayed.device)],
                             kept_advantages=None if self.kept_advantages is None else
-                            self.kept_advantages[rows.to(self.kept_advantages.device)])
+                            self.kept_advantages[rows.to(self.kept_advantages.device)],
+                            tree=_picked(self.tree, keep))
 
     def select_groups(self, groups: Sequence[int]) -> "RolloutBatch":
         """The batch of whole prompt groups (group g = rows g*G .. g*G+G-1)."""
@@ -345,6 +353,7 @@ class RolloutBatch:
             kept_advantages=None if all(b.kept_advantages is None for b in batches) else
             torch.cat([right(torch.full(b.response_ids.shape, float("nan")) if b.kept_advantages is None
                              else b.kept_advantages.cpu(), Tr, float("nan")) for b in batches]),
+            tree=_joined([b.tree for b in batches]),
         )
 
 

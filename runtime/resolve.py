@@ -99,6 +99,33 @@ def check_replay(algo: Algorithm, cfg: RunConfig) -> None:
         raise RunError(f"sampling replay does not run yet with {', '.join(other)} (docs/replay.md, 'Not done')")
 
 
+def check_tree(algo: Algorithm, cfg: RunConfig) -> None:
+    """``sampling tree`` runs where it is tested (docs/formulas.md, "Trees"): the HF engine in this
+    process, a synchronous run of single-turn answers, ``rollout.n`` its rows per prompt; the rest
+    is refused by name. A formula reading the tree inputs needs the tree sampler."""
+    tree = next((v for v in algo.active() if "tree_shape" in v.spec.facts.plan), None)
+    reads = [x for x in algo.needs() if INPUTS[x].source == "tree"]
+    if tree is None:
+        if reads:
+            raise ConfigError(f"the spec reads {', '.join(reads)}, which only a tree's rows have: add "
+                              "`sampling tree(M=..., N=..., L=..., T=...)` to the spec")
+        return
+    p, r = tree.params, cfg.rollout
+    other = [name for name, on in (("rollout.engine=vllm", r.engine == "vllm"),
+                                   ("rollout.max_staleness > 0", r.max_staleness > 0),
+                                   ("Ray workers (distributed)", cfg.distributed.uses_ray),
+                                   ("rollout.partial", bool(r.partial)),
+                                   ("rollout.tools / rollout.env / rollout.agent",
+                                    r.tools is not None or r.env is not None or r.agent is not None)) if on]
+    if other:
+        raise ConfigError(f"sampling tree runs on rollout.engine=hf in one process, synchronously, with "
+                          f"single-turn answers; not yet with {', '.join(other)}")
+    rows = p["M"] * (1 + p["L"] * p["N"] * p["T"])
+    if r.n != rows:
+        raise ConfigError(f"sampling tree(M={p['M']}, N={p['N']}, L={p['L']}, T={p['T']}) makes M (1 + L N T) = "
+                          f"{rows} rows (leaves) per prompt: set rollout.n={rows} (it is {r.n})")
+
+
 def check_settings(algo: Algorithm, cfg: RunConfig, source: Source | None = None) -> None:
     """The checks that need the config alone, cheapest first: the device, the engine, an
     asynchronous run's limits, what the run's prompt source (``source``, bound by the plan; a
@@ -107,6 +134,7 @@ def check_settings(algo: Algorithm, cfg: RunConfig, source: Source | None = None
     ``check_tools``: they import, before any model loads). (The trackers ``log.report_to``
     names: run/plan.py.)"""
     check_device(cfg)
+    check_tree(algo, cfg)  # before the engine's: a tree on vLLM is refused by name, installed or not
     check_engine(cfg)
     check_async(algo, cfg)
     check_replay(algo, cfg)

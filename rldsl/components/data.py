@@ -86,6 +86,27 @@ edge cases: enter=nonzero_std: informative() (scorable rewards not all equal); e
         advantage=Choice(("recompute", "keep"), "recompute", "a replayed group's advantage: recomputed, or kept"))
 
 
+declare("sampling", "tree", """Sample a tree per prompt: answers forked at their least likely tokens (TreeRL's EPTree).
+
+formula: M answers per prompt; then L times, in each of a prompt's trees (an answer and its forks)
+  the N tokens with the highest -log pi (the engine's logprob of the sampled token, an entropy
+  proxy) among all its generations are fork points, and T continuations are sampled from each
+  prefix (prompt + the tokens before it). Each generation ends in a leaf; the leaves are the
+  prompt's rows (G = M (1 + L N T)), each holding its whole path, so shared prefixes appear in
+  several rows (the authors train on every path in full). node_value, parent_value, root_value,
+  node_leaves, parent_leaves describe the tree to advantage formulas.
+source: TreeRL (Hou et al. 2025, arXiv 2506.11902), github.com/THUDM/TreeRL
+  openrlhf/trainer/ppo_utils/entropy_chain_local_manager.py (entropy_guided_chain) and tree_node.py
+edge cases: a generation's token can be chosen again in a later iteration (the authors do not
+  exclude it): it is forked again. Fewer than N tokens in a tree: its fork points repeat (the
+  authors' padding). The rollout engine must be rollout.engine=hf and the run synchronous.
+""", plan={"tree_shape": "M"},
+        M=Int(4, "answers sampled from each prompt (trees)", ge=1),
+        N=Int(2, "fork points per tree per iteration", ge=1),
+        L=Int(1, "forking iterations", ge=1),
+        T=Int(2, "continuations sampled from each fork point", ge=1))
+
+
 def informative(rewards: Tensor) -> Tensor:
     """[P, G] rewards (NaN = failed) -> [P] bool: the group's scorable rewards are not all equal.
 

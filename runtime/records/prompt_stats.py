@@ -43,6 +43,11 @@ class PromptStats:
     def __len__(self) -> int:
         return len(self._stats)
 
+    @staticmethod
+    def key(prompt: Any) -> int:
+        """The key a prompt's statistics are kept under (:func:`prompt_key`)."""
+        return prompt_key(prompt)
+
     def update(self, keys: Sequence[int], rewards: Any) -> None:
         """Fold a step's rewards in: ``rewards`` [P * G] holds the G samples of each of the P
         ``keys`` in turn; a non-finite reward (a failed one) is left out."""

@@ -8,7 +8,9 @@ sample), ``finish_reason``, ``response_length`` (tokens) and ``rewards``, each r
 value by its label (null where it failed); a spec reading the reference model's reward adds
 ``ref_reward`` (the row's prompt's; null where every reference answer's reward failed) and the
 reference's terms to ``rewards`` as ``ref/<term>``; a spec reading the policy's probability of the
-reference answer adds ``answer_prob`` and ``bare_answer_prob``. ``rldsl samples RUN
+reference answer adds ``answer_prob`` and ``bare_answer_prob``; a tree's rows (``sampling tree``) add ``tree``:
+``{"parent": row, "split": position}``, the row of the group it forked from (-1: sampled from the
+prompt) and the response position where its own tokens start (its fork point). ``rldsl samples RUN
 [--step N]`` prints them as a table (:func:`read_samples`). A resumed run drops the
 records after its checkpoint's step (:func:`truncate_samples`), as for the metrics.
 """
@@ -51,6 +53,9 @@ def sample_rows(step: int, batch: RolloutBatch, rewards: torch.Tensor, advantage
         if ages is not None:  # sampling replay: a group kept from an earlier step, and how old
             age = ages[i // G]
             out[-1].update({"replayed": True, "age": age} if age is not None else {"replayed": False})
+        if batch.tree:  # sampling tree: the row (of its group) it forked from and where (rollout/tree.py)
+            parent, split = batch.tree[i]
+            out[-1]["tree"] = {"parent": parent, "split": split}
         if batch.images and batch.images[i]:  # the row's images: where they are, not their pixels
             out[-1]["images"] = list(batch.images[i])
         if batch.reward_terms:  # each term's value (its label: rewards/<term>/mean in the metrics)

@@ -52,8 +52,9 @@ def rollout_step(s: Run, step: int) -> StepRollout:
         examples = s.prompts.next_batch(fresh_groups(s, replay))
         reward_prompts = [e.reward_prompt for e in examples]  # rewards: the untemplated prompt
         faults.at("generate", logged)
-        gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples],
-                                  SamplingParams.for_rollout(cfg, step_seed(cfg.seed, step, r)), reward_prompts)
+        params = dataclasses.replace(SamplingParams.for_rollout(cfg, step_seed(cfg.seed, step, r)),
+                                     tree=s.fn.data.tree_shape)  # sampling tree: its shape (None: plain)
+        gen = s.rollouts.generate(s.rollout_prompts(examples), [e.answer for e in examples], params, reward_prompts)
         batch, scored = gen.batch, gen.scored
         batch.reward_terms = scored.labelled_terms()
         teacher_prompts(s.cfg, s.tokenizer, batch, examples)

@@ -33,10 +33,11 @@ from rldsl import inputs as table
 from ..batch import RolloutBatch, repeat_each
 from ..data.datasets import Example, rollout_prompts
 from ..errors import ConfigError, DataError, RunError
-from ..records.prompt_stats import prompt_key
 from ..rewards.functions import RewardResult
 from ..rewards.spec import gives_turn_rewards
 from ..rollout.engines.base import SamplingParams
+from ..rollout.tree import NAMES as TREE_INPUTS
+from ..rollout.tree import Fork, tree_inputs
 from .answers import answer_probabilities
 
 class Trainer(Protocol):
@@ -340,7 +341,7 @@ def prompt_statistics(side: RolloutSide, batch: RolloutBatch, scored: RewardResu
     driver, saved in checkpoints."""
     if side.prompt_stats is None:
         raise RunError("the spec reads per-prompt statistics but the run keeps none")
-    keys = [prompt_key(e.prompt) for e in prompts]
+    keys = [side.prompt_stats.key(e.prompt) for e in prompts]
     side.prompt_stats.update(keys, scored.rewards)
     made = side.prompt_stats.read(keys, batch.group_size)
     return _with(batch, **{k: v.to(batch.response_ids.device) for k, v in made.items()}), 0.0
@@ -389,6 +390,25 @@ def reference_answer_probs(side: RolloutSide, batch: RolloutBatch, scored: Rewar
     return _with(batch, answer_prob=after.to(dev), bare_answer_prob=alone.to(dev)), time.perf_counter() - t0
 
 
+def tree_values(side: RolloutSide, batch: RolloutBatch, scored: RewardResult,
+                prompts: list[Example]) -> tuple[RolloutBatch, float]:
+    """``node_value``, ``parent_value``, ``node_leaves``, ``parent_leaves`` [B, Tr] and ``root_value``
+    [B]: each group's tree (``batch.tree``, made by ``sampling tree``) and its leaves' rewards
+    (rollout/tree.py). A failed reward has no place in a tree's means: it reads its group's mean
+    finite reward there (estimate() takes its row out of the loss), 0 when none is finite."""
+    if not batch.tree:
+        raise RunError("the spec reads the tree inputs (node_value, parent_value, ...) but the rows are no "
+                       "tree: add `sampling tree(...)` to the spec")
+    G, T = batch.group_size, batch.response_ids.shape[1]
+    r = scored.rewards.detach().to(torch.float64).cpu().view(-1, G)
+    ok = torch.isfinite(r)
+    fill = torch.where(ok, r, torch.zeros_like(r)).sum(-1, keepdim=True) / ok.sum(-1, keepdim=True).clamp(min=1)
+    r = torch.where(ok, r, fill.expand_as(r))
+    made = [tree_inputs([Fork(*f) for f in batch.tree[g * G:(g + 1) * G]], r[g], T) for g in range(r.shape[0])]
+    dev = batch.response_ids.device
+    return _with(batch, **{k: torch.cat([m[k] for m in made]).to(torch.float32).to(dev) for k in TREE_INPUTS}), 0.0
+
+
 def _with(batch: RolloutBatch, **made: Tensor) -> RolloutBatch:
     """``batch`` with inputs added to its ``inputs``."""
     return dataclasses.replace(batch, inputs={**batch.inputs, **made})
@@ -409,6 +429,7 @@ _PER_FUNCTION = RolloutInputMaker(per_function_rewards)
 _PROMPT_STATS = RolloutInputMaker(prompt_statistics)
 _REFERENCE = RolloutInputMaker(reference_rewards, "time/reference_s")
 _ANSWER = RolloutInputMaker(reference_answer_probs, "time/answer_s")
+_TREE = RolloutInputMaker(tree_values)
 
 ROLLOUT: dict[str, RolloutInputMaker] = {
     "reward_baselines": _GREEDY,
@@ -424,6 +445,7 @@ ROLLOUT: dict[str, RolloutInputMaker] = {
     "ref_reward": _REFERENCE,
     "answer_prob": _ANSWER,  # the two made together
     "bare_answer_prob": _ANSWER,
+    **{name: _TREE for name in TREE_INPUTS},  # the five made together
 }
 
 
@@ -469,6 +491,7 @@ ESTIMATE: dict[str, Callable[[Trainer, RolloutBatch, Forwards], Any]] = {
     "ref_reward": lambda tr, r, f: r.inputs.get("ref_reward"),
     "answer_prob": lambda tr, r, f: r.inputs.get("answer_prob"),
     "bare_answer_prob": lambda tr, r, f: r.inputs.get("bare_answer_prob"),
+    **{name: (lambda tr, r, f, name=name: r.inputs.get(name)) for name in TREE_INPUTS},
 }
 
 

@@ -12,7 +12,7 @@ from ..batch import RolloutBatch, repeat_each
 from ..config import RunConfig
 from ..recipe import rollout_side
 from ..rollout.engines.base import RolloutEngine, SamplingParams
-from ..rollout.partial import generate_in_segments
+from ..rollout.sampling import sample_rows
 from ..rewards.functions import RewardFn, RewardResult, unscored
 from .base import EpisodeRunner, Generation
 from .sync.base import EngineWeights
@@ -44,11 +44,8 @@ class LocalRollouts:
         t0 = time.perf_counter()
         if self.runner is not None:
             batch = self.runner.run(self.engine, prompts, answers, params)
-        elif self.partial is not None:  # segments, the newest published weights loaded between two
-            tokens, refresh = self.partial
-            batch = generate_in_segments(self.engine, prompts, params, tokens, refresh)
-        else:
-            batch = self.engine.generate(prompts, params)
+        else:  # a tree per prompt (sampling tree), segments (rollout.partial), or plain samples
+            batch = sample_rows(self.engine, prompts, params, self.partial)
         # rows per prompt: params.n, or more when an agent's episodes break into several rows
         batch.answers = repeat_each(answers, batch.group_size)
         # the rows' images as the policy's kind reads them, processed once for every forward of the trainer

@@ -235,7 +235,9 @@ def _run(v) -> dict:  # noqa: ANN001 - a SlotValue with a formula
               prompt_var=torch.rand(B, generator=g), prompt_count=torch.full((B,), 4.0),
               prompt_steps=torch.full((B,), 2.0), prompt_step_var=torch.rand(B, generator=g),
               ref_reward=torch.randn(B, generator=g), answer_prob=torch.rand(B, generator=g),
-              bare_answer_prob=torch.rand(B, generator=g))
+              bare_answer_prob=torch.rand(B, generator=g), node_value=torch.rand(B, T, generator=g),
+              parent_value=torch.rand(B, T, generator=g), root_value=torch.rand(B, generator=g),
+              node_leaves=torch.full((B, T), 1.0), parent_leaves=torch.full((B, T), 2.0))
 
 
 @settings(FUZZ, max_examples=400)

@@ -86,10 +86,10 @@ def test_every_input_has_one_producer_in_the_runtime() -> None:
     for i in inputs.of_stage("loss"):
         assert i.name in producers.UPDATE, i.name
     # made at rollout time: from the rollout batch, from the run's history of them (per-prompt statistics),
-    # from the reference model's answers to the same prompts (ref_reward), or from the policy's forward over
-    # the reference answer (answer_prob)
+    # from the reference model's answers to the same prompts (ref_reward), from the policy's forward over
+    # the reference answer (answer_prob), or from the rollout's trees (sampling tree)
     assert set(producers.ROLLOUT) <= {i.name for i in inputs.INPUTS.values()
-                                      if i.source in ("rollout", "history", "reference_rollout", "answer")}
+                                      if i.source in ("rollout", "history", "reference_rollout", "answer", "tree")}
     assert set(producers.ESTIMATE) | set(producers.UPDATE) | set(producers.ROLLOUT) <= NAMES
 
 

@@ -30,6 +30,9 @@ class SamplingParams:
     max_new_tokens: int = 16
     seed: int | None = None
     min_new_tokens: int = 0  # no stop token is sampled before this many (HF's / TRL's min_new_tokens)
+    # sampling tree (rldsl.compiled.TreePlan): the training step's rows are a tree per prompt
+    # (rollout/tree.py sample_tree, called by LocalRollouts); None: plain samples
+    tree: Any = None
 
     @classmethod
     def greedy(cls, max_new_tokens: int) -> "SamplingParams":
