@@ -80,7 +80,8 @@ def test_formula_specs_train_a_step(spec: str) -> None:
     b = batch(8, 10, 5, dtype=torch.float32, empty=(6,))
     est = fn.estimate(b["rewards"], G, b["mask"], truncated=torch.zeros(8, dtype=torch.bool),
                       old_logprobs=b["old"], ref_logprobs=b["ref"],
-                      ref_reward=b["rewards"].view(-1, G).mean(-1).repeat_interleave(G) - 0.1)  # contrastive_rewards
+                      ref_reward=b["rewards"].view(-1, G).mean(-1).repeat_interleave(G) - 0.1,  # contrastive_rewards
+                      self_certainty=2.0 - b["old"])  # the old policy's self-certainty: read by intuitor
     assert torch.isfinite(est.advantages).all()
     lp = b["logp"].clone().requires_grad_(True)
     out = fn.loss(lp, b["old"], est.advantages, est.mask, ref_logprobs=b["ref"], entropy=b["ent"],
