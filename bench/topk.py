@@ -1,7 +1,8 @@
-"""What reading the policy's top-K costs a training step: memory and time, side by side.
+"""What reading the policy's top-K (or its self-certainty) costs a training step: memory and time, side by side.
 
     nice -n 10 .venv/bin/python bench/topk.py                  # B x Tr x V = 16 x 256 x 32000, K = 3
     nice -n 10 .venv/bin/python bench/topk.py --tr 64 --repeats 2   # quicker
+    nice -n 10 .venv/bin/python bench/topk.py --what self_certainty  # Intuitor's input instead
 
 Two specs that differ only in whether they read the top-K: ``algorithms/examples/simko.rl``
 (reads ``topk_logp``, ``old_topk_logp`` and ``is_top1``), and the same spec with its top-K term
@@ -23,6 +24,14 @@ ones. Time: the median of ``--repeats`` steps after a warm-up step, ``--threads`
 the subprocesses alternate (top-K / plain, ``--rounds`` times) and the ratio is of the medians of
 the rounds' medians, so machine load hits both sides alike. Prints each figure and the ratios
 top-K / plain (1.00 = no cost).
+
+``--what self_certainty``: the same measurement for ``algorithms/examples/intuitor.rl`` (reads
+``self_certainty``: one more reduction of each LM-head chunk of the old forward) against two
+twins: ``old_logp``, its shaping reading ``old_logp`` instead (``r = seq_sum(old_logp) / L``: the
+same forwards -- an advantage formula reading the old policy runs the old forward in both regimes
+-- without the self-certainty), the cost of the reduction itself; and ``none``, its shaping
+removed (GRPO on the reward: on-policy no old forward runs), the cost of the input with the old
+forward it brings. Ratios self_certainty / each twin.
 """
 from __future__ import annotations
 
@@ -39,6 +48,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SIMKO = ROOT / "algorithms" / "examples" / "simko.rl"
+INTUITOR = ROOT / "algorithms" / "examples" / "intuitor.rl"
+#: the variants of each measurement, the one that reads the input first
+VARIANTS = {"topk": ("topk", "plain"), "self_certainty": ("self_certainty", "old_logp", "none")}
 
 
 def plain_spec() -> str:
@@ -49,6 +61,31 @@ def plain_spec() -> str:
     text = text.replace("topk_sum = k_sum(sg(ratio) / (sg(rk) + 1e-8) * rk)", "topk_sum = K * ratio")
     text = text.replace("where(seq_sum(A) < 0, is_top1, 0)", "where(seq_sum(A) < 0, 1, 0)")
     return text.replace("algorithm simko ", "algorithm simko_plain ")
+
+
+def intuitor_spec(variant: str) -> str:
+    """Intuitor's spec (``self_certainty``), or a twin whose shaping reads the old logprobs instead
+    (``old_logp``) or is removed (``none``)."""
+    text = INTUITOR.read_text()
+    if variant == "self_certainty":
+        return text
+    body = ("    c = batch_mean(self_certainty)\n"
+            "    r = seq_sum(self_certainty - c) / (L + 1e-8)\n")
+    assert body in text
+    if variant == "old_logp":
+        return text.replace(body, "    r = seq_sum(old_logp) / (L + 1e-8)\n").replace(
+            "algorithm intuitor ", "algorithm intuitor_old_logp ")
+    define = "  define self_certainty_reward\n" + body + "  end\n"
+    assert define in text
+    return text.replace(define, "").replace("  shaping       self_certainty_reward\n", "").replace(
+        "algorithm intuitor ", "algorithm intuitor_none ")
+
+
+def spec_text(variant: str) -> str:
+    """The spec a variant runs."""
+    if variant == "topk":
+        return SIMKO.read_text()
+    return plain_spec() if variant == "plain" else intuitor_spec(variant)
 
 
 def _rss_now() -> int:
@@ -121,7 +158,7 @@ def child(args: argparse.Namespace) -> None:
     batch = RolloutBatch(prompt, torch.ones_like(prompt), resp * rmask, rmask, torch.zeros(B, args.tr),
                          ["stop"] * B, [""] * B, [""] * B, G)
     rewards = (torch.arange(B) % 3 == 0).float()
-    text = SIMKO.read_text() if args.variant == "topk" else plain_spec()
+    text = spec_text(args.variant)
     spec = rldsl.loads(text, filename=f"{args.variant}.rl")
     fn = rldsl.compile(spec, compile=False)
     run = RunConfig()
@@ -158,29 +195,35 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--regimes", default="on-policy,off-policy", help="comma-separated: on-policy, off-policy")
-    p.add_argument("--variant", choices=["topk", "plain"], help=argparse.SUPPRESS)
+    p.add_argument("--what", choices=list(VARIANTS), default="topk",
+                   help="the input measured: the policy's top-K (SimKO) or the self-certainty (Intuitor)")
+    p.add_argument("--variant", choices=[v for vs in VARIANTS.values() for v in vs], help=argparse.SUPPRESS)
     p.add_argument("--regime", choices=["on-policy", "off-policy"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.variant:
         child(args)
         return
-    print(f"B x Tr x V = {args.rows} x {args.tr} x {args.vocab}, K = 3, {args.threads} thread(s); "
-          f"load {os.getloadavg()[0]:.1f}")
+    variants = VARIANTS[args.what]
+    print(f"B x Tr x V = {args.rows} x {args.tr} x {args.vocab}, " + ("K = 3, " if args.what == "topk" else "")
+          + f"{args.threads} thread(s); load {os.getloadavg()[0]:.1f}")
     for regime in args.regimes.split(","):
-        got: dict[str, list[dict]] = {"topk": [], "plain": []}
+        got: dict[str, list[dict]] = {v: [] for v in variants}
         for _ in range(args.rounds):
-            for variant in ("topk", "plain"):
+            for variant in variants:
                 cmd = [sys.executable, __file__, "--variant", variant, "--regime", regime] + \
                       [f"--{k}={v}" for k, v in vars(args).items() if k not in ("variant", "regime", "regimes")]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
                 got[variant].append(json.loads(out.strip().splitlines()[-1]))
         row = {v: {k: statistics.median(r[k] for r in rs) for k in ("s", "peak_rss_mb", "peak_live_mb")}
                for v, rs in got.items()}
-        t, b = row["topk"], row["plain"]
-        print(f"{regime:10s}  s/step {t['s']:.3f} vs {b['s']:.3f} ({t['s'] / b['s']:.2f}x)   "
-              f"peak RSS +{t['peak_rss_mb']:.0f} vs +{b['peak_rss_mb']:.0f} MB ({t['peak_rss_mb'] / b['peak_rss_mb']:.2f}x)"
-              f"   peak live tensors {t['peak_live_mb']:.0f} vs {b['peak_live_mb']:.0f} MB "
-              f"({t['peak_live_mb'] / b['peak_live_mb']:.2f}x)")
+        t = row[variants[0]]
+        for other in variants[1:]:
+            b = row[other]
+            label = regime if args.what == "topk" else f"{regime} vs {other}"
+            print(f"{label:10s}  s/step {t['s']:.3f} vs {b['s']:.3f} ({t['s'] / b['s']:.2f}x)   "
+                  f"peak RSS +{t['peak_rss_mb']:.0f} vs +{b['peak_rss_mb']:.0f} MB "
+                  f"({t['peak_rss_mb'] / b['peak_rss_mb']:.2f}x)   peak live tensors {t['peak_live_mb']:.0f} vs "
+                  f"{b['peak_live_mb']:.0f} MB ({t['peak_live_mb'] / b['peak_live_mb']:.2f}x)")
 
 
 if __name__ == "__main__":

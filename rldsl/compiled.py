@@ -219,6 +219,7 @@ class CompiledAlgorithm:
                  rollout_logprobs: Tensor | None = None,
                  reward_baselines: Tensor | None = None,
                  sum_pi_squared: Tensor | None = None,
+                 self_certainty: Tensor | None = None,
                  reward_components: Tensor | None = None,
                  reward_weights: Tensor | None = None,
                  dense_rewards: Tensor | None = None,
@@ -237,6 +238,8 @@ class CompiledAlgorithm:
         (repeated over its group), read by ``baseline greedy_reward`` (ReMax) only.
         ``sum_pi_squared`` [B, T]: sum_v pi_v^2 of the old policy at each response token,
         read by ``baseline optimal_token`` (with ``old_logprobs``) only.
+        ``self_certainty`` [B, T]: logsumexp(z) - mean(z) of the old policy's tempered logits at
+        each response token, read by formulas that name it (Intuitor's reward).
         ``reward_components`` [B, K]: each reward function's unweighted reward and
         ``reward_weights`` [K] (default all 1; ``rewards`` stays their weighted sum), read by
         ``baseline per_reward_group`` (GDPO) only.

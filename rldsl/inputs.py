@@ -164,6 +164,11 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
     Input("sum_pi_squared", ("advantage",), "[B, T]", "float32",
           "sum over the vocabulary of the old policy's squared probabilities at each response token",
           "policy", batch="sum_pi_squared"),
+    Input("self_certainty", ("advantage",), "[B, T]", "float32",
+          "the old policy's self-certainty at each response position: logsumexp_v z_v - mean_v z_v of the "
+          "logits z (divided by the sampling temperature) that predict the token, i.e. the KL from the uniform "
+          "distribution to pi plus log V (from the forward that makes the old logprobs, no gradient)",
+          "policy", formula="self_certainty", slots=_ADVANTAGE_SLOTS),
     Input("reward_components", ("advantage",), "[B, K]", "float32",
           "each reward function's own reward, unweighted", "rollout", batch="reward_components"),
     Input("reward_weights", ("advantage",), "[K]", "float32",

@@ -82,6 +82,7 @@ class Forwards(NamedTuple):
     old_entropy: Tensor | None = None  # the old policy's entropy, from the old-logprob forward
     old_topk_logprobs: Tensor | None = None  # [B, Tr, K] its K largest logprobs (the spec's K)
     is_top1: Tensor | None = None  # [B, Tr] 1 where the sampled token is its most likely
+    self_certainty: Tensor | None = None  # [B, Tr] logsumexp(z) - mean(z) of its logits
     old_topk_ids: Tensor | None = None  # [B, Tr, K] the token ids of old_topk_logprobs
 
 
@@ -145,7 +146,8 @@ def whole_groups(needs: tuple[str, ...]) -> bool:
 #: it under the same name (``True``), but for the top-K logprobs, which it asks as ``topk = K`` (the
 #: spec's K) and which come with their ids (``top_ids``, kept for the update forward to gather at)
 OLD_POLICY_STATISTICS = {"sum_pi_squared": "sum_pi_squared", "old_entropy": "entropy",
-                         "old_topk_logprobs": "top_logprobs", "is_top1": "sampled_is_top"}
+                         "old_topk_logprobs": "top_logprobs", "is_top1": "sampled_is_top",
+                         "self_certainty": "self_certainty"}
 
 
 def old_policy_statistics(algo: Algorithm, topk: int | None = None) -> list[str]:
@@ -479,6 +481,7 @@ ESTIMATE: dict[str, Callable[[Trainer, RolloutBatch, Forwards], Any]] = {
     "rollout_logprobs": lambda tr, r, f: r.logprobs,
     "reward_baselines": lambda tr, r, f: r.inputs.get("reward_baselines"),
     "sum_pi_squared": lambda tr, r, f: f.sum_pi_squared,
+    "self_certainty": lambda tr, r, f: f.self_certainty,
     "reward_components": lambda tr, r, f: r.inputs.get("reward_components"),
     "reward_weights": lambda tr, r, f: r.inputs.get("reward_weights"),
     "dense_rewards": lambda tr, r, f: r.inputs.get("dense_rewards"),

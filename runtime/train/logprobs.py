@@ -11,6 +11,7 @@ of a chunk exist only while that chunk is processed, forward and backward, so no
     logprob_t = z_t[y_t] - logsumexp(z_t)
     entropy_t = logsumexp(z_t) - sum_v softmax(z_t)_v * z_t,v
     sum_pi_squared_t = sum_v softmax(z_t)_v^2     (only with ``with_sum_pi_squared``; no gradient)
+    self_certainty_t = logsumexp(z_t) - mean_v z_t,v   (only when asked; no gradient)
 
 with z_t the fp32 logits predicting token y_t (from the hidden state at t - 1), taken as
 the model's own ``forward`` makes them and then divided by the sampling temperature tau:
@@ -287,7 +288,7 @@ class _ChunkedHead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, chunk, with_entropy, entropy_grad, tf, with_spp=False,
-                extra_ids=None, topk=0, with_top1=False):
+                extra_ids=None, topk=0, with_top1=False, with_sc=False):
         N = hidden.shape[0]
         # the logprobs of extra_ids [N, J0] and of each position's own top-K tokens, whose ids the
         # chunks pick (top_ids), share one [N, J0 + K] buffer and the same backward
@@ -296,6 +297,7 @@ class _ChunkedHead(torch.autograd.Function):
         extra = hidden.new_empty((N, J), dtype=torch.float32)  # [N, J] logprobs of extra_ids
         top1 = torch.zeros(N if with_top1 else 0, dtype=torch.bool, device=hidden.device)  # [N]
         spp = hidden.new_empty(N if with_spp else 0, dtype=torch.float32)  # [N] sum_v p_v^2
+        sc = hidden.new_empty(N if with_sc else 0, dtype=torch.float32)  # [N] self-certainty
         logprob = hidden.new_empty(N, dtype=torch.float32)  # [N]
         lse = hidden.new_empty(N, dtype=torch.float32)  # [N]
         entropy = hidden.new_empty(N if with_entropy else 0, dtype=torch.float32)  # [N]
@@ -316,6 +318,8 @@ class _ChunkedHead(torch.autograd.Function):
                 extra_ids[i:j, J0:] = z.topk(topk, dim=-1).indices
             if J:
                 extra[i:j] = z.gather(-1, extra_ids[i:j]) - log_s[:, None]
+            if with_sc:  # lse - mean(z) = log s - mean(z - max): one reduction, no [C, V] buffer
+                sc[i:j] = log_s - z.mean(dim=-1)
             if with_spp:  # sum (e / s)^2, no extra [C, V] buffer
                 spp[i:j] = torch.linalg.vector_norm(e, dim=-1).div_(s).square_()
             if with_entropy:
@@ -332,13 +336,13 @@ class _ChunkedHead(torch.autograd.Function):
                               extra_ids if J else targets.new_empty((N, 0)))
         if not ctx.entropy_grad:
             ctx.mark_non_differentiable(entropy)
-        ctx.mark_non_differentiable(spp)
+        ctx.mark_non_differentiable(spp, sc)
         ids = extra_ids[:, J0:].clone() if topk else targets.new_empty((N, 0))  # [N, K]
         ctx.mark_non_differentiable(ids, top1)
-        return logprob, entropy, spp, extra, ids, top1
+        return logprob, entropy, spp, extra, ids, top1, sc
 
     @staticmethod
-    def backward(ctx, g_logprob, g_entropy, g_spp, g_extra, g_ids, g_top1):
+    def backward(ctx, g_logprob, g_entropy, g_spp, g_extra, g_ids, g_top1, g_sc):
         hidden, weight, bias, targets, lse, entropy, extra_ids = ctx.saved_tensors
         J = extra_ids.shape[1]
         g_extra = g_extra.float() if (J and g_extra is not None) else None  # [N, J]
@@ -390,7 +394,7 @@ class _ChunkedHead(torch.autograd.Function):
         return (grad_h,
                 grad_w.to(weight.dtype) if need_w else None,
                 grad_b.to(bias.dtype) if need_b else None,
-                None, None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None, None)
 
 
 def _with_topk_columns(extra_ids: torch.Tensor | None, topk: int, N: int,
@@ -491,6 +495,8 @@ class LogprobOptions:
                      when the forward has one) and their token ids, from the same chunks (a
                      ``torch.topk`` of each chunk's logits; ``LogprobOut.top_logprobs``)
     sampled_is_top   also return whether each sampled token is the position's most likely one
+    self_certainty   also return logsumexp(z) - mean_v z at each position (detached; Intuitor's
+                     self-certainty, from the same chunks' logits z, temperature included)
     temperature      the rollout's sampling temperature tau: logprobs and entropies are those of
                      softmax(z / tau), z the logits of the model's own forward (its logit scale
                      and soft cap included; module docstring). Score greedy rollouts at 1
@@ -511,6 +517,7 @@ class LogprobOptions:
     hidden: bool = False
     topk: int = 0
     sampled_is_top: bool = False
+    self_certainty: bool = False
     temperature: float = 1.0
     chunk_size: int = 1024
     packing: bool = False
@@ -536,6 +543,7 @@ class LogprobOut:
     top_ids         [B, Tr, K] long, their token ids; None unless ``topk``
     sampled_is_top  [B, Tr] fp32, 1 where the sampled token's logit is the position's largest (a
                     tie counts), else 0; None unless asked
+    self_certainty  [B, Tr] fp32 detached, logsumexp(z) - mean_v z; None unless asked
     """
 
     logprobs: torch.Tensor
@@ -547,6 +555,7 @@ class LogprobOut:
     top_logprobs: torch.Tensor | None = None
     top_ids: torch.Tensor | None = None
     sampled_is_top: torch.Tensor | None = None
+    self_certainty: torch.Tensor | None = None
 
 
 @dataclass
@@ -586,13 +595,15 @@ def token_logprobs(model: PreTrainedModel, fwd: Forward, options: LogprobOptions
     extra_ids = None if fwd.gather_ids is None else fwd.gather_ids.reshape(B * Tr, -1)  # [B*Tr, J]
     if extra_ids is not None and states.packed is not None:  # the packed forward's M real tokens' rows
         extra_ids = extra_ids.index_select(0, states.packed.out)  # [M, J]
-    logprob, entropy, spp, extra, ids, top1 = _ChunkedHead.apply(
+    logprob, entropy, spp, extra, ids, top1, sc = _ChunkedHead.apply(
         states.hidden, weight, bias, states.targets, opts.chunk_size, opts.entropy, opts.entropy_grad,
-        tf, opts.sum_pi_squared, extra_ids, opts.topk, opts.sampled_is_top)  # [B*Tr] or [M] each (, J or K)
+        tf, opts.sum_pi_squared, extra_ids, opts.topk, opts.sampled_is_top,
+        opts.self_certainty)  # [B*Tr] or [M] each (, J or K)
     if states.packed is not None:  # [M] -> [B, Tr], zeros on padding
         logprob = states.packed.scatter(logprob, B, Tr)
         entropy = states.packed.scatter(entropy, B, Tr) if opts.entropy else entropy
         spp = states.packed.scatter(spp, B, Tr) if opts.sum_pi_squared else spp
+        sc = states.packed.scatter(sc, B, Tr) if opts.self_certainty else sc
         extra, ids, top1 = (_scatter_rows(states.packed, t, B * Tr) for t in (extra, ids, top1))
     logprob = logprob.view(B, Tr)  # [B, Tr]
     entropy = entropy.view(B, Tr) if opts.entropy else None  # [B, Tr]
@@ -602,7 +613,8 @@ def token_logprobs(model: PreTrainedModel, fwd: Forward, options: LogprobOptions
                       spp.view(B, Tr).detach() if opts.sum_pi_squared else None,
                       extra[:, :J0].reshape(B, Tr, J0) if fwd.gather_ids is not None else None,
                       aux if opts.router_aux else None, states.hidden if opts.hidden else None,
-                      **_topk_fields(extra[:, J0:], ids, top1, opts, B, Tr))
+                      **_topk_fields(extra[:, J0:], ids, top1, opts, B, Tr),
+                      self_certainty=sc.view(B, Tr).detach() if opts.self_certainty else None)
 
 
 def _scatter_rows(packed: PackedRows, t: torch.Tensor, n: int) -> torch.Tensor:

@@ -79,12 +79,13 @@ class ForwardPasses:
     def _logprobs(self, model: nn.Module, batch: RolloutBatch, *, grad: bool,
                   entropy: bool, groups: bool = True, sum_pi_squared: bool = False,
                   gather_ids: Tensor | None = None, hidden: bool = False,
-                  router_aux: bool = False, topk: int = 0, sampled_is_top: bool = False) -> LogprobOut:
+                  router_aux: bool = False, topk: int = 0, sampled_is_top: bool = False,
+                  self_certainty: bool = False) -> LogprobOut:
         """The logprobs [b, Tr] of ``batch`` under ``model``, and what the flags ask beside them
         (train/logprobs.py ``LogprobOut``): the entropy, sum_v pi_v^2, the logprobs of
         ``gather_ids`` [b, Tr, J], the hidden states the head ran on, each response token's
         load-balancing loss (with gradient), the K = ``topk`` largest logprobs and their ids, whether
-        each sampled token is the most likely."""
+        each sampled token is the most likely, the self-certainty logsumexp(z) - mean(z)."""
         ids, attn, pos = model_inputs(batch)
         Tr = batch.response_ids.shape[1]
         inputs = self.kind.forward_inputs(model, batch, ids, attn)  # rows that run whole share no prompt
@@ -93,7 +94,7 @@ class ForwardPasses:
         count = TokenCount()
         options = LogprobOptions(entropy=entropy, entropy_grad=grad and entropy_grad(self.fn.algorithm),
                                  sum_pi_squared=sum_pi_squared, router_aux=router_aux, hidden=hidden,
-                                 topk=topk, sampled_is_top=sampled_is_top,
+                                 topk=topk, sampled_is_top=sampled_is_top, self_certainty=self_certainty,
                                  temperature=self.temperature, chunk_size=self.logprob_chunk, packing=self.packing,
                                  packing_row_tokens=self.packing_row_tokens, count=count,
                                  body=self._compiled_body if model is self.policy else None)
@@ -214,7 +215,8 @@ class ForwardPasses:
                         statistics: tuple[str, ...] = ()) -> Any:
         """Old/reference logprobs (``what="logprobs"``) or critic values (``"critic"``) [B, Tr] of
         every row, computed micro-batch by micro-batch (no grad). With ``statistics`` (keys of
-        ``inputs.OLD_POLICY_STATISTICS``: sum_v pi_v^2, the entropy, the top-K logprobs, is-top-1)
+        ``inputs.OLD_POLICY_STATISTICS``: sum_v pi_v^2, the entropy, the top-K logprobs, is-top-1,
+        the self-certainty)
         a list: the logprobs, then each statistic ([B, Tr], or [B, Tr, K] for the top-K), then the
         top-K ids [B, Tr, K] when the top-K is among them, from the same forwards."""
         mbs, by_group = self._microbatches(batch)

@@ -236,13 +236,15 @@ class Trainer(ForwardPasses):
 
     def _recompute(self, rollout: RolloutBatch) -> tuple[Tensor | None, ...]:
         """Old logprobs, reference logprobs, values, sum_v pi_v^2, the old policy's entropy, top-K
-        logprobs [B, Tr, K], is-top-1 and top-K ids [B, Tr, K] of every row (no grad).
+        logprobs [B, Tr, K], is-top-1, self-certainty and top-K ids [B, Tr, K] of every row (no grad).
 
         Old logprobs are None when the update is exactly on-policy (:meth:`_old_is_current`):
         the update then uses its own logprobs, detached, instead of a separate forward (and its
         own entropy as the old one). The statistics of the old policy (sum_v pi_v^2 of `baseline
-        optimal_token`, the entropy a formula reads as ``old_ent``) come from the old-logprob
-        forward, and only when the spec reads them; else None.
+        optimal_token`, the entropy a formula reads as ``old_ent``, the self-certainty an advantage
+        formula reads) come from the old-logprob forward, and only when the spec reads them; else
+        None. One the advantage stage reads runs that forward even where the update would not need
+        it (exactly on-policy, or a bypass correction whose pi_old is the engine's).
         """
         algo = self.fn.algorithm
         old = None

@@ -82,7 +82,16 @@ def test_formula_specs_train_a_step(spec: str) -> None:
                       old_logprobs=b["old"], ref_logprobs=b["ref"],
                       ref_reward=b["rewards"].view(-1, G).mean(-1).repeat_interleave(G) - 0.1,  # contrastive_rewards
                       # the policy's probability of the reference answer, after the reasoning and alone: rlpr
-                      answer_prob=torch.linspace(0.1, 0.9, 8), bare_answer_prob=torch.full((8,), 0.3))
+                      answer_prob=torch.linspace(0.1, 0.9, 8), bare_answer_prob=torch.full((8,), 0.3),
+                      self_certainty=2.0 - b["old"],  # the old policy's self-certainty: read by intuitor
+                      # per-prompt statistics over the steps a prompt was seen: dcpo_sas
+                      prompt_mean=torch.full((8,), 0.4), prompt_var=torch.full((8,), 0.2),
+                      prompt_count=torch.full((8,), 8.0), prompt_steps=torch.full((8,), 2.0),
+                      prompt_step_var=torch.full((8,), 0.25),
+                      # a tree's per-node values and leaf counts (sampling tree): treerl
+                      node_value=b["rewards"].unsqueeze(-1).expand(8, 10).clone(),
+                      parent_value=torch.full((8, 10), 0.5), root_value=torch.full((8,), 0.5),
+                      node_leaves=torch.ones(8, 10), parent_leaves=torch.full((8, 10), 2.0))
     assert torch.isfinite(est.advantages).all()
     lp = b["logp"].clone().requires_grad_(True)
     out = fn.loss(lp, b["old"], est.advantages, est.mask, ref_logprobs=b["ref"], entropy=b["ent"],

@@ -231,7 +231,8 @@ def _run(v) -> dict:  # noqa: ANN001 - a SlotValue with a formula
                            group_size=G, valid=torch.tensor([True, True, False, True]))
     logp = -torch.rand(B, T, generator=g)
     return fn(r, rand(), mask, G, batch, values=rand(), dense_rewards=rand() * mask, old_logp=logp,
-              rollout_logp=logp - 0.1, prompt_mean=torch.randn(B, generator=g),
+              rollout_logp=logp - 0.1, self_certainty=torch.rand(B, T, generator=g) + 2.0,
+              prompt_mean=torch.randn(B, generator=g),
               prompt_var=torch.rand(B, generator=g), prompt_count=torch.full((B,), 4.0),
               prompt_steps=torch.full((B,), 2.0), prompt_step_var=torch.rand(B, generator=g),
               ref_reward=torch.randn(B, generator=g), answer_prob=torch.rand(B, generator=g),

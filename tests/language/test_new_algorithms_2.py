@@ -354,7 +354,7 @@ def grpo_adv_n(r, mask, n, eps=1e-6):  # noqa: ANN001, ANN201
     return out.unsqueeze(-1) * mask
 
 
-# ------------------------------------------------------------------ 7. RLPR
+# ------------------------------------------------------------------ 6. RLPR
 
 
 def rlpr_score_b(logp_in_answer: torch.Tensor) -> float:
@@ -481,7 +481,7 @@ def test_rlpr_probability_reward(mode: str, regime: str) -> None:
     _check(fn, dict(b, mask=keep_mask), want, rlpr_reference)
 
 
-# ------------------------------------------------------------------ 8. DCPO's smooth advantage standardization
+# ------------------------------------------------------------------ 7. DCPO's smooth advantage standardization
 
 
 def get_mean_std(old_mean, old_std, times, new_mean, new_std):  # noqa: ANN001, ANN201
@@ -570,3 +570,69 @@ def test_dcpo_sas_a_group_whose_rewards_all_failed_reads_zero() -> None:
     assert torch.equal(est.advantages[4:8], torch.zeros(G, b["mask"].shape[1]))
     assert torch.equal(est.mask[4:8], torch.zeros(G, b["mask"].shape[1]))
     assert bool(torch.isfinite(est.advantages).all())
+
+
+# ------------------------------------------------------------------ 8. Intuitor
+
+
+def self_certainty_from_logits(logits, temperature=1.0):  # noqa: ANN001, ANN201
+    """github.com/sunblaze-ucb/Intuitor @ 3f0cdd7, verl-intuitor/verl/utils/torch_functional.py
+    self_certainty_from_logits on the logits verl/workers/actor/dp_actor.py _forward_micro_batch
+    divided by the temperature and cut to the positions predicting the response
+    ([:, -response_length - 1:-1]; here ``logits`` are those already): logsumexp - mean."""
+    z = logits / temperature
+    return torch.logsumexp(z, dim=-1) - z.mean(dim=-1)
+
+
+def intuitor_adv(self_certaintys, mask, n=G, epsilon=1e-6):  # noqa: ANN001, ANN201
+    """Same repository, verl/trainer/ppo/ray_trainer.py compute_advantage(INTUITOR):
+    sentence_wise_mean = verl_F.masked_mean(self_certaintys, response_mask, axis=-1) (sum / (count
+    + 1e-8)), scattered on each answer's last token (lengths - 1) as its token-level reward, then
+    core_algos.compute_grpo_outcome_advantage: scores = the token rewards' sum, per prompt
+    (score - mean) / (torch.std([scores]) + epsilon) (Bessel), times the response mask."""
+    sentence_wise_mean = (self_certaintys * mask).sum(-1) / (mask.sum(-1) + 1e-8)
+    eos_mask_id = mask.sum(-1).long() - 1
+    token_level_rewards = torch.zeros_like(self_certaintys)
+    token_level_rewards.scatter_(-1, eos_mask_id.unsqueeze(-1), sentence_wise_mean.unsqueeze(-1))
+    scores = token_level_rewards.sum(-1)
+    out = torch.empty_like(scores)
+    for g in range(scores.shape[0] // n):
+        s = scores[g * n:(g + 1) * n]
+        out[g * n:(g + 1) * n] = (s - torch.mean(s)) / (torch.std(s.unsqueeze(0)) + epsilon)
+    return out.unsqueeze(-1) * mask
+
+
+def intuitor_reference(logp, ent, old, ref, adv, mask, kl_coef=0.005, c=3.0):  # noqa: ANN001, ANN201
+    """Same repository, verl/trainer/ppo/core_algos.py compute_policy_loss (log-ratio clamped at
+    +-20, clip 0.2 / 0.2, clip_ratio_c 3.0, agg_loss token-mean: verl/trainer/config/actor/dp_actor.yaml)
+    and kl_penalty("low_var_kl": ref - logp clamped at +-20, exp(x) - x - 1 clamped at +-10), the
+    actor's kl_loss_coef 0.005 (token mean), entropy_coeff 0: math_intuitor.sh."""
+    pg = verl_ppo(logp, old, adv, 0.2, 0.2, c=c, clamp=20.0)
+    x = torch.clamp(ref - logp, min=-20, max=20)
+    kld = torch.clamp(torch.exp(x) - x - 1, min=-10, max=10)
+    return token_mean(pg, mask) + kl_coef * token_mean(kld, mask)
+
+
+@pytest.mark.parametrize("batch", ["fixed", "past_the_clamp"])
+def test_intuitor_self_certainty(mode: str, batch: str) -> None:
+    """The advantage is GRPO's on each answer's mean self-certainty (of the old policy's logits),
+    whatever the verifier's reward; the loss verl's with a dual clip and low-variance KL. The input
+    is made here as KL(U || pi) + log V = -mean_v log pi_v (another form of logsumexp - mean);
+    estimate() holds it in float32, as the runtime's forward makes it. A group's answers differ by
+    a few hundredths around ~2.7 here (std down to 0.09): the spec centres the values on their
+    batch mean before its float32 token mean, else float32 lands at ~9e-7 of the reference."""
+    fn = _spec("intuitor", mode)
+    b = _batch(26, spread=0.8) if batch == "fixed" else _past_the_clamp(_batch(26, spread=0.8))
+    sc = -torch.log_softmax(b["z_old"], -1).mean(-1)  # [B, T]
+    torch.testing.assert_close(sc, self_certainty_from_logits(b["z_old"]), rtol=0, atol=1e-12)
+    want = intuitor_adv(self_certainty_from_logits(b["z_old"]), b["mask"])
+    adv = _check_adv(fn, b, want, self_certainty=sc)
+    assert float(adv.abs().max()) > 0.5
+    flipped = dict(b, r=1 - b["r"])  # the verifier's reward does not reach the advantage
+    torch.testing.assert_close(_check_adv(fn, flipped, want, self_certainty=sc), adv, rtol=0, atol=0)
+    if batch == "past_the_clamp":  # the dual clip binds: A < 0 at a ratio above c = 3
+        old, _ = _old_ref(b)
+        ratio = torch.exp(_logp_ent(b["z"], b["y"])[0] - old)
+        assert bool(((adv < 0) & (ratio > 3.0) & (b["mask"] > 0)).any())
+    _check(fn, b, adv, intuitor_reference)
+    assert _differs(b, adv, intuitor_reference, partial(intuitor_reference, c=1e9)) > 1e-4 or batch == "fixed"
