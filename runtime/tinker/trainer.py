@@ -57,12 +57,12 @@ def target_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int
     The adapter over ``train.logprobs.token_logprobs``, in the layouts ``rldsl run``'s trainer
     uses, whenever the targets are the inputs shifted by one (a recipe's data): rows padding-free
     (packed), and rows that come in groups sharing a prefix (one prompt's samples) through the
-    shared-prompt forward, each group's prefix once, with the prefix's own targets scored once per
-    group (:func:`_grouped_logprobs`). Other targets (the client may give any): every row padded,
+    shared-prompt forward, each group's prefix once, with the prefix's own targets scored by that
+    forward's prompt pass (:func:`_grouped_logprobs`). Other targets (the client may give any): every row padded,
     ``gather_ids`` the targets. Equal up to float rounding whichever the layout.
 
     ``deferred`` (a list, with ``grad``): the prefixes' own targets are scored without a graph
-    and their backward left to :func:`backward_prefixes` (appended to ``deferred``), which runs it
+    (by the shared forward's prompt pass, no forward of their own) and their backward left to :func:`backward_prefixes` (appended to ``deferred``), which runs it
     only when the loss gave them a gradient -- a recipe's loss gives none (its advantages and
     weights are 0 on the prompt)."""
     with contextlib.nullcontext() if grad else torch.no_grad():
@@ -139,7 +139,10 @@ def _grouped_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[i
     """Shifted targets of rows in groups of G sharing a prefix of c_g tokens: the forward
     ``rldsl run``'s trainer runs for a group's samples (the prefix as the shared prompt, left
     padded; the rest of each sequence as its response; packed), which scores positions
-    c_g - 1 .. n - 1, and the group's prefix alone (padded) for its positions 0 .. c_g - 2."""
+    c_g - 1 .. n - 1. The prefix's own positions 0 .. c_g - 2 come from that forward's prompt
+    pass (``LogprobOptions.prompt_logprobs``, no graph) when it ran the shared-prompt layout and
+    a graph is not needed at once (``deferred``, or no ``grad``); else from the group's prefix
+    alone (padded), a second forward."""
     seqs = _sequences(rows)
     Tp = max(prefixes)
     Tr = max(len(s) - prefixes[i // G] for i, s in enumerate(seqs))
@@ -149,15 +152,21 @@ def _grouped_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[i
         c = prefixes[i // G]
         ids[i, Tp - c:Tp + len(s) - c] = torch.tensor(s)
         mask[i, Tp - c:Tp + len(s) - c] = 1
-    rest = token_logprobs(model, Forward(ids, mask, Tr, group_size=G),
-                          LogprobOptions(entropy=False, packing=True)).logprobs  # [B, Tr]
+    graph = torch.is_grad_enabled()
+    out = token_logprobs(model, Forward(ids, mask, Tr, group_size=G),
+                         LogprobOptions(entropy=False, packing=True, prompt_logprobs=deferred is not None or not graph))
+    rest = out.logprobs  # [B, Tr]
     heads = [s[:c] for s, c in zip(seqs[::G], prefixes)]
     head_rows = [(h[:-1], h[1:]) for h in heads]
-    if deferred is None:
+    if out.prompt_logprobs is not None:  # [P, Tp - 1]: the prefix's targets, from the same forward
+        head = [out.prompt_logprobs[g, Tp - c:Tp - 1] for g, c in enumerate(prefixes)]
+    elif deferred is None and graph:
         head = _packed_logprobs(model, head_rows, packing=False)  # each prefix's targets
     else:
         with torch.no_grad():
-            head = [h.clone().requires_grad_() for h in _packed_logprobs(model, head_rows, packing=False)]
+            head = _packed_logprobs(model, head_rows, packing=False)
+    if deferred is not None:
+        head = [h.detach().clone().requires_grad_() for h in head]
         deferred.append(PrefixGrad(model, head_rows, head))
     return [torch.cat([head[i // G], rest[i, :len(x) - prefixes[i // G] + 1]]) for i, (x, _) in enumerate(rows)]
 

@@ -103,10 +103,11 @@ def test_forward_backward_shares_a_groups_prefix_and_equals_each_row_alone(train
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
-def test_a_loss_without_gradient_on_the_prefixes_runs_no_prefix_backward(trained):
-    """The prefixes' own targets are scored without a graph: a loss that gives them no gradient
-    (a recipe's: advantages 0 on the prompt) runs no backward through their forward, and its
-    gradients equal each row scored alone."""
+def test_a_loss_without_gradient_on_the_prefixes_runs_no_prefix_forward_or_backward(trained):
+    """The prefixes' own targets come from the shared-prefix forward's own prompt pass, without a
+    graph: no forward of the prefixes alone, and a loss that gives them no gradient (a recipe's:
+    advantages 0 on the prompt) runs no backward for them; its gradients equal each row scored
+    alone."""
     model, tok = trained
     prompt = tok.encode("The sum of 12 and 30 is")
     rows = [((prompt + t)[:-1], (prompt + t)[1:]) for t in ([11, 12], [13, 14, 15], [16], [17, 18, 19, 20])]
@@ -132,8 +133,9 @@ def test_a_loss_without_gradient_on_the_prefixes_runs_no_prefix_backward(trained
         g_together = grads(together)
     finally:
         hook.remove()
-    # the shared-prefix forward with its graph, then the prefixes' own targets without one
-    assert graphs[-1] is False and len(backwards) == graphs.count(True) == len(graphs) - 1, (graphs, backwards)
+    # the shared-prefix forward alone (its prompt pass, then the responses on its cache), with its
+    # graph, each pass's backward once: no forward of the prefixes' own
+    assert graphs == [True, True] and len(backwards) == 2, (graphs, backwards)
     g_alone = grads([model.logprobs([r], grad=True)[0] for r in rows])
     for a, b in zip(g_together, g_alone):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
