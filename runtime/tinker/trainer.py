@@ -168,7 +168,26 @@ def _grouped_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[i
     if deferred is not None:
         head = [h.detach().clone().requires_grad_() for h in head]
         deferred.append(PrefixGrad(model, head_rows, head))
-    return [torch.cat([head[i // G], rest[i, :len(x) - prefixes[i // G] + 1]]) for i, (x, _) in enumerate(rows)]
+    return _joined(head, rest, [len(x) for x, _ in rows], G, prefixes)
+
+
+def _joined(head: list[torch.Tensor], rest: torch.Tensor, lengths: list[int], G: int,
+            prefixes: list[int]) -> list[torch.Tensor]:
+    """Row i's logprobs: its group's prefix targets (``head[i // G]``), then its first
+    ``lengths[i] - c + 1`` of ``rest`` [B, Tr]; gathered from both in one index and split into
+    views (two autograd nodes for the call, not one concatenation per row)."""
+    Tr = rest.shape[1]
+    base = sum(h.shape[0] for h in head)  # rest's values follow the heads' in the flat tensor
+    starts = [0]
+    for h in head:
+        starts.append(starts[-1] + h.shape[0])
+    index: list[int] = []
+    for i, n in enumerate(lengths):
+        g, c = i // G, prefixes[i // G]
+        index.extend(range(starts[g], starts[g] + c - 1))
+        index.extend(range(base + i * Tr, base + i * Tr + n - c + 1))
+    flat = torch.cat([*(h.reshape(-1) for h in head), rest.reshape(-1)])
+    return list(flat[torch.tensor(index, dtype=torch.long)].split(lengths))
 
 
 @dataclass
