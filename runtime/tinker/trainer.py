@@ -61,10 +61,11 @@ def target_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int
     forward's prompt pass (:func:`_grouped_logprobs`). Other targets (the client may give any): every row padded,
     ``gather_ids`` the targets. Equal up to float rounding whichever the layout.
 
-    ``deferred`` (a list, with ``grad``): the prefixes' own targets are scored without a graph
-    (by the shared forward's prompt pass, no forward of their own) and their backward left to :func:`backward_prefixes` (appended to ``deferred``), which runs it
-    only when the loss gave them a gradient -- a recipe's loss gives none (its advantages and
-    weights are 0 on the prompt)."""
+    ``deferred`` (a list, with ``grad``): when the prefixes' own targets need a forward of their
+    own (a layout other than the shared-prompt one), it runs without a graph and its backward is
+    left to :func:`backward_prefixes` (appended to ``deferred``), which runs it only when the loss
+    gave them a gradient -- a recipe's loss gives none on the prompt (its advantages and weights
+    are 0 there)."""
     with contextlib.nullcontext() if grad else torch.no_grad():
         if all(t[:-1] == x[1:] for x, t in rows):
             groups = _prefix_groups([x for x, _ in rows])
@@ -140,9 +141,10 @@ def _grouped_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[i
     ``rldsl run``'s trainer runs for a group's samples (the prefix as the shared prompt, left
     padded; the rest of each sequence as its response; packed), which scores positions
     c_g - 1 .. n - 1. The prefix's own positions 0 .. c_g - 2 come from that forward's prompt
-    pass (``LogprobOptions.prompt_logprobs``, no graph) when it ran the shared-prompt layout and
-    a graph is not needed at once (``deferred``, or no ``grad``); else from the group's prefix
-    alone (padded), a second forward."""
+    pass (``LogprobOptions.prompt_logprobs``, in its graph: a gradient on them -- a group's
+    samples that share their first tokens put sampled tokens in the prefix -- costs no forward
+    of its own) when it ran the shared-prompt layout; else from the group's prefix alone
+    (padded), a second forward (its backward ``deferred`` when given)."""
     seqs = _sequences(rows)
     Tp = max(prefixes)
     Tr = max(len(s) - prefixes[i // G] for i, s in enumerate(seqs))
@@ -152,21 +154,18 @@ def _grouped_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[i
         c = prefixes[i // G]
         ids[i, Tp - c:Tp + len(s) - c] = torch.tensor(s)
         mask[i, Tp - c:Tp + len(s) - c] = 1
-    graph = torch.is_grad_enabled()
     out = token_logprobs(model, Forward(ids, mask, Tr, group_size=G),
-                         LogprobOptions(entropy=False, packing=True, prompt_logprobs=deferred is not None or not graph))
+                         LogprobOptions(entropy=False, packing=True, prompt_logprobs=True))
     rest = out.logprobs  # [B, Tr]
     heads = [s[:c] for s, c in zip(seqs[::G], prefixes)]
     head_rows = [(h[:-1], h[1:]) for h in heads]
     if out.prompt_logprobs is not None:  # [P, Tp - 1]: the prefix's targets, from the same forward
         head = [out.prompt_logprobs[g, Tp - c:Tp - 1] for g, c in enumerate(prefixes)]
-    elif deferred is None and graph:
+    elif deferred is None:
         head = _packed_logprobs(model, head_rows, packing=False)  # each prefix's targets
     else:
         with torch.no_grad():
-            head = _packed_logprobs(model, head_rows, packing=False)
-    if deferred is not None:
-        head = [h.detach().clone().requires_grad_() for h in head]
+            head = [h.clone().requires_grad_() for h in _packed_logprobs(model, head_rows, packing=False)]
         deferred.append(PrefixGrad(model, head_rows, head))
     return _joined(head, rest, [len(x) for x, _ in rows], G, prefixes)
 

@@ -105,7 +105,7 @@ def _shared_prompt_forward(model: PreTrainedModel, input_ids: torch.Tensor, atte
                            keep_prompt: list[torch.Tensor] | None = None) -> torch.Tensor | None:
     """:func:`_shared_prompt_hidden` where it applies (the caller checked); None when the model did
     not fill the cache. ``keep_prompt``: a list that receives the prompt pass's states [P, Tp - 1, H]
-    predicting each group's prompt tokens 1 .. Tp - 1, detached (``LogprobOptions.prompt_logprobs``)."""
+    predicting each group's prompt tokens 1 .. Tp - 1 (``LogprobOptions.prompt_logprobs``)."""
     B, T = input_ids.shape
     G, Tr = group_size, num_response_tokens
     Tp = T - Tr
@@ -123,7 +123,7 @@ def _shared_prompt_forward(model: PreTrainedModel, input_ids: torch.Tensor, atte
         use_cache=True,
     )
     if keep_prompt is not None:
-        keep_prompt.append(out.last_hidden_state[:, :-1].detach())  # [P, Tp - 1, H]
+        keep_prompt.append(out.last_hidden_state[:, :-1])  # [P, Tp - 1, H], in the graph when there is one
     h_first = out.last_hidden_state[:, -1:].repeat_interleave(G, dim=0)  # [B, 1, H] predicts response token 0
     if Tr == 1:
         return h_first
@@ -496,9 +496,10 @@ class LogprobOptions:
                      ``torch.topk`` of each chunk's logits; ``LogprobOut.top_logprobs``)
     sampled_is_top   also return whether each sampled token is the position's most likely one
     prompt_logprobs  also return each group's prompt tokens' logprobs from the shared-prompt
-                     forward's own prompt pass (``LogprobOut.prompt_logprobs``, detached): a
-                     caller that scores every position (the Tinker service) needs no second
-                     forward for them. Only that layout has them; the others return None
+                     forward's own prompt pass (``LogprobOut.prompt_logprobs``, with gradient
+                     when the forward has one: its backward joins the prompt pass's, which runs
+                     anyway): a caller that scores every position (the Tinker service) needs no
+                     second forward for them. Only that layout has them; the others return None
     temperature      the rollout's sampling temperature tau: logprobs and entropies are those of
                      softmax(z / tau), z the logits of the model's own forward (its logit scale
                      and soft cap included; module docstring). Score greedy rollouts at 1
@@ -545,7 +546,7 @@ class LogprobOut:
     top_ids         [B, Tr, K] long, their token ids; None unless ``topk``
     sampled_is_top  [B, Tr] fp32, 1 where the sampled token's logit is the position's largest (a
                     tie counts), else 0; None unless asked
-    prompt_logprobs [P, Tp - 1] fp32 detached, one row per group (P = B / group_size): column j
+    prompt_logprobs [P, Tp - 1] fp32 with gradient, one row per group (P = B / group_size): column j
                     the logprob of prompt token j + 1 (left padding: meaningless there); None
                     unless asked and the shared-prompt forward ran
     """
@@ -567,7 +568,7 @@ class _States:
     """The hidden states a layout ran to: ``hidden`` [N, H] predicting ``targets`` [N] (N = B*Tr,
     or the M real response tokens of packed rows, put back by ``packed``), the tokens the layers
     ``computed``, ``router_aux`` [B, Tr], and ``shared_group``: the size of the groups whose prompt
-    ran once (None: every row's in full); ``prompt_hidden`` [P, Tp - 1, H] detached: the states
+    ran once (None: every row's in full); ``prompt_hidden`` [P, Tp - 1, H]: the states
     predicting each group's prompt tokens (``LogprobOptions.prompt_logprobs``)."""
 
     hidden: torch.Tensor
@@ -624,15 +625,14 @@ def token_logprobs(model: PreTrainedModel, fwd: Forward, options: LogprobOptions
 def _prompt_logprobs(fwd: Forward, states: _States, weight: torch.Tensor, bias: torch.Tensor | None,
                      tf: LogitTransform, chunk: int) -> torch.Tensor | None:
     """[P, Tp - 1] each group's prompt tokens 1 .. Tp - 1 scored on the states the shared-prompt
-    forward's prompt pass left (``LogprobOptions.prompt_logprobs``), without a graph; None when
-    another layout ran."""
+    forward's prompt pass left (``LogprobOptions.prompt_logprobs``), by the same chunked head as
+    the responses; None when another layout ran."""
     if states.prompt_hidden is None or states.shared_group is None:
         return None
     P, Tq, H = states.prompt_hidden.shape  # Tq = Tp - 1
     targets = fwd.input_ids[::states.shared_group, 1:Tq + 1].reshape(-1)  # [P*Tq]
-    with torch.no_grad():
-        lp = _ChunkedHead.apply(states.prompt_hidden.reshape(P * Tq, H), weight, bias, targets, chunk,
-                                False, False, tf)[0]
+    lp = _ChunkedHead.apply(states.prompt_hidden.reshape(P * Tq, H), weight, bias, targets, chunk,
+                            False, False, tf)[0]
     return lp.view(P, Tq)
 
 

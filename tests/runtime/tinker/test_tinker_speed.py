@@ -141,6 +141,39 @@ def test_a_loss_without_gradient_on_the_prefixes_runs_no_prefix_forward_or_backw
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
+def test_samples_sharing_their_first_tokens_run_one_forward_and_one_backward(trained):
+    """A group's samples that begin with the same tokens put sampled tokens (with advantages, so
+    a gradient) into the shared prefix: their logprobs and gradients come from the one shared
+    forward's graph, no second forward or backward of the prefixes, equal to each row alone."""
+    model, tok = trained
+    prompt = tok.encode("The sum of 12 and 30 is")
+    rows = [((prompt + t)[:-1], (prompt + t)[1:]) for t in ([11, 12, 5], [11, 12, 6, 7], [11, 12], [11, 12, 9])]
+    c = len(prompt) - 1  # the prompt's own targets; the shared sampled tokens 11, 12 come after
+
+    def grads(lps):
+        for p in model.params:
+            p.grad = None
+        model.backward(sum((i + 1) * lp[c:].sum() for i, lp in enumerate(lps)))
+        return [p.grad.clone() for p in model.params]
+    graphs: list[bool] = []
+    backwards: list[int] = []
+
+    def graph(module, args, out):
+        graphs.append(out[0].requires_grad)
+        if out[0].requires_grad:
+            out[0].register_hook(lambda g: backwards.append(1))
+    model.logprobs(rows[:2], grad=False)  # the packed layout's once-per-model check (train/packing.py)
+    hook = backbone(model.policy).register_forward_hook(graph)
+    try:
+        g_together = grads(model.logprobs(rows, grad=True))
+    finally:
+        hook.remove()
+    assert graphs == [True, True] and len(backwards) == 2, (graphs, backwards)
+    g_alone = grads([model.logprobs([r], grad=True)[0] for r in rows])
+    for a, b in zip(g_together, g_alone):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
 def test_a_held_retrieve_future_wakes_when_its_job_finishes_without_a_timer(monkeypatch):
     """``retrieve_future`` holds a pending request until the worker finishes its job: woken by the
     job's end (no sleep loop taking CPU from the job), or answered at the hold's end."""

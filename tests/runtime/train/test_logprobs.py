@@ -266,8 +266,16 @@ def test_prompt_logprobs_come_from_the_shared_prompt_forward_and_equal_full_logi
         hook.remove()
     assert len(calls) == 2  # the prompt pass and the responses on its cache: nothing else
     assert out.prompt_logprobs is not None and out.prompt_logprobs.shape == (len(batch) // 2, Tp - 1)
-    assert not out.prompt_logprobs.requires_grad
     torch.testing.assert_close(out.prompt_logprobs[real], ref[real], atol=1e-5, rtol=0)
+    # with gradient, through the same prompt pass: the full forward's gradient of the same sum
+    weights = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1)) * real
+    tiny_model.zero_grad()
+    (ref * weights).sum().backward()
+    want = {n: p.grad.clone() for n, p in tiny_model.named_parameters()}
+    tiny_model.zero_grad()
+    (out.prompt_logprobs * weights).sum().backward()
+    for name, p in tiny_model.named_parameters():
+        torch.testing.assert_close(p.grad, want[name], atol=1e-5, rtol=1e-4, msg=name)
     plain = token_logprobs(tiny_model, Forward(input_ids, mask, Tr, group_size=2))
     assert plain.prompt_logprobs is None
     torch.testing.assert_close(plain.logprobs, out.logprobs, atol=0, rtol=0)
