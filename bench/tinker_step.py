@@ -2,7 +2,8 @@
 step, side by side in one process, on the same model (the embedded toy, warm start), the same
 batch shape (P prompts x G samples, at most T new tokens) and LoRA of the same rank.
 
-    .venv/bin/python bench/tinker_step.py             # 16 x 8, T 16, then 100 x 4, T 5; 3 blocks x 5 steps
+    .venv/bin/python bench/tinker_step.py   # the toy: 16 x 8, T 16, then 100 x 4, T 5 (3 blocks x 5 steps);
+                                            # then 16 x 8, T 16 on a ~20M-parameter model (3 blocks x 2 steps)
 
 The service step is what a recipe does per batch through the unchanged ``tinker`` client:
 ``save_weights_and_get_sampling_client``, P ``sample`` calls of G samples (concurrent: batched by
@@ -24,7 +25,12 @@ Two batch shapes are measured, one after the other, each printed: the given one 
 prompts x 8 samples, <= 16 new tokens, LoRA rank 8) and, unless ``--no-recipe``, the default
 of the cookbook's ``math_rl`` recipe (``env=arithmetic``: ``groups_per_batch`` 100 x
 ``group_size`` 4, ``max_tokens`` 5, ``lora_rank`` 32), on the same toy with "a+b=" prompts
-(the recipe's renderer adds a few-shot prefix: its prompts are longer).
+(the recipe's renderer adds a few-shot prefix: its prompts are longer). Then, unless
+``--no-larger``, the given shape on a larger model built here from a Qwen2 config with random
+weights (:func:`larger_model`, ~20M parameters, nothing from a hub), where the model's compute is
+not negligible beside the service's fixed costs. ``forward_backward``'s job is split into its
+parts: the policy's forward (every target's logprob, the prompt positions' from the same
+forward), the loss over the datums, the backward, and the output protobuf.
 """
 from __future__ import annotations
 
@@ -59,7 +65,7 @@ def run_setup(args, tmp: Path):
         f"rollout.max_new_tokens={args.max_new_tokens}", f"rollout.prompts_per_step={args.prompts}",
         f"rollout.n={args.samples}", f"threads={args.threads}", f"seed={args.seed}", "data.eval_size=0",
         "train.skip_zero_advantage=false", f"model.lora.rank={args.rank}", "model.lora.alpha=32",
-        f"train.lr={args.lr}"])
+        f"train.lr={args.lr}"] + ([f"model.path={args.model}"] if args.model else []))
     (tmp / "run").mkdir()
     return build_run(str(spec), cfg, tmp / "run")
 
@@ -74,7 +80,7 @@ class ServiceLoop:
         from rldsl.runtime.tinker.service import Service
         from rldsl.runtime.toy import warm_start
         self.args, self.types = args, tinker.types
-        folder = Path(warm_start())
+        folder = Path(args.model) if args.model else Path(warm_start())
         # the client resolves the model name to a folder of that relative path (docs/tinker.md)
         (tmp / "rldsl").mkdir()
         (tmp / "rldsl" / "toy").symlink_to(folder)
@@ -132,6 +138,13 @@ class ServiceLoop:
             return submit(model_id, self._timed(run, kind) if k.get("job") is None and len(a) < 2 else run, *a, **k)
         svc.submit = tagged
         server.wire.read_forward_backward = self._timed(wire.read_forward_backward, "reading requests")
+        # forward_backward's parts (inside its job): the policy's forward (logprobs of every
+        # target), the loss over the datums, the backward, the output protobuf
+        from rldsl.runtime.tinker import losses, trainer
+        trainer.TrainedModel.logprobs = self._timed(trainer.TrainedModel.logprobs, "fb: forward")
+        trainer.TrainedModel.backward = self._timed(trainer.TrainedModel.backward, "fb: backward")
+        losses.compute = self._timed(losses.compute, "fb: loss")
+        wire.forward_backward_output = self._timed(wire.forward_backward_output, "fb: output protobuf")
         for name in ("json",):  # the JSON bodies the handlers read
             from starlette.requests import Request
             real = getattr(Request, name)
@@ -182,6 +195,30 @@ class ServiceLoop:
 RUN_PHASES = [("rollout", ("time/rollout_s",)), ("logprobs + update", ("time/logprobs_s", "time/update_s")),
               ("sync", ("time/sync_s",))]
 SERVICE_PHASES = ["sampling", "forward_backward", "optim_step", "other jobs", "gather", "reading requests"]
+#: the parts of the service's forward_backward job (within its column)
+FB_PARTS = ["fb: forward", "fb: loss", "fb: backward", "fb: output protobuf"]
+
+
+def larger_model(folder: Path, seed: int = 0) -> Path:
+    """A Qwen2-shaped model of ~20M parameters (hidden 512, 6 layers, 8 query / 2 key-value heads,
+    MLP 1792) with random weights, built from its config into ``folder`` with the toy's tokenizer
+    (one token per character): nothing from a hub. Its layers' compute is ~35x the toy's a token,
+    so the service's fixed costs (client, HTTP, protobuf, per-datum Python) weigh less."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from rldsl.runtime.toy import warm_start
+    tok = AutoTokenizer.from_pretrained(warm_start())
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=512, intermediate_size=1792, num_hidden_layers=6,
+                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    print(f"larger model: Qwen2-shaped, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+          f"random weights, in {folder}")
+    return folder
 
 
 def measure(args) -> None:
@@ -211,7 +248,7 @@ def measure(args) -> None:
     v = med(w for w, _ in service)
     run_parts = {name: med(sum(m.get(k, 0.0) for k in keys) for m in runs) for name, keys in RUN_PHASES}
     svc_parts = {name: med(p.get(name, 0.0) for _, p in service) for name in SERVICE_PHASES}
-    print(f"\n{args.prompts} prompts x {args.samples} samples, <= {args.max_new_tokens} new tokens, LoRA rank "
+    print(f"\n{'the larger model' if args.model else 'the toy'}: {args.prompts} prompts x {args.samples} samples, <= {args.max_new_tokens} new tokens, LoRA rank "
           f"{args.rank}, {args.threads} thread(s); median of {args.blocks} x {args.steps} steps, blocks alternating")
     print("| step | s/step | " + " | ".join(n for n, _ in RUN_PHASES) + " | the rest |")
     print("|---|---|" + "---|" * (len(RUN_PHASES) + 1))
@@ -221,6 +258,9 @@ def measure(args) -> None:
     print("|---|---|" + "---|" * (len(SERVICE_PHASES) + 1))
     print(f"| serve-tinker (recipe loop) | {v:.4f} | " + " | ".join(f"{t:.4f}" for t in svc_parts.values())
           + f" | {v - sum(svc_parts.values()):.4f} |")
+    fb = {name: med(p.get(name, 0.0) for _, p in service) for name in FB_PARTS}
+    print("forward_backward's job: " + ", ".join(f"{k[4:]} {t:.4f}" for k, t in fb.items())
+          + f", the rest {svc_parts['forward_backward'] - sum(fb.values()):.4f} (reading the datums, checks)")
     print(f"ratio service / run: {v / r:.2f}x; the service's {args.prompts} sample requests a step were sampled in "
           f"{med(p.get('sampling batches', 0.0) for _, p in service):.0f} batch(es) (median); the last of them "
           f"reached the server {med(p.get('arrivals', 0.0) for _, p in service):.4f} s into the step (median)")
@@ -240,11 +280,22 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-recipe", action="store_true",
                     help="skip the second shape, math_rl's default (100 groups x 4, max_tokens 5, LoRA rank 32)")
+    ap.add_argument("--no-toy", action="store_true", help="skip the toy's two shapes")
+    ap.add_argument("--no-larger", action="store_true",
+                    help="skip the third: the given shape on a ~20M-parameter Qwen2-shaped model (larger_model)")
+    ap.add_argument("--larger-steps", type=int, default=2, help="steps per block on the larger model")
     args = ap.parse_args()
+    args.model = None
     sys.path.insert(0, str(ROOT))
-    measure(args)
-    if not args.no_recipe:
-        measure(argparse.Namespace(**{**vars(args), "prompts": 100, "samples": 4, "max_new_tokens": 5, "rank": 32}))
+    if not args.no_toy:
+        measure(args)
+        if not args.no_recipe:
+            measure(argparse.Namespace(**{**vars(args), "prompts": 100, "samples": 4, "max_new_tokens": 5,
+                                          "rank": 32}))
+    if not args.no_larger:
+        folder = larger_model(Path(tempfile.mkdtemp(prefix="rldsl-bench-qwen2-")) / "model", args.seed)
+        measure(argparse.Namespace(**{**vars(args), "model": str(folder), "steps": args.larger_steps,
+                                      "warmup": 1}))
 
 
 if __name__ == "__main__":

@@ -18,20 +18,27 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 import rldsl
 
 
 def _rows(values: Sequence[torch.Tensor], T: int) -> torch.Tensor:
-    out = torch.zeros(len(values), T, dtype=torch.float32)
-    for i, v in enumerate(values):
-        out[i, :v.shape[0]] = v.reshape(-1)
-    return out
+    """[len(values), T] float32, each value right padded with 0: one op (``pad_sequence``), not one
+    per datum -- a recipe's call has hundreds of datums, a differentiable one (the logprobs) too."""
+    out = torch.nn.utils.rnn.pad_sequence([v.reshape(-1).float() for v in values], batch_first=True)
+    return out if out.shape[1] == T else torch.nn.functional.pad(out, (0, T - out.shape[1]))
 
 
 def _column(inputs: Sequence[Mapping[str, Any]], key: str, T: int) -> torch.Tensor:
-    return _rows([torch.as_tensor(_plain(d[key]), dtype=torch.float32) for d in inputs], T)
+    """[len(inputs), T] of one ``loss_fn_inputs`` key, filled in bulk: the datums' values end to
+    end (one numpy concatenation) into the padded rows' real positions."""
+    values = [np.asarray(_plain(d[key]), dtype=np.float32).reshape(-1) for d in inputs]
+    lengths = np.fromiter((v.shape[0] for v in values), dtype=np.int64, count=len(values))
+    out = np.zeros((len(values), T), dtype=np.float32)
+    out[np.arange(T) < lengths[:, None]] = np.concatenate(values) if values else []
+    return torch.from_numpy(out)
 
 
 def _plain(value: Any) -> Any:
@@ -50,10 +57,10 @@ def rows_loss(compiled: Any, logprobs: Sequence[torch.Tensor], inputs: Sequence[
     replaces the mask, as GSPO's ``sequence_ratio_mask``); else the mask rule of the module
     docstring and a denominator over the whole call. ``reference``: per datum the reference
     policy's logprobs, for a spec with a KL term (the server's: the policy with its adapters off)."""
-    lengths = [int(lp.shape[0]) for lp in logprobs]
-    T = max(lengths)
-    valid = _rows([torch.ones(n) for n in lengths], T)
-    logp = torch.stack([torch.nn.functional.pad(lp.reshape(-1), (0, T - n)) for lp, n in zip(logprobs, lengths)])
+    lengths = torch.tensor([int(lp.shape[0]) for lp in logprobs])
+    T = int(lengths.max())
+    valid = (torch.arange(T) < lengths[:, None]).float()  # [B, T]
+    logp = _rows(logprobs, T)  # [B, T], with gradient
     adv = _column(inputs, adv_key, T)
     old = _column(inputs, "logprobs", T) if all("logprobs" in d for d in inputs) else logp.detach()
     if all_positions:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from ..errors import TinkerRefused
@@ -236,7 +237,8 @@ class Service:
             trained = self.model(request.model_id)
             rows = [(d.tokens, d.targets.tolist()) for d in request.data]
             vocab = trained.policy.get_output_embeddings().weight.shape[0]
-            if any(not 0 <= t < vocab for r in rows for t in r[0] + r[1]):
+            every = np.concatenate([np.asarray(t, dtype=np.int64) for r in rows for t in r])  # one check, not per token
+            if every.size and (every.min() < 0 or every.max() >= vocab):
                 raise TinkerRefused(400, f"forward_backward: a token is outside the model's vocabulary of {vocab}")
             logprobs = trained.logprobs(rows, grad=not request.forward_only)
             reference = trained.reference_logprobs(rows) if loss.reference else None

@@ -57,14 +57,15 @@ def target_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[int
     The adapter over ``train.logprobs.token_logprobs``, in the layouts ``rldsl run``'s trainer
     uses, whenever the targets are the inputs shifted by one (a recipe's data): rows padding-free
     (packed), and rows that come in groups sharing a prefix (one prompt's samples) through the
-    shared-prompt forward, each group's prefix once, with the prefix's own targets scored once per
-    group (:func:`_grouped_logprobs`). Other targets (the client may give any): every row padded,
+    shared-prompt forward, each group's prefix once, with the prefix's own targets scored by that
+    forward's prompt pass (:func:`_grouped_logprobs`). Other targets (the client may give any): every row padded,
     ``gather_ids`` the targets. Equal up to float rounding whichever the layout.
 
-    ``deferred`` (a list, with ``grad``): the prefixes' own targets are scored without a graph
-    and their backward left to :func:`backward_prefixes` (appended to ``deferred``), which runs it
-    only when the loss gave them a gradient -- a recipe's loss gives none (its advantages and
-    weights are 0 on the prompt)."""
+    ``deferred`` (a list, with ``grad``): when the prefixes' own targets need a forward of their
+    own (a layout other than the shared-prompt one), it runs without a graph and its backward is
+    left to :func:`backward_prefixes` (appended to ``deferred``), which runs it only when the loss
+    gave them a gradient -- a recipe's loss gives none on the prompt (its advantages and weights
+    are 0 there)."""
     with contextlib.nullcontext() if grad else torch.no_grad():
         if all(t[:-1] == x[1:] for x, t in rows):
             groups = _prefix_groups([x for x, _ in rows])
@@ -139,7 +140,11 @@ def _grouped_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[i
     """Shifted targets of rows in groups of G sharing a prefix of c_g tokens: the forward
     ``rldsl run``'s trainer runs for a group's samples (the prefix as the shared prompt, left
     padded; the rest of each sequence as its response; packed), which scores positions
-    c_g - 1 .. n - 1, and the group's prefix alone (padded) for its positions 0 .. c_g - 2."""
+    c_g - 1 .. n - 1. The prefix's own positions 0 .. c_g - 2 come from that forward's prompt
+    pass (``LogprobOptions.prompt_logprobs``, in its graph: a gradient on them -- a group's
+    samples that share their first tokens put sampled tokens in the prefix -- costs no forward
+    of its own) when it ran the shared-prompt layout; else from the group's prefix alone
+    (padded), a second forward (its backward ``deferred`` when given)."""
     seqs = _sequences(rows)
     Tp = max(prefixes)
     Tr = max(len(s) - prefixes[i // G] for i, s in enumerate(seqs))
@@ -149,17 +154,39 @@ def _grouped_logprobs(model: torch.nn.Module, rows: list[tuple[list[int], list[i
         c = prefixes[i // G]
         ids[i, Tp - c:Tp + len(s) - c] = torch.tensor(s)
         mask[i, Tp - c:Tp + len(s) - c] = 1
-    rest = token_logprobs(model, Forward(ids, mask, Tr, group_size=G),
-                          LogprobOptions(entropy=False, packing=True)).logprobs  # [B, Tr]
+    out = token_logprobs(model, Forward(ids, mask, Tr, group_size=G),
+                         LogprobOptions(entropy=False, packing=True, prompt_logprobs=True))
+    rest = out.logprobs  # [B, Tr]
     heads = [s[:c] for s, c in zip(seqs[::G], prefixes)]
     head_rows = [(h[:-1], h[1:]) for h in heads]
-    if deferred is None:
+    if out.prompt_logprobs is not None:  # [P, Tp - 1]: the prefix's targets, from the same forward
+        head = [out.prompt_logprobs[g, Tp - c:Tp - 1] for g, c in enumerate(prefixes)]
+    elif deferred is None:
         head = _packed_logprobs(model, head_rows, packing=False)  # each prefix's targets
     else:
         with torch.no_grad():
             head = [h.clone().requires_grad_() for h in _packed_logprobs(model, head_rows, packing=False)]
         deferred.append(PrefixGrad(model, head_rows, head))
-    return [torch.cat([head[i // G], rest[i, :len(x) - prefixes[i // G] + 1]]) for i, (x, _) in enumerate(rows)]
+    return _joined(head, rest, [len(x) for x, _ in rows], G, prefixes)
+
+
+def _joined(head: list[torch.Tensor], rest: torch.Tensor, lengths: list[int], G: int,
+            prefixes: list[int]) -> list[torch.Tensor]:
+    """Row i's logprobs: its group's prefix targets (``head[i // G]``), then its first
+    ``lengths[i] - c + 1`` of ``rest`` [B, Tr]; gathered from both in one index and split into
+    views (two autograd nodes for the call, not one concatenation per row)."""
+    Tr = rest.shape[1]
+    base = sum(h.shape[0] for h in head)  # rest's values follow the heads' in the flat tensor
+    starts = [0]
+    for h in head:
+        starts.append(starts[-1] + h.shape[0])
+    index: list[int] = []
+    for i, n in enumerate(lengths):
+        g, c = i // G, prefixes[i // G]
+        index.extend(range(starts[g], starts[g] + c - 1))
+        index.extend(range(base + i * Tr, base + i * Tr + n - c + 1))
+    flat = torch.cat([*(h.reshape(-1) for h in head), rest.reshape(-1)])
+    return list(flat[torch.tensor(index, dtype=torch.long)].split(lengths))
 
 
 @dataclass

@@ -102,9 +102,11 @@ def _shared_prompt_hidden(
 
 
 def _shared_prompt_forward(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           num_response_tokens: int, group_size: int) -> torch.Tensor | None:
+                           num_response_tokens: int, group_size: int,
+                           keep_prompt: list[torch.Tensor] | None = None) -> torch.Tensor | None:
     """:func:`_shared_prompt_hidden` where it applies (the caller checked); None when the model did
-    not fill the cache."""
+    not fill the cache. ``keep_prompt``: a list that receives the prompt pass's states [P, Tp - 1, H]
+    predicting each group's prompt tokens 1 .. Tp - 1 (``LogprobOptions.prompt_logprobs``)."""
     B, T = input_ids.shape
     G, Tr = group_size, num_response_tokens
     Tp = T - Tr
@@ -121,6 +123,8 @@ def _shared_prompt_forward(model: PreTrainedModel, input_ids: torch.Tensor, atte
         **{kw: cache},
         use_cache=True,
     )
+    if keep_prompt is not None:
+        keep_prompt.append(out.last_hidden_state[:, :-1])  # [P, Tp - 1, H], in the graph when there is one
     h_first = out.last_hidden_state[:, -1:].repeat_interleave(G, dim=0)  # [B, 1, H] predicts response token 0
     if Tr == 1:
         return h_first
@@ -497,6 +501,11 @@ class LogprobOptions:
     sampled_is_top   also return whether each sampled token is the position's most likely one
     self_certainty   also return logsumexp(z) - mean_v z at each position (detached; Intuitor's
                      self-certainty, from the same chunks' logits z, temperature included)
+    prompt_logprobs  also return each group's prompt tokens' logprobs from the shared-prompt
+                     forward's own prompt pass (``LogprobOut.prompt_logprobs``, with gradient
+                     when the forward has one: its backward joins the prompt pass's, which runs
+                     anyway): a caller that scores every position (the Tinker service) needs no
+                     second forward for them. Only that layout has them; the others return None
     temperature      the rollout's sampling temperature tau: logprobs and entropies are those of
                      softmax(z / tau), z the logits of the model's own forward (its logit scale
                      and soft cap included; module docstring). Score greedy rollouts at 1
@@ -518,6 +527,7 @@ class LogprobOptions:
     topk: int = 0
     sampled_is_top: bool = False
     self_certainty: bool = False
+    prompt_logprobs: bool = False
     temperature: float = 1.0
     chunk_size: int = 1024
     packing: bool = False
@@ -544,6 +554,9 @@ class LogprobOut:
     sampled_is_top  [B, Tr] fp32, 1 where the sampled token's logit is the position's largest (a
                     tie counts), else 0; None unless asked
     self_certainty  [B, Tr] fp32 detached, logsumexp(z) - mean_v z; None unless asked
+    prompt_logprobs [P, Tp - 1] fp32 with gradient, one row per group (P = B / group_size): column j
+                    the logprob of prompt token j + 1 (left padding: meaningless there); None
+                    unless asked and the shared-prompt forward ran
     """
 
     logprobs: torch.Tensor
@@ -556,6 +569,7 @@ class LogprobOut:
     top_ids: torch.Tensor | None = None
     sampled_is_top: torch.Tensor | None = None
     self_certainty: torch.Tensor | None = None
+    prompt_logprobs: torch.Tensor | None = None
 
 
 @dataclass
@@ -563,7 +577,8 @@ class _States:
     """The hidden states a layout ran to: ``hidden`` [N, H] predicting ``targets`` [N] (N = B*Tr,
     or the M real response tokens of packed rows, put back by ``packed``), the tokens the layers
     ``computed``, ``router_aux`` [B, Tr], and ``shared_group``: the size of the groups whose prompt
-    ran once (None: every row's in full)."""
+    ran once (None: every row's in full); ``prompt_hidden`` [P, Tp - 1, H]: the states
+    predicting each group's prompt tokens (``LogprobOptions.prompt_logprobs``)."""
 
     hidden: torch.Tensor
     targets: torch.Tensor
@@ -571,6 +586,7 @@ class _States:
     router_aux: torch.Tensor | None = None
     packed: PackedRows | None = None
     shared_group: int | None = None
+    prompt_hidden: torch.Tensor | None = None
 
 
 def token_logprobs(model: PreTrainedModel, fwd: Forward, options: LogprobOptions | None = None) -> LogprobOut:
@@ -609,12 +625,28 @@ def token_logprobs(model: PreTrainedModel, fwd: Forward, options: LogprobOptions
     entropy = entropy.view(B, Tr) if opts.entropy else None  # [B, Tr]
     aux = states.router_aux if states.router_aux is not None else logprob.new_zeros(B, Tr)
     J0 = 0 if fwd.gather_ids is None else fwd.gather_ids.shape[-1]
+    prompt = _prompt_logprobs(fwd, states, weight, bias, tf, opts.chunk_size) if opts.prompt_logprobs else None
     return LogprobOut(logprob, entropy if entropy is None or opts.entropy_grad else entropy.detach(),
                       spp.view(B, Tr).detach() if opts.sum_pi_squared else None,
                       extra[:, :J0].reshape(B, Tr, J0) if fwd.gather_ids is not None else None,
                       aux if opts.router_aux else None, states.hidden if opts.hidden else None,
                       **_topk_fields(extra[:, J0:], ids, top1, opts, B, Tr),
-                      self_certainty=sc.view(B, Tr).detach() if opts.self_certainty else None)
+                      self_certainty=sc.view(B, Tr).detach() if opts.self_certainty else None,
+                      prompt_logprobs=prompt)
+
+
+def _prompt_logprobs(fwd: Forward, states: _States, weight: torch.Tensor, bias: torch.Tensor | None,
+                     tf: LogitTransform, chunk: int) -> torch.Tensor | None:
+    """[P, Tp - 1] each group's prompt tokens 1 .. Tp - 1 scored on the states the shared-prompt
+    forward's prompt pass left (``LogprobOptions.prompt_logprobs``), by the same chunked head as
+    the responses; None when another layout ran."""
+    if states.prompt_hidden is None or states.shared_group is None:
+        return None
+    P, Tq, H = states.prompt_hidden.shape  # Tq = Tp - 1
+    targets = fwd.input_ids[::states.shared_group, 1:Tq + 1].reshape(-1)  # [P*Tq]
+    lp = _ChunkedHead.apply(states.prompt_hidden.reshape(P * Tq, H), weight, bias, targets, chunk,
+                            False, False, tf)[0]
+    return lp.view(P, Tq)
 
 
 def _scatter_rows(packed: PackedRows, t: torch.Tensor, n: int) -> torch.Tensor:
@@ -712,10 +744,13 @@ def _shared(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> _Stat
     B, T = fwd.input_ids.shape
     G = fwd.group_size
     assert G is not None
-    hidden = _shared_prompt_forward(model, fwd.input_ids, fwd.attention_mask, fwd.response_tokens, G)
+    kept: list[torch.Tensor] | None = [] if opts.prompt_logprobs else None
+    hidden = _shared_prompt_forward(model, fwd.input_ids, fwd.attention_mask, fwd.response_tokens, G, kept)
     if hidden is None:  # pragma: no cover - a model that did not fill the cache
         return _padded(model, fwd, opts)
-    return _row_states(model, fwd, opts, hidden, _shared_prompt_tokens(B, T, fwd.response_tokens, G), G)
+    states = _row_states(model, fwd, opts, hidden, _shared_prompt_tokens(B, T, fwd.response_tokens, G), G)
+    states.prompt_hidden = kept[0] if kept else None
+    return states
 
 
 def _padded(model: PreTrainedModel, fwd: Forward, opts: LogprobOptions) -> _States:

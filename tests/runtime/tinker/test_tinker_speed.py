@@ -103,10 +103,11 @@ def test_forward_backward_shares_a_groups_prefix_and_equals_each_row_alone(train
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
-def test_a_loss_without_gradient_on_the_prefixes_runs_no_prefix_backward(trained):
-    """The prefixes' own targets are scored without a graph: a loss that gives them no gradient
-    (a recipe's: advantages 0 on the prompt) runs no backward through their forward, and its
-    gradients equal each row scored alone."""
+def test_a_loss_without_gradient_on_the_prefixes_runs_no_prefix_forward_or_backward(trained):
+    """The prefixes' own targets come from the shared-prefix forward's own prompt pass, without a
+    graph: no forward of the prefixes alone, and a loss that gives them no gradient (a recipe's:
+    advantages 0 on the prompt) runs no backward for them; its gradients equal each row scored
+    alone."""
     model, tok = trained
     prompt = tok.encode("The sum of 12 and 30 is")
     rows = [((prompt + t)[:-1], (prompt + t)[1:]) for t in ([11, 12], [13, 14, 15], [16], [17, 18, 19, 20])]
@@ -132,8 +133,42 @@ def test_a_loss_without_gradient_on_the_prefixes_runs_no_prefix_backward(trained
         g_together = grads(together)
     finally:
         hook.remove()
-    # the shared-prefix forward with its graph, then the prefixes' own targets without one
-    assert graphs[-1] is False and len(backwards) == graphs.count(True) == len(graphs) - 1, (graphs, backwards)
+    # the shared-prefix forward alone (its prompt pass, then the responses on its cache), with its
+    # graph, each pass's backward once: no forward of the prefixes' own
+    assert graphs == [True, True] and len(backwards) == 2, (graphs, backwards)
+    g_alone = grads([model.logprobs([r], grad=True)[0] for r in rows])
+    for a, b in zip(g_together, g_alone):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_samples_sharing_their_first_tokens_run_one_forward_and_one_backward(trained):
+    """A group's samples that begin with the same tokens put sampled tokens (with advantages, so
+    a gradient) into the shared prefix: their logprobs and gradients come from the one shared
+    forward's graph, no second forward or backward of the prefixes, equal to each row alone."""
+    model, tok = trained
+    prompt = tok.encode("The sum of 12 and 30 is")
+    rows = [((prompt + t)[:-1], (prompt + t)[1:]) for t in ([11, 12, 5], [11, 12, 6, 7], [11, 12], [11, 12, 9])]
+    c = len(prompt) - 1  # the prompt's own targets; the shared sampled tokens 11, 12 come after
+
+    def grads(lps):
+        for p in model.params:
+            p.grad = None
+        model.backward(sum((i + 1) * lp[c:].sum() for i, lp in enumerate(lps)))
+        return [p.grad.clone() for p in model.params]
+    graphs: list[bool] = []
+    backwards: list[int] = []
+
+    def graph(module, args, out):
+        graphs.append(out[0].requires_grad)
+        if out[0].requires_grad:
+            out[0].register_hook(lambda g: backwards.append(1))
+    model.logprobs(rows[:2], grad=False)  # the packed layout's once-per-model check (train/packing.py)
+    hook = backbone(model.policy).register_forward_hook(graph)
+    try:
+        g_together = grads(model.logprobs(rows, grad=True))
+    finally:
+        hook.remove()
+    assert graphs == [True, True] and len(backwards) == 2, (graphs, backwards)
     g_alone = grads([model.logprobs([r], grad=True)[0] for r in rows])
     for a, b in zip(g_together, g_alone):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

@@ -245,3 +245,37 @@ def test_a_lora_adapter_on_the_head_is_in_the_logprobs_and_trains(tiny_model):
         plain = token_logprobs(tiny_model, Forward(ids, mask, Tr)).logprobs
     torch.testing.assert_close(base, plain, atol=1e-6, rtol=0)
     assert not torch.allclose(base.double(), want, atol=1e-3)
+
+
+def test_prompt_logprobs_come_from_the_shared_prompt_forward_and_equal_full_logits(tiny_model, tokenizer) -> None:
+    """``prompt_logprobs``: each group's prompt tokens scored on the shared-prompt forward's own
+    prompt pass (no forward of their own), equal to the full forward's; None when not asked."""
+    batch, input_ids, mask = _sampled(tiny_model, tokenizer)  # groups of 2 samples per prompt
+    Tr = batch.response_ids.shape[1]
+    Tp = input_ids.shape[1] - Tr
+    logits = tiny_model(input_ids=input_ids, attention_mask=mask,
+                        position_ids=position_ids_from_mask(mask)).logits.float()
+    ref = torch.log_softmax(logits[::2, :Tp - 1], -1).gather(-1, input_ids[::2, 1:Tp, None])[..., 0]  # [P, Tp-1]
+    real = (mask[::2, :Tp - 1] * mask[::2, 1:Tp]).bool()  # both the token and its context real
+    calls: list[int] = []
+    hook = tiny_model.model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        out = token_logprobs(tiny_model, Forward(input_ids, mask, Tr, group_size=2),
+                             LogprobOptions(prompt_logprobs=True))
+    finally:
+        hook.remove()
+    assert len(calls) == 2  # the prompt pass and the responses on its cache: nothing else
+    assert out.prompt_logprobs is not None and out.prompt_logprobs.shape == (len(batch) // 2, Tp - 1)
+    torch.testing.assert_close(out.prompt_logprobs[real], ref[real], atol=1e-5, rtol=0)
+    # with gradient, through the same prompt pass: the full forward's gradient of the same sum
+    weights = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1)) * real
+    tiny_model.zero_grad()
+    (ref * weights).sum().backward()
+    want = {n: p.grad.clone() for n, p in tiny_model.named_parameters()}
+    tiny_model.zero_grad()
+    (out.prompt_logprobs * weights).sum().backward()
+    for name, p in tiny_model.named_parameters():
+        torch.testing.assert_close(p.grad, want[name], atol=1e-5, rtol=1e-4, msg=name)
+    plain = token_logprobs(tiny_model, Forward(input_ids, mask, Tr, group_size=2))
+    assert plain.prompt_logprobs is None
+    torch.testing.assert_close(plain.logprobs, out.logprobs, atol=0, rtol=0)
