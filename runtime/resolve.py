@@ -86,16 +86,14 @@ def check_async(algo: Algorithm, cfg: RunConfig) -> None:
 def check_replay(algo: Algorithm, cfg: RunConfig) -> None:
     """``sampling replay`` runs where its exactness is tested (docs/replay.md); the rest is
     refused by name, not run untested: ``use=mix`` decides how many fresh groups to generate from
-    the buffer, which an asynchronous run's producer would read ahead of the trainer; an agent's
-    episodes break into a number of rows per episode that differs from batch to batch, so a kept
-    group need not fit a later batch's groups. (Tools and environments: one row per episode.)"""
+    the buffer, which an asynchronous run's producer would read ahead of the trainer. (An agent's
+    groups of different rows per episode are padded to one batch: rollout/replay.py ``padded``.)"""
     params = next((v.params for v in algo.active() if "replay_policy" in v.spec.facts.plan), None)
     if params is None:
         return
     r = cfg.rollout
     other = [name for name, on in (("rollout.max_staleness > 0 with use=mix",
-                                    r.max_staleness > 0 and params.get("use") == "mix"),
-                                   ("rollout.agent", r.agent is not None)) if on]
+                                    r.max_staleness > 0 and params.get("use") == "mix"),) if on]
     if other:
         raise RunError(f"sampling replay does not run yet with {', '.join(other)} (docs/replay.md, 'Not done')")
 
