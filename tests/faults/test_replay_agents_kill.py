@@ -19,7 +19,7 @@ SPEC = '''algorithm grpo_replay extends grpo
 SETS = ["rollout.agent=agent_helpers:odd_answers_break", "rollout.agent_concurrency=1",
         "rollout.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=3", "train.steps=6",
         "eval.every=0", "data.eval_size=2", "eval.samples=0", "checkpoint.every=2", "log.progress=false",
-        "log.samples_per_step=4", "train.lr=0.01"]
+        "log.samples_per_step=4", "train.lr=0.01", "train.minibatches=2"]
 
 
 def test_an_agents_run_with_replay_killed_mid_update_resumes_as_its_twin(model_dir, tmp_path):

@@ -201,3 +201,33 @@ def test_a_groups_priority_reads_one_reward_per_episode():
     roles = torch.tensor([0.2, 0.8, 0.5, 1.0, 0.0, 0.5])  # two roles and a padding row (their mean) per episode
     assert torch.allclose(episode_rewards(roles, 3), torch.tensor([0.5, 0.5]))
     assert torch.isnan(episode_rewards(torch.tensor([float("nan")] * 2 + [1.0] * 2), 2)[0])
+
+
+def test_advantage_keep_replays_each_episodes_rows_advantages(tokenizer, tiny_model_factory):
+    """``advantage=keep`` with an agent: a replayed group's rows train with the advantages its
+    episodes' rows had at its first training (a fresh place; for c, replayed in its own step, its
+    fresh place's), bit for bit on their trained tokens, even where its K differs from the batch's."""
+    model = tiny_model_factory(tokenizer, seed=3)
+    s, trainer = _setup(model, tokenizer, "replay(capacity=2, priority=newest, max_age=1, advantage=keep)")
+    seen = []
+    try:
+        for step in range(4):
+            r = step_batch.rollout_step(s, step)
+            tb = trainer.estimate(r.batch, r.scored)
+            s.replay.trained(tb.advantages, r.batch.replayed)
+            trainer.update(tb)
+            seen.append((r, tb.advantages.detach().clone()))
+    finally:
+        s.rollouts.runner.close()
+    # (first training: step, place) -> its replays (step, place); the table of the first test
+    first = {(0, 0): [(0, 1), (0, 2), (1, 2)], (1, 0): [(1, 1), (2, 2)], (2, 1): [(2, 0), (3, 2)], (3, 0): [(3, 1)]}
+    for (s0, g0), replays in first.items():
+        x, ax = seen[s0][0].batch, seen[s0][1]
+        k = rows_per_episode(seen[s0][0].generated.batch)  # the group's own rows per episode
+        for s1, g1 in replays:
+            y, ay = seen[s1][0].batch, seen[s1][1]
+            assert bool(y.replayed[_episode(y, g1, 0)[0]])
+            for e in range(G):
+                for i, j in zip(_episode(x, g0, e)[:k], _episode(y, g1, e)[:k]):
+                    m = x.response_mask[i].bool()
+                    assert bool(m.any()) and torch.equal(ay[j][:m.shape[0]][m], ax[i][m]), (s0, g0, s1, g1)
