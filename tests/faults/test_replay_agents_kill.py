@@ -19,7 +19,7 @@ SPEC = '''algorithm grpo_replay extends grpo
 SETS = ["rollout.agent=agent_helpers:odd_answers_break", "rollout.agent_concurrency=1",
         "rollout.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=3", "train.steps=6",
         "eval.every=0", "data.eval_size=2", "eval.samples=0", "checkpoint.every=2", "log.progress=false",
-        "log.samples_per_step=4", "train.lr=0.01", "train.minibatches=2"]
+        "log.samples_per_step=8", "train.lr=0.01", "train.minibatches=2"]
 
 
 def test_an_agents_run_with_replay_killed_mid_update_resumes_as_its_twin(model_dir, tmp_path):
@@ -38,5 +38,9 @@ def test_an_agents_run_with_replay_killed_mid_update_resumes_as_its_twin(model_d
     assert step_numbers(run) == [1, 2, 3, 4, 5, 6]
     assert any(r[FRACTION] > 0 for r in records[4:]), "the steps after the cut replay groups"
     assert {r[AGENT_ROWS_PER_EPISODE] for r in records} > {1.0}, "episodes of one row and of two"
+    # a step whose fresh episodes made one row each, trained on a batch of two rows per episode: a
+    # kept group of K = 2 replayed in it, the fresh groups padded to K = 2
+    one_row = {r["step"] for r in records if r[AGENT_ROWS_PER_EPISODE] == 1.0}
+    assert any(x["step"] in one_row and x["agent"]["row"] == 1 for x in samples_of(ref))
     assert steps_of(run) == records and samples_of(run) == samples_of(ref)
     assert_same_weights(final_weights(run), final_weights(ref))
