@@ -113,7 +113,7 @@ def padded(batch: RolloutBatch, rewards: torch.Tensor, K: int, pad_id: int) -> t
         if INPUTS[name].dims[:2] == ("B", "T"):  # per-token inputs: nothing on an empty response
             t[x.to(t.device)] = 0
     ep_reward = episode_rewards(rewards, k)
-    terms = {name: episode_rewards(t, k) for name, t in out.reward_terms.items()}
+    terms = {name: episode_rewards(t, k) for name, t in batch.reward_terms.items()}
     for j in new:
         e, row = j // K, j % K
         out.finish_reason[j] = "length"

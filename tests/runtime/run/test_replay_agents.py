@@ -58,7 +58,7 @@ class Prompts:
 
 class AgentRollouts:
     """The agent's episodes through the real endpoint (rollout/agents/runner.py), rewards from the
-    table: an episode's on each of its rows."""
+    table: an episode's on each of its rows (and as its ``env`` term's)."""
 
     def __init__(self, model, tokenizer) -> None:
         from rldsl.runtime.rollout.agents.runner import AgentRunner, load_agent
@@ -72,7 +72,7 @@ class AgentRollouts:
         K = rows_per_episode(batch)
         rewards = torch.tensor(REWARDS[self.made], dtype=torch.float32).reshape(-1).repeat_interleave(K)
         self.made += 1
-        return Generation(batch, RewardResult(rewards, {}, 0), 0.0, 0.0)
+        return Generation(batch, RewardResult(rewards, {"env": rewards.double()}, 0), 0.0, 0.0)
 
 
 def _reference(model, batch, rewards) -> tuple[float, torch.Tensor]:
@@ -176,7 +176,7 @@ def test_agents_episodes_are_replayed_whole_against_a_hand_computed_buffer(token
             for j in ry[kx:]:  # padding added: nothing trained or attended, the episode's reward
                 assert not y.response_mask[j].any() and not y.attention[j].any() and y.finish_reason[j] == "length"
                 assert y.episodes[j].agent.padding and y.episodes[j].agent.row == ry.index(j)
-                assert float(seen[s1].scored[j]) == reward
+                assert float(seen[s1].scored[j]) == reward and float(y.reward_terms["env"][j]) == reward
             assert bool(y.replayed[ry].all())
 
 
