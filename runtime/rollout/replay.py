@@ -117,7 +117,7 @@ def padded(batch: RolloutBatch, rewards: torch.Tensor, K: int, pad_id: int) -> t
     for j in new:
         e, row = j // K, j % K
         out.finish_reason[j] = "length"
-        out.episodes[j] = _padding_episode(out.episodes[j], row, float(ep_reward[e]))
+        out.episodes[j] = _padding_episode(out.episodes[j], row, batch.episodes[e * k:(e + 1) * k])
         for name, t in out.reward_terms.items():
             t[j] = terms[name][e]
     out.group_size = len(src) // len(batch) * batch.group_size
@@ -126,16 +126,21 @@ def padded(batch: RolloutBatch, rewards: torch.Tensor, K: int, pad_id: int) -> t
     return out, r
 
 
-def _padding_episode(episode: Episode, row: int, reward: float) -> Episode:
-    """Row ``row`` of an episode as a padding row: the episode's opening messages (before the
-    model's first turn), its reward, error and calls."""
+def _padding_episode(episode: Episode, row: int, rows: list[Episode]) -> Episode:
+    """Row ``row`` of an episode (``rows``: its rows' episodes) as a padding row, copied from
+    ``episode`` (one of them): the episode's opening messages (before the model's first turn), its
+    calls and error, and the agent's reward as the runner gives a padding row (rewarded per role:
+    the mean of the rows' rewards; None when one is)."""
     a = episode.agent
     assert a is not None
     messages = episode.messages
     if not a.padding:
         turn = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
         messages = messages[:turn]
-    return Episode(list(messages), None if episode.error else reward, error=episode.error,
+    values = [x.env_reward for x in rows]
+    env = None if any(v is None for v in values) else values[0] if len(set(values)) == 1 else \
+        sum(values) / len(values)  # type: ignore[arg-type]
+    return Episode(list(messages), env, error=episode.error,
                    agent=AgentRow(row, a.rows, True, a.prefix_breaks, a.calls))
 
 

@@ -176,6 +176,8 @@ def test_agents_episodes_are_replayed_whole_against_a_hand_computed_buffer(token
             for j in ry[kx:]:  # padding added: nothing trained or attended, the episode's reward
                 assert not y.response_mask[j].any() and not y.attention[j].any() and y.finish_reason[j] == "length"
                 assert y.episodes[j].agent.padding and y.episodes[j].agent.row == ry.index(j)
+                assert y.episodes[j].env_reward == x.episodes[rx[0]].env_reward is not None  # the agent's return
+                assert y.episodes[j].agent.calls == x.episodes[rx[0]].agent.calls
                 assert float(seen[s1].scored[j]) == reward and float(y.reward_terms["env"][j]) == reward
             assert bool(y.replayed[ry].all())
 
