@@ -1,9 +1,11 @@
 """An agent's run with ``sampling replay`` (tests/runtime/agent_helpers.py ``odd_answers_break``:
 one row per episode or two, so batches of K = 1 and K = 2 and replayed groups padded to the
-batch's K) SIGKILLed mid-update and resumed from its last checkpoint: its steps, samples and
+batch's K), synchronous and asynchronous, SIGKILLed mid-update and resumed from its last checkpoint: its steps, samples and
 weights are the uninterrupted run's -- the buffer's groups of episodes (their rows, per-token masks,
 logprobs and versions) restored from the checkpoint, the same groups drawn and trained."""
 from __future__ import annotations
+
+import pytest
 
 from rldsl.runtime.config import load_config
 from rldsl.runtime.records.metrics import AGENT_ROWS_PER_EPISODE
@@ -22,18 +24,22 @@ SETS = ["rollout.agent=agent_helpers:odd_answers_break", "rollout.agent_concurre
         "log.samples_per_step=8", "train.lr=0.01", "train.minibatches=2"]
 
 
-def test_an_agents_run_with_replay_killed_mid_update_resumes_as_its_twin(model_dir, tmp_path):
+@pytest.mark.parametrize("sets", [(), ("rollout.max_staleness=1",)], ids=["synchronous", "async K=1"])
+def test_an_agents_run_with_replay_killed_mid_update_resumes_as_its_twin(model_dir, tmp_path, sets):
+    """Synchronous, and asynchronous (the producer's agent batches ahead, saved with the
+    checkpoint; the buffer stepped by the trainer)."""
     spec = tmp_path / "replay.rl"
     spec.write_text(SPEC, encoding="utf-8")
     run = tmp_path / "run"
     args = ["run", str(spec), "--model", str(model_dir), "--out", str(run)]
-    for s in SETS:
+    for s in (*SETS, *sets):
         args += ["--set", s]
     res = rldsl(args, fault="update@5:kill")  # after checkpoint step-4, mid-update of step 5
     assert res.returncode == KILLED, res.stderr[-3000:]
     res = rldsl(["run", "--resume", str(run)])
     assert res.returncode == 0, res.stderr[-3000:]
-    ref = loop.train(str(spec), load_config(None, [f"model.path={model_dir}", f"out={tmp_path / 'ref'}", *SETS]))
+    ref = loop.train(str(spec), load_config(None, [f"model.path={model_dir}", f"out={tmp_path / 'ref'}", *SETS,
+                                                   *sets]))
     records = steps_of(ref)
     assert step_numbers(run) == [1, 2, 3, 4, 5, 6]
     assert any(r[FRACTION] > 0 for r in records[4:]), "the steps after the cut replay groups"
