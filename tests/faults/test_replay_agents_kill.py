@@ -1,8 +1,9 @@
 """An agent's run with ``sampling replay`` (tests/runtime/agent_helpers.py ``odd_answers_break``:
 one row per episode or two, so batches of K = 1 and K = 2 and replayed groups padded to the
-batch's K), synchronous and asynchronous, SIGKILLed mid-update and resumed from its last checkpoint: its steps, samples and
-weights are the uninterrupted run's -- the buffer's groups of episodes (their rows, per-token masks,
-logprobs and versions) restored from the checkpoint, the same groups drawn and trained."""
+batch's K), synchronous and asynchronous, SIGKILLed mid-update and resumed from its last
+checkpoint: its steps, samples and weights are the uninterrupted run's -- the buffer's groups of
+episodes (their rows, per-token masks, logprobs and versions) restored from the checkpoint, the
+same groups drawn and trained."""
 from __future__ import annotations
 
 import pytest
