@@ -85,16 +85,17 @@ def check_async(algo: Algorithm, cfg: RunConfig) -> None:
 
 def check_replay(algo: Algorithm, cfg: RunConfig) -> None:
     """``sampling replay`` runs where its exactness is tested (docs/replay.md); the rest is
-    refused by name, not run untested: an agent's episodes break into a number of rows per
-    episode that differs from batch to batch, so a kept group need not fit a later batch's
-    groups. (Tools and environments: one row per episode. ``use=mix`` with asynchronous rollouts:
-    the producer generates P - round(mix x P) groups from the policy alone and the trainer draws
-    the share at the step, run/step_batch.py.)"""
+    refused by name, not run untested: an agent's groups with ``use=mix`` (tested: an agent's
+    groups with ``use=substitute``, padded to one batch's rows per episode, rollout/replay.py
+    ``padded``; ``use=mix`` with asynchronous rollouts: the producer generates P - round(mix x P)
+    groups from the policy alone and the trainer draws the share at the step, run/step_batch.py).
+    Tools and environments: one row per episode."""
     params = next((v.params for v in algo.active() if "replay_policy" in v.spec.facts.plan), None)
     if params is None:
         return
     r = cfg.rollout
-    other = [name for name, on in (("rollout.agent", r.agent is not None),) if on]
+    other = [name for name, on in (("rollout.agent with use=mix", r.agent is not None and params.get("use") == "mix"),)
+             if on]
     if other:
         raise RunError(f"sampling replay does not run yet with {', '.join(other)} (docs/replay.md, 'Not done')")
 

@@ -13,6 +13,12 @@ leaves); then the groups to replay are drawn from the whole buffer (``use=substi
 of the step's non-informative groups; ``use=mix``: after the step's fresh ones). Draws use a
 generator seeded by the step, and the buffer is saved with checkpoints (:meth:`state_dict`):
 a resumed run draws what its uninterrupted twin draws.
+
+An agent's episode (``rollout.agent``) may make several rows, and its batch gives every episode
+K rows (its own, then empty padding rows): a group is G episodes x K rows. An entry keeps its
+group as it was (its K); a batch that holds groups of different K pads every episode to the most
+(:func:`padded`), as the runner pads a batch's episodes. A group's statistics read one reward per
+episode (:func:`episode_rewards`), so a group's priority does not depend on its K.
 """
 from __future__ import annotations
 
@@ -25,7 +31,9 @@ import torch
 
 from rldsl.priority import GroupFormula, ReplayPolicy
 
-from ..batch import RolloutBatch, StepRollout, group_rows
+from rldsl.inputs import INPUTS
+
+from ..batch import AgentRow, Episode, RolloutBatch, StepRollout, group_rows
 
 #: the step's metrics (docs/runtime.md, "Metrics")
 SIZE, FRACTION, AGE = "replay/size", "replay/fraction", "replay/age"
@@ -53,6 +61,87 @@ def _enters(policy: ReplayPolicy, rewards: torch.Tensor, informative: bool) -> b
         return informative
     r = rewards[~torch.isnan(rewards)]
     return bool((r > 0).any())
+
+
+def rows_per_episode(batch: RolloutBatch) -> int:
+    """K: the rows each episode of an agent's batch has (``AgentRow.row`` 0..K-1); 1 otherwise."""
+    eps = batch.episodes
+    if not eps or eps[0].agent is None:
+        return 1
+    return max(e.agent.row for e in eps if e.agent is not None) + 1
+
+
+def episode_rewards(rewards: torch.Tensor, K: int) -> torch.Tensor:
+    """[E] one reward per episode of the rows' ``rewards`` [E*K]: an episode's rows carry its reward
+    (or, rewarded per role, each row its role's and a padding row their mean): the rows' value when
+    they agree, else their mean (NaN when one is: a failed episode)."""
+    if K == 1:
+        return rewards
+    v = rewards.view(-1, K)
+    return torch.where((v == v[:, :1]).all(1), v[:, 0], v.mean(1))
+
+
+def padded(batch: RolloutBatch, rewards: torch.Tensor, K: int, pad_id: int) -> tuple[RolloutBatch, torch.Tensor]:
+    """An agent's group (``batch``, its row ``rewards``) with every episode given ``K`` rows: its
+    own, then empty ones as the runner makes them (rollout/agents/runner.py): no response token
+    (loss mask and attention 0, nothing trained), finish ``length``, the episode's reward (its
+    rows' mean when rewarded per role), its prompt and calls, ``AgentRow.padding``. A new row is a
+    copy of the episode's last row when that is padding already, else of its first row, emptied."""
+    k = rows_per_episode(batch)
+    if k >= K:
+        return batch, rewards
+    src: list[int] = []
+    new: list[int] = []
+    for e in range(len(batch) // k):
+        first, last = e * k, e * k + k - 1
+        agent = batch.episodes[last].agent
+        pad_row = last if agent is not None and agent.padding else first
+        src += range(first, last + 1)
+        for _ in range(k, K):
+            new.append(len(src))
+            src.append(pad_row)
+    out = batch.select(torch.tensor(src))
+    x = torch.tensor(new)
+    out.response_ids[x] = pad_id
+    out.response_mask[x] = 0
+    out.logprobs[x] = 0.0
+    for name in ("response_attention", "token_versions", "routed_experts"):
+        t = getattr(out, name)
+        if t is not None:
+            t[x.to(t.device)] = 0 if name == "response_attention" else -1
+    for name, t in out.inputs.items():
+        if INPUTS[name].dims[:2] == ("B", "T"):  # per-token inputs: nothing on an empty response
+            t[x.to(t.device)] = 0
+    ep_reward = episode_rewards(rewards, k)
+    terms = {name: episode_rewards(t, k) for name, t in batch.reward_terms.items()}
+    for j in new:
+        e, row = j // K, j % K
+        out.finish_reason[j] = "length"
+        out.episodes[j] = _padding_episode(out.episodes[j], row, batch.episodes[e * k:(e + 1) * k])
+        for name, t in out.reward_terms.items():
+            t[j] = terms[name][e]
+    out.group_size = len(src) // len(batch) * batch.group_size
+    r = rewards[torch.tensor(src)].clone()
+    r[x] = ep_reward.repeat_interleave(K - k).to(r.dtype)
+    return out, r
+
+
+def _padding_episode(episode: Episode, row: int, rows: list[Episode]) -> Episode:
+    """Row ``row`` of an episode (``rows``: its rows' episodes) as a padding row, copied from
+    ``episode`` (one of them): the episode's opening messages (before the model's first turn), its
+    calls and error, and the agent's reward as the runner gives a padding row (rewarded per role:
+    the mean of the rows' rewards; None when one is)."""
+    a = episode.agent
+    assert a is not None
+    messages = episode.messages
+    if not a.padding:
+        turn = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
+        messages = messages[:turn]
+    values = [x.env_reward for x in rows]
+    env = None if any(v is None for v in values) else values[0] if len(set(values)) == 1 else \
+        sum(values) / len(values)  # type: ignore[arg-type]
+    return Episode(list(messages), env, error=episode.error,
+                   agent=AgentRow(row, a.rows, True, a.prefix_breaks, a.calls))
 
 
 def _weight(p: float) -> float:
@@ -97,10 +186,11 @@ class ReplayBuffer:
         now = version if now is None else now
         mixed = self._mix_count(P)  # decided on the buffer before this step's groups join (fresh_groups)
         self.entries = [e for e in self.entries if p.max_age is None or now - e.version <= p.max_age]
-        G = made.batch.group_size
+        G, K = made.batch.group_size, rows_per_episode(made.batch)
         rewards = made.scored.view(-1, G)
-        ok = informative.tolist()
-        self.placed = [self._add(made, g, version) if _enters(p, rewards[g], ok[g]) else None
+        ok = informative.tolist()  # the rows' (the advantage's): for an agent, its episodes' rewards not all equal
+        self.placed = [self._add(made, g, version) if _enters(p, episode_rewards(rewards[g], K), ok[g])
+                       else None
                        for g in range(rewards.shape[0])]
         if p.use == "mix":
             slots, k = [], (min(p.mixed(P), len(self.entries)) if ahead else mixed)
@@ -124,7 +214,9 @@ class ReplayBuffer:
         p = self.policy
         G = made.batch.group_size
         r = made.scored[g * G:(g + 1) * G]
-        prio = p.priority(r) if isinstance(p.priority, GroupFormula) else 1.0
+        # a formula reads one reward per episode (an agent's K rows are one episode)
+        prio = p.priority(episode_rewards(r, rows_per_episode(made.batch))) \
+            if isinstance(p.priority, GroupFormula) else 1.0
         entry = Entry(made.batch.select(group_rows([g], G)), made.prompt_ids[g], made.reward_prompts[g]
                       if made.reward_prompts else "", r.clone(), version, prio, self.seq)
         self.seq += 1
@@ -164,7 +256,9 @@ class ReplayBuffer:
 
     def _batch(self, made: StepRollout, slots: list[int], chosen: list[Entry], now: int) -> StepRollout:
         """The fresh groups with ``chosen`` in ``slots`` (substitute) or after them (mix); the
-        result keeps ``made`` as its ``fresh`` groups and each place's age (None: fresh)."""
+        result keeps ``made`` as its ``fresh`` groups and each place's age (None: fresh). An
+        agent's groups of different K (rows per episode) are padded to the most: the batch may
+        have more rows than its fresh groups had."""
         G = made.batch.group_size
         P = len(made.prompt_ids)
         if not chosen:  # the batch is the fresh groups (samples.jsonl still says so)
@@ -184,10 +278,12 @@ class ReplayBuffer:
             parts = fresh + replayed
             self.placed += chosen
             ages += [now - e.version for e in chosen]
-        batch = RolloutBatch.concat([dataclasses.replace(b, replayed=torch.full((G,), was, dtype=torch.bool))
-                                     for b, _, _, _, was in parts], self.pad_id)
+        K = max(rows_per_episode(x[0]) for x in parts)
+        laid = [padded(b, r, K, self.pad_id) for b, _, _, r, _ in parts]
+        batch = RolloutBatch.concat([dataclasses.replace(b, replayed=torch.full((len(b),), x[4], dtype=torch.bool))
+                                     for (b, _), x in zip(laid, parts)], self.pad_id)
         return StepRollout(made.step, batch, [x[1] for x in parts], [x[2] for x in parts],
-                           torch.cat([x[3].to(made.scored.dtype) for x in parts]), made.metrics,
+                           torch.cat([r.to(made.scored.dtype) for _, r in laid]), made.metrics,
                            fresh=made, replay_ages=ages)
 
     # -- advantage=keep
@@ -216,7 +312,10 @@ class ReplayBuffer:
             e = self.placed[g]
             if e is not None and e.advantages is None:
                 width = e.batch.response_ids.shape[1]
-                e.advantages = advantages[g * G:(g + 1) * G, :width].detach().float().cpu().clone()
+                group = advantages[g * G:(g + 1) * G, :width]
+                k = rows_per_episode(e.batch)  # an agent's: the entry's K rows of each episode (the batch may pad more)
+                group = group.reshape(len(e.batch) // k, -1, width)[:, :k].reshape(-1, width)
+                e.advantages = group.detach().float().cpu().clone()
 
     # -- checkpoints
 

@@ -232,3 +232,13 @@ async def rewarded_unknown_role(client, row: dict) -> dict:
     await client.chat.completions.create(model=row["model"], messages=[{"role": "user", "content": "x"}],
                                          max_tokens=2, metadata={"role": "judge"})
     return {"proposer": 1.0, "solver": 0.0}
+
+
+async def odd_answers_break(client, row: dict) -> float:
+    """A text-completions call on the row's prompt and, when the row's answer is an odd number, a
+    second on a prompt of its own (a prefix break): one row per episode, or two. Reward: 1 when
+    the first reply's text has an odd length (a random model's: groups both equal and not)."""
+    r = await client.completions.create(model=row["model"], prompt=row["prompt"], max_tokens=3)
+    if int(row["answer"]) % 2:
+        await client.completions.create(model=row["model"], prompt="=" + row["prompt"], max_tokens=3)
+    return float(len(r.choices[0].text) % 2)

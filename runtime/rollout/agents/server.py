@@ -183,6 +183,8 @@ class PolicyServer:
         if self._tool_reader is None and vllm_tools.is_vllm_engine(engine):
             self._tool_reader = vllm_tools.vllm_tool_reader(self.tool_parser, self.tokenizer)
         self._engine, self._params, self._version = engine, params, version
+        # each batch's engine calls count from 0: a resumed run's seeds are its twin's
+        self._seeds = itertools.count()
 
     def episode_url(self, episode_id: str) -> str:
         """The OpenAI base URL of an episode (ends with /v1)."""

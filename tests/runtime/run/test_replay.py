@@ -250,8 +250,10 @@ def test_replay_is_refused_where_it_is_not_tested_yet():
     substitute = rldsl.loads(REPLAY_SPEC.replace("use=mix, mix=0.5, ", ""), "replay.rl")
     check_replay(substitute, load_config(None, ["rollout.max_staleness=1"]))  # tested: async ages above
     check_replay(algo, load_config(None, ["rollout.env=episode_helpers:Nudge"]))  # tested: episodes below
-    with pytest.raises(RunError, match="rollout.agent"):
-        check_replay(algo, load_config(None, ["rollout.agent=agent_helpers:solve"]))
+    agent = load_config(None, ["rollout.agent=agent_helpers:odd_answers_break"])
+    check_replay(substitute, agent)  # tested: test_replay_agents.py
+    with pytest.raises(RunError, match="rollout.agent with use=mix"):
+        check_replay(algo, agent)  # an agent's groups mixed in: not tested yet
     ray = ["distributed.trainers=2", "distributed.rollout_workers=1"]
     check_replay(algo, load_config(None, ray))  # tested: tests/runtime/workers/test_ray_replay.py
     check_replay(rldsl.loads(KEEP_SPEC, "replay.rl"), load_config(None, ray))

@@ -93,3 +93,30 @@ def test_replay_on_two_trainer_ranks_matches_one_process_and_resumes(ray_cluster
     for k in ("reward_mean", "replay/size", "replay/fraction", "replay/age"):
         assert c[2][k] == b[2][k], k
     assert_close(params(two, 3), params(cut, 3))
+
+
+@pytest.mark.slow
+def test_an_agents_replay_on_two_trainer_ranks_matches_one_process(ray_cluster, model_dir, tmp_path):
+    """rollout.agent (tests/runtime/agent_helpers.py ``odd_answers_break``: one row per episode or
+    two) run by a Ray rollout worker, the buffer on the driver, two FSDP2 ranks: the groups of
+    episodes kept and drawn are the one-process run's, and so are the losses, replayed ratios and
+    weights."""
+    pytest.importorskip("openai")
+    spec = tmp_path / "replay.rl"
+    spec.write_text(SPEC, encoding="utf-8")
+    over = {"rollout.agent": "agent_helpers:odd_answers_break", "rollout.agent_concurrency": 1,
+            "rollout.prompts_per_step": 2, "rollout.n": 2, "rollout.max_new_tokens": 3, "train.steps": 4}
+    one = loop.train(str(spec), config(model_dir, tmp_path / "one", **over))
+    two = loop.train(str(spec), config(model_dir, tmp_path / "two", trainers=2, workers=1, **over))
+    a, b = steps_of(one), steps_of(two)
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    assert any(r["replay/fraction"] > 0 for r in a), "some step replays a group"
+    assert max(r["agent/rows_per_episode"] for r in a) > 1.0, "episodes of two rows"
+    for ra, rb in zip(a, b):
+        for k in ("reward_mean", "agent/rows_per_episode", "replay/size", "replay/fraction", "replay/age"):
+            assert ra[k] == rb[k], k
+        for k in ("loss", "pg_loss", "grad_norm", "replay/ratio_mean", "replay/ratio_min", "replay/ratio_max"):
+            if k in ra or k in rb:
+                assert math.isclose(ra[k], rb[k], rel_tol=1e-4, abs_tol=TOL), (k, ra[k], rb[k])
+    for step in (1, 2, 3, 4):
+        assert_close(params(one, step), params(two, step))
