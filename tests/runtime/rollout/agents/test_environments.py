@@ -37,6 +37,10 @@ def _records(run: Path) -> tuple[list[dict], list[dict]]:
 
 #: the episodes on a Ray rollout worker (the endpoint there), a LoRA policy, micro-batches
 RAY_LORA_MICRO = ("distributed.rollout_workers=1", "model.lora.rank=4", "train.max_tokens_per_microbatch=64")
+#: one episode at a time: concurrent episodes' requests are batched as they arrive, each engine
+#: call its own seed, so which episode draws which sample changes with the machine's load; a test
+#: that needs a tool call among its few episodes plays them one at a time, the same on every run
+ONE_AT_A_TIME = ("rollout.agent_concurrency=1",)
 
 
 # ------------------------------------------------------------------------------ verifiers
@@ -44,8 +48,8 @@ RAY_LORA_MICRO = ("distributed.rollout_workers=1", "model.lora.rank=4", "train.m
 @pytest.mark.parametrize("taskset, rewards, extra", [
     ("vf_sum_single", {0.25, 1.0}, ()),
     ("vf_sum_single", {0.25, 1.0}, ("rollout.max_staleness=1",)),  # rollouts in the producer's thread
-    ("vf_sum_tools", {0.125, 0.5, 1.0}, ()),
-    ("vf_sum_tools", {0.125, 0.5, 1.0}, RAY_LORA_MICRO)],
+    ("vf_sum_tools", {0.125, 0.5, 1.0}, ONE_AT_A_TIME),
+    ("vf_sum_tools", {0.125, 0.5, 1.0}, RAY_LORA_MICRO + ONE_AT_A_TIME)],
     ids=["single-turn", "single-turn async", "tools", "tools on a ray rollout worker, lora, micro-batches"])
 def test_a_verifiers_environment_trains_with_its_own_rubric(tool_model, tmp_path, taskset, rewards,
                                                             extra) -> None:
@@ -140,8 +144,7 @@ def test_an_openenv_mcp_environment_calls_its_tools_through_mcp(tool_model, tmp_
     call its own seed, so concurrent episodes' samples change with the machine's load (a malformed
     call here, a good one there); one at a time, every run samples the same."""
     url = openenv_server("mcp")
-    run = _train(tool_model, tmp_path / "run", f"openenv:mcp@{url}", "data.task=calculator",
-                 "rollout.agent_concurrency=1")
+    run = _train(tool_model, tmp_path / "run", f"openenv:mcp@{url}", "data.task=calculator", *ONE_AT_A_TIME)
     steps, samples = _records(run)
     assert steps[0]["reward_errors"] == 0 and steps[0]["agent/errors"] == 0
     assert steps[0]["tool_calls/per_episode"] >= 1 and steps[0]["agent/prefix_breaks"] == 0
