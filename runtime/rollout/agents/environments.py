@@ -268,24 +268,25 @@ def openenv_agent(spec: str, *, timeout_s: float, max_calls: int) -> Callable:
                     _add(rewards, result.reward)
                     if not result.done:
                         messages.append({"role": "user", "content": observation_text(result.observation)})
-        return _episode_reward(rewards, steps, target.url)
+        return _episode_reward(rewards, steps, result.done, target.url)
 
     return agent
 
 
-def _episode_reward(rewards: list[float], steps: int, url: str) -> float:
-    """The episode's reward: the sum of the rewards the environment reported. An episode that
-    ended before the environment ran a step -- the model's reply had no tool call the MCP
+def _episode_reward(rewards: list[float], steps: int, done: bool, url: str) -> float:
+    """The episode's reward: the sum of the rewards the environment reported. An episode the
+    model ended before the environment ran a step -- its reply had no tool call the MCP
     environment could run, or the context was full at once -- earned nothing: 0, as an episode
     cut off before the environment was done scores 0 (a policy's malformed call is a sample to
-    learn from, not a failed run). Steps that ran and none rewarded: the environment gives no
-    reward, an error naming it (the episode's error, counted and reported to ``reward.on_error``)."""
+    learn from, not a failed run). No reward otherwise (steps that ran and none rewarded, an
+    environment ``done`` at reset: ``done``) is an error naming the environment (the episode's
+    error, counted and reported to ``reward.on_error``)."""
     if rewards:
         return sum(rewards)
-    if steps == 0:
+    if steps == 0 and not done:
         return 0.0
     raise RuntimeError(f"the OpenEnv environment at {url} reported no reward in this episode's "
-                       f"{steps} step{'s' if steps > 1 else ''} (every StepResult.reward was None)")
+                       f"{steps} step{'' if steps == 1 else 's'} (every StepResult.reward was None)")
 
 
 @contextlib.asynccontextmanager
