@@ -7,6 +7,9 @@ given; ``default``: none passed, openenv-core's own default of one session at on
   "46", else 0.25; done after the right answer or two replies.
 - ``mcp``: an MCP tool environment whose ``calculator`` tool sums integers; every well-formed
   call is rewarded 1.0 (its ``CallToolObservation.reward``).
+- ``mcp_unrewarded``: as ``mcp``, but no step reports a reward.
+- ``mcp_no_tools``: as ``mcp``, but ``list_tools`` fails on the server (openenv-core then
+  answers an empty list).
 - ``dies``: as ``text``, but the server process exits on the first reply (an environment that
   dies mid-episode).
 - ``hangs``: as ``text``, but the first reply never gets an answer.
@@ -101,6 +104,11 @@ def _mcp_env_class():
             super().__init__(mcp)
             self._state = State(step_count=0)
 
+        async def _async_list_tools(self) -> list:
+            if KIND == "mcp_no_tools":
+                raise RuntimeError("the tool server is down")
+            return await super()._async_list_tools()
+
         def reset(self, seed=None, episode_id=None, **kwargs) -> Observation:
             return Observation(done=False, reward=None)
 
@@ -109,7 +117,7 @@ def _mcp_env_class():
 
         async def _async_handle_call_tool(self, action, timeout_s=None):
             obs = await super()._async_handle_call_tool(action, timeout_s=timeout_s)
-            obs.reward = 1.0 if obs.error is None else 0.0
+            obs.reward = None if KIND == "mcp_unrewarded" else 1.0 if obs.error is None else 0.0
             return obs
 
         @property
@@ -150,7 +158,7 @@ def main() -> None:
     from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
     limit = {} if SESSIONS == "default" else {"max_concurrent_envs": int(SESSIONS)}
-    if KIND == "mcp":
+    if KIND.startswith("mcp"):
         app = create_app(_mcp_env_class(), CallToolAction, CallToolObservation, **limit)
     else:
         app = create_app(SumEnv, SumAction, SumObservation, **limit)

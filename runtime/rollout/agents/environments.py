@@ -18,8 +18,9 @@ it has none), each model reply is sent as the action's one text field (read from
 environment (``MCPToolClient``): its tools (``list_tools``) are offered to the model as
 function tools, each tool call is a ``CallToolAction`` step whose result is the tool message;
 a reply without tool calls ends the episode. The reward is the sum of the rewards the
-environment reported (None when it reported none). The sessions open at once are held to the
-server's limit (:class:`SessionGate`).
+environment reported (:func:`_episode_reward`: 0 when the episode ended before the environment
+ran a step; an error when steps ran and none was rewarded). The sessions open at once are held
+to the server's limit (:class:`SessionGate`).
 """
 from __future__ import annotations
 
@@ -224,13 +225,14 @@ def openenv_agent(spec: str, *, timeout_s: float, max_calls: int) -> Callable:
     target = OpenEnvTarget.parse(_target(spec))
     field = target.check()
 
-    async def agent(client: Any, row: dict) -> float | None:
+    async def agent(client: Any, row: dict) -> float:
         import openai
         from openenv.core.generic_client import GenericEnvClient
         from openenv.core.mcp_client import MCPToolClient
 
         cls = MCPToolClient if target.mcp else GenericEnvClient
         rewards: list[float] = []
+        steps = 0  # the environment's steps (reset and list_tools aside): its chances to reward
         async with _session(cls(base_url=target.url, connect_timeout_s=min(HEALTH_TIMEOUT_S, timeout_s),
                                 message_timeout_s=timeout_s)) as env:
             result = await _reset(env, target.url)
@@ -238,7 +240,7 @@ def openenv_agent(spec: str, *, timeout_s: float, max_calls: int) -> Callable:
             opening = observation_text(result.observation) or row["prompt"]
             messages = ([{"role": "system", "content": row["system"]}] if row.get("system") else []) + (
                 [{"role": "user", "content": opening}] if isinstance(opening, str) else list(opening))
-            tools = await _tools(env) if target.mcp else None
+            tools = await _tools(env, target.url) if target.mcp else None
             for _ in range(max_calls):
                 if result.done:
                     break
@@ -255,17 +257,36 @@ def openenv_agent(spec: str, *, timeout_s: float, max_calls: int) -> Callable:
                     if not message.tool_calls:
                         break
                     for call in message.tool_calls:
-                        result, text = await _call_tool(env, call)
-                        _add(rewards, result.reward)
+                        step, text = await _call_tool(env, call)
+                        if step is not None:
+                            result, steps = step, steps + 1
+                            _add(rewards, step.reward)
                         messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
                 else:
                     result = await env.step({field: message.content or ""})
+                    steps += 1
                     _add(rewards, result.reward)
                     if not result.done:
                         messages.append({"role": "user", "content": observation_text(result.observation)})
-        return sum(rewards) if rewards else None
+        return _episode_reward(rewards, steps, result.done, target.url)
 
     return agent
+
+
+def _episode_reward(rewards: list[float], steps: int, done: bool, url: str) -> float:
+    """The episode's reward: the sum of the rewards the environment reported. An episode the
+    model ended before the environment ran a step -- its reply had no tool call the MCP
+    environment could run, or the context was full at once -- earned nothing: 0, as an episode
+    cut off before the environment was done scores 0 (a policy's malformed call is a sample to
+    learn from, not a failed run). No reward otherwise (steps that ran and none rewarded, an
+    environment ``done`` at reset: ``done``) is an error naming the environment (the episode's
+    error, counted and reported to ``reward.on_error``)."""
+    if rewards:
+        return sum(rewards)
+    if steps == 0 and not done:
+        return 0.0
+    raise RuntimeError(f"the OpenEnv environment at {url} reported no reward in this episode's "
+                       f"{steps} step{'' if steps == 1 else 's'} (every StepResult.reward was None)")
 
 
 @contextlib.asynccontextmanager
@@ -393,15 +414,22 @@ def _add(rewards: list[float], reward: Any) -> None:
         rewards.append(reward_value(reward, "the OpenEnv environment's step"))
 
 
-async def _tools(env: Any) -> list[dict]:
-    """The MCP environment's tools as OpenAI function tools."""
+async def _tools(env: Any, url: str) -> list[dict]:
+    """The MCP environment's tools as OpenAI function tools. None listed is an error: openenv-core
+    answers a ``list_tools`` that failed on the server with an empty list (the error stays there),
+    and the model asked without tools would never call one."""
+    listed = await env.list_tools()
+    if not listed:
+        raise RuntimeError(f"the MCP environment at {url} listed no tools (list_tools failed on the server, "
+                           "or it has none)")
     return [{"type": "function", "function": {"name": t.name, "description": t.description or "",
                                               "parameters": t.input_schema or {"type": "object", "properties": {}}}}
-            for t in await env.list_tools()]
+            for t in listed]
 
 
 async def _call_tool(env: Any, call: Any) -> tuple[Any, str]:
-    """One tool call as a ``CallToolAction`` step: (the step's result, the tool message's text)."""
+    """One tool call as a ``CallToolAction`` step: (the step's result, the tool message's text);
+    (None, the error) when its arguments are not a JSON object (no step ran)."""
     from openenv.core.env_server.mcp_types import CallToolAction
 
     try:
@@ -410,9 +438,7 @@ async def _call_tool(env: Any, call: Any) -> tuple[Any, str]:
         arguments = None
         text = f"error: the arguments are not JSON ({e})"
     if not isinstance(arguments, dict):
-        from openenv.core.client_types import StepResult
-
-        return StepResult(observation=None), text if arguments is None else "error: arguments must be an object"
+        return None, text if arguments is None else "error: arguments must be an object"
     result = await env.step(CallToolAction(tool_name=call.function.name, arguments=arguments))
     obs = result.observation
     if getattr(obs, "error", None) is not None:

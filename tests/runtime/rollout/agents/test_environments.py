@@ -37,6 +37,10 @@ def _records(run: Path) -> tuple[list[dict], list[dict]]:
 
 #: the episodes on a Ray rollout worker (the endpoint there), a LoRA policy, micro-batches
 RAY_LORA_MICRO = ("distributed.rollout_workers=1", "model.lora.rank=4", "train.max_tokens_per_microbatch=64")
+#: one episode at a time: concurrent episodes' requests are batched as they arrive, each engine
+#: call its own seed, so which episode draws which sample changes with the machine's load; a test
+#: that needs a tool call among its few episodes plays them one at a time, the same on every run
+ONE_AT_A_TIME = ("rollout.agent_concurrency=1",)
 
 
 # ------------------------------------------------------------------------------ verifiers
@@ -44,8 +48,8 @@ RAY_LORA_MICRO = ("distributed.rollout_workers=1", "model.lora.rank=4", "train.m
 @pytest.mark.parametrize("taskset, rewards, extra", [
     ("vf_sum_single", {0.25, 1.0}, ()),
     ("vf_sum_single", {0.25, 1.0}, ("rollout.max_staleness=1",)),  # rollouts in the producer's thread
-    ("vf_sum_tools", {0.125, 0.5, 1.0}, ()),
-    ("vf_sum_tools", {0.125, 0.5, 1.0}, RAY_LORA_MICRO)],
+    ("vf_sum_tools", {0.125, 0.5, 1.0}, ONE_AT_A_TIME),
+    ("vf_sum_tools", {0.125, 0.5, 1.0}, RAY_LORA_MICRO + ONE_AT_A_TIME)],
     ids=["single-turn", "single-turn async", "tools", "tools on a ray rollout worker, lora, micro-batches"])
 def test_a_verifiers_environment_trains_with_its_own_rubric(tool_model, tmp_path, taskset, rewards,
                                                             extra) -> None:
@@ -135,13 +139,19 @@ def test_an_openenv_mcp_environment_calls_its_tools_through_mcp(tool_model, tmp_
                                                                openenv_server) -> None:
     """--env openenv:mcp@<url>: the environment's MCP tools are the model's tools (rendered by the
     chat template), each call runs as a CallToolAction step, its result is the tool message and
-    its reward counts; the row's prompt opens the episode (the reset observation has no text)."""
+    its reward counts; the row's prompt opens the episode (the reset observation has no text).
+    One episode at a time: the endpoint batches concurrent requests as they arrive, each engine
+    call its own seed, so concurrent episodes' samples change with the machine's load (a malformed
+    call here, a good one there); one at a time, every run samples the same."""
     url = openenv_server("mcp")
-    run = _train(tool_model, tmp_path / "run", f"openenv:mcp@{url}", "data.task=calculator")
+    run = _train(tool_model, tmp_path / "run", f"openenv:mcp@{url}", "data.task=calculator", *ONE_AT_A_TIME)
     steps, samples = _records(run)
     assert steps[0]["reward_errors"] == 0 and steps[0]["agent/errors"] == 0
     assert steps[0]["tool_calls/per_episode"] >= 1 and steps[0]["agent/prefix_breaks"] == 0
     assert all("<tools>calculator</tools>" in s["prompt"] for s in samples)
+    for s in samples:  # an episode without a call the environment ran scores 0 (not an error)
+        ran = any(m.get("tool_calls") for m in s["messages"])
+        assert s["env_reward"] == s["reward"] and (ran or s["reward"] == 0.0)
     called = [s for s in samples if any(m["role"] == "tool" for m in s["messages"])]
     assert called and all(s["reward"] >= 1.0 for s in called)
     tool = next(m for m in called[0]["messages"] if m["role"] == "tool")
@@ -149,6 +159,62 @@ def test_an_openenv_mcp_environment_calls_its_tools_through_mcp(tool_model, tmp_
     expression = call["arguments"]["expression"]
     if all(t.isdigit() for t in expression.split("+")):  # the MCP tool's own answer
         assert tool["content"] == str(sum(int(t) for t in expression.split("+")))
+
+
+def _reply(content: str, *calls: tuple[str, str]):
+    """A chat completion: an assistant message of ``content`` and the tool calls ``(name,
+    arguments)`` (ids ``call0``, ``call1``...), as the endpoint answers."""
+    from openai.types.chat import ChatCompletion
+
+    tool_calls = [{"id": f"call{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+                  for i, (name, arguments) in enumerate(calls)]
+    return ChatCompletion.model_validate({
+        "id": "c", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "finish_reason": "tool_calls" if calls else "stop",
+                     "message": {"role": "assistant", "content": content, "tool_calls": tool_calls or None}}]})
+
+
+class _Replies:
+    """An OpenAI client whose chat calls answer ``replies`` in order; ``sent``: each call's
+    (messages, tools)."""
+
+    def __init__(self, *replies) -> None:
+        from types import SimpleNamespace
+
+        self.replies, self.sent = list(replies), []
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self._create))
+
+    async def _create(self, *, model: str, messages: list[dict], **kw):
+        self.sent.append(([dict(m) for m in messages], kw.get("tools")))
+        return self.replies.pop(0)
+
+
+@pytest.mark.slow  # servers held for seconds
+def test_an_mcp_episode_has_a_reward_or_an_error_whatever_the_model_replies(openenv_server) -> None:
+    """The MCP episode of every reply a sampling policy gives: a call the parser could not read
+    (no tool call: the episode ends) or arguments that are not JSON run no step and score 0, not
+    None (which stopped the run: "the agent returned None"); a call that runs scores its reward;
+    steps that ran unrewarded, or tools that could not be listed, are the episode's error."""
+    import asyncio
+
+    from rldsl.runtime.rollout.agents.environments import openenv_agent
+
+    def play(url: str, *replies):
+        model = _Replies(*replies)
+        agent = openenv_agent(f"openenv:mcp@{url}", timeout_s=30, max_calls=4)
+        return asyncio.run(agent(model, {"prompt": "12+34=", "model": "m"})), model.sent
+
+    url = openenv_server("mcp")
+    reward, sent = play(url, _reply('<tool_call>\n{"name": "calculator", "arguments": {"expression": "12+'))
+    assert reward == 0.0 and [t["function"]["name"] for t in sent[0][1]] == ["calculator"]
+    reward, sent = play(url, _reply("", ("calculator", "{12+34")), _reply("46"))
+    assert reward == 0.0 and sent[1][0][-1]["content"].startswith("error: the arguments are not JSON")
+    reward, sent = play(url, _reply("", ("calculator", '{"expression": "12+34"}')), _reply("46"))
+    assert reward == 1.0 and sent[1][0][-1] == {"role": "tool", "tool_call_id": "call0", "content": "46"}
+    with pytest.raises(RuntimeError, match=r"reported no reward in this episode's 1 step \(every"):
+        play(openenv_server("mcp_unrewarded"), _reply("", ("calculator", '{"expression": "1+2"}')), _reply("3"))
+    with pytest.raises(RuntimeError, match="listed no tools"):
+        play(openenv_server("mcp_no_tools"), _reply("46"))
 
 
 def test_an_openenv_server_down_at_start_is_refused_before_the_model_loads() -> None:
