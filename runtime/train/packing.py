@@ -37,10 +37,11 @@ forwards with one warning -- or to shared-prompt rows, whose own mask it does ta
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -385,33 +386,129 @@ def _balanced_bins(units: list[int], fed: list[int], prompt_len: list[int], G: i
     (``microbatch.pack``'s balanced assignment, a row holding the group's prompt adding ``fed``
     tokens, any other the prompt too). k starts at the tokens with each prompt once over ``cap``
     and grows (at least to the last try's tokens over ``cap``) until no row of two or more
-    responses exceeds ``cap``."""
+    responses exceeds ``cap``; :class:`_BalancedTries` runs the tries without repeating the
+    work they share."""
     order = sorted(units, key=lambda b: (-fed[b], b))
     first = {b // G: b for b in units}
     k = max(1, math.ceil((sum(fed[b] for b in units) + sum(prompt_len[b] for b in first.values())) / cap))
+    tries = _BalancedTries(order, fed, prompt_len, G, cap)
     while True:
+        placed = tries.place(k, final=k >= len(units))
+        if isinstance(placed, int):
+            k = placed
+            continue
+        row_of, loads = placed
         rows: list[dict[int, list[int]]] = [{} for _ in range(k)]
-        loads = [0] * k
-        of_group: dict[int, list[int]] = {}
-        lightest = [(0, r) for r in range(k)]
-        for b in order:
-            g = b // G
-            while lightest[0][0] != loads[lightest[0][1]]:
+        for b, r in zip(order, row_of):
+            rows[r].setdefault(b // G, []).append(b)
+        kept = [i for i in range(k) if rows[i]]
+        return [rows[i] for i in kept], [loads[i] for i in kept]
+
+
+class _BalancedTries:
+    """:func:`_balanced_bins`'s tries, each placing the same responses into k rows, at the cost
+    of what differs between them (this planner runs on every batch of a shared-prompt forward;
+    repeating every try in full made a batch of 100 x 4 short answers cost ~0.1-0.3 s).
+
+    - The start is shared: while a try has an empty row, the lightest row is an empty one (load
+      0), so its placements are those of a run with as many rows as it asks for (computed once
+      here) until that run opens row k; a try goes on from there.
+    - A failing try stops early: once a row of two or more responses exceeds ``cap`` (rows only
+      grow), the next k only needs the try's total tokens over ``cap``, and the responses still
+      to place add at least their ``fed`` tokens and at most their prompt's too; the try stops as
+      soon as both bounds give the same next k."""
+
+    def __init__(self, order: list[int], fed: list[int], prompt_len: list[int], G: int, cap: int):
+        self.order, self.fed, self.prompt_len, self.G, self.cap = order, fed, prompt_len, G, cap
+        self.most = list(itertools.accumulate(reversed([prompt_len[b] + fed[b] for b in order]), initial=0))[::-1]
+        self.least = list(itertools.accumulate(reversed([fed[b] for b in order]), initial=0))[::-1]
+        self.row_of: list[int] = []  # the unbounded run: per response (in order) its row
+        self.adds: list[int] = []  # the tokens it added there
+        self.opens: list[int] = []  # row j opened by response order[opens[j]]
+        self.joins: dict[int, list[tuple[int, int]]] = {}  # group -> (response, row) its prompt joined
+        self.start = _Start()
+        loads: list[int] = []
+        lightest: list[tuple[int, int]] = []
+        for i, b in enumerate(order):
+            while lightest and lightest[0][0] != loads[lightest[0][1]]:
                 heapq.heappop(lightest)
-            r, add = lightest[0][1], prompt_len[b] + fed[b]
-            held = min(of_group.get(g, ()), key=lambda r: (loads[r], r), default=None)
-            if held is not None and loads[held] + fed[b] <= loads[r] + add:
-                r, add = held, fed[b]
-            else:
-                of_group.setdefault(g, []).append(r)
-            rows[r].setdefault(g, []).append(b)
+            r = lightest[0][1] if lightest and lightest[0][0] == 0 else len(loads)  # an empty row
+            r, add, joins = self._choose(r, loads[r] if r < len(loads) else 0, b, loads,
+                                         [r for _, r in self.joins.get(b // G, ())])
+            if joins:
+                self.joins.setdefault(b // G, []).append((i, r))
+            if r == len(loads):
+                self.opens.append(i)
+                loads.append(0)
+            self.row_of.append(r)
+            self.adds.append(add)
             loads[r] += add
             heapq.heappush(lightest, (loads[r], r))
-        if k >= len(units) or all(load <= cap or sum(map(len, row.values())) < 2
-                                  for row, load in zip(rows, loads)):
-            kept = [i for i in range(k) if rows[i]]
-            return [rows[i] for i in kept], [loads[i] for i in kept]
-        k = max(k + 1, math.ceil(sum(loads) / cap))
+
+    def _choose(self, r: int, load: int, b: int, loads: list[int], held: list[int]) -> tuple[int, int, bool]:
+        """Response b's row, the tokens it adds and whether its prompt joins that row: the
+        lightest row ``r`` (``load``) with its prompt, or the lightest row ``held`` holding its
+        prompt when that adds no more."""
+        if not held:
+            return r, self.prompt_len[b] + self.fed[b], True
+        h = held[0] if len(held) == 1 else min(held, key=lambda r: (loads[r], r))
+        if loads[h] + self.fed[b] <= load + self.prompt_len[b] + self.fed[b]:
+            return h, self.fed[b], False
+        return r, self.prompt_len[b] + self.fed[b], True
+
+    def place(self, k: int, final: bool) -> tuple[list[int], list[int]] | int:
+        """The try of k rows: per response its row and per row its tokens, when no row of two or
+        more responses exceeds ``cap`` (or ``final``), else the next try's k. Tries come with k
+        growing: the shared start is extended, not recomputed."""
+        t = self.opens[k] if k < len(self.opens) else len(self.order)
+        start = self.start
+        for i in range(start.t, t):
+            r = self.row_of[i]
+            if r == len(start.loads):
+                start.loads.append(0)
+                start.counts.append(0)
+            start.loads[r] += self.adds[i]
+            start.counts[r] += 1
+            start.over = start.over or (start.loads[r] > self.cap and start.counts[r] > 1)
+        start.t = t
+        pad = k - len(start.loads)
+        loads, counts, row_of = start.loads + [0] * pad, start.counts + [0] * pad, self.row_of[:t]
+        over = start.over and not final
+        total = sum(loads)
+        joined: dict[int, list[int]] = {}
+        lightest = [(load, r) for r, load in enumerate(loads)]
+        heapq.heapify(lightest)
+        for i in range(t, len(self.order)):
+            if over:
+                low = math.ceil((total + self.least[i]) / self.cap)
+                if max(k + 1, low) == max(k + 1, math.ceil((total + self.most[i]) / self.cap)):
+                    return max(k + 1, low)
+            b = self.order[i]
+            g = b // self.G
+            if g not in joined:
+                joined[g] = [r for j, r in self.joins.get(g, ()) if j < t]
+            while lightest[0][0] != loads[lightest[0][1]]:
+                heapq.heappop(lightest)
+            r, add, joins = self._choose(lightest[0][1], lightest[0][0], b, loads, joined[g])
+            if joins:
+                joined[g].append(r)
+            row_of.append(r)
+            loads[r] += add
+            counts[r] += 1
+            total += add
+            over = over or (not final and loads[r] > self.cap and counts[r] > 1)
+            heapq.heappush(lightest, (loads[r], r))
+        return max(k + 1, math.ceil(total / self.cap)) if over else (row_of, loads)
+
+
+@dataclass
+class _Start:
+    """The start the tries of :class:`_BalancedTries` share, up to response ``t``: per row its
+    tokens and responses, and whether a row of two or more responses already exceeds the cap."""
+    t: int = 0
+    loads: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    over: bool = False
 
 
 def _tree_queries(runs: list[tuple[int, int, int, int, int]], R: int, S: int) -> list[int] | None:
