@@ -1,0 +1,144 @@
+"""Contract items of ``rldsl serve-tinker`` (issue 59) that the other tinker tests leave implicit:
+``optim_step`` applies each call's ``AdamParams`` (every field, not only the learning rate),
+``create_model``'s LoRA config decides which layers train, requests of one training model run in
+their ``seq_id`` order, and bad input leaves a saved state whole (docs/tinker.md)."""
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from rldsl.runtime.tinker.service import Service
+from rldsl.runtime.tinker.trainer import ATTN, MLP, LoraSpec, TrainedModel
+
+from tinker_helpers import KEY, NAME
+
+pytest.importorskip("peft")
+
+
+def _adamw_reference(params, grads, state, lr, beta1, beta2, eps, weight_decay, clip):
+    """AdamW written out (Loshchilov & Hutter, torch's order: decay, moments, bias correction),
+    after clipping the global gradient norm to ``clip`` when ``clip`` > 0; float64."""
+    norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
+    scale = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0
+    state["t"] = state.get("t", 0) + 1
+    t, out = state["t"], []
+    for i, (p, g) in enumerate(zip(params, grads)):
+        g = g.double() * scale
+        m = beta1 * state.get(("m", i), torch.zeros_like(g)) + (1 - beta1) * g
+        v = beta2 * state.get(("v", i), torch.zeros_like(g)) + (1 - beta2) * g * g
+        state["m", i], state["v", i] = m, v
+        p = p.double() * (1 - lr * weight_decay)
+        out.append(p - lr * (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + eps))
+    return out, norm
+
+
+def test_optim_step_applies_every_field_of_each_calls_adam_params(tinker_home):
+    model = TrainedModel("m", NAME, tinker_home / NAME, LoraSpec(rank=2, seed=0, train_mlp=False,
+                                                                 train_unembed=False))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.params:  # B != 0, so weight decay acts on every adapter
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    calls = [  # clipped, decayed, unusual betas and eps; then other values, no clip, no decay
+        dict(learning_rate=1e-2, beta1=0.5, beta2=0.8, eps=1e-3, weight_decay=0.1, grad_clip_norm=0.05),
+        dict(learning_rate=3e-3, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.0, grad_clip_norm=0.0),
+    ]
+    state: dict = {}
+    default_state: dict = {}
+    ref = [p.detach().double().clone() for p in model.params]
+    default_ref = [p.detach().double().clone() for p in model.params]
+    for adam in calls:
+        grads = [torch.randn(p.shape, generator=gen) for p in model.params]
+        for p, g in zip(model.params, grads):
+            p.grad = g.clone()
+        metrics = model.optim_step(adam)
+        ref, norm = _adamw_reference(ref, grads, state, adam["learning_rate"], adam["beta1"], adam["beta2"],
+                                     adam["eps"], adam["weight_decay"], adam["grad_clip_norm"])
+        assert metrics["grad_norm:mean"] == pytest.approx(norm, rel=1e-5)  # before clipping
+        assert norm > 10 * calls[0]["grad_clip_norm"]  # the first call's clip acts
+        for p, r in zip(model.params, ref):
+            torch.testing.assert_close(p.detach().double(), r, atol=1e-6, rtol=1e-5)
+        assert all(p.grad is None for p in model.params)  # zeroed after the step
+        default_ref, _ = _adamw_reference(default_ref, grads, default_state, adam["learning_rate"],
+                                          0.9, 0.95, 1e-12, 0.0, 0.0)
+    # the fields matter on this batch: the client's defaults would have given other weights
+    assert max(float((p.detach().double() - d).abs().max()) for p, d in zip(model.params, default_ref)) > 1e-4
+
+
+def _adapted(model: TrainedModel) -> set[str]:
+    """The layer names that carry a trained adapter."""
+    return {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, p in model.policy.named_parameters()
+            if p.requires_grad}
+
+
+def test_create_models_lora_config_decides_the_trained_layers_rank_and_init(tinker_home):
+    path = tinker_home / NAME
+    attn_only = TrainedModel("a", NAME, path, LoraSpec(rank=3, train_mlp=False, train_unembed=False, seed=5))
+    assert _adapted(attn_only) == set(ATTN)
+    assert {p.shape[0] for n, p in attn_only.policy.named_parameters() if "lora_A" in n and p.requires_grad} == {3}
+    mlp_head = TrainedModel("b", NAME, path, LoraSpec(rank=2, train_attn=False, seed=5))
+    assert _adapted(mlp_head) == set(MLP) | {"lm_head"}
+    same = TrainedModel("c", NAME, path, LoraSpec(rank=3, train_mlp=False, train_unembed=False, seed=5))
+    other = TrainedModel("d", NAME, path, LoraSpec(rank=3, train_mlp=False, train_unembed=False, seed=6))
+    assert all(torch.equal(x, y) for x, y in zip(attn_only.params, same.params))  # the seed decides the init
+    assert not all(torch.equal(x, y) for x, y in zip(attn_only.params, other.params))
+
+
+def test_requests_of_one_model_run_in_their_seq_id_order(tinker_home, tmp_path):
+    """The worker is held by a first job while three more arrive out of order: they run by seq_id."""
+    service = Service({NAME: tinker_home / NAME}, tmp_path / "states")
+    ran: list[int] = []
+    started, release = threading.Event(), threading.Event()
+
+    def hold():
+        started.set()
+        assert release.wait(30)
+        return {}
+    try:
+        first = service.submit("m", hold, seq_id=0)
+        assert started.wait(30)
+        ids = [service.submit("m", lambda s=s: ran.append(s) or {}, seq_id=s) for s in (3, 1, 2)]
+        release.set()
+        for rid in [first, *ids]:
+            assert service.futures[rid].done.wait(30)
+        assert ran == [1, 2, 3]
+    finally:
+        release.set()
+        service.close()
+
+
+def test_bad_input_leaves_a_saved_state_whole(client, tinker_home, tmp_path):
+    """A state saved before a run of bad requests loads afterwards and gives the same logprobs."""
+    import httpx
+    tinker = pytest.importorskip("tinker")
+    types = tinker.types
+    sc, url = client
+    tc = sc.create_lora_training_client(base_model=NAME, rank=4, seed=1).result()
+    tokens = tc.get_tokenizer().encode("the saved state stays whole")
+    good = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": np.array(tokens[1:]),
+                                       "weights": np.ones(len(tokens) - 1, dtype=np.float32)})
+    tc.forward_backward([good], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    path = tc.save_state("kept").result().path
+    before = tc.forward([good], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    bad = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                      loss_fn_inputs={"target_tokens": np.array(tokens[1:]),
+                                      "weights": np.ones(len(tokens) + 3, dtype=np.float32)})
+    with pytest.raises(tinker.BadRequestError):
+        tc.forward_backward([bad], "cross_entropy").result()
+    r = httpx.post(f"{url}/api/v1/forward_backward", content=b"\x00\xffnot protobuf", headers={"X-API-Key": KEY})
+    assert r.status_code == 400
+    r = httpx.post(f"{url}/api/v1/load_weights", json={"model_id": "nope", "path": path, "seq_id": 1},
+                   headers={"X-API-Key": KEY})
+    assert r.status_code in (400, 404)
+    from rldsl.runtime.records.checkpoint import list_checkpoints, verify_checkpoint
+    saved = [c for folder in (tmp_path / "states").glob("*/weights/kept") for c in list_checkpoints(folder)]
+    assert len(saved) == 1 and verify_checkpoint(saved[0]) is None
+    loaded = sc.create_training_client_from_state_with_optimizer(path).result()
+    after = loaded.forward([good], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    np.testing.assert_allclose(after, before, atol=1e-6)
