@@ -142,3 +142,60 @@ def test_bad_input_leaves_a_saved_state_whole(client, tinker_home, tmp_path):
     loaded = sc.create_training_client_from_state_with_optimizer(path).result()
     after = loaded.forward([good], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
     np.testing.assert_allclose(after, before, atol=1e-6)
+
+
+def _rl_data(tok, texts):
+    """Datums as a recipe sends them: the sampler's logprobs and advantages on the answer half, 0
+    on the prompt half; and their cross-entropy twins (to read the weights back)."""
+    import tinker
+    types = tinker.types
+    rng = np.random.default_rng(3)
+    data, plain, answered = [], [], 0
+    for text in texts:
+        tokens = tok.encode(text)
+        n = len(tokens) - 1
+        sampled = np.zeros(n, dtype=np.float32)
+        sampled[n // 2:] = -rng.random(n - n // 2).astype(np.float32) * 3
+        adv = np.zeros(n, dtype=np.float32)
+        adv[n // 2:] = rng.normal()
+        answered += n - n // 2
+        data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                                loss_fn_inputs={"target_tokens": np.array(tokens[1:]), "logprobs": sampled,
+                                                "advantages": adv}))
+        plain.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                                 loss_fn_inputs={"target_tokens": np.array(tokens[1:]),
+                                                 "weights": np.ones(n, dtype=np.float32)}))
+    return data, plain, answered
+
+
+TEXTS = ("What is 2 plus 3? 5", "What is 7 plus 1? 8", "Say hi: hi there", "Name a colour: blue sky")
+
+
+def _weights_after(tc, plain):
+    return [o["logprobs"].to_numpy() for o in tc.forward(plain, "cross_entropy").result().loss_fn_outputs]
+
+
+@pytest.mark.parametrize("loss,config", [("importance_sampling", {}), ("importance_sampling", {"rldsl_spec": "dapo"})],
+                         ids=["sum", "mean spec"])
+def test_gradients_accumulate_across_the_calls_a_client_splits_a_batch_into(client, loss, config):
+    """Two ``forward_backward`` calls then one ``optim_step`` equal one call over the whole batch: a
+    sum loss as it is; a mean-aggregated spec when each part passes the whole batch's count as
+    ``loss_fn_config.rldsl_denominator`` (docs/tinker.md) -- without it each part is its own mean."""
+    import tinker
+    types = tinker.types
+    sc, _ = client
+    whole, split = (sc.create_lora_training_client(base_model=NAME, rank=4, seed=4).result() for _ in range(2))
+    data, plain, answered = _rl_data(whole.get_tokenizer(), TEXTS)
+    one = whole.forward_backward(data, loss, loss_fn_config=config or None).result().metrics["loss:sum"]
+    part = dict(config, rldsl_denominator=float(answered)) if config else {}
+    two = sum(split.forward_backward(d, loss, loss_fn_config=part or None).result().metrics["loss:sum"]
+              for d in (data[:1], data[1:]))
+    assert two == pytest.approx(one, abs=1e-6)
+    if config:  # the parts' own means would not add up to the whole call's
+        own = sum(whole.forward(d, loss, loss_fn_config=config).result().metrics["loss:sum"]
+                  for d in (data[:1], data[1:]))
+        assert abs(own - one) > 1e-3
+    for tc in (whole, split):
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    for a, b in zip(_weights_after(whole, plain), _weights_after(split, plain)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
