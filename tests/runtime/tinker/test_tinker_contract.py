@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -199,3 +200,36 @@ def test_gradients_accumulate_across_the_calls_a_client_splits_a_batch_into(clie
         tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     for a, b in zip(_weights_after(whole, plain), _weights_after(split, plain)):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_without_a_model_option_the_embedded_tiny_model_is_served_as_rldsl_toy(tmp_path):
+    """``rldsl serve-tinker`` with no ``--model``: the embedded toy (its cached warm start) under the
+    name ``rldsl/toy``, listed, trained and sampled by the client."""
+    import tinker
+    from rldsl.runtime.rewards.server import BackgroundServer
+    from rldsl.runtime.tinker.models import served_models
+    from rldsl.runtime.tinker.server import make_app
+    from rldsl.runtime.toy import build_tokenizer
+    from rldsl.runtime.toy.warmup import warm_start
+    types = tinker.types
+    models = served_models([])
+    assert models == {"rldsl/toy": Path(warm_start())}
+    service = Service(models, tmp_path / "states")
+    try:
+        with BackgroundServer(make_app(service, None)) as url:
+            sc = tinker.ServiceClient(base_url=url, api_key=KEY)
+            assert [m.model_name for m in sc.get_server_capabilities().supported_models] == ["rldsl/toy"]
+            tc = sc.create_lora_training_client(base_model="rldsl/toy", rank=2, seed=0).result()
+            assert tc.get_info().model_data.tokenizer_id == "rldsl/toy"
+            prompt = build_tokenizer().encode("12+34=")
+            seq = tc.save_weights_and_get_sampling_client().sample(
+                types.ModelInput.from_ints(prompt), num_samples=1,
+                sampling_params=types.SamplingParams(max_tokens=3, stop=[], seed=0)).result().sequences[0]
+            tokens = prompt + seq.tokens
+            datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                                loss_fn_inputs={"target_tokens": np.array(tokens[1:]),
+                                                "weights": np.ones(len(tokens) - 1, dtype=np.float32)})
+            out = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+            np.testing.assert_allclose(out[len(prompt) - 1:], seq.logprobs, atol=1e-4)
+    finally:
+        service.close()
