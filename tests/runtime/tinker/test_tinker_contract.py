@@ -233,3 +233,31 @@ def test_without_a_model_option_the_embedded_tiny_model_is_served_as_rldsl_toy(t
             np.testing.assert_allclose(out[len(prompt) - 1:], seq.logprobs, atol=1e-4)
     finally:
         service.close()
+
+
+def test_top_k_and_top_p_filter_the_draw_and_logprobs_stay_the_full_distributions(client):
+    """top_k=1 and a tiny top_p both leave only the most likely token: every sample and every seed
+    the same sequence, where the unfiltered draw at temperature 2 differs; the logprobs returned are
+    the full distribution's (docs/tinker.md, "Sampling"), equal to ``forward``'s."""
+    import tinker
+    types = tinker.types
+    sc, _ = client
+    tc = sc.create_lora_training_client(base_model=NAME, rank=4, seed=0).result()
+    sampler = tc.save_weights_and_get_sampling_client()
+    prompt = tc.get_tokenizer().encode("Count: 1 2")
+
+    def draw(seed, **params):
+        return sampler.sample(types.ModelInput.from_ints(prompt), num_samples=3, sampling_params=types.SamplingParams(
+            max_tokens=5, stop=[], temperature=2.0, seed=seed, **params)).result().sequences
+    free = [s.tokens for seed in (1, 2) for s in draw(seed)]
+    assert len({tuple(t) for t in free}) > 1
+    top1 = [s for seed in (1, 2) for s in draw(seed, top_k=1)]
+    assert len({tuple(s.tokens) for s in top1}) == 1
+    assert [s.tokens for s in draw(3, top_p=1e-6)] == [top1[0].tokens] * 3
+    full = prompt + top1[0].tokens
+    datum = types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
+                        loss_fn_inputs={"target_tokens": np.array(full[1:]),
+                                        "weights": np.ones(len(full) - 1, dtype=np.float32)})
+    ref = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    np.testing.assert_allclose(top1[0].logprobs, ref[len(prompt) - 1:], atol=1e-4)
+    assert max(top1[0].logprobs) < -1e-3  # not the filtered distribution's log 1 = 0
