@@ -261,3 +261,19 @@ def test_top_k_and_top_p_filter_the_draw_and_logprobs_stay_the_full_distribution
     ref = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
     np.testing.assert_allclose(top1[0].logprobs, ref[len(prompt) - 1:], atol=1e-4)
     assert max(top1[0].logprobs) < -1e-3  # not the filtered distribution's log 1 = 0
+
+
+def test_the_client_shows_a_wrong_key_at_once(start_server, tinker_home, monkeypatch):
+    """With ``--api-key`` set, the unchanged client given another key raises the server's 401 at
+    once (not retried), and the server goes on serving the right key."""
+    import time
+
+    import tinker
+    monkeypatch.chdir(tinker_home)
+    with start_server(api_key="tml-right") as url:
+        start = time.monotonic()
+        with pytest.raises(tinker.AuthenticationError, match="wrong API key"):
+            tinker.ServiceClient(base_url=url, api_key="tml-wrong").get_server_capabilities()
+        assert time.monotonic() - start < 20
+        caps = tinker.ServiceClient(base_url=url, api_key="tml-right").get_server_capabilities()
+        assert [m.model_name for m in caps.supported_models] == [NAME]
