@@ -277,3 +277,28 @@ def test_the_client_shows_a_wrong_key_at_once(start_server, tinker_home, monkeyp
         assert time.monotonic() - start < 20
         caps = tinker.ServiceClient(base_url=url, api_key="tml-right").get_server_capabilities()
         assert [m.model_name for m in caps.supported_models] == [NAME]
+
+
+def test_a_spec_file_by_path_is_the_same_loss_as_its_name_with_the_same_parameters(tmp_path):
+    """``loss_fn_config.rldsl_spec`` takes a path as well as a name: a file that extends dapo with a
+    narrower clip equals dapo named with that clip set as ``--set`` sets it; a spec file with an
+    error is a 400 naming its file:line:col."""
+    from rldsl.runtime.errors import TinkerRefused
+    from rldsl.runtime.tinker.losses import compute, resolve_loss
+    gen = torch.Generator().manual_seed(0)
+    target = [(-torch.rand(n, generator=gen) * 3).requires_grad_(True) for n in (4, 6)]
+    inputs = [{"target_tokens": np.zeros(len(t), dtype=np.int64),
+               "logprobs": (t.detach() + 0.3 * torch.randn(len(t), generator=gen)).numpy(),
+               "advantages": torch.randn(len(t), generator=gen).numpy()} for t in target]
+    spec = tmp_path / "narrow.rl"
+    spec.write_text("algorithm narrow extends dapo\n  trust_region  clip(low=0.05, high=0.07)\n", encoding="utf-8")
+    by_path = float(compute(resolve_loss("importance_sampling", {"rldsl_spec": str(spec)}), target, inputs, None)[0])
+    named = resolve_loss("importance_sampling", {"rldsl_spec": "dapo", "trust_region.low": 0.05,
+                                                 "trust_region.high": 0.07})
+    assert by_path == pytest.approx(float(compute(named, target, inputs, None)[0]), abs=1e-7)
+    dapo = float(compute(resolve_loss("x", {"rldsl_spec": "dapo"}), target, inputs, None)[0])
+    assert abs(by_path - dapo) > 1e-4  # the file's clip acts on this batch
+    bad = tmp_path / "bad.rl"
+    bad.write_text("algorithm bad extends dapo\n  trust_region  clip(lwo=0.05)\n", encoding="utf-8")
+    with pytest.raises(TinkerRefused, match=r"bad\.rl:2:\d+"):
+        resolve_loss("importance_sampling", {"rldsl_spec": str(bad)})
