@@ -261,21 +261,14 @@ INPUTS: dict[str, Input] = {i.name: i for i in [
           ("group_reward_count", "[]", "n", "how many of the group's rewards are scorable (a failed, NaN one is not)")]),
     # TreeRL's trees (sampling tree): each row is a leaf holding its whole path; a node is a run of
     # tokens the same leaves share (runtime/rollout/tree.py makes these from the group's forks)
-    Input("node_value", ("advantage",), "[B, T]", "float32",
-          "sampling tree: the mean reward of the leaves (rows) below the tree node that holds the token",
-          "tree", formula="node_value", slots=_ADVANTAGE_SLOTS, finite=True),
-    Input("parent_value", ("advantage",), "[B, T]", "float32",
-          "sampling tree: the mean reward of the leaves below that node's parent (the root's for a first node)",
-          "tree", formula="parent_value", slots=_ADVANTAGE_SLOTS, finite=True),
-    Input("root_value", ("advantage",), "[B]", "float32",
-          "sampling tree: the mean reward of every leaf of the row's prompt (the tree's root)",
-          "tree", formula="root_value", slots=_ADVANTAGE_SLOTS, finite=True),
-    Input("node_leaves", ("advantage",), "[B, T]", "float32",
-          "sampling tree: how many leaves lie below the token's node (1 on a row's own last segment)",
-          "tree", formula="node_leaves", slots=_ADVANTAGE_SLOTS, finite=True),
-    Input("parent_leaves", ("advantage",), "[B, T]", "float32",
-          "sampling tree: how many leaves lie below that node's parent (G for a first node)",
-          "tree", formula="parent_leaves", slots=_ADVANTAGE_SLOTS, finite=True),
+    *(Input(name, ("advantage",), shape, "float32", "sampling tree: " + meaning, "tree", formula=name,
+            slots=_ADVANTAGE_SLOTS, finite=True)
+      for name, shape, meaning in [
+          ("node_value", "[B, T]", "the mean reward of the leaves (rows) below the tree node that holds the token"),
+          ("parent_value", "[B, T]", "the mean reward of the leaves below that node's parent (the root's for a first node)"),
+          ("root_value", "[B]", "the mean reward of every leaf of the row's prompt (the tree's root)"),
+          ("node_leaves", "[B, T]", "how many leaves lie below the token's node (1 on a row's own last segment)"),
+          ("parent_leaves", "[B, T]", "how many leaves lie below that node's parent (G for a first node)")]),
 ]}
 
 

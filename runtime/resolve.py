@@ -83,23 +83,6 @@ def check_async(algo: Algorithm, cfg: RunConfig) -> None:
                            f"{cfg.rollout.max_staleness} (use 0, or drop the filter)")
 
 
-def check_replay(algo: Algorithm, cfg: RunConfig) -> None:
-    """``sampling replay`` runs where its exactness is tested (docs/replay.md); the rest is
-    refused by name, not run untested: an agent's groups with ``use=mix`` (tested: an agent's
-    groups with ``use=substitute``, padded to one batch's rows per episode, rollout/replay.py
-    ``padded``; ``use=mix`` with asynchronous rollouts: the producer generates P - round(mix x P)
-    groups from the policy alone and the trainer draws the share at the step, run/step_batch.py).
-    Tools and environments: one row per episode."""
-    params = next((v.params for v in algo.active() if "replay_policy" in v.spec.facts.plan), None)
-    if params is None:
-        return
-    r = cfg.rollout
-    other = [name for name, on in (("rollout.agent with use=mix", r.agent is not None and params.get("use") == "mix"),)
-             if on]
-    if other:
-        raise RunError(f"sampling replay does not run yet with {', '.join(other)} (docs/replay.md, 'Not done')")
-
-
 def check_tree(algo: Algorithm, cfg: RunConfig) -> None:
     """``sampling tree`` runs where it is tested (docs/formulas.md, "Trees"): the HF engine in this
     process, a synchronous run of single-turn answers, ``rollout.n`` its rows per prompt; the rest
@@ -138,7 +121,6 @@ def check_settings(algo: Algorithm, cfg: RunConfig, source: Source | None = None
     check_tree(algo, cfg)  # before the engine's: a tree on vLLM is refused by name, installed or not
     check_engine(cfg)
     check_async(algo, cfg)
-    check_replay(algo, cfg)
     check_model_kind(algo, cfg)
     check_reference(algo, cfg)
     check_answers(algo, cfg)

@@ -60,6 +60,27 @@ class VisionPrompt(str):
         return (VisionPrompt, (str(self), self.images))
 
 
+def prompt_alone(prompts: list[str], images: list[list[str]], processed: list[dict[str, torch.Tensor] | None],
+                 row: int) -> None:
+    """Row ``row`` of a batch (its ``prompts``, ``images``, ``image_inputs``: ``RolloutBatch``'s
+    lists, the latter two empty when no row has images) made a row of its prompt alone, in place:
+    an agent's padding row made at replay (rollout/replay.py ``padded``) from a copy of an
+    episode's row. A row's images are those of all its tokens in order -- its prompt's, then its
+    response's (a tool's pictures) -- and its prompt's text spells each of its own with one
+    ``<|image_pad|>`` (:meth:`VisionProcessor.prompt`): the prompt's are the first that many,
+    their processed inputs the first grids of ``image_grid_thw`` with their patches (a grid
+    (t, h, w) is t*h*w rows of ``pixel_values``)."""
+    if not images or not images[row]:
+        return
+    n = str(prompts[row]).count(IMAGE_TOKEN)
+    own = list(images[row][:n])
+    prompts[row], images[row] = (VisionPrompt(str(prompts[row]), own) if own else str(prompts[row])), own
+    if processed and processed[row] is not None:
+        grids = processed[row]["image_grid_thw"][:n]
+        processed[row] = {"pixel_values": processed[row]["pixel_values"][:int(grids.prod(-1).sum())],
+                          "image_grid_thw": grids} if n else None
+
+
 #: The content-part types that hold an image: ``{"type": "image", "image": REF}`` (transformers')
 #: and ``{"type": "image_url", "image_url": {"url": REF}}`` (OpenAI's).
 IMAGE_PARTS = ("image", "image_url")

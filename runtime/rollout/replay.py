@@ -34,6 +34,7 @@ from rldsl.priority import GroupFormula, ReplayPolicy
 from rldsl.inputs import INPUTS
 
 from ..batch import AgentRow, Episode, RolloutBatch, StepRollout, group_rows
+from ..models.vision import prompt_alone
 
 #: the step's metrics (docs/runtime.md, "Metrics")
 SIZE, FRACTION, AGE = "replay/size", "replay/fraction", "replay/age"
@@ -86,7 +87,9 @@ def padded(batch: RolloutBatch, rewards: torch.Tensor, K: int, pad_id: int) -> t
     own, then empty ones as the runner makes them (rollout/agents/runner.py): no response token
     (loss mask and attention 0, nothing trained), finish ``length``, the episode's reward (its
     rows' mean when rewarded per role), its prompt and calls, ``AgentRow.padding``. A new row is a
-    copy of the episode's last row when that is padding already, else of its first row, emptied."""
+    copy of the episode's last row when that is padding already, else of its first row, emptied;
+    a vision-language policy's keeps its prompt's images only (the first row's response may hold a
+    tool's pictures), as the runner's padding rows do."""
     k = rows_per_episode(batch)
     if k >= K:
         return batch, rewards
@@ -117,6 +120,7 @@ def padded(batch: RolloutBatch, rewards: torch.Tensor, K: int, pad_id: int) -> t
     for j in new:
         e, row = j // K, j % K
         out.finish_reason[j] = "length"
+        prompt_alone(out.prompts, out.images, out.image_inputs, j)  # a vision-language policy's: its prompt's images
         out.episodes[j] = _padding_episode(out.episodes[j], row, batch.episodes[e * k:(e + 1) * k])
         for name, t in out.reward_terms.items():
             t[j] = terms[name][e]

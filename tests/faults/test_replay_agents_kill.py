@@ -25,12 +25,19 @@ SETS = ["rollout.agent=agent_helpers:odd_answers_break", "rollout.agent_concurre
         "log.samples_per_step=8", "train.lr=0.01", "train.minibatches=2"]
 
 
-@pytest.mark.parametrize("sets", [(), ("rollout.max_staleness=1",)], ids=["synchronous", "async K=1"])
-def test_an_agents_run_with_replay_killed_mid_update_resumes_as_its_twin(model_dir, tmp_path, sets):
+MIX = SPEC.replace("max_age=3", "max_age=3, use=mix, mix=0.5")  # 1 of each step's 2 groups from the buffer
+
+
+# (the asynchronous mix with seed 4: the default seed's steps never mix groups of different K in)
+@pytest.mark.parametrize("text, sets", [(SPEC, ()), (SPEC, ("rollout.max_staleness=1",)), (MIX, ()),
+                                        (MIX, ("rollout.max_staleness=1", "seed=4"))],
+                         ids=["synchronous", "async K=1", "mix synchronous", "mix async K=1"])
+def test_an_agents_run_with_replay_killed_mid_update_resumes_as_its_twin(model_dir, tmp_path, text, sets):
     """Synchronous, and asynchronous (the producer's agent batches ahead, saved with the
-    checkpoint; the buffer stepped by the trainer)."""
+    checkpoint; the buffer stepped by the trainer); substituting, and mixing in (a synchronous
+    step generates as many groups as the restored buffer leaves to make)."""
     spec = tmp_path / "replay.rl"
-    spec.write_text(SPEC, encoding="utf-8")
+    spec.write_text(text, encoding="utf-8")
     run = tmp_path / "run"
     args = ["run", str(spec), "--model", str(model_dir), "--out", str(run)]
     for s in (*SETS, *sets):

@@ -184,3 +184,36 @@ def test_episodes_with_images_are_refused_on_the_vllm_engine_only(vlm_model):
             else:
                 with pytest.raises(ConfigError, match="on the vLLM engine .*take no images"):
                     check_model_kind(grpo, cfg)
+
+
+def test_a_padding_row_added_at_replay_holds_its_prompts_images_only(engine):
+    """``sampling replay`` pads a kept agent's group to a batch's rows per episode (rollout/replay.py
+    ``padded``) with copies of each episode's first row, emptied. That row's response holds the
+    agent's second picture (the bridged call's); its padding rows' ids hold the prompt only, so
+    they carry the prompt's picture alone -- refs, prompt and processed pixels -- as the runner's
+    own padding rows do, and the trainer's forward over the padded batch (carried pixels, or
+    processed again from the refs) recomputes the engine's logprobs."""
+    from rldsl.runtime.rollout.replay import padded
+
+    batch = _agent_batch(engine, picture_agent)
+    kind = model_kind(engine.model)
+    batch.image_inputs = kind.processed(batch.images)  # as the rollout worker carries them (workers/local.py)
+    out, rewards = padded(batch, torch.tensor([1.0, 0.0]), 2, engine.tokenizer.pad_token_id)
+    assert len(out) == 4 and [e.agent.padding for e in out.episodes] == [False, True, False, True]
+    assert rewards.tolist() == [1.0, 1.0, 0.0, 0.0]
+    first, both = (data_url(1),), (data_url(1), data_url(2, (112, 56)))
+    assert [tuple(x) for x in out.images] == [both, first, both, first]
+    assert [images_of(p) for p in out.prompts] == [both, first, both, first]
+    assert out.prompts[1] == batch.prompts[0] and out.prompts[1].count("<|image_pad|>") == 1
+    alone = kind.processed([list(first)])[0]
+    for j in (1, 3):
+        assert set(out.image_inputs[j]) == set(alone)
+        assert all(torch.equal(out.image_inputs[j][k], alone[k]) for k in alone)
+    assert_exact(engine.model, out, [4 + 8, 4, 4 + 8, 4])  # the refs processed again
+    ids, attn, _ = model_inputs(out)
+    carried = kind.forward_inputs(engine.model, out, ids, attn)  # the carried pixels, as the trainer reads them
+    with torch.no_grad():
+        lp = token_logprobs(engine.model, Forward(ids, attn, out.response_ids.shape[1], inputs=carried),
+                            LogprobOptions()).logprobs
+    m = out.response_mask.bool()
+    assert (lp[m] - out.logprobs[m]).abs().max() < 1e-6

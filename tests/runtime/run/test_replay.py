@@ -240,24 +240,19 @@ def test_a_run_stopped_after_a_checkpoint_and_resumed_equals_its_uninterrupted_t
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_replay_is_refused_where_it_is_not_tested_yet():
-    from rldsl.runtime.errors import RunError
-    from rldsl.runtime.resolve import check_replay
+def test_replay_passes_the_settings_checks_with_every_tested_rollout():
+    """Every combination docs/replay.md tests runs (resolve.check_settings refuses none), agents
+    with use=mix included (tests/runtime/run/test_replay_agents.py; refused until it was tested)."""
+    from rldsl.runtime.resolve import check_settings
 
     algo = rldsl.loads(REPLAY_SPEC, "replay.rl")
-    check_replay(algo, load_config(None, []))
-    check_replay(algo, load_config(None, ["rollout.max_staleness=1"]))  # REPLAY_SPEC mixes: tested above
     substitute = rldsl.loads(REPLAY_SPEC.replace("use=mix, mix=0.5, ", ""), "replay.rl")
-    check_replay(substitute, load_config(None, ["rollout.max_staleness=1"]))  # tested: async ages above
-    check_replay(algo, load_config(None, ["rollout.env=episode_helpers:Nudge"]))  # tested: episodes below
-    agent = load_config(None, ["rollout.agent=agent_helpers:odd_answers_break"])
-    check_replay(substitute, agent)  # tested: test_replay_agents.py
-    with pytest.raises(RunError, match="rollout.agent with use=mix"):
-        check_replay(algo, agent)  # an agent's groups mixed in: not tested yet
+    agent = ["rollout.agent=agent_helpers:odd_answers_break"]
     ray = ["distributed.trainers=2", "distributed.rollout_workers=1"]
-    check_replay(algo, load_config(None, ray))  # tested: tests/runtime/workers/test_ray_replay.py
-    check_replay(rldsl.loads(KEEP_SPEC, "replay.rl"), load_config(None, ray))
-    check_replay(rldsl.load("grpo"), load_config(None, ["rollout.max_staleness=1"]))
+    for spec in (algo, substitute, rldsl.loads(KEEP_SPEC, "replay.rl")):
+        for sets in ([], ["rollout.max_staleness=1"], ["rollout.env=episode_helpers:Nudge"], agent,
+                     [*agent, "rollout.max_staleness=1"], ray):
+            check_settings(spec, load_config(None, sets))
 
 
 def test_without_replay_the_step_is_unchanged(tokenizer, tiny_model_factory, monkeypatch):

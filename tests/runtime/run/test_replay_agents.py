@@ -44,11 +44,12 @@ REWARDS = [
 
 
 class Prompts:
-    """The steps' prompts in order (no shuffle): step s asks prompts 3s .. 3s+2 with ANSWERS[s]."""
+    """The steps' prompts in order (no shuffle): the answers of ``answers`` (ANSWERS: step s asks
+    prompts 3s .. 3s+2 with ANSWERS[s]), prompt i numbered i."""
 
-    def __init__(self) -> None:
-        self.examples = [Example(id=3 * s + g, prompt=f"{10 + 3 * s + g}+1=", answer=str(a))
-                         for s, answers in enumerate(ANSWERS) for g, a in enumerate(answers)]
+    def __init__(self, answers=ANSWERS) -> None:
+        flat = [a for step in answers for a in step]
+        self.examples = [Example(id=i, prompt=f"{10 + i}+1=", answer=str(a)) for i, a in enumerate(flat)]
         self.at = 0
 
     def next_batch(self, n: int) -> list[Example]:
@@ -58,19 +59,21 @@ class Prompts:
 
 class AgentRollouts:
     """The agent's episodes through the real endpoint (rollout/agents/runner.py), rewards from the
-    table: an episode's on each of its rows (and as its ``env`` term's)."""
+    table (``rewards``, one list of groups per call): an episode's on each of its rows (and as its
+    ``env`` term's)."""
 
-    def __init__(self, model, tokenizer) -> None:
+    def __init__(self, model, tokenizer, rewards=REWARDS) -> None:
         from rldsl.runtime.rollout.agents.runner import AgentRunner, load_agent
 
         self.engine = HFEngine(model, tokenizer)
         self.runner = AgentRunner(load_agent("agent_helpers:odd_answers_break"), model_name="toy", context=128)
+        self.rewards = rewards
         self.made = 0
 
     def generate(self, prompts, answers, params: SamplingParams, reward_prompts=None) -> Generation:
         batch = self.runner.run(self.engine, list(reward_prompts), answers, params)
         K = rows_per_episode(batch)
-        rewards = torch.tensor(REWARDS[self.made], dtype=torch.float32).reshape(-1).repeat_interleave(K)
+        rewards = torch.tensor(self.rewards[self.made], dtype=torch.float32).reshape(-1).repeat_interleave(K)
         self.made += 1
         return Generation(batch, RewardResult(rewards, {"env": rewards.double()}, 0), 0.0, 0.0)
 
@@ -93,7 +96,7 @@ def _reference(model, batch, rewards) -> tuple[float, torch.Tensor]:
             response = batch.response_ids[b, :n]
             logits = model(input_ids=torch.cat([prompt, response])[None]).logits[0].double()
             logp = torch.log_softmax(logits[len(prompt) - 1:len(prompt) - 1 + n], -1).gather(1, response[:, None])[:, 0]
-            if bool(batch.replayed[b]):
+            if batch.replayed is not None and bool(batch.replayed[b]):
                 rho = torch.exp(logp[own] - batch.logprobs[b, :n][own].double())
                 ratios.append(rho)
             else:
@@ -101,16 +104,18 @@ def _reference(model, batch, rewards) -> tuple[float, torch.Tensor]:
             a = float(adv[b])
             total += float((-torch.minimum(rho * a, rho.clamp(0.8, 1.2) * a)).sum())
             count += int(own.sum())
-    return total / count, torch.cat(ratios)
+    return total / count, torch.cat(ratios) if ratios else torch.zeros(0, dtype=torch.float64)
 
 
-def _setup(model, tokenizer, replay: str):
+def _setup(model, tokenizer, replay: str, answers=ANSWERS, rewards=REWARDS, sampler=None):
+    """The run's parts (``sampler``: the model the agent samples with; the trained one by default)."""
     cfg = load_config(None, [f"rollout.prompts_per_step={P}", f"rollout.n={G}", "rollout.max_new_tokens=3",
                              "rollout.temperature=1.0", "train.lr=0.05"])
     spec = f"algorithm grpo_replay extends grpo\n  kl  none\n  aggregation  token_mean\n  sampling  {replay}\n"
     fn = rldsl.compile(rldsl.loads(spec, "replay.rl"), compile=False)
-    s = SimpleNamespace(cfg=cfg, fn=fn, prompts=Prompts(), tokenizer=tokenizer,
-                        rollouts=AgentRollouts(model, tokenizer), reward=RewardFn("exact"), warn=print,
+    s = SimpleNamespace(cfg=cfg, fn=fn, prompts=Prompts(answers), tokenizer=tokenizer,
+                        rollouts=AgentRollouts(model if sampler is None else sampler, tokenizer, rewards),
+                        reward=RewardFn("exact"), warn=print,
                         multi_turn=True, rollout_prompts=lambda ex: [e.prompt for e in ex],
                         replay=ReplayBuffer(fn.data.replay_policy, tokenizer.pad_token_id))
     return s, Trainer(fn, model, optimizer=build_optimizer(model.parameters(), cfg.train))
@@ -130,16 +135,7 @@ def test_agents_episodes_are_replayed_whole_against_a_hand_computed_buffer(token
     try:
         for step in range(4):
             r = step_batch.rollout_step(s, step)
-            b = r.batch
-            want_loss, want_rho = _reference(model, b, r.scored)
-            tb = trainer.estimate(b, r.scored)
-            rows = b.replayed
-            assert torch.equal(tb.old_logprobs[rows] * b.response_mask[rows], b.logprobs[rows] * b.response_mask[rows])
-            assert tb.metrics["replay/ratio_mean"] == pytest.approx(float(want_rho.mean()), rel=1e-6), step
-            assert tb.metrics["replay/ratio_min"] == pytest.approx(float(want_rho.min()), rel=1e-6), step
-            assert tb.metrics["replay/ratio_max"] == pytest.approx(float(want_rho.max()), rel=1e-6), step
-            um = trainer.update(tb)
-            assert um[LOSS] == pytest.approx(want_loss, abs=1e-6), step
+            _train_exactly(model, trainer, r, step)
             seen.append(r)
     finally:
         s.rollouts.runner.close()
@@ -160,7 +156,32 @@ def test_agents_episodes_are_replayed_whole_against_a_hand_computed_buffer(token
     # the groups the steps generated keep their own K (what the records read)
     assert [rows_per_episode(r.generated.batch) for r in seen] == [2, 1, 1, 2]
     # a replayed episode is its recorded rows, then padding: (sampled at step, group) -> (step, place)
-    for (s0, g0), (s1, g1) in [((0, 0), (1, 2)), ((1, 0), (1, 1)), ((2, 1), (3, 2)), ((1, 0), (2, 2))]:
+    _assert_replayed_whole(seen, [((0, 0), (1, 2)), ((1, 0), (1, 1)), ((2, 1), (3, 2)), ((1, 0), (2, 2))])
+
+
+def _train_exactly(model, trainer, r, step: int) -> None:
+    """Trains on the step's batch ``r``: pi_old of its replayed rows is their recorded logprobs, their
+    ratios and the loss the reference's (1e-6)."""
+    b = r.batch
+    want_loss, want_rho = _reference(model, b, r.scored)
+    tb = trainer.estimate(b, r.scored)
+    if b.replayed is None:
+        assert not any(k.startswith("replay/ratio") for k in tb.metrics), step
+    else:
+        rows = b.replayed
+        assert torch.equal(tb.old_logprobs[rows] * b.response_mask[rows], b.logprobs[rows] * b.response_mask[rows])
+        assert tb.metrics["replay/ratio_mean"] == pytest.approx(float(want_rho.mean()), rel=1e-6), step
+        assert tb.metrics["replay/ratio_min"] == pytest.approx(float(want_rho.min()), rel=1e-6), step
+        assert tb.metrics["replay/ratio_max"] == pytest.approx(float(want_rho.max()), rel=1e-6), step
+    um = trainer.update(tb)
+    assert um[LOSS] == pytest.approx(want_loss, abs=1e-6), step
+
+
+def _assert_replayed_whole(seen, pairs, replayed: bool = True) -> None:
+    """Each pair ((s0, g0), (s1, g1)): group g0 that step s0 generated is at place g1 of step s1's
+    batch (replayed there, or, ``replayed`` False, fresh), each of its episodes its recorded rows,
+    then padding rows with its reward."""
+    for (s0, g0), (s1, g1) in pairs:
         x, y = seen[s0].generated.batch, seen[s1].batch
         kx = rows_per_episode(x)
         for e in range(G):
@@ -179,7 +200,95 @@ def test_agents_episodes_are_replayed_whole_against_a_hand_computed_buffer(token
                 assert y.episodes[j].env_reward == x.episodes[rx[0]].env_reward is not None  # the agent's return
                 assert y.episodes[j].agent.calls == x.episodes[rx[0]].agent.calls
                 assert float(seen[s1].scored[j]) == reward and float(y.reward_terms["env"][j]) == reward
-            assert bool(y.replayed[ry].all())
+            assert bool(y.replayed[ry].all()) if replayed else not bool(y.replayed[ry].any())
+
+
+# use=mix (mix=0.67 of P=3: 2 groups a step from the buffer), capacity 2, newest, max_age 2; the
+# answers and rewards of the groups each step generates (a synchronous run generates P less the
+# share the buffer can give before the step; an asynchronous run's producer P - 2 = 1 always)
+MIX = "replay(capacity=2, use=mix, mix=0.67, priority=newest, max_age=2)"
+MIX_RUNS = {
+    "synchronous": ([[1, 2, 2], [2], [2], [3]],  # K = 2, 1, 1, 2 generated
+                    [[[0, 1], [1, 0], [0, 0]], [[1, 0]], [[0, 1]], [[1, 1]]]),
+    "async K=1": ([[1], [2], [2], [3]],
+                  [[[0, 1]], [[1, 0]], [[1, 0]], [[1, 1]]]),
+}
+# per step: (prompt ids of the batch's groups, replayed flags, the batch's K, size, fraction, age),
+# and ((sampled at step, group) -> (step, place)) for the replayed groups and the fresh ones padded
+MIX_EXPECTED = {
+    # 0: buffer empty before the step: 3 fresh (K 2); a=0, b=1 join
+    # 1: 1 fresh (K 1); c=3 joins, a leaves: [b, c]; newest 2: c, b -> padded to b's K 2
+    # 2: 1 fresh (K 1); d=4 joins, b leaves: [c, d]; d, c: K 1 all
+    # 3: 1 fresh (K 2); c (age 2) and d stay; d, c: both padded to K 2
+    "synchronous": ([([0, 1, 2], None, 2, 2, 0.0, 0.0), ([3, 3, 1], [0, 1, 1], 2, 2, 2 / 3, 0.5),
+                     ([4, 4, 3], [0, 1, 1], 1, 2, 2 / 3, 0.5), ([5, 4, 3], [0, 1, 1], 2, 2, 2 / 3, 1.5)],
+                    [((0, 1), (1, 2)), ((1, 0), (1, 1)), ((2, 0), (2, 1)), ((1, 0), (2, 2)), ((2, 0), (3, 1)),
+                     ((1, 0), (3, 2))],
+                    [((1, 0), (1, 0)), ((3, 0), (3, 0))]),
+    # step t sampled by version max(0, t - 1); the share drawn at the step, after the step's groups join
+    # 0 (v0): a=0 (K 2) joins: [a]; 1 of 2: a
+    # 1 (v0): b=1 (K 1) joins: [a, b]; b, a -> padded to a's K 2; ages 1, 1
+    # 2 (v1): a and b 2 versions old stay; c=2 joins, a leaves: [b, c]; c, b: K 1; ages 1, 2
+    # 3 (v2): b (3 versions old) leaves: [c]; 1 of 2: c, padded to the fresh K 2; age 2
+    "async K=1": ([([0, 0], [0, 1], 2, 1, 1 / 2, 0.0), ([1, 1, 0], [0, 1, 1], 2, 2, 2 / 3, 1.0),
+                   ([2, 2, 1], [0, 1, 1], 1, 2, 2 / 3, 1.5), ([3, 2], [0, 1], 2, 1, 1 / 2, 2.0)],
+                  [((0, 0), (0, 1)), ((1, 0), (1, 1)), ((0, 0), (1, 2)), ((2, 0), (2, 1)), ((1, 0), (2, 2)),
+                   ((2, 0), (3, 1))],
+                  [((1, 0), (1, 0))]),
+}
+
+
+@pytest.mark.parametrize("run", list(MIX_RUNS))
+def test_agents_groups_mixed_in_against_a_hand_computed_buffer(tokenizer, tiny_model_factory, run):
+    """``use=mix`` with an agent: the step generates its fresh groups of episodes and the share
+    drawn from the buffer follows them, every episode padded to the batch's most rows (a kept group
+    of K=2 among fresh K=1 ones pads the fresh ones, a kept K=1 group among K=2 ones is padded).
+    Synchronous: the step generates P less the share the buffer holds before it. Asynchronous
+    (rollout.max_staleness=1, as test_replay.py's mix test): the producer generates P - 2 groups,
+    sampled by the version before, and the trainer's step (step_batch.with_replay) draws the share
+    after the staleness rule and the step's groups, as many as the buffer holds. Which groups, the
+    batch's K and rows, the replayed episodes' rows, ratios and the losses are the reference's."""
+    import copy
+
+    answers, rewards = MIX_RUNS[run]
+    expected, replays, padded_fresh = MIX_EXPECTED[run]
+    lagged = run != "synchronous"
+    model = tiny_model_factory(tokenizer, seed=3)
+    sampler = copy.deepcopy(model) if lagged else None
+    s, trainer = _setup(model, tokenizer, MIX, answers, rewards, sampler)
+    s.cfg.rollout.max_staleness = int(lagged)
+    versions = [copy.deepcopy(model.state_dict())]
+    seen = []
+    try:
+        for step in range(4):
+            if lagged:
+                version = max(0, step - 1)
+                sampler.load_state_dict(versions[version])
+                made = step_batch.rollout_step(s, step)
+                assert made.batch.replayed is None and made.fresh is None  # the producer's: fresh groups only
+                r = step_batch.with_replay(s, made, step, version)
+            else:
+                r = step_batch.rollout_step(s, step)
+            _train_exactly(model, trainer, r, step)
+            versions.append(copy.deepcopy(model.state_dict()))
+            seen.append(r)
+    finally:
+        s.rollouts.runner.close()
+    assert [len(r.generated.prompt_ids) for r in seen] == [len(a) for a in answers]
+    assert [rows_per_episode(r.generated.batch) for r in seen] == [2, 1, 1, 2]
+    for step, (r, (groups, flags, K, size, fraction, age)) in enumerate(zip(seen, expected)):
+        n = len(groups)
+        assert r.prompt_ids == groups, step
+        assert rows_per_episode(r.batch) == K and r.batch.group_size == G * K and len(r.batch) == n * G * K, step
+        assert len(r.scored) == len(r.batch) and r.replay_ages is not None and len(r.replay_ages) == n, step
+        if flags is None:
+            assert r.batch.replayed is None, step
+        else:
+            assert r.batch.replayed.view(n, -1)[:, 0].tolist() == [bool(x) for x in flags], step
+        assert r.metrics[SIZE] == size and r.metrics[FRACTION] == pytest.approx(fraction, abs=1e-12), step
+        assert r.metrics[AGE] == pytest.approx(age, abs=1e-12), step
+    _assert_replayed_whole(seen, replays)
+    _assert_replayed_whole(seen, padded_fresh, replayed=False)
 
 
 def test_a_groups_priority_reads_one_reward_per_episode():
