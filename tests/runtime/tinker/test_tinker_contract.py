@@ -302,3 +302,34 @@ def test_a_spec_file_by_path_is_the_same_loss_as_its_name_with_the_same_paramete
     bad.write_text("algorithm bad extends dapo\n  trust_region  clip(lwo=0.05)\n", encoding="utf-8")
     with pytest.raises(TinkerRefused, match=r"bad\.rl:2:\d+"):
         resolve_loss("importance_sampling", {"rldsl_spec": str(bad)})
+
+
+def test_a_stop_string_across_two_tokens_ends_at_the_token_that_completes_it(client):
+    """A stop string made of the last character of one sampled token and the first of the next is
+    matched on the decoded text: the completion ends at the second token, kept, stop reason "stop"
+    (the service test's stop string is whole tokens, and only when they decode to visible text)."""
+    import tinker
+    types = tinker.types
+    sc, _ = client
+    tc = sc.create_lora_training_client(base_model=NAME, rank=4).result()
+    tok = tc.get_tokenizer()
+    sampler = tc.save_weights_and_get_sampling_client()
+    prompt = tok.encode("Count: 1 2 3")
+
+    def sample(stop):
+        return sampler.sample(types.ModelInput.from_ints(prompt), num_samples=1, sampling_params=types.SamplingParams(
+            max_tokens=16, temperature=1.0, seed=7, stop=stop)).result().sequences[0]
+    free = sample([]).tokens
+    found = None
+    for i in range(len(free) - 1):
+        head, both = tok.decode(free[:i + 1]), tok.decode(free[:i + 2])
+        if not both.startswith(head) or len(both) == len(head) or not head:
+            continue
+        stop = head[-1] + both[len(head)]
+        if stop.strip() and all(stop not in tok.decode(free[:k]) for k in range(1, i + 2)):
+            found = (i, stop)
+            break
+    assert found is not None, tok.decode(free)
+    i, stop = found
+    cut = sample([stop])
+    assert cut.tokens == free[:i + 2] and cut.stop_reason == "stop"
