@@ -29,7 +29,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rldsl.runtime.tinker.arithmetic_chat import MAX_TOKENS, MODEL_REF, arithmetic_chat_model
+from rldsl.runtime.tinker.arithmetic_chat import MAX_TOKENS, arithmetic_chat_model
+from rldsl.runtime.tinker.models import MODEL_REF
 
 NAME = "Qwen/Qwen3-8B-Base"  # a name the cookbook maps to its role_colon renderer
 REWARD, CORRECT = "env/all/reward/total", "env/all/correct"

@@ -375,10 +375,13 @@ def serve_tinker_command(
 ) -> None:
     """Serve the Tinker training API (tinker 0.38's client, tinker-cookbook's recipes) on rldsl's
     trainer, sampler and losses; any spec is a loss (docs/tinker.md)."""
-    from .tinker.server import serve
-    from .tinker.models import served_models
+    from .tinker.models import check_address, served_models
 
-    serve(served_models(model or []), host, port, api_key, out, threads)
+    check_address(host, api_key)  # the options first: torch and the models load after
+    models = served_models(model or [])
+    from .tinker.server import serve
+
+    serve(models, host, port, api_key, out, threads)
 
 
 @reports_errors

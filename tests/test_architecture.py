@@ -542,6 +542,8 @@ RUNTIME_LAZY_IMPORTS = {
     "rldsl.runtime.toy.sources": "as run.loop: a built-in task's model (transformers, torch) loads only when a run builds it",
     "rldsl.runtime.toy.shapes_source": "as toy.sources: the shapes task's model (transformers, torch) loads only when a run builds it",
     "rldsl.runtime.rewards.spec": "a reward model (torch, transformers) loads only for an rm: reward",
+    "rldsl.runtime.tinker.models": "`rldsl serve-tinker` checks its options before torch and a model load "
+                                   "(a bad option is an error at once)",
     "rldsl.runtime.workers.base": "as run.loop: the sync kinds (torch) name their type in annotations only; "
                                   "the plan reads workers/base before the cheap checks",
 }

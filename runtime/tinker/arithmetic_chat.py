@@ -43,8 +43,6 @@ from ..toy.model import build_tokenizer, tiny_config
 from ..toy.task import carry_free_sum, teacher_answer
 from ..toy.warmup import embedded_model
 
-#: the ``--model NAME=PATH`` value that names this model (models.py)
-MODEL_REF = "toy:arithmetic-chat"
 #: printable ASCII and "\n": every character the role_colon renderer and the questions use
 CHAT_CHARACTERS = "".join(c for c in string.printable if c not in "\t\r\x0b\x0c")
 #: Bumped whenever the recipe below changes meaning: part of the cache key.

@@ -1,22 +1,32 @@
 """The base models ``rldsl serve-tinker`` serves: ``--model NAME=PATH`` (NAME served exactly as
 given: listed in the capabilities, accepted by ``create_model``, returned as the tokenizer id;
 PATH a local HF folder or ``toy:arithmetic-chat``, the tiny model warm-started on the cookbook's
-arithmetic recipe, arithmetic_chat.py), or the embedded tiny model as ``rldsl/toy`` when none is given."""
+arithmetic recipe, arithmetic_chat.py), or the embedded tiny model as ``rldsl/toy`` when none is given;
+and the address it listens on. Both are checked before torch, transformers or a model loads: a bad
+option is an error at once (the model code is imported only to build a model)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import RunError
-from ..toy.warmup import embedded_model
-from .arithmetic_chat import MODEL_REF, arithmetic_chat_model
 
 DEFAULT_NAME = "rldsl/toy"
+MODEL_REF = "toy:arithmetic-chat"  # --model NAME=toy:arithmetic-chat: arithmetic_chat.py's model
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def check_address(host: str, api_key: str | None) -> None:
+    """A host other than loopback needs ``--api-key``: only the user's clients may train."""
+    if api_key is None and host not in LOOPBACK:
+        raise RunError(f"--host {host} is not loopback: give --api-key KEY so that only your clients train")
 
 
 def served_models(options: list[str]) -> dict[str, Path]:
     """NAME -> folder for the ``--model`` options; a RunError (exit 2) names a bad one, before any
     model loads."""
     if not options:
+        from ..toy.warmup import embedded_model
+
         return {DEFAULT_NAME: embedded_model(vllm=False)[0]}
     models: dict[str, Path | None] = {}
     for text in options:
@@ -32,5 +42,9 @@ def served_models(options: list[str]) -> dict[str, Path]:
         if not (folder / "config.json").is_file():
             raise RunError(f"--model {text!r}: {folder} is not a Hugging Face model folder (no config.json)")
         models[name] = folder
+    if all(folder is not None for folder in models.values()):
+        return models  # type: ignore[return-value]
+    from .arithmetic_chat import arithmetic_chat_model
+
     return {name: folder if folder is not None else arithmetic_chat_model(verbose=True)
             for name, folder in models.items()}

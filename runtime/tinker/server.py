@@ -21,8 +21,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from ..errors import RunError, TinkerRefused
+from ..errors import TinkerRefused
 from . import wire
+from .models import check_address
 from .service import Service
 from .trainer import LoraSpec
 
@@ -33,7 +34,6 @@ CLIENT_CONFIG = {"parallel_fwdbwd_chunks": False, "fwdbwd_max_chunk_len": 1 << 3
                  "fwdbwd_max_chunk_bytes_count": 1 << 40, "fwdbwd_dispatch_bytes_semaphore_size": 1 << 40,
                  "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
                  "custom_loss_server_side": False, "sample_join_sampling_session": False}
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 POLL_HOLD_S = 5.0
 
 
@@ -235,8 +235,7 @@ def serve(models: dict[str, Path], host: str, port: int, api_key: str | None, ro
     """``rldsl serve-tinker`` (its options: rldsl/runtime/cli.py): serve until Ctrl-C or SIGTERM."""
     import typer
     import uvicorn
-    if api_key is None and host not in LOOPBACK:
-        raise RunError(f"--host {host} is not loopback: give --api-key KEY so that only your clients train")
+    check_address(host, api_key)
     service = Service(models, root, threads)
     app = make_app(service, api_key)
     names = ", ".join(f"{n} ({p})" for n, p in models.items())

@@ -15,9 +15,8 @@ import torch
 
 from rldsl.runtime.errors import RunError
 from rldsl.runtime.rewards.server import BackgroundServer
-from rldsl.runtime.tinker.arithmetic_chat import (MAX_TOKENS, MODEL_REF, arithmetic_chat_model, chat_tokenizer,
-                                                  shared_prefix_loss)
-from rldsl.runtime.tinker.models import served_models
+from rldsl.runtime.tinker.arithmetic_chat import MAX_TOKENS, arithmetic_chat_model, chat_tokenizer, shared_prefix_loss
+from rldsl.runtime.tinker.models import MODEL_REF, served_models
 from rldsl.runtime.tinker.server import make_app
 from rldsl.runtime.tinker.service import Service
 from rldsl.runtime.toy.model import build_tokenizer, tiny_config, vllm_variant_config
@@ -71,7 +70,7 @@ def test_the_shared_prefix_gives_the_whole_rows_loss_and_gradient():
 
 
 def test_a_bad_model_option_is_refused_before_the_warm_start(monkeypatch, tmp_path):
-    monkeypatch.setattr("rldsl.runtime.tinker.models.arithmetic_chat_model",
+    monkeypatch.setattr("rldsl.runtime.tinker.arithmetic_chat.arithmetic_chat_model",
                         lambda **_: pytest.fail("warm-started before every option was checked"))
     with pytest.raises(RunError, match="no config.json"):
         served_models([f"{NAME}={MODEL_REF}", f"other={tmp_path}"])
