@@ -12,7 +12,9 @@ G = 4 and ``reward_helpers:parity`` (mixed rewards from any model). Losses run e
 - SIGKILL of a real `rldsl run` after its checkpoints, then `rldsl run --resume`: the
   metrics and final weights equal the uninterrupted run's, as with the HF engine;
 - with a Ray rollout worker (vLLM inside the actor): three steps, and after each one the
-  actor's engine holds exactly the weights of that step's checkpoint.
+  actor's engine holds exactly the weights of that step's checkpoint;
+- ``sampling replay``, with and without an agent (``rollout.agent``): kept groups replayed with
+  vLLM's recorded logprobs as their behaviour policy, and a resume equal to its uninterrupted twin.
 Run alone: ``make test-vllm`` (or ``.venv-vllm/bin/python -m pytest -m vllm``).
 """
 from __future__ import annotations
@@ -318,6 +320,89 @@ def test_replay_on_vllm_trains_on_kept_groups_and_resumes_as_its_twin(vllm_model
     assert ckpt.load_checkpoint(ckpt.latest_checkpoint(cut)).extra["replay"]["entries"]
     loop.train(str(spec), resume=cut)
     assert without_timing(steps_of(cut)) == without_timing(records)
+    a = read_weights(ckpt.latest_checkpoint(full) / "policy")
+    b = read_weights(ckpt.latest_checkpoint(cut) / "policy")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _rows(batch, rows) -> list[tuple[list[int], list[int], list[int], list[float]]]:
+    """(prompt ids, response ids, loss mask, behaviour logprobs) of each of ``rows`` up to its
+    attention's end (batches pad their responses to different widths)."""
+    out = []
+    for i in rows:
+        n = int(batch.response_attention[i].sum())
+        out.append((batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist(), batch.response_ids[i, :n].tolist(),
+                    batch.response_mask[i, :n].tolist(), batch.logprobs[i, :n].tolist()))
+    return out
+
+
+def test_an_agents_replay_on_vllm_trains_recorded_episodes_and_resumes_as_its_twin(vllm_model_dir, tmp_path,
+                                                                                   monkeypatch):
+    """sampling replay with rollout.engine=vllm and an agent (agent_helpers:odd_answers_break: an
+    episode makes two rows when its row's answer is odd, one otherwise; its reward from the first
+    reply), 4 steps: groups of episodes sampled through the endpoint on vLLM are kept and replayed;
+    a replayed episode's rows are its recorded ones (ids, masks, vLLM's logprobs as behaviour
+    policy, rewards) then padding, and a group replayed in the step that sampled it has ratio 1;
+    the loss is finite. The run resumed from its step-2 checkpoint (its folder copied, the step-4
+    checkpoint removed: one engine start fewer) samples and trains as the uninterrupted one."""
+    import math
+    import shutil
+
+    from rldsl.runtime.records.metrics import AGENT_ROWS_PER_EPISODE, LOSS
+    from rldsl.runtime.rollout.replay import AGE, FRACTION, ReplayBuffer
+
+    steps: list[tuple] = []  # (fresh groups, the batch trained, replay metrics), one per step
+    real = ReplayBuffer.step
+
+    def spy(self, made, version, informative, P, generator, now=None, ahead=False):
+        out, m = real(self, made, version, informative, P, generator, now, ahead)
+        steps.append((made, out, m))
+        return out, m
+
+    monkeypatch.setattr(ReplayBuffer, "step", spy)
+    spec = tmp_path / "replay.rl"
+    spec.write_text(REPLAY_SPEC, encoding="utf-8")
+    sets = ("train.steps=4", "checkpoint.every=2", "rollout.n=2", "rollout.prompts_per_step=3", "reward.name=env",
+            "rollout.agent=agent_helpers:odd_answers_break", "rollout.agent_concurrency=1", "log.samples_per_step=3")
+    full = loop.train(str(spec), config(vllm_model_dir, tmp_path / "full", *sets))
+    records = steps_of(full)
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and len(steps) == 4
+    assert max(r[AGENT_ROWS_PER_EPISODE] for r in records) > 1.0, "episodes of two rows"
+    assert any(r[FRACTION] > 0 for r in records), [r[FRACTION] for r in records]
+    assert all(math.isfinite(r[LOSS]) for r in records)
+    ages: list[int] = []  # of the replayed groups compared with their recordings
+    own_step = False
+    for at, (made, out, m) in enumerate(steps):
+        G = out.batch.group_size
+        for g, age in enumerate(out.replay_ages):
+            if age is None:
+                continue
+            source = steps[at - age][0]  # the step that sampled the group (its fresh groups)
+            k = source.batch.group_size
+            s = source.prompt_ids.index(out.prompt_ids[g])
+            mine = range(g * G, (g + 1) * G)
+            own = [i for i in mine if not out.batch.episodes[i].agent.padding]
+            recorded = [i for i in range(s * k, (s + 1) * k) if not source.batch.episodes[i].agent.padding]
+            assert _rows(out.batch, own) == _rows(source.batch, recorded)  # vLLM's logprobs, exactly
+            assert bool(out.batch.replayed[list(mine)].all())
+            assert all(not any(out.batch.response_mask[i].tolist()) for i in mine if i not in own)
+            assert set(out.scored[list(mine)].tolist()) <= set(source.scored[s * k:(s + 1) * k].tolist())
+            ages.append(age)
+        if m[FRACTION] > 0:
+            stats = [records[at][f"replay/ratio_{x}"] for x in ("mean", "min", "max")]
+            assert all(math.isfinite(x) and x > 0 for x in stats), stats
+            if m[AGE] == 0:  # groups of this very step: mu is vLLM's logprobs of the trained policy
+                assert stats == pytest.approx([1.0] * 3, abs=1e-4), stats
+                own_step = True
+    assert own_step and 0 in ages and max(ages) > 0, ages  # replayed in their own step and in later ones
+    cut = tmp_path / "cut"  # the run as it stood after its step-2 checkpoint
+    shutil.copytree(full, cut)
+    shutil.rmtree(ckpt.latest_checkpoint(cut))
+    assert ckpt.latest_checkpoint(cut).name == "step-2"
+    assert ckpt.load_checkpoint(ckpt.latest_checkpoint(cut)).extra["replay"]["entries"]
+    loop.train(str(spec), resume=cut)
+    assert without_timing(steps_of(cut)) == without_timing(records)
+    assert (cut / "samples.jsonl").read_text() == (full / "samples.jsonl").read_text()
     a = read_weights(ckpt.latest_checkpoint(full) / "policy")
     b = read_weights(ckpt.latest_checkpoint(cut) / "policy")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
