@@ -76,7 +76,7 @@ class ServiceLoop:
     def __init__(self, args, tmp: Path) -> None:
         import tinker
         from rldsl.runtime.rewards.server import BackgroundServer
-        from rldsl.runtime.tinker.server import make_app
+        from rldsl.runtime.tinker.server import KEEP_ALIVE_S, make_app
         from rldsl.runtime.tinker.service import Service
         from rldsl.runtime.toy import warm_start
         self.args, self.types = args, tinker.types
@@ -87,7 +87,7 @@ class ServiceLoop:
         os.chdir(tmp)
         os.environ["HF_HUB_OFFLINE"] = "1"
         self.service = Service({"rldsl/toy": folder}, tmp / "states", args.threads)
-        self.server = BackgroundServer(make_app(self.service))
+        self.server = BackgroundServer(make_app(self.service), timeout_keep_alive=KEEP_ALIVE_S)  # as serve-tinker
         url = self.server.__enter__()
         self.tc = tinker.ServiceClient(base_url=url, api_key="tml-bench").create_lora_training_client(
             base_model="rldsl/toy", rank=args.rank, seed=args.seed).result()

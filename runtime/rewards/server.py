@@ -92,15 +92,16 @@ def make_app(spec: str, timeout_s: float = 0.0):
 
 
 class BackgroundServer:
-    """A uvicorn server on 127.0.0.1 in a thread (tests, notebooks): ``with BackgroundServer(app) as url:``."""
+    """A uvicorn server on 127.0.0.1 in a thread (tests, notebooks): ``with BackgroundServer(app) as url:``;
+    ``options``: more of ``uvicorn.Config``'s (``timeout_keep_alive``, ...)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1") -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", **options: Any) -> None:
         import uvicorn
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, 0))
         self.url = f"http://{host}:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", **options))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> str:

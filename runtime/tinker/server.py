@@ -35,6 +35,12 @@ CLIENT_CONFIG = {"parallel_fwdbwd_chunks": False, "fwdbwd_max_chunk_len": 1 << 3
                  "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
                  "custom_loss_server_side": False, "sample_join_sampling_session": False}
 POLL_HOLD_S = 5.0
+#: how long an idle connection stays open (uvicorn's default: 5 s). The client keeps its idle
+#: connections 90 s (its HTTP transport's pool timeout) and holds one per request in flight
+#: (~200 a step at math_rl's 100 groups: each ``asample`` and each held ``retrieve_future``):
+#: a step longer than 5 s found them all closed and opened them again. Longer than the
+#: client's own timeout, so that the client is the side that drops an idle connection.
+KEEP_ALIVE_S = 120.0
 
 
 def make_app(service: Service, api_key: str | None = None) -> Any:
@@ -244,6 +250,6 @@ def serve(models: dict[str, Path], host: str, port: int, api_key: str | None, ro
     # start: with this one the command then ends normally (exit 0), the stop being the one asked
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S)
     finally:
         service.close()

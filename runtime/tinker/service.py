@@ -14,6 +14,7 @@ import heapq
 import json
 import itertools
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -112,15 +113,24 @@ class Service:
         self.futures: dict[str, Future] = {}
         self._queues: dict[str, list[_Job]] = {}
         self._arrival = itertools.count()
+        self._ids = itertools.count()
+        self._id_prefix = secrets.token_hex(6)  # ids of one server run, unlike another's
         self._lock = threading.Condition()
         self._stop = False
         self.worker = threading.Thread(target=self._work, name="tinker-worker", daemon=True)
         self.worker.start()
 
     # ------------------------------------------------------------------ futures and the worker
+    def request_id(self) -> str:
+        """A new request id: this server run's random prefix and a counter. Not ``uuid4`` per
+        request: its ``os.urandom`` releases the interpreter lock, and the event loop, asking
+        for it back while the worker's Python runs (sampling the step's first requests), waited
+        ~0.8 ms a request -- ~0.08 s of the 100 ``asample`` calls of a step at ``math_rl``'s shape."""
+        return f"{self._id_prefix}-{next(self._ids)}"
+
     def submit(self, model_id: str, run: Callable[[], Any], seq_id: int = 0,
                job: SampleJob | None = None, sampler: str | None = None) -> str:
-        request_id = uuid.uuid4().hex
+        request_id = self.request_id()
         future = Future()
         with self._lock:
             self.futures[request_id] = future

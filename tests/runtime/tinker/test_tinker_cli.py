@@ -1,7 +1,9 @@
 """``rldsl serve-tinker`` as a command: bad options exit 2 before any model loads, the port opens
-within seconds, SIGTERM stops it cleanly (exit 0)."""
+within seconds, an idle connection stays open past uvicorn's default keep-alive (5 s), SIGTERM
+stops it cleanly (exit 0)."""
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import socket
@@ -43,7 +45,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_the_port_opens_and_sigterm_stops_it(tinker_home, tmp_path):
+def test_the_port_opens_keeps_idle_connections_and_sigterm_stops_it(tinker_home, tmp_path):
     port = _free_port()
     proc = subprocess.Popen([*RLDSL, "serve-tinker", "--model", f"{NAME}={tinker_home / NAME}", "--port", str(port),
                              "--out", str(tmp_path / "states")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -59,6 +61,18 @@ def test_the_port_opens_and_sigterm_stops_it(tinker_home, tmp_path):
                 assert time.monotonic() < deadline, "the port did not open"
                 time.sleep(0.2)
         assert r.json()["supported_models"][0]["model_name"] == NAME
+        # a recipe's step idles its ~200 sampling connections for the length of a step: they
+        # must still be open at the next (uvicorn's default closed them after 5 s)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.request("GET", "/api/v1/healthz")
+            assert conn.getresponse().read() == b'{"status":"ok"}'
+            sock = conn.sock
+            time.sleep(5.5)  # idle, beyond uvicorn's default keep-alive
+            conn.request("GET", "/api/v1/healthz")  # on the same socket, not a new one
+            assert conn.sock is sock and conn.getresponse().read() == b'{"status":"ok"}'
+        finally:
+            conn.close()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err

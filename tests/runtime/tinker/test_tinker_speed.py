@@ -304,3 +304,26 @@ def test_the_service_lets_requests_join_a_running_loop_and_answers_each_when_dra
             hook.remove()
     finally:
         service.close()
+
+
+def test_request_ids_draw_nothing_from_the_os_and_stay_unique(tinker_home, tmp_path, monkeypatch):
+    """Every call's request id is this server run's random prefix and a counter: ``uuid4`` per
+    request called ``os.urandom``, which releases the interpreter lock, and the event loop then
+    waited for it (~1.6 ms an id while the worker samples: docs/tinker.md, "Speed")."""
+    import os
+
+    from rldsl.runtime.tinker.service import Service
+    services = [Service({NAME: tinker_home / NAME}, tmp_path / f"states{i}") for i in range(2)]
+    try:
+        def drawn(n: int) -> bytes:
+            raise AssertionError("os.urandom drawn for a request id")
+        monkeypatch.setattr(os, "urandom", drawn)
+        ids = {s: [s.submit("m", lambda i=i: {"i": i}) for i in range(200)] for s in services}
+        monkeypatch.undo()
+        assert len({i for batch in ids.values() for i in batch}) == 400  # two runs' ids never collide
+        for s, batch in ids.items():
+            assert all(s.futures[r].done.wait(30) for r in batch)
+            assert [s.futures[r].body for r in batch] == [{"i": i} for i in range(200)]
+    finally:
+        for s in services:
+            s.close()
