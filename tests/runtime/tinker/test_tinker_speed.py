@@ -185,9 +185,13 @@ def test_a_held_retrieve_future_wakes_when_its_job_finishes_without_a_timer(monk
     from rldsl.runtime.tinker.service import Future
     sleeps: list[float] = []
     real_sleep = asyncio.sleep
+    here = threading.current_thread()
 
     async def counted(delay, *a, **k):
-        sleeps.append(delay)
+        # this thread's loops only: a tinker client left by an earlier test (its session heartbeat
+        # sleeps 10 s in a thread of its own) calls the same patched function
+        if threading.current_thread() is here:
+            sleeps.append(delay)
         return await real_sleep(delay, *a, **k)
     monkeypatch.setattr(asyncio, "sleep", counted)
 
