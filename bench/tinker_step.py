@@ -2,8 +2,9 @@
 step, side by side in one process, on the same model (the embedded toy, warm start), the same
 batch shape (P prompts x G samples, at most T new tokens) and LoRA of the same rank.
 
-    .venv/bin/python bench/tinker_step.py   # the toy: 16 x 8, T 16, then 100 x 4, T 5 (3 blocks x 5 steps);
-                                            # then 16 x 8, T 16 on a ~20M-parameter model (3 blocks x 2 steps)
+    .venv/bin/python bench/tinker_step.py   # the toy: 16 x 8, T 16, then 100 x 4, T 5 (3 blocks x 5 steps),
+                                            # each followed by its floor (no model work);
+                                            # then both shapes on a ~20M-parameter model (3 blocks x 2 steps)
 
 The service step is what a recipe does per batch through the unchanged ``tinker`` client:
 ``save_weights_and_get_sampling_client``, P ``sample`` calls of G samples (concurrent: batched by
@@ -25,21 +26,26 @@ Two batch shapes are measured, one after the other, each printed: the given one 
 prompts x 8 samples, <= 16 new tokens, LoRA rank 8) and, unless ``--no-recipe``, the default
 of the cookbook's ``math_rl`` recipe (``env=arithmetic``: ``groups_per_batch`` 100 x
 ``group_size`` 4, ``max_tokens`` 5, ``lora_rank`` 32), on the same toy with "a+b=" prompts
-(the recipe's renderer adds a few-shot prefix: its prompts are longer). Then, unless
-``--no-larger``, the given shape on a larger model built here from a Qwen2 config with random
-weights (:func:`larger_model`, ~20M parameters, nothing from a hub), where the model's compute is
-not negligible beside the service's fixed costs. ``forward_backward``'s job is split into its
+(the recipe's renderer adds a few-shot prefix: its prompts are longer). After each toy
+shape, unless ``--no-floor``, its floor: the same loop against serve-tinker with the model work
+replaced by instant answers of the right shape (:func:`no_compute`), and the CPU a step of the
+client's threads and of the server's: what no service can take off a step of this client's loop.
+Then, unless ``--no-larger``, both shapes on a larger model built here from a Qwen2 config with
+random weights (:func:`larger_model`, ~20M parameters, nothing from a hub), where the model's
+compute is not negligible beside the service's fixed costs. ``forward_backward``'s job is split into its
 parts: the policy's forward (every target's logprob, the prompt positions' from the same
 forward), the loss over the datums, the backward, and the output protobuf.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -89,8 +95,9 @@ class ServiceLoop:
         self.service = Service({"rldsl/toy": folder}, tmp / "states", args.threads)
         self.server = BackgroundServer(make_app(self.service), timeout_keep_alive=KEEP_ALIVE_S)  # as serve-tinker
         url = self.server.__enter__()
-        self.tc = tinker.ServiceClient(base_url=url, api_key="tml-bench").create_lora_training_client(
-            base_model="rldsl/toy", rank=args.rank, seed=args.seed).result()
+        self.client = tinker.ServiceClient(base_url=url, api_key="tml-bench")
+        self.tc = self.client.create_lora_training_client(base_model="rldsl/toy", rank=args.rank,
+                                                          seed=args.seed).result()
         self.tok = self.tc.get_tokenizer()
         self.rng = random.Random(args.seed)
         self.phases: dict[str, float] = {}
@@ -188,6 +195,8 @@ class ServiceLoop:
         return time.perf_counter() - t0, {**{k: v - before.get(k, 0.0) for k, v in now.items()}, "arrivals": span}
 
     def close(self) -> None:
+        # the session ends before its server: a client left open heartbeats into a closed port
+        self.client.close("success").result(timeout=30)
         self.server.__exit__(None, None, None)
         self.service.close()
 
@@ -221,7 +230,7 @@ def larger_model(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def measure(args) -> None:
+def measure(args) -> float:
     """Both loops on one batch shape, blocks alternating; prints the table."""
     import torch
     from rldsl.runtime.run import step as run_step
@@ -264,6 +273,91 @@ def measure(args) -> None:
     print(f"ratio service / run: {v / r:.2f}x; the service's {args.prompts} sample requests a step were sampled in "
           f"{med(p.get('sampling batches', 0.0) for _, p in service):.0f} batch(es) (median); the last of them "
           f"reached the server {med(p.get('arrivals', 0.0) for _, p in service):.4f} s into the step (median)")
+    return r
+
+
+def thread_cpu(server_threads: set[int]) -> tuple[float, float]:
+    """CPU seconds so far of this process's threads, split into (the server's: its HTTP thread
+    and its worker; the client's: every other thread, the recipe's own and the tinker client's),
+    from /proc (a thread's utime + stime). Threads that ended are not counted: read it around
+    steps, whose threads live on."""
+    tick = os.sysconf("SC_CLK_TCK")
+    server = client = 0.0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        if int(tid) in server_threads:
+            server += cpu
+        else:
+            client += cpu
+    return server, client
+
+
+@contextlib.contextmanager
+def no_compute():
+    """serve-tinker with its model work replaced by instant answers of the right shape: each
+    sample request gets max_tokens copies of one token, ``forward_backward`` zeros for every
+    target (the loss is still computed on them, the output protobuf still built), no backward,
+    no optimizer update, no snapshot. What is left of a step is what the client, HTTP, the
+    futures and the server's own Python cost: the least a step of this loop takes on any model."""
+    import torch
+    from rldsl.runtime.tinker import service, trainer
+    from rldsl.runtime.tinker.wire import Sequence
+    saved = (service.sample, trainer.TrainedModel.logprobs, trainer.TrainedModel.backward,
+             trainer.TrainedModel.optim_step, trainer.TrainedModel.snapshot)
+
+    def sample(model, tokenizer, jobs, join, done):
+        while jobs:
+            for job in jobs:
+                job.result = [Sequence([5] * job.max_tokens, [-1.0] * job.max_tokens, False)
+                              for _ in range(job.num_samples)]
+                done(job)
+            jobs = join(jobs[0].group())
+
+    service.sample = sample
+    trainer.TrainedModel.logprobs = lambda self, rows, grad: [torch.zeros(len(t), requires_grad=grad) for _, t in rows]
+    trainer.TrainedModel.backward = lambda self, loss: None
+    trainer.TrainedModel.optim_step = lambda self, adam: {}
+    trainer.TrainedModel.snapshot = lambda self, version: None
+    try:
+        yield
+    finally:
+        (service.sample, trainer.TrainedModel.logprobs, trainer.TrainedModel.backward,
+         trainer.TrainedModel.optim_step, trainer.TrainedModel.snapshot) = saved
+
+
+def measure_floor(args, run_step_s: float) -> None:
+    """The recipe's loop through the client against serve-tinker without model work (no_compute):
+    s/step and the CPU seconds a step of the client's threads and of the server's; the service's
+    ratio can be no less than (run + floor) / run on a model whose compute is the run's."""
+    import torch
+    torch.set_num_threads(args.threads)
+    tmp = Path(tempfile.mkdtemp(prefix="rldsl-bench-floor-"))
+    with no_compute():
+        loop = ServiceLoop(args, tmp)
+        loop.server.thread.name = "tinker-http"
+        server = {t.native_id for t in threading.enumerate() if t.name in ("tinker-http", "tinker-worker")}
+        for _ in range(args.warmup):
+            loop.step()
+        walls, cpus = [], []
+        for _ in range(args.blocks * args.steps):
+            before = thread_cpu(server)
+            walls.append(loop.step()[0])
+            after = thread_cpu(server)
+            cpus.append((after[0] - before[0], after[1] - before[1]))
+        loop.close()
+    med = statistics.median
+    f = med(walls)
+    server_cpu = sum(c[0] for c in cpus) / len(cpus)
+    client_cpu = sum(c[1] for c in cpus) / len(cpus)
+    print(f"the floor ({args.prompts} x {args.samples}, <= {args.max_new_tokens} tokens): the same loop, no model work: "
+          f"{f:.4f} s/step (median of {len(walls)}); CPU a step (mean): the client's threads {client_cpu:.4f} s, "
+          f"the server's {server_cpu:.4f} s; with rldsl run's step of {run_step_s:.4f} s the service's ratio "
+          f"can be no less than {(run_step_s + f) / run_step_s:.2f}x (the client's CPU alone: "
+          f"{(run_step_s + client_cpu) / run_step_s:.2f}x)")
 
 
 def main() -> None:
@@ -284,18 +378,24 @@ def main() -> None:
     ap.add_argument("--no-larger", action="store_true",
                     help="skip the third: the given shape on a ~20M-parameter Qwen2-shaped model (larger_model)")
     ap.add_argument("--larger-steps", type=int, default=2, help="steps per block on the larger model")
+    ap.add_argument("--no-floor", action="store_true",
+                    help="skip the floor after each toy shape: the same loop with no model work (no_compute)")
     args = ap.parse_args()
     args.model = None
     sys.path.insert(0, str(ROOT))
     if not args.no_toy:
-        measure(args)
-        if not args.no_recipe:
-            measure(argparse.Namespace(**{**vars(args), "prompts": 100, "samples": 4, "max_new_tokens": 5,
-                                          "rank": 32}))
+        shapes = [args] + ([] if args.no_recipe else [argparse.Namespace(
+            **{**vars(args), "prompts": 100, "samples": 4, "max_new_tokens": 5, "rank": 32})])
+        for shape in shapes:
+            run_s = measure(shape)
+            if not args.no_floor:
+                measure_floor(shape, run_s)
     if not args.no_larger:
         folder = larger_model(Path(tempfile.mkdtemp(prefix="rldsl-bench-qwen2-")) / "model", args.seed)
-        measure(argparse.Namespace(**{**vars(args), "model": str(folder), "steps": args.larger_steps,
-                                      "warmup": 1}))
+        for shape in [args] + ([] if args.no_recipe else [argparse.Namespace(
+                **{**vars(args), "prompts": 100, "samples": 4, "max_new_tokens": 5, "rank": 32})]):
+            measure(argparse.Namespace(**{**vars(shape), "model": str(folder), "steps": args.larger_steps,
+                                          "warmup": 1}))
 
 
 if __name__ == "__main__":
