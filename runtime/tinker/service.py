@@ -5,8 +5,8 @@ All model work runs on one worker thread, one job at a time (the device is one):
 training model's call (executed in ``seq_id`` order among that model's queued calls; the client
 submits them in that order) or a batch of sampling requests (every ``asample`` waiting for the
 same sampler is gathered into one :func:`sampler.sample` call, and those queued while it runs
-join it). The HTTP handlers only read and
-check requests (a malformed one is a 4xx at once) and queue jobs.
+join it; with ``engine="vllm"``, into one vLLM ``generate`` call: vllm_sampler.py). The HTTP
+handlers only read and check requests (a malformed one is a 4xx at once) and queue jobs.
 """
 from __future__ import annotations
 

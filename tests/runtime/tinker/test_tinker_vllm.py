@@ -77,8 +77,8 @@ def _max_error(tc, prompt, sequences) -> float:
 
 def test_base_sampler_top_k_1_is_the_hf_engines_and_logprobs_are_the_trainers(servers):
     _, on_vllm, on_hf, tok = servers
-    vllm_sampler = on_vllm.create_sampling_client(base_model=NAME)
-    hf_sampler = on_hf.create_sampling_client(base_model=NAME)
+    vllm_sampler = on_vllm.create_sampling_client(base_model=NAME).result()
+    hf_sampler = on_hf.create_sampling_client(base_model=NAME).result()
     tc = on_vllm.create_lora_training_client(base_model=NAME, rank=4, seed=0).result()  # B = 0: the base
     errors = []
     for text in PROBLEMS:
@@ -98,7 +98,7 @@ def test_base_sampler_top_k_1_is_the_hf_engines_and_logprobs_are_the_trainers(se
 
 def test_stop_string_across_tokens_stop_token_prompt_logprobs_and_the_context(servers):
     _, client, _, tok = servers
-    sampler = client.create_sampling_client(base_model=NAME)
+    sampler = client.create_sampling_client(base_model=NAME).result()
     tc = client.create_lora_training_client(base_model=NAME, rank=4, seed=0).result()
     prompt = _ids(tok, "47+38=")
     free = _sample(sampler, prompt, max_tokens=10, temperature=2.0, stop=[], seed=3).sequences[0]
@@ -126,7 +126,7 @@ def test_a_trained_sampler_serves_its_own_weights_and_an_older_one_its_own(serve
     _, client, _, tok = servers
     tc = client.create_lora_training_client(base_model=NAME, rank=4, seed=1).result()  # LoRA on lm_head too
     prompt = _ids(tok, "63+29=")
-    first = tc.save_weights_and_get_sampling_client()
+    first = tc.save_weights_and_get_sampling_client().result()
     seq = _sample(first, prompt, max_tokens=6, temperature=2.0, stop=[], seed=5).sequences[0]
     before = _trainer_logprobs(tc, prompt, seq.tokens)
     np.testing.assert_allclose(seq.logprobs, before, atol=LOGPROB_TOL)
@@ -136,7 +136,7 @@ def test_a_trained_sampler_serves_its_own_weights_and_an_older_one_its_own(serve
                                         "weights": np.ones(len(full) - 1, dtype=np.float32)})
     tc.forward_backward([datum], "cross_entropy").result()
     tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-    second = tc.save_weights_and_get_sampling_client()
+    second = tc.save_weights_and_get_sampling_client().result()
     after = _trainer_logprobs(tc, prompt, seq.tokens)
     assert float(np.abs(after - before).max()) > 1e-2  # the step moved the weights
     new = _sample(second, prompt, n=3, max_tokens=6, temperature=2.0, stop=[], seed=5)
@@ -155,7 +155,7 @@ def test_a_trained_sampler_serves_its_own_weights_and_an_older_one_its_own(serve
 
 def test_concurrent_requests_are_one_generate_call_each_answered_with_its_own(servers, monkeypatch):
     service, client, _, tok = servers
-    sampler = client.create_sampling_client(base_model=NAME)
+    sampler = client.create_sampling_client(base_model=NAME).result()
     greedy = dict(max_tokens=5, temperature=1.0, top_k=1, stop=[])
     prompts = [_ids(tok, f"{a}+{b}=") for a, b in [(1, 2), (30, 4), (55, 55), (7, 70), (19, 81), (2, 9)] * 2]
     alone = [_sample(sampler, p, **greedy).sequences[0].tokens for p in prompts[:6]]
