@@ -154,11 +154,14 @@ def test_a_trained_sampler_serves_its_own_weights_and_an_older_one_its_own(serve
 
 
 def test_concurrent_requests_are_one_generate_call_each_answered_with_its_own(servers, monkeypatch):
-    service, client, _, tok = servers
+    service, client, on_hf, tok = servers
     sampler = client.create_sampling_client(base_model=NAME).result()
     greedy = dict(max_tokens=5, temperature=1.0, top_k=1, stop=[])
     prompts = [_ids(tok, f"{a}+{b}=") for a, b in [(1, 2), (30, 4), (55, 55), (7, 70), (19, 81), (2, 9)] * 2]
     alone = [_sample(sampler, p, **greedy).sequences[0].tokens for p in prompts[:6]]
+    # the base weights again after the trained samplers of the test before (synced back), as on HF
+    hf_sampler = on_hf.create_sampling_client(base_model=NAME).result()
+    assert alone == [_sample(hf_sampler, p, **greedy).sequences[0].tokens for p in prompts[:6]]
     llm = service.vllm.engines[NAME].llm
     calls: list[int] = []
     real = llm.generate
