@@ -191,7 +191,7 @@ def test_the_cookbooks_math_rl_runs_on_vllm_and_kl_sample_train_stays_near_0(tin
     """The unchanged recipe (tinker-cookbook in the vLLM venv: make setup-vllm) on ``--engine vllm``,
     on the real-shaped Qwen fixture (byte-level BPE, tied embeddings: the untied copy): a clean
     exit, and its own ``optim/kl_sample_train`` is vLLM's distance to the trainer (measured
-    |v1| <= 3.2e-8, |v2| <= 3e-14 a step)."""
+    |v1| <= 5e-8, |v2| <= 5e-14 at every step of three runs)."""
     import json
     import os
     import subprocess
