@@ -67,11 +67,7 @@ def main() -> None:
                 first = tc.save_weights_and_get_sampling_client().result()
                 seq = first.sample(types.ModelInput.from_ints(prompts[0]), num_samples=1,
                                    sampling_params=params).result().sequences[0]
-                full = prompts[0] + seq.tokens
-                datum = types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
-                                    loss_fn_inputs={"target_tokens": np.array(full[1:]),
-                                                    "weights": np.ones(len(full) - 1, dtype=np.float32)})
-                tc.forward_backward([datum], "cross_entropy").result()
+                tc.forward_backward([ce_datum(types, prompts[0] + seq.tokens)], "cross_entropy").result()
                 tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
                 second = tc.save_weights_and_get_sampling_client().result()
 
@@ -89,13 +85,9 @@ def main() -> None:
                 results[name]["same"].append(seconds)
                 for p, o in list(zip(prompts, out))[:8]:  # logprobs against the trainer's, on the first sampler
                     for s in o.sequences:
-                        ids = p + s.tokens
-                        d = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                                        loss_fn_inputs={"target_tokens": np.array(ids[1:]),
-                                                        "weights": np.ones(len(ids) - 1, dtype=np.float32)})
                         # the first sampler's weights are the adapters before the step: score with a fresh
                         # model of the same seed (LoRA B = 0 at creation: the base)
-                        ref = fresh_logprobs(client, block, d)[len(p) - 1:]
+                        ref = fresh_logprobs(client, block, ce_datum(types, p + s.tokens))[len(p) - 1:]
                         results[name]["error"].append(float(np.abs(ref - np.array(s.logprobs)).max()))
     finally:
         for s in servers.values():
@@ -109,6 +101,13 @@ def main() -> None:
               f"{statistics.median(r['same']):.3f} s; max |sampler - trainer| logprob {max(r['error']):.1e}")
     print(f"vllm / hf, same sampler: {statistics.median(results['vllm']['same']) / statistics.median(results['hf']['same']):.2f}x; "
           f"vLLM update_weights (a switch): median {statistics.median(syncs) * 1e3:.1f} ms over {len(syncs)}")
+
+
+def ce_datum(types, full: list[int]):
+    """A ``cross_entropy`` datum of ``full``: every next token a target of weight 1."""
+    return types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
+                       loss_fn_inputs={"target_tokens": np.array(full[1:]),
+                                       "weights": np.ones(len(full) - 1, dtype=np.float32)})
 
 
 _FRESH: dict = {}

@@ -70,13 +70,16 @@ def _sample(sampler, prompt: list[int], n: int = 1, prompt_logprobs: bool = Fals
                           sampling_params=types.SamplingParams(**params)).result()
 
 
+def _ce_datum(full: list[int]):
+    """A ``cross_entropy`` datum of ``full``: every next token a target of weight 1."""
+    return types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
+                       loss_fn_inputs={"target_tokens": np.array(full[1:]),
+                                       "weights": np.ones(len(full) - 1, dtype=np.float32)})
+
+
 def _trainer_logprobs(tc, prompt: list[int], tokens: list[int]) -> np.ndarray:
     """The trainer's logprobs of ``tokens`` after ``prompt`` (forward, no update)."""
-    full = prompt + tokens
-    datum = types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
-                        loss_fn_inputs={"target_tokens": np.array(full[1:]),
-                                        "weights": np.ones(len(full) - 1, dtype=np.float32)})
-    out = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    out = tc.forward([_ce_datum(prompt + tokens)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
     return out[len(prompt) - 1:]
 
 
@@ -144,10 +147,7 @@ def test_a_trained_sampler_serves_its_own_weights_and_an_older_one_its_own(serve
     before = _trainer_logprobs(tc, prompt, seq.tokens)
     np.testing.assert_allclose(seq.logprobs, before, atol=LOGPROB_TOL)
     full = prompt + seq.tokens
-    datum = types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
-                        loss_fn_inputs={"target_tokens": np.array(full[1:]),
-                                        "weights": np.ones(len(full) - 1, dtype=np.float32)})
-    tc.forward_backward([datum], "cross_entropy").result()
+    tc.forward_backward([_ce_datum(full)], "cross_entropy").result()
     tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     second = tc.save_weights_and_get_sampling_client().result()
     after = _trainer_logprobs(tc, prompt, seq.tokens)
